@@ -1,0 +1,101 @@
+"""Every environment variable gpuprof reads, and the defaults they override.
+
+==================  ==========================================================
+GPUPROF_SOCKET      directory holding gpuprofd's sockets
+                    (default ``$XDG_RUNTIME_DIR/gpuprof`` or ``/tmp/gpuprof-$UID``)
+GPUPROF_DB          SQLite database path (default ``./gpuprof.db``)
+GPUPROF_GPU_RATE    USD per GPU-hour for the cost estimate (default: price table)
+GPUPROF_NVML        GPU sampler backend: ``real`` (default) or ``mock``
+GPUPROF_SERVER      team server URL (later)
+GPUPROF_API_KEY     team server write key (later)
+==================  ==========================================================
+
+Pure functions of an environment mapping, so tests pass their own.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+ENV_SOCKET = "GPUPROF_SOCKET"
+ENV_DB = "GPUPROF_DB"
+ENV_GPU_RATE = "GPUPROF_GPU_RATE"
+ENV_NVML = "GPUPROF_NVML"
+ENV_SERVER = "GPUPROF_SERVER"
+ENV_API_KEY = "GPUPROF_API_KEY"
+
+DEFAULT_DB_NAME = "gpuprof.db"
+INGEST_SOCKET_NAME = "ingest.sock"
+CONTROL_SOCKET_NAME = "control.sock"
+LOCK_NAME = "gpuprofd.lock"
+LOG_NAME = "gpuprofd.log"
+
+#: Linux's sun_path holds 108 bytes including the NUL: longer ipc paths fail.
+MAX_IPC_PATH_BYTES = 107
+
+
+def _env(env: Mapping[str, str] | None) -> Mapping[str, str]:
+    return os.environ if env is None else env
+
+
+def socket_dir(env: Mapping[str, str] | None = None) -> Path:
+    """The directory of gpuprofd's sockets, lock and log (not created here)."""
+    e = _env(env)
+    if e.get(ENV_SOCKET):
+        return Path(e[ENV_SOCKET]).expanduser()
+    if e.get("XDG_RUNTIME_DIR"):
+        return Path(e["XDG_RUNTIME_DIR"]) / "gpuprof"
+    return Path(f"/tmp/gpuprof-{os.getuid()}")
+
+
+def db_path(env: Mapping[str, str] | None = None, cwd: Path | None = None) -> Path:
+    """The absolute database path: ``GPUPROF_DB`` or ``./gpuprof.db``."""
+    e = _env(env)
+    raw = Path(e[ENV_DB]).expanduser() if e.get(ENV_DB) else Path(DEFAULT_DB_NAME)
+    return raw if raw.is_absolute() else (cwd or Path.cwd()) / raw
+
+
+def gpu_rate_usd_per_hour(env: Mapping[str, str] | None = None) -> float | None:
+    """``GPUPROF_GPU_RATE`` as USD per GPU-hour, or None if unset.
+
+    Raises:
+        ValueError: if it is set but not a positive number.
+    """
+    raw = _env(env).get(ENV_GPU_RATE)
+    if not raw:
+        return None
+    rate = float(raw)
+    if not rate > 0:
+        raise ValueError(f"{ENV_GPU_RATE} must be a positive USD/hour, got {raw!r}")
+    return rate
+
+
+def nvml_backend(env: Mapping[str, str] | None = None) -> str:
+    """``real`` unless ``GPUPROF_NVML`` asks for ``mock``."""
+    return "mock" if _env(env).get(ENV_NVML, "").lower() == "mock" else "real"
+
+
+def endpoint(directory: Path, name: str) -> str:
+    """The ``ipc://`` address of socket *name* in *directory*.
+
+    Raises:
+        ValueError: if the path is too long for a Unix socket; pick a shorter
+            ``GPUPROF_SOCKET``.
+    """
+    path = str(Path(directory).absolute() / name)
+    if len(path.encode()) > MAX_IPC_PATH_BYTES:
+        raise ValueError(
+            f"socket path {path!r} is {len(path.encode())} bytes; Unix sockets allow "
+            f"{MAX_IPC_PATH_BYTES}. Set {ENV_SOCKET} to a shorter directory."
+        )
+    return f"ipc://{path}"
+
+
+def ingest_endpoint(directory: Path) -> str:
+    return endpoint(directory, INGEST_SOCKET_NAME)
+
+
+def control_endpoint(directory: Path) -> str:
+    return endpoint(directory, CONTROL_SOCKET_NAME)

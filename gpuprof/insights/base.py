@@ -1,0 +1,130 @@
+"""The insight record, the run context rules read, and the rule registry.
+
+A rule is a pure function ``(RunContext) -> Insight | None``. It reads
+aggregates, never raw rows, and says nothing when its inputs are missing
+(a CPU-only run has no MFU; a run with no host samples has no CPU figure).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from gpuprof.stats import median
+
+SEVERITIES = ("HIGH", "MED", "LOW")
+
+#: Steps treated as warm-up (torch.compile, cuDNN/cuBLAS autotune, allocator
+#: growth): the H200 fixture's compiled MLP spent 3.2 s in step 0 and was
+#: steady from step 1; eager runs settle within 2-3 steps.
+WARMUP_STEPS = 3
+
+
+@dataclass(frozen=True)
+class Insight:
+    """One finding: ``title`` is the one sentence with the number that matters,
+    ``fix`` the concrete thing to do, ``evidence`` the figures behind it."""
+
+    rule: str
+    severity: str
+    title: str
+    detail: str
+    fix: str
+    evidence: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["evidence"] = dict(self.evidence)
+        return d
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What the rules know about one run (one rank's process).
+
+    Per-step tuples are in step order and of equal length. Times in ms.
+    """
+
+    run_name: str
+    status: str
+    step_ms: tuple[float, ...]
+    """Step duration: first forward (or ``prof.step`` entry) to optimizer step end."""
+    wait_ms: tuple[float, ...]
+    """Loader wait before each step: inter-step gap, or timed ``next()`` if explicit."""
+    explicit_wait: bool = False
+    micro_batches: tuple[int, ...] = ()
+    phase_ms: Mapping[str, float] = field(default_factory=dict)
+    """Total time per phase over the run (forward, backward, optimizer, ...)."""
+    duration_s: float = 0.0
+    """Run wall time, start to end (or last event), in seconds."""
+    host_cpu_pct: float | None = None
+    """Mean host CPU use over the run, % of all cores (0-100); None if unsampled."""
+    host_disk_read_bps: float | None = None
+    """Mean host disk read rate over the run, bytes/s; None if unsampled."""
+    cpu_count: int | None = None
+    gpu_model: str | None = None
+    """NVML name of the run's GPU; None on a CPU-only run."""
+    gpu_count: int = 0
+    flops_per_step: float | None = None
+    dtype: str | None = None
+    history_median_step_ms: tuple[float, ...] = ()
+    """Median step time of the previous runs of this name, newest first (≤ 3)."""
+    gpu_rate_usd_per_hour: float | None = None
+    """``GPUPROF_GPU_RATE`` override; None uses the price table."""
+
+    @property
+    def steps(self) -> int:
+        return len(self.step_ms)
+
+    @property
+    def iteration_ms(self) -> tuple[float, ...]:
+        """Per-step loader wait + step: the wall time one iteration costs."""
+        return tuple(s + w for s, w in zip(self.step_ms, self.wait_ms, strict=True))
+
+    @property
+    def steady_iteration_ms(self) -> tuple[float, ...]:
+        """``iteration_ms`` without the first :data:`WARMUP_STEPS` steps (kept
+        when the run is too short to spare them)."""
+        it = self.iteration_ms
+        return it[WARMUP_STEPS:] if len(it) > 2 * WARMUP_STEPS else it
+
+    @property
+    def median_step_ms(self) -> float | None:
+        """Median steady-state iteration time (ms); what runs are compared by."""
+        steady = self.steady_iteration_ms
+        return median(steady) if steady else None
+
+
+Rule = Callable[[RunContext], "Insight | None"]
+
+_REGISTRY: dict[str, Rule] = {}
+_SUPERSEDES: dict[str, tuple[str, ...]] = {}
+
+
+def rule(name: str, supersedes: tuple[str, ...] = ()) -> Callable[[Rule], Rule]:
+    """Register a rule under *name* (its ``Insight.rule``).
+
+    ``supersedes`` names more general rules that this one refines: when this
+    one fires they are not reported (a CPU-bound stall is also a stall).
+    """
+
+    def deco(fn: Rule) -> Rule:
+        if name in _REGISTRY:
+            raise ValueError(f"rule {name!r} registered twice")
+        _REGISTRY[name] = fn
+        _SUPERSEDES[name] = supersedes
+        return fn
+
+    return deco
+
+
+def registered_rules() -> dict[str, Rule]:
+    """All rules by name (importing :mod:`gpuprof.insights` registers them)."""
+    return dict(_REGISTRY)
+
+
+def drop_superseded(found: list[Insight]) -> list[Insight]:
+    """Remove findings that a more specific finding in *found* supersedes."""
+    hidden = {old for i in found for old in _SUPERSEDES.get(i.rule, ())}
+    return [i for i in found if i.rule not in hidden]

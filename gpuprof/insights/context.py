@@ -1,0 +1,64 @@
+"""Build a :class:`RunContext` from stored rows (pure: the caller queries)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gpuprof.insights.base import RunContext
+from gpuprof.stats import mean
+
+_NS_PER_MS = 1e6
+
+
+def build_context(
+    run: Mapping[str, Any],
+    steps: Sequence[Mapping[str, Any]],
+    host: Sequence[Mapping[str, Any]] = (),
+    history_median_step_ms: Sequence[float] = (),
+    gpu_rate_usd_per_hour: float | None = None,
+) -> RunContext:
+    """Aggregate one run's rows into the context the rules read.
+
+    Args:
+        run: ``run_name``, ``status``, ``start_mono_ns``, ``end_mono_ns``
+            (None while live), ``options`` (dict: ``flops_per_step`` FLOP,
+            ``dtype``), ``gpu_model`` (None: no GPU), ``gpu_count``, ``cpu_count``.
+        steps: in step order, each with ``t0``/``t1`` (monotonic ns),
+            ``wait`` (ns), ``explicit`` (bool), ``micro``, ``phases``
+            (phase name → ns).
+        host: host samples taken during the run, each with ``cpu_pct``
+            (0-100, all cores) and ``disk_read_bps`` (bytes/s, may be None).
+        history_median_step_ms: median step ms of earlier runs of this
+            name, newest first.
+        gpu_rate_usd_per_hour: the ``GPUPROF_GPU_RATE`` override, if any.
+    """
+    phase_totals: dict[str, float] = {}
+    for s in steps:
+        for name, ns in (s.get("phases") or {}).items():
+            phase_totals[name] = phase_totals.get(name, 0.0) + ns / _NS_PER_MS
+    start = run.get("start_mono_ns")
+    end = run.get("end_mono_ns") or (steps[-1]["t1"] if steps else None)
+    duration_s = (end - start) / 1e9 if start is not None and end is not None else 0.0
+    cpu = [h["cpu_pct"] for h in host if h.get("cpu_pct") is not None]
+    disk = [h["disk_read_bps"] for h in host if h.get("disk_read_bps") is not None]
+    options = run.get("options") or {}
+    return RunContext(
+        run_name=run["run_name"],
+        status=run["status"],
+        step_ms=tuple((s["t1"] - s["t0"]) / _NS_PER_MS for s in steps),
+        wait_ms=tuple(s["wait"] / _NS_PER_MS for s in steps),
+        explicit_wait=any(s.get("explicit") for s in steps),
+        micro_batches=tuple(int(s.get("micro", 1)) for s in steps),
+        phase_ms=phase_totals,
+        duration_s=max(duration_s, 0.0),
+        host_cpu_pct=mean(cpu) if cpu else None,
+        host_disk_read_bps=mean(disk) if disk else None,
+        cpu_count=run.get("cpu_count"),
+        gpu_model=run.get("gpu_model"),
+        gpu_count=int(run.get("gpu_count") or 0),
+        flops_per_step=options.get("flops_per_step"),
+        dtype=options.get("dtype"),
+        history_median_step_ms=tuple(history_median_step_ms),
+        gpu_rate_usd_per_hour=gpu_rate_usd_per_hour,
+    )

@@ -1,0 +1,149 @@
+"""Rules on step timing: loader stalls, warm-up, outliers, variance."""
+
+from __future__ import annotations
+
+from gpuprof.insights.base import WARMUP_STEPS, Insight, RunContext, rule
+from gpuprof.stats import median, percentile
+
+#: Seed rule table: a loader wait above 15 % of the iteration is a stall worth fixing.
+STALL_FRACTION = 0.15
+#: Above this share the GPU is starved for most of the run.
+STALL_FRACTION_HIGH = 0.30
+#: Seed rule table: host CPU above 80 % (all cores) during a stall = CPU-bound workers.
+CPU_BOUND_PCT = 80.0
+#: The io_bound rule's threshold (seed): above it the disk, not the CPU, is busy.
+DISK_BUSY_BPS = 500e6
+#: Seed: first step > 3× the steady-state median is compilation / autotune warm-up.
+WARMUP_RATIO = 3.0
+#: Seed: step 0 > 10× the median of the rest is an outlier to filter, not a warm-up curve.
+FIRST_STEP_OUTLIER_RATIO = 10.0
+#: Seed: p99/p50 above 2 means periodic stalls inside the loop.
+VARIANCE_RATIO = 2.0
+#: p99 of fewer steady steps than this is the maximum, not a tail.
+VARIANCE_MIN_STEPS = 20
+
+
+def stall_fraction(ctx: RunContext) -> float | None:
+    """Share (0-1) of iteration time spent waiting on the loader, step 0
+    excluded (its wait covers model and worker start-up). None if < 2 steps."""
+    if ctx.steps < 2:
+        return None
+    wait = sum(ctx.wait_ms[1:])
+    total = wait + sum(ctx.step_ms[1:])
+    return wait / total if total > 0 else None
+
+
+def _wait_kind(ctx: RunContext) -> str:
+    return "explicit next() wait" if ctx.explicit_wait else "inter-step gap"
+
+
+@rule("dataloader_stall")
+def dataloader_stall(ctx: RunContext) -> Insight | None:
+    """Fires when the loader wait is > :data:`STALL_FRACTION` of iteration time."""
+    frac = stall_fraction(ctx)
+    if frac is None or frac <= STALL_FRACTION:
+        return None
+    mean_wait = sum(ctx.wait_ms[1:]) / (ctx.steps - 1)
+    return Insight(
+        rule="dataloader_stall",
+        severity="HIGH" if frac > STALL_FRACTION_HIGH else "MED",
+        title=f"{frac:.0%} of step time waiting on the loader ({_wait_kind(ctx)})",
+        detail=f"The training loop waited {mean_wait:.1f} ms per step on average for "
+        "the next batch; the model sat idle meanwhile.",
+        fix="Raise DataLoader num_workers and prefetch_factor, set pin_memory=True and "
+        "persistent_workers=True, or move augmentations to the GPU.",
+        evidence={"stall_fraction": round(frac, 4), "mean_wait_ms": round(mean_wait, 3)},
+    )
+
+
+@rule("cpu_bound_dataloader", supersedes=("dataloader_stall",))
+def cpu_bound_dataloader(ctx: RunContext) -> Insight | None:
+    """Fires on a stall while host CPU averages > :data:`CPU_BOUND_PCT` and the
+    disk is not the busy part (< :data:`DISK_BUSY_BPS` read, or unmeasured)."""
+    frac = stall_fraction(ctx)
+    cpu = ctx.host_cpu_pct
+    if frac is None or frac <= STALL_FRACTION or cpu is None or cpu <= CPU_BOUND_PCT:
+        return None
+    if ctx.host_disk_read_bps is not None and ctx.host_disk_read_bps > DISK_BUSY_BPS:
+        return None
+    cores = f" across {ctx.cpu_count} cores" if ctx.cpu_count else ""
+    return Insight(
+        rule="cpu_bound_dataloader",
+        severity="HIGH",
+        title=f"Dataloader stall + CPU pegged ({cpu:.0f}% avg{cores}) — workers are "
+        f"CPU-bound ({frac:.0%} of step time waiting)",
+        detail="The loop waits on batches while every core is busy: the loader's "
+        "Python work (decoding, augmentation) is the bottleneck.",
+        fix="Move augmentations to the GPU (torchvision.transforms.v2 on CUDA tensors, "
+        "kornia) or precompute them; num_workers won't help.",
+        evidence={"stall_fraction": round(frac, 4), "host_cpu_pct": round(cpu, 1)},
+    )
+
+
+@rule("compilation_warmup")
+def compilation_warmup(ctx: RunContext) -> Insight | None:
+    """Fires when step 0 takes > :data:`WARMUP_RATIO` × the steady-state
+    median (steps after the first :data:`WARMUP_STEPS`)."""
+    if ctx.steps <= 2 * WARMUP_STEPS:
+        return None
+    steady = median(ctx.step_ms[WARMUP_STEPS:])
+    first = ctx.step_ms[0]
+    if steady <= 0 or first <= WARMUP_RATIO * steady:
+        return None
+    slow = next((i for i, s in enumerate(ctx.step_ms) if s <= WARMUP_RATIO * steady), ctx.steps)
+    return Insight(
+        rule="compilation_warmup",
+        severity="MED",
+        title=f"Warm-up: step 0 took {first:.0f} ms, {first / steady:.1f}× the "
+        f"steady-state median ({steady:.1f} ms)",
+        detail=f"The first {slow} step(s) ran slow while kernels were compiled or autotuned; "
+        "averages that include them understate throughput.",
+        fix=f"Exclude steps 0–{max(slow, WARMUP_STEPS) - 1} from throughput measurements.",
+        evidence={"first_step_ms": round(first, 3), "steady_median_ms": round(steady, 3),
+                  "warmup_steps": slow},
+    )
+
+
+@rule("first_step_outlier", supersedes=("compilation_warmup",))
+def first_step_outlier(ctx: RunContext) -> Insight | None:
+    """Fires when step 0 takes > :data:`FIRST_STEP_OUTLIER_RATIO` × the median
+    of all later steps."""
+    if ctx.steps < 3:
+        return None
+    rest = median(ctx.step_ms[1:])
+    first = ctx.step_ms[0]
+    if rest <= 0 or first <= FIRST_STEP_OUTLIER_RATIO * rest:
+        return None
+    return Insight(
+        rule="first_step_outlier",
+        severity="MED",
+        title=f"Step 0 took {first:.0f} ms, {first / rest:.0f}× the median of the rest "
+        f"({rest:.1f} ms)",
+        detail="One-off start-up work (torch.compile tracing, cuBLAS/cuDNN autotune, "
+        "lazy allocation) landed in the first step.",
+        fix="Filter step 0 out of timing; if it recurs, check recompiles with "
+        "TORCH_LOGS=recompiles.",
+        evidence={"first_step_ms": round(first, 3), "median_rest_ms": round(rest, 3)},
+    )
+
+
+@rule("high_step_variance")
+def high_step_variance(ctx: RunContext) -> Insight | None:
+    """Fires when steady-state p99/p50 step time > :data:`VARIANCE_RATIO`
+    (needs :data:`VARIANCE_MIN_STEPS` steady steps)."""
+    steady = ctx.step_ms[WARMUP_STEPS:]
+    if len(steady) < VARIANCE_MIN_STEPS:
+        return None
+    p50, p99 = percentile(steady, 50), percentile(steady, 99)
+    if p50 <= 0 or p99 <= VARIANCE_RATIO * p50:
+        return None
+    return Insight(
+        rule="high_step_variance",
+        severity="MED",
+        title=f"Step time is erratic: p99 {p99:.1f} ms is {p99 / p50:.1f}× the median "
+        f"({p50:.1f} ms)",
+        detail="Some steps take far longer than the rest: periodic work inside the loop.",
+        fix="Look for logging, checkpointing or .item() syncs every N steps, and GC pauses "
+        "(gc.freeze() after setup).",
+        evidence={"p50_ms": round(p50, 3), "p99_ms": round(p99, 3)},
+    )

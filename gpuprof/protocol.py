@@ -1,0 +1,211 @@
+"""The wire protocol between the shim (in the training process) and gpuprofd.
+
+Transport: ZeroMQ over ``ipc://``. Data events (``step``, ``mark``) go shim
+``PUSH`` → daemon ``PULL``; requests (``hello``, ``bye``, ``ping``) go shim
+``REQ`` → daemon ``ROUTER`` and always get one JSON reply.
+
+Every message is one orjson-encoded object with ``v`` (protocol version) and
+``type``. Times are ``time.monotonic_ns()`` of the node (ranks on one node
+share ``CLOCK_MONOTONIC``); ``hello`` also carries a wall-clock anchor.
+Durations are integer nanoseconds (fields ending in ``_ns`` or the step's
+``t0``/``t1``/``wait`` and phase values).
+
+This module is pure: no sockets, no I/O. :func:`decode` is the daemon's
+gate: it raises :class:`ProtocolError` with a short, countable ``reason`` for
+anything malformed, oversized, of another version or of an unknown type.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import orjson
+
+PROTOCOL_VERSION = 1
+
+#: Largest message the daemon accepts (bytes). A step event is ~250 bytes; a
+#: hello with options well under 4 KiB. 64 KiB leaves room for later batches.
+MAX_MESSAGE_BYTES = 64 * 1024
+
+#: Longest run name kept (characters); longer names are cut by the shim.
+MAX_RUN_NAME_CHARS = 200
+MAX_PHASES = 32
+MAX_PHASE_NAME_CHARS = 64
+MAX_ERROR_CHARS = 2000
+
+DATA_TYPES = frozenset({"step", "mark"})
+CONTROL_TYPES = frozenset({"hello", "bye", "ping"})
+RUN_STATUSES_AT_BYE = frozenset({"finished", "failed"})
+
+_RUN_KEY_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_CONTROL_CHARS_RE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_INT64_MAX = 2**63 - 1
+
+
+class ProtocolError(ValueError):
+    """A message that breaks the protocol. ``reason`` is a short stable key
+    (``oversized``, ``not_json``, ``not_object``, ``bad_version``,
+    ``unknown_type``, ``wrong_channel``, ``bad_field:<name>``) used to count drops."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+
+
+def encode(msg: Mapping[str, Any]) -> bytes:
+    """Encode one message (a mapping with ``v`` and ``type``) to bytes."""
+    return orjson.dumps(msg)
+
+
+def clean_run_name(name: object) -> str:
+    """Make any user-supplied run name safe to store and show.
+
+    Control characters become spaces, surrounding blanks are stripped, the
+    result is cut to :data:`MAX_RUN_NAME_CHARS`; an empty name becomes
+    ``"unnamed"``. HTML/SQL escaping is still the job of whoever renders or
+    queries it; this only guarantees a printable, bounded string.
+    """
+    text = _CONTROL_CHARS_RE.sub(" ", str(name)).strip()[:MAX_RUN_NAME_CHARS]
+    return text or "unnamed"
+
+
+# --- field checks -----------------------------------------------------------
+
+Check = Callable[[Any], bool]
+
+
+def _int(lo: int = 0, hi: int = _INT64_MAX) -> Check:
+    return lambda x: type(x) is int and lo <= x <= hi
+
+
+def _str(max_chars: int, pattern: re.Pattern[str] | None = None) -> Check:
+    def check(x: Any) -> bool:
+        if type(x) is not str or not x or len(x) > max_chars:
+            return False
+        return pattern.match(x) is not None if pattern else True
+
+    return check
+
+
+def _printable(max_chars: int) -> Check:
+    base = _str(max_chars)
+    return lambda x: base(x) and _CONTROL_CHARS_RE.search(x) is None
+
+
+def _optional(check: Check) -> Check:
+    return lambda x: x is None or check(x)
+
+
+def _bool(x: Any) -> bool:
+    return type(x) is bool
+
+
+def _phases(x: Any) -> bool:
+    if type(x) is not dict or len(x) > MAX_PHASES:
+        return False
+    name_ok = _printable(MAX_PHASE_NAME_CHARS)
+    return all(name_ok(k) and _int()(v) for k, v in x.items())
+
+
+def _options(x: Any) -> bool:
+    if type(x) is not dict or len(x) > 32:
+        return False
+    flops = x.get("flops_per_step")
+    if flops is not None and not (type(flops) in (int, float) and 0 < flops < 1e30):
+        return False
+    dtype = x.get("dtype")
+    return dtype is None or _printable(32)(dtype)
+
+
+_RUN_KEY = _str(64, _RUN_KEY_RE)
+
+#: type -> {field: (required, check)}
+SCHEMAS: dict[str, dict[str, tuple[bool, Check]]] = {
+    "hello": {
+        "run_key": (True, _RUN_KEY),
+        "run_name": (True, _printable(MAX_RUN_NAME_CHARS)),
+        "pid": (True, _int(1, 2**31)),
+        "host": (True, _printable(255)),
+        "rank": (True, _int(0, 1 << 20)),
+        "local_rank": (True, _int(0, 1 << 20)),
+        "world_size": (True, _int(1, 1 << 20)),
+        "wall_ns": (True, _int()),
+        "mono_ns": (True, _int()),
+        "auto": (True, _bool),
+        "options": (True, _options),
+        "cuda_uuid": (False, _optional(_printable(128))),
+        "argv": (False, _optional(_str(1000))),
+    },
+    "step": {
+        "run_key": (True, _RUN_KEY),
+        "i": (True, _int(0, 1 << 40)),
+        "t0": (True, _int()),
+        "t1": (True, _int()),
+        "wait": (True, _int()),
+        "explicit": (True, _bool),
+        "micro": (True, _int(0, 1 << 20)),
+        "phases": (True, _phases),
+    },
+    "mark": {
+        "run_key": (True, _RUN_KEY),
+        "name": (True, _printable(MAX_PHASE_NAME_CHARS)),
+        "t_ns": (True, _int()),
+    },
+    "bye": {
+        "run_key": (True, _RUN_KEY),
+        "status": (True, lambda x: x in RUN_STATUSES_AT_BYE),
+        "error": (False, _optional(_str(MAX_ERROR_CHARS))),
+        "sent": (True, _int()),
+        "dropped": (True, _int()),
+        "mono_ns": (True, _int()),
+        "wall_ns": (True, _int()),
+        "cuda_uuid": (False, _optional(_printable(128))),
+    },
+    "ping": {},
+}
+
+
+def decode(data: bytes, channel: str | None = None) -> dict[str, Any]:
+    """Decode and validate one message.
+
+    Args:
+        data: the raw frame, at most :data:`MAX_MESSAGE_BYTES` bytes.
+        channel: ``"data"`` or ``"control"`` to also check that the type
+            belongs on that socket; ``None`` accepts any known type.
+
+    Returns:
+        The message as a dict (unknown extra fields are kept but ignored).
+
+    Raises:
+        ProtocolError: with a countable ``reason`` for any invalid message.
+    """
+    if len(data) > MAX_MESSAGE_BYTES:
+        raise ProtocolError("oversized", f"{len(data)} bytes > {MAX_MESSAGE_BYTES}")
+    try:
+        msg = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise ProtocolError("not_json", str(exc)[:100]) from None
+    if type(msg) is not dict:
+        raise ProtocolError("not_object")
+    if msg.get("v") != PROTOCOL_VERSION:
+        raise ProtocolError("bad_version", repr(msg.get("v"))[:20])
+    kind = msg.get("type")
+    schema = SCHEMAS.get(kind) if type(kind) is str else None
+    if schema is None:
+        raise ProtocolError("unknown_type", repr(kind)[:40])
+    if channel == "data" and kind not in DATA_TYPES:
+        raise ProtocolError("wrong_channel", kind)
+    if channel == "control" and kind not in CONTROL_TYPES:
+        raise ProtocolError("wrong_channel", kind)
+    for field, (required, check) in schema.items():
+        if field not in msg:
+            if required:
+                raise ProtocolError(f"bad_field:{field}", "missing")
+            continue
+        if not check(msg[field]):
+            raise ProtocolError(f"bad_field:{field}", repr(msg[field])[:60])
+    if kind == "step" and msg["t1"] < msg["t0"]:
+        raise ProtocolError("bad_field:t1", "t1 before t0")
+    return msg

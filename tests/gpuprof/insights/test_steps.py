@@ -1,0 +1,113 @@
+from __future__ import annotations
+
+import pytest
+
+from gpuprof.insights import run_rules
+from gpuprof.insights.steps import (
+    compilation_warmup,
+    cpu_bound_dataloader,
+    dataloader_stall,
+    first_step_outlier,
+    high_step_variance,
+    stall_fraction,
+)
+
+from .conftest import make_ctx
+
+
+def test_stall_fraction_excludes_step_zero_wait():
+    # step 0's 1000 ms wait is start-up; the rest wait 25 of every 100 ms
+    ctx = make_ctx([75] * 5, [1000, 25, 25, 25, 25])
+    assert stall_fraction(ctx) == pytest.approx(0.25)
+
+
+def test_dataloader_stall_fires_above_15_percent():
+    ctx = make_ctx([80] * 10, [20] * 10)  # 20 %
+    ins = dataloader_stall(ctx)
+    assert ins is not None
+    assert ins.severity == "MED"
+    assert ins.title.startswith("20% of step time waiting on the loader (inter-step gap)")
+    assert ins.evidence["mean_wait_ms"] == pytest.approx(20.0)
+
+
+def test_dataloader_stall_high_and_explicit_wording():
+    ins = dataloader_stall(make_ctx([50] * 10, [50] * 10, explicit_wait=True))
+    assert ins.severity == "HIGH"
+    assert "explicit next() wait" in ins.title
+
+
+def test_dataloader_stall_silent_at_10_percent():
+    assert dataloader_stall(make_ctx([90] * 10, [10] * 10)) is None
+
+
+def test_cpu_bound_fires_with_pegged_cpu_and_hides_plain_stall():
+    ctx = make_ctx([60] * 10, [40] * 10, host_cpu_pct=95.0, cpu_count=16)
+    ins = cpu_bound_dataloader(ctx)
+    assert ins is not None and ins.severity == "HIGH"
+    assert "95% avg across 16 cores" in ins.title
+    rules = [i.rule for i in run_rules(ctx)]
+    assert "cpu_bound_dataloader" in rules and "dataloader_stall" not in rules
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"host_cpu_pct": 50.0},  # CPU has headroom
+        {"host_cpu_pct": None},  # not sampled: stay silent, don't guess
+        {"host_cpu_pct": 95.0, "host_disk_read_bps": 900e6},  # the disk is the busy part
+    ],
+)
+def test_cpu_bound_silent_without_pegged_cpu(kw):
+    ctx = make_ctx([60] * 10, [40] * 10, **kw)
+    assert cpu_bound_dataloader(ctx) is None
+    assert "dataloader_stall" in [i.rule for i in run_rules(ctx)]
+
+
+def test_cpu_bound_silent_without_stall():
+    assert cpu_bound_dataloader(make_ctx([95] * 10, [5] * 10, host_cpu_pct=99.0)) is None
+
+
+def test_compilation_warmup_fires_between_3x_and_10x():
+    ctx = make_ctx([50, 35, 12] + [10] * 10)
+    ins = compilation_warmup(ctx)
+    assert ins is not None
+    assert ins.evidence["steady_median_ms"] == pytest.approx(10.0)
+    assert ins.evidence["warmup_steps"] == 2  # steps 0 and 1 are > 3x, step 2 is not
+    assert first_step_outlier(ctx) is None
+
+
+def test_compilation_warmup_silent_on_flat_run():
+    assert compilation_warmup(make_ctx([25] + [10] * 12)) is None
+
+
+def test_first_step_outlier_on_h200_compiled_mlp(h200_steps):
+    step_ms = [s * 1e3 for s in h200_steps["compile_warmup"]["step_s"]]
+    ctx = make_ctx(step_ms)
+    ins = first_step_outlier(ctx)
+    assert ins is not None
+    assert ins.evidence["first_step_ms"] == pytest.approx(step_ms[0], rel=1e-3)
+    assert ins.evidence["first_step_ms"] / ins.evidence["median_rest_ms"] > 1000
+    # the outlier supersedes the generic warm-up finding
+    rules = [i.rule for i in run_rules(ctx)]
+    assert "first_step_outlier" in rules and "compilation_warmup" not in rules
+
+
+def test_first_step_outlier_silent_on_h200_eager_gpt(h200_steps):
+    ctx = make_ctx([s * 1e3 for s in h200_steps["trace_sdpa"]["step_s"]])
+    assert first_step_outlier(ctx) is None
+    assert compilation_warmup(ctx) is None
+    assert high_step_variance(ctx) is None
+
+
+def test_high_step_variance_fires_on_periodic_spikes():
+    steady = [10.0] * 30
+    steady[10] = steady[20] = steady[29] = 40.0  # checkpoint every 10 steps
+    ins = high_step_variance(make_ctx([10, 10, 10] + steady))
+    assert ins is not None
+    assert ins.evidence["p50_ms"] == pytest.approx(10.0)
+    assert ins.evidence["p99_ms"] == pytest.approx(40.0)
+
+
+def test_high_step_variance_ignores_warmup_and_short_runs():
+    assert high_step_variance(make_ctx([500, 300, 100] + [10.0] * 30)) is None
+    assert high_step_variance(make_ctx([10.0] * 10 + [50.0])) is None  # too few steps

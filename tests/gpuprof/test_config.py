@@ -1,0 +1,38 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpuprof import config
+
+
+def test_socket_dir_precedence():
+    env = {"GPUPROF_SOCKET": "/x/s", "XDG_RUNTIME_DIR": "/run/u"}
+    assert config.socket_dir(env) == Path("/x/s")
+    assert config.socket_dir({"XDG_RUNTIME_DIR": "/run/u"}) == Path("/run/u/gpuprof")
+    assert config.socket_dir({}).name.startswith("gpuprof-")
+
+
+def test_db_path_relative_to_cwd():
+    assert config.db_path({}, cwd=Path("/w")) == Path("/w/gpuprof.db")
+    assert config.db_path({"GPUPROF_DB": "runs/a.db"}, cwd=Path("/w")) == Path("/w/runs/a.db")
+    assert config.db_path({"GPUPROF_DB": "/abs.db"}, cwd=Path("/w")) == Path("/abs.db")
+
+
+def test_gpu_rate():
+    assert config.gpu_rate_usd_per_hour({}) is None
+    assert config.gpu_rate_usd_per_hour({"GPUPROF_GPU_RATE": "2.5"}) == 2.5
+    with pytest.raises(ValueError, match="GPUPROF_GPU_RATE"):
+        config.gpu_rate_usd_per_hour({"GPUPROF_GPU_RATE": "-1"})
+
+
+def test_nvml_backend_is_real_unless_mock_asked():
+    assert config.nvml_backend({}) == "real"
+    assert config.nvml_backend({"GPUPROF_NVML": "MOCK"}) == "mock"
+
+
+def test_endpoint_too_long_says_what_to_do():
+    assert config.ingest_endpoint(Path("/tmp/g")) == "ipc:///tmp/g/ingest.sock"
+    with pytest.raises(ValueError, match="Set GPUPROF_SOCKET"):
+        config.control_endpoint(Path("/tmp/" + "d" * 120))

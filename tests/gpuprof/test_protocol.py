@@ -1,0 +1,81 @@
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from gpuprof.protocol import (
+    MAX_MESSAGE_BYTES,
+    PROTOCOL_VERSION,
+    ProtocolError,
+    clean_run_name,
+    decode,
+    encode,
+)
+
+
+def step(**kw):
+    msg = {"v": PROTOCOL_VERSION, "type": "step", "run_key": "abc123", "i": 0, "t0": 10,
+           "t1": 20, "wait": 5, "explicit": False, "micro": 1, "phases": {"forward": 3}}
+    msg.update(kw)
+    return msg
+
+
+def reason(data: bytes, channel=None) -> str:
+    with pytest.raises(ProtocolError) as info:
+        decode(data, channel)
+    return info.value.reason
+
+
+def test_valid_step_round_trips():
+    assert decode(encode(step()), "data") == step()
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        (b"\x00\xffgarbage", "not_json"),
+        (encode(step())[:-7], "not_json"),  # truncated
+        (b"[1, 2]", "not_object"),
+        (encode(step(v=2)), "bad_version"),
+        (encode(step(type="kernels_v9")), "unknown_type"),
+        (encode(step(i=-1)), "bad_field:i"),
+        (encode(step(i=True)), "bad_field:i"),  # bool is not an int here
+        (encode(step(t1=5)), "bad_field:t1"),  # ends before it starts
+        (encode(step(run_key="../../etc")), "bad_field:run_key"),
+        (encode(step(phases={"a\nb": 1})), "bad_field:phases"),
+        (encode(step(phases={f"p{i}": 1 for i in range(40)})), "bad_field:phases"),
+        (encode({k: v for k, v in step().items() if k != "micro"}), "bad_field:micro"),
+    ],
+)
+def test_bad_messages_have_countable_reasons(data, expected):
+    assert reason(data) == expected
+
+
+def test_oversized_is_rejected_before_parsing():
+    big = orjson.dumps(step(pad="x" * MAX_MESSAGE_BYTES))
+    assert reason(big) == "oversized"
+
+
+def test_channel_is_enforced():
+    assert reason(encode(step()), "control") == "wrong_channel"
+    assert reason(encode({"v": 1, "type": "ping"}), "data") == "wrong_channel"
+    assert decode(encode({"v": 1, "type": "ping"}), "control")["type"] == "ping"
+
+
+def test_hello_run_name_with_control_chars_rejected():
+    hello = {"v": 1, "type": "hello", "run_key": "k", "run_name": "a\x1b[31mred", "pid": 1,
+             "host": "h", "rank": 0, "local_rank": 0, "world_size": 1, "wall_ns": 1,
+             "mono_ns": 1, "auto": True, "options": {}}
+    assert reason(encode(hello)) == "bad_field:run_name"
+    hello["run_name"] = clean_run_name(hello["run_name"])
+    assert decode(encode(hello))["run_name"] == "a [31mred"
+
+
+@pytest.mark.parametrize(
+    ("raw", "clean"),
+    [("  exp\t1\n", "exp 1"), ("", "unnamed"), ("\x00\x01", "unnamed"),
+     ("<script>x</script>'; DROP TABLE runs;--", "<script>x</script>'; DROP TABLE runs;--"),
+     ("é" * 300, "é" * 200)],
+)
+def test_clean_run_name(raw, clean):
+    assert clean_run_name(raw) == clean

@@ -1,0 +1,52 @@
+from __future__ import annotations
+
+import pytest
+
+from gpuprof.gpus import find_gpu, normalize_dtype, peak_tflops
+from gpuprof.insights import Insight
+from gpuprof.stats import median, percentile
+from gpuprof.summary import format_summary, make_summary
+
+from .insights.conftest import make_ctx
+
+
+def test_percentile_matches_numpy_linear():
+    vals = [1.0, 2.0, 3.0, 4.0, 10.0]
+    assert median(vals) == 3.0
+    assert percentile(vals, 90) == pytest.approx(7.6)
+    assert percentile([5.0], 99) == 5.0
+    with pytest.raises(ValueError):
+        median([])
+
+
+@pytest.mark.parametrize(
+    ("name", "dtype", "peak"),
+    [("NVIDIA H100 80GB HBM3", "bf16", 989.4), ("NVIDIA H100 PCIe", "fp8", 1513.0),
+     ("NVIDIA H200", "float32", 67.0), ("NVIDIA A100-SXM4-80GB", "tf32", 156.0),
+     ("NVIDIA A100-SXM4-40GB", "fp8", None), ("Tesla K80", "fp32", None)],
+)
+def test_peak_table(name, dtype, peak):
+    assert peak_tflops(name, dtype) == peak
+
+
+def test_price_rows_and_dtype_names():
+    assert find_gpu("NVIDIA A100-SXM4-80GB").usd_per_hour == 5.12
+    assert find_gpu("NVIDIA A100-SXM4-40GB").usd_per_hour == 4.10
+    assert normalize_dtype("torch.float16") == "fp16"
+    assert normalize_dtype("int8") is None
+
+
+def test_summary_block_matches_the_quickstart_shape():
+    ctx = make_ctx([100.0, 80.0, 80.0], [10.0, 40.0, 40.0], run_name="digits-mlp")
+    ins = Insight("dataloader_stall", "HIGH", "33% of step time waiting", "d", "fix it")
+    text = format_summary(make_summary(1, ctx, [ins.to_dict()], "/data/my runs/gpuprof.db"))
+    lines = text.splitlines()
+    assert lines[1] == "gpuprof · digits-mlp  (3 steps, avg 116.7 ms)"
+    assert lines[3] == "  [HIGH] 33% of step time waiting"
+    assert lines[4] == "  Full report: gpuprofctl insights '/data/my runs/gpuprof.db' 1"
+    assert "Fix: fix it" in format_summary(make_summary(1, ctx, [ins.to_dict()], "/d"), True)
+
+
+def test_failed_run_is_marked():
+    ctx = make_ctx([], [], status="failed")
+    assert "[FAILED]" in format_summary(make_summary(3, ctx, [], "/d"))
