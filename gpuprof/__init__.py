@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from gpuprof_shim.session import Profiler
+    from gpuprof_shim.session import Profiler  # noqa: TID251 - the one lazy import
 
 
 def profile(run_name: str, **options: Any) -> Profiler:
@@ -24,7 +24,7 @@ def profile(run_name: str, **options: Any) -> Profiler:
 
     See :class:`gpuprof_shim.session.Profiler` for the options.
     """
-    from gpuprof_shim.session import Profiler
+    from gpuprof_shim.session import Profiler  # noqa: TID251 - the one lazy import
 
     return Profiler(run_name, **options)
 
