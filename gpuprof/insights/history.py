@@ -14,6 +14,10 @@ REGRESSION_FRACTION_HIGH = 0.50
 HISTORY_RUNS = 3
 
 
+def _previous(n: int) -> str:
+    return "the previous run" if n == 1 else f"last {n} runs"
+
+
 @rule("regression")
 def regression(ctx: RunContext) -> Insight | None:
     """Fires when the steady median step time is > :data:`REGRESSION_FRACTION`
@@ -29,7 +33,7 @@ def regression(ctx: RunContext) -> Insight | None:
     return Insight(
         rule="regression",
         severity="HIGH" if slower > REGRESSION_FRACTION_HIGH else "MED",
-        title=f"Regression vs last {len(history)} runs of '{ctx.run_name}' (median): "
+        title=f"Regression vs {_previous(len(history))} of '{ctx.run_name}' (median): "
         f"step time {current:.1f} ms vs {baseline:.1f} ms ({slower:.0%} slower)",
         detail="Compared by steady-state median iteration time (warm-up excluded).",
         fix="Diff this run's code, data and environment against the previous ones; "

@@ -19,6 +19,10 @@ WARMUP_RATIO = 3.0
 FIRST_STEP_OUTLIER_RATIO = 10.0
 #: Seed: p99/p50 above 2 means periodic stalls inside the loop.
 VARIANCE_RATIO = 2.0
+#: One-off start-up time below this (ms, summed over the slow first steps)
+#: skews no throughput figure worth a finding: a 1 ms step 0 that is 4× a
+#: 0.25 ms median is true but useless.
+MIN_WARMUP_EXCESS_MS = 100.0
 #: p99 of fewer steady steps than this is the maximum, not a tail.
 VARIANCE_MIN_STEPS = 20
 
@@ -83,7 +87,8 @@ def cpu_bound_dataloader(ctx: RunContext) -> Insight | None:
 @rule("compilation_warmup")
 def compilation_warmup(ctx: RunContext) -> Insight | None:
     """Fires when step 0 takes > :data:`WARMUP_RATIO` × the steady-state
-    median (steps after the first :data:`WARMUP_STEPS`)."""
+    median (steps after the first :data:`WARMUP_STEPS`) and the slow first
+    steps cost ≥ :data:`MIN_WARMUP_EXCESS_MS` beyond it."""
     if ctx.steps <= 2 * WARMUP_STEPS:
         return None
     steady = median(ctx.step_ms[WARMUP_STEPS:])
@@ -91,6 +96,8 @@ def compilation_warmup(ctx: RunContext) -> Insight | None:
     if steady <= 0 or first <= WARMUP_RATIO * steady:
         return None
     slow = next((i for i, s in enumerate(ctx.step_ms) if s <= WARMUP_RATIO * steady), ctx.steps)
+    if sum(s - steady for s in ctx.step_ms[:slow]) < MIN_WARMUP_EXCESS_MS:
+        return None
     return Insight(
         rule="compilation_warmup",
         severity="MED",
@@ -107,12 +114,14 @@ def compilation_warmup(ctx: RunContext) -> Insight | None:
 @rule("first_step_outlier", supersedes=("compilation_warmup",))
 def first_step_outlier(ctx: RunContext) -> Insight | None:
     """Fires when step 0 takes > :data:`FIRST_STEP_OUTLIER_RATIO` × the median
-    of all later steps."""
+    of all later steps and ≥ :data:`MIN_WARMUP_EXCESS_MS` more than it."""
     if ctx.steps < 3:
         return None
     rest = median(ctx.step_ms[1:])
     first = ctx.step_ms[0]
     if rest <= 0 or first <= FIRST_STEP_OUTLIER_RATIO * rest:
+        return None
+    if first - rest < MIN_WARMUP_EXCESS_MS:
         return None
     return Insight(
         rule="first_step_outlier",

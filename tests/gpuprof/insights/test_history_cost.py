@@ -16,6 +16,11 @@ def test_regression_fires_41_percent_slower():
     assert "152.0 ms vs 108.0 ms (41% slower)" in ins.title
 
 
+def test_regression_against_one_previous_run_wording():
+    ins = regression(make_ctx([130.0] * 10, history_median_step_ms=(100.0,)))
+    assert ins.title.startswith("Regression vs the previous run of 't' (median)")
+
+
 def test_regression_silent_within_noise_or_faster_or_no_history():
     assert regression(make_ctx([105.0] * 10, history_median_step_ms=(100.0,))) is None
     assert regression(make_ctx([50.0] * 10, history_median_step_ms=(100.0,))) is None

@@ -68,16 +68,22 @@ def test_cpu_bound_silent_without_stall():
 
 
 def test_compilation_warmup_fires_between_3x_and_10x():
-    ctx = make_ctx([50, 35, 12] + [10] * 10)
+    ctx = make_ctx([500, 350, 120] + [100] * 10)
     ins = compilation_warmup(ctx)
     assert ins is not None
-    assert ins.evidence["steady_median_ms"] == pytest.approx(10.0)
+    assert ins.evidence["steady_median_ms"] == pytest.approx(100.0)
     assert ins.evidence["warmup_steps"] == 2  # steps 0 and 1 are > 3x, step 2 is not
     assert first_step_outlier(ctx) is None
 
 
 def test_compilation_warmup_silent_on_flat_run():
-    assert compilation_warmup(make_ctx([25] + [10] * 12)) is None
+    assert compilation_warmup(make_ctx([250] + [100] * 12)) is None
+
+
+def test_warmup_findings_silent_when_the_extra_time_is_negligible():
+    # 4x and 40x ratios, but 3 ms and 39 ms of one-off time: true and useless
+    assert compilation_warmup(make_ctx([4.0] + [1.0] * 12)) is None
+    assert first_step_outlier(make_ctx([40.0] + [1.0] * 12)) is None
 
 
 def test_first_step_outlier_on_h200_compiled_mlp(h200_steps):

@@ -1,0 +1,177 @@
+"""Shim overhead: the same CPU training loop with and without gpuprof.profile().
+
+Prints, from one run on this machine:
+- the step-time ratio profiled / plain (median of interleaved blocks), on a
+  model of >= 100 modules with a ~5 ms step (target: <= 1.02);
+- the extra cost of one nested patched ``Module.__call__`` (ns);
+- the cost of one step-event send to a live daemon (µs).
+
+    python bench/shim_overhead.py [--blocks 12] [--steps 60]
+
+A real gpuprofd is started in a temporary socket directory for the run and
+stopped at the end. Not a test: these machines are noisy, so read the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from statistics import median
+
+import orjson
+import torch
+import zmq
+from torch import nn
+
+import gpuprof
+from gpuprof.config import control_endpoint, ingest_endpoint
+
+
+def _ping(socket_dir: Path) -> dict | None:
+    sock = zmq.Context.instance().socket(zmq.REQ)
+    for opt, val in ((zmq.LINGER, 0), (zmq.RCVTIMEO, 300), (zmq.SNDTIMEO, 300)):
+        sock.setsockopt(opt, val)
+    try:
+        sock.connect(control_endpoint(socket_dir))
+        sock.send(orjson.dumps({"v": 1, "type": "ping"}))
+        return orjson.loads(sock.recv())
+    except zmq.ZMQError:
+        return None
+    finally:
+        sock.close()
+
+
+def build_model(blocks: int = 50, width: int = 128) -> nn.Module:
+    """``blocks`` × (Linear, ReLU) + the Sequential: 2·blocks + 1 modules."""
+    layers: list[nn.Module] = []
+    for _ in range(blocks):
+        layers += [nn.Linear(width, width), nn.ReLU()]
+    return nn.Sequential(*layers)
+
+
+def run_block(
+    model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, steps: int
+) -> list[float]:
+    times = []
+    for _ in range(steps):
+        t = time.perf_counter_ns()
+        model(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+        times.append((time.perf_counter_ns() - t) / 1e6)
+    return times
+
+
+class Nest(nn.Module):
+    """One outer call that makes ``n`` nested calls of a trivial module."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.inner, self.n = nn.Identity(), n
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(self.n):
+            x = self.inner(x)
+        return x
+
+
+def nested_call_ns(repeats: int = 20, n: int = 20000) -> tuple[float, float]:
+    """(plain, patched) ns per nested Module.__call__, best of *repeats*."""
+    nest, x = Nest(n), torch.zeros(1)
+
+    plain = min(_timed_nest(nest, x, n) for _ in range(repeats))
+    with gpuprof.profile("bench-nested", print_summary=False):
+        # the outer call is the patched wrapper's slow path once; the n inner
+        # calls take its nested fast path
+        patched = min(_timed_nest(nest, x, n) for _ in range(repeats))
+    return plain, patched
+
+
+def _timed_nest(nest: Nest, x: torch.Tensor, n: int) -> float:
+    t = time.perf_counter_ns()
+    nest(x)
+    return (time.perf_counter_ns() - t) / n
+
+
+def send_us(socket_dir: Path, n: int = 20000) -> float:
+    from gpuprof_shim.sender import Sender
+
+    sender = Sender(ingest_endpoint(socket_dir))
+    sender.connect()
+    msg = {"v": 1, "type": "step", "run_key": "bench", "i": 0, "t0": 1, "t1": 2, "wait": 0,
+           "explicit": False, "micro": 1,
+           "phases": {"forward": 1, "backward": 1, "optimizer": 1}}
+    time.sleep(0.2)
+    t = time.perf_counter_ns()
+    for i in range(n):
+        msg["i"] = i
+        sender.send(msg)
+    per = (time.perf_counter_ns() - t) / n / 1e3
+    sender.close()
+    return per
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--blocks", type=int, default=12, help="interleaved block pairs")
+    ap.add_argument("--steps", type=int, default=60, help="steps per block")
+    args = ap.parse_args()
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    socket_dir = Path(tempfile.mkdtemp(prefix="gpb", dir="/tmp"))
+    db_dir = Path(tempfile.mkdtemp(prefix="gpbdb"))
+    os.environ.update(GPUPROF_SOCKET=str(socket_dir), GPUPROF_DB=str(db_dir / "bench.db"))
+    daemon = subprocess.Popen([sys.executable, "-m", "gpuprofd", "--socket-dir", str(socket_dir),
+                               "--db", str(db_dir / "bench.db"), "--idle-exit", "0"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 20
+        while _ping(socket_dir) is None:
+            if time.monotonic() > deadline:
+                sys.exit("gpuprofd did not start")
+            time.sleep(0.05)
+
+        model = build_model()
+        n_modules = sum(1 for _ in model.modules())
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        x = torch.randn(64, 128)
+        run_block(model, opt, x, 20)  # warm-up
+        plain: list[float] = []
+        profiled: list[float] = []
+        for b in range(args.blocks):
+            order = (False, True) if b % 2 == 0 else (True, False)
+            for use in order:
+                if use:
+                    with gpuprof.profile("bench-overhead", print_summary=False):
+                        profiled += run_block(model, opt, x, args.steps)[2:]
+                else:
+                    plain += run_block(model, opt, x, args.steps)[2:]
+        p, q = median(plain), median(profiled)
+        print(f"model: {n_modules} modules; {len(plain)} plain and {len(profiled)} profiled "
+              "steps, interleaved")
+        print(f"median step: plain {p:.3f} ms, profiled {q:.3f} ms, "
+              f"ratio {q / p:.4f} (target <= 1.02)")
+        plain_ns, patched_ns = nested_call_ns()
+        print(f"nested Module.__call__: plain {plain_ns:.0f} ns, patched {patched_ns:.0f} ns, "
+              f"extra {patched_ns - plain_ns:.0f} ns per call")
+        print(f"one step-event send: {send_us(socket_dir):.2f} µs")
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        try:
+            daemon.wait(10)
+        except subprocess.TimeoutExpired:
+            daemon.kill()
+        shutil.rmtree(socket_dir, ignore_errors=True)
+        shutil.rmtree(db_dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

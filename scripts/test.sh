@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The tests: install, start what they need, lint, run them.
+set -euo pipefail
+source "$(dirname "$0")/setup.sh"
+if command -v pg_isready >/dev/null && ! pg_isready -h 127.0.0.1 -p 5432 -q; then
+  echo "gpuprof: starting PostgreSQL" >&2
+  pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql)" main start || true
+fi
+.venv/bin/ruff check .
+.venv/bin/python -m pytest "$@"

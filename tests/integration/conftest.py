@@ -1,0 +1,136 @@
+"""Real processes: training scripts in subprocesses, a real gpuprofd, real sockets."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+import pytest
+import zmq
+
+from gpuprof.config import control_endpoint
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def ping(socket_dir: Path, timeout_ms: int = 500) -> dict | None:
+    """Ask the daemon in *socket_dir* for its status; None if none answers."""
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.REQ)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVTIMEO, timeout_ms)
+    sock.setsockopt(zmq.SNDTIMEO, timeout_ms)
+    sock.setsockopt(zmq.IMMEDIATE, 1)
+    try:
+        sock.connect(control_endpoint(socket_dir))
+        sock.send(orjson.dumps({"v": 1, "type": "ping"}))
+        return orjson.loads(sock.recv())
+    except zmq.ZMQError:
+        return None
+    finally:
+        sock.close()
+
+
+def wait_for(predicate, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+@dataclass
+class Node:
+    """One isolated gpuprof node: its socket dir, its database, its env."""
+
+    socket_dir: Path
+    db: Path
+    workdir: Path
+
+    @property
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(GPUPROF_SOCKET=str(self.socket_dir), GPUPROF_DB=str(self.db),
+                   PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+        env.pop("GPUPROF_NVML", None)
+        return env
+
+    def run_script(self, code: str, *args: str, timeout: float = 90) -> subprocess.CompletedProcess:
+        script = self.workdir / f"train_{time.monotonic_ns()}.py"
+        script.write_text(code)
+        return subprocess.run([sys.executable, str(script), *args], env=self.env,
+                              cwd=self.workdir, capture_output=True, text=True, timeout=timeout)
+
+    def spawn_script(self, code: str, *args: str) -> subprocess.Popen:
+        script = self.workdir / f"train_{time.monotonic_ns()}.py"
+        script.write_text(code)
+        return subprocess.Popen([sys.executable, str(script), *args], env=self.env,
+                                cwd=self.workdir, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+
+    def start_daemon(self) -> subprocess.Popen:
+        with (self.workdir / "gpuprofd.stderr").open("ab") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "gpuprofd", "--socket-dir", str(self.socket_dir),
+                 "--db", str(self.db), "--idle-exit", "0"],
+                env=self.env, stdout=subprocess.DEVNULL, stderr=log)
+        wait_for(lambda: ping(self.socket_dir), 20, "gpuprofd to answer ping")
+        return proc
+
+    def query(self, sql: str, *params) -> list[sqlite3.Row]:
+        con = sqlite3.connect(f"file:{self.db}?mode=ro", uri=True)
+        con.row_factory = sqlite3.Row
+        try:
+            return con.execute(sql, params).fetchall()
+        finally:
+            con.close()
+
+    def stop_daemon(self) -> None:
+        info = ping(self.socket_dir)
+        if info and info.get("pid"):
+            pid = info["pid"]
+            try:
+                os.kill(pid, signal.SIGTERM)
+                wait_for(lambda: not _alive(pid), 10, f"gpuprofd {pid} to exit")
+            except (ProcessLookupError, AssertionError):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie child of ours still "exists"
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[-1][0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[Node]:
+    # ipc paths must fit in 107 bytes: keep the socket dir short, under /tmp
+    socket_dir = Path(tempfile.mkdtemp(prefix="gp", dir="/tmp"))
+    n = Node(socket_dir=socket_dir, db=tmp_path / "gpuprof.db", workdir=tmp_path)
+    try:
+        yield n
+    finally:
+        n.stop_daemon()
+        shutil.rmtree(socket_dir, ignore_errors=True)

@@ -1,0 +1,158 @@
+"""Two lines in a training script → auto-started gpuprofd → insights printed at exit."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from .conftest import REPO, Node, _alive, ping, wait_for
+from .scripts import KILL_MID_RUN, RAISES, TRAIN
+
+
+def _ctl(node: Node, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gpuprofd.ctl", *args], env=node.env,
+                          capture_output=True, text=True, timeout=30)
+
+
+def test_autostarted_daemon_records_run_and_prints_stall(node: Node):
+    assert ping(node.socket_dir) is None  # nothing running yet: profile() must start it
+    out = node.run_script(TRAIN, "30", "1", "0.02", "stall-run")
+    assert out.returncode == 0, out.stderr
+    assert "TRAINED 30" in out.stdout
+    assert "gpuprof · stall-run  (30 steps, avg" in out.stdout
+    assert re.search(r"\[HIGH\] \d+% of step time waiting on the loader \(inter-step gap\)",
+                     out.stdout), out.stdout
+    assert "Estimated cost: not estimated (no NVIDIA GPU in this run)" in out.stdout
+    assert "no NVIDIA GPU found: GPU metrics skipped" in out.stdout
+    assert f"Full report: gpuprofctl insights {node.db} 1" in out.stdout
+    assert ping(node.socket_dir) is not None  # the daemon outlives the run (idle exit later)
+
+    (run,) = node.query("SELECT * FROM runs")
+    assert (run["run_name"], run["status"]) == ("stall-run", "finished")
+    steps = node.query("SELECT * FROM steps WHERE run_id = ? ORDER BY step", run["id"])
+    assert [s["step"] for s in steps] == list(range(30))
+    assert all(s["micro"] == 1 for s in steps)
+    for s in steps[1:]:
+        phases = json.loads(s["phases"])
+        assert set(phases) == {"forward", "backward", "optimizer"}
+        assert all(v > 0 for v in phases.values())
+        assert s["t1_ns"] - s["t0_ns"] >= sum(phases.values())
+        assert s["wait_ns"] >= 15e6  # the 20 ms collate sleep is loader wait, not step time
+
+    # the same run, later, from the CLI
+    ctl = _ctl(node, "insights", str(node.db))
+    assert ctl.returncode == 0, ctl.stderr
+    printed = [ln for ln in out.stdout.splitlines() if ln.strip().startswith("[")]
+    for line in printed:
+        assert line in ctl.stdout
+    as_json = json.loads(_ctl(node, "insights", str(node.db), "1", "--format", "json").stdout)
+    assert as_json["steps"] == 30
+    assert "dataloader_stall" in {i["rule"] for i in as_json["insights"]}
+
+
+def test_fast_loader_has_no_stall_finding(node: Node):
+    # a ~3 ms step: the in-process loader's ~0.2 ms per batch is well under 15 %
+    out = node.run_script(TRAIN, "30", "1", "0", "fast-run", "1024")
+    assert out.returncode == 0, out.stderr
+    assert "gpuprof · fast-run  (30 steps" in out.stdout
+    assert "waiting on the loader" not in out.stdout
+
+
+def test_gradient_accumulation_counts_optimizer_steps(node: Node):
+    out = node.run_script(TRAIN, "12", "4", "0", "accum")
+    assert out.returncode == 0, out.stderr
+    steps = node.query("SELECT micro, phases FROM steps ORDER BY step")
+    assert len(steps) == 12
+    assert [s["micro"] for s in steps] == [4] * 12
+
+
+def test_loop_raises_run_failed_and_patches_gone(node: Node):
+    out = node.run_script(RAISES)
+    assert out.returncode == 0, out.stderr
+    assert "PROPAGATED boom at step 3" in out.stdout
+    assert "gpuprof · raises  (4 steps" in out.stdout and "[FAILED]" in out.stdout
+    (run,) = node.query("SELECT status, error FROM runs")
+    assert run["status"] == "failed"
+    assert "RuntimeError: boom at step 3" in run["error"]
+    assert len(node.query("SELECT * FROM steps")) == 4
+
+
+def test_daemon_killed_mid_run(node: Node):
+    daemon = node.start_daemon()
+    ready, go = node.workdir / "ready", node.workdir / "go"
+    proc = node.spawn_script(KILL_MID_RUN, "400", "150", str(ready), str(go))
+    try:
+        wait_for(ready.exists, 60, "the training script to reach the pause")
+        daemon.send_signal(signal.SIGKILL)
+        daemon.wait(10)
+        go.touch()
+        t_go = time.monotonic()
+        stdout, stderr = proc.communicate(timeout=60)
+        exit_s = time.monotonic() - t_go
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, stderr
+    before = float(re.search(r"MEDIAN_BEFORE_MS ([\d.]+)", stdout).group(1))
+    after = float(re.search(r"MEDIAN_AFTER_MS ([\d.]+)", stdout).group(1))
+    assert after < before * 3 + 1.0, (before, after)  # a dead daemon costs the loop nothing
+    assert "gpuprofd unreachable" in stdout or "dropped" in stdout, stdout
+    assert exit_s < 30
+    # what reached the daemon before it died is on disk
+    (run,) = node.query("SELECT status FROM runs")
+    assert run["status"] == "running"  # no bye ever arrived; a restarted daemon marks it lost
+
+
+def test_two_processes_one_daemon_one_db(node: Node):
+    procs = [node.spawn_script(TRAIN, "40", "1", "0.002", f"twin-{i}") for i in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    for p, (stdout, stderr) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, stderr
+        assert "TRAINED 40" in stdout
+        assert "database is locked" not in stdout + stderr
+    runs = node.query("SELECT id, run_name, status FROM runs ORDER BY run_name")
+    assert [(r["run_name"], r["status"]) for r in runs] == [("twin-0", "finished"),
+                                                            ("twin-1", "finished")]
+    for r in runs:
+        assert node.query("SELECT COUNT(*) AS n FROM steps WHERE run_id = ?", r["id"])[0]["n"] == 40
+    # exactly one daemon holds the socket dir
+    info = ping(node.socket_dir)
+    daemons = subprocess.run(["pgrep", "-f", f"gpuprofd --socket-dir {node.socket_dir}"],
+                             capture_output=True, text=True).stdout.split()
+    assert daemons == [str(info["pid"])]
+
+
+def test_regression_against_previous_runs(node: Node):
+    for _ in range(2):
+        assert node.run_script(TRAIN, "20", "1", "0", "reg").returncode == 0
+    out = node.run_script(TRAIN, "20", "1", "0.03", "reg")
+    assert re.search(r"Regression vs last 2 runs of 'reg' \(median\): step time", out.stdout), \
+        out.stdout
+
+
+@pytest.mark.parametrize("augment", [True, False])
+def test_digits_example(node: Node, augment: bool):
+    args = ["--steps", "60"] + ([] if augment else ["--no-augment"])
+    out = subprocess.run([sys.executable, str(REPO / "examples" / "digits_mlp.py"), *args],
+                         env=node.env, cwd=node.workdir, capture_output=True, text=True,
+                         timeout=180)
+    assert out.returncode == 0, out.stderr
+    assert "gpuprof · digits-mlp  (60 steps" in out.stdout
+    stalled = "waiting on the loader" in out.stdout or "Dataloader stall" in out.stdout
+    assert stalled is augment, out.stdout
+
+
+def test_dead_daemon_pid_is_not_left_running(node: Node):
+    """The auto-started daemon is a separate session: killing training leaves it up,
+    and stop_daemon() in the fixture can find and end it by its ping pid."""
+    assert node.run_script(TRAIN, "3", "1", "0", "tiny").returncode == 0
+    pid = ping(node.socket_dir)["pid"]
+    assert pid != os.getpid() and _alive(pid)
+    assert os.getsid(pid) != os.getsid(0)
