@@ -1,0 +1,102 @@
+"""Who this training process is: rank, host, argv and its CUDA device, as
+the ``hello`` and ``bye`` messages carry them. Never initializes CUDA."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import socket
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+log = logging.getLogger("gpuprof.shim")
+
+_MAX_HOST_CHARS = 255
+_MAX_ARGV_CHARS = 1000
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """Distributed position from torchrun's env vars (defaults 0/0/1)."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+
+
+def _env_int(env: Mapping[str, str], name: str, default: int, lo: int) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        log.warning("gpuprof: ignoring %s=%r (not an integer)", name, raw)
+        return default
+    if value < lo or value > 1 << 20:
+        log.warning("gpuprof: ignoring %s=%r (out of range)", name, raw)
+        return default
+    return value
+
+
+def read_ranks(env: Mapping[str, str] | None = None) -> Ranks:
+    """``RANK``/``LOCAL_RANK``/``WORLD_SIZE`` from *env* (default ``os.environ``).
+
+    A missing, non-integer or out-of-range value falls back to its default;
+    a rank that is not below the world size resets all three.
+    """
+    e = os.environ if env is None else env
+    ranks = Ranks(
+        rank=_env_int(e, "RANK", 0, 0),
+        local_rank=_env_int(e, "LOCAL_RANK", 0, 0),
+        world_size=_env_int(e, "WORLD_SIZE", 1, 1),
+    )
+    if ranks.rank >= ranks.world_size:
+        log.warning("gpuprof: RANK %d >= WORLD_SIZE %d; using 0/0/1", ranks.rank, ranks.world_size)
+        return Ranks()
+    return ranks
+
+
+def host_name() -> str:
+    """This node's host name, printable and at most 255 characters."""
+    try:
+        name = socket.gethostname()
+    except OSError:
+        name = ""
+    name = "".join(c for c in name if c.isprintable())[:_MAX_HOST_CHARS]
+    return name or "unknown"
+
+
+def argv_text() -> str | None:
+    """The command line, shell-quoted and cut to 1000 characters; None if empty."""
+    try:
+        text = shlex.join(str(a) for a in sys.argv)[:_MAX_ARGV_CHARS]
+    except Exception:
+        return None
+    return text or None
+
+
+def cuda_uuid() -> str | None:
+    """``GPU-<uuid>`` of the current CUDA device, only if torch is already
+    imported and CUDA already initialized by the user; else None.
+
+    Never imports torch and never initializes CUDA (that would cost the user
+    seconds and GPU memory, and breaks forked DataLoader workers).
+    """
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    try:
+        cuda = torch.cuda
+        if not (cuda.is_initialized() and cuda.is_available()):
+            return None
+        props = cuda.get_device_properties(cuda.current_device())
+        uuid = str(props.uuid)
+    except Exception:
+        log.debug("gpuprof: could not read the CUDA device uuid", exc_info=True)
+        return None
+    if not uuid:
+        return None
+    return uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"

@@ -1,0 +1,174 @@
+"""The manual API (``auto=False``): ``prof.step(i)`` and ``s.phase(name)``.
+
+A step runs from ``with prof.step(i)`` entry (t0) to exit (t1), one
+micro-batch; its phases are what ``s.phase(name)`` recorded (repeated
+phases of one name add up; a phase nested in another of the same name
+counts once). Its wait comes from the shared
+:class:`~gpuprof_shim.steps.WaitTracker` (a timed ``next()`` inside the step
+adds to its ``data`` phase instead). Needs no torch.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+import time
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any
+
+from gpuprof_shim.steps import LOADER_PHASE, StepRecord, WaitTracker
+
+log = logging.getLogger("gpuprof.shim")
+
+_MAX_INDEX = 1 << 40
+
+
+class Phase:
+    """``with s.phase(name):`` — adds its duration (ns) to the step's phase."""
+
+    __slots__ = ("_step", "_name", "_t")
+
+    def __init__(self, step: Step, name: str) -> None:
+        self._step = step
+        self._name = name
+        self._t = 0
+
+    def __enter__(self) -> Phase:
+        self._t = self._step._phase_enter(self._name)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._step._phase_exit(self._name, self._t)
+
+
+class Step:
+    """One manual step; use as a context manager. See the module docstring."""
+
+    def __init__(self, recorder: ManualRecorder, i: int) -> None:
+        self.i = i
+        self._rec = recorder
+        self._clock = recorder.clock
+        self._t0: int | None = None
+        self._entries = 0
+        self._ignored = False
+        self._done = False
+        self.phases: dict[str, int] = {}
+        self._open: dict[str, int] = {}
+
+    def phase(self, name: str) -> Phase:
+        """A context manager timing phase *name* (any string) inside this step."""
+        return Phase(self, str(name))
+
+    def _phase_enter(self, name: str) -> int:
+        depth = self._open.get(name, 0)
+        self._open[name] = depth + 1
+        return self._clock() if depth == 0 else 0
+
+    def _phase_exit(self, name: str, t: int) -> None:
+        depth = self._open.get(name, 0) - 1
+        if depth < 0:
+            return
+        self._open[name] = depth
+        if depth == 0 and not self._done:
+            self.phases[name] = self.phases.get(name, 0) + max(0, self._clock() - t)
+
+    def __enter__(self) -> Step:
+        self._entries += 1
+        if self._entries == 1 and self._t0 is None and not self._ignored:
+            if self._rec._begin(self):
+                self._t0 = self._clock()
+                self._rec.waits.step_started()
+                return self
+            self._ignored = True
+        log.warning("gpuprof: step %s re-entered or inside another step; not recorded", self.i)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._entries -= 1
+        if self._entries > 0 or self._ignored or self._done or self._t0 is None:
+            return
+        self._done = True
+        self._rec._end(self, self._t0, self._clock())
+
+
+class NullStep(Step):
+    """What ``prof.step()`` returns when it cannot record (auto mode, or after
+    the profile ended): a working context manager that records nothing."""
+
+    def __init__(self, i: int = 0) -> None:
+        self.i = i
+        self._clock = time.monotonic_ns
+        self._t0 = None
+        self._entries = 0
+        self._ignored = True
+        self._done = True
+        self.phases = {}
+        self._open = {}
+
+    def __enter__(self) -> Step:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+class ManualRecorder:
+    """Creates :class:`Step` objects and turns finished ones into records.
+
+    Args:
+        emit: receives each finished :class:`StepRecord`.
+        waits: loader-wait bookkeeping (shared with ``wrap_dataloader``).
+        clock: monotonic nanoseconds.
+    """
+
+    def __init__(
+        self,
+        emit: Callable[[StepRecord], None],
+        waits: WaitTracker,
+        clock: Callable[[], int] = time.monotonic_ns,
+    ) -> None:
+        self.emit = emit
+        self.waits = waits
+        self.clock = clock
+        self.closed = False
+        self._next_index = 0
+        self._current: Step | None = None
+
+    def step(self, i: Any = None) -> Step:
+        """A new step with index *i* (a non-negative int; anything else, or
+        None, takes the next index after the last one recorded)."""
+        if self.closed:
+            return NullStep()
+        try:
+            index = operator.index(i) if i is not None else -1
+        except TypeError:
+            index = -1
+        if not 0 <= index <= _MAX_INDEX:
+            if i is not None:
+                log.warning("gpuprof: step index %r is not a non-negative int", i)
+            index = self._next_index
+        return Step(self, index)
+
+    def _begin(self, step: Step) -> bool:
+        if self.closed or self._current is not None:
+            return False
+        self._current = step
+        return True
+
+    def _end(self, step: Step, t0: int, t1: int) -> None:
+        if self._current is step:
+            self._current = None
+        if self.closed:
+            return
+        wait, explicit, loader_ns = self.waits.finish_step(t0, t1)
+        phases = dict(step.phases)
+        if loader_ns:
+            phases[LOADER_PHASE] = phases.get(LOADER_PHASE, 0) + loader_ns
+        self._next_index = step.i + 1
+        self.emit(StepRecord(step.i, t0, t1, wait, explicit, 1, phases))

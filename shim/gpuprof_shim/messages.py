@@ -1,0 +1,163 @@
+"""Build the protocol messages the shim sends (pure: no sockets, no clock
+reads beyond what callers pass). Field sets follow
+``gpuprof.protocol.SCHEMAS``; values are made to pass its checks."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from gpuprof.protocol import (
+    MAX_ERROR_CHARS,
+    MAX_PHASE_NAME_CHARS,
+    MAX_PHASES,
+    PROTOCOL_VERSION,
+)
+from gpuprof_shim.identity import Ranks
+from gpuprof_shim.steps import StepRecord
+
+_CONTROL_CHARS_RE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_INT64_MAX = 2**63 - 1
+#: Phases beyond the protocol's limit are summed under this name.
+OVERFLOW_PHASE = "other"
+
+
+def phase_name(name: object) -> str:
+    """A phase name the protocol accepts: printable, 1-64 characters."""
+    if type(name) is str and 0 < len(name) <= MAX_PHASE_NAME_CHARS and name.isprintable():
+        if name[0] != " " and name[-1] != " ":
+            return name  # the common case, without the regex
+    text = _CONTROL_CHARS_RE.sub(" ", str(name)).strip()[:MAX_PHASE_NAME_CHARS]
+    return text or "unnamed"
+
+
+def clean_phases(phases: Mapping[str, int]) -> dict[str, int]:
+    """Clamp durations to int64 >= 0 and keep at most ``MAX_PHASES`` names
+    (the rest are summed into ``"other"``)."""
+    out: dict[str, int] = {}
+    for name, ns in phases.items():
+        key = phase_name(name)
+        if key not in out and len(out) >= MAX_PHASES - 1:
+            key = OVERFLOW_PHASE
+        out[key] = min(_INT64_MAX, out.get(key, 0) + max(0, int(ns)))
+    return out
+
+
+def hello(
+    *,
+    run_key: str,
+    run_name: str,
+    pid: int,
+    host: str,
+    ranks: Ranks,
+    wall_ns: int,
+    mono_ns: int,
+    auto: bool,
+    options: Mapping[str, Any],
+    cuda_uuid: str | None,
+    argv: str | None,
+) -> dict[str, Any]:
+    """The ``hello`` request; ``options`` entries that are None are left out."""
+    msg: dict[str, Any] = {
+        "v": PROTOCOL_VERSION,
+        "type": "hello",
+        "run_key": run_key,
+        "run_name": run_name,
+        "pid": pid,
+        "host": host,
+        "rank": ranks.rank,
+        "local_rank": ranks.local_rank,
+        "world_size": ranks.world_size,
+        "wall_ns": wall_ns,
+        "mono_ns": mono_ns,
+        "auto": auto,
+        "options": {k: v for k, v in options.items() if v is not None},
+    }
+    if cuda_uuid:
+        msg["cuda_uuid"] = cuda_uuid
+    if argv:
+        msg["argv"] = argv
+    return msg
+
+
+def error_text(exc: BaseException) -> str:
+    """``"TypeName: message"`` cut to the protocol's 2000 characters."""
+    try:
+        text = f"{type(exc).__name__}: {exc}"
+    except Exception:  # a broken __str__ must not hide the user's error
+        text = f"{type(exc).__name__}: <unprintable>"
+    return text[:MAX_ERROR_CHARS]
+
+
+def bye(
+    *,
+    run_key: str,
+    error: BaseException | None,
+    sent: int,
+    dropped: int,
+    mono_ns: int,
+    wall_ns: int,
+    cuda_uuid: str | None,
+) -> dict[str, Any]:
+    """The ``bye`` request: status ``failed`` with the error text if the loop
+    raised *error*, else ``finished``."""
+    msg: dict[str, Any] = {
+        "v": PROTOCOL_VERSION,
+        "type": "bye",
+        "run_key": run_key,
+        "status": "failed" if error is not None else "finished",
+        "sent": sent,
+        "dropped": dropped,
+        "mono_ns": mono_ns,
+        "wall_ns": wall_ns,
+    }
+    if error is not None:
+        msg["error"] = error_text(error)
+    if cuda_uuid:
+        msg["cuda_uuid"] = cuda_uuid
+    return msg
+
+
+def step(run_key: str, rec: StepRecord) -> dict[str, Any]:
+    """The ``step`` data event for *rec*."""
+    return {
+        "v": PROTOCOL_VERSION,
+        "type": "step",
+        "run_key": run_key,
+        "i": rec.i,
+        "t0": rec.t0,
+        "t1": max(rec.t1, rec.t0),
+        "wait": max(0, rec.wait),
+        "explicit": rec.explicit,
+        "micro": rec.micro,
+        "phases": clean_phases(rec.phases),
+    }
+
+
+def normalize_options(flops_per_step: object, dtype: object) -> dict[str, Any]:
+    """Check the user's hello options; None values are kept (and left out
+    of the message later).
+
+    Args:
+        flops_per_step: model FLOPs per optimizer step, a positive number.
+        dtype: the training dtype, a string or a ``torch.dtype``
+            (``torch.bfloat16`` becomes ``"bfloat16"``).
+
+    Raises:
+        ValueError: for a value the protocol would reject (misuse, raised
+            before anything starts).
+    """
+    if flops_per_step is not None:
+        ok = type(flops_per_step) in (int, float) and 0 < flops_per_step < 1e30  # type: ignore[operator]
+        if not ok:
+            raise ValueError(
+                f"gpuprof: flops_per_step must be a positive number, got {flops_per_step!r}"
+            )
+    if dtype is not None:
+        text = str(dtype).strip()
+        text = text[len("torch.") :] if text.startswith("torch.") else text
+        if not text or len(text) > 32 or _CONTROL_CHARS_RE.search(text):
+            raise ValueError(f"gpuprof: dtype must be a short name like 'bf16', got {dtype!r}")
+        dtype = text
+    return {"flops_per_step": flops_per_step, "dtype": dtype}

@@ -1,0 +1,137 @@
+"""The one owner of gpuprof's global changes to torch.
+
+Auto mode replaces ``torch.nn.Module.__call__``, ``torch.Tensor.backward``
+and ``torch.autograd.backward`` and registers torch's global optimizer step
+pre/post hooks (removable handles; ``Optimizer.step`` itself is untouched).
+Originals are recorded exactly as found (the raw class/module dict entry)
+and put back on :meth:`TorchPatches.remove`. Only one owner may be
+installed per process; nothing is patched at import time. torch is
+imported only here, and only by :meth:`TorchPatches.install`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from gpuprof_shim.auto import StepMachine
+from gpuprof_shim.wrappers import Wrappers
+
+log = logging.getLogger("gpuprof.shim")
+
+_owner_lock = threading.Lock()
+_owner: TorchPatches | None = None
+
+
+@dataclass
+class _Patch:
+    target: Any
+    name: str
+    original: Any
+    replacement: Any
+
+
+def _raw(target: Any, name: str) -> Any:
+    """The attribute as stored on *target* itself (no descriptor binding)."""
+    return vars(target)[name]
+
+
+class TorchPatches:
+    """Installs auto mode's wrappers and hooks for one session; see module doc."""
+
+    def __init__(self, machine: StepMachine) -> None:
+        self.machine = machine
+        self.wrappers: Wrappers | None = None
+        self._patches: list[_Patch] = []
+        self._handles: list[Any] = []
+
+    @property
+    def installed(self) -> bool:
+        return bool(self._patches or self._handles)
+
+    def install(self) -> None:
+        """Import torch and patch it.
+
+        Raises:
+            RuntimeError: another owner's patches are installed.
+            ImportError: torch cannot be imported.
+        """
+        global _owner
+        with _owner_lock:
+            if _owner is not None:
+                raise RuntimeError(
+                    "gpuprof: torch is already patched by another auto-mode profile; "
+                    "only one may be active per process"
+                )
+            _owner = self
+        try:
+            self._install()
+        except BaseException:
+            self.remove()
+            raise
+
+    def _install(self) -> None:
+        import torch
+        from torch.optim.optimizer import (
+            register_optimizer_step_post_hook,
+            register_optimizer_step_pre_hook,
+        )
+
+        module_cls, tensor_cls, autograd = torch.nn.Module, torch.Tensor, torch.autograd
+        w = Wrappers(
+            self.machine,
+            orig_module_call=_raw(module_cls, "__call__"),
+            orig_tensor_backward=_raw(tensor_cls, "backward"),
+            orig_autograd_backward=_raw(autograd, "backward"),
+            is_grad_enabled=torch.is_grad_enabled,
+        )
+        self.wrappers = w
+        for target, name, replacement in (
+            (module_cls, "__call__", w.module_call),
+            (tensor_cls, "backward", w.tensor_backward),
+            (autograd, "backward", w.autograd_backward),
+        ):
+            patch = _Patch(target, name, _raw(target, name), replacement)
+            setattr(target, name, replacement)
+            self._patches.append(patch)
+        self._handles.append(register_optimizer_step_pre_hook(w.optimizer_pre_hook))
+        self._handles.append(register_optimizer_step_post_hook(w.optimizer_post_hook))
+
+    def remove(self) -> None:
+        """Restore every original and remove the hooks; never raises.
+
+        If someone replaced one of our wrappers after us, their replacement
+        stays (removing it would break them) and our wrapper, still inside
+        their chain, is switched to a pass-through.
+        """
+        global _owner
+        if self.wrappers is not None:
+            self.wrappers.enabled = False
+        while self._handles:
+            handle = self._handles.pop()
+            try:
+                handle.remove()
+            except Exception:
+                log.warning("gpuprof: could not remove an optimizer hook", exc_info=True)
+        while self._patches:
+            p = self._patches.pop()
+            try:
+                if vars(p.target).get(p.name) is p.replacement:
+                    setattr(p.target, p.name, p.original)
+                else:
+                    log.warning(
+                        "gpuprof: %s.%s was re-patched by someone else; leaving theirs in place",
+                        getattr(p.target, "__name__", p.target), p.name,
+                    )  # fmt: skip
+            except Exception:
+                log.warning("gpuprof: could not restore %s", p.name, exc_info=True)
+        with _owner_lock:
+            if _owner is self:
+                _owner = None
+
+
+def current_owner() -> TorchPatches | None:
+    """The installed patch owner, if any (for diagnostics and tests)."""
+    return _owner

@@ -1,0 +1,72 @@
+"""The end-of-run block the shim prints: the daemon's summary when it
+answered ``bye``, else a reduced one built from the shim's own counters."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any, TextIO
+
+from gpuprof.summary import format_summary
+
+log = logging.getLogger("gpuprof.shim")
+
+
+class StepCounter:
+    """Counts emitted steps and their iteration time (loader wait + step,
+    as ``gpuprof.summary`` averages it) for the local summary."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self.total_iteration_ns = 0
+
+    def add(self, iteration_ns: int) -> None:
+        self.steps += 1
+        self.total_iteration_ns += max(0, iteration_ns)
+
+    @property
+    def avg_step_ms(self) -> float | None:
+        """Mean iteration (wait + step) in ms, or None before the first step."""
+        if not self.steps:
+            return None
+        return round(self.total_iteration_ns / self.steps / 1e6, 3)
+
+
+def local_summary(
+    *,
+    run_name: str,
+    status: str,
+    counter: StepCounter,
+    db: str | None,
+    run_id: int | None,
+    notes: Sequence[str],
+) -> dict[str, Any]:
+    """A summary dict shaped like ``gpuprof.summary.make_summary``'s, from
+    local counters only: no median, no insights."""
+    return {
+        "run_id": run_id,
+        "run_name": run_name,
+        "status": status,
+        "steps": counter.steps,
+        "avg_step_ms": counter.avg_step_ms,
+        "median_step_ms": None,
+        "db": db,
+        "insights": [],
+        "notes": list(notes),
+    }
+
+
+def print_summary(summary: Mapping[str, Any], out: TextIO | None = None) -> bool:
+    """Print *summary* with ``format_summary``; False (and nothing printed)
+    if it cannot be formatted. Never raises."""
+    try:
+        text = format_summary(summary)
+    except Exception:
+        log.debug("gpuprof: could not format the summary", exc_info=True)
+        return False
+    try:
+        print(text, file=out or sys.stdout, flush=True)
+    except Exception:
+        log.debug("gpuprof: could not print the summary", exc_info=True)
+    return True

@@ -1,0 +1,198 @@
+"""The data channel: a ZeroMQ ``PUSH`` to gpuprofd's ingest socket that never
+blocks and never raises.
+
+Sends use ``NOBLOCK`` under a bounded high-water mark with ``IMMEDIATE``
+(nothing queues for a peer that is not connected), so a dead or slow daemon
+costs a counted drop, not a stall. State is per process: a ZeroMQ context
+must not cross ``fork()`` (DataLoader workers fork), so a sender that finds
+itself in another process than the one that built it forgets the parent's
+sockets without touching them, and from then on only counts drops.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import weakref
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import zmq
+
+from gpuprof.protocol import encode
+
+log = logging.getLogger("gpuprof.shim")
+
+#: Messages queued per peer before sends start dropping (~250 B each: ~1 MiB).
+DEFAULT_SNDHWM = 4096
+
+_live_senders: weakref.WeakSet[Sender] = weakref.WeakSet()
+_fork_hook_lock = threading.Lock()
+_fork_hook_registered = False
+
+
+class _ProcState:
+    """One process's view of the sender: its context, socket and counters."""
+
+    __slots__ = ("pid", "forked", "ctx", "sock", "sent", "dropped")
+
+    def __init__(self, pid: int, forked: bool) -> None:
+        self.pid = pid
+        self.forked = forked
+        self.ctx: zmq.Context[Any] | None = None
+        self.sock: zmq.Socket[Any] | None = None
+        self.sent = 0
+        self.dropped = 0
+
+
+def _current_pid() -> int:
+    return os.getpid()  # looked up per call, so tests can simulate a fork
+
+
+def _after_fork_in_child() -> None:
+    for sender in list(_live_senders):
+        sender._forget_parent()
+
+
+def _register_fork_hook() -> None:
+    global _fork_hook_registered
+    with _fork_hook_lock:
+        if not _fork_hook_registered and hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=_after_fork_in_child)
+            _fork_hook_registered = True
+
+
+class Sender:
+    """Pushes encoded messages to ``endpoint``; see the module docstring.
+
+    Args:
+        endpoint: the ingest ``ipc://`` address (``gpuprof.config.ingest_endpoint``).
+        sndhwm: bound of the send queue, in messages.
+        getpid: injected for tests that simulate a fork (default ``os.getpid``).
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        sndhwm: int = DEFAULT_SNDHWM,
+        getpid: Callable[[], int] | None = None,
+    ) -> None:
+        self.endpoint = endpoint
+        self._sndhwm = sndhwm
+        self._getpid = getpid or _current_pid
+        self._lock = threading.Lock()
+        self._state = _ProcState(self._getpid(), forked=False)
+        self._closed = False
+        _live_senders.add(self)
+        _register_fork_hook()
+
+    @property
+    def sent(self) -> int:
+        """Messages handed to ZeroMQ by this process."""
+        return self._current().sent
+
+    @property
+    def dropped(self) -> int:
+        """Messages this process could not send (daemon absent, queue full, fork child)."""
+        return self._current().dropped
+
+    @property
+    def context(self) -> zmq.Context[Any] | None:
+        """This process's ZeroMQ context (created by :meth:`connect`), or None."""
+        st = self._current()
+        return None if st.forked else st.ctx
+
+    def _current(self) -> _ProcState:
+        st = self._state
+        if st.pid != self._getpid():
+            self._forget_parent()
+            st = self._state
+        return st
+
+    def _forget_parent(self) -> None:
+        """Drop (never close, never use) state built by another process."""
+        self._state = _ProcState(self._getpid(), forked=True)
+        self._lock = threading.Lock()
+
+    def connect(self) -> bool:
+        """Create the context and connect the socket now (idempotent).
+
+        Returns False, never raises, if that fails, the sender is closed or
+        this is a fork child.
+        """
+        st = self._current()
+        if st.forked or self._closed:
+            return False
+        if st.sock is not None:
+            return True
+        try:
+            st.ctx = zmq.Context()
+            sock = st.ctx.socket(zmq.PUSH)
+            sock.setsockopt(zmq.SNDHWM, self._sndhwm)
+            sock.setsockopt(zmq.IMMEDIATE, 1)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(self.endpoint)
+            st.sock = sock
+        except Exception as exc:
+            log.warning("gpuprof: cannot open %s: %s", self.endpoint, exc)
+            self._close_state(st)
+            return False
+        return True
+
+    def wait_connected(self, timeout_ms: int) -> bool:
+        """Wait up to *timeout_ms* for the data connection to be up.
+
+        With ``IMMEDIATE`` a send before the connection completes is dropped;
+        a daemon that just answered ``hello`` may still be seconds-old (auto
+        started) and ZeroMQ reconnects only every ~100 ms. A ``PUSH`` socket
+        with ``IMMEDIATE`` is writable only once a peer is connected.
+        Returns False on timeout or any error; never raises.
+        """
+        st = self._current()
+        if st.forked or st.sock is None:
+            return False
+        try:
+            return bool(st.sock.poll(timeout_ms, zmq.POLLOUT))
+        except Exception:
+            return False
+
+    def send(self, msg: Mapping[str, Any]) -> bool:
+        """Encode and push *msg* without blocking; True if ZeroMQ took it.
+
+        Any failure (no peer, full queue, closed sender, un-encodable, fork child)
+        counts one drop and returns False.
+        """
+        st = self._current()
+        with self._lock:
+            if self._closed or st.forked or (st.sock is None and not self.connect()):
+                st.dropped += 1
+                return False
+            try:
+                st.sock.send(encode(msg), zmq.NOBLOCK)  # type: ignore[union-attr]
+            except Exception:
+                st.dropped += 1
+                return False
+            st.sent += 1
+            return True
+
+    def close(self) -> None:
+        """Close the socket and context if this process made them (LINGER 0:
+        unsent messages are discarded, not waited for)."""
+        st = self._current()
+        self._closed = True
+        if not st.forked:
+            with self._lock:
+                self._close_state(st)
+
+    @staticmethod
+    def _close_state(st: _ProcState) -> None:
+        sock, ctx, st.sock, st.ctx = st.sock, st.ctx, None, None
+        try:
+            if sock is not None:
+                sock.close(linger=0)
+            if ctx is not None:
+                ctx.term()
+        except Exception:
+            log.debug("gpuprof: error closing the data socket", exc_info=True)

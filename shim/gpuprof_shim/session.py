@@ -1,0 +1,344 @@
+"""``gpuprof.profile()``: the :class:`Profiler` context manager.
+
+Lifecycle:
+
+``__enter__``
+    refuse a second active profile (RuntimeError naming the active run),
+    connect the data socket, send ``hello`` (auto-starting gpuprofd if none
+    answers), then in auto mode patch torch.
+``__exit__``
+    first remove every patch and hook (even if anything after fails), emit
+    a step left half done, send ``bye`` (status ``failed`` with the error if
+    the loop raised anything but ``SystemExit(0)``), print the summary. The user's exception always
+    propagates unchanged; gpuprof's own problems are logged, never raised.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from gpuprof import config
+from gpuprof.protocol import clean_run_name
+from gpuprof_shim import autostart, control, identity, messages
+from gpuprof_shim.auto import StepMachine
+from gpuprof_shim.loader import TimedLoader
+from gpuprof_shim.manual import ManualRecorder, NullStep, Step
+from gpuprof_shim.report import StepCounter, local_summary, print_summary
+from gpuprof_shim.sender import Sender
+from gpuprof_shim.steps import StepRecord, WaitTracker
+
+log = logging.getLogger("gpuprof.shim")
+
+#: After ``hello`` succeeds, how long to wait for the data connection, ms.
+DATA_CONNECT_TIMEOUT_MS = 1000
+
+_active_lock = threading.Lock()
+_active: Profiler | None = None
+
+
+def active_profiler() -> Profiler | None:
+    """The profile currently entered in this process, if any."""
+    return _active
+
+
+class Profiler:
+    """Profile the training loop run inside ``with``; see the module docstring.
+
+    Args:
+        run_name: shown everywhere; control characters removed, cut to 200 chars.
+        auto: patch torch to find steps and phases by itself (needs torch);
+            False: the manual API (``prof.step``, ``s.phase``), no torch needed.
+        flops_per_step: model FLOPs per optimizer step, for MFU.
+        dtype: training dtype name (or a ``torch.dtype``), for MFU.
+        print_summary: print the summary block to stdout at exit.
+        socket_dir: gpuprofd's socket directory (default ``GPUPROF_SOCKET`` or
+            the per-user runtime dir).
+        db: the database a started daemon uses (default ``GPUPROF_DB`` or
+            ``./gpuprof.db``, made absolute against the current directory).
+        autostart: start a gpuprofd if none answers.
+
+    Raises:
+        ValueError: an invalid ``flops_per_step`` or ``dtype``.
+    """
+
+    def __init__(
+        self,
+        run_name: str,
+        *,
+        auto: bool = True,
+        flops_per_step: float | None = None,
+        dtype: Any = None,
+        print_summary: bool = True,
+        socket_dir: str | os.PathLike[str] | None = None,
+        db: str | os.PathLike[str] | None = None,
+        autostart: bool = True,
+    ) -> None:
+        self.run_name = clean_run_name(run_name)
+        self.auto = bool(auto)
+        self.options = messages.normalize_options(flops_per_step, dtype)
+        self.print_summary = bool(print_summary)
+        self.socket_dir = Path(socket_dir).expanduser() if socket_dir else config.socket_dir()
+        db_path = Path(db).expanduser() if db else config.db_path()
+        self.db = str(db_path if db_path.is_absolute() else Path.cwd() / db_path)
+        self.autostart = bool(autostart)
+        self.run_key = uuid.uuid4().hex
+        self.ranks = identity.read_ranks()
+        self.run_id: int | None = None
+        #: The summary dict printed at exit (the daemon's, or a local one).
+        self.summary: dict[str, Any] | None = None
+        self.clock = time.monotonic_ns
+        self.sender: Sender | None = None
+        self.machine: StepMachine | None = None
+        self.counter = StepCounter()
+        self._entered = False
+        self._open = False
+        self._daemon_ok = False
+        self._problem: str | None = None
+        self._control: str | None = None
+        self._waits: WaitTracker | None = None
+        self._recorder: ManualRecorder | None = None
+        self._patches: Any = None
+        self._warned_step = False
+
+    # --- lifecycle ---------------------------------------------------------
+
+    def __enter__(self) -> Profiler:
+        global _active
+        with _active_lock:
+            if self._entered:
+                raise RuntimeError(f"gpuprof: profile {self.run_name!r} was already used once")
+            if _active is not None:
+                raise RuntimeError(
+                    f"gpuprof: profile {_active.run_name!r} is already active in this "
+                    f"process; cannot start {self.run_name!r} inside or beside it "
+                    "(gpuprof.profile() does not nest)"
+                )
+            _active = self
+            self._entered = True
+        try:
+            if self.auto:
+                _import_torch()
+            try:
+                self._connect()
+            except Exception:  # never fail training over the daemon
+                log.warning("gpuprof: could not reach gpuprofd", exc_info=True)
+                self._daemon_ok = False
+                self._problem = "gpuprofd unreachable (internal error)"
+            self._start_recording()
+        except BaseException:
+            self._teardown()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        try:
+            self._unpatch()
+        finally:
+            try:
+                self._finish(exc)
+            except Exception:
+                log.warning("gpuprof: error while finishing the run", exc_info=True)
+            finally:
+                self._teardown()
+        return False
+
+    # --- manual API --------------------------------------------------------
+
+    def step(self, i: Any = None) -> Step:
+        """``with prof.step(i) as s:`` — one manual step (``auto=False``).
+
+        In auto mode, or outside the ``with``, it returns a step that records
+        nothing (and logs a warning once): gpuprof never raises into training.
+        """
+        if self._recorder is not None and self._open:
+            return self._recorder.step(i)
+        if not self._warned_step:
+            self._warned_step = True
+            log.warning("gpuprof: prof.step() records only with auto=False inside the with block")
+        return NullStep()
+
+    def wrap_dataloader(self, loader: Iterable[Any]) -> TimedLoader:
+        """Iterate *loader* through this to time each ``next()`` as explicit
+        loader wait, attributed to the step that follows it. Works in both modes."""
+        return TimedLoader(loader, self._loader_started, self._loader_wait, self.clock)
+
+    # --- internals ---------------------------------------------------------
+
+    def _connect(self) -> None:
+        try:
+            ingest = config.ingest_endpoint(self.socket_dir)
+            self._control = config.control_endpoint(self.socket_dir)
+        except ValueError as exc:
+            self._problem = f"gpuprofd unreachable ({exc})"
+            log.warning("gpuprof: %s", exc)
+            return
+        self.sender = Sender(ingest)
+        self.sender.connect()
+        reply = self._hello_with_autostart()
+        if reply is None:
+            self._problem = f"gpuprofd unreachable at {self.socket_dir}"
+            if self.autostart:
+                self._problem += f" (auto-start failed, see {self.socket_dir / config.LOG_NAME})"
+            log.warning("gpuprof: %s; running without it", self._problem)
+        elif not reply["ok"]:
+            self._problem = f"gpuprofd refused the run: {reply['error']}"
+            log.warning("gpuprof: %s", self._problem)
+        else:
+            self._daemon_ok = True
+            self.run_id = reply["run_id"]
+            self.db = reply["db"]
+            if not self.sender.wait_connected(DATA_CONNECT_TIMEOUT_MS):
+                log.warning("gpuprof: the data socket is not connected yet; early steps may drop")
+            for note in reply["notes"]:
+                log.info("gpuprof: %s", note)
+
+    def _hello_with_autostart(self) -> dict[str, Any] | None:
+        control_path = self.socket_dir / config.CONTROL_SOCKET_NAME
+        reply = self._hello() if control_path.exists() else None
+        if reply is None and self.autostart:
+            argv = autostart.daemon_argv(self.socket_dir, Path(self.db))
+            reply = autostart.start_and_hello(self._hello, self.socket_dir, argv)
+        return reply
+
+    def _hello(self) -> dict[str, Any] | None:
+        msg = messages.hello(
+            run_key=self.run_key,
+            run_name=self.run_name,
+            pid=os.getpid(),
+            host=identity.host_name(),
+            ranks=self.ranks,
+            wall_ns=time.time_ns(),
+            mono_ns=time.monotonic_ns(),
+            auto=self.auto,
+            options=self.options,
+            cuda_uuid=identity.cuda_uuid(),
+            argv=identity.argv_text(),
+        )
+        ctx = self.sender.context if self.sender else None
+        raw = control.request(ctx, self._control or "", msg, control.HELLO_TIMEOUT_MS)
+        return control.parse_hello_reply(raw)
+
+    def _start_recording(self) -> None:
+        self._waits = WaitTracker(self.clock())
+        if self.auto:
+            from gpuprof_shim.patches import TorchPatches
+
+            self.machine = StepMachine(self._emit, self._waits, self.clock)
+            self._patches = TorchPatches(self.machine)
+            try:
+                self._patches.install()
+            except Exception:
+                log.warning("gpuprof: could not patch torch; no steps recorded", exc_info=True)
+        else:
+            self._recorder = ManualRecorder(self._emit, self._waits, self.clock)
+        self._open = True
+
+    def _emit(self, rec: StepRecord) -> None:
+        try:
+            self.counter.add(rec.duration_ns + rec.wait)
+            if self.sender is not None:
+                self.sender.send(messages.step(self.run_key, rec))
+        except Exception:
+            log.debug("gpuprof: could not emit step %s", rec.i, exc_info=True)
+
+    def _loader_started(self) -> None:
+        if self._open and self._waits is not None:
+            self._waits.mark_explicit()
+
+    def _loader_wait(self, ns: int) -> None:
+        if self._open and self._waits is not None:
+            self._waits.add_loader_wait(ns)
+
+    def _unpatch(self) -> None:
+        patches, self._patches = self._patches, None
+        if patches is not None:
+            patches.remove()
+
+    def _finish(self, exc: BaseException | None) -> None:
+        if isinstance(exc, SystemExit) and exc.code in (0, None):
+            exc = None  # sys.exit(0) inside the loop is a normal end
+        if self.machine is not None and self._open:
+            self.machine.flush(self.clock())
+        self._open = False
+        if self._recorder is not None:
+            self._recorder.closed = True
+        summary = self._bye(exc) if self._daemon_ok else None
+        if summary is None:
+            summary = local_summary(
+                run_name=self.run_name,
+                status="failed" if exc is not None else "finished",
+                counter=self.counter,
+                db=self.db,
+                run_id=self.run_id,
+                notes=[self._local_note()],
+            )
+        self.summary = summary
+        if self.print_summary:
+            print_summary(summary)
+
+    def _bye(self, exc: BaseException | None) -> dict[str, Any] | None:
+        assert self.sender is not None
+        msg = messages.bye(
+            run_key=self.run_key,
+            error=exc,
+            sent=self.sender.sent,
+            dropped=self.sender.dropped,
+            mono_ns=time.monotonic_ns(),
+            wall_ns=time.time_ns(),
+            cuda_uuid=identity.cuda_uuid(),
+        )
+        raw = control.request(
+            self.sender.context,
+            self._control or "",
+            msg,
+            recv_timeout_ms=control.BYE_TIMEOUT_MS,
+            send_timeout_ms=control.BYE_SEND_TIMEOUT_MS,
+        )
+        summary = control.parse_bye_reply(raw)
+        if summary is None:
+            self._problem = "gpuprofd did not answer at exit; summary from local counts only"
+            log.warning("gpuprof: %s", self._problem)
+        return summary
+
+    def _local_note(self) -> str:
+        sent = self.sender.sent if self.sender else 0
+        dropped = self.sender.dropped if self.sender else self.counter.steps
+        problem = self._problem or "gpuprofd unreachable"
+        if self._daemon_ok:
+            return f"{problem} ({dropped} events dropped)"
+        return f"{problem}: {sent + dropped} events not recorded (dropped)"
+
+    def _teardown(self) -> None:
+        global _active
+        self._open = False
+        try:
+            self._unpatch()
+            if self.sender is not None:
+                self.sender.close()
+        finally:
+            with _active_lock:
+                if _active is self:
+                    _active = None
+
+
+def _import_torch() -> None:
+    """Auto mode needs torch; fail at ``__enter__`` with a clear message."""
+    try:
+        import torch  # noqa: F401
+    except ImportError as exc:
+        raise ImportError(
+            "gpuprof.profile(auto=True) needs torch; install it or use auto=False"
+        ) from exc

@@ -1,0 +1,98 @@
+"""What both modes produce: one finished step, and the loader-wait
+bookkeeping that decides each step's ``wait``. All times are
+``time.monotonic_ns()`` nanoseconds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class StepRecord:
+    """One training step, ready to become a ``step`` message.
+
+    Attributes:
+        i: step index, from 0.
+        t0: step start (first forward, or ``prof.step`` entry), ns.
+        t1: step end (optimizer post hook, or ``prof.step`` exit), ns.
+        wait: loader wait before/within the step, ns (see :class:`WaitTracker`).
+        explicit: True if ``wait`` is timed ``next()`` calls, False if it is
+            the gap since the previous step ended.
+        micro: micro-batches (backward calls) in the step.
+        phases: phase name -> summed duration, ns.
+    """
+
+    i: int
+    t0: int
+    t1: int
+    wait: int
+    explicit: bool
+    micro: int
+    phases: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def duration_ns(self) -> int:
+        return self.t1 - self.t0
+
+
+#: Phase that receives loader time spent *inside* a step (a micro-batch
+#: fetched between backward and the next forward under gradient accumulation).
+LOADER_PHASE = "data"
+
+
+class WaitTracker:
+    """Decides each step's loader wait.
+
+    Until :meth:`mark_explicit` is called (``prof.wrap_dataloader`` started
+    iterating), a step's wait is the gap from the previous step's end (or
+    the profile start, for the first step) to its start. After it, the wait
+    is the sum of the timed ``next()`` calls between the previous step's
+    end and this step's start, and the gap is no longer used.
+
+    Timed ``next()`` calls made while a step is in progress are already part
+    of its duration; counting them as wait would count them twice, so they
+    go to the step's :data:`LOADER_PHASE` phase instead.
+    """
+
+    def __init__(self, start_ns: int) -> None:
+        self.prev_end_ns = start_ns
+        self.pending_ns = 0
+        self.in_step_ns = 0
+        self.explicit = False
+        self.in_step = False
+
+    def mark_explicit(self) -> None:
+        self.explicit = True
+
+    def step_started(self) -> None:
+        """A step began: loader time from now on is inside it."""
+        self.in_step = True
+
+    def add_loader_wait(self, ns: int) -> None:
+        """Count one timed ``next()`` of *ns* nanoseconds."""
+        if self.in_step:
+            self.in_step_ns += max(0, ns)
+        else:
+            self.pending_ns += max(0, ns)
+
+    def finish_step(self, t0: int, t1: int) -> tuple[int, bool, int]:
+        """Close the step that ran from *t0* to *t1*.
+
+        Returns:
+            ``(wait_ns, explicit, in_step_loader_ns)``; resets the counters
+            and starts the next gap at *t1*.
+        """
+        if self.explicit:
+            wait = self.pending_ns
+        else:
+            wait = max(0, t0 - self.prev_end_ns)
+        inside = self.in_step_ns
+        self.pending_ns = self.in_step_ns = 0
+        self.in_step = False
+        self.prev_end_ns = t1
+        return wait, self.explicit, inside
+
+    def step_skipped(self, t: int) -> None:
+        """Time up to *t* was spent outside any step but not on loading
+        (an optimizer step with no step in progress): restart the gap."""
+        self.prev_end_ns = t

@@ -1,0 +1,39 @@
+"""Suite-wide checks. The leak check runs after every test: gpuprof must
+leave torch exactly as it found it (patched methods restored, global
+optimizer hooks removed). torch is only inspected if a test imported it."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+
+def torch_leaks() -> list[str]:
+    """What gpuprof (or anyone) left patched in torch; empty if clean."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return []
+    import torch.optim.optimizer as optim_mod
+
+    leaks = []
+    if vars(torch.nn.Module)["__call__"] is not torch.nn.Module._wrapped_call_impl:
+        leaks.append(f"torch.nn.Module.__call__ is {torch.nn.Module.__call__!r}")
+    backward = vars(torch.Tensor)["backward"]
+    if (backward.__module__, backward.__qualname__) != ("torch._tensor", "Tensor.backward"):
+        leaks.append(f"torch.Tensor.backward is {backward!r}")
+    ag = torch.autograd.backward
+    if (ag.__module__, ag.__qualname__) != ("torch.autograd", "backward"):
+        leaks.append(f"torch.autograd.backward is {ag!r}")
+    if optim_mod._global_optimizer_pre_hooks:
+        leaks.append(f"optimizer pre hooks left: {dict(optim_mod._global_optimizer_pre_hooks)}")
+    if optim_mod._global_optimizer_post_hooks:
+        leaks.append(f"optimizer post hooks left: {dict(optim_mod._global_optimizer_post_hooks)}")
+    return leaks
+
+
+@pytest.fixture(autouse=True)
+def _no_torch_patch_leaks():
+    yield
+    leaks = torch_leaks()
+    assert not leaks, f"torch left patched: {leaks}"

@@ -1,0 +1,198 @@
+"""Profiler lifecycle: misuse errors, a dead or unhelpful daemon, defaults."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch.optim.optimizer as optim_mod
+from torch import nn
+
+import gpuprof
+from gpuprof_shim import control
+from gpuprof_shim.session import active_profiler
+
+from .training import train
+
+
+def profile(socket_dir: Path, name: str = "s", **kw):
+    return gpuprof.profile(name, socket_dir=socket_dir, autostart=False, **kw)
+
+
+def test_nested_profile_raises_and_leaves_the_first_intact(socket_dir, fake_daemon):
+    with profile(socket_dir, "outer") as outer:
+        patched_call = nn.Module.__call__
+        with pytest.raises(RuntimeError, match=r"profile 'outer' is already active"):
+            with profile(socket_dir, "inner"):
+                pass
+        assert nn.Module.__call__ is patched_call is not nn.Module._wrapped_call_impl
+        assert active_profiler() is outer
+        train(steps=2)
+    assert active_profiler() is None
+    assert len(fake_daemon.steps) == 2
+    assert [h["run_name"] for h in fake_daemon.of_type("hello")] == ["outer"]
+
+
+def test_concurrent_profile_from_another_thread_is_refused(socket_dir, fake_daemon):
+    errors: list[BaseException] = []
+
+    def other() -> None:
+        try:
+            with profile(socket_dir, "other", auto=False):
+                pass
+        except RuntimeError as exc:
+            errors.append(exc)
+
+    with profile(socket_dir, "main", auto=False):
+        t = threading.Thread(target=other)
+        t.start()
+        t.join(10)
+    assert len(errors) == 1 and "'main'" in str(errors[0])
+
+
+def test_a_profiler_is_entered_once(socket_dir, fake_daemon):
+    prof = profile(socket_dir, auto=False, print_summary=False)
+    with prof:
+        pass
+    with pytest.raises(RuntimeError, match="already used"):
+        prof.__enter__()
+
+
+def test_dead_daemon_training_completes_and_reports_drops(socket_dir, capsys):
+    prof = profile(socket_dir, "dead")  # nothing bound in socket_dir
+    t = time.monotonic()
+    with prof:
+        train(steps=4)
+        t_exit = time.monotonic()
+    exit_s = time.monotonic() - t_exit
+    assert time.monotonic() - t < 30
+    assert exit_s < 3.0  # no bye attempted to a daemon that never answered
+    assert prof.sender is not None and prof.sender.dropped == 4 and prof.sender.sent == 0
+    assert prof.run_id is None
+    out = capsys.readouterr().out
+    assert "gpuprof · dead  (4 steps, avg" in out
+    assert "gpuprofd unreachable" in out and "4 events not recorded (dropped)" in out
+    assert "Full report" not in out  # no run id: no report to point at
+    assert prof.summary is not None and prof.summary["steps"] == 4
+    assert prof.summary["avg_step_ms"] > 0
+
+
+def test_daemon_that_stops_answering_before_bye(socket_dir, make_daemon, monkeypatch, capsys):
+    daemon = make_daemon(answer_bye=False)
+    monkeypatch.setattr(control, "BYE_TIMEOUT_MS", 300)
+    with profile(socket_dir, "mute") as prof:
+        train(steps=2)
+    assert len(daemon.of_type("bye")) == 1
+    out = capsys.readouterr().out
+    assert "did not answer at exit" in out
+    assert "gpuprofctl insights" in out and out.rstrip().count(" 7\n") == 1  # the run id
+    assert prof.summary["steps"] == 2 and prof.summary["run_id"] == 7
+
+
+def test_daemon_refusing_the_run(socket_dir, make_daemon, capsys):
+    daemon = make_daemon(hello_reply=lambda msg: {"ok": False, "error": "disk full"})
+    with profile(socket_dir, "refused", auto=False) as prof:
+        with prof.step(0):
+            pass
+    assert daemon.of_type("bye") == []  # the daemon has no run to end
+    assert "gpuprofd refused the run: disk full" in capsys.readouterr().out
+
+
+def test_malformed_hello_reply_counts_as_no_daemon(socket_dir, make_daemon, capsys):
+    make_daemon(hello_reply=lambda msg: {"ok": True, "db": "/x"})  # no run_id
+    with profile(socket_dir, "odd", auto=False) as prof:
+        pass
+    assert prof.run_id is None
+    assert "gpuprofd unreachable" in capsys.readouterr().out
+
+
+def test_socket_path_too_long_degrades_instead_of_failing(tmp_path, capsys):
+    long_dir = tmp_path / ("d" * 120)
+    with profile(long_dir, "long", auto=False) as prof:
+        with prof.step(0):
+            pass
+    out = capsys.readouterr().out
+    assert "gpuprofd unreachable (socket path" in out
+    assert "(1 steps" in out
+
+
+def test_print_summary_false_prints_nothing(socket_dir, fake_daemon, capsys):
+    with profile(socket_dir, auto=False, print_summary=False) as prof:
+        pass
+    assert capsys.readouterr().out == ""
+    assert prof.summary is not None and prof.summary["run_name"] == "s"
+
+
+def test_manual_mode_leaves_torch_unpatched(socket_dir, fake_daemon):
+    with profile(socket_dir, auto=False):
+        assert vars(nn.Module)["__call__"] is nn.Module._wrapped_call_impl
+        assert not optim_mod._global_optimizer_post_hooks
+
+
+def test_defaults_come_from_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUPROF_SOCKET", str(tmp_path / "sock"))
+    monkeypatch.setenv("GPUPROF_DB", "rel.db")
+    monkeypatch.chdir(tmp_path)
+    prof = gpuprof.profile("env")
+    assert prof.socket_dir == tmp_path / "sock"
+    assert prof.db == str(tmp_path / "rel.db")
+    assert len(prof.run_key) == 32 and int(prof.run_key, 16) >= 0
+
+
+def test_bad_rank_env_falls_back_to_defaults(monkeypatch):
+    monkeypatch.setenv("RANK", "two")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    ranks = gpuprof.profile("r").ranks
+    assert (ranks.rank, ranks.local_rank, ranks.world_size) == (0, 0, 4)
+
+
+@pytest.mark.parametrize("bad", [{"flops_per_step": -1}, {"flops_per_step": True},
+                                 {"flops_per_step": "1e12"}, {"dtype": "x" * 40}])  # fmt: skip
+def test_invalid_options_are_rejected_before_anything_starts(bad):
+    with pytest.raises(ValueError, match="gpuprof"):
+        gpuprof.profile("bad", **bad)
+    assert active_profiler() is None
+
+
+def test_sys_exit_zero_inside_the_loop_is_a_normal_end(socket_dir, fake_daemon):
+    with pytest.raises(SystemExit):
+        with profile(socket_dir, auto=False, print_summary=False):
+            raise SystemExit(0)
+    with pytest.raises(SystemExit):
+        with profile(socket_dir, auto=False, print_summary=False):
+            raise SystemExit(2)
+    first, second = fake_daemon.of_type("bye")
+    assert first["status"] == "finished" and "error" not in first
+    assert (second["status"], second["error"]) == ("failed", "SystemExit: 2")
+
+
+def test_patches_are_removed_before_bye_and_even_if_finishing_fails(
+    socket_dir, fake_daemon, monkeypatch
+):
+    seen_at_bye = []
+    real_request = control.request
+
+    def spy(ctx, endpoint, msg, *a, **kw):
+        if msg["type"] == "bye":
+            seen_at_bye.append(vars(nn.Module)["__call__"] is nn.Module._wrapped_call_impl)
+        return real_request(ctx, endpoint, msg, *a, **kw)
+
+    monkeypatch.setattr(control, "request", spy)
+    with profile(socket_dir, print_summary=False):
+        train(steps=1)
+    assert seen_at_bye == [True]
+
+    def broken(self, exc):
+        raise RuntimeError("internal")
+
+    monkeypatch.setattr("gpuprof_shim.session.Profiler._finish", broken)
+    boom = KeyError("user")
+    with pytest.raises(KeyError) as info:
+        with profile(socket_dir, print_summary=False):
+            train(steps=1)
+            raise boom
+    assert info.value is boom  # gpuprof's own failure never replaces the user's error
+    assert vars(nn.Module)["__call__"] is nn.Module._wrapped_call_impl
+    assert active_profiler() is None
