@@ -1,0 +1,83 @@
+"""``gpuprofd`` / ``python -m gpuprofd``: the node daemon's entry point.
+
+The only place the daemon configures logging (to stderr). Expected failures
+(a bad database, an unusable socket directory) print one line and exit 2.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import click
+
+from gpuprof import config
+from gpuprofd import __version__
+from gpuprofd.daemon import DaemonOptions, run_daemon
+from gpuprofd.errors import EXIT_BAD_INPUT, GpuprofdError
+
+LOG_FORMAT = "%(asctime)s gpuprofd[%(process)d] %(levelname)s %(name)s: %(message)s"
+
+
+def _gpu_rate() -> tuple[float | None, tuple[str, ...]]:
+    """``GPUPROF_GPU_RATE``, or (None, a note) when it is malformed."""
+    try:
+        return config.gpu_rate_usd_per_hour(), ()
+    except ValueError as exc:
+        return None, (f"{exc}; cost estimates use the price table",)
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--socket-dir", type=click.Path(path_type=Path), default=None,
+              help="Directory for the sockets and lock [default: GPUPROF_SOCKET, "
+                   "$XDG_RUNTIME_DIR/gpuprof or /tmp/gpuprof-$UID].")
+@click.option("--db", type=click.Path(path_type=Path), default=None,
+              help="SQLite database [default: GPUPROF_DB or ./gpuprof.db].")
+@click.option("--idle-exit", "idle_exit_s", type=click.FloatRange(min=0), default=0.0,
+              show_default=True, metavar="SECONDS",
+              help="Exit after this long with no live run and no message (0 = never).")
+@click.option("--sample-hz", type=click.FloatRange(min=0.1, max=1000), default=10.0,
+              show_default=True, help="GPU fast-loop sampling rate (per GPU).")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"],
+              case_sensitive=False), default="info", show_default=True)
+@click.version_option(__version__, prog_name="gpuprofd")
+def cli(socket_dir: Path | None, db: Path | None, idle_exit_s: float, sample_hz: float,
+        log_level: str) -> int:  # fmt: skip
+    """gpuprofd: the per-node gpuprof daemon (ingest, GPU/host sampling, storage, insights)."""
+    logging.basicConfig(level=log_level.upper(), format=LOG_FORMAT, stream=sys.stderr)
+    logging.getLogger("aiosqlite").setLevel(logging.WARNING)  # one line per SQL call
+    rate, notes = _gpu_rate()
+    opts = DaemonOptions(
+        socket_dir=(socket_dir or config.socket_dir()).expanduser().absolute(),
+        db=(db or config.db_path()).expanduser().absolute(),
+        idle_exit_s=idle_exit_s,
+        sample_hz=sample_hz,
+        nvml_backend=config.nvml_backend(),
+        gpu_rate_usd_per_hour=rate,
+        base_notes=notes,
+    )
+    try:
+        return run_daemon(opts)
+    except GpuprofdError as exc:
+        click.echo(f"gpuprofd: error: {exc}", err=True)
+        return exc.exit_code
+    except ValueError as exc:  # e.g. a socket path too long for a Unix socket
+        click.echo(f"gpuprofd: error: {exc}", err=True)
+        return EXIT_BAD_INPUT
+
+
+def main(args: list[str] | None = None) -> int:
+    """Run the daemon; return its exit code (the console script exits with it)."""
+    try:
+        rv = cli.main(args=args, prog_name="gpuprofd", standalone_mode=False)
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except click.exceptions.Abort:
+        return 1
+    return rv if isinstance(rv, int) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""gpuprofctl's commands, one module per command group."""

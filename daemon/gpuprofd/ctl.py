@@ -1,0 +1,58 @@
+"""``gpuprofctl``: read gpuprof databases and talk to the node daemon.
+
+:func:`main` maps every expected error to a one-line message and an exit
+code, here and only here (0 ok, 1 unexpected, 2 bad input / database,
+3 no daemon); it returns the code instead of raising ``SystemExit``.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import click
+
+from gpuprofd import __version__
+from gpuprofd.commands.insights import insights_cmd
+from gpuprofd.commands.runs import runs_cmd
+from gpuprofd.commands.status import status_cmd
+from gpuprofd.errors import EXIT_FAILURE, EXIT_OK, GpuprofdError
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def cli() -> None:
+    """gpuprof's command line: insights, runs, daemon status."""
+
+
+@cli.command("version")
+def version_cmd() -> None:
+    """Print gpuprof's version."""
+    click.echo(f"gpuprof {__version__}")
+
+
+cli.add_command(insights_cmd)
+cli.add_command(runs_cmd)
+cli.add_command(status_cmd)
+
+
+def main(args: list[str] | None = None) -> int:
+    """Run gpuprofctl with *args* (default ``sys.argv[1:]``); return the exit code."""
+    logging.basicConfig(level=logging.WARNING, format="gpuprofctl: %(message)s")
+    try:
+        rv = cli.main(args=args, prog_name="gpuprofctl", standalone_mode=False)
+    except GpuprofdError as exc:
+        click.echo(f"gpuprofctl: error: {exc}", err=True)
+        return exc.exit_code
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        return EXIT_FAILURE
+    except BrokenPipeError:  # `gpuprofctl runs | head`
+        return EXIT_OK
+    return rv if isinstance(rv, int) else EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,239 @@
+"""gpuprofd's process: startup checks, wiring, serving, clean shutdown.
+
+Order at startup: socket dir (0700) → single-instance lock (a loser exits 0)
+→ database check → stale sockets unlinked → ``PULL``/``ROUTER`` bound →
+tasks. At shutdown (SIGTERM/SIGINT/idle): stop accepting → let in-flight
+requests finish → stop samplers → persist counters → flush the store →
+remove socket files → release the lock. Live runs stay ``running`` so the
+next daemon re-adopts them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from gpuprof import config
+from gpuprofd import runsdb, schema
+from gpuprofd.control import ControlServer
+from gpuprofd.counters import DropCounter
+from gpuprofd.errors import EXIT_OK, GpuprofdError
+from gpuprofd.gpu_sampler import GpuSampler
+from gpuprofd.host_sampler import HostSample, HostSampler
+from gpuprofd.ingest import Ingest
+from gpuprofd.insights_runner import InsightsRunner
+from gpuprofd.lifecycle import Lifecycle
+from gpuprofd.lock import InstanceLock
+from gpuprofd.nvml import GpuSample, open_backend
+from gpuprofd.registry import RunRegistry
+from gpuprofd.runservice import RunService
+from gpuprofd.store import Store
+
+log = logging.getLogger(__name__)
+
+#: How long shutdown waits for in-flight control requests (a bye) to finish.
+DRAIN_S = 3.0
+
+
+@dataclass(frozen=True)
+class DaemonOptions:
+    socket_dir: Path
+    db: Path
+    idle_exit_s: float = 0.0
+    """Exit after this long with no live run and no message; 0 = never."""
+    sample_hz: float = 10.0
+    """GPU fast-loop rate (samples per second per GPU)."""
+    nvml_backend: str = "real"
+    host_interval_s: float = 0.5
+    gpu_rate_usd_per_hour: float | None = None
+    base_notes: tuple[str, ...] = ()
+
+
+def run_daemon(opts: DaemonOptions) -> int:
+    """Run a daemon to completion; return the process exit code.
+
+    Raises:
+        GpuprofdError: startup failed (bad database): the caller prints it.
+    """
+    make_socket_dir(opts.socket_dir)
+    lock = InstanceLock(opts.socket_dir / config.LOCK_NAME)
+    if not lock.acquire():
+        log.info("gpuprofd already running on %s (pid %s): exiting", opts.socket_dir,
+                 lock.holder_pid())  # fmt: skip
+        return EXIT_OK
+    try:
+        schema.prepare(opts.db)
+        return asyncio.run(Daemon(opts).serve())
+    finally:
+        lock.release()
+
+
+def make_socket_dir(path: Path) -> None:
+    """Create the socket directory, private (0700) if we create it."""
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise GpuprofdError(f"cannot create socket directory {path}: {exc}") from None
+
+
+class Daemon:
+    """One running daemon (inside an event loop)."""
+
+    def __init__(self, opts: DaemonOptions) -> None:
+        self.opts = opts
+        self.drops = DropCounter()
+        self.registry = RunRegistry()
+        self.store = Store(opts.db, self.drops)
+        self.started_wall_ns = time.time_ns()
+        self._last_activity = time.monotonic()
+        self._stop = asyncio.Event()
+        self._zmq = zmq.asyncio.Context()
+        self._sockets: list[zmq.asyncio.Socket] = []
+        self._socket_files = [
+            opts.socket_dir / config.INGEST_SOCKET_NAME,
+            opts.socket_dir / config.CONTROL_SOCKET_NAME,
+        ]
+        self._gpu: GpuSampler | None = None
+        self.ingest: Ingest | None = None
+        self.runs: RunService | None = None
+
+    def touch(self) -> None:
+        """Note activity (any message) for the idle exit."""
+        self._last_activity = time.monotonic()
+
+    def stop(self) -> None:
+        """Ask the daemon to shut down cleanly."""
+        self._stop.set()
+
+    async def serve(self) -> int:
+        opts = self.opts
+        await self.store.open()
+        self.store.start()
+        backend, gpu_note = await asyncio.to_thread(open_backend, opts.nvml_backend)
+        notes = [*opts.base_notes, *([gpu_note] if gpu_note else [])]
+        devices = backend.devices() if backend else []
+        insights = InsightsRunner(self.store, str(opts.db), opts.gpu_rate_usd_per_hour, notes)
+        self.runs = RunService(self.store, self.registry, insights, devices)
+        self._notes = notes
+        await self.runs.recover_at_startup()
+        pull, router = self._bind()
+        self.ingest = Ingest(pull, self.runs, self.store, self.drops, self.touch)
+        control = ControlServer(
+            router, {"hello": self._hello, "bye": self._bye, "ping": self._ping}, self.drops,
+            self.touch,
+        )  # fmt: skip
+        lifecycle = Lifecycle(self.runs, self.drops, opts.idle_exit_s,
+                              lambda: self._last_activity, self.stop)  # fmt: skip
+        host = HostSampler()
+        tasks = [
+            asyncio.create_task(self.ingest.run(), name="ingest"),
+            asyncio.create_task(control.run(), name="control"),
+            asyncio.create_task(host.run(self._on_host_sample, opts.host_interval_s), name="host"),
+            asyncio.create_task(lifecycle.run(), name="lifecycle"),
+        ]
+        if backend is not None:
+            self._gpu = GpuSampler(backend, opts.sample_hz, self._gpu_sink())
+            self._gpu.start()
+        self._install_signals()
+        log.info("gpuprofd %d serving on %s, db %s", os.getpid(), opts.socket_dir, opts.db)
+        try:
+            await self._stop.wait()
+        finally:
+            await self._shutdown(tasks, control, lifecycle)
+        return EXIT_OK
+
+    def _bind(self) -> tuple[zmq.asyncio.Socket, zmq.asyncio.Socket]:
+        for path in self._socket_files:  # stale files of a dead daemon; we hold the lock
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        pull = self._zmq.socket(zmq.PULL)
+        router = self._zmq.socket(zmq.ROUTER)
+        self._sockets = [pull, router]
+        for s in self._sockets:
+            s.setsockopt(zmq.LINGER, 0)
+        pull.setsockopt(zmq.RCVHWM, 100_000)
+        pull.bind(config.ingest_endpoint(self.opts.socket_dir))
+        router.bind(config.control_endpoint(self.opts.socket_dir))
+        return pull, router
+
+    def _install_signals(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stop)
+
+    async def _shutdown(self, tasks: list[asyncio.Task[Any]], control: ControlServer,
+                        lifecycle: Lifecycle) -> None:  # fmt: skip
+        log.info("gpuprofd shutting down")
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        tasks[0].cancel()
+        tasks[1].cancel()  # stop accepting; requests in flight may finish
+        await control.drain(DRAIN_S)
+        for t in tasks[2:]:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._gpu is not None:
+            await asyncio.to_thread(self._gpu.stop)
+        for s in self._sockets:
+            s.close(linger=0)
+        self._zmq.term()
+        for path in self._socket_files:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        try:
+            await lifecycle.persist()
+        finally:
+            await self.store.close()
+
+    # --- samplers → store -------------------------------------------------------
+
+    def _on_host_sample(self, s: HostSample) -> None:
+        self.store.submit_nowait(
+            runsdb.host_sample_op(s.mono_ns, s.cpu_pct, s.cpu_count, s.disk_read_bps)
+        )
+
+    def _gpu_sink(self) -> Any:
+        loop = asyncio.get_running_loop()
+
+        def enqueue(mono_ns: int, samples: list[GpuSample]) -> None:
+            for s in samples:
+                self.store.submit_nowait(runsdb.gpu_sample_op(mono_ns, s))
+
+        return lambda mono_ns, samples: loop.call_soon_threadsafe(enqueue, mono_ns, samples)
+
+    # --- control handlers ------------------------------------------------------
+
+    async def _hello(self, msg: dict[str, Any]) -> dict[str, Any]:
+        assert self.runs is not None
+        live = await self.runs.hello(msg)
+        return {
+            "ok": True, "run_id": live.run_id, "db": str(self.opts.db),
+            "daemon_pid": os.getpid(), "notes": list(self._notes),
+        }  # fmt: skip
+
+    async def _bye(self, msg: dict[str, Any]) -> dict[str, Any]:
+        assert self.runs is not None
+        return {"ok": True, "summary": await self.runs.bye(msg)}
+
+    async def _ping(self, msg: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "ok": True,
+            "pid": os.getpid(),
+            "db": str(self.opts.db),
+            "socket_dir": str(self.opts.socket_dir),
+            "started_wall_ns": self.started_wall_ns,
+            "live_runs": [r.as_ping() for r in self.registry.live.values()],
+            "dropped": self.drops.snapshot(),
+            "received": self.ingest.received if self.ingest else 0,
+        }

@@ -1,0 +1,70 @@
+"""Ingest: the data socket (``PULL``) → validated events → the store.
+
+Every frame goes through :func:`gpuprof.protocol.decode`; anything invalid is
+counted by its reason and dropped. Nothing here waits on the database for a
+known run: steps are queued with ``submit_nowait`` (dropped and counted when
+the store is behind), so a slow disk can never stall the training processes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import zmq.asyncio
+
+from gpuprof.protocol import ProtocolError, decode
+from gpuprofd import runsdb
+from gpuprofd.counters import DropCounter
+from gpuprofd.runservice import RunService
+from gpuprofd.store import Store
+
+log = logging.getLogger(__name__)
+
+
+class Ingest:
+    """Reads the ``PULL`` socket until cancelled."""
+
+    def __init__(
+        self,
+        sock: zmq.asyncio.Socket,
+        runs: RunService,
+        store: Store,
+        drops: DropCounter,
+        on_activity: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.sock = sock
+        self.runs = runs
+        self.store = store
+        self.drops = drops
+        self.on_activity = on_activity
+        self.received = 0
+        """Valid events accepted for a known run, since start."""
+
+    async def run(self) -> None:
+        while True:
+            frame = await self.sock.recv()
+            self.on_activity()
+            try:
+                await self.handle(frame)
+            except Exception as exc:  # noqa: BLE001 - no message may stop ingest
+                log.exception("ingest failed on a message")
+                self.drops.add("internal_error", repr(exc)[:100])
+
+    async def handle(self, frame: bytes) -> None:
+        """Validate one frame and route it; count it under a reason if dropped."""
+        try:
+            msg: dict[str, Any] = decode(frame, channel="data")
+        except ProtocolError as exc:
+            self.drops.add(exc.reason, str(exc)[:120])
+            return
+        key = msg["run_key"]
+        live = self.runs.registry.get(key) or await self.runs.resolve(key)
+        if live is None:
+            self.drops.add(self.runs.registry.unknown_reason(key) or "unknown_run", key)
+            return
+        live.note_event(msg)
+        self.received += 1
+        if msg["type"] == "step" and not self.store.submit_nowait(runsdb.step_op(live.run_id, msg)):
+            live.store_dropped += 1

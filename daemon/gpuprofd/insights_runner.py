@@ -1,0 +1,82 @@
+"""Runs the insight rules on stored runs: live (periodically) and at run end.
+
+Reads the run's rows, builds the context with
+:func:`gpuprof.insights.build_context` and runs :func:`gpuprof.insights.run_rules`
+in a worker thread (a long run has many steps), then stores the findings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import orjson
+
+from gpuprof.insights import Insight, RunContext, build_context, run_rules
+from gpuprof.summary import make_summary
+from gpuprofd import runsdb
+from gpuprofd.store import Store
+
+
+class InsightsRunner:
+    """Computes and stores a run's insights and, at the end, its summary."""
+
+    def __init__(
+        self,
+        store: Store,
+        db_path: str,
+        gpu_rate_usd_per_hour: float | None,
+        base_notes: Sequence[str] = (),
+        clock: Callable[[], int] = time.monotonic_ns,
+    ) -> None:
+        self.store = store
+        self.db_path = db_path
+        self.gpu_rate = gpu_rate_usd_per_hour
+        self.base_notes = list(base_notes)
+        """Notes every summary carries (no GPU, bad GPUPROF_GPU_RATE)."""
+        self._clock = clock
+
+    async def _compute(self, run: dict[str, Any]) -> tuple[list[Insight], RunContext]:
+        steps = await runsdb.load_steps(self.store, run["id"])
+        start = run.get("start_mono_ns")
+        end = run.get("end_mono_ns") or self._clock()
+        host = await runsdb.load_host_samples(self.store, start, end) if start is not None else []
+        history = await runsdb.history_medians(self.store, run["id"], run["run_name"])
+
+        def rules() -> tuple[list[Insight], RunContext]:
+            ctx = build_context(run, steps, host, history, self.gpu_rate)
+            return run_rules(ctx), ctx
+
+        return await asyncio.to_thread(rules)
+
+    async def live(self, run_id: int) -> list[Insight]:
+        """Recompute a running run's insights and replace the stored ones."""
+        run = await runsdb.get_run(self.store, run_id=run_id)
+        if run is None:
+            return []
+        insights, _ = await self._compute(run)
+        await runsdb.replace_insights(self.store, run_id, insights)
+        return insights
+
+    async def finalize(self, run_id: int, notes: Sequence[str] = ()) -> dict[str, Any]:
+        """Compute the final insights of an ended run, store them with its
+        median step time (steady-state iteration, as the history rule compares)
+        and summary; return the summary dict."""
+        run = await runsdb.get_run(self.store, run_id=run_id)
+        if run is None:
+            raise KeyError(run_id)
+        insights, ctx = await self._compute(run)
+        summary = make_summary(
+            run_id, ctx, [i.to_dict() for i in insights], self.db_path,
+            [*notes, *self.base_notes],
+        )  # fmt: skip
+        await runsdb.replace_insights(self.store, run_id, insights)
+        await runsdb.update_run(
+            self.store,
+            run_id,
+            median_step_ms=summary["median_step_ms"],
+            summary=orjson.dumps(summary, default=str).decode(),
+        )
+        return summary

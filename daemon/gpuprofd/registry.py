@@ -1,0 +1,91 @@
+"""The live runs this daemon is tracking, by run key (in memory)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class LiveRun:
+    """A running run's in-memory state."""
+
+    run_id: int
+    run_key: str
+    run_name: str
+    pid: int | None
+    start_wall_ns: int | None
+    start_mono_ns: int | None
+    cuda_uuid: str | None = None
+    received: int = 0
+    """Valid data events received for this run (steps and marks)."""
+    steps: int = 0
+    """Step events received."""
+    store_dropped: int = 0
+    """Events the daemon received but could not queue for storage."""
+    persisted_received: int = 0
+    last_t1_ns: int | None = None
+    ending: bool = False
+    """A bye or the lost check is finalizing this run."""
+    _arrivals: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+
+    def note_event(self, msg: dict[str, Any]) -> None:
+        """Count one received event and wake anyone waiting in :meth:`wait_received`."""
+        self.received += 1
+        if msg["type"] == "step":
+            self.steps += 1
+            self.last_t1_ns = max(self.last_t1_ns or 0, msg["t1"])
+        self._arrivals.set()
+
+    async def wait_received(self, target: int, timeout_s: float) -> bool:
+        """Wait until :attr:`received` ≥ *target* or *timeout_s* passes."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self.received < target:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False
+            self._arrivals.clear()
+            try:
+                await asyncio.wait_for(self._arrivals.wait(), remaining)
+            except TimeoutError:
+                return self.received >= target
+        return True
+
+    def as_ping(self) -> dict[str, Any]:
+        """This run as ``ping`` lists it."""
+        return {
+            "run_id": self.run_id, "run_name": self.run_name, "pid": self.pid,
+            "steps": self.steps,
+        }  # fmt: skip
+
+
+class RunRegistry:
+    """Live runs by key, plus a bounded memory of keys known to be unknown."""
+
+    NEGATIVE_CACHE_SIZE = 1024
+
+    def __init__(self) -> None:
+        self.live: dict[str, LiveRun] = {}
+        self._unknown: dict[str, str] = {}
+
+    def get(self, run_key: str) -> LiveRun | None:
+        return self.live.get(run_key)
+
+    def add(self, run: LiveRun) -> None:
+        self.live[run.run_key] = run
+        self._unknown.pop(run.run_key, None)
+
+    def remove(self, run_key: str) -> LiveRun | None:
+        return self.live.pop(run_key, None)
+
+    def unknown_reason(self, run_key: str) -> str | None:
+        """Why events for *run_key* are dropped (``unknown_run`` or
+        ``run_ended``), if a lookup already decided; None if not known yet."""
+        return self._unknown.get(run_key)
+
+    def mark_unknown(self, run_key: str, reason: str = "unknown_run") -> None:
+        self._unknown[run_key] = reason
+        while len(self._unknown) > self.NEGATIVE_CACHE_SIZE:
+            self._unknown.pop(next(iter(self._unknown)))

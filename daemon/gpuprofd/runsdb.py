@@ -1,0 +1,146 @@
+"""The daemon's SQL about runs, steps, samples and insights, over a :class:`Store`.
+
+Writes go through the store's writer queue; reads through its read
+connection. Rows come back as plain dicts in the shapes that
+:func:`gpuprof.insights.build_context` reads.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import orjson
+
+from gpuprof.insights import Insight
+from gpuprofd import queries
+from gpuprofd.store import Op, Store
+
+_STEP_SQL = (
+    "INSERT INTO steps (run_id, step, t0_ns, t1_ns, wait_ns, explicit, micro, phases) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+)
+_HOST_SQL = "INSERT INTO host_samples (mono_ns, cpu_pct, cpu_count, disk_read_bps) VALUES (?,?,?,?)"
+_GPU_SQL = (
+    "INSERT INTO gpu_samples (mono_ns, gpu_index, uuid, util_pct, mem_used_bytes, "
+    "mem_total_bytes, power_mw, temp_c, sm_clock_mhz) VALUES (?,?,?,?,?,?,?,?,?)"
+)
+_RUN_COLUMNS = (
+    "run_key", "run_name", "status", "host", "pid", "rank", "local_rank", "world_size",
+    "auto", "start_wall_ns", "start_mono_ns", "options", "cuda_uuid", "gpu_model",
+    "gpu_count", "cpu_count",
+)  # fmt: skip
+
+
+def step_op(run_id: int, msg: Mapping[str, Any]) -> Op:
+    """The insert of one validated ``step`` message."""
+    params = (
+        run_id, msg["i"], msg["t0"], msg["t1"], msg["wait"], int(msg["explicit"]),
+        msg["micro"], orjson.dumps(msg["phases"]).decode(),
+    )  # fmt: skip
+    return Op(_STEP_SQL, params, drop_reason="store_error")
+
+
+def host_sample_op(mono_ns: int, cpu_pct: float, cpu_count: int, disk_read_bps: float | None) -> Op:
+    return Op(_HOST_SQL, (mono_ns, cpu_pct, cpu_count, disk_read_bps))
+
+
+def gpu_sample_op(mono_ns: int, s: Any) -> Op:
+    """The insert of one :class:`gpuprofd.nvml.GpuSample` taken at *mono_ns*."""
+    params = (
+        mono_ns, s.index, s.uuid, s.util_pct, s.mem_used_bytes, s.mem_total_bytes,
+        s.power_mw, s.temp_c, s.sm_clock_mhz,
+    )  # fmt: skip
+    return Op(_GPU_SQL, params)
+
+
+async def insert_run(store: Store, row: Mapping[str, Any]) -> int:
+    """Create a run row (``status`` running); return its id."""
+    values = [row.get(c) for c in _RUN_COLUMNS]
+    values[_RUN_COLUMNS.index("options")] = orjson.dumps(row.get("options") or {}).decode()
+    sql = f"INSERT INTO runs ({', '.join(_RUN_COLUMNS)}) VALUES ({', '.join('?' * len(values))})"
+    run_id = await store.write(sql, values)
+    assert run_id is not None
+    return run_id
+
+
+async def get_run(store: Store, *, run_id: int | None = None, run_key: str | None = None) -> (
+    dict[str, Any] | None
+):
+    """One run row as a dict (``options`` parsed), by id or key."""
+    if run_id is not None:
+        row = await store.fetchone("SELECT * FROM runs WHERE id = ?", (run_id,))
+    else:
+        row = await store.fetchone("SELECT * FROM runs WHERE run_key = ?", (run_key,))
+    return queries.run_from_row(row) if row is not None else None
+
+
+async def runs_with_status(store: Store, status: str) -> list[dict[str, Any]]:
+    rows = await store.fetchall("SELECT id FROM runs WHERE status = ?", (status,))
+    out = []
+    for r in rows:
+        run = await get_run(store, run_id=r["id"])
+        if run is not None:
+            out.append(run)
+    return out
+
+
+async def update_run(store: Store, run_id: int, **fields: Any) -> None:
+    """Set columns of one run and wait for the commit."""
+    if not fields:
+        return
+    sets = ", ".join(f"{k} = ?" for k in fields)
+    await store.write(f"UPDATE runs SET {sets} WHERE id = ?", (*fields.values(), run_id))
+
+
+async def count_steps(store: Store, run_id: int) -> int:
+    row = await store.fetchone("SELECT COUNT(*) AS n FROM steps WHERE run_id = ?", (run_id,))
+    return int(row["n"]) if row else 0
+
+
+async def load_steps(store: Store, run_id: int) -> list[dict[str, Any]]:
+    """The run's steps ordered by ``t0`` in :func:`build_context`'s shape."""
+    rows = await store.fetchall(queries.STEPS_SQL, (run_id,))
+    return [queries.step_from_row(r) for r in rows]
+
+
+async def load_host_samples(store: Store, start_mono_ns: int, end_mono_ns: int) -> list[dict]:
+    """Host samples with ``start <= mono_ns <= end``."""
+    rows = await store.fetchall(queries.HOST_SQL, (start_mono_ns, end_mono_ns))
+    return [dict(r) for r in rows]
+
+
+async def history_medians(store: Store, run_id: int, run_name: str) -> list[float]:
+    """Median step ms of up to :data:`queries.HISTORY_RUNS` earlier finished runs of
+    *run_name*, newest first."""
+    rows = await store.fetchall(queries.HISTORY_SQL, (run_name, run_id, queries.HISTORY_RUNS))
+    return [float(r["median_step_ms"]) for r in rows]
+
+
+async def replace_insights(store: Store, run_id: int, insights: Sequence[Insight]) -> None:
+    """Replace the run's stored insights with *insights*; wait for the commit."""
+    now = time.time_ns()
+    await store.submit(Op("DELETE FROM insights WHERE run_id = ?", (run_id,)))
+    for ins in insights:
+        await store.submit(
+            Op(
+                "INSERT INTO insights (run_id, rule, severity, title, detail, fix, evidence, "
+                "created_wall_ns) VALUES (?,?,?,?,?,?,?,?)",
+                (run_id, ins.rule, ins.severity, ins.title, ins.detail, ins.fix,
+                 orjson.dumps(dict(ins.evidence), default=str).decode(), now),
+            )  # fmt: skip
+        )
+    await store.flush()
+
+
+async def add_drops(store: Store, delta: Mapping[str, int]) -> None:
+    """Add *delta* to the persisted ``drops`` counters (queued, not awaited)."""
+    for reason, n in delta.items():
+        await store.submit(
+            Op(
+                "INSERT INTO drops (reason, count) VALUES (?, ?) "
+                "ON CONFLICT(reason) DO UPDATE SET count = count + excluded.count",
+                (reason, n),
+            )
+        )

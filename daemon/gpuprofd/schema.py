@@ -1,0 +1,126 @@
+"""The SQLite schema of a gpuprof database and the check that a file is ours.
+
+Table and column names are an interface: integration tests, ``gpuprofctl``
+and (later) the dashboard read them. Times are ``*_ns`` (monotonic or wall
+nanoseconds, as named), byte counts ``*_bytes``, rates ``*_bps`` (bytes/s),
+power ``*_mw`` (milliwatts).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from gpuprofd.errors import DatabaseError
+
+SCHEMA_VERSION = 1
+APP_NAME = "gpuprof"
+
+SCHEMA_SQL = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY,
+    run_key TEXT UNIQUE NOT NULL,
+    run_name TEXT NOT NULL,
+    status TEXT NOT NULL,            -- running | finished | failed | lost
+    host TEXT, pid INTEGER, rank INTEGER, local_rank INTEGER, world_size INTEGER,
+    auto INTEGER,
+    start_wall_ns INTEGER, start_mono_ns INTEGER,
+    end_wall_ns INTEGER, end_mono_ns INTEGER,
+    options TEXT,                    -- json
+    cuda_uuid TEXT, gpu_model TEXT, gpu_count INTEGER, cpu_count INTEGER,
+    dropped_events INTEGER DEFAULT 0,  -- dropped inside the training process
+    received_events INTEGER DEFAULT 0,
+    sent_events INTEGER,
+    error TEXT,
+    median_step_ms REAL,
+    summary TEXT                     -- json, set when the run ends
+);
+CREATE INDEX IF NOT EXISTS runs_name ON runs (run_name, id);
+CREATE TABLE IF NOT EXISTS steps (
+    run_id INTEGER NOT NULL, step INTEGER NOT NULL,
+    t0_ns INTEGER, t1_ns INTEGER, wait_ns INTEGER,
+    explicit INTEGER, micro INTEGER,
+    phases TEXT                      -- json: phase name -> ns
+);
+CREATE INDEX IF NOT EXISTS steps_run_t0 ON steps (run_id, t0_ns);
+CREATE TABLE IF NOT EXISTS insights (
+    run_id INTEGER NOT NULL, rule TEXT, severity TEXT, title TEXT, detail TEXT,
+    fix TEXT, evidence TEXT, created_wall_ns INTEGER
+);
+CREATE INDEX IF NOT EXISTS insights_run ON insights (run_id);
+CREATE TABLE IF NOT EXISTS host_samples (
+    mono_ns INTEGER, cpu_pct REAL, cpu_count INTEGER, disk_read_bps REAL
+);
+CREATE INDEX IF NOT EXISTS host_samples_t ON host_samples (mono_ns);
+CREATE TABLE IF NOT EXISTS gpu_samples (
+    mono_ns INTEGER, gpu_index INTEGER, uuid TEXT, util_pct REAL,
+    mem_used_bytes INTEGER, mem_total_bytes INTEGER, power_mw INTEGER,
+    temp_c INTEGER, sm_clock_mhz INTEGER
+);
+CREATE INDEX IF NOT EXISTS gpu_samples_t ON gpu_samples (mono_ns);
+CREATE TABLE IF NOT EXISTS drops (reason TEXT PRIMARY KEY, count INTEGER);
+"""
+
+
+def check_connection(conn: sqlite3.Connection, path: Path) -> bool:
+    """Check that *conn* is a gpuprof database this code can read.
+
+    Returns:
+        True if it is ours, False if it is an empty database (no tables yet).
+
+    Raises:
+        DatabaseError: not SQLite, corrupt, another program's, or too new.
+    """
+    try:
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if not tables:
+            return False
+        if "meta" not in tables or "runs" not in tables:
+            raise DatabaseError(f"{path} is an SQLite database but not a gpuprof one")
+        meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+    except sqlite3.DatabaseError as exc:
+        raise DatabaseError(f"{path} is not a usable SQLite database ({exc})") from None
+    if meta.get("app") != APP_NAME:
+        raise DatabaseError(f"{path} is an SQLite database but not a gpuprof one")
+    try:
+        version = int(meta.get("schema_version", ""))
+    except ValueError:
+        raise DatabaseError(f"{path} has an unreadable gpuprof schema version") from None
+    if version > SCHEMA_VERSION:
+        raise DatabaseError(
+            f"{path} was written by a newer gpuprof (schema {version} > {SCHEMA_VERSION})"
+        )
+    return True
+
+
+def prepare(path: Path) -> None:
+    """Check the database at *path* and create the schema if it is new.
+
+    Runs synchronously at startup (before the event loop serves anyone).
+
+    Raises:
+        DatabaseError: the file is not SQLite, is corrupt, or is not ours.
+    """
+    if path.is_dir():
+        raise DatabaseError(f"{path} is a directory, not a database file")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(path)
+    except (OSError, sqlite3.Error) as exc:
+        raise DatabaseError(f"cannot open database {path} ({exc})") from None
+    try:
+        ours = check_connection(conn, path)
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.executescript(SCHEMA_SQL)
+            if not ours:
+                conn.executemany(
+                    "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+                    [("app", APP_NAME), ("schema_version", str(SCHEMA_VERSION))],
+                )
+            conn.commit()
+        except sqlite3.DatabaseError as exc:
+            raise DatabaseError(f"cannot initialise database {path} ({exc})") from None
+    finally:
+        conn.close()

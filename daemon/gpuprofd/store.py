@@ -1,0 +1,210 @@
+"""The store: one writer task owns every write to SQLite; reads use a second
+connection.
+
+Writers anywhere in the daemon submit :class:`Op` s to a bounded queue. High
+volume ops (steps, samples) use :meth:`Store.submit_nowait`, which drops and
+counts when the queue is full, so ingest never blocks. Ops that need their
+result (a new run id) or must be durable (run end) use :meth:`Store.write`,
+which waits for queue space and for the commit. :meth:`Store.flush` is a
+barrier: it returns once everything queued before it is committed.
+
+The writer drains up to :data:`BATCH_MAX_OPS` ops or :data:`BATCH_MAX_S`
+seconds into one transaction, and groups consecutive ops with the same SQL
+into one ``executemany``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiosqlite
+
+from gpuprofd.counters import DropCounter
+
+log = logging.getLogger(__name__)
+
+BATCH_MAX_OPS = 500
+BATCH_MAX_S = 0.1
+DEFAULT_QUEUE_SIZE = 20_000
+
+
+@dataclass
+class Op:
+    """One SQL statement to write. ``future`` (if any) gets the cursor's
+    ``lastrowid`` after the commit, or the exception."""
+
+    sql: str
+    params: Sequence[Any] = ()
+    future: asyncio.Future[int | None] | None = field(default=None, repr=False)
+    drop_reason: str = "store_error"
+
+    @property
+    def urgent(self) -> bool:
+        """Someone awaits this op: commit without waiting for more."""
+        return self.future is not None
+
+
+class Store:
+    """Owns the SQLite connections of the daemon (see module doc)."""
+
+    def __init__(
+        self, path: Path, drops: DropCounter, queue_size: int = DEFAULT_QUEUE_SIZE
+    ) -> None:
+        self.path = path
+        self.drops = drops
+        self.queue: asyncio.Queue[Op] = asyncio.Queue(maxsize=queue_size)
+        self.commits = 0
+        """Transactions committed (tests read it to check batching)."""
+        self._write: aiosqlite.Connection | None = None
+        self._read: aiosqlite.Connection | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def open(self) -> None:
+        """Open both connections (the schema must exist: see :func:`schema.prepare`)."""
+        self._write = await aiosqlite.connect(self.path, isolation_level=None)
+        await self._write.execute("PRAGMA journal_mode=WAL")
+        await self._write.execute("PRAGMA synchronous=NORMAL")
+        await self._write.execute("PRAGMA busy_timeout=5000")
+        self._read = await aiosqlite.connect(self.path)
+        self._read.row_factory = aiosqlite.Row
+        await self._read.execute("PRAGMA busy_timeout=5000")
+        await self._read.execute("PRAGMA query_only=ON")
+
+    def start(self) -> None:
+        """Start the writer task."""
+        self._task = asyncio.create_task(self._writer(), name="store-writer")
+
+    async def close(self) -> None:
+        """Commit everything queued, stop the writer, close the connections."""
+        if self._task is not None:
+            await self.flush()
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        for conn in (self._read, self._write):
+            if conn is not None:
+                await conn.close()
+        self._read = self._write = None
+
+    # --- writing -------------------------------------------------------------
+
+    def submit_nowait(self, op: Op) -> bool:
+        """Queue *op* without waiting; on a full queue drop it and count
+        ``store_backpressure``. Returns whether it was queued."""
+        try:
+            self.queue.put_nowait(op)
+        except asyncio.QueueFull:
+            self.drops.add("store_backpressure")
+            return False
+        return True
+
+    async def submit(self, op: Op) -> None:
+        """Queue *op*, waiting for space (for ops that must not be dropped)."""
+        await self.queue.put(op)
+
+    async def write(self, sql: str, params: Sequence[Any] = ()) -> int | None:
+        """Queue one statement, wait for its commit; return ``lastrowid``."""
+        fut: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
+        await self.queue.put(Op(sql, params, fut))
+        return await fut
+
+    async def flush(self) -> None:
+        """Barrier: return once every op queued before this call is committed."""
+        await self.write("SELECT 1")
+
+    async def _writer(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = [await self.queue.get()]
+            deadline = loop.time() + BATCH_MAX_S
+            while len(batch) < BATCH_MAX_OPS and not batch[-1].urgent:
+                try:
+                    batch.append(self.queue.get_nowait())
+                    continue
+                except asyncio.QueueEmpty:
+                    pass
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    break
+                try:
+                    batch.append(await asyncio.wait_for(self.queue.get(), remaining))
+                except TimeoutError:
+                    break
+            await self._commit(batch)
+
+    async def _commit(self, batch: list[Op]) -> None:
+        assert self._write is not None
+        results: list[tuple[Op, int | None, BaseException | None]] = []
+        try:
+            await self._write.execute("BEGIN")
+            for group in _groups(batch):
+                results.extend(await self._run_group(group))
+            await self._write.execute("COMMIT")
+            self.commits += 1
+        except sqlite3.Error as exc:
+            log.error("store commit failed, %d ops lost: %s", len(batch), exc)
+            self.drops.add("store_error", str(exc), n=len(batch))
+            try:
+                await self._write.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+            results = [(op, None, exc) for op in batch]
+        for op, rowid, exc in results:
+            if op.future is not None and not op.future.done():
+                if exc is None:
+                    op.future.set_result(rowid)
+                else:
+                    op.future.set_exception(exc)
+
+    async def _run_group(
+        self, group: list[Op]
+    ) -> list[tuple[Op, int | None, BaseException | None]]:
+        assert self._write is not None
+        if len(group) > 1:
+            # A savepoint undoes the rows executemany wrote before a bad one.
+            await self._write.execute("SAVEPOINT grp")
+            try:
+                await self._write.executemany(group[0].sql, [op.params for op in group])
+                await self._write.execute("RELEASE grp")
+                return [(op, None, None) for op in group]
+            except sqlite3.Error:  # one bad row: redo one by one so the others are kept
+                await self._write.execute("ROLLBACK TO grp")
+                await self._write.execute("RELEASE grp")
+        out: list[tuple[Op, int | None, BaseException | None]] = []
+        for op in group:
+            try:
+                cur = await self._write.execute(op.sql, op.params)
+                out.append((op, cur.lastrowid, None))
+            except sqlite3.Error as exc:
+                self.drops.add(op.drop_reason, str(exc))
+                out.append((op, None, exc))
+        return out
+
+    # --- reading -------------------------------------------------------------
+
+    async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[aiosqlite.Row]:
+        """Run a read query on the read connection (sees committed data only)."""
+        assert self._read is not None
+        async with self._read.execute(sql, params) as cur:
+            return list(await cur.fetchall())
+
+    async def fetchone(self, sql: str, params: Sequence[Any] = ()) -> aiosqlite.Row | None:
+        rows = await self.fetchall(sql, params)
+        return rows[0] if rows else None
+
+
+def _groups(batch: list[Op]) -> list[list[Op]]:
+    """Split *batch* into runs of ops that can share one ``executemany``."""
+    groups: list[list[Op]] = []
+    for op in batch:
+        if groups and not op.urgent and not groups[-1][-1].urgent and groups[-1][0].sql == op.sql:
+            groups[-1].append(op)
+        else:
+            groups.append([op])
+    return groups

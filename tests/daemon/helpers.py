@@ -1,0 +1,171 @@
+"""Test helpers: protocol messages, a blocking client, daemon subprocesses."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+import zmq
+
+from gpuprof import config
+
+STEP_NS = 10_000_000
+WAIT_NS = 8_000_000
+PHASES = {"forward": 3_000_000, "backward": 4_000_000, "optimizer": 2_000_000}
+
+
+def hello(run_key: str, pid: int, run_name: str = "test-run", **extra: Any) -> dict[str, Any]:
+    return {
+        "v": 1, "type": "hello", "run_key": run_key, "run_name": run_name, "pid": pid,
+        "host": "testhost", "rank": 0, "local_rank": 0, "world_size": 1,
+        "wall_ns": time.time_ns(), "mono_ns": time.monotonic_ns(), "auto": True,
+        "options": {}, **extra,
+    }  # fmt: skip
+
+
+def step(run_key: str, i: int, base_ns: int, micro: int = 1) -> dict[str, Any]:
+    t0 = base_ns + i * (STEP_NS + WAIT_NS)
+    return {
+        "v": 1, "type": "step", "run_key": run_key, "i": i, "t0": t0, "t1": t0 + STEP_NS,
+        "wait": WAIT_NS, "explicit": False, "micro": micro, "phases": dict(PHASES),
+    }  # fmt: skip
+
+
+def bye(run_key: str, sent: int, dropped: int = 0, status: str = "finished") -> dict[str, Any]:
+    return {
+        "v": 1, "type": "bye", "run_key": run_key, "status": status, "sent": sent,
+        "dropped": dropped, "mono_ns": time.monotonic_ns(), "wall_ns": time.time_ns(),
+    }  # fmt: skip
+
+
+class Client:
+    """Blocking shim stand-in: a PUSH for data, a fresh REQ per request."""
+
+    def __init__(self, sock_dir: Path) -> None:
+        self.sock_dir = sock_dir
+        self.ctx = zmq.Context()
+        self.pusher = self.ctx.socket(zmq.PUSH)
+        self.pusher.setsockopt(zmq.LINGER, 2000)
+        self.pusher.connect(config.ingest_endpoint(sock_dir))
+
+    def push(self, msg: dict[str, Any] | bytes) -> None:
+        self.pusher.send(msg if isinstance(msg, bytes) else orjson.dumps(msg))
+
+    def request(self, msg: dict[str, Any], timeout_s: float = 10.0) -> dict[str, Any] | None:
+        sock = self.ctx.socket(zmq.REQ)
+        sock.setsockopt(zmq.LINGER, 0)
+        try:
+            sock.connect(config.control_endpoint(self.sock_dir))
+            sock.send(msg if isinstance(msg, bytes) else orjson.dumps(msg))
+            if not sock.poll(int(timeout_s * 1000)):
+                return None
+            return orjson.loads(sock.recv())
+        finally:
+            sock.close(0)
+
+    def ping(self, timeout_s: float = 1.0) -> dict[str, Any] | None:
+        return self.request({"v": 1, "type": "ping"}, timeout_s)
+
+    def wait_for(self, pred: Any, timeout_s: float = 15.0) -> dict[str, Any]:
+        """Poll ping until *pred(reply)* holds; return that reply."""
+        deadline = time.monotonic() + timeout_s
+        last = None
+        while time.monotonic() < deadline:
+            last = self.ping(0.5)
+            if last is not None and pred(last):
+                return last
+            time.sleep(0.05)
+        raise AssertionError(f"condition not met within {timeout_s}s; last ping: {last}")
+
+    def close(self) -> None:
+        self.pusher.close(0)
+        self.ctx.term()
+
+
+class Daemons:
+    """Starts ``python -m gpuprofd`` children; kills any left at teardown."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.clients: list[Client] = []
+
+    def start(self, sock_dir: Path, db: Path, *args: str,
+              env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:  # fmt: skip
+        log = open(self.log_dir / f"daemon{len(self.procs)}.log", "wb")  # noqa: SIM115
+        full_env = {**os.environ, **(env or {})}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gpuprofd", "--socket-dir", str(sock_dir), "--db", str(db),
+             "--log-level", "debug", *args],
+            stdout=log, stderr=subprocess.STDOUT, env=full_env,
+        )  # fmt: skip
+        log.close()
+        self.procs.append(proc)
+        return proc
+
+    def log(self, proc: subprocess.Popen[bytes]) -> str:
+        return (self.log_dir / f"daemon{self.procs.index(proc)}.log").read_text()
+
+    def start_ready(self, sock_dir: Path, db: Path, *args: str, **kw: Any) -> tuple[
+        subprocess.Popen[bytes], Client
+    ]:
+        """Start a daemon and wait (by ping) until it answers as that process."""
+        proc = self.start(sock_dir, db, *args, **kw)
+        client = self.client(sock_dir)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise AssertionError(f"daemon exited {proc.returncode}: {self.log(proc)}")
+            reply = client.ping(0.3)
+            if reply is not None and reply.get("pid") == proc.pid:
+                return proc, client
+            time.sleep(0.05)
+        raise AssertionError(f"daemon not ready: {self.log(proc)}")
+
+    def client(self, sock_dir: Path) -> Client:
+        """A client closed at teardown."""
+        client = Client(sock_dir)
+        self.clients.append(client)
+        return client
+
+    def stop(self, proc: subprocess.Popen[bytes], timeout_s: float = 20) -> int:
+        proc.send_signal(signal.SIGTERM)
+        return proc.wait(timeout=timeout_s)
+
+    def kill_all(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)
+        for c in self.clients:
+            c.close()
+
+
+def query(db: Path, sql: str, params: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
+    """Read the daemon's database from the outside (read-only)."""
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    conn.row_factory = sqlite3.Row
+    try:
+        return conn.execute(sql, params).fetchall()
+    finally:
+        conn.close()
+
+
+def poll_db(db: Path, sql: str, params: tuple[Any, ...], want: Any, timeout_s: float = 15) -> None:
+    """Poll until the first column of the first row of *sql* equals *want*."""
+    deadline = time.monotonic() + timeout_s
+    got = None
+    while time.monotonic() < deadline:
+        rows = query(db, sql, params)
+        got = rows[0][0] if rows else None
+        if got == want:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{sql} -> {got!r}, wanted {want!r}")

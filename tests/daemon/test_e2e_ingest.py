@@ -1,0 +1,160 @@
+"""End to end against a real ``python -m gpuprofd``: validation, storage, bye."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import orjson
+
+from gpuprofd.nvml import NO_GPU_NOTE
+from tests.daemon import helpers as h
+
+
+def test_bad_messages_are_counted_by_reason_and_ingest_continues(
+    daemons, sock_dir: Path, tmp_path: Path, my_pid: int
+) -> None:
+    db = tmp_path / "g.db"
+    _, client = daemons.start_ready(sock_dir, db)
+    valid = orjson.dumps(h.step("r1", 0, 1_000))
+    bad_field = h.step("r1", 0, 1_000)
+    bad_field["t0"] = "soon"
+    for frame in [
+        b"\x00\xffgarbage",                                    # not_json
+        valid[:-7],                                            # truncated: not_json
+        b'{"v":1,"type":"step","pad":"' + b"x" * 70_000 + b'"}',  # oversized
+        orjson.dumps({**h.step("r1", 0, 1_000), "v": 99}),    # bad_version
+        orjson.dumps({"v": 1, "type": "teleport"}),           # unknown_type
+        orjson.dumps(bad_field),                               # bad_field:t0
+        b"[1, 2, 3]",                                          # not_object
+        orjson.dumps(h.hello("r1", my_pid)),                   # wrong_channel
+        orjson.dumps(h.step("nobody", 0, 1_000)),              # unknown_run
+    ]:  # fmt: skip
+        client.push(frame)
+    expected = {
+        "not_json": 2, "oversized": 1, "bad_version": 1, "unknown_type": 1,
+        "bad_field:t0": 1, "not_object": 1, "wrong_channel": 1, "unknown_run": 1,
+    }  # fmt: skip
+    reply = client.wait_for(lambda r: sum(r["dropped"].values()) >= 9)
+    assert reply["dropped"] == expected
+    assert reply["received"] == 0
+
+    ok = client.request(h.hello("r1", my_pid))
+    assert ok is not None and ok["ok"] is True
+    client.push(h.step("r1", 0, time.monotonic_ns()))
+    reply = client.wait_for(lambda r: r["received"] == 1)
+    assert reply["live_runs"] == [
+        {"run_id": ok["run_id"], "run_name": "test-run", "pid": my_pid, "steps": 1}
+    ]
+    assert reply["dropped"] == expected
+
+
+def test_hello_steps_bye_stores_the_run_and_returns_the_summary(
+    daemons, sock_dir: Path, tmp_path: Path, my_pid: int
+) -> None:
+    db = tmp_path / "g.db"
+    _, client = daemons.start_ready(sock_dir, db)
+    hi = client.request(h.hello("k-full", my_pid, run_name="digits"))
+    assert hi is not None and hi["ok"] is True
+    assert hi["db"] == str(db) and hi["notes"] == [NO_GPU_NOTE]
+    base = time.monotonic_ns()
+    micros = [i % 3 + 1 for i in range(30)]
+    for i, m in enumerate(micros):
+        client.push(h.step("k-full", i, base, micro=m))
+    client.push({"v": 1, "type": "mark", "run_key": "k-full", "name": "eval", "t_ns": base})
+
+    reply = client.request(h.bye("k-full", sent=31, dropped=3))
+    assert reply is not None and reply["ok"] is True, reply
+    summary = reply["summary"]
+    assert summary["run_id"] == hi["run_id"]
+    assert summary["steps"] == 30
+    assert summary["status"] == "finished"
+    assert "3 events dropped in the training process" in summary["notes"]
+    assert NO_GPU_NOTE in summary["notes"]
+    assert not any("not received" in n for n in summary["notes"])
+    # 8 ms of loader wait per 18 ms iteration: the stall rule must see it.
+    assert any(i["rule"] in ("dataloader_stall", "cpu_bound_dataloader")
+               for i in summary["insights"])  # fmt: skip
+
+    (run,) = h.query(db, "SELECT * FROM runs")
+    assert (run["status"], run["received_events"], run["sent_events"], run["dropped_events"]) == (
+        "finished", 31, 31, 3,
+    )  # fmt: skip
+    assert orjson.loads(run["summary"]) == summary
+    assert run["median_step_ms"] == summary["median_step_ms"]
+    assert run["median_step_ms"] is not None
+    n, micro_sum, phases = h.query(
+        db, "SELECT COUNT(*), SUM(micro), MAX(phases) FROM steps WHERE run_id = ?", (run["id"],)
+    )[0]
+    assert (n, micro_sum) == (30, sum(micros))
+    assert orjson.loads(phases) == h.PHASES
+    stored = [r["rule"] for r in h.query(db, "SELECT rule FROM insights WHERE run_id = ?",
+                                         (run["id"],))]  # fmt: skip
+    assert sorted(stored) == sorted(i["rule"] for i in summary["insights"])
+    assert client.ping()["live_runs"] == []
+
+
+def test_bye_waits_for_events_still_in_flight(
+    daemons, sock_dir: Path, tmp_path: Path, my_pid: int
+) -> None:
+    _, client = daemons.start_ready(sock_dir, tmp_path / "g.db")
+    assert client.request(h.hello("late", my_pid))["ok"]
+    result: dict = {}
+    t = threading.Thread(target=lambda: result.update(r=client.request(h.bye("late", sent=20))))
+    t.start()
+    time.sleep(0.3)  # the bye is now waiting on the daemon; the steps come after it
+    base = time.monotonic_ns()
+    for i in range(20):
+        client.push(h.step("late", i, base))
+    t.join(timeout=15)
+    summary = result["r"]["summary"]
+    assert summary["steps"] == 20
+    assert not any("not received" in n for n in summary["notes"])
+
+
+def test_bye_gives_up_after_two_seconds_and_reports_the_missing_events(
+    daemons, sock_dir: Path, tmp_path: Path, my_pid: int
+) -> None:
+    _, client = daemons.start_ready(sock_dir, tmp_path / "g.db")
+    assert client.request(h.hello("short", my_pid))["ok"]
+    base = time.monotonic_ns()
+    for i in range(4):
+        client.push(h.step("short", i, base))
+    client.wait_for(lambda r: r["received"] == 4)
+    t0 = time.monotonic()
+    reply = client.request(h.bye("short", sent=9))
+    assert time.monotonic() - t0 >= 1.9
+    assert reply["summary"]["steps"] == 4
+    assert "5 events sent but not received" in reply["summary"]["notes"]
+
+
+def test_bad_control_messages_get_ok_false_and_are_counted(
+    daemons, sock_dir: Path, tmp_path: Path
+) -> None:
+    _, client = daemons.start_ready(sock_dir, tmp_path / "g.db")
+    assert client.request(b"{nope")["ok"] is False
+    assert client.request(orjson.dumps(h.step("x", 0, 1)))["ok"] is False  # data on control
+    unknown = client.request(h.bye("never-said-hello", sent=0))
+    assert unknown["ok"] is False and "never-said-hello" in unknown["error"]
+    assert client.ping()["dropped"] == {
+        "control:not_json": 1, "control:wrong_channel": 1, "control:rejected": 1,
+    }  # fmt: skip
+
+
+def test_mock_gpu_backend_only_when_asked_and_matched_by_uuid(
+    daemons, sock_dir: Path, tmp_path: Path, my_pid: int
+) -> None:
+    db = tmp_path / "g.db"
+    _, client = daemons.start_ready(sock_dir, db, "--sample-hz", "50",
+                                    env={"GPUPROF_NVML": "mock"})  # fmt: skip
+    # torch spells the UUID without "GPU-" and in lower case
+    hi = client.request(h.hello("gpu", my_pid, cuda_uuid="00000000-0000-0000-0000-00000000M0C0"))
+    assert hi["notes"] == []
+    assert client.request(h.hello("cpu", my_pid, run_name="cpu"))["ok"]
+    h.poll_db(db, "SELECT COUNT(*) >= 3 FROM gpu_samples", (), 1)
+    rows = {r["run_key"]: (r["gpu_model"], r["gpu_count"])
+            for r in h.query(db, "SELECT run_key, gpu_model, gpu_count FROM runs")}  # fmt: skip
+    assert rows == {"gpu": ("Mock GPU", 1), "cpu": (None, 0)}
+    (sample,) = h.query(db, "SELECT * FROM gpu_samples LIMIT 1")
+    assert sample["uuid"].startswith("GPU-") and sample["mem_total_bytes"] == 80 * 2**30
