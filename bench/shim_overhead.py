@@ -25,27 +25,20 @@ import time
 from pathlib import Path
 from statistics import median
 
-import orjson
 import torch
-import zmq
 from torch import nn
 
 import gpuprof
-from gpuprof.config import control_endpoint, ingest_endpoint
+from gpuprof.config import ingest_endpoint
+from gpuprofd import client
+from gpuprofd.errors import NoDaemonError
 
 
 def _ping(socket_dir: Path) -> dict | None:
-    sock = zmq.Context.instance().socket(zmq.REQ)
-    for opt, val in ((zmq.LINGER, 0), (zmq.RCVTIMEO, 300), (zmq.SNDTIMEO, 300)):
-        sock.setsockopt(opt, val)
     try:
-        sock.connect(control_endpoint(socket_dir))
-        sock.send(orjson.dumps({"v": 1, "type": "ping"}))
-        return orjson.loads(sock.recv())
-    except zmq.ZMQError:
+        return client.ping(socket_dir, 0.3)
+    except NoDaemonError:
         return None
-    finally:
-        sock.close()
 
 
 def build_model(blocks: int = 50, width: int = 128) -> nn.Module:
@@ -142,7 +135,7 @@ def main() -> None:
         model = build_model()
         n_modules = sum(1 for _ in model.modules())
         opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-        x = torch.randn(64, 128)
+        x = torch.randn(32, 128)  # ~5 ms step on one core
         run_block(model, opt, x, 20)  # warm-up
         plain: list[float] = []
         profiled: list[float] = []

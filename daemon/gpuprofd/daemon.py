@@ -134,7 +134,7 @@ class Daemon:
         )  # fmt: skip
         lifecycle = Lifecycle(self.runs, self.drops, opts.idle_exit_s,
                               lambda: self._last_activity, self.stop)  # fmt: skip
-        host = HostSampler()
+        host = HostSampler(run_pids=self.registry.pids)
         tasks = [
             asyncio.create_task(self.ingest.run(), name="ingest"),
             asyncio.create_task(control.run(), name="control"),
@@ -202,6 +202,8 @@ class Daemon:
         self.store.submit_nowait(
             runsdb.host_sample_op(s.mono_ns, s.cpu_pct, s.cpu_count, s.disk_read_bps)
         )
+        for run_id, cores in s.run_cpu_cores.items():
+            self.store.submit_nowait(runsdb.run_cpu_op(run_id, s.mono_ns, cores))
 
     def _gpu_sink(self) -> Any:
         loop = asyncio.get_running_loop()

@@ -44,9 +44,10 @@ class InsightsRunner:
         end = run.get("end_mono_ns") or self._clock()
         host = await runsdb.load_host_samples(self.store, start, end) if start is not None else []
         history = await runsdb.history_medians(self.store, run["id"], run["run_name"])
+        run_cpu = await runsdb.load_run_cpu(self.store, run["id"])
 
         def rules() -> tuple[list[Insight], RunContext]:
-            ctx = build_context(run, steps, host, history, self.gpu_rate)
+            ctx = build_context(run, steps, host, history, self.gpu_rate, run_cpu)
             return run_rules(ctx), ctx
 
         return await asyncio.to_thread(rules)

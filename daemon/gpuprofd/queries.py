@@ -20,6 +20,7 @@ HOST_SQL = (
     "SELECT mono_ns, cpu_pct, cpu_count, disk_read_bps FROM host_samples "
     "WHERE mono_ns BETWEEN ? AND ? ORDER BY mono_ns"
 )
+RUN_CPU_SQL = "SELECT mono_ns, cores FROM run_cpu_samples WHERE run_id = ? ORDER BY mono_ns"
 HISTORY_SQL = (
     "SELECT median_step_ms FROM runs WHERE run_name = ? AND id < ? AND status = 'finished' "
     "AND median_step_ms IS NOT NULL ORDER BY id DESC LIMIT ?"

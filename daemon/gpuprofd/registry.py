@@ -77,6 +77,10 @@ class RunRegistry:
         self.live[run.run_key] = run
         self._unknown.pop(run.run_key, None)
 
+    def pids(self) -> dict[int, int]:
+        """run id → pid of every live run that reported one."""
+        return {r.run_id: r.pid for r in self.live.values() if r.pid}
+
     def remove(self, run_key: str) -> LiveRun | None:
         return self.live.pop(run_key, None)
 

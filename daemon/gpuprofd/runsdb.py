@@ -22,6 +22,7 @@ _STEP_SQL = (
     "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
 )
 _HOST_SQL = "INSERT INTO host_samples (mono_ns, cpu_pct, cpu_count, disk_read_bps) VALUES (?,?,?,?)"
+_RUN_CPU_SQL = "INSERT INTO run_cpu_samples (run_id, mono_ns, cores) VALUES (?,?,?)"
 _GPU_SQL = (
     "INSERT INTO gpu_samples (mono_ns, gpu_index, uuid, util_pct, mem_used_bytes, "
     "mem_total_bytes, power_mw, temp_c, sm_clock_mhz) VALUES (?,?,?,?,?,?,?,?,?)"
@@ -44,6 +45,11 @@ def step_op(run_id: int, msg: Mapping[str, Any]) -> Op:
 
 def host_sample_op(mono_ns: int, cpu_pct: float, cpu_count: int, disk_read_bps: float | None) -> Op:
     return Op(_HOST_SQL, (mono_ns, cpu_pct, cpu_count, disk_read_bps))
+
+
+def run_cpu_op(run_id: int, mono_ns: int, cores: float) -> Op:
+    """One sample of a run's process-tree CPU use, in cores."""
+    return Op(_RUN_CPU_SQL, (run_id, mono_ns, cores))
 
 
 def gpu_sample_op(mono_ns: int, s: Any) -> Op:
@@ -108,6 +114,12 @@ async def load_steps(store: Store, run_id: int) -> list[dict[str, Any]]:
 async def load_host_samples(store: Store, start_mono_ns: int, end_mono_ns: int) -> list[dict]:
     """Host samples with ``start <= mono_ns <= end``."""
     rows = await store.fetchall(queries.HOST_SQL, (start_mono_ns, end_mono_ns))
+    return [dict(r) for r in rows]
+
+
+async def load_run_cpu(store: Store, run_id: int) -> list[dict[str, Any]]:
+    """The run's process-tree CPU samples (``mono_ns``, ``cores``) in time order."""
+    rows = await store.fetchall(queries.RUN_CPU_SQL, (run_id,))
     return [dict(r) for r in rows]
 
 

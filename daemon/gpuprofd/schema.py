@@ -53,6 +53,8 @@ CREATE TABLE IF NOT EXISTS host_samples (
     mono_ns INTEGER, cpu_pct REAL, cpu_count INTEGER, disk_read_bps REAL
 );
 CREATE INDEX IF NOT EXISTS host_samples_t ON host_samples (mono_ns);
+CREATE TABLE IF NOT EXISTS run_cpu_samples (run_id INTEGER, mono_ns INTEGER, cores REAL);
+CREATE INDEX IF NOT EXISTS run_cpu_samples_run ON run_cpu_samples (run_id, mono_ns);
 CREATE TABLE IF NOT EXISTS gpu_samples (
     mono_ns INTEGER, gpu_index INTEGER, uuid TEXT, util_pct REAL,
     mem_used_bytes INTEGER, mem_total_bytes INTEGER, power_mw INTEGER,

@@ -63,6 +63,9 @@ class RunContext:
     host_disk_read_bps: float | None = None
     """Mean host disk read rate over the run, bytes/s; None if unsampled."""
     cpu_count: int | None = None
+    run_cpu_cores: float | None = None
+    """Mean CPU the run's own process tree (training process + DataLoader
+    workers) used, in cores (1.0 = one core busy); None if unsampled."""
     gpu_model: str | None = None
     """NVML name of the run's GPU; None on a CPU-only run."""
     gpu_count: int = 0

@@ -17,6 +17,7 @@ def build_context(
     host: Sequence[Mapping[str, Any]] = (),
     history_median_step_ms: Sequence[float] = (),
     gpu_rate_usd_per_hour: float | None = None,
+    run_cpu: Sequence[Mapping[str, Any]] = (),
 ) -> RunContext:
     """Aggregate one run's rows into the context the rules read.
 
@@ -32,6 +33,8 @@ def build_context(
         history_median_step_ms: median step ms of earlier runs of this
             name, newest first.
         gpu_rate_usd_per_hour: the ``GPUPROF_GPU_RATE`` override, if any.
+        run_cpu: samples of the run's own process tree (training process +
+            loader workers), each with ``cores`` (1.0 = one core busy).
     """
     phase_totals: dict[str, float] = {}
     for s in steps:
@@ -42,6 +45,7 @@ def build_context(
     duration_s = (end - start) / 1e9 if start is not None and end is not None else 0.0
     cpu = [h["cpu_pct"] for h in host if h.get("cpu_pct") is not None]
     disk = [h["disk_read_bps"] for h in host if h.get("disk_read_bps") is not None]
+    run_cores = [c["cores"] for c in run_cpu if c.get("cores") is not None]
     options = run.get("options") or {}
     return RunContext(
         run_name=run["run_name"],
@@ -54,6 +58,7 @@ def build_context(
         duration_s=max(duration_s, 0.0),
         host_cpu_pct=mean(cpu) if cpu else None,
         host_disk_read_bps=mean(disk) if disk else None,
+        run_cpu_cores=mean(run_cores) if run_cores else None,
         cpu_count=run.get("cpu_count"),
         gpu_model=run.get("gpu_model"),
         gpu_count=int(run.get("gpu_count") or 0),

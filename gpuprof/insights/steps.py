@@ -11,6 +11,9 @@ STALL_FRACTION = 0.15
 STALL_FRACTION_HIGH = 0.30
 #: Seed rule table: host CPU above 80 % (all cores) during a stall = CPU-bound workers.
 CPU_BOUND_PCT = 80.0
+#: Share of the host's busy cores that the run's own process tree must use for
+#: its workers to be the CPU hogs; below it another tenant pegs the host.
+RUN_SHARE_OF_BUSY_CPU = 0.5
 #: The io_bound rule's threshold (seed): above it the disk, not the CPU, is busy.
 DISK_BUSY_BPS = 500e6
 #: Seed: first step > 3× the steady-state median is compilation / autotune warm-up.
@@ -62,14 +65,20 @@ def dataloader_stall(ctx: RunContext) -> Insight | None:
 
 @rule("cpu_bound_dataloader", supersedes=("dataloader_stall",))
 def cpu_bound_dataloader(ctx: RunContext) -> Insight | None:
-    """Fires on a stall while host CPU averages > :data:`CPU_BOUND_PCT` and the
-    disk is not the busy part (< :data:`DISK_BUSY_BPS` read, or unmeasured)."""
+    """Fires on a stall while host CPU averages > :data:`CPU_BOUND_PCT`, the
+    run's own processes use ≥ :data:`RUN_SHARE_OF_BUSY_CPU` of the busy cores
+    (when measured), and the disk is not the busy part (< :data:`DISK_BUSY_BPS`
+    read, or unmeasured)."""
     frac = stall_fraction(ctx)
     cpu = ctx.host_cpu_pct
     if frac is None or frac <= STALL_FRACTION or cpu is None or cpu <= CPU_BOUND_PCT:
         return None
     if ctx.host_disk_read_bps is not None and ctx.host_disk_read_bps > DISK_BUSY_BPS:
         return None
+    if ctx.run_cpu_cores is not None and ctx.cpu_count:
+        busy_cores = cpu / 100.0 * ctx.cpu_count
+        if ctx.run_cpu_cores < RUN_SHARE_OF_BUSY_CPU * busy_cores:
+            return None
     cores = f" across {ctx.cpu_count} cores" if ctx.cpu_count else ""
     return Insight(
         rule="cpu_bound_dataloader",
@@ -80,7 +89,9 @@ def cpu_bound_dataloader(ctx: RunContext) -> Insight | None:
         "Python work (decoding, augmentation) is the bottleneck.",
         fix="Move augmentations to the GPU (torchvision.transforms.v2 on CUDA tensors, "
         "kornia) or precompute them; num_workers won't help.",
-        evidence={"stall_fraction": round(frac, 4), "host_cpu_pct": round(cpu, 1)},
+        evidence={"stall_fraction": round(frac, 4), "host_cpu_pct": round(cpu, 1),
+                  "run_cpu_cores": None if ctx.run_cpu_cores is None
+                  else round(ctx.run_cpu_cores, 2)},
     )
 
 

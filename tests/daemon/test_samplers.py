@@ -167,3 +167,42 @@ def test_gpu_sampler_thread_ticks_at_its_rate_and_stops() -> None:
     assert [t for t, _ in got] == sorted(t for t, _ in got)
     threading.Event().wait(0.05)
     assert len(got) == n  # stopped means stopped
+
+
+def test_process_tree_cpu_counts_busy_workers_not_sleeping_ones() -> None:
+    import subprocess
+    import sys
+    import time
+
+    from gpuprofd.host_sampler import ProcessTreeCpu
+
+    # a "training process" with one busy child (a CPU-bound loader worker)
+    busy = "import subprocess, sys, time\n" \
+        "c = subprocess.Popen([sys.executable, '-c', 'while True: pass'])\n" \
+        "time.sleep(60)\n"
+    idle = "import time; time.sleep(60)"
+    procs = [subprocess.Popen([sys.executable, "-c", code]) for code in (busy, idle)]
+    try:
+        tree = ProcessTreeCpu()
+        pids = {1: procs[0].pid, 2: procs[1].pid}
+        deadline = time.monotonic() + 20
+        while True:  # until the busy child exists and has been primed once
+            first = tree.sample(pids)
+            if len(tree._procs) >= 3 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        time.sleep(1.0)
+        cores = tree.sample(pids)
+        assert first.keys() == {1, 2}
+        assert cores[1] > 0.5  # the spinning child counts toward its parent's run
+        assert cores[2] < 0.2
+    finally:
+        import psutil
+
+        for p in procs:
+            for child in psutil.Process(p.pid).children(recursive=True):
+                child.kill()
+            p.kill()
+            p.wait(10)
+    assert tree.sample(pids) == {}  # gone processes are left out, and forgotten
+    assert tree._procs == {}

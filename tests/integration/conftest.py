@@ -14,31 +14,21 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import orjson
 import pytest
-import zmq
 
-from gpuprof.config import control_endpoint
+from gpuprofd import client
+from gpuprofd.errors import NoDaemonError
+from tests.daemon.helpers import query
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def ping(socket_dir: Path, timeout_ms: int = 500) -> dict | None:
-    """Ask the daemon in *socket_dir* for its status; None if none answers."""
-    ctx = zmq.Context.instance()
-    sock = ctx.socket(zmq.REQ)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.RCVTIMEO, timeout_ms)
-    sock.setsockopt(zmq.SNDTIMEO, timeout_ms)
-    sock.setsockopt(zmq.IMMEDIATE, 1)
+def ping(socket_dir: Path, timeout_s: float = 0.5) -> dict | None:
+    """The daemon's ping reply, or None if none answers in *socket_dir*."""
     try:
-        sock.connect(control_endpoint(socket_dir))
-        sock.send(orjson.dumps({"v": 1, "type": "ping"}))
-        return orjson.loads(sock.recv())
-    except zmq.ZMQError:
+        return client.ping(socket_dir, timeout_s)
+    except NoDaemonError:
         return None
-    finally:
-        sock.close()
 
 
 def wait_for(predicate, timeout_s: float, what: str):
@@ -90,12 +80,7 @@ class Node:
         return proc
 
     def query(self, sql: str, *params) -> list[sqlite3.Row]:
-        con = sqlite3.connect(f"file:{self.db}?mode=ro", uri=True)
-        con.row_factory = sqlite3.Row
-        try:
-            return con.execute(sql, params).fetchall()
-        finally:
-            con.close()
+        return query(self.db, sql, params)
 
     def stop_daemon(self) -> None:
         info = ping(self.socket_dir)

@@ -27,6 +27,8 @@ def test_autostarted_daemon_records_run_and_prints_stall(node: Node):
     assert out.returncode == 0, out.stderr
     assert "TRAINED 30" in out.stdout
     assert "gpuprof · stall-run  (30 steps, avg" in out.stdout
+    # a sleeping collate is a plain stall, not a CPU-bound one, however busy the host is
+    # with other work: the run's own process tree is measured
     assert re.search(r"\[HIGH\] \d+% of step time waiting on the loader \(inter-step gap\)",
                      out.stdout), out.stdout
     assert "Estimated cost: not estimated (no NVIDIA GPU in this run)" in out.stdout

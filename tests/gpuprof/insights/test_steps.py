@@ -117,3 +117,13 @@ def test_high_step_variance_fires_on_periodic_spikes():
 def test_high_step_variance_ignores_warmup_and_short_runs():
     assert high_step_variance(make_ctx([500, 300, 100] + [10.0] * 30)) is None
     assert high_step_variance(make_ctx([10.0] * 10 + [50.0])) is None  # too few steps
+
+
+def test_cpu_bound_needs_the_run_itself_to_use_the_cpu():
+    # host pegged at 95 % of 2 cores, but the run's processes use 0.1 core: another tenant
+    other = make_ctx([60] * 10, [40] * 10, host_cpu_pct=95.0, cpu_count=2, run_cpu_cores=0.1)
+    assert cpu_bound_dataloader(other) is None
+    assert "dataloader_stall" in [i.rule for i in run_rules(other)]
+    # the run's main process + workers use 1.9 of the 1.9 busy cores: its own workers
+    own = make_ctx([60] * 10, [40] * 10, host_cpu_pct=95.0, cpu_count=2, run_cpu_cores=1.9)
+    assert cpu_bound_dataloader(own).evidence["run_cpu_cores"] == 1.9

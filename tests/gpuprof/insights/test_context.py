@@ -1,0 +1,37 @@
+from __future__ import annotations
+
+import pytest
+
+from gpuprof.insights import build_context
+
+
+def test_build_context_aggregates_rows():
+    run = {"run_name": "r", "status": "finished", "start_mono_ns": 0, "end_mono_ns": 4_000_000_000,
+           "options": {"flops_per_step": 1e12, "dtype": "bf16"}, "gpu_model": None,
+           "gpu_count": None, "cpu_count": 2}
+    steps = [
+        {"t0": 10_000_000, "t1": 30_000_000, "wait": 10_000_000, "explicit": False, "micro": 2,
+         "phases": {"forward": 5_000_000, "backward": 10_000_000}},
+        {"t0": 40_000_000, "t1": 50_000_000, "wait": 10_000_000, "explicit": True, "micro": 1,
+         "phases": {"forward": 4_000_000, "data": 1_000_000}},
+    ]
+    ctx = build_context(run, steps, host=[{"cpu_pct": 50.0, "disk_read_bps": None},
+                                          {"cpu_pct": 100.0, "disk_read_bps": 10.0}],
+                        history_median_step_ms=[9.0], run_cpu=[{"cores": 1.0}, {"cores": 2.0}])
+    assert ctx.step_ms == (20.0, 10.0)
+    assert ctx.wait_ms == (10.0, 10.0)
+    assert ctx.explicit_wait is True
+    assert ctx.micro_batches == (2, 1)
+    assert ctx.phase_ms == {"forward": 9.0, "backward": 10.0, "data": 1.0}
+    assert ctx.duration_s == pytest.approx(4.0)
+    assert (ctx.host_cpu_pct, ctx.host_disk_read_bps, ctx.run_cpu_cores) == (75.0, 10.0, 1.5)
+    assert (ctx.gpu_count, ctx.flops_per_step, ctx.dtype) == (0, 1e12, "bf16")
+    assert ctx.history_median_step_ms == (9.0,)
+
+
+def test_build_context_live_run_ends_at_last_step():
+    run = {"run_name": "r", "status": "running", "start_mono_ns": 0, "end_mono_ns": None}
+    steps = [{"t0": 0, "t1": 2_000_000_000, "wait": 0, "phases": {}}]
+    ctx = build_context(run, steps)
+    assert ctx.duration_s == pytest.approx(2.0)
+    assert ctx.host_cpu_pct is None and ctx.run_cpu_cores is None
