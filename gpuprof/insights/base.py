@@ -53,6 +53,9 @@ class RunContext:
     wait_ms: tuple[float, ...]
     """Loader wait before each step: inter-step gap, or timed ``next()`` if explicit."""
     explicit_wait: bool = False
+    data_ms: tuple[float, ...] = ()
+    """Loader time inside each step (between micro-batches; the ``data``
+    phase); empty when no step had any."""
     micro_batches: tuple[int, ...] = ()
     phase_ms: Mapping[str, float] = field(default_factory=dict)
     """Total time per phase over the run (forward, backward, optimizer, ...)."""
@@ -79,6 +82,12 @@ class RunContext:
     @property
     def steps(self) -> int:
         return len(self.step_ms)
+
+    def loader_ms(self) -> tuple[float, ...]:
+        """Per-step loader time: the wait before the step plus its ``data`` phase."""
+        if not self.data_ms:
+            return self.wait_ms
+        return tuple(w + d for w, d in zip(self.wait_ms, self.data_ms, strict=True))
 
     @property
     def iteration_ms(self) -> tuple[float, ...]:

@@ -9,6 +9,8 @@ from gpuprof.insights.base import RunContext
 from gpuprof.stats import mean
 
 _NS_PER_MS = 1e6
+#: The phase the shim gives loader time spent inside a step (between micro-batches).
+DATA_PHASE = "data"
 
 
 def build_context(
@@ -53,6 +55,8 @@ def build_context(
         step_ms=tuple((s["t1"] - s["t0"]) / _NS_PER_MS for s in steps),
         wait_ms=tuple(s["wait"] / _NS_PER_MS for s in steps),
         explicit_wait=any(s.get("explicit") for s in steps),
+        data_ms=tuple((s.get("phases") or {}).get(DATA_PHASE, 0) / _NS_PER_MS for s in steps)
+        if any(DATA_PHASE in (s.get("phases") or {}) for s in steps) else (),
         micro_batches=tuple(int(s.get("micro", 1)) for s in steps),
         phase_ms=phase_totals,
         duration_s=max(duration_s, 0.0),

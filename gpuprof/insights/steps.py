@@ -31,13 +31,14 @@ VARIANCE_MIN_STEPS = 20
 
 
 def stall_fraction(ctx: RunContext) -> float | None:
-    """Share (0-1) of iteration time spent waiting on the loader, step 0
-    excluded (its wait covers model and worker start-up). None if < 2 steps."""
+    """Share (0-1) of iteration time spent waiting on the loader — before each
+    step and between its micro-batches — step 0 excluded (its wait covers model
+    and worker start-up). None if < 2 steps."""
     if ctx.steps < 2:
         return None
-    wait = sum(ctx.wait_ms[1:])
-    total = wait + sum(ctx.step_ms[1:])
-    return wait / total if total > 0 else None
+    loader = sum(ctx.loader_ms()[1:])
+    total = sum(ctx.iteration_ms[1:])
+    return loader / total if total > 0 else None
 
 
 def _wait_kind(ctx: RunContext) -> str:
@@ -50,7 +51,7 @@ def dataloader_stall(ctx: RunContext) -> Insight | None:
     frac = stall_fraction(ctx)
     if frac is None or frac <= STALL_FRACTION:
         return None
-    mean_wait = sum(ctx.wait_ms[1:]) / (ctx.steps - 1)
+    mean_wait = sum(ctx.loader_ms()[1:]) / (ctx.steps - 1)
     return Insight(
         rule="dataloader_stall",
         severity="HIGH" if frac > STALL_FRACTION_HIGH else "MED",
@@ -63,7 +64,9 @@ def dataloader_stall(ctx: RunContext) -> Insight | None:
     )
 
 
-@rule("cpu_bound_dataloader", supersedes=("dataloader_stall",))
+# CPU-bound workers also slow the training process's own compute unevenly,
+# so they explain an erratic step time too.
+@rule("cpu_bound_dataloader", supersedes=("dataloader_stall", "high_step_variance"))
 def cpu_bound_dataloader(ctx: RunContext) -> Insight | None:
     """Fires on a stall while host CPU averages > :data:`CPU_BOUND_PCT`, the
     run's own processes use ≥ :data:`RUN_SHARE_OF_BUSY_CPU` of the busy cores
@@ -95,44 +98,59 @@ def cpu_bound_dataloader(ctx: RunContext) -> Insight | None:
     )
 
 
+def _warmup_excess(ctx: RunContext, reference_ms: float) -> tuple[int, float]:
+    """(leading steps slower than :data:`WARMUP_RATIO` × *reference_ms*, the
+    time they took beyond it in ms)."""
+    slow = next((i for i, s in enumerate(ctx.step_ms) if s <= WARMUP_RATIO * reference_ms),
+                ctx.steps)
+    return slow, sum(s - reference_ms for s in ctx.step_ms[:slow])
+
+
+def _exclude(slow: int) -> str:
+    return "step 0" if slow <= 1 else f"steps 0–{slow - 1}"
+
+
 @rule("compilation_warmup")
 def compilation_warmup(ctx: RunContext) -> Insight | None:
-    """Fires when step 0 takes > :data:`WARMUP_RATIO` × the steady-state
-    median (steps after the first :data:`WARMUP_STEPS`) and the slow first
-    steps cost ≥ :data:`MIN_WARMUP_EXCESS_MS` beyond it."""
+    """Fires when step 0's compute takes > :data:`WARMUP_RATIO` × the
+    steady-state median (steps after the first :data:`WARMUP_STEPS`) and the
+    slow first steps cost ≥ :data:`MIN_WARMUP_EXCESS_MS` beyond it."""
     if ctx.steps <= 2 * WARMUP_STEPS:
         return None
     steady = median(ctx.step_ms[WARMUP_STEPS:])
     first = ctx.step_ms[0]
     if steady <= 0 or first <= WARMUP_RATIO * steady:
         return None
-    slow = next((i for i, s in enumerate(ctx.step_ms) if s <= WARMUP_RATIO * steady), ctx.steps)
-    if sum(s - steady for s in ctx.step_ms[:slow]) < MIN_WARMUP_EXCESS_MS:
+    slow, excess = _warmup_excess(ctx, steady)
+    if excess < MIN_WARMUP_EXCESS_MS:
         return None
     return Insight(
         rule="compilation_warmup",
         severity="MED",
         title=f"Warm-up: step 0 took {first:.0f} ms, {first / steady:.1f}× the "
         f"steady-state median ({steady:.1f} ms)",
-        detail=f"The first {slow} step(s) ran slow while kernels were compiled or autotuned; "
-        "averages that include them understate throughput.",
-        fix=f"Exclude steps 0–{max(slow, WARMUP_STEPS) - 1} from throughput measurements.",
+        detail=f"The first {slow} step(s) spent {excess:.0f} ms on one-off work (lazy "
+        "initialization, allocator growth, torch.compile or kernel autotuning); averages "
+        "that include them understate throughput.",
+        fix=f"Exclude {_exclude(slow)} from throughput measurements.",
         evidence={"first_step_ms": round(first, 3), "steady_median_ms": round(steady, 3),
-                  "warmup_steps": slow},
+                  "warmup_steps": slow, "excess_ms": round(excess, 3)},
     )
 
 
 @rule("first_step_outlier", supersedes=("compilation_warmup",))
 def first_step_outlier(ctx: RunContext) -> Insight | None:
-    """Fires when step 0 takes > :data:`FIRST_STEP_OUTLIER_RATIO` × the median
-    of all later steps and ≥ :data:`MIN_WARMUP_EXCESS_MS` more than it."""
+    """Fires when step 0's compute takes > :data:`FIRST_STEP_OUTLIER_RATIO` ×
+    the median of all later steps, with the same ≥ :data:`MIN_WARMUP_EXCESS_MS`
+    of one-off time as :func:`compilation_warmup` (which it then replaces)."""
     if ctx.steps < 3:
         return None
     rest = median(ctx.step_ms[1:])
     first = ctx.step_ms[0]
     if rest <= 0 or first <= FIRST_STEP_OUTLIER_RATIO * rest:
         return None
-    if first - rest < MIN_WARMUP_EXCESS_MS:
+    slow, excess = _warmup_excess(ctx, rest)
+    if excess < MIN_WARMUP_EXCESS_MS:
         return None
     return Insight(
         rule="first_step_outlier",
@@ -141,16 +159,18 @@ def first_step_outlier(ctx: RunContext) -> Insight | None:
         f"({rest:.1f} ms)",
         detail="One-off start-up work (torch.compile tracing, cuBLAS/cuDNN autotune, "
         "lazy allocation) landed in the first step.",
-        fix="Filter step 0 out of timing; if it recurs, check recompiles with "
+        fix=f"Filter {_exclude(slow)} out of timing; if it recurs, check recompiles with "
         "TORCH_LOGS=recompiles.",
-        evidence={"first_step_ms": round(first, 3), "median_rest_ms": round(rest, 3)},
+        evidence={"first_step_ms": round(first, 3), "median_rest_ms": round(rest, 3),
+                  "excess_ms": round(excess, 3)},
     )
 
 
 @rule("high_step_variance")
 def high_step_variance(ctx: RunContext) -> Insight | None:
-    """Fires when steady-state p99/p50 step time > :data:`VARIANCE_RATIO`
-    (needs :data:`VARIANCE_MIN_STEPS` steady steps)."""
+    """Fires when steady-state p99/p50 of step compute time (loader wait
+    excluded: that is the stall rules' job) > :data:`VARIANCE_RATIO` (needs
+    :data:`VARIANCE_MIN_STEPS` steady steps)."""
     steady = ctx.step_ms[WARMUP_STEPS:]
     if len(steady) < VARIANCE_MIN_STEPS:
         return None
@@ -160,8 +180,8 @@ def high_step_variance(ctx: RunContext) -> Insight | None:
     return Insight(
         rule="high_step_variance",
         severity="MED",
-        title=f"Step time is erratic: p99 {p99:.1f} ms is {p99 / p50:.1f}× the median "
-        f"({p50:.1f} ms)",
+        title=f"Step compute time is erratic: p99 {p99:.1f} ms is {p99 / p50:.1f}× the "
+        f"median ({p50:.1f} ms)",
         detail="Some steps take far longer than the rest: periodic work inside the loop.",
         fix="Look for logging, checkpointing or .item() syncs every N steps, and GC pauses "
         "(gc.freeze() after setup).",

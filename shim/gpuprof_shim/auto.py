@@ -74,6 +74,7 @@ class StepMachine:
         self._forward_ns = 0
         self._backward_ns = 0
         self._optimizer_ns = 0
+        self._between_ns = 0
 
     @property
     def in_step(self) -> bool:
@@ -93,7 +94,10 @@ class StepMachine:
         """An outermost module call (grad enabled) started at *t*."""
         if self.state is IDLE:
             self._start(t)
-        elif self.state is not AFTER_BACKWARD:
+        elif self.state is AFTER_BACKWARD:
+            # the gap before the next micro-batch's forward is its loading
+            self._between_ns += max(0, t - self._last_ns)
+        else:
             return
         self.state = FORWARD
         self._phase_start = t
@@ -178,8 +182,10 @@ class StepMachine:
             "backward": self._backward_ns,
             "optimizer": self._optimizer_ns,
         }
-        if loader_ns:
-            phases[LOADER_PHASE] = loader_ns
+        # timed next() calls when the loader is wrapped, else the inter-micro-batch gaps
+        inside = loader_ns if explicit else self._between_ns
+        if inside:
+            phases[LOADER_PHASE] = inside
         rec = StepRecord(self.next_index, self._t0, t1, wait, explicit, self._micro, phases)
         self.next_index += 1
         self._reset()

@@ -75,6 +75,15 @@ def test_gradient_accumulation_counts_optimizer_steps(node: Node):
     assert [s["micro"] for s in steps] == [4] * 12
 
 
+def test_slow_loader_under_accumulation_is_a_stall(node: Node):
+    # 3 of every 4 batches load inside the step (between micro-batches)
+    out = node.run_script(TRAIN, "10", "4", "0.02", "accum-stall")
+    assert out.returncode == 0, out.stderr
+    assert re.search(r"\[HIGH\] \d+% of step time waiting on the loader", out.stdout), out.stdout
+    data = [json.loads(s["phases"]).get("data", 0) for s in node.query("SELECT phases FROM steps")]
+    assert len(data) == 10 and all(d >= 3 * 15e6 for d in data)
+
+
 def test_loop_raises_run_failed_and_patches_gone(node: Node):
     out = node.run_script(RAISES)
     assert out.returncode == 0, out.stderr

@@ -53,7 +53,8 @@ def test_gradient_accumulation_is_one_step_with_micro_count_and_summed_phases():
     assert len(out) == 1
     step = out[0]
     assert (step.t0, step.t1, step.micro) == (1_000, 2_600, 4)
-    assert step.phases == {"forward": 400, "backward": 800, "optimizer": 100}
+    # the 50 ns gaps before micro-batches 2-4 are their loading: the "data" phase
+    assert step.phases == {"forward": 400, "backward": 800, "optimizer": 100, "data": 150}
 
 
 def test_extra_outermost_calls_in_forward_do_not_start_a_new_forward():
@@ -155,7 +156,7 @@ def test_flush_emits_a_partial_step_ending_at_its_last_activity():
     assert m.state is not AFTER_BACKWARD
     m.flush(99_999)
     assert (out[0].t0, out[0].t1, out[0].micro) == (1_000, 1_450, 1)
-    assert out[0].phases == {"forward": 150, "backward": 200, "optimizer": 0}
+    assert out[0].phases == {"forward": 150, "backward": 200, "optimizer": 0, "data": 100}
     m.flush(100_000)
     assert len(out) == 1  # nothing left to flush
 

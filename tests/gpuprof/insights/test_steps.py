@@ -127,3 +127,35 @@ def test_cpu_bound_needs_the_run_itself_to_use_the_cpu():
     # the run's main process + workers use 1.9 of the 1.9 busy cores: its own workers
     own = make_ctx([60] * 10, [40] * 10, host_cpu_pct=95.0, cpu_count=2, run_cpu_cores=1.9)
     assert cpu_bound_dataloader(own).evidence["run_cpu_cores"] == 1.9
+
+
+def test_stall_counts_loader_time_between_micro_batches():
+    # 4 micro-batches per step: only the first one's loading is before the step
+    ctx = make_ctx([100] * 10, [5] * 10, data_ms=[30] * 10)
+    assert stall_fraction(ctx) == pytest.approx(35 / 105)
+    assert dataloader_stall(ctx).evidence["mean_wait_ms"] == pytest.approx(35.0)
+    assert dataloader_stall(make_ctx([100] * 10, [5] * 10)) is None  # without it: 5 %
+
+
+def test_warmup_wording_matches_its_step_count():
+    one = compilation_warmup(make_ctx([500] + [100] * 12))
+    assert one.fix == "Exclude step 0 from throughput measurements."
+    outlier = first_step_outlier(make_ctx([2000, 900] + [10] * 12))
+    assert outlier.fix.startswith("Filter steps 0–1 out of timing")
+
+
+def test_first_step_outlier_and_warmup_agree_on_excess():
+    # 115x a 0.8 ms median: both rules see the same 91 ms of one-off time, below the floor
+    ctx = make_ctx([92.0] + [0.8] * 20)
+    assert first_step_outlier(ctx) is None and compilation_warmup(ctx) is None
+    big = make_ctx([230.0] + [2.0] * 20)  # 115x, 228 ms extra: the outlier, not warm-up
+    assert [i.rule for i in run_rules(big) if i.rule != "estimated_cost"] == ["first_step_outlier"]
+
+
+def test_cpu_bound_explains_erratic_steps():
+    steady = [10.0] * 30
+    steady[10] = steady[20] = steady[29] = 40.0
+    ctx = make_ctx([10, 10, 10] + steady, [20.0] * 33, host_cpu_pct=97.0, cpu_count=2)
+    rules = {i.rule for i in run_rules(ctx)}
+    assert "cpu_bound_dataloader" in rules and "high_step_variance" not in rules
+    assert high_step_variance(ctx) is not None  # on its own it would fire
