@@ -1,8 +1,9 @@
 """Every environment variable gpuprof reads, and the defaults they override.
 
 ==================  ==========================================================
-GPUPROF_SOCKET      directory holding gpuprofd's sockets
-                    (default ``$XDG_RUNTIME_DIR/gpuprof`` or ``/tmp/gpuprof-$UID``)
+GPUPROF_SOCKET      directory holding gpuprofd's sockets (default: one
+                    directory per database under ``$XDG_RUNTIME_DIR/gpuprof``
+                    or ``/tmp/gpuprof-$UID``, so each database has its daemon)
 GPUPROF_DB          SQLite database path (default ``./gpuprof.db``)
 GPUPROF_GPU_RATE    USD per GPU-hour for the cost estimate (default: price table)
 GPUPROF_NVML        GPU sampler backend: ``real`` (default) or ``mock``
@@ -15,6 +16,7 @@ Pure functions of an environment mapping, so tests pass their own.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -40,14 +42,28 @@ def _env(env: Mapping[str, str] | None) -> Mapping[str, str]:
     return os.environ if env is None else env
 
 
-def socket_dir(env: Mapping[str, str] | None = None) -> Path:
-    """The directory of gpuprofd's sockets, lock and log (not created here)."""
+def socket_base_dir(env: Mapping[str, str] | None = None) -> Path:
+    """Where per-user daemons keep their socket directories."""
     e = _env(env)
-    if e.get(ENV_SOCKET):
-        return Path(e[ENV_SOCKET]).expanduser()
     if e.get("XDG_RUNTIME_DIR"):
         return Path(e["XDG_RUNTIME_DIR"]) / "gpuprof"
     return Path(f"/tmp/gpuprof-{os.getuid()}")
+
+
+def socket_dir(env: Mapping[str, str] | None = None, db: Path | None = None) -> Path:
+    """The directory of gpuprofd's sockets, lock and log (not created here).
+
+    ``GPUPROF_SOCKET`` if set (e.g. the node daemon's ``/run/gpuprof``);
+    otherwise a directory under :func:`socket_base_dir` named by a hash of
+    the database path (*db*, default :func:`db_path`), so scripts writing to
+    different databases get their own daemons and never each other's runs.
+    """
+    e = _env(env)
+    if e.get(ENV_SOCKET):
+        return Path(e[ENV_SOCKET]).expanduser()
+    database = db if db is not None else db_path(e)
+    key = hashlib.sha256(str(Path(database).absolute()).encode()).hexdigest()[:12]
+    return socket_base_dir(e) / key
 
 
 def db_path(env: Mapping[str, str] | None = None, cwd: Path | None = None) -> Path:

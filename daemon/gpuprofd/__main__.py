@@ -30,8 +30,8 @@ def _gpu_rate() -> tuple[float | None, tuple[str, ...]]:
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--socket-dir", type=click.Path(path_type=Path), default=None,
-              help="Directory for the sockets and lock [default: GPUPROF_SOCKET, "
-                   "$XDG_RUNTIME_DIR/gpuprof or /tmp/gpuprof-$UID].")
+              help="Directory for the sockets and lock [default: GPUPROF_SOCKET, or "
+                   "one per database under $XDG_RUNTIME_DIR/gpuprof or /tmp/gpuprof-$UID].")
 @click.option("--db", type=click.Path(path_type=Path), default=None,
               help="SQLite database [default: GPUPROF_DB or ./gpuprof.db].")
 @click.option("--idle-exit", "idle_exit_s", type=click.FloatRange(min=0), default=0.0,
@@ -48,9 +48,10 @@ def cli(socket_dir: Path | None, db: Path | None, idle_exit_s: float, sample_hz:
     logging.basicConfig(level=log_level.upper(), format=LOG_FORMAT, stream=sys.stderr)
     logging.getLogger("aiosqlite").setLevel(logging.WARNING)  # one line per SQL call
     rate, notes = _gpu_rate()
+    db_file = (db or config.db_path()).expanduser().absolute()
     opts = DaemonOptions(
-        socket_dir=(socket_dir or config.socket_dir()).expanduser().absolute(),
-        db=(db or config.db_path()).expanduser().absolute(),
+        socket_dir=(socket_dir or config.socket_dir(db=db_file)).expanduser().absolute(),
+        db=db_file,
         idle_exit_s=idle_exit_s,
         sample_hz=sample_hz,
         nvml_backend=config.nvml_backend(),

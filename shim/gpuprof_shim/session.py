@@ -85,9 +85,13 @@ class Profiler:
         self.auto = bool(auto)
         self.options = messages.normalize_options(flops_per_step, dtype)
         self.print_summary = bool(print_summary)
-        self.socket_dir = Path(socket_dir).expanduser() if socket_dir else config.socket_dir()
         db_path = Path(db).expanduser() if db else config.db_path()
         self.db = str(db_path if db_path.is_absolute() else Path.cwd() / db_path)
+        #: The database this run asked for; a running daemon may own another.
+        self.requested_db = self.db
+        self.socket_dir = (
+            Path(socket_dir).expanduser() if socket_dir else config.socket_dir(db=Path(self.db))
+        )
         self.autostart = bool(autostart)
         self.run_key = uuid.uuid4().hex
         self.ranks = identity.read_ranks()
@@ -284,6 +288,11 @@ class Profiler:
                 db=self.db,
                 run_id=self.run_id,
                 notes=[self._local_note()],
+            )
+        if summary.get("db") and summary["db"] != self.requested_db:
+            summary.setdefault("notes", []).append(
+                f"stored in {summary['db']}, the database of the gpuprofd at {self.socket_dir}, "
+                f"not {self.requested_db}"
             )
         self.summary = summary
         if self.print_summary:

@@ -10,8 +10,17 @@ from gpuprof import config
 def test_socket_dir_precedence():
     env = {"GPUPROF_SOCKET": "/x/s", "XDG_RUNTIME_DIR": "/run/u"}
     assert config.socket_dir(env) == Path("/x/s")
-    assert config.socket_dir({"XDG_RUNTIME_DIR": "/run/u"}) == Path("/run/u/gpuprof")
-    assert config.socket_dir({}).name.startswith("gpuprof-")
+    assert config.socket_dir({"XDG_RUNTIME_DIR": "/run/u"}).parent == Path("/run/u/gpuprof")
+    assert config.socket_dir({}).parent.name.startswith("gpuprof-")
+
+
+def test_each_database_gets_its_own_socket_dir():
+    env = {"XDG_RUNTIME_DIR": "/run/u"}
+    a = config.socket_dir(env, db=Path("/w/a/gpuprof.db"))
+    b = config.socket_dir(env, db=Path("/w/b/gpuprof.db"))
+    assert a != b and a.parent == b.parent == Path("/run/u/gpuprof")
+    assert a == config.socket_dir({**env, "GPUPROF_DB": "/w/a/gpuprof.db"})
+    assert len(config.ingest_endpoint(a)) < 60  # fits a Unix socket path comfortably
 
 
 def test_db_path_relative_to_cwd():

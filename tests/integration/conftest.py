@@ -11,7 +11,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -48,6 +48,7 @@ class Node:
     socket_dir: Path
     db: Path
     workdir: Path
+    daemons: list[subprocess.Popen] = field(default_factory=list)
 
     @property
     def env(self) -> dict[str, str]:
@@ -76,6 +77,7 @@ class Node:
                 [sys.executable, "-m", "gpuprofd", "--socket-dir", str(self.socket_dir),
                  "--db", str(self.db), "--idle-exit", "0"],
                 env=self.env, stdout=subprocess.DEVNULL, stderr=log)
+        self.daemons.append(proc)
         wait_for(lambda: ping(self.socket_dir), 20, "gpuprofd to answer ping")
         return proc
 
@@ -83,6 +85,13 @@ class Node:
         return query(self.db, sql, params)
 
     def stop_daemon(self) -> None:
+        self._stop_answering()
+        for proc in self.daemons:  # the ones this test started: reap them
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(10)
+
+    def _stop_answering(self) -> None:
         info = ping(self.socket_dir)
         if info and info.get("pid"):
             pid = info["pid"]

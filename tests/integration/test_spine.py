@@ -5,14 +5,17 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
-from .conftest import REPO, Node, _alive, ping, wait_for
+from .conftest import REPO, Node, _alive, ping, query, wait_for
 from .scripts import KILL_MID_RUN, RAISES, TRAIN
 
 
@@ -167,3 +170,43 @@ def test_dead_daemon_pid_is_not_left_running(node: Node):
     pid = ping(node.socket_dir)["pid"]
     assert pid != os.getpid() and _alive(pid)
     assert os.getsid(pid) != os.getsid(0)
+
+
+def test_each_database_gets_its_own_daemon(node: Node, tmp_path):
+    """No GPUPROF_SOCKET: scripts in two project dirs write to their own ./gpuprof.db."""
+    runtime = Path(tempfile.mkdtemp(prefix="gpr", dir="/tmp"))
+    projects = [tmp_path / "proj-a", tmp_path / "proj-b"]
+    env = {k: v for k, v in node.env.items() if k not in ("GPUPROF_SOCKET", "GPUPROF_DB")}
+    env["XDG_RUNTIME_DIR"] = str(runtime)
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN)
+    try:
+        for i, proj in enumerate(projects):
+            proj.mkdir()
+            out = subprocess.run([sys.executable, str(script), "5", "1", "0", f"proj-{i}"],
+                                 env=env, cwd=proj, capture_output=True, text=True, timeout=90)
+            assert out.returncode == 0, out.stderr
+            assert f"gpuprofctl insights {proj / 'gpuprof.db'} 1" in out.stdout
+            assert "Note: stored in" not in out.stdout
+        for i, proj in enumerate(projects):
+            rows = query(proj / "gpuprof.db", "SELECT run_name FROM runs")
+            assert [r["run_name"] for r in rows] == [f"proj-{i}"]
+        daemons = sorted(p.parent for p in (runtime / "gpuprof").glob("*/control.sock"))
+        assert len(daemons) == 2
+    finally:
+        for d in (runtime / "gpuprof").glob("*"):
+            Node(d, node.db, node.workdir).stop_daemon()
+        shutil.rmtree(runtime, ignore_errors=True)
+
+
+def test_shared_socket_with_another_database_says_where_the_run_went(node: Node, tmp_path):
+    node.start_daemon()
+    other = tmp_path / "mine.db"
+    env = {**node.env, "GPUPROF_DB": str(other)}
+    script = tmp_path / "t.py"
+    script.write_text(TRAIN)
+    out = subprocess.run([sys.executable, str(script), "3", "1", "0", "elsewhere"], env=env,
+                         cwd=tmp_path, capture_output=True, text=True, timeout=90)
+    assert out.returncode == 0, out.stderr
+    assert f"Note: stored in {node.db}, the database of the gpuprofd at {node.socket_dir}, " \
+           f"not {other}" in out.stdout
