@@ -78,7 +78,8 @@ def build_model() -> nn.Module:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--no-augment", action="store_true",
-                        help="drop the CPU-heavy augmentation (the loader-stall fix)")
+                        help="drop the CPU-heavy augmentation (the loader-stall fix); "
+                        "the loader then runs in-process (num_workers=0)")
     parser.add_argument("--steps", type=int, default=200, help="optimizer steps (default 200)")
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--workers", type=int, default=2, help="DataLoader num_workers")
