@@ -18,6 +18,7 @@ anything malformed, oversized, of another version or of an unknown type.
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -40,7 +41,10 @@ CONTROL_TYPES = frozenset({"hello", "bye", "ping"})
 RUN_STATUSES_AT_BYE = frozenset({"finished", "failed"})
 
 _RUN_KEY_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-_CONTROL_CHARS_RE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+#: Unicode categories never allowed in names: controls, format characters
+#: (bidi overrides such as U+202E), line/paragraph separators, surrogates
+#: (``os.fsdecode`` of non-UTF-8 bytes yields lone surrogates).
+_UNPRINTABLE_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
 _INT64_MAX = 2**63 - 1
 
 
@@ -59,15 +63,39 @@ def encode(msg: Mapping[str, Any]) -> bytes:
     return orjson.dumps(msg)
 
 
+def _is_printable(text: str) -> bool:
+    return text.isprintable() or not any(
+        unicodedata.category(c) in _UNPRINTABLE_CATEGORIES for c in text
+    )
+
+
+def clean_text(text: object, max_chars: int, keep_newlines: bool = False) -> str:
+    """Any string made encodable and printable: lone surrogates (undecodable
+    bytes) become ``\\xNN`` escapes, control, format and separator
+    characters become spaces (newlines and tabs survive if *keep_newlines*),
+    and the result is cut to *max_chars*."""
+    raw = str(text)
+    try:
+        raw.encode("utf-8")
+    except UnicodeEncodeError:
+        raw = raw.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    keep = "\n\t" if keep_newlines else ""
+    return "".join(
+        c if c in keep or unicodedata.category(c) not in _UNPRINTABLE_CATEGORIES else " "
+        for c in raw
+    )[:max_chars]
+
+
 def clean_run_name(name: object) -> str:
     """Make any user-supplied run name safe to store and show.
 
-    Control characters become spaces, surrounding blanks are stripped, the
-    result is cut to :data:`MAX_RUN_NAME_CHARS`; an empty name becomes
-    ``"unnamed"``. HTML/SQL escaping is still the job of whoever renders or
-    queries it; this only guarantees a printable, bounded string.
+    Unprintable characters become spaces (see :func:`clean_text`),
+    surrounding blanks are stripped, the result is cut to
+    :data:`MAX_RUN_NAME_CHARS`; an empty name becomes ``"unnamed"``.
+    HTML/SQL escaping is still the job of whoever renders or queries it;
+    this only guarantees a printable, bounded, UTF-8-encodable string.
     """
-    text = _CONTROL_CHARS_RE.sub(" ", str(name)).strip()[:MAX_RUN_NAME_CHARS]
+    text = clean_text(name, 4 * MAX_RUN_NAME_CHARS).strip()[:MAX_RUN_NAME_CHARS]
     return text or "unnamed"
 
 
@@ -91,7 +119,7 @@ def _str(max_chars: int, pattern: re.Pattern[str] | None = None) -> Check:
 
 def _printable(max_chars: int) -> Check:
     base = _str(max_chars)
-    return lambda x: base(x) and _CONTROL_CHARS_RE.search(x) is None
+    return lambda x: base(x) and _is_printable(x)
 
 
 def _optional(check: Check) -> Check:
@@ -137,6 +165,9 @@ SCHEMAS: dict[str, dict[str, tuple[bool, Check]]] = {
         "options": (True, _options),
         "cuda_uuid": (False, _optional(_printable(128))),
         "argv": (False, _optional(_str(1000))),
+        # the training process's PID namespace (``/proc/self/ns/pid`` link):
+        # its pid means nothing to a daemon in another namespace (containers)
+        "pid_ns": (False, _optional(_printable(64))),
     },
     "step": {
         "run_key": (True, _RUN_KEY),

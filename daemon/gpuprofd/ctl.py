@@ -8,11 +8,14 @@ code, here and only here (0 ok, 1 unexpected, 2 bad input / database,
 from __future__ import annotations
 
 import logging
+import platform
 import sys
 
 import click
 
+from gpuprof.protocol import PROTOCOL_VERSION
 from gpuprofd import __version__
+from gpuprofd.commands.common import echo_json, format_option
 from gpuprofd.commands.insights import insights_cmd
 from gpuprofd.commands.runs import runs_cmd
 from gpuprofd.commands.status import status_cmd
@@ -25,9 +28,14 @@ def cli() -> None:
 
 
 @cli.command("version")
-def version_cmd() -> None:
-    """Print gpuprof's version."""
-    click.echo(f"gpuprof {__version__}")
+@format_option
+def version_cmd(fmt: str) -> None:
+    """Print gpuprof's version (json: also Python's and the wire protocol's)."""
+    if fmt == "json":
+        echo_json({"gpuprof": __version__, "python": platform.python_version(),
+                   "protocol": PROTOCOL_VERSION})  # fmt: skip
+    else:
+        click.echo(f"gpuprof {__version__}")
 
 
 cli.add_command(insights_cmd)

@@ -6,6 +6,7 @@ and turns every way a file can be wrong into one :class:`DatabaseError` line.
 
 from __future__ import annotations
 
+import shlex
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -49,20 +50,46 @@ def _query(conn: sqlite3.Connection, sql: str, params: tuple[Any, ...] = ()) -> 
         raise DatabaseError(f"the database is damaged or incomplete ({exc})") from None
 
 
-def get_run(conn: sqlite3.Connection, run_id: int | None) -> dict[str, Any]:
-    """Run *run_id*, or the latest run if None.
+def run_ids(conn: sqlite3.Connection) -> list[int]:
+    """Every run id in the database, ascending."""
+    return [int(r["id"]) for r in _query(conn, "SELECT id FROM runs ORDER BY id")]
+
+
+def _id_ranges(ids: list[int]) -> str:
+    """``[1, 2, 3, 5, 7, 8]`` -> ``"1-3, 5, 7-8"``."""
+    spans: list[list[int]] = []
+    for i in ids:
+        if spans and i == spans[-1][1] + 1:
+            spans[-1][1] = i
+        else:
+            spans.append([i, i])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+
+
+def get_run(conn: sqlite3.Connection, run_id: int | None, db: Path | None = None) -> dict[str, Any]:
+    """Run *run_id*, or the latest run if None; *db* (the file *conn* reads)
+    only names the database in the error message.
 
     Raises:
-        UnknownRunError: no such run (or no runs at all).
+        UnknownRunError: no such run (or no runs at all), naming the database
+            and the ids it does hold.
     """
+    where = str(db.absolute()) if db is not None else "this database"
     if run_id is None:
         rows = _query(conn, "SELECT * FROM runs ORDER BY id DESC LIMIT 1")
         if not rows:
-            raise UnknownRunError("the database has no runs yet")
+            raise UnknownRunError(f"no runs yet in {where} ({MISSING_HINT})")
     else:
         rows = _query(conn, "SELECT * FROM runs WHERE id = ?", (run_id,))
         if not rows:
-            raise UnknownRunError(f"no run with id {run_id} in this database")
+            ids = run_ids(conn)
+            if not ids:
+                raise UnknownRunError(
+                    f"no run {run_id} in {where}: it has no runs yet ({MISSING_HINT})"
+                )
+            label = "run" if len(ids) == 1 else "runs"
+            see = f"; see gpuprofctl runs {shlex.quote(where)}" if db is not None else ""
+            raise UnknownRunError(f"no run {run_id} in {where} ({label} {_id_ranges(ids)}{see})")
     return queries.run_from_row(rows[0])
 
 
@@ -86,22 +113,28 @@ def stored_insights(conn: sqlite3.Connection, run_id: int) -> list[dict[str, Any
     return [queries.insight_from_row(r) for r in _query(conn, queries.INSIGHTS_SQL, (run_id,))]
 
 
-#: Per-run step aggregates for ``gpuprofctl runs``; the first step (by t0) is
-#: excluded from the loader-wait share, as the dataloader rule does.
+#: Per-run step aggregates for ``gpuprofctl runs``. ``steps`` counts every
+#: step; every other sum skips each run's first step (by t0), whose wait
+#: covers start-up, as the dataloader-stall rule does (``counted_steps`` says
+#: how many steps the sums cover). ``data_ns`` is loader time inside steps
+#: (the ``data`` phase, between micro-batches).
 _OVERVIEW_SQL = """
-WITH first AS (
-    SELECT run_id, MIN(t0_ns) AS t0 FROM steps GROUP BY run_id
+WITH numbered AS (
+    SELECT run_id, t0_ns, t1_ns, wait_ns, phases,
+           ROW_NUMBER() OVER (PARTITION BY run_id ORDER BY t0_ns, rowid) > 1 AS c
+    FROM steps
 )
-SELECT s.run_id AS run_id,
+SELECT run_id,
        COUNT(*) AS steps,
-       SUM(s.t1_ns - s.t0_ns) AS step_ns,
-       SUM(COALESCE(json_extract(s.phases, '$.forward'), 0)) AS forward_ns,
-       SUM(COALESCE(json_extract(s.phases, '$.backward'), 0)) AS backward_ns,
-       SUM(COALESCE(json_extract(s.phases, '$.optimizer'), 0)) AS optimizer_ns,
-       SUM(CASE WHEN s.t0_ns = f.t0 THEN 0 ELSE s.wait_ns END) AS wait_ns,
-       SUM(CASE WHEN s.t0_ns = f.t0 THEN 0 ELSE s.t1_ns - s.t0_ns END) AS steady_step_ns
-FROM steps s JOIN first f ON f.run_id = s.run_id
-GROUP BY s.run_id
+       SUM(c) AS counted_steps,
+       SUM(c * wait_ns) AS wait_ns,
+       SUM(c * (t1_ns - t0_ns)) AS step_ns,
+       SUM(c * COALESCE(json_extract(phases, '$.forward'), 0)) AS forward_ns,
+       SUM(c * COALESCE(json_extract(phases, '$.backward'), 0)) AS backward_ns,
+       SUM(c * COALESCE(json_extract(phases, '$.optimizer'), 0)) AS optimizer_ns,
+       SUM(c * COALESCE(json_extract(phases, '$.data'), 0)) AS data_ns
+FROM numbered
+GROUP BY run_id
 """
 
 

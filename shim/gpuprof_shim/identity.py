@@ -11,6 +11,8 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from gpuprof.protocol import clean_text
+
 log = logging.getLogger("gpuprof.shim")
 
 _MAX_HOST_CHARS = 255
@@ -72,10 +74,20 @@ def host_name() -> str:
 def argv_text() -> str | None:
     """The command line, shell-quoted and cut to 1000 characters; None if empty."""
     try:
-        text = shlex.join(str(a) for a in sys.argv)[:_MAX_ARGV_CHARS]
+        text = clean_text(shlex.join(str(a) for a in sys.argv), _MAX_ARGV_CHARS)
     except Exception:
         return None
     return text or None
+
+
+def pid_namespace() -> str | None:
+    """This process's PID namespace (``pid:[4026531836]``), or None if unknown.
+    Sent in ``hello`` so a daemon in another namespace (the training runs in a
+    container, the daemon on the host) does not judge liveness by our pid."""
+    try:
+        return os.readlink("/proc/self/ns/pid")[:64]
+    except OSError:
+        return None
 
 
 def cuda_uuid() -> str | None:

@@ -4,7 +4,6 @@ reads beyond what callers pass). Field sets follow
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -13,11 +12,11 @@ from gpuprof.protocol import (
     MAX_PHASE_NAME_CHARS,
     MAX_PHASES,
     PROTOCOL_VERSION,
+    clean_text,
 )
 from gpuprof_shim.identity import Ranks
 from gpuprof_shim.steps import StepRecord
 
-_CONTROL_CHARS_RE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _INT64_MAX = 2**63 - 1
 #: Phases beyond the protocol's limit are summed under this name.
 OVERFLOW_PHASE = "other"
@@ -28,7 +27,7 @@ def phase_name(name: object) -> str:
     if type(name) is str and 0 < len(name) <= MAX_PHASE_NAME_CHARS and name.isprintable():
         if name[0] != " " and name[-1] != " ":
             return name  # the common case, without the regex
-    text = _CONTROL_CHARS_RE.sub(" ", str(name)).strip()[:MAX_PHASE_NAME_CHARS]
+    text = clean_text(name, 4 * MAX_PHASE_NAME_CHARS).strip()[:MAX_PHASE_NAME_CHARS]
     return text or "unnamed"
 
 
@@ -57,6 +56,7 @@ def hello(
     options: Mapping[str, Any],
     cuda_uuid: str | None,
     argv: str | None,
+    pid_ns: str | None = None,
 ) -> dict[str, Any]:
     """The ``hello`` request; ``options`` entries that are None are left out."""
     msg: dict[str, Any] = {
@@ -78,6 +78,8 @@ def hello(
         msg["cuda_uuid"] = cuda_uuid
     if argv:
         msg["argv"] = argv
+    if pid_ns:
+        msg["pid_ns"] = pid_ns
     return msg
 
 
@@ -87,7 +89,7 @@ def error_text(exc: BaseException) -> str:
         text = f"{type(exc).__name__}: {exc}"
     except Exception:  # a broken __str__ must not hide the user's error
         text = f"{type(exc).__name__}: <unprintable>"
-    return text[:MAX_ERROR_CHARS]
+    return clean_text(text, MAX_ERROR_CHARS, keep_newlines=True)
 
 
 def bye(
@@ -157,7 +159,7 @@ def normalize_options(flops_per_step: object, dtype: object) -> dict[str, Any]:
     if dtype is not None:
         text = str(dtype).strip()
         text = text[len("torch.") :] if text.startswith("torch.") else text
-        if not text or len(text) > 32 or _CONTROL_CHARS_RE.search(text):
+        if not text or len(text) > 32 or clean_text(text, 32) != text:
             raise ValueError(f"gpuprof: dtype must be a short name like 'bf16', got {dtype!r}")
         dtype = text
     return {"flops_per_step": flops_per_step, "dtype": dtype}

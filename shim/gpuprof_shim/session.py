@@ -230,6 +230,7 @@ class Profiler:
             options=self.options,
             cuda_uuid=identity.cuda_uuid(),
             argv=identity.argv_text(),
+            pid_ns=identity.pid_namespace(),
         )
         ctx = self.sender.context if self.sender else None
         raw = control.request(ctx, self._control or "", msg, control.HELLO_TIMEOUT_MS)

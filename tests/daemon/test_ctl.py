@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import os
+import platform
 import sqlite3
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
 
+from gpuprof.protocol import PROTOCOL_VERSION
 from gpuprof.summary import format_summary
+from gpuprofd import schema
 from gpuprofd.commands.insights import LIVE_NOTE
 from gpuprofd.ctl import main
 from tests.daemon import helpers as h
@@ -52,10 +56,13 @@ def test_runs_json_has_exact_breakdown(real_db: Path, capsys: pytest.CaptureFixt
         (2, "ongoing", "running", 3), (1, "baseline", "finished", 12),
     ]  # fmt: skip
     done = rows[1]
-    # phases 3/4/2 ms of a 10 ms step; wait 8 ms of an 18 ms iteration
-    assert done["phase_pct"] == {"forward": 30.0, "backward": 40.0, "optimizer": 20.0,
-                                 "other": 10.0}  # fmt: skip
-    assert done["loader_wait_pct"] == 44.4
+    # every share is of the 18 ms iteration (8 ms wait + 10 ms step with
+    # phases 3/4/2 ms), so together they make 100
+    assert done["pct_of_iteration"] == {"loader_wait": 44.4, "forward": 16.7, "backward": 22.2,
+                                        "optimizer": 11.1, "other": 5.6}  # fmt: skip
+    assert sum(done["pct_of_iteration"].values()) == pytest.approx(100.0)
+    assert done["pct_steps_counted"] == 11  # step 0 left out
+    assert "phase_pct" not in done and "loader_wait_pct" not in done
     assert done["dropped_events"] == 2
     assert done["median_step_ms"] == 18.0
     assert rows[0]["median_step_ms"] == 18.0  # running: computed from its steps
@@ -63,11 +70,69 @@ def test_runs_json_has_exact_breakdown(real_db: Path, capsys: pytest.CaptureFixt
 
 def test_runs_text_table(real_db: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["runs", str(real_db)]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["ID", "NAME", "STATUS", "STEPS", "MEDIAN_MS", "FWD%", "BWD%",
-                                "OPT%", "OTHER%", "WAIT%", "DROPPED"]  # fmt: skip
-    assert lines[2].split() == ["1", "baseline", "finished", "12", "18.0", "30.0", "40.0", "20.0",
-                                "10.0", "44.4", "2"]  # fmt: skip
+    assert capsys.readouterr().out.splitlines() == [
+        "ID  NAME      STATUS    STEPS  MEDIAN_STEP_MS  WAIT%  FWD%  BWD%  OPT%  OTHER%  DROPPED",
+        "2   ongoing   running       3            18.0   44.4  16.7  22.2  11.1     5.6        0",
+        "1   baseline  finished     12            18.0   44.4  16.7  22.2  11.1     5.6        2",
+    ]
+
+
+def _iteration(run_key: str, i: int, t0: int, wait: int, step: int, phases: dict[str, int],
+               micro: int = 1) -> dict[str, Any]:  # fmt: skip
+    return {
+        "v": 1, "type": "step", "run_key": run_key, "i": i, "t0": t0, "t1": t0 + step,
+        "wait": wait, "explicit": True, "micro": micro, "phases": phases,
+    }  # fmt: skip
+
+
+def test_runs_shares_skip_step_0_and_fold_the_data_phase_into_wait(
+    daemons, sock_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], my_pid: int
+) -> None:
+    db = tmp_path / "g.db"
+    proc, client = daemons.start_ready(sock_dir, db)
+    ms = 1_000_000
+    base = time.monotonic_ns()
+    client.request(h.hello("accum", my_pid, run_name="accum"))
+    # step 0: 500 ms start-up wait and a 50 ms step, which no share may count
+    client.push(_iteration("accum", 0, base, 500 * ms, 50 * ms, {"forward": 40 * ms}))
+    t0 = base + 550 * ms
+    for i in range(1, 8):  # 2 ms wait + 10 ms step: fwd 2, bwd 3, opt 1, data 2, rest 2
+        phases = {"forward": 2 * ms, "backward": 3 * ms, "optimizer": 1 * ms, "data": 2 * ms}
+        client.push(_iteration("accum", i, t0 + 2 * ms, 2 * ms, 10 * ms, phases, micro=2))
+        t0 += 12 * ms
+    assert client.request(h.bye("accum", sent=8))["ok"]
+    client.request(h.hello("one", my_pid, run_name="one-step"))
+    client.push(_iteration("one", 0, base, 5 * ms, 10 * ms, {"forward": 4 * ms}))
+    assert client.request(h.bye("one", sent=1))["ok"]
+    assert daemons.stop(proc) == 0
+
+    assert main(["runs", str(db), "--format", "json"]) == 0
+    one, accum = orjson.loads(capsys.readouterr().out)
+    # loader_wait = (2 ms wait + 2 ms data) / 12 ms iteration; other = 2 / 12
+    assert accum["pct_of_iteration"] == {"loader_wait": 33.3, "forward": 16.7, "backward": 25.0,
+                                         "optimizer": 8.3, "other": 16.7}  # fmt: skip
+    assert (accum["steps"], accum["pct_steps_counted"], accum["median_step_ms"]) == (8, 7, 12.0)
+    # a single step is all start-up: nothing to share out
+    assert one["pct_of_iteration"] == dict.fromkeys(
+        ("loader_wait", "forward", "backward", "optimizer", "other")
+    )
+    assert (one["steps"], one["pct_steps_counted"]) == (1, 0)
+
+    assert main(["runs", str(db)]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "ID  NAME      STATUS    STEPS  MEDIAN_STEP_MS  WAIT%  FWD%  BWD%  OPT%  OTHER%  DROPPED",
+        "2   one-step  finished      1            15.0      -     -     -     -       -        0",
+        "1   accum     finished      8            12.0   33.3  16.7  25.0   8.3    16.7        0",
+    ]
+
+
+def test_runs_help_explains_the_columns(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["runs", "--help"]) == 0
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "MEDIAN_STEP_MS steady-state median iteration time: median of loader wait + step, " \
+        "warm-up steps excluded" in help_text  # fmt: skip
+    assert "WAIT% + FWD% + BWD% + OPT% + OTHER% = 100" in help_text
+    assert "(the data phase, between micro-batches) folded in" in help_text
 
 
 def test_insights_prints_the_stored_summary(
@@ -120,14 +185,66 @@ def test_corrupt_and_foreign_dbs_exit_2(tmp_path: Path, capsys: pytest.CaptureFi
     assert err[1] == f"gpuprofctl: error: {foreign} is an SQLite database but not a gpuprof one"
 
 
-def test_unknown_run_id_exits_2(real_db: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_unknown_run_id_names_the_db_and_its_runs(
+    real_db: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["insights", str(real_db), "99"]) == 2
-    assert capsys.readouterr().err == "gpuprofctl: error: no run with id 99 in this database\n"
+    where = real_db.absolute()
+    assert capsys.readouterr().err == (
+        f"gpuprofctl: error: no run 99 in {where} (runs 1-2; see gpuprofctl runs {where})\n"
+    )
+    empty = tmp_path / "empty.db"
+    schema.prepare(empty)
+    assert main(["insights", str(empty), "99"]) == 2
+    assert main(["insights", str(empty)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"gpuprofctl: error: no run 99 in {empty.absolute()}: it has no runs yet (run a script "
+        "under gpuprof.profile() first, or pass the path)",
+        f"gpuprofctl: error: no runs yet in {empty.absolute()} (run a script under "
+        "gpuprof.profile() first, or pass the path)",
+    ]
+
+
+def test_insights_lone_number_is_a_run_id(
+    real_db: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    monkeypatch.setenv("GPUPROF_DB", str(real_db))
+    monkeypatch.chdir(tmp_path)
+    assert main(["insights", "1", "--format", "json"]) == 0
+    summary = orjson.loads(capsys.readouterr().out)
+    assert (summary["run_id"], summary["run_name"]) == (1, "baseline")
+    assert main(["insights", "7"]) == 2
+    assert capsys.readouterr().err.startswith(f"gpuprofctl: error: no run 7 in {real_db}")
+    # a file of that name is still a database path
+    (tmp_path / "1").write_bytes(b"")
+    assert main(["insights", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err == "gpuprofctl: error: 1 is an empty database, not a gpuprof one\n"
+
+
+NO_DAEMON = (
+    "no gpuprofd answering on {}: one starts by itself when a script enters gpuprof.profile(), "
+    "or run `gpuprofd` (see systemd/gpuprofd.service)"
+)
 
 
 def test_status_without_daemon_exits_3(sock_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["status", "--socket-dir", str(sock_dir)]) == 3
-    assert capsys.readouterr().err == f"gpuprofctl: error: no gpuprofd answering on {sock_dir}\n"
+    out = capsys.readouterr()
+    assert out.err == f"gpuprofctl: error: {NO_DAEMON.format(sock_dir)}\n"
+    assert out.out == ""
+
+
+def test_status_json_without_daemon_is_json_exit_3(
+    sock_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["status", "--socket-dir", str(sock_dir), "--format", "json"]) == 3
+    out = capsys.readouterr()
+    assert orjson.loads(out.out) == {
+        "running": False, "socket_dir": str(sock_dir), "error": NO_DAEMON.format(sock_dir),
+    }  # fmt: skip
+    assert out.err == ""
 
 
 def test_status_with_a_silent_socket_times_out_exit_3(
@@ -147,7 +264,11 @@ def test_status_with_a_silent_socket_times_out_exit_3(
     finally:
         mute.close(0)
         ctx.term()
-    assert "no gpuprofd answering" in capsys.readouterr().err
+    assert capsys.readouterr().err == (
+        f"gpuprofctl: error: no gpuprofd answered on {sock_dir} within 0.3 s: its control "
+        "socket is there, so a daemon is busy or stuck, or one died and left it; retry with "
+        "--timeout, or run `gpuprofd` (see systemd/gpuprofd.service)\n"
+    )
 
 
 def test_status_with_daemon(
@@ -159,6 +280,7 @@ def test_status_with_daemon(
     client.wait_for(lambda r: r["dropped"])
     assert main(["status", "--socket-dir", str(sock_dir), "--format", "json"]) == 0
     reply = orjson.loads(capsys.readouterr().out)
+    assert reply["running"] is True
     assert reply["pid"] == proc.pid and reply["dropped"] == {"not_json": 1}
     assert reply["live_runs"][0]["run_name"] == "watched"
     assert main(["status", "--socket-dir", str(sock_dir)]) == 0
@@ -171,6 +293,10 @@ def test_version_and_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
 
     assert main(["version"]) == 0
     assert capsys.readouterr().out == f"gpuprof {__version__}\n"
+    assert main(["version", "--format", "json"]) == 0
+    assert orjson.loads(capsys.readouterr().out) == {
+        "gpuprof": __version__, "python": platform.python_version(), "protocol": PROTOCOL_VERSION,
+    }  # fmt: skip
     assert main(["insights", "x.db", "not-a-number"]) == 2
     assert main(["no-such-command"]) == 2
     assert main(["--help"]) == 0

@@ -19,7 +19,7 @@ def load_summary(db: Path, run_id: int | None) -> dict[str, Any]:
     """The stored end-of-run summary, or one built from the stored insights."""
     conn = dbread.open_ro(db)
     try:
-        run = dbread.get_run(conn, run_id)
+        run = dbread.get_run(conn, run_id, db)
         if run.get("summary"):
             try:
                 return orjson.loads(run["summary"])
@@ -34,12 +34,25 @@ def load_summary(db: Path, run_id: int | None) -> dict[str, Any]:
         conn.close()
 
 
+def split_args(db: Path | None, run_id: int | None) -> tuple[Path | None, int | None]:
+    """``insights 3``: a lone all-digits argument that names no file is RUN_ID."""
+    if run_id is None and db is not None and str(db).isascii() and str(db).isdigit():
+        if not db.exists():
+            return None, int(str(db))
+    return db, run_id
+
+
 @click.command("insights")
 @db_argument
 @click.argument("run_id", type=int, required=False)
 @format_option
 def insights_cmd(db: Path | None, run_id: int | None, fmt: str) -> None:
-    """Show a run's insights (default: the latest run in DB)."""
+    """Show a run's insights (default: the latest run in DB).
+
+    DB defaults to GPUPROF_DB or ./gpuprof.db. A lone all-digits argument
+    that is not an existing file is RUN_ID: `gpuprofctl insights 3`.
+    """
+    db, run_id = split_args(db, run_id)
     summary = load_summary(resolve_db(db), run_id)
     if fmt == "json":
         echo_json(summary)

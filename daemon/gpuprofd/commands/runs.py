@@ -7,33 +7,53 @@ from typing import Any
 
 import click
 
+from gpuprof.insights.base import WARMUP_STEPS
 from gpuprofd import dbread
 from gpuprofd.commands.common import db_argument, echo_json, format_option, resolve_db
 
-PHASES = ("forward", "backward", "optimizer")
+#: Keys of ``pct_of_iteration``, in table order, with their column headers.
+COLUMNS = (
+    ("loader_wait", "WAIT%"), ("forward", "FWD%"), ("backward", "BWD%"),
+    ("optimizer", "OPT%"), ("other", "OTHER%"),
+)  # fmt: skip
 
 
-def _pct(part: float, whole: float) -> float | None:
-    return round(100.0 * part / whole, 1) if whole > 0 else None
+def _pct(part: float, whole: float) -> float:
+    return round(100.0 * part / whole, 1)
+
+
+def iteration_shares(agg: dict[str, Any]) -> dict[str, float | None]:
+    """Shares (%) of iteration time, loader wait + step, over every step but
+    the first (its wait covers start-up, as the dataloader-stall rule has it).
+
+    ``loader_wait`` is the wait before each step plus the loader time inside
+    steps (the ``data`` phase, between micro-batches); ``other`` is the rest
+    of the step (unlabelled time, custom phases), so the five add up to 100
+    (to rounding). All None when no step is counted.
+    """
+    wait_ns = (agg.get("wait_ns") or 0) + (agg.get("data_ns") or 0)
+    iteration_ns = (agg.get("wait_ns") or 0) + (agg.get("step_ns") or 0)
+    if iteration_ns <= 0:
+        return {key: None for key, _ in COLUMNS}
+    out: dict[str, float | None] = {"loader_wait": _pct(wait_ns, iteration_ns)}
+    for phase in ("forward", "backward", "optimizer"):
+        out[phase] = _pct(agg.get(f"{phase}_ns") or 0, iteration_ns)
+    known = sum(v for v in out.values() if v is not None)
+    out["other"] = round(max(100.0 - known, 0.0), 1)
+    return out
 
 
 def describe(run: dict[str, Any], median_ms: float | None) -> dict[str, Any]:
-    """One run's row: phase shares are % of step time; loader wait is % of
-    iteration time (wait + step), the first step excluded."""
+    """One run's row (see :func:`iteration_shares` for ``pct_of_iteration``)."""
     agg = run["agg"] or {}
-    step_ns = agg.get("step_ns") or 0
-    phase_pct: dict[str, float | None] = {p: _pct(agg.get(f"{p}_ns") or 0, step_ns) for p in PHASES}
-    known = sum(v for v in phase_pct.values() if v is not None)
-    phase_pct["other"] = round(max(100.0 - known, 0.0), 1) if step_ns > 0 else None
-    wait_ns = agg.get("wait_ns") or 0
     return {
         "id": run["id"],
         "run_name": run["run_name"],
         "status": run["status"],
         "steps": agg.get("steps", 0),
         "median_step_ms": median_ms,
-        "phase_pct": phase_pct,
-        "loader_wait_pct": _pct(wait_ns, wait_ns + (agg.get("steady_step_ns") or 0)),
+        "pct_of_iteration": iteration_shares(agg),
+        "pct_steps_counted": agg.get("counted_steps") or 0,
         "dropped_events": run.get("dropped_events") or 0,
         "start_wall_ns": run.get("start_wall_ns"),
     }
@@ -59,15 +79,14 @@ def _cell(v: float | None) -> str:
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
-    header = ("ID", "NAME", "STATUS", "STEPS", "MEDIAN_MS", "FWD%", "BWD%", "OPT%", "OTHER%",
-              "WAIT%", "DROPPED")  # fmt: skip
+    header = ("ID", "NAME", "STATUS", "STEPS", "MEDIAN_STEP_MS", *(h for _, h in COLUMNS),
+              "DROPPED")  # fmt: skip
     lines = [header]
     for r in rows:
-        p = r["phase_pct"]
+        pct = r["pct_of_iteration"]
         lines.append((
             str(r["id"]), r["run_name"][:40], r["status"], str(r["steps"]),
-            _cell(r["median_step_ms"]), _cell(p["forward"]), _cell(p["backward"]),
-            _cell(p["optimizer"]), _cell(p["other"]), _cell(r["loader_wait_pct"]),
+            _cell(r["median_step_ms"]), *(_cell(pct[key]) for key, _ in COLUMNS),
             str(r["dropped_events"]),
         ))  # fmt: skip
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
@@ -79,11 +98,33 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(fmt(line).rstrip() for line in lines)
 
 
-@click.command("runs")
+RUNS_HELP = f"""List the runs in DB (default: GPUPROF_DB or ./gpuprof.db), newest first.
+
+\b
+STEPS           every step recorded
+MEDIAN_STEP_MS  steady-state median iteration time: median of loader
+                wait + step, warm-up steps excluded (the first {WARMUP_STEPS}
+                when the run has more than {2 * WARMUP_STEPS})
+WAIT%..OTHER%   shares of iteration time (loader wait + step) over every
+                step but step 0, whose wait covers start-up:
+                WAIT% + FWD% + BWD% + OPT% + OTHER% = 100 (to rounding)
+WAIT%           loader wait before each step, with loader time inside
+                steps (the data phase, between micro-batches) folded in
+FWD% BWD% OPT%  forward, backward, optimizer
+OTHER%          the rest of the step: unlabelled time, custom phases
+DROPPED         events the training process could not send
+
+\b
+--format json gives the same per run: steps, median_step_ms,
+pct_of_iteration {{loader_wait, forward, backward, optimizer, other}},
+pct_steps_counted (the steps those shares cover), dropped_events.
+"""
+
+
+@click.command("runs", help=RUNS_HELP)
 @db_argument
 @format_option
 def runs_cmd(db: Path | None, fmt: str) -> None:
-    """List the runs in DB, newest first."""
     rows = list_runs(resolve_db(db))
     if fmt == "json":
         echo_json(rows)

@@ -10,6 +10,7 @@ import click
 from gpuprof import config
 from gpuprofd.client import ping
 from gpuprofd.commands.common import echo_json, format_option
+from gpuprofd.errors import EXIT_NO_DAEMON, EXIT_OK, NoDaemonError
 
 
 def format_status(reply: dict[str, Any]) -> str:
@@ -31,16 +32,43 @@ def format_status(reply: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def no_daemon_message(socket_dir: Path, timeout_s: float) -> str:
+    """Why no daemon answered on *socket_dir*, and what to do about it."""
+    if (socket_dir / config.CONTROL_SOCKET_NAME).exists():
+        return (
+            f"no gpuprofd answered on {socket_dir} within {timeout_s:g} s: its control socket "
+            "is there, so a daemon is busy or stuck, or one died and left it; retry with "
+            "--timeout, or run `gpuprofd` (see systemd/gpuprofd.service)"
+        )
+    return (
+        f"no gpuprofd answering on {socket_dir}: one starts by itself when a script enters "
+        "gpuprof.profile(), or run `gpuprofd` (see systemd/gpuprofd.service)"
+    )
+
+
 @click.command("status")
 @click.option("--socket-dir", type=click.Path(path_type=Path), default=None,
               help="The daemon's socket directory [default: GPUPROF_SOCKET, ...].")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.05), default=1.0,
               show_default=True, help="Seconds to wait for the daemon's answer.")
 @format_option
-def status_cmd(socket_dir: Path | None, timeout_s: float, fmt: str) -> None:
-    """Ping the node's gpuprofd (exit 3 if none answers)."""
-    reply = ping((socket_dir or config.socket_dir()).expanduser().absolute(), timeout_s)
+def status_cmd(socket_dir: Path | None, timeout_s: float, fmt: str) -> int:
+    """Ping the node's gpuprofd (exit 3 if none answers).
+
+    With --format json and no daemon, prints {"running": false, "socket_dir":
+    ..., "error": ...} and still exits 3.
+    """
+    where = (socket_dir or config.socket_dir()).expanduser().absolute()
+    try:
+        reply = ping(where, timeout_s)
+    except NoDaemonError:
+        message = no_daemon_message(where, timeout_s)
+        if fmt != "json":
+            raise NoDaemonError(message) from None
+        echo_json({"running": False, "socket_dir": str(where), "error": message})
+        return EXIT_NO_DAEMON
     if fmt == "json":
-        echo_json(reply)
+        echo_json({"running": True, **reply})
     else:
         click.echo(format_status(reply))
+    return EXIT_OK
