@@ -35,6 +35,9 @@ MAX_RUN_NAME_CHARS = 200
 MAX_PHASES = 32
 MAX_PHASE_NAME_CHARS = 64
 MAX_ERROR_CHARS = 2000
+#: Longest step, loader wait or phase accepted (ns): 7 days. Nothing real is
+#: longer, and the bound keeps sums over a run far from int64 overflow.
+MAX_DURATION_NS = 7 * 86_400 * 10**9
 
 DATA_TYPES = frozenset({"step", "mark"})
 CONTROL_TYPES = frozenset({"hello", "bye", "ping"})
@@ -134,7 +137,7 @@ def _phases(x: Any) -> bool:
     if type(x) is not dict or len(x) > MAX_PHASES:
         return False
     name_ok = _printable(MAX_PHASE_NAME_CHARS)
-    return all(name_ok(k) and _int()(v) for k, v in x.items())
+    return all(name_ok(k) and _int(0, MAX_DURATION_NS)(v) for k, v in x.items())
 
 
 def _options(x: Any) -> bool:
@@ -174,7 +177,7 @@ SCHEMAS: dict[str, dict[str, tuple[bool, Check]]] = {
         "i": (True, _int(0, 1 << 40)),
         "t0": (True, _int()),
         "t1": (True, _int()),
-        "wait": (True, _int()),
+        "wait": (True, _int(0, MAX_DURATION_NS)),
         "explicit": (True, _bool),
         "micro": (True, _int(0, 1 << 20)),
         "phases": (True, _phases),
@@ -237,6 +240,6 @@ def decode(data: bytes, channel: str | None = None) -> dict[str, Any]:
             continue
         if not check(msg[field]):
             raise ProtocolError(f"bad_field:{field}", repr(msg[field])[:60])
-    if kind == "step" and msg["t1"] < msg["t0"]:
-        raise ProtocolError("bad_field:t1", "t1 before t0")
+    if kind == "step" and not 0 <= msg["t1"] - msg["t0"] <= MAX_DURATION_NS:
+        raise ProtocolError("bad_field:t1", "t1 before t0 or more than 7 days after it")
     return msg

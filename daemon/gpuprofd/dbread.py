@@ -127,12 +127,12 @@ WITH numbered AS (
 SELECT run_id,
        COUNT(*) AS steps,
        SUM(c) AS counted_steps,
-       SUM(c * wait_ns) AS wait_ns,
-       SUM(c * (t1_ns - t0_ns)) AS step_ns,
-       SUM(c * COALESCE(json_extract(phases, '$.forward'), 0)) AS forward_ns,
-       SUM(c * COALESCE(json_extract(phases, '$.backward'), 0)) AS backward_ns,
-       SUM(c * COALESCE(json_extract(phases, '$.optimizer'), 0)) AS optimizer_ns,
-       SUM(c * COALESCE(json_extract(phases, '$.data'), 0)) AS data_ns
+       TOTAL(c * wait_ns) AS wait_ns,
+       TOTAL(c * (t1_ns - t0_ns)) AS step_ns,
+       TOTAL(c * COALESCE(json_extract(phases, '$.forward'), 0)) AS forward_ns,
+       TOTAL(c * COALESCE(json_extract(phases, '$.backward'), 0)) AS backward_ns,
+       TOTAL(c * COALESCE(json_extract(phases, '$.optimizer'), 0)) AS optimizer_ns,
+       TOTAL(c * COALESCE(json_extract(phases, '$.data'), 0)) AS data_ns
 FROM numbered
 GROUP BY run_id
 """

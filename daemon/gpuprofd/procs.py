@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import psutil
 
 #: Slack (s) between a process's start and its run's hello wall clock.
@@ -28,3 +30,11 @@ def pid_alive(pid: int | None, started_wall_ns: int | None = None) -> bool:
     except psutil.AccessDenied:  # another user's live process
         return True
     return True
+
+
+def pid_namespace() -> str | None:
+    """This process's PID namespace (``pid:[4026531836]``), None if unknown."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None

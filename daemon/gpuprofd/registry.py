@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +27,10 @@ class LiveRun:
     """Events the daemon received but could not queue for storage."""
     persisted_received: int = 0
     last_t1_ns: int | None = None
+    local_pid: bool = True
+    """``pid`` is in this daemon's PID namespace; if not (a container), liveness
+    is judged by silence instead of by the pid."""
+    last_event_mono_ns: int = field(default_factory=time.monotonic_ns)
     ending: bool = False
     """A bye or the lost check is finalizing this run."""
     _arrivals: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
@@ -33,6 +38,7 @@ class LiveRun:
     def note_event(self, msg: dict[str, Any]) -> None:
         """Count one received event and wake anyone waiting in :meth:`wait_received`."""
         self.received += 1
+        self.last_event_mono_ns = time.monotonic_ns()
         if msg["type"] == "step":
             self.steps += 1
             self.last_t1_ns = max(self.last_t1_ns or 0, msg["t1"])
@@ -78,8 +84,8 @@ class RunRegistry:
         self._unknown.pop(run.run_key, None)
 
     def pids(self) -> dict[int, int]:
-        """run id → pid of every live run that reported one."""
-        return {r.run_id: r.pid for r in self.live.values() if r.pid}
+        """run id → pid of every live run whose pid is in our namespace."""
+        return {r.run_id: r.pid for r in self.live.values() if r.pid and r.local_pid}
 
     def remove(self, run_key: str) -> LiveRun | None:
         return self.live.pop(run_key, None)

@@ -28,7 +28,7 @@ _GPU_SQL = (
     "mem_total_bytes, power_mw, temp_c, sm_clock_mhz) VALUES (?,?,?,?,?,?,?,?,?)"
 )
 _RUN_COLUMNS = (
-    "run_key", "run_name", "status", "host", "pid", "rank", "local_rank", "world_size",
+    "run_key", "run_name", "status", "host", "pid", "pid_ns", "rank", "local_rank", "world_size",
     "auto", "start_wall_ns", "start_mono_ns", "options", "cuda_uuid", "gpu_model",
     "gpu_count", "cpu_count",
 )  # fmt: skip

@@ -21,6 +21,7 @@ from gpuprofd.errors import GpuprofdError
 from gpuprofd.insights_runner import InsightsRunner
 from gpuprofd.nvml import GpuDevice, match_uuid
 from gpuprofd.procs import pid_alive as _pid_alive
+from gpuprofd.procs import pid_namespace
 from gpuprofd.registry import LiveRun, RunRegistry
 from gpuprofd.store import Op, Store
 
@@ -28,6 +29,11 @@ log = logging.getLogger(__name__)
 
 #: Longest a bye waits for events still in flight (seconds).
 BYE_WAIT_S = 2.0
+#: A run whose pid is in another PID namespace (training in a container, the
+#: daemon on the host) cannot be checked by pid; it is lost after this long
+#: without an event (s). Long enough for an evaluation pass between steps;
+#: a lost run that speaks again is re-adopted.
+FOREIGN_SILENCE_S = 600.0
 LOST_NOTE = "the training process exited without ending the run: marked lost"
 
 PidAlive = Callable[[int | None, int | None], bool]
@@ -60,6 +66,18 @@ class RunService:
         self._mono = mono_clock
         self._wall = wall_clock
         self._lock = asyncio.Lock()
+        self.pid_ns = pid_namespace()
+
+    def _local(self, run_pid_ns: str | None) -> bool:
+        """Can a run's pid be checked here? Unknown namespaces count as ours."""
+        return run_pid_ns is None or self.pid_ns is None or run_pid_ns == self.pid_ns
+
+    def _alive(self, run: dict[str, Any]) -> bool:
+        """Liveness of a stored run; a foreign-namespace pid is given the benefit
+        of the doubt (its silence is checked once it is live again)."""
+        if not self._local(run.get("pid_ns")):
+            return True
+        return self.pid_alive(run["pid"], run["start_wall_ns"])
 
     def _gpu(self, cuda_uuid: str | None) -> tuple[str | None, int]:
         dev = match_uuid(self.gpu_devices, cuda_uuid)
@@ -73,11 +91,14 @@ class RunService:
                 return live
             existing = await runsdb.get_run(self.store, run_key=msg["run_key"])
             if existing is not None:
+                if existing["status"] in ("finished", "failed"):
+                    raise UnknownRun(f"run {existing['id']} with this key has already ended")
                 return await self._adopt(existing)
             gpu_model, gpu_count = self._gpu(msg.get("cuda_uuid"))
             row = {
                 "run_key": msg["run_key"], "run_name": clean_run_name(msg["run_name"]),
                 "status": "running", "host": msg["host"], "pid": msg["pid"],
+                "pid_ns": msg.get("pid_ns"),
                 "rank": msg["rank"], "local_rank": msg["local_rank"],
                 "world_size": msg["world_size"], "auto": int(msg["auto"]),
                 "start_wall_ns": msg["wall_ns"], "start_mono_ns": msg["mono_ns"],
@@ -87,7 +108,7 @@ class RunService:
             run_id = await runsdb.insert_run(self.store, row)
             live = LiveRun(
                 run_id, row["run_key"], row["run_name"], msg["pid"], msg["wall_ns"],
-                msg["mono_ns"], msg.get("cuda_uuid"),
+                msg["mono_ns"], msg.get("cuda_uuid"), local_pid=self._local(msg.get("pid_ns")),
             )  # fmt: skip
             self.registry.add(live)
             log.info("run %d %r started (pid %d)", run_id, row["run_name"], msg["pid"])
@@ -107,9 +128,7 @@ class RunService:
             if run is None:
                 self.registry.mark_unknown(run_key, "unknown_run")
                 return None
-            if run["status"] in ("finished", "failed") or not self.pid_alive(
-                run["pid"], run["start_wall_ns"]
-            ):
+            if run["status"] in ("finished", "failed") or not self._alive(run):
                 self.registry.mark_unknown(run_key, "run_ended")
                 return None
             return await self._adopt(run)
@@ -117,7 +136,7 @@ class RunService:
     async def _live_from_row(self, run: dict[str, Any]) -> LiveRun:
         live = LiveRun(
             run["id"], run["run_key"], run["run_name"], run["pid"], run["start_wall_ns"],
-            run["start_mono_ns"], run["cuda_uuid"],
+            run["start_mono_ns"], run["cuda_uuid"], local_pid=self._local(run.get("pid_ns")),
         )  # fmt: skip
         live.received = live.persisted_received = int(run["received_events"] or 0)
         live.steps = await runsdb.count_steps(self.store, run["id"])
@@ -141,10 +160,12 @@ class RunService:
         if live is None or live.ending:
             raise UnknownRun(f"no running run with key {msg['run_key']!r}")
         live.ending = True
-        await live.wait_received(msg["sent"], BYE_WAIT_S)
-        await self.store.flush()
-        self.registry.remove(live.run_key)
-        self.registry.mark_unknown(live.run_key, "run_ended")
+        try:
+            await live.wait_received(msg["sent"], BYE_WAIT_S)
+            await self.store.flush()
+        finally:  # whatever fails below, the run is no longer live
+            self.registry.remove(live.run_key)
+            self.registry.mark_unknown(live.run_key, "run_ended")
         cuda_uuid = msg.get("cuda_uuid") or live.cuda_uuid
         gpu_model, gpu_count = self._gpu(cuda_uuid)
         await runsdb.update_run(
@@ -167,14 +188,17 @@ class RunService:
     async def lose(self, live: LiveRun) -> dict[str, Any]:
         """Mark a live run whose process is gone as lost and finalize it."""
         live.ending = True
-        await self.store.flush()
-        self.registry.remove(live.run_key)
-        self.registry.mark_unknown(live.run_key, "run_ended")
+        try:
+            await self.store.flush()
+        finally:
+            self.registry.remove(live.run_key)
+            self.registry.mark_unknown(live.run_key, "run_ended")
         await runsdb.update_run(
             self.store, live.run_id, status="lost", received_events=live.received,
             end_wall_ns=self._wall(), end_mono_ns=live.last_t1_ns or self._mono(),
         )  # fmt: skip
-        log.warning("run %d %r lost: pid %s is gone", live.run_id, live.run_name, live.pid)
+        why = f"pid {live.pid} is gone" if live.local_pid else "silent too long"
+        log.warning("run %d %r lost: %s", live.run_id, live.run_name, why)
         return await self.insights.finalize(live.run_id, [LOST_NOTE])
 
     async def check_lost(self) -> list[int]:
@@ -182,9 +206,14 @@ class RunService:
         candidates = [r for r in self.registry.live.values() if not r.ending]
         if not candidates:
             return []
-        dead = await asyncio.to_thread(
-            lambda: [r for r in candidates if not self.pid_alive(r.pid, r.start_wall_ns)]
-        )
+        now = time.monotonic_ns()
+
+        def gone(r: LiveRun) -> bool:
+            if not r.local_pid:
+                return now - r.last_event_mono_ns > FOREIGN_SILENCE_S * 1e9
+            return not self.pid_alive(r.pid, r.start_wall_ns)
+
+        dead = await asyncio.to_thread(lambda: [r for r in candidates if gone(r)])
         for live in dead:
             if not live.ending:
                 await self.lose(live)
@@ -193,7 +222,7 @@ class RunService:
     async def recover_at_startup(self) -> None:
         """Runs left ``running`` by a previous daemon: adopt if alive, else lose."""
         for run in await runsdb.runs_with_status(self.store, "running"):
-            if self.pid_alive(run["pid"], run["start_wall_ns"]):
+            if self._alive(run):
                 await self._adopt(run)
                 continue
             live = await self._live_from_row(run)

@@ -23,7 +23,7 @@ CREATE TABLE IF NOT EXISTS runs (
     run_key TEXT UNIQUE NOT NULL,
     run_name TEXT NOT NULL,
     status TEXT NOT NULL,            -- running | finished | failed | lost
-    host TEXT, pid INTEGER, rank INTEGER, local_rank INTEGER, world_size INTEGER,
+    host TEXT, pid INTEGER, pid_ns TEXT, rank INTEGER, local_rank INTEGER, world_size INTEGER,
     auto INTEGER,
     start_wall_ns INTEGER, start_mono_ns INTEGER,
     end_wall_ns INTEGER, end_mono_ns INTEGER,

@@ -16,6 +16,7 @@ into one ``executemany``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sqlite3
 from collections.abc import Sequence
@@ -27,6 +28,9 @@ import aiosqlite
 
 from gpuprofd.counters import DropCounter
 
+#: Failed commits logged individually; after that one line per thousand
+#: (a full or broken disk fails every commit).
+_LOG_AT = frozenset({1, 2, 3, 10, 100})
 log = logging.getLogger(__name__)
 
 BATCH_MAX_OPS = 500
@@ -60,6 +64,7 @@ class Store:
         self.drops = drops
         self.queue: asyncio.Queue[Op] = asyncio.Queue(maxsize=queue_size)
         self.commits = 0
+        self._commit_failures = 0
         """Transactions committed (tests read it to check batching)."""
         self._write: aiosqlite.Connection | None = None
         self._read: aiosqlite.Connection | None = None
@@ -82,15 +87,21 @@ class Store:
 
     async def close(self) -> None:
         """Commit everything queued, stop the writer, close the connections."""
-        if self._task is not None:
-            await self.flush()
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
-        for conn in (self._read, self._write):
-            if conn is not None:
-                await conn.close()
-        self._read = self._write = None
+        try:
+            if self._task is not None:
+                await self.flush()
+        except Exception:  # a failing disk must not keep the daemon from exiting
+            log.exception("store: final flush failed; unflushed rows are lost")
+        finally:
+            if self._task is not None:
+                self._task.cancel()
+                await asyncio.gather(self._task, return_exceptions=True)
+                self._task = None
+            for conn in (self._read, self._write):
+                if conn is not None:
+                    with contextlib.suppress(Exception):
+                        await conn.close()
+            self._read = self._write = None
 
     # --- writing -------------------------------------------------------------
 
@@ -148,7 +159,10 @@ class Store:
             await self._write.execute("COMMIT")
             self.commits += 1
         except sqlite3.Error as exc:
-            log.error("store commit failed, %d ops lost: %s", len(batch), exc)
+            self._commit_failures += 1
+            if self._commit_failures in _LOG_AT or self._commit_failures % 1000 == 0:
+                log.error("store commit failed (%d so far), %d ops lost: %s",
+                          self._commit_failures, len(batch), exc)
             self.drops.add("store_error", str(exc), n=len(batch))
             try:
                 await self._write.execute("ROLLBACK")

@@ -319,7 +319,12 @@ class Profiler:
         )
         summary = control.parse_bye_reply(raw)
         if summary is None:
-            self._problem = "gpuprofd did not answer at exit; summary from local counts only"
+            refused = raw.get("error") if isinstance(raw, dict) and raw.get("ok") is False else None
+            if isinstance(refused, str):
+                self._problem = (f"gpuprofd could not finish the run ({refused[:300]}); "
+                                 "summary from local counts only")
+            else:
+                self._problem = "gpuprofd did not answer at exit; summary from local counts only"
             log.warning("gpuprof: %s", self._problem)
         return summary
 
@@ -328,7 +333,7 @@ class Profiler:
         dropped = self.sender.dropped if self.sender else self.counter.steps
         problem = self._problem or "gpuprofd unreachable"
         if self._daemon_ok:
-            return f"{problem} ({dropped} events dropped)"
+            return f"{problem} ({sent} events sent, {dropped} dropped in this process)"
         return f"{problem}: {sent + dropped} events not recorded (dropped)"
 
     def _teardown(self) -> None:

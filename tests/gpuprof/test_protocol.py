@@ -41,6 +41,9 @@ def test_valid_step_round_trips():
         (encode(step(i=-1)), "bad_field:i"),
         (encode(step(i=True)), "bad_field:i"),  # bool is not an int here
         (encode(step(t1=5)), "bad_field:t1"),  # ends before it starts
+        (encode(step(t0=0, t1=2**63 - 1)), "bad_field:t1"),  # a 292-year step
+        (encode(step(wait=8 * 86_400 * 10**9)), "bad_field:wait"),
+        (encode(step(phases={"forward": 2**62})), "bad_field:phases"),
         (encode(step(run_key="../../etc")), "bad_field:run_key"),
         (encode(step(phases={"a\nb": 1})), "bad_field:phases"),
         (encode(step(phases={f"p{i}": 1 for i in range(40)})), "bad_field:phases"),
@@ -69,6 +72,20 @@ def test_hello_run_name_with_control_chars_rejected():
     assert reason(encode(hello)) == "bad_field:run_name"
     hello["run_name"] = clean_run_name(hello["run_name"])
     assert decode(encode(hello))["run_name"] == "a [31mred"
+
+
+def test_undecodable_and_bidi_characters_are_cleaned_not_fatal():
+    import os
+
+    name = clean_run_name(os.fsdecode(b"exp-\xff") + "\u202egnp.exe\u2028x")
+    assert name == "exp-\\xff gnp.exe x"
+    name.encode("utf-8")  # orjson can send it
+    hello = {"v": 1, "type": "hello", "run_key": "k", "run_name": "a\u202eb", "pid": 1,
+             "host": "h", "rank": 0, "local_rank": 0, "world_size": 1, "wall_ns": 1,
+             "mono_ns": 1, "auto": True, "options": {}}
+    assert reason(encode(hello)) == "bad_field:run_name"
+    hello["run_name"] = "naïve run · ümlaut 実験"
+    assert decode(encode(hello))["run_name"] == "naïve run · ümlaut 実験"
 
 
 @pytest.mark.parametrize(

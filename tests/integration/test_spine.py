@@ -63,8 +63,8 @@ def test_autostarted_daemon_records_run_and_prints_stall(node: Node):
 
 
 def test_fast_loader_has_no_stall_finding(node: Node):
-    # a ~3 ms step: the in-process loader's ~0.2 ms per batch is well under 15 %
-    out = node.run_script(TRAIN, "30", "1", "0", "fast-run", "1024")
+    # a ~10 ms step: the in-process loader's ~0.2 ms per batch is well under 15 %
+    out = node.run_script(TRAIN, "30", "1", "0", "fast-run", "2048")
     assert out.returncode == 0, out.stderr
     assert "gpuprof · fast-run  (30 steps" in out.stdout
     assert "waiting on the loader" not in out.stdout
@@ -210,3 +210,32 @@ def test_shared_socket_with_another_database_says_where_the_run_went(node: Node,
     assert out.returncode == 0, out.stderr
     assert f"Note: stored in {node.db}, the database of the gpuprofd at {node.socket_dir}, " \
            f"not {other}" in out.stdout
+
+
+UNDECODABLE = r'''
+import os
+import gpuprof
+
+name = os.fsdecode(b"exp-\xff")  # a non-UTF-8 file name, as Python decodes it
+try:
+    with gpuprof.profile(name, auto=False) as prof:
+        for i in range(3):
+            with prof.step(i) as s:
+                with s.phase(os.fsdecode(b"load-\xfe")):
+                    pass
+        raise ValueError("cannot read " + os.fsdecode(b"/data/img-\xff.png"))
+except ValueError:
+    print("RAISED")
+'''
+
+
+def test_undecodable_names_and_errors_are_recorded_not_lost(node: Node):
+    out = node.run_script(UNDECODABLE)
+    assert out.returncode == 0, out.stderr
+    assert "RAISED" in out.stdout
+    assert "gpuprof · exp-\\xff  (3 steps" in out.stdout
+    (run,) = node.query("SELECT run_name, status, error FROM runs")
+    assert (run["run_name"], run["status"]) == ("exp-\\xff", "failed")
+    assert run["error"] == "ValueError: cannot read /data/img-\\xff.png"
+    names = [list(json.loads(s["phases"])) for s in node.query("SELECT phases FROM steps")]
+    assert names == [["load-\\xfe"]] * 3
