@@ -10,7 +10,7 @@ import zmq
 
 from gpuprof import config
 from gpuprof.protocol import PROTOCOL_VERSION
-from gpuprofd.errors import NoDaemonError
+from gpuprofd.errors import BadInputError, NoDaemonError
 
 
 def request(socket_dir: Path, msg: dict[str, Any], timeout_s: float = 1.0) -> dict[str, Any]:
@@ -18,10 +18,14 @@ def request(socket_dir: Path, msg: dict[str, Any], timeout_s: float = 1.0) -> di
 
     Raises:
         NoDaemonError: no socket file, or no reply within *timeout_s*.
+        BadInputError: *socket_dir* is too long for a Unix socket path.
     """
     if not (socket_dir / config.CONTROL_SOCKET_NAME).exists():
         raise NoDaemonError(f"no gpuprofd answering on {socket_dir}")
-    endpoint = config.control_endpoint(socket_dir)
+    try:
+        endpoint = config.control_endpoint(socket_dir)
+    except ValueError as exc:
+        raise BadInputError(str(exc)) from None
     ctx = zmq.Context()
     sock = ctx.socket(zmq.REQ)
     try:

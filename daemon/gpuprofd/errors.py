@@ -37,3 +37,9 @@ class NoDaemonError(GpuprofdError):
     """No gpuprofd answered on the socket directory."""
 
     exit_code = EXIT_NO_DAEMON
+
+
+class BadInputError(GpuprofdError):
+    """An argument that cannot work (e.g. a socket path too long for Unix)."""
+
+    exit_code = EXIT_BAD_INPUT

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gpuprof.protocol import clean_run_name
+from gpuprof.protocol import MAX_ERROR_CHARS, clean_run_name, clean_text
 from gpuprofd import runsdb
 from gpuprofd.errors import GpuprofdError
 from gpuprofd.insights_runner import InsightsRunner
@@ -169,7 +169,9 @@ class RunService:
         cuda_uuid = msg.get("cuda_uuid") or live.cuda_uuid
         gpu_model, gpu_count = self._gpu(cuda_uuid)
         await runsdb.update_run(
-            self.store, live.run_id, status=msg["status"], error=msg.get("error"),
+            self.store, live.run_id, status=msg["status"],
+            error=clean_text(msg["error"], MAX_ERROR_CHARS, keep_newlines=True)
+            if msg.get("error") else None,
             dropped_events=msg["dropped"], sent_events=msg["sent"],
             received_events=live.received, end_wall_ns=msg["wall_ns"],
             end_mono_ns=msg["mono_ns"], cuda_uuid=cuda_uuid, gpu_model=gpu_model,

@@ -300,3 +300,18 @@ def test_version_and_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["insights", "x.db", "not-a-number"]) == 2
     assert main(["no-such-command"]) == 2
     assert main(["--help"]) == 0
+
+
+def test_absurd_run_id_and_socket_dir_are_one_line_errors(tmp_path, capsys) -> None:
+    from gpuprofd.ctl import main
+
+    db = tmp_path / "x.db"
+    db.write_bytes(b"")
+    assert main(["insights", str(db), "99999999999999999999999"]) == 2
+    assert "Traceback" not in capsys.readouterr().err
+    long_dir = tmp_path / ("d" * 120)
+    long_dir.mkdir()
+    (long_dir / "control.sock").touch()
+    assert main(["status", "--socket-dir", str(long_dir)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gpuprofctl: error: socket path") and "Set GPUPROF_SOCKET" in err

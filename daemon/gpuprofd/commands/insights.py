@@ -44,7 +44,7 @@ def split_args(db: Path | None, run_id: int | None) -> tuple[Path | None, int | 
 
 @click.command("insights")
 @db_argument
-@click.argument("run_id", type=int, required=False)
+@click.argument("run_id", type=click.IntRange(1, 2**63 - 1), required=False)
 @format_option
 def insights_cmd(db: Path | None, run_id: int | None, fmt: str) -> None:
     """Show a run's insights (default: the latest run in DB).
