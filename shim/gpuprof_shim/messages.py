@@ -31,12 +31,27 @@ def phase_name(name: object) -> str:
     return text or "unnamed"
 
 
+#: Phase names already cleaned (they repeat every step), bounded.
+_clean_names: dict[object, str] = {}
+_CLEAN_NAMES_MAX = 1024
+
+
+def _cached_phase_name(name: object) -> str:
+    key = _clean_names.get(name)
+    if key is None:
+        key = phase_name(name)
+        if len(_clean_names) < _CLEAN_NAMES_MAX and type(name) is str:
+            _clean_names[name] = key
+    return key
+
+
 def clean_phases(phases: Mapping[str, int]) -> dict[str, int]:
     """Clamp durations to int64 >= 0 and keep at most ``MAX_PHASES`` names
-    (the rest are summed into ``"other"``)."""
+    (the rest are summed into ``"other"``). Runs once per step: names are
+    cleaned once and remembered."""
     out: dict[str, int] = {}
     for name, ns in phases.items():
-        key = phase_name(name)
+        key = _cached_phase_name(name)
         if key not in out and len(out) >= MAX_PHASES - 1:
             key = OVERFLOW_PHASE
         out[key] = min(_INT64_MAX, out.get(key, 0) + max(0, int(ns)))
