@@ -315,3 +315,17 @@ def test_absurd_run_id_and_socket_dir_are_one_line_errors(tmp_path, capsys) -> N
     assert main(["status", "--socket-dir", str(long_dir)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("gpuprofctl: error: socket path") and "Set GPUPROF_SOCKET" in err
+
+
+def test_status_points_to_daemons_of_other_databases(tmp_path, monkeypatch, capsys) -> None:
+    from gpuprofd.ctl import main
+
+    monkeypatch.delenv("GPUPROF_SOCKET", raising=False)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    monkeypatch.setenv("GPUPROF_DB", str(tmp_path / "here.db"))
+    other = tmp_path / "gpuprof" / "0123456789ab"
+    other.mkdir(parents=True)
+    (other / "control.sock").touch()  # another project's daemon
+    assert main(["status"]) == 3
+    err = capsys.readouterr().err
+    assert "no gpuprofd for this database" in err and str(other) in err

@@ -32,8 +32,25 @@ def format_status(reply: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def other_daemons(socket_dir: Path) -> list[str]:
+    """Socket directories of other per-user daemons (other databases) beside
+    *socket_dir* that hold a control socket."""
+    base = config.socket_base_dir()
+    if socket_dir.parent != base.absolute():
+        return []
+    return sorted(str(p.parent) for p in base.glob(f"*/{config.CONTROL_SOCKET_NAME}")
+                  if p.parent != socket_dir)
+
+
 def no_daemon_message(socket_dir: Path, timeout_s: float) -> str:
     """Why no daemon answered on *socket_dir*, and what to do about it."""
+    others = other_daemons(socket_dir)
+    if others:
+        return (
+            f"no gpuprofd for this database (GPUPROF_DB or ./gpuprof.db) on {socket_dir}; "
+            f"daemons of other databases: {', '.join(others)} "
+            "(see one with --socket-dir DIR)"
+        )
     if (socket_dir / config.CONTROL_SOCKET_NAME).exists():
         return (
             f"no gpuprofd answered on {socket_dir} within {timeout_s:g} s: its control socket "
