@@ -61,16 +61,17 @@ def socket_dir(env: Mapping[str, str] | None = None, db: Path | None = None) -> 
     e = _env(env)
     if e.get(ENV_SOCKET):
         return Path(e[ENV_SOCKET]).expanduser()
-    database = db if db is not None else db_path(e)
-    key = hashlib.sha256(str(Path(database).absolute()).encode()).hexdigest()[:12]
+    database = Path(db).resolve() if db is not None else db_path(e)
+    key = hashlib.sha256(str(database).encode()).hexdigest()[:12]
     return socket_base_dir(e) / key
 
 
 def db_path(env: Mapping[str, str] | None = None, cwd: Path | None = None) -> Path:
-    """The absolute database path: ``GPUPROF_DB`` or ``./gpuprof.db``."""
+    """The canonical database path (absolute, ``..`` and symlinks resolved):
+    ``GPUPROF_DB`` or ``./gpuprof.db``. Canonical, so one file is one daemon."""
     e = _env(env)
     raw = Path(e[ENV_DB]).expanduser() if e.get(ENV_DB) else Path(DEFAULT_DB_NAME)
-    return raw if raw.is_absolute() else (cwd or Path.cwd()) / raw
+    return ((cwd or Path.cwd()) / raw).resolve()
 
 
 def gpu_rate_usd_per_hour(env: Mapping[str, str] | None = None) -> float | None:

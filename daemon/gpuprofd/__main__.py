@@ -48,7 +48,7 @@ def cli(socket_dir: Path | None, db: Path | None, idle_exit_s: float, sample_hz:
     logging.basicConfig(level=log_level.upper(), format=LOG_FORMAT, stream=sys.stderr)
     logging.getLogger("aiosqlite").setLevel(logging.WARNING)  # one line per SQL call
     rate, notes = _gpu_rate()
-    db_file = (db or config.db_path()).expanduser().absolute()
+    db_file = db.expanduser().resolve() if db else config.db_path()
     opts = DaemonOptions(
         socket_dir=(socket_dir or config.socket_dir(db=db_file)).expanduser().absolute(),
         db=db_file,

@@ -27,7 +27,7 @@ from gpuprof import config
 from gpuprofd import runsdb, schema
 from gpuprofd.control import ControlServer
 from gpuprofd.counters import DropCounter
-from gpuprofd.errors import EXIT_OK, GpuprofdError
+from gpuprofd.errors import EXIT_OK, DatabaseError, GpuprofdError
 from gpuprofd.gpu_sampler import GpuSampler
 from gpuprofd.host_sampler import HostSample, HostSampler
 from gpuprofd.ingest import Ingest
@@ -71,10 +71,17 @@ def run_daemon(opts: DaemonOptions) -> int:
         log.info("gpuprofd already running on %s (pid %s): exiting", opts.socket_dir,
                  lock.holder_pid())  # fmt: skip
         return EXIT_OK
+    db_lock = InstanceLock(opts.db, write_pid=False)
     try:
         schema.prepare(opts.db)
+        if not db_lock.acquire():
+            raise DatabaseError(
+                f"{opts.db} is already served by another gpuprofd; point GPUPROF_SOCKET at "
+                "that daemon's socket directory (gpuprofctl status lists it)"
+            )
         return asyncio.run(Daemon(opts).serve())
     finally:
+        db_lock.release()
         lock.release()
 
 

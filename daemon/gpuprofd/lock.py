@@ -17,8 +17,12 @@ from pathlib import Path
 class InstanceLock:
     """An exclusive ``flock`` held for the daemon's lifetime."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, write_pid: bool = True) -> None:
+        """*write_pid* False locks a file whose contents must stay untouched
+        (the database itself: ``flock`` and SQLite's ``fcntl`` locks are
+        independent on Linux)."""
         self.path = path
+        self.write_pid = write_pid
         self._fd: int | None = None
 
     def acquire(self) -> bool:
@@ -29,8 +33,9 @@ class InstanceLock:
         except BlockingIOError:
             os.close(fd)
             return False
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+        if self.write_pid:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
         self._fd = fd
         return True
 

@@ -85,8 +85,7 @@ class Profiler:
         self.auto = bool(auto)
         self.options = messages.normalize_options(flops_per_step, dtype)
         self.print_summary = bool(print_summary)
-        db_path = Path(db).expanduser() if db else config.db_path()
-        self.db = str(db_path if db_path.is_absolute() else Path.cwd() / db_path)
+        self.db = str(Path(db).expanduser().resolve() if db else config.db_path())
         #: The database this run asked for; a running daemon may own another.
         self.requested_db = self.db
         self.socket_dir = (

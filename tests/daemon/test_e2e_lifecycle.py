@@ -114,6 +114,24 @@ def test_two_daemons_racing_on_one_socket_dir_leave_exactly_one(
     assert "already running" in daemons.log(exited[0])
 
 
+def test_a_second_daemon_on_the_same_database_refuses_to_serve_it(
+    daemons, sock_dir: Path, tmp_path: Path
+) -> None:
+    """Another socket dir, the same file under another name: it would adopt and
+    then "lose" the first daemon's live runs, so it exits 2 instead."""
+    import tempfile
+
+    db = tmp_path / "g.db"
+    (tmp_path / "sub").mkdir()
+    first, _ = daemons.start_ready(sock_dir, db)
+    other_dir = Path(tempfile.mkdtemp(prefix="gp2", dir="/tmp"))
+    second = daemons.start(other_dir, tmp_path / "sub" / ".." / "g.db")
+    assert second.wait(timeout=30) == 2
+    assert "is already served by another gpuprofd" in daemons.log(second)
+    assert first.poll() is None
+    assert daemons.client(sock_dir).wait_for(lambda r: True)["pid"] == first.pid
+
+
 def test_idle_exit_shuts_down_cleanly(daemons, sock_dir: Path, tmp_path: Path) -> None:
     proc, _ = daemons.start_ready(sock_dir, tmp_path / "g.db", "--idle-exit", "1")
     assert proc.wait(timeout=20) == 0

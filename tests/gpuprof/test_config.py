@@ -45,3 +45,12 @@ def test_endpoint_too_long_says_what_to_do():
     assert config.ingest_endpoint(Path("/tmp/g")) == "ipc:///tmp/g/ingest.sock"
     with pytest.raises(ValueError, match="Set GPUPROF_SOCKET"):
         config.control_endpoint(Path("/tmp/" + "d" * 120))
+
+
+def test_one_database_file_is_one_socket_dir_however_it_is_named(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path)
+    env = {"XDG_RUNTIME_DIR": "/run/u"}
+    names = [tmp_path / "e.db", tmp_path / "sub" / ".." / "e.db", tmp_path / "link" / "e.db"]
+    assert len({config.socket_dir(env, db=n) for n in names}) == 1
+    assert config.db_path({"GPUPROF_DB": "../e.db"}, cwd=tmp_path / "sub") == tmp_path / "e.db"
