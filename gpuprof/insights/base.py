@@ -83,6 +83,7 @@ class RunContext:
     def steps(self) -> int:
         return len(self.step_ms)
 
+    @property
     def loader_ms(self) -> tuple[float, ...]:
         """Per-step loader time: the wait before the step plus its ``data`` phase."""
         if not self.data_ms:

@@ -36,7 +36,7 @@ def stall_fraction(ctx: RunContext) -> float | None:
     and worker start-up). None if < 2 steps."""
     if ctx.steps < 2:
         return None
-    loader = sum(ctx.loader_ms()[1:])
+    loader = sum(ctx.loader_ms[1:])
     total = sum(ctx.iteration_ms[1:])
     return loader / total if total > 0 else None
 
@@ -51,7 +51,7 @@ def dataloader_stall(ctx: RunContext) -> Insight | None:
     frac = stall_fraction(ctx)
     if frac is None or frac <= STALL_FRACTION:
         return None
-    mean_wait = sum(ctx.loader_ms()[1:]) / (ctx.steps - 1)
+    mean_wait = sum(ctx.loader_ms[1:]) / (ctx.steps - 1)
     return Insight(
         rule="dataloader_stall",
         severity="HIGH" if frac > STALL_FRACTION_HIGH else "MED",
