@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import sqlite3
@@ -315,6 +316,9 @@ def test_absurd_run_id_and_socket_dir_are_one_line_errors(tmp_path, capsys) -> N
     assert main(["status", "--socket-dir", str(long_dir)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("gpuprofctl: error: socket path") and "Set GPUPROF_SOCKET" in err
+    assert main(["status", "--socket-dir", str(long_dir), "--format", "json"]) == 2
+    out = json.loads(capsys.readouterr().out)
+    assert out["running"] is False and "Set GPUPROF_SOCKET" in out["error"]
 
 
 def test_status_points_to_daemons_of_other_databases(tmp_path, monkeypatch, capsys) -> None:

@@ -10,7 +10,13 @@ import click
 from gpuprof import config
 from gpuprofd.client import ping
 from gpuprofd.commands.common import echo_json, format_option
-from gpuprofd.errors import EXIT_NO_DAEMON, EXIT_OK, NoDaemonError
+from gpuprofd.errors import (
+    EXIT_BAD_INPUT,
+    EXIT_NO_DAEMON,
+    EXIT_OK,
+    BadInputError,
+    NoDaemonError,
+)
 
 
 def format_status(reply: dict[str, Any]) -> str:
@@ -78,6 +84,11 @@ def status_cmd(socket_dir: Path | None, timeout_s: float, fmt: str) -> int:
     where = (socket_dir or config.socket_dir()).expanduser().absolute()
     try:
         reply = ping(where, timeout_s)
+    except BadInputError as exc:
+        if fmt != "json":
+            raise
+        echo_json({"running": False, "socket_dir": str(where), "error": str(exc)})
+        return EXIT_BAD_INPUT
     except NoDaemonError:
         message = no_daemon_message(where, timeout_s)
         if fmt != "json":
