@@ -39,6 +39,10 @@ MAX_ERROR_CHARS = 2000
 #: longer, and the bound keeps sums over a run far from int64 overflow.
 MAX_DURATION_NS = 7 * 86_400 * 10**9
 
+#: The phase that carries loader time spent inside a step (between
+#: micro-batches); the shim writes it, the rules and ``gpuprofctl runs`` read it.
+DATA_PHASE = "data"
+
 DATA_TYPES = frozenset({"step", "mark"})
 CONTROL_TYPES = frozenset({"hello", "bye", "ping"})
 RUN_STATUSES_AT_BYE = frozenset({"finished", "failed"})

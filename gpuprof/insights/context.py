@@ -6,11 +6,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpuprof.insights.base import RunContext
+from gpuprof.protocol import DATA_PHASE
 from gpuprof.stats import mean
 
 _NS_PER_MS = 1e6
-#: The phase the shim gives loader time spent inside a step (between micro-batches).
-DATA_PHASE = "data"
 
 
 def build_context(

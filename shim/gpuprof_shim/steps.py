@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gpuprof.protocol import DATA_PHASE
+
 
 @dataclass
 class StepRecord:
@@ -37,7 +39,7 @@ class StepRecord:
 
 #: Phase that receives loader time spent *inside* a step (a micro-batch
 #: fetched between backward and the next forward under gradient accumulation).
-LOADER_PHASE = "data"
+LOADER_PHASE = DATA_PHASE
 
 
 class WaitTracker:

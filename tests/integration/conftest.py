@@ -18,6 +18,7 @@ import pytest
 
 from gpuprofd import client
 from gpuprofd.errors import NoDaemonError
+from gpuprofd.procs import pid_alive
 from tests.daemon.helpers import query
 
 REPO = Path(__file__).resolve().parents[2]
@@ -106,16 +107,7 @@ class Node:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie child of ours still "exists"
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[-1][0] != "Z"
-    except OSError:
-        return False
+    return pid_alive(pid)
 
 
 @pytest.fixture
