@@ -34,6 +34,8 @@ MAX_MESSAGE_BYTES = 64 * 1024
 MAX_RUN_NAME_CHARS = 200
 MAX_PHASES = 32
 MAX_PHASE_NAME_CHARS = 64
+#: Optimizers listed per step (a GAN has 2; more is unusual).
+MAX_OPTIMIZERS = 16
 MAX_ERROR_CHARS = 2000
 #: Longest step, loader wait or phase accepted (ns): 7 days. Nothing real is
 #: longer, and the bound keeps sums over a run far from int64 overflow.
@@ -144,6 +146,28 @@ def _phases(x: Any) -> bool:
     return all(name_ok(k) and _int(0, MAX_DURATION_NS)(v) for k, v in x.items())
 
 
+_OPTIMIZER_FIELDS = frozenset({"name", "updates", "skipped", "ns"})
+
+
+def _optimizers(x: Any) -> bool:
+    if type(x) is not list or len(x) > MAX_OPTIMIZERS:
+        return False
+    name_ok, count_ok, ns_ok = (
+        _printable(MAX_PHASE_NAME_CHARS),
+        _int(0, 1 << 20),
+        _int(0, MAX_DURATION_NS),
+    )
+    return all(
+        type(o) is dict
+        and o.keys() == _OPTIMIZER_FIELDS
+        and name_ok(o["name"])
+        and count_ok(o["updates"])
+        and count_ok(o["skipped"])
+        and ns_ok(o["ns"])
+        for o in x
+    )
+
+
 def _options(x: Any) -> bool:
     if type(x) is not dict or len(x) > 32:
         return False
@@ -185,6 +209,12 @@ SCHEMAS: dict[str, dict[str, tuple[bool, Check]]] = {
         "explicit": (True, _bool),
         "micro": (True, _int(0, 1 << 20)),
         "phases": (True, _phases),
+        # the primary optimizer's update was skipped (GradScaler: inf/NaN grads)
+        "skipped": (False, _bool),
+        # evaluation (no-grad forwards) in the gap before this step, ns
+        "eval": (False, _int(0, MAX_DURATION_NS)),
+        # per optimizer: {"name", "updates", "skipped", "ns"} (auto mode)
+        "optimizers": (False, _optimizers),
     },
     "mark": {
         "run_key": (True, _RUN_KEY),
@@ -200,6 +230,8 @@ SCHEMAS: dict[str, dict[str, tuple[bool, Check]]] = {
         "mono_ns": (True, _int()),
         "wall_ns": (True, _int()),
         "cuda_uuid": (False, _optional(_printable(128))),
+        # evaluation after the last step (a final validation loop), ns
+        "eval_ns": (False, _int(0, MAX_DURATION_NS)),
     },
     "ping": {},
 }

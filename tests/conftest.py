@@ -25,6 +25,9 @@ def torch_leaks() -> list[str]:
     ag = torch.autograd.backward
     if (ag.__module__, ag.__qualname__) != ("torch.autograd", "backward"):
         leaks.append(f"torch.autograd.backward is {ag!r}")
+    scaler_step = vars(torch.amp.GradScaler)["step"]
+    if scaler_step.__qualname__ != "GradScaler.step" or hasattr(scaler_step, "__wrapped__"):
+        leaks.append(f"torch.amp.GradScaler.step is {scaler_step!r}")
     if optim_mod._global_optimizer_pre_hooks:
         leaks.append(f"optimizer pre hooks left: {dict(optim_mod._global_optimizer_pre_hooks)}")
     if optim_mod._global_optimizer_post_hooks:

@@ -1,37 +1,63 @@
 """The auto-mode step state machine: turns module calls, backward calls and
-optimizer hooks into steps. Pure: it is fed timestamps (monotonic ns) and
-never reads torch, so tests drive it with a fake clock.
+optimizer steps into training steps. Pure: it is fed timestamps (monotonic
+ns) and optimizer objects and never reads torch, so tests drive it with a
+fake clock.
 
-States and transitions::
+What a step is
+    One cycle of the *primary* optimizer: the first optimizer that steps in
+    the run. A GAN's discriminator and generator stepping once each per
+    iteration make one step, not two; an optimizer's skipped update
+    (``GradScaler`` found inf/NaN gradients) still ends the iteration's step.
+    Because a second optimizer may step after the primary (the generator
+    after the discriminator), a step is closed lazily: it ends at the last
+    optimizer step before the primary steps again, and is emitted then (or
+    at profile exit). Activity after an optimizer step goes into a new
+    *segment* that either joins the open step (another optimizer steps
+    next) or becomes the next step (the primary steps next).
+    With ``external=True`` (framework adapters) steps end only when
+    :meth:`StepMachine.end_step` is called.
 
-    idle ──forward──▶ forward ──backward start──▶ backward ──end──▶ after_backward
-      ▲                  ▲                                              │  │
-      │                  └──────────── forward (next micro-batch) ──────┘  │
-      └──────── optimizer post (step end) ◀── optimizer ◀── optimizer pre ─┘
+Phases (ns, summed over micro-batches)
+    ``forward``: a micro-batch's first forward to its backward start;
+    ``backward``: backward call durations; ``optimizer``: time inside
+    ``optimizer.step()`` minus forward/backward run by a closure there
+    (``optimizer.step(closure)``, LBFGS); ``data``: loading between
+    micro-batches (timed ``next()`` calls when the loader is wrapped, else
+    the gap from a backward's end to the next forward).
 
-* A step runs from its first forward (t0) to the optimizer post hook (t1).
-* ``micro`` counts backward calls in the step (one per micro-batch).
-* Phases (ns, summed over micro-batches): ``forward`` = each micro-batch's
-  first forward to its backward start; ``backward`` = backward call
-  durations; ``optimizer`` = pre hook to post hook.
-* Forwards during backward (activation checkpointing) or the optimizer
-  (closures) belong to that phase; extra outermost calls in a forward phase
-  (a loss module after the model) belong to it too.
-* An optimizer step with no step in progress (a second optimizer stepping
-  right after the first) is ignored; its end still closes the loader gap so
-  its time is not mistaken for loader wait. Nested optimizer steps (a
-  wrapper optimizer stepping an inner one) count once.
-* A backward with no forward seen starts a step at the backward.
-* Loader wait: see :class:`~gpuprof_shim.steps.WaitTracker` (timed
-  ``next()`` calls inside a step become its ``data`` phase).
+Micro-batches
+    Backward calls outside optimizer steps in the step's segment, plus one if
+    a closure ran backward inside the primary optimizer's step (LBFGS calls
+    its closure many times on one batch). Backward calls that joined the
+    step after the primary stepped (the generator's) are not micro-batches.
+
+Evaluation
+    Outermost module calls with grad disabled while no step segment is in
+    progress are candidate evaluation. :data:`EVAL_MIN_CALLS` or more of them
+    before the next training forward are an eval loop: the span from the
+    first to the last is the next step's ``eval_ns`` and is not loader wait.
+    Fewer are a teacher/EMA model's forward: they start the next step and
+    count as its forward phase.
+
+Loader wait
+    Gap mode (no wrapped loader): the gap from the previous step's end to
+    this step's start, minus evaluation. Explicit mode (``wrap_dataloader``):
+    the timed ``next()`` calls between the two (those during an eval loop
+    excluded); timed calls inside a step go to its ``data`` phase.
 """
 
 from __future__ import annotations
 
+import logging
 import time
+import weakref
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
-from gpuprof_shim.steps import LOADER_PHASE, StepRecord, WaitTracker
+from gpuprof_shim.steps import LOADER_PHASE, OptimizerUse, StepRecord
+
+log = logging.getLogger("gpuprof.shim")
 
 IDLE = "idle"
 FORWARD = "forward"
@@ -39,154 +65,447 @@ BACKWARD = "backward"
 AFTER_BACKWARD = "after_backward"
 OPTIMIZER = "optimizer"
 
+#: No-grad outermost calls in one gap from which on they are an eval loop,
+#: not a teacher/EMA forward. A teacher is called once or twice per
+#: iteration; an eval loop runs one call per validation batch. A validation
+#: set of 1-2 batches is therefore counted as step time (documented limit).
+EVAL_MIN_CALLS = 3
+#: Optimizers tracked per run with their own name and counters; later ones
+#: are summed under the last slot's name (the protocol carries at most 16).
+MAX_OPTIMIZERS = 16
+
+
+@dataclass
+class _Segment:
+    """Accumulators of one step, or of activity that may become one (ns)."""
+
+    t0: int = 0
+    last_ns: int = 0
+    end_ns: int = 0
+    forward_ns: int = 0
+    backward_ns: int = 0
+    optimizer_ns: int = 0
+    between_ns: int = 0
+    loader_ns: int = 0
+    wait_ns: int = 0
+    eval_ns: int = 0
+    micro: int = 0
+    closure_micro: int = 0
+    primary_done: bool = False
+    skipped: bool = False
+    optim: dict[int, list[int]] = field(default_factory=dict)
+
+    @property
+    def started(self) -> bool:
+        return self.t0 != 0
+
+    def absorb(self, tail: _Segment) -> None:
+        """Take *tail*'s work into this step (another optimizer's turn):
+        its backward calls are not micro-batches, its loader time is
+        in-step loading."""
+        self.forward_ns += tail.forward_ns
+        self.backward_ns += tail.backward_ns
+        self.optimizer_ns += tail.optimizer_ns
+        self.between_ns += tail.between_ns
+        self.loader_ns += tail.loader_ns + tail.wait_ns
+        self.eval_ns += tail.eval_ns
+        self.last_ns = max(self.last_ns, tail.last_ns)
+        for idx, counts in tail.optim.items():
+            mine = self.optim.setdefault(idx, [0, 0, 0])
+            for k in range(3):
+                mine[k] += counts[k]
+
+
+class _Gap:
+    """No-grad calls and loader time seen while no segment is in progress.
+    Loader time (ns) is kept apart before the first no-grad call
+    (``before_ns``), between two of them (``during_ns``: an eval loop's own
+    loading) and after the last one (``after_ns``)."""
+
+    __slots__ = ("calls", "first_ns", "last_ns", "before_ns", "during_ns", "after_ns")
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.first_ns = 0
+        self.last_ns = 0
+        self.before_ns = 0
+        self.during_ns = 0
+        self.after_ns = 0
+
+    def add_call(self, t_start: int, t_end: int) -> None:
+        if self.calls:
+            self.during_ns += self.after_ns
+        else:
+            self.first_ns = t_start
+            self.before_ns += self.after_ns
+        self.after_ns = 0
+        self.calls += 1
+        self.last_ns = max(self.last_ns, t_end)
+
 
 class StepMachine:
     """Auto-mode step tracker; see the module docstring.
 
     Args:
-        emit: called with each finished :class:`StepRecord` (never raises
-            into the machine's caller: the session's emitter swallows errors).
-        waits: loader-wait bookkeeping shared with ``wrap_dataloader``.
+        emit: called with each finished :class:`StepRecord` (the session's
+            emitter swallows its own errors).
+        start_ns: the profile start (the first step's loader gap begins here).
         clock: monotonic nanoseconds; the torch wrappers read it, the
             machine itself only receives timestamps.
+        external: steps end only at :meth:`end_step` (framework adapters),
+            not at optimizer cycles.
     """
 
     def __init__(
         self,
         emit: Callable[[StepRecord], None],
-        waits: WaitTracker,
+        start_ns: int = 0,
         clock: Callable[[], int] = time.monotonic_ns,
+        *,
+        external: bool = False,
     ) -> None:
         self.emit = emit
-        self.waits = waits
         self.clock = clock
+        self.external = external
         self.state = IDLE
         self.next_index = 0
-        self._opt_depth = 0
-        self._reset()
-
-    def _reset(self) -> None:
-        self.state = IDLE
-        self._t0 = 0
-        self._last_ns = 0
+        self.explicit = False
+        #: Eval time after the last step (a final validation), ns.
+        self.trailing_eval_ns = 0
+        self._prev_end = start_ns
+        self._seg = _Segment()
+        self._open: _Segment | None = None  # primary stepped, not yet emitted
+        self._gap = _Gap()
         self._phase_start = 0
-        self._micro = 0
-        self._forward_ns = 0
-        self._backward_ns = 0
-        self._optimizer_ns = 0
-        self._between_ns = 0
+        self._opt_depth = 0
+        self._opt_outer: Any = None
+        self._opt_pre_ns = 0
+        self._inner_steps = 0
+        self._closure_state = IDLE
+        self._closure_start = 0
+        self._closure_ns = 0
+        self._primary: Any = None  # weakref to the primary optimizer (or a strong ref)
+        self._optimizers: dict[int, tuple[Any, int, str]] = {}  # id -> (ref, index, name)
+
+    # --- queries the wrappers make on the hot path ---------------------------
 
     @property
     def in_step(self) -> bool:
-        return self.state != IDLE
+        return self.state is not IDLE
 
     def accepts_forward(self) -> bool:
-        """True when an outermost module call now would start a forward phase
-        (cheap check so the wrapper skips work otherwise)."""
-        return self.state is IDLE or self.state is AFTER_BACKWARD
+        """True when an outermost grad-enabled module call now would start or
+        continue a forward phase (a cheap check so the wrapper skips work)."""
+        state = self.state
+        return state is IDLE or state is AFTER_BACKWARD or state is OPTIMIZER
 
-    def _start(self, t: int) -> None:
-        self._t0 = t
-        self._last_ns = t
-        self.waits.step_started()
+    def wants_eval(self) -> bool:
+        """True when a no-grad outermost module call now would be evaluation
+        (no step segment in progress); the wrapper then times it and calls
+        :meth:`on_eval_call`."""
+        return self.state is IDLE
+
+    # --- events -------------------------------------------------------------
+
+    def _start_segment(self, t: int) -> None:
+        seg, gap = self._seg, self._gap
+        seg.t0 = t
+        seg.last_ns = t
+        seg.wait_ns = gap.before_ns + gap.after_ns
+        if gap.calls >= EVAL_MIN_CALLS:  # an eval loop: its loading is eval time
+            seg.eval_ns = max(0, gap.last_ns - gap.first_ns)
+        else:
+            seg.wait_ns += gap.during_ns
+            if gap.calls:  # a teacher/EMA forward: part of this step
+                seg.t0 = gap.first_ns
+        self._gap = _Gap()
+        self._phase_start = seg.t0
+
+    def on_eval_call(self, t_start: int, t_end: int) -> None:
+        """An outermost module call with grad disabled ran from *t_start* to *t_end*."""
+        if self.state is IDLE:
+            self._gap.add_call(t_start, t_end)
 
     def on_forward(self, t: int) -> None:
-        """An outermost module call (grad enabled) started at *t*."""
-        if self.state is IDLE:
-            self._start(t)
-        elif self.state is AFTER_BACKWARD:
+        """An outermost module call (grad enabled, with parameters) started at *t*."""
+        state = self.state
+        if state is IDLE:
+            self._start_segment(t)
+        elif state is AFTER_BACKWARD:
             # the gap before the next micro-batch's forward is its loading
-            self._between_ns += max(0, t - self._last_ns)
+            self._seg.between_ns += max(0, t - self._seg.last_ns)
+            self._phase_start = t
+        elif state is OPTIMIZER:
+            if self._closure_state is IDLE:
+                self._closure_state = FORWARD
+                self._closure_start = t
+            return
         else:
             return
         self.state = FORWARD
-        self._phase_start = t
 
     def on_forward_end(self, t: int) -> None:
         """An outermost module call returned (or raised) at *t*."""
         if self.state is not IDLE:
-            self._last_ns = max(self._last_ns, t)
+            self._seg.last_ns = max(self._seg.last_ns, t)
 
     def on_backward_start(self, t: int) -> bool:
         """A backward call started at *t*; returns whether it was counted
         (only then must :meth:`on_backward_end` be called for it)."""
         state = self.state
-        if state is BACKWARD or state is OPTIMIZER:
+        seg = self._seg
+        if state is BACKWARD:
             return False
+        if state is OPTIMIZER:  # inside optimizer.step(closure)
+            if self._closure_state is BACKWARD:
+                return False
+            if self._closure_state is FORWARD:
+                seg.forward_ns += max(0, t - self._closure_start)
+                self._closure_ns += max(0, t - self._closure_start)
+            self._closure_state = BACKWARD
+            self._closure_start = t
+            return True
         if state is IDLE:
-            self._start(t)
+            self._start_segment(t)
+            self._phase_start = t
         elif state is FORWARD:
-            self._forward_ns += t - self._phase_start
+            seg.forward_ns += max(0, t - self._phase_start)
+        else:  # AFTER_BACKWARD: a second backward on the same micro-batch's graph
+            seg.between_ns += max(0, t - seg.last_ns)
         self.state = BACKWARD
         self._phase_start = t
-        self._micro += 1
+        seg.micro += 1
         return True
 
     def on_backward_end(self, t: int) -> None:
         """A counted backward call returned (or raised) at *t*."""
+        seg = self._seg
+        if self.state is OPTIMIZER:
+            if self._closure_state is BACKWARD:
+                seg.backward_ns += max(0, t - self._closure_start)
+                self._closure_ns += max(0, t - self._closure_start)
+                seg.closure_micro = 1
+                self._closure_state = IDLE
+            return
         if self.state is BACKWARD:
-            self._backward_ns += t - self._phase_start
-            self._last_ns = max(self._last_ns, t)
+            seg.backward_ns += max(0, t - self._phase_start)
+            seg.last_ns = max(seg.last_ns, t)
             self.state = AFTER_BACKWARD
 
-    def on_optimizer_pre(self, t: int) -> None:
-        """An ``optimizer.step()`` began at *t* (global pre hook)."""
+    def on_optimizer_pre(self, t: int, optimizer: Any = None) -> None:
+        """``optimizer.step()`` (or ``GradScaler.step(optimizer)``) began at *t*."""
         self._opt_depth += 1
-        if self._opt_depth != 1 or self.state is IDLE:
+        if self._opt_depth != 1:
+            self._inner_steps += 1
             return
-        if self.state is FORWARD:
-            self._forward_ns += max(0, self._last_ns - self._phase_start)
+        self._opt_outer = optimizer
+        self._opt_pre_ns = t
+        self._inner_steps = 0
+        self._closure_state = IDLE
+        self._closure_ns = 0
+        idx = self._index_of(optimizer)
+        if self._primary is None and not self.external:
+            self._set_primary(optimizer)
+        if not self.external and self._open is not None:
+            if self._is_primary(optimizer):
+                self._emit_open()  # the primary's next cycle: the open step is done
+            else:
+                self._open.absorb(self._seg)  # another optimizer's turn in the open step
+                self._seg = self._open
+                self._open = None
+                self._phase_start = t
+        seg = self._seg
+        if not seg.started:
+            self._start_segment(t)
+        elif self.state is FORWARD:
+            seg.forward_ns += max(0, seg.last_ns - self._phase_start)
+        seg.optim.setdefault(idx, [0, 0, 0])
         self.state = OPTIMIZER
         self._phase_start = t
 
-    def on_optimizer_post(self, t: int) -> None:
-        """An ``optimizer.step()`` ended at *t* (global post hook): step end."""
+    def on_optimizer_post(self, t: int, optimizer: Any = None, skipped: bool = False) -> None:
+        """``optimizer.step()`` ended at *t*; ``skipped``: it did not update."""
+        if self._opt_depth == 0:
+            return  # a post without its pre (attached mid-step): ignore
+        self._opt_depth -= 1
         if self._opt_depth > 0:
-            self._opt_depth -= 1
-            if self._opt_depth > 0:
-                return
-        if self.state is IDLE:
-            self.waits.step_skipped(t)
             return
-        if self.state is OPTIMIZER:
-            self._optimizer_ns += t - self._phase_start
-        self._finish(t)
+        seg = self._seg
+        if self.state is not OPTIMIZER:
+            return
+        outer = self._opt_outer
+        self._opt_outer = None
+        if self._closure_state is FORWARD:  # a closure forward with no backward
+            closure_fwd = max(0, seg.last_ns - self._closure_start)
+            seg.forward_ns += closure_fwd
+            self._closure_ns += closure_fwd
+        self._closure_state = IDLE
+        spent = max(0, t - self._opt_pre_ns - self._closure_ns)
+        seg.optimizer_ns += spent
+        counts = seg.optim.setdefault(self._index_of(outer), [0, 0, 0])
+        counts[1 if skipped else 0] += 1
+        counts[2] += spent
+        seg.last_ns = max(seg.last_ns, t)
+        seg.end_ns = t
+        if self.external:
+            seg.skipped = seg.skipped or skipped
+        elif self._is_primary(outer):
+            seg.primary_done = True
+            seg.skipped = skipped
+        if seg.primary_done:
+            self._open = seg
+            self._seg = _Segment()
+            self.state = IDLE
+        else:
+            # the step goes on (external mode, or an optimizer before the
+            # primary): a forward next is the next micro-batch of this step
+            self.state = AFTER_BACKWARD
+
+    def on_scaler_step_start(self, t: int, optimizer: Any) -> None:
+        """``GradScaler.step(optimizer)`` began at *t*: the optimizer's step
+        (or its skip) starts here; the real ``optimizer.step()``, if the
+        scaler calls it, nests inside."""
+        self.on_optimizer_pre(t, optimizer)
+
+    def on_scaler_step_end(self, t: int, optimizer: Any) -> None:
+        """``GradScaler.step(optimizer)`` returned at *t*; no inner
+        ``optimizer.step()`` means the update was skipped (inf/NaN grads)."""
+        skipped = self._opt_depth == 1 and self._inner_steps == 0
+        self.on_optimizer_post(t, optimizer, skipped=skipped)
+
+    def end_step(self, t: int, *, skipped: bool = False, micro: int | None = None) -> None:
+        """External mode: a step ended at *t* (a framework's step-end callback).
+        ``micro`` overrides the counted micro-batches when the framework knows
+        them. Does nothing if no activity was seen since the last step."""
+        if self._open is not None:
+            self._emit_open()
+        seg = self._seg
+        if not seg.started:
+            return
+        if self.state is OPTIMIZER:  # called from inside a step(): count what ran
+            seg.optimizer_ns += max(0, t - self._opt_pre_ns - self._closure_ns)
+            self._opt_depth = 0
+        elif self.state is FORWARD:
+            seg.forward_ns += max(0, seg.last_ns - self._phase_start)
+        seg.skipped = seg.skipped or skipped
+        if micro is not None and micro >= 0:
+            seg.micro, seg.closure_micro = micro, 0
+        seg.end_ns = max(seg.end_ns, t)
+        self.state = IDLE
+        self._seg = _Segment()
+        self._emit_segment(seg, seg.end_ns)
+
+    def mark_explicit(self) -> None:
+        """``wrap_dataloader`` started iterating: waits are timed ``next()`` calls."""
+        self.explicit = True
 
     def add_loader_wait(self, ns: int) -> None:
         """A timed ``next()`` of the wrapped loader took *ns*."""
-        self.waits.add_loader_wait(ns)
+        ns = max(0, ns)
+        if self.state is not IDLE:
+            self._seg.loader_ns += ns
+        else:
+            self._gap.after_ns += ns
 
     def flush(self, t: int) -> None:
-        """Profile exit at *t*: emit the step in progress, if any, ending at
-        its last seen activity (or *t* if it stopped inside the optimizer)."""
-        state = self.state
-        if state is IDLE:
-            return
-        end = max(self._last_ns, self._phase_start)
-        if state is FORWARD:
-            self._forward_ns += end - self._phase_start
+        """Profile exit at *t*: emit the open step, then a step left half done
+        if it ran a backward or an optimizer step (a forward alone is not a
+        training step); no-grad calls left over are trailing eval time."""
+        if self._open is not None:
+            self._emit_open()
+        seg, state = self._seg, self.state
+        if state is OPTIMIZER:
+            seg.optimizer_ns += max(0, t - self._opt_pre_ns - self._closure_ns)
+            seg.end_ns = t
         elif state is BACKWARD:
-            end = t
-            self._backward_ns += t - self._phase_start
-        elif state is OPTIMIZER:
-            end = t
-            self._optimizer_ns += t - self._phase_start
+            seg.backward_ns += max(0, t - self._phase_start)
+            seg.end_ns = t
+        elif state is FORWARD:
+            seg.forward_ns += max(0, seg.last_ns - self._phase_start)
+        if seg.started and (seg.micro or seg.closure_micro or seg.optim):
+            self._emit_segment(seg, max(seg.end_ns, seg.last_ns))
+        elif self._gap.calls:
+            self.trailing_eval_ns += max(0, self._gap.last_ns - self._gap.first_ns)
+        self._seg, self._gap = _Segment(), _Gap()
+        self.state = IDLE
         self._opt_depth = 0
-        self._finish(end)
 
-    def _finish(self, t1: int) -> None:
-        t1 = max(t1, self._t0)
-        wait, explicit, loader_ns = self.waits.finish_step(self._t0, t1)
+    # --- internals ------------------------------------------------------------
+
+    def _emit_open(self) -> None:
+        seg, self._open = self._open, None
+        if seg is not None:
+            self._emit_segment(seg, seg.end_ns)
+
+    def _emit_segment(self, seg: _Segment, t1: int) -> None:
+        t1 = max(t1, seg.t0)
+        if self.explicit:
+            wait = seg.wait_ns
+        else:
+            wait = max(0, seg.t0 - self._prev_end - seg.eval_ns)
+        self._prev_end = t1
         phases = {
-            "forward": self._forward_ns,
-            "backward": self._backward_ns,
-            "optimizer": self._optimizer_ns,
+            "forward": seg.forward_ns,
+            "backward": seg.backward_ns,
+            "optimizer": seg.optimizer_ns,
         }
-        # timed next() calls when the loader is wrapped, else the inter-micro-batch gaps
-        inside = loader_ns if explicit else self._between_ns
+        inside = seg.loader_ns if self.explicit else seg.between_ns
         if inside:
             phases[LOADER_PHASE] = inside
-        rec = StepRecord(self.next_index, self._t0, t1, wait, explicit, self._micro, phases)
+        optimizers = [
+            OptimizerUse(self._name_of(idx), *counts) for idx, counts in sorted(seg.optim.items())
+        ]
+        rec = StepRecord(
+            i=self.next_index,
+            t0=seg.t0,
+            t1=t1,
+            wait=wait,
+            explicit=self.explicit,
+            micro=seg.micro + seg.closure_micro,
+            phases=phases,
+            skipped=seg.skipped,
+            eval_ns=seg.eval_ns,
+            optimizers=optimizers,
+        )
         self.next_index += 1
-        self._reset()
         self.emit(rec)
+
+    def _index_of(self, optimizer: Any) -> int:
+        entry = self._optimizers.get(id(optimizer))
+        if entry is not None and _deref(entry[0]) is optimizer:
+            return entry[1]
+        idx = min(len(self._optimizers), MAX_OPTIMIZERS - 1)
+        name = f"{type(optimizer).__name__}#{idx}" if optimizer is not None else f"step#{idx}"
+        self._optimizers[id(optimizer)] = (_ref(optimizer), idx, name)
+        return idx
+
+    def _name_of(self, idx: int) -> str:
+        for _, i, name in self._optimizers.values():
+            if i == idx:
+                return name
+        return f"optimizer#{idx}"
+
+    def _set_primary(self, optimizer: Any) -> None:
+        self._primary = _ref(optimizer, self._primary_gone)
+
+    def _primary_gone(self, _ref: Any = None) -> None:
+        """The primary optimizer was garbage-collected (replaced): the next
+        optimizer that steps becomes the primary."""
+        self._primary = None
+
+    def _is_primary(self, optimizer: Any) -> bool:
+        if self._primary is None:
+            return False
+        return _deref(self._primary) is optimizer
+
+
+def _ref(obj: Any, callback: Callable[[Any], None] | None = None) -> Any:
+    """A weak reference where the object allows one, else the object itself."""
+    try:
+        return weakref.ref(obj, callback) if callback else weakref.ref(obj)
+    except TypeError:
+        return obj
+
+
+def _deref(ref: Any) -> Any:
+    return ref() if isinstance(ref, weakref.ref) else ref

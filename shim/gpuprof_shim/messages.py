@@ -8,7 +8,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpuprof.protocol import (
+    MAX_DURATION_NS,
     MAX_ERROR_CHARS,
+    MAX_OPTIMIZERS,
     MAX_PHASE_NAME_CHARS,
     MAX_PHASES,
     PROTOCOL_VERSION,
@@ -116,9 +118,11 @@ def bye(
     mono_ns: int,
     wall_ns: int,
     cuda_uuid: str | None,
+    eval_ns: int = 0,
 ) -> dict[str, Any]:
     """The ``bye`` request: status ``failed`` with the error text if the loop
-    raised *error*, else ``finished``."""
+    raised *error*, else ``finished``. ``eval_ns``: evaluation after the last
+    step (a final validation loop), ns."""
     msg: dict[str, Any] = {
         "v": PROTOCOL_VERSION,
         "type": "bye",
@@ -133,12 +137,15 @@ def bye(
         msg["error"] = error_text(error)
     if cuda_uuid:
         msg["cuda_uuid"] = cuda_uuid
+    if eval_ns > 0:
+        msg["eval_ns"] = min(eval_ns, MAX_DURATION_NS)
     return msg
 
 
 def step(run_key: str, rec: StepRecord) -> dict[str, Any]:
-    """The ``step`` data event for *rec*."""
-    return {
+    """The ``step`` data event for *rec*; ``skipped``, ``eval`` and
+    ``optimizers`` only when they say something."""
+    msg = {
         "v": PROTOCOL_VERSION,
         "type": "step",
         "run_key": run_key,
@@ -150,6 +157,21 @@ def step(run_key: str, rec: StepRecord) -> dict[str, Any]:
         "micro": rec.micro,
         "phases": clean_phases(rec.phases),
     }
+    if rec.skipped:
+        msg["skipped"] = True
+    if rec.eval_ns > 0:
+        msg["eval"] = min(rec.eval_ns, MAX_DURATION_NS)
+    if rec.optimizers:
+        msg["optimizers"] = [
+            {
+                "name": _cached_phase_name(o.name),
+                "updates": o.updates,
+                "skipped": o.skipped,
+                "ns": min(max(0, o.ns), MAX_DURATION_NS),
+            }
+            for o in rec.optimizers[:MAX_OPTIMIZERS]
+        ]
+    return msg
 
 
 def normalize_options(flops_per_step: object, dtype: object) -> dict[str, Any]:

@@ -1,8 +1,9 @@
 """The one owner of gpuprof's global changes to torch.
 
-Auto mode replaces ``torch.nn.Module.__call__``, ``torch.Tensor.backward``
-and ``torch.autograd.backward`` and registers torch's global optimizer step
-pre/post hooks (removable handles; ``Optimizer.step`` itself is untouched).
+Auto mode replaces ``torch.nn.Module.__call__``, ``torch.Tensor.backward``,
+``torch.autograd.backward`` and ``torch.amp.GradScaler.step`` and registers
+torch's global optimizer step pre/post hooks (removable handles;
+``Optimizer.step`` itself is untouched).
 Originals are recorded exactly as found (the raw class/module dict entry)
 and put back on :meth:`TorchPatches.remove`. Only one owner may be
 installed per process; nothing is patched at import time. torch is
@@ -88,10 +89,14 @@ class TorchPatches:
             is_grad_enabled=torch.is_grad_enabled,
         )
         self.wrappers = w
+        # GradScaler.step may skip optimizer.step() (inf/NaN grads): its own
+        # call is the optimizer's turn, so a skipped update still ends a step
+        scaler_cls = torch.amp.GradScaler
         for target, name, replacement in (
             (module_cls, "__call__", w.module_call),
             (tensor_cls, "backward", w.tensor_backward),
             (autograd, "backward", w.autograd_backward),
+            (scaler_cls, "step", w.make_scaler_step(_raw(scaler_cls, "step"))),
         ):
             patch = _Patch(target, name, _raw(target, name), replacement)
             setattr(target, name, replacement)

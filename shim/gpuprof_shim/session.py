@@ -71,9 +71,12 @@ class Profiler:
         db: the database a started daemon uses (default ``GPUPROF_DB`` or
             ``./gpuprof.db``, made absolute against the current directory).
         autostart: start a gpuprofd if none answers.
+        step_source: ``"optimizer"`` (auto mode finds steps: one cycle of the
+            first optimizer that steps) or ``"external"`` (a framework adapter
+            ends each step with :meth:`mark_step_end`; phases are still timed).
 
     Raises:
-        ValueError: an invalid ``flops_per_step`` or ``dtype``.
+        ValueError: an invalid ``flops_per_step``, ``dtype`` or ``step_source``.
     """
 
     def __init__(
@@ -87,7 +90,13 @@ class Profiler:
         socket_dir: str | os.PathLike[str] | None = None,
         db: str | os.PathLike[str] | None = None,
         autostart: bool = True,
+        step_source: str = "optimizer",
     ) -> None:
+        if step_source not in ("optimizer", "external"):
+            raise ValueError(
+                f"gpuprof: step_source must be 'optimizer' or 'external', got {step_source!r}"
+            )
+        self.step_source = step_source
         self.run_name = clean_run_name(run_name)
         self.auto = bool(auto)
         self.options = messages.normalize_options(flops_per_step, dtype)
@@ -113,7 +122,9 @@ class Profiler:
         self._daemon_ok = False
         self._problem: str | None = None
         self._control: str | None = None
-        self._waits: WaitTracker | None = None
+        #: Where timed loader ``next()`` calls go: the step machine (auto
+        #: mode) or the manual recorder's wait tracker.
+        self._waits: WaitTracker | StepMachine | None = None
         self._recorder: ManualRecorder | None = None
         self._patches: Any = None
         self._warned_step = False
@@ -121,6 +132,18 @@ class Profiler:
         self._sent_at = 0
 
     # --- lifecycle ---------------------------------------------------------
+
+    def start(self) -> Profiler:
+        """Start profiling without a ``with`` block (framework callbacks);
+        pair with :meth:`stop`. Same errors as entering the ``with``."""
+        return self.__enter__()
+
+    def stop(self, exc: BaseException | None = None) -> None:
+        """End a profile begun with :meth:`start`; *exc* is the error that
+        ended training, if any (the run is then marked failed). Never raises
+        for gpuprof's own problems; a second call does nothing."""
+        if self._entered and _active is self:
+            self.__exit__(type(exc) if exc is not None else None, exc, None)
 
     def __enter__(self) -> Profiler:
         global _active
@@ -181,6 +204,19 @@ class Profiler:
             self._warned_step = True
             log.warning("gpuprof: prof.step() records only with auto=False inside the with block")
         return NullStep()
+
+    def mark_step_end(self, *, skipped: bool = False, micro: int | None = None) -> None:
+        """End the current step now (``step_source="external"``, for framework
+        adapters). ``skipped``: the framework skipped this step's update;
+        ``micro``: its micro-batch count, if the framework knows it better
+        than the counted backward calls. Never raises."""
+        machine = self.machine
+        if machine is None or not self._open or not machine.external:
+            return
+        try:
+            machine.end_step(self.clock(), skipped=skipped, micro=micro)
+        except Exception:
+            log.debug("gpuprof: could not end the step", exc_info=True)
 
     def wrap_dataloader(self, loader: Iterable[Any]) -> TimedLoader:
         """Iterate *loader* through this to time each ``next()`` as explicit
@@ -245,18 +281,22 @@ class Profiler:
         return control.parse_hello_reply(raw)
 
     def _start_recording(self) -> None:
-        self._waits = WaitTracker(self.clock())
         if self.auto:
             from gpuprof_shim.patches import TorchPatches
 
-            self.machine = StepMachine(self._emit, self._waits, self.clock)
+            self.machine = StepMachine(
+                self._emit, self.clock(), self.clock, external=self.step_source == "external"
+            )
+            self._waits = self.machine
             self._patches = TorchPatches(self.machine)
             try:
                 self._patches.install()
             except Exception:
                 log.warning("gpuprof: could not patch torch; no steps recorded", exc_info=True)
         else:
-            self._recorder = ManualRecorder(self._emit, self._waits, self.clock)
+            waits = WaitTracker(self.clock())
+            self._waits = waits
+            self._recorder = ManualRecorder(self._emit, waits, self.clock)
         self._open = True
 
     def _emit(self, rec: StepRecord) -> None:
@@ -331,6 +371,7 @@ class Profiler:
             mono_ns=time.monotonic_ns(),
             wall_ns=time.time_ns(),
             cuda_uuid=identity.cuda_uuid(),
+            eval_ns=self.machine.trailing_eval_ns if self.machine is not None else 0,
         )
         raw = control.request(
             self.sender.context,
@@ -343,8 +384,10 @@ class Profiler:
         if summary is None:
             refused = raw.get("error") if isinstance(raw, dict) and raw.get("ok") is False else None
             if isinstance(refused, str):
-                self._problem = (f"gpuprofd could not finish the run ({refused[:300]}); "
-                                 "summary from local counts only")
+                self._problem = (
+                    f"gpuprofd could not finish the run ({refused[:300]}); "
+                    "summary from local counts only"
+                )
             else:
                 self._problem = "gpuprofd did not answer at exit; summary from local counts only"
             log.warning("gpuprof: %s", self._problem)

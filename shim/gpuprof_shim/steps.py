@@ -10,6 +10,23 @@ from gpuprof.protocol import DATA_PHASE
 
 
 @dataclass
+class OptimizerUse:
+    """One optimizer's share of a step.
+
+    Attributes:
+        name: class name and order of first step in the run, e.g. ``"Adam#0"``.
+        updates: ``step()`` calls that updated the parameters.
+        skipped: ``step()`` calls skipped (``GradScaler`` found inf/NaN gradients).
+        ns: time inside ``step()``, closures' forward/backward excluded, ns.
+    """
+
+    name: str
+    updates: int
+    skipped: int
+    ns: int
+
+
+@dataclass
 class StepRecord:
     """One training step, ready to become a ``step`` message.
 
@@ -22,6 +39,10 @@ class StepRecord:
             the gap since the previous step ended.
         micro: micro-batches (backward calls) in the step.
         phases: phase name -> summed duration, ns.
+        skipped: the primary optimizer's update was skipped (inf/NaN gradients).
+        eval_ns: evaluation (no-grad forwards) in the gap before the step, ns;
+            not part of ``wait``.
+        optimizers: each optimizer's updates and time in this step (auto mode).
     """
 
     i: int
@@ -31,6 +52,9 @@ class StepRecord:
     explicit: bool
     micro: int
     phases: dict[str, int] = field(default_factory=dict)
+    skipped: bool = False
+    eval_ns: int = 0
+    optimizers: list[OptimizerUse] = field(default_factory=list)
 
     @property
     def duration_ns(self) -> int:
@@ -93,8 +117,3 @@ class WaitTracker:
         self.in_step = False
         self.prev_end_ns = t1
         return wait, self.explicit, inside
-
-    def step_skipped(self, t: int) -> None:
-        """Time up to *t* was spent outside any step but not on loading
-        (an optimizer step with no step in progress): restart the gap."""
-        self.prev_end_ns = t

@@ -161,14 +161,41 @@ class Wrappers:
         so torch keeps the step's arguments."""
         if self.enabled:
             try:
-                self.machine.on_optimizer_pre(self.machine.clock())
+                self.machine.on_optimizer_pre(self.machine.clock(), optimizer)
             except Exception:
                 self.internal_error()
 
     def optimizer_post_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        """Global ``register_optimizer_step_post_hook`` callback: a step ends."""
+        """Global ``register_optimizer_step_post_hook`` callback."""
         if self.enabled:
             try:
-                self.machine.on_optimizer_post(self.machine.clock())
+                self.machine.on_optimizer_post(self.machine.clock(), optimizer)
             except Exception:
                 self.internal_error()
+
+    def make_scaler_step(self, orig: Callable[..., Any]) -> Callable[..., Any]:
+        """A stand-in for ``torch.amp.GradScaler.step``: the scaler's step is
+        the optimizer's turn even when it skips ``optimizer.step()`` because
+        the gradients hold inf/NaN (then the step is marked skipped)."""
+        machine = self.machine
+
+        def scaler_step(scaler: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+            if not self.enabled:
+                return orig(scaler, optimizer, *args, **kwargs)
+            try:
+                machine.on_scaler_step_start(machine.clock(), optimizer)
+            except Exception:
+                self.internal_error()
+            try:
+                return orig(scaler, optimizer, *args, **kwargs)
+            finally:
+                try:
+                    machine.on_scaler_step_end(machine.clock(), optimizer)
+                except Exception:
+                    self.internal_error()
+
+        scaler_step.__wrapped__ = orig  # type: ignore[attr-defined]
+        scaler_step.__doc__ = getattr(orig, "__doc__", None)
+        scaler_step.__name__ = "step"
+        scaler_step.__qualname__ = getattr(orig, "__qualname__", "step")
+        return scaler_step

@@ -1,14 +1,29 @@
-"""The auto-mode step state machine, driven with hand-made timestamps (ns)."""
+"""The auto-mode step state machine, driven with hand-made timestamps (ns)
+and stand-in optimizer objects."""
 
 from __future__ import annotations
 
-from gpuprof_shim.auto import AFTER_BACKWARD, IDLE, StepMachine
-from gpuprof_shim.steps import StepRecord, WaitTracker
+import gc
+
+from gpuprof_shim.auto import EVAL_MIN_CALLS, IDLE, StepMachine
+from gpuprof_shim.steps import OptimizerUse, StepRecord
 
 
-def make(start_ns: int = 0) -> tuple[StepMachine, list[StepRecord]]:
+class Opt:
+    """Stands in for an optimizer: only its identity and class name matter."""
+
+
+class Adam(Opt):
+    pass
+
+
+class SGD(Opt):
+    pass
+
+
+def make(start_ns: int = 0, **kw) -> tuple[StepMachine, list[StepRecord]]:
     out: list[StepRecord] = []
-    return StepMachine(out.append, WaitTracker(start_ns), clock=lambda: 0), out
+    return StepMachine(out.append, start_ns, clock=lambda: 0, **kw), out
 
 
 def micro(m: StepMachine, fwd: int, bwd: int, bwd_end: int) -> None:
@@ -18,40 +33,50 @@ def micro(m: StepMachine, fwd: int, bwd: int, bwd_end: int) -> None:
     m.on_backward_end(bwd_end)
 
 
+def opt_step(m: StepMachine, opt: object, pre: int, post: int) -> None:
+    m.on_optimizer_pre(pre, opt)
+    m.on_optimizer_post(post, opt)
+
+
 def test_one_step_boundaries_phases_and_gap_wait():
     m, out = make(start_ns=100)
+    opt = SGD()
     micro(m, fwd=1_000, bwd=1_300, bwd_end=1_700)
-    m.on_optimizer_pre(1_750)
-    m.on_optimizer_post(1_900)
+    opt_step(m, opt, 1_750, 1_900)
+    assert out == []  # closed lazily: another optimizer could still step
+    m.flush(5_000)
     assert out == [
         StepRecord(
             i=0, t0=1_000, t1=1_900, wait=900, explicit=False, micro=1,
             phases={"forward": 300, "backward": 400, "optimizer": 150},
+            optimizers=[OptimizerUse("SGD#0", updates=1, skipped=0, ns=150)],
         )
     ]  # fmt: skip
     assert m.state is IDLE
 
 
-def test_second_step_wait_is_gap_from_previous_end_and_index_counts():
+def test_a_step_is_emitted_when_the_primary_optimizer_steps_again():
     m, out = make()
+    opt = SGD()
     for base in (1_000, 5_000):
         micro(m, fwd=base, bwd=base + 100, bwd_end=base + 200)
-        m.on_optimizer_pre(base + 250)
-        m.on_optimizer_post(base + 300)
+        opt_step(m, opt, base + 250, base + 300)
+    assert [s.i for s in out] == [0]
+    m.flush(9_000)
     assert [s.i for s in out] == [0, 1]
     assert out[1].wait == 5_000 - 1_300
-    assert out[1].t0 == 5_000
+    assert (out[1].t0, out[1].t1) == (5_000, 5_300)
 
 
 def test_gradient_accumulation_is_one_step_with_micro_count_and_summed_phases():
     m, out = make()
+    opt = SGD()
     for k in range(4):  # each micro-batch: 100 forward, 200 backward, 50 idle
         base = 1_000 + k * 350
         micro(m, fwd=base, bwd=base + 100, bwd_end=base + 300)
-    m.on_optimizer_pre(2_500)
-    m.on_optimizer_post(2_600)
-    assert len(out) == 1
-    step = out[0]
+    opt_step(m, opt, 2_500, 2_600)
+    m.flush(3_000)
+    (step,) = out
     assert (step.t0, step.t1, step.micro) == (1_000, 2_600, 4)
     # the 50 ns gaps before micro-batches 2-4 are their loading: the "data" phase
     assert step.phases == {"forward": 400, "backward": 800, "optimizer": 100, "data": 150}
@@ -65,111 +90,242 @@ def test_extra_outermost_calls_in_forward_do_not_start_a_new_forward():
     m.on_forward_end(1_250)
     m.on_backward_start(1_300)
     m.on_backward_end(1_400)
-    m.on_optimizer_pre(1_500)
-    m.on_optimizer_post(1_600)
+    opt_step(m, SGD(), 1_500, 1_600)
+    m.flush(2_000)
     assert out[0].micro == 1
     assert out[0].phases["forward"] == 300  # from the model's call to backward start
 
 
-def test_forward_during_backward_or_optimizer_belongs_to_that_phase():
+def test_forward_during_backward_belongs_to_backward():
     m, out = make()
     m.on_forward(1_000)
     m.on_backward_start(1_100)
     m.on_forward(1_150)  # activation checkpointing recomputes in backward
+    m.on_forward_end(1_200)
     m.on_backward_end(1_300)
-    m.on_optimizer_pre(1_400)
-    m.on_forward(1_450)  # an optimizer closure
-    m.on_optimizer_post(1_600)
-    assert out[0].phases == {"forward": 100, "backward": 200, "optimizer": 200}
+    opt_step(m, SGD(), 1_400, 1_500)
+    m.flush(2_000)
+    assert out[0].phases == {"forward": 100, "backward": 200, "optimizer": 100}
     assert out[0].micro == 1
 
 
-def test_nested_backward_start_while_in_backward_is_not_counted():
+def test_closure_forward_and_backward_count_as_such_not_as_optimizer():
     m, out = make()
-    m.on_forward(0)
-    assert m.on_backward_start(10)
-    assert not m.on_backward_start(20)  # e.g. another thread's reentrant backward
-    m.on_backward_end(30)
-    m.on_optimizer_pre(40)
-    m.on_optimizer_post(50)
-    assert out[0].micro == 1 and out[0].phases["backward"] == 20
+    opt = Opt()
+    m.on_optimizer_pre(1_000, opt)  # LBFGS: optimizer.step(closure)
+    for k in range(3):  # the closure evaluated three times
+        base = 1_100 + k * 500
+        m.on_forward(base)
+        m.on_forward_end(base + 90)
+        assert m.on_backward_start(base + 100)
+        m.on_backward_end(base + 300)
+    m.on_optimizer_post(3_000, opt)
+    m.flush(4_000)
+    (step,) = out
+    assert step.phases == {"forward": 300, "backward": 600, "optimizer": 2_000 - 900}
+    assert step.micro == 1  # one batch, evaluated three times
+    assert (step.t0, step.t1) == (1_000, 3_000)
 
 
-def test_optimizer_step_without_forward_is_ignored_and_closes_the_gap():
+def test_accumulation_then_closure_step_counts_every_micro_batch():
     m, out = make()
-    micro(m, fwd=1_000, bwd=1_100, bwd_end=1_200)
-    m.on_optimizer_pre(1_300)
-    m.on_optimizer_post(1_400)
-    m.on_optimizer_pre(1_500)  # a second optimizer, right after the first
-    m.on_optimizer_post(2_000)
-    micro(m, fwd=2_100, bwd=2_200, bwd_end=2_300)
-    m.on_optimizer_pre(2_400)
-    m.on_optimizer_post(2_500)
-    assert [s.i for s in out] == [0, 1]
-    assert out[1].wait == 100  # not 700: the second optimizer is not loader wait
+    opt = Opt()
+    micro(m, fwd=1_000, bwd=1_100, bwd_end=1_200)  # Lightning: closure run directly
+    m.on_optimizer_pre(1_300, opt)  # then optimizer.step(closure) on the last one
+    m.on_forward(1_310)
+    m.on_backward_start(1_400)
+    m.on_backward_end(1_500)
+    m.on_optimizer_post(1_600, opt)
+    m.flush(2_000)
+    assert out[0].micro == 2
+    assert out[0].phases["optimizer"] == 300 - 190
+
+
+def test_gan_two_optimizers_make_one_step_per_iteration():
+    m, out = make()
+    d_opt, g_opt = Adam(), SGD()
+    for k in range(3):
+        base = 10_000 * (k + 1)
+        micro(m, fwd=base, bwd=base + 100, bwd_end=base + 200)  # discriminator
+        opt_step(m, d_opt, base + 300, base + 400)
+        micro(m, fwd=base + 500, bwd=base + 600, bwd_end=base + 700)  # generator
+        opt_step(m, g_opt, base + 800, base + 1_000)
+    m.flush(50_000)
+    assert [s.i for s in out] == [0, 1, 2]
+    for k, s in enumerate(out):
+        base = 10_000 * (k + 1)
+        assert (s.t0, s.t1, s.micro) == (base, base + 1_000, 1)
+        assert s.phases == {"forward": 200, "backward": 200, "optimizer": 300}
+        assert s.optimizers == [
+            OptimizerUse("Adam#0", 1, 0, 100),
+            OptimizerUse("SGD#1", 1, 0, 200),
+        ]
+    assert out[1].wait == 20_000 - 11_000
+
+
+def test_skipped_update_ends_the_step_and_is_marked():
+    m, out = make()
+    opt = SGD()
+    for k in range(3):
+        base = 1_000 * (k + 1)
+        micro(m, fwd=base, bwd=base + 100, bwd_end=base + 200)
+        m.on_scaler_step_start(base + 300, opt)
+        if k != 1:  # iteration 1: inf grads, the scaler skips optimizer.step()
+            opt_step(m, opt, base + 350, base + 400)
+        m.on_scaler_step_end(base + 450, opt)
+    m.flush(9_000)
+    assert [(s.i, s.micro, s.skipped) for s in out] == [(0, 1, False), (1, 1, True), (2, 1, False)]
+    assert out[1].optimizers == [OptimizerUse("SGD#0", 0, 1, 150)]
+    assert out[0].optimizers == [OptimizerUse("SGD#0", 1, 0, 150)]
 
 
 def test_nested_optimizer_steps_count_once():
     m, out = make()
+    outer, inner = Opt(), SGD()
     micro(m, fwd=0, bwd=100, bwd_end=200)
-    m.on_optimizer_pre(300)  # wrapper optimizer
-    m.on_optimizer_pre(310)  # inner optimizer
-    m.on_optimizer_post(390)
-    assert out == []
-    m.on_optimizer_post(400)
-    assert len(out) == 1 and out[0].phases["optimizer"] == 100 and out[0].t1 == 400
+    m.on_optimizer_pre(300, outer)  # wrapper optimizer
+    opt_step(m, inner, 310, 390)
+    m.on_optimizer_post(400, outer)
+    m.flush(1_000)
+    (step,) = out
+    assert step.phases["optimizer"] == 100 and step.t1 == 400
+    assert [o.name for o in step.optimizers] == ["Opt#0"]
 
 
 def test_backward_without_seen_forward_starts_the_step():
     m, out = make()
     m.on_backward_start(500)
     m.on_backward_end(700)
-    m.on_optimizer_pre(800)
-    m.on_optimizer_post(900)
+    opt_step(m, SGD(), 800, 900)
+    m.flush(1_000)
     assert (out[0].t0, out[0].micro, out[0].phases["forward"]) == (500, 1, 0)
 
 
 def test_explicit_loader_waits_replace_the_gap_and_in_step_waits_become_data_phase():
     m, out = make()
-    m.waits.mark_explicit()
+    opt = SGD()
+    m.mark_explicit()
     m.add_loader_wait(40)  # before the step: its wait
     m.add_loader_wait(2)
     micro(m, fwd=1_000, bwd=1_100, bwd_end=1_200)
     m.add_loader_wait(30)  # second micro-batch fetched inside the step
     micro(m, fwd=1_250, bwd=1_300, bwd_end=1_400)
-    m.on_optimizer_pre(1_500)
-    m.on_optimizer_post(1_600)
+    opt_step(m, opt, 1_500, 1_600)
     m.add_loader_wait(7)
     micro(m, fwd=9_000, bwd=9_100, bwd_end=9_200)
-    m.on_optimizer_pre(9_300)
-    m.on_optimizer_post(9_400)
+    opt_step(m, opt, 9_300, 9_400)
+    m.flush(10_000)
     assert (out[0].wait, out[0].explicit, out[0].phases["data"]) == (42, True, 30)
     assert (out[1].wait, out[1].explicit) == (7, True)
     assert "data" not in out[1].phases
 
 
-def test_flush_emits_a_partial_step_ending_at_its_last_activity():
+def test_eval_loop_between_steps_is_eval_time_not_loader_wait():
     m, out = make()
-    micro(m, fwd=1_000, bwd=1_100, bwd_end=1_300)
-    m.on_forward(1_400)
-    m.on_forward_end(1_450)
-    assert m.state is not AFTER_BACKWARD
-    m.flush(99_999)
-    assert (out[0].t0, out[0].t1, out[0].micro) == (1_000, 1_450, 1)
-    assert out[0].phases == {"forward": 150, "backward": 200, "optimizer": 0, "data": 100}
-    m.flush(100_000)
-    assert len(out) == 1  # nothing left to flush
+    opt = SGD()
+    micro(m, fwd=1_000, bwd=1_100, bwd_end=1_200)
+    opt_step(m, opt, 1_300, 1_400)
+    assert m.wants_eval()
+    for k in range(EVAL_MIN_CALLS + 2):  # validation: no-grad forwards, 500 ns apart
+        m.on_eval_call(2_000 + 500 * k, 2_100 + 500 * k)
+    micro(m, fwd=6_000, bwd=6_100, bwd_end=6_200)
+    assert not m.wants_eval()
+    opt_step(m, opt, 6_300, 6_400)
+    m.flush(7_000)
+    second = out[1]
+    assert second.eval_ns == 2_100 + 500 * (EVAL_MIN_CALLS + 1) - 2_000
+    assert second.wait == (6_000 - 1_400) - second.eval_ns
+    assert second.t0 == 6_000
 
 
-def test_flush_inside_optimizer_ends_at_flush_time():
+def test_a_teacher_forward_under_no_grad_is_part_of_the_step():
     m, out = make()
-    micro(m, fwd=0, bwd=10, bwd_end=20)
-    m.on_optimizer_pre(30)
-    m.flush(100)
-    assert (out[0].t1, out[0].phases["optimizer"]) == (100, 70)
+    opt = SGD()
+    for base in (1_000, 5_000):
+        m.on_eval_call(base, base + 50)  # teacher(x) under no_grad
+        micro(m, fwd=base + 60, bwd=base + 100, bwd_end=base + 200)
+        opt_step(m, opt, base + 250, base + 300)
+    m.flush(9_000)
+    assert [(s.t0, s.eval_ns) for s in out] == [(1_000, 0), (5_000, 0)]
+    assert out[1].phases["forward"] == 100  # teacher + student forward
+    assert out[1].wait == 5_000 - 1_300
 
 
-def test_idle_flush_emits_nothing():
+def test_explicit_mode_excludes_the_eval_loops_own_loading():
     m, out = make()
-    m.flush(5)
-    assert out == []
+    opt = SGD()
+    m.mark_explicit()
+    micro(m, fwd=1_000, bwd=1_100, bwd_end=1_200)
+    opt_step(m, opt, 1_300, 1_400)
+    m.add_loader_wait(5)  # first val batch: before the first eval call
+    for k in range(4):
+        m.on_eval_call(2_000 + 500 * k, 2_100 + 500 * k)
+        m.add_loader_wait(1_000)  # the val loader between eval calls (and the last one after)
+    m.add_loader_wait(70)  # the next epoch's first train batch
+    micro(m, fwd=6_000, bwd=6_100, bwd_end=6_200)
+    opt_step(m, opt, 6_300, 6_400)
+    m.flush(7_000)
+    assert out[1].wait == 5 + 1_000 + 70  # before, and after the last eval call
+    assert out[1].eval_ns == 1_600
+
+
+def test_flush_counts_trailing_eval_and_drops_a_forward_only_tail():
+    m, out = make()
+    opt = SGD()
+    micro(m, fwd=1_000, bwd=1_100, bwd_end=1_200)
+    opt_step(m, opt, 1_300, 1_400)
+    for k in range(3):
+        m.on_eval_call(2_000 + 100 * k, 2_050 + 100 * k)
+    m.flush(3_000)
+    assert len(out) == 1
+    assert m.trailing_eval_ns == 250
+    m2, out2 = make()
+    m2.on_forward(10)  # grad-enabled forward, never backward: not a training step
+    m2.on_forward_end(20)
+    m2.flush(30)
+    assert out2 == []
+
+
+def test_flush_emits_a_step_interrupted_in_backward():
+    m, out = make()
+    m.on_forward(100)
+    m.on_backward_start(200)
+    m.flush(900)
+    (step,) = out
+    assert (step.t0, step.t1, step.micro, step.phases["backward"]) == (100, 900, 1, 700)
+
+
+def test_external_mode_steps_end_only_at_end_step():
+    m, out = make(external=True)
+    opt = SGD()
+    for k in range(2):  # a framework calls step() every micro-batch; inner updates once
+        micro(m, fwd=1_000 + 400 * k, bwd=1_100 + 400 * k, bwd_end=1_200 + 400 * k)
+    opt_step(m, opt, 1_700, 1_800)
+    m.end_step(1_850, micro=2)
+    micro(m, fwd=3_000, bwd=3_100, bwd_end=3_200)
+    m.end_step(3_300, skipped=True)  # the framework skipped the update
+    m.end_step(3_400)  # nothing happened since: no step
+    m.flush(4_000)
+    assert [(s.i, s.t0, s.t1, s.micro, s.skipped) for s in out] == [
+        (0, 1_000, 1_850, 2, False),
+        (1, 3_000, 3_300, 1, True),
+    ]
+    assert out[1].wait == 3_000 - 1_850
+
+
+def test_a_replaced_primary_optimizer_hands_over_to_the_next():
+    m, out = make()
+    first = SGD()
+    micro(m, fwd=1_000, bwd=1_100, bwd_end=1_200)
+    opt_step(m, first, 1_300, 1_400)
+    del first
+    gc.collect()
+    second = Adam()  # the user rebuilt the optimizer
+    for base in (2_000, 3_000, 4_000):
+        micro(m, fwd=base, bwd=base + 100, bwd_end=base + 200)
+        opt_step(m, second, base + 300, base + 400)
+    m.flush(9_000)
+    # the new optimizer's first step is a cycle of its own, not part of the old step
+    assert [(s.t0, s.t1) for s in out] == [
+        (1_000, 1_400), (2_000, 2_400), (3_000, 3_400), (4_000, 4_400)
+    ]  # fmt: skip
