@@ -28,6 +28,10 @@ log = logging.getLogger("gpuprof.shim")
 DEFAULT_SNDHWM = 4096
 
 _live_senders: weakref.WeakSet[Sender] = weakref.WeakSet()
+#: In a fork child: the parent's per-process states, kept referenced forever
+#: so their ZeroMQ socket and context are never garbage-collected here (their
+#: ``__del__`` would warn "Unclosed socket" and try to close them in the child).
+_parent_states: list[_ProcState] = []
 _fork_hook_lock = threading.Lock()
 _fork_hook_registered = False
 
@@ -112,7 +116,8 @@ class Sender:
         return st
 
     def _forget_parent(self) -> None:
-        """Drop (never close, never use) state built by another process."""
+        """Set aside (never close, never use) state built by another process."""
+        _parent_states.append(self._state)
         self._state = _ProcState(self._getpid(), forked=True)
         self._lock = threading.Lock()
 
