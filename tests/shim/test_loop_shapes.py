@@ -1,0 +1,301 @@
+"""The loop shapes people really write, run for real (CPU torch) under auto
+mode against the fake daemon: exact steps, micro-batches and phases."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import gpuprof
+
+from .training import MLP
+
+
+def profile(socket_dir: Path, name: str = "shape", **kw):
+    return gpuprof.profile(name, socket_dir=socket_dir, autostart=False, print_summary=False, **kw)
+
+
+def batch(n: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.randn(n, 8), torch.randint(0, 3, (n,))
+
+
+def summary(steps: list[dict]) -> list[tuple[int, int]]:
+    return [(s["i"], s["micro"]) for s in steps]
+
+
+# --- gradient accumulation -----------------------------------------------------
+
+
+def test_accumulation_with_an_uneven_last_window(socket_dir, fake_daemon):
+    model, loss_fn = MLP(), nn.CrossEntropyLoss()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    batches, accum = 10, 4  # windows of 4, 4 and a last one of 2
+    with profile(socket_dir):
+        for i in range(batches):
+            x, y = batch()
+            (loss_fn(model(x), y) / accum).backward()
+            if (i + 1) % accum == 0 or i == batches - 1:
+                opt.step()
+                opt.zero_grad()
+    assert summary(fake_daemon.steps) == [(0, 4), (1, 4), (2, 2)]
+    for s in fake_daemon.steps:
+        assert s["phases"]["forward"] > 0 and s["phases"]["backward"] > 0
+        assert s["optimizers"][0]["updates"] == 1
+
+
+def test_accumulation_windows_that_cross_an_epoch_end(socket_dir, fake_daemon):
+    model, loss_fn = MLP(), nn.CrossEntropyLoss()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = [batch() for _ in range(5)]  # 5 batches per epoch, windows of 3
+    seen = 0
+    with profile(socket_dir):
+        for _epoch in range(3):
+            for x, y in data:
+                loss_fn(model(x), y).backward()
+                seen += 1
+                if seen % 3 == 0:
+                    opt.step()
+                    opt.zero_grad()
+        # 15 micro-batches: 5 full windows, none left over
+    assert summary(fake_daemon.steps) == [(i, 3) for i in range(5)]
+
+
+def test_micro_batches_left_without_an_update_at_exit_are_one_partial_step(
+    socket_dir, fake_daemon
+):
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with profile(socket_dir):
+        for i in range(5):
+            model(batch()[0]).sum().backward()
+            if i == 1:
+                opt.step()
+    assert summary(fake_daemon.steps) == [(0, 2), (1, 3)]
+    assert "optimizers" not in fake_daemon.steps[1]
+
+
+# --- mixed precision -------------------------------------------------------------
+
+
+def test_grad_scaler_skipped_update_is_its_own_step_marked_skipped(socket_dir, fake_daemon):
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8)
+    with profile(socket_dir):
+        for i in range(4):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = model(batch()[0]).float().square().mean()
+            if i in (1, 2):
+                loss = loss * float("inf")  # inf gradients: the scaler skips the update
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+    steps = fake_daemon.steps
+    assert summary(steps) == [(0, 1), (1, 1), (2, 1), (3, 1)]
+    assert [s.get("skipped", False) for s in steps] == [False, True, True, False]
+    assert [(o["updates"], o["skipped"]) for s in steps for o in s["optimizers"]] == [
+        (1, 0), (0, 1), (0, 1), (1, 0)
+    ]  # fmt: skip
+    assert scaler.get_scale() == 2.0**6  # halved twice: the scaler itself did its job
+
+
+# --- several optimizers ------------------------------------------------------------
+
+
+def test_gan_discriminator_and_generator_make_one_step_per_iteration(socket_dir, fake_daemon):
+    gen = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 8))
+    disc = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
+    opt_g = torch.optim.Adam(gen.parameters(), lr=1e-3)
+    opt_d = torch.optim.SGD(disc.parameters(), lr=1e-2)
+    bce = nn.BCEWithLogitsLoss()
+    with profile(socket_dir):
+        for _ in range(4):
+            real, z = torch.randn(6, 8), torch.randn(6, 4)
+            fake = gen(z)
+            d_loss = bce(disc(real), torch.ones(6, 1)) + bce(disc(fake.detach()), torch.zeros(6, 1))
+            opt_d.zero_grad()
+            d_loss.backward()
+            opt_d.step()
+            g_loss = bce(disc(fake), torch.ones(6, 1))
+            opt_g.zero_grad()
+            g_loss.backward()
+            opt_g.step()
+    steps = fake_daemon.steps
+    assert summary(steps) == [(i, 1) for i in range(4)]
+    for s in steps:
+        assert [(o["name"], o["updates"]) for o in s["optimizers"]] == [("SGD#0", 1), ("Adam#1", 1)]
+        opt_ns = sum(o["ns"] for o in s["optimizers"])
+        assert s["phases"]["optimizer"] == opt_ns
+        # the generator's backward belongs to the step too
+        assert s["phases"]["backward"] > 0
+    for a, b in zip(steps, steps[1:], strict=False):
+        assert b["t0"] >= a["t1"]
+
+
+# --- closures ----------------------------------------------------------------------------
+
+
+def test_lbfgs_closure_forward_backward_are_not_optimizer_time(socket_dir, fake_daemon):
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+    opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=5)
+    calls = []
+    x, y = torch.randn(32, 8), torch.randn(32, 1)
+
+    def closure():
+        calls.append(1)
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        return loss
+
+    with profile(socket_dir):
+        for _ in range(3):
+            opt.step(closure)
+    steps = fake_daemon.steps
+    assert len(calls) > 3  # LBFGS evaluated the closure several times per step
+    assert summary(steps) == [(0, 1), (1, 1), (2, 1)]
+    for s in steps:
+        ph = s["phases"]
+        assert ph["forward"] > 0 and ph["backward"] > 0
+        # the three phases partition step(): optimizer time excludes the closures
+        assert ph["forward"] + ph["backward"] + ph["optimizer"] <= s["t1"] - s["t0"]
+        assert s["optimizers"][0]["ns"] == ph["optimizer"]
+
+
+# --- LR schedulers -------------------------------------------------------------------------
+
+
+def _scheduled_run(socket_dir: Path | None, attach: str) -> list[float]:
+    """Train 6 steps with a StepLR; gpuprof attached before the scheduler is
+    created, after it, or not at all. Returns the LR seen at each step."""
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    lrs = []
+    prof = profile(socket_dir) if socket_dir is not None else None
+    if prof is not None and attach == "before":
+        prof.start()
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+    if prof is not None and attach == "after":
+        prof.start()
+    try:
+        for _ in range(6):
+            model(batch()[0]).sum().backward()
+            opt.step()
+            sched.step()
+            opt.zero_grad()
+            lrs.append(opt.param_groups[0]["lr"])
+    finally:
+        if prof is not None:
+            prof.stop()
+    return lrs
+
+
+@pytest.mark.parametrize("attach", ["before", "after"])
+def test_lr_scheduler_unchanged_and_warning_free(socket_dir, fake_daemon, attach):
+    baseline = _scheduled_run(None, "none")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        lrs = _scheduled_run(socket_dir, attach)
+    assert lrs == baseline == [0.1, 0.05, 0.05, 0.025, 0.025, 0.0125]
+    assert [str(w.message) for w in caught] == []
+    assert len(fake_daemon.steps) == 6
+
+
+def test_scheduler_stepped_before_optimizer_still_warns_as_without_gpuprof(socket_dir, fake_daemon):
+    """gpuprof must not hide torch's own warning about a real misuse either."""
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with profile(socket_dir):
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1)
+        with pytest.warns(UserWarning, match=r"lr_scheduler\.step\(\)` before `optimizer\.step\(\)"):
+            sched.step()
+            model(batch()[0]).sum().backward()
+            opt.step()
+
+
+# --- what is not a forward, what is not a training step ------------------------------------
+
+
+def test_loss_module_teacher_and_ema_under_no_grad_are_not_forwards(socket_dir, fake_daemon):
+    student, teacher, ema = MLP(), MLP(), MLP()
+    loss_fn = nn.KLDivLoss(reduction="batchmean")
+    opt = torch.optim.SGD(student.parameters(), lr=0.1)
+    with profile(socket_dir):
+        for _ in range(5):
+            x = batch()[0]
+            with torch.no_grad():
+                target = teacher(x).softmax(-1)
+            loss = loss_fn(student(x).log_softmax(-1), target)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            with torch.no_grad():  # EMA update after the step
+                for pe, ps in zip(ema.parameters(), student.parameters(), strict=True):
+                    pe.mul_(0.9).add_(ps, alpha=0.1)
+                ema(x)
+    steps = fake_daemon.steps
+    assert summary(steps) == [(i, 1) for i in range(5)]
+    assert all("eval" not in s for s in steps)
+
+
+@pytest.mark.parametrize("no_grad", [torch.no_grad, torch.inference_mode])
+def test_eval_loop_between_epochs_is_eval_time_not_loader_stall(socket_dir, fake_daemon, no_grad):
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    train_data = [batch() for _ in range(3)]
+    val_data = [batch(64) for _ in range(40)]
+    with profile(socket_dir) as prof:
+        for _epoch in range(2):
+            model.train()
+            for x, y in train_data:
+                nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+                opt.zero_grad()
+            model.eval()
+            with no_grad():
+                for x, _ in val_data:
+                    model(x)
+    steps = fake_daemon.steps
+    assert summary(steps) == [(i, 1) for i in range(6)]
+    # the first epoch's validation sits in the gap before step 3
+    assert [("eval" in s) for s in steps] == [False, False, False, True, False, False]
+    gap = steps[3]["t0"] - steps[2]["t1"]
+    assert steps[3]["eval"] > 0 and steps[3]["wait"] == gap - steps[3]["eval"]
+    assert steps[3]["wait"] < steps[3]["eval"]
+    # the second validation comes after the last step: counted at exit
+    assert prof.machine.trailing_eval_ns > 0
+    (bye,) = fake_daemon.of_type("bye")
+    assert bye["eval_ns"] == prof.machine.trailing_eval_ns
+
+
+def test_lazily_constructed_optimizer_is_observed(socket_dir, fake_daemon):
+    model = MLP()
+    with profile(socket_dir):
+        opt = None
+        for _ in range(4):
+            model(batch()[0]).sum().backward()
+            if opt is None:  # as HF Trainer and DeepSpeed do: built after the first batch
+                opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+            opt.step()
+            opt.zero_grad()
+    assert summary(fake_daemon.steps) == [(i, 1) for i in range(4)]
+    assert {o["name"] for s in fake_daemon.steps for o in s["optimizers"]} == {"AdamW#0"}
+
+
+def test_rebuilt_optimizer_takes_over_as_the_step_source(socket_dir, fake_daemon):
+    model = MLP()
+    with profile(socket_dir):
+        for phase_lr in (0.1, 0.01):  # e.g. a fine-tuning stage with a new optimizer
+            opt = torch.optim.SGD(model.parameters(), lr=phase_lr)
+            for _ in range(3):
+                model(batch()[0]).sum().backward()
+                opt.step()
+                opt.zero_grad()
+            del opt
+    assert summary(fake_daemon.steps) == [(i, 1) for i in range(6)]
