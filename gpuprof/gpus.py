@@ -54,15 +54,26 @@ GPU_SPECS: tuple[GpuSpec, ...] = (
     GpuSpec("H100 SXM", ("h100",), _H100_SXM, 12.29),
     GpuSpec("A100 80GB", ("a100", "80gb"), _A100, 5.12),
     GpuSpec("A100 40GB", ("a100",), _A100, 4.10),
-    GpuSpec("L4", ("nvidia l4",), {"fp32": 30.3, "tf32": 60.0, "bf16": 121.0,
-                                   "fp16": 121.0, "fp8": 242.5}, 0.805),
+    GpuSpec(
+        "L4",
+        ("nvidia l4",),
+        {"fp32": 30.3, "tf32": 60.0, "bf16": 121.0, "fp16": 121.0, "fp8": 242.5},
+        0.805,
+    ),
 )
 
 _DTYPE_ALIASES = {
-    "float32": "fp32", "float": "fp32", "torch.float32": "fp32",
-    "bfloat16": "bf16", "torch.bfloat16": "bf16",
-    "float16": "fp16", "half": "fp16", "torch.float16": "fp16",
-    "float8": "fp8", "float8_e4m3fn": "fp8", "float8_e5m2": "fp8",
+    "float32": "fp32",
+    "float": "fp32",
+    "torch.float32": "fp32",
+    "bfloat16": "bf16",
+    "torch.bfloat16": "bf16",
+    "float16": "fp16",
+    "half": "fp16",
+    "torch.float16": "fp16",
+    "float8": "fp8",
+    "float8_e4m3fn": "fp8",
+    "float8_e5m2": "fp8",
 }
 
 

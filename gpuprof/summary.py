@@ -44,6 +44,8 @@ def make_summary(
         "steps": ctx.steps,
         "avg_step_ms": round(mean(iteration), 3) if iteration else None,
         "median_step_ms": round(median_ms, 3) if median_ms is not None else None,
+        "skipped_updates": ctx.skipped_updates,
+        "eval_s": round(ctx.eval_ms / 1e3, 3),
         "db": db,
         "insights": [dict(i) for i in insights],
         "notes": list(notes),
@@ -61,6 +63,13 @@ def format_summary(summary: Mapping[str, Any], details: bool = False) -> str:
     if status and status not in ("finished", "running"):
         head += f"  [{status.upper()}]"
     lines = [RULE, head]
+    extra = []
+    if summary.get("skipped_updates"):
+        extra.append(f"{summary['skipped_updates']} skipped updates (inf/NaN gradients)")
+    if summary.get("eval_s"):
+        extra.append(f"{summary['eval_s']:.1f} s in evaluation, outside steps")
+    if extra:
+        lines.append("  " + "; ".join(extra))
     insights = summary.get("insights") or []
     lines.append(f"  Insights ({len(insights)}):")
     for ins in insights:

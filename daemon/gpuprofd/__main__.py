@@ -29,18 +29,41 @@ def _gpu_rate() -> tuple[float | None, tuple[str, ...]]:
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--socket-dir", type=click.Path(path_type=Path), default=None,
-              help="Directory for the sockets and lock [default: GPUPROF_SOCKET, or "
-                   "one per database under $XDG_RUNTIME_DIR/gpuprof or /tmp/gpuprof-$UID].")
-@click.option("--db", type=click.Path(path_type=Path), default=None,
-              help="SQLite database [default: GPUPROF_DB or ./gpuprof.db].")
-@click.option("--idle-exit", "idle_exit_s", type=click.FloatRange(min=0), default=0.0,
-              show_default=True, metavar="SECONDS",
-              help="Exit after this long with no live run and no message (0 = never).")
-@click.option("--sample-hz", type=click.FloatRange(min=0.1, max=1000), default=10.0,
-              show_default=True, help="GPU fast-loop sampling rate (per GPU).")
-@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"],
-              case_sensitive=False), default="info", show_default=True)
+@click.option(
+    "--socket-dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Directory for the sockets and lock [default: GPUPROF_SOCKET, or "
+    "one per database under $XDG_RUNTIME_DIR/gpuprof or /tmp/gpuprof-$UID].",
+)
+@click.option(
+    "--db",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="SQLite database [default: GPUPROF_DB or ./gpuprof.db].",
+)
+@click.option(
+    "--idle-exit",
+    "idle_exit_s",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Exit after this long with no live run and no message (0 = never).",
+)
+@click.option(
+    "--sample-hz",
+    type=click.FloatRange(min=0.1, max=1000),
+    default=10.0,
+    show_default=True,
+    help="GPU fast-loop sampling rate (per GPU).",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
+    default="info",
+    show_default=True,
+)
 @click.version_option(__version__, prog_name="gpuprofd")
 def cli(socket_dir: Path | None, db: Path | None, idle_exit_s: float, sample_hz: float,
         log_level: str) -> int:  # fmt: skip

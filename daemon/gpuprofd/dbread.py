@@ -35,8 +35,11 @@ def open_ro(path: Path) -> sqlite3.Connection:
         raise DatabaseError(f"cannot open {path} ({exc})") from None
     conn.row_factory = sqlite3.Row
     try:
-        if not schema.check_connection(conn, path):
+        version = schema.check_connection(conn, path)
+        if not version:
             raise DatabaseError(f"{path} is an empty database, not a gpuprof one")
+        if version < schema.SCHEMA_VERSION:
+            schema.shadow_old_tables(conn, version)
     except DatabaseError:
         conn.close()
         raise

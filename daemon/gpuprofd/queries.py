@@ -13,7 +13,7 @@ import orjson
 HISTORY_RUNS = 3
 
 STEPS_SQL = (
-    "SELECT t0_ns, t1_ns, wait_ns, explicit, micro, phases FROM steps "
+    "SELECT t0_ns, t1_ns, wait_ns, explicit, micro, phases, skipped, eval_ns FROM steps "
     "WHERE run_id = ? ORDER BY t0_ns"
 )
 HOST_SQL = (
@@ -37,6 +37,7 @@ def step_from_row(r: Mapping[str, Any]) -> dict[str, Any]:
         "t0": r["t0_ns"], "t1": r["t1_ns"], "wait": r["wait_ns"],
         "explicit": bool(r["explicit"]), "micro": r["micro"],
         "phases": orjson.loads(r["phases"]) if r["phases"] else {},
+        "skipped": bool(r["skipped"]), "eval": r["eval_ns"] or 0,
     }  # fmt: skip
 
 

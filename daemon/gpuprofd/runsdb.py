@@ -18,8 +18,8 @@ from gpuprofd import queries
 from gpuprofd.store import Op, Store
 
 _STEP_SQL = (
-    "INSERT INTO steps (run_id, step, t0_ns, t1_ns, wait_ns, explicit, micro, phases) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+    "INSERT INTO steps (run_id, step, t0_ns, t1_ns, wait_ns, explicit, micro, phases, "
+    "skipped, eval_ns, optimizers) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 _HOST_SQL = "INSERT INTO host_samples (mono_ns, cpu_pct, cpu_count, disk_read_bps) VALUES (?,?,?,?)"
 _RUN_CPU_SQL = "INSERT INTO run_cpu_samples (run_id, mono_ns, cores) VALUES (?,?,?)"
@@ -39,6 +39,8 @@ def step_op(run_id: int, msg: Mapping[str, Any]) -> Op:
     params = (
         run_id, msg["i"], msg["t0"], msg["t1"], msg["wait"], int(msg["explicit"]),
         msg["micro"], orjson.dumps(msg["phases"]).decode(),
+        int(msg.get("skipped", False)), msg.get("eval", 0),
+        orjson.dumps(msg["optimizers"]).decode() if msg.get("optimizers") else None,
     )  # fmt: skip
     return Op(_STEP_SQL, params, drop_reason="store_error")
 
@@ -71,9 +73,9 @@ async def insert_run(store: Store, row: Mapping[str, Any]) -> int:
     return run_id
 
 
-async def get_run(store: Store, *, run_id: int | None = None, run_key: str | None = None) -> (
-    dict[str, Any] | None
-):
+async def get_run(
+    store: Store, *, run_id: int | None = None, run_key: str | None = None
+) -> dict[str, Any] | None:
     """One run row as a dict (``options`` parsed), by id or key."""
     if run_id is not None:
         row = await store.fetchone("SELECT * FROM runs WHERE id = ?", (run_id,))
@@ -139,8 +141,16 @@ async def replace_insights(store: Store, run_id: int, insights: Sequence[Insight
             Op(
                 "INSERT INTO insights (run_id, rule, severity, title, detail, fix, evidence, "
                 "created_wall_ns) VALUES (?,?,?,?,?,?,?,?)",
-                (run_id, ins.rule, ins.severity, ins.title, ins.detail, ins.fix,
-                 orjson.dumps(dict(ins.evidence), default=str).decode(), now),
+                (
+                    run_id,
+                    ins.rule,
+                    ins.severity,
+                    ins.title,
+                    ins.detail,
+                    ins.fix,
+                    orjson.dumps(dict(ins.evidence), default=str).decode(),
+                    now,
+                ),
             )  # fmt: skip
         )
     await store.flush()

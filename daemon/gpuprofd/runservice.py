@@ -175,7 +175,7 @@ class RunService:
             dropped_events=msg["dropped"], sent_events=msg["sent"],
             received_events=live.received, end_wall_ns=msg["wall_ns"],
             end_mono_ns=msg["mono_ns"], cuda_uuid=cuda_uuid, gpu_model=gpu_model,
-            gpu_count=gpu_count,
+            gpu_count=gpu_count, trailing_eval_ns=msg.get("eval_ns", 0),
         )  # fmt: skip
         notes = []
         if msg["dropped"]:

@@ -13,7 +13,14 @@ from pathlib import Path
 
 from gpuprofd.errors import DatabaseError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+#: Columns added since schema 1: (table, column, declaration).
+_ADDED_IN_2 = (
+    ("steps", "skipped", "INTEGER DEFAULT 0"),
+    ("steps", "eval_ns", "INTEGER DEFAULT 0"),
+    ("steps", "optimizers", "TEXT"),
+    ("runs", "trailing_eval_ns", "INTEGER DEFAULT 0"),
+)
 APP_NAME = "gpuprof"
 
 SCHEMA_SQL = """
@@ -34,14 +41,18 @@ CREATE TABLE IF NOT EXISTS runs (
     sent_events INTEGER,
     error TEXT,
     median_step_ms REAL,
-    summary TEXT                     -- json, set when the run ends
+    summary TEXT,                    -- json, set when the run ends
+    trailing_eval_ns INTEGER DEFAULT 0  -- evaluation after the last step
 );
 CREATE INDEX IF NOT EXISTS runs_name ON runs (run_name, id);
 CREATE TABLE IF NOT EXISTS steps (
     run_id INTEGER NOT NULL, step INTEGER NOT NULL,
     t0_ns INTEGER, t1_ns INTEGER, wait_ns INTEGER,
     explicit INTEGER, micro INTEGER,
-    phases TEXT                      -- json: phase name -> ns
+    phases TEXT,                     -- json: phase name -> ns
+    skipped INTEGER DEFAULT 0,       -- 1: the optimizer update was skipped (inf/NaN)
+    eval_ns INTEGER DEFAULT 0,       -- evaluation in the gap before the step
+    optimizers TEXT                  -- json: [{name, updates, skipped, ns}] or NULL
 );
 CREATE INDEX IF NOT EXISTS steps_run_t0 ON steps (run_id, t0_ns);
 CREATE TABLE IF NOT EXISTS insights (
@@ -65,11 +76,11 @@ CREATE TABLE IF NOT EXISTS drops (reason TEXT PRIMARY KEY, count INTEGER);
 """
 
 
-def check_connection(conn: sqlite3.Connection, path: Path) -> bool:
+def check_connection(conn: sqlite3.Connection, path: Path) -> int:
     """Check that *conn* is a gpuprof database this code can read.
 
     Returns:
-        True if it is ours, False if it is an empty database (no tables yet).
+        Its schema version, or 0 for an empty database (no tables yet).
 
     Raises:
         DatabaseError: not SQLite, corrupt, another program's, or too new.
@@ -77,7 +88,7 @@ def check_connection(conn: sqlite3.Connection, path: Path) -> bool:
     try:
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         if not tables:
-            return False
+            return 0
         if "meta" not in tables or "runs" not in tables:
             raise DatabaseError(f"{path} is an SQLite database but not a gpuprof one")
         meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
@@ -93,7 +104,30 @@ def check_connection(conn: sqlite3.Connection, path: Path) -> bool:
         raise DatabaseError(
             f"{path} was written by a newer gpuprof (schema {version} > {SCHEMA_VERSION})"
         )
-    return True
+    return version
+
+
+def shadow_old_tables(conn: sqlite3.Connection, version: int) -> None:
+    """Let a read-only connection to an older database answer today's
+    queries: TEMP views (searched before ``main``) add the missing columns
+    with their defaults. Nothing is written to the file."""
+    if version < 2:
+        conn.execute(
+            "CREATE TEMP VIEW steps AS SELECT *, 0 AS skipped, 0 AS eval_ns, "
+            "NULL AS optimizers FROM main.steps"
+        )
+
+
+def _upgrade(conn: sqlite3.Connection, version: int) -> None:
+    """Add what later schema versions added (in one transaction with the
+    version bump, so a crash leaves the old version and columns)."""
+    if version < 2:
+        have = {
+            (t, r[1]) for t in ("steps", "runs") for r in conn.execute(f"PRAGMA table_info({t})")
+        }
+        for table, column, decl in _ADDED_IN_2:
+            if (table, column) not in have:
+                conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
 
 
 def prepare(path: Path) -> None:
@@ -112,11 +146,13 @@ def prepare(path: Path) -> None:
     except (OSError, sqlite3.Error) as exc:
         raise DatabaseError(f"cannot open database {path} ({exc})") from None
     try:
-        ours = check_connection(conn, path)
+        version = check_connection(conn, path)
         try:
             conn.execute("PRAGMA journal_mode=WAL")
+            if version:
+                _upgrade(conn, version)
             conn.executescript(SCHEMA_SQL)
-            if not ours:
+            if version < SCHEMA_VERSION:
                 conn.executemany(
                     "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
                     [("app", APP_NAME), ("schema_version", str(SCHEMA_VERSION))],

@@ -161,8 +161,12 @@ class Store:
         except sqlite3.Error as exc:
             self._commit_failures += 1
             if self._commit_failures in _LOG_AT or self._commit_failures % 1000 == 0:
-                log.error("store commit failed (%d so far), %d ops lost: %s",
-                          self._commit_failures, len(batch), exc)
+                log.error(
+                    "store commit failed (%d so far), %d ops lost: %s",
+                    self._commit_failures,
+                    len(batch),
+                    exc,
+                )
             self.drops.add("store_error", str(exc), n=len(batch))
             try:
                 await self._write.execute("ROLLBACK")

@@ -78,6 +78,11 @@ class RunContext:
     """Median step time of the previous runs of this name, newest first (≤ 3)."""
     gpu_rate_usd_per_hour: float | None = None
     """``GPUPROF_GPU_RATE`` override; None uses the price table."""
+    skipped_updates: int = 0
+    """Steps whose optimizer update was skipped (GradScaler found inf/NaN)."""
+    eval_ms: float = 0.0
+    """Evaluation (no-grad forwards between steps and after the last) over the
+    run, ms; not part of any step or loader wait."""
 
     @property
     def steps(self) -> int:

@@ -53,6 +53,9 @@ def low_mfu(ctx: RunContext) -> Insight | None:
         detail=f"Each step does {ctx.flops_per_step:.3g} FLOP in {ctx.median_step_ms:.1f} ms.",
         fix="Raise the batch size, use fused attention (F.scaled_dot_product_attention), "
         "bf16 autocast and torch.compile.",
-        evidence={"mfu": round(m.mfu, 4), "achieved_tflops": round(m.achieved_tflops, 2),
-                  "peak_tflops": m.peak_tflops},
+        evidence={
+            "mfu": round(m.mfu, 4),
+            "achieved_tflops": round(m.achieved_tflops, 2),
+            "peak_tflops": m.peak_tflops,
+        },
     )

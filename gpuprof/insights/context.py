@@ -28,7 +28,7 @@ def build_context(
             ``dtype``), ``gpu_model`` (None: no GPU), ``gpu_count``, ``cpu_count``.
         steps: in step order, each with ``t0``/``t1`` (monotonic ns),
             ``wait`` (ns), ``explicit`` (bool), ``micro``, ``phases``
-            (phase name → ns).
+            (phase name → ns), optional ``skipped`` (bool) and ``eval`` (ns).
         host: host samples taken during the run, each with ``cpu_pct``
             (0-100, all cores) and ``disk_read_bps`` (bytes/s, may be None).
         history_median_step_ms: median step ms of earlier runs of this
@@ -55,7 +55,8 @@ def build_context(
         wait_ms=tuple(s["wait"] / _NS_PER_MS for s in steps),
         explicit_wait=any(s.get("explicit") for s in steps),
         data_ms=tuple((s.get("phases") or {}).get(DATA_PHASE, 0) / _NS_PER_MS for s in steps)
-        if any(DATA_PHASE in (s.get("phases") or {}) for s in steps) else (),
+        if any(DATA_PHASE in (s.get("phases") or {}) for s in steps)
+        else (),
         micro_batches=tuple(int(s.get("micro", 1)) for s in steps),
         phase_ms=phase_totals,
         duration_s=max(duration_s, 0.0),
@@ -69,4 +70,7 @@ def build_context(
         dtype=options.get("dtype"),
         history_median_step_ms=tuple(history_median_step_ms),
         gpu_rate_usd_per_hour=gpu_rate_usd_per_hour,
+        skipped_updates=sum(1 for s in steps if s.get("skipped")),
+        eval_ms=(sum(s.get("eval") or 0 for s in steps) + (run.get("trailing_eval_ns") or 0))
+        / _NS_PER_MS,
     )

@@ -38,6 +38,9 @@ def regression(ctx: RunContext) -> Insight | None:
         detail="Compared by steady-state median iteration time (warm-up excluded).",
         fix="Diff this run's code, data and environment against the previous ones; "
         "gpuprofctl runs shows which phase grew.",
-        evidence={"median_step_ms": round(current, 3), "baseline_ms": round(baseline, 3),
-                  "history_ms": [round(h, 3) for h in history]},
+        evidence={
+            "median_step_ms": round(current, 3),
+            "baseline_ms": round(baseline, 3),
+            "history_ms": [round(h, 3) for h in history],
+        },
     )

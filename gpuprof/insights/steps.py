@@ -92,17 +92,20 @@ def cpu_bound_dataloader(ctx: RunContext) -> Insight | None:
         "Python work (decoding, augmentation) is the bottleneck.",
         fix="Move augmentations to the GPU (torchvision.transforms.v2 on CUDA tensors, "
         "kornia) or precompute them; num_workers won't help.",
-        evidence={"stall_fraction": round(frac, 4), "host_cpu_pct": round(cpu, 1),
-                  "run_cpu_cores": None if ctx.run_cpu_cores is None
-                  else round(ctx.run_cpu_cores, 2)},
+        evidence={
+            "stall_fraction": round(frac, 4),
+            "host_cpu_pct": round(cpu, 1),
+            "run_cpu_cores": None if ctx.run_cpu_cores is None else round(ctx.run_cpu_cores, 2),
+        },
     )
 
 
 def _warmup_excess(ctx: RunContext, reference_ms: float) -> tuple[int, float]:
     """(leading steps slower than :data:`WARMUP_RATIO` × *reference_ms*, the
     time they took beyond it in ms)."""
-    slow = next((i for i, s in enumerate(ctx.step_ms) if s <= WARMUP_RATIO * reference_ms),
-                ctx.steps)
+    slow = next(
+        (i for i, s in enumerate(ctx.step_ms) if s <= WARMUP_RATIO * reference_ms), ctx.steps
+    )
     return slow, sum(s - reference_ms for s in ctx.step_ms[:slow])
 
 
@@ -133,8 +136,12 @@ def compilation_warmup(ctx: RunContext) -> Insight | None:
         "initialization, allocator growth, torch.compile or kernel autotuning); averages "
         "that include them understate throughput.",
         fix=f"Exclude {_exclude(slow)} from throughput measurements.",
-        evidence={"first_step_ms": round(first, 3), "steady_median_ms": round(steady, 3),
-                  "warmup_steps": slow, "excess_ms": round(excess, 3)},
+        evidence={
+            "first_step_ms": round(first, 3),
+            "steady_median_ms": round(steady, 3),
+            "warmup_steps": slow,
+            "excess_ms": round(excess, 3),
+        },
     )
 
 
@@ -161,8 +168,11 @@ def first_step_outlier(ctx: RunContext) -> Insight | None:
         "lazy allocation) landed in the first step.",
         fix=f"Filter {_exclude(slow)} out of timing; if it recurs, check recompiles with "
         "TORCH_LOGS=recompiles.",
-        evidence={"first_step_ms": round(first, 3), "median_rest_ms": round(rest, 3),
-                  "excess_ms": round(excess, 3)},
+        evidence={
+            "first_step_ms": round(first, 3),
+            "median_rest_ms": round(rest, 3),
+            "excess_ms": round(excess, 3),
+        },
     )
 
 

@@ -113,9 +113,9 @@ class Daemons:
     def log(self, proc: subprocess.Popen[bytes]) -> str:
         return (self.log_dir / f"daemon{self.procs.index(proc)}.log").read_text()
 
-    def start_ready(self, sock_dir: Path, db: Path, *args: str, **kw: Any) -> tuple[
-        subprocess.Popen[bytes], Client
-    ]:
+    def start_ready(
+        self, sock_dir: Path, db: Path, *args: str, **kw: Any
+    ) -> tuple[subprocess.Popen[bytes], Client]:
         """Start a daemon and wait (by ping) until it answers as that process."""
         proc = self.start(sock_dir, db, *args, **kw)
         client = self.client(sock_dir)

@@ -164,10 +164,14 @@ def test_missing_db_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFix
     assert main(["insights", str(missing)]) == 2
     assert main(["runs", str(missing)]) == 2
     err = capsys.readouterr().err.splitlines()
-    assert err == [
-        f"gpuprofctl: error: no database at {missing} (run a script under gpuprof.profile() "
-        "first, or pass the path)"
-    ] * 2
+    assert (
+        err
+        == [
+            f"gpuprofctl: error: no database at {missing} (run a script under gpuprof.profile() "
+            "first, or pass the path)"
+        ]
+        * 2
+    )
     assert not missing.exists()  # read-only: nothing created
 
 

@@ -158,3 +158,35 @@ def test_mock_gpu_backend_only_when_asked_and_matched_by_uuid(
     assert rows == {"gpu": ("Mock GPU", 1), "cpu": (None, 0)}
     (sample,) = h.query(db, "SELECT * FROM gpu_samples LIMIT 1")
     assert sample["uuid"].startswith("GPU-") and sample["mem_total_bytes"] == 80 * 2**30
+
+
+def test_skipped_updates_eval_time_and_optimizers_are_stored_and_summarized(
+    daemons, sock_dir: Path, tmp_path: Path, my_pid: int
+) -> None:
+    db = tmp_path / "g.db"
+    _, client = daemons.start_ready(sock_dir, db)
+    assert client.request(h.hello("k-amp", my_pid, run_name="amp"))["ok"] is True
+    base = time.monotonic_ns()
+    for i in range(6):
+        msg = h.step("k-amp", i, base)
+        msg["optimizers"] = [{"name": "Adam#0", "updates": int(i != 2), "skipped": int(i == 2),
+                              "ns": 2_000_000}]  # fmt: skip
+        if i == 2:
+            msg["skipped"] = True
+        if i == 4:
+            msg["eval"] = 1_500_000_000  # a validation loop before step 4
+        client.push(msg)
+    bye = h.bye("k-amp", sent=6)
+    bye["eval_ns"] = 500_000_000  # and one after the last step
+    reply = client.request(bye)
+    assert reply is not None and reply["ok"] is True, reply
+    summary = reply["summary"]
+    assert (summary["skipped_updates"], summary["eval_s"]) == (1, 2.0)
+    rows = h.query(db, "SELECT skipped, eval_ns, optimizers FROM steps ORDER BY t0_ns")
+    assert [r["skipped"] for r in rows] == [0, 0, 1, 0, 0, 0]
+    assert [r["eval_ns"] for r in rows] == [0, 0, 0, 0, 1_500_000_000, 0]
+    assert orjson.loads(rows[2]["optimizers"]) == [
+        {"name": "Adam#0", "updates": 0, "skipped": 1, "ns": 2_000_000}
+    ]
+    (run,) = h.query(db, "SELECT trailing_eval_ns FROM runs")
+    assert run["trailing_eval_ns"] == 500_000_000

@@ -177,9 +177,11 @@ def test_process_tree_cpu_counts_busy_workers_not_sleeping_ones() -> None:
     from gpuprofd.host_sampler import ProcessTreeCpu
 
     # a "training process" with one busy child (a CPU-bound loader worker)
-    busy = "import subprocess, sys, time\n" \
-        "c = subprocess.Popen([sys.executable, '-c', 'while True: pass'])\n" \
+    busy = (
+        "import subprocess, sys, time\n"
+        "c = subprocess.Popen([sys.executable, '-c', 'while True: pass'])\n"
         "time.sleep(60)\n"
+    )
     idle = "import time; time.sleep(60)"
     procs = [subprocess.Popen([sys.executable, "-c", code]) for code in (busy, idle)]
     try:

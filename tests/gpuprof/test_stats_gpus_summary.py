@@ -50,3 +50,15 @@ def test_summary_block_matches_the_quickstart_shape():
 def test_failed_run_is_marked():
     ctx = make_ctx([], [], status="failed")
     assert "[FAILED]" in format_summary(make_summary(3, ctx, [], "/d"))
+
+
+def test_skipped_updates_and_eval_time_get_one_line_only_when_present():
+    ctx = make_ctx([10.0] * 4, skipped_updates=2, eval_ms=12_345.0)
+    summary = make_summary(1, ctx, [], "/d")
+    assert (summary["skipped_updates"], summary["eval_s"]) == (2, 12.345)
+    lines = format_summary(summary).splitlines()
+    assert lines[2] == (
+        "  2 skipped updates (inf/NaN gradients); 12.3 s in evaluation, outside steps"
+    )
+    plain = format_summary(make_summary(1, make_ctx([10.0] * 4), [], "/d")).splitlines()
+    assert plain[2] == "  Insights (0):"

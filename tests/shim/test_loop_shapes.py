@@ -64,9 +64,7 @@ def test_accumulation_windows_that_cross_an_epoch_end(socket_dir, fake_daemon):
     assert summary(fake_daemon.steps) == [(i, 3) for i in range(5)]
 
 
-def test_micro_batches_left_without_an_update_at_exit_are_one_partial_step(
-    socket_dir, fake_daemon
-):
+def test_micro_batches_left_without_an_update_at_exit_are_one_partial_step(socket_dir, fake_daemon):
     model = MLP()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with profile(socket_dir):
@@ -213,7 +211,8 @@ def test_scheduler_stepped_before_optimizer_still_warns_as_without_gpuprof(socke
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with profile(socket_dir):
         sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1)
-        with pytest.warns(UserWarning, match=r"lr_scheduler\.step\(\)` before `optimizer\.step\(\)"):
+        misuse = r"lr_scheduler\.step\(\)` before `optimizer\.step\(\)"
+        with pytest.warns(UserWarning, match=misuse):
             sched.step()
             model(batch()[0]).sum().backward()
             opt.step()

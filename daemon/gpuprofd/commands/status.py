@@ -44,8 +44,11 @@ def other_daemons(socket_dir: Path) -> list[str]:
     base = config.socket_base_dir()
     if socket_dir.parent != base.absolute():
         return []
-    return sorted(str(p.parent) for p in base.glob(f"*/{config.CONTROL_SOCKET_NAME}")
-                  if p.parent != socket_dir)
+    return sorted(
+        str(p.parent)
+        for p in base.glob(f"*/{config.CONTROL_SOCKET_NAME}")
+        if p.parent != socket_dir
+    )
 
 
 def no_daemon_message(socket_dir: Path, timeout_s: float) -> str:
@@ -70,10 +73,20 @@ def no_daemon_message(socket_dir: Path, timeout_s: float) -> str:
 
 
 @click.command("status")
-@click.option("--socket-dir", type=click.Path(path_type=Path), default=None,
-              help="The daemon's socket directory [default: GPUPROF_SOCKET, ...].")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.05), default=1.0,
-              show_default=True, help="Seconds to wait for the daemon's answer.")
+@click.option(
+    "--socket-dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="The daemon's socket directory [default: GPUPROF_SOCKET, ...].",
+)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(min=0.05),
+    default=1.0,
+    show_default=True,
+    help="Seconds to wait for the daemon's answer.",
+)
 @format_option
 def status_cmd(socket_dir: Path | None, timeout_s: float, fmt: str) -> int:
     """Ping the node's gpuprofd (exit 3 if none answers).

@@ -35,3 +35,15 @@ def test_build_context_live_run_ends_at_last_step():
     ctx = build_context(run, steps)
     assert ctx.duration_s == pytest.approx(2.0)
     assert ctx.host_cpu_pct is None and ctx.run_cpu_cores is None
+
+
+def test_build_context_counts_skipped_updates_and_eval_including_trailing():
+    run = {"run_name": "r", "status": "finished", "start_mono_ns": 0, "end_mono_ns": 10**10,
+           "trailing_eval_ns": 250_000_000}  # fmt: skip
+    steps = [
+        {"t0": 0, "t1": 1, "wait": 0, "phases": {}},
+        {"t0": 2, "t1": 3, "wait": 0, "phases": {}, "skipped": True, "eval": 0},
+        {"t0": 4, "t1": 5, "wait": 0, "phases": {}, "skipped": False, "eval": 750_000_000},
+    ]
+    ctx = build_context(run, steps)
+    assert (ctx.skipped_updates, ctx.eval_ms) == (1, 1000.0)

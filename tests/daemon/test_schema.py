@@ -1,0 +1,111 @@
+"""Schema versions: a database written by schema 1 is upgraded in place by
+the daemon and read as it is (read-only) by gpuprofctl."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from gpuprofd import dbread, schema
+from gpuprofd.errors import DatabaseError
+
+#: Schema 1 exactly as gpuprof 0.1 (the spine, commit 8c3194b) wrote it, plus rows.
+SCHEMA_1 = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY,
+    run_key TEXT UNIQUE NOT NULL,
+    run_name TEXT NOT NULL,
+    status TEXT NOT NULL,            -- running | finished | failed | lost
+    host TEXT, pid INTEGER, pid_ns TEXT, rank INTEGER, local_rank INTEGER, world_size INTEGER,
+    auto INTEGER,
+    start_wall_ns INTEGER, start_mono_ns INTEGER,
+    end_wall_ns INTEGER, end_mono_ns INTEGER,
+    options TEXT,                    -- json
+    cuda_uuid TEXT, gpu_model TEXT, gpu_count INTEGER, cpu_count INTEGER,
+    dropped_events INTEGER DEFAULT 0,  -- dropped inside the training process
+    received_events INTEGER DEFAULT 0,
+    sent_events INTEGER,
+    error TEXT,
+    median_step_ms REAL,
+    summary TEXT                     -- json, set when the run ends
+);
+CREATE INDEX IF NOT EXISTS runs_name ON runs (run_name, id);
+CREATE TABLE IF NOT EXISTS steps (
+    run_id INTEGER NOT NULL, step INTEGER NOT NULL,
+    t0_ns INTEGER, t1_ns INTEGER, wait_ns INTEGER,
+    explicit INTEGER, micro INTEGER,
+    phases TEXT                      -- json: phase name -> ns
+);
+CREATE INDEX IF NOT EXISTS steps_run_t0 ON steps (run_id, t0_ns);
+CREATE TABLE IF NOT EXISTS insights (
+    run_id INTEGER NOT NULL, rule TEXT, severity TEXT, title TEXT, detail TEXT,
+    fix TEXT, evidence TEXT, created_wall_ns INTEGER
+);
+CREATE INDEX IF NOT EXISTS insights_run ON insights (run_id);
+CREATE TABLE IF NOT EXISTS host_samples (
+    mono_ns INTEGER, cpu_pct REAL, cpu_count INTEGER, disk_read_bps REAL
+);
+CREATE INDEX IF NOT EXISTS host_samples_t ON host_samples (mono_ns);
+CREATE TABLE IF NOT EXISTS run_cpu_samples (run_id INTEGER, mono_ns INTEGER, cores REAL);
+CREATE INDEX IF NOT EXISTS run_cpu_samples_run ON run_cpu_samples (run_id, mono_ns);
+CREATE TABLE IF NOT EXISTS gpu_samples (
+    mono_ns INTEGER, gpu_index INTEGER, uuid TEXT, util_pct REAL,
+    mem_used_bytes INTEGER, mem_total_bytes INTEGER, power_mw INTEGER,
+    temp_c INTEGER, sm_clock_mhz INTEGER
+);
+CREATE INDEX IF NOT EXISTS gpu_samples_t ON gpu_samples (mono_ns);
+CREATE TABLE IF NOT EXISTS drops (reason TEXT PRIMARY KEY, count INTEGER);
+INSERT INTO meta VALUES ('app', 'gpuprof'), ('schema_version', '1');
+INSERT INTO runs (id, run_key, run_name, status, start_mono_ns, end_mono_ns, options)
+    VALUES (1, 'k', 'old', 'finished', 0, 100000000, '{}');
+INSERT INTO steps VALUES (1, 0, 1000, 11000000, 0, 0, 1, '{"forward": 5000000}');
+"""
+
+
+def _old_db(tmp_path: Path) -> Path:
+    path = tmp_path / "old.db"
+    conn = sqlite3.connect(path)
+    conn.executescript(SCHEMA_1)
+    conn.close()
+    return path
+
+
+def test_gpuprofctl_reads_a_schema_1_database_without_changing_it(tmp_path: Path) -> None:
+    path = _old_db(tmp_path)
+    before = path.read_bytes()
+    conn = dbread.open_ro(path)
+    try:
+        steps = dbread.run_context(conn, dbread.get_run(conn, 1)).step_ms
+    finally:
+        conn.close()
+    assert steps == ((11_000_000 - 1000) / 1e6,)
+    assert path.read_bytes() == before
+
+
+def test_the_daemon_upgrades_schema_1_in_place_and_keeps_the_rows(tmp_path: Path) -> None:
+    path = _old_db(tmp_path)
+    schema.prepare(path)
+    schema.prepare(path)  # idempotent
+    conn = sqlite3.connect(path)
+    try:
+        version = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        row = conn.execute("SELECT micro, skipped, eval_ns, optimizers FROM steps").fetchone()
+        trailing = conn.execute("SELECT trailing_eval_ns FROM runs").fetchone()
+    finally:
+        conn.close()
+    assert version == (str(schema.SCHEMA_VERSION),)
+    assert row == (1, 0, 0, None)
+    assert trailing == (0,)
+
+
+def test_a_newer_schema_is_refused_with_a_clear_error(tmp_path: Path) -> None:
+    path = _old_db(tmp_path)
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
+    conn.commit()
+    conn.close()
+    with pytest.raises(DatabaseError, match="newer gpuprof"):
+        schema.prepare(path)
