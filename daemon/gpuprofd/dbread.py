@@ -119,16 +119,19 @@ def stored_insights(conn: sqlite3.Connection, run_id: int) -> list[dict[str, Any
 #: Per-run step aggregates for ``gpuprofctl runs``. ``steps`` counts every
 #: step; every other sum skips each run's first step (by t0), whose wait
 #: covers start-up, as the dataloader-stall rule does (``counted_steps`` says
-#: how many steps the sums cover). ``data_ns`` is loader time inside steps
+#: how many steps the sums cover), except ``skipped_updates`` and ``eval_ns``
+#: (every step). ``data_ns`` is loader time inside steps
 #: (the ``data`` phase, between micro-batches).
 _OVERVIEW_SQL = """
 WITH numbered AS (
-    SELECT run_id, t0_ns, t1_ns, wait_ns, phases,
+    SELECT run_id, t0_ns, t1_ns, wait_ns, phases, skipped, eval_ns,
            ROW_NUMBER() OVER (PARTITION BY run_id ORDER BY t0_ns, rowid) > 1 AS c
     FROM steps
 )
 SELECT run_id,
        COUNT(*) AS steps,
+       TOTAL(skipped) AS skipped_updates,
+       TOTAL(eval_ns) AS eval_ns,
        SUM(c) AS counted_steps,
        TOTAL(c * wait_ns) AS wait_ns,
        TOTAL(c * (t1_ns - t0_ns)) AS step_ns,

@@ -72,9 +72,12 @@ def test_runs_json_has_exact_breakdown(real_db: Path, capsys: pytest.CaptureFixt
 def test_runs_text_table(real_db: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["runs", str(real_db)]) == 0
     assert capsys.readouterr().out.splitlines() == [
-        "ID  NAME      STATUS    STEPS  MEDIAN_STEP_MS  WAIT%  FWD%  BWD%  OPT%  OTHER%  DROPPED",
-        "2   ongoing   running       3            18.0   44.4  16.7  22.2  11.1     5.6        0",
-        "1   baseline  finished     12            18.0   44.4  16.7  22.2  11.1     5.6        2",
+        "ID  NAME      STATUS    STEPS  MEDIAN_STEP_MS  WAIT%  FWD%  BWD%  OPT%  OTHER%  SKIPPED"
+        "  EVAL_S  DROPPED",
+        "2   ongoing   running       3            18.0   44.4  16.7  22.2  11.1     5.6        0"
+        "     0.0        0",
+        "1   baseline  finished     12            18.0   44.4  16.7  22.2  11.1     5.6        0"
+        "     0.0        2",
     ]
 
 
@@ -99,7 +102,12 @@ def test_runs_shares_skip_step_0_and_fold_the_data_phase_into_wait(
     t0 = base + 550 * ms
     for i in range(1, 8):  # 2 ms wait + 10 ms step: fwd 2, bwd 3, opt 1, data 2, rest 2
         phases = {"forward": 2 * ms, "backward": 3 * ms, "optimizer": 1 * ms, "data": 2 * ms}
-        client.push(_iteration("accum", i, t0 + 2 * ms, 2 * ms, 10 * ms, phases, micro=2))
+        step = _iteration("accum", i, t0 + 2 * ms, 2 * ms, 10 * ms, phases, micro=2)
+        if i == 3:
+            step["skipped"] = True  # GradScaler skipped this update
+        if i == 5:
+            step["eval"] = 1_500 * ms  # a validation loop before step 5, outside its wait
+        client.push(step)
         t0 += 12 * ms
     assert client.request(h.bye("accum", sent=8))["ok"]
     client.request(h.hello("one", my_pid, run_name="one-step"))
@@ -113,6 +121,7 @@ def test_runs_shares_skip_step_0_and_fold_the_data_phase_into_wait(
     assert accum["pct_of_iteration"] == {"loader_wait": 33.3, "forward": 16.7, "backward": 25.0,
                                          "optimizer": 8.3, "other": 16.7}  # fmt: skip
     assert (accum["steps"], accum["pct_steps_counted"], accum["median_step_ms"]) == (8, 7, 12.0)
+    assert (accum["skipped_updates"], accum["eval_s"], one["skipped_updates"]) == (1, 1.5, 0)
     # a single step is all start-up: nothing to share out
     assert one["pct_of_iteration"] == dict.fromkeys(
         ("loader_wait", "forward", "backward", "optimizer", "other")
@@ -121,9 +130,12 @@ def test_runs_shares_skip_step_0_and_fold_the_data_phase_into_wait(
 
     assert main(["runs", str(db)]) == 0
     assert capsys.readouterr().out.splitlines() == [
-        "ID  NAME      STATUS    STEPS  MEDIAN_STEP_MS  WAIT%  FWD%  BWD%  OPT%  OTHER%  DROPPED",
-        "2   one-step  finished      1            15.0      -     -     -     -       -        0",
-        "1   accum     finished      8            12.0   33.3  16.7  25.0   8.3    16.7        0",
+        "ID  NAME      STATUS    STEPS  MEDIAN_STEP_MS  WAIT%  FWD%  BWD%  OPT%  OTHER%  SKIPPED"
+        "  EVAL_S  DROPPED",
+        "2   one-step  finished      1            15.0      -     -     -     -       -        0"
+        "     0.0        0",
+        "1   accum     finished      8            12.0   33.3  16.7  25.0   8.3    16.7        1"
+        "     1.5        0",
     ]
 
 

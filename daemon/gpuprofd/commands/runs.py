@@ -54,6 +54,8 @@ def describe(run: dict[str, Any], median_ms: float | None) -> dict[str, Any]:
         "median_step_ms": median_ms,
         "pct_of_iteration": iteration_shares(agg),
         "pct_steps_counted": agg.get("counted_steps") or 0,
+        "skipped_updates": int(agg.get("skipped_updates") or 0),
+        "eval_s": round(((agg.get("eval_ns") or 0) + (run.get("trailing_eval_ns") or 0)) / 1e9, 3),
         "dropped_events": run.get("dropped_events") or 0,
         "start_wall_ns": run.get("start_wall_ns"),
     }
@@ -80,14 +82,14 @@ def _cell(v: float | None) -> str:
 
 def format_table(rows: list[dict[str, Any]]) -> str:
     header = ("ID", "NAME", "STATUS", "STEPS", "MEDIAN_STEP_MS", *(h for _, h in COLUMNS),
-              "DROPPED")  # fmt: skip
+              "SKIPPED", "EVAL_S", "DROPPED")  # fmt: skip
     lines = [header]
     for r in rows:
         pct = r["pct_of_iteration"]
         lines.append((
             str(r["id"]), r["run_name"][:40], r["status"], str(r["steps"]),
             _cell(r["median_step_ms"]), *(_cell(pct[key]) for key, _ in COLUMNS),
-            str(r["dropped_events"]),
+            str(r["skipped_updates"]), _cell(r["eval_s"]), str(r["dropped_events"]),
         ))  # fmt: skip
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
 
@@ -112,12 +114,15 @@ WAIT%           loader wait before each step, with loader time inside
                 steps (the data phase, between micro-batches) folded in
 FWD% BWD% OPT%  forward, backward, optimizer
 OTHER%          the rest of the step: unlabelled time, custom phases
+SKIPPED         steps whose optimizer update was skipped (inf/NaN gradients)
+EVAL_S          seconds of evaluation (no-grad forwards) outside steps
 DROPPED         events the training process could not send
 
 \b
 --format json gives the same per run: steps, median_step_ms,
 pct_of_iteration {{loader_wait, forward, backward, optimizer, other}},
-pct_steps_counted (the steps those shares cover), dropped_events.
+pct_steps_counted (the steps those shares cover), skipped_updates, eval_s,
+dropped_events.
 """
 
 
