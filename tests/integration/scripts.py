@@ -96,3 +96,41 @@ after = sorted(times[PAUSE_AT + 5:])[len(times[PAUSE_AT + 5:]) // 2]
 print(f"MEDIAN_BEFORE_MS {before * 1e3:.4f}")
 print(f"MEDIAN_AFTER_MS {after * 1e3:.4f}")
 '''
+
+GAN_AMP_EVAL = r'''
+import torch
+from torch import nn
+import gpuprof
+
+torch.manual_seed(0)
+torch.set_num_threads(1)
+gen = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 16))
+disc = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
+opt_d = torch.optim.SGD(disc.parameters(), lr=1e-2)
+opt_g = torch.optim.Adam(gen.parameters(), lr=1e-3)
+scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8)
+bce = nn.BCEWithLogitsLoss()
+with gpuprof.profile("gan-amp"):
+    for epoch in range(2):
+        for it in range(5):
+            real, z = torch.randn(32, 16), torch.randn(32, 8)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                fake = gen(z)
+                d_loss = bce(disc(real).float(), torch.ones(32, 1)) + bce(
+                    disc(fake.detach()).float(), torch.zeros(32, 1))
+            if epoch == 0 and it == 2:
+                d_loss = d_loss * float("inf")  # inf grads: the scaler skips this update
+            opt_d.zero_grad()
+            scaler.scale(d_loss).backward()
+            scaler.step(opt_d)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                g_loss = bce(disc(fake).float(), torch.ones(32, 1))
+            opt_g.zero_grad()
+            scaler.scale(g_loss).backward()
+            scaler.step(opt_g)
+            scaler.update()
+        with torch.no_grad():  # validation after each epoch
+            for _ in range(30):
+                disc(gen(torch.randn(256, 8)))
+print("TRAINED")
+'''
