@@ -33,11 +33,13 @@ Micro-batches
 
 Evaluation
     Outermost module calls with grad disabled while no step segment is in
-    progress are candidate evaluation. :data:`EVAL_MIN_CALLS` or more of them
-    before the next training forward are an eval loop: the span from the
-    first to the last is the next step's ``eval_ns`` and is not loader wait.
-    Fewer are a teacher/EMA model's forward: they start the next step and
-    count as its forward phase.
+    progress. One or two of them chained into the next training forward
+    (each ending within :data:`ADJACENT_NS` of what follows: a teacher's
+    forward right before the student's) are part of that step, counted in
+    its forward phase. All others (an eval loop, an EMA model's forward
+    after the update) are evaluation: the span from the first to the last is
+    the next step's ``eval_ns`` (or, after the last step, trailing eval) and
+    is not loader wait.
 
 Loader wait
     Gap mode (no wrapped loader): the gap from the previous step's end to
@@ -65,11 +67,14 @@ BACKWARD = "backward"
 AFTER_BACKWARD = "after_backward"
 OPTIMIZER = "optimizer"
 
-#: No-grad outermost calls in one gap from which on they are an eval loop,
-#: not a teacher/EMA forward. A teacher is called once or twice per
-#: iteration; an eval loop runs one call per validation batch. A validation
-#: set of 1-2 batches is therefore counted as step time (documented limit).
-EVAL_MIN_CALLS = 3
+#: Most no-grad calls that can be a step's prelude (a teacher, maybe a
+#: second frozen model); a longer chain right before training is an eval loop.
+PRELUDE_MAX_CALLS = 2
+#: A no-grad call ending this close (ns) to the training forward (or to the
+#: prelude call) after it is chained to it. Python glue between a teacher
+#: and a student takes microseconds; a loader fetch shorter than 1 ms
+#: between them would be counted as step time, too short to matter.
+ADJACENT_NS = 1_000_000
 #: Optimizers tracked per run with their own name and counters; later ones
 #: are summed under the last slot's name (the protocol carries at most 16).
 MAX_OPTIMIZERS = 16
@@ -117,30 +122,53 @@ class _Segment:
 
 
 class _Gap:
-    """No-grad calls and loader time seen while no segment is in progress.
-    Loader time (ns) is kept apart before the first no-grad call
-    (``before_ns``), between two of them (``during_ns``: an eval loop's own
-    loading) and after the last one (``after_ns``)."""
+    """No-grad calls and loader time (ns) seen while no segment is in progress.
 
-    __slots__ = ("calls", "first_ns", "last_ns", "before_ns", "during_ns", "after_ns")
+    Loader time is kept as: before the first call (``before_ns``), since the
+    last call (``after_ns``), and before each of the last few calls (in
+    ``recent``, to tell a prelude's loading from an eval loop's); older
+    between-call loading is an eval loop's own (``during_ns``).
+    """
+
+    __slots__ = ("calls", "first_ns", "before_ns", "during_ns", "after_ns", "recent")
 
     def __init__(self) -> None:
         self.calls = 0
         self.first_ns = 0
-        self.last_ns = 0
         self.before_ns = 0
         self.during_ns = 0
         self.after_ns = 0
+        self.recent: list[tuple[int, int, int]] = []  # (start, end, loader before it)
 
     def add_call(self, t_start: int, t_end: int) -> None:
         if self.calls:
-            self.during_ns += self.after_ns
+            loader_before = self.after_ns
         else:
             self.first_ns = t_start
             self.before_ns += self.after_ns
+            loader_before = 0
         self.after_ns = 0
         self.calls += 1
-        self.last_ns = max(self.last_ns, t_end)
+        self.recent.append((t_start, max(t_start, t_end), loader_before))
+        if len(self.recent) > PRELUDE_MAX_CALLS + 1:
+            self.during_ns += self.recent.pop(0)[2]
+
+    def prelude_calls(self, t: int) -> int:
+        """How many of the last calls chain into a training forward at *t*
+        (0 if none, or if the chain is longer than a prelude can be)."""
+        chain, nxt = 0, t
+        for start, end, _ in reversed(self.recent):
+            if nxt - end > ADJACENT_NS:
+                break
+            chain, nxt = chain + 1, start
+        return chain if chain <= PRELUDE_MAX_CALLS else 0
+
+    def eval_span(self, prelude: int) -> int:
+        """Span (ns) from the first call to the end of the last one that is
+        not part of the prelude; 0 if every call is."""
+        if self.calls <= prelude:
+            return 0
+        return max(0, self.recent[-1 - prelude][1] - self.first_ns)
 
 
 class StepMachine:
@@ -211,13 +239,15 @@ class StepMachine:
         seg, gap = self._seg, self._gap
         seg.t0 = t
         seg.last_ns = t
+        prelude = gap.prelude_calls(t)
+        seg.eval_ns = gap.eval_span(prelude)
+        # loader time before, after, and between the eval calls and a prelude
         seg.wait_ns = gap.before_ns + gap.after_ns
-        if gap.calls >= EVAL_MIN_CALLS:  # an eval loop: its loading is eval time
-            seg.eval_ns = max(0, gap.last_ns - gap.first_ns)
-        else:
-            seg.wait_ns += gap.during_ns
-            if gap.calls:  # a teacher/EMA forward: part of this step
-                seg.t0 = gap.first_ns
+        if prelude:
+            first_start, _, loader_before = gap.recent[-prelude]
+            seg.t0 = first_start  # a teacher's forward: part of this step
+            if gap.calls > prelude:
+                seg.wait_ns += loader_before
         self._gap = _Gap()
         self._phase_start = seg.t0
 
@@ -425,7 +455,7 @@ class StepMachine:
         if seg.started and (seg.micro or seg.closure_micro or seg.optim):
             self._emit_segment(seg, max(seg.end_ns, seg.last_ns))
         elif self._gap.calls:
-            self.trailing_eval_ns += max(0, self._gap.last_ns - self._gap.first_ns)
+            self.trailing_eval_ns += self._gap.eval_span(0)
         self._seg, self._gap = _Segment(), _Gap()
         self.state = IDLE
         self._opt_depth = 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import gc
 
-from gpuprof_shim.auto import EVAL_MIN_CALLS, IDLE, StepMachine
+from gpuprof_shim.auto import ADJACENT_NS, IDLE, StepMachine
 from gpuprof_shim.steps import OptimizerUse, StepRecord
 
 
@@ -220,53 +220,97 @@ def test_explicit_loader_waits_replace_the_gap_and_in_step_waits_become_data_pha
     assert "data" not in out[1].phases
 
 
+MS = 1_000_000
+
+
 def test_eval_loop_between_steps_is_eval_time_not_loader_wait():
     m, out = make()
     opt = SGD()
-    micro(m, fwd=1_000, bwd=1_100, bwd_end=1_200)
-    opt_step(m, opt, 1_300, 1_400)
+    micro(m, fwd=1 * MS, bwd=2 * MS, bwd_end=3 * MS)
+    opt_step(m, opt, 4 * MS, 5 * MS)
     assert m.wants_eval()
-    for k in range(EVAL_MIN_CALLS + 2):  # validation: no-grad forwards, 500 ns apart
-        m.on_eval_call(2_000 + 500 * k, 2_100 + 500 * k)
-    micro(m, fwd=6_000, bwd=6_100, bwd_end=6_200)
+    for k in range(5):  # validation: 2 ms no-grad forwards, 5 ms apart (val loading between)
+        m.on_eval_call(10 * MS + 5 * MS * k, 12 * MS + 5 * MS * k)
+    micro(m, fwd=60 * MS, bwd=61 * MS, bwd_end=62 * MS)  # 28 ms of train loading first
     assert not m.wants_eval()
-    opt_step(m, opt, 6_300, 6_400)
-    m.flush(7_000)
+    opt_step(m, opt, 63 * MS, 64 * MS)
+    m.flush(70 * MS)
     second = out[1]
-    assert second.eval_ns == 2_100 + 500 * (EVAL_MIN_CALLS + 1) - 2_000
-    assert second.wait == (6_000 - 1_400) - second.eval_ns
-    assert second.t0 == 6_000
+    assert second.eval_ns == 32 * MS - 10 * MS
+    assert second.wait == (60 * MS - 5 * MS) - second.eval_ns
+    assert second.t0 == 60 * MS
+
+
+def test_an_eval_loop_running_straight_into_training_is_still_eval():
+    m, out = make()
+    for k in range(4):  # no loading anywhere: each call ends right before the next
+        m.on_eval_call(10 * MS + 3 * MS * k, 13 * MS + 3 * MS * k - 10)
+    micro(m, fwd=22 * MS, bwd=23 * MS, bwd_end=24 * MS)
+    opt_step(m, SGD(), 25 * MS, 26 * MS)
+    m.flush(30 * MS)
+    assert (out[0].t0, out[0].eval_ns) == (22 * MS, 12 * MS - 10)
 
 
 def test_a_teacher_forward_under_no_grad_is_part_of_the_step():
     m, out = make()
     opt = SGD()
-    for base in (1_000, 5_000):
-        m.on_eval_call(base, base + 50)  # teacher(x) under no_grad
-        micro(m, fwd=base + 60, bwd=base + 100, bwd_end=base + 200)
-        opt_step(m, opt, base + 250, base + 300)
-    m.flush(9_000)
-    assert [(s.t0, s.eval_ns) for s in out] == [(1_000, 0), (5_000, 0)]
-    assert out[1].phases["forward"] == 100  # teacher + student forward
-    assert out[1].wait == 5_000 - 1_300
+    for base in (1 * MS, 20 * MS):
+        m.on_eval_call(base + 5 * MS, base + 8 * MS)  # 5 ms loading, then teacher(x)
+        micro(m, fwd=base + 8 * MS + 20, bwd=base + 9 * MS, bwd_end=base + 10 * MS)
+        opt_step(m, opt, base + 11 * MS, base + 12 * MS)
+    m.flush(40 * MS)
+    assert [(s.t0, s.eval_ns) for s in out] == [(6 * MS, 0), (25 * MS, 0)]
+    assert out[1].phases["forward"] == 4 * MS  # teacher + student forward
+    assert out[1].wait == 25 * MS - 13 * MS  # the loading before the teacher
+
+
+def test_an_ema_forward_after_the_update_is_eval_not_step_or_wait():
+    m, out = make()
+    opt = SGD()
+    for base in (1 * MS, 20 * MS):
+        micro(m, fwd=base, bwd=base + 1 * MS, bwd_end=base + 2 * MS)
+        opt_step(m, opt, base + 3 * MS, base + 4 * MS)
+        m.on_eval_call(base + 4 * MS + 10, base + 6 * MS)  # ema(x) right after the update
+    assert ADJACENT_NS < 14 * MS  # then the next batch loads for 15 ms
+    m.flush(40 * MS)
+    assert out[1].t0 == 20 * MS
+    assert out[1].eval_ns == 6 * MS - (4 * MS + 10)
+    assert out[1].wait == (20 * MS - 5 * MS) - out[1].eval_ns
+    assert m.trailing_eval_ns == 6 * MS - (4 * MS + 10)
 
 
 def test_explicit_mode_excludes_the_eval_loops_own_loading():
     m, out = make()
     opt = SGD()
     m.mark_explicit()
-    micro(m, fwd=1_000, bwd=1_100, bwd_end=1_200)
-    opt_step(m, opt, 1_300, 1_400)
+    micro(m, fwd=1 * MS, bwd=2 * MS, bwd_end=3 * MS)
+    opt_step(m, opt, 4 * MS, 5 * MS)
     m.add_loader_wait(5)  # first val batch: before the first eval call
     for k in range(4):
-        m.on_eval_call(2_000 + 500 * k, 2_100 + 500 * k)
+        m.on_eval_call(10 * MS + 5 * MS * k, 11 * MS + 5 * MS * k)
         m.add_loader_wait(1_000)  # the val loader between eval calls (and the last one after)
     m.add_loader_wait(70)  # the next epoch's first train batch
-    micro(m, fwd=6_000, bwd=6_100, bwd_end=6_200)
-    opt_step(m, opt, 6_300, 6_400)
-    m.flush(7_000)
+    micro(m, fwd=60 * MS, bwd=61 * MS, bwd_end=62 * MS)
+    opt_step(m, opt, 63 * MS, 64 * MS)
+    m.flush(70 * MS)
     assert out[1].wait == 5 + 1_000 + 70  # before, and after the last eval call
-    assert out[1].eval_ns == 1_600
+    assert out[1].eval_ns == 26 * MS - 10 * MS
+
+
+def test_explicit_mode_loading_between_eval_and_a_teacher_is_wait():
+    m, out = make()
+    m.mark_explicit()
+    for k in range(3):  # an eval loop...
+        m.on_eval_call(10 * MS + 5 * MS * k, 11 * MS + 5 * MS * k)
+        m.add_loader_wait(300)
+    m.add_loader_wait(4_000)  # ...then the train batch, then teacher + student
+    m.on_eval_call(30 * MS, 32 * MS)
+    micro(m, fwd=32 * MS + 50, bwd=33 * MS, bwd_end=34 * MS)
+    opt_step(m, SGD(), 35 * MS, 36 * MS)
+    m.flush(40 * MS)
+    (step,) = out
+    assert (step.t0, step.eval_ns) == (30 * MS, 21 * MS - 10 * MS)
+    assert step.wait == 300 + 4_000  # the last val fetch and the train fetch
 
 
 def test_flush_counts_trailing_eval_and_drops_a_forward_only_tail():
