@@ -118,6 +118,7 @@ class Profiler:
         self.machine: StepMachine | None = None
         self.counter = StepCounter()
         self._entered = False
+        self._pid = os.getpid()
         self._open = False
         self._daemon_ok = False
         self._problem: str | None = None
@@ -158,6 +159,7 @@ class Profiler:
                 )
             _active = self
             self._entered = True
+            self._pid = os.getpid()
         try:
             if self.auto:
                 _import_torch()
@@ -334,6 +336,8 @@ class Profiler:
             patches.remove()
 
     def _finish(self, exc: BaseException | None) -> None:
+        if os.getpid() != self._pid:
+            return  # a fork child leaving the block: the run, its bye and summary are the parent's
         if isinstance(exc, SystemExit) and exc.code in (0, None):
             exc = None  # sys.exit(0) inside the loop is a normal end
         if self.machine is not None and self._open:

@@ -4,7 +4,9 @@ a quick process exit."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import io
 import json
 import os
 import subprocess
@@ -194,6 +196,36 @@ def test_fork_child_never_collects_the_parents_socket(socket_dir, fake_daemon, m
     assert child == [False, 1, []]
     assert unraisable == []
     _assert_exact_steps(fake_daemon, prof, 1)
+
+
+def test_fork_child_leaving_the_block_does_not_end_the_parents_run(socket_dir, fake_daemon, capfd):
+    """A child forked inside the block that leaves it (``sys.exit()`` in an
+    ``os.fork()`` child) must not send the parent's ``bye`` (the daemon would
+    end the run under the parent) nor print a summary."""
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with gpuprof.profile("parent", socket_dir=socket_dir, autostart=False) as prof:
+        model(torch.randn(2, 8)).sum().backward()
+        opt.step()
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child leaves the block as SystemExit(0) would, then exits
+            try:
+                with contextlib.redirect_stdout(io.StringIO()) as out:
+                    prof.__exit__(SystemExit, SystemExit(0), None)
+                os.write(w, json.dumps([prof.summary, out.getvalue()]).encode())
+            finally:
+                os._exit(0)
+        os.close(w)
+        with os.fdopen(r, "rb") as f:
+            child = json.loads(f.read())
+        os.waitpid(pid, 0)
+        assert fake_daemon.of_type("bye") == []
+        model(torch.randn(2, 8)).sum().backward()
+        opt.step()
+    assert child == [None, ""]
+    _assert_exact_steps(fake_daemon, prof, 2)
+    assert capfd.readouterr().out.count("gpuprof · parent") == 1  # the parent's summary only
 
 
 # --- process exit, measured in real subprocesses ------------------------------
