@@ -51,6 +51,16 @@ _active_lock = threading.Lock()
 _active: Profiler | None = None
 
 
+def _new_lock_in_child() -> None:
+    """A fork child gets a fresh lock: a thread of the parent may have held it."""
+    global _active_lock
+    _active_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_lock_in_child)
+
+
 def active_profiler() -> Profiler | None:
     """The profile currently entered in this process, if any."""
     return _active

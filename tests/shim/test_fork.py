@@ -22,6 +22,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 import gpuprof
+from gpuprof_shim import session
 from gpuprof_shim.session import active_profiler
 
 from .training import MLP
@@ -226,6 +227,24 @@ def test_fork_child_leaving_the_block_does_not_end_the_parents_run(socket_dir, f
     assert child == [None, ""]
     _assert_exact_steps(fake_daemon, prof, 2)
     assert capfd.readouterr().out.count("gpuprof · parent") == 1  # the parent's summary only
+
+
+def test_fork_child_gets_a_fresh_session_lock():
+    """A thread of the parent may hold the session's lock when a worker
+    forks; the child must not inherit it locked (leaving a block takes it)."""
+    with session._active_lock:  # as another thread entering a profile would
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.write(w, b"1" if session._active_lock.acquire(timeout=2) else b"0")
+            finally:
+                os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        got = f.read()
+    os.waitpid(pid, 0)
+    assert got == b"1"
 
 
 # --- process exit, measured in real subprocesses ------------------------------
