@@ -80,7 +80,7 @@ ADJACENT_NS = 1_000_000
 MAX_OPTIMIZERS = 16
 
 
-@dataclass
+@dataclass(slots=True)
 class _Segment:
     """Accumulators of one step, or of activity that may become one (ns)."""
 
@@ -213,7 +213,8 @@ class StepMachine:
         self._closure_start = 0
         self._closure_ns = 0
         self._primary: Any = None  # weakref to the primary optimizer (or a strong ref)
-        self._optimizers: dict[int, tuple[Any, int, str]] = {}  # id -> (ref, index, name)
+        self._optimizers: dict[int, tuple[Any, int]] = {}  # id(optimizer) -> (ref, index)
+        self._names: list[str] = []  # index -> "Adam#0"
 
     # --- queries the wrappers make on the hot path ---------------------------
 
@@ -239,16 +240,20 @@ class StepMachine:
         seg, gap = self._seg, self._gap
         seg.t0 = t
         seg.last_ns = t
-        prelude = gap.prelude_calls(t)
-        seg.eval_ns = gap.eval_span(prelude)
-        # loader time before, after, and between the eval calls and a prelude
-        seg.wait_ns = gap.before_ns + gap.after_ns
-        if prelude:
-            first_start, _, loader_before = gap.recent[-prelude]
-            seg.t0 = first_start  # a teacher's forward: part of this step
-            if gap.calls > prelude:
-                seg.wait_ns += loader_before
-        self._gap = _Gap()
+        seg.wait_ns = gap.after_ns
+        if gap.calls:
+            prelude = gap.prelude_calls(t)
+            seg.eval_ns = gap.eval_span(prelude)
+            # loader time before, after, and between the eval calls and a prelude
+            seg.wait_ns += gap.before_ns
+            if prelude:
+                first_start, _, loader_before = gap.recent[-prelude]
+                seg.t0 = first_start  # a teacher's forward: part of this step
+                if gap.calls > prelude:
+                    seg.wait_ns += loader_before
+            self._gap = _Gap()
+        else:
+            gap.after_ns = 0
         self._phase_start = seg.t0
 
     def on_eval_call(self, t_start: int, t_end: int) -> None:
@@ -482,8 +487,10 @@ class StepMachine:
         inside = seg.loader_ns if self.explicit else seg.between_ns
         if inside:
             phases[LOADER_PHASE] = inside
+        optim = seg.optim
         optimizers = [
-            OptimizerUse(self._name_of(idx), *counts) for idx, counts in sorted(seg.optim.items())
+            OptimizerUse(self._names[idx], *optim[idx])
+            for idx in (optim if len(optim) < 2 else sorted(optim))
         ]
         rec = StepRecord(
             i=self.next_index,
@@ -504,16 +511,14 @@ class StepMachine:
         entry = self._optimizers.get(id(optimizer))
         if entry is not None and _deref(entry[0]) is optimizer:
             return entry[1]
-        idx = min(len(self._optimizers), MAX_OPTIMIZERS - 1)
-        name = f"{type(optimizer).__name__}#{idx}" if optimizer is not None else f"step#{idx}"
-        self._optimizers[id(optimizer)] = (_ref(optimizer), idx, name)
+        idx = len(self._names)
+        if idx >= MAX_OPTIMIZERS:  # more optimizers than the protocol lists: share the last slot
+            idx = MAX_OPTIMIZERS - 1
+            self._names[idx] = "other"
+        else:
+            self._names.append(f"{type(optimizer).__name__}#{idx}")
+        self._optimizers[id(optimizer)] = (_ref(optimizer), idx)
         return idx
-
-    def _name_of(self, idx: int) -> str:
-        for _, i, name in self._optimizers.values():
-            if i == idx:
-                return name
-        return f"optimizer#{idx}"
 
     def _set_primary(self, optimizer: Any) -> None:
         self._primary = _ref(optimizer, self._primary_gone)
