@@ -96,3 +96,31 @@ def test_undecodable_and_bidi_characters_are_cleaned_not_fatal():
 )
 def test_clean_run_name(raw, clean):
     assert clean_run_name(raw) == clean
+
+
+def _opt(**kw):
+    return {"name": "Adam#0", "updates": 1, "skipped": 0, "ns": 1000, **kw}
+
+
+def test_step_with_skipped_eval_and_optimizers_is_valid():
+    msg = step(skipped=True, eval=5, optimizers=[_opt(), _opt(name="SGD#1", skipped=1)])
+    assert decode(encode(msg), "data") == msg
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        ({"skipped": 1}, "skipped"),  # an int is not a bool
+        ({"eval": -1}, "eval"),
+        ({"eval": 8 * 86_400 * 10**9}, "eval"),
+        ({"optimizers": {"Adam#0": 1}}, "optimizers"),
+        ({"optimizers": [_opt()] * 17}, "optimizers"),
+        ({"optimizers": [_opt(name="a\x1bb")]}, "optimizers"),
+        ({"optimizers": [_opt(updates=-1)]}, "optimizers"),
+        ({"optimizers": [_opt(ns=2**62)]}, "optimizers"),
+        ({"optimizers": [_opt(extra=1)]}, "optimizers"),
+        ({"optimizers": [{"name": "x", "updates": 1, "skipped": 0}]}, "optimizers"),
+    ],
+)
+def test_bad_optional_step_fields_are_rejected(extra, field):
+    assert reason(encode(step(**extra))) == f"bad_field:{field}"
