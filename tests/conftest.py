@@ -1,6 +1,7 @@
 """Suite-wide checks. The leak check runs after every test: gpuprof must
 leave torch exactly as it found it (patched methods restored, global
-optimizer hooks removed). torch is only inspected if a test imported it."""
+optimizer hooks removed, no global module hooks, every forward detector's
+root hooks removed). torch is only inspected if a test imported it."""
 
 from __future__ import annotations
 
@@ -32,6 +33,12 @@ def torch_leaks() -> list[str]:
         leaks.append(f"optimizer pre hooks left: {dict(optim_mod._global_optimizer_pre_hooks)}")
     if optim_mod._global_optimizer_post_hooks:
         leaks.append(f"optimizer post hooks left: {dict(optim_mod._global_optimizer_post_hooks)}")
+    if torch.nn.modules.module._has_any_global_hook():
+        leaks.append("a global nn.Module hook is registered")
+    forwards = sys.modules.get("gpuprof_shim.forwards")
+    if forwards is not None and forwards.live_detectors():
+        # their root hooks / compiled-call wrappers were never removed
+        leaks.append(f"forward detectors left installed: {forwards.live_detectors()}")
     return leaks
 
 

@@ -1,9 +1,11 @@
 """The one owner of gpuprof's global changes to torch.
 
-Auto mode replaces ``torch.nn.Module.__call__``, ``torch.Tensor.backward``,
-``torch.autograd.backward`` and ``torch.amp.GradScaler.step`` and registers
-torch's global optimizer step pre/post hooks (removable handles;
-``Optimizer.step`` itself is untouched).
+Auto mode replaces ``torch.Tensor.backward``, ``torch.autograd.backward``
+and ``torch.amp.GradScaler.step``, registers torch's global optimizer step
+pre/post hooks (removable handles; ``Optimizer.step`` itself is untouched),
+and starts the forward detector (:mod:`gpuprof_shim.forwards`:
+``torch.nn.Module.__call__`` patched for a short discovery window, then
+hooks on the root modules only).
 Originals are recorded exactly as found (the raw class/module dict entry)
 and put back on :meth:`TorchPatches.remove`. Only one owner may be
 installed per process; nothing is patched at import time. torch is
@@ -50,7 +52,8 @@ class TorchPatches:
 
     @property
     def installed(self) -> bool:
-        return bool(self._patches or self._handles)
+        forwards = self.wrappers.forwards if self.wrappers is not None else None
+        return bool(self._patches or self._handles or (forwards and forwards.enabled))
 
     def install(self) -> None:
         """Import torch and patch it.
@@ -83,17 +86,18 @@ class TorchPatches:
         module_cls, tensor_cls, autograd = torch.nn.Module, torch.Tensor, torch.autograd
         w = Wrappers(
             self.machine,
-            orig_module_call=_raw(module_cls, "__call__"),
+            module_cls=module_cls,
             orig_tensor_backward=_raw(tensor_cls, "backward"),
             orig_autograd_backward=_raw(autograd, "backward"),
             is_grad_enabled=torch.is_grad_enabled,
+            is_compiling=torch.compiler.is_compiling,
         )
         self.wrappers = w
+        w.forwards.install()
         # GradScaler.step may skip optimizer.step() (inf/NaN grads): its own
         # call is the optimizer's turn, so a skipped update still ends a step
         scaler_cls = torch.amp.GradScaler
         for target, name, replacement in (
-            (module_cls, "__call__", w.module_call),
             (tensor_cls, "backward", w.tensor_backward),
             (autograd, "backward", w.autograd_backward),
             (scaler_cls, "step", w.make_scaler_step(_raw(scaler_cls, "step"))),
@@ -114,6 +118,7 @@ class TorchPatches:
         global _owner
         if self.wrappers is not None:
             self.wrappers.enabled = False
+            self.wrappers.forwards.remove()
         while self._handles:
             handle = self._handles.pop()
             try:

@@ -1,12 +1,11 @@
 """The functions that stand in for torch's during auto mode, feeding a
 :class:`~gpuprof_shim.auto.StepMachine`.
 
-``Module.__call__`` is the hot path: every submodule call goes through it.
-A nested call (depth > 0 on this thread) does one thread-local read and
-calls the original. Only the outermost call on a thread is timed, and only
-when grad is enabled (``no_grad`` evaluation is not training) and the
-module has parameters (a parameterless module such as a torchvision
-transform run by the loader, or a loss, cannot start a forward phase).
+Forwards (module calls) are found by :class:`~gpuprof_shim.forwards.ForwardDetector`:
+a short discovery window patches ``Module.__call__``, then only the root
+modules carry hooks. Backward calls are the patched ``Tensor.backward`` and
+``torch.autograd.backward``; each outermost one also tells the detector (a
+backward with no forward seen sends it looking for an unknown root).
 
 Every call into the machine is guarded: an internal error is logged once
 and the user's call goes on. Once :attr:`Wrappers.enabled` is False the
@@ -21,41 +20,15 @@ from collections.abc import Callable
 from typing import Any
 
 from gpuprof_shim.auto import StepMachine
+from gpuprof_shim.forwards import ForwardDetector
 
 log = logging.getLogger("gpuprof.shim")
 
 
 class _Depth(threading.local):
-    """Per-thread nesting depths of module calls and backward calls."""
+    """Per-thread nesting depth of backward calls."""
 
-    module = 0
     backward = 0
-
-
-#: Most modules walked looking for a parameter before giving up (and saying yes).
-_MAX_WALK = 10_000
-
-
-def _has_parameters(module: Any) -> bool:
-    """True if *module* or a submodule holds a parameter.
-
-    Walks ``_parameters``/``_modules`` directly: ``module.parameters()``
-    costs ~10x more (it builds generators and a memo set), and this runs
-    once per micro-batch inside the measured gap.
-    """
-    try:
-        stack = [module]
-        for _ in range(_MAX_WALK):
-            if not stack:
-                return False
-            m = stack.pop()
-            for p in m._parameters.values():
-                if p is not None:
-                    return True
-            stack.extend(c for c in m._modules.values() if c is not None)
-        return True
-    except Exception:  # not a standard Module: let it count
-        return True
 
 
 class Wrappers:
@@ -63,25 +36,29 @@ class Wrappers:
 
     Args:
         machine: receives the events.
-        orig_module_call: the original ``torch.nn.Module.__call__``.
+        module_cls: ``torch.nn.Module`` (its ``__call__`` as found is the original).
         orig_tensor_backward: the original ``torch.Tensor.backward``.
         orig_autograd_backward: the original ``torch.autograd.backward``.
         is_grad_enabled: ``torch.is_grad_enabled``.
+        is_compiling: ``torch.compiler.is_compiling``.
     """
 
     def __init__(
         self,
         machine: StepMachine,
-        orig_module_call: Callable[..., Any],
+        module_cls: Any,
         orig_tensor_backward: Callable[..., Any],
         orig_autograd_backward: Callable[..., Any],
         is_grad_enabled: Callable[[], bool],
+        is_compiling: Callable[[], bool],
     ) -> None:
         self.machine = machine
         self.enabled = True
         self._errors = 0
         depth = _Depth()
-        self.module_call = self._make_module_call(orig_module_call, depth, is_grad_enabled)
+        self.forwards = ForwardDetector(
+            machine, self.internal_error, module_cls, is_grad_enabled, is_compiling
+        )
         self.tensor_backward = self._make_backward(orig_tensor_backward, depth)
         self.autograd_backward = self._make_backward(orig_autograd_backward, depth)
 
@@ -93,49 +70,10 @@ class Wrappers:
         else:
             log.debug("gpuprof: internal error", exc_info=True)
 
-    def _make_module_call(
-        self,
-        orig: Callable[..., Any],
-        depth: _Depth,
-        is_grad_enabled: Callable[[], bool],
-    ) -> Callable[..., Any]:
-        machine = self.machine
-        clock = machine.clock
-        wrappers = self
-
-        # The first argument must be named ``self`` and no closure variable may
-        # be: torch.profiler's Python tracer (``with_stack=True``) takes the
-        # frame local ``self`` of ``Module.__call__``'s code as the module and
-        # reads its ``_parameters``.
-        def module_call(self: Any, *args: Any, **kwargs: Any) -> Any:
-            if depth.module:  # nested submodule call: the fast path
-                return orig(self, *args, **kwargs)
-            if not wrappers.enabled:
-                return orig(self, *args, **kwargs)
-            depth.module = 1
-            timed = False
-            try:
-                try:
-                    timed = is_grad_enabled()
-                    if timed and machine.accepts_forward() and _has_parameters(self):
-                        machine.on_forward(clock())
-                except Exception:
-                    wrappers.internal_error()
-                return orig(self, *args, **kwargs)
-            finally:
-                depth.module = 0
-                if timed:
-                    try:
-                        machine.on_forward_end(clock())
-                    except Exception:
-                        wrappers.internal_error()
-
-        module_call.__wrapped__ = orig  # type: ignore[attr-defined]
-        return module_call
-
     def _make_backward(self, orig: Callable[..., Any], depth: _Depth) -> Callable[..., Any]:
         machine = self.machine
         clock = machine.clock
+        forwards = self.forwards
 
         def backward(*args: Any, **kwargs: Any) -> Any:
             # Tensor.backward calls torch.autograd.backward: count the pair once.
@@ -144,6 +82,10 @@ class Wrappers:
             depth.backward = 1
             counted = False
             try:
+                try:
+                    forwards.on_backward()
+                except Exception:
+                    self.internal_error()
                 try:
                     counted = machine.on_backward_start(clock())
                 except Exception:

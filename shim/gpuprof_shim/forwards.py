@@ -1,0 +1,461 @@
+"""Auto mode's forward detector: finds each micro-batch's forward (the
+outermost call, grad enabled, of a module with parameters) and no-grad
+evaluation calls, and feeds them to a :class:`~gpuprof_shim.auto.StepMachine`.
+
+Two modes, so that steady-state training pays almost nothing:
+
+*Discovery* patches ``torch.nn.Module.__call__`` at class level. Every
+module call goes through the patch; nested calls take a short fast path.
+The outermost calls of modules with parameters are the *roots* (the model,
+a ``DistributedDataParallel``, an ``OptimizedModule``...).
+
+*Hooked*: once a discovery window has seen :data:`DISCOVERY_BACKWARDS`
+backward calls (or a compiled root is about to run), ``Module.__call__`` is
+restored and each root gets a forward pre hook (prepended, so it times a
+wrapper's own pre hooks, e.g. FSDP's all-gather) and a forward hook with
+``always_call=True`` (runs even when the forward raises). Other modules run
+at torch's full speed. A root compiled in place (``module.compile()``,
+whose ``_call_impl`` dynamo traces, hooks included) has its
+``_compiled_call_impl`` wrapped instead, so no hook lands in a graph.
+
+A backward that arrives with no root forward seen since the last one means
+an unknown root (or a forward outside any module): discovery starts again,
+at most :data:`MAX_FRUITLESS` times in a row without finding a new root,
+since every switch writes a class attribute of ``nn.Module`` and so
+invalidates CPython's type caches.
+
+torch.compile: the patched ``__call__`` first asks whether dynamo is
+tracing and then only calls torch's original through a module global, so a
+trace that sees it has no graph break and no guard that fails once it is
+restored (a closure read while tracing would be guarded). Discovery ends
+before a compiled root's first call, so dynamo normally never sees it.
+
+Every call into the machine is guarded: an internal error is logged once
+(by the owner's ``internal_error``) and the user's call goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from gpuprof_shim.auto import StepMachine
+
+log = logging.getLogger("gpuprof.shim")
+
+#: Backward calls a discovery window sees before it may end (it ends at the
+#: next one once a root with grad is known): the first micro-batch's
+#: forward, loss and backward, and the next one's, show every root of a step.
+DISCOVERY_BACKWARDS = 2
+#: A window ends after this many backward calls even if it found no root
+#: (a model that is not an ``nn.Module``): the patch costs every module call.
+MAX_WINDOW_BACKWARDS = 8
+#: Discovery windows in a row that found no new root (e.g. two backward
+#: calls per forward) before a backward with no forward stops restarting one.
+MAX_FRUITLESS = 2
+#: Most roots hooked; further ones are left to the backward fallback.
+MAX_ROOTS = 64
+#: Most modules walked looking for a parameter before giving up (and saying yes).
+_MAX_WALK = 10_000
+
+# What the outermost call on a thread is doing.
+_NONE, _TRAIN, _EVAL, _LOSS = 0, 1, 2, 3
+# Root flags, cached per module during discovery.
+_NOT_ROOT, _ROOT, _COMPILED_ROOT = 0, 1, 2
+
+#: torch's own ``Module.__call__`` as first found, for calls made while
+#: dynamo traces the patch. A module global, not a closure cell: dynamo
+#: guards the closures it reads, and that guard would fail (a recompile)
+#: once the patch is gone. Set once and never changed, so it can never
+#: point into a chain that contains one of our wrappers.
+_traced_call: Callable[..., Any] | None = None
+
+
+class _Depth(threading.local):
+    """Per-thread state of root calls: nesting depth, what the outermost
+    call does (``_TRAIN``, ``_EVAL``...), and when an eval call started (ns)."""
+
+    n = 0
+    kind = _NONE
+    t_start_ns = 0
+
+
+def _has_parameters(module: Any) -> bool:
+    """True if *module* or a submodule holds a parameter.
+
+    Walks ``_parameters``/``_modules`` directly: ``module.parameters()``
+    costs ~10x more (it builds generators and a memo set).
+    """
+    try:
+        stack = [module]
+        for _ in range(_MAX_WALK):
+            if not stack:
+                return False
+            m = stack.pop()
+            for p in m._parameters.values():
+                if p is not None:
+                    return True
+            stack.extend(c for c in m._modules.values() if c is not None)
+        return True
+    except Exception:  # not a standard Module: let it count
+        return True
+
+
+def _is_compiled(module: Any) -> bool:
+    """True if calling *module* enters dynamo: an ``OptimizedModule``
+    (``torch.compile(module)``) or a module compiled in place."""
+    if vars(module).get("_compiled_call_impl") is not None:
+        return True
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    optimized = getattr(eval_frame, "OptimizedModule", None)
+    return optimized is not None and isinstance(module, optimized)
+
+
+def _contains_compiled(module: Any) -> bool:
+    """True if *module* or a submodule is compiled (see :func:`_is_compiled`)."""
+    if "torch._dynamo" not in sys.modules:
+        return False  # nothing can have been compiled yet
+    try:
+        stack = [module]
+        for _ in range(_MAX_WALK):
+            if not stack:
+                return False
+            m = stack.pop()
+            if _is_compiled(m):
+                return True
+            stack.extend(c for c in m._modules.values() if c is not None)
+        return True
+    except Exception:
+        return True
+
+
+def _inert_pre_hook(module: Any, args: Any) -> None:
+    """What a pickled copy of a hooked module gets instead of our pre hook."""
+
+
+def _inert_post_hook(module: Any, args: Any, output: Any) -> None:
+    """What a pickled copy of a hooked module gets instead of our post hook."""
+
+
+_INERT = {"pre": _inert_pre_hook, "post": _inert_post_hook}
+
+
+def _inert_hook(kind: str) -> Callable[..., None]:
+    """Unpickles a :class:`_Hook` (*kind* ``"pre"`` or ``"post"``)."""
+    return _INERT[kind]
+
+
+class _Hook:
+    """A root's forward hook: calls *fn*; pickles as an inert module-level
+    function (``torch.save(model)`` must not fail over a profiler's hook) and
+    deep-copies as itself (an EMA copy of a root is a root too)."""
+
+    __slots__ = ("fn", "kind")
+
+    def __init__(self, fn: Callable[..., None], kind: str) -> None:
+        self.fn = fn
+        self.kind = kind
+
+    def __call__(self, *args: Any) -> None:
+        self.fn(*args)
+
+    def __reduce__(self) -> Any:
+        return (_inert_hook, (self.kind,))
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _Hook:
+        return self
+
+
+class ForwardDetector:
+    """Discovery patch and per-root hooks for one session; see the module doc.
+
+    Args:
+        machine: receives the events.
+        internal_error: logs an internal error (first one loudly).
+        module_cls: ``torch.nn.Module``.
+        is_grad_enabled: ``torch.is_grad_enabled``.
+        is_compiling: ``torch.compiler.is_compiling``.
+    """
+
+    def __init__(
+        self,
+        machine: StepMachine,
+        internal_error: Callable[[], None],
+        module_cls: Any,
+        is_grad_enabled: Callable[[], bool],
+        is_compiling: Callable[[], bool],
+    ) -> None:
+        self.machine = machine
+        self.internal_error = internal_error
+        self.module_cls = module_cls
+        self.is_grad_enabled = is_grad_enabled
+        self.is_compiling = is_compiling
+        self.enabled = False
+        self.depth = _Depth()
+        self.orig_call: Callable[..., Any] = vars(module_cls)["__call__"]
+        self.module_call = self._make_module_call()
+        #: Class-level patches made (one per discovery window), for tests and benches.
+        self.windows = 0
+        self._patched = False
+        self._stuck = False  # someone patched over ours: discovery never ends
+        self._roots: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+        self._hooked: weakref.WeakKeyDictionary[Any, tuple[Any, ...]] = weakref.WeakKeyDictionary()
+        self._window_backwards = 0
+        self._window_new_roots = 0
+        self._fruitless = 0
+        self._forward_seen = False
+
+    # --- lifecycle -----------------------------------------------------------
+
+    @property
+    def discovering(self) -> bool:
+        """True while ``Module.__call__`` is patched."""
+        return self._patched
+
+    def hooked_roots(self) -> list[Any]:
+        """The modules that carry our hooks now."""
+        return list(self._hooked.keys())
+
+    def install(self) -> None:
+        """Start the first discovery window (patches ``Module.__call__``)."""
+        global _traced_call
+        if _traced_call is None:
+            _traced_call = self.orig_call
+        self.enabled = True
+        _live.add(self)
+        self._start_discovery()
+
+    def remove(self) -> None:
+        """Restore ``Module.__call__``, remove every hook and compiled-call
+        wrapper; never raises. Afterwards every wrapper is a pass-through."""
+        self.enabled = False
+        if self._patched:
+            self._unpatch()
+        for module, undo in list(self._hooked.items()):
+            self._unhook(module, undo)
+        self._hooked.clear()
+        self._roots.clear()
+        _live.discard(self)
+
+    def on_backward(self) -> None:
+        """A backward call starts (outermost, on this thread)."""
+        if not self.enabled:
+            return
+        seen, self._forward_seen = self._forward_seen, False
+        if self._patched:
+            self._window_backwards += 1
+            if self._window_backwards > MAX_WINDOW_BACKWARDS or (
+                len(self._roots) and self._window_backwards >= DISCOVERY_BACKWARDS
+            ):
+                self._end_discovery()
+        elif not seen and self._fruitless < MAX_FRUITLESS:
+            self._start_discovery()
+
+    # --- discovery -------------------------------------------------------------
+
+    def _start_discovery(self) -> None:
+        if self._stuck:
+            return
+        if vars(self.module_cls).get("__call__") is not self.orig_call:
+            log.debug("gpuprof: Module.__call__ was replaced by someone else; no discovery")
+            return
+        self._window_backwards = 0
+        self._window_new_roots = 0
+        self.module_cls.__call__ = self.module_call
+        self._patched = True
+        self.windows += 1
+
+    def _unpatch(self) -> None:
+        try:
+            if vars(self.module_cls).get("__call__") is self.module_call:
+                self.module_cls.__call__ = self.orig_call
+                self._patched = False
+            else:
+                self._stuck = True
+                log.warning(
+                    "gpuprof: torch.nn.Module.__call__ was re-patched by someone else; "
+                    "leaving theirs in place"
+                )
+        except Exception:
+            log.warning("gpuprof: could not restore Module.__call__", exc_info=True)
+
+    def _end_discovery(self) -> None:
+        self._unpatch()
+        if self._patched:
+            return  # someone patched over ours: keep the patch working
+        if self._window_new_roots:
+            self._fruitless = 0
+        else:
+            self._fruitless += 1
+        for module in list(self._roots.keys()):
+            if module not in self._hooked and len(self._hooked) < MAX_ROOTS:
+                try:
+                    self._hooked[module] = self._hook(module)
+                except Exception:
+                    self.internal_error()
+
+    def _root_flags(self, module: Any) -> int:
+        flags = self._roots.get(module)
+        if flags is None:
+            if not _has_parameters(module):
+                return _NOT_ROOT
+            flags = _COMPILED_ROOT if _contains_compiled(module) else _ROOT
+            if len(self._roots) < MAX_ROOTS:
+                self._roots[module] = flags
+                self._window_new_roots += 1
+        return flags
+
+    def _make_module_call(self) -> Callable[..., Any]:
+        orig = self.orig_call
+        depth = self.depth
+        is_compiling = self.is_compiling
+        detector = self
+
+        # The first argument must be named ``self`` and no closure variable may
+        # be: torch.profiler's Python tracer (``with_stack=True``) takes the
+        # frame local ``self`` of ``Module.__call__``'s code as the module and
+        # reads its ``_parameters``.
+        def module_call(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if is_compiling():  # dynamo traces this: stay out of its way (module doc)
+                return _traced_call(self, *args, **kwargs)  # type: ignore[misc]
+            if depth.n or not detector.enabled:  # nested submodule call: the fast path
+                return orig(self, *args, **kwargs)
+            return detector._outermost(self, args, kwargs)
+
+        module_call.__wrapped__ = orig  # type: ignore[attr-defined]
+        return module_call
+
+    def _outermost(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """An outermost module call seen by the discovery patch."""
+        depth = self.depth
+        depth.n = 1
+        depth.kind = _NONE
+        try:
+            try:
+                flags = self._root_flags(module)
+                if flags == _COMPILED_ROOT and self._patched:
+                    self._end_discovery()  # dynamo must not trace the patch
+                if flags != _NOT_ROOT:
+                    self._enter()
+                elif self.is_grad_enabled():
+                    depth.kind = _LOSS  # e.g. a loss module: extends the forward
+            except Exception:
+                self.internal_error()
+            return self.orig_call(module, *args, **kwargs)
+        finally:
+            self._exit()
+
+    # --- roots: shared by the patch, the hooks and compiled-call wrappers ------
+
+    def _enter(self) -> None:
+        """An outermost root call starts (depth already set to 1)."""
+        machine = self.machine
+        if self.is_grad_enabled():
+            self.depth.kind = _TRAIN
+            self._forward_seen = True
+            if machine.accepts_forward():
+                machine.on_forward(machine.clock())
+        elif machine.wants_eval():
+            self.depth.kind = _EVAL
+            self.depth.t_start_ns = machine.clock()
+
+    def _exit(self) -> None:
+        """The outermost call ends (returned or raised)."""
+        depth = self.depth
+        depth.n = 0
+        kind, depth.kind = depth.kind, _NONE
+        if kind == _NONE:
+            return
+        try:
+            t = self.machine.clock()
+            if kind == _EVAL:
+                self.machine.on_eval_call(depth.t_start_ns, t)
+            else:
+                self.machine.on_forward_end(t)
+        except Exception:
+            self.internal_error()
+
+    def _pre_hook(self, module: Any, args: Any) -> None:
+        if self.is_compiling():  # traced (a compiled caller): leave no trace
+            return
+        depth = self.depth
+        if depth.n:
+            depth.n += 1
+            return
+        if not self.enabled:
+            return
+        depth.n = 1
+        depth.kind = _NONE
+        try:
+            self._enter()
+        except Exception:
+            self.internal_error()
+
+    def _post_hook(self, module: Any, args: Any, output: Any) -> None:
+        if self.is_compiling():
+            return
+        depth = self.depth
+        if depth.n > 1:
+            depth.n -= 1
+        elif depth.n == 1:
+            self._exit()
+
+    def _hook(self, module: Any) -> tuple[Any, ...]:
+        """Attach to a root; returns what :meth:`_unhook` needs."""
+        compiled = vars(module).get("_compiled_call_impl")
+        if compiled is not None:
+            wrapper = self._wrap_compiled_call(compiled)
+            module._compiled_call_impl = wrapper
+            return ("compiled", compiled, wrapper)
+        h_pre = module.register_forward_pre_hook(_Hook(self._pre_hook, "pre"), prepend=True)
+        try:
+            h_post = module.register_forward_hook(_Hook(self._post_hook, "post"), always_call=True)
+        except BaseException:
+            h_pre.remove()
+            raise
+        return ("hooks", h_pre, h_post)
+
+    def _wrap_compiled_call(self, compiled: Callable[..., Any]) -> Callable[..., Any]:
+        depth = self.depth
+
+        def compiled_call(*args: Any, **kwargs: Any) -> Any:
+            if depth.n or not self.enabled:
+                return compiled(*args, **kwargs)
+            depth.n = 1
+            depth.kind = _NONE
+            try:
+                try:
+                    self._enter()
+                except Exception:
+                    self.internal_error()
+                return compiled(*args, **kwargs)
+            finally:
+                self._exit()
+
+        compiled_call.__wrapped__ = compiled  # type: ignore[attr-defined]
+        return compiled_call
+
+    def _unhook(self, module: Any, undo: tuple[Any, ...]) -> None:
+        try:
+            if undo[0] == "compiled":
+                _, compiled, wrapper = undo
+                if vars(module).get("_compiled_call_impl") is wrapper:
+                    module._compiled_call_impl = compiled
+            else:
+                undo[1].remove()
+                undo[2].remove()
+        except Exception:
+            log.warning("gpuprof: could not remove a forward hook", exc_info=True)
+
+
+#: Detectors installed and not yet removed (the test suite's leak check reads it).
+_live: set[ForwardDetector] = set()
+
+
+def live_detectors() -> list[ForwardDetector]:
+    """Detectors not yet removed (empty when nothing of gpuprof is attached)."""
+    return list(_live)
