@@ -100,6 +100,7 @@ def test_grad_scaler_skipped_update_is_its_own_step_marked_skipped(socket_dir, f
         (1, 0), (0, 1), (0, 1), (1, 0)
     ]  # fmt: skip
     assert scaler.get_scale() == 2.0**6  # halved twice: the scaler itself did its job
+    assert fake_daemon.errors == []  # every frame passed the daemon's validation
 
 
 # --- several optimizers ------------------------------------------------------------
@@ -133,6 +134,7 @@ def test_gan_discriminator_and_generator_make_one_step_per_iteration(socket_dir,
         assert s["phases"]["backward"] > 0
     for a, b in zip(steps, steps[1:], strict=False):
         assert b["t0"] >= a["t1"]
+    assert fake_daemon.errors == []
 
 
 # --- closures ----------------------------------------------------------------------------
