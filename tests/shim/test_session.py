@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 import torch.optim.optimizer as optim_mod
 from torch import nn
 
@@ -222,3 +223,46 @@ def test_step_events_go_out_in_bursts_or_after_100_ms() -> None:
     slow_t1 = 10**12 + 40 * ms + session_mod.SEND_EVERY_NS
     prof._emit(StepRecord(40, slow_t1 - ms, slow_t1, 0, False, 1, {}))
     assert prof.sender.sent == list(range(41))  # 100 ms later: everything pending goes
+
+
+def test_start_stop_without_with_and_a_failed_stop(socket_dir, fake_daemon):
+    prof = profile(socket_dir, "callbacks", print_summary=False).start()
+    assert active_profiler() is prof
+    train(steps=2)
+    prof.stop(RuntimeError("trainer crashed"))
+    prof.stop()  # a second stop does nothing
+    assert active_profiler() is None
+    (bye,) = fake_daemon.of_type("bye")
+    assert (bye["status"], bye["error"]) == ("failed", "RuntimeError: trainer crashed")
+    assert len(fake_daemon.steps) == 2
+
+
+def test_external_step_source_ends_steps_only_when_told(socket_dir, fake_daemon):
+    with profile(socket_dir, "ext", step_source="external", print_summary=False) as prof:
+        model = nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for i in range(6):  # a framework: optimizer.step() on every other micro-batch
+            model(torch.randn(3, 4)).sum().backward()
+            if i % 2:
+                opt.step()
+            if i in (1, 5):
+                prof.mark_step_end(skipped=i == 5, micro=2 if i == 1 else None)
+    steps = fake_daemon.steps
+    # micro-batches 2-3 had no step end before 4-5's: one step with 4 counted backwards
+    assert [(s["i"], s["micro"], s.get("skipped", False)) for s in steps] == [
+        (0, 2, False), (1, 4, True)
+    ]  # fmt: skip
+    assert [o["updates"] for o in steps[1]["optimizers"]] == [2]
+
+
+def test_mark_step_end_outside_external_mode_does_nothing(socket_dir, fake_daemon):
+    with profile(socket_dir, "opt", print_summary=False) as prof:
+        prof.mark_step_end()  # auto mode finds steps itself; never raises
+        train(steps=3)
+        prof.mark_step_end()
+    assert len(fake_daemon.steps) == 3
+
+
+def test_bad_step_source_is_refused():
+    with pytest.raises(ValueError, match="step_source"):
+        gpuprof.profile("x", step_source="batch")
