@@ -277,16 +277,21 @@ def train():
     next(it)  # a live iterator (busy persistent workers) left at exit
     return it, steps
 
+import threading
+threads = set(threading.enumerate())
 exit_s = 0.0
 if sys.argv[1] == "shim":
     import gpuprof
-    with gpuprof.profile("exit", socket_dir=sys.argv[2], autostart=False, print_summary=False):
+    with gpuprof.profile("exit", socket_dir=sys.argv[2], autostart=False, print_summary=False) as p:
         it, steps = train()
         t = time.monotonic()
     exit_s = time.monotonic() - t
+    assert p.sender.context is None  # the ZeroMQ context is terminated
 else:
     it, steps = train()
-print(json.dumps({"steps": steps, "profile_exit_s": exit_s, "end": time.monotonic()}), flush=True)
+left = [t.name for t in set(threading.enumerate()) - threads if not t.daemon]
+out = {"steps": steps, "profile_exit_s": exit_s, "threads_left": left}
+print(json.dumps({**out, "end": time.monotonic()}), flush=True)
 """
 
 
@@ -312,16 +317,27 @@ def _run_exit_script(mode: str, socket_dir: Path) -> dict:
 
 
 def test_gpuprof_adds_well_under_a_second_to_process_exit(socket_dir, fake_daemon):
-    plain = _run_exit_script("plain", socket_dir)
-    shim = _run_exit_script("shim", socket_dir)
-    added_s = shim["profile_exit_s"] + shim["exit_s"] - plain["exit_s"]
+    """Exit cost with persistent workers still alive, with and without gpuprof.
+    torch's own exit varies by ~0.5 s run to run here, so each mode runs
+    twice (interleaved) and the fastest of each is compared."""
+    plain, shim = [], []
+    for _ in range(2):
+        plain.append(_run_exit_script("plain", socket_dir))
+        shim.append(_run_exit_script("shim", socket_dir))
+    plain_s = min(r["exit_s"] for r in plain)
+    shim_s = min(r["profile_exit_s"] + r["exit_s"] for r in shim)
     print(
-        f"\nexit with workers: plain {plain['exit_s'] * 1e3:.0f} ms; with gpuprof: "
-        f"profile() exit {shim['profile_exit_s'] * 1e3:.0f} ms + process exit "
-        f"{shim['exit_s'] * 1e3:.0f} ms; added {added_s * 1e3:.0f} ms"
+        "\nexit with persistent workers alive (ms): plain "
+        f"{[round(r['exit_s'] * 1e3) for r in plain]}; with gpuprof, profile() exit + process "
+        f"exit {[(round(r['profile_exit_s'] * 1e3), round(r['exit_s'] * 1e3)) for r in shim]}; "
+        f"added (fastest of each) {(shim_s - plain_s) * 1e3:.0f} ms"
     )
-    assert plain["steps"] == shim["steps"] == 8
-    assert [s["i"] for s in fake_daemon.steps] == list(range(8))
-    (bye,) = fake_daemon.of_type("bye")
-    assert (bye["sent"], bye["dropped"], bye["status"]) == (8, 0, "finished")
-    assert added_s < 1.0
+    assert [r["steps"] for r in plain + shim] == [8] * 4
+    # no thread left behind that the interpreter would have to join at exit
+    assert [r["threads_left"] for r in plain + shim] == [[]] * 4
+    byes = fake_daemon.of_type("bye")
+    assert [(b["sent"], b["dropped"], b["status"]) for b in byes] == [(8, 0, "finished")] * 2
+    for bye in byes:
+        steps = [s["i"] for s in fake_daemon.steps if s["run_key"] == bye["run_key"]]
+        assert steps == list(range(8))
+    assert shim_s - plain_s < 1.0
