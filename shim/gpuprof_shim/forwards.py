@@ -18,6 +18,12 @@ at torch's full speed. A root compiled in place (``module.compile()``,
 whose ``_call_impl`` dynamo traces, hooks included) has its
 ``_compiled_call_impl`` wrapped instead, so no hook lands in a graph.
 
+A new DataLoader iterator (an epoch or a validation pass begins) or a
+``Module.train()``/``eval()`` call also starts a window (:meth:`ForwardDetector.rediscover`):
+an evaluation-only model first called after the first window (an EMA
+copy evaluated at epoch end) is found there, so its time is eval time, not
+loader wait. Such a window ends like any other, at the second backward.
+
 A backward that arrives with no root forward seen since the last one means
 an unknown root (or a forward outside any module): discovery starts again,
 at most :data:`MAX_FRUITLESS` times in a row without finding a new root,
@@ -240,6 +246,13 @@ class ForwardDetector:
         self._hooked.clear()
         self._roots.clear()
         _live.discard(self)
+
+    def rediscover(self) -> None:
+        """Start a discovery window now unless one is open (a new DataLoader
+        iterator, ``Module.train()``/``eval()``: a new phase of the loop may
+        bring a model not seen yet). Cheap when a window is open."""
+        if self.enabled and not self._patched:
+            self._start_discovery()
 
     def on_backward(self) -> None:
         """A backward call starts (outermost, on this thread)."""

@@ -1,7 +1,9 @@
 """The one owner of gpuprof's global changes to torch.
 
-Auto mode replaces ``torch.Tensor.backward``, ``torch.autograd.backward``
-and ``torch.amp.GradScaler.step``, registers torch's global optimizer step
+Auto mode replaces ``torch.Tensor.backward``, ``torch.autograd.backward``,
+``torch.amp.GradScaler.step``, ``torch.nn.Module.train`` and
+``torch.utils.data.DataLoader.__iter__`` (the last two only to open a
+forward-discovery window), registers torch's global optimizer step
 pre/post hooks (removable handles; ``Optimizer.step`` itself is untouched),
 and starts the forward detector (:mod:`gpuprof_shim.forwards`:
 ``torch.nn.Module.__call__`` patched for a short discovery window, then
@@ -97,7 +99,11 @@ class TorchPatches:
         # GradScaler.step may skip optimizer.step() (inf/NaN grads): its own
         # call is the optimizer's turn, so a skipped update still ends a step
         scaler_cls = torch.amp.GradScaler
+        # a new loader iterator or train()/eval(): look for models not seen yet
+        loader_cls = torch.utils.data.DataLoader
         for target, name, replacement in (
+            (loader_cls, "__iter__", w.make_rediscover(_raw(loader_cls, "__iter__"))),
+            (module_cls, "train", w.make_rediscover(_raw(module_cls, "train"))),
             (tensor_cls, "backward", w.tensor_backward),
             (autograd, "backward", w.autograd_backward),
             (scaler_cls, "step", w.make_scaler_step(_raw(scaler_cls, "step"))),

@@ -103,6 +103,24 @@ class Wrappers:
         backward.__doc__ = getattr(orig, "__doc__", None)
         return backward
 
+    def make_rediscover(self, orig: Callable[..., Any]) -> Callable[..., Any]:
+        """A stand-in for ``DataLoader.__iter__`` or ``Module.train``: opens a
+        forward-discovery window, then calls *orig* unchanged."""
+        forwards = self.forwards
+
+        def rediscover_then(self_: Any, *args: Any, **kwargs: Any) -> Any:
+            if forwards.enabled:
+                try:
+                    forwards.rediscover()
+                except Exception:
+                    self.internal_error()
+            return orig(self_, *args, **kwargs)
+
+        rediscover_then.__wrapped__ = orig  # type: ignore[attr-defined]
+        for attr in ("__name__", "__qualname__", "__doc__"):
+            setattr(rediscover_then, attr, getattr(orig, attr, None))
+        return rediscover_then
+
     def optimizer_pre_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         """Global ``register_optimizer_step_pre_hook`` callback; returns None
         so torch keeps the step's arguments."""

@@ -3,6 +3,7 @@ mode against the fake daemon: exact steps, micro-batches and phases."""
 
 from __future__ import annotations
 
+import time
 import warnings
 from pathlib import Path
 
@@ -223,26 +224,50 @@ def test_scheduler_stepped_before_optimizer_still_warns_as_without_gpuprof(socke
 # --- what is not a forward, what is not a training step ------------------------------------
 
 
-def test_loss_module_teacher_and_ema_under_no_grad_are_not_forwards(socket_dir, fake_daemon):
-    student, teacher, ema = MLP(), MLP(), MLP()
+def test_loss_module_and_teacher_under_no_grad_are_not_forwards(socket_dir, fake_daemon):
+    student, teacher = MLP(), MLP()
     loss_fn = nn.KLDivLoss(reduction="batchmean")
     opt = torch.optim.SGD(student.parameters(), lr=0.1)
+    teacher_spans = []
     with profile(socket_dir):
         for _ in range(5):
             x = batch()[0]
             with torch.no_grad():
-                target = teacher(x).softmax(-1)
+                ta = time.monotonic_ns()
+                logits = teacher(x)
+                teacher_spans.append((ta, time.monotonic_ns()))
+                target = logits.softmax(-1)
             loss = loss_fn(student(x).log_softmax(-1), target)
             loss.backward()
             opt.step()
             opt.zero_grad()
-            with torch.no_grad():  # EMA update after the step
-                for pe, ps in zip(ema.parameters(), student.parameters(), strict=True):
-                    pe.mul_(0.9).add_(ps, alpha=0.1)
-                ema(x)
     steps = fake_daemon.steps
     assert summary(steps) == [(i, 1) for i in range(5)]
-    assert all("eval" not in s for s in steps)
+    for s, (ta, tb) in zip(steps, teacher_spans, strict=True):
+        # the teacher's forward is never loader wait: normally it starts the
+        # step (it ran right before the student); if another thread held the
+        # GIL for over 1 ms in between, it is the step's eval time instead
+        assert s["t0"] <= tb or s.get("eval", 0) >= (tb - ta) // 2, (s, ta, tb)
+
+
+def test_an_ema_forward_after_the_update_is_eval_not_wait(socket_dir, fake_daemon):
+    model, ema = MLP(), MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with profile(socket_dir):
+        for _ in range(5):
+            time.sleep(0.01)  # loading the batch
+            model(batch()[0]).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            with torch.no_grad():  # EMA update and its forward, after the step
+                for pe, pm in zip(ema.parameters(), model.parameters(), strict=True):
+                    pe.mul_(0.9).add_(pm, alpha=0.1)
+                ema(batch(256)[0])
+    steps = fake_daemon.steps
+    assert summary(steps) == [(i, 1) for i in range(5)]
+    assert [("eval" in s) for s in steps] == [False] + [True] * 4
+    for s in steps[1:]:
+        assert s["wait"] >= 9_000_000  # the 10 ms sleep is wait; the EMA forward is not
 
 
 @pytest.mark.parametrize("no_grad", [torch.no_grad, torch.inference_mode])
@@ -300,3 +325,28 @@ def test_rebuilt_optimizer_takes_over_as_the_step_source(socket_dir, fake_daemon
                 opt.zero_grad()
             del opt
     assert summary(fake_daemon.steps) == [(i, 1) for i in range(6)]
+
+
+def test_an_eval_only_model_first_used_late_is_still_eval_time(socket_dir, fake_daemon):
+    """The forward detector hooks the models it saw in its first window; an
+    EMA copy evaluated only at epoch end is found when eval()/the val loader
+    starts, so its time is eval, not loader wait."""
+    model, ema = MLP(), MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    val = torch.utils.data.DataLoader(torch.randn(40, 8), batch_size=2)
+    with profile(socket_dir) as prof:
+        for _epoch in range(2):
+            for _ in range(4):
+                nn.functional.cross_entropy(model(batch()[0]), batch()[1]).backward()
+                opt.step()
+                opt.zero_grad()
+            ema.eval()
+            with torch.no_grad():
+                for x in val:
+                    ema(x)
+            ema.train()
+    steps = fake_daemon.steps
+    assert summary(steps) == [(i, 1) for i in range(8)]
+    assert [("eval" in s) for s in steps] == [False] * 4 + [True] + [False] * 3
+    assert steps[4]["wait"] < steps[4]["eval"]
+    assert prof.machine.trailing_eval_ns > 0
