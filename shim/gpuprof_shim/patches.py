@@ -17,6 +17,7 @@ imported only here, and only by :meth:`TorchPatches.install`.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +29,17 @@ log = logging.getLogger("gpuprof.shim")
 
 _owner_lock = threading.Lock()
 _owner: TorchPatches | None = None
+
+
+def _new_lock_in_child() -> None:
+    """A fork child gets a fresh lock: one held by another parent thread at
+    fork time would otherwise stay held forever in the child."""
+    global _owner_lock
+    _owner_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_lock_in_child)
 
 
 @dataclass
