@@ -36,8 +36,9 @@ Evaluation
     progress. One or two of them chained into the next training forward
     (each ending within :data:`ADJACENT_NS` of what follows: a teacher's
     forward right before the student's) are part of that step, counted in
-    its forward phase. All others (an eval loop, an EMA model's forward
-    after the update) are evaluation: the span from the first to the last is
+    its forward phase, unless a framework adapter said an eval loop just
+    ended (:meth:`StepMachine.seal_eval`). All others (an eval loop, an EMA
+    model's forward after the update) are evaluation: the span from the first to the last is
     the next step's ``eval_ns`` (or, after the last step, trailing eval) and
     is not loader wait.
 
@@ -127,10 +128,12 @@ class _Gap:
     Loader time is kept as: before the first call (``before_ns``), since the
     last call (``after_ns``), and before each of the last few calls (in
     ``recent``, to tell a prelude's loading from an eval loop's); older
-    between-call loading is an eval loop's own (``during_ns``).
+    between-call loading is an eval loop's own (``during_ns``). The first
+    ``sealed`` calls are known evaluation (a framework said its eval loop
+    ended) and never a prelude.
     """
 
-    __slots__ = ("calls", "first_ns", "before_ns", "during_ns", "after_ns", "recent")
+    __slots__ = ("calls", "first_ns", "before_ns", "during_ns", "after_ns", "recent", "sealed")
 
     def __init__(self) -> None:
         self.calls = 0
@@ -139,6 +142,7 @@ class _Gap:
         self.during_ns = 0
         self.after_ns = 0
         self.recent: list[tuple[int, int, int]] = []  # (start, end, loader before it)
+        self.sealed = 0
 
     def add_call(self, t_start: int, t_end: int) -> None:
         if self.calls:
@@ -158,7 +162,7 @@ class _Gap:
         (0 if none, or if the chain is longer than a prelude can be)."""
         chain, nxt = 0, t
         for start, end, _ in reversed(self.recent):
-            if nxt - end > ADJACENT_NS:
+            if nxt - end > ADJACENT_NS or chain >= self.calls - self.sealed:
                 break
             chain, nxt = chain + 1, start
         return chain if chain <= PRELUDE_MAX_CALLS else 0
@@ -260,6 +264,12 @@ class StepMachine:
         """An outermost module call with grad disabled ran from *t_start* to *t_end*."""
         if self.state is IDLE:
             self._gap.add_call(t_start, t_end)
+
+    def seal_eval(self) -> None:
+        """A framework's evaluation loop just ended (an adapter knows): the
+        no-grad calls seen so far in this gap are evaluation, however few
+        and however close the next training forward follows."""
+        self._gap.sealed = self._gap.calls
 
     def on_forward(self, t: int) -> None:
         """An outermost module call (grad enabled, with parameters) started at *t*."""
