@@ -216,6 +216,7 @@ class StepMachine:
         self._closure_state = IDLE
         self._closure_start = 0
         self._closure_ns = 0
+        self._pre_step_gap = 0
         self._primary: Any = None  # weakref to the primary optimizer (or a strong ref)
         self._optimizers: dict[int, tuple[Any, int]] = {}  # id(optimizer) -> (ref, index)
         self._names: list[str] = []  # index -> "Adam#0"
@@ -284,6 +285,8 @@ class StepMachine:
             if self._closure_state is IDLE:
                 self._closure_state = FORWARD
                 self._closure_start = t
+                self._seg.between_ns += self._pre_step_gap
+                self._pre_step_gap = 0
             return
         else:
             return
@@ -364,6 +367,9 @@ class StepMachine:
             self._start_segment(t)
         elif self.state is FORWARD:
             seg.forward_ns += max(0, seg.last_ns - self._phase_start)
+        # after a backward, the time up to this step() is loading only if a
+        # closure then runs the next micro-batch (Lightning fetches it first)
+        self._pre_step_gap = max(0, t - seg.last_ns) if self.state is AFTER_BACKWARD else 0
         seg.optim.setdefault(idx, [0, 0, 0])
         self.state = OPTIMIZER
         self._phase_start = t

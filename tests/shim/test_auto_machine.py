@@ -373,3 +373,20 @@ def test_a_replaced_primary_optimizer_hands_over_to_the_next():
     assert [(s.t0, s.t1) for s in out] == [
         (1_000, 1_400), (2_000, 2_400), (3_000, 3_400), (4_000, 4_400)
     ]  # fmt: skip
+
+
+def test_loading_before_a_closure_step_is_the_data_phase_only_if_the_closure_runs_forward():
+    m, out = make()
+    opt = SGD()
+    micro(m, fwd=1_000, bwd=1_100, bwd_end=1_200)  # Lightning: micro-batch 1, closure run directly
+    m.on_optimizer_pre(1_500, opt)  # 300 ns fetching micro-batch 2, then step(closure)
+    m.on_forward(1_510)
+    m.on_backward_start(1_600)
+    m.on_backward_end(1_700)
+    m.on_optimizer_post(1_800, opt)
+    micro(m, fwd=5_000, bwd=5_100, bwd_end=5_200)  # a plain loop: clip grads, then step()
+    m.on_optimizer_pre(5_500, opt)
+    m.on_optimizer_post(5_600, opt)
+    m.flush(9_000)
+    assert out[0].phases["data"] == 300
+    assert "data" not in out[1].phases  # grad clipping is not loading
