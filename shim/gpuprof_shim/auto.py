@@ -220,6 +220,9 @@ class StepMachine:
         self._primary: Any = None  # weakref to the primary optimizer (or a strong ref)
         self._optimizers: dict[int, tuple[Any, int]] = {}  # id(optimizer) -> (ref, index)
         self._names: list[str] = []  # index -> "Adam#0"
+        # a strong reference for one step: fine, the optimizer lives as long anyway
+        self._last_optimizer: Any = None
+        self._last_index = 0
 
     # --- queries the wrappers make on the hot path ---------------------------
 
@@ -524,6 +527,13 @@ class StepMachine:
         self.emit(rec)
 
     def _index_of(self, optimizer: Any) -> int:
+        if optimizer is self._last_optimizer and optimizer is not None:
+            return self._last_index  # the common case: the same optimizer as last time
+        idx = self._lookup_index(optimizer)
+        self._last_optimizer, self._last_index = optimizer, idx
+        return idx
+
+    def _lookup_index(self, optimizer: Any) -> int:
         entry = self._optimizers.get(id(optimizer))
         if entry is not None and _deref(entry[0]) is optimizer:
             return entry[1]
