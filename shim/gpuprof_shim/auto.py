@@ -204,6 +204,8 @@ class StepMachine:
         self.explicit = False
         #: Eval time after the last step (a final validation), ns.
         self.trailing_eval_ns = 0
+        #: Micro-batches after the last update, left out at exit (not a step).
+        self.unfinished_micro = 0
         self._prev_end = start_ns
         self._seg = _Segment()
         self._open: _Segment | None = None  # primary stepped, not yet emitted
@@ -462,22 +464,15 @@ class StepMachine:
             self._gap.after_ns += ns
 
     def flush(self, t: int) -> None:
-        """Profile exit at *t*: emit the open step, then a step left half done
-        if it ran a backward or an optimizer step (a forward alone is not a
-        training step); no-grad calls left over are trailing eval time."""
+        """Profile exit at *t*: emit the open step. Work after the last update
+        (micro-batches never followed by one, a ``step()`` that raised) is not
+        a step: its micro-batches are counted in :attr:`unfinished_micro`.
+        No-grad calls left over are trailing eval time."""
         if self._open is not None:
             self._emit_open()
-        seg, state = self._seg, self.state
-        if state is OPTIMIZER:
-            seg.optimizer_ns += max(0, t - self._opt_pre_ns - self._closure_ns)
-            seg.end_ns = t
-        elif state is BACKWARD:
-            seg.backward_ns += max(0, t - self._phase_start)
-            seg.end_ns = t
-        elif state is FORWARD:
-            seg.forward_ns += max(0, seg.last_ns - self._phase_start)
-        if seg.started and (seg.micro or seg.closure_micro or seg.optim):
-            self._emit_segment(seg, max(seg.end_ns, seg.last_ns))
+        seg = self._seg
+        if seg.started:
+            self.unfinished_micro += seg.micro + seg.closure_micro
         elif self._gap.calls:
             self.trailing_eval_ns += self._gap.eval_span(0)
         self._seg, self._gap = _Segment(), _Gap()

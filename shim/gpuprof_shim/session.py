@@ -366,6 +366,12 @@ class Profiler:
                 run_id=self.run_id,
                 notes=[self._local_note()],
             )
+        left = self.machine.unfinished_micro if self.machine is not None else 0
+        if left:
+            summary.setdefault("notes", []).append(
+                f"{left} micro-batch{'es' if left > 1 else ''} after the last optimizer update "
+                "(no update followed) not counted as a step"
+            )
         if summary.get("db") and summary["db"] != self.requested_db:
             summary.setdefault("notes", []).append(
                 f"stored in {summary['db']}, the database of the gpuprofd at {self.socket_dir}, "

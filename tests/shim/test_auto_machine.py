@@ -330,13 +330,33 @@ def test_flush_counts_trailing_eval_and_drops_a_forward_only_tail():
     assert out2 == []
 
 
-def test_flush_emits_a_step_interrupted_in_backward():
+def test_work_after_the_last_update_is_not_a_step():
     m, out = make()
-    m.on_forward(100)
-    m.on_backward_start(200)
-    m.flush(900)
-    (step,) = out
-    assert (step.t0, step.t1, step.micro, step.phases["backward"]) == (100, 900, 1, 700)
+    opt = SGD()
+    micro(m, fwd=100, bwd=200, bwd_end=300)
+    opt_step(m, opt, 400, 500)
+    micro(m, fwd=600, bwd=700, bwd_end=800)  # accumulated, never followed by an update
+    m.on_forward(900)
+    m.on_backward_start(1_000)  # and one interrupted in backward
+    m.flush(2_000)
+    assert [(s.i, s.micro, s.t1) for s in out] == [(0, 1, 500)]
+    assert m.unfinished_micro == 2
+
+
+def test_a_step_whose_closure_raised_is_not_a_step():
+    m, out = make()
+    opt = Opt()
+    for base in (1_000, 2_000):
+        m.on_optimizer_pre(base, opt)
+        m.on_forward(base + 10)
+        m.on_backward_start(base + 20)
+        m.on_backward_end(base + 30)
+        m.on_optimizer_post(base + 40, opt)
+    m.on_optimizer_pre(3_000, opt)
+    m.on_forward(3_010)  # the closure raises here: no post hook
+    m.flush(4_000)
+    assert [s.i for s in out] == [0, 1]
+    assert m.unfinished_micro == 0
 
 
 def test_external_mode_steps_end_only_at_end_step():

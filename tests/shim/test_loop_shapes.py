@@ -65,16 +65,40 @@ def test_accumulation_windows_that_cross_an_epoch_end(socket_dir, fake_daemon):
     assert summary(fake_daemon.steps) == [(i, 3) for i in range(5)]
 
 
-def test_micro_batches_left_without_an_update_at_exit_are_one_partial_step(socket_dir, fake_daemon):
+def test_micro_batches_left_without_an_update_at_exit_are_not_a_step(socket_dir, fake_daemon):
     model = MLP()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with profile(socket_dir):
+    with profile(socket_dir) as prof:
         for i in range(5):
             model(batch()[0]).sum().backward()
             if i == 1:
                 opt.step()
-    assert summary(fake_daemon.steps) == [(0, 2), (1, 3)]
-    assert "optimizers" not in fake_daemon.steps[1]
+    assert summary(fake_daemon.steps) == [(0, 2)]  # one step per real update
+    assert prof.machine.unfinished_micro == 3
+    assert "3 micro-batches after the last optimizer update" in " ".join(prof.summary["notes"])
+
+
+def test_a_step_whose_closure_raises_is_not_counted(socket_dir, fake_daemon):
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = batch()
+    calls = []
+
+    def closure():
+        calls.append(1)
+        if len(calls) == 4:
+            raise RuntimeError("boom in the closure")
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        return loss
+
+    with pytest.raises(RuntimeError, match="boom"), profile(socket_dir):
+        for _ in range(10):
+            opt.step(closure)
+    assert summary(fake_daemon.steps) == [(0, 1), (1, 1), (2, 1)]  # three completed updates
+    (bye,) = fake_daemon.of_type("bye")
+    assert bye["status"] == "failed"
 
 
 # --- mixed precision -------------------------------------------------------------
