@@ -52,6 +52,7 @@ Loader wait
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -93,6 +94,7 @@ class _Segment:
     optimizer_ns: int = 0
     between_ns: int = 0
     loader_ns: int = 0
+    loader_in_forward_ns: int = 0
     wait_ns: int = 0
     eval_ns: int = 0
     micro: int = 0
@@ -114,6 +116,7 @@ class _Segment:
         self.optimizer_ns += tail.optimizer_ns
         self.between_ns += tail.between_ns
         self.loader_ns += tail.loader_ns + tail.wait_ns
+        self.loader_in_forward_ns += tail.loader_in_forward_ns
         self.eval_ns += tail.eval_ns
         self.last_ns = max(self.last_ns, tail.last_ns)
         for idx, counts in tail.optim.items():
@@ -133,7 +136,10 @@ class _Gap:
     ended) and never a prelude.
     """
 
-    __slots__ = ("calls", "first_ns", "before_ns", "during_ns", "after_ns", "recent", "sealed")
+    __slots__ = (
+        "calls", "first_ns", "before_ns", "during_ns", "after_ns", "recent", "sealed",
+        "all_chained",
+    )  # fmt: skip
 
     def __init__(self) -> None:
         self.calls = 0
@@ -143,8 +149,11 @@ class _Gap:
         self.after_ns = 0
         self.recent: list[tuple[int, int, int]] = []  # (start, end, loader before it)
         self.sealed = 0
+        self.all_chained = True  # every call ended within ADJACENT_NS of the next
 
     def add_call(self, t_start: int, t_end: int) -> None:
+        if self.recent and t_start - self.recent[-1][1] > ADJACENT_NS:
+            self.all_chained = False
         if self.calls:
             loader_before = self.after_ns
         else:
@@ -157,14 +166,19 @@ class _Gap:
         if len(self.recent) > PRELUDE_MAX_CALLS + 1:
             self.during_ns += self.recent.pop(0)[2]
 
-    def prelude_calls(self, t: int) -> int:
+    def prelude_calls(self, t: int, *, unlimited: bool = False) -> int:
         """How many of the last calls chain into a training forward at *t*
-        (0 if none, or if the chain is longer than a prelude can be)."""
+        (0 if none, or if the chain is longer than a prelude can be, unless
+        *unlimited*: then every chained call, at most those kept)."""
         chain, nxt = 0, t
         for start, end, _ in reversed(self.recent):
             if nxt - end > ADJACENT_NS or chain >= self.calls - self.sealed:
                 break
             chain, nxt = chain + 1, start
+        if unlimited:
+            if chain == len(self.recent) and self.all_chained and not self.sealed:
+                return self.calls  # the whole gap's calls, older ones included
+            return chain
         return chain if chain <= PRELUDE_MAX_CALLS else 0
 
     def eval_span(self, prelude: int) -> int:
@@ -211,7 +225,9 @@ class StepMachine:
         self._open: _Segment | None = None  # primary stepped, not yet emitted
         self._gap = _Gap()
         self._phase_start = 0
+        self._train_thread: int | None = None
         self._opt_depth = 0
+        self._in_scaler_step = False
         self._opt_outer: Any = None
         self._opt_pre_ns = 0
         self._inner_steps = 0
@@ -246,17 +262,24 @@ class StepMachine:
 
     # --- events -------------------------------------------------------------
 
-    def _start_segment(self, t: int) -> None:
+    def _start_segment(self, t: int, *, from_backward: bool = False) -> None:
         seg, gap = self._seg, self._gap
+        self._train_thread = threading.get_ident()
         seg.t0 = t
         seg.last_ns = t
         seg.wait_ns = gap.after_ns
         if gap.calls:
-            prelude = gap.prelude_calls(t)
+            # a step that starts at its backward ran its forward under no_grad
+            # (reentrant activation checkpointing called from the loop): the
+            # whole adjacent chain before it is that forward
+            prelude = gap.prelude_calls(t, unlimited=from_backward)
             seg.eval_ns = gap.eval_span(prelude)
             # loader time before, after, and between the eval calls and a prelude
             seg.wait_ns += gap.before_ns
-            if prelude:
+            if prelude > len(gap.recent):  # every call of the gap
+                seg.t0 = gap.first_ns
+                seg.loader_ns += gap.during_ns + sum(r[2] for r in gap.recent)
+            elif prelude:
                 first_start, _, loader_before = gap.recent[-prelude]
                 seg.t0 = first_start  # a teacher's forward: part of this step
                 if gap.calls > prelude:
@@ -267,8 +290,9 @@ class StepMachine:
         self._phase_start = seg.t0
 
     def on_eval_call(self, t_start: int, t_end: int) -> None:
-        """An outermost module call with grad disabled ran from *t_start* to *t_end*."""
-        if self.state is IDLE:
+        """An outermost module call with grad disabled ran from *t_start* to
+        *t_end* (ignored from a thread other than the training loop's)."""
+        if self.state is IDLE and self._is_training_thread():
             self._gap.add_call(t_start, t_end)
 
     def seal_eval(self) -> None:
@@ -319,8 +343,8 @@ class StepMachine:
             self._closure_start = t
             return True
         if state is IDLE:
-            self._start_segment(t)
-            self._phase_start = t
+            self._start_segment(t, from_backward=True)
+            seg.forward_ns += t - seg.t0  # a no-grad forward chained into it, if any
         elif state is FORWARD:
             seg.forward_ns += max(0, t - self._phase_start)
         else:  # AFTER_BACKWARD: a second backward on the same micro-batch's graph
@@ -347,6 +371,13 @@ class StepMachine:
 
     def on_optimizer_pre(self, t: int, optimizer: Any = None) -> None:
         """``optimizer.step()`` (or ``GradScaler.step(optimizer)``) began at *t*."""
+        if (
+            self._opt_depth
+            and optimizer is not None
+            and optimizer is self._opt_outer
+            and not self._in_scaler_step
+        ):
+            self._abandon_step()  # its last step() raised: no post hook came
         self._opt_depth += 1
         if self._opt_depth != 1:
             self._inner_steps += 1
@@ -422,11 +453,13 @@ class StepMachine:
         (or its skip) starts here; the real ``optimizer.step()``, if the
         scaler calls it, nests inside."""
         self.on_optimizer_pre(t, optimizer)
+        self._in_scaler_step = self._opt_depth == 1
 
     def on_scaler_step_end(self, t: int, optimizer: Any) -> None:
         """``GradScaler.step(optimizer)`` returned at *t*; no inner
         ``optimizer.step()`` means the update was skipped (inf/NaN grads)."""
         skipped = self._opt_depth == 1 and self._inner_steps == 0
+        self._in_scaler_step = False
         self.on_optimizer_post(t, optimizer, skipped=skipped)
 
     def end_step(self, t: int, *, skipped: bool = False, micro: int | None = None) -> None:
@@ -458,8 +491,11 @@ class StepMachine:
     def add_loader_wait(self, ns: int) -> None:
         """A timed ``next()`` of the wrapped loader took *ns*."""
         ns = max(0, ns)
-        if self.state is not IDLE:
+        state = self.state
+        if state is not IDLE:
             self._seg.loader_ns += ns
+            if state is FORWARD:  # prefetching the next batch mid-forward
+                self._seg.loader_in_forward_ns += ns
         else:
             self._gap.after_ns += ns
 
@@ -481,6 +517,28 @@ class StepMachine:
 
     # --- internals ------------------------------------------------------------
 
+    def _is_training_thread(self) -> bool:
+        """True on the thread of the last training forward/backward (or if
+        none was seen yet)."""
+        ident = threading.get_ident()
+        if self._train_thread is None:
+            return True
+        return ident == self._train_thread
+
+    def _abandon_step(self) -> None:
+        """An ``optimizer.step()`` raised (the loop caught it and went on): no
+        update happened. What ran since counts as micro-batches of the step
+        still in progress, not as closure work."""
+        seg = self._seg
+        seg.micro += seg.closure_micro
+        seg.closure_micro = 0
+        self._opt_depth = 0
+        self._opt_outer = None
+        self._in_scaler_step = False
+        self._closure_state = IDLE
+        if self.state is OPTIMIZER:
+            self.state = AFTER_BACKWARD
+
     def _emit_open(self) -> None:
         seg, self._open = self._open, None
         if seg is not None:
@@ -494,7 +552,7 @@ class StepMachine:
             wait = max(0, seg.t0 - self._prev_end - seg.eval_ns)
         self._prev_end = t1
         phases = {
-            "forward": seg.forward_ns,
+            "forward": max(0, seg.forward_ns - seg.loader_in_forward_ns),
             "backward": seg.backward_ns,
             "optimizer": seg.optimizer_ns,
         }

@@ -115,7 +115,11 @@ class TorchPatches:
         loader_cls = torch.utils.data.DataLoader
         for target, name, replacement in (
             (loader_cls, "__iter__", w.make_rediscover(_raw(loader_cls, "__iter__"))),
-            (module_cls, "train", w.make_rediscover(_raw(module_cls, "train"))),
+            (
+                module_cls,
+                "train",
+                w.make_rediscover(_raw(module_cls, "train"), on_mode_change=True),
+            ),
             (tensor_cls, "backward", w.tensor_backward),
             (autograd, "backward", w.autograd_backward),
             (scaler_cls, "step", w.make_scaler_step(_raw(scaler_cls, "step"))),

@@ -53,6 +53,7 @@ class Wrappers:
         is_compiling: Callable[[], bool],
     ) -> None:
         self.machine = machine
+        self.is_compiling = is_compiling
         self.enabled = True
         self._errors = 0
         depth = _Depth()
@@ -103,13 +104,22 @@ class Wrappers:
         backward.__doc__ = getattr(orig, "__doc__", None)
         return backward
 
-    def make_rediscover(self, orig: Callable[..., Any]) -> Callable[..., Any]:
+    def make_rediscover(
+        self, orig: Callable[..., Any], *, on_mode_change: bool = False
+    ) -> Callable[..., Any]:
         """A stand-in for ``DataLoader.__iter__`` or ``Module.train``: opens a
-        forward-discovery window, then calls *orig* unchanged."""
+        forward-discovery window, then calls *orig* unchanged. With
+        *on_mode_change* (``train(mode)``), only when the module's mode changes:
+        a loop calling ``model.train()`` every iteration keeps no window open."""
         forwards = self.forwards
 
         def rediscover_then(self_: Any, *args: Any, **kwargs: Any) -> Any:
-            if forwards.enabled:
+            if on_mode_change:
+                mode = args[0] if args else kwargs.get("mode", True)
+                changing = getattr(self_, "training", None) != bool(mode)
+            else:
+                changing = True
+            if changing and forwards.enabled:
                 try:
                     forwards.rediscover()
                 except Exception:
@@ -123,8 +133,9 @@ class Wrappers:
 
     def optimizer_pre_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         """Global ``register_optimizer_step_pre_hook`` callback; returns None
-        so torch keeps the step's arguments."""
-        if self.enabled:
+        so torch keeps the step's arguments. Skipped while dynamo traces a
+        compiled ``step()`` (a clock read there would break its graph)."""
+        if self.enabled and not self.is_compiling():
             try:
                 self.machine.on_optimizer_pre(self.machine.clock(), optimizer)
             except Exception:
@@ -132,7 +143,7 @@ class Wrappers:
 
     def optimizer_post_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         """Global ``register_optimizer_step_post_hook`` callback."""
-        if self.enabled:
+        if self.enabled and not self.is_compiling():
             try:
                 self.machine.on_optimizer_post(self.machine.clock(), optimizer)
             except Exception:

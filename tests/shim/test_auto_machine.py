@@ -410,3 +410,61 @@ def test_loading_before_a_closure_step_is_the_data_phase_only_if_the_closure_run
     m.flush(9_000)
     assert out[0].phases["data"] == 300
     assert "data" not in out[1].phases  # grad clipping is not loading
+
+
+def test_a_step_call_that_raised_and_was_caught_does_not_stall_counting():
+    m, out = make()
+    opt = SGD()
+    for k in range(6):
+        base = 1_000 * (k + 1)
+        micro(m, fwd=base, bwd=base + 100, bwd_end=base + 200)
+        m.on_optimizer_pre(base + 300, opt)
+        if k != 2:  # iteration 2: step() raises (an OOM), the loop catches it and goes on
+            m.on_optimizer_post(base + 400, opt)
+    m.flush(9_000)
+    # five updates, five steps; the failed iteration's micro-batch joins the next step
+    assert [(s.i, s.micro) for s in out] == [(0, 1), (1, 1), (2, 2), (3, 1), (4, 1)]
+
+
+def test_loading_inside_the_forward_window_is_data_not_forward():
+    m, out = make()
+    m.mark_explicit()
+    m.on_forward(1_000)
+    m.on_forward_end(1_100)
+    m.add_loader_wait(5_000)  # next(it) between the forward and its backward (prefetch)
+    m.on_backward_start(6_200)
+    m.on_backward_end(6_300)
+    opt_step(m, SGD(), 6_400, 6_500)
+    m.flush(7_000)
+    (step,) = out
+    assert step.phases == {"forward": 200, "backward": 100, "optimizer": 100, "data": 5_000}
+    assert sum(step.phases.values()) <= step.t1 - step.t0
+
+
+def test_no_grad_calls_from_another_thread_are_not_this_loops_eval():
+    import threading
+
+    m, out = make()
+    opt = SGD()
+    micro(m, fwd=1 * MS, bwd=2 * MS, bwd_end=3 * MS)
+    opt_step(m, opt, 4 * MS, 5 * MS)
+    other = threading.Thread(target=lambda: [m.on_eval_call(6 * MS, 9 * MS)])
+    other.start()
+    other.join()
+    micro(m, fwd=20 * MS, bwd=21 * MS, bwd_end=22 * MS)
+    opt_step(m, opt, 23 * MS, 24 * MS)
+    m.flush(30 * MS)
+    assert (out[1].eval_ns, out[1].wait) == (0, 15 * MS)
+
+
+def test_reentrant_checkpointing_from_the_loop_is_the_forward_not_eval():
+    m, out = make()
+    for k in range(6):  # checkpoint(block, h) runs each block under no_grad, back to back
+        m.on_eval_call(10 * MS + 2 * MS * k, 12 * MS + 2 * MS * k - 50)
+    m.on_backward_start(22 * MS)  # then backward: no grad-enabled forward was seen
+    m.on_backward_end(40 * MS)
+    opt_step(m, SGD(), 41 * MS, 42 * MS)
+    m.flush(50 * MS)
+    (step,) = out
+    assert (step.t0, step.eval_ns, step.wait) == (10 * MS, 0, 10 * MS)
+    assert step.phases["forward"] == 12 * MS
