@@ -77,6 +77,11 @@ PRELUDE_MAX_CALLS = 2
 #: and a student takes microseconds; a loader fetch shorter than 1 ms
 #: between them would be counted as step time, too short to matter.
 ADJACENT_NS = 1_000_000
+#: Steps in a row another optimizer takes while the primary (the first to
+#: step) stays quiet before it becomes the primary: a second training stage
+#: with its own optimizer. Above a WGAN critic's 5 (or 25) updates per
+#: generator update, which must stay one step.
+SILENT_PRIMARY_CYCLES = 32
 #: Optimizers tracked per run with their own name and counters; later ones
 #: are summed under the last slot's name (the protocol carries at most 16).
 MAX_OPTIMIZERS = 16
@@ -223,6 +228,10 @@ class StepMachine:
         self._prev_end = start_ns
         self._seg = _Segment()
         self._open: _Segment | None = None  # primary stepped, not yet emitted
+        # other optimizers' turns since: (index, segment, skipped)
+        self._tails: list[tuple[int, _Segment, bool]] = []
+        # most turns each other optimizer took within one step so far
+        self._companion_max: dict[int, int] = {}
         self._gap = _Gap()
         self._phase_start = 0
         self._train_thread: int | None = None
@@ -391,13 +400,12 @@ class StepMachine:
         if self._primary is None and not self.external:
             self._set_primary(optimizer)
         if not self.external and self._open is not None:
+            if not self._is_primary(optimizer) and self._cycles_alone(idx) >= max(
+                SILENT_PRIMARY_CYCLES, self._companion_max.get(idx, 0) + 1
+            ):
+                self._promote(optimizer, idx)  # the primary went quiet: this one takes over
             if self._is_primary(optimizer):
-                self._emit_open()  # the primary's next cycle: the open step is done
-            else:
-                self._open.absorb(self._seg)  # another optimizer's turn in the open step
-                self._seg = self._open
-                self._open = None
-                self._phase_start = t
+                self._close_open()  # the primary's next cycle: the open step is done
         seg = self._seg
         if not seg.started:
             self._start_segment(t)
@@ -443,6 +451,12 @@ class StepMachine:
             self._open = seg
             self._seg = _Segment()
             self.state = IDLE
+        elif self._open is not None and not self.external:
+            # another optimizer's turn after the primary's: kept apart until
+            # the primary steps again (then it joins the open step)
+            self._tails.append((self._index_of(outer), seg, skipped))
+            self._seg = _Segment()
+            self.state = IDLE
         else:
             # the step goes on (external mode, or an optimizer before the
             # primary): a forward next is the next micro-batch of this step
@@ -466,8 +480,7 @@ class StepMachine:
         """External mode: a step ended at *t* (a framework's step-end callback).
         ``micro`` overrides the counted micro-batches when the framework knows
         them. Does nothing if no activity was seen since the last step."""
-        if self._open is not None:
-            self._emit_open()
+        self._close_open()
         seg = self._seg
         if not seg.started:
             return
@@ -504,8 +517,13 @@ class StepMachine:
         (micro-batches never followed by one, a ``step()`` that raised) is not
         a step: its micro-batches are counted in :attr:`unfinished_micro`.
         No-grad calls left over are trailing eval time."""
-        if self._open is not None:
-            self._emit_open()
+        if self._open is not None and self._tails:
+            idx, n = max(self._tail_counts().items(), key=lambda kv: kv[1])
+            # more turns than it ever took beside the primary: a last training
+            # stage, not a GAN's (or a WGAN critic's) last turns
+            if n >= 2 and n > self._companion_max.get(idx, 0):
+                self._promote(self._optimizer_by_index(idx), idx)
+        self._close_open()
         seg = self._seg
         if seg.started:
             self.unfinished_micro += seg.micro + seg.closure_micro
@@ -543,6 +561,56 @@ class StepMachine:
         seg, self._open = self._open, None
         if seg is not None:
             self._emit_segment(seg, seg.end_ns)
+
+    def _close_open(self) -> None:
+        """The open step is complete: the other optimizers' turns since the
+        primary stepped join it (a GAN's generator), then it is emitted."""
+        if self._open is not None:
+            for _, tail, _ in self._tails:
+                self._open.absorb(tail)
+                self._open.end_ns = max(self._open.end_ns, tail.end_ns)
+            for idx, n in self._tail_counts().items():
+                self._companion_max[idx] = max(self._companion_max.get(idx, 0), n)
+        self._tails = []
+        self._emit_open()
+
+    def _tail_counts(self) -> dict[int, int]:
+        counts: dict[int, int] = {}
+        for i, _, _ in self._tails:
+            counts[i] = counts.get(i, 0) + 1
+        return counts
+
+    def _cycles_alone(self, idx: int) -> int:
+        """How often optimizer *idx* stepped since the primary last did."""
+        return self._tail_counts().get(idx, 0)
+
+    def _promote(self, optimizer: Any, idx: int) -> None:
+        """Optimizer *idx* cycled on its own while the primary stayed quiet
+        (a second training stage with a new optimizer, the old one still
+        referenced): it becomes the primary, and its cycles so far are split
+        back into steps of their own."""
+        tails, self._tails = self._tails, []
+        first = next(k for k, (i, _, _) in enumerate(tails) if i == idx)
+        for _, tail, _ in tails[:first]:  # before its first turn: the open step's
+            assert self._open is not None
+            self._open.absorb(tail)
+            self._open.end_ns = max(self._open.end_ns, tail.end_ns)
+        self._emit_open()
+        head: _Segment | None = None
+        for i, tail, skipped in tails[first:]:
+            if i == idx:
+                if head is not None:
+                    self._emit_segment(head, head.end_ns)
+                head = tail
+                head.primary_done, head.skipped = True, skipped
+            else:
+                assert head is not None
+                head.absorb(tail)
+                head.end_ns = max(head.end_ns, tail.end_ns)
+        self._open = head  # its last cycle, complete once it steps again
+        self._set_primary(optimizer)
+        log.debug("gpuprof: %s stepped %d times alone: it now defines the step",
+                  self._names[idx], len(tails) - first)  # fmt: skip
 
     def _emit_segment(self, seg: _Segment, t1: int) -> None:
         t1 = max(t1, seg.t0)
@@ -598,6 +666,12 @@ class StepMachine:
             self._names.append(f"{type(optimizer).__name__}#{idx}")
         self._optimizers[id(optimizer)] = (_ref(optimizer), idx)
         return idx
+
+    def _optimizer_by_index(self, idx: int) -> Any:
+        for ref, i in self._optimizers.values():
+            if i == idx:
+                return _deref(ref)
+        return None
 
     def _set_primary(self, optimizer: Any) -> None:
         self._primary = _ref(optimizer, self._primary_gone)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import gc
 
+import pytest
+
 from gpuprof_shim.auto import ADJACENT_NS, IDLE, StepMachine
 from gpuprof_shim.steps import OptimizerUse, StepRecord
 
@@ -468,3 +470,42 @@ def test_reentrant_checkpointing_from_the_loop_is_the_forward_not_eval():
     (step,) = out
     assert (step.t0, step.eval_ns, step.wait) == (10 * MS, 0, 10 * MS)
     assert step.phases["forward"] == 12 * MS
+
+
+def _iteration(m: StepMachine, opt: object, base: int) -> None:
+    micro(m, fwd=base, bwd=base + 100, bwd_end=base + 200)
+    opt_step(m, opt, base + 300, base + 400)
+
+
+@pytest.mark.parametrize("stage2", [4, 40])
+def test_a_second_stage_optimizer_takes_over_while_the_first_is_still_referenced(stage2):
+    m, out = make()
+    head_opt, full_opt = SGD(), Adam()  # both stay referenced (linear probe, then fine-tune)
+    for k in range(4):
+        _iteration(m, head_opt, 1_000 * (k + 1))
+    for k in range(stage2):
+        _iteration(m, full_opt, 10_000 + 1_000 * k)
+    m.flush(10**9)
+    assert [s.i for s in out] == list(range(4 + stage2))
+    assert [[o.name for o in s.optimizers] for s in out] == [["SGD#0"]] * 4 + [["Adam#1"]] * stage2
+    assert all(s.micro == 1 for s in out)
+    for a, b in zip(out, out[1:], strict=False):
+        assert b.t0 >= a.t1
+
+
+def test_wgan_generator_first_with_five_critic_updates_is_one_step_per_generator_cycle():
+    m, out = make()
+    gen_opt, critic_opt = Adam(), SGD()
+    base = 1_000
+    for _ in range(4):
+        _iteration(m, gen_opt, base)
+        for _ in range(5):
+            base += 1_000
+            _iteration(m, critic_opt, base)
+        base += 1_000
+    m.flush(10**9)
+    assert len(out) == 4
+    assert [[(o.name, o.updates) for o in s.optimizers] for s in out] == [
+        [("Adam#0", 1), ("SGD#1", 5)]
+    ] * 4
+    assert all(s.micro == 1 for s in out)  # the critic's backward calls are not micro-batches

@@ -385,3 +385,46 @@ def test_an_eval_only_model_first_used_late_is_still_eval_time(socket_dir, fake_
     # ... and is taken out of the gap, not counted as loader wait
     assert steps[4]["wait"] == steps[4]["t0"] - steps[3]["t1"] - steps[4]["eval"]
     assert prof.machine.trailing_eval_ns >= 0.9 * eval_forward_ns[1]
+
+
+def test_two_training_stages_with_both_optimizers_alive(socket_dir, fake_daemon):
+    backbone, head = nn.Linear(8, 8), nn.Linear(8, 3)
+    model = nn.Sequential(backbone, nn.ReLU(), head)
+    opt_head = torch.optim.SGD(head.parameters(), lr=0.1)  # stage 1: linear probe
+    opt_full = torch.optim.Adam(model.parameters(), lr=1e-3)  # stage 2: fine-tune
+    with profile(socket_dir):
+        for opt in (opt_head, opt_full):
+            for _ in range(5):
+                model(batch()[0]).sum().backward()
+                opt.step()
+                opt.zero_grad()
+    steps = fake_daemon.steps
+    assert summary(steps) == [(i, 1) for i in range(10)]
+    assert [[o["name"] for o in s["optimizers"]] for s in steps] == [["SGD#0"]] * 5 + [
+        ["Adam#1"]
+    ] * 5
+
+
+def test_a_failing_step_caught_by_the_loop_does_not_stall_counting(socket_dir, fake_daemon):
+    model = MLP()
+
+    class Flaky(torch.optim.SGD):
+        calls = 0
+
+        def step(self, closure=None):
+            Flaky.calls += 1
+            if Flaky.calls == 3:
+                raise RuntimeError("out of memory (simulated)")
+            return super().step(closure)
+
+    opt = Flaky(model.parameters(), lr=0.1)
+    with profile(socket_dir):
+        for _ in range(8):
+            model(batch()[0]).sum().backward()
+            try:
+                opt.step()
+            except RuntimeError:
+                pass  # an OOM-skip loop
+            opt.zero_grad()
+    # 7 updates: 7 steps; the failed iteration's micro-batch joins the next one
+    assert summary(fake_daemon.steps) == [(0, 1), (1, 1), (2, 2)] + [(i, 1) for i in range(3, 7)]
