@@ -44,6 +44,9 @@ MAX_DURATION_NS = 7 * 86_400 * 10**9
 #: The phase that carries loader time spent inside a step (between
 #: micro-batches); the shim writes it, the rules and ``gpuprofctl runs`` read it.
 DATA_PHASE = "data"
+#: The phase that carries gpuprof's own time inside a step (the shim sending
+#: a burst of events); rules take it out of step compute time.
+OWN_TIME_PHASE = "gpuprof"
 
 DATA_TYPES = frozenset({"step", "mark"})
 CONTROL_TYPES = frozenset({"hello", "bye", "ping"})

@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpuprof.insights.base import RunContext
-from gpuprof.protocol import DATA_PHASE
+from gpuprof.protocol import DATA_PHASE, OWN_TIME_PHASE
 from gpuprof.stats import mean
 
 _NS_PER_MS = 1e6
@@ -51,7 +51,11 @@ def build_context(
     return RunContext(
         run_name=run["run_name"],
         status=run["status"],
-        step_ms=tuple((s["t1"] - s["t0"]) / _NS_PER_MS for s in steps),
+        # gpuprof's own time inside a step (sending events) is not the step's
+        step_ms=tuple(
+            (s["t1"] - s["t0"] - (s.get("phases") or {}).get(OWN_TIME_PHASE, 0)) / _NS_PER_MS
+            for s in steps
+        ),
         wait_ms=tuple(s["wait"] / _NS_PER_MS for s in steps),
         explicit_wait=any(s.get("explicit") for s in steps),
         data_ms=tuple((s.get("phases") or {}).get(DATA_PHASE, 0) / _NS_PER_MS for s in steps)

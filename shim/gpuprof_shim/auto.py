@@ -59,7 +59,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuprof_shim.steps import LOADER_PHASE, OptimizerUse, StepRecord
+from gpuprof_shim.steps import LOADER_PHASE, OWN_PHASE, OptimizerUse, StepRecord
 
 log = logging.getLogger("gpuprof.shim")
 
@@ -100,6 +100,8 @@ class _Segment:
     between_ns: int = 0
     loader_ns: int = 0
     loader_in_forward_ns: int = 0
+    own_ns: int = 0  # gpuprof's own work (sending events) inside the step
+    gap_own_ns: int = 0  # ... and in the gap before it (not loader wait)
     wait_ns: int = 0
     eval_ns: int = 0
     micro: int = 0
@@ -122,6 +124,7 @@ class _Segment:
         self.between_ns += tail.between_ns
         self.loader_ns += tail.loader_ns + tail.wait_ns
         self.loader_in_forward_ns += tail.loader_in_forward_ns
+        self.own_ns += tail.own_ns + tail.gap_own_ns
         self.eval_ns += tail.eval_ns
         self.last_ns = max(self.last_ns, tail.last_ns)
         for idx, counts in tail.optim.items():
@@ -244,6 +247,7 @@ class StepMachine:
         self._closure_start = 0
         self._closure_ns = 0
         self._pre_step_gap = 0
+        self._own_ns = 0  # gpuprof's time in emit() not yet charged to a segment
         self._primary: Any = None  # weakref to the primary optimizer (or a strong ref)
         self._optimizers: dict[int, tuple[Any, int]] = {}  # id(optimizer) -> (ref, index)
         self._names: list[str] = []  # index -> "Adam#0"
@@ -407,6 +411,7 @@ class StepMachine:
             if self._is_primary(optimizer):
                 self._close_open()  # the primary's next cycle: the open step is done
         seg = self._seg
+        own, self._own_ns = self._own_ns, 0
         if not seg.started:
             self._start_segment(t)
         elif self.state is FORWARD:
@@ -416,7 +421,10 @@ class StepMachine:
         self._pre_step_gap = max(0, t - seg.last_ns) if self.state is AFTER_BACKWARD else 0
         seg.optim.setdefault(idx, [0, 0, 0])
         self.state = OPTIMIZER
-        self._phase_start = t
+        # events sent just now are gpuprof's time, not the optimizer's
+        seg.own_ns += own
+        self._opt_pre_ns = t + own
+        self._phase_start = t + own
 
     def on_optimizer_post(self, t: int, optimizer: Any = None, skipped: bool = False) -> None:
         """``optimizer.step()`` ended at *t*; ``skipped``: it did not update."""
@@ -496,6 +504,7 @@ class StepMachine:
         self.state = IDLE
         self._seg = _Segment()
         self._emit_segment(seg, seg.end_ns)
+        self._seg.gap_own_ns, self._own_ns = self._own_ns, 0  # sent between steps
 
     def mark_explicit(self) -> None:
         """``wrap_dataloader`` started iterating: waits are timed ``next()`` calls."""
@@ -617,7 +626,7 @@ class StepMachine:
         if self.explicit:
             wait = seg.wait_ns
         else:
-            wait = max(0, seg.t0 - self._prev_end - seg.eval_ns)
+            wait = max(0, seg.t0 - self._prev_end - seg.eval_ns - seg.gap_own_ns)
         self._prev_end = t1
         phases = {
             "forward": max(0, seg.forward_ns - seg.loader_in_forward_ns),
@@ -627,6 +636,8 @@ class StepMachine:
         inside = seg.loader_ns if self.explicit else seg.between_ns
         if inside:
             phases[LOADER_PHASE] = inside
+        if seg.own_ns:
+            phases[OWN_PHASE] = seg.own_ns
         optim = seg.optim
         optimizers = [
             OptimizerUse(self._names[idx], *optim[idx])
@@ -645,7 +656,9 @@ class StepMachine:
             optimizers=optimizers,
         )
         self.next_index += 1
-        self.emit(rec)
+        t_emit = self.clock()
+        self.emit(rec)  # may send a burst of events: gpuprof's own time, kept apart
+        self._own_ns += max(0, self.clock() - t_emit)
 
     def _index_of(self, optimizer: Any) -> int:
         if optimizer is self._last_optimizer and optimizer is not None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gpuprof.protocol import DATA_PHASE
+from gpuprof.protocol import DATA_PHASE, OWN_TIME_PHASE
 
 
 @dataclass
@@ -64,6 +64,8 @@ class StepRecord:
 #: Phase that receives loader time spent *inside* a step (a micro-batch
 #: fetched between backward and the next forward under gradient accumulation).
 LOADER_PHASE = DATA_PHASE
+#: Phase with gpuprof's own time inside a step (sending a burst of events).
+OWN_PHASE = OWN_TIME_PHASE
 
 
 class WaitTracker:

@@ -509,3 +509,22 @@ def test_wgan_generator_first_with_five_critic_updates_is_one_step_per_generator
         [("Adam#0", 1), ("SGD#1", 5)]
     ] * 4
     assert all(s.micro == 1 for s in out)  # the critic's backward calls are not micro-batches
+
+
+def test_time_spent_sending_events_is_its_own_phase_not_the_optimizers():
+    clock = iter(range(0, 10**9, 1))
+    sends = []
+
+    def slow_emit(rec):  # a burst of sends takes 500 ns of the clock
+        sends.append(rec)
+        for _ in range(500):
+            next(clock)
+
+    m = StepMachine(slow_emit, 0, clock=lambda: next(clock))
+    opt = SGD()
+    for base in (10_000, 20_000):
+        micro(m, fwd=base, bwd=base + 100, bwd_end=base + 200)
+        opt_step(m, opt, base + 300, base + 1_300)
+    m.flush(10**6)
+    assert sends[1].phases["optimizer"] == 1_000 - 501  # the step's own 1000 ns, less the send
+    assert 500 <= sends[1].phases["gpuprof"] <= 502

@@ -47,3 +47,12 @@ def test_build_context_counts_skipped_updates_and_eval_including_trailing():
     ]
     ctx = build_context(run, steps)
     assert (ctx.skipped_updates, ctx.eval_ms) == (1, 1000.0)
+
+
+def test_gpuprofs_own_time_in_a_step_is_not_step_time():
+    run = {"run_name": "r", "status": "finished", "start_mono_ns": 0, "end_mono_ns": 10**9}
+    steps = [
+        {"t0": 0, "t1": 2_000_000, "wait": 0, "phases": {"forward": 1_000_000}},
+        {"t0": 3_000_000, "t1": 5_500_000, "wait": 0, "phases": {"gpuprof": 500_000}},
+    ]
+    assert build_context(run, steps).step_ms == (2.0, 2.0)
