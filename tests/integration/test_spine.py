@@ -46,6 +46,7 @@ def test_autostarted_daemon_records_run_and_prints_stall(node: Node):
     assert all(s["micro"] == 1 for s in steps)
     for s in steps[1:]:
         phases = json.loads(s["phases"])
+        phases.pop("gpuprof", None)  # the shim's own sending, on some steps
         assert set(phases) == {"forward", "backward", "optimizer"}
         assert all(v > 0 for v in phases.values())
         assert s["t1_ns"] - s["t0_ns"] >= sum(phases.values())

@@ -30,7 +30,8 @@ def test_gradient_accumulation_sends_one_step_per_optimizer_step(socket_dir, fak
     assert {s["run_key"] for s in steps} == {prof.run_key}
     for s in steps:
         # loading micro-batches 2-4 happens inside the step: the "data" phase
-        assert set(s["phases"]) == {"forward", "backward", "optimizer", "data"}
+        # (plus "gpuprof" on steps where the shim sent a burst of events)
+        assert set(s["phases"]) - {"gpuprof"} == {"forward", "backward", "optimizer", "data"}
         assert all(v > 0 for v in s["phases"].values())
         assert sum(s["phases"].values()) <= s["t1"] - s["t0"]
         assert s["explicit"] is False
