@@ -18,7 +18,11 @@ def torch_leaks() -> list[str]:
     import torch.optim.optimizer as optim_mod
 
     leaks = []
-    for cls, name in ((torch.nn.Module, "train"), (torch.utils.data.DataLoader, "__iter__")):
+    for cls, name in (
+        (torch.nn.Module, "train"),
+        (torch.utils.data.DataLoader, "__iter__"),
+        (torch.utils.data.dataloader._BaseDataLoaderIter, "__next__"),
+    ):
         if hasattr(vars(cls)[name], "__wrapped__"):
             leaks.append(f"{cls.__name__}.{name} is {vars(cls)[name]!r}")
     if vars(torch.nn.Module)["__call__"] is not torch.nn.Module._wrapped_call_impl:

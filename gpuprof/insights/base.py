@@ -51,7 +51,8 @@ class RunContext:
     step_ms: tuple[float, ...]
     """Step duration: first forward (or ``prof.step`` entry) to optimizer step end."""
     wait_ms: tuple[float, ...]
-    """Loader wait before each step: inter-step gap, or timed ``next()`` if explicit."""
+    """Loader wait before each step: timed DataLoader (or wrapped loader) ``next()``
+    calls, or the inter-step gap for a loop over something else."""
     explicit_wait: bool = False
     data_ms: tuple[float, ...] = ()
     """Loader time inside each step (between micro-batches; the ``data``

@@ -42,7 +42,7 @@ def stall_fraction(ctx: RunContext) -> float | None:
 
 
 def _wait_kind(ctx: RunContext) -> str:
-    return "explicit next() wait" if ctx.explicit_wait else "inter-step gap"
+    return "timed next() calls" if ctx.explicit_wait else "inter-step gap"
 
 
 @rule("dataloader_stall")

@@ -43,10 +43,14 @@ Evaluation
     is not loader wait.
 
 Loader wait
-    Gap mode (no wrapped loader): the gap from the previous step's end to
-    this step's start, minus evaluation. Explicit mode (``wrap_dataloader``):
-    the timed ``next()`` calls between the two (those during an eval loop
-    excluded); timed calls inside a step go to its ``data`` phase.
+    Timed fetches: the ``next()`` calls of torch DataLoader iterators (timed
+    automatically) or of ``prof.wrap_dataloader(...)`` (then only those)
+    between the previous step's end and this step's start, an eval loop's own
+    loading excluded; fetches inside a step go to its ``data`` phase. Other
+    time between steps (logging, checkpointing) is not loader wait.
+    Gap mode, for a step with no timed fetch (a loop over a list or a
+    generator): the gap from the previous step's end to this step's start,
+    minus evaluation.
 """
 
 from __future__ import annotations
@@ -146,7 +150,7 @@ class _Gap:
 
     __slots__ = (
         "calls", "first_ns", "before_ns", "during_ns", "after_ns", "recent", "sealed",
-        "all_chained",
+        "all_chained", "iter_ns", "after_iter_ns", "iter_loading_ns", "iter_call",
     )  # fmt: skip
 
     def __init__(self) -> None:
@@ -158,14 +162,27 @@ class _Gap:
         self.recent: list[tuple[int, int, int]] = []  # (start, end, loader before it)
         self.sealed = 0
         self.all_chained = True  # every call ended within ADJACENT_NS of the next
+        self.iter_ns = 0  # a loader iterator created since the last call, at
+        self.after_iter_ns = 0  # loading since then
+        self.iter_loading_ns = 0  # a new iterator's loading before a no-grad call ...
+        self.iter_call = -1  # ... and that call's index
 
     def add_call(self, t_start: int, t_end: int) -> None:
+        span_start = t_start
+        if self.iter_ns:
+            # a no-grad call right after a new loader iterator: a validation
+            # loader; its start-up (workers, first batch) is the eval loop's
+            # (unless this call turns out to be a teacher's: see _start_segment)
+            self.after_ns -= self.after_iter_ns
+            self.iter_loading_ns, self.iter_call = self.after_iter_ns, self.calls
+            span_start = min(t_start, self.iter_ns)
+            self.iter_ns = self.after_iter_ns = 0
         if self.recent and t_start - self.recent[-1][1] > ADJACENT_NS:
             self.all_chained = False
         if self.calls:
             loader_before = self.after_ns
         else:
-            self.first_ns = t_start
+            self.first_ns = span_start
             self.before_ns += self.after_ns
             loader_before = 0
         self.after_ns = 0
@@ -286,6 +303,9 @@ class StepMachine:
             # (reentrant activation checkpointing called from the loop): the
             # whole adjacent chain before it is that forward
             prelude = gap.prelude_calls(t, unlimited=from_backward)
+            if gap.iter_call >= gap.calls - prelude:
+                # the iterator's first batch fed a teacher's forward: loader wait
+                seg.wait_ns += gap.iter_loading_ns
             seg.eval_ns = gap.eval_span(prelude)
             # loader time before, after, and between the eval calls and a prelude
             seg.wait_ns += gap.before_ns
@@ -299,7 +319,7 @@ class StepMachine:
                     seg.wait_ns += loader_before
             self._gap = _Gap()
         else:
-            gap.after_ns = 0
+            gap.after_ns = gap.iter_ns = gap.after_iter_ns = 0
         self._phase_start = seg.t0
 
     def on_eval_call(self, t_start: int, t_end: int) -> None:
@@ -511,15 +531,38 @@ class StepMachine:
         self.explicit = True
 
     def add_loader_wait(self, ns: int) -> None:
-        """A timed ``next()`` of the wrapped loader took *ns*."""
+        """A timed ``next()`` of a loader took *ns*."""
         ns = max(0, ns)
         state = self.state
         if state is not IDLE:
-            self._seg.loader_ns += ns
+            seg = self._seg
+            seg.loader_ns += ns
             if state is FORWARD:  # prefetching the next batch mid-forward
-                self._seg.loader_in_forward_ns += ns
+                seg.loader_in_forward_ns += ns
         else:
-            self._gap.after_ns += ns
+            gap = self._gap
+            gap.after_ns += ns
+            if gap.iter_ns:
+                gap.after_iter_ns += ns
+
+    def on_loader_exhausted(self, t_start: int, t_end: int) -> None:
+        """A loader's last ``next()`` (StopIteration) ran from *t_start* to
+        *t_end*: shutting down its workers. After no-grad calls it ends the
+        eval loop (eval time); otherwise it is loader wait (an epoch's end)."""
+        gap = self._gap
+        if self.state is IDLE and gap.calls and self._is_training_thread():
+            start, _, loader_before = gap.recent[-1]
+            gap.recent[-1] = (start, max(t_end, gap.recent[-1][1]), loader_before)
+            gap.sealed = gap.calls  # the loop is over: none of its calls is a prelude
+        else:
+            self.add_loader_wait(t_end - t_start)
+
+    def on_loader_iter(self, t: int) -> None:
+        """A loader iterator was created at *t* (an epoch or a validation pass
+        begins); if no-grad calls follow, its start-up is eval time."""
+        if self.state is IDLE and self._is_training_thread():
+            self._gap.iter_ns = t
+            self._gap.after_iter_ns = 0
 
     def flush(self, t: int) -> None:
         """Profile exit at *t*: emit the open step. Work after the last update
@@ -623,7 +666,9 @@ class StepMachine:
 
     def _emit_segment(self, seg: _Segment, t1: int) -> None:
         t1 = max(t1, seg.t0)
-        if self.explicit:
+        # timed fetches that are this step's loading (an eval loop's are not)
+        explicit = self.explicit or seg.wait_ns > 0 or seg.loader_ns > 0
+        if explicit:
             wait = seg.wait_ns
         else:
             wait = max(0, seg.t0 - self._prev_end - seg.eval_ns - seg.gap_own_ns)
@@ -633,7 +678,7 @@ class StepMachine:
             "backward": seg.backward_ns,
             "optimizer": seg.optimizer_ns,
         }
-        inside = seg.loader_ns if self.explicit else seg.between_ns
+        inside = seg.loader_ns if explicit else seg.between_ns
         if inside:
             phases[LOADER_PHASE] = inside
         if seg.own_ns:
@@ -648,7 +693,7 @@ class StepMachine:
             t0=seg.t0,
             t1=t1,
             wait=wait,
-            explicit=self.explicit,
+            explicit=explicit,
             micro=seg.micro + seg.closure_micro,
             phases=phases,
             skipped=seg.skipped,

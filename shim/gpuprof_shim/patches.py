@@ -2,12 +2,12 @@
 
 Auto mode replaces ``torch.Tensor.backward``, ``torch.autograd.backward``,
 ``torch.amp.GradScaler.step``, ``torch.nn.Module.train`` and
-``torch.utils.data.DataLoader.__iter__`` (the last two only to open a
-forward-discovery window), registers torch's global optimizer step
-pre/post hooks (removable handles; ``Optimizer.step`` itself is untouched),
-and starts the forward detector (:mod:`gpuprof_shim.forwards`:
-``torch.nn.Module.__call__`` patched for a short discovery window, then
-hooks on the root modules only).
+``torch.utils.data.DataLoader.__iter__`` (to open a forward-discovery
+window), the DataLoader iterators' ``__next__`` (to time each fetch);
+registers torch's global optimizer step pre/post hooks (removable handles;
+``Optimizer.step`` itself is untouched); and starts the forward detector
+(:mod:`gpuprof_shim.forwards`: ``torch.nn.Module.__call__`` patched for a
+short discovery window, then hooks on the root modules only).
 Originals are recorded exactly as found (the raw class/module dict entry)
 and put back on :meth:`TorchPatches.remove`. Only one owner may be
 installed per process; nothing is patched at import time. torch is
@@ -113,8 +113,11 @@ class TorchPatches:
         scaler_cls = torch.amp.GradScaler
         # a new loader iterator or train()/eval(): look for models not seen yet
         loader_cls = torch.utils.data.DataLoader
+        # every DataLoader fetch is timed: loader wait is loading, not the gap
+        loader_iter_cls = torch.utils.data.dataloader._BaseDataLoaderIter
         for target, name, replacement in (
-            (loader_cls, "__iter__", w.make_rediscover(_raw(loader_cls, "__iter__"))),
+            (loader_cls, "__iter__", w.make_loader_iter(_raw(loader_cls, "__iter__"))),
+            (loader_iter_cls, "__next__", w.make_loader_next(_raw(loader_iter_cls, "__next__"))),
             (
                 module_cls,
                 "train",

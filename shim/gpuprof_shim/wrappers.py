@@ -131,6 +131,59 @@ class Wrappers:
             setattr(rediscover_then, attr, getattr(orig, attr, None))
         return rediscover_then
 
+    def make_loader_iter(self, orig: Callable[..., Any]) -> Callable[..., Any]:
+        """A stand-in for ``DataLoader.__iter__``: a new iterator (an epoch or
+        a validation pass) opens a forward-discovery window and is noted for
+        the step machine (a validation loader's start-up is eval time)."""
+        rediscover_then = self.make_rediscover(orig)
+        machine = self.machine
+
+        def loader_iter(self_: Any) -> Any:
+            if self.enabled:
+                try:
+                    machine.on_loader_iter(machine.clock())
+                except Exception:
+                    self.internal_error()
+            return rediscover_then(self_)
+
+        loader_iter.__wrapped__ = orig  # type: ignore[attr-defined]
+        for attr in ("__name__", "__qualname__", "__doc__"):
+            setattr(loader_iter, attr, getattr(orig, attr, None))
+        return loader_iter
+
+    def make_loader_next(self, orig: Callable[..., Any]) -> Callable[..., Any]:
+        """A stand-in for the DataLoader iterators' ``__next__``: each fetch
+        is timed as loader wait (or, inside a step, its data phase) unless
+        the user times the loader with ``prof.wrap_dataloader`` (then that
+        alone counts). The last one (StopIteration: workers shut down) ends
+        an eval loop or is loader wait; a fetch that raises otherwise is not
+        counted."""
+        machine = self.machine
+        clock = machine.clock
+
+        def loader_next(self_: Any) -> Any:
+            if not self.enabled or machine.explicit:
+                return orig(self_)
+            t = clock()
+            try:
+                item = orig(self_)
+            except StopIteration:
+                try:
+                    machine.on_loader_exhausted(t, clock())
+                except Exception:
+                    self.internal_error()
+                raise
+            try:
+                machine.add_loader_wait(clock() - t)
+            except Exception:
+                self.internal_error()
+            return item
+
+        loader_next.__wrapped__ = orig  # type: ignore[attr-defined]
+        for attr in ("__name__", "__qualname__", "__doc__"):
+            setattr(loader_next, attr, getattr(orig, attr, None))
+        return loader_next
+
     def optimizer_pre_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         """Global ``register_optimizer_step_pre_hook`` callback; returns None
         so torch keeps the step's arguments. Skipped while dynamo traces a

@@ -32,7 +32,8 @@ def test_autostarted_daemon_records_run_and_prints_stall(node: Node):
     assert "gpuprof · stall-run  (30 steps, avg" in out.stdout
     # a sleeping collate is a plain stall, not a CPU-bound one, however busy the host is
     # with other work: the run's own process tree is measured
-    assert re.search(r"\[HIGH\] \d+% of step time waiting on the loader \(inter-step gap\)",
+    # (a torch DataLoader: its next() calls are timed)
+    assert re.search(r"\[HIGH\] \d+% of step time waiting on the loader \(timed next\(\) calls\)",
                      out.stdout), out.stdout
     assert "Estimated cost: not estimated (no NVIDIA GPU in this run)" in out.stdout
     assert "no NVIDIA GPU found: GPU metrics skipped" in out.stdout

@@ -428,3 +428,89 @@ def test_a_failing_step_caught_by_the_loop_does_not_stall_counting(socket_dir, f
             opt.zero_grad()
     # 7 updates: 7 steps; the failed iteration's micro-batch joins the next one
     assert summary(fake_daemon.steps) == [(0, 1), (1, 1), (2, 2)] + [(i, 1) for i in range(3, 7)]
+
+
+# --- loader wait is loading --------------------------------------------------------------
+
+
+class _Sleepy(torch.utils.data.Dataset):
+    """A dataset whose items take *sleep_s* to load."""
+
+    def __init__(self, n: int, sleep_s: float = 0.0) -> None:
+        self.n, self.sleep_s = n, sleep_s
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        if self.sleep_s:
+            time.sleep(self.sleep_s)
+        return torch.randn(8), i % 3
+
+
+def test_work_between_steps_is_not_loader_wait_with_a_dataloader(socket_dir, fake_daemon):
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = torch.utils.data.DataLoader(_Sleepy(24, sleep_s=0.001), batch_size=4)
+    with profile(socket_dir):
+        for x, y in loader:  # 4 ms of loading per batch
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+            time.sleep(0.02)  # logging / checkpointing after the update: not loading
+    steps = fake_daemon.steps
+    assert summary(steps) == [(i, 1) for i in range(6)]
+    for a, b in zip(steps, steps[1:], strict=False):
+        gap = b["t0"] - a["t1"]
+        assert b["explicit"] is True
+        assert gap >= 20_000_000  # the sleep is in the gap ...
+        assert 3_500_000 <= b["wait"] < 15_000_000  # ... but only the loading is wait
+
+
+def test_a_model_gpuprof_cannot_see_still_gets_true_loader_wait(socket_dir, fake_daemon):
+    weight = torch.randn(8, 3, requires_grad=True)
+
+    def model(x):  # a plain function of tensors: no nn.Module forward to find
+        return (x @ weight).tanh()
+
+    opt = torch.optim.SGD([weight], lr=0.1)
+    loader = torch.utils.data.DataLoader(_Sleepy(16), batch_size=4)
+    with profile(socket_dir):
+        for x, _ in loader:
+            for _ in range(200):  # a slow forward (~ms)
+                out = model(x)
+            out.sum().backward()
+            opt.step()
+            opt.zero_grad()
+    steps = fake_daemon.steps
+    assert len(steps) == 4
+    for a, b in zip(steps, steps[1:], strict=False):
+        assert b["explicit"] is True
+        # the unseen forward sits in the gap, but it is not loader wait
+        assert b["wait"] < (b["t0"] - a["t1"]) / 2
+
+
+@pytest.mark.filterwarnings("ignore:.*fork.*:DeprecationWarning")
+def test_a_validation_loader_with_workers_is_eval_time_from_its_start(socket_dir, fake_daemon):
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    train = [batch() for _ in range(3)]
+    val = torch.utils.data.DataLoader(
+        _Sleepy(24, sleep_s=0.002), batch_size=4, num_workers=2, multiprocessing_context="fork"
+    )
+    eval_loop_ns = []
+    with profile(socket_dir):
+        for _epoch in range(2):
+            for x, y in train:
+                nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+                opt.zero_grad()
+            t = time.monotonic_ns()
+            with torch.no_grad():
+                for x, _ in val:  # workers start here: part of evaluating
+                    model(x)
+            eval_loop_ns.append(time.monotonic_ns() - t)
+    steps = fake_daemon.steps
+    assert summary(steps) == [(i, 1) for i in range(6)]
+    assert 0.9 * eval_loop_ns[0] <= steps[3]["eval"] <= eval_loop_ns[0]
+    assert steps[3]["wait"] < 0.1 * steps[3]["eval"]

@@ -33,7 +33,7 @@ def test_dataloader_stall_fires_above_15_percent():
 def test_dataloader_stall_high_and_explicit_wording():
     ins = dataloader_stall(make_ctx([50] * 10, [50] * 10, explicit_wait=True))
     assert ins.severity == "HIGH"
-    assert "explicit next() wait" in ins.title
+    assert "timed next() calls" in ins.title
 
 
 def test_dataloader_stall_silent_at_10_percent():
