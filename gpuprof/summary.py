@@ -46,6 +46,9 @@ def make_summary(
         "median_step_ms": round(median_ms, 3) if median_ms is not None else None,
         "skipped_updates": ctx.skipped_updates,
         "eval_s": round(ctx.eval_ms / 1e3, 3),
+        "optimizers": [
+            {"name": n, "updates": u, "skipped": k, "step_ms": ms} for n, u, k, ms in ctx.optimizers
+        ],
         "db": db,
         "insights": [dict(i) for i in insights],
         "notes": list(notes),
@@ -70,6 +73,11 @@ def format_summary(summary: Mapping[str, Any], details: bool = False) -> str:
         extra.append(f"{summary['eval_s']:.1f} s in evaluation, outside steps")
     if extra:
         lines.append("  " + "; ".join(extra))
+    optimizers = summary.get("optimizers") or []
+    if len(optimizers) > 1:  # one optimizer says nothing the step count does not
+        parts = [f"{o['name']} {o['updates']} updates, {o['step_ms'] / 1e3:.2f} s in step()"
+                 for o in optimizers]  # fmt: skip
+        lines.append("  Optimizers: " + "; ".join(parts))
     insights = summary.get("insights") or []
     lines.append(f"  Insights ({len(insights)}):")
     for ins in insights:

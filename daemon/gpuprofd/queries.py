@@ -13,7 +13,8 @@ import orjson
 HISTORY_RUNS = 3
 
 STEPS_SQL = (
-    "SELECT t0_ns, t1_ns, wait_ns, explicit, micro, phases, skipped, eval_ns FROM steps "
+    "SELECT t0_ns, t1_ns, wait_ns, explicit, micro, phases, skipped, eval_ns, optimizers "
+    "FROM steps "
     "WHERE run_id = ? ORDER BY t0_ns"
 )
 HOST_SQL = (
@@ -38,6 +39,7 @@ def step_from_row(r: Mapping[str, Any]) -> dict[str, Any]:
         "explicit": bool(r["explicit"]), "micro": r["micro"],
         "phases": orjson.loads(r["phases"]) if r["phases"] else {},
         "skipped": bool(r["skipped"]), "eval": r["eval_ns"] or 0,
+        "optimizers": orjson.loads(r["optimizers"]) if r["optimizers"] else [],
     }  # fmt: skip
 
 

@@ -81,6 +81,9 @@ class RunContext:
     """``GPUPROF_GPU_RATE`` override; None uses the price table."""
     skipped_updates: int = 0
     """Steps whose optimizer update was skipped (GradScaler found inf/NaN)."""
+    optimizers: tuple[tuple[str, int, int, float], ...] = ()
+    """Per optimizer over the run, in order of first step: (name, updates,
+    skipped updates, time inside ``step()`` in ms)."""
     eval_ms: float = 0.0
     """Evaluation (no-grad forwards between steps and after the last) over the
     run, ms; not part of any step or loader wait."""

@@ -12,6 +12,20 @@ from gpuprof.stats import mean
 _NS_PER_MS = 1e6
 
 
+def _optimizer_totals(
+    steps: Sequence[Mapping[str, Any]],
+) -> tuple[tuple[str, int, int, float], ...]:
+    """(name, updates, skipped, ms) per optimizer, in order of first use."""
+    totals: dict[str, list[float]] = {}
+    for s in steps:
+        for o in s.get("optimizers") or ():
+            t = totals.setdefault(o["name"], [0, 0, 0.0])
+            t[0] += o["updates"]
+            t[1] += o["skipped"]
+            t[2] += o["ns"] / _NS_PER_MS
+    return tuple((name, int(u), int(k), round(ms, 3)) for name, (u, k, ms) in totals.items())
+
+
 def build_context(
     run: Mapping[str, Any],
     steps: Sequence[Mapping[str, Any]],
@@ -75,6 +89,7 @@ def build_context(
         history_median_step_ms=tuple(history_median_step_ms),
         gpu_rate_usd_per_hour=gpu_rate_usd_per_hour,
         skipped_updates=sum(1 for s in steps if s.get("skipped")),
+        optimizers=_optimizer_totals(steps),
         eval_ms=(sum(s.get("eval") or 0 for s in steps) + (run.get("trailing_eval_ns") or 0))
         / _NS_PER_MS,
     )

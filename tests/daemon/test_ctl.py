@@ -62,7 +62,7 @@ def test_runs_json_has_exact_breakdown(real_db: Path, capsys: pytest.CaptureFixt
     assert done["pct_of_iteration"] == {"loader_wait": 44.4, "forward": 16.7, "backward": 22.2,
                                         "optimizer": 11.1, "other": 5.6}  # fmt: skip
     assert sum(done["pct_of_iteration"].values()) == pytest.approx(100.0)
-    assert done["pct_steps_counted"] == 11  # step 0 left out
+    assert done["steps_counted"] == 11  # step 0 left out
     assert "phase_pct" not in done and "loader_wait_pct" not in done
     assert done["dropped_events"] == 2
     assert done["median_step_ms"] == 18.0
@@ -120,13 +120,13 @@ def test_runs_shares_skip_step_0_and_fold_the_data_phase_into_wait(
     # loader_wait = (2 ms wait + 2 ms data) / 12 ms iteration; other = 2 / 12
     assert accum["pct_of_iteration"] == {"loader_wait": 33.3, "forward": 16.7, "backward": 25.0,
                                          "optimizer": 8.3, "other": 16.7}  # fmt: skip
-    assert (accum["steps"], accum["pct_steps_counted"], accum["median_step_ms"]) == (8, 7, 12.0)
+    assert (accum["steps"], accum["steps_counted"], accum["median_step_ms"]) == (8, 7, 12.0)
     assert (accum["skipped_updates"], accum["eval_s"], one["skipped_updates"]) == (1, 1.5, 0)
     # a single step is all start-up: nothing to share out
     assert one["pct_of_iteration"] == dict.fromkeys(
         ("loader_wait", "forward", "backward", "optimizer", "other")
     )
-    assert (one["steps"], one["pct_steps_counted"]) == (1, 0)
+    assert (one["steps"], one["steps_counted"]) == (1, 0)
 
     assert main(["runs", str(db)]) == 0
     assert capsys.readouterr().out.splitlines() == [

@@ -62,3 +62,16 @@ def test_skipped_updates_and_eval_time_get_one_line_only_when_present():
     )
     plain = format_summary(make_summary(1, make_ctx([10.0] * 4), [], "/d")).splitlines()
     assert plain[2] == "  Insights (0):"
+
+
+def test_two_optimizers_get_a_line_with_their_updates_and_time():
+    ctx = make_ctx([10.0] * 4, optimizers=(("Adam#0", 4, 1, 1234.5), ("SGD#1", 4, 0, 20.0)))
+    summary = make_summary(1, ctx, [], "/d")
+    assert summary["optimizers"] == [
+        {"name": "Adam#0", "updates": 4, "skipped": 1, "step_ms": 1234.5},
+        {"name": "SGD#1", "updates": 4, "skipped": 0, "step_ms": 20.0},
+    ]
+    line = "  Optimizers: Adam#0 4 updates, 1.23 s in step(); SGD#1 4 updates, 0.02 s in step()"
+    assert line in format_summary(summary).splitlines()
+    one = make_ctx([10.0] * 4, optimizers=(("Adam#0", 4, 0, 5.0),))
+    assert "Optimizers:" not in format_summary(make_summary(1, one, [], "/d"))

@@ -19,6 +19,9 @@ def test_gan_with_grad_scaler_skip_and_eval_loops(node: Node):
     assert "gpuprof · gan-amp  (10 steps" in out.stdout, out.stdout
     assert "  1 skipped updates (inf/NaN gradients);" in out.stdout
     assert " s in evaluation, outside steps" in out.stdout
+    # one discriminator update skipped: 9 of 10 made; every generator update made
+    assert "  Optimizers: SGD#0 9 updates, " in out.stdout
+    assert "; Adam#1 10 updates, " in out.stdout
     steps = node.query("SELECT micro, skipped, eval_ns, optimizers FROM steps ORDER BY step")
     assert [s["micro"] for s in steps] == [1] * 10
     assert [s["skipped"] for s in steps] == [0, 0, 1] + [0] * 7

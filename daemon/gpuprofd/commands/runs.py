@@ -53,7 +53,7 @@ def describe(run: dict[str, Any], median_ms: float | None) -> dict[str, Any]:
         "steps": agg.get("steps", 0),
         "median_step_ms": median_ms,
         "pct_of_iteration": iteration_shares(agg),
-        "pct_steps_counted": agg.get("counted_steps") or 0,
+        "steps_counted": agg.get("counted_steps") or 0,
         "skipped_updates": int(agg.get("skipped_updates") or 0),
         "eval_s": round(((agg.get("eval_ns") or 0) + (run.get("trailing_eval_ns") or 0)) / 1e9, 3),
         "dropped_events": run.get("dropped_events") or 0,
@@ -121,7 +121,7 @@ DROPPED         events the training process could not send
 \b
 --format json gives the same per run: steps, median_step_ms,
 pct_of_iteration {{loader_wait, forward, backward, optimizer, other}},
-pct_steps_counted (the steps those shares cover), skipped_updates, eval_s,
+steps_counted (the steps those shares cover), skipped_updates, eval_s,
 dropped_events.
 """
 

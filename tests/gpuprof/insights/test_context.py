@@ -56,3 +56,16 @@ def test_gpuprofs_own_time_in_a_step_is_not_step_time():
         {"t0": 3_000_000, "t1": 5_500_000, "wait": 0, "phases": {"gpuprof": 500_000}},
     ]
     assert build_context(run, steps).step_ms == (2.0, 2.0)
+
+
+def test_build_context_sums_each_optimizers_updates_and_time():
+    run = {"run_name": "r", "status": "finished", "start_mono_ns": 0, "end_mono_ns": 10**9}
+    opt = [{"name": "SGD#0", "updates": 1, "skipped": 0, "ns": 2_000_000},
+           {"name": "Adam#1", "updates": 1, "skipped": 0, "ns": 500_000}]  # fmt: skip
+    steps = [
+        {"t0": 0, "t1": 1, "wait": 0, "phases": {}, "optimizers": opt},
+        {"t0": 2, "t1": 3, "wait": 0, "phases": {},
+         "optimizers": [dict(opt[0], updates=0, skipped=1)]},  # fmt: skip
+        {"t0": 4, "t1": 5, "wait": 0, "phases": {}},
+    ]
+    assert build_context(run, steps).optimizers == (("SGD#0", 1, 1, 4.0), ("Adam#1", 1, 0, 0.5))

@@ -119,6 +119,16 @@ def test_high_step_variance_ignores_warmup_and_short_runs():
     assert high_step_variance(make_ctx([10.0] * 10 + [50.0])) is None  # too few steps
 
 
+def test_one_or_two_slow_steps_are_not_periodic_variance():
+    steady = [10.0] * 60
+    steady[17] = 84.0  # one GC pause in a 60-step run: p99 is that one step
+    assert high_step_variance(make_ctx([10, 10, 10] + steady)) is None
+    steady[40] = 30.0
+    assert high_step_variance(make_ctx([10, 10, 10] + steady)) is None
+    steady[55] = 30.0  # a third: periodic
+    assert high_step_variance(make_ctx([10, 10, 10] + steady)).evidence["slow_steps"] == 3
+
+
 def test_cpu_bound_needs_the_run_itself_to_use_the_cpu():
     # host pegged at 95 % of 2 cores, but the run's processes use 0.1 core: another tenant
     other = make_ctx([60] * 10, [40] * 10, host_cpu_pct=95.0, cpu_count=2, run_cpu_cores=0.1)
