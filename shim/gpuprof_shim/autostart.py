@@ -117,8 +117,19 @@ def start_and_hello(
             log.debug("gpuprof: spawned gpuprofd exited with %s", proc.returncode)
             deadline = min(deadline, clock() + exit_grace_s)
         sleep(interval_s)
-    log.warning(
-        "gpuprof: gpuprofd did not answer within %.1f s (see %s); running without it",
-        wait_s, Path(socket_dir) / LOG_NAME,
-    )  # fmt: skip
+    log.debug("gpuprof: gpuprofd did not answer within %.1f s", wait_s)
     return None
+
+
+def log_tail(socket_dir: Path, max_chars: int = 300) -> str | None:
+    """The last line the auto-started daemon wrote to its log (its error,
+    when it exited at start), or None."""
+    try:
+        with open(Path(socket_dir) / LOG_NAME, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 4096))
+            lines = [ln.strip() for ln in f.read().decode("utf-8", "replace").splitlines()]
+    except OSError:
+        return None
+    last = next((ln for ln in reversed(lines) if ln), None)
+    return last[:max_chars] if last else None

@@ -251,7 +251,12 @@ class Profiler:
         if reply is None:
             self._problem = f"gpuprofd unreachable at {self.socket_dir}"
             if self.autostart:
-                self._problem += f" (auto-start failed, see {self.socket_dir / config.LOG_NAME})"
+                why = autostart.log_tail(self.socket_dir)
+                self._problem += (
+                    f" (auto-start failed: {why})"
+                    if why
+                    else f" (auto-start failed, see {self.socket_dir / config.LOG_NAME})"
+                )
             log.warning("gpuprof: %s; running without it", self._problem)
         elif not reply["ok"]:
             self._problem = f"gpuprofd refused the run: {reply['error']}"

@@ -146,3 +146,21 @@ def test_profile_autostarts_a_daemon_when_none_answers(
     out = capsys.readouterr().out
     assert "Note: spawned fake" in out, (socket_dir / "gpuprofd.log").read_text()
     assert f"gpuprofctl insights {socket_dir / 'r.db'} 42" in out
+
+
+def test_a_daemon_that_exits_at_start_says_why_in_the_summary(socket_dir, monkeypatch, capsys):
+    error = "gpuprofd: error: /x/gpuprof.db is already served by another gpuprofd; point ..."
+    script = f"import sys; print('starting'); print({error!r}); sys.exit(2)"
+    monkeypatch.setattr(autostart, "daemon_argv", lambda sock, db: [sys.executable, "-c", script])
+    monkeypatch.setattr(autostart, "EXIT_GRACE_S", 0.2)
+    with gpuprof.profile("why", auto=False, socket_dir=socket_dir) as prof:
+        pass
+    assert prof.summary is not None
+    assert f"auto-start failed: {error}" in " ".join(prof.summary["notes"])
+    assert f"auto-start failed: {error}" in capsys.readouterr().out
+
+
+def test_log_tail_reads_the_last_line_and_copes_with_no_log(socket_dir):
+    assert autostart.log_tail(socket_dir) is None
+    (socket_dir / "gpuprofd.log").write_bytes(b"one\ntwo \xff\n\n")
+    assert autostart.log_tail(socket_dir) == "two \ufffd"
