@@ -42,6 +42,8 @@ Every call into the machine is guarded: an internal error is logged once
 
 from __future__ import annotations
 
+import functools
+import gc
 import logging
 import sys
 import threading
@@ -139,40 +141,34 @@ def _contains_compiled(module: Any) -> bool:
         return True
 
 
-def _inert_pre_hook(module: Any, args: Any) -> None:
-    """What a pickled copy of a hooked module gets instead of our pre hook."""
-
-
-def _inert_post_hook(module: Any, args: Any, output: Any) -> None:
-    """What a pickled copy of a hooked module gets instead of our post hook."""
-
-
-_INERT = {"pre": _inert_pre_hook, "post": _inert_post_hook}
-
-
-def _inert_hook(kind: str) -> Callable[..., None]:
-    """Unpickles a :class:`_Hook` (*kind* ``"pre"`` or ``"post"``)."""
-    return _INERT[kind]
+#: What a pickled :class:`_Hook` becomes: a no-op made of the standard
+#: library only, so a model saved whole while profiled loads where gpuprof is
+#: not installed. ``Logger.log`` at level 1 returns None (a hook that returns
+#: None changes nothing) and logs nothing unless a logger is set below DEBUG.
+INERT_LOGGER = "gpuprof.inert_hook"
 
 
 class _Hook:
-    """A root's forward hook: calls *fn*; pickles as an inert module-level
-    function (``torch.save(model)`` must not fail over a profiler's hook) and
-    deep-copies as itself (an EMA copy of a root is a root too)."""
+    """A root's forward hook: calls *fn*; pickles as a no-op of the standard
+    library (see :data:`INERT_LOGGER`), and deep-copies as itself (an EMA copy
+    of a root is a root too; :meth:`ForwardDetector.remove` takes it off the
+    copies as well)."""
 
-    __slots__ = ("fn", "kind")
+    __slots__ = ("fn", "kind", "detector")
 
-    def __init__(self, fn: Callable[..., None], kind: str) -> None:
+    def __init__(self, fn: Callable[..., None], kind: str, detector: ForwardDetector) -> None:
         self.fn = fn
         self.kind = kind
+        self.detector = detector
 
     def __call__(self, *args: Any) -> None:
         self.fn(*args)
 
     def __reduce__(self) -> Any:
-        return (_inert_hook, (self.kind,))
+        return (functools.partial, (logging.getLogger(INERT_LOGGER).log, 1))
 
     def __deepcopy__(self, memo: dict[int, Any]) -> _Hook:
+        self.detector.copied = True
         return self
 
 
@@ -214,6 +210,10 @@ class ForwardDetector:
         self._window_new_roots = 0
         self._fruitless = 0
         self._forward_seen = False
+        #: Hooks handed out (to find them on deep copies at exit), and whether
+        #: any was deep-copied.
+        self._hook_objects: list[_Hook] = []
+        self.copied = False
 
     # --- lifecycle -----------------------------------------------------------
 
@@ -244,6 +244,8 @@ class ForwardDetector:
         for module, undo in list(self._hooked.items()):
             self._unhook(module, undo)
         self._hooked.clear()
+        if self.copied:
+            self._unhook_copies()
         self._roots.clear()
         _live.discard(self)
 
@@ -424,13 +426,29 @@ class ForwardDetector:
             wrapper = self._wrap_compiled_call(compiled)
             module._compiled_call_impl = wrapper
             return ("compiled", compiled, wrapper)
-        h_pre = module.register_forward_pre_hook(_Hook(self._pre_hook, "pre"), prepend=True)
+        pre, post = _Hook(self._pre_hook, "pre", self), _Hook(self._post_hook, "post", self)
+        self._hook_objects += (pre, post)
+        h_pre = module.register_forward_pre_hook(pre, prepend=True)
         try:
-            h_post = module.register_forward_hook(_Hook(self._post_hook, "post"), always_call=True)
+            h_post = module.register_forward_hook(post, always_call=True)
         except BaseException:
             h_pre.remove()
             raise
         return ("hooks", h_pre, h_post)
+
+    def _unhook_copies(self) -> None:
+        """Deep copies of hooked roots (an EMA model) share our hook objects:
+        take them out of every hook dict that still holds one. One scan of
+        the heap, only when a copy was made."""
+        ours = {id(h) for h in self._hook_objects}
+        try:
+            for holder in gc.get_referrers(*self._hook_objects):
+                if isinstance(holder, dict):
+                    for key in [k for k, v in holder.items() if id(v) in ours]:
+                        del holder[key]
+        except Exception:
+            log.warning("gpuprof: could not remove hooks from copied models", exc_info=True)
+        self._hook_objects = []
 
     def _wrap_compiled_call(self, compiled: Callable[..., Any]) -> Callable[..., Any]:
         depth = self.depth
