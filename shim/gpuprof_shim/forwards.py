@@ -113,6 +113,13 @@ def _has_parameters(module: Any) -> bool:
         return True
 
 
+def _is_script_module(module: Any) -> bool:
+    """True for a TorchScript module (``torch.jit.script``): it refuses hooks."""
+    jit = sys.modules.get("torch.jit")
+    script_module = getattr(jit, "ScriptModule", None)
+    return script_module is not None and isinstance(module, script_module)
+
+
 def _is_compiled(module: Any) -> bool:
     """True if calling *module* enters dynamo: an ``OptimizedModule``
     (``torch.compile(module)``) or a module compiled in place."""
@@ -308,6 +315,11 @@ class ForwardDetector:
             self._fruitless += 1
         for module in list(self._roots.keys()):
             if module not in self._hooked and len(self._hooked) < MAX_ROOTS:
+                if _is_script_module(module):
+                    # TorchScript modules take no Python hooks: their forwards
+                    # stay unseen (steps start at the backward)
+                    self._hooked[module] = ("none",)
+                    continue
                 try:
                     self._hooked[module] = self._hook(module)
                 except Exception:
@@ -472,6 +484,8 @@ class ForwardDetector:
 
     def _unhook(self, module: Any, undo: tuple[Any, ...]) -> None:
         try:
+            if undo[0] == "none":
+                return
             if undo[0] == "compiled":
                 _, compiled, wrapper = undo
                 if vars(module).get("_compiled_call_impl") is wrapper:

@@ -514,3 +514,15 @@ def test_a_validation_loader_with_workers_is_eval_time_from_its_start(socket_dir
     assert summary(steps) == [(i, 1) for i in range(6)]
     assert 0.9 * eval_loop_ns[0] <= steps[3]["eval"] <= eval_loop_ns[0]
     assert steps[3]["wait"] < 0.1 * steps[3]["eval"]
+
+
+def test_a_torchscript_model_trains_without_internal_errors(socket_dir, fake_daemon, caplog):
+    model = torch.jit.script(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with profile(socket_dir):
+        for _ in range(6):
+            model(batch()[0]).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    assert summary(fake_daemon.steps) == [(i, 1) for i in range(6)]
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
