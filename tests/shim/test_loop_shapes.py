@@ -516,6 +516,7 @@ def test_a_validation_loader_with_workers_is_eval_time_from_its_start(socket_dir
     assert steps[3]["wait"] < 0.1 * steps[3]["eval"]
 
 
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
 def test_a_torchscript_model_trains_without_internal_errors(socket_dir, fake_daemon, caplog):
     model = torch.jit.script(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3)))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
