@@ -4,11 +4,31 @@ framework's callbacks, which must never raise into training."""
 from __future__ import annotations
 
 import logging
+from types import TracebackType
 from typing import Any
 
 from gpuprof_shim.session import Profiler, active_profiler
 
 log = logging.getLogger("gpuprof.shim")
+
+
+class EndsRunOnExit:
+    """``with adapter:`` around training ends the adapter's run when the
+    block ends; an exception leaving it marks the run failed (and goes on)."""
+
+    _run: AdapterRun
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        self._run.stop(exc)
+        return False
 
 
 class AdapterRun:

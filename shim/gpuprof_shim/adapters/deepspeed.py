@@ -22,10 +22,9 @@ whole accumulation window itself) is not covered.
 from __future__ import annotations
 
 import logging
-from types import TracebackType
 from typing import Any
 
-from gpuprof_shim.adapters._run import AdapterRun
+from gpuprof_shim.adapters._run import AdapterRun, EndsRunOnExit
 from gpuprof_shim.session import Profiler
 
 log = logging.getLogger("gpuprof.shim")
@@ -33,7 +32,7 @@ log = logging.getLogger("gpuprof.shim")
 _OWN = frozenset({"_engine", "_run", "_micro"})
 
 
-class ProfiledEngine:
+class ProfiledEngine(EndsRunOnExit):
     """A thin proxy over a DeepSpeed engine: everything is the engine's,
     except that ``step()`` also ends gpuprof's steps, and ``close()`` /
     ``destroy()`` (or leaving ``with``) end the profile.
@@ -94,19 +93,6 @@ class ProfiledEngine:
         """End the profile, then ``engine.destroy()``."""
         self._run.stop()
         return self._engine.destroy(*args, **kwargs)
-
-    def __enter__(self) -> ProfiledEngine:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool:
-        """End the profile; *exc* (the loop raised) marks the run failed."""
-        self._run.stop(exc)
-        return False
 
 
 def wrap_deepspeed_engine(engine: Any, run_name: str, **profile_options: Any) -> ProfiledEngine:

@@ -20,18 +20,17 @@ as a context manager around ``train()``.
 from __future__ import annotations
 
 import logging
-from types import TracebackType
 from typing import Any
 
 from transformers import TrainerCallback
 
-from gpuprof_shim.adapters._run import AdapterRun
+from gpuprof_shim.adapters._run import AdapterRun, EndsRunOnExit
 from gpuprof_shim.session import Profiler
 
 log = logging.getLogger("gpuprof.shim")
 
 
-class HFTrainerCallback(TrainerCallback):
+class HFTrainerCallback(EndsRunOnExit, TrainerCallback):
     """Profile ``trainer.train()``: ``Trainer(..., callbacks=[gpuprof.HFTrainerCallback("run")])``.
 
     So that a ``train()`` that raises is marked failed right away, also
@@ -89,19 +88,6 @@ class HFTrainerCallback(TrainerCallback):
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Trainer event: ``train()`` finished; the profile stops."""
         self._run.stop()
-
-    def __enter__(self) -> HFTrainerCallback:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool:
-        """Stop a profile ``train()`` left running; *exc* marks it failed."""
-        self._run.stop(exc)
-        return False
 
 
 def _step_was_skipped(optimizer: Any) -> bool:
