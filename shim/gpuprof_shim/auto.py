@@ -13,7 +13,12 @@ What a step is
     optimizer step before the primary steps again, and is emitted then (or
     at profile exit). Activity after an optimizer step goes into a new
     *segment* that either joins the open step (another optimizer steps
-    next) or becomes the next step (the primary steps next).
+    next) or becomes the next step (the primary steps next). An optimizer
+    that keeps stepping alone while the primary stays quiet (a second
+    training stage, the first optimizer still referenced) takes over after
+    :data:`SILENT_PRIMARY_CYCLES` turns, or at exit, and its turns are split
+    back into steps of their own. Work after the last update (micro-batches
+    never followed by one, a ``step()`` that raised) is not a step.
     With ``external=True`` (framework adapters) steps end only when
     :meth:`StepMachine.end_step` is called.
 
@@ -21,9 +26,10 @@ Phases (ns, summed over micro-batches)
     ``forward``: a micro-batch's first forward to its backward start;
     ``backward``: backward call durations; ``optimizer``: time inside
     ``optimizer.step()`` minus forward/backward run by a closure there
-    (``optimizer.step(closure)``, LBFGS); ``data``: loading between
-    micro-batches (timed ``next()`` calls when the loader is wrapped, else
-    the gap from a backward's end to the next forward).
+    (``optimizer.step(closure)``, LBFGS); ``data``: loading inside the
+    step (timed ``next()`` calls; without any, the gap from a backward's
+    end to the next micro-batch's forward); ``gpuprof``: the shim's own time
+    sending a burst of events.
 
 Micro-batches
     Backward calls outside optimizer steps in the step's segment, plus one if
@@ -38,9 +44,9 @@ Evaluation
     forward right before the student's) are part of that step, counted in
     its forward phase, unless a framework adapter said an eval loop just
     ended (:meth:`StepMachine.seal_eval`). All others (an eval loop, an EMA
-    model's forward after the update) are evaluation: the span from the first to the last is
-    the next step's ``eval_ns`` (or, after the last step, trailing eval) and
-    is not loader wait.
+    model's forward after the update) are evaluation: the span from the
+    first to the last is the next step's ``eval_ns`` (or, after the last
+    step, trailing eval) and is not loader wait.
 
 Loader wait
     Timed fetches: the ``next()`` calls of torch DataLoader iterators (timed
