@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuprof.stats import median
+
+if TYPE_CHECKING:
+    from gpuprof.insights.gpu import GpuStats
 
 SEVERITIES = ("HIGH", "MED", "LOW")
 
@@ -87,6 +90,9 @@ class RunContext:
     eval_ms: float = 0.0
     """Evaluation (no-grad forwards between steps and after the last) over the
     run, ms; not part of any step or loader wait."""
+    gpu: GpuStats | None = None
+    """NVML samples of the run's GPU taken during its steps, aggregated
+    (:func:`gpuprof.insights.gpu.gpu_stats`); None when not sampled."""
 
     @property
     def steps(self) -> int:

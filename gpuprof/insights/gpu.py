@@ -1,0 +1,474 @@
+"""GPU rules from NVML samples: memory, clocks (thermal, power cap), copies,
+PCIe, small batches and an idle GPU.
+
+:func:`gpu_stats` folds the run's NVML samples into one :class:`GpuStats`
+(pure, no NVML here); the rules read ``RunContext.gpu``. A reading that no
+sample carried is None ("not available"), never 0, and a rule that needs it
+stays silent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gpuprof.insights.base import Insight, RunContext, rule
+from gpuprof.insights.compute import run_mfu
+from gpuprof.stats import mean
+
+# NVML clock-event reason bits: the values of nvidia-ml-py's pynvml constants
+# ``nvmlClocksEventReason*`` (nvml.h), checked against nvidia-ml-py 13.615.71.
+# Copied, not imported: gpuprof/ must not need pynvml.
+#: ``nvmlClocksEventReasonGpuIdle``: nothing runs, clocks parked. Not throttling.
+REASON_GPU_IDLE = 0x1
+#: ``nvmlClocksEventReasonSwPowerCap``: the driver lowers clocks to stay under
+#: the power limit.
+REASON_SW_POWER_CAP = 0x4
+#: ``nvmlClocksEventReasonHwSlowdown``: hardware slowdown (clocks halved or
+#: worse) for temperature, an external power brake or power draw too high.
+REASON_HW_SLOWDOWN = 0x8
+#: ``nvmlClocksEventReasonSwThermalSlowdown``: the driver lowers clocks for
+#: GPU or memory temperature.
+REASON_SW_THERMAL = 0x20
+#: ``nvmlClocksEventReasonHwThermalSlowdown``: hardware thermal slowdown.
+REASON_HW_THERMAL = 0x40
+#: ``nvmlClocksEventReasonHwPowerBrakeSlowdown``: external power brake.
+REASON_HW_POWER_BRAKE = 0x80
+#: Reasons the thermal rule counts. HW slowdown is included because NVML lists
+#: temperature among its causes; the rule also requires a hot GPU.
+THERMAL_REASONS = REASON_SW_THERMAL | REASON_HW_THERMAL | REASON_HW_SLOWDOWN
+
+#: NVML ``utilization.gpu`` (% of its averaging window, 1/6 s to 1 s, in which
+#: any kernel or copy ran) at or below which a sample counts as idle. Not 0:
+#: the H200 fixture's loader_stall (~1 ms of matmuls per 80 ms busy-wait)
+#: reads 1-2 %, an idle GPU 0-1 %.
+IDLE_UTIL_PCT = 5.0
+#: NVML util at or above which a sample counts as busy (the H200 fixture's
+#: saturated phases read 94-100 %).
+BUSY_UTIL_PCT = 80.0
+#: Share (0-1) of the samples a clock-lowering reason must cover to matter:
+#: a cap held for a moment (a boost transient, a phase's tail) costs
+#: well under a percent of the window's throughput.
+MIN_REASON_SHARE = 0.10
+
+#: Seed rule table: peak memory above 90 % of total is close to an OOM
+#: (allocator fragmentation needs the rest).
+MEMORY_PRESSURE_FRACTION = 0.90
+#: Above this the next larger batch or a longer sequence will not fit.
+MEMORY_PRESSURE_HIGH_FRACTION = 0.97
+#: Seed rule table: 82 °C is where data-center GPUs start thermal slowdown
+#: (H100/H200 "GPU slowdown temp" is ~87-90 °C in ``nvidia-smi -q``; 82 warns first).
+THERMAL_TEMP_C = 82.0
+#: Seed rule table: SM clock more than 15 % below its reference = throttling,
+#: not normal boost variation (a few bins of 15 MHz).
+THERMAL_CLOCK_DROP = 0.15
+#: Power-cap clock deficit that is worth a finding: 5 % of SM clock is ~5 % of
+#: a compute-bound step; below it the cap is boost-table noise.
+POWER_CAP_CLOCK_DROP = 0.05
+#: NVML util (mean over the window, %) that reads as "the GPU is busy" for the
+#: copy rule: the fixture's copy phases read 94-99 %, launch-bound tiny
+#: kernels 30 %.
+COPY_UTIL_PCT = BUSY_UTIL_PCT
+#: GPM SM activity (mean, %) below which no SM is doing work: one SM kept busy
+#: alone is 1/132 = 0.76 % on an H200 (0.93 % on an A100's 108), and the
+#: fixture's copy phases read exactly 0 %.
+COPY_SM_UTIL_PCT = 0.5
+#: Seed rule table: PCIe RX above 20 GB/s (a Gen4 x16 link is ~25 GB/s usable,
+#: Gen5 ~50-60: the fixture's pinned H2D copies peaked at 60 GB/s).
+PCIE_RX_BYTES_PER_S = 20e9
+#: NVML ``nvmlDeviceGetPcieThroughput`` reports KB/s with 1 KB = 1000 bytes
+#: (the fixture's 58.8e6 KB/s mean is the 58.8 GB/s its README states).
+BYTES_PER_KB = 1000
+#: Seed rule table: SMs busy more than 60 % ...
+SMALL_BATCH_SM_BUSY_PCT = 60.0
+#: ... while MFU stays under 25 %: many small kernels keep the SMs occupied
+#: without using the tensor cores well.
+SMALL_BATCH_MFU = 0.25
+#: Share (0-1) of samples with the GPU idle above which it waits on the host:
+#: under 30 % idle is ordinary (optimizer step, logging); above it the GPU
+#: waits for the input pipeline or the Python loop.
+GPU_IDLE_SHARE = 0.30
+#: Above this share the GPU is idle most of the run.
+GPU_IDLE_SHARE_HIGH = 0.60
+
+
+@dataclass(frozen=True)
+class GpuStats:
+    """One GPU's NVML samples over a window (the run's steps), aggregated.
+
+    None means no sample carried that reading ("not available").
+    """
+
+    samples: int
+    """Samples aggregated (rows with ``util_gpu``)."""
+    util_mean_pct: float | None
+    """Mean NVML ``utilization.gpu`` (0-100 %): share of time any kernel or copy ran."""
+    util_max_pct: float | None
+    idle_share: float | None
+    """Share (0-1) of samples with util ≤ :data:`IDLE_UTIL_PCT`: whole NVML
+    windows in which the GPU ran (almost) nothing."""
+    mem_used_max_bytes: int | None
+    mem_total_bytes: int | None
+    power_max_mw: float | None
+    """Peak board power, milliwatts (mW)."""
+    temp_max_c: float | None
+    """Peak GPU temperature, °C."""
+    sm_mhz_ref: float | None
+    """Reference SM clock, MHz: the GPU's max SM clock when given, else the
+    highest SM clock seen on a sample not parked idle (GpuIdle bit clear)."""
+    reasons_seen: int | None
+    """OR of every sample's clock-event reason bits."""
+    power_capped_share: float | None
+    """Share (0-1) of samples both busy (util ≥ :data:`BUSY_UTIL_PCT`) and
+    under the SW power cap."""
+    sm_mhz_power_capped: float | None
+    """Mean SM clock over those busy, power-capped samples, MHz."""
+    thermal_share: float | None
+    """Share (0-1) of samples with a :data:`THERMAL_REASONS` bit."""
+    sm_mhz_thermal: float | None
+    """Mean SM clock over the thermally slowed samples, MHz."""
+    pcie_rx_max_kbps: float | None
+    """Peak PCIe receive (host → GPU) rate, KB/s (1 KB = 1000 bytes)."""
+    pcie_tx_max_kbps: float | None
+    """Peak PCIe transmit (GPU → host) rate, KB/s."""
+    gpm_sm_util_pct: float | None
+    """Mean GPM SM activity (0-100 %): SMs × time with a warp resident."""
+    gpm_sm_occupancy_pct: float | None
+    gpm_tensor_util_pct: float | None
+    """Mean GPM any-tensor-core activity (0-100 %)."""
+    gpm_dram_bw_util_pct: float | None
+
+    @property
+    def mem_used_fraction(self) -> float | None:
+        """Peak used / total memory (0-1)."""
+        if self.mem_used_max_bytes is None or not self.mem_total_bytes:
+            return None
+        return self.mem_used_max_bytes / self.mem_total_bytes
+
+    @property
+    def pcie_rx_max_bytes_per_s(self) -> float | None:
+        if self.pcie_rx_max_kbps is None:
+            return None
+        return self.pcie_rx_max_kbps * BYTES_PER_KB
+
+
+def _values(samples: Sequence[Mapping[str, Any]], key: str) -> list[float]:
+    return [s[key] for s in samples if s.get(key) is not None]
+
+
+def _opt_mean(values: Iterable[float]) -> float | None:
+    vals = list(values)
+    return mean(vals) if vals else None
+
+
+def _opt_max(values: Sequence[float]) -> float | None:
+    return max(values) if values else None
+
+
+def _clock_ref(samples: Sequence[Mapping[str, Any]], max_sm_mhz: float | None) -> float | None:
+    seen = [
+        s["sm_MHz"]
+        for s in samples
+        if s.get("sm_MHz") is not None and not (s.get("reasons") or 0) & REASON_GPU_IDLE
+    ]
+    candidates = [c for c in (max_sm_mhz, _opt_max(seen)) if c is not None]
+    return max(candidates) if candidates else None
+
+
+def _reason_clocks(
+    samples: Sequence[Mapping[str, Any]], mask: int, busy: bool
+) -> tuple[float | None, float | None]:
+    """(share of samples with a *mask* bit [and busy], their mean SM clock MHz)."""
+    if not any(s.get("reasons") is not None for s in samples):
+        return None, None
+    hit = [
+        s
+        for s in samples
+        if (s.get("reasons") or 0) & mask
+        and (not busy or (s.get("util_gpu") or 0) >= BUSY_UTIL_PCT)
+    ]
+    share = len(hit) / len(samples)
+    return share, _opt_mean(s["sm_MHz"] for s in hit if s.get("sm_MHz") is not None)
+
+
+def gpu_stats(
+    samples: Sequence[Mapping[str, Any]], max_sm_mhz: float | None = None
+) -> GpuStats | None:
+    """Aggregate NVML sample rows (the keys of the H200 fixture's
+    ``nvml_trace.jsonl``: ``util_gpu`` %, ``mem_used``/``mem_total`` bytes,
+    ``power_mW``, ``temp_C``, ``sm_MHz``, ``reasons`` bitmask, and on slow-loop
+    rows only ``pcie_rx_KBps``/``pcie_tx_KBps`` and ``gpm_*`` %).
+
+    Pass the samples taken while the run was in steps. *max_sm_mhz* is the
+    GPU's max SM clock (``nvmlDeviceGetMaxClockInfo``), if queried. None when
+    no sample has a utilization reading.
+    """
+    rows = [s for s in samples if s.get("util_gpu") is not None]
+    if not rows:
+        return None
+    util = _values(rows, "util_gpu")
+    capped_share, capped_mhz = _reason_clocks(rows, REASON_SW_POWER_CAP, busy=True)
+    thermal_share, thermal_mhz = _reason_clocks(rows, THERMAL_REASONS, busy=False)
+    reasons = _values(rows, "reasons")
+    mem_used = _values(rows, "mem_used")
+    mem_total = _values(rows, "mem_total")
+    return GpuStats(
+        samples=len(rows),
+        util_mean_pct=mean(util),
+        util_max_pct=max(util),
+        idle_share=sum(1 for u in util if u <= IDLE_UTIL_PCT) / len(util),
+        mem_used_max_bytes=int(max(mem_used)) if mem_used else None,
+        mem_total_bytes=int(max(mem_total)) if mem_total else None,
+        power_max_mw=_opt_max(_values(rows, "power_mW")),
+        temp_max_c=_opt_max(_values(rows, "temp_C")),
+        sm_mhz_ref=_clock_ref(rows, max_sm_mhz),
+        reasons_seen=_or_all(reasons),
+        power_capped_share=capped_share,
+        sm_mhz_power_capped=capped_mhz,
+        thermal_share=thermal_share,
+        sm_mhz_thermal=thermal_mhz,
+        pcie_rx_max_kbps=_opt_max(_values(rows, "pcie_rx_KBps")),
+        pcie_tx_max_kbps=_opt_max(_values(rows, "pcie_tx_KBps")),
+        gpm_sm_util_pct=_opt_mean(_values(rows, "gpm_sm_util")),
+        gpm_sm_occupancy_pct=_opt_mean(_values(rows, "gpm_sm_occupancy")),
+        gpm_tensor_util_pct=_opt_mean(_values(rows, "gpm_any_tensor_util")),
+        gpm_dram_bw_util_pct=_opt_mean(_values(rows, "gpm_dram_bw_util")),
+    )
+
+
+def _or_all(bits: Sequence[float]) -> int | None:
+    if not bits:
+        return None
+    out = 0
+    for b in bits:
+        out |= int(b)
+    return out
+
+
+def _clock_drop(ref_mhz: float | None, mhz: float | None) -> float | None:
+    """Fractional SM clock deficit (0-1) of *mhz* against *ref_mhz*."""
+    if ref_mhz is None or mhz is None or ref_mhz <= 0:
+        return None
+    return max(0.0, 1.0 - mhz / ref_mhz)
+
+
+@rule("memory_pressure")
+def memory_pressure(ctx: RunContext) -> Insight | None:
+    """Fires when peak used memory > :data:`MEMORY_PRESSURE_FRACTION` of total."""
+    g = ctx.gpu
+    frac = g.mem_used_fraction if g else None
+    if g is None or frac is None or frac <= MEMORY_PRESSURE_FRACTION:
+        return None
+    used_gb, total_gb = g.mem_used_max_bytes / 1e9, g.mem_total_bytes / 1e9
+    return Insight(
+        rule="memory_pressure",
+        severity="HIGH" if frac > MEMORY_PRESSURE_HIGH_FRACTION else "MED",
+        title=f"GPU memory {frac:.0%} full at peak ({used_gb:.1f} of {total_gb:.1f} GB)",
+        detail="Little headroom is left: a longer sequence, a larger batch or allocator "
+        "fragmentation ends in CUDA out-of-memory.",
+        fix="Use activation checkpointing, bf16 autocast, a smaller micro-batch with "
+        "gradient accumulation, or set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.",
+        evidence={
+            "mem_used_fraction": round(frac, 4),
+            "mem_used_max_bytes": g.mem_used_max_bytes,
+            "mem_total_bytes": g.mem_total_bytes,
+        },
+    )
+
+
+@rule("thermal_throttling")
+def thermal_throttling(ctx: RunContext) -> Insight | None:
+    """Fires when peak temperature > :data:`THERMAL_TEMP_C` and, on at least
+    :data:`MIN_REASON_SHARE` of samples, a :data:`THERMAL_REASONS` bit held the
+    SM clock > :data:`THERMAL_CLOCK_DROP` below its reference (the idle bit is
+    not throttling)."""
+    g = ctx.gpu
+    if g is None or g.temp_max_c is None or g.temp_max_c <= THERMAL_TEMP_C:
+        return None
+    if g.thermal_share is None or g.thermal_share < MIN_REASON_SHARE:
+        return None
+    drop = _clock_drop(g.sm_mhz_ref, g.sm_mhz_thermal)
+    if drop is None or drop <= THERMAL_CLOCK_DROP:
+        return None
+    return Insight(
+        rule="thermal_throttling",
+        severity="HIGH",
+        title=f"GPU thermal throttling: {g.temp_max_c:.0f} °C, SM clock {drop:.0%} below "
+        f"{g.sm_mhz_ref:.0f} MHz",
+        detail=f"A thermal slowdown reason was set on {g.thermal_share:.0%} of samples; "
+        f"the SM clock averaged {g.sm_mhz_thermal:.0f} MHz meanwhile.",
+        fix="Check airflow, fans and inlet temperature (nvidia-smi -q -d TEMPERATURE); "
+        "a hot node slows every rank that waits on it.",
+        evidence={
+            "temp_max_c": g.temp_max_c,
+            "sm_mhz_ref": g.sm_mhz_ref,
+            "sm_mhz_thermal": round(g.sm_mhz_thermal, 1),
+            "clock_drop": round(drop, 4),
+            "thermal_share": round(g.thermal_share, 4),
+        },
+    )
+
+
+@rule("power_capping")
+def power_capping(ctx: RunContext) -> Insight | None:
+    """Fires when, on at least :data:`MIN_REASON_SHARE` of samples, the GPU was
+    busy (util ≥ :data:`BUSY_UTIL_PCT`) under the SW power cap with the SM
+    clock > :data:`POWER_CAP_CLOCK_DROP` below its reference.
+
+    The throughput cost is estimated as that clock deficit: exact for
+    compute-bound kernels, an upper bound for memory-bound ones.
+    """
+    g = ctx.gpu
+    if g is None or g.power_capped_share is None or g.power_capped_share < MIN_REASON_SHARE:
+        return None
+    drop = _clock_drop(g.sm_mhz_ref, g.sm_mhz_power_capped)
+    if drop is None or drop <= POWER_CAP_CLOCK_DROP:
+        return None
+    power = f" at {g.power_max_mw / 1e3:.0f} W peak" if g.power_max_mw is not None else ""
+    return Insight(
+        rule="power_capping",
+        # MED, not HIGH: at the default limit it is the chip's normal ceiling
+        # (the H200 fixture's dense bf16 matmuls ran capped at ~1445 of 1980 MHz).
+        severity="MED",
+        title=f"Power cap holds the SM clock {drop:.0%} below {g.sm_mhz_ref:.0f} MHz "
+        f"(est. up to {drop:.0%} of compute throughput)",
+        detail=f"On {g.power_capped_share:.0%} of samples the GPU was busy and capped{power}; "
+        f"the SM clock averaged {g.sm_mhz_power_capped:.0f} MHz. The cost is an estimate: "
+        "compute-bound kernels slow in proportion to the clock, memory-bound ones less.",
+        fix="Check the power limit (nvidia-smi -q -d POWER); if it is below the board's "
+        "default, raise it (nvidia-smi -pl). At the default, this is the chip's normal "
+        "ceiling for dense bf16 work.",
+        evidence={
+            "power_capped_share": round(g.power_capped_share, 4),
+            "sm_mhz_ref": g.sm_mhz_ref,
+            "sm_mhz_power_capped": round(g.sm_mhz_power_capped, 1),
+            "est_throughput_loss": round(drop, 4),
+            "power_max_mw": g.power_max_mw,
+        },
+    )
+
+
+@rule("copy_bound_gpu")
+def copy_bound_gpu(ctx: RunContext) -> Insight | None:
+    """Fires when NVML util averages ≥ :data:`COPY_UTIL_PCT` while GPM SM
+    activity averages < :data:`COPY_SM_UTIL_PCT`: NVML's "utilization" counts
+    copy-engine time, so the busy GPU is moving bytes, not computing. Needs GPM."""
+    g = ctx.gpu
+    if g is None or g.gpm_sm_util_pct is None or g.util_mean_pct is None:
+        return None
+    if g.util_mean_pct < COPY_UTIL_PCT or g.gpm_sm_util_pct >= COPY_SM_UTIL_PCT:
+        return None
+    return Insight(
+        rule="copy_bound_gpu",
+        severity="HIGH",
+        title=f"GPU reads {g.util_mean_pct:.0f}% utilized but its SMs are "
+        f"{g.gpm_sm_util_pct:.1f}% active: it is copying, not computing",
+        detail="NVML utilization counts any kernel or copy; GPM SM activity shows the "
+        "compute units idle. Host↔device (or device↔device) copies fill the time.",
+        fix="Keep tensors on the GPU between steps, use pin_memory=True with "
+        ".to(device, non_blocking=True) to overlap copies with compute, and avoid "
+        ".cpu()/.item() in the loop.",
+        evidence={
+            "util_mean_pct": round(g.util_mean_pct, 1),
+            "gpm_sm_util_pct": round(g.gpm_sm_util_pct, 3),
+            "pcie_rx_max_kbps": g.pcie_rx_max_kbps,
+            "pcie_tx_max_kbps": g.pcie_tx_max_kbps,
+        },
+    )
+
+
+@rule("pcie_saturation")
+def pcie_saturation(ctx: RunContext) -> Insight | None:
+    """Fires when peak PCIe RX > :data:`PCIE_RX_BYTES_PER_S` (NVML KB/s ×
+    :data:`BYTES_PER_KB`)."""
+    g = ctx.gpu
+    rx = g.pcie_rx_max_bytes_per_s if g else None
+    if rx is None or rx <= PCIE_RX_BYTES_PER_S:
+        return None
+    return Insight(
+        rule="pcie_saturation",
+        severity="MED",
+        title=f"PCIe host→GPU traffic peaks at {rx / 1e9:.1f} GB/s",
+        detail="The input data crosses PCIe at a rate near the link's limit (NVML "
+        "PCIe throughput, KB/s × 1000).",
+        fix="Move less per step: keep the dataset or its decoded form on the GPU, send "
+        "uint8 instead of float32, decode on the GPU (DALI, nvJPEG).",
+        evidence={
+            "pcie_rx_max_bytes_per_s": round(rx),
+            "pcie_rx_max_kbps": g.pcie_rx_max_kbps,
+        },
+    )
+
+
+@rule("small_batch")
+def small_batch(ctx: RunContext) -> Insight | None:
+    """Fires when SMs are busy > :data:`SMALL_BATCH_SM_BUSY_PCT` % (GPM SM
+    activity when sampled, else NVML util) while MFU < :data:`SMALL_BATCH_MFU`.
+    Silent when MFU is unknown."""
+    g = ctx.gpu
+    if g is None:
+        return None
+    busy = g.gpm_sm_util_pct if g.gpm_sm_util_pct is not None else g.util_mean_pct
+    source = "GPM SM activity" if g.gpm_sm_util_pct is not None else "NVML utilization"
+    if busy is None or busy <= SMALL_BATCH_SM_BUSY_PCT:
+        return None
+    m = run_mfu(ctx)
+    if m is None or m.mfu >= SMALL_BATCH_MFU:
+        return None
+    return Insight(
+        rule="small_batch",
+        severity="MED",
+        title=f"SMs {busy:.0f}% busy but MFU only {m.mfu:.1%}: kernels too small to fill the GPU",
+        detail=f"{source} says the GPU is occupied, yet it delivers "
+        f"{m.achieved_tflops:.0f} of {m.peak_tflops:.0f} TFLOP/s: many small, "
+        "low-intensity kernels.",
+        fix="Raise the batch size (gradient accumulation keeps the optimizer batch), "
+        "fuse ops with torch.compile, and use bf16 so matmuls hit the tensor cores.",
+        evidence={"sm_busy_pct": round(busy, 1), "sm_busy_source": source, "mfu": round(m.mfu, 4)},
+    )
+
+
+@rule("gpu_idle_between_steps")
+def gpu_idle_between_steps(ctx: RunContext) -> Insight | None:
+    """Fires when the GPU is idle (util ≤ :data:`IDLE_UTIL_PCT`) on more than
+    :data:`GPU_IDLE_SHARE` of the samples taken during the run's steps, and did
+    work on at least one (a GPU the run never used is not this problem).
+
+    Idle share counts whole NVML windows with (almost) no kernel: time the
+    GPU waits on the host between bursts of work. Busy-but-launch-bound GPUs
+    (short kernels in every window) read low util, not idle, and do not fire.
+    """
+    g = ctx.gpu
+    if g is None or g.idle_share is None or g.util_max_pct is None:
+        return None
+    if g.util_max_pct <= IDLE_UTIL_PCT or g.idle_share <= GPU_IDLE_SHARE:
+        return None
+    return Insight(
+        rule="gpu_idle_between_steps",
+        severity="HIGH" if g.idle_share > GPU_IDLE_SHARE_HIGH else "MED",
+        title=f"GPU idle on {g.idle_share:.0%} of samples during the steps "
+        f"(mean utilization {g.util_mean_pct:.0f}%)",
+        detail=f"NVML utilization was ≤ {IDLE_UTIL_PCT:.0f}% in {g.idle_share:.0%} of "
+        f"{g.samples} samples: the GPU waits on the host (data loading, Python work, "
+        "synchronizing calls) between bursts of work.",
+        fix="Overlap the host work with the GPU: DataLoader num_workers and "
+        "pin_memory=True, prefetch the next batch, drop .item()/.cpu() syncs.",
+        evidence={
+            "idle_share": round(g.idle_share, 4),
+            "util_mean_pct": round(g.util_mean_pct, 1),
+            "samples": g.samples,
+        },
+    )
+
+
+GPU_RULES = (
+    "memory_pressure",
+    "thermal_throttling",
+    "power_capping",
+    "copy_bound_gpu",
+    "pcie_saturation",
+    "small_batch",
+    "gpu_idle_between_steps",
+)
+"""The rules of this module, by name."""

@@ -1,0 +1,232 @@
+from __future__ import annotations
+
+import pytest
+
+from gpuprof.insights import registered_rules, run_rules
+from gpuprof.insights.gpu import (
+    GPU_RULES,
+    REASON_GPU_IDLE,
+    REASON_HW_THERMAL,
+    REASON_SW_POWER_CAP,
+    GpuStats,
+    copy_bound_gpu,
+    gpu_idle_between_steps,
+    gpu_stats,
+    memory_pressure,
+    pcie_saturation,
+    power_capping,
+    small_batch,
+    thermal_throttling,
+)
+
+from .conftest import make_ctx
+
+GB = 10**9
+
+
+def _row(**kw) -> dict:
+    """One fast-loop NVML sample of a busy, cool, unthrottled 80 GB GPU."""
+    row = {
+        "util_gpu": 95,
+        "mem_used": 40 * GB,
+        "mem_total": 80 * GB,
+        "power_mW": 400_000,
+        "temp_C": 60,
+        "sm_MHz": 1980,
+        "reasons": 0,
+    }
+    row.update(kw)
+    return row
+
+
+def _ctx(rows, **kw):
+    return make_ctx([10.0] * 10, gpu=gpu_stats(rows), **kw)
+
+
+# --- gpu_stats ---------------------------------------------------------------
+
+
+def test_gpu_stats_none_without_utilization():
+    assert gpu_stats([]) is None
+    assert gpu_stats([{"temp_C": 50}]) is None
+
+
+def test_gpu_stats_missing_readings_are_none_not_zero():
+    g = gpu_stats([{"util_gpu": 50}, {"util_gpu": 40}])
+    assert isinstance(g, GpuStats)
+    assert g.samples == 2 and g.util_mean_pct == 45 and g.idle_share == 0.0
+    for name in (
+        "mem_used_max_bytes",
+        "mem_total_bytes",
+        "power_max_mw",
+        "temp_max_c",
+        "sm_mhz_ref",
+        "reasons_seen",
+        "power_capped_share",
+        "thermal_share",
+        "pcie_rx_max_kbps",
+        "gpm_sm_util_pct",
+    ):
+        assert getattr(g, name) is None, name
+    assert g.mem_used_fraction is None and g.pcie_rx_max_bytes_per_s is None
+    for name in GPU_RULES:
+        assert registered_rules()[name](make_ctx([10.0] * 10, gpu=g)) is None, name
+
+
+def test_gpu_stats_slow_loop_keys_only_on_some_rows():
+    rows = [_row(), _row(pcie_rx_KBps=1000, gpm_sm_util=40.0), _row(), _row(gpm_sm_util=60.0)]
+    g = gpu_stats(rows)
+    assert g.pcie_rx_max_kbps == 1000 and g.pcie_rx_max_bytes_per_s == 1e6
+    assert g.gpm_sm_util_pct == 50.0
+
+
+def test_clock_reference_ignores_idle_parked_samples_and_takes_max_clock():
+    rows = [_row(sm_MHz=1500), _row(util_gpu=0, sm_MHz=1980, reasons=REASON_GPU_IDLE)]
+    assert gpu_stats(rows).sm_mhz_ref == 1500
+    assert gpu_stats(rows, max_sm_mhz=1980).sm_mhz_ref == 1980
+
+
+def test_rules_silent_without_gpu_stats():
+    ctx = make_ctx([10.0] * 10)
+    for name in GPU_RULES:
+        assert registered_rules()[name](ctx) is None, name
+
+
+# --- memory_pressure ---------------------------------------------------------
+
+
+def test_memory_pressure_fires_above_90_percent():
+    ins = memory_pressure(_ctx([_row(), _row(mem_used=76 * GB)]))
+    assert ins is not None and ins.severity == "MED"
+    assert ins.evidence["mem_used_fraction"] == pytest.approx(0.95)
+    assert "95% full (76.0 of 80.0 GB)" in ins.title.replace(" at peak", "")
+
+
+def test_memory_pressure_silent_at_90_percent():
+    assert memory_pressure(_ctx([_row(mem_used=72 * GB)])) is None
+
+
+# --- thermal_throttling ------------------------------------------------------
+
+
+def _hot(**kw):
+    return _row(**{"temp_C": 88, "sm_MHz": 1500, "reasons": REASON_HW_THERMAL, **kw})
+
+
+def test_thermal_throttling_fires_hot_slow_and_flagged():
+    ins = thermal_throttling(_ctx([_row()] + [_hot()] * 4))
+    assert ins is not None
+    assert ins.evidence["clock_drop"] == pytest.approx(1 - 1500 / 1980, abs=1e-4)
+
+
+def test_thermal_throttling_silent_without_a_thermal_bit():
+    # hot and slow, but the only bit is GpuIdle: parked clocks are not throttling
+    rows = [_row()] + [_row(temp_C=88, sm_MHz=1500, reasons=REASON_GPU_IDLE)] * 4
+    assert thermal_throttling(_ctx(rows)) is None
+
+
+def test_thermal_throttling_silent_when_cool_or_clock_near_max():
+    assert thermal_throttling(_ctx([_row()] + [_hot(temp_C=80)] * 4)) is None
+    rows = [_row()] + [_row(temp_C=88, sm_MHz=1800, reasons=REASON_HW_THERMAL)] * 4
+    assert thermal_throttling(_ctx(rows)) is None  # 9 % below 1980: not > 15 %
+
+
+# --- power_capping -----------------------------------------------------------
+
+
+def test_power_capping_fires_busy_capped_and_slow():
+    rows = [_row()] + [_row(sm_MHz=1485, reasons=REASON_SW_POWER_CAP, power_mW=699_000)] * 9
+    ins = power_capping(_ctx(rows))
+    assert ins is not None
+    assert ins.evidence["est_throughput_loss"] == pytest.approx(0.25)
+    assert "est." in ins.title and "estimate" in ins.detail
+
+
+def test_power_capping_silent_when_idle_or_clock_unchanged_or_brief():
+    cap = REASON_SW_POWER_CAP
+    idle = [_row()] + [_row(util_gpu=0, sm_MHz=1485, reasons=cap)] * 9
+    assert power_capping(_ctx(idle)) is None
+    flat = [_row(sm_MHz=1980, reasons=cap)] * 10
+    assert power_capping(_ctx(flat)) is None
+    brief = [_row()] * 19 + [_row(sm_MHz=1485, reasons=cap)]  # 5 % of samples
+    assert power_capping(_ctx(brief)) is None
+
+
+# --- copy_bound_gpu ----------------------------------------------------------
+
+
+def test_copy_bound_gpu_fires_busy_util_with_idle_sms():
+    rows = [_row(util_gpu=98), _row(util_gpu=97, gpm_sm_util=0.0)]
+    ins = copy_bound_gpu(_ctx(rows))
+    assert ins is not None and ins.evidence["gpm_sm_util_pct"] == 0.0
+
+
+def test_copy_bound_gpu_silent_when_computing_or_without_gpm():
+    assert copy_bound_gpu(_ctx([_row(gpm_sm_util=90.0)])) is None
+    assert copy_bound_gpu(_ctx([_row(util_gpu=99)])) is None  # no GPM: unknown
+
+
+# --- pcie_saturation ---------------------------------------------------------
+
+
+def test_pcie_saturation_fires_above_20_gbps():
+    ins = pcie_saturation(_ctx([_row(), _row(pcie_rx_KBps=25_000_000)]))
+    assert ins is not None and ins.evidence["pcie_rx_max_bytes_per_s"] == 25 * GB
+
+
+def test_pcie_saturation_silent_below():
+    assert pcie_saturation(_ctx([_row(pcie_rx_KBps=19_000_000)])) is None
+
+
+# --- small_batch -------------------------------------------------------------
+
+
+def _mfu_ctx(rows, flops_per_step: float):
+    # 10 ms steps on an H200 (989.4 bf16 TFLOP/s): MFU = flops / 1e-2 / 989.4e12
+    return _ctx(
+        rows, gpu_model="NVIDIA H200", gpu_count=1, flops_per_step=flops_per_step, dtype="bf16"
+    )
+
+
+def test_small_batch_fires_busy_sms_low_mfu_preferring_gpm():
+    # NVML util 95 %, GPM SM 70 %: GPM is the one reported
+    ins = small_batch(_mfu_ctx([_row(gpm_sm_util=70.0)], flops_per_step=1e12))  # ~10 % MFU
+    assert ins is not None
+    assert (
+        ins.evidence["sm_busy_pct"] == 70.0 and ins.evidence["sm_busy_source"] == "GPM SM activity"
+    )
+
+
+def test_small_batch_falls_back_to_nvml_util():
+    ins = small_batch(_mfu_ctx([_row(util_gpu=90)], flops_per_step=1e12))
+    assert ins is not None and ins.evidence["sm_busy_source"] == "NVML utilization"
+
+
+def test_small_batch_silent_high_mfu_unknown_mfu_or_idle_sms():
+    assert small_batch(_mfu_ctx([_row()], flops_per_step=4e12)) is None  # ~40 % MFU
+    assert small_batch(_ctx([_row()])) is None  # MFU unknown
+    # NVML says 95 %, but GPM says the SMs are 30 % busy: GPM wins
+    assert small_batch(_mfu_ctx([_row(gpm_sm_util=30.0)], flops_per_step=1e12)) is None
+
+
+# --- gpu_idle_between_steps --------------------------------------------------
+
+
+def test_gpu_idle_between_steps_fires_when_idle_share_high():
+    rows = [_row(util_gpu=100)] * 3 + [_row(util_gpu=2)] * 7
+    ins = gpu_idle_between_steps(_ctx(rows))
+    assert ins is not None and ins.severity == "HIGH"
+    assert ins.evidence["idle_share"] == 0.7
+
+
+def test_gpu_idle_between_steps_silent_busy_launch_bound_or_unused():
+    assert gpu_idle_between_steps(_ctx([_row(util_gpu=100)] * 8 + [_row(util_gpu=0)] * 2)) is None
+    # launch-bound: low util in every window, never a whole idle window
+    assert gpu_idle_between_steps(_ctx([_row(util_gpu=30)] * 10)) is None
+    # the run never used the GPU: not this problem
+    assert gpu_idle_between_steps(_ctx([_row(util_gpu=0)] * 10)) is None
+
+
+def test_run_rules_includes_gpu_findings():
+    found = {i.rule for i in run_rules(_ctx([_row(mem_used=79 * GB)]))}
+    assert "memory_pressure" in found
