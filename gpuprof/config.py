@@ -6,7 +6,9 @@ GPUPROF_SOCKET      directory holding gpuprofd's sockets (default: one
                     or ``/tmp/gpuprof-$UID``, so each database has its daemon)
 GPUPROF_DB          SQLite database path (default ``./gpuprof.db``)
 GPUPROF_GPU_RATE    USD per GPU-hour for the cost estimate (default: price table)
-GPUPROF_NVML        GPU sampler backend: ``real`` (default) or ``mock``
+GPUPROF_NVML        GPU sampler backend: ``real`` (default), ``mock``, or
+                    ``replay:PATH`` (play a recorded NVML trace, e.g. the
+                    H200 fixture's ``nvml_trace.jsonl``)
 GPUPROF_SERVER      team server URL (later)
 GPUPROF_API_KEY     team server write key (later)
 ==================  ==========================================================
@@ -90,8 +92,13 @@ def gpu_rate_usd_per_hour(env: Mapping[str, str] | None = None) -> float | None:
 
 
 def nvml_backend(env: Mapping[str, str] | None = None) -> str:
-    """``real`` unless ``GPUPROF_NVML`` asks for ``mock``."""
-    return "mock" if _env(env).get(ENV_NVML, "").lower() == "mock" else "real"
+    """``real`` unless ``GPUPROF_NVML`` asks for ``mock`` or ``replay:PATH``
+    (returned as ``replay:`` and the path, ``~`` expanded)."""
+    raw = _env(env).get(ENV_NVML, "").strip()
+    kind, sep, path = raw.partition(":")
+    if kind.lower() == "replay" and sep and path.strip():
+        return f"replay:{Path(path.strip()).expanduser()}"
+    return "mock" if raw.lower() == "mock" else "real"
 
 
 def endpoint(directory: Path, name: str) -> str:

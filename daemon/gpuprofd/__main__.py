@@ -16,6 +16,7 @@ from gpuprof import config
 from gpuprofd import __version__
 from gpuprofd.daemon import DaemonOptions, run_daemon
 from gpuprofd.errors import EXIT_BAD_INPUT, GpuprofdError
+from gpuprofd.gpu_sampler import DEFAULT_SAMPLE_HZ
 
 LOG_FORMAT = "%(asctime)s gpuprofd[%(process)d] %(levelname)s %(name)s: %(message)s"
 
@@ -54,9 +55,10 @@ def _gpu_rate() -> tuple[float | None, tuple[str, ...]]:
 @click.option(
     "--sample-hz",
     type=click.FloatRange(min=0.1, max=1000),
-    default=10.0,
+    default=DEFAULT_SAMPLE_HZ,
     show_default=True,
-    help="GPU fast-loop sampling rate (per GPU).",
+    help="GPU fast-loop sampling rate (per GPU): utilization, memory, power, temperature, "
+    "clocks. Energy, PCIe bytes and GPM metrics are read once a second.",
 )
 @click.option(
     "--log-level",

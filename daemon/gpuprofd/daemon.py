@@ -28,13 +28,13 @@ from gpuprofd import runsdb, schema
 from gpuprofd.control import ControlServer
 from gpuprofd.counters import DropCounter
 from gpuprofd.errors import EXIT_OK, DatabaseError, GpuprofdError
-from gpuprofd.gpu_sampler import GpuSampler
+from gpuprofd.gpu_sampler import DEFAULT_SAMPLE_HZ, GpuSampler
 from gpuprofd.host_sampler import HostSample, HostSampler
 from gpuprofd.ingest import Ingest
 from gpuprofd.insights_runner import InsightsRunner
 from gpuprofd.lifecycle import Lifecycle
 from gpuprofd.lock import InstanceLock
-from gpuprofd.nvml import GpuSample, open_backend
+from gpuprofd.nvml import GpuSample, GpuSlowSample, open_backend
 from gpuprofd.registry import RunRegistry
 from gpuprofd.runservice import RunService
 from gpuprofd.store import Store
@@ -51,7 +51,7 @@ class DaemonOptions:
     db: Path
     idle_exit_s: float = 0.0
     """Exit after this long with no live run and no message; 0 = never."""
-    sample_hz: float = 10.0
+    sample_hz: float = DEFAULT_SAMPLE_HZ
     """GPU fast-loop rate (samples per second per GPU)."""
     nvml_backend: str = "real"
     host_interval_s: float = 0.5
@@ -111,6 +111,8 @@ class Daemon:
             opts.socket_dir / config.CONTROL_SOCKET_NAME,
         ]
         self._gpu: GpuSampler | None = None
+        self.gpu_slow: dict[str, GpuSlowSample] = {}
+        """The latest slow-loop sample per GPU UUID (energy, PCIe, GPM); not stored yet."""
         self.ingest: Ingest | None = None
         self.runs: RunService | None = None
 
@@ -149,7 +151,8 @@ class Daemon:
             asyncio.create_task(lifecycle.run(), name="lifecycle"),
         ]
         if backend is not None:
-            self._gpu = GpuSampler(backend, opts.sample_hz, self._gpu_sink())
+            self._gpu = GpuSampler(backend, opts.sample_hz, self._gpu_sink(),
+                                   slow_sink=self._gpu_slow_sink())  # fmt: skip
             self._gpu.start()
         self._install_signals()
         log.info("gpuprofd %d serving on %s, db %s", os.getpid(), opts.socket_dir, opts.db)
@@ -192,6 +195,9 @@ class Daemon:
         await asyncio.gather(*tasks, return_exceptions=True)
         if self._gpu is not None:
             await asyncio.to_thread(self._gpu.stop)
+            fast = self._gpu.stats()["fast"]
+            log.info("GPU fast loop: %d ticks, %.1f Hz of %.1f, %d slots missed", fast.ticks,
+                     fast.achieved_hz or 0.0, fast.requested_hz, fast.missed_ticks)  # fmt: skip
         for s in self._sockets:
             s.close(linger=0)
         self._zmq.term()
@@ -220,6 +226,14 @@ class Daemon:
                 self.store.submit_nowait(runsdb.gpu_sample_op(mono_ns, s))
 
         return lambda mono_ns, samples: loop.call_soon_threadsafe(enqueue, mono_ns, samples)
+
+    def _gpu_slow_sink(self) -> Any:
+        loop = asyncio.get_running_loop()
+
+        def keep(samples: list[GpuSlowSample]) -> None:
+            self.gpu_slow.update((s.uuid, s) for s in samples)
+
+        return lambda mono_ns, samples: loop.call_soon_threadsafe(keep, samples)
 
     # --- control handlers ------------------------------------------------------
 
