@@ -208,3 +208,110 @@ def test_process_tree_cpu_counts_busy_workers_not_sleeping_ones() -> None:
             p.wait(10)
     assert tree.sample(pids) == {}  # gone processes are left out, and forgotten
     assert tree._procs == {}
+
+
+# --- deadline scheduling, on a fake clock ------------------------------------------
+
+
+class FakeClock:
+    """Monotonic ns that only moves when a query "costs" time or the loop sleeps.
+
+    ``wait`` is the loop's sleep: it advances the clock and asks to stop after
+    *max_waits* sleeps, so a loop runs a known number of ticks in the test thread."""
+
+    def __init__(self, max_waits: int) -> None:
+        self.ns = 0
+        self.max_waits = max_waits
+        self.waits: list[float] = []
+
+    def __call__(self) -> int:
+        return self.ns
+
+    def cost(self, ms: float) -> None:
+        self.ns += round(ms * 1e6)
+
+    def wait(self, seconds: float) -> bool:
+        assert seconds >= 0
+        self.waits.append(seconds)
+        self.ns += round(seconds * 1e9)
+        return len(self.waits) >= self.max_waits
+
+
+class CostlyBackend(MockNvml):
+    """A mock GPU whose n-th fast sample costs ``costs_ms(n)`` on the fake clock."""
+
+    def __init__(self, clock: FakeClock, costs_ms: Any) -> None:
+        super().__init__(clock=lambda: clock.ns / 1e9)
+        self.fake_clock, self.costs_ms, self.n = clock, costs_ms, 0
+
+    def sample(self, device: Any) -> Any:
+        self.fake_clock.cost(self.costs_ms(self.n))
+        self.n += 1
+        return super().sample(device)
+
+
+def run_fast_loop(costs_ms: Any, ticks: int, hz: float = 100) -> tuple[list[int], Any]:
+    """Run the sampler's fast loop for *ticks* ticks; (tick start times in ns, stats)."""
+    clock = FakeClock(max_waits=ticks)
+    starts: list[int] = []
+    sampler = GpuSampler(
+        CostlyBackend(clock, costs_ms), hz=hz, sink=lambda t, s: starts.append(t),
+        clock=clock, wait=clock.wait,
+    )  # fmt: skip
+    sampler.fast.run()
+    return starts, sampler.stats()["fast"]
+
+
+def test_deadline_ticks_are_due_at_start_plus_k_periods_without_drift() -> None:
+    # every sample costs 3 ms: a loop that slept one period after each tick would
+    # drift 3 ms a tick (3 s over these 1000 ticks); deadlines keep it exact
+    starts, stats = run_fast_loop(lambda n: 3.0, ticks=1000)
+    assert starts == [k * 10_000_000 for k in range(1000)]
+    assert (stats.ticks, stats.missed_ticks) == (1000, 0)
+    assert stats.achieved_hz == pytest.approx(100.0)
+    assert stats.tick_s_max == pytest.approx(0.003)
+
+
+def test_a_slow_query_skips_the_slots_it_overran_and_never_bursts() -> None:
+    # tick 4 (due at 40 ms) costs 25 ms: it ends at 65 ms, inside slot 6's window
+    starts, stats = run_fast_loop(lambda n: 25.0 if n == 4 else 1.0, ticks=10)
+    ms = [t / 1e6 for t in starts]
+    assert ms == [0, 10, 20, 30, 40, 65, 70, 80, 90, 100]
+    assert stats.missed_ticks == 1  # slot 5 (50 ms) was dropped, not run late
+    gaps = [b - a for a, b in zip(ms, ms[1:], strict=False)]
+    assert min(gaps) >= 5  # no catch-up burst: never two ticks back to back
+    assert ms[6:] == [70, 80, 90, 100]  # and back on the original schedule
+
+
+def test_a_loop_slower_than_its_period_reports_the_rate_it_achieved() -> None:
+    # every sample costs 15 ms at 100 Hz: one slot in three is lost
+    starts, stats = run_fast_loop(lambda n: 15.0, ticks=301)
+    assert [t / 1e6 for t in starts[:5]] == [0, 15, 30, 45, 60]
+    assert stats.ticks == 301
+    assert stats.achieved_hz == pytest.approx(1000 / 15, rel=1e-3)
+    assert stats.missed_ticks == 150  # slots 2, 5, 8, …: 4.5 s of ticks, 450 slots
+    assert stats.requested_hz == 100
+
+
+def test_slow_loop_rate_is_capped_at_one_hertz() -> None:
+    with pytest.raises(ValueError, match="slow-loop rate"):
+        GpuSampler(MockNvml(), hz=100, sink=lambda *_: None, slow_hz=5)
+    with pytest.raises(ValueError, match="> 0 Hz"):
+        GpuSampler(MockNvml(), hz=0, sink=lambda *_: None)
+
+
+def test_slow_loop_feeds_its_own_sink_from_its_own_thread() -> None:
+    got: list[tuple[str, list[Any]]] = []
+    done = threading.Event()
+
+    def slow_sink(mono_ns: int, samples: list[Any]) -> None:
+        got.append((threading.current_thread().name, samples))
+        done.set()
+
+    sampler = GpuSampler(MockNvml(), hz=50, sink=lambda *_: None, slow_sink=slow_sink)
+    sampler.start()
+    assert done.wait(10)
+    sampler.stop()
+    ((thread, samples),) = got[:1]
+    assert thread == "gpuprofd-gpu-slow"
+    assert samples[0].gpm_sm_util_pct is not None and samples[0].energy_mj is None
