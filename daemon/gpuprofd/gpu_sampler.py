@@ -26,6 +26,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from gpuprofd.nvml import GpuDevice, GpuSample, GpuSlowSample, NvmlBackend
 
@@ -163,6 +164,7 @@ class GpuSampler:
         self.devices: list[GpuDevice] = backend.devices()
         self._sink = sink
         self._slow_sink = slow_sink
+        self._failing: set[tuple[str, int]] = set()
         self._stop = threading.Event()
         wait = wait or self._stop.wait
         self.fast = DeadlineLoop(hz, self._fast_tick, clock, wait)
@@ -181,22 +183,27 @@ class GpuSampler:
 
     def tick(self) -> list[GpuSample]:
         """Sample every device once (a failing device is skipped, not fatal)."""
-        out = []
-        for dev in self.devices:
-            try:
-                out.append(self.backend.sample(dev))
-            except Exception:  # noqa: BLE001 - e.g. GPU fell off the bus
-                log.exception("sampling GPU %d failed", dev.index)
-        return out
+        return self._each("sampling", self.backend.sample)
 
     def slow_tick(self) -> list[GpuSlowSample]:
         """Read every device's expensive queries once (failures skip the device)."""
+        return self._each("slow sampling", self.backend.slow_sample)
+
+    def _each(self, what: str, fn: Callable[[GpuDevice], Any]) -> list[Any]:
+        """*fn* of every device; a device that raises (e.g. fell off the bus) is
+        skipped, with its traceback logged once until it answers again (not
+        100 times a second)."""
         out = []
         for dev in self.devices:
             try:
-                out.append(self.backend.slow_sample(dev))
-            except Exception:  # noqa: BLE001 - as in tick()
-                log.exception("slow sampling of GPU %d failed", dev.index)
+                out.append(fn(dev))
+            except Exception:  # noqa: BLE001 - one GPU must not stop the others
+                if (what, dev.index) not in self._failing:
+                    self._failing.add((what, dev.index))
+                    log.exception("%s GPU %d failed (logged once until it recovers)", what,
+                                  dev.index)  # fmt: skip
+            else:
+                self._failing.discard((what, dev.index))
         return out
 
     def _fast_tick(self, now_ns: int) -> None:

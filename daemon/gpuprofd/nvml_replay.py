@@ -29,6 +29,7 @@ import bisect
 import json
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +43,9 @@ from gpuprofd import nvml
 REPLAY_UUID = "GPU-00000000-0000-0000-0000-0000000replay"
 """The replayed GPU's UUID when no ``probe.json`` lies beside the trace."""
 REPLAY_NAME = "Replay GPU"
+
+CALLS_KEPT = 10_000
+"""How many recent calls :attr:`ReplayPynvml.calls` keeps (a daemon replays for days)."""
 
 _GPM_COLUMNS = {
     nvml.GPM_SM_UTIL: "gpm_sm_util",
@@ -160,8 +164,8 @@ class ReplayPynvml:
         self.trace = trace
         self.clock = clock
         self.device_uuid, self.device_name = uuid, name
-        self.calls: list[tuple[str, str]] = []
-        """(pynvml function, calling thread's name), in call order."""
+        self.calls: deque[tuple[str, str]] = deque(maxlen=CALLS_KEPT)
+        """(pynvml function, calling thread's name) of the latest calls, in order."""
         self._cost = cost or (lambda _name: None)
         self._t0 = clock()
         self._times = [float(r["t"]) for r in trace.rows]
@@ -302,8 +306,13 @@ class ReplayPynvml:
 
     @_recorded
     def nvmlDeviceGetPcieThroughput(self, handle: _Handle, counter: int) -> int:
-        """Exists so a test can prove it is never called (~21 ms on an H200)."""
-        return int(self._value("pcie_rx_KBps" if counter else "pcie_tx_KBps"))
+        """KB/s, the last recorded value. Exists so that tests can prove the sampler
+        never calls it (~21 ms on an H200) and the bench can show what it costs."""
+        t, _ = self._now()
+        vals = _window(self.trace.rows, "pcie_rx_KBps" if counter else "pcie_tx_KBps", t, t)
+        if not vals:
+            raise pynvml.NVMLError_NotSupported(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return int(vals[0])
 
     @_recorded
     def nvmlGpmQueryDeviceSupport(self, handle: _Handle) -> SimpleNamespace:

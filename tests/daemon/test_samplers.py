@@ -315,3 +315,26 @@ def test_slow_loop_feeds_its_own_sink_from_its_own_thread() -> None:
     ((thread, samples),) = got[:1]
     assert thread == "gpuprofd-gpu-slow"
     assert samples[0].gpm_sm_util_pct is not None and samples[0].energy_mj is None
+
+
+def test_a_device_that_keeps_failing_is_logged_once_until_it_recovers(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class Lost(MockNvml):
+        lost = True
+
+        def sample(self, device: Any) -> Any:
+            if self.lost:
+                raise RuntimeError("GPU has fallen off the bus")
+            return super().sample(device)
+
+    backend = Lost()
+    sampler = GpuSampler(backend, hz=100, sink=lambda *_: None)
+    caplog.set_level("ERROR", logger="gpuprofd.gpu_sampler")
+    assert [sampler.tick() for _ in range(5)] == [[]] * 5
+    assert len(caplog.records) == 1 and caplog.records[0].exc_info is not None
+    backend.lost = False
+    assert len(sampler.tick()) == 1
+    backend.lost = True
+    sampler.tick()
+    assert len(caplog.records) == 2  # failing again after recovering: a new line
