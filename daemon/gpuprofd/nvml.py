@@ -340,9 +340,10 @@ class RealNvml:
             support = self._query("gpm", getattr(nv, "nvmlGpmQueryDeviceSupport", None), h)
             st.gpm_supported = bool(support is not None and support.isSupportedDevice)
             if st.gpm_supported:
-                st.gpm_prev, st.gpm_next = nv.nvmlGpmSampleAlloc(), nv.nvmlGpmSampleAlloc()
-                if self._query("gpm_sample", nv.nvmlGpmSampleGet, h, st.gpm_prev) is None:
-                    st.gpm_supported = False
+                st.gpm_prev = self._query("gpm_alloc", nv.nvmlGpmSampleAlloc)
+                st.gpm_next = self._query("gpm_alloc", nv.nvmlGpmSampleAlloc)
+                st.gpm_supported = st.gpm_prev is not None and st.gpm_next is not None and \
+                    self._query("gpm_sample", nv.nvmlGpmSampleGet, h, st.gpm_prev) is not None
             return {}
         if not st.gpm_supported or self._query("gpm_sample", nv.nvmlGpmSampleGet, h,
                                                st.gpm_next) is None:  # fmt: skip
