@@ -43,6 +43,11 @@ log = logging.getLogger(__name__)
 
 #: How long shutdown waits for in-flight control requests (a bye) to finish.
 DRAIN_S = 3.0
+#: GPU fast-loop samples stored per second per GPU. The loop samples at
+#: ``sample_hz`` (100 by default); until per-second rollups exist, storing
+#: every sample would grow the database 10x over the spine's 10 Hz (8.6 M
+#: rows per GPU-day), so raw rows are kept at this rate.
+STORED_GPU_HZ = 10.0
 
 
 @dataclass(frozen=True)
@@ -112,6 +117,8 @@ class Daemon:
         ]
         self._gpu: GpuSampler | None = None
         self.gpu_slow: dict[str, GpuSlowSample] = {}
+        #: The newest fast-loop sample per GPU UUID (every tick, stored or not).
+        self.gpu_latest: dict[str, GpuSample] = {}
         """The latest slow-loop sample per GPU UUID (energy, PCIe, GPM); not stored yet."""
         self.ingest: Ingest | None = None
         self.runs: RunService | None = None
@@ -220,8 +227,14 @@ class Daemon:
 
     def _gpu_sink(self) -> Any:
         loop = asyncio.get_running_loop()
+        min_gap_ns = int(1e9 / STORED_GPU_HZ)
+        last_stored = [0]
 
         def enqueue(mono_ns: int, samples: list[GpuSample]) -> None:
+            self.gpu_latest.update((s.uuid, s) for s in samples)
+            if mono_ns - last_stored[0] < min_gap_ns:
+                return  # sampled for the live view, not stored (see STORED_GPU_HZ)
+            last_stored[0] = mono_ns
             for s in samples:
                 self.store.submit_nowait(runsdb.gpu_sample_op(mono_ns, s))
 

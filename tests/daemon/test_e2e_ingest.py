@@ -8,6 +8,7 @@ from pathlib import Path
 
 import orjson
 
+from gpuprofd.daemon import STORED_GPU_HZ
 from gpuprofd.nvml import NO_GPU_NOTE
 from tests.daemon import helpers as h
 
@@ -190,3 +191,19 @@ def test_skipped_updates_eval_time_and_optimizers_are_stored_and_summarized(
     ]
     (run,) = h.query(db, "SELECT trailing_eval_ns FROM runs")
     assert run["trailing_eval_ns"] == 500_000_000
+
+
+def test_gpu_samples_are_stored_at_10_hz_whatever_the_sampling_rate(
+    daemons, sock_dir: Path, tmp_path: Path
+) -> None:
+    db = tmp_path / "g.db"
+    _, client = daemons.start_ready(sock_dir, db, "--sample-hz", "100",
+                                    env={"GPUPROF_NVML": "mock"})  # fmt: skip
+    h.poll_db(db, "SELECT COUNT(*) >= 12 FROM gpu_samples", (), 1)
+    time.sleep(1.0)
+    stamps = [r[0] for r in h.query(db, "SELECT mono_ns FROM gpu_samples ORDER BY mono_ns")]
+    gaps_ms = [(b - a) / 1e6 for a, b in zip(stamps, stamps[1:], strict=False)]
+    # sampled at 100 Hz (10 ms apart), stored one in ten: no two rows closer than 10 Hz
+    assert min(gaps_ms) >= 1000 / STORED_GPU_HZ - 1
+    span_s = (stamps[-1] - stamps[0]) / 1e9
+    assert len(stamps) <= span_s * STORED_GPU_HZ + 2
