@@ -119,7 +119,7 @@ class Daemon:
         self.gpu_slow: dict[str, GpuSlowSample] = {}
         #: The newest fast-loop sample per GPU UUID (every tick, stored or not).
         self.gpu_latest: dict[str, GpuSample] = {}
-        """The latest slow-loop sample per GPU UUID (energy, PCIe, GPM); not stored yet."""
+        """The latest slow-loop sample per GPU UUID (energy, PCIe, GPM); also stored."""
         self.ingest: Ingest | None = None
         self.runs: RunService | None = None
 
@@ -243,10 +243,12 @@ class Daemon:
     def _gpu_slow_sink(self) -> Any:
         loop = asyncio.get_running_loop()
 
-        def keep(samples: list[GpuSlowSample]) -> None:
+        def keep(mono_ns: int, samples: list[GpuSlowSample]) -> None:
             self.gpu_slow.update((s.uuid, s) for s in samples)
+            for s in samples:
+                self.store.submit_nowait(runsdb.gpu_slow_sample_op(mono_ns, s))
 
-        return lambda mono_ns, samples: loop.call_soon_threadsafe(keep, samples)
+        return lambda mono_ns, samples: loop.call_soon_threadsafe(keep, mono_ns, samples)
 
     # --- control handlers ------------------------------------------------------
 

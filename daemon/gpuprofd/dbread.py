@@ -109,7 +109,19 @@ def run_context(conn: sqlite3.Connection, run: dict[str, Any]) -> RunContext:
             conn, queries.HISTORY_SQL, (run["run_name"], run["id"], queries.HISTORY_RUNS)
         )
     ]
-    return build_context(run, steps, host, history)
+    return build_context(run, steps, host, history, gpu_samples=gpu_rows(conn, run, steps))
+
+
+def gpu_rows(
+    conn: sqlite3.Connection, run: dict[str, Any], steps: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """The run's GPU samples while it was in steps (see :func:`queries.gpu_rows`)."""
+    span = queries.steps_span(steps)
+    if span is None or not run.get("cuda_uuid"):
+        return []
+    fast = _query(conn, queries.GPU_FAST_SQL, span)
+    slow = _query(conn, queries.GPU_SLOW_SQL, span)
+    return queries.gpu_rows(run["cuda_uuid"], fast, slow)
 
 
 def stored_insights(conn: sqlite3.Connection, run_id: int) -> list[dict[str, Any]]:

@@ -342,8 +342,11 @@ class RealNvml:
             if st.gpm_supported:
                 st.gpm_prev = self._query("gpm_alloc", nv.nvmlGpmSampleAlloc)
                 st.gpm_next = self._query("gpm_alloc", nv.nvmlGpmSampleAlloc)
-                st.gpm_supported = st.gpm_prev is not None and st.gpm_next is not None and \
-                    self._query("gpm_sample", nv.nvmlGpmSampleGet, h, st.gpm_prev) is not None
+                st.gpm_supported = (
+                    st.gpm_prev is not None
+                    and st.gpm_next is not None
+                    and self._query("gpm_sample", nv.nvmlGpmSampleGet, h, st.gpm_prev) is not None
+                )
             return {}
         if not st.gpm_supported or self._query("gpm_sample", nv.nvmlGpmSampleGet, h,
                                                st.gpm_next) is None:  # fmt: skip

@@ -25,7 +25,13 @@ _HOST_SQL = "INSERT INTO host_samples (mono_ns, cpu_pct, cpu_count, disk_read_bp
 _RUN_CPU_SQL = "INSERT INTO run_cpu_samples (run_id, mono_ns, cores) VALUES (?,?,?)"
 _GPU_SQL = (
     "INSERT INTO gpu_samples (mono_ns, gpu_index, uuid, util_pct, mem_used_bytes, "
-    "mem_total_bytes, power_mw, temp_c, sm_clock_mhz) VALUES (?,?,?,?,?,?,?,?,?)"
+    "mem_total_bytes, power_mw, temp_c, sm_clock_mhz, mem_util_pct, clock_event_reasons) "
+    "VALUES (?,?,?,?,?,?,?,?,?,?,?)"
+)
+_GPU_SLOW_SQL = (
+    "INSERT INTO gpu_slow_samples (mono_ns, uuid, energy_mj, energy_power_mw, pcie_rx_bps, "
+    "pcie_tx_bps, gpm_sm_util_pct, gpm_sm_occupancy_pct, gpm_tensor_util_pct, "
+    "gpm_dram_bw_util_pct, power_capped_pct, thermal_capped_pct) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)"
 )
 _RUN_COLUMNS = (
     "run_key", "run_name", "status", "host", "pid", "pid_ns", "rank", "local_rank", "world_size",
@@ -58,9 +64,20 @@ def gpu_sample_op(mono_ns: int, s: Any) -> Op:
     """The insert of one :class:`gpuprofd.nvml.GpuSample` taken at *mono_ns*."""
     params = (
         mono_ns, s.index, s.uuid, s.util_pct, s.mem_used_bytes, s.mem_total_bytes,
-        s.power_mw, s.temp_c, s.sm_clock_mhz,
+        s.power_mw, s.temp_c, s.sm_clock_mhz, s.mem_util_pct, s.clock_event_reasons,
     )  # fmt: skip
     return Op(_GPU_SQL, params)
+
+
+def gpu_slow_sample_op(mono_ns: int, s: Any) -> Op:
+    """The insert of one :class:`gpuprofd.nvml.GpuSlowSample` taken at *mono_ns*."""
+    params = (
+        mono_ns, s.uuid, s.energy_mj, s.energy_power_mw, s.pcie_rx_bytes_per_s,
+        s.pcie_tx_bytes_per_s, s.gpm_sm_util_pct, s.gpm_sm_occupancy_pct,
+        s.gpm_tensor_util_pct, s.gpm_dram_bw_util_pct, s.power_capped_pct,
+        s.thermal_capped_pct,
+    )  # fmt: skip
+    return Op(_GPU_SLOW_SQL, params)
 
 
 async def insert_run(store: Store, row: Mapping[str, Any]) -> int:
@@ -117,6 +134,18 @@ async def load_host_samples(store: Store, start_mono_ns: int, end_mono_ns: int) 
     """Host samples with ``start <= mono_ns <= end``."""
     rows = await store.fetchall(queries.HOST_SQL, (start_mono_ns, end_mono_ns))
     return [dict(r) for r in rows]
+
+
+async def load_gpu_rows(
+    store: Store, run: Mapping[str, Any], steps: Sequence[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """The run's GPU samples while it was in steps (see :func:`queries.gpu_rows`)."""
+    span = queries.steps_span(steps)
+    if span is None or not run.get("cuda_uuid"):
+        return []
+    fast = await store.fetchall(queries.GPU_FAST_SQL, span)
+    slow = await store.fetchall(queries.GPU_SLOW_SQL, span)
+    return queries.gpu_rows(run["cuda_uuid"], fast, slow)
 
 
 async def load_run_cpu(store: Store, run_id: int) -> list[dict[str, Any]]:

@@ -13,13 +13,18 @@ from pathlib import Path
 
 from gpuprofd.errors import DatabaseError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 #: Columns added since schema 1: (table, column, declaration).
 _ADDED_IN_2 = (
     ("steps", "skipped", "INTEGER DEFAULT 0"),
     ("steps", "eval_ns", "INTEGER DEFAULT 0"),
     ("steps", "optimizers", "TEXT"),
     ("runs", "trailing_eval_ns", "INTEGER DEFAULT 0"),
+)
+#: ... and since schema 2 (the slow-loop table is new: created by SCHEMA_SQL).
+_ADDED_IN_3 = (
+    ("gpu_samples", "mem_util_pct", "REAL"),
+    ("gpu_samples", "clock_event_reasons", "INTEGER"),
 )
 APP_NAME = "gpuprof"
 
@@ -69,8 +74,17 @@ CREATE INDEX IF NOT EXISTS run_cpu_samples_run ON run_cpu_samples (run_id, mono_
 CREATE TABLE IF NOT EXISTS gpu_samples (
     mono_ns INTEGER, gpu_index INTEGER, uuid TEXT, util_pct REAL,
     mem_used_bytes INTEGER, mem_total_bytes INTEGER, power_mw INTEGER,
-    temp_c INTEGER, sm_clock_mhz INTEGER
+    temp_c INTEGER, sm_clock_mhz INTEGER,
+    mem_util_pct REAL,
+    clock_event_reasons INTEGER       -- NVML clock-event reason bitmask
 );
+CREATE TABLE IF NOT EXISTS gpu_slow_samples (  -- the <= 1 Hz loop; NULL: not available
+    mono_ns INTEGER, uuid TEXT, energy_mj INTEGER, energy_power_mw REAL,
+    pcie_rx_bps REAL, pcie_tx_bps REAL,
+    gpm_sm_util_pct REAL, gpm_sm_occupancy_pct REAL, gpm_tensor_util_pct REAL,
+    gpm_dram_bw_util_pct REAL, power_capped_pct REAL, thermal_capped_pct REAL
+);
+CREATE INDEX IF NOT EXISTS gpu_slow_samples_t ON gpu_slow_samples (mono_ns);
 CREATE INDEX IF NOT EXISTS gpu_samples_t ON gpu_samples (mono_ns);
 CREATE TABLE IF NOT EXISTS drops (reason TEXT PRIMARY KEY, count INTEGER);
 """
@@ -116,18 +130,28 @@ def shadow_old_tables(conn: sqlite3.Connection, version: int) -> None:
             "CREATE TEMP VIEW steps AS SELECT *, 0 AS skipped, 0 AS eval_ns, "
             "NULL AS optimizers FROM main.steps"
         )
+    if version < 3:
+        conn.execute(
+            "CREATE TEMP VIEW gpu_samples AS SELECT *, NULL AS mem_util_pct, "
+            "NULL AS clock_event_reasons FROM main.gpu_samples"
+        )
+        conn.execute(
+            "CREATE TEMP TABLE gpu_slow_samples (mono_ns INTEGER, uuid TEXT, energy_mj INTEGER,"
+            " energy_power_mw REAL, pcie_rx_bps REAL, pcie_tx_bps REAL, gpm_sm_util_pct REAL,"
+            " gpm_sm_occupancy_pct REAL, gpm_tensor_util_pct REAL, gpm_dram_bw_util_pct REAL,"
+            " power_capped_pct REAL, thermal_capped_pct REAL)"
+        )
 
 
 def _upgrade(conn: sqlite3.Connection, version: int) -> None:
     """Add what later schema versions added (in one transaction with the
     version bump, so a crash leaves the old version and columns)."""
-    if version < 2:
-        have = {
-            (t, r[1]) for t in ("steps", "runs") for r in conn.execute(f"PRAGMA table_info({t})")
-        }
-        for table, column, decl in _ADDED_IN_2:
-            if (table, column) not in have:
-                conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
+    added = (_ADDED_IN_2 if version < 2 else ()) + (_ADDED_IN_3 if version < 3 else ())
+    tables = {t for t, _, _ in added}
+    have = {(t, r[1]) for t in tables for r in conn.execute(f"PRAGMA table_info({t})")}
+    for table, column, decl in added:
+        if (table, column) not in have:
+            conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
 
 
 def prepare(path: Path) -> None:

@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpuprof.insights.base import RunContext
+from gpuprof.insights.gpu import gpu_stats
 from gpuprof.protocol import DATA_PHASE, OWN_TIME_PHASE
 from gpuprof.stats import mean
 
@@ -33,6 +34,7 @@ def build_context(
     history_median_step_ms: Sequence[float] = (),
     gpu_rate_usd_per_hour: float | None = None,
     run_cpu: Sequence[Mapping[str, Any]] = (),
+    gpu_samples: Sequence[Mapping[str, Any]] = (),
 ) -> RunContext:
     """Aggregate one run's rows into the context the rules read.
 
@@ -50,6 +52,8 @@ def build_context(
         gpu_rate_usd_per_hour: the ``GPUPROF_GPU_RATE`` override, if any.
         run_cpu: samples of the run's own process tree (training process +
             loader workers), each with ``cores`` (1.0 = one core busy).
+        gpu_samples: the run's GPU's NVML samples while it was in steps, in
+            :func:`gpuprof.insights.gpu.gpu_stats`' row shape.
     """
     phase_totals: dict[str, float] = {}
     for s in steps:
@@ -90,6 +94,7 @@ def build_context(
         gpu_rate_usd_per_hour=gpu_rate_usd_per_hour,
         skipped_updates=sum(1 for s in steps if s.get("skipped")),
         optimizers=_optimizer_totals(steps),
+        gpu=gpu_stats(gpu_samples) if gpu_samples else None,
         eval_ms=(sum(s.get("eval") or 0 for s in steps) + (run.get("trailing_eval_ns") or 0))
         / _NS_PER_MS,
     )
