@@ -1,6 +1,7 @@
-"""Host sampler: CPU use (all cores), disk read rate, and the CPU each live
-run's process tree (the training process and its DataLoader workers) uses,
-every 0.5 s, via psutil.
+"""Host sampler: CPU use (all cores and per core), disk reads (bytes/s and
+IOPS), page cache and RAM size, swap-in rate, and the CPU each live run's
+process tree (the training process and its DataLoader workers) uses, every
+0.5 s, via psutil.
 
 psutil calls run in a worker thread (``asyncio.to_thread``) so the event loop
 never blocks on ``/proc``. psutil and the clock are injected for tests.
@@ -27,6 +28,8 @@ _GONE = (_psutil.NoSuchProcess, _psutil.AccessDenied)
 
 @dataclass(frozen=True)
 class HostSample:
+    """One host reading. A reading the platform does not offer is None, never 0."""
+
     mono_ns: int
     cpu_pct: float
     """Mean CPU use over all cores since the previous sample, 0-100 %."""
@@ -36,6 +39,22 @@ class HostSample:
     run_cpu_cores: Mapping[int, float] = field(default_factory=dict)
     """run id → CPU cores (1.0 = one core busy) its process tree used since the
     previous sample; processes first seen in this sample count from the next."""
+    per_core_pct: tuple[float, ...] = ()
+    """CPU use of each core since the previous sample, 0-100 % each."""
+    disk_read_iops: float | None = None
+    """Disk read operations per second (IOPS) since the previous sample."""
+    page_cache_bytes: int | None = None
+    """Page-cache size now, bytes (``virtual_memory().cached``; None on macOS
+    and Windows, which do not report it)."""
+    mem_total_bytes: int | None = None
+    """Total physical RAM, bytes."""
+    swap_in_bps: float | None = None
+    """Bytes swapped in from disk per second since the previous sample
+    (``swap_memory().sin``); None where unsupported (Windows reports 0 always)."""
+
+
+def _int_or_none(value: Any) -> int | None:
+    return None if value is None else int(value)
 
 
 class ProcessTreeCpu:
@@ -104,15 +123,48 @@ class HostSampler:
         """run id → pid of the live runs; read on the event loop, never in the thread."""
         self._trees = ProcessTreeCpu(psutil)
         self._primed = False
-        self._last_read_bytes: int | None = None
+        self._last: dict[str, int | None] = {}
         self._last_ns: int | None = None
 
-    def _read_bytes(self) -> int | None:
+    def _counters(self) -> dict[str, int | None]:
+        """The cumulative counters rates are taken of: disk bytes and operations
+        read, bytes swapped in. None: not offered here, or the read failed."""
+        out: dict[str, int | None] = {"read_bytes": None, "read_count": None, "swap_in": None}
         try:
             io = self._ps.disk_io_counters()
         except (OSError, RuntimeError):
-            return None
-        return int(io.read_bytes) if io is not None else None
+            io = None
+        if io is not None:
+            out["read_bytes"] = _int_or_none(getattr(io, "read_bytes", None))
+            out["read_count"] = _int_or_none(getattr(io, "read_count", None))
+        if not getattr(self._ps, "WINDOWS", False):  # psutil: sin is always 0 on Windows
+            try:
+                out["swap_in"] = _int_or_none(getattr(self._ps.swap_memory(), "sin", None))
+            except (OSError, RuntimeError):
+                pass
+        return out
+
+    def _memory(self) -> tuple[int | None, int | None]:
+        """(page-cache bytes, total RAM bytes); None where not offered."""
+        try:
+            vm = self._ps.virtual_memory()
+        except (OSError, RuntimeError):
+            return None, None
+        return _int_or_none(getattr(vm, "cached", None)), _int_or_none(getattr(vm, "total", None))
+
+    def _rates(self, counters: dict[str, int | None], now: int) -> dict[str, float | None]:
+        """Per-second rate of each counter since the previous call (None
+        without two readings; a counter that went backwards reads 0)."""
+        last, last_ns = self._last, self._last_ns
+        self._last, self._last_ns = counters, now
+        out: dict[str, float | None] = {}
+        for name, value in counters.items():
+            prev = last.get(name)
+            if value is None or prev is None or last_ns is None or now <= last_ns:
+                out[name] = None
+            else:
+                out[name] = max(value - prev, 0) / ((now - last_ns) / 1e9)
+        return out
 
     def sample(self, run_pids: Mapping[int, int] | None = None) -> HostSample | None:
         """Read the counters; None on the priming call (blocking: run in a thread).
@@ -122,20 +174,24 @@ class HostSampler:
         """
         now = self._clock()
         run_cores = self._trees.sample(run_pids or {})
-        per_cpu = self._ps.cpu_percent(percpu=True)
-        read_bytes = self._read_bytes()
-        last_bytes, last_ns = self._last_read_bytes, self._last_ns
-        self._last_read_bytes, self._last_ns = read_bytes, now
+        per_cpu = [float(p) for p in self._ps.cpu_percent(percpu=True)]
+        rates = self._rates(self._counters(), now)
         if not self._primed:
             self._primed = True
             return None
-        rate = None
-        have_delta = read_bytes is not None and last_bytes is not None and last_ns is not None
-        if have_delta and now > last_ns:
-            rate = max(read_bytes - last_bytes, 0) / ((now - last_ns) / 1e9)
-        cpu_count = len(per_cpu) or (self._ps.cpu_count() or 0)
-        cpu = sum(per_cpu) / len(per_cpu) if per_cpu else 0.0
-        return HostSample(now, cpu, cpu_count, rate, run_cores)
+        cache, total = self._memory()
+        return HostSample(
+            mono_ns=now,
+            cpu_pct=sum(per_cpu) / len(per_cpu) if per_cpu else 0.0,
+            cpu_count=len(per_cpu) or (self._ps.cpu_count() or 0),
+            disk_read_bps=rates["read_bytes"],
+            run_cpu_cores=run_cores,
+            per_core_pct=tuple(per_cpu),
+            disk_read_iops=rates["read_count"],
+            page_cache_bytes=cache,
+            mem_total_bytes=total,
+            swap_in_bps=rates["swap_in"],
+        )
 
     async def run(
         self, sink: Callable[[HostSample], None], interval_s: float = DEFAULT_INTERVAL_S

@@ -20,7 +20,8 @@ STEPS_SQL = (
     "WHERE run_id = ? ORDER BY t0_ns"
 )
 HOST_SQL = (
-    "SELECT mono_ns, cpu_pct, cpu_count, disk_read_bps FROM host_samples "
+    "SELECT mono_ns, cpu_pct, cpu_count, disk_read_bps, disk_read_iops, page_cache_bytes, "
+    "mem_total_bytes, swap_in_bps FROM host_samples "
     "WHERE mono_ns BETWEEN ? AND ? ORDER BY mono_ns"
 )
 RUN_CPU_SQL = "SELECT mono_ns, cores FROM run_cpu_samples WHERE run_id = ? ORDER BY mono_ns"

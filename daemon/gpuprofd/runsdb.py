@@ -21,7 +21,10 @@ _STEP_SQL = (
     "INSERT INTO steps (run_id, step, t0_ns, t1_ns, wait_ns, explicit, micro, phases, "
     "skipped, eval_ns, optimizers) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
-_HOST_SQL = "INSERT INTO host_samples (mono_ns, cpu_pct, cpu_count, disk_read_bps) VALUES (?,?,?,?)"
+_HOST_SQL = (
+    "INSERT INTO host_samples (mono_ns, cpu_pct, cpu_count, disk_read_bps, disk_read_iops, "
+    "page_cache_bytes, mem_total_bytes, swap_in_bps) VALUES (?,?,?,?,?,?,?,?)"
+)
 _RUN_CPU_SQL = "INSERT INTO run_cpu_samples (run_id, mono_ns, cores) VALUES (?,?,?)"
 _GPU_SQL = (
     "INSERT INTO gpu_samples (mono_ns, gpu_index, uuid, util_pct, mem_used_bytes, "
@@ -51,8 +54,23 @@ def step_op(run_id: int, msg: Mapping[str, Any]) -> Op:
     return Op(_STEP_SQL, params, drop_reason="store_error")
 
 
-def host_sample_op(mono_ns: int, cpu_pct: float, cpu_count: int, disk_read_bps: float | None) -> Op:
-    return Op(_HOST_SQL, (mono_ns, cpu_pct, cpu_count, disk_read_bps))
+def host_sample_op(
+    mono_ns: int,
+    cpu_pct: float,
+    cpu_count: int,
+    disk_read_bps: float | None,
+    disk_read_iops: float | None = None,
+    page_cache_bytes: int | None = None,
+    mem_total_bytes: int | None = None,
+    swap_in_bps: float | None = None,
+) -> Op:
+    """One host sample: CPU % (all cores), disk read bytes/s and IOPS, page
+    cache and total RAM in bytes, swap-in bytes/s (None: not available)."""
+    params = (
+        mono_ns, cpu_pct, cpu_count, disk_read_bps, disk_read_iops, page_cache_bytes,
+        mem_total_bytes, swap_in_bps,
+    )  # fmt: skip
+    return Op(_HOST_SQL, params)
 
 
 def run_cpu_op(run_id: int, mono_ns: int, cores: float) -> Op:

@@ -25,6 +25,10 @@ _ADDED_IN_2 = (
 _ADDED_IN_3 = (
     ("gpu_samples", "mem_util_pct", "REAL"),
     ("gpu_samples", "clock_event_reasons", "INTEGER"),
+    ("host_samples", "disk_read_iops", "REAL"),
+    ("host_samples", "page_cache_bytes", "INTEGER"),
+    ("host_samples", "mem_total_bytes", "INTEGER"),
+    ("host_samples", "swap_in_bps", "REAL"),
 )
 APP_NAME = "gpuprof"
 
@@ -66,7 +70,10 @@ CREATE TABLE IF NOT EXISTS insights (
 );
 CREATE INDEX IF NOT EXISTS insights_run ON insights (run_id);
 CREATE TABLE IF NOT EXISTS host_samples (
-    mono_ns INTEGER, cpu_pct REAL, cpu_count INTEGER, disk_read_bps REAL
+    mono_ns INTEGER, cpu_pct REAL, cpu_count INTEGER, disk_read_bps REAL,
+    disk_read_iops REAL,             -- read operations/s
+    page_cache_bytes INTEGER, mem_total_bytes INTEGER,
+    swap_in_bps REAL                 -- NULL in any of these: not offered by the platform
 );
 CREATE INDEX IF NOT EXISTS host_samples_t ON host_samples (mono_ns);
 CREATE TABLE IF NOT EXISTS run_cpu_samples (run_id INTEGER, mono_ns INTEGER, cores REAL);
@@ -134,6 +141,11 @@ def shadow_old_tables(conn: sqlite3.Connection, version: int) -> None:
         conn.execute(
             "CREATE TEMP VIEW gpu_samples AS SELECT *, NULL AS mem_util_pct, "
             "NULL AS clock_event_reasons FROM main.gpu_samples"
+        )
+        conn.execute(
+            "CREATE TEMP VIEW host_samples AS SELECT *, NULL AS disk_read_iops, "
+            "NULL AS page_cache_bytes, NULL AS mem_total_bytes, NULL AS swap_in_bps "
+            "FROM main.host_samples"
         )
         conn.execute(
             "CREATE TEMP TABLE gpu_slow_samples (mono_ns INTEGER, uuid TEXT, energy_mj INTEGER,"

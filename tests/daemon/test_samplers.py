@@ -16,10 +16,22 @@ from gpuprofd.nvml import NO_GPU_NOTE, MockNvml, RealNvml, match_uuid, open_back
 
 
 class FakePsutil:
-    """Scripted cumulative counters: one entry consumed per sample."""
+    """Scripted cumulative counters: one entry consumed per sample. Without
+    *read_count*, *swap_in* or *memory* the fake offers no such reading (its
+    objects lack the field), as a platform that does not report it."""
 
-    def __init__(self, cpu: list[list[float]], read_bytes: list[int | None]) -> None:
+    def __init__(
+        self,
+        cpu: list[list[float]],
+        read_bytes: list[int | None],
+        read_count: list[int] | None = None,
+        swap_in: list[int] | None = None,
+        memory: list[dict[str, int]] | None = None,
+    ) -> None:
         self.cpu, self.read_bytes = list(cpu), list(read_bytes)
+        self.read_count = None if read_count is None else list(read_count)
+        self.swap_in = None if swap_in is None else list(swap_in)
+        self.memory = None if memory is None else list(memory)
 
     def cpu_percent(self, percpu: bool = False) -> list[float]:
         assert percpu is True
@@ -27,7 +39,18 @@ class FakePsutil:
 
     def disk_io_counters(self) -> Any:
         rb = self.read_bytes.pop(0)
-        return None if rb is None else SimpleNamespace(read_bytes=rb)
+        count = self.read_count.pop(0) if self.read_count is not None else None
+        if rb is None:
+            return None
+        return SimpleNamespace(read_bytes=rb, **({} if count is None else {"read_count": count}))
+
+    def swap_memory(self) -> Any:
+        if self.swap_in is None:
+            return SimpleNamespace(total=0)
+        return SimpleNamespace(sin=self.swap_in.pop(0))
+
+    def virtual_memory(self) -> Any:
+        return SimpleNamespace(**(self.memory.pop(0) if self.memory else {}))
 
     def cpu_count(self) -> int:
         return 4
@@ -49,6 +72,50 @@ def test_host_sampler_primes_then_averages_cores_and_rates_disk_reads() -> None:
     assert (s2.cpu_pct, s2.disk_read_bps) == (100.0, 0.0)
     s3 = sampler.sample()
     assert (s3.cpu_pct, s3.disk_read_bps) == (10.0, None)  # no disk counters: unknown
+
+
+def test_host_sampler_reports_iops_page_cache_ram_swap_in_and_per_core() -> None:
+    ticks = iter([0, 250_000_000, 750_000_000])
+    gib = 2**30
+    ps = FakePsutil(
+        cpu=[[0.0, 0.0], [20.0, 80.0], [100.0, 0.0]],
+        read_bytes=[0, 1_000, 2_000],
+        read_count=[100, 600, 600],
+        swap_in=[4096, 4096 + 2**20, 4096 + 2**20],
+        memory=[
+            {"cached": 10 * gib, "total": 64 * gib},
+            {"cached": 12 * gib, "total": 64 * gib},
+        ],
+    )
+    sampler = HostSampler(psutil=ps, clock=lambda: next(ticks))
+    assert sampler.sample() is None
+    s1 = sampler.sample()
+    assert s1.per_core_pct == (20.0, 80.0) and s1.cpu_pct == 50.0
+    assert s1.disk_read_iops == 2_000.0  # 500 reads in 0.25 s
+    assert s1.swap_in_bps == 4 * 2**20  # 1 MiB in 0.25 s
+    assert (s1.page_cache_bytes, s1.mem_total_bytes) == (10 * gib, 64 * gib)
+    s2 = sampler.sample()
+    assert (s2.disk_read_iops, s2.swap_in_bps, s2.page_cache_bytes) == (0.0, 0.0, 12 * gib)
+
+
+def test_host_readings_a_platform_lacks_are_none_not_zero() -> None:
+    # no read_count, no swap sin, no cached/total: as a platform that lacks them
+    ps = FakePsutil(cpu=[[5.0]] * 3, read_bytes=[0, 100, 200])
+    sampler = HostSampler(psutil=ps, clock=iter([0, 10**9, 2 * 10**9]).__next__)
+    sampler.sample()
+    s = sampler.sample()
+    assert s.disk_read_bps == 100.0
+    assert (s.disk_read_iops, s.swap_in_bps, s.page_cache_bytes, s.mem_total_bytes) == (
+        None, None, None, None,
+    )  # fmt: skip
+
+    class Windows(FakePsutil):
+        WINDOWS = True  # psutil's swap sin is always 0 there: not a reading
+
+    win = Windows(cpu=[[5.0]] * 2, read_bytes=[0, 0], swap_in=[0, 0])
+    sampler = HostSampler(psutil=win, clock=iter([0, 10**9]).__next__)
+    sampler.sample()
+    assert sampler.sample().swap_in_bps is None
 
 
 async def test_host_sampler_run_feeds_the_sink() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuprofd import dbread, schema
+from gpuprofd import dbread, queries, schema
 from gpuprofd.errors import DatabaseError
 
 #: Schema 1 exactly as gpuprof 0.1 (the spine, commit 8c3194b) wrote it, plus rows.
@@ -62,7 +62,10 @@ INSERT INTO meta VALUES ('app', 'gpuprof'), ('schema_version', '1');
 INSERT INTO runs (id, run_key, run_name, status, start_mono_ns, end_mono_ns, options)
     VALUES (1, 'k', 'old', 'finished', 0, 100000000, '{}');
 INSERT INTO steps VALUES (1, 0, 1000, 11000000, 0, 0, 1, '{"forward": 5000000}');
+INSERT INTO host_samples VALUES (5000000, 40.0, 8, 2000000.0);
 """
+#: host_samples columns added in schema 3, NULL for rows written before.
+HOST_3 = ("disk_read_iops", "page_cache_bytes", "mem_total_bytes", "swap_in_bps")
 
 
 def _old_db(tmp_path: Path) -> Path:
@@ -109,3 +112,42 @@ def test_a_newer_schema_is_refused_with_a_clear_error(tmp_path: Path) -> None:
     conn.close()
     with pytest.raises(DatabaseError, match="newer gpuprof"):
         schema.prepare(path)
+
+
+def test_old_host_samples_read_as_not_available_both_ways(tmp_path: Path) -> None:
+    path = _old_db(tmp_path)
+    conn = dbread.open_ro(path)  # read-only: a TEMP view adds the columns
+    try:
+        run = dbread.get_run(conn, 1)
+        ctx = dbread.run_context(conn, run)
+        ro = dict(conn.execute(queries.HOST_SQL, (0, 10**9)).fetchone())
+    finally:
+        conn.close()
+    assert ctx.host_disk_read_bps == 2_000_000.0
+    assert (ro["disk_read_bps"], *(ro[c] for c in HOST_3)) == (2_000_000.0, None, None, None, None)
+    schema.prepare(path)  # the daemon's upgrade: the columns are added, NULL
+    conn = sqlite3.connect(path)
+    try:
+        upgraded = conn.execute(f"SELECT {', '.join(HOST_3)} FROM host_samples").fetchone()
+    finally:
+        conn.close()
+    assert upgraded == (None, None, None, None)
+
+
+def test_upgraded_and_new_databases_have_the_same_columns(tmp_path: Path) -> None:
+    old, new = _old_db(tmp_path), tmp_path / "new.db"
+    schema.prepare(old)
+    schema.prepare(new)
+
+    def columns(path: Path) -> dict[str, list[str]]:
+        conn = sqlite3.connect(path)
+        try:
+            sql = "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name"
+            tables = [r[0] for r in conn.execute(sql)]
+            info = {t: conn.execute(f"PRAGMA table_info({t})").fetchall() for t in tables}
+            return {t: sorted(r[1] for r in rows) for t, rows in info.items()}
+        finally:
+            conn.close()
+
+    assert columns(old) == columns(new)
+    assert set(HOST_3) <= set(columns(new)["host_samples"])
