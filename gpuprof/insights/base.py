@@ -69,6 +69,24 @@ class RunContext:
     """Mean host CPU use over the run, % of all cores (0-100); None if unsampled."""
     host_disk_read_bps: float | None = None
     """Mean host disk read rate over the run, bytes/s; None if unsampled."""
+    host_disk_read_bps_median: float | None = None
+    """Median host disk read rate over the run's samples, bytes/s: above a
+    rate, reads exceeded it for at least half the run."""
+    host_disk_read_iops: float | None = None
+    """Mean host disk read operations per second (IOPS); None if unsampled."""
+    page_cache_fraction: float | None = None
+    """Mean page-cache size as a share (0-1) of total RAM; None where the
+    platform does not report the page cache."""
+    host_swap_in_bps: float | None = None
+    """Mean bytes swapped in from disk per second; None if unsampled."""
+    disk_read_bps_thirds: tuple[float, float] | None = None
+    """Mean host disk read rate (bytes/s) over the first and the last third of
+    the host samples taken during the run's steps (time order); None with
+    fewer than 3 samples."""
+    iteration_ms_thirds: tuple[float, float] | None = None
+    """Median iteration time (loader wait + step, ms) of the first and the last
+    third of the steps; None with fewer than 3 steps. Iterations, not step
+    compute: a cold cache slows the loader wait, not the step."""
     cpu_count: int | None = None
     run_cpu_cores: float | None = None
     """Mean CPU the run's own process tree (training process + DataLoader

@@ -8,9 +8,58 @@ from typing import Any
 from gpuprof.insights.base import RunContext
 from gpuprof.insights.gpu import gpu_stats
 from gpuprof.protocol import DATA_PHASE, OWN_TIME_PHASE
-from gpuprof.stats import mean
+from gpuprof.stats import mean, median
 
 _NS_PER_MS = 1e6
+
+
+def _column(rows: Sequence[Mapping[str, Any]], key: str) -> list[float]:
+    """The non-None values of *key* in *rows* (missing or None: not available)."""
+    return [r[key] for r in rows if r.get(key) is not None]
+
+
+def _mean_or_none(values: Sequence[float]) -> float | None:
+    return mean(values) if values else None
+
+
+def _thirds(values: Sequence[float], agg: Any) -> tuple[float, float] | None:
+    """(*agg* of the first third of *values*, *agg* of the last third); None
+    with fewer than 3 values."""
+    n = len(values) // 3
+    return (agg(values[:n]), agg(values[-n:])) if n else None
+
+
+def _during_steps(
+    host: Sequence[Mapping[str, Any]], steps: Sequence[Mapping[str, Any]]
+) -> Sequence[Mapping[str, Any]]:
+    """The host rows taken between the first step's start and the last step's
+    end (rows without ``mono_ns`` are kept): what the run read before its first
+    step (the model, a checkpoint) is start-up, not a cold cache."""
+    if not steps:
+        return host
+    t0, t1 = steps[0]["t0"], steps[-1]["t1"]
+    return [h for h in host if h.get("mono_ns") is None or t0 <= h["mono_ns"] <= t1]
+
+
+def _host_aggregates(
+    host: Sequence[Mapping[str, Any]], steps: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
+    """The :class:`RunContext` fields read from host samples (time order)."""
+    disk = _column(host, "disk_read_bps")
+    cache = [
+        h["page_cache_bytes"] / h["mem_total_bytes"]
+        for h in host
+        if h.get("page_cache_bytes") is not None and h.get("mem_total_bytes")
+    ]
+    return {
+        "host_cpu_pct": _mean_or_none(_column(host, "cpu_pct")),
+        "host_disk_read_bps": _mean_or_none(disk),
+        "host_disk_read_bps_median": median(disk) if disk else None,
+        "host_disk_read_iops": _mean_or_none(_column(host, "disk_read_iops")),
+        "page_cache_fraction": _mean_or_none(cache),
+        "host_swap_in_bps": _mean_or_none(_column(host, "swap_in_bps")),
+        "disk_read_bps_thirds": _thirds(_column(_during_steps(host, steps), "disk_read_bps"), mean),
+    }
 
 
 def _optimizer_totals(
@@ -45,8 +94,10 @@ def build_context(
         steps: in step order, each with ``t0``/``t1`` (monotonic ns),
             ``wait`` (ns), ``explicit`` (bool), ``micro``, ``phases``
             (phase name → ns), optional ``skipped`` (bool) and ``eval`` (ns).
-        host: host samples taken during the run, each with ``cpu_pct``
-            (0-100, all cores) and ``disk_read_bps`` (bytes/s, may be None).
+        host: host samples taken during the run in time order, each with
+            ``cpu_pct`` (0-100, all cores) and, each optional and None when
+            not available, ``disk_read_bps`` (bytes/s), ``disk_read_iops``,
+            ``page_cache_bytes``, ``mem_total_bytes`` and ``swap_in_bps`` (bytes/s).
         history_median_step_ms: median step ms of earlier runs of this
             name, newest first.
         gpu_rate_usd_per_hour: the ``GPUPROF_GPU_RATE`` override, if any.
@@ -62,19 +113,20 @@ def build_context(
     start = run.get("start_mono_ns")
     end = run.get("end_mono_ns") or (steps[-1]["t1"] if steps else None)
     duration_s = (end - start) / 1e9 if start is not None and end is not None else 0.0
-    cpu = [h["cpu_pct"] for h in host if h.get("cpu_pct") is not None]
-    disk = [h["disk_read_bps"] for h in host if h.get("disk_read_bps") is not None]
     run_cores = [c["cores"] for c in run_cpu if c.get("cores") is not None]
     options = run.get("options") or {}
+    wait_ms = tuple(s["wait"] / _NS_PER_MS for s in steps)
+    step_ms = tuple(
+        # gpuprof's own time inside a step (sending events) is not the step's
+        (s["t1"] - s["t0"] - (s.get("phases") or {}).get(OWN_TIME_PHASE, 0)) / _NS_PER_MS
+        for s in steps
+    )
+    iteration_ms = [s + w for s, w in zip(step_ms, wait_ms, strict=True)]
     return RunContext(
         run_name=run["run_name"],
         status=run["status"],
-        # gpuprof's own time inside a step (sending events) is not the step's
-        step_ms=tuple(
-            (s["t1"] - s["t0"] - (s.get("phases") or {}).get(OWN_TIME_PHASE, 0)) / _NS_PER_MS
-            for s in steps
-        ),
-        wait_ms=tuple(s["wait"] / _NS_PER_MS for s in steps),
+        step_ms=step_ms,
+        wait_ms=wait_ms,
         explicit_wait=any(s.get("explicit") for s in steps),
         data_ms=tuple((s.get("phases") or {}).get(DATA_PHASE, 0) / _NS_PER_MS for s in steps)
         if any(DATA_PHASE in (s.get("phases") or {}) for s in steps)
@@ -82,8 +134,8 @@ def build_context(
         micro_batches=tuple(int(s.get("micro", 1)) for s in steps),
         phase_ms=phase_totals,
         duration_s=max(duration_s, 0.0),
-        host_cpu_pct=mean(cpu) if cpu else None,
-        host_disk_read_bps=mean(disk) if disk else None,
+        **_host_aggregates(host, steps),
+        iteration_ms_thirds=_thirds(iteration_ms, median),
         run_cpu_cores=mean(run_cores) if run_cores else None,
         cpu_count=run.get("cpu_count"),
         gpu_model=run.get("gpu_model"),

@@ -1,0 +1,149 @@
+"""Host rules from psutil samples: an I/O-bound loader, a cold page cache, a
+page cache too small for the dataset, and swapping.
+
+They read the host aggregates of :class:`RunContext` (whole host, not just
+the run: a neighbour's reads count too). A reading the platform does not
+offer is None and the rule that needs it stays silent.
+"""
+
+from __future__ import annotations
+
+from gpuprof.insights.base import Insight, RunContext, rule
+from gpuprof.insights.steps import (
+    CPU_BOUND_PCT,
+    DISK_BUSY_BPS,
+    STALL_FRACTION,
+    STALL_FRACTION_HIGH,
+    stall_fraction,
+)
+
+_MB = 1e6
+
+#: Seed rule table: above 5k read IOPS the disk is busy with small random
+#: reads (many small files, a shuffled map-style dataset) even when the byte
+#: rate stays far under :data:`DISK_BUSY_BPS` (5k reads of 4 KiB are 20 MB/s).
+DISK_BUSY_IOPS = 5_000.0
+#: Seed rule table: the first third of the run reading ≥ 3× what the last
+#: third reads means the page cache warmed up (epoch 1 from disk, later from RAM).
+COLD_CACHE_READ_RATIO = 3.0
+#: First-third reads below this (bytes/s) are too little to slow a loader:
+#: a 3× drop from 3 MB/s of log and checkpoint traffic is not a cold cache.
+COLD_CACHE_MIN_READ_BPS = 50 * _MB
+#: Seed rule table: page cache at ≥ 40 % of RAM is a cache that has filled
+#: what the host could spare it (the rest is processes, pinned buffers).
+CACHE_FULL_FRACTION = 0.40
+#: Seed rule table: reads above 100 MB/s for over half the run (the median
+#: sample) with the cache full: the dataset does not fit and is re-read.
+THRASH_READ_BPS = 100 * _MB
+#: Seed rule table: swapping in more than 1 MB/s on average is memory pressure
+#: (an idle host swaps in ~0; a few pages now and then average far below).
+SWAP_IN_BPS = 1 * _MB
+
+
+@rule("io_bound_dataloader", supersedes=("dataloader_stall",))
+def io_bound_dataloader(ctx: RunContext) -> Insight | None:
+    """Fires on a loader stall (> :data:`STALL_FRACTION` of iteration time)
+    while the disk is busy (mean read > :data:`DISK_BUSY_BPS` or >
+    :data:`DISK_BUSY_IOPS`) and the CPU has headroom (host CPU measured and
+    ≤ :data:`CPU_BOUND_PCT`)."""
+    frac = stall_fraction(ctx)
+    cpu = ctx.host_cpu_pct
+    if frac is None or frac <= STALL_FRACTION or cpu is None or cpu > CPU_BOUND_PCT:
+        return None
+    bps, iops = ctx.host_disk_read_bps, ctx.host_disk_read_iops
+    busy_bytes = bps is not None and bps > DISK_BUSY_BPS
+    busy_ops = iops is not None and iops > DISK_BUSY_IOPS
+    if not (busy_bytes or busy_ops):
+        return None
+    reads = f"{(bps or 0) / _MB:.0f} MB/s" + (f", {iops:.0f} IOPS" if iops is not None else "")
+    return Insight(
+        rule="io_bound_dataloader",
+        severity="HIGH" if frac > STALL_FRACTION_HIGH else "MED",
+        title=f"Dataloader stall + busy disk ({reads} read, CPU {cpu:.0f}%) — workers "
+        f"are I/O-bound ({frac:.0%} of step time waiting)",
+        detail="The loop waits on batches while the disk reads flat out and the CPU has "
+        "room: reading the data, not decoding it, is the bottleneck.",
+        fix="Pack small files into shards (WebDataset, tar/parquet), copy the dataset to "
+        "local NVMe or RAM (/dev/shm), or cache decoded samples; more workers only help "
+        "when the disk has spare IOPS.",
+        evidence={
+            "stall_fraction": round(frac, 4),
+            "disk_read_bps": None if bps is None else round(bps),
+            "disk_read_iops": None if iops is None else round(iops, 1),
+            "host_cpu_pct": round(cpu, 1),
+        },
+    )
+
+
+@rule("cold_cache")
+def cold_cache(ctx: RunContext) -> Insight | None:
+    """Fires when the first third of the run read ≥ :data:`COLD_CACHE_READ_RATIO`
+    × the last third's disk bytes/s (and ≥ :data:`COLD_CACHE_MIN_READ_BPS`),
+    and the iterations sped up (last third's median < the first third's)."""
+    disk, iters = ctx.disk_read_bps_thirds, ctx.iteration_ms_thirds
+    if disk is None or iters is None:
+        return None
+    (first_bps, last_bps), (first_ms, last_ms) = disk, iters
+    if first_bps < COLD_CACHE_MIN_READ_BPS or first_bps < COLD_CACHE_READ_RATIO * last_bps:
+        return None
+    if last_ms >= first_ms:
+        return None
+    return Insight(
+        rule="cold_cache",
+        severity="MED",
+        title=f"Cold page cache: the first third of the run read {first_bps / _MB:.0f} MB/s "
+        f"from disk, the last {last_bps / _MB:.0f} MB/s, and iterations sped up "
+        f"{first_ms:.1f} → {last_ms:.1f} ms",
+        detail="The data was read from disk until the OS page cache held it; later "
+        "epochs read from RAM. Early throughput understates the steady state.",
+        fix="Warm the cache before timing (read the dataset once, e.g. vmtouch -t), "
+        "benchmark after the first epoch, or stage the data on local NVMe.",
+        evidence={
+            "first_third_read_bps": round(first_bps),
+            "last_third_read_bps": round(last_bps),
+            "first_third_iteration_ms": round(first_ms, 3),
+            "last_third_iteration_ms": round(last_ms, 3),
+        },
+    )
+
+
+@rule("cache_thrashing")
+def cache_thrashing(ctx: RunContext) -> Insight | None:
+    """Fires when the page cache averages ≥ :data:`CACHE_FULL_FRACTION` of RAM
+    and the median disk read is > :data:`THRASH_READ_BPS` (sustained: over
+    half the samples read more)."""
+    frac, reads = ctx.page_cache_fraction, ctx.host_disk_read_bps_median
+    if frac is None or reads is None or frac < CACHE_FULL_FRACTION or reads <= THRASH_READ_BPS:
+        return None
+    return Insight(
+        rule="cache_thrashing",
+        severity="MED",
+        title=f"Page cache full ({frac:.0%} of RAM) yet the disk reads {reads / _MB:.0f} MB/s "
+        "for most of the run — the dataset does not fit in the cache",
+        detail="The OS caches what it can, but each epoch evicts what the next one needs, "
+        "so every epoch reads the dataset from disk again.",
+        fix="Shrink the dataset on disk (compressed shards, lower-resolution copies), "
+        "read it sequentially (sharded streaming) so read-ahead helps, or use a host with "
+        "more RAM or faster local storage.",
+        evidence={"page_cache_fraction": round(frac, 3), "median_read_bps": round(reads)},
+    )
+
+
+@rule("host_memory_pressure")
+def host_memory_pressure(ctx: RunContext) -> Insight | None:
+    """Fires when the host swaps in > :data:`SWAP_IN_BPS` on average."""
+    sin = ctx.host_swap_in_bps
+    if sin is None or sin <= SWAP_IN_BPS:
+        return None
+    return Insight(
+        rule="host_memory_pressure",
+        severity="HIGH",
+        title=f"Host is swapping: {sin / _MB:.1f} MB/s swapped in on average",
+        detail="Memory pages are read back from swap while the run trains: some process "
+        "(often DataLoader workers each holding a copy of the dataset) needs more RAM "
+        "than the host has, and every swapped page stalls whoever touches it.",
+        fix="Lower num_workers or prefetch_factor, keep datasets in shared or "
+        "memory-mapped storage (numpy memmap, Arrow) instead of Python lists copied into "
+        "each worker, or free host memory.",
+        evidence={"swap_in_bps": round(sin)},
+    )

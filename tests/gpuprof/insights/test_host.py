@@ -1,0 +1,164 @@
+"""Host rules: each must fire on its pattern and stay silent just outside it."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuprof.insights import build_context, run_rules
+from gpuprof.insights.host import (
+    cache_thrashing,
+    cold_cache,
+    host_memory_pressure,
+    io_bound_dataloader,
+)
+
+from .conftest import make_ctx
+
+GIB = 2**30
+
+# --- io_bound_dataloader -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "disk",
+    [
+        {"host_disk_read_bps": 900e6},  # streaming big files
+        {"host_disk_read_bps": 40e6, "host_disk_read_iops": 9_000.0},  # many small reads
+    ],
+)
+def test_io_bound_fires_on_a_stall_with_a_busy_disk_and_idle_cpu(disk):
+    ctx = make_ctx([60] * 10, [40] * 10, host_cpu_pct=30.0, **disk)
+    ins = io_bound_dataloader(ctx)
+    assert ins is not None and ins.severity == "HIGH"  # 40 % > the 30 % HIGH share
+    assert ins.evidence["stall_fraction"] == pytest.approx(0.4)
+    rules = [i.rule for i in run_rules(ctx)]
+    assert "io_bound_dataloader" in rules and "dataloader_stall" not in rules
+    assert "cpu_bound_dataloader" not in rules
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"host_cpu_pct": 30.0, "host_disk_read_bps": 400e6, "host_disk_read_iops": 4_000.0},
+        {"host_cpu_pct": 95.0, "host_disk_read_bps": 900e6},  # no CPU headroom
+        {"host_cpu_pct": None, "host_disk_read_bps": 900e6},  # CPU unsampled: don't guess
+        {"host_cpu_pct": 30.0},  # disk unsampled
+    ],
+)
+def test_io_bound_silent_without_a_busy_disk_or_without_cpu_headroom(kw):
+    ctx = make_ctx([60] * 10, [40] * 10, **kw)
+    assert io_bound_dataloader(ctx) is None
+    assert "dataloader_stall" in [i.rule for i in run_rules(ctx)]
+
+
+def test_io_bound_silent_without_a_stall():
+    ctx = make_ctx([90] * 10, [10] * 10, host_cpu_pct=30.0, host_disk_read_bps=900e6)
+    assert io_bound_dataloader(ctx) is None
+
+
+# --- cold_cache --------------------------------------------------------------------
+
+
+def test_cold_cache_fires_when_reads_fall_off_and_iterations_speed_up():
+    ctx = make_ctx(
+        [50] * 30, [50] * 10 + [20] * 10 + [5] * 10,
+        disk_read_bps_thirds=(600e6, 150e6), iteration_ms_thirds=(100.0, 55.0),
+    )  # fmt: skip
+    ins = cold_cache(ctx)
+    assert ins is not None and ins.severity == "MED"
+    assert "600 MB/s" in ins.title and "150 MB/s" in ins.title
+    assert ins.evidence["last_third_iteration_ms"] == 55.0
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"disk_read_bps_thirds": (600e6, 250e6), "iteration_ms_thirds": (100.0, 55.0)},  # 2.4x
+        {"disk_read_bps_thirds": (600e6, 150e6), "iteration_ms_thirds": (100.0, 100.0)},  # flat
+        {"disk_read_bps_thirds": (30e6, 1e6), "iteration_ms_thirds": (100.0, 55.0)},  # tiny reads
+        {"disk_read_bps_thirds": None, "iteration_ms_thirds": (100.0, 55.0)},  # unsampled
+    ],
+)
+def test_cold_cache_silent_without_both_the_read_drop_and_the_speed_up(kw):
+    assert cold_cache(make_ctx([50] * 30, **kw)) is None
+
+
+def test_build_context_feeds_cold_cache_from_rows():
+    """Host rows and steps → thirds → the rule, end to end (pure)."""
+    steps = []
+    t = 0
+    for i in range(9):
+        wait = 60_000_000 if i < 3 else 5_000_000  # the loader waits on disk at first
+        steps.append({"t0": t + wait, "t1": t + wait + 40_000_000, "wait": wait, "phases": {}})
+        t += wait + 40_000_000
+    reads = (800e6, 700e6, 900e6, 0.0, 90e6, 10e6)
+    host = [{"mono_ns": 60_000_000 + k * 100_000_000, "cpu_pct": 20.0, "disk_read_bps": b}
+            for k, b in enumerate(reads)]  # fmt: skip
+    host.insert(0, {"mono_ns": 1, "cpu_pct": 90.0, "disk_read_bps": 3e9})  # model load: before
+    run = {"run_name": "r", "status": "finished", "start_mono_ns": 0, "end_mono_ns": t}
+    ctx = build_context(run, steps, host)
+    assert ctx.disk_read_bps_thirds == (750e6, 50e6)  # first two, last two samples in steps
+    assert ctx.iteration_ms_thirds == (100.0, 45.0)
+    assert "cold_cache" in [i.rule for i in run_rules(ctx)]
+
+
+# --- cache_thrashing ---------------------------------------------------------------
+
+
+def test_cache_thrashing_fires_with_a_full_cache_and_sustained_reads():
+    ins = cache_thrashing(
+        make_ctx([50] * 10, page_cache_fraction=0.55, host_disk_read_bps_median=300e6)
+    )
+    assert ins is not None and "55% of RAM" in ins.title and "300 MB/s" in ins.title
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"page_cache_fraction": 0.30, "host_disk_read_bps_median": 300e6},  # cache has room
+        {"page_cache_fraction": 0.55, "host_disk_read_bps_median": 80e6},  # reads are light
+        {"page_cache_fraction": None, "host_disk_read_bps_median": 300e6},  # not reported
+    ],
+)
+def test_cache_thrashing_silent_unless_both(kw):
+    assert cache_thrashing(make_ctx([50] * 10, **kw)) is None
+
+
+def test_build_context_page_cache_share_and_median_read():
+    host = [
+        {"cpu_pct": 10.0, "disk_read_bps": 200e6, "page_cache_bytes": 24 * GIB,
+         "mem_total_bytes": 64 * GIB},
+        {"cpu_pct": 10.0, "disk_read_bps": 150e6, "page_cache_bytes": 40 * GIB,
+         "mem_total_bytes": 64 * GIB},
+        {"cpu_pct": 10.0, "disk_read_bps": 0.0, "page_cache_bytes": None,
+         "mem_total_bytes": 64 * GIB},  # platform without the figure: left out, not 0
+    ]  # fmt: skip
+    ctx = build_context({"run_name": "r", "status": "running"}, [], host)
+    assert ctx.page_cache_fraction == pytest.approx(0.5)  # mean of 0.375 and 0.625
+    assert ctx.host_disk_read_bps_median == 150e6
+    assert "cache_thrashing" in [i.rule for i in run_rules(ctx)]
+
+
+# --- host_memory_pressure ----------------------------------------------------------
+
+
+def test_host_memory_pressure_fires_above_1_mb_per_s_swap_in():
+    ins = host_memory_pressure(make_ctx([50] * 10, host_swap_in_bps=4.5e6))
+    assert ins is not None and ins.severity == "HIGH"
+    assert "4.5 MB/s" in ins.title and ins.evidence["swap_in_bps"] == 4_500_000
+
+
+@pytest.mark.parametrize("sin", [0.0, 0.9e6, None])
+def test_host_memory_pressure_silent_at_or_below_1_mb_per_s(sin):
+    assert host_memory_pressure(make_ctx([50] * 10, host_swap_in_bps=sin)) is None
+
+
+def test_build_context_host_means_skip_missing_readings():
+    host = [
+        {"cpu_pct": 10.0, "disk_read_iops": 100.0, "swap_in_bps": 2e6},
+        {"cpu_pct": 10.0, "disk_read_iops": None, "swap_in_bps": None},
+        {"cpu_pct": 10.0, "disk_read_iops": 300.0, "swap_in_bps": 0.0},
+    ]
+    ctx = build_context({"run_name": "r", "status": "running"}, [], host)
+    assert (ctx.host_disk_read_iops, ctx.host_swap_in_bps) == (200.0, 1e6)
+    assert ctx.disk_read_bps_thirds is None and ctx.iteration_ms_thirds is None
