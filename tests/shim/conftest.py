@@ -134,6 +134,8 @@ class FakeDaemon:
         self.router.send_multipart([*envelope, orjson.dumps(obj)])
 
     def close(self) -> None:
+        if self.ctx.closed:
+            return  # closed already (a test that replaced it)
         self._stop.set()
         self._thread.join(5)
         self.router.close(0)

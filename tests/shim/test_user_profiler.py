@@ -84,12 +84,20 @@ print(json.dumps(sorted({e.name for e in tprof.events()})))
 """
 
 
-def test_first_with_stack_profiler_started_under_gpuprof_sees_modules(socket_dir, fake_daemon):
-    proc = subprocess.run(
-        [sys.executable, "-c", WITH_STACK_SCRIPT, str(socket_dir), str(Path(__file__).parent)],
-        capture_output=True,
-        timeout=60,
-    )
+def test_first_with_stack_profiler_started_under_gpuprof_sees_modules(socket_dir, make_daemon):
+    for _attempt in range(3):
+        fake_daemon = make_daemon()
+        proc = subprocess.run(
+            [sys.executable, "-c", WITH_STACK_SCRIPT, str(socket_dir), str(Path(__file__).parent)],
+            capture_output=True,
+            timeout=60,
+        )
+        # torch 2.13 sometimes fails to decode a with_stack event name as UTF-8
+        # while parsing its own trace, with or without gpuprof (about 1 run in
+        # 15 on this machine, measured 2026-11-30): that run says nothing, retry
+        if b"UnicodeDecodeError" not in proc.stderr:
+            break
+        fake_daemon.close()
     assert proc.returncode == 0, proc.stderr.decode()[-3000:]
     names = set(json.loads(proc.stdout.decode().splitlines()[-1]))
     # the tracer found each module through gpuprof's wrapper frame
