@@ -18,6 +18,7 @@ import zmq
 
 from gpuprof.config import control_endpoint, ingest_endpoint
 from gpuprof.protocol import ProtocolError, decode
+from gpuprof_shim.auto import StepMachine
 
 
 @pytest.fixture
@@ -164,3 +165,17 @@ def make_daemon(socket_dir: Path) -> Iterator[Callable[..., FakeDaemon]]:
     for d in made:
         d.close()
     assert [e for d in made for e in d.errors] == []
+
+
+@pytest.fixture
+def forwards(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Every ``StepMachine.on_forward`` call's timestamp."""
+    seen: list[int] = []
+    original = StepMachine.on_forward
+
+    def spy(self: StepMachine, t: int) -> None:
+        seen.append(t)
+        original(self, t)
+
+    monkeypatch.setattr(StepMachine, "on_forward", spy)
+    return seen

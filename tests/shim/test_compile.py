@@ -18,7 +18,6 @@ from torch import nn
 from torch._dynamo.utils import counters
 
 import gpuprof
-from gpuprof_shim.auto import StepMachine
 
 BACKENDS = [
     "eager",
@@ -60,20 +59,6 @@ def dynamo() -> Iterator[None]:
     torch._dynamo.config.error_on_recompile = old
     torch._dynamo.reset()
     counters.clear()
-
-
-@pytest.fixture
-def forwards(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Every ``StepMachine.on_forward`` call's timestamp."""
-    seen: list[int] = []
-    original = StepMachine.on_forward
-
-    def spy(self: StepMachine, t: int) -> None:
-        seen.append(t)
-        original(self, t)
-
-    monkeypatch.setattr(StepMachine, "on_forward", spy)
-    return seen
 
 
 def _steps(compiled: nn.Module, opt: torch.optim.Optimizer, steps: int, accum: int) -> None:

@@ -34,20 +34,6 @@ def detector(prof: Profiler) -> fw.ForwardDetector:
 
 
 @pytest.fixture
-def forwards(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Every ``StepMachine.on_forward`` call's timestamp."""
-    seen: list[int] = []
-    original = StepMachine.on_forward
-
-    def spy(self: StepMachine, t: int) -> None:
-        seen.append(t)
-        original(self, t)
-
-    monkeypatch.setattr(StepMachine, "on_forward", spy)
-    return seen
-
-
-@pytest.fixture
 def gloo(tmp_path: Path) -> Iterator[None]:
     """A one-rank gloo process group in this process (FileStore rendezvous)."""
     dist.init_process_group(
