@@ -11,9 +11,16 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+from gpuprof.insights.gpu import (
+    BUSY_UTIL_PCT,
+    IDLE_UTIL_PCT,
+    REASON_GPU_IDLE,
+    REASON_SW_POWER_CAP,
+    THERMAL_REASONS,
+)
 from gpuprofd.errors import DatabaseError
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 #: Columns added since schema 1: (table, column, declaration).
 _ADDED_IN_2 = (
     ("steps", "skipped", "INTEGER DEFAULT 0"),
@@ -29,6 +36,12 @@ _ADDED_IN_3 = (
     ("host_samples", "page_cache_bytes", "INTEGER"),
     ("host_samples", "mem_total_bytes", "INTEGER"),
     ("host_samples", "swap_in_bps", "REAL"),
+)
+#: ... and since schema 3 (gpu_rollups and worker_cpu are new tables).
+_ADDED_IN_4 = (
+    ("steps", "mem_allocated_bytes", "INTEGER"),
+    ("steps", "mem_reserved_bytes", "INTEGER"),
+    ("steps", "mem_peak_bytes", "INTEGER"),
 )
 APP_NAME = "gpuprof"
 
@@ -61,7 +74,10 @@ CREATE TABLE IF NOT EXISTS steps (
     phases TEXT,                     -- json: phase name -> ns
     skipped INTEGER DEFAULT 0,       -- 1: the optimizer update was skipped (inf/NaN)
     eval_ns INTEGER DEFAULT 0,       -- evaluation in the gap before the step
-    optimizers TEXT                  -- json: [{name, updates, skipped, ns}] or NULL
+    optimizers TEXT,                 -- json: [{name, updates, skipped, ns}] or NULL
+    mem_allocated_bytes INTEGER,     -- torch's allocator at the step's end; NULL: no CUDA
+    mem_reserved_bytes INTEGER,
+    mem_peak_bytes INTEGER           -- torch.cuda.max_memory_allocated so far
 );
 CREATE INDEX IF NOT EXISTS steps_run_t0 ON steps (run_id, t0_ns);
 CREATE TABLE IF NOT EXISTS insights (
@@ -90,6 +106,24 @@ CREATE TABLE IF NOT EXISTS gpu_slow_samples (  -- the <= 1 Hz loop; NULL: not av
     pcie_rx_bps REAL, pcie_tx_bps REAL,
     gpm_sm_util_pct REAL, gpm_sm_occupancy_pct REAL, gpm_tensor_util_pct REAL,
     gpm_dram_bw_util_pct REAL, power_capped_pct REAL, thermal_capped_pct REAL
+);
+CREATE TABLE IF NOT EXISTS gpu_rollups (  -- one row per GPU per second, the whole run
+    sec_ns INTEGER, uuid TEXT, n INTEGER,     -- n: fast samples with a utilization reading
+    util_min REAL, util_mean REAL, util_max REAL, idle_n INTEGER,
+    mem_used_min INTEGER, mem_used_mean REAL, mem_used_max INTEGER, mem_total_bytes INTEGER,
+    power_min_mw REAL, power_mean_mw REAL, power_max_mw REAL,
+    temp_min_c REAL, temp_mean_c REAL, temp_max_c REAL,
+    sm_min_mhz REAL, sm_mean_mhz REAL, sm_max_mhz REAL, sm_active_max_mhz REAL,
+    mem_util_mean REAL,
+    reasons_n INTEGER, reasons_any INTEGER,
+    capped_n INTEGER, capped_sm_mean_mhz REAL, thermal_n INTEGER, thermal_sm_mean_mhz REAL
+);
+CREATE INDEX IF NOT EXISTS gpu_rollups_t ON gpu_rollups (sec_ns);
+CREATE TABLE IF NOT EXISTS worker_cpu (  -- DataLoader workers' CPU, one row per worker process
+    run_id INTEGER NOT NULL, loader_seq INTEGER, worker_id INTEGER, pid INTEGER,
+    first_mono_ns INTEGER, last_mono_ns INTEGER,
+    cpu_s REAL,                      -- user + system CPU seconds since first seen
+    PRIMARY KEY (run_id, pid, loader_seq)
 );
 CREATE INDEX IF NOT EXISTS gpu_slow_samples_t ON gpu_slow_samples (mono_ns);
 CREATE INDEX IF NOT EXISTS gpu_samples_t ON gpu_samples (mono_ns);
@@ -132,10 +166,37 @@ def shadow_old_tables(conn: sqlite3.Connection, version: int) -> None:
     """Let a read-only connection to an older database answer today's
     queries: TEMP views (searched before ``main``) add the missing columns
     with their defaults. Nothing is written to the file."""
-    if version < 2:
+    if version < 4:
+        v2 = ", 0 AS skipped, 0 AS eval_ns, NULL AS optimizers" if version < 2 else ""
         conn.execute(
-            "CREATE TEMP VIEW steps AS SELECT *, 0 AS skipped, 0 AS eval_ns, "
-            "NULL AS optimizers FROM main.steps"
+            f"CREATE TEMP VIEW steps AS SELECT *{v2}, NULL AS mem_allocated_bytes, "
+            "NULL AS mem_reserved_bytes, NULL AS mem_peak_bytes FROM main.steps"
+        )
+        conn.execute(
+            "CREATE TEMP TABLE worker_cpu (run_id INTEGER, loader_seq INTEGER, "
+            "worker_id INTEGER, pid INTEGER, first_mono_ns INTEGER, last_mono_ns INTEGER, "
+            "cpu_s REAL)"
+        )
+        # Each raw sample reads as a one-sample rollup (schema 3 stored 10 Hz rows).
+        conn.execute(
+            "CREATE TEMP VIEW gpu_rollups AS SELECT mono_ns AS sec_ns, uuid, "
+            "CASE WHEN util_pct IS NULL THEN 0 ELSE 1 END AS n, util_pct AS util_min, "
+            "util_pct AS util_mean, util_pct AS util_max, "
+            f"CASE WHEN util_pct <= {IDLE_UTIL_PCT} THEN 1 ELSE 0 END AS idle_n, "
+            "mem_used_bytes AS mem_used_min, mem_used_bytes AS mem_used_mean, "
+            "mem_used_bytes AS mem_used_max, mem_total_bytes, power_mw AS power_min_mw, "
+            "power_mw AS power_mean_mw, power_mw AS power_max_mw, temp_c AS temp_min_c, "
+            "temp_c AS temp_mean_c, temp_c AS temp_max_c, sm_clock_mhz AS sm_min_mhz, "
+            "sm_clock_mhz AS sm_mean_mhz, sm_clock_mhz AS sm_max_mhz, "
+            f"CASE WHEN (clock_event_reasons & {REASON_GPU_IDLE}) = 0 "
+            "THEN sm_clock_mhz END AS sm_active_max_mhz, mem_util_pct AS mem_util_mean, "
+            "CASE WHEN clock_event_reasons IS NULL THEN 0 ELSE 1 END AS reasons_n, "
+            "clock_event_reasons AS reasons_any, "
+            f"CASE WHEN (clock_event_reasons & {REASON_SW_POWER_CAP}) != 0 "
+            f"AND util_pct >= {BUSY_UTIL_PCT} THEN 1 ELSE 0 END AS capped_n, "
+            "sm_clock_mhz AS capped_sm_mean_mhz, "
+            f"CASE WHEN (clock_event_reasons & {THERMAL_REASONS}) != 0 THEN 1 ELSE 0 END "
+            "AS thermal_n, sm_clock_mhz AS thermal_sm_mean_mhz FROM main.gpu_samples"
         )
     if version < 3:
         conn.execute(
@@ -158,7 +219,11 @@ def shadow_old_tables(conn: sqlite3.Connection, version: int) -> None:
 def _upgrade(conn: sqlite3.Connection, version: int) -> None:
     """Add what later schema versions added (in one transaction with the
     version bump, so a crash leaves the old version and columns)."""
-    added = (_ADDED_IN_2 if version < 2 else ()) + (_ADDED_IN_3 if version < 3 else ())
+    added = (
+        (_ADDED_IN_2 if version < 2 else ())
+        + (_ADDED_IN_3 if version < 3 else ())
+        + (_ADDED_IN_4 if version < 4 else ())
+    )
     tables = {t for t, _, _ in added}
     have = {(t, r[1]) for t in tables for r in conn.execute(f"PRAGMA table_info({t})")}
     for table, column, decl in added:
