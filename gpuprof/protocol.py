@@ -1,6 +1,6 @@
 """The wire protocol between the shim (in the training process) and gpuprofd.
 
-Transport: ZeroMQ over ``ipc://``. Data events (``step``, ``mark``) go shim
+Transport: ZeroMQ over ``ipc://``. Data events (``step``, ``mark``, ``workers``) go shim
 ``PUSH`` → daemon ``PULL``; requests (``hello``, ``bye``, ``ping``) go shim
 ``REQ`` → daemon ``ROUTER`` and always get one JSON reply.
 
@@ -40,6 +40,10 @@ MAX_ERROR_CHARS = 2000
 #: Longest step, loader wait or phase accepted (ns): 7 days. Nothing real is
 #: longer, and the bound keeps sums over a run far from int64 overflow.
 MAX_DURATION_NS = 7 * 86_400 * 10**9
+#: Largest torch allocator figure accepted in a step's ``mem`` (bytes): 16 TiB,
+#: far above any one device (an H200 has 141 GB, a B300 288 GB), and far
+#: below int64, so a garbage value cannot pass as a reading.
+MAX_MEMORY_BYTES = 1 << 44
 
 #: The phase that carries loader time spent inside a step (between
 #: micro-batches); the shim writes it, the rules and ``gpuprofctl runs`` read it.
@@ -48,7 +52,13 @@ DATA_PHASE = "data"
 #: a burst of events); rules take it out of step compute time.
 OWN_TIME_PHASE = "gpuprof"
 
-DATA_TYPES = frozenset({"step", "mark"})
+#: DataLoader worker processes listed per ``workers`` event (one loader
+#: iterator's pool); torch caps nothing, but no host has 1024 cores to feed.
+MAX_WORKERS = 1024
+#: Largest pid accepted (Linux ``pid_max`` is at most 2**22; 2**31 as ``hello``).
+MAX_PID = 2**31
+
+DATA_TYPES = frozenset({"step", "mark", "workers"})
 CONTROL_TYPES = frozenset({"hello", "bye", "ping"})
 RUN_STATUSES_AT_BYE = frozenset({"finished", "failed"})
 
@@ -171,6 +181,32 @@ def _optimizers(x: Any) -> bool:
     )
 
 
+_WORKER_FIELDS = frozenset({"worker_id", "pid"})
+
+
+def _workers(x: Any) -> bool:
+    """1..:data:`MAX_WORKERS` ``{"worker_id", "pid"}`` entries, ids and pids unique."""
+    if type(x) is not list or not 0 < len(x) <= MAX_WORKERS:
+        return False
+    id_ok, pid_ok = _int(0, MAX_WORKERS - 1), _int(1, MAX_PID)
+    if not all(
+        type(w) is dict
+        and w.keys() == _WORKER_FIELDS
+        and id_ok(w["worker_id"])
+        and pid_ok(w["pid"])
+        for w in x
+    ):
+        return False
+    return len({w["worker_id"] for w in x}) == len(x) == len({w["pid"] for w in x})
+
+
+def _mem(x: Any) -> bool:
+    """``[allocated, reserved, peak]``: three ints, 0..:data:`MAX_MEMORY_BYTES`.
+    Their order (allocated ≤ peak, allocated ≤ reserved) is not checked: the
+    three reads are not atomic, another thread may allocate between them."""
+    return type(x) is list and len(x) == 3 and all(_int(0, MAX_MEMORY_BYTES)(v) for v in x)
+
+
 def _options(x: Any) -> bool:
     if type(x) is not dict or len(x) > 32:
         return False
@@ -218,10 +254,24 @@ SCHEMAS: dict[str, dict[str, tuple[bool, Check]]] = {
         "eval": (False, _int(0, MAX_DURATION_NS)),
         # per optimizer: {"name", "updates", "skipped", "ns"} (auto mode)
         "optimizers": (False, _optimizers),
+        # torch's caching allocator on the run's CUDA device at the step's end,
+        # bytes: [memory_allocated, memory_reserved, max_memory_allocated];
+        # absent when CUDA is not in use (or not read for this step)
+        "mem": (False, _mem),
     },
     "mark": {
         "run_key": (True, _RUN_KEY),
         "name": (True, _printable(MAX_PHASE_NAME_CHARS)),
+        "t_ns": (True, _int()),
+    },
+    # the worker processes of one multi-process DataLoader iterator, sent when
+    # it starts them (every epoch unless persistent_workers)
+    "workers": {
+        "run_key": (True, _RUN_KEY),
+        # per training process, 0, 1, 2... in the order its loader iterators
+        # started workers: a new pool (next epoch, another loader) is a new group
+        "loader_seq": (True, _int(0, 1 << 40)),
+        "workers": (True, _workers),
         "t_ns": (True, _int()),
     },
     "bye": {

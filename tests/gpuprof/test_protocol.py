@@ -5,6 +5,8 @@ import pytest
 
 from gpuprof.protocol import (
     MAX_MESSAGE_BYTES,
+    MAX_PID,
+    MAX_WORKERS,
     PROTOCOL_VERSION,
     ProtocolError,
     clean_run_name,
@@ -124,3 +126,62 @@ def test_step_with_skipped_eval_and_optimizers_is_valid():
 )
 def test_bad_optional_step_fields_are_rejected(extra, field):
     assert reason(encode(step(**extra))) == f"bad_field:{field}"
+
+
+# --- workers -----------------------------------------------------------------------
+
+
+def workers(**kw):
+    msg = {"v": PROTOCOL_VERSION, "type": "workers", "run_key": "abc123", "loader_seq": 0,
+           "workers": [{"worker_id": 0, "pid": 4001}, {"worker_id": 1, "pid": 4002}],
+           "t_ns": 10}  # fmt: skip
+    msg.update(kw)
+    return msg
+
+
+def test_valid_workers_round_trips_on_the_data_channel():
+    assert decode(encode(workers()), "data") == workers()
+    assert reason(encode(workers()), "control") == "wrong_channel"
+
+
+def test_the_largest_worker_pool_fits_in_one_message():
+    pool = [{"worker_id": i, "pid": MAX_PID - i} for i in range(MAX_WORKERS)]
+    data = encode(workers(workers=pool, loader_seq=1 << 40, t_ns=2**63 - 1))
+    assert len(data) <= MAX_MESSAGE_BYTES
+    assert len(decode(data, "data")["workers"]) == MAX_WORKERS
+
+
+def _w(worker_id, pid):
+    return {"worker_id": worker_id, "pid": pid}
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        ({"loader_seq": -1}, "loader_seq"),
+        ({"loader_seq": "0"}, "loader_seq"),
+        ({"loader_seq": (1 << 40) + 1}, "loader_seq"),
+        ({"t_ns": -5}, "t_ns"),
+        ({"workers": []}, "workers"),  # a pool of no workers is not a message
+        ({"workers": {"0": 4001}}, "workers"),
+        ({"workers": [[0, 4001]]}, "workers"),
+        ({"workers": [_w(i, 5000 + i) for i in range(MAX_WORKERS + 1)]}, "workers"),
+        ({"workers": [_w(0, 0)]}, "workers"),  # pid 0 is the scheduler, not a worker
+        ({"workers": [_w(0, MAX_PID + 1)]}, "workers"),
+        ({"workers": [_w(0, 4001.0)]}, "workers"),
+        ({"workers": [_w(True, 4001)]}, "workers"),
+        ({"workers": [_w(-1, 4001)]}, "workers"),
+        ({"workers": [_w(MAX_WORKERS, 4001)]}, "workers"),
+        ({"workers": [_w(0, 4001), _w(0, 4002)]}, "workers"),  # worker 0 twice
+        ({"workers": [_w(0, 4001), _w(1, 4001)]}, "workers"),  # one process, two ids
+        ({"workers": [{"worker_id": 0}]}, "workers"),
+        ({"workers": [{**_w(0, 4001), "name": "x"}]}, "workers"),
+    ],
+)
+def test_bad_workers_fields_are_rejected(extra, field):
+    assert reason(encode(workers(**extra))) == f"bad_field:{field}"
+
+
+def test_workers_without_run_key_is_rejected():
+    msg = {k: v for k, v in workers().items() if k != "run_key"}
+    assert reason(encode(msg), "data") == "bad_field:run_key"
