@@ -4,6 +4,7 @@ import orjson
 import pytest
 
 from gpuprof.protocol import (
+    MAX_MEMORY_BYTES,
     MAX_MESSAGE_BYTES,
     MAX_PID,
     MAX_WORKERS,
@@ -185,3 +186,33 @@ def test_bad_workers_fields_are_rejected(extra, field):
 def test_workers_without_run_key_is_rejected():
     msg = {k: v for k, v in workers().items() if k != "run_key"}
     assert reason(encode(msg), "data") == "bad_field:run_key"
+
+
+GiB = 2**30
+
+
+def test_step_with_torch_memory_is_valid():
+    # allocated < reserved, and peak above allocated: the normal picture
+    msg = step(mem=[3 * GiB, 4 * GiB, 5 * GiB])
+    assert decode(encode(msg), "data")["mem"] == [3 * GiB, 4 * GiB, 5 * GiB]
+    # the bounds themselves, and an order the non-atomic reads can produce
+    for mem in ([0, 0, 0], [MAX_MEMORY_BYTES] * 3, [5, 4, 3]):
+        assert decode(encode(step(mem=mem)), "data")["mem"] == mem
+
+
+@pytest.mark.parametrize(
+    "mem",
+    [
+        [1, 2],  # too few
+        [1, 2, 3, 4],  # too many
+        [-1, 2, 3],  # negative
+        [1, MAX_MEMORY_BYTES + 1, 3],  # beyond any device
+        [1.0, 2, 3],  # a float is not a byte count
+        [True, 2, 3],  # nor is a bool
+        ["1", 2, 3],
+        {"allocated": 1, "reserved": 2, "peak": 3},
+        None,
+    ],
+)
+def test_bad_torch_memory_is_rejected(mem):
+    assert reason(encode(step(mem=mem))) == "bad_field:mem"
