@@ -111,6 +111,17 @@ class RunContext:
     gpu: GpuStats | None = None
     """NVML samples of the run's GPU taken during its steps, aggregated
     (:func:`gpuprof.insights.gpu.gpu_stats`); None when not sampled."""
+    torch_peak_allocated_bytes: int | None = None
+    """Peak memory torch's caching allocator handed to tensors on the run's
+    CUDA device, bytes: the highest ``torch.cuda.max_memory_allocated`` the
+    steps reported (a process-wide peak, since start or the user's last
+    ``reset_peak_memory_stats``). None when no step reported torch memory."""
+    torch_peak_reserved_bytes: int | None = None
+    """Highest ``torch.cuda.memory_reserved`` the steps reported, bytes: what
+    the allocator held from CUDA (tensors plus its cache). Read at step ends
+    (one step per burst of events), so a spike inside a step can be missed.
+    NVML's used memory exceeds it by the CUDA context, the driver's reserve
+    and other processes: NVML used > reserved > allocated is normal."""
 
     @property
     def steps(self) -> int:

@@ -62,6 +62,16 @@ def _host_aggregates(
     }
 
 
+def _torch_memory(steps: Sequence[Mapping[str, Any]]) -> dict[str, int | None]:
+    """The :class:`RunContext` torch-memory peaks (bytes) from the steps that
+    carry ``mem`` (``[allocated, reserved, peak]``); None where none does."""
+    mems = [s["mem"] for s in steps if s.get("mem")]
+    return {
+        "torch_peak_allocated_bytes": max(m[2] for m in mems) if mems else None,
+        "torch_peak_reserved_bytes": max(m[1] for m in mems) if mems else None,
+    }
+
+
 def _optimizer_totals(
     steps: Sequence[Mapping[str, Any]],
 ) -> tuple[tuple[str, int, int, float], ...]:
@@ -93,7 +103,8 @@ def build_context(
             ``dtype``), ``gpu_model`` (None: no GPU), ``gpu_count``, ``cpu_count``.
         steps: in step order, each with ``t0``/``t1`` (monotonic ns),
             ``wait`` (ns), ``explicit`` (bool), ``micro``, ``phases``
-            (phase name → ns), optional ``skipped`` (bool) and ``eval`` (ns).
+            (phase name → ns), optional ``skipped`` (bool), ``eval`` (ns)
+            and ``mem`` (torch allocator ``[allocated, reserved, peak]`` bytes).
         host: host samples taken during the run in time order, each with
             ``cpu_pct`` (0-100, all cores) and, each optional and None when
             not available, ``disk_read_bps`` (bytes/s), ``disk_read_iops``,
@@ -146,6 +157,7 @@ def build_context(
         gpu_rate_usd_per_hour=gpu_rate_usd_per_hour,
         skipped_updates=sum(1 for s in steps if s.get("skipped")),
         optimizers=_optimizer_totals(steps),
+        **_torch_memory(steps),
         gpu=gpu_stats(gpu_samples) if gpu_samples else None,
         eval_ms=(sum(s.get("eval") or 0 for s in steps) + (run.get("trailing_eval_ns") or 0))
         / _NS_PER_MS,

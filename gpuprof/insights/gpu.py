@@ -57,6 +57,11 @@ MIN_REASON_SHARE = 0.10
 MEMORY_PRESSURE_FRACTION = 0.90
 #: Above this the next larger batch or a longer sequence will not fit.
 MEMORY_PRESSURE_HIGH_FRACTION = 0.97
+#: Share (0-1) of total GPU memory that torch's allocator cache (peak reserved
+#: minus peak allocated) or the memory outside torch (NVML used minus reserved)
+#: must reach to be named the cause of memory pressure: 1 - 0.90, so freeing
+#: that part alone would bring the peak back under the rule's threshold.
+MEMORY_CAUSE_FRACTION = 1.0 - MEMORY_PRESSURE_FRACTION
 #: Seed rule table: 82 °C is where data-center GPUs start thermal slowdown
 #: (H100/H200 "GPU slowdown temp" is ~87-90 °C in ``nvidia-smi -q``; 82 warns first).
 THERMAL_TEMP_C = 82.0
@@ -253,27 +258,87 @@ def _clock_drop(ref_mhz: float | None, mhz: float | None) -> float | None:
     return max(0.0, 1.0 - mhz / ref_mhz)
 
 
+_MEMORY_HEADROOM = (
+    "Little headroom is left: a longer sequence, a larger batch or allocator "
+    "fragmentation ends in CUDA out-of-memory."
+)
+#: memory_pressure's fix per cause (see :func:`_memory_cause`); None: torch
+#: did not report its allocator, so the cause is unknown.
+_MEMORY_FIXES = {
+    "allocator_cache": "Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True so the "
+    "allocator grows segments instead of caching odd-sized blocks, or lower the batch size.",
+    "outside_torch": "Check for other processes on this GPU (nvidia-smi) and for memory "
+    "allocated outside torch's allocator (NCCL buffers, CuPy/JAX/TensorFlow in the process).",
+    "tensors": "Use activation checkpointing (torch.utils.checkpoint), a smaller micro-batch "
+    "with gradient accumulation, bf16 autocast, or shard optimizer state (ZeRO / FSDP).",
+    None: "Use activation checkpointing, bf16 autocast, a smaller micro-batch with "
+    "gradient accumulation, or set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.",
+}
+
+
+def _memory_cause(ctx: RunContext, used: int, total: int) -> tuple[str | None, str]:
+    """(cause, detail sentence) of memory pressure, from NVML's peak *used* and
+    *total* bytes and torch's peak allocated and reserved bytes.
+
+    NVML used > torch reserved > torch allocated is the normal picture (CUDA
+    context and other processes; the allocator's cache): the cause is the part
+    that takes :data:`MEMORY_CAUSE_FRACTION` of the GPU, the cache first, then
+    memory outside torch; else the tensors themselves. The peaks need not
+    coincide in time, so each difference is floored at 0.
+    """
+    allocated, reserved = ctx.torch_peak_allocated_bytes, ctx.torch_peak_reserved_bytes
+    if allocated is None or reserved is None:
+        return None, ""
+    cache, outside = max(0, reserved - allocated), max(0, used - reserved)
+    split = (
+        f"At their peaks torch's allocator reserved {reserved / 1e9:.1f} GB, of which "
+        f"tensors took {allocated / 1e9:.1f} GB (the rest is its cache), and "
+        f"{outside / 1e9:.1f} GB of NVML's used memory lay outside it (CUDA context, "
+        "NCCL and cuBLAS workspaces, other processes). "
+    )
+    limit = MEMORY_CAUSE_FRACTION * total
+    if cache >= limit and cache >= outside:
+        return "allocator_cache", split + (
+            f"The {cache / 1e9:.1f} GB of cached, unused blocks is fragmentation, "
+            "not live tensors."
+        )
+    if outside >= limit:
+        return "outside_torch", split + "Most of the pressure is not torch's tensors."
+    return "tensors", split + (
+        "Live tensors (activations, gradients, optimizer state) fill the GPU themselves."
+    )
+
+
 @rule("memory_pressure")
 def memory_pressure(ctx: RunContext) -> Insight | None:
-    """Fires when peak used memory > :data:`MEMORY_PRESSURE_FRACTION` of total."""
+    """Fires when NVML's peak used memory > :data:`MEMORY_PRESSURE_FRACTION` of
+    total. When the shim reported torch's allocator (peak allocated and
+    reserved bytes), the detail splits the peak and the fix fits the cause:
+    :func:`_memory_cause`."""
     g = ctx.gpu
     frac = g.mem_used_fraction if g else None
     if g is None or frac is None or frac <= MEMORY_PRESSURE_FRACTION:
         return None
-    used_gb, total_gb = g.mem_used_max_bytes / 1e9, g.mem_total_bytes / 1e9
+    used, total = g.mem_used_max_bytes, g.mem_total_bytes
+    cause, split = _memory_cause(ctx, used, total)
+    evidence: dict[str, Any] = {
+        "mem_used_fraction": round(frac, 4),
+        "mem_used_max_bytes": used,
+        "mem_total_bytes": total,
+    }
+    if cause is not None:
+        evidence.update(
+            torch_peak_allocated_bytes=ctx.torch_peak_allocated_bytes,
+            torch_peak_reserved_bytes=ctx.torch_peak_reserved_bytes,
+            cause=cause,
+        )
     return Insight(
         rule="memory_pressure",
         severity="HIGH" if frac > MEMORY_PRESSURE_HIGH_FRACTION else "MED",
-        title=f"GPU memory {frac:.0%} full at peak ({used_gb:.1f} of {total_gb:.1f} GB)",
-        detail="Little headroom is left: a longer sequence, a larger batch or allocator "
-        "fragmentation ends in CUDA out-of-memory.",
-        fix="Use activation checkpointing, bf16 autocast, a smaller micro-batch with "
-        "gradient accumulation, or set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.",
-        evidence={
-            "mem_used_fraction": round(frac, 4),
-            "mem_used_max_bytes": g.mem_used_max_bytes,
-            "mem_total_bytes": g.mem_total_bytes,
-        },
+        title=f"GPU memory {frac:.0%} full at peak ({used / 1e9:.1f} of {total / 1e9:.1f} GB)",
+        detail=f"{split}{_MEMORY_HEADROOM}" if split else _MEMORY_HEADROOM,
+        fix=_MEMORY_FIXES[cause],
+        evidence=evidence,
     )
 
 

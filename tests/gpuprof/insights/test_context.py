@@ -69,3 +69,23 @@ def test_build_context_sums_each_optimizers_updates_and_time():
         {"t0": 4, "t1": 5, "wait": 0, "phases": {}},
     ]
     assert build_context(run, steps).optimizers == (("SGD#0", 1, 1, 4.0), ("Adam#1", 1, 0, 0.5))
+
+
+def test_build_context_takes_torch_memory_peaks_from_steps_that_report_them():
+    run = {"run_name": "r", "status": "finished", "start_mono_ns": 0, "end_mono_ns": 10}
+    steps = [
+        {"t0": 0, "t1": 1, "wait": 0, "phases": {}},  # no reading for this step
+        {"t0": 2, "t1": 3, "wait": 0, "phases": {}, "mem": [100, 400, 300]},
+        # allocated and reserved fell (empty_cache), the cumulative peak did not
+        {"t0": 4, "t1": 5, "wait": 0, "phases": {}, "mem": [90, 350, 700]},
+        {"t0": 6, "t1": 7, "wait": 0, "phases": {}, "mem": [95, 380, 650]},  # peak reset
+    ]
+    ctx = build_context(run, steps)
+    assert ctx.torch_peak_allocated_bytes == 700
+    assert ctx.torch_peak_reserved_bytes == 400
+
+
+def test_build_context_without_torch_memory_is_none_not_zero():
+    run = {"run_name": "r", "status": "finished", "start_mono_ns": 0, "end_mono_ns": 10}
+    ctx = build_context(run, [{"t0": 0, "t1": 1, "wait": 0, "phases": {}}])
+    assert ctx.torch_peak_allocated_bytes is None and ctx.torch_peak_reserved_bytes is None

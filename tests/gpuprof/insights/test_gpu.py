@@ -109,6 +109,75 @@ def test_memory_pressure_silent_at_90_percent():
     assert memory_pressure(_ctx([_row(mem_used=72 * GB)])) is None
 
 
+def _torch_mem(used_gb: float, reserved_gb: float, allocated_gb: float):
+    """An 80 GB GPU whose NVML peak is *used_gb*, with torch's peak reserved
+    and allocated figures as the shim reports them."""
+    return _ctx(
+        [_row(), _row(mem_used=int(used_gb * GB))],
+        torch_peak_reserved_bytes=int(reserved_gb * GB),
+        torch_peak_allocated_bytes=int(allocated_gb * GB),
+    )
+
+
+def test_memory_pressure_without_torch_figures_keeps_the_general_fix():
+    ins = memory_pressure(_ctx([_row(mem_used=76 * GB)]))
+    assert "cause" not in ins.evidence and "torch_peak_allocated_bytes" not in ins.evidence
+    assert "checkpointing" in ins.fix and "expandable_segments" in ins.fix
+    assert "reserved" not in ins.detail
+
+
+def test_memory_pressure_from_the_allocator_cache_suggests_expandable_segments():
+    # 74 GB reserved but tensors peaked at 60: 14 GB (17.5 % of the GPU) is cache
+    ins = memory_pressure(_torch_mem(used_gb=76, reserved_gb=74, allocated_gb=60))
+    assert ins.evidence["cause"] == "allocator_cache"
+    assert ins.evidence["torch_peak_reserved_bytes"] == 74 * GB
+    assert ins.evidence["torch_peak_allocated_bytes"] == 60 * GB
+    assert ins.evidence["mem_used_max_bytes"] == 76 * GB
+    assert "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in ins.fix
+    assert "batch size" in ins.fix and "checkpointing" not in ins.fix
+    assert "reserved 74.0 GB" in ins.detail and "tensors took 60.0 GB" in ins.detail
+    assert "2.0 GB of NVML's used memory lay outside it" in ins.detail
+    assert "14.0 GB of cached, unused blocks" in ins.detail
+
+
+def test_memory_pressure_from_live_tensors_suggests_checkpointing():
+    # reserved a little above allocated (rounding), NVML a little above reserved
+    # (context): the normal picture, with the tensors themselves near the total
+    ins = memory_pressure(_torch_mem(used_gb=76, reserved_gb=75, allocated_gb=73))
+    assert ins.evidence["cause"] == "tensors"
+    assert "checkpointing" in ins.fix and "micro-batch" in ins.fix
+    assert "expandable_segments" not in ins.fix
+    assert "Live tensors" in ins.detail
+
+
+def test_memory_pressure_outside_torch_points_at_other_users_of_the_gpu():
+    # torch holds 60 GB; 16 GB more is used by something else on the GPU
+    ins = memory_pressure(_torch_mem(used_gb=76, reserved_gb=60, allocated_gb=58))
+    assert ins.evidence["cause"] == "outside_torch"
+    assert "nvidia-smi" in ins.fix and "checkpointing" not in ins.fix
+    assert "16.0 GB of NVML's used memory lay outside it" in ins.detail
+
+
+def test_memory_pressure_cause_threshold_is_a_tenth_of_the_gpu():
+    # cache 7.9 GB (< 8 GB = 10 % of 80): not the cause; 8.1 GB: the cause
+    below = memory_pressure(_torch_mem(used_gb=76, reserved_gb=75, allocated_gb=67.1))
+    above = memory_pressure(_torch_mem(used_gb=76, reserved_gb=75, allocated_gb=66.9))
+    assert below.evidence["cause"] == "tensors"
+    assert above.evidence["cause"] == "allocator_cache"
+
+
+def test_memory_pressure_peaks_apart_in_time_do_not_go_negative():
+    # NVML's peak below torch's reserved peak (sampled at other moments)
+    ins = memory_pressure(_torch_mem(used_gb=73, reserved_gb=74, allocated_gb=72.5))
+    assert ins.evidence["cause"] == "tensors"
+    assert "0.0 GB of NVML's used memory lay outside it" in ins.detail
+
+
+def test_memory_pressure_silent_for_the_normal_picture_below_90_percent():
+    # NVML used > reserved > allocated, each well apart, but the GPU has room
+    assert memory_pressure(_torch_mem(used_gb=60, reserved_gb=50, allocated_gb=30)) is None
+
+
 # --- thermal_throttling ------------------------------------------------------
 
 
