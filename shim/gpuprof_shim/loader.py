@@ -20,6 +20,8 @@ class TimedLoader:
         on_iter: called when an iteration starts (marks waits as explicit).
         on_wait: called with each successful ``next()``'s duration, ns.
         clock: monotonic nanoseconds.
+        on_iterator: called with each iterator of *loader* (to report a
+            DataLoader's worker processes); must not raise.
     """
 
     def __init__(
@@ -28,21 +30,28 @@ class TimedLoader:
         on_iter: Callable[[], None],
         on_wait: Callable[[int], None],
         clock: Callable[[], int] = time.monotonic_ns,
+        on_iterator: Callable[[Any], None] | None = None,
     ) -> None:
         self._loader = loader
         self._on_iter = on_iter
         self._on_wait = on_wait
         self._clock = clock
+        self._on_iterator = on_iterator
 
     def __iter__(self) -> Iterator[Any]:
         self._on_iter()
-        return TimedIterator(iter(self._loader), self._on_wait, self._clock)
+        it = iter(self._loader)
+        if self._on_iterator is not None:
+            self._on_iterator(it)
+        return TimedIterator(it, self._on_wait, self._clock)
 
     def __len__(self) -> int:
         return len(self._loader)  # type: ignore[arg-type]
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name in ("_loader", "_on_iter", "_on_wait", "_clock"):
+        if name.startswith("__") or name in (
+            "_loader", "_on_iter", "_on_wait", "_clock", "_on_iterator",
+        ):  # fmt: skip
             raise AttributeError(name)
         return getattr(self._loader, name)
 

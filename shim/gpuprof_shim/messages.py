@@ -4,7 +4,7 @@ reads beyond what callers pass). Field sets follow
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpuprof.protocol import (
@@ -143,8 +143,9 @@ def bye(
 
 
 def step(run_key: str, rec: StepRecord) -> dict[str, Any]:
-    """The ``step`` data event for *rec*; ``skipped``, ``eval`` and
-    ``optimizers`` only when they say something."""
+    """The ``step`` data event for *rec*; ``skipped``, ``eval``,
+    ``optimizers`` and ``mem`` (torch allocator bytes) only when they say
+    something."""
     msg = {
         "v": PROTOCOL_VERSION,
         "type": "step",
@@ -171,7 +172,25 @@ def step(run_key: str, rec: StepRecord) -> dict[str, Any]:
             }
             for o in rec.optimizers[:MAX_OPTIMIZERS]
         ]
+    if rec.mem is not None:
+        msg["mem"] = list(rec.mem)
     return msg
+
+
+def workers(
+    run_key: str, loader_seq: int, pids: Sequence[tuple[int, int]], t_ns: int
+) -> dict[str, Any]:
+    """The ``workers`` data event: one loader iterator's ``(worker_id, pid)``
+    pairs (unique, at most ``MAX_WORKERS``), its per-process *loader_seq*,
+    and the monotonic ns *t_ns* at which its workers were seen started."""
+    return {
+        "v": PROTOCOL_VERSION,
+        "type": "workers",
+        "run_key": run_key,
+        "loader_seq": loader_seq,
+        "workers": [{"worker_id": w, "pid": p} for w, p in pids],
+        "t_ns": t_ns,
+    }
 
 
 def normalize_options(flops_per_step: object, dtype: object) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,8 +59,12 @@ def _raw(target: Any, name: str) -> Any:
 class TorchPatches:
     """Installs auto mode's wrappers and hooks for one session; see module doc."""
 
-    def __init__(self, machine: StepMachine) -> None:
+    def __init__(
+        self, machine: StepMachine, on_loader_iterator: Callable[[Any], None] | None = None
+    ) -> None:
         self.machine = machine
+        self.on_loader_iterator = on_loader_iterator
+        """Gets each iterator ``DataLoader.__iter__`` returns (worker pids)."""
         self.wrappers: Wrappers | None = None
         self._patches: list[_Patch] = []
         self._handles: list[Any] = []
@@ -105,6 +110,7 @@ class TorchPatches:
             orig_autograd_backward=_raw(autograd, "backward"),
             is_grad_enabled=torch.is_grad_enabled,
             is_compiling=torch.compiler.is_compiling,
+            on_loader_iterator=self.on_loader_iterator,
         )
         self.wrappers = w
         w.forwards.install()

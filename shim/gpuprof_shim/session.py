@@ -27,13 +27,14 @@ from typing import Any
 
 from gpuprof import config
 from gpuprof.protocol import clean_run_name
-from gpuprof_shim import autostart, control, identity, messages
+from gpuprof_shim import autostart, control, identity, memory, messages
 from gpuprof_shim.auto import StepMachine
 from gpuprof_shim.loader import TimedLoader
 from gpuprof_shim.manual import ManualRecorder, NullStep, Step
 from gpuprof_shim.report import StepCounter, local_summary, print_summary
 from gpuprof_shim.sender import Sender
 from gpuprof_shim.steps import StepRecord, WaitTracker
+from gpuprof_shim.workers import WorkerReporter
 
 log = logging.getLogger("gpuprof.shim")
 
@@ -138,6 +139,8 @@ class Profiler:
         self._waits: WaitTracker | StepMachine | None = None
         self._recorder: ManualRecorder | None = None
         self._patches: Any = None
+        #: Reports DataLoader worker pids (``workers`` events) while open.
+        self._workers: WorkerReporter | None = None
         self._warned_step = False
         self._pending: list[StepRecord] = []
         self._sent_at = 0
@@ -233,7 +236,9 @@ class Profiler:
     def wrap_dataloader(self, loader: Iterable[Any]) -> TimedLoader:
         """Iterate *loader* through this to time each ``next()`` as explicit
         loader wait, attributed to the step that follows it. Works in both modes."""
-        return TimedLoader(loader, self._loader_started, self._loader_wait, self.clock)
+        return TimedLoader(
+            loader, self._loader_started, self._loader_wait, self.clock, self._loader_iterator
+        )
 
     # --- internals ---------------------------------------------------------
 
@@ -298,6 +303,8 @@ class Profiler:
         return control.parse_hello_reply(raw)
 
     def _start_recording(self) -> None:
+        if self.sender is not None:
+            self._workers = WorkerReporter(self.run_key, self.sender.send, self.clock)
         if self.auto:
             from gpuprof_shim.patches import TorchPatches
 
@@ -305,7 +312,7 @@ class Profiler:
                 self._emit, self.clock(), self.clock, external=self.step_source == "external"
             )
             self._waits = self.machine
-            self._patches = TorchPatches(self.machine)
+            self._patches = TorchPatches(self.machine, self._loader_iterator)
             try:
                 self._patches.install()
             except Exception:
@@ -331,15 +338,26 @@ class Profiler:
             log.debug("gpuprof: could not emit step %s", rec.i, exc_info=True)
 
     def _send_pending(self, now_ns: int) -> None:
+        """Send the queued step events. The burst's last step carries torch's
+        CUDA memory figures (when CUDA is in use): one read per burst, not per
+        step, and the peak figure is cumulative, so no peak is missed."""
         pending, self._pending = self._pending, []
         self._sent_at = now_ns
         if self.sender is not None:
+            if pending:
+                pending[-1].mem = memory.cuda_memory()
             for rec in pending:
                 self.sender.send(messages.step(self.run_key, rec))
 
     def _loader_started(self) -> None:
         if self._open and self._waits is not None:
             self._waits.mark_explicit()
+
+    def _loader_iterator(self, it: object) -> None:
+        """A new loader iterator: report its worker processes, if it has any."""
+        workers = self._workers
+        if self._open and workers is not None:
+            workers.on_iterator(it)
 
     def _loader_wait(self, ns: int) -> None:
         if self._open and self._waits is not None:

@@ -41,6 +41,8 @@ class Wrappers:
         orig_autograd_backward: the original ``torch.autograd.backward``.
         is_grad_enabled: ``torch.is_grad_enabled``.
         is_compiling: ``torch.compiler.is_compiling``.
+        on_loader_iterator: called with each iterator ``DataLoader.__iter__``
+            returns (to report its worker processes); must not raise.
     """
 
     def __init__(
@@ -51,8 +53,10 @@ class Wrappers:
         orig_autograd_backward: Callable[..., Any],
         is_grad_enabled: Callable[[], bool],
         is_compiling: Callable[[], bool],
+        on_loader_iterator: Callable[[Any], None] | None = None,
     ) -> None:
         self.machine = machine
+        self.on_loader_iterator = on_loader_iterator
         self.is_compiling = is_compiling
         self.enabled = True
         self._errors = 0
@@ -134,7 +138,8 @@ class Wrappers:
     def make_loader_iter(self, orig: Callable[..., Any]) -> Callable[..., Any]:
         """A stand-in for ``DataLoader.__iter__``: a new iterator (an epoch or
         a validation pass) opens a forward-discovery window and is noted for
-        the step machine (a validation loader's start-up is eval time)."""
+        the step machine (a validation loader's start-up is eval time); the
+        iterator it returns goes to ``on_loader_iterator`` (its worker pids)."""
         rediscover_then = self.make_rediscover(orig)
         machine = self.machine
 
@@ -144,7 +149,14 @@ class Wrappers:
                     machine.on_loader_iter(machine.clock())
                 except Exception:
                     self.internal_error()
-            return rediscover_then(self_)
+            it = rediscover_then(self_)
+            report = self.on_loader_iterator
+            if self.enabled and report is not None:
+                try:
+                    report(it)
+                except Exception:
+                    self.internal_error()
+            return it
 
         loader_iter.__wrapped__ = orig  # type: ignore[attr-defined]
         for attr in ("__name__", "__qualname__", "__doc__"):

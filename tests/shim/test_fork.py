@@ -98,14 +98,22 @@ def profile(socket_dir: Path, name: str = "fork"):
     return gpuprof.profile(name, socket_dir=socket_dir, autostart=False, print_summary=False)
 
 
-def _assert_exact_steps(fake_daemon, prof, n: int) -> None:
+def _assert_exact_steps(fake_daemon, prof, n: int, pools: list[set[int]]) -> None:
+    """*n* steps and one ``workers`` event per worker pool in *pools* (the
+    pids the workers saw themselves as), from the parent only."""
     steps = fake_daemon.steps
     assert [s["i"] for s in steps] == list(range(n))
     assert [s["micro"] for s in steps] == [1] * n
-    assert [m["type"] for m in fake_daemon.data] == ["step"] * n  # no worker's mark
+    others = [m for m in fake_daemon.data if m["type"] != "step"]
+    assert [m["type"] for m in others] == ["workers"] * len(pools)  # no worker's mark
+    assert [m["loader_seq"] for m in others] == list(range(len(pools)))
+    assert [{w["pid"] for w in m["workers"]} for m in others] == pools
+    for m in others:
+        assert sorted(w["worker_id"] for w in m["workers"]) == list(range(len(m["workers"])))
     (bye,) = fake_daemon.of_type("bye")
-    assert (bye["sent"], bye["dropped"]) == (n, 0)
-    assert (prof.sender.sent, prof.sender.dropped) == (n, 0)
+    sent = n + len(pools)
+    assert (bye["sent"], bye["dropped"]) == (sent, 0)
+    assert (prof.sender.sent, prof.sender.dropped) == (sent, 0)
 
 
 def _assert_workers_used_no_zmq(seen: list[list[int]], items: int) -> set[int]:
@@ -124,8 +132,8 @@ def test_forked_workers_never_touch_zeromq_and_steps_are_exact(socket_dir, fake_
     seen: list[list[int]] = []
     with profile(socket_dir) as prof:
         _train_epoch(_loader(12), model, opt, seen)
-    _assert_workers_used_no_zmq(seen, 12)
-    _assert_exact_steps(fake_daemon, prof, 6)
+    pids = _assert_workers_used_no_zmq(seen, 12)
+    _assert_exact_steps(fake_daemon, prof, 6, [pids])
 
 
 def test_persistent_workers_across_epochs(socket_dir, fake_daemon):
@@ -139,7 +147,7 @@ def test_persistent_workers_across_epochs(socket_dir, fake_daemon):
             _train_epoch(loader, model, opt, per_epoch[-1])
     pids = [_assert_workers_used_no_zmq(seen, 8) for seen in per_epoch]
     assert pids[0] == pids[1] == pids[2]  # the same workers served every epoch
-    _assert_exact_steps(fake_daemon, prof, 12)
+    _assert_exact_steps(fake_daemon, prof, 12, [pids[0]])  # one pool, reported once
     del loader
 
 
@@ -160,8 +168,8 @@ def test_profile_exit_with_a_live_persistent_worker_iterator(socket_dir, fake_da
         seen += probe.tolist()
         model(x).sum().backward()
         opt.step()
-    _assert_workers_used_no_zmq(seen, 8)
-    _assert_exact_steps(fake_daemon, prof, 2)
+    pids = _assert_workers_used_no_zmq(seen, 8)
+    _assert_exact_steps(fake_daemon, prof, 2, [pids])
     del it, loader
 
 
@@ -196,7 +204,7 @@ def test_fork_child_never_collects_the_parents_socket(socket_dir, fake_daemon, m
         torch.optim.SGD(model.parameters(), lr=0.1).step()
     assert child == [False, 1, []]
     assert unraisable == []
-    _assert_exact_steps(fake_daemon, prof, 1)
+    _assert_exact_steps(fake_daemon, prof, 1, [])
 
 
 def test_fork_child_leaving_the_block_does_not_end_the_parents_run(socket_dir, fake_daemon, capfd):
@@ -225,7 +233,7 @@ def test_fork_child_leaving_the_block_does_not_end_the_parents_run(socket_dir, f
         model(torch.randn(2, 8)).sum().backward()
         opt.step()
     assert child == [None, ""]
-    _assert_exact_steps(fake_daemon, prof, 2)
+    _assert_exact_steps(fake_daemon, prof, 2, [])
     assert capfd.readouterr().out.count("gpuprof · parent") == 1  # the parent's summary only
 
 
@@ -336,7 +344,8 @@ def test_gpuprof_adds_well_under_a_second_to_process_exit(socket_dir, fake_daemo
     # no thread left behind that the interpreter would have to join at exit
     assert [r["threads_left"] for r in plain + shim] == [[]] * 4
     byes = fake_daemon.of_type("bye")
-    assert [(b["sent"], b["dropped"], b["status"]) for b in byes] == [(8, 0, "finished")] * 2
+    # 8 steps + one workers event: the persistent pool is reported once, not per epoch
+    assert [(b["sent"], b["dropped"], b["status"]) for b in byes] == [(9, 0, "finished")] * 2
     for bye in byes:
         steps = [s["i"] for s in fake_daemon.steps if s["run_key"] == bye["run_key"]]
         assert steps == list(range(8))
