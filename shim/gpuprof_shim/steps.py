@@ -43,6 +43,9 @@ class StepRecord:
         eval_ns: evaluation (no-grad forwards) in the gap before the step, ns;
             not part of ``wait``.
         optimizers: each optimizer's updates and time in this step (auto mode).
+        mem: torch's CUDA allocator after the step, ``(allocated, reserved,
+            peak)`` bytes (:func:`gpuprof_shim.memory.cuda_memory`); None when
+            CUDA is not in use or the figures were not read for this step.
     """
 
     i: int
@@ -55,6 +58,7 @@ class StepRecord:
     skipped: bool = False
     eval_ns: int = 0
     optimizers: list[OptimizerUse] = field(default_factory=list)
+    mem: tuple[int, int, int] | None = None
 
     @property
     def duration_ns(self) -> int:
