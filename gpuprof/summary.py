@@ -6,6 +6,7 @@ A summary is a plain dict (it crosses the control socket as JSON)::
     {"run_id": 1, "run_name": "digits-mlp", "status": "finished",
      "steps": 200, "avg_step_ms": 121.3, "median_step_ms": 118.0,
      "db": "/abs/path/gpuprof.db",
+     "memory": {"torch_peak_allocated_bytes": ..., ...},  # only what is known
      "insights": [Insight.to_dict(), ...],   # most severe first
      "notes": ["no NVIDIA GPU found: GPU metrics skipped", ...]}
 """
@@ -21,6 +22,38 @@ from gpuprof.stats import mean
 
 RULE = "─" * 60
 _SEVERITY_LABEL = {"HIGH": "[HIGH]", "MED": "[MED] ", "LOW": "[LOW] "}
+
+
+def memory_peaks(ctx: RunContext) -> dict[str, int]:
+    """The run's peak GPU memory, bytes, only the figures known: torch's
+    ``torch_peak_allocated_bytes`` / ``torch_peak_reserved_bytes`` (reported by
+    the shim) and NVML's ``nvml_peak_used_bytes`` / ``nvml_total_bytes``
+    (sampled by gpuprofd). Empty for a CPU run."""
+    g = ctx.gpu
+    figures = {
+        "torch_peak_allocated_bytes": ctx.torch_peak_allocated_bytes,
+        "torch_peak_reserved_bytes": ctx.torch_peak_reserved_bytes,
+        "nvml_peak_used_bytes": g.mem_used_max_bytes if g is not None else None,
+        "nvml_total_bytes": g.mem_total_bytes if g is not None else None,
+    }
+    return {k: v for k, v in figures.items() if v is not None}
+
+
+def memory_line(memory: Mapping[str, int]) -> str | None:
+    """One summary line from :func:`memory_peaks`' figures; None when torch
+    and NVML reported nothing. NVML used > reserved > allocated is normal
+    (CUDA context and other processes; the allocator's cache)."""
+    gb = {k: v / 1e9 for k, v in memory.items()}
+    parts = []
+    if "torch_peak_allocated_bytes" in gb:
+        parts.append(f"torch allocated {gb['torch_peak_allocated_bytes']:.2f} GB")
+    if "torch_peak_reserved_bytes" in gb:
+        parts.append(f"reserved {gb['torch_peak_reserved_bytes']:.2f} GB")
+    if "nvml_peak_used_bytes" in gb:
+        total = gb.get("nvml_total_bytes")
+        of = f" of {total:.2f} GB" if total is not None else " GB"
+        parts.append(f"NVML used {gb['nvml_peak_used_bytes']:.2f}{of}")
+    return "  GPU memory at peak: " + ", ".join(parts) if parts else None
 
 
 def make_summary(
@@ -50,6 +83,7 @@ def make_summary(
             {"name": n, "updates": u, "skipped": k, "step_ms": ms} for n, u, k, ms in ctx.optimizers
         ],
         "db": db,
+        "memory": memory_peaks(ctx),
         "insights": [dict(i) for i in insights],
         "notes": list(notes),
     }
@@ -78,6 +112,9 @@ def format_summary(summary: Mapping[str, Any], details: bool = False) -> str:
         parts = [f"{o['name']} {o['updates']} updates, {o['step_ms'] / 1e3:.2f} s in step()"
                  for o in optimizers]  # fmt: skip
         lines.append("  Optimizers: " + "; ".join(parts))
+    memory = memory_line(summary.get("memory") or {})
+    if memory:
+        lines.append(memory)
     insights = summary.get("insights") or []
     lines.append(f"  Insights ({len(insights)}):")
     for ins in insights:

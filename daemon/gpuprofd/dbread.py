@@ -133,10 +133,13 @@ def stored_insights(conn: sqlite3.Connection, run_id: int) -> list[dict[str, Any
 #: covers start-up, as the dataloader-stall rule does (``counted_steps`` says
 #: how many steps the sums cover), except ``skipped_updates`` and ``eval_ns``
 #: (every step). ``data_ns`` is loader time inside steps
-#: (the ``data`` phase, between micro-batches).
+#: (the ``data`` phase, between micro-batches). ``mem_peak_bytes`` and
+#: ``mem_reserved_max_bytes``: the highest torch allocator figures any step
+#: reported (NULL: none did).
 _OVERVIEW_SQL = """
 WITH numbered AS (
-    SELECT run_id, t0_ns, t1_ns, wait_ns, phases, skipped, eval_ns,
+    SELECT run_id, t0_ns, t1_ns, wait_ns, phases, skipped, eval_ns, mem_peak_bytes,
+           mem_reserved_bytes,
            ROW_NUMBER() OVER (PARTITION BY run_id ORDER BY t0_ns, rowid) > 1 AS c
     FROM steps
 )
@@ -150,7 +153,9 @@ SELECT run_id,
        TOTAL(c * COALESCE(json_extract(phases, '$.forward'), 0)) AS forward_ns,
        TOTAL(c * COALESCE(json_extract(phases, '$.backward'), 0)) AS backward_ns,
        TOTAL(c * COALESCE(json_extract(phases, '$.optimizer'), 0)) AS optimizer_ns,
-       TOTAL(c * COALESCE(json_extract(phases, '$.data'), 0)) AS data_ns
+       TOTAL(c * COALESCE(json_extract(phases, '$.data'), 0)) AS data_ns,
+       MAX(mem_peak_bytes) AS mem_peak_bytes,
+       MAX(mem_reserved_bytes) AS mem_reserved_max_bytes
 FROM numbered
 GROUP BY run_id
 """

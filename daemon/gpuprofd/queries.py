@@ -15,8 +15,8 @@ from gpuprofd.nvml import normalize_uuid
 HISTORY_RUNS = 3
 
 STEPS_SQL = (
-    "SELECT t0_ns, t1_ns, wait_ns, explicit, micro, phases, skipped, eval_ns, optimizers "
-    "FROM steps "
+    "SELECT t0_ns, t1_ns, wait_ns, explicit, micro, phases, skipped, eval_ns, optimizers, "
+    "mem_allocated_bytes, mem_reserved_bytes, mem_peak_bytes FROM steps "
     "WHERE run_id = ? ORDER BY t0_ns"
 )
 HOST_SQL = (
@@ -46,14 +46,18 @@ INSIGHTS_SQL = (
 
 
 def step_from_row(r: Mapping[str, Any]) -> dict[str, Any]:
-    """A ``steps`` row as :func:`gpuprof.insights.build_context` reads it."""
-    return {
+    """A ``steps`` row as :func:`gpuprof.insights.build_context` reads it
+    (``mem`` only where the step carried torch's allocator figures)."""
+    step = {
         "t0": r["t0_ns"], "t1": r["t1_ns"], "wait": r["wait_ns"],
         "explicit": bool(r["explicit"]), "micro": r["micro"],
         "phases": orjson.loads(r["phases"]) if r["phases"] else {},
         "skipped": bool(r["skipped"]), "eval": r["eval_ns"] or 0,
         "optimizers": orjson.loads(r["optimizers"]) if r["optimizers"] else [],
     }  # fmt: skip
+    if r["mem_allocated_bytes"] is not None:
+        step["mem"] = [r["mem_allocated_bytes"], r["mem_reserved_bytes"], r["mem_peak_bytes"]]
+    return step
 
 
 def steps_span(steps: Sequence[Mapping[str, Any]]) -> tuple[int, int] | None:

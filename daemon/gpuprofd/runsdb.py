@@ -19,7 +19,8 @@ from gpuprofd.store import Op, Store
 
 _STEP_SQL = (
     "INSERT INTO steps (run_id, step, t0_ns, t1_ns, wait_ns, explicit, micro, phases, "
-    "skipped, eval_ns, optimizers) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    "skipped, eval_ns, optimizers, mem_allocated_bytes, mem_reserved_bytes, mem_peak_bytes) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 _HOST_SQL = (
     "INSERT INTO host_samples (mono_ns, cpu_pct, cpu_count, disk_read_bps, disk_read_iops, "
@@ -44,12 +45,16 @@ _RUN_COLUMNS = (
 
 
 def step_op(run_id: int, msg: Mapping[str, Any]) -> Op:
-    """The insert of one validated ``step`` message."""
+    """The insert of one validated ``step`` message; its optional ``mem``
+    (torch allocator ``[allocated, reserved, peak]`` bytes) fills the three
+    ``mem_*_bytes`` columns, NULL when the step did not carry it."""
+    mem = msg.get("mem") or (None, None, None)
     params = (
         run_id, msg["i"], msg["t0"], msg["t1"], msg["wait"], int(msg["explicit"]),
         msg["micro"], orjson.dumps(msg["phases"]).decode(),
         int(msg.get("skipped", False)), msg.get("eval", 0),
         orjson.dumps(msg["optimizers"]).decode() if msg.get("optimizers") else None,
+        *mem,
     )  # fmt: skip
     return Op(_STEP_SQL, params, drop_reason="store_error")
 

@@ -22,6 +22,8 @@ from gpuprofd.commands.insights import LIVE_NOTE
 from gpuprofd.ctl import main
 from tests.daemon import helpers as h
 
+GIB = 2**30
+
 
 @pytest.fixture(scope="module")
 def real_db(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
@@ -107,6 +109,8 @@ def test_runs_shares_skip_step_0_and_fold_the_data_phase_into_wait(
             step["skipped"] = True  # GradScaler skipped this update
         if i == 5:
             step["eval"] = 1_500 * ms  # a validation loop before step 5, outside its wait
+        if i in (2, 6):  # torch's allocator [allocated, reserved, peak], on two steps only
+            step["mem"] = [i * GIB, (i + 2) * GIB, (10 - i) * GIB]
         client.push(step)
         t0 += 12 * ms
     assert client.request(h.bye("accum", sent=8))["ok"]
@@ -122,6 +126,11 @@ def test_runs_shares_skip_step_0_and_fold_the_data_phase_into_wait(
                                          "optimizer": 8.3, "other": 16.7}  # fmt: skip
     assert (accum["steps"], accum["steps_counted"], accum["median_step_ms"]) == (8, 7, 12.0)
     assert (accum["skipped_updates"], accum["eval_s"], one["skipped_updates"]) == (1, 1.5, 0)
+    # the highest figures any step reported: peak from step 2, reserved from step 6
+    assert (accum["torch_peak_allocated_bytes"], accum["torch_peak_reserved_bytes"]) == (
+        8 * GIB, 8 * GIB,
+    )  # fmt: skip
+    assert one["torch_peak_allocated_bytes"] is None and one["torch_peak_reserved_bytes"] is None
     # a single step is all start-up: nothing to share out
     assert one["pct_of_iteration"] == dict.fromkeys(
         ("loader_wait", "forward", "backward", "optimizer", "other")

@@ -75,3 +75,32 @@ def test_two_optimizers_get_a_line_with_their_updates_and_time():
     assert line in format_summary(summary).splitlines()
     one = make_ctx([10.0] * 4, optimizers=(("Adam#0", 4, 0, 5.0),))
     assert "Optimizers:" not in format_summary(make_summary(1, one, [], "/d"))
+
+
+def test_memory_line_shows_torch_peaks_beside_nvml_used():
+    from gpuprof.insights.gpu import gpu_stats
+
+    gpu = gpu_stats([{"util_gpu": 90, "mem_used": 30 * 10**9, "mem_total": 80 * 10**9},
+                     {"util_gpu": 90, "mem_used": 31_500_000_000, "mem_total": 80 * 10**9}])
+    ctx = make_ctx([10.0] * 4, gpu=gpu, torch_peak_allocated_bytes=25_120_000_000,
+                   torch_peak_reserved_bytes=28 * 10**9)
+    summary = make_summary(1, ctx, [], "/d")
+    assert summary["memory"] == {
+        "torch_peak_allocated_bytes": 25_120_000_000,
+        "torch_peak_reserved_bytes": 28 * 10**9,
+        "nvml_peak_used_bytes": 31_500_000_000,
+        "nvml_total_bytes": 80 * 10**9,
+    }
+    line = ("  GPU memory at peak: torch allocated 25.12 GB, reserved 28.00 GB, "
+            "NVML used 31.50 of 80.00 GB")
+    assert line in format_summary(summary).splitlines()
+
+
+def test_memory_line_shows_what_is_known_and_nothing_on_a_cpu_run():
+    torch_only = make_summary(1, make_ctx([10.0] * 4, torch_peak_allocated_bytes=10**9,
+                                          torch_peak_reserved_bytes=2 * 10**9), [], "/d")
+    assert ("  GPU memory at peak: torch allocated 1.00 GB, reserved 2.00 GB"
+            in format_summary(torch_only).splitlines())
+    cpu = make_summary(1, make_ctx([10.0] * 4), [], "/d")
+    assert cpu["memory"] == {}
+    assert "GPU memory" not in format_summary(cpu)

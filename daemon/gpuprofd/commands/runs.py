@@ -58,6 +58,8 @@ def describe(run: dict[str, Any], median_ms: float | None) -> dict[str, Any]:
         "eval_s": round(((agg.get("eval_ns") or 0) + (run.get("trailing_eval_ns") or 0)) / 1e9, 3),
         "dropped_events": run.get("dropped_events") or 0,
         "start_wall_ns": run.get("start_wall_ns"),
+        "torch_peak_allocated_bytes": agg.get("mem_peak_bytes"),
+        "torch_peak_reserved_bytes": agg.get("mem_reserved_max_bytes"),
     }
 
 
@@ -122,7 +124,9 @@ DROPPED         events the training process could not send
 --format json gives the same per run: steps, median_step_ms,
 pct_of_iteration {{loader_wait, forward, backward, optimizer, other}},
 steps_counted (the steps those shares cover), skipped_updates, eval_s,
-dropped_events.
+dropped_events, and torch_peak_allocated_bytes / torch_peak_reserved_bytes
+(the highest torch.cuda.max_memory_allocated / memory_reserved the steps
+reported; null when CUDA was not in use).
 """
 
 
