@@ -147,14 +147,15 @@ class Daemon:
         self._notes = notes
         await self.runs.recover_at_startup()
         pull, router = self._bind()
-        self.ingest = Ingest(pull, self.runs, self.store, self.drops, self.touch)
+        host = HostSampler(run_pids=self.registry.pids)
+        self.ingest = Ingest(pull, self.runs, self.store, self.drops, self.touch,
+                             on_workers=host.workers.add)  # fmt: skip
         control = ControlServer(
             router, {"hello": self._hello, "bye": self._bye, "ping": self._ping}, self.drops,
             self.touch,
         )  # fmt: skip
         lifecycle = Lifecycle(self.runs, self.drops, opts.idle_exit_s,
                               lambda: self._last_activity, self.stop)  # fmt: skip
-        host = HostSampler(run_pids=self.registry.pids)
         tasks = [
             asyncio.create_task(self.ingest.run(), name="ingest"),
             asyncio.create_task(control.run(), name="control"),
@@ -232,6 +233,8 @@ class Daemon:
         )  # fmt: skip
         for run_id, cores in s.run_cpu_cores.items():
             self.store.submit_nowait(runsdb.run_cpu_op(run_id, s.mono_ns, cores))
+        for w in s.worker_cpu:
+            self.store.submit_nowait(runsdb.worker_cpu_op(w))
 
     def _gpu_sink(self) -> Any:
         loop = asyncio.get_running_loop()

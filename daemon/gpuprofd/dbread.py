@@ -109,7 +109,10 @@ def run_context(conn: sqlite3.Connection, run: dict[str, Any]) -> RunContext:
             conn, queries.HISTORY_SQL, (run["run_name"], run["id"], queries.HISTORY_RUNS)
         )
     ]
-    return build_context(run, steps, host, history, gpu_samples=gpu_rows(conn, run, steps))
+    workers = [dict(r) for r in _query(conn, queries.WORKER_CPU_SQL, (run["id"],))]
+    return build_context(
+        run, steps, host, history, gpu_samples=gpu_rows(conn, run, steps), workers=workers
+    )
 
 
 def gpu_rows(

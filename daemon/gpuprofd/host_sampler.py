@@ -1,7 +1,8 @@
 """Host sampler: CPU use (all cores and per core), disk reads (bytes/s and
-IOPS), page cache and RAM size, swap-in rate, and the CPU each live run's
-process tree (the training process and its DataLoader workers) uses, every
-0.5 s, via psutil.
+IOPS), page cache and RAM size, swap-in rate, the CPU each live run's
+process tree (the training process and its DataLoader workers) uses, and
+the CPU seconds of each DataLoader worker the shim reported, every 0.5 s,
+via psutil.
 
 psutil calls run in a worker thread (``asyncio.to_thread``) so the event loop
 never blocks on ``/proc``. psutil and the clock are injected for tests.
@@ -12,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections import deque
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -23,7 +25,17 @@ log = logging.getLogger(__name__)
 
 DEFAULT_INTERVAL_S = 0.5
 #: A process that exited, or one we may not read: skipped, not an error.
+#: (``ZombieProcess``, exited but not yet reaped, is a ``NoSuchProcess``.)
 _GONE = (_psutil.NoSuchProcess, _psutil.AccessDenied)
+#: DataLoader worker processes followed at once, over all runs: 8 ranks × 2
+#: loaders × 64 workers is 1024; reports beyond this are dropped (counted).
+MAX_TRACKED_WORKERS = 4096
+#: Worker pools reported but not yet looked at (drained every tick, 0.5 s).
+MAX_PENDING_POOLS = 1024
+#: psutil's ``create_time`` is boot time + start ticks (10 ms) in wall-clock
+#: seconds, and the wall clock may be stepped: a process created more than
+#: this long after its pid was reported is a later process reusing the pid.
+CREATE_TIME_SLACK_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -51,6 +63,26 @@ class HostSample:
     swap_in_bps: float | None = None
     """Bytes swapped in from disk per second since the previous sample
     (``swap_memory().sin``); None where unsupported (Windows reports 0 always)."""
+    worker_cpu: tuple[WorkerCpuReading, ...] = ()
+    """DataLoader workers whose CPU seconds are new or grew since the previous sample."""
+
+
+@dataclass(frozen=True)
+class WorkerCpuReading:
+    """One DataLoader worker's CPU use so far (a ``worker_cpu`` row)."""
+
+    run_id: int
+    loader_seq: int
+    """The training process's number for the worker pool (one loader iterator)."""
+    worker_id: int
+    """torch's id of the worker in its pool (``get_worker_info().id``)."""
+    pid: int
+    first_mono_ns: int
+    """When the training process saw the pool started (its ``workers`` event)."""
+    last_mono_ns: int
+    """When :attr:`cpu_s` was read."""
+    cpu_s: float
+    """User + system CPU seconds the worker process used since it started."""
 
 
 def _int_or_none(value: Any) -> int | None:
@@ -104,6 +136,106 @@ class ProcessTreeCpu:
         return out
 
 
+@dataclass
+class _Worker:
+    proc: Any
+    run_id: int
+    loader_seq: int
+    worker_id: int
+    first_mono_ns: int
+    cpu_s: float | None = None
+    """Last value reported; None before the first reading."""
+
+
+class WorkerCpu:
+    """CPU seconds of each DataLoader worker the shims reported.
+
+    :meth:`add` (on the event loop) queues a reported pool; :meth:`sample` (in
+    the sampler's thread) looks at new pools and reads every followed worker.
+    One ``psutil.Process`` is kept per worker: its ``cpu_times()`` are
+    cumulative since the process started (no priming, unlike
+    ``cpu_percent``), and its creation time tells a reused pid apart from
+    the worker (checked on first sight against the report's arrival, later by
+    ``is_running``). Workers that exited, can't be read or belong to a run
+    that ended are forgotten. Each epoch's new pool is followed as it comes.
+
+    Args:
+        psutil: the psutil module (injected for tests).
+        wall_clock: wall-clock seconds (``time.time``), compared with ``create_time``.
+    """
+
+    def __init__(
+        self, psutil: ModuleType | Any = _psutil, wall_clock: Callable[[], float] = time.time
+    ) -> None:
+        self._ps = psutil
+        self._wall = wall_clock
+        #: (run id, loader_seq, ((worker_id, pid), ...), shim's t_ns, arrival wall s)
+        self._pending: deque[tuple[int, int, tuple[tuple[int, int], ...], int, float]] = deque()
+        self._followed: dict[tuple[int, int, int], _Worker] = {}  # (run id, pid, loader_seq)
+        self.dropped = 0
+        """Workers not followed because the limits were reached."""
+
+    def add(self, run_id: int, msg: Mapping[str, Any]) -> None:
+        """Queue a validated ``workers`` message of *run_id* (whose pids are in
+        this daemon's PID namespace). Safe to call while :meth:`sample` runs."""
+        pool = tuple((w["worker_id"], w["pid"]) for w in msg["workers"])
+        if len(self._pending) >= MAX_PENDING_POOLS:
+            self.dropped += len(pool)
+            return
+        self._pending.append((run_id, msg["loader_seq"], pool, msg["t_ns"], self._wall()))
+
+    @property
+    def followed(self) -> int:
+        """Worker processes followed now."""
+        return len(self._followed)
+
+    def _take_pending(self) -> None:
+        while self._pending:
+            run_id, seq, pool, t_ns, arrived_s = self._pending.popleft()
+            for worker_id, pid in pool:
+                key = (run_id, pid, seq)
+                if key in self._followed:
+                    continue
+                if len(self._followed) >= MAX_TRACKED_WORKERS:
+                    self.dropped += 1
+                    continue
+                try:
+                    proc = self._ps.Process(pid)
+                    if proc.create_time() > arrived_s + CREATE_TIME_SLACK_S:
+                        continue  # the worker exited and its pid was reused already
+                except _GONE:
+                    continue  # exited before the first look (a very short epoch)
+                self._followed[key] = _Worker(proc, run_id, seq, worker_id, t_ns)
+
+    def sample(self, live_run_ids: Collection[int], now_ns: int) -> list[WorkerCpuReading]:
+        """Read every followed worker; return those whose CPU seconds are new
+        or changed (blocking: run in a thread). Workers of runs not in
+        *live_run_ids* are forgotten."""
+        self._take_pending()
+        out: list[WorkerCpuReading] = []
+        for key, w in list(self._followed.items()):
+            if w.run_id not in live_run_ids:
+                del self._followed[key]
+                continue
+            try:
+                # not running: exited, or its pid now names another process
+                times = w.proc.cpu_times() if w.proc.is_running() else None
+            except _GONE:
+                times = None
+            if times is None:
+                del self._followed[key]
+                continue
+            cpu_s = float(times.user + times.system)
+            if cpu_s == w.cpu_s:
+                continue
+            w.cpu_s = cpu_s
+            out.append(
+                WorkerCpuReading(w.run_id, w.loader_seq, w.worker_id, key[1], w.first_mono_ns,
+                                 now_ns, cpu_s)
+            )  # fmt: skip
+        return out
+
+
 class HostSampler:
     """Turns psutil's cumulative counters into per-interval rates.
 
@@ -122,6 +254,8 @@ class HostSampler:
         self._run_pids = run_pids
         """run id → pid of the live runs; read on the event loop, never in the thread."""
         self._trees = ProcessTreeCpu(psutil)
+        self.workers = WorkerCpu(psutil)
+        """The DataLoader workers followed; ingest adds the reported pools."""
         self._primed = False
         self._last: dict[str, int | None] = {}
         self._last_ns: int | None = None
@@ -180,6 +314,7 @@ class HostSampler:
             self._primed = True
             return None
         cache, total = self._memory()
+        workers = self.workers.sample((run_pids or {}).keys(), now)
         return HostSample(
             mono_ns=now,
             cpu_pct=sum(per_cpu) / len(per_cpu) if per_cpu else 0.0,
@@ -191,6 +326,7 @@ class HostSampler:
             page_cache_bytes=cache,
             mem_total_bytes=total,
             swap_in_bps=rates["swap_in"],
+            worker_cpu=tuple(workers),
         )
 
     async def run(

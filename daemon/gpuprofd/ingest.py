@@ -9,7 +9,7 @@ the store is behind), so a slow disk can never stall the training processes.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import zmq.asyncio
@@ -33,12 +33,15 @@ class Ingest:
         store: Store,
         drops: DropCounter,
         on_activity: Callable[[], None] = lambda: None,
+        on_workers: Callable[[int, Mapping[str, Any]], None] = lambda run_id, msg: None,
     ) -> None:
         self.sock = sock
         self.runs = runs
         self.store = store
         self.drops = drops
         self.on_activity = on_activity
+        self.on_workers = on_workers
+        """Gets (run id, ``workers`` message) of runs whose pids are ours to read."""
         self.received = 0
         """Valid events accepted for a known run, since start."""
 
@@ -68,3 +71,8 @@ class Ingest:
         self.received += 1
         if msg["type"] == "step" and not self.store.submit_nowait(runsdb.step_op(live.run_id, msg)):
             live.store_dropped += 1
+        elif msg["type"] == "workers":
+            if live.local_pid:
+                self.on_workers(live.run_id, msg)
+            else:  # pids of another PID namespace (a container) name other processes here
+                log.debug("run %d: workers in another PID namespace, not sampled", live.run_id)

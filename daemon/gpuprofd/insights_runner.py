@@ -45,10 +45,13 @@ class InsightsRunner:
         host = await runsdb.load_host_samples(self.store, start, end) if start is not None else []
         history = await runsdb.history_medians(self.store, run["id"], run["run_name"])
         run_cpu = await runsdb.load_run_cpu(self.store, run["id"])
+        workers = await runsdb.load_worker_cpu(self.store, run["id"])
         gpu = await runsdb.load_gpu_rows(self.store, run, steps)
 
         def rules() -> tuple[list[Insight], RunContext]:
-            ctx = build_context(run, steps, host, history, self.gpu_rate, run_cpu, gpu)
+            ctx = build_context(
+                run, steps, host, history, self.gpu_rate, run_cpu, gpu, workers=workers
+            )
             return run_rules(ctx), ctx
 
         return await asyncio.to_thread(rules)

@@ -25,6 +25,12 @@ HOST_SQL = (
     "WHERE mono_ns BETWEEN ? AND ? ORDER BY mono_ns"
 )
 RUN_CPU_SQL = "SELECT mono_ns, cores FROM run_cpu_samples WHERE run_id = ? ORDER BY mono_ns"
+#: A run's DataLoader workers: one row per worker process, ``cpu_s`` its CPU
+#: seconds so far; grouped by ``loader_seq`` (one loader iterator's pool).
+WORKER_CPU_SQL = (
+    "SELECT loader_seq, worker_id, pid, first_mono_ns, last_mono_ns, cpu_s FROM worker_cpu "
+    "WHERE run_id = ? ORDER BY loader_seq, worker_id"
+)
 HISTORY_SQL = (
     "SELECT median_step_ms FROM runs WHERE run_name = ? AND id < ? AND status = 'finished' "
     "AND median_step_ms IS NOT NULL ORDER BY id DESC LIMIT ?"

@@ -27,6 +27,12 @@ _HOST_SQL = (
     "page_cache_bytes, mem_total_bytes, swap_in_bps) VALUES (?,?,?,?,?,?,?,?)"
 )
 _RUN_CPU_SQL = "INSERT INTO run_cpu_samples (run_id, mono_ns, cores) VALUES (?,?,?)"
+#: One row per worker process, rewritten as its cumulative CPU grows.
+_WORKER_CPU_SQL = (
+    "INSERT INTO worker_cpu (run_id, loader_seq, worker_id, pid, first_mono_ns, last_mono_ns, "
+    "cpu_s) VALUES (?,?,?,?,?,?,?) ON CONFLICT (run_id, pid, loader_seq) DO UPDATE SET "
+    "last_mono_ns = excluded.last_mono_ns, cpu_s = excluded.cpu_s"
+)
 _GPU_SQL = (
     "INSERT INTO gpu_samples (mono_ns, gpu_index, uuid, util_pct, mem_used_bytes, "
     "mem_total_bytes, power_mw, temp_c, sm_clock_mhz, mem_util_pct, clock_event_reasons) "
@@ -81,6 +87,14 @@ def host_sample_op(
 def run_cpu_op(run_id: int, mono_ns: int, cores: float) -> Op:
     """One sample of a run's process-tree CPU use, in cores."""
     return Op(_RUN_CPU_SQL, (run_id, mono_ns, cores))
+
+
+def worker_cpu_op(r: Any) -> Op:
+    """The upsert of one :class:`gpuprofd.host_sampler.WorkerCpuReading`: a
+    DataLoader worker's CPU seconds so far (cumulative, so a dropped write is
+    made good by the next)."""
+    params = (r.run_id, r.loader_seq, r.worker_id, r.pid, r.first_mono_ns, r.last_mono_ns, r.cpu_s)
+    return Op(_WORKER_CPU_SQL, params)
 
 
 def gpu_sample_op(mono_ns: int, s: Any) -> Op:
@@ -174,6 +188,12 @@ async def load_gpu_rows(
 async def load_run_cpu(store: Store, run_id: int) -> list[dict[str, Any]]:
     """The run's process-tree CPU samples (``mono_ns``, ``cores``) in time order."""
     rows = await store.fetchall(queries.RUN_CPU_SQL, (run_id,))
+    return [dict(r) for r in rows]
+
+
+async def load_worker_cpu(store: Store, run_id: int) -> list[dict[str, Any]]:
+    """The run's DataLoader workers' CPU rows (see :data:`queries.WORKER_CPU_SQL`)."""
+    rows = await store.fetchall(queries.WORKER_CPU_SQL, (run_id,))
     return [dict(r) for r in rows]
 
 

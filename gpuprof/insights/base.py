@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gpuprof.stats import median
 
@@ -40,6 +40,16 @@ class Insight:
         d = asdict(self)
         d["evidence"] = dict(self.evidence)
         return d
+
+
+class WorkerPool(NamedTuple):
+    """One DataLoader iterator's worker processes (a new pool each epoch
+    unless ``persistent_workers``) and the CPU each used."""
+
+    loader_seq: int
+    """The training process's number for the pool, 0, 1, 2... in start order."""
+    cpu_s: tuple[tuple[int, float], ...]
+    """(worker id, user + system CPU seconds) per worker, by worker id."""
 
 
 @dataclass(frozen=True)
@@ -91,6 +101,9 @@ class RunContext:
     run_cpu_cores: float | None = None
     """Mean CPU the run's own process tree (training process + DataLoader
     workers) used, in cores (1.0 = one core busy); None if unsampled."""
+    worker_pools: tuple[WorkerPool, ...] = ()
+    """The run's DataLoader worker pools in start order, with each worker's
+    CPU seconds; empty without multi-process loaders (or unsampled)."""
     gpu_model: str | None = None
     """NVML name of the run's GPU; None on a CPU-only run."""
     gpu_count: int = 0

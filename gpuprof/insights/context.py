@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpuprof.insights.base import RunContext
+from gpuprof.insights.base import RunContext, WorkerPool
 from gpuprof.insights.gpu import gpu_stats
 from gpuprof.protocol import DATA_PHASE, OWN_TIME_PHASE
 from gpuprof.stats import mean, median
@@ -72,6 +72,18 @@ def _torch_memory(steps: Sequence[Mapping[str, Any]]) -> dict[str, int | None]:
     }
 
 
+def _worker_pools(rows: Sequence[Mapping[str, Any]]) -> tuple[WorkerPool, ...]:
+    """Worker rows grouped into pools by ``loader_seq`` (ascending), each
+    worker's ``cpu_s`` by worker id (a worker id seen twice in a pool: summed)."""
+    pools: dict[int, dict[int, float]] = {}
+    for r in rows:
+        if r.get("cpu_s") is None or r.get("loader_seq") is None or r.get("worker_id") is None:
+            continue
+        pool = pools.setdefault(int(r["loader_seq"]), {})
+        pool[int(r["worker_id"])] = pool.get(int(r["worker_id"]), 0.0) + float(r["cpu_s"])
+    return tuple(WorkerPool(seq, tuple(sorted(pools[seq].items()))) for seq in sorted(pools))
+
+
 def _optimizer_totals(
     steps: Sequence[Mapping[str, Any]],
 ) -> tuple[tuple[str, int, int, float], ...]:
@@ -94,6 +106,7 @@ def build_context(
     gpu_rate_usd_per_hour: float | None = None,
     run_cpu: Sequence[Mapping[str, Any]] = (),
     gpu_samples: Sequence[Mapping[str, Any]] = (),
+    workers: Sequence[Mapping[str, Any]] = (),
 ) -> RunContext:
     """Aggregate one run's rows into the context the rules read.
 
@@ -116,6 +129,9 @@ def build_context(
             loader workers), each with ``cores`` (1.0 = one core busy).
         gpu_samples: the run's GPU's NVML samples while it was in steps, in
             :func:`gpuprof.insights.gpu.gpu_stats`' row shape.
+        workers: one row per DataLoader worker process (``worker_cpu``
+            rows), each with ``loader_seq`` (its pool), ``worker_id`` and
+            ``cpu_s`` (user + system CPU seconds).
     """
     phase_totals: dict[str, float] = {}
     for s in steps:
@@ -148,6 +164,7 @@ def build_context(
         **_host_aggregates(host, steps),
         iteration_ms_thirds=_thirds(iteration_ms, median),
         run_cpu_cores=mean(run_cores) if run_cores else None,
+        worker_pools=_worker_pools(workers),
         cpu_count=run.get("cpu_count"),
         gpu_model=run.get("gpu_model"),
         gpu_count=int(run.get("gpu_count") or 0),

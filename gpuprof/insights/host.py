@@ -1,14 +1,16 @@
 """Host rules from psutil samples: an I/O-bound loader, a cold page cache, a
-page cache too small for the dataset, and swapping.
+page cache too small for the dataset, swapping, and DataLoader workers that
+do unequal shares of the loading.
 
 They read the host aggregates of :class:`RunContext` (whole host, not just
-the run: a neighbour's reads count too). A reading the platform does not
-offer is None and the rule that needs it stays silent.
+the run: a neighbour's reads count too; the worker CPU is the run's own). A
+reading the platform does not offer is None and the rule that needs it stays
+silent.
 """
 
 from __future__ import annotations
 
-from gpuprof.insights.base import Insight, RunContext, rule
+from gpuprof.insights.base import Insight, RunContext, WorkerPool, rule
 from gpuprof.insights.steps import (
     CPU_BOUND_PCT,
     DISK_BUSY_BPS,
@@ -38,6 +40,15 @@ THRASH_READ_BPS = 100 * _MB
 #: Seed rule table: swapping in more than 1 MB/s on average is memory pressure
 #: (an idle host swaps in ~0; a few pages now and then average far below).
 SWAP_IN_BPS = 1 * _MB
+#: Seed rule table: the hottest worker above 2.5× its fair share (the pool's
+#: CPU seconds / its worker count). A worker can use at most N× the fair
+#: share of N workers, so only pools of 3 or more workers can exceed it.
+WORKER_IMBALANCE_RATIO = 2.5
+#: A pool is judged only once its workers used this many CPU-seconds in all:
+#: below it, start-up (fork, imports) and the host sampler's 0.5 s reads (a
+#: worker's last half second before it exits is unseen) set the shares, and
+#: so little loading work cannot hold training back.
+WORKER_MIN_POOL_CPU_S = 1.0
 
 
 @rule("io_bound_dataloader", supersedes=("dataloader_stall",))
@@ -146,4 +157,55 @@ def host_memory_pressure(ctx: RunContext) -> Insight | None:
         "memory-mapped storage (numpy memmap, Arrow) instead of Python lists copied into "
         "each worker, or free host memory.",
         evidence={"swap_in_bps": round(sin)},
+    )
+
+
+def _hottest(pool: WorkerPool) -> tuple[int, float, float, float] | None:
+    """(worker id, its CPU-s, the pool's CPU-s, hottest / fair share) of a pool
+    that can be judged; None for a lone worker or too little CPU."""
+    n = len(pool.cpu_s)
+    total = sum(cpu for _, cpu in pool.cpu_s)
+    if n < 2 or total < WORKER_MIN_POOL_CPU_S:
+        return None
+    worker_id, hot = max(pool.cpu_s, key=lambda w: (w[1], -w[0]))
+    return worker_id, hot, total, hot / (total / n)
+
+
+@rule("worker_imbalance")
+def worker_imbalance(ctx: RunContext) -> Insight | None:
+    """Fires when, in a DataLoader worker pool of ≥ 2 workers that used ≥
+    :data:`WORKER_MIN_POOL_CPU_S` CPU-seconds, the hottest worker used >
+    :data:`WORKER_IMBALANCE_RATIO` × the pool's fair share (its CPU seconds /
+    its worker count); reports the most imbalanced pool."""
+    judged = [(pool, h) for pool in ctx.worker_pools if (h := _hottest(pool)) is not None]
+    hot = [(pool, h) for pool, h in judged if h[3] > WORKER_IMBALANCE_RATIO]
+    if not hot:
+        return None
+    pool, (worker_id, cpu, total, ratio) = max(hot, key=lambda ph: ph[1][3])
+    n = len(pool.cpu_s)
+    pools = f"{len(hot)} of {len(judged)} worker pools" if len(judged) > 1 else "the worker pool"
+    return Insight(
+        rule="worker_imbalance",
+        severity="MED",
+        title=f"DataLoader worker {worker_id} did {ratio:.1f}× its fair share of the loading "
+        f"({cpu:.1f} of {total:.1f} CPU-s across {n} workers)",
+        detail=f"In {pools}, one worker does most of the work while the others wait: the "
+        "loader runs at the speed of that one worker, not of all of them. Typical causes: "
+        "an IterableDataset whose shards are split unevenly between workers (or not split, "
+        "so one worker reads them), or samples of very uneven cost landing on one worker.",
+        fix="Shard evenly by worker: in an IterableDataset (or worker_init_fn), give each "
+        "worker an equal slice via torch.utils.data.get_worker_info() (round-robin over "
+        "records, not whole files of unequal size); for samples of uneven cost, use a "
+        "map-style dataset with shuffle=True so costly samples spread over the workers, "
+        "or precompute the costly part once.",
+        evidence={
+            "loader_seq": pool.loader_seq,
+            "worker_id": worker_id,
+            "worker_cpu_s": round(cpu, 3),
+            "pool_cpu_s": round(total, 3),
+            "workers": n,
+            "fair_share_ratio": round(ratio, 2),
+            "pools_imbalanced": len(hot),
+            "pools_judged": len(judged),
+        },
     )

@@ -5,11 +5,15 @@ from __future__ import annotations
 import pytest
 
 from gpuprof.insights import build_context, run_rules
+from gpuprof.insights.base import WorkerPool
 from gpuprof.insights.host import (
+    WORKER_IMBALANCE_RATIO,
+    WORKER_MIN_POOL_CPU_S,
     cache_thrashing,
     cold_cache,
     host_memory_pressure,
     io_bound_dataloader,
+    worker_imbalance,
 )
 
 from .conftest import make_ctx
@@ -162,3 +166,69 @@ def test_build_context_host_means_skip_missing_readings():
     ctx = build_context({"run_name": "r", "status": "running"}, [], host)
     assert (ctx.host_disk_read_iops, ctx.host_swap_in_bps) == (200.0, 1e6)
     assert ctx.disk_read_bps_thirds is None and ctx.iteration_ms_thirds is None
+
+
+# --- worker_imbalance --------------------------------------------------------------
+
+
+def pool(*cpu_s: float, seq: int = 0) -> WorkerPool:
+    return WorkerPool(seq, tuple(enumerate(cpu_s)))
+
+
+def test_worker_imbalance_fires_on_one_hot_worker_and_names_it():
+    ctx = make_ctx([50] * 10, worker_pools=(pool(0.2, 4.0, 0.2, 0.2),))
+    ins = worker_imbalance(ctx)
+    assert ins is not None and ins.severity == "MED"
+    assert ins.evidence["worker_id"] == 1
+    assert ins.evidence["fair_share_ratio"] == pytest.approx(4.0 / (4.6 / 4), abs=0.01)
+    assert (ins.evidence["worker_cpu_s"], ins.evidence["pool_cpu_s"]) == (4.0, 4.6)
+    assert "worker 1 did 3.5× its fair share" in ins.title
+    assert "4.0 of 4.6 CPU-s across 4 workers" in ins.title
+    assert "get_worker_info" in ins.fix and "shuffle=True" in ins.fix
+    assert "worker_imbalance" in [i.rule for i in run_rules(ctx)]
+
+
+def test_worker_imbalance_reports_the_worst_of_several_pools():
+    pools = (pool(1.0, 1.0, 1.0), pool(3.0, 0.2, 0.2, seq=1), pool(0.1, 0.1, 5.0, seq=2))
+    ins = worker_imbalance(make_ctx([50] * 10, worker_pools=pools))
+    assert ins is not None
+    assert (ins.evidence["loader_seq"], ins.evidence["worker_id"]) == (2, 2)
+    assert (ins.evidence["pools_imbalanced"], ins.evidence["pools_judged"]) == (2, 3)
+    assert "2 of 3 worker pools" in ins.detail
+
+
+def test_worker_imbalance_fires_just_over_the_ratio_and_is_silent_at_it():
+    # fair share 1.0 CPU-s: the hottest at exactly 2.5x is not "more than" 2.5x
+    at = pool(WORKER_IMBALANCE_RATIO, 0.5, 0.5, 0.5)
+    over = pool(2.6, 0.5, 0.5, 0.5)
+    assert worker_imbalance(make_ctx([50] * 10, worker_pools=(at,))) is None
+    assert worker_imbalance(make_ctx([50] * 10, worker_pools=(over,))) is not None
+
+
+@pytest.mark.parametrize(
+    "pools",
+    [
+        (),  # no multi-process loader, or not sampled
+        (pool(1.1, 0.9, 1.0, 1.2),),  # balanced
+        (pool(0.9 * WORKER_MIN_POOL_CPU_S, 0.0, 0.0, 0.0),),  # too little work to judge
+        (pool(9.0),),  # one worker: nothing to compare
+        (pool(9.0, 0.0),),  # two workers: the hottest is at most 2x the fair share
+        (pool(1.0, 1.0, 1.0), pool(0.5, 0.1, 0.1, seq=1)),  # the skewed pool is tiny
+    ],
+)
+def test_worker_imbalance_silent_on_balanced_small_or_unjudgeable_pools(pools):
+    ctx = make_ctx([50] * 10, worker_pools=pools)
+    assert worker_imbalance(ctx) is None
+    assert "worker_imbalance" not in [i.rule for i in run_rules(ctx)]
+
+
+def test_build_context_groups_worker_rows_into_pools_by_loader_seq():
+    rows = [
+        {"loader_seq": 1, "worker_id": 1, "pid": 12, "cpu_s": 0.2},
+        {"loader_seq": 0, "worker_id": 0, "pid": 10, "cpu_s": 3.0},
+        {"loader_seq": 1, "worker_id": 0, "pid": 11, "cpu_s": 0.3},
+        {"loader_seq": 0, "worker_id": 1, "pid": 13, "cpu_s": None},  # never read: left out
+    ]
+    run = {"run_name": "r", "status": "finished"}
+    ctx = build_context(run, [], workers=rows)
+    assert ctx.worker_pools == (pool(3.0), pool(0.3, 0.2, seq=1))
