@@ -14,7 +14,7 @@ import click
 
 from gpuprof import config
 from gpuprofd import __version__
-from gpuprofd.daemon import DaemonOptions, run_daemon
+from gpuprofd.daemon import DEFAULT_RAW_WINDOW_S, DaemonOptions, run_daemon
 from gpuprofd.errors import EXIT_BAD_INPUT, GpuprofdError
 from gpuprofd.gpu_sampler import DEFAULT_SAMPLE_HZ
 
@@ -61,6 +61,15 @@ def _gpu_rate() -> tuple[float | None, tuple[str, ...]]:
     "clocks. Energy, PCIe bytes and GPM metrics are read once a second.",
 )
 @click.option(
+    "--raw-window",
+    "raw_window_s",
+    type=click.FloatRange(min=1),
+    default=DEFAULT_RAW_WINDOW_S,
+    show_default=True,
+    help="Seconds of raw GPU samples to keep; older ones live on as per-second rollups "
+    "(min/mean/max) for the whole run.",
+)
+@click.option(
     "--log-level",
     type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
     default="info",
@@ -68,7 +77,7 @@ def _gpu_rate() -> tuple[float | None, tuple[str, ...]]:
 )
 @click.version_option(__version__, prog_name="gpuprofd")
 def cli(socket_dir: Path | None, db: Path | None, idle_exit_s: float, sample_hz: float,
-        log_level: str) -> int:  # fmt: skip
+        raw_window_s: float, log_level: str) -> int:  # fmt: skip
     """gpuprofd: the per-node gpuprof daemon (ingest, GPU/host sampling, storage, insights)."""
     logging.basicConfig(level=log_level.upper(), format=LOG_FORMAT, stream=sys.stderr)
     logging.getLogger("aiosqlite").setLevel(logging.WARNING)  # one line per SQL call
@@ -79,6 +88,7 @@ def cli(socket_dir: Path | None, db: Path | None, idle_exit_s: float, sample_hz:
         db=db_file,
         idle_exit_s=idle_exit_s,
         sample_hz=sample_hz,
+        raw_window_s=raw_window_s,
         nvml_backend=config.nvml_backend(),
         gpu_rate_usd_per_hour=rate,
         base_notes=notes,

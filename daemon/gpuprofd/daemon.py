@@ -24,7 +24,7 @@ import zmq
 import zmq.asyncio
 
 from gpuprof import config
-from gpuprofd import runsdb, schema
+from gpuprofd import rollup, runsdb, schema
 from gpuprofd.control import ControlServer
 from gpuprofd.counters import DropCounter
 from gpuprofd.errors import EXIT_OK, DatabaseError, GpuprofdError
@@ -36,18 +36,23 @@ from gpuprofd.lifecycle import Lifecycle
 from gpuprofd.lock import InstanceLock
 from gpuprofd.nvml import GpuSample, GpuSlowSample, open_backend
 from gpuprofd.registry import RunRegistry
+from gpuprofd.rollup import SecondRollups
 from gpuprofd.runservice import RunService
-from gpuprofd.store import Store
+from gpuprofd.store import Op, Store
 
 log = logging.getLogger(__name__)
 
 #: How long shutdown waits for in-flight control requests (a bye) to finish.
 DRAIN_S = 3.0
-#: GPU fast-loop samples stored per second per GPU. The loop samples at
-#: ``sample_hz`` (100 by default); until per-second rollups exist, storing
-#: every sample would grow the database 10x over the spine's 10 Hz (8.6 M
-#: rows per GPU-day), so raw rows are kept at this rate.
+#: Raw GPU fast-loop rows stored per second per GPU, for the recent window
+#: only (the whole run is kept as per-second rollups, see gpuprofd.rollup):
+#: enough to zoom into the last minutes; every sample still feeds the rollups.
 STORED_GPU_HZ = 10.0
+#: How long raw GPU rows (fast and slow loop) are kept, seconds. 15 min of
+#: 10 Hz rows is ~9k rows per GPU; older data lives on as rollups.
+DEFAULT_RAW_WINDOW_S = 900.0
+#: How often rows older than the raw window are deleted, seconds.
+PRUNE_INTERVAL_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,8 @@ class DaemonOptions:
     host_interval_s: float = 0.5
     gpu_rate_usd_per_hour: float | None = None
     base_notes: tuple[str, ...] = ()
+    raw_window_s: float = DEFAULT_RAW_WINDOW_S
+    """Raw GPU samples older than this are deleted (rollups stay), seconds."""
 
 
 def run_daemon(opts: DaemonOptions) -> int:
@@ -126,6 +133,7 @@ class Daemon:
         self.host_latest: HostSample | None = None
         self.ingest: Ingest | None = None
         self.runs: RunService | None = None
+        self.rollups = SecondRollups()
 
     def touch(self) -> None:
         """Note activity (any message) for the idle exit."""
@@ -142,6 +150,7 @@ class Daemon:
         backend, gpu_note = await asyncio.to_thread(open_backend, opts.nvml_backend)
         notes = [*opts.base_notes, *([gpu_note] if gpu_note else [])]
         devices = backend.devices() if backend else []
+        self.rollups = SecondRollups(devices)
         insights = InsightsRunner(self.store, str(opts.db), opts.gpu_rate_usd_per_hour, notes)
         self.runs = RunService(self.store, self.registry, insights, devices)
         self._notes = notes
@@ -161,6 +170,7 @@ class Daemon:
             asyncio.create_task(control.run(), name="control"),
             asyncio.create_task(host.run(self._on_host_sample, opts.host_interval_s), name="host"),
             asyncio.create_task(lifecycle.run(), name="lifecycle"),
+            asyncio.create_task(self._prune_raw(), name="prune"),
         ]
         if backend is not None:
             self._gpu = GpuSampler(backend, opts.sample_hz, self._gpu_sink(),
@@ -210,6 +220,8 @@ class Daemon:
             fast = self._gpu.stats()["fast"]
             log.info("GPU fast loop: %d ticks, %.1f Hz of %.1f, %d slots missed", fast.ticks,
                      fast.achieved_hz or 0.0, fast.requested_hz, fast.missed_ticks)  # fmt: skip
+            await asyncio.sleep(0)  # sinks queued by the sampler threads' last ticks
+        self._store_rollups(self.rollups.flush())
         for s in self._sockets:
             s.close(linger=0)
         self._zmq.term()
@@ -236,6 +248,10 @@ class Daemon:
         for w in s.worker_cpu:
             self.store.submit_nowait(runsdb.worker_cpu_op(w))
 
+    def _store_rollups(self, rows: list[tuple[Any, ...]]) -> None:
+        for row in rows:
+            self.store.submit_nowait(Op(rollup.INSERT_SQL, row))
+
     def _gpu_sink(self) -> Any:
         loop = asyncio.get_running_loop()
         min_gap_ns = int(1e9 / STORED_GPU_HZ)
@@ -243,8 +259,9 @@ class Daemon:
 
         def enqueue(mono_ns: int, samples: list[GpuSample]) -> None:
             self.gpu_latest.update((s.uuid, s) for s in samples)
+            self._store_rollups(self.rollups.add(mono_ns, samples))
             if mono_ns - last_stored[0] < min_gap_ns:
-                return  # sampled for the live view, not stored (see STORED_GPU_HZ)
+                return  # in the rollups and the live view; raw rows at STORED_GPU_HZ
             last_stored[0] = mono_ns
             for s in samples:
                 self.store.submit_nowait(runsdb.gpu_sample_op(mono_ns, s))
@@ -256,10 +273,19 @@ class Daemon:
 
         def keep(mono_ns: int, samples: list[GpuSlowSample]) -> None:
             self.gpu_slow.update((s.uuid, s) for s in samples)
+            self._store_rollups(self.rollups.add_slow(mono_ns, samples))
             for s in samples:
                 self.store.submit_nowait(runsdb.gpu_slow_sample_op(mono_ns, s))
 
         return lambda mono_ns, samples: loop.call_soon_threadsafe(keep, mono_ns, samples)
+
+    async def _prune_raw(self) -> None:
+        """Delete raw GPU rows older than the raw window, once a minute."""
+        while True:
+            await asyncio.sleep(min(PRUNE_INTERVAL_S, self.opts.raw_window_s))
+            cutoff = time.monotonic_ns() - int(self.opts.raw_window_s * 1e9)
+            for op in runsdb.prune_raw_gpu_ops(cutoff):
+                self.store.submit_nowait(op)
 
     # --- control handlers ------------------------------------------------------
 

@@ -13,7 +13,8 @@ from typing import Any
 from urllib.parse import quote
 
 from gpuprof.insights import RunContext, build_context
-from gpuprofd import queries, schema
+from gpuprof.insights.gpu import GpuStats
+from gpuprofd import queries, rollup, schema
 from gpuprofd.errors import DatabaseError, UnknownRunError
 
 MISSING_HINT = "run a script under gpuprof.profile() first, or pass the path"
@@ -111,20 +112,18 @@ def run_context(conn: sqlite3.Connection, run: dict[str, Any]) -> RunContext:
     ]
     workers = [dict(r) for r in _query(conn, queries.WORKER_CPU_SQL, (run["id"],))]
     return build_context(
-        run, steps, host, history, gpu_samples=gpu_rows(conn, run, steps), workers=workers
+        run, steps, host, history, gpu=gpu_stats(conn, run, steps), workers=workers
     )
 
 
-def gpu_rows(
+def gpu_stats(
     conn: sqlite3.Connection, run: dict[str, Any], steps: list[dict[str, Any]]
-) -> list[dict[str, Any]]:
-    """The run's GPU samples while it was in steps (see :func:`queries.gpu_rows`)."""
-    span = queries.steps_span(steps)
-    if span is None or not run.get("cuda_uuid"):
-        return []
-    fast = _query(conn, queries.GPU_FAST_SQL, span)
-    slow = _query(conn, queries.GPU_SLOW_SQL, span)
-    return queries.gpu_rows(run["cuda_uuid"], fast, slow)
+) -> GpuStats | None:
+    """The run's GPU stats while it was in steps, from its per-second rollups."""
+    window = queries.gpu_window(run.get("cuda_uuid"), steps)
+    if window is None:
+        return None
+    return queries.gpu_stats_from_rollups(_query(conn, rollup.SELECT_SQL, window))
 
 
 def stored_insights(conn: sqlite3.Connection, run_id: int) -> list[dict[str, Any]]:

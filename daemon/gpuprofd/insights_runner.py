@@ -46,11 +46,11 @@ class InsightsRunner:
         history = await runsdb.history_medians(self.store, run["id"], run["run_name"])
         run_cpu = await runsdb.load_run_cpu(self.store, run["id"])
         workers = await runsdb.load_worker_cpu(self.store, run["id"])
-        gpu = await runsdb.load_gpu_rows(self.store, run, steps)
+        gpu = await runsdb.load_gpu_stats(self.store, run, steps)
 
         def rules() -> tuple[list[Insight], RunContext]:
             ctx = build_context(
-                run, steps, host, history, self.gpu_rate, run_cpu, gpu, workers=workers
+                run, steps, host, history, self.gpu_rate, run_cpu, gpu=gpu, workers=workers
             )
             return run_rules(ctx), ctx
 

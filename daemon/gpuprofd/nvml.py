@@ -86,6 +86,9 @@ class GpuDevice:
     uuid: str
     name: str
     mig_uuids: tuple[str, ...] = ()
+    max_sm_mhz: int | None = None
+    """Max SM clock, MHz (``nvmlDeviceGetMaxClockInfo``; ~1.4 ms a call on the
+    H200, so read once): the reference the clock-throttling rules measure from."""
 
 
 @dataclass(frozen=True)
@@ -232,8 +235,13 @@ class RealNvml:
         for i in range(nv.nvmlDeviceGetCount()):
             h = nv.nvmlDeviceGetHandleByIndex(i)
             self._handles[i] = h
+            max_sm = None
+            if hasattr(nv, "NVML_CLOCK_SM"):
+                max_sm = self._query("max_sm_clock", getattr(nv, "nvmlDeviceGetMaxClockInfo", None),
+                                     h, nv.NVML_CLOCK_SM)  # fmt: skip
             out.append(GpuDevice(i, _text(nv.nvmlDeviceGetUUID(h)),
-                                 _text(nv.nvmlDeviceGetName(h)), self._mig_uuids(h)))  # fmt: skip
+                                 _text(nv.nvmlDeviceGetName(h)), self._mig_uuids(h),
+                                 int(max_sm) if max_sm else None))  # fmt: skip
         return out
 
     def _mig_uuids(self, h: Any) -> tuple[str, ...]:

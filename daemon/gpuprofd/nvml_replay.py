@@ -160,8 +160,11 @@ class ReplayPynvml:
         uuid: str = REPLAY_UUID,
         name: str = REPLAY_NAME,
         cost: Callable[[str], None] | None = None,
+        max_sm_mhz: int | None = None,
     ) -> None:
         self.trace = trace
+        self.max_sm_mhz = max_sm_mhz
+        """Max SM clock, MHz (probe.json's ``max_clock_sm_MHz``); None: not supported."""
         self.clock = clock
         self.device_uuid, self.device_name = uuid, name
         self.calls: deque[tuple[str, str]] = deque(maxlen=CALLS_KEPT)
@@ -184,6 +187,8 @@ class ReplayPynvml:
         probe = _probe_identity(Path(path).with_name("probe.json"))
         kwargs.setdefault("uuid", probe.get("uuid", REPLAY_UUID))
         kwargs.setdefault("name", probe.get("name", REPLAY_NAME))
+        if "max_clock_sm_MHz" in probe:
+            kwargs.setdefault("max_sm_mhz", int(probe["max_clock_sm_MHz"]))
         return cls(Trace.load(path), **kwargs)
 
     # --- the replay clock ---------------------------------------------------
@@ -270,6 +275,13 @@ class ReplayPynvml:
         if clock_type != pynvml.NVML_CLOCK_SM:
             raise pynvml.NVMLError_NotSupported(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return int(self._value("sm_MHz"))
+
+    @_recorded
+    def nvmlDeviceGetMaxClockInfo(self, handle: _Handle, clock_type: int) -> int:
+        """Max SM clock, MHz, as the probe recorded it."""
+        if clock_type != pynvml.NVML_CLOCK_SM or self.max_sm_mhz is None:
+            raise pynvml.NVMLError_NotSupported(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return self.max_sm_mhz
 
     @_recorded
     def nvmlDeviceGetCurrentClocksEventReasons(self, handle: _Handle) -> int:
@@ -381,9 +393,11 @@ def _integrate(rows: list[dict[str, Any]], col: str) -> Callable[[float], float]
 
 
 def _probe_identity(path: Path) -> Mapping[str, str]:
-    """``{"uuid": …, "name": …}`` from a probe.json, or ``{}``."""
+    """``{"uuid": …, "name": …, "max_clock_sm_MHz": …}`` from a probe.json (what
+    it holds of them), or ``{}``."""
     try:
         calls = json.loads(path.read_text())["calls"]
-        return {k: str(calls[k]["value"]) for k in ("uuid", "name") if k in calls}
+        keys = ("uuid", "name", "max_clock_sm_MHz")
+        return {k: str(calls[k]["value"]) for k in keys if "value" in calls.get(k, {})}
     except (OSError, ValueError, KeyError, TypeError):
         return {}

@@ -4,11 +4,13 @@ Pure: no connection here."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import orjson
 
+from gpuprof.insights.gpu import GpuAccumulator, GpuStats
+from gpuprofd import rollup
 from gpuprofd.nvml import normalize_uuid
 
 #: How many earlier finished runs of the same name the regression rule sees.
@@ -34,16 +36,6 @@ WORKER_CPU_SQL = (
 HISTORY_SQL = (
     "SELECT median_step_ms FROM runs WHERE run_name = ? AND id < ? AND status = 'finished' "
     "AND median_step_ms IS NOT NULL ORDER BY id DESC LIMIT ?"
-)
-GPU_FAST_SQL = (
-    "SELECT mono_ns, uuid, util_pct, mem_used_bytes, mem_total_bytes, power_mw, temp_c, "
-    "sm_clock_mhz, clock_event_reasons FROM gpu_samples WHERE mono_ns BETWEEN ? AND ? "
-    "ORDER BY mono_ns"
-)
-GPU_SLOW_SQL = (
-    "SELECT mono_ns, uuid, pcie_rx_bps, pcie_tx_bps, gpm_sm_util_pct, gpm_sm_occupancy_pct, "
-    "gpm_tensor_util_pct, gpm_dram_bw_util_pct FROM gpu_slow_samples "
-    "WHERE mono_ns BETWEEN ? AND ? ORDER BY mono_ns"
 )
 INSIGHTS_SQL = (
     "SELECT rule, severity, title, detail, fix, evidence FROM insights WHERE run_id = ? "
@@ -74,49 +66,29 @@ def steps_span(steps: Sequence[Mapping[str, Any]]) -> tuple[int, int] | None:
     return min(s["t0"] for s in steps), max(s["t1"] for s in steps)
 
 
-def gpu_rows(
-    cuda_uuid: str | None,
-    fast: Sequence[Mapping[str, Any]],
-    slow: Sequence[Mapping[str, Any]],
-) -> list[dict[str, Any]]:
-    """The run's GPU samples (its device, matched by UUID) in the row shape
-    :func:`gpuprof.insights.gpu.gpu_stats` reads; each slow-loop sample's
-    readings (PCIe bytes/s → KB/s, GPM %) join the next fast row. Empty when
-    the run has no GPU."""
-    want = normalize_uuid(cuda_uuid)
-    if want is None:
-        return []
-    rows: list[dict[str, Any]] = []
-    pending: dict[str, Any] = {}
-    slow_iter = iter([s for s in slow if normalize_uuid(s["uuid"]) == want])
-    nxt = next(slow_iter, None)
-    for f in fast:
-        if normalize_uuid(f["uuid"]) != want:
-            continue
-        while nxt is not None and nxt["mono_ns"] <= f["mono_ns"]:
-            pending.update(_slow_fields(nxt))
-            nxt = next(slow_iter, None)
-        row = {
-            "util_gpu": f["util_pct"], "mem_used": f["mem_used_bytes"],
-            "mem_total": f["mem_total_bytes"], "power_mW": f["power_mw"], "temp_C": f["temp_c"],
-            "sm_MHz": f["sm_clock_mhz"], "reasons": f["clock_event_reasons"],
-        }  # fmt: skip
-        row.update(pending)
-        pending = {}
-        rows.append({k: v for k, v in row.items() if v is not None})
-    return rows
+def gpu_window(
+    cuda_uuid: str | None, steps: Sequence[Mapping[str, Any]]
+) -> tuple[str, int, int] | None:
+    """The parameters of :data:`gpuprofd.rollup.SELECT_SQL` for a run: its
+    GPU's normalized UUID and the span of its steps (ns): the rollup
+    seconds that overlap the steps. None without a GPU or steps.
+
+    A rollup second at either end may hold up to 1 s from before the first
+    step or after the last: the price of per-second storage, negligible for
+    runs of minutes."""
+    want, span = normalize_uuid(cuda_uuid), steps_span(steps)
+    if want is None or span is None:
+        return None
+    return want, span[0] - rollup.NS_PER_S, span[1]
 
 
-def _slow_fields(s: Mapping[str, Any]) -> dict[str, Any]:
-    kb = 1000.0  # the trace's (and gpu_stats') PCIe unit is KB/s; stored is bytes/s
-    out = {
-        "pcie_rx_KBps": s["pcie_rx_bps"] / kb if s["pcie_rx_bps"] is not None else None,
-        "pcie_tx_KBps": s["pcie_tx_bps"] / kb if s["pcie_tx_bps"] is not None else None,
-        "gpm_sm_util": s["gpm_sm_util_pct"], "gpm_sm_occupancy": s["gpm_sm_occupancy_pct"],
-        "gpm_any_tensor_util": s["gpm_tensor_util_pct"],
-        "gpm_dram_bw_util": s["gpm_dram_bw_util_pct"],
-    }  # fmt: skip
-    return {k: v for k, v in out.items() if v is not None}
+def gpu_stats_from_rollups(rows: Iterable[Mapping[str, Any]]) -> GpuStats | None:
+    """Merge a run's ``gpu_rollups`` rows into its :class:`GpuStats`; None
+    when none carried a utilization reading."""
+    acc = GpuAccumulator()
+    for r in rows:
+        acc.merge(rollup.accumulator_from_row(r))
+    return acc.stats()
 
 
 def run_from_row(r: Mapping[str, Any]) -> dict[str, Any]:

@@ -14,7 +14,8 @@ from typing import Any
 import orjson
 
 from gpuprof.insights import Insight
-from gpuprofd import queries
+from gpuprof.insights.gpu import GpuStats
+from gpuprofd import queries, rollup
 from gpuprofd.store import Op, Store
 
 _STEP_SQL = (
@@ -167,22 +168,29 @@ async def load_steps(store: Store, run_id: int) -> list[dict[str, Any]]:
     return [queries.step_from_row(r) for r in rows]
 
 
+def prune_raw_gpu_ops(cutoff_mono_ns: int) -> list[Op]:
+    """Deletes of raw GPU rows (fast and slow loop) taken before *cutoff_mono_ns*;
+    the per-second rollups keep the whole run."""
+    return [
+        Op("DELETE FROM gpu_samples WHERE mono_ns < ?", (cutoff_mono_ns,)),
+        Op("DELETE FROM gpu_slow_samples WHERE mono_ns < ?", (cutoff_mono_ns,)),
+    ]
+
+
 async def load_host_samples(store: Store, start_mono_ns: int, end_mono_ns: int) -> list[dict]:
     """Host samples with ``start <= mono_ns <= end``."""
     rows = await store.fetchall(queries.HOST_SQL, (start_mono_ns, end_mono_ns))
     return [dict(r) for r in rows]
 
 
-async def load_gpu_rows(
+async def load_gpu_stats(
     store: Store, run: Mapping[str, Any], steps: Sequence[Mapping[str, Any]]
-) -> list[dict[str, Any]]:
-    """The run's GPU samples while it was in steps (see :func:`queries.gpu_rows`)."""
-    span = queries.steps_span(steps)
-    if span is None or not run.get("cuda_uuid"):
-        return []
-    fast = await store.fetchall(queries.GPU_FAST_SQL, span)
-    slow = await store.fetchall(queries.GPU_SLOW_SQL, span)
-    return queries.gpu_rows(run["cuda_uuid"], fast, slow)
+) -> GpuStats | None:
+    """The run's GPU stats while it was in steps, from its per-second rollups."""
+    window = queries.gpu_window(run.get("cuda_uuid"), steps)
+    if window is None:
+        return None
+    return queries.gpu_stats_from_rollups(await store.fetchall(rollup.SELECT_SQL, window))
 
 
 async def load_run_cpu(store: Store, run_id: int) -> list[dict[str, Any]]:

@@ -45,6 +45,48 @@ _ADDED_IN_4 = (
 )
 APP_NAME = "gpuprof"
 
+def _norm_uuid_sql(col: str) -> str:
+    """SQL for :func:`gpuprofd.nvml.normalize_uuid` of column *col*."""
+    low = f"lower(trim({col}))"
+    return (
+        f"CASE WHEN {low} LIKE 'mig-gpu-%' THEN 'mig:' || substr({low}, 9) "
+        f"WHEN {low} LIKE 'gpu-%' OR {low} LIKE 'mig-%' THEN substr({low}, 5) ELSE {low} END"
+    )
+
+
+_REASONS = "COALESCE(clock_event_reasons, 0)"
+_SEC = "(mono_ns - mono_ns % 1000000000)"  # the second a sample falls in, as rollups key it
+#: Raw samples of a schema 1-3 database as gpu_rollups rows: each fast sample a
+#: one-sample rollup of its second, each slow sample a slow-only one. Used to upgrade such a
+#: database and to read one that cannot be written.
+_RAW_AS_ROLLUPS_SQL = (
+    f"SELECT {_SEC} AS sec_ns, {_norm_uuid_sql('uuid')} AS uuid, "
+    "CASE WHEN util_pct IS NULL THEN 0 ELSE 1 END AS n, util_pct AS util_min, "
+    "util_pct AS util_mean, util_pct AS util_max, "
+    f"CASE WHEN util_pct <= {IDLE_UTIL_PCT} THEN 1 ELSE 0 END AS idle_n, "
+    "mem_used_bytes AS mem_used_min, mem_used_bytes AS mem_used_mean, "
+    "mem_used_bytes AS mem_used_max, mem_total_bytes, power_mw AS power_min_mw, "
+    "power_mw AS power_mean_mw, power_mw AS power_max_mw, temp_c AS temp_min_c, "
+    "temp_c AS temp_mean_c, temp_c AS temp_max_c, sm_clock_mhz AS sm_min_mhz, "
+    "sm_clock_mhz AS sm_mean_mhz, sm_clock_mhz AS sm_max_mhz, "
+    f"CASE WHEN ({_REASONS} & {REASON_GPU_IDLE}) = 0 THEN sm_clock_mhz END "
+    "AS sm_active_max_mhz, NULL AS sm_limit_mhz, mem_util_pct AS mem_util_mean, "
+    "CASE WHEN clock_event_reasons IS NULL THEN 0 ELSE 1 END AS reasons_n, "
+    f"{_REASONS} AS reasons_any, "
+    f"CASE WHEN ({_REASONS} & {REASON_SW_POWER_CAP}) != 0 AND util_pct >= {BUSY_UTIL_PCT} "
+    "THEN 1 ELSE 0 END AS capped_n, sm_clock_mhz AS capped_sm_mean_mhz, "
+    f"CASE WHEN ({_REASONS} & {THERMAL_REASONS}) != 0 THEN 1 ELSE 0 END AS thermal_n, "
+    "sm_clock_mhz AS thermal_sm_mean_mhz, 0 AS slow_n, NULL AS pcie_rx_max_bps, "
+    "NULL AS pcie_tx_max_bps, NULL AS gpm_sm_util_mean, NULL AS gpm_sm_occupancy_mean, "
+    "NULL AS gpm_tensor_util_mean, NULL AS gpm_dram_bw_util_mean FROM gpu_samples "
+    f"UNION ALL SELECT {_SEC}, {_norm_uuid_sql('uuid')}, 0, NULL, NULL, NULL, 0, NULL, "
+    "NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, "
+    "NULL, 0, 0, 0, NULL, 0, NULL, 1, pcie_rx_bps, pcie_tx_bps, gpm_sm_util_pct, "
+    "gpm_sm_occupancy_pct, gpm_tensor_util_pct, gpm_dram_bw_util_pct "
+    "FROM gpu_slow_samples"
+)
+
+
 SCHEMA_SQL = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
 CREATE TABLE IF NOT EXISTS runs (
@@ -114,11 +156,16 @@ CREATE TABLE IF NOT EXISTS gpu_rollups (  -- one row per GPU per second, the who
     power_min_mw REAL, power_mean_mw REAL, power_max_mw REAL,
     temp_min_c REAL, temp_mean_c REAL, temp_max_c REAL,
     sm_min_mhz REAL, sm_mean_mhz REAL, sm_max_mhz REAL, sm_active_max_mhz REAL,
+    sm_limit_mhz REAL,                        -- the GPU's max SM clock (NVML), MHz
     mem_util_mean REAL,
     reasons_n INTEGER, reasons_any INTEGER,
-    capped_n INTEGER, capped_sm_mean_mhz REAL, thermal_n INTEGER, thermal_sm_mean_mhz REAL
-);
-CREATE INDEX IF NOT EXISTS gpu_rollups_t ON gpu_rollups (sec_ns);
+    capped_n INTEGER, capped_sm_mean_mhz REAL, thermal_n INTEGER, thermal_sm_mean_mhz REAL,
+    slow_n INTEGER,                           -- slow-loop samples folded in (<= 1 Hz)
+    pcie_rx_max_bps REAL, pcie_tx_max_bps REAL,
+    gpm_sm_util_mean REAL, gpm_sm_occupancy_mean REAL, gpm_tensor_util_mean REAL,
+    gpm_dram_bw_util_mean REAL
+);  -- uuid: normalized (gpuprofd.nvml.normalize_uuid), so a run's UUID finds its rows by index
+CREATE INDEX IF NOT EXISTS gpu_rollups_uuid_t ON gpu_rollups (uuid, sec_ns);
 CREATE TABLE IF NOT EXISTS worker_cpu (  -- DataLoader workers' CPU, one row per worker process
     run_id INTEGER NOT NULL, loader_seq INTEGER, worker_id INTEGER, pid INTEGER,
     first_mono_ns INTEGER, last_mono_ns INTEGER,
@@ -177,27 +224,7 @@ def shadow_old_tables(conn: sqlite3.Connection, version: int) -> None:
             "worker_id INTEGER, pid INTEGER, first_mono_ns INTEGER, last_mono_ns INTEGER, "
             "cpu_s REAL)"
         )
-        # Each raw sample reads as a one-sample rollup (schema 3 stored 10 Hz rows).
-        conn.execute(
-            "CREATE TEMP VIEW gpu_rollups AS SELECT mono_ns AS sec_ns, uuid, "
-            "CASE WHEN util_pct IS NULL THEN 0 ELSE 1 END AS n, util_pct AS util_min, "
-            "util_pct AS util_mean, util_pct AS util_max, "
-            f"CASE WHEN util_pct <= {IDLE_UTIL_PCT} THEN 1 ELSE 0 END AS idle_n, "
-            "mem_used_bytes AS mem_used_min, mem_used_bytes AS mem_used_mean, "
-            "mem_used_bytes AS mem_used_max, mem_total_bytes, power_mw AS power_min_mw, "
-            "power_mw AS power_mean_mw, power_mw AS power_max_mw, temp_c AS temp_min_c, "
-            "temp_c AS temp_mean_c, temp_c AS temp_max_c, sm_clock_mhz AS sm_min_mhz, "
-            "sm_clock_mhz AS sm_mean_mhz, sm_clock_mhz AS sm_max_mhz, "
-            f"CASE WHEN (clock_event_reasons & {REASON_GPU_IDLE}) = 0 "
-            "THEN sm_clock_mhz END AS sm_active_max_mhz, mem_util_pct AS mem_util_mean, "
-            "CASE WHEN clock_event_reasons IS NULL THEN 0 ELSE 1 END AS reasons_n, "
-            "clock_event_reasons AS reasons_any, "
-            f"CASE WHEN (clock_event_reasons & {REASON_SW_POWER_CAP}) != 0 "
-            f"AND util_pct >= {BUSY_UTIL_PCT} THEN 1 ELSE 0 END AS capped_n, "
-            "sm_clock_mhz AS capped_sm_mean_mhz, "
-            f"CASE WHEN (clock_event_reasons & {THERMAL_REASONS}) != 0 THEN 1 ELSE 0 END "
-            "AS thermal_n, sm_clock_mhz AS thermal_sm_mean_mhz FROM main.gpu_samples"
-        )
+        conn.execute(f"CREATE TEMP VIEW gpu_rollups AS {_RAW_AS_ROLLUPS_SQL}")
     if version < 3:
         conn.execute(
             "CREATE TEMP VIEW gpu_samples AS SELECT *, NULL AS mem_util_pct, "
@@ -253,6 +280,8 @@ def prepare(path: Path) -> None:
             if version:
                 _upgrade(conn, version)
             conn.executescript(SCHEMA_SQL)
+            if 0 < version < 4:
+                conn.execute(f"INSERT INTO gpu_rollups {_RAW_AS_ROLLUPS_SQL}")
             if version < SCHEMA_VERSION:
                 conn.executemany(
                     "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",

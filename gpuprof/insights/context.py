@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpuprof.insights.base import RunContext, WorkerPool
-from gpuprof.insights.gpu import gpu_stats
+from gpuprof.insights.gpu import GpuStats, gpu_stats
 from gpuprof.protocol import DATA_PHASE, OWN_TIME_PHASE
 from gpuprof.stats import mean, median
 
@@ -107,6 +107,7 @@ def build_context(
     run_cpu: Sequence[Mapping[str, Any]] = (),
     gpu_samples: Sequence[Mapping[str, Any]] = (),
     workers: Sequence[Mapping[str, Any]] = (),
+    gpu: GpuStats | None = None,
 ) -> RunContext:
     """Aggregate one run's rows into the context the rules read.
 
@@ -132,6 +133,8 @@ def build_context(
         workers: one row per DataLoader worker process (``worker_cpu``
             rows), each with ``loader_seq`` (its pool), ``worker_id`` and
             ``cpu_s`` (user + system CPU seconds).
+        gpu: the same, already aggregated (from stored per-second rollups);
+            wins over *gpu_samples*.
     """
     phase_totals: dict[str, float] = {}
     for s in steps:
@@ -175,7 +178,7 @@ def build_context(
         skipped_updates=sum(1 for s in steps if s.get("skipped")),
         optimizers=_optimizer_totals(steps),
         **_torch_memory(steps),
-        gpu=gpu_stats(gpu_samples) if gpu_samples else None,
+        gpu=gpu if gpu is not None else gpu_stats(gpu_samples) if gpu_samples else None,
         eval_ms=(sum(s.get("eval") or 0 for s in steps) + (run.get("trailing_eval_ns") or 0))
         / _NS_PER_MS,
     )

@@ -9,13 +9,12 @@ stays silent.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpuprof.insights.base import Insight, RunContext, rule
 from gpuprof.insights.compute import run_mfu
-from gpuprof.stats import mean
 
 # NVML clock-event reason bits: the values of nvidia-ml-py's pynvml constants
 # ``nvmlClocksEventReason*`` (nvml.h), checked against nvidia-ml-py 13.615.71.
@@ -94,6 +93,11 @@ SMALL_BATCH_MFU = 0.25
 #: under 30 % idle is ordinary (optimizer step, logging); above it the GPU
 #: waits for the input pipeline or the Python loop.
 GPU_IDLE_SHARE = 0.30
+#: Mean NVML util (%) from which a run counts as using its GPU at all: one
+#: ~1 ms burst of kernels per 100 ms step. The H200 trace's loader_stall
+#: phase (1 ms of matmuls per 80 ms wait) reads 1.3 % over whole seconds; its
+#: idle_end phase, only the NVML window's lag, 0.06 %.
+GPU_USED_UTIL_PCT = 1.0
 #: Above this share the GPU is idle most of the run.
 GPU_IDLE_SHARE_HIGH = 0.60
 
@@ -158,43 +162,181 @@ class GpuStats:
         return self.pcie_rx_max_kbps * BYTES_PER_KB
 
 
-def _values(samples: Sequence[Mapping[str, Any]], key: str) -> list[float]:
-    return [s[key] for s in samples if s.get(key) is not None]
+@dataclass
+class MinMeanMax:
+    """Count, sum, min and max of one reading; merges exactly (mean = sum / n)."""
+
+    n: int = 0
+    total: float = 0.0
+    lo: float | None = None
+    hi: float | None = None
+
+    def add(self, value: float | None) -> None:
+        if value is None:
+            return
+        self.n += 1
+        self.total += value
+        self.lo = value if self.lo is None or value < self.lo else self.lo
+        self.hi = value if self.hi is None or value > self.hi else self.hi
+
+    def merge(self, other: MinMeanMax) -> None:
+        if not other.n:
+            return
+        self.n += other.n
+        self.total += other.total
+        self.lo = other.lo if self.lo is None else min(self.lo, other.lo)  # type: ignore[type-var]
+        self.hi = other.hi if self.hi is None else max(self.hi, other.hi)  # type: ignore[type-var]
+
+    @property
+    def mean(self) -> float | None:
+        return self.total / self.n if self.n else None
+
+    @classmethod
+    def of(cls, n: int, mean_: float | None, lo: float | None, hi: float | None) -> MinMeanMax:
+        """Rebuild from stored (count, mean, min, max); empty when *mean_* is None."""
+        if mean_ is None or n <= 0:
+            return cls()
+        return cls(n, mean_ * n, lo if lo is not None else mean_, hi if hi is not None else mean_)
 
 
-def _opt_mean(values: Iterable[float]) -> float | None:
-    vals = list(values)
-    return mean(vals) if vals else None
+@dataclass
+class GpuAccumulator:
+    """Partial aggregate of one GPU's samples: what :class:`GpuStats` needs,
+    kept so that two partials merge into exactly the partial of their union.
+
+    The daemon keeps one per GPU per second (its ``gpu_rollups`` rows) and
+    merges a run's seconds; :func:`gpu_stats` folds raw rows through the same
+    code, so rollups and raw samples give the same verdicts.
+    """
+
+    util: MinMeanMax = field(default_factory=MinMeanMax)
+    """NVML util %; ``util.n`` counts the samples (rows with a util reading)."""
+    idle_n: int = 0
+    """Samples with util ≤ :data:`IDLE_UTIL_PCT`."""
+    mem_used: MinMeanMax = field(default_factory=MinMeanMax)
+    """Used memory, bytes."""
+    mem_total_bytes: int | None = None
+    power_mw: MinMeanMax = field(default_factory=MinMeanMax)
+    temp_c: MinMeanMax = field(default_factory=MinMeanMax)
+    sm_mhz: MinMeanMax = field(default_factory=MinMeanMax)
+    sm_active_max_mhz: float | None = None
+    """Highest SM clock on a sample without the GpuIdle bit, MHz."""
+    sm_limit_mhz: float | None = None
+    """The GPU's max SM clock (``nvmlDeviceGetMaxClockInfo``), MHz, when known."""
+    mem_util: MinMeanMax = field(default_factory=MinMeanMax)
+    reasons_n: int = 0
+    """Samples that carried a clock-event reason bitmask."""
+    reasons_any: int = 0
+    """OR of their bitmasks."""
+    capped_n: int = 0
+    """Samples busy (util ≥ :data:`BUSY_UTIL_PCT`) under the SW power cap."""
+    capped_sm_mhz: MinMeanMax = field(default_factory=MinMeanMax)
+    thermal_n: int = 0
+    """Samples with a :data:`THERMAL_REASONS` bit."""
+    thermal_sm_mhz: MinMeanMax = field(default_factory=MinMeanMax)
+    pcie_rx_max_kbps: float | None = None
+    pcie_tx_max_kbps: float | None = None
+    gpm_sm_util: MinMeanMax = field(default_factory=MinMeanMax)
+    gpm_sm_occupancy: MinMeanMax = field(default_factory=MinMeanMax)
+    gpm_tensor_util: MinMeanMax = field(default_factory=MinMeanMax)
+    gpm_dram_bw_util: MinMeanMax = field(default_factory=MinMeanMax)
+
+    def add(self, row: Mapping[str, Any]) -> None:
+        """Fold in one sample row (the keys :func:`gpu_stats` documents).
+        Rows without ``util_gpu`` are skipped whole, as :func:`gpu_stats` does."""
+        util = row.get("util_gpu")
+        if util is None:
+            return
+        self.util.add(util)
+        self.idle_n += util <= IDLE_UTIL_PCT
+        self.mem_used.add(row.get("mem_used"))
+        total = row.get("mem_total")
+        if total is not None:
+            self.mem_total_bytes = max(int(total), self.mem_total_bytes or 0)
+        self.power_mw.add(row.get("power_mW"))
+        self.temp_c.add(row.get("temp_C"))
+        sm = row.get("sm_MHz")
+        self.sm_mhz.add(sm)
+        self.mem_util.add(row.get("util_mem"))
+        reasons = row.get("reasons")
+        bits = int(reasons or 0)
+        if sm is not None and not bits & REASON_GPU_IDLE:
+            self.sm_active_max_mhz = max(sm, self.sm_active_max_mhz or sm)
+        if reasons is not None:
+            self.reasons_n += 1
+            self.reasons_any |= bits
+        if bits & REASON_SW_POWER_CAP and util >= BUSY_UTIL_PCT:
+            self.capped_n += 1
+            self.capped_sm_mhz.add(sm)
+        if bits & THERMAL_REASONS:
+            self.thermal_n += 1
+            self.thermal_sm_mhz.add(sm)
+        self.add_slow(row)
+
+    def add_slow(self, row: Mapping[str, Any]) -> None:
+        """Fold in one slow-loop row's readings (``pcie_rx_KBps``/``pcie_tx_KBps``
+        KB/s, ``gpm_*`` %); it needs no util reading."""
+        rx, tx = row.get("pcie_rx_KBps"), row.get("pcie_tx_KBps")
+        if rx is not None:
+            self.pcie_rx_max_kbps = max(rx, self.pcie_rx_max_kbps or rx)
+        if tx is not None:
+            self.pcie_tx_max_kbps = max(tx, self.pcie_tx_max_kbps or tx)
+        self.gpm_sm_util.add(row.get("gpm_sm_util"))
+        self.gpm_sm_occupancy.add(row.get("gpm_sm_occupancy"))
+        self.gpm_tensor_util.add(row.get("gpm_any_tensor_util"))
+        self.gpm_dram_bw_util.add(row.get("gpm_dram_bw_util"))
+
+    def merge(self, other: GpuAccumulator) -> None:
+        """Fold in another partial (e.g. the next second's)."""
+        for name in _MERGED_AGGS:
+            getattr(self, name).merge(getattr(other, name))
+        for name in ("idle_n", "reasons_n", "capped_n", "thermal_n"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.reasons_any |= other.reasons_any
+        for name in ("mem_total_bytes", "sm_active_max_mhz", "sm_limit_mhz",
+                     "pcie_rx_max_kbps", "pcie_tx_max_kbps"):  # fmt: skip
+            mine, theirs = getattr(self, name), getattr(other, name)
+            if theirs is not None and (mine is None or theirs > mine):
+                setattr(self, name, theirs)
+
+    def stats(self, max_sm_mhz: float | None = None) -> GpuStats | None:
+        """The :class:`GpuStats` of everything folded in; None without a util reading.
+        *max_sm_mhz*: the GPU's max SM clock (``nvmlDeviceGetMaxClockInfo``), if known."""
+        n = self.util.n
+        if not n:
+            return None
+        refs = [
+            c for c in (max_sm_mhz, self.sm_limit_mhz, self.sm_active_max_mhz) if c is not None
+        ]
+        has_reasons = self.reasons_n > 0
+        return GpuStats(
+            samples=n,
+            util_mean_pct=self.util.mean,
+            util_max_pct=self.util.hi,
+            idle_share=self.idle_n / n,
+            mem_used_max_bytes=int(self.mem_used.hi) if self.mem_used.n else None,
+            mem_total_bytes=self.mem_total_bytes,
+            power_max_mw=self.power_mw.hi,
+            temp_max_c=self.temp_c.hi,
+            sm_mhz_ref=max(refs) if refs else None,
+            reasons_seen=self.reasons_any if has_reasons else None,
+            power_capped_share=self.capped_n / n if has_reasons else None,
+            sm_mhz_power_capped=self.capped_sm_mhz.mean if has_reasons else None,
+            thermal_share=self.thermal_n / n if has_reasons else None,
+            sm_mhz_thermal=self.thermal_sm_mhz.mean if has_reasons else None,
+            pcie_rx_max_kbps=self.pcie_rx_max_kbps,
+            pcie_tx_max_kbps=self.pcie_tx_max_kbps,
+            gpm_sm_util_pct=self.gpm_sm_util.mean,
+            gpm_sm_occupancy_pct=self.gpm_sm_occupancy.mean,
+            gpm_tensor_util_pct=self.gpm_tensor_util.mean,
+            gpm_dram_bw_util_pct=self.gpm_dram_bw_util.mean,
+        )
 
 
-def _opt_max(values: Sequence[float]) -> float | None:
-    return max(values) if values else None
-
-
-def _clock_ref(samples: Sequence[Mapping[str, Any]], max_sm_mhz: float | None) -> float | None:
-    seen = [
-        s["sm_MHz"]
-        for s in samples
-        if s.get("sm_MHz") is not None and not (s.get("reasons") or 0) & REASON_GPU_IDLE
-    ]
-    candidates = [c for c in (max_sm_mhz, _opt_max(seen)) if c is not None]
-    return max(candidates) if candidates else None
-
-
-def _reason_clocks(
-    samples: Sequence[Mapping[str, Any]], mask: int, busy: bool
-) -> tuple[float | None, float | None]:
-    """(share of samples with a *mask* bit [and busy], their mean SM clock MHz)."""
-    if not any(s.get("reasons") is not None for s in samples):
-        return None, None
-    hit = [
-        s
-        for s in samples
-        if (s.get("reasons") or 0) & mask
-        and (not busy or (s.get("util_gpu") or 0) >= BUSY_UTIL_PCT)
-    ]
-    share = len(hit) / len(samples)
-    return share, _opt_mean(s["sm_MHz"] for s in hit if s.get("sm_MHz") is not None)
+_MERGED_AGGS = (
+    "util", "mem_used", "power_mw", "temp_c", "sm_mhz", "mem_util", "capped_sm_mhz",
+    "thermal_sm_mhz", "gpm_sm_util", "gpm_sm_occupancy", "gpm_tensor_util", "gpm_dram_bw_util",
+)  # fmt: skip
 
 
 def gpu_stats(
@@ -202,53 +344,17 @@ def gpu_stats(
 ) -> GpuStats | None:
     """Aggregate NVML sample rows (the keys of the H200 fixture's
     ``nvml_trace.jsonl``: ``util_gpu`` %, ``mem_used``/``mem_total`` bytes,
-    ``power_mW``, ``temp_C``, ``sm_MHz``, ``reasons`` bitmask, and on slow-loop
-    rows only ``pcie_rx_KBps``/``pcie_tx_KBps`` and ``gpm_*`` %).
+    ``power_mW``, ``temp_C``, ``sm_MHz``, ``reasons`` bitmask, ``util_mem`` %,
+    and on slow-loop rows only ``pcie_rx_KBps``/``pcie_tx_KBps`` and ``gpm_*`` %).
 
     Pass the samples taken while the run was in steps. *max_sm_mhz* is the
     GPU's max SM clock (``nvmlDeviceGetMaxClockInfo``), if queried. None when
     no sample has a utilization reading.
     """
-    rows = [s for s in samples if s.get("util_gpu") is not None]
-    if not rows:
-        return None
-    util = _values(rows, "util_gpu")
-    capped_share, capped_mhz = _reason_clocks(rows, REASON_SW_POWER_CAP, busy=True)
-    thermal_share, thermal_mhz = _reason_clocks(rows, THERMAL_REASONS, busy=False)
-    reasons = _values(rows, "reasons")
-    mem_used = _values(rows, "mem_used")
-    mem_total = _values(rows, "mem_total")
-    return GpuStats(
-        samples=len(rows),
-        util_mean_pct=mean(util),
-        util_max_pct=max(util),
-        idle_share=sum(1 for u in util if u <= IDLE_UTIL_PCT) / len(util),
-        mem_used_max_bytes=int(max(mem_used)) if mem_used else None,
-        mem_total_bytes=int(max(mem_total)) if mem_total else None,
-        power_max_mw=_opt_max(_values(rows, "power_mW")),
-        temp_max_c=_opt_max(_values(rows, "temp_C")),
-        sm_mhz_ref=_clock_ref(rows, max_sm_mhz),
-        reasons_seen=_or_all(reasons),
-        power_capped_share=capped_share,
-        sm_mhz_power_capped=capped_mhz,
-        thermal_share=thermal_share,
-        sm_mhz_thermal=thermal_mhz,
-        pcie_rx_max_kbps=_opt_max(_values(rows, "pcie_rx_KBps")),
-        pcie_tx_max_kbps=_opt_max(_values(rows, "pcie_tx_KBps")),
-        gpm_sm_util_pct=_opt_mean(_values(rows, "gpm_sm_util")),
-        gpm_sm_occupancy_pct=_opt_mean(_values(rows, "gpm_sm_occupancy")),
-        gpm_tensor_util_pct=_opt_mean(_values(rows, "gpm_any_tensor_util")),
-        gpm_dram_bw_util_pct=_opt_mean(_values(rows, "gpm_dram_bw_util")),
-    )
-
-
-def _or_all(bits: Sequence[float]) -> int | None:
-    if not bits:
-        return None
-    out = 0
-    for b in bits:
-        out |= int(b)
-    return out
+    acc = GpuAccumulator()
+    for s in samples:
+        acc.add(s)
+    return acc.stats(max_sm_mhz)
 
 
 def _clock_drop(ref_mhz: float | None, mhz: float | None) -> float | None:
@@ -497,8 +603,9 @@ def small_batch(ctx: RunContext) -> Insight | None:
 @rule("gpu_idle_between_steps")
 def gpu_idle_between_steps(ctx: RunContext) -> Insight | None:
     """Fires when the GPU is idle (util ≤ :data:`IDLE_UTIL_PCT`) on more than
-    :data:`GPU_IDLE_SHARE` of the samples taken during the run's steps, and did
-    work on at least one (a GPU the run never used is not this problem).
+    :data:`GPU_IDLE_SHARE` of the samples taken during the run's steps, and
+    used the GPU (mean util ≥ :data:`GPU_USED_UTIL_PCT`: a GPU the run never
+    used is not this problem).
 
     Idle share counts whole NVML windows with (almost) no kernel: time the
     GPU waits on the host between bursts of work. Busy-but-launch-bound GPUs
@@ -507,7 +614,8 @@ def gpu_idle_between_steps(ctx: RunContext) -> Insight | None:
     g = ctx.gpu
     if g is None or g.idle_share is None or g.util_max_pct is None:
         return None
-    if g.util_max_pct <= IDLE_UTIL_PCT or g.idle_share <= GPU_IDLE_SHARE:
+    used = g.util_mean_pct is not None and g.util_mean_pct >= GPU_USED_UTIL_PCT
+    if not used or g.idle_share <= GPU_IDLE_SHARE:
         return None
     return Insight(
         rule="gpu_idle_between_steps",

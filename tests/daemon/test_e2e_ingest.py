@@ -10,6 +10,7 @@ import orjson
 
 from gpuprofd.daemon import STORED_GPU_HZ
 from gpuprofd.nvml import NO_GPU_NOTE
+from tests.daemon import h200_replay
 from tests.daemon import helpers as h
 
 
@@ -207,3 +208,31 @@ def test_gpu_samples_are_stored_at_10_hz_whatever_the_sampling_rate(
     assert min(gaps_ms) >= 1000 / STORED_GPU_HZ - 1
     span_s = (stamps[-1] - stamps[0]) / 1e9
     assert len(stamps) <= span_s * STORED_GPU_HZ + 2
+
+
+def test_raw_gpu_rows_keep_a_window_and_per_second_rollups_keep_everything(
+    daemons, sock_dir: Path, tmp_path: Path
+) -> None:
+    db = tmp_path / "g.db"
+    trace = h200_replay.trace_path()
+    proc, _ = daemons.start_ready(sock_dir, db, "--sample-hz", "100", "--raw-window", "2",
+                                  env={"GPUPROF_NVML": f"replay:{trace}"})  # fmt: skip
+    h.poll_db(db, "SELECT COUNT(*) >= 5 FROM gpu_rollups WHERE n > 0", (), 1, timeout_s=30)
+    now_ns = time.monotonic_ns()
+    (oldest_raw,) = h.query(db, "SELECT MIN(mono_ns) FROM gpu_samples")[0]
+    # pruned every 2 s down to the last 2 s: nothing much older than 4 s
+    assert (now_ns - oldest_raw) / 1e9 < 6
+    assert daemons.stop(proc) == 0
+    rows = h.query(db, "SELECT * FROM gpu_rollups WHERE n > 0 ORDER BY sec_ns")
+    secs = [r["sec_ns"] for r in rows]
+    assert len(set(secs)) == len(secs) and all(s % 10**9 == 0 for s in secs)
+    full = rows[1:-1]  # the first and the last second were sampled in part
+    assert all(50 <= r["n"] <= 101 for r in full), [r["n"] for r in full]
+    assert {r["uuid"] for r in rows} == {"69cfecb8-dd0f-d46a-a967-785474cc5ca4"}
+    assert {r["sm_limit_mhz"] for r in rows} == {1980.0}  # probe.json's max SM clock
+    assert all(r["util_min"] <= r["util_mean"] <= r["util_max"] for r in rows)
+    # the slow loop (1 Hz) joined the seconds it fell in
+    assert sum(r["slow_n"] for r in rows) >= len(full) - 1
+    # rollups span more than the raw window kept
+    (raw_left,) = h.query(db, "SELECT COUNT(*) FROM gpu_samples")[0]
+    assert raw_left < len(rows) * STORED_GPU_HZ

@@ -11,6 +11,7 @@ from gpuprof.insights.gpu import (
     REASON_GPU_IDLE,
     REASON_HW_THERMAL,
     REASON_SW_POWER_CAP,
+    GpuAccumulator,
     GpuStats,
     copy_bound_gpu,
     gpu_idle_between_steps,
@@ -21,6 +22,7 @@ from gpuprof.insights.gpu import (
     small_batch,
     thermal_throttling,
 )
+from tests.h200_expected import EXPECTED
 
 from .conftest import H200, make_ctx
 
@@ -306,31 +308,8 @@ def test_run_rules_includes_gpu_findings():
 
 # --- replay of the real H200 trace -------------------------------------------
 
-#: Which GPU rules each phase of the H200 trace must fire; every other GPU rule
-#: must stay silent. Why, from the data (fixture README and the rows):
-#:  - bf16_matmul: busy (util 94 %) with SW power cap (0x4) on ~95 % of rows and
-#:    the SM clock ~1445 MHz vs 1980: the cap really lowers clocks, so
-#:    power_capping fires (est. ~27 % of compute throughput).
-#:  - tiny_kernels: its first rows still run the queued capped matmuls, too few
-#:    (< 10 %) to count; util ~30 % in every window is launch-bound, not idle.
-#:  - h2d_copy: util ~95 %, GPM SM 0 % → copy_bound_gpu; RX ~60 GB/s → pcie_saturation.
-#:  - d2h_copy: the same copy signature; its traffic is TX, so no RX saturation.
-#:  - memory_92pct: 92 % of memory → memory_pressure; the GPU then sat idle on
-#:    ~93 % of its rows, which is what gpu_idle_between_steps reports for a run.
-#:  - loader_stall: ~1 ms of matmuls per 80 ms wait, util 1-2 % → gpu_idle_between_steps.
-#:  - idle / idle_end: the GpuIdle bit (0x1) and clocks parked at 345 MHz are
-#:    not throttling; a GPU that did no work is not "idle between steps".
-#:  - small_batch needs MFU, which a replay without steps/FLOPs lacks: silent.
-EXPECTED = {
-    "idle": set(),
-    "bf16_matmul": {"power_capping"},
-    "tiny_kernels": set(),
-    "h2d_copy": {"copy_bound_gpu", "pcie_saturation"},
-    "d2h_copy": {"copy_bound_gpu"},
-    "memory_92pct": {"memory_pressure", "gpu_idle_between_steps"},
-    "loader_stall": {"gpu_idle_between_steps"},
-    "idle_end": set(),
-}
+# EXPECTED (which GPU rules each trace phase fires, and why) lives in
+# tests/h200_expected.py: scripts/gpu_check.py compares a live H200 with it.
 
 
 @pytest.fixture(scope="module")
@@ -416,3 +395,45 @@ def test_h200_replay_idle_bit_is_not_throttling(h200_phases):
     assert parked and min(r["sm_MHz"] for r in parked) < 0.85 * 1980  # clocks way down
     g = gpu_stats(rows)
     assert g.thermal_share == 0.0 and g.power_capped_share == 0.0
+
+
+# --- GpuAccumulator: partials merge into the whole ---------------------------
+
+
+def test_accumulators_merged_in_any_split_equal_one_over_all_rows():
+    rows = (
+        [_row(util_gpu=u, sm_MHz=1400 + u, reasons=4 if u > 50 else 1) for u in range(0, 99, 7)]
+        + [_row(temp_C=85, reasons=0x20, sm_MHz=1500), {"pcie_rx_KBps": 9e6, "gpm_sm_util": 3.0}]
+        + [_row(pcie_rx_KBps=2e7, gpm_sm_util=80.0, mem_used=79 * GB)]
+    )
+    whole = gpu_stats(rows)
+    for cut in (1, 5, len(rows) - 1):
+        left, right = GpuAccumulator(), GpuAccumulator()
+        for r in rows[:cut]:
+            left.add(r)
+        for r in rows[cut:]:
+            right.add(r)
+        left.merge(right)
+        assert left.stats() == whole, cut
+    assert whole is not None and whole.samples == len(rows) - 1  # the util-less row is skipped
+    assert whole.pcie_rx_max_kbps == 2e7 and whole.mem_used_max_bytes == 79 * GB
+
+
+def test_the_max_sm_clock_is_the_reference_when_every_busy_sample_is_capped():
+    acc = GpuAccumulator(sm_limit_mhz=1980)
+    for _ in range(10):
+        acc.add(_row(util_gpu=99, sm_MHz=1500, reasons=0x4))
+    g = acc.stats()
+    assert g is not None and g.sm_mhz_ref == 1980
+    assert power_capping(make_ctx([10.0] * 10, gpu=g)) is not None
+    # without it the capped clock is its own reference: nothing to measure from
+    assert power_capping(_ctx([_row(util_gpu=99, sm_MHz=1500, reasons=0x4)] * 10)) is None
+
+
+def test_gpu_idle_between_steps_fires_for_a_loader_starved_gpu_at_low_util():
+    # the H200 trace's loader_stall: 1-2 % util in every window (1 ms of work per 80 ms)
+    starved = [_row(util_gpu=1), _row(util_gpu=2)] * 10
+    ins = gpu_idle_between_steps(_ctx(starved))
+    assert ins is not None and ins.evidence["idle_share"] == 1.0
+    # under 1 % mean: only NVML's lag after work ended, not a run using its GPU
+    assert gpu_idle_between_steps(_ctx([_row(util_gpu=1)] + [_row(util_gpu=0)] * 19)) is None
