@@ -123,7 +123,7 @@ def gpu_stats(
     window = queries.gpu_window(run.get("cuda_uuid"), steps)
     if window is None:
         return None
-    return queries.gpu_stats_from_rollups(_query(conn, rollup.SELECT_SQL, window))
+    return queries.gpu_stats_from_rollups(_query(conn, rollup.MERGED_SQL, window))
 
 
 def stored_insights(conn: sqlite3.Connection, run_id: int) -> list[dict[str, Any]]:

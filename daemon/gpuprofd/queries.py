@@ -83,8 +83,9 @@ def gpu_window(
 
 
 def gpu_stats_from_rollups(rows: Iterable[Mapping[str, Any]]) -> GpuStats | None:
-    """Merge a run's ``gpu_rollups`` rows into its :class:`GpuStats`; None
-    when none carried a utilization reading."""
+    """Merge ``gpu_rollups`` rows (e.g. the one row of
+    :data:`gpuprofd.rollup.MERGED_SQL`) into :class:`GpuStats`; None when
+    none carried a utilization reading."""
     acc = GpuAccumulator()
     for r in rows:
         acc.merge(rollup.accumulator_from_row(r))

@@ -41,13 +41,45 @@ INSERT_SQL = (
     f"INSERT INTO gpu_rollups ({', '.join(ROLLUP_COLUMNS)}) "
     f"VALUES ({', '.join('?' * len(ROLLUP_COLUMNS))})"
 )
+_WHERE = "WHERE uuid = ? AND sec_ns > ? AND sec_ns < ?"
 #: A run's rollups: its GPU (normalized UUID), the seconds that overlap a
 #: window [t0, t1) of monotonic ns (pass t0 - :data:`NS_PER_S` and t1).
-SELECT_SQL = (
-    f"SELECT {', '.join(ROLLUP_COLUMNS)} FROM gpu_rollups "
-    "WHERE uuid = ? AND sec_ns > ? AND sec_ns < ? ORDER BY sec_ns"
-)
+SELECT_SQL = f"SELECT {', '.join(ROLLUP_COLUMNS)} FROM gpu_rollups {_WHERE} ORDER BY sec_ns"
 
+
+def _weighted(col: str, weight: str) -> str:
+    return f"SUM({col} * {weight}) / SUM(CASE WHEN {col} IS NOT NULL THEN {weight} END)"
+
+
+def _merge_expr(col: str) -> str:
+    """SQL that merges *col* over many rollup rows into one (see :data:`MERGED_SQL`)."""
+    if col in ("sec_ns", "uuid"):
+        return f"MIN({col})"
+    if col.endswith("_n") or col == "n":
+        return f"SUM({col})"
+    if col == "reasons_any":  # SQLite has no bitwise-OR aggregate: OR each bit's MAX
+        return " | ".join(f"MAX({col} & {1 << b})" for b in range(32))
+    if col.startswith("capped_sm") or col.startswith("thermal_sm"):
+        return _weighted(col, col.split("_sm")[0] + "_n")
+    if col.startswith("gpm_"):
+        return _weighted(col, "slow_n")
+    if "_min" in col:
+        return f"MIN({col})"
+    if "_max" in col or col in ("mem_total_bytes", "sm_limit_mhz"):
+        return f"MAX({col})"
+    if "_mean" in col:
+        return _weighted(col, "n")
+    raise ValueError(f"no merge rule for gpu_rollups.{col}")
+
+
+#: The same window merged by SQLite into one rollup-shaped row (a rollup of
+#: rollups): counts summed, minima and maxima kept, means weighted by their
+#: sample counts. A day of one GPU (86,400 rows) merges in ~0.1 s, where
+#: reading the rows into Python took seconds.
+MERGED_SQL = (
+    f"SELECT {', '.join(f'{_merge_expr(c)} AS {c}' for c in ROLLUP_COLUMNS)} "
+    f"FROM gpu_rollups {_WHERE}"
+)
 
 def sample_row(s: GpuSample) -> dict[str, Any]:
     """A fast-loop sample in the row shape :meth:`GpuAccumulator.add` reads."""

@@ -190,7 +190,7 @@ async def load_gpu_stats(
     window = queries.gpu_window(run.get("cuda_uuid"), steps)
     if window is None:
         return None
-    return queries.gpu_stats_from_rollups(await store.fetchall(rollup.SELECT_SQL, window))
+    return queries.gpu_stats_from_rollups(await store.fetchall(rollup.MERGED_SQL, window))
 
 
 async def load_run_cpu(store: Store, run_id: int) -> list[dict[str, Any]]:

@@ -101,8 +101,19 @@ def test_a_run_on_another_gpu_gets_no_gpu_findings(tmp_path: Path):
     assert (ctx.gpu, fired) == (None, set())
 
 
+@pytest.fixture(scope="module")
+def rollup_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    db = tmp_path_factory.mktemp("rollups") / "r.db"
+    schema.prepare(db)
+    conn = sqlite3.connect(db)
+    conn.executemany(rollup.INSERT_SQL, _rollup_rows())
+    conn.commit()
+    conn.close()
+    return db
+
+
 @pytest.mark.parametrize("phase", list(WHOLE_SECOND_VERDICTS))
-def test_merged_rollups_equal_the_raw_samples_of_the_same_seconds(phase: str):
+def test_merged_rollups_equal_the_raw_samples_of_the_same_seconds(rollup_db: Path, phase: str):
     t0, t1 = _whole_seconds(phase)
     raw = []
     for ns, fast, slow in h200_replay.ticks():
@@ -111,20 +122,23 @@ def test_merged_rollups_equal_the_raw_samples_of_the_same_seconds(phase: str):
             for s in slow:  # a slow reading joins its tick's row, as in the fixture
                 row.update({k: v for k, v in rollup.slow_row(s).items() if v is not None})
             raw.append(row)
-    names = list(rollup.ROLLUP_COLUMNS)
-    stored = [dict(zip(names, r, strict=True)) for r in _rollup_rows()]
-    window = queries.gpu_window(UUID, [{"t0": t0, "t1": t1}])
-    assert window is not None
-    uuid, lo, hi = window
-    mine = [r for r in stored if r["uuid"] == uuid and lo < r["sec_ns"] < hi]
-    assert len(mine) == (t1 - t0) // 10**9
-    from_rollups = queries.gpu_stats_from_rollups(mine)
     from_raw = gpu_stats(raw, max_sm_mhz=1980)  # probe.json's max SM clock
-    assert from_rollups is not None and from_raw is not None
-    assert from_rollups.samples == len(raw) == 100 * len(mine)
-    for name, want in vars(from_raw).items():
-        got = getattr(from_rollups, name)
-        assert got == (None if want is None else pytest.approx(want, rel=1e-9)), name
+    window = queries.gpu_window(UUID, [{"t0": t0, "t1": t1}])
+    assert window is not None and from_raw is not None
+    conn = sqlite3.connect(rollup_db)
+    conn.row_factory = sqlite3.Row
+    try:
+        rows = conn.execute(rollup.SELECT_SQL, window).fetchall()
+        merged_by_sqlite = conn.execute(rollup.MERGED_SQL, window).fetchall()
+    finally:
+        conn.close()
+    assert len(rows) == (t1 - t0) // 10**9
+    for merged in (rows, merged_by_sqlite):  # merged in Python, and by SQLite
+        stats = queries.gpu_stats_from_rollups(merged)
+        assert stats is not None and stats.samples == len(raw) == 100 * len(rows)
+        for name, want in vars(from_raw).items():
+            got = getattr(stats, name)
+            assert got == (None if want is None else pytest.approx(want, rel=1e-9)), name
 
 
 def _schema_1_db_with_raw_rows(tmp_path: Path, phase: str) -> tuple[Path, int]:
