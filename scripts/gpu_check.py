@@ -19,11 +19,12 @@ loader_stall    a 0.1 s burst of bf16 4096² matmuls every second, the host
 ==============  =============================================================
 
 Each phase's samples (by their own monotonic timestamps, minus the phase's
-first ``skip_s`` for NVML's averaging windows; slow-loop samples only when
+first ``--skip-s`` (0.5 s) for NVML's averaging windows; slow-loop samples only when
 their whole measuring interval lies inside the phase) go through the row
 shape the daemon folds (:func:`gpuprofd.rollup.sample_row` /
 :func:`~gpuprofd.rollup.slow_row`), :func:`gpuprof.insights.gpu.gpu_stats`
-and the GPU rules, and the rules that fire are compared with
+and the GPU rules (the GPU's max SM clock the throttling reference, as in
+the daemon's rollups), and the rules that fire are compared with
 :data:`tests.h200_expected.EXPECTED` for the same phase of the recorded H200
 trace. ``import torch`` and CUDA's initialisation are timed apart and happen
 before the sampler starts.
@@ -114,25 +115,17 @@ class Phase:
     """One live load phase; its name is the H200 trace phase it is judged against."""
 
     name: str
-    skip_s: float
-    """Seconds of fast-loop samples dropped at the phase's start."""
     what: str
 
 
 PHASES = (
-    Phase("idle", SKIP_S, "nothing runs"),
-    # No skip: clocks and reason bits are instantaneous, and power_capping
-    # compares the capped SM clock with the highest unparked clock of the same
-    # window. Dropping the boost before the cap engages (~0.3 s, see the
-    # trace) would compare a capped window with itself (the trace's phase
-    # then reads 1515 vs 1444 MHz, under the rule's 5 %). The util that lags
-    # from idle only adds ~2 % of idle rows.
-    Phase("bf16_matmul", 0.0, "8192^3 bf16 matmuls back to back"),
-    Phase("h2d_copy", SKIP_S, "1 GiB pinned host-to-device copies back to back"),
-    Phase("memory_92pct", SKIP_S,
+    Phase("idle", "nothing runs"),
+    Phase("bf16_matmul", "8192^3 bf16 matmuls back to back"),
+    Phase("h2d_copy", "1 GiB pinned host-to-device copies back to back"),
+    Phase("memory_92pct",
           f"NVML used memory held at {MEM_FRACTION:.0%}; {BURST_S * 1e3:.0f} ms of writes "
           f"every {CYCLE_S:.1f} s"),  # fmt: skip
-    Phase("loader_stall", SKIP_S,
+    Phase("loader_stall",
           f"{BURST_S * 1e3:.0f} ms of bf16 4096^2 matmuls every {CYCLE_S:.1f} s, host "
           "busy-waiting between"),  # fmt: skip
 )
@@ -162,10 +155,12 @@ class PhaseResult:
     """(start, end) of the judged window, seconds after the first phase's start."""
     load: dict[str, Any] = field(default_factory=dict)
     """What the live load achieved (iterations, GB/s, TFLOP/s)."""
+    ran: bool = True
+    """False: the load never ran this phase (the run failed first)."""
 
     @property
     def match(self) -> bool:
-        return self.fired == self.expected
+        return self.ran and self.samples > 0 and self.fired == self.expected
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -215,11 +210,13 @@ def readings(rows: Sequence[Mapping[str, Any]], g: GpuStats | None) -> dict[str,
 
 
 def judge(name: str, rows: Sequence[Mapping[str, Any]], gpu_model: str | None,
-          slow_samples: int) -> PhaseResult:  # fmt: skip
+          slow_samples: int, max_sm_mhz: float | None) -> PhaseResult:  # fmt: skip
     """Fold *rows* (``gpu_stats``' row shape) and run every GPU rule on them, as
     the daemon does for a run whose steps covered exactly this phase (no steps:
-    MFU unknown, so ``small_batch`` stays silent, as in the replay test)."""
-    g = gpu_stats(rows)
+    MFU unknown, so ``small_batch`` stays silent, as in the replay test).
+    *max_sm_mhz*: the GPU's max SM clock (``GpuDevice.max_sm_mhz``), which the
+    daemon gives its rollups as the throttling rules' reference."""
+    g = gpu_stats(rows, max_sm_mhz=max_sm_mhz)
     ctx = RunContext(run_name=f"gpu_check:{name}", status="finished", step_ms=(), wait_ms=(),
                      gpu=g, gpu_model=gpu_model, gpu_count=1)  # fmt: skip
     rules = registered_rules()
@@ -550,6 +547,7 @@ def run_live(args: argparse.Namespace) -> dict[str, Any]:
             raise NoGpu(f"NVML: {note}")
         import pynvml as nv  # open_backend succeeded: it imports and is initialised
     assert backend is not None
+    backend_name = backend.name
 
     child: Child | None = None
     sampler: GpuSampler | None = None
@@ -565,15 +563,20 @@ def run_live(args: argparse.Namespace) -> dict[str, Any]:
         if device is None:
             raise RuntimeError(f"no NVML device has torch's UUID {ready['uuid']!r}")
         costs = call_costs(nv, nv.nvmlDeviceGetHandleByIndex(device.index), backend, device)
-        driver = nv.nvmlSystemGetDriverVersion() if not args.dry_run else "n/a (dry run)"
+        try:
+            driver = _text(nv.nvmlSystemGetDriverVersion())
+        except Exception as exc:  # noqa: BLE001 - NVMLError or the replay's missing call
+            driver = f"n/a ({exc.__class__.__name__})"
         col = Collector()
         col.uuid = device.uuid
         sampler = GpuSampler(backend, args.hz, col.on_fast, slow_sink=col.on_slow)
         s0 = time.monotonic()
-        sampler.start()
+        sampler.start()  # from here on, sampler.stop() closes the backend
+        backend = None
         time.sleep(1.5)  # the slow loop's first tick has counters but no rates yet
         child.send("go")
         windows: dict[str, dict[str, Any]] = {}
+        error = None
         while True:
             ev = child.next(timeout_s=args.phase_s + CHILD_SLACK_S)
             if ev["event"] == "phase":
@@ -581,8 +584,10 @@ def run_live(args: argparse.Namespace) -> dict[str, Any]:
                 print(f"gpu_check: phase {ev['phase']} done", file=sys.stderr, flush=True)
             elif ev["event"] == "done":
                 break
-            else:
-                raise RuntimeError(f"the load process failed during the phases: {ev}")
+            else:  # judge what ran; the rest is reported as not run
+                error = f"the load process failed after {len(windows)} phase(s): {ev}"
+                print(f"gpu_check: {error}", file=sys.stderr, flush=True)
+                break
         time.sleep(0.2)
         sampler.stop()
         wall_s = time.monotonic() - s0
@@ -591,30 +596,38 @@ def run_live(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         if sampler is not None:
             sampler.stop()
+        if backend is not None:
+            backend.close()
         if child is not None:
             child.close()
-    first_t0 = min(w["t0_ns"] for w in windows.values())
+    first_t0 = min((w["t0_ns"] for w in windows.values()), default=0)
     results = []
     for phase in PHASES:
-        w = windows[phase.name]
-        skip_ns = int(phase.skip_s * NS)
+        w = windows.get(phase.name)
+        if w is None:
+            results.append(PhaseResult(phase.name, sorted(EXPECTED[phase.name]), [], 0, 0, {},
+                                       {}, load={"what": phase.what}, ran=False))  # fmt: skip
+            continue
+        skip_ns = int(args.skip_s * NS)
         rows, joined = phase_rows(col.fast, col.slow, w["t0_ns"], w["t1_ns"], skip_ns)
-        res = judge(phase.name, rows, device.name, joined)
+        res = judge(phase.name, rows, device.name, joined, device.max_sm_mhz)
         res.window_s = (round((w["t0_ns"] + skip_ns - first_t0) / NS, 3),
                         round((w["t1_ns"] - first_t0) / NS, 3))  # fmt: skip
         res.load = {k: v for k, v in w.items() if k not in ("event", "phase", "t0_ns", "t1_ns")}
         res.load["what"] = phase.what
-        res.load["skip_s"] = phase.skip_s
         results.append(res)
     return {
         "mode": "dry-run" if args.dry_run else "live",
-        "device": {"name": device.name, "uuid": device.uuid, "driver": _text(driver),
-                   "torch": ready["torch"], "cuda": ready["cuda"]},  # fmt: skip
-        "backend": backend.name,
+        "error": error,
+        "device": {"name": device.name, "uuid": device.uuid, "driver": driver,
+                   "max_sm_mhz": device.max_sm_mhz, "torch": ready["torch"],
+                   "cuda": ready["cuda"]},  # fmt: skip
+        "backend": backend_name,
         "timings_s": {"import_torch": ready["import_torch_s"], "cuda_init": ready["cuda_init_s"],
                       "sampling_wall": round(wall_s, 2),
                       "total_wall": round(time.monotonic() - t_start, 2)},  # fmt: skip
         "phase_s": args.phase_s,
+        "skip_s": args.skip_s,
         "sampler": {"fast": loop_report(stats["fast"], wall_s),
                     "slow": loop_report(stats["slow"], wall_s), "wall_s": round(wall_s, 2),
                     "fast_samples": len(col.fast), "slow_samples": len(col.slow)},  # fmt: skip
@@ -670,14 +683,14 @@ def run_replay(args: argparse.Namespace) -> dict[str, Any]:
     for name, rows in labelled_phases(path):
         slow_n = sum(1 for r in rows if r.get("gpm_sm_util") is not None
                      or r.get("pcie_rx_KBps") is not None)  # fmt: skip
-        res = judge(name, rows, device.name, slow_n)
+        res = judge(name, rows, device.name, slow_n, device.max_sm_mhz)
         if rows:
             res.window_s = (round(rows[0]["t"], 3), round(rows[-1]["t"], 3))
         results.append(res)
     return {
         "mode": "replay",
         "trace": str(path),
-        "device": {"name": device.name, "uuid": device.uuid},
+        "device": {"name": device.name, "uuid": device.uuid, "max_sm_mhz": device.max_sm_mhz},
         "backend": backend.name,
         "timings_s": {"sampling_wall": round(wall_s, 2),
                       "total_wall": round(time.monotonic() - t_start, 2)},  # fmt: skip
@@ -717,7 +730,8 @@ def summary_md(rep: Mapping[str, Any]) -> str:
     if rep["mode"] != "replay":
         out.append(f"`import torch` {t['import_torch']:.2f} s and CUDA init {t['cuda_init']:.2f} s "
                    f"(in the load process, before sampling); sampling {t['sampling_wall']:.1f} s; "
-                   f"whole check {t['total_wall']:.1f} s.")  # fmt: skip
+                   f"whole check {t['total_wall']:.1f} s. Phases of {rep['phase_s']:g} s, "
+                   f"each judged from {rep['skip_s']:g} s after its start.")  # fmt: skip
     else:
         out.append("Verdicts: the trace's labelled phases. Sampler figures: "
                    f"{t['sampling_wall']:.1f} s over the replay backend on this machine "
@@ -752,18 +766,28 @@ def summary_md(rep: Mapping[str, Any]) -> str:
             f"| {_fmt(r.get('sm_mhz_mean'), 0)}/{_fmt(r.get('sm_mhz_ref'), 0)}/"
             f"{_fmt(r.get('sm_mhz_power_capped'), 0)} | {_fmt(r.get('reasons_seen'))} "
             f"| {', '.join(p['fired']) or '-'} | {', '.join(p['expected']) or '-'} "
-            f"| {'match' if p['match'] else 'MISMATCH'} |"
+            f"| {'match' if p['match'] else 'MISMATCH' if p['ran'] else 'NOT RUN'} |"
         )
     if rep["mode"] != "replay":
         out += ["", "Loads: " + "; ".join(
-            f"{p['name']}: {p['load'].get('what')}, skip {p['load'].get('skip_s')} s"
-            + "".join(f", {k} {v}" for k, v in p["load"].items() if k not in ("what", "skip_s"))
+            f"{p['name']}: {p['load'].get('what')}"
+            + "".join(f", {k} {v}" for k, v in p["load"].items() if k != "what")
             for p in phases)]  # fmt: skip
+    if rep.get("error"):
+        out += ["", f"**Run failed:** {rep['error']}"]
     out += ["", "**All verdicts match the replay.**" if ok else
             "**MISMATCH:** " + "; ".join(
-                f"{p['name']}: missing {p['missing'] or '-'}, unexpected {p['unexpected'] or '-'}"
-                for p in phases if not p["match"])]  # fmt: skip
+                f"{p['name']}: {_why(p)}" for p in phases if not p["match"])]  # fmt: skip
     return "\n".join(out) + "\n"
+
+
+def _why(p: Mapping[str, Any]) -> str:
+    """Why a phase did not match, in a few words."""
+    if not p["ran"]:
+        return "not run"
+    if not p["samples"]:
+        return "no samples in its window"
+    return f"missing {p['missing'] or '-'}, unexpected {p['unexpected'] or '-'}"
 
 
 def write_report(rep: dict[str, Any], out_dir: Path) -> str:
@@ -783,6 +807,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="report folder")
     ap.add_argument("--phase-s", type=float, default=13.0, help="seconds per live phase")
     ap.add_argument("--hz", type=float, default=100.0, help="the fast loop's sample_hz")
+    ap.add_argument("--skip-s", type=float, default=SKIP_S,
+                    help="live mode: seconds of each phase's start left unjudged (NVML lag)")
     ap.add_argument("--sampler-s", type=float, default=2.0,
                     help="replay mode: seconds to run the sampler over the replay backend")
     ap.add_argument("--dry-run", action="store_true",
@@ -799,6 +825,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"gpu_check: live mode needs an NVIDIA GPU with CUDA and NVML: {exc} "
               "(use --replay PATH to check a recorded trace)", file=sys.stderr)  # fmt: skip
         return 2
+    except RuntimeError as exc:  # the load never started: nothing to judge
+        print(f"gpu_check: failed: {exc}", file=sys.stderr)
+        return 1
     rep = {"created_utc": created, **rep}
     md = write_report(rep, args.out)
     print(md, end="")
