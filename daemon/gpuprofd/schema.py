@@ -169,7 +169,7 @@ CREATE INDEX IF NOT EXISTS gpu_rollups_uuid_t ON gpu_rollups (uuid, sec_ns);
 CREATE TABLE IF NOT EXISTS worker_cpu (  -- DataLoader workers' CPU, one row per worker process
     run_id INTEGER NOT NULL, loader_seq INTEGER, worker_id INTEGER, pid INTEGER,
     first_mono_ns INTEGER, last_mono_ns INTEGER,
-    cpu_s REAL,                      -- user + system CPU seconds since first seen
+    cpu_s REAL,                      -- user + system CPU seconds since the worker started
     PRIMARY KEY (run_id, pid, loader_seq)
 );
 CREATE INDEX IF NOT EXISTS gpu_slow_samples_t ON gpu_slow_samples (mono_ns);
