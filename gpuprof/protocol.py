@@ -202,8 +202,8 @@ def _workers(x: Any) -> bool:
 
 def _mem(x: Any) -> bool:
     """``[allocated, reserved, peak]``: three ints, 0..:data:`MAX_MEMORY_BYTES`.
-    Their order (allocated ≤ peak, allocated ≤ reserved) is not checked: the
-    three reads are not atomic, another thread may allocate between them."""
+    Their order (allocated ≤ peak, allocated ≤ reserved) is not checked: a
+    sender that reads them one by one races other threads' allocations."""
     return type(x) is list and len(x) == 3 and all(_int(0, MAX_MEMORY_BYTES)(v) for v in x)
 
 

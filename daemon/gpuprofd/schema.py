@@ -117,7 +117,8 @@ CREATE TABLE IF NOT EXISTS steps (
     skipped INTEGER DEFAULT 0,       -- 1: the optimizer update was skipped (inf/NaN)
     eval_ns INTEGER DEFAULT 0,       -- evaluation in the gap before the step
     optimizers TEXT,                 -- json: [{name, updates, skipped, ns}] or NULL
-    mem_allocated_bytes INTEGER,     -- torch's allocator at the step's end; NULL: no CUDA
+    mem_allocated_bytes INTEGER,     -- torch's allocator at the step's end; NULL: not
+                                     -- reported (no CUDA; or one read per burst of steps)
     mem_reserved_bytes INTEGER,
     mem_peak_bytes INTEGER           -- torch.cuda.max_memory_allocated so far
 );

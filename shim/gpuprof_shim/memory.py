@@ -24,8 +24,9 @@ def cuda_memory() -> tuple[int, int, int] | None:
     ``max_memory_allocated`` (peak since the process started or the user's
     last ``reset_peak_memory_stats``), taken from one
     ``torch.cuda.memory_stats_as_nested_dict`` snapshot: the same counters,
-    read once, without the ~100 µs ``memory_stats`` spends flattening ~140
-    keys in Python per call (measured on the 2-vCPU CI VM, 2026-11-30).
+    read once, without the ~100 µs ``memory_stats`` spends flattening its
+    ~140 keys in Python per call (measured on the 2-vCPU CI VM, 2026-11-30,
+    with a stats dict of that shape; no GPU there to time the C++ side).
     On a CPU run this costs one ``is_initialized()`` check.
     """
     torch = sys.modules.get("torch")
