@@ -1,0 +1,271 @@
+"""Storage of a long run: database size per GPU-hour, and how fast a 24-hour
+8-GPU run opens (its series loaded, its insights computed).
+
+Builds, in a temporary directory, the database gpuprofd would hold after a
+24-hour run of 8 ranks on 8 GPUs: per-second GPU rollups made by the
+daemon's own code from the recorded H200 trace (tiled over the day), the
+raw window (10 Hz rows, 15 min), host and per-run CPU samples at the
+daemon's 2 Hz, every step of every rank, DataLoader worker rows. Then it
+times what a user does with it:
+
+- ``gpuprofctl insights`` on one rank (a real subprocess: Python start-up,
+  reading the run, its steps and its GPU rollups, the rules);
+- the same in-process (open, context, rules), best of 3;
+- loading one GPU's whole-day per-second series, and the node's 8 GPUs
+  downsampled to 1-minute points (what a dashboard chart draws).
+
+    python bench/storage.py [--hours 24] [--gpus 8] [--step-ms 500]
+
+Prints the figures; not a test (these machines are noisy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import orjson
+
+from gpuprof.insights import run_rules
+from gpuprofd import dbread, rollup, schema
+from gpuprofd.daemon import DEFAULT_RAW_WINDOW_S, STORED_GPU_HZ
+from gpuprofd.nvml import RealNvml, normalize_uuid
+from gpuprofd.nvml_replay import ReplayPynvml
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACE = ROOT.parent / "shared" / "fixtures" / "h200" / "nvml_trace.jsonl"
+S = 10**9
+HOST_HZ = 2.0  # the daemon's default host interval, 0.5 s
+SAMPLE_HZ = 100.0
+
+
+def trace_rollups() -> list[tuple]:
+    """Per-second rollups of the H200 trace (whole seconds), from the replay
+    played through the real NVML backend and the daemon's SecondRollups."""
+    now = [0.0]
+    fake = ReplayPynvml.from_file(TRACE, clock=lambda: now[0])
+    backend = RealNvml(fake, clock=lambda: now[0], name="replay")
+    devices = backend.devices()
+    r = rollup.SecondRollups(devices)
+    rows: list[tuple] = []
+    t0 = fake.trace.t_start
+    for i in range(int(fake.trace.duration_s * SAMPLE_HZ)):
+        now[0] = i / SAMPLE_HZ
+        ns = int((t0 + i / SAMPLE_HZ) * S)
+        rows += r.add(ns, [backend.sample(d) for d in devices])
+        if i % int(SAMPLE_HZ) == 0:
+            rows += r.add_slow(ns, [backend.slow_sample(d) for d in devices])
+    return rows[1:]  # the first second was sampled in part
+
+
+def build(db: Path, hours: float, gpus: int, step_ms: float) -> dict[str, int]:
+    """Write the day's rows; returns row counts by table."""
+    schema.prepare(db)
+    conn = sqlite3.connect(db)
+    conn.execute("PRAGMA journal_mode=WAL")
+    seconds = int(hours * 3600)
+    start = 1000 * S
+    end = start + seconds * S
+    uuids = [f"GPU-{i:08x}-0000-4000-8000-000000000000" for i in range(gpus)]
+    keys = [normalize_uuid(u) for u in uuids]
+    template = trace_rollups()
+    counts: dict[str, int] = {}
+
+    def rollup_rows():
+        for sec in range(seconds):
+            t = template[sec % len(template)]
+            for key in keys:
+                yield (start + sec * S, key, *t[2:])
+
+    conn.executemany(rollup.INSERT_SQL, rollup_rows())
+    counts["gpu_rollups"] = seconds * gpus
+
+    raw_s = int(min(seconds, DEFAULT_RAW_WINDOW_S))
+    raw = (
+        (end - raw_s * S + int(k * S / STORED_GPU_HZ), g, uuids[g], 90.0, 70 * 2**30,
+         141 * 2**30, 650_000, 71, 1755, 40.0, 4)
+        for k in range(int(raw_s * STORED_GPU_HZ)) for g in range(gpus)
+    )  # fmt: skip
+    conn.executemany(
+        "INSERT INTO gpu_samples (mono_ns, gpu_index, uuid, util_pct, mem_used_bytes, "
+        "mem_total_bytes, power_mw, temp_c, sm_clock_mhz, mem_util_pct, clock_event_reasons) "
+        "VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+        raw,
+    )
+    counts["gpu_samples"] = int(raw_s * STORED_GPU_HZ) * gpus
+    conn.executemany(
+        "INSERT INTO gpu_slow_samples (mono_ns, uuid, energy_mj, energy_power_mw, pcie_rx_bps, "
+        "pcie_tx_bps, gpm_sm_util_pct, gpm_sm_occupancy_pct, gpm_tensor_util_pct, "
+        "gpm_dram_bw_util_pct, power_capped_pct, thermal_capped_pct) "
+        "VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+        ((end - raw_s * S + k * S, uuids[g], 10**9 + k, 650e3, 2.1e9, 0.3e9, 71.0, 40.0, 55.0,
+          38.0, 0.0, 0.0) for k in range(raw_s) for g in range(gpus)),
+    )  # fmt: skip
+    counts["gpu_slow_samples"] = raw_s * gpus
+
+    host_n = int(seconds * HOST_HZ)
+    conn.executemany(
+        "INSERT INTO host_samples (mono_ns, cpu_pct, cpu_count, disk_read_bps, disk_read_iops, "
+        "page_cache_bytes, mem_total_bytes, swap_in_bps) VALUES (?,?,?,?,?,?,?,?)",
+        ((start + int(k * S / HOST_HZ), 41.5 + k % 7, 128, 2.5e8 + k % 1000, 1900.0 + k % 50,
+          300 * 2**30, 2048 * 2**30, 0.0) for k in range(host_n)),
+    )  # fmt: skip
+    counts["host_samples"] = host_n
+
+    step_ns = int(step_ms * 1e6)
+    n_steps = seconds * S // step_ns
+    for rank in range(gpus):
+        conn.execute(
+            "INSERT INTO runs (id, run_key, run_name, status, host, pid, rank, local_rank, "
+            "world_size, auto, start_wall_ns, start_mono_ns, end_wall_ns, end_mono_ns, options, "
+            "cuda_uuid, gpu_model, gpu_count, cpu_count, median_step_ms) "
+            "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            (rank + 1, f"day-{rank}", "llm-24h", "finished", "node1", 1000 + rank, rank, rank,
+             gpus, 1, 0, start, seconds * S, end, "{}", uuids[rank], "NVIDIA H200", gpus, 128,
+             step_ms),
+        )  # fmt: skip
+        conn.executemany(
+            "INSERT INTO steps (run_id, step, t0_ns, t1_ns, wait_ns, explicit, micro, phases, "
+            "skipped, eval_ns, optimizers, mem_allocated_bytes, mem_reserved_bytes, "
+            "mem_peak_bytes) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            (
+                (rank + 1, i, start + i * step_ns + step_ns // 50, start + (i + 1) * step_ns,
+                 step_ns // 50 + i % 97 * 1000, 0, 4,
+                 orjson.dumps({"forward": step_ns * 3 // 10 + i % 89,
+                               "backward": step_ns * 6 // 10 + i % 83,
+                               "optimizer": step_ns // 20 + i % 79}).decode(),
+                 0, 0, None, 61 * 2**30 + i % 4096, 68 * 2**30, 66 * 2**30)
+                for i in range(n_steps)
+            ),
+        )  # fmt: skip
+        conn.executemany(
+            "INSERT INTO run_cpu_samples (run_id, mono_ns, cores) VALUES (?,?,?)",
+            ((rank + 1, start + int(k * S / HOST_HZ), 5.0 + k % 13 / 10) for k in range(host_n)),
+        )
+        conn.executemany(
+            "INSERT INTO worker_cpu (run_id, loader_seq, worker_id, pid, first_mono_ns, "
+            "last_mono_ns, cpu_s) VALUES (?,?,?,?,?,?,?)",
+            ((rank + 1, epoch, w, 50_000 + rank * 1000 + epoch * 10 + w, start, end, 3000.0 + w)
+             for epoch in range(24) for w in range(8)),
+        )  # fmt: skip
+    counts["steps"] = n_steps * gpus
+    counts["run_cpu_samples"] = host_n * gpus
+    counts["worker_cpu"] = 24 * 8 * gpus
+    conn.commit()
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    return counts
+
+
+def table_bytes(db: Path) -> dict[str, int]:
+    """Bytes per table, its indexes included (SQLite's dbstat)."""
+    conn = sqlite3.connect(db)
+    try:
+        owner = dict(conn.execute("SELECT name, tbl_name FROM sqlite_master"))
+        out: dict[str, int] = {}
+        for name, size in conn.execute("SELECT name, SUM(pgsize) FROM dbstat GROUP BY name"):
+            out[owner.get(name, name)] = out.get(owner.get(name, name), 0) + size
+        return out
+    finally:
+        conn.close()
+
+
+def best_of(n: int, fn) -> tuple[float, object]:
+    best, result = math.inf, None
+    for _ in range(n):
+        t = time.perf_counter()
+        result = fn()
+        best = min(best, time.perf_counter() - t)
+    return best, result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--hours", type=float, default=24.0)
+    ap.add_argument("--gpus", type=int, default=8)
+    ap.add_argument("--step-ms", type=float, default=500.0)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="gpuprof-bench-") as tmp:
+        db = Path(tmp) / "day.db"
+        t = time.perf_counter()
+        counts = build(db, args.hours, args.gpus, args.step_ms)
+        print(f"built {db.stat().st_size / 1e6:.1f} MB in {time.perf_counter() - t:.0f} s: "
+              f"{args.hours:g} h, {args.gpus} GPUs at {SAMPLE_HZ:g} Hz, one {args.step_ms:g} ms "
+              "step per rank")  # fmt: skip
+        sizes = table_bytes(db)
+        gpu_hours = args.hours * args.gpus
+        print(f"{'table':<18}{'rows':>12}{'MB':>9}{'bytes/row':>11}{'MB per GPU-hour':>17}")
+        for name in sorted(counts, key=lambda n: -sizes.get(n, 0)):
+            b = sizes.get(name, 0)
+            print(f"{name:<18}{counts[name]:>12,}{b / 1e6:>9.1f}{b / max(1, counts[name]):>11.0f}"
+                  f"{b / 1e6 / gpu_hours:>17.3f}")  # fmt: skip
+        total = db.stat().st_size
+        print(f"database: {total / 1e6:.1f} MB = {total / 1e6 / gpu_hours:.2f} MB per GPU-hour")
+        raw_row = sizes["gpu_samples"] / counts["gpu_samples"]
+        rollup_gpu_hour = sizes["gpu_rollups"] / gpu_hours
+        raw_gpu_hour = raw_row * SAMPLE_HZ * 3600
+        print(f"GPU samples per GPU-hour: rollups {rollup_gpu_hour / 1e6:.2f} MB vs every "
+              f"{SAMPLE_HZ:g} Hz sample raw {raw_gpu_hour / 1e6:.1f} MB "
+              f"({raw_gpu_hour / rollup_gpu_hour:.0f}x) or 10 Hz raw "
+              f"{raw_row * STORED_GPU_HZ * 3600 / 1e6:.1f} MB")
+
+        cmd = [sys.executable, "-m", "gpuprofd.ctl", "insights", str(db), "1", "--format", "json"]
+        ctl = ROOT / ".venv" / "bin" / "gpuprofctl"
+        if ctl.exists():
+            cmd = [str(ctl), "insights", str(db), "1", "--format", "json"]
+        t = time.perf_counter()
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        ctl_s = time.perf_counter() - t
+        print(f"gpuprofctl insights on one rank ({args.hours:g} h; process start-up, the run's "
+              f"steps and GPU rollups read, its summary built): {ctl_s:.2f} s wall, exit "
+              f"{proc.returncode}{'' if proc.returncode == 0 else ': ' + proc.stderr[-200:]}")
+
+        def insights():
+            conn = dbread.open_ro(db)
+            try:
+                ctx = dbread.run_context(conn, dbread.get_run(conn, 1))
+                return ctx, run_rules(ctx)
+            finally:
+                conn.close()
+
+        s, (ctx, fired) = best_of(3, insights)
+        print(f"rules fired on the tiled H200 day: {sorted(i.rule for i in fired)}")
+        print(f"in-process open + context + rules, one rank ({len(ctx.step_ms):,} steps, "
+              f"{ctx.gpu.samples if ctx.gpu else 0:,} GPU samples in rollups): "
+              f"{s:.2f} s (best of 3)")
+
+        def gpu_series():
+            conn = sqlite3.connect(db)
+            try:
+                return conn.execute(
+                    "SELECT sec_ns, util_mean, mem_used_max, power_mean_mw FROM gpu_rollups "
+                    "WHERE uuid = ? ORDER BY sec_ns", (f"{0:08x}-0000-4000-8000-000000000000",),
+                ).fetchall()
+            finally:
+                conn.close()
+
+        s, rows = best_of(3, gpu_series)
+        print(f"one GPU's per-second series ({len(rows):,} points): {s:.2f} s")
+
+        def node_minutes():
+            conn = sqlite3.connect(db)
+            try:
+                return conn.execute(
+                    "SELECT uuid, sec_ns / 60000000000 AS m, SUM(util_mean * n) / SUM(n), "
+                    "MAX(mem_used_max), AVG(power_mean_mw) FROM gpu_rollups GROUP BY uuid, m"
+                ).fetchall()
+            finally:
+                conn.close()
+
+        s, rows = best_of(3, node_minutes)
+        print(f"the node's {args.gpus} GPUs at 1-minute points ({len(rows):,} points): {s:.2f} s")
+
+
+if __name__ == "__main__":
+    main()
