@@ -111,8 +111,10 @@ def run_context(conn: sqlite3.Connection, run: dict[str, Any]) -> RunContext:
         )
     ]
     workers = [dict(r) for r in _query(conn, queries.WORKER_CPU_SQL, (run["id"],))]
+    run_cpu = [dict(r) for r in _query(conn, queries.RUN_CPU_SQL, (run["id"],))]
     return build_context(
-        run, steps, host, history, gpu=gpu_stats(conn, run, steps), workers=workers
+        run, steps, host, history, run_cpu=run_cpu, gpu=gpu_stats(conn, run, steps),
+        workers=workers,
     )
 
 

@@ -26,7 +26,12 @@ HOST_SQL = (
     "mem_total_bytes, swap_in_bps FROM host_samples "
     "WHERE mono_ns BETWEEN ? AND ? ORDER BY mono_ns"
 )
-RUN_CPU_SQL = "SELECT mono_ns, cores FROM run_cpu_samples WHERE run_id = ? ORDER BY mono_ns"
+#: A run's process-tree CPU as one row: its mean ``cores`` over the samples
+#: (all :func:`build_context` reads of them; a day is 172,800 rows at 2 Hz).
+RUN_CPU_SQL = (
+    "SELECT AVG(cores) AS cores FROM run_cpu_samples WHERE run_id = ? AND cores IS NOT NULL "
+    "HAVING COUNT(*) > 0"
+)
 #: A run's DataLoader workers: one row per worker process, ``cpu_s`` its CPU
 #: seconds so far; grouped by ``loader_seq`` (one loader iterator's pool).
 WORKER_CPU_SQL = (

@@ -194,7 +194,8 @@ async def load_gpu_stats(
 
 
 async def load_run_cpu(store: Store, run_id: int) -> list[dict[str, Any]]:
-    """The run's process-tree CPU samples (``mono_ns``, ``cores``) in time order."""
+    """The run's process-tree CPU as one ``cores`` row (its mean; see
+    :data:`queries.RUN_CPU_SQL`), or none without samples."""
     rows = await store.fetchall(queries.RUN_CPU_SQL, (run_id,))
     return [dict(r) for r in rows]
 

@@ -193,3 +193,19 @@ def test_an_old_database_reads_its_raw_samples_as_rollups_both_ways(tmp_path: Pa
     upgraded, ctx2 = _gpu_findings(db)
     assert upgraded == read_only
     assert ctx2.gpu == ctx.gpu
+
+
+def test_gpuprofctl_reads_the_runs_own_cpu_like_the_daemon(tmp_path: Path):
+    db = _db_with_phase(tmp_path, "idle", UUID)
+    conn = sqlite3.connect(db)
+    conn.executemany(
+        "INSERT INTO run_cpu_samples (run_id, mono_ns, cores) VALUES (?, ?, ?)",
+        [(1, 1, 2.0), (1, 2, 4.0), (1, 3, None), (2, 4, 50.0)],  # run 2's is not ours
+    )
+    conn.commit()
+    conn.close()
+    _, ctx = _gpu_findings(db)
+    assert ctx.run_cpu_cores == 3.0
+    (tmp_path / "none").mkdir()
+    _, without = _gpu_findings(_db_with_phase(tmp_path / "none", "idle", UUID))
+    assert without.run_cpu_cores is None
