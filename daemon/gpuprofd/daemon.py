@@ -149,6 +149,7 @@ class Daemon:
         self.store.start()
         backend, gpu_note = await asyncio.to_thread(open_backend, opts.nvml_backend)
         notes = [*opts.base_notes, *([gpu_note] if gpu_note else [])]
+        self._gpu_note = gpu_note
         devices = backend.devices() if backend else []
         self.rollups = SecondRollups(devices)
         insights = InsightsRunner(self.store, str(opts.db), opts.gpu_rate_usd_per_hour, notes)
@@ -311,4 +312,17 @@ class Daemon:
             "live_runs": [r.as_ping() for r in self.registry.live.values()],
             "dropped": self.drops.snapshot(),
             "received": self.ingest.received if self.ingest else 0,
+            "gpu_sampling": self._gpu_sampling(),
         }
+
+    def _gpu_sampling(self) -> dict[str, Any]:
+        """The GPU loops' achieved rates so far, or why there are none."""
+        if self._gpu is None:
+            return {"on": False, "why": self._gpu_note or "no NVML backend"}
+        out: dict[str, Any] = {"on": True, "gpus": len(self.gpu_latest)}
+        for name, st in self._gpu.stats().items():
+            out[name] = {
+                "requested_hz": st.requested_hz, "achieved_hz": st.achieved_hz,
+                "ticks": st.ticks, "missed_ticks": st.missed_ticks, "cpu_s": st.cpu_s,
+            }  # fmt: skip
+        return out

@@ -20,6 +20,7 @@ from gpuprof.summary import format_summary
 from gpuprofd import schema
 from gpuprofd.commands.insights import LIVE_NOTE
 from gpuprofd.ctl import main
+from gpuprofd.nvml import NO_GPU_NOTE
 from tests.daemon import helpers as h
 
 GIB = 2**30
@@ -312,6 +313,24 @@ def test_status_with_daemon(
     assert main(["status", "--socket-dir", str(sock_dir)]) == 0
     out = capsys.readouterr().out
     assert f"gpuprofd pid {proc.pid}" in out and "not_json=1" in out and "watched" in out
+    # no NVML on this machine: the status says GPU sampling is off, and why
+    assert reply["gpu_sampling"] == {"on": False, "why": NO_GPU_NOTE}
+    assert "GPU sampling: off (" in out
+
+
+def test_status_reports_the_gpu_loops_achieved_rate(
+    daemons, sock_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    daemons.start_ready(sock_dir, tmp_path / "g.db", "--sample-hz", "50",
+                        env={"GPUPROF_NVML": "mock"})  # fmt: skip
+    time.sleep(1.5)
+    assert main(["status", "--socket-dir", str(sock_dir), "--format", "json"]) == 0
+    gpu = orjson.loads(capsys.readouterr().out)["gpu_sampling"]
+    assert gpu["on"] is True and gpu["gpus"] == 1
+    assert gpu["fast"]["requested_hz"] == 50.0 and gpu["fast"]["ticks"] >= 25
+    assert 25 <= gpu["fast"]["achieved_hz"] <= 51  # deadline-scheduled: never above the rate
+    assert main(["status", "--socket-dir", str(sock_dir)]) == 0
+    assert "GPU sampling: 1 GPU(s), " in capsys.readouterr().out
 
 
 def test_version_and_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:

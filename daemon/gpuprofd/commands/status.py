@@ -30,12 +30,27 @@ def format_status(reply: dict[str, Any]) -> str:
     lines.append(f"  live runs:  {len(live)}")
     for r in live:
         lines.append(f"    #{r['run_id']} {r['run_name']} (pid {r['pid']}, {r['steps']} steps)")
+    gpu = reply.get("gpu_sampling") or {}
+    if gpu.get("on"):
+        fast, slow = gpu.get("fast") or {}, gpu.get("slow") or {}
+        lines.append(
+            f"  GPU sampling: {gpu.get('gpus', 0)} GPU(s), {_hz(fast)} "
+            f"({fast.get('missed_ticks', 0)} slots missed), slow loop {_hz(slow)}"
+        )
+    elif gpu:
+        lines.append(f"  GPU sampling: off ({gpu.get('why')})")
     dropped = reply.get("dropped") or {}
     if dropped:
         lines.append("  dropped:    " + ", ".join(f"{k}={v}" for k, v in sorted(dropped.items())))
     else:
         lines.append("  dropped:    none")
     return "\n".join(lines)
+
+
+def _hz(loop: dict[str, Any]) -> str:
+    achieved = loop.get("achieved_hz")
+    got = "-" if achieved is None else f"{achieved:.1f}"
+    return f"{got} of {loop.get('requested_hz', 0):g} Hz"
 
 
 def other_daemons(socket_dir: Path) -> list[str]:
