@@ -123,6 +123,8 @@ class Daemon:
             opts.socket_dir / config.CONTROL_SOCKET_NAME,
         ]
         self._gpu: GpuSampler | None = None
+        self._gpu_note: str | None = None
+        """Why GPU metrics are off (no NVML, no GPU), if they are."""
         self.gpu_slow: dict[str, GpuSlowSample] = {}
         #: The newest fast-loop sample per GPU UUID (every tick, stored or not).
         self.gpu_latest: dict[str, GpuSample] = {}
