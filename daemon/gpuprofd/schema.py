@@ -20,7 +20,7 @@ from gpuprof.insights.gpu import (
 )
 from gpuprofd.errors import DatabaseError
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 #: Columns added since schema 1: (table, column, declaration).
 _ADDED_IN_2 = (
     ("steps", "skipped", "INTEGER DEFAULT 0"),
@@ -42,6 +42,12 @@ _ADDED_IN_4 = (
     ("steps", "mem_allocated_bytes", "INTEGER"),
     ("steps", "mem_reserved_bytes", "INTEGER"),
     ("steps", "mem_peak_bytes", "INTEGER"),
+)
+#: ... and since schema 4 (kernel_windows and kernel_stats are new tables).
+_ADDED_IN_5 = (
+    ("steps", "traced", "INTEGER DEFAULT 0"),
+    ("runs", "mfu", "REAL"),
+    ("runs", "achieved_tflops", "REAL"),
 )
 APP_NAME = "gpuprof"
 
@@ -106,7 +112,9 @@ CREATE TABLE IF NOT EXISTS runs (
     error TEXT,
     median_step_ms REAL,
     summary TEXT,                    -- json, set when the run ends
-    trailing_eval_ns INTEGER DEFAULT 0  -- evaluation after the last step
+    trailing_eval_ns INTEGER DEFAULT 0,  -- evaluation after the last step
+    mfu REAL,                        -- 0-1, set when the run ends; NULL: unknown
+    achieved_tflops REAL             -- TFLOP/s per GPU, set when the run ends
 );
 CREATE INDEX IF NOT EXISTS runs_name ON runs (run_name, id);
 CREATE TABLE IF NOT EXISTS steps (
@@ -120,7 +128,8 @@ CREATE TABLE IF NOT EXISTS steps (
     mem_allocated_bytes INTEGER,     -- torch's allocator at the step's end; NULL: not
                                      -- reported (no CUDA; or one read per burst of steps)
     mem_reserved_bytes INTEGER,
-    mem_peak_bytes INTEGER           -- torch.cuda.max_memory_allocated so far
+    mem_peak_bytes INTEGER,          -- torch.cuda.max_memory_allocated so far
+    traced INTEGER DEFAULT 0         -- 1: a profiler snapshot ran in this step (not timed)
 );
 CREATE INDEX IF NOT EXISTS steps_run_t0 ON steps (run_id, t0_ns);
 CREATE TABLE IF NOT EXISTS insights (
@@ -175,6 +184,19 @@ CREATE TABLE IF NOT EXISTS worker_cpu (  -- DataLoader workers' CPU, one row per
 );
 CREATE INDEX IF NOT EXISTS gpu_slow_samples_t ON gpu_slow_samples (mono_ns);
 CREATE INDEX IF NOT EXISTS gpu_samples_t ON gpu_samples (mono_ns);
+CREATE TABLE IF NOT EXISTS kernel_windows (  -- one per kernels event (gpuprof.kernels)
+    id INTEGER PRIMARY KEY, run_id INTEGER NOT NULL, t0_ns INTEGER, t1_ns INTEGER,
+    source TEXT,                     -- snapshot | continuous | nsys
+    steps TEXT,                      -- json: the step indices the window covered
+    rows_dropped INTEGER DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS kernel_windows_run ON kernel_windows (run_id, t0_ns);
+CREATE TABLE IF NOT EXISTS kernel_stats (
+    window_id INTEGER NOT NULL, run_id INTEGER NOT NULL,
+    name TEXT, kind TEXT, cls TEXT,  -- kind: kernel | op; cls: compute | comm | memcpy | ...
+    count INTEGER, total_ns INTEGER, self_ns INTEGER, flops REAL
+);
+CREATE INDEX IF NOT EXISTS kernel_stats_run ON kernel_stats (run_id, window_id);
 CREATE TABLE IF NOT EXISTS drops (reason TEXT PRIMARY KEY, count INTEGER);
 """
 
@@ -214,12 +236,25 @@ def shadow_old_tables(conn: sqlite3.Connection, version: int) -> None:
     """Let a read-only connection to an older database answer today's
     queries: TEMP views (searched before ``main``) add the missing columns
     with their defaults. Nothing is written to the file."""
-    if version < 4:
+    if version < 5:
         v2 = ", 0 AS skipped, 0 AS eval_ns, NULL AS optimizers" if version < 2 else ""
+        v4 = (", NULL AS mem_allocated_bytes, NULL AS mem_reserved_bytes, NULL AS mem_peak_bytes"
+              if version < 4 else "")  # fmt: skip
+        v2r = ", 0 AS trailing_eval_ns" if version < 2 else ""
+        conn.execute(f"CREATE TEMP VIEW steps AS SELECT *{v2}{v4}, 0 AS traced FROM main.steps")
         conn.execute(
-            f"CREATE TEMP VIEW steps AS SELECT *{v2}, NULL AS mem_allocated_bytes, "
-            "NULL AS mem_reserved_bytes, NULL AS mem_peak_bytes FROM main.steps"
+            f"CREATE TEMP VIEW runs AS SELECT *{v2r}, NULL AS mfu, NULL AS achieved_tflops "
+            "FROM main.runs"
         )
+        conn.execute(
+            "CREATE TEMP TABLE kernel_windows (id INTEGER PRIMARY KEY, run_id INTEGER, "
+            "t0_ns INTEGER, t1_ns INTEGER, source TEXT, steps TEXT, rows_dropped INTEGER)"
+        )
+        conn.execute(
+            "CREATE TEMP TABLE kernel_stats (window_id INTEGER, run_id INTEGER, name TEXT, "
+            "kind TEXT, cls TEXT, count INTEGER, total_ns INTEGER, self_ns INTEGER, flops REAL)"
+        )
+    if version < 4:
         conn.execute(
             "CREATE TEMP TABLE worker_cpu (run_id INTEGER, loader_seq INTEGER, "
             "worker_id INTEGER, pid INTEGER, first_mono_ns INTEGER, last_mono_ns INTEGER, "
@@ -251,6 +286,7 @@ def _upgrade(conn: sqlite3.Connection, version: int) -> None:
         (_ADDED_IN_2 if version < 2 else ())
         + (_ADDED_IN_3 if version < 3 else ())
         + (_ADDED_IN_4 if version < 4 else ())
+        + (_ADDED_IN_5 if version < 5 else ())
     )
     tables = {t for t, _, _ in added}
     have = {(t, r[1]) for t in tables for r in conn.execute(f"PRAGMA table_info({t})")}
