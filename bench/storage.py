@@ -43,6 +43,7 @@ TRACE = ROOT.parent / "shared" / "fixtures" / "h200" / "nvml_trace.jsonl"
 S = 10**9
 HOST_HZ = 2.0  # the daemon's default host interval, 0.5 s
 SAMPLE_HZ = 100.0
+GPU_UUIDS = [f"GPU-{i:08x}-0000-4000-8000-000000000000" for i in range(64)]
 
 
 def trace_rollups() -> list[tuple]:
@@ -72,7 +73,7 @@ def build(db: Path, hours: float, gpus: int, step_ms: float) -> dict[str, int]:
     seconds = int(hours * 3600)
     start = 1000 * S
     end = start + seconds * S
-    uuids = [f"GPU-{i:08x}-0000-4000-8000-000000000000" for i in range(gpus)]
+    uuids = GPU_UUIDS[:gpus]
     keys = [normalize_uuid(u) for u in uuids]
     template = trace_rollups()
     counts: dict[str, int] = {}
@@ -176,6 +177,14 @@ def table_bytes(db: Path) -> dict[str, int]:
         conn.close()
 
 
+def read(db: Path, sql: str, params: tuple = ()) -> list[tuple]:
+    conn = sqlite3.connect(db)
+    try:
+        return conn.execute(sql, params).fetchall()
+    finally:
+        conn.close()
+
+
 def best_of(n: int, fn) -> tuple[float, object]:
     best, result = math.inf, None
     for _ in range(n):
@@ -240,30 +249,17 @@ def main() -> None:
               f"{ctx.gpu.samples if ctx.gpu else 0:,} GPU samples in rollups): "
               f"{s:.2f} s (best of 3)")
 
-        def gpu_series():
-            conn = sqlite3.connect(db)
-            try:
-                return conn.execute(
-                    "SELECT sec_ns, util_mean, mem_used_max, power_mean_mw FROM gpu_rollups "
-                    "WHERE uuid = ? ORDER BY sec_ns", (f"{0:08x}-0000-4000-8000-000000000000",),
-                ).fetchall()
-            finally:
-                conn.close()
-
-        s, rows = best_of(3, gpu_series)
+        series_sql = (
+            "SELECT sec_ns, util_mean, mem_used_max, power_mean_mw FROM gpu_rollups "
+            "WHERE uuid = ? ORDER BY sec_ns"
+        )
+        s, rows = best_of(3, lambda: read(db, series_sql, (normalize_uuid(GPU_UUIDS[0]),)))
         print(f"one GPU's per-second series ({len(rows):,} points): {s:.2f} s")
-
-        def node_minutes():
-            conn = sqlite3.connect(db)
-            try:
-                return conn.execute(
-                    "SELECT uuid, sec_ns / 60000000000 AS m, SUM(util_mean * n) / SUM(n), "
-                    "MAX(mem_used_max), AVG(power_mean_mw) FROM gpu_rollups GROUP BY uuid, m"
-                ).fetchall()
-            finally:
-                conn.close()
-
-        s, rows = best_of(3, node_minutes)
+        node_sql = (
+            "SELECT uuid, sec_ns / 60000000000 AS m, SUM(util_mean * n) / SUM(n), "
+            "MAX(mem_used_max), AVG(power_mean_mw) FROM gpu_rollups GROUP BY uuid, m"
+        )
+        s, rows = best_of(3, lambda: read(db, node_sql))
         print(f"the node's {args.gpus} GPUs at 1-minute points ({len(rows):,} points): {s:.2f} s")
 
 
