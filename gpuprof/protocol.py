@@ -1,6 +1,7 @@
 """The wire protocol between the shim (in the training process) and gpuprofd.
 
-Transport: ZeroMQ over ``ipc://``. Data events (``step``, ``mark``, ``workers``) go shim
+Transport: ZeroMQ over ``ipc://``. Data events (``step``, ``mark``, ``workers``,
+``kernels``) go shim
 ``PUSH`` → daemon ``PULL``; requests (``hello``, ``bye``, ``ping``) go shim
 ``REQ`` → daemon ``ROUTER`` and always get one JSON reply.
 
@@ -24,11 +25,16 @@ from typing import Any
 
 import orjson
 
+from gpuprof.kernels import KERNEL_CLASSES, KINDS, MAX_NAME_CHARS, MAX_ROWS, SOURCES
+
 PROTOCOL_VERSION = 1
 
 #: Largest message the daemon accepts (bytes). A step event is ~250 bytes; a
-#: hello with options well under 4 KiB. 64 KiB leaves room for later batches.
-MAX_MESSAGE_BYTES = 64 * 1024
+#: hello with options well under 4 KiB. A ``kernels`` window is the big one:
+#: :data:`gpuprof.kernels.MAX_ROWS` rows of names up to
+#: :data:`gpuprof.kernels.MAX_NAME_CHARS` characters are ~160 KiB of ASCII at
+#: worst (templated CUDA names are often 200+ characters), so 256 KiB.
+MAX_MESSAGE_BYTES = 256 * 1024
 
 #: Longest run name kept (characters); longer names are cut by the shim.
 MAX_RUN_NAME_CHARS = 200
@@ -58,7 +64,15 @@ MAX_WORKERS = 1024
 #: Largest pid accepted (Linux ``pid_max`` is at most 2**22; 2**31 as ``hello``).
 MAX_PID = 2**31
 
-DATA_TYPES = frozenset({"step", "mark", "workers"})
+#: Step indices listed per ``kernels`` window (a continuous window of a run
+#: with 1 ms steps at 1 Hz covers ~1000; a snapshot one or a few).
+MAX_WINDOW_STEPS = 4096
+#: Largest launch/call count of one row in one window.
+MAX_KERNEL_COUNT = 1 << 40
+#: Largest FLOP figure of one row (an exaFLOP/s machine for a week is ~6e23).
+MAX_ROW_FLOPS = 1e30
+
+DATA_TYPES = frozenset({"step", "mark", "workers", "kernels"})
 CONTROL_TYPES = frozenset({"hello", "bye", "ping"})
 RUN_STATUSES_AT_BYE = frozenset({"finished", "failed"})
 
@@ -217,6 +231,39 @@ def _options(x: Any) -> bool:
     return dtype is None or _printable(32)(dtype)
 
 
+def _kernel_row(row: Any) -> bool:
+    """One :meth:`gpuprof.kernels.KernelAgg.to_wire` row: ``[name, kind, cls,
+    count, total_ns, self_ns, flops]`` with a printable name of at most
+    :data:`~gpuprof.kernels.MAX_NAME_CHARS`, kind and class from the contract's
+    sets, counts and ns in range, ``self_ns <= total_ns``, flops None or a
+    finite number in ``[0, MAX_ROW_FLOPS]``."""
+    if type(row) is not list or len(row) != 7:
+        return False
+    name, kind, cls, count, total_ns, self_ns, flops = row
+    ns_ok = _int(0, MAX_DURATION_NS)
+    return (
+        _printable(MAX_NAME_CHARS)(name)
+        and kind in KINDS
+        and cls in KERNEL_CLASSES
+        and _int(0, MAX_KERNEL_COUNT)(count)
+        and ns_ok(total_ns)
+        and ns_ok(self_ns)
+        and self_ns <= total_ns
+        and (flops is None or (type(flops) in (int, float) and 0 <= flops <= MAX_ROW_FLOPS))
+    )
+
+
+def _kernel_rows(x: Any) -> bool:
+    """At most :data:`~gpuprof.kernels.MAX_ROWS` valid rows (see :func:`_kernel_row`)."""
+    return type(x) is list and len(x) <= MAX_ROWS and all(_kernel_row(r) for r in x)
+
+
+def _window_steps(x: Any) -> bool:
+    """At most :data:`MAX_WINDOW_STEPS` step indices (ints, 0..2**40)."""
+    ok = _int(0, 1 << 40)
+    return type(x) is list and len(x) <= MAX_WINDOW_STEPS and all(ok(i) for i in x)
+
+
 _RUN_KEY = _str(64, _RUN_KEY_RE)
 
 #: type -> {field: (required, check)}
@@ -258,6 +305,9 @@ SCHEMAS: dict[str, dict[str, tuple[bool, Check]]] = {
         # bytes: [memory_allocated, memory_reserved, max_memory_allocated];
         # absent when CUDA is not in use (or not read for this step)
         "mem": (False, _mem),
+        # a torch.profiler snapshot ran during this step: its time is not
+        # representative (excluded from step statistics, MFU and baselines)
+        "traced": (False, _bool),
     },
     "mark": {
         "run_key": (True, _RUN_KEY),
@@ -273,6 +323,18 @@ SCHEMAS: dict[str, dict[str, tuple[bool, Check]]] = {
         "loader_seq": (True, _int(0, 1 << 40)),
         "workers": (True, _workers),
         "t_ns": (True, _int()),
+    },
+    # one window's kernel / operator aggregates (gpuprof.kernels): t0/t1 the
+    # window's monotonic ns, rows KernelAgg.to_wire() rows, the top ones by
+    # device time (rows_dropped: how many more were folded into "(other)")
+    "kernels": {
+        "run_key": (True, _RUN_KEY),
+        "t0": (True, _int()),
+        "t1": (True, _int()),
+        "source": (True, lambda x: type(x) is str and x in SOURCES),
+        "steps": (True, _window_steps),
+        "rows": (True, _kernel_rows),
+        "rows_dropped": (False, _int(0, 1 << 40)),
     },
     "bye": {
         "run_key": (True, _RUN_KEY),
@@ -329,6 +391,6 @@ def decode(data: bytes, channel: str | None = None) -> dict[str, Any]:
             continue
         if not check(msg[field]):
             raise ProtocolError(f"bad_field:{field}", repr(msg[field])[:60])
-    if kind == "step" and not 0 <= msg["t1"] - msg["t0"] <= MAX_DURATION_NS:
+    if kind in ("step", "kernels") and not 0 <= msg["t1"] - msg["t0"] <= MAX_DURATION_NS:
         raise ProtocolError("bad_field:t1", "t1 before t0 or more than 7 days after it")
     return msg

@@ -216,3 +216,113 @@ def test_step_with_torch_memory_is_valid():
 )
 def test_bad_torch_memory_is_rejected(mem):
     assert reason(encode(step(mem=mem))) == "bad_field:mem"
+
+
+# --- kernels -----------------------------------------------------------------------
+
+from gpuprof.kernels import MAX_NAME_CHARS, MAX_ROWS, KernelAgg  # noqa: E402
+from gpuprof.protocol import MAX_DURATION_NS, MAX_WINDOW_STEPS  # noqa: E402
+
+
+def _row(**kw):
+    row = {"name": "ampere_sgemm_128x64_tn", "kind": "kernel", "cls": "compute", "count": 12,
+           "total_ns": 3_000_000, "self_ns": 3_000_000, "flops": None}  # fmt: skip
+    row.update(kw)
+    return list(row.values())
+
+
+def kernels(**kw):
+    msg = {"v": PROTOCOL_VERSION, "type": "kernels", "run_key": "abc123", "t0": 100,
+           "t1": 200_000_100, "source": "snapshot", "steps": [5],
+           "rows": [_row(), _row(name="aten::mm", kind="op", total_ns=4_000_000,
+                                 self_ns=0, flops=1.5e12)],
+           "rows_dropped": 0}  # fmt: skip
+    msg.update(kw)
+    return msg
+
+
+def test_valid_kernels_round_trips_on_the_data_channel():
+    msg = kernels()
+    assert decode(encode(msg), "data") == msg
+    assert reason(encode(msg), "control") == "wrong_channel"
+    rows = [KernelAgg.from_wire(r) for r in decode(encode(msg), "data")["rows"]]
+    assert rows[1] == KernelAgg("aten::mm", "op", "compute", 12, 4_000_000, 0, 1.5e12)
+
+
+def test_kernels_edge_values_are_valid():
+    for extra in (
+        {"rows": []},  # a window where nothing ran on the device
+        {"steps": []},  # a continuous window between steps
+        {"t1": 100},  # an empty window
+        {"source": "continuous"},
+        {"source": "nsys"},
+        {"rows": [_row(cls=c) for c in ("comm", "memcpy", "memset", "other")]},
+        {"rows": [_row(flops=0)]},
+        {"rows": [_row(name="x" * MAX_NAME_CHARS)]},
+        {"steps": list(range(MAX_WINDOW_STEPS))},
+    ):
+        msg = kernels(**extra)
+        assert decode(encode(msg), "data") == msg
+    msg = kernels()
+    del msg["rows_dropped"]  # optional
+    assert decode(encode(msg), "data") == msg
+
+
+def test_the_largest_kernels_window_fits_in_one_message():
+    rows = [_row(name=f"{i:04d}" + "k" * (MAX_NAME_CHARS - 4), count=1 << 40,
+                 total_ns=MAX_DURATION_NS, self_ns=MAX_DURATION_NS, flops=1e30)
+            for i in range(MAX_ROWS)]  # fmt: skip
+    data = encode(kernels(rows=rows, rows_dropped=10**6, t0=0, t1=MAX_DURATION_NS))
+    assert len(data) <= MAX_MESSAGE_BYTES
+    assert len(decode(data, "data")["rows"]) == MAX_ROWS
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        ({"t0": -1}, "t0"),
+        ({"t1": 99}, "t1"),  # ends before it starts
+        ({"t0": 0, "t1": MAX_DURATION_NS + 1}, "t1"),
+        ({"source": "trace"}, "source"),
+        ({"source": ["snapshot"]}, "source"),
+        ({"steps": 5}, "steps"),
+        ({"steps": [-1]}, "steps"),
+        ({"steps": [1.0]}, "steps"),
+        ({"steps": list(range(MAX_WINDOW_STEPS + 1))}, "steps"),
+        ({"rows": {"k": 1}}, "rows"),
+        ({"rows": [_row()] * (MAX_ROWS + 1)}, "rows"),
+        ({"rows": [_row()[:6]]}, "rows"),  # flops missing
+        ({"rows": [[*_row(), 1]]}, "rows"),
+        ({"rows": [_row(name="")]}, "rows"),
+        ({"rows": [_row(name="x" * (MAX_NAME_CHARS + 1))]}, "rows"),
+        ({"rows": [_row(name="a\x1b[31mb")]}, "rows"),
+        ({"rows": [_row(name=7)]}, "rows"),
+        ({"rows": [_row(kind="kernels")]}, "rows"),
+        ({"rows": [_row(cls="nccl")]}, "rows"),
+        ({"rows": [_row(count=-1)]}, "rows"),
+        ({"rows": [_row(count=True)]}, "rows"),
+        ({"rows": [_row(count=2.0)]}, "rows"),
+        ({"rows": [_row(total_ns=-5, self_ns=-5)]}, "rows"),
+        ({"rows": [_row(total_ns=MAX_DURATION_NS + 1, self_ns=0)]}, "rows"),
+        ({"rows": [_row(total_ns=10, self_ns=11)]}, "rows"),  # self beyond total
+        ({"rows": [_row(flops=-1.0)]}, "rows"),
+        ({"rows": [_row(flops=1e31)]}, "rows"),
+        ({"rows": [_row(flops="1e12")]}, "rows"),
+        ({"rows_dropped": -1}, "rows_dropped"),
+    ],
+)
+def test_bad_kernels_fields_are_rejected(extra, field):
+    assert reason(encode(kernels(**extra)), "data") == f"bad_field:{field}"
+
+
+@pytest.mark.parametrize("field", ["run_key", "t0", "t1", "source", "steps", "rows"])
+def test_kernels_required_fields(field):
+    msg = {k: v for k, v in kernels().items() if k != field}
+    assert reason(encode(msg), "data") == f"bad_field:{field}"
+
+
+def test_step_traced_is_an_optional_bool():
+    assert decode(encode(step(traced=True)), "data")["traced"] is True
+    assert decode(encode(step(traced=False)), "data")["traced"] is False
+    assert reason(encode(step(traced=1))) == "bad_field:traced"
+    assert reason(encode(step(traced="yes"))) == "bad_field:traced"
