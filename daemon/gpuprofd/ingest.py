@@ -2,7 +2,8 @@
 
 Every frame goes through :func:`gpuprof.protocol.decode`; anything invalid is
 counted by its reason and dropped. Nothing here waits on the database for a
-known run: steps are queued with ``submit_nowait`` (dropped and counted when
+known run: steps are queued with ``submit_nowait`` and a ``kernels`` window
+with its rows with ``submit_all_nowait`` (all or none; dropped and counted when
 the store is behind), so a slow disk can never stall the training processes.
 """
 
@@ -71,6 +72,9 @@ class Ingest:
         self.received += 1
         if msg["type"] == "step" and not self.store.submit_nowait(runsdb.step_op(live.run_id, msg)):
             live.store_dropped += 1
+        elif msg["type"] == "kernels":
+            if not self.store.submit_all_nowait(runsdb.kernels_ops(live.run_id, msg)):
+                live.store_dropped += 1
         elif msg["type"] == "workers":
             if live.local_pid:
                 self.on_workers(live.run_id, msg)

@@ -10,6 +10,7 @@ from typing import Any
 import orjson
 
 from gpuprof.insights.gpu import GpuAccumulator, GpuStats
+from gpuprof.kernels import KernelAgg
 from gpuprofd import rollup
 from gpuprofd.nvml import normalize_uuid
 
@@ -18,7 +19,7 @@ HISTORY_RUNS = 3
 
 STEPS_SQL = (
     "SELECT t0_ns, t1_ns, wait_ns, explicit, micro, phases, skipped, eval_ns, optimizers, "
-    "mem_allocated_bytes, mem_reserved_bytes, mem_peak_bytes FROM steps "
+    "mem_allocated_bytes, mem_reserved_bytes, mem_peak_bytes, traced FROM steps "
     "WHERE run_id = ? ORDER BY t0_ns"
 )
 HOST_SQL = (
@@ -48,16 +49,59 @@ INSIGHTS_SQL = (
 )
 
 
+#: A run's kernel windows (``kernels`` events, ``nsys-import``), by start.
+KERNEL_WINDOWS_SQL = (
+    "SELECT id, t0_ns, t1_ns, source, steps, rows_dropped FROM kernel_windows "
+    "WHERE run_id = ? ORDER BY t0_ns, id"
+)
+#: ... and their rows (one query for the run, matched to windows by id).
+KERNEL_STATS_SQL = (
+    "SELECT window_id, name, kind, cls, count, total_ns, self_ns, flops FROM kernel_stats "
+    "WHERE run_id = ? ORDER BY window_id, total_ns DESC"
+)
+
+#: One window as :func:`kernel_windows_from_rows` gives it: (window, rows).
+KernelWindow = tuple[dict[str, Any], list[KernelAgg]]
+
 _loads = orjson.loads
+
+
+def kernel_windows_from_rows(
+    windows: Iterable[Sequence[Any]], stats: Iterable[Sequence[Any]]
+) -> list[KernelWindow]:
+    """Rows of :data:`KERNEL_WINDOWS_SQL` and :data:`KERNEL_STATS_SQL` as
+    ``(window, rows)`` pairs in window order: *window* a dict with ``id``,
+    ``t0``/``t1`` (monotonic ns), ``source``, ``steps`` (step indices) and
+    ``rows_dropped``; *rows* its :class:`KernelAgg` rows, most device time
+    first. Stats rows of no listed window are ignored."""
+    out: list[KernelWindow] = []
+    by_id: dict[int, list[KernelAgg]] = {}
+    for wid, t0, t1, source, steps, dropped in windows:
+        rows: list[KernelAgg] = []
+        by_id[wid] = rows
+        window = {
+            "id": wid, "t0": t0, "t1": t1, "source": source,
+            "steps": _loads(steps) if steps else [], "rows_dropped": dropped or 0,
+        }  # fmt: skip
+        out.append((window, rows))
+    for wid, name, kind, cls, count, total_ns, self_ns, flops in stats:
+        rows_of = by_id.get(wid)
+        if rows_of is not None:
+            rows_of.append(
+                KernelAgg(name, kind, cls, int(count or 0), int(total_ns or 0),
+                          int(self_ns or 0), None if flops is None else float(flops))
+            )  # fmt: skip
+    return out
 
 
 def step_from_row(r: Sequence[Any]) -> dict[str, Any]:
     """A ``steps`` row of :data:`STEPS_SQL` as :func:`gpuprof.insights.build_context`
-    reads it (``mem`` only where the step carried torch's allocator figures).
+    reads it (``mem`` only where the step carried torch's allocator figures;
+    ``traced`` only where a profiler snapshot ran in it).
 
     Unpacked by position: a day of 500 ms steps is 172,800 rows, and lookups
     by column name cost more than the rest of the conversion."""
-    t0, t1, wait, explicit, micro, phases, skipped, eval_ns, opts, alloc, reserved, peak = r
+    t0, t1, wait, explicit, micro, phases, skipped, eval_ns, opts, alloc, reserved, peak, traced = r
     step = {
         "t0": t0, "t1": t1, "wait": wait, "explicit": bool(explicit), "micro": micro,
         "phases": _loads(phases) if phases else {}, "skipped": bool(skipped),
@@ -65,6 +109,8 @@ def step_from_row(r: Sequence[Any]) -> dict[str, Any]:
     }  # fmt: skip
     if alloc is not None:
         step["mem"] = [alloc, reserved, peak]
+    if traced:
+        step["traced"] = True
     return step
 
 

@@ -20,8 +20,21 @@ from gpuprofd.store import Op, Store
 
 _STEP_SQL = (
     "INSERT INTO steps (run_id, step, t0_ns, t1_ns, wait_ns, explicit, micro, phases, "
-    "skipped, eval_ns, optimizers, mem_allocated_bytes, mem_reserved_bytes, mem_peak_bytes) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    "skipped, eval_ns, optimizers, mem_allocated_bytes, mem_reserved_bytes, mem_peak_bytes, "
+    "traced) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+_KERNEL_WINDOW_SQL = (
+    "INSERT INTO kernel_windows (run_id, t0_ns, t1_ns, source, steps, rows_dropped) "
+    "VALUES (?, ?, ?, ?, ?, ?)"
+)
+#: A stats row finds its window by (run, t0, t1, source), the window's own
+#: insert just before it in the same writer queue: no commit is awaited for
+#: the window's id. If that insert failed, the lookup gives NULL and the
+#: NOT NULL ``window_id`` drops the row too (no row lands on another window).
+_KERNEL_STAT_SQL = (
+    "INSERT INTO kernel_stats (window_id, run_id, name, kind, cls, count, total_ns, self_ns, "
+    "flops) VALUES ((SELECT id FROM kernel_windows WHERE run_id = ?1 AND t0_ns = ?2 "
+    "AND t1_ns = ?3 AND source = ?4 ORDER BY id DESC LIMIT 1), ?1, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"
 )
 _HOST_SQL = (
     "INSERT INTO host_samples (mono_ns, cpu_pct, cpu_count, disk_read_bps, disk_read_iops, "
@@ -54,17 +67,38 @@ _RUN_COLUMNS = (
 def step_op(run_id: int, msg: Mapping[str, Any]) -> Op:
     """The insert of one validated ``step`` message; its optional ``mem``
     (torch allocator ``[allocated, reserved, peak]`` bytes) fills the three
-    ``mem_*_bytes`` columns, NULL when the step did not carry it."""
+    ``mem_*_bytes`` columns, NULL when the step did not carry it; its
+    optional ``traced`` (a profiler snapshot ran in it) sets ``traced``."""
     mem = msg.get("mem") or (None, None, None)
     params = (
         run_id, msg["i"], msg["t0"], msg["t1"], msg["wait"], int(msg["explicit"]),
         msg["micro"], orjson.dumps(msg["phases"]).decode(),
         int(msg.get("skipped", False)), msg.get("eval", 0),
         orjson.dumps(msg["optimizers"]).decode() if msg.get("optimizers") else None,
-        *mem,
+        *mem, int(msg.get("traced", False)),
     )  # fmt: skip
     return Op(_STEP_SQL, params, drop_reason="store_error")
 
+
+def kernels_ops(run_id: int, msg: Mapping[str, Any]) -> list[Op]:
+    """The inserts of one validated ``kernels`` message (see
+    :mod:`gpuprof.kernels`): its ``kernel_windows`` row (``t0``/``t1``
+    monotonic ns, ``source``, ``steps`` as JSON, ``rows_dropped``), then one
+    ``kernel_stats`` row per wire row (ns, counts, FLOP as sent). Queue them
+    together and in order (:meth:`Store.submit_all_nowait`)."""
+    t0, t1, source = msg["t0"], msg["t1"], msg["source"]
+    window = Op(
+        _KERNEL_WINDOW_SQL,
+        (run_id, t0, t1, source, orjson.dumps(msg["steps"]).decode(), msg.get("rows_dropped", 0)),
+    )
+    return [window] + [Op(_KERNEL_STAT_SQL, (run_id, t0, t1, source, *row)) for row in msg["rows"]]
+
+
+def kernel_window_ops(run_id: int, window: Mapping[str, Any], rows: Sequence[Any]) -> list[Op]:
+    """:func:`kernels_ops` for a window dict (``t0``, ``t1``, ``source``,
+    ``steps``, optional ``rows_dropped``) and :class:`gpuprof.kernels.KernelAgg` rows."""
+    msg = {**window, "rows": [r.to_wire() for r in rows]}
+    return kernels_ops(run_id, msg)
 
 def host_sample_op(
     mono_ns: int,
@@ -175,6 +209,14 @@ def prune_raw_gpu_ops(cutoff_mono_ns: int) -> list[Op]:
         Op("DELETE FROM gpu_samples WHERE mono_ns < ?", (cutoff_mono_ns,)),
         Op("DELETE FROM gpu_slow_samples WHERE mono_ns < ?", (cutoff_mono_ns,)),
     ]
+
+
+async def load_kernel_windows(store: Store, run_id: int) -> list[queries.KernelWindow]:
+    """The run's kernel windows with their rows, by ``t0`` (see
+    :func:`queries.kernel_windows_from_rows`)."""
+    windows = await store.fetchall(queries.KERNEL_WINDOWS_SQL, (run_id,))
+    stats = await store.fetchall(queries.KERNEL_STATS_SQL, (run_id,))
+    return queries.kernel_windows_from_rows(windows, stats)
 
 
 async def load_host_samples(store: Store, start_mono_ns: int, end_mono_ns: int) -> list[dict]:

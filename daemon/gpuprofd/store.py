@@ -115,6 +115,17 @@ class Store:
             return False
         return True
 
+    def submit_all_nowait(self, ops: Sequence[Op]) -> bool:
+        """Queue all of *ops*, in order and with nothing between them, or none
+        (one ``store_backpressure`` drop) when the queue lacks room for all.
+        Returns whether they were queued."""
+        if self.queue.maxsize and self.queue.maxsize - self.queue.qsize() < len(ops):
+            self.drops.add("store_backpressure")
+            return False
+        for op in ops:
+            self.queue.put_nowait(op)
+        return True
+
     async def submit(self, op: Op) -> None:
         """Queue *op*, waiting for space (for ops that must not be dropped)."""
         await self.queue.put(op)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import orjson
 
+from gpuprof.protocol import MAX_MESSAGE_BYTES
 from gpuprofd.daemon import STORED_GPU_HZ
 from gpuprofd.nvml import NO_GPU_NOTE
 from tests.daemon import h200_replay
@@ -25,7 +26,7 @@ def test_bad_messages_are_counted_by_reason_and_ingest_continues(
     for frame in [
         b"\x00\xffgarbage",                                    # not_json
         valid[:-7],                                            # truncated: not_json
-        b'{"v":1,"type":"step","pad":"' + b"x" * 70_000 + b'"}',  # oversized
+        b'{"v":1,"type":"step","pad":"' + b"x" * MAX_MESSAGE_BYTES + b'"}',  # oversized
         orjson.dumps({**h.step("r1", 0, 1_000), "v": 99}),    # bad_version
         orjson.dumps({"v": 1, "type": "teleport"}),           # unknown_type
         orjson.dumps(bad_field),                               # bad_field:t0
@@ -236,3 +237,61 @@ def test_raw_gpu_rows_keep_a_window_and_per_second_rollups_keep_everything(
     # rollups span more than the raw window kept
     (raw_left,) = h.query(db, "SELECT COUNT(*) FROM gpu_samples")[0]
     assert raw_left < len(rows) * STORED_GPU_HZ
+
+
+def _kernels(run_key: str, t0: int, t1: int, rows: list[list], steps: list[int],
+             source: str = "snapshot") -> dict:  # fmt: skip
+    return {"v": 1, "type": "kernels", "run_key": run_key, "t0": t0, "t1": t1,
+            "source": source, "steps": steps, "rows": rows, "rows_dropped": 3}  # fmt: skip
+
+
+def test_kernels_windows_and_traced_steps_are_stored(
+    daemons, sock_dir: Path, tmp_path: Path, my_pid: int
+) -> None:
+    """Each ``kernels`` event is one kernel_windows row plus its kernel_stats
+    rows (each on its own window, even with two windows in one writer batch);
+    a bad window is dropped whole with a countable reason; ``traced`` lands in
+    steps.traced; the daemon's insights path reads the windows back."""
+    db = tmp_path / "g.db"
+    _, client = daemons.start_ready(sock_dir, db)
+    hi = client.request(h.hello("k-kern", my_pid))
+    assert hi is not None and hi["ok"] is True
+    base = time.monotonic_ns()
+    for i in range(4):
+        msg = h.step("k-kern", i, base)
+        if i == 1:
+            msg["traced"] = True
+        client.push(msg)
+    gemm = ["ampere_sgemm_128x64_tn", "kernel", "compute", 10, 4_000_000, 4_000_000, None]
+    nccl = ["ncclDevKernel_AllReduce_Sum_f32_RING_LL", "kernel", "comm", 2, 1_500_000,
+            1_500_000, None]  # fmt: skip
+    mm = ["aten::mm", "op", "compute", 10, 4_200_000, 0, 3.2e12]
+    s1 = base + h.STEP_NS + h.WAIT_NS
+    client.push(_kernels("k-kern", s1, s1 + h.STEP_NS, [gemm, nccl, mm], [1]))
+    client.push(_kernels("k-kern", s1, s1 + 2 * h.STEP_NS, [gemm], [1, 2], "continuous"))
+    bad = _kernels("k-kern", s1, s1 + h.STEP_NS, [[*gemm[:2], "nccl", *gemm[3:]]], [1])
+    client.push(bad)
+    reply = client.wait_for(lambda r: r["received"] == 6 and r["dropped"])
+    assert reply["dropped"] == {"bad_field:rows": 1}
+
+    reply = client.request(h.bye("k-kern", sent=7))
+    assert reply is not None and reply["ok"] is True, reply
+    run_id = hi["run_id"]
+    windows = h.query(
+        db, "SELECT id, t0_ns, t1_ns, source, steps, rows_dropped FROM kernel_windows "
+        "WHERE run_id = ? ORDER BY id", (run_id,),
+    )  # fmt: skip
+    assert [(w["source"], w["steps"], w["rows_dropped"]) for w in windows] == [
+        ("snapshot", "[1]", 3), ("continuous", "[1,2]", 3)
+    ]
+    assert windows[0]["t1_ns"] - windows[0]["t0_ns"] == h.STEP_NS
+    stats = h.query(db, "SELECT window_id, name, kind, cls, count, total_ns, self_ns, flops "
+                        "FROM kernel_stats WHERE run_id = ? ORDER BY window_id, total_ns DESC",
+                    (run_id,))  # fmt: skip
+    first, second = windows[0]["id"], windows[1]["id"]
+    assert [tuple(r) for r in stats] == [
+        (first, *mm), (first, *gemm), (first, *nccl), (second, *gemm)
+    ]
+    traced = h.query(db, "SELECT step, traced FROM steps WHERE run_id = ? ORDER BY step",
+                     (run_id,))  # fmt: skip
+    assert [tuple(r) for r in traced] == [(0, 0), (1, 1), (2, 0), (3, 0)]
