@@ -283,15 +283,18 @@ class RealNvml:
         return GpuSample(
             index=device.index,
             uuid=device.uuid,
-            util_pct=float(util.gpu) if util is not None else None,
-            mem_used_bytes=int(mem.used) if mem is not None else None,
-            mem_total_bytes=int(mem.total) if mem is not None else None,
-            power_mw=self._query("power", nv.nvmlDeviceGetPowerUsage, h),
-            temp_c=self._query("temperature", nv.nvmlDeviceGetTemperature, h,
-                               nv.NVML_TEMPERATURE_GPU),
-            sm_clock_mhz=self._query("sm_clock", nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_SM),
-            mem_util_pct=float(util.memory) if util is not None else None,
-            clock_event_reasons=self._query("clock_event_reasons", self._reasons_fn, h),
+            util_pct=_num(getattr(util, "gpu", None), float),
+            mem_used_bytes=_num(getattr(mem, "used", None), int),
+            mem_total_bytes=_num(getattr(mem, "total", None), int),
+            power_mw=_num(self._query("power", nv.nvmlDeviceGetPowerUsage, h), int),
+            temp_c=_num(self._query("temperature", nv.nvmlDeviceGetTemperature, h,
+                                    nv.NVML_TEMPERATURE_GPU), int),
+            sm_clock_mhz=_num(self._query("sm_clock", nv.nvmlDeviceGetClockInfo, h,
+                                          nv.NVML_CLOCK_SM), int),
+            mem_util_pct=_num(getattr(util, "memory", None), float),
+            clock_event_reasons=_num(
+                self._query("clock_event_reasons", self._reasons_fn, h), int
+            ),
         )  # fmt: skip
 
     def slow_sample(self, device: GpuDevice) -> GpuSlowSample:
@@ -381,6 +384,21 @@ class RealNvml:
             self._nv.nvmlShutdown()
         except self._nv.NVMLError:
             pass
+
+
+def _num(value: Any, kind: type[int] | type[float]) -> Any:
+    """*value* as *kind* when it is a finite number >= 0, else None: a NaN,
+    infinite, negative or non-numeric reading (a fake or buggy pynvml, a
+    replayed trace's NaN) is "not available" and costs only its own field."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        f = float(value)
+        if not math.isfinite(f) or f < 0:
+            return None
+        return kind(value) if kind is float or isinstance(value, int) else int(f)
+    except (TypeError, ValueError, OverflowError):
+        return None
 
 
 def _field_value(v: Any) -> int | None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import math
 import threading
 import time
 from collections import deque
@@ -72,11 +73,16 @@ class Trace:
             OSError: unreadable file.
             ValueError: not JSON lines, or no sample rows with a ``t``.
         """
-        lines = [ln for ln in Path(path).read_text().splitlines() if ln.strip()]
-        objs = [json.loads(ln) for ln in lines]
+        objs = []
+        for n, ln in enumerate(Path(path).read_text().splitlines(), 1):
+            if not ln.strip():
+                continue
+            obj = json.loads(ln)
+            if not isinstance(obj, dict):
+                raise ValueError(f"line {n} is not a JSON object")
+            objs.append(obj)
         header = objs[0] if objs and "t" not in objs[0] else {}
-        rows = sorted((o for o in objs if isinstance(o.get("t"), (int, float))),
-                      key=lambda o: o["t"])  # fmt: skip
+        rows = sorted((o for o in objs if _is_time(o.get("t"))), key=lambda o: o["t"])
         if not rows:
             raise ValueError("no sample rows with a 't'")
         return cls(rows, header)
@@ -363,6 +369,12 @@ class ReplayPynvml:
         while i > 0 and self.trace.rows[i].get("energy_mJ") is None:
             i -= 1
         return float(self.trace.rows[i].get("energy_mJ") or 0)
+
+
+def _is_time(t: Any) -> bool:
+    """A sample row's ``t``: a finite number (NaN would break the sort and the
+    replay clock's arithmetic; ``true`` is not a time)."""
+    return isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t)
 
 
 def _window(rows: list[dict[str, Any]], col: str, t1: float, t2: float) -> list[float]:

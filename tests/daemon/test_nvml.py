@@ -437,3 +437,66 @@ def test_real_backend_lists_the_mig_slices_of_a_gpu_in_mig_mode(
     assert dev == GpuDevice(0, U0, "NVIDIA A100-SXM4-80GB", (MIG_A, "MIG-eeee"))
     assert match_uuid([dev], "GPU-eeee") == dev
     assert not caplog.records  # the empty slot is expected, not worth a line
+
+
+# --- hostile traces and values: a clear note or "not available", never a crash ------
+
+
+@pytest.mark.parametrize("bad_line", ["[3]", "5", '"text"', "null"])
+def test_a_trace_line_that_is_not_an_object_is_off_with_a_note(
+    tmp_path: Path, bad_line: str
+) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(f'{{"t": 0, "util_gpu": 50}}\n{bad_line}\n')
+    backend, note = open_backend(f"replay:{trace}")
+    assert backend is None and note is not None and "line 2" in note
+    trace.write_text(f'{bad_line}\n{{"t": 0, "util_gpu": 50}}\n')  # as the header, too
+    backend, note = open_backend(f"replay:{trace}")
+    assert backend is None and note is not None and "line 1" in note
+
+
+def test_trace_rows_with_a_non_finite_time_are_not_samples(tmp_path: Path) -> None:
+    trace = tmp_path / "t.jsonl"
+    rows = [("NaN", 99), ("0", 50), ("Infinity", 98), ("true", 97), ("2", 60), ("4", 70)]
+    trace.write_text("".join(f'{{"t": {t}, "util_gpu": {u}, "util_mem": 1}}\n' for t, u in rows))
+    clock = ReplayClock()
+    fake = ReplayPynvml.from_file(trace, clock=clock)
+    assert [r["t"] for r in fake.trace.rows] == [0, 2, 4]
+    backend = RealNvml(fake, clock=clock)
+    (dev,) = backend.devices()
+    clock.s = 1.0
+    assert backend.sample(dev).util_pct == 50.0
+    clock.s = 2.5
+    assert backend.sample(dev).util_pct == 60.0
+    trace.write_text('{"t": NaN, "util_gpu": 99}\n')
+    backend, note = open_backend(f"replay:{trace}")
+    assert backend is None and note is not None
+
+
+def test_a_nan_or_mistyped_reading_is_not_available_and_the_rest_of_the_sample_stays(
+    tmp_path: Path,
+) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(
+        '{"t": 0, "util_gpu": NaN, "util_mem": 5, "mem_used": NaN, "mem_total": 100, '
+        '"power_mW": 300000, "temp_C": 50, "sm_MHz": 1500, "reasons": 0}\n'
+        '{"t": 1, "util_gpu": 40, "util_mem": Infinity, "mem_used": "lots", "mem_total": 100, '
+        '"power_mW": -Infinity, "temp_C": NaN, "sm_MHz": 1500, "reasons": NaN}\n'
+        '{"t": 2, "util_gpu": 0}\n'  # keeps the replay from looping before t = 2
+    )
+    clock = ReplayClock()
+    fake = ReplayPynvml.from_file(trace, clock=clock)
+    backend = RealNvml(fake, clock=clock)
+    (dev,) = backend.devices()
+    s = backend.sample(dev)
+    assert (s.util_pct, s.mem_used_bytes, s.mem_total_bytes) == (None, None, 100)
+    assert (s.mem_util_pct, s.power_mw, s.temp_c, s.sm_clock_mhz) == (5.0, 300000, 50, 1500)
+    clock.s = 1.5
+    s = backend.sample(dev)
+    # the replay's memory query itself fails on a text "used" (free = total - used)
+    assert (s.util_pct, s.mem_util_pct, s.mem_used_bytes, s.mem_total_bytes) == (
+        40.0, None, None, None,
+    )  # fmt: skip
+    assert (s.power_mw, s.temp_c, s.sm_clock_mhz, s.clock_event_reasons) == (
+        None, None, 1500, None,
+    )  # fmt: skip
