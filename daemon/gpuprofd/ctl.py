@@ -17,6 +17,8 @@ from gpuprof.protocol import PROTOCOL_VERSION
 from gpuprofd import __version__
 from gpuprofd.commands.common import echo_json, format_option
 from gpuprofd.commands.insights import insights_cmd
+from gpuprofd.commands.kernels import kernels_cmd
+from gpuprofd.commands.nsys import nsys_import_cmd
 from gpuprofd.commands.runs import runs_cmd
 from gpuprofd.commands.status import status_cmd
 from gpuprofd.errors import EXIT_FAILURE, EXIT_OK, GpuprofdError
@@ -39,6 +41,8 @@ def version_cmd(fmt: str) -> None:
 
 
 cli.add_command(insights_cmd)
+cli.add_command(kernels_cmd)
+cli.add_command(nsys_import_cmd)
 cli.add_command(runs_cmd)
 cli.add_command(status_cmd)
 

@@ -128,6 +128,15 @@ def gpu_stats(
     return queries.gpu_stats_from_rollups(_query(conn, rollup.MERGED_SQL, window))
 
 
+def kernel_windows(conn: sqlite3.Connection, run_id: int) -> list[queries.KernelWindow]:
+    """The run's kernel windows with their rows (see
+    :func:`queries.kernel_windows_from_rows`)."""
+    return queries.kernel_windows_from_rows(
+        _query(conn, queries.KERNEL_WINDOWS_SQL, (run_id,)),
+        _query(conn, queries.KERNEL_STATS_SQL, (run_id,)),
+    )
+
+
 def stored_insights(conn: sqlite3.Connection, run_id: int) -> list[dict[str, Any]]:
     return [queries.insight_from_row(r) for r in _query(conn, queries.INSIGHTS_SQL, (run_id,))]
 

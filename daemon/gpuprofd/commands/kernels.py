@@ -1,0 +1,82 @@
+"""``gpuprofctl kernels [DB] [RUN_ID] [--compare OTHER]``: a run's kernel
+table, or two runs' tables side by side."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from gpuprof.kernels import SOURCES
+from gpuprofd import dbread, kerneltable
+from gpuprofd.commands.common import db_argument, echo_json, format_option, resolve_db
+from gpuprofd.commands.insights import split_args
+
+_RUN_ID = click.IntRange(1, 2**63 - 1)
+
+
+def load_table(conn: Any, run: dict[str, Any], source: str | None,
+               kind: str) -> kerneltable.KernelTable:  # fmt: skip
+    return kerneltable.build_table(dbread.kernel_windows(conn, run["id"]), source, kind)
+
+
+def _label(run: dict[str, Any]) -> str:
+    return f"run {run['id']} ({run['run_name']})"
+
+
+KERNELS_HELP = """Show a run's kernel table (default: the latest run in DB), or compare
+two runs' tables with --compare OTHER_RUN.
+
+\b
+The table sums the run's kernel windows of one source (snapshot,
+continuous or nsys; default: continuous, else nsys, else snapshot):
+SHARE% of device time, COUNT launches, MEAN_US per launch, and ms per
+step (when the windows list their steps) or per window.
+--compare: per kernel, its time per step (or per window) in RUN (A) and
+OTHER_RUN (B), the delta B - A in ms and the ratio B / A, biggest change
+first, with per-class totals (compute, comm, memcpy, memset, other).
+DB defaults to GPUPROF_DB or ./gpuprof.db; a lone all-digits argument that
+is not an existing file is RUN_ID.
+"""
+
+
+@click.command("kernels", help=KERNELS_HELP)
+@db_argument
+@click.argument("run_id", type=_RUN_ID, required=False)
+@click.option("--compare", "other", type=_RUN_ID, metavar="OTHER_RUN",
+              help="Compare RUN (A) with this run (B).")
+@click.option("--source", type=click.Choice(SOURCES), default=None,
+              help="Which windows to sum (default: see above).")
+@click.option("--kind", type=click.Choice(["kernel", "op"]), default="kernel", show_default=True,
+              help="Device kernels, or framework operators (self device time + FLOPs).")
+@click.option("--top", type=click.IntRange(1), default=kerneltable.DEFAULT_TOP,
+              show_default=True, help="Rows in text output (json: all).")
+@format_option
+def kernels_cmd(db: Path | None, run_id: int | None, other: int | None, source: str | None,
+                kind: str, top: int, fmt: str) -> None:  # fmt: skip
+    db, run_id = split_args(db, run_id)
+    path = resolve_db(db)
+    conn = dbread.open_ro(path)
+    try:
+        run = dbread.get_run(conn, run_id, path)
+        table = load_table(conn, run, source, kind)
+        if other is None:
+            if fmt == "json":
+                echo_json({"run_id": run["id"], "run_name": run["run_name"], **table.to_dict()})
+            else:
+                click.echo(f"{_label(run)}: " + kerneltable.format_table(table, top))
+            return
+        run_b = dbread.get_run(conn, other, path)
+        table_b = load_table(conn, run_b, source, kind)
+    finally:
+        conn.close()
+    cmp = kerneltable.compare(table, table_b)
+    cmp["a"].update(run_id=run["id"], run_name=run["run_name"])
+    cmp["b"].update(run_id=run_b["id"], run_name=run_b["run_name"])
+    if fmt == "json":
+        echo_json(cmp)
+    elif not table.lines and not table_b.lines:
+        click.echo(f"no kernel data in {_label(run)} or {_label(run_b)}")
+    else:
+        click.echo(kerneltable.format_compare(cmp, _label(run), _label(run_b), top))

@@ -1,0 +1,257 @@
+"""A run's kernel table and the comparison of two runs' tables (pure).
+
+Input: a run's kernel windows as :func:`gpuprofd.queries.kernel_windows_from_rows`
+gives them (``(window, rows)`` pairs). Windows of different sources can cover
+the same time (a snapshot step inside a continuous window), so one table sums
+the windows of one source only (:func:`pick_source`).
+
+Normalisation: a table's times are also given per step (when every window
+lists the steps it covered: total / distinct steps) and per window, so runs
+with different numbers of traced steps compare like for like.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gpuprof.kernels import KernelAgg
+
+#: Preference when a run has windows of several sources and none is asked
+#: for: continuous windows cover the whole run; an nsys import every kernel of
+#: its capture range; snapshots a few steps.
+SOURCE_PREFERENCE = ("continuous", "nsys", "snapshot")
+#: Rows shown by default in text output.
+DEFAULT_TOP = 15
+_NS_PER_MS = 1e6
+_NS_PER_US = 1e3
+
+Windows = Sequence[tuple[dict[str, Any], Sequence[KernelAgg]]]
+
+
+def pick_source(windows: Windows, source: str | None = None) -> str | None:
+    """*source* if given, else the first of :data:`SOURCE_PREFERENCE` that
+    has a window (None: the run has no windows)."""
+    if source is not None:
+        return source
+    have = {w["source"] for w, _ in windows}
+    return next((s for s in SOURCE_PREFERENCE if s in have), None)
+
+
+@dataclass(frozen=True)
+class KernelLine:
+    """One name's totals over the windows of a table."""
+
+    name: str
+    cls: str
+    count: int
+    total_ns: int
+    share: float
+    """Fraction (0-1) of the table's device time (its kind's rows)."""
+    flops: float | None
+
+    @property
+    def mean_us(self) -> float:
+        """Mean time per launch (call), µs."""
+        return self.total_ns / self.count / _NS_PER_US if self.count else 0.0
+
+
+@dataclass(frozen=True)
+class KernelTable:
+    """A run's per-name totals over the windows of one source."""
+
+    source: str | None
+    kind: str
+    windows: int
+    steps: int | None
+    """Distinct steps the windows covered; None when some window lists none
+    (then only per-window figures are meaningful)."""
+    total_ns: int
+    lines: tuple[KernelLine, ...]
+    """Most device time first."""
+
+    def per_step_ms(self, ns: int) -> float | None:
+        return ns / self.steps / _NS_PER_MS if self.steps else None
+
+    def per_window_ms(self, ns: int) -> float | None:
+        return ns / self.windows / _NS_PER_MS if self.windows else None
+
+    def to_dict(self, top: int | None = None) -> dict[str, Any]:
+        """JSON shape: times in ms (totals, per step, per window) and µs (mean);
+        ``share`` a fraction of the table's device time."""
+        lines = self.lines if top is None else self.lines[:top]
+        return {
+            "source": self.source, "kind": self.kind, "windows": self.windows,
+            "steps": self.steps, "total_ms": round(self.total_ns / _NS_PER_MS, 3),
+            "kernels": [
+                {
+                    "name": k.name, "cls": k.cls, "count": k.count,
+                    "total_ms": round(k.total_ns / _NS_PER_MS, 3),
+                    "share": round(k.share, 4), "mean_us": round(k.mean_us, 2),
+                    "per_step_ms": _round(self.per_step_ms(k.total_ns)),
+                    "per_window_ms": _round(self.per_window_ms(k.total_ns)),
+                    "flops": k.flops,
+                }
+                for k in lines
+            ],
+            "shown": len(lines), "of": len(self.lines),
+        }  # fmt: skip
+
+    def class_shares(self) -> dict[str, float]:
+        """Fraction of device time per kernel class (compute, comm, ...)."""
+        out: dict[str, float] = {}
+        for k in self.lines:
+            out[k.cls] = out.get(k.cls, 0.0) + k.share
+        return {c: round(v, 4) for c, v in sorted(out.items(), key=lambda kv: -kv[1])}
+
+
+def _round(v: float | None, nd: int = 3) -> float | None:
+    return None if v is None else round(v, nd)
+
+
+def build_table(windows: Windows, source: str | None = None, kind: str = "kernel") -> KernelTable:
+    """Sum the *kind* rows (``"kernel"`` or ``"op"``) of the windows of
+    *source* (default: :func:`pick_source`) by name."""
+    src = pick_source(windows, source)
+    chosen = [(w, rows) for w, rows in windows if w["source"] == src]
+    totals: dict[str, list[Any]] = {}
+    steps: set[int] = set()
+    every_window_has_steps = bool(chosen)
+    for w, rows in chosen:
+        if w.get("steps"):
+            steps.update(w["steps"])
+        else:
+            every_window_has_steps = False
+        for r in rows:
+            if r.kind != kind:
+                continue
+            t = totals.setdefault(r.name, [r.cls, 0, 0, None])
+            t[1] += r.count
+            t[2] += r.self_ns if kind == "op" else r.total_ns
+            if r.flops is not None:
+                t[3] = (t[3] or 0.0) + r.flops
+    grand = sum(t[2] for t in totals.values())
+    lines = tuple(
+        sorted(
+            (KernelLine(name, cls, count, ns, ns / grand if grand else 0.0, flops)
+             for name, (cls, count, ns, flops) in totals.items()),
+            key=lambda k: (-k.total_ns, k.name),
+        )
+    )  # fmt: skip
+    return KernelTable(src, kind, len(chosen), len(steps) if every_window_has_steps else None,
+                       grand, lines)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class CompareLine:
+    name: str
+    cls: str
+    a_ms: float
+    b_ms: float
+
+    @property
+    def delta_ms(self) -> float:
+        return self.b_ms - self.a_ms
+
+    @property
+    def ratio(self) -> float | None:
+        """``b / a``; None when the kernel did not run in A."""
+        return self.b_ms / self.a_ms if self.a_ms > 0 else None
+
+
+def compare(a: KernelTable, b: KernelTable) -> dict[str, Any]:
+    """Per kernel name in either table: its time per step in A and in B (per
+    window when either table lacks step counts: ``basis`` says which), the
+    delta (B − A, ms) and the ratio B / A; largest growth first. Also the
+    class totals on the same basis."""
+    basis = "step" if a.steps and b.steps else "window"
+
+    def norm(t: KernelTable, ns: int) -> float:
+        v = t.per_step_ms(ns) if basis == "step" else t.per_window_ms(ns)
+        return v or 0.0
+
+    am = {k.name: k for k in a.lines}
+    bm = {k.name: k for k in b.lines}
+    lines = [
+        CompareLine(name, (am.get(name) or bm[name]).cls,
+                    norm(a, am[name].total_ns) if name in am else 0.0,
+                    norm(b, bm[name].total_ns) if name in bm else 0.0)
+        for name in {*am, *bm}
+    ]  # fmt: skip
+    lines.sort(key=lambda c: (-c.delta_ms, c.name))
+    classes: dict[str, list[float]] = {}
+    for c in lines:
+        t = classes.setdefault(c.cls, [0.0, 0.0])
+        t[0] += c.a_ms
+        t[1] += c.b_ms
+    return {
+        "basis": basis,
+        "a": {"source": a.source, "windows": a.windows, "steps": a.steps,
+              "ms": round(norm(a, a.total_ns), 3)},
+        "b": {"source": b.source, "windows": b.windows, "steps": b.steps,
+              "ms": round(norm(b, b.total_ns), 3)},
+        "classes": {
+            cls: {"a_ms": round(x, 3), "b_ms": round(y, 3), "delta_ms": round(y - x, 3),
+                  "ratio": round(y / x, 3) if x > 0 else None}
+            for cls, (x, y) in sorted(classes.items(), key=lambda kv: kv[1][0] - kv[1][1])
+        },
+        "kernels": [
+            {"name": c.name, "cls": c.cls, "a_ms": round(c.a_ms, 4), "b_ms": round(c.b_ms, 4),
+             "delta_ms": round(c.delta_ms, 4),
+             "ratio": None if c.ratio is None else round(c.ratio, 3)}
+            for c in lines
+        ],
+    }  # fmt: skip
+
+
+def _short(name: str, width: int) -> str:
+    return name if len(name) <= width else name[: width - 1] + "…"
+
+
+def format_table(t: KernelTable, top: int = DEFAULT_TOP, name_width: int = 60) -> str:
+    """Text: one line per name (share %, count, mean µs, ms per step or window)."""
+    if not t.lines:
+        return "no kernel data for this run"
+    per = "MS/STEP" if t.steps else "MS/WINDOW"
+    rows = [("NAME", "CLASS", "SHARE%", "COUNT", "MEAN_US", per)]
+    for k in t.lines[:top]:
+        v = t.per_step_ms(k.total_ns) if t.steps else t.per_window_ms(k.total_ns)
+        rows.append((_short(k.name, name_width), k.cls, f"{100 * k.share:.1f}", str(k.count),
+                     f"{k.mean_us:.1f}", f"{v or 0.0:.3f}"))  # fmt: skip
+    covered = f"{t.steps} steps" if t.steps else "steps unknown"
+    head = (f"{t.kind}s from {t.windows} {t.source} window(s), {covered}, "
+            f"{t.total_ns / _NS_PER_MS:.3f} ms device time")  # fmt: skip
+    shares = ", ".join(f"{c} {100 * v:.1f}%" for c, v in t.class_shares().items())
+    more = f"\n({len(t.lines) - top} more; --top N or --format json)" if len(t.lines) > top else ""
+    return f"{head}\nby class: {shares}\n{_grid(rows)}{more}"
+
+
+def format_compare(cmp: dict[str, Any], a_label: str, b_label: str, top: int = DEFAULT_TOP,
+                   name_width: int = 60) -> str:  # fmt: skip
+    """Text of :func:`compare`: per class, then the kernels that changed most."""
+    unit = "ms/step" if cmp["basis"] == "step" else "ms/window"
+    lines = [f"A = {a_label}: {cmp['a']['ms']} {unit} of device time; "
+             f"B = {b_label}: {cmp['b']['ms']} {unit}"]  # fmt: skip
+    rows = [("CLASS", "A", "B", "DELTA", "RATIO")]
+    for cls, c in cmp["classes"].items():
+        rows.append((cls, f"{c['a_ms']:.3f}", f"{c['b_ms']:.3f}", f"{c['delta_ms']:+.3f}",
+                     "-" if c["ratio"] is None else f"{c['ratio']:.2f}x"))  # fmt: skip
+    lines.append(_grid(rows))
+    ks = sorted(cmp["kernels"], key=lambda k: -abs(k["delta_ms"]))[:top]
+    rows = [("NAME", "CLASS", f"A_{unit}", f"B_{unit}", "DELTA", "RATIO")]
+    for k in ks:
+        rows.append((_short(k["name"], name_width), k["cls"], f"{k['a_ms']:.3f}",
+                     f"{k['b_ms']:.3f}", f"{k['delta_ms']:+.3f}",
+                     "new" if k["ratio"] is None else f"{k['ratio']:.2f}x"))  # fmt: skip
+    lines.append(_grid(rows))
+    return "\n\n".join(lines)
+
+
+def _grid(rows: list[tuple[str, ...]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in
+                  enumerate(zip(r, widths, strict=True))).rstrip()
+        for r in rows
+    )  # fmt: skip
