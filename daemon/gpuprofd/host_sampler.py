@@ -14,7 +14,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -189,12 +189,12 @@ class WorkerCpu:
         """Worker processes followed now."""
         return len(self._followed)
 
-    def _take_pending(self) -> None:
+    def _take_pending(self, run_pids: Mapping[int, int]) -> None:
         while self._pending:
             run_id, seq, pool, t_ns, arrived_s = self._pending.popleft()
             for worker_id, pid in pool:
                 key = (run_id, pid, seq)
-                if key in self._followed:
+                if key in self._followed or run_id not in run_pids:
                     continue
                 if len(self._followed) >= MAX_TRACKED_WORKERS:
                     self.dropped += 1
@@ -203,18 +203,22 @@ class WorkerCpu:
                     proc = self._ps.Process(pid)
                     if proc.create_time() > arrived_s + CREATE_TIME_SLACK_S:
                         continue  # the worker exited and its pid was reused already
+                    if run_pids[run_id] not in {p.pid for p in proc.parents()}:
+                        continue  # not the run's: itself, the daemon, another user's process
                 except _GONE:
                     continue  # exited before the first look (a very short epoch)
                 self._followed[key] = _Worker(proc, run_id, seq, worker_id, t_ns)
 
-    def sample(self, live_run_ids: Collection[int], now_ns: int) -> list[WorkerCpuReading]:
+    def sample(self, run_pids: Mapping[int, int], now_ns: int) -> list[WorkerCpuReading]:
         """Read every followed worker; return those whose CPU seconds are new
-        or changed (blocking: run in a thread). Workers of runs not in
-        *live_run_ids* are forgotten."""
-        self._take_pending()
+        or changed (blocking: run in a thread). *run_pids* maps each live run
+        to its training process's pid: a reported pid is followed only if it
+        descends from that process (DataLoader workers are its children, or
+        its forkserver's); workers of runs not in it are forgotten."""
+        self._take_pending(run_pids)
         out: list[WorkerCpuReading] = []
         for key, w in list(self._followed.items()):
-            if w.run_id not in live_run_ids:
+            if w.run_id not in run_pids:
                 del self._followed[key]
                 continue
             try:
@@ -314,7 +318,7 @@ class HostSampler:
             self._primed = True
             return None
         cache, total = self._memory()
-        workers = self.workers.sample((run_pids or {}).keys(), now)
+        workers = self.workers.sample(run_pids or {}, now)
         return HostSample(
             mono_ns=now,
             cpu_pct=sum(per_cpu) / len(per_cpu) if per_cpu else 0.0,

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -17,6 +19,7 @@ from gpuprofd.host_sampler import WorkerCpu
 from tests.daemon import helpers as h
 
 SPIN = "while True: pass"
+ME = os.getpid()  # the "training process" of every run here: workers are its children
 SLEEP = "import time; time.sleep(120)"
 
 
@@ -52,14 +55,14 @@ def test_a_busy_worker_accumulates_cpu_seconds_and_idle_ones_do_not(procs) -> No
     time.sleep(0.3)  # the sleepers are past their start-up
     wc = WorkerCpu()
     wc.add(7, workers_msg(pids, seq=3, t_ns=555))
-    first = by_pid(wc.sample({7}, now_ns=1_000))
+    first = by_pid(wc.sample({7: ME}, now_ns=1_000))
     assert set(first) == set(pids)  # every worker's first reading is reported
     assert {(r.run_id, r.loader_seq, r.first_mono_ns, r.last_mono_ns) for r in first.values()} == {
         (7, 3, 555, 1_000)
     }
     assert [first[p].worker_id for p in pids] == [0, 1, 2]
     time.sleep(1.0)
-    second = by_pid(wc.sample({7}, now_ns=2_000))
+    second = by_pid(wc.sample({7: ME}, now_ns=2_000))
     busy = second[pids[0]]
     assert busy.cpu_s - first[pids[0]].cpu_s > 0.5  # ~1 s of spinning
     assert busy.last_mono_ns == 2_000 and busy.first_mono_ns == 555
@@ -71,16 +74,16 @@ def test_exited_workers_are_forgotten_quietly(procs, caplog: pytest.LogCaptureFi
     pids = [start(procs, SLEEP), start(procs, SLEEP)]
     wc = WorkerCpu()
     wc.add(1, workers_msg(pids))
-    assert len(wc.sample({1}, 1)) == 2
+    assert len(wc.sample({1: ME}, 1)) == 2
     procs[0].kill()
     procs[0].wait(10)  # reaped: its pid names nothing now
-    wc.sample({1}, 2)
+    wc.sample({1: ME}, 2)
     assert wc.followed == 1
     procs[1].kill()  # not reaped yet: a zombie, then gone
     time.sleep(0.1)
-    wc.sample({1}, 3)
+    wc.sample({1: ME}, 3)
     procs[1].wait(10)
-    wc.sample({1}, 4)
+    wc.sample({1: ME}, 4)
     assert wc.followed == 0
     assert not [r for r in caplog.records if r.levelname in ("WARNING", "ERROR")]
 
@@ -92,10 +95,10 @@ def test_a_pid_reported_before_its_process_existed_is_not_that_worker(procs) -> 
     time.sleep(0.1)
     arrived_long_ago = WorkerCpu(wall_clock=lambda: time.time() - 60)
     arrived_long_ago.add(1, workers_msg([pid]))
-    assert arrived_long_ago.sample({1}, 1) == [] and arrived_long_ago.followed == 0
+    assert arrived_long_ago.sample({1: ME}, 1) == [] and arrived_long_ago.followed == 0
     arrived_now = WorkerCpu()
     arrived_now.add(1, workers_msg([pid]))
-    assert [r.pid for r in arrived_now.sample({1}, 1)] == [pid]
+    assert [r.pid for r in arrived_now.sample({1: ME}, 1)] == [pid]
 
 
 def test_unknown_pids_and_ended_runs_are_dropped(procs) -> None:
@@ -103,9 +106,9 @@ def test_unknown_pids_and_ended_runs_are_dropped(procs) -> None:
     wc = WorkerCpu()
     wc.add(1, workers_msg([pid]))
     wc.add(2, workers_msg([2**22 + 7]))  # above Linux's largest pid_max: no such process
-    assert [r.run_id for r in wc.sample({1, 2}, 1)] == [1]
+    assert [r.run_id for r in wc.sample({1: ME, 2: ME}, 1)] == [1]
     assert wc.followed == 1
-    assert wc.sample({2}, 2) == []  # run 1 ended: its workers are not read again
+    assert wc.sample({2: ME}, 2) == []  # run 1 ended: its workers are not read again
     assert wc.followed == 0
 
 
@@ -118,7 +121,7 @@ def test_reports_beyond_the_limits_are_counted_not_followed(procs, monkeypatch) 
     wc.add(1, workers_msg(pids[1:], seq=1))
     wc.add(1, workers_msg(pids, seq=2))  # a third pool waiting: over MAX_PENDING_POOLS
     assert wc.dropped == 3
-    assert len(wc.sample({1}, 1)) == 2  # pids[2] is over MAX_TRACKED_WORKERS
+    assert len(wc.sample({1: ME}, 1)) == 2  # pids[2] is over MAX_TRACKED_WORKERS
     assert wc.dropped == 4 and wc.followed == 2
 
 
@@ -127,7 +130,34 @@ def test_a_same_pool_reported_twice_is_one_row_per_worker(procs) -> None:
     wc = WorkerCpu()
     wc.add(1, workers_msg([pid]))
     wc.add(1, workers_msg([pid]))
-    assert len(wc.sample({1}, 1)) == 1 and wc.followed == 1
+    assert len(wc.sample({1: ME}, 1)) == 1 and wc.followed == 1
+
+
+def test_only_descendants_of_the_runs_process_are_its_workers(procs) -> None:
+    """A pid that is not a child (or deeper) of the run's training process is
+    not its worker, whoever reported it: the training process itself, init,
+    the parent of the training process, a pid reused by an unrelated process."""
+    child = start(procs, SLEEP)
+    grandchild_of = subprocess.Popen(
+        [sys.executable, "-c", "import subprocess, sys, time; "
+         "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); "
+         "print(p.pid, flush=True); time.sleep(120)"],
+        stdout=subprocess.PIPE,
+    )  # fmt: skip
+    procs.append(grandchild_of)
+    assert grandchild_of.stdout is not None
+    grandchild = int(grandchild_of.stdout.readline())
+    grandchild_of.stdout.close()
+    try:
+        wc = WorkerCpu()
+        wc.add(1, workers_msg([ME, 1, os.getppid(), child, grandchild]))
+        assert {r.pid for r in wc.sample({1: ME}, 1)} == {child, grandchild}
+        assert wc.followed == 2
+        other = WorkerCpu()  # the same pids for a run whose process is the child
+        other.add(2, workers_msg([child, grandchild]))
+        assert other.sample({2: child}, 1) == [] and other.followed == 0
+    finally:
+        os.kill(grandchild, signal.SIGKILL)  # not ours to reap: its parent is
 
 
 # --- a real gpuprofd ---------------------------------------------------------------
