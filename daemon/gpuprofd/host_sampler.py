@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -32,6 +33,9 @@ _GONE = (_psutil.NoSuchProcess, _psutil.AccessDenied)
 MAX_TRACKED_WORKERS = 4096
 #: Worker pools reported but not yet looked at (drained every tick, 0.5 s).
 MAX_PENDING_POOLS = 1024
+#: ... and their workers in all: each costs a psutil look-up (~25 µs for a pid
+#: that names nothing), so 1024 pools of 1024 would stall a tick for 25 s.
+MAX_PENDING_WORKERS = MAX_TRACKED_WORKERS
 #: psutil's ``create_time`` is boot time + start ticks (10 ms) in wall-clock
 #: seconds, and the wall clock may be stepped: a process created more than
 #: this long after its pid was reported is a later process reusing the pid.
@@ -172,6 +176,8 @@ class WorkerCpu:
         #: (run id, loader_seq, ((worker_id, pid), ...), shim's t_ns, arrival wall s)
         self._pending: deque[tuple[int, int, tuple[tuple[int, int], ...], int, float]] = deque()
         self._followed: dict[tuple[int, int, int], _Worker] = {}  # (run id, pid, loader_seq)
+        self._pending_lock = threading.Lock()
+        self._pending_workers = 0
         self.dropped = 0
         """Workers not followed because the limits were reached."""
 
@@ -179,10 +185,13 @@ class WorkerCpu:
         """Queue a validated ``workers`` message of *run_id* (whose pids are in
         this daemon's PID namespace). Safe to call while :meth:`sample` runs."""
         pool = tuple((w["worker_id"], w["pid"]) for w in msg["workers"])
-        if len(self._pending) >= MAX_PENDING_POOLS:
-            self.dropped += len(pool)
-            return
-        self._pending.append((run_id, msg["loader_seq"], pool, msg["t_ns"], self._wall()))
+        with self._pending_lock:
+            if (len(self._pending) >= MAX_PENDING_POOLS
+                    or self._pending_workers + len(pool) > MAX_PENDING_WORKERS):  # fmt: skip
+                self.dropped += len(pool)
+                return
+            self._pending_workers += len(pool)
+            self._pending.append((run_id, msg["loader_seq"], pool, msg["t_ns"], self._wall()))
 
     @property
     def followed(self) -> int:
@@ -191,7 +200,9 @@ class WorkerCpu:
 
     def _take_pending(self, run_pids: Mapping[int, int]) -> None:
         while self._pending:
-            run_id, seq, pool, t_ns, arrived_s = self._pending.popleft()
+            with self._pending_lock:
+                run_id, seq, pool, t_ns, arrived_s = self._pending.popleft()
+                self._pending_workers -= len(pool)
             for worker_id, pid in pool:
                 key = (run_id, pid, seq)
                 if key in self._followed or run_id not in run_pids:

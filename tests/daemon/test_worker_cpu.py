@@ -160,6 +160,25 @@ def test_only_descendants_of_the_runs_process_are_its_workers(procs) -> None:
         os.kill(grandchild, signal.SIGKILL)  # not ours to reap: its parent is
 
 
+def test_a_flood_of_pools_is_bounded_by_workers_not_pools(procs) -> None:
+    """1024 pools of 1024 made-up pids (the protocol's limits) once took one
+    host tick 25 s of psutil look-ups, stalling every run's host sampling:
+    the pids waiting for a look are capped, the rest counted as dropped."""
+    pid = start(procs, SLEEP)
+    wc = WorkerCpu()
+    wc.add(1, workers_msg([pid]))
+    made_up = [2**22 + 10 + i for i in range(1024)]
+    for seq in range(1, 1025):
+        wc.add(1, workers_msg(made_up, seq=seq))
+    dropped = wc.dropped
+    assert dropped >= 1024 * 1024 - host_sampler.MAX_PENDING_WORKERS
+    t0 = time.monotonic()
+    assert [r.pid for r in wc.sample({1: ME}, 1)] == [pid]
+    assert time.monotonic() - t0 < 5.0
+    wc.add(1, workers_msg(made_up, seq=2000))  # room again once looked at
+    assert wc.dropped == dropped
+
+
 # --- a real gpuprofd ---------------------------------------------------------------
 
 
