@@ -163,9 +163,13 @@ def test_insights_prints_the_stored_summary(
 ) -> None:
     stored = orjson.loads(h.query(real_db, "SELECT summary FROM runs WHERE id = 1")[0][0])
     assert main(["insights", str(real_db), "1"]) == 0
-    assert capsys.readouterr().out == format_summary(stored, details=True) + "\n"
+    out = capsys.readouterr().out.splitlines()  # + an MFU line (no kernels in this run)
+    mine = [ln for ln in out if ln.startswith("  MFU: unknown (no FLOPs per step")]
+    assert len(mine) == 1
+    assert [ln for ln in out if ln not in mine] == format_summary(stored, details=True).split("\n")
     assert main(["insights", str(real_db), "1", "--format", "json"]) == 0
-    assert orjson.loads(capsys.readouterr().out) == stored
+    got = orjson.loads(capsys.readouterr().out)
+    assert {k: v for k, v in got.items() if k in stored} == stored  # kernels/MFU added
     assert "2 events dropped in the training process" in stored["notes"]
 
 

@@ -146,3 +146,37 @@ def test_table_picks_one_source_and_normalises() -> None:
                                "delta_ms": 0.0, "ratio": 1.0}]  # fmt: skip
     new = kerneltable.compare(kerneltable.build_table([]), s)
     assert new["kernels"][0]["ratio"] is None and new["kernels"][0]["delta_ms"] == 8.0
+
+
+def test_insights_shows_top_kernels_and_mfu(dlrm_db: Path, tmp_path: Path, capsys) -> None:
+    assert main(["insights", str(dlrm_db), "1", "--format", "json"]) == 0
+    summary = orjson.loads(capsys.readouterr().out)
+    top = summary["top_kernels"]
+    assert len(top) == 10 and top == sorted(top, key=lambda k: -k["share"])
+    assert summary["kernels_source"] == {"source": "snapshot", "windows": 6, "steps": 6}
+    sendrecv = next(k for k in top if k["name"] == SENDRECV)
+    assert sendrecv["share"] == pytest.approx(21.776 / 83.594, abs=0.002)
+    assert {"name", "cls", "share", "count", "mean_us", "per_step_ms"} <= set(sendrecv)
+    assert summary["mfu"] is None and summary["achieved_tflops"] is None
+
+    assert main(["insights", str(dlrm_db), "1"]) == 0
+    text = capsys.readouterr().out
+    assert "  Top kernels (6 snapshot window(s); share of device time, launches, mean):" in text
+    line = next(ln for ln in text.splitlines() if ln.endswith(SENDRECV))
+    assert line.split()[:2] == ["26.1", "%"]
+    assert "MFU: unknown" in text
+
+    # the FLOPs side sets runs.mfu / achieved_tflops at run end: shown as stored
+    db = tmp_path / "mfu.db"
+    db.write_bytes(dlrm_db.read_bytes())
+    conn = sqlite3.connect(db)
+    conn.execute("UPDATE runs SET mfu = 0.4213, achieved_tflops = 131.4 WHERE id = 1")
+    conn.commit()
+    conn.close()
+    assert main(["insights", str(db), "1"]) == 0
+    text = capsys.readouterr().out
+    # (the summary's own text may print it; else the added line does)
+    assert "MFU" in text and "42.1" in text and "MFU: unknown" not in text
+    assert main(["insights", str(db), "1", "--format", "json"]) == 0
+    summary = orjson.loads(capsys.readouterr().out)
+    assert (summary["mfu"], summary["achieved_tflops"]) == (0.4213, 131.4)

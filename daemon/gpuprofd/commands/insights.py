@@ -9,29 +9,80 @@ import click
 import orjson
 
 from gpuprof.summary import format_summary, make_summary
-from gpuprofd import dbread
+from gpuprofd import dbread, kerneltable
 from gpuprofd.commands.common import db_argument, echo_json, format_option, resolve_db
 
 LIVE_NOTE = "run in progress: insights as of the daemon's last live update"
+#: Kernels listed under the summary.
+TOP_KERNELS = 10
 
 
 def load_summary(db: Path, run_id: int | None) -> dict[str, Any]:
-    """The stored end-of-run summary, or one built from the stored insights."""
+    """The stored end-of-run summary, or one built from the stored insights,
+    with the run's top kernels and MFU added where it lacks them
+    (:func:`add_kernels_and_mfu`)."""
     conn = dbread.open_ro(db)
     try:
         run = dbread.get_run(conn, run_id, db)
+        summary: dict[str, Any] | None = None
         if run.get("summary"):
             try:
-                return orjson.loads(run["summary"])
+                summary = orjson.loads(run["summary"])
             except orjson.JSONDecodeError:
                 pass  # damaged: rebuild below
-        ctx = dbread.run_context(conn, run)
-        notes = [LIVE_NOTE] if run["status"] == "running" else []
-        return make_summary(
-            run["id"], ctx, dbread.stored_insights(conn, run["id"]), str(db.absolute()), notes
-        )
+        if not isinstance(summary, dict):
+            ctx = dbread.run_context(conn, run)
+            notes = [LIVE_NOTE] if run["status"] == "running" else []
+            summary = make_summary(
+                run["id"], ctx, dbread.stored_insights(conn, run["id"]), str(db.absolute()), notes
+            )
+        table = kerneltable.build_table(dbread.kernel_windows(conn, run["id"]))
+        return add_kernels_and_mfu(summary, run, table)
     finally:
         conn.close()
+
+
+def add_kernels_and_mfu(
+    summary: dict[str, Any], run: dict[str, Any], table: kerneltable.KernelTable
+) -> dict[str, Any]:
+    """Set ``top_kernels`` (the run's :data:`TOP_KERNELS` kernels by device
+    time: name, class, share of device time 0-1, count, mean µs, ms per step
+    or window; ``kernels_source`` says which windows) and ``mfu`` (0-1) /
+    ``achieved_tflops`` (per GPU) from the run record, each only where the
+    summary does not carry it already."""
+    if "top_kernels" not in summary:
+        summary["top_kernels"] = table.to_dict(TOP_KERNELS)["kernels"] if table.lines else []
+        summary["kernels_source"] = (
+            {"source": table.source, "windows": table.windows, "steps": table.steps}
+            if table.lines else None
+        )  # fmt: skip
+    for key in ("mfu", "achieved_tflops"):
+        if summary.get(key) is None:
+            summary[key] = run.get(key)
+    return summary
+
+
+def format_kernels_and_mfu(summary: dict[str, Any], shown: str) -> list[str]:
+    """Text lines for what :func:`add_kernels_and_mfu` added (MFU only when
+    *shown*, the summary's own text, does not give it)."""
+    lines = []
+    if "MFU" not in shown:
+        mfu, tflops = summary.get("mfu"), summary.get("achieved_tflops")
+        if mfu is not None:
+            rate = f" ({tflops:.1f} TFLOP/s per GPU)" if tflops is not None else ""
+            lines.append(f"  MFU: {100 * mfu:.1f} %{rate}")
+        else:
+            lines.append("  MFU: unknown (no FLOPs per step, or a GPU without a peak in the table)")
+    top = summary.get("top_kernels") or []
+    src = summary.get("kernels_source") or {}
+    if top:
+        where = f"{src.get('windows')} {src.get('source')} window(s)" if src else "kernel windows"
+        lines.append(f"  Top kernels ({where}; share of device time, launches, mean):")
+        for k in top:
+            name = k["name"] if len(k["name"]) <= 70 else k["name"][:69] + "…"
+            lines.append(f"    {100 * k['share']:5.1f} %  {k['count']:>7}  "
+                         f"{k['mean_us']:>9.1f} µs  {name}")  # fmt: skip
+    return lines
 
 
 def split_args(db: Path | None, run_id: int | None) -> tuple[Path | None, int | None]:
@@ -57,4 +108,8 @@ def insights_cmd(db: Path | None, run_id: int | None, fmt: str) -> None:
     if fmt == "json":
         echo_json(summary)
     else:
-        click.echo(format_summary(summary, details=True))
+        text = format_summary(summary, details=True)
+        lines = text.split("\n")
+        at = len(lines) - 1 if lines[-1].startswith("─") else len(lines)  # inside the box
+        lines[at:at] = format_kernels_and_mfu(summary, text)
+        click.echo("\n".join(lines))
