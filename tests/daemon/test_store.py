@@ -80,3 +80,38 @@ async def test_writer_survives_concurrent_producers(tmp_path: Path) -> None:
     stored = query(db, "SELECT COUNT(*) FROM host_samples")[0][0]
     assert stored + drops.counts["store_backpressure"] == 800
     await store.close()
+
+
+def _kernels_msg(t0: int, n_rows: int) -> dict:
+    rows = [[f"k{i}", "kernel", "compute", 1, 1000 + i, 1000 + i, None] for i in range(n_rows)]
+    return {"t0": t0, "t1": t0 + 10, "source": "continuous", "steps": [], "rows": rows}
+
+
+async def test_kernel_windows_queue_all_or_none_and_rows_find_their_window(
+    tmp_path: Path,
+) -> None:
+    """A window and its rows are queued together or not at all; rows land on
+    their own window even when windows split across writer batches; a row
+    whose window insert failed is dropped, never put on another window."""
+    store, drops, db = await _store(tmp_path, queue_size=BATCH_MAX_OPS + 100)
+    # 3 windows of 200 rows: the second crosses the first batch's 500-op end
+    assert all(store.submit_all_nowait(runsdb.kernels_ops(1, _kernels_msg(t, 199)))
+               for t in (100, 200, 300))  # fmt: skip
+    assert not store.submit_all_nowait(runsdb.kernels_ops(1, _kernels_msg(400, 5)))  # no room
+    assert drops.snapshot() == {"store_backpressure": 1}
+    store.start()
+    await store.flush()
+    got = query(
+        db, "SELECT w.t0_ns, COUNT(*), MIN(s.total_ns), MAX(s.total_ns) FROM kernel_windows w "
+        "JOIN kernel_stats s ON s.window_id = w.id GROUP BY w.id ORDER BY w.t0_ns",
+    )
+    assert [tuple(r) for r in got] == [(t, 199, 1000, 1198) for t in (100, 200, 300)]
+    # the window insert fails (a NOT NULL run_id): its rows are dropped with it
+    ops = runsdb.kernels_ops(2, _kernels_msg(500, 3))
+    ops[0] = Op(ops[0].sql, (None, *ops[0].params[1:]))
+    assert store.submit_all_nowait(ops)
+    await store.flush()
+    assert query(db, "SELECT COUNT(*) FROM kernel_stats WHERE run_id = 2")[0][0] == 0
+    assert query(db, "SELECT COUNT(*) FROM kernel_stats")[0][0] == 3 * 199
+    assert drops.snapshot()["store_error"] >= 1
+    await store.close()
