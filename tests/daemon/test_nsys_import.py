@@ -331,3 +331,15 @@ def test_unknown_run_and_missing_db_are_exit_2(tmp_path: Path, capsys) -> None:
     assert rc == 2 and "no run 9" in err
     rc, _, err = run(["nsys-import", str(report), "--db", str(tmp_path / "no.db")], capsys)
     assert rc == 2 and "no database at" in err
+
+
+def test_device_without_activity_attaches_nothing(tmp_path: Path, capsys) -> None:
+    db = make_db(tmp_path / "g.db")
+    report = make_report(tmp_path / "r.sqlite", devices=(0,))
+    rc, out, _ = run(["nsys-import", str(report), "--db", str(db), "--device", "3",
+                      "--format", "json"], capsys)  # fmt: skip
+    assert rc == 0
+    got = orjson.loads(out)
+    assert (got["windows"], got["notes"]) == (0, [f"{report}: no device activity on device 3; "
+                                                  "nothing attached"])  # fmt: skip
+    assert windows(db) == []

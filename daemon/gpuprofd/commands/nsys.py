@@ -46,6 +46,15 @@ def _write(db: Path, run_id: int, windows: list[tuple[dict[str, Any], list[Any]]
         conn.close()
 
 
+def _nothing(msg: str, report: Path, run: dict[str, Any], fmt: str) -> None:
+    """Say that nothing was attached (exit 0)."""
+    if fmt == "json":
+        echo_json({"report": str(report), "run_id": run["id"], "windows": 0, "activities": 0,
+                   "aligned": None, "notes": [msg]})  # fmt: skip
+    else:
+        click.echo(msg)
+
+
 def _progress(done: int, total: int) -> None:
     click.echo(f"nsys-import: read {done:,} of {total:,} device activities", err=True)
 
@@ -90,11 +99,8 @@ def nsys_import_cmd(report: Path, db: Path | None, run_id: int | None, device: i
     notes: list[str] = []
     try:
         if rep.total == 0:
-            out: dict[str, Any] = {"report": str(report), "run_id": run["id"], "windows": 0,
-                                   "activities": 0, "aligned": None}  # fmt: skip
-            msg = (f"{report}: no CUDA kernel, memcpy or memset activity (was it recorded "
-                   "with --trace=cuda?); nothing attached")  # fmt: skip
-            echo_json({**out, "notes": [msg]}) if fmt == "json" else click.echo(msg)
+            _nothing(f"{report}: no CUDA kernel, memcpy or memset activity (was it recorded "
+                     "with --trace=cuda?); nothing attached", report, run, fmt)  # fmt: skip
             return
         devs = nsys.devices(rep)
         if device is None and len(devs) > 1:
@@ -114,7 +120,7 @@ def nsys_import_cmd(report: Path, db: Path | None, run_id: int | None, device: i
         rep.close()
     if not got.activities:
         on = f" on device {device}" if device is not None else ""
-        click.echo(f"{report}: no device activity{on}; nothing attached")
+        _nothing(f"{report}: no device activity{on}; nothing attached", report, run, fmt)
         return
     if how is None:
         why = "the run has no steps" if not steps else (
