@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from gpuprof.kernels import KernelAgg
 from gpuprofd import runsdb, schema
 from gpuprofd.counters import DropCounter
 from gpuprofd.store import BATCH_MAX_OPS, Op, Store
@@ -106,6 +107,11 @@ async def test_kernel_windows_queue_all_or_none_and_rows_find_their_window(
         "JOIN kernel_stats s ON s.window_id = w.id GROUP BY w.id ORDER BY w.t0_ns",
     )
     assert [tuple(r) for r in got] == [(t, 199, 1000, 1198) for t in (100, 200, 300)]
+    loaded = await runsdb.load_kernel_windows(store, 1)  # what the insights runner reads
+    assert [(w["t0"], w["t1"], w["source"], w["steps"], len(rows)) for w, rows in loaded] == [
+        (t, t + 10, "continuous", [], 199) for t in (100, 200, 300)
+    ]
+    assert loaded[0][1][0] == KernelAgg("k198", "kernel", "compute", 1, 1198, 1198, None)
     # the window insert fails (a NOT NULL run_id): its rows are dropped with it
     ops = runsdb.kernels_ops(2, _kernels_msg(500, 3))
     ops[0] = Op(ops[0].sql, (None, *ops[0].params[1:]))
