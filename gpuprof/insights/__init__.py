@@ -7,7 +7,7 @@ offline in ``gpuprofctl insights``.
 
 from __future__ import annotations
 
-from gpuprof.insights import compute, cost, gpu, history, host, steps  # noqa: F401  (registers)
+from gpuprof.insights import compute, cost, gpu, history, host, kernels, steps  # noqa: F401  (registers)
 from gpuprof.insights.base import (
     SEVERITIES,
     Insight,

@@ -15,6 +15,7 @@ from gpuprof.stats import median
 
 if TYPE_CHECKING:
     from gpuprof.insights.gpu import GpuStats
+    from gpuprof.insights.kernels import KernelStats
 
 SEVERITIES = ("HIGH", "MED", "LOW")
 
@@ -135,6 +136,13 @@ class RunContext:
     (one step per burst of events), so a spike inside a step can be missed.
     NVML's used memory exceeds it by the CUDA context, the driver's reserve
     and other processes: NVML used > reserved > allocated is normal."""
+    kernels: KernelStats | None = None
+    """The run's kernel windows (torch.profiler snapshots / continuous aggregates,
+    nsys import), aggregated (:func:`gpuprof.insights.kernels.kernel_stats`);
+    None when it has none."""
+    checkpointing_declared: bool | None = None
+    """Whether the declared architecture (run option ``arch``, a
+    ``gpuprof.TransformerArch``) uses activation checkpointing; None when not declared."""
 
     @property
     def steps(self) -> int:

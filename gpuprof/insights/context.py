@@ -7,6 +7,7 @@ from typing import Any
 
 from gpuprof.insights.base import RunContext, WorkerPool
 from gpuprof.insights.gpu import GpuStats, gpu_stats
+from gpuprof.insights.kernels import kernel_stats
 from gpuprof.protocol import DATA_PHASE, OWN_TIME_PHASE
 from gpuprof.stats import mean, median
 
@@ -98,6 +99,14 @@ def _optimizer_totals(
     return tuple((name, int(u), int(k), round(ms, 3)) for name, (u, k, ms) in totals.items())
 
 
+def _checkpointing_declared(options: Mapping[str, Any]) -> bool | None:
+    """``options["arch"]["checkpointing"]`` as a bool; None when the run declared
+    no architecture or the architecture does not say."""
+    arch = options.get("arch")
+    flag = arch.get("checkpointing") if isinstance(arch, Mapping) else None
+    return flag if isinstance(flag, bool) else None
+
+
 def build_context(
     run: Mapping[str, Any],
     steps: Sequence[Mapping[str, Any]],
@@ -108,6 +117,7 @@ def build_context(
     gpu_samples: Sequence[Mapping[str, Any]] = (),
     workers: Sequence[Mapping[str, Any]] = (),
     gpu: GpuStats | None = None,
+    kernel_windows: Sequence[tuple[Mapping[str, Any], Sequence[Any]]] = (),
 ) -> RunContext:
     """Aggregate one run's rows into the context the rules read.
 
@@ -135,6 +145,17 @@ def build_context(
             ``cpu_s`` (user + system CPU seconds).
         gpu: the same, already aggregated (from stored per-second rollups);
             wins over *gpu_samples*.
+        kernel_windows: the run's kernel windows as ``(window, rows)`` pairs
+            (what ``gpuprofd.queries.kernel_windows_from_rows`` returns):
+            *window* a mapping with ``t0``/``t1`` (int, monotonic ns),
+            ``source`` (``"snapshot"`` | ``"continuous"`` | ``"nsys"``) and
+            ``steps`` (list of the step indices it covered; ``id`` and
+            ``rows_dropped`` are ignored); *rows* its
+            :class:`gpuprof.kernels.KernelAgg` rows (``kernel_stats`` row
+            mappings with the same field names, or wire rows, also work).
+            Aggregated by :func:`gpuprof.insights.kernels.kernel_stats` into
+            ``RunContext.kernels``. ``run["options"]["arch"]["checkpointing"]``
+            (bool) sets ``checkpointing_declared``.
     """
     phase_totals: dict[str, float] = {}
     for s in steps:
@@ -179,6 +200,8 @@ def build_context(
         optimizers=_optimizer_totals(steps),
         **_torch_memory(steps),
         gpu=gpu if gpu is not None else gpu_stats(gpu_samples) if gpu_samples else None,
+        kernels=kernel_stats(kernel_windows) if kernel_windows else None,
+        checkpointing_declared=_checkpointing_declared(options),
         eval_ms=(sum(s.get("eval") or 0 for s in steps) + (run.get("trailing_eval_ns") or 0))
         / _NS_PER_MS,
     )
