@@ -82,7 +82,8 @@ class Trace:
                 raise ValueError(f"line {n} is not a JSON object")
             objs.append(obj)
         header = objs[0] if objs and "t" not in objs[0] else {}
-        rows = sorted((o for o in objs if _is_time(o.get("t"))), key=lambda o: o["t"])
+        # a NaN t would break the sort and the replay clock's arithmetic; true is no time
+        rows = sorted((o for o in objs if _finite(o.get("t"))), key=lambda o: o["t"])
         if not rows:
             raise ValueError("no sample rows with a 't'")
         return cls(rows, header)
@@ -371,25 +372,25 @@ class ReplayPynvml:
         return float(self.trace.rows[i].get("energy_mJ") or 0)
 
 
-def _is_time(t: Any) -> bool:
-    """A sample row's ``t``: a finite number (NaN would break the sort and the
-    replay clock's arithmetic; ``true`` is not a time)."""
-    return isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t)
-
-
 def _window(rows: list[dict[str, Any]], col: str, t1: float, t2: float) -> list[float]:
     """Values of *col* in rows with t1 < t ≤ t2, else the last one at or before t2."""
-    inside = [float(r[col]) for r in rows if t1 < r["t"] <= t2 and r.get(col) is not None]
+    inside = [float(r[col]) for r in rows if t1 < r["t"] <= t2 and _finite(r.get(col))]
     if inside:
         return inside
-    before = [float(r[col]) for r in rows if r["t"] <= t2 and r.get(col) is not None]
+    before = [float(r[col]) for r in rows if r["t"] <= t2 and _finite(r.get(col))]
     return before[-1:]
+
+
+def _finite(value: Any) -> bool:
+    """A number that can be replayed: not NaN, infinite or a boolean (a NaN is a
+    reading not taken)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _integrate(rows: list[dict[str, Any]], col: str) -> Callable[[float], float]:
     """Bytes moved up to time t by a KB/s column held constant until its next
     reading (the synthesized ``NVML_FI_DEV_PCIE_COUNT_*_BYTES`` counter)."""
-    points = [(float(r["t"]), float(r[col]) * 1000.0) for r in rows if r.get(col) is not None]
+    points = [(float(r["t"]), float(r[col]) * 1000.0) for r in rows if _finite(r.get(col))]
     times = [t for t, _ in points]
     totals = [0.0]
     for (ta, rate), (tb, _) in zip(points, points[1:], strict=False):

@@ -500,3 +500,24 @@ def test_a_nan_or_mistyped_reading_is_not_available_and_the_rest_of_the_sample_s
     assert (s.power_mw, s.temp_c, s.sm_clock_mhz, s.clock_event_reasons) == (
         None, None, 1500, None,
     )  # fmt: skip
+
+
+def test_a_nan_pcie_or_gpm_reading_costs_only_its_own_interval(tmp_path: Path) -> None:
+    """One NaN PCIe rate once made the synthesized byte counters NaN for the
+    whole replay (every later slow sample had no PCIe rate at all)."""
+    trace = tmp_path / "t.jsonl"
+    rows = [{"t": float(t), "util_gpu": 50, "util_mem": 1, "pcie_rx_KBps": rx,
+             "pcie_tx_KBps": 1000.0, "gpm_sm_util": gpm}
+            for t, rx, gpm in ((0, 1e6, 10.0), (1, "NaN", "NaN"), (2, 2e6, 30.0), (3, 2e6, 30.0),
+                               (4, 2e6, 30.0))]  # fmt: skip
+    trace.write_text("\n".join(json.dumps(r).replace('"NaN"', "NaN") for r in rows))
+    clock = ReplayClock()
+    backend = RealNvml(ReplayPynvml.from_file(trace, clock=clock), clock=clock)
+    (dev,) = backend.devices()
+    clock.s = 2.5
+    backend.slow_sample(dev)
+    clock.s = 3.5
+    s = backend.slow_sample(dev)
+    assert s.pcie_rx_bytes_per_s == pytest.approx(2e9)
+    assert s.pcie_tx_bytes_per_s == pytest.approx(1e6)
+    assert s.gpm_sm_util_pct == 30.0
