@@ -54,10 +54,11 @@ KERNEL_WINDOWS_SQL = (
     "SELECT id, t0_ns, t1_ns, source, steps, rows_dropped FROM kernel_windows "
     "WHERE run_id = ? ORDER BY t0_ns, id"
 )
-#: ... and their rows (one query for the run, matched to windows by id).
+#: ... and their rows (one query for the run, matched to windows by id; in
+#: index order, no sort: :func:`kernel_windows_from_rows` orders each window).
 KERNEL_STATS_SQL = (
     "SELECT window_id, name, kind, cls, count, total_ns, self_ns, flops FROM kernel_stats "
-    "WHERE run_id = ? ORDER BY window_id, total_ns DESC"
+    "WHERE run_id = ?"
 )
 
 #: One window as :func:`kernel_windows_from_rows` gives it: (window, rows).
@@ -91,7 +92,13 @@ def kernel_windows_from_rows(
                 KernelAgg(name, kind, cls, int(count or 0), int(total_ns or 0),
                           int(self_ns or 0), None if flops is None else float(flops))
             )  # fmt: skip
+    for _, rows in out:
+        rows.sort(key=_by_device_time)
     return out
+
+
+def _by_device_time(r: KernelAgg) -> tuple[int, str, str]:
+    return -r.total_ns, r.kind, r.name
 
 
 def step_from_row(r: Sequence[Any]) -> dict[str, Any]:
