@@ -202,6 +202,22 @@ def class_shares(rows: Iterable[KernelAgg]) -> dict[str, float]:
 #: CPU-side events that are torch.profiler's own bookkeeping, not operators.
 _PROFILER_OWN = ("Activity Buffer Request",)
 _STEP_RE = re.compile(r"^ProfilerStep[#*]")
+#: Operators that are collectives: c10d's ops (``c10d::allreduce_``), the
+#: ``nccl:all_reduce`` record_function ranges and ``record_param_comms``
+#: (the A100 traces' NCCL launches sit under it).
+_COMM_OP_RE = re.compile(r"^(c10d::|nccl:|record_param_comms)")
+
+
+def _op_class(name: str, kernels: Iterable[Any] = ()) -> str:
+    """An operator's class: ``comm`` for collectives by name, else the class of
+    most of its own kernels' time (``FunctionEvent.kernels``), else ``compute``."""
+    if _COMM_OP_RE.match(name):
+        return "comm"
+    by_cls: dict[str, float] = {}
+    for k in kernels:
+        cls = kernel_class(str(getattr(k, "name", "")))
+        by_cls[cls] = by_cls.get(cls, 0.0) + float(getattr(k, "duration", 0.0) or 0.0)
+    return max(by_cls, key=by_cls.__getitem__) if by_cls else "compute"
 
 
 def _us_to_ns(us: float) -> int:
@@ -217,7 +233,9 @@ def aggregate_events(events: Iterable[Any]) -> list[KernelAgg]:
     copies / fills named ``Memcpy …`` / ``Memset …``) become ``kernel`` rows
     (``total_ns == self_ns``: ``device_time_total`` µs → ns). CPU operators
     become ``op`` rows with ``device_time_total`` (their kernels and their
-    children's) and ``self_device_time_total`` in ns, and ``flops`` (FLOP,
+    children's) and ``self_device_time_total`` in ns, a class (``comm`` for
+    ``c10d::`` / ``nccl:`` / ``record_param_comms``, else that of most of its
+    own kernels' time where the event lists them, else ``compute``), and ``flops`` (FLOP,
     from ``with_flops=True``: torch has formulas for mm, addmm, bmm, baddbmm,
     convolutions, mul, add) when positive; operators with no device time and no
     FLOPs are left out, as are user annotations (``ProfilerStep#N``,
@@ -245,7 +263,8 @@ def aggregate_events(events: Iterable[Any]) -> list[KernelAgg]:
         flops = float(flops) if flops else None
         self_ns = _us_to_ns(getattr(e, "self_device_time_total", 0.0))
         if total_ns > 0 or flops:
-            rows.append(KernelAgg(shorten_name(name), "op", "compute", count, total_ns, self_ns,
+            cls = _op_class(name, getattr(e, "kernels", None) or ())
+            rows.append(KernelAgg(shorten_name(name), "op", cls, count, total_ns, self_ns,
                                   flops))  # fmt: skip
     return fold(rows)
 
@@ -482,7 +501,11 @@ def aggregate_trace(
         for name, (count, total_ns, self_ns, flops) in per_name.items():
             if total_ns > 0 or flops:
                 by_cls = op_cls[w].get(name)
-                cls = max(by_cls, key=by_cls.__getitem__) if by_cls else "compute"
+                cls = (
+                    "comm" if _COMM_OP_RE.match(name)
+                    else max(by_cls, key=by_cls.__getitem__) if by_cls
+                    else "compute"
+                )  # fmt: skip
                 rows.append(KernelAgg(shorten_name(name), "op", cls, count, total_ns,
                                       self_ns, flops))  # fmt: skip
         folded, dropped = fold_counted(rows)

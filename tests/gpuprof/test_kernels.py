@@ -395,3 +395,24 @@ def test_aggregate_events_on_torch_events_built_from_the_fixture():
             # FunctionEvent keeps µs floats; the trace parser rounds each event to ns
             assert got[name].total_ns == pytest.approx(row.total_ns, abs=row.count)
         assert _ops(aggregate_events(source)) == {}
+
+
+def test_aggregate_events_op_classes_and_device_time():
+    """CPU operators carry their kernels' device time (µs -> ns) and class; collectives
+    are ``comm`` by name even where torch lists no kernels (``key_averages()``)."""
+    pytest.importorskip("torch")
+    from torch.autograd.profiler_util import FunctionEvent
+
+    mm = FunctionEvent(id=1, name="aten::mm", thread=1, start_us=0, end_us=50,
+                       use_device="cuda", flops=2e9, stack=[])  # fmt: skip
+    mm.append_kernel("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT", 0, 75.5)
+    copy = FunctionEvent(id=2, name="aten::copy_", thread=1, start_us=60, end_us=70,
+                         use_device="cuda", stack=[])  # fmt: skip
+    copy.append_kernel("Memcpy HtoD (Pinned -> Device)", 0, 12.0)
+    allreduce = FunctionEvent(id=3, name="c10d::allreduce_", thread=1, start_us=80, end_us=90,
+                              use_device="cuda", stack=[])  # fmt: skip
+    allreduce.append_kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL(x)", 0, 300.0)
+    ops = _ops(aggregate_events([mm, copy, allreduce]))
+    assert ops["aten::mm"] == KernelAgg("aten::mm", "op", "compute", 1, 75_500, 75_500, 2e9)
+    assert ops["aten::copy_"].cls == "memcpy" and ops["aten::copy_"].total_ns == 12_000
+    assert ops["c10d::allreduce_"].cls == "comm" and ops["c10d::allreduce_"].self_ns == 300_000
