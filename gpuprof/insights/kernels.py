@@ -166,7 +166,7 @@ def kernel_stats(
         key=lambda wr: (wr[0].get("t0") or 0),
     )  # fmt: skip
     totals: dict[str, list[Any]] = {}  # name -> [cls, count, total_ns]
-    ops: dict[str, list[Any]] = {}  # name -> [count, total, self, flops]
+    ops: dict[str, list[Any]] = {}  # name -> [count, total, self, flops, cls]
     per_window: list[dict[str, int]] = []
     device_per_step: list[float] = []
     wall_per_step: list[float] = []
@@ -186,7 +186,7 @@ def kernel_stats(
                 kernel_ns += r.total_ns
                 launches += r.count
             else:
-                o = ops.setdefault(r.name, [0, 0, 0, None])
+                o = ops.setdefault(r.name, [0, 0, 0, None, r.cls])
                 o[0] += r.count
                 o[1] += r.total_ns
                 o[2] += r.self_ns
@@ -195,11 +195,11 @@ def kernel_stats(
                     if n_steps:
                         flops_in_stepped += r.flops
         per_window.append(by_name)
+        steps_seen += n_steps
         if n_steps and kernel_ns:
             device_per_step.append(kernel_ns / n_steps / _NS_PER_MS)
             wall_per_step.append((int(w["t1"]) - int(w["t0"])) / n_steps / _NS_PER_MS)
             launches_per_step.append(launches / n_steps)
-            steps_seen += n_steps
     device_ns = sum(t[2] for t in totals.values())
     if not device_ns:
         return None
@@ -231,7 +231,7 @@ def kernel_stats(
         kernels=kernels,
         ops=tuple(
             sorted(
-                (KernelAgg(n, "op", "compute", c, t, s, f) for n, (c, t, s, f) in ops.items()),
+                (KernelAgg(n, "op", k, c, t, s, f) for n, (c, t, s, f, k) in ops.items()),
                 key=lambda o: (-o.total_ns, o.name),
             )
         ),  # fmt: skip

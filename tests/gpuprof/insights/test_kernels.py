@@ -364,3 +364,25 @@ def test_checkpointing_silent_when_collectives_fill_the_backward():
     ctx = make_ctx([220.0] * 3, phase_ms={"forward": 100.0, "backward": 300.0},
                    checkpointing_declared=False, kernels=st)  # fmt: skip
     assert gradient_checkpointing_detected(ctx) is None
+
+
+def test_kernel_stats_per_step_figures_and_op_flops():
+    gemm = KernelAgg("sm90_xmma_gemm", "kernel", "compute", 10, 800_000, 800_000)
+    nccl = KernelAgg("ncclDevKernel_AllReduce_Sum_f32_RING_LL(x)", "kernel", "comm", 2,
+                     200_000, 200_000)  # fmt: skip
+    mm = KernelAgg("aten::mm", "op", "compute", 10, 800_000, 800_000, 3e12)
+    ar = KernelAgg("c10d::allreduce_", "op", "comm", 2, 200_000, 200_000, None)
+    windows = [
+        ({"t0": 0, "t1": 4_000_000, "source": "continuous", "steps": [1, 2]}, [gemm, nccl, mm, ar]),
+        ({"t0": 4_000_000, "t1": 6_000_000, "source": "continuous", "steps": [3]}, [gemm, mm]),
+    ]
+    st = kernel_stats(windows)
+    assert st.device_ms_per_step == (0.5, 0.8) and st.wall_ms_per_step == (2.0, 2.0)
+    assert st.kernels_per_step == 8.0  # median of 6 (12 launches, 2 steps) and 10
+    assert st.series["sm90_xmma_gemm"] == (0.4, 0.8) and st.device_series == (0.5, 0.8)
+    assert st.class_share["comm"] == pytest.approx(0.2 / 1.8)
+    # 10 launches of 80 µs, 2 of 100 µs
+    assert st.median_kernel_us == 80.0
+    assert st.op_flops == 6e12 and st.op_flops_per_step == 2e12
+    assert {o.name: o.cls for o in st.ops} == {"aten::mm": "compute", "c10d::allreduce_": "comm"}
+    assert [k.name for k in st.top] == ["sm90_xmma_gemm", nccl.name]
