@@ -233,14 +233,20 @@ class RealNvml:
         nv = self._nv
         out = []
         for i in range(nv.nvmlDeviceGetCount()):
-            h = nv.nvmlDeviceGetHandleByIndex(i)
+            try:  # a GPU that fell off the bus must not take the others' metrics with it
+                h = nv.nvmlDeviceGetHandleByIndex(i)
+                uuid, name = _text(nv.nvmlDeviceGetUUID(h)), _text(nv.nvmlDeviceGetName(h))
+            except nv.NVMLError as exc:
+                if f"gpu{i}" not in self._failed:
+                    self._failed.add(f"gpu{i}")
+                    log.warning("NVML: GPU %d cannot be read (%s): not sampled", i, exc)
+                continue
             self._handles[i] = h
             max_sm = None
             if hasattr(nv, "NVML_CLOCK_SM"):
                 max_sm = self._query("max_sm_clock", getattr(nv, "nvmlDeviceGetMaxClockInfo", None),
                                      h, nv.NVML_CLOCK_SM)  # fmt: skip
-            out.append(GpuDevice(i, _text(nv.nvmlDeviceGetUUID(h)),
-                                 _text(nv.nvmlDeviceGetName(h)), self._mig_uuids(h),
+            out.append(GpuDevice(i, uuid, name, self._mig_uuids(h),
                                  int(max_sm) if max_sm else None))  # fmt: skip
         return out
 

@@ -521,3 +521,59 @@ def test_a_nan_pcie_or_gpm_reading_costs_only_its_own_interval(tmp_path: Path) -
     assert s.pcie_rx_bytes_per_s == pytest.approx(2e9)
     assert s.pcie_tx_bytes_per_s == pytest.approx(1e6)
     assert s.gpm_sm_util_pct == 30.0
+
+
+class OneLostOfThreePynvml:
+    """Three GPUs; GPU 1 fell off the bus (GPU_IS_LOST on every query of it)."""
+
+    NVMLError = pynvml.NVMLError
+    NVMLError_NotSupported = pynvml.NVMLError_NotSupported
+    NVML_TEMPERATURE_GPU = 0
+    NVML_CLOCK_SM = 1
+
+    def nvmlDeviceGetCount(self) -> int:
+        return 3
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> str:
+        if i == 1:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+        return f"gpu{i}"
+
+    def nvmlDeviceGetUUID(self, h: str) -> str:
+        return {"gpu0": U0, "gpu2": U2}[h]
+
+    def nvmlDeviceGetName(self, h: str) -> str:
+        return "NVIDIA H200"
+
+    def nvmlDeviceGetUtilizationRates(self, h: str) -> Any:
+        return SimpleNamespace(gpu=70, memory=10)
+
+    def nvmlDeviceGetMemoryInfo(self, h: str) -> Any:
+        return SimpleNamespace(used=1, total=2)
+
+    def nvmlDeviceGetPowerUsage(self, h: str) -> int:
+        return 300_000
+
+    def nvmlDeviceGetTemperature(self, h: str, sensor: int) -> int:
+        return 50
+
+    def nvmlDeviceGetClockInfo(self, h: str, clock: int) -> int:
+        return 1500
+
+    def nvmlShutdown(self) -> None:
+        pass
+
+
+def test_a_gpu_lost_at_startup_leaves_the_others_sampled(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """One GPU that fell off the bus once turned GPU metrics off for the whole node."""
+    caplog.set_level("INFO", logger="gpuprofd.nvml")
+    fake = OneLostOfThreePynvml()
+    backend, note = nvml._checked(RealNvml(fake), fake)
+    assert note is None and backend is not None
+    devs = backend.devices()
+    assert [(d.index, d.uuid) for d in devs] == [(0, U0), (2, U2)]
+    assert [backend.sample(d).util_pct for d in devs] == [70.0, 70.0]
+    lost = [r.getMessage() for r in caplog.records if "GPU 1" in r.getMessage()]
+    assert len(lost) == 1  # once, though devices() ran twice
