@@ -114,7 +114,7 @@ def run_context(conn: sqlite3.Connection, run: dict[str, Any]) -> RunContext:
     run_cpu = [dict(r) for r in _query(conn, queries.RUN_CPU_SQL, (run["id"],))]
     return build_context(
         run, steps, host, history, run_cpu=run_cpu, gpu=gpu_stats(conn, run, steps),
-        workers=workers,
+        workers=workers, kernel_windows=kernel_windows(conn, run["id"]),
     )
 
 

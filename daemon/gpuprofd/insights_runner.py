@@ -47,11 +47,13 @@ class InsightsRunner:
         run_cpu = await runsdb.load_run_cpu(self.store, run["id"])
         workers = await runsdb.load_worker_cpu(self.store, run["id"])
         gpu = await runsdb.load_gpu_stats(self.store, run, steps)
+        kernel_windows = await runsdb.load_kernel_windows(self.store, run["id"])
 
         def rules() -> tuple[list[Insight], RunContext]:
             ctx = build_context(
-                run, steps, host, history, self.gpu_rate, run_cpu, gpu=gpu, workers=workers
-            )
+                run, steps, host, history, self.gpu_rate, run_cpu, gpu=gpu, workers=workers,
+                kernel_windows=kernel_windows,
+            )  # fmt: skip
             return run_rules(ctx), ctx
 
         return await asyncio.to_thread(rules)
