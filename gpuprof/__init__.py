@@ -8,13 +8,16 @@ This package is what the shim and the daemon share (protocol, rules, math)
 plus this facade. It stays light: the shim is imported only when
 :func:`profile` is called, and a framework adapter (``LightningCallback``,
 ``HFTrainerCallback``, ``wrap_deepspeed_engine``) and its framework only
-when that name is first looked up.
+when that name is first looked up. :class:`TransformerArch` (analytic
+FLOPs for MFU) is pure Python and imported here.
 """
 
 from __future__ import annotations
 
 import importlib
 from typing import TYPE_CHECKING, Any
+
+from gpuprof.flops import TransformerArch
 
 __version__ = "0.1.0"
 
@@ -59,6 +62,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "HFTrainerCallback",
     "LightningCallback",
+    "TransformerArch",
     "__version__",
     "profile",
     "wrap_deepspeed_engine",

@@ -25,6 +25,7 @@ from typing import Any
 
 import orjson
 
+from gpuprof.flops import arch_problem
 from gpuprof.kernels import KERNEL_CLASSES, KINDS, MAX_NAME_CHARS, MAX_ROWS, SOURCES
 
 PROTOCOL_VERSION = 1
@@ -72,7 +73,7 @@ MAX_KERNEL_COUNT = 1 << 40
 #: Largest FLOP figure of one row (an exaFLOP/s machine for a week is ~6e23).
 MAX_ROW_FLOPS = 1e30
 
-DATA_TYPES = frozenset({"step", "mark", "workers", "kernels"})
+DATA_TYPES = frozenset({"step", "mark", "workers", "kernels", "model_info"})
 CONTROL_TYPES = frozenset({"hello", "bye", "ping"})
 RUN_STATUSES_AT_BYE = frozenset({"finished", "failed"})
 
@@ -221,14 +222,36 @@ def _mem(x: Any) -> bool:
     return type(x) is list and len(x) == 3 and all(_int(0, MAX_MEMORY_BYTES)(v) for v in x)
 
 
+def _flops(x: Any) -> bool:
+    """FLOP per step: a positive number below 1e30 (``nan`` fails both bounds)."""
+    return type(x) in (int, float) and 0 < x < 1e30
+
+
 def _options(x: Any) -> bool:
+    """``hello`` options: ``flops_per_step`` (FLOP), ``dtype``, ``arch`` (a
+    :meth:`gpuprof.flops.TransformerArch.to_dict`), ``tokens_per_step``,
+    ``flops_source`` (``"user"`` or ``"arch"``), ``count_flops`` (bool)."""
     if type(x) is not dict or len(x) > 32:
         return False
     flops = x.get("flops_per_step")
-    if flops is not None and not (type(flops) in (int, float) and 0 < flops < 1e30):
+    if flops is not None and not _flops(flops):
+        return False
+    if x.get("arch") is not None and arch_problem(x["arch"]) is not None:
+        return False
+    tokens = x.get("tokens_per_step")
+    if tokens is not None and not _int(1, 1 << 40)(tokens):
+        return False
+    if x.get("flops_source") not in (None, "user", "arch"):
+        return False
+    if x.get("count_flops") is not None and not _bool(x["count_flops"]):
         return False
     dtype = x.get("dtype")
     return dtype is None or _printable(32)(dtype)
+
+
+def _model_info(msg: Mapping[str, Any]) -> bool:
+    """A ``model_info`` event says something: a dtype or counted FLOPs."""
+    return "dtype" in msg or "flops_counted" in msg
 
 
 def _kernel_row(row: Any) -> bool:
@@ -308,6 +331,18 @@ SCHEMAS: dict[str, dict[str, tuple[bool, Check]]] = {
         # a torch.profiler snapshot ran during this step: its time is not
         # representative (excluded from step statistics, MFU and baselines)
         "traced": (False, _bool),
+    },
+    # what the shim learnt about the model during the run (the daemon fills
+    # options["dtype"] / options["flops_per_step"] with it unless the user
+    # declared them): the compute dtype seen in a forward (autocast, else the
+    # parameters'), and the FLOP of step ``flops_step`` counted by
+    # torch.utils.flop_counter.FlopCounterMode (gpuprof_shim.flops)
+    "model_info": {
+        "run_key": (True, _RUN_KEY),
+        "dtype": (False, _printable(32)),
+        "dtype_source": (False, lambda x: x in ("autocast", "params")),
+        "flops_counted": (False, _flops),
+        "flops_step": (False, _int(0, 1 << 40)),
     },
     "mark": {
         "run_key": (True, _RUN_KEY),
@@ -393,4 +428,6 @@ def decode(data: bytes, channel: str | None = None) -> dict[str, Any]:
             raise ProtocolError(f"bad_field:{field}", repr(msg[field])[:60])
     if kind in ("step", "kernels") and not 0 <= msg["t1"] - msg["t0"] <= MAX_DURATION_NS:
         raise ProtocolError("bad_field:t1", "t1 before t0 or more than 7 days after it")
+    if kind == "model_info" and not _model_info(msg):
+        raise ProtocolError("bad_field:model_info", "neither dtype nor flops_counted")
     return msg

@@ -75,6 +75,9 @@ class Ingest:
         elif msg["type"] == "kernels":
             if not self.store.submit_all_nowait(runsdb.kernels_ops(live.run_id, msg)):
                 live.store_dropped += 1
+        elif msg["type"] == "model_info":
+            if not self.store.submit_all_nowait(runsdb.model_info_ops(live.run_id, msg)):
+                live.store_dropped += 1
         elif msg["type"] == "workers":
             if live.local_pid:
                 self.on_workers(live.run_id, msg)

@@ -226,6 +226,8 @@ class RealNvml:
         self._handles: dict[int, Any] = {}
         self._slow: dict[int, _SlowState] = {}
         self._failed: set[str] = set()
+        self._index_of: dict[int, int] = {}
+        """id(handle) → GPU index, to say which GPU a failing query was about."""
         self._reasons_fn = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
             getattr(pynvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None)  # fmt: skip
 
@@ -242,6 +244,7 @@ class RealNvml:
                     log.warning("NVML: GPU %d cannot be read (%s): not sampled", i, exc)
                 continue
             self._handles[i] = h
+            self._index_of[id(h)] = i
             max_sm = None
             if hasattr(nv, "NVML_CLOCK_SM"):
                 max_sm = self._query("max_sm_clock", getattr(nv, "nvmlDeviceGetMaxClockInfo", None),
@@ -269,16 +272,20 @@ class RealNvml:
                quiet: bool = False) -> Any:  # fmt: skip
         """Call one NVML query; ``None`` if unsupported, missing or failing.
 
-        A failure other than "not supported" is logged once per query kind."""
+        A failure other than "not supported" is logged once per query kind
+        and GPU (a second GPU lost later gets its own line)."""
         if fn is None:
             return None
         try:
             return fn(*args)
         except Exception as exc:  # noqa: BLE001 - NVMLError or a pynvml bug: never abort a sample
             unsupported = isinstance(exc, self._nv.NVMLError_NotSupported)
-            if not (unsupported or quiet) and what not in self._failed:
-                self._failed.add(what)
-                log.info("NVML %s not available: %s", what, exc)
+            gpu = self._index_of.get(id(args[0])) if args else None
+            key = what if gpu is None else f"{what}@{gpu}"
+            if not (unsupported or quiet) and key not in self._failed:
+                self._failed.add(key)
+                on = "" if gpu is None else f" on GPU {gpu}"
+                log.info("NVML %s not available%s: %s", what, on, exc)
             return None
 
     def sample(self, device: GpuDevice) -> GpuSample:

@@ -152,6 +152,38 @@ def gpu_slow_sample_op(mono_ns: int, s: Any) -> Op:
     return Op(_GPU_SLOW_SQL, params)
 
 
+#: The dtype the shim saw, into ``runs.options`` unless the user declared one.
+_MODEL_DTYPE_SQL = (
+    "UPDATE runs SET options = json_set(COALESCE(options, '{}'), '$.dtype', ?, "
+    "'$.dtype_source', ?) WHERE id = ? "
+    "AND json_extract(COALESCE(options, '{}'), '$.dtype') IS NULL"
+)
+#: The FLOP the shim counted: kept as ``flops_counted`` (and ``flops_step``),
+#: and made ``flops_per_step`` (``flops_source`` "counter") unless the user
+#: declared FLOPs or an arch.
+_MODEL_FLOPS_SQL = (
+    "UPDATE runs SET options = json_set(COALESCE(options, '{}'), "
+    "'$.flops_counted', ?1, '$.flops_step', ?2, "
+    "'$.flops_source', CASE WHEN json_extract(options, '$.flops_per_step') IS NULL "
+    "THEN 'counter' ELSE COALESCE(json_extract(options, '$.flops_source'), 'user') END, "
+    "'$.flops_per_step', COALESCE(json_extract(options, '$.flops_per_step'), ?1)) "
+    "WHERE id = ?3"
+)
+
+
+def model_info_ops(run_id: int, msg: Mapping[str, Any]) -> list[Op]:
+    """The updates of ``runs.options`` for one validated ``model_info``
+    event: what the user declared in ``hello`` always wins."""
+    ops = []
+    if "dtype" in msg:
+        params = (msg["dtype"], msg.get("dtype_source"), run_id)
+        ops.append(Op(_MODEL_DTYPE_SQL, params, drop_reason="store_error"))
+    if "flops_counted" in msg:
+        params = (msg["flops_counted"], msg.get("flops_step"), run_id)
+        ops.append(Op(_MODEL_FLOPS_SQL, params, drop_reason="store_error"))
+    return ops
+
+
 async def insert_run(store: Store, row: Mapping[str, Any]) -> int:
     """Create a run row (``status`` running); return its id."""
     values = [row.get(c) for c in _RUN_COLUMNS]

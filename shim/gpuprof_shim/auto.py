@@ -277,6 +277,13 @@ class StepMachine:
         # a strong reference for one step: fine, the optimizer lives as long anyway
         self._last_optimizer: Any = None
         self._last_index = 0
+        #: Called on the training thread when a step ends, with the index of
+        #: the step that comes next and the last optimizer stepped
+        #: (gpuprof_shim.flops counts one step's FLOPs).
+        self.on_boundary: Callable[[int, Any], None] | None = None
+        #: Called at the start of a training forward while set (the session
+        #: reads the autocast state, then clears it).
+        self.on_forward_probe: Callable[[], None] | None = None
 
     # --- queries the wrappers make on the hot path ---------------------------
 
@@ -342,6 +349,8 @@ class StepMachine:
 
     def on_forward(self, t: int) -> None:
         """An outermost module call (grad enabled, with parameters) started at *t*."""
+        if self.on_forward_probe is not None:
+            self.on_forward_probe()
         state = self.state
         if state is IDLE:
             self._start_segment(t)
@@ -485,6 +494,7 @@ class StepMachine:
             self._open = seg
             self._seg = _Segment()
             self.state = IDLE
+            self._at_boundary(self.next_index + 1)  # every earlier step is emitted by now
         elif self._open is not None and not self.external:
             # another optimizer's turn after the primary's: kept apart until
             # the primary steps again (then it joins the open step)
@@ -531,6 +541,7 @@ class StepMachine:
         self._seg = _Segment()
         self._emit_segment(seg, seg.end_ns)
         self._seg.gap_own_ns, self._own_ns = self._own_ns, 0  # sent between steps
+        self._at_boundary(self.next_index)
 
     def mark_explicit(self) -> None:
         """``wrap_dataloader`` started iterating: waits are timed ``next()`` calls."""
@@ -592,6 +603,20 @@ class StepMachine:
         self._opt_depth = 0
 
     # --- internals ------------------------------------------------------------
+
+    def _at_boundary(self, next_step: int) -> None:
+        """A step just ended and step *next_step* has not begun: call
+        :attr:`on_boundary` (the FLOP count). Its time is gpuprof's own, in
+        the gap before the next step (not loader wait)."""
+        on_boundary = self.on_boundary
+        if on_boundary is None:
+            return
+        t = self.clock()
+        try:
+            on_boundary(next_step, self._last_optimizer)
+        except Exception:
+            log.debug("gpuprof: step boundary callback failed", exc_info=True)
+        self._seg.gap_own_ns += max(0, self.clock() - t)
 
     def _is_training_thread(self) -> bool:
         """True on the thread of the last training forward/backward (or if

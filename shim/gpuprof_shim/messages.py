@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from gpuprof.flops import TransformerArch
 from gpuprof.protocol import (
     MAX_DURATION_NS,
     MAX_ERROR_CHARS,
@@ -174,6 +175,8 @@ def step(run_key: str, rec: StepRecord) -> dict[str, Any]:
         ]
     if rec.mem is not None:
         msg["mem"] = list(rec.mem)
+    if rec.traced:
+        msg["traced"] = True
     return msg
 
 
@@ -193,14 +196,28 @@ def workers(
     }
 
 
-def normalize_options(flops_per_step: object, dtype: object) -> dict[str, Any]:
+def normalize_options(
+    flops_per_step: object,
+    dtype: object,
+    arch: object = None,
+    tokens_per_step: object = None,
+    count_flops: object = None,
+) -> dict[str, Any]:
     """Check the user's hello options; None values are kept (and left out
     of the message later).
 
     Args:
-        flops_per_step: model FLOPs per optimizer step, a positive number.
+        flops_per_step: model FLOP per optimizer step, a positive number.
         dtype: the training dtype, a string or a ``torch.dtype``
             (``torch.bfloat16`` becomes ``"bfloat16"``).
+        arch: a :class:`gpuprof.TransformerArch` (or its ``to_dict()``);
+            with *tokens_per_step* it gives ``flops_per_step`` unless that
+            is given too (the user's number wins; ``flops_source`` says which).
+        tokens_per_step: tokens per optimizer step on this rank (batch ×
+            seq_len × micro-batches); needed with *arch*.
+        count_flops: count one step's FLOP with FlopCounterMode: None (the
+            default) when neither *flops_per_step* nor *arch* is given,
+            True always, False never.
 
     Raises:
         ValueError: for a value the protocol would reject (misuse, raised
@@ -218,4 +235,55 @@ def normalize_options(flops_per_step: object, dtype: object) -> dict[str, Any]:
         if not text or len(text) > 32 or clean_text(text, 32) != text:
             raise ValueError(f"gpuprof: dtype must be a short name like 'bf16', got {dtype!r}")
         dtype = text
-    return {"flops_per_step": flops_per_step, "dtype": dtype}
+    if count_flops is not None and type(count_flops) is not bool:
+        raise ValueError(f"gpuprof: count_flops must be True, False or None, got {count_flops!r}")
+    out: dict[str, Any] = {"flops_per_step": flops_per_step, "dtype": dtype}
+    if tokens_per_step is not None and not (
+        type(tokens_per_step) is int and 0 < tokens_per_step <= 1 << 40
+    ):
+        raise ValueError(
+            f"gpuprof: tokens_per_step must be a positive int, got {tokens_per_step!r}"
+        )
+    if arch is not None:
+        spec = arch if isinstance(arch, TransformerArch) else None
+        if spec is None:
+            if not isinstance(arch, Mapping):
+                raise ValueError(f"gpuprof: arch must be a gpuprof.TransformerArch, got {arch!r}")
+            spec = TransformerArch.from_dict(dict(arch))
+        if tokens_per_step is None:
+            raise ValueError(
+                "gpuprof: arch needs tokens_per_step (batch × seq_len × micro-batches per "
+                "optimizer step on this rank)"
+            )
+        out["arch"] = spec.to_dict()
+        if flops_per_step is None:
+            out["flops_per_step"] = spec.flops_per_step(tokens_per_step)
+            out["flops_source"] = "arch"
+    if flops_per_step is not None:
+        out["flops_source"] = "user"
+    out["tokens_per_step"] = tokens_per_step
+    out["count_flops"] = count_flops
+    return out
+
+
+def model_info(
+    run_key: str,
+    *,
+    dtype: str | None = None,
+    dtype_source: str | None = None,
+    flops_counted: float | None = None,
+    flops_step: int | None = None,
+) -> dict[str, Any]:
+    """The ``model_info`` data event: the compute dtype the shim saw
+    (``dtype_source`` ``"autocast"`` or ``"params"``) and/or the FLOP it
+    counted in step *flops_step*; only the fields given."""
+    msg: dict[str, Any] = {"v": PROTOCOL_VERSION, "type": "model_info", "run_key": run_key}
+    if dtype is not None:
+        msg["dtype"] = dtype
+        if dtype_source is not None:
+            msg["dtype_source"] = dtype_source
+    if flops_counted is not None:
+        msg["flops_counted"] = float(flops_counted)
+        if flops_step is not None:
+            msg["flops_step"] = flops_step
+    return msg

@@ -29,6 +29,7 @@ from gpuprof import config
 from gpuprof.protocol import clean_run_name
 from gpuprof_shim import autostart, control, identity, memory, messages
 from gpuprof_shim.auto import StepMachine
+from gpuprof_shim.flops import DtypeProbe, StepFlopCounter, on_mfu_device
 from gpuprof_shim.loader import TimedLoader
 from gpuprof_shim.manual import ManualRecorder, NullStep, Step
 from gpuprof_shim.report import StepCounter, local_summary, print_summary
@@ -74,8 +75,18 @@ class Profiler:
         run_name: shown everywhere; control characters removed, cut to 200 chars.
         auto: patch torch to find steps and phases by itself (needs torch);
             False: the manual API (``prof.step``, ``s.phase``), no torch needed.
-        flops_per_step: model FLOPs per optimizer step, for MFU.
-        dtype: training dtype name (or a ``torch.dtype``), for MFU.
+        flops_per_step: model FLOP per optimizer step on this rank, for MFU.
+        dtype: training dtype name (or a ``torch.dtype``), for MFU; default:
+            read in the first training forward (autocast's dtype if autocast
+            is on, else the parameters').
+        arch: a :class:`gpuprof.TransformerArch`: ``flops_per_step`` is then
+            its analytic training FLOP for ``tokens_per_step`` tokens.
+        tokens_per_step: tokens per optimizer step on this rank (batch ×
+            seq_len × micro-batches), with ``arch``.
+        count_flops: count one step's FLOP with FlopCounterMode (auto mode;
+            see :mod:`gpuprof_shim.flops`). None (default): only when neither
+            ``flops_per_step`` nor ``arch`` is given; True: also then (the
+            count is kept beside the declared figure); False: never.
         print_summary: print the summary block to stdout at exit.
         socket_dir: gpuprofd's socket directory (default ``GPUPROF_SOCKET`` or
             the per-user runtime dir).
@@ -87,7 +98,8 @@ class Profiler:
             ends each step with :meth:`mark_step_end`; phases are still timed).
 
     Raises:
-        ValueError: an invalid ``flops_per_step``, ``dtype`` or ``step_source``.
+        ValueError: an invalid ``flops_per_step``, ``dtype``, ``arch``,
+            ``tokens_per_step``, ``count_flops`` or ``step_source``.
     """
 
     def __init__(
@@ -102,6 +114,9 @@ class Profiler:
         db: str | os.PathLike[str] | None = None,
         autostart: bool = True,
         step_source: str = "optimizer",
+        arch: Any = None,
+        tokens_per_step: int | None = None,
+        count_flops: bool | None = None,
     ) -> None:
         if step_source not in ("optimizer", "external"):
             raise ValueError(
@@ -110,7 +125,14 @@ class Profiler:
         self.step_source = step_source
         self.run_name = clean_run_name(run_name)
         self.auto = bool(auto)
-        self.options = messages.normalize_options(flops_per_step, dtype)
+        self.options = messages.normalize_options(
+            flops_per_step, dtype, arch, tokens_per_step, count_flops
+        )
+        #: What the shim measures about the model itself (auto mode).
+        self._dtype_probe: DtypeProbe | None = None
+        self._flop_counter: StepFlopCounter | None = None
+        self._traced: set[int] = set()
+        self._sent_dtype = self._sent_flops = False
         self.print_summary = bool(print_summary)
         self.db = str(Path(db).expanduser().resolve() if db else config.db_path())
         #: The database this run asked for; a running daemon may own another.
@@ -313,6 +335,7 @@ class Profiler:
             )
             self._waits = self.machine
             self._patches = TorchPatches(self.machine, self._loader_iterator)
+            self._start_model_probes()
             try:
                 self._patches.install()
             except Exception:
@@ -323,11 +346,72 @@ class Profiler:
             self._recorder = ManualRecorder(self._emit, waits, self.clock)
         self._open = True
 
+    def _start_model_probes(self) -> None:
+        """Auto mode: the dtype probe (unless the user gave a dtype) and the
+        one-step FLOP counter (see ``count_flops``)."""
+        opts, machine = self.options, self.machine
+        if machine is None:
+            return
+        if opts.get("dtype") is None:
+            self._dtype_probe = DtypeProbe()
+            machine.on_forward_probe = self._on_forward_probe
+        count = opts.get("count_flops")
+        if count is None:
+            count = opts.get("flops_per_step") is None
+        if count:
+            self._flop_counter = StepFlopCounter()
+        if self._dtype_probe is not None or self._flop_counter is not None:
+            machine.on_boundary = self._on_boundary
+
+    def _on_forward_probe(self) -> None:
+        """A training forward starts: read autocast once, then stop probing."""
+        probe, machine = self._dtype_probe, self.machine
+        if machine is not None:
+            machine.on_forward_probe = None
+        if probe is not None:
+            probe.on_forward()
+
+    def _on_boundary(self, next_step: int, optimizer: Any) -> None:
+        """A step ended (training thread): decide the dtype; start or stop
+        the FLOP count."""
+        try:
+            on_gpu = on_mfu_device(optimizer)
+            probe = self._dtype_probe
+            if probe is not None and probe.result is None and probe.forward_seen:
+                if on_gpu:
+                    probe.on_step_end(optimizer)
+                else:  # no peak to compare with: the dtype says nothing
+                    self._dtype_probe = None
+            counter = self._flop_counter
+            if counter is not None and not on_gpu and not counter.active:
+                if self.options.get("count_flops") is None:
+                    self._flop_counter = counter = None  # automatic: GPUs only
+            if counter is not None and self._open and counter.on_boundary(next_step):
+                self._traced.add(next_step)
+        except Exception:
+            log.debug("gpuprof: dtype or FLOP probe failed", exc_info=True)
+
+    def _model_info(self) -> dict[str, Any] | None:
+        """A ``model_info`` event with what was learnt and not yet sent."""
+        fields: dict[str, Any] = {}
+        probe = self._dtype_probe
+        if probe is not None and probe.result is not None and not self._sent_dtype:
+            self._sent_dtype = True
+            fields["dtype"], fields["dtype_source"] = probe.result
+        counter = self._flop_counter
+        if counter is not None and counter.flops is not None and not self._sent_flops:
+            self._sent_flops = True
+            fields["flops_counted"], fields["flops_step"] = counter.flops, counter.step
+        return messages.model_info(self.run_key, **fields) if fields else None
+
     def _emit(self, rec: StepRecord) -> None:
         """Count a finished step and queue its event; events go out in short
         bursts (every :data:`SEND_EVERY_STEPS` steps or :data:`SEND_EVERY_NS`),
-        which costs the loop about a quarter of sending each one on its own."""
+        which costs the loop about a quarter of sending each one on its own.
+        A step whose FLOPs were counted is marked ``traced``."""
         try:
+            if rec.i in self._traced:
+                rec.traced = True
             self.counter.add(rec.duration_ns + rec.wait)
             if self.sender is None:
                 return
@@ -348,6 +432,9 @@ class Profiler:
                 pending[-1].mem = memory.cuda_memory()
             for rec in pending:
                 self.sender.send(messages.step(self.run_key, rec))
+            info = self._model_info()
+            if info is not None:
+                self.sender.send(info)
 
     def _loader_started(self) -> None:
         if self._open and self._waits is not None:
@@ -364,6 +451,8 @@ class Profiler:
             self._waits.add_loader_wait(ns)
 
     def _unpatch(self) -> None:
+        if self._flop_counter is not None and self._flop_counter.active:
+            self._flop_counter.abandon()
         patches, self._patches = self._patches, None
         if patches is not None:
             patches.remove()
@@ -389,6 +478,9 @@ class Profiler:
                 run_id=self.run_id,
                 notes=[self._local_note()],
             )
+        counter = self._flop_counter
+        if counter is not None and counter.note:
+            summary.setdefault("notes", []).append(counter.note)
         left = self.machine.unfinished_micro if self.machine is not None else 0
         if left:
             summary.setdefault("notes", []).append(

@@ -46,6 +46,8 @@ class StepRecord:
         mem: torch's CUDA allocator after the step, ``(allocated, reserved,
             peak)`` bytes (:func:`gpuprof_shim.memory.cuda_memory`); None when
             CUDA is not in use or the figures were not read for this step.
+        traced: gpuprof instrumented this step (FlopCounterMode counted its
+            FLOPs), so its time is not representative.
     """
 
     i: int
@@ -59,6 +61,7 @@ class StepRecord:
     eval_ns: int = 0
     optimizers: list[OptimizerUse] = field(default_factory=list)
     mem: tuple[int, int, int] | None = None
+    traced: bool = False
 
     @property
     def duration_ns(self) -> int:

@@ -577,3 +577,42 @@ def test_a_gpu_lost_at_startup_leaves_the_others_sampled(
     assert [backend.sample(d).util_pct for d in devs] == [70.0, 70.0]
     lost = [r.getMessage() for r in caplog.records if "GPU 1" in r.getMessage()]
     assert len(lost) == 1  # once, though devices() ran twice
+
+
+class LosablePynvml(OneLostOfThreePynvml):
+    """Three readable GPUs; the test loses them one by one (GPU_IS_LOST)."""
+
+    def __init__(self) -> None:
+        self.lost: set[str] = set()
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> str:
+        return f"gpu{i}"
+
+    def nvmlDeviceGetUUID(self, h: str) -> str:
+        return {"gpu0": U0, "gpu1": U1, "gpu2": U2}[h]
+
+    def nvmlDeviceGetUtilizationRates(self, h: str) -> Any:
+        if h in self.lost:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+        return SimpleNamespace(gpu=70, memory=10)
+
+
+def test_each_gpu_lost_mid_run_is_logged_once_by_its_index(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A second GPU lost later used to go unlogged (one line per query kind),
+    and the line never said which GPU."""
+    caplog.set_level("INFO", logger="gpuprofd.nvml")
+    fake = LosablePynvml()
+    backend = RealNvml(fake)
+    devs = backend.devices()
+    fake.lost.add("gpu2")
+    for _ in range(3):
+        assert [backend.sample(d).util_pct for d in devs] == [70.0, 70.0, None]
+    fake.lost.add("gpu0")
+    for _ in range(3):
+        assert [backend.sample(d).util_pct for d in devs] == [None, 70.0, None]
+    msgs = [r.getMessage() for r in caplog.records]
+    assert len(msgs) == 2
+    assert "utilization" in msgs[0] and "GPU 2" in msgs[0]
+    assert "utilization" in msgs[1] and "GPU 0" in msgs[1]

@@ -55,7 +55,7 @@ def test_hello_carries_identity_and_options(socket_dir, fake_daemon, monkeypatch
     (hello,) = fake_daemon.of_type("hello")
     assert hello["run_name"] == "bad name"
     assert (hello["rank"], hello["local_rank"], hello["world_size"]) == (3, 1, 8)
-    assert hello["options"] == {"flops_per_step": 1e12, "dtype": "bfloat16"}
+    assert hello["options"] == {"flops_per_step": 1e12, "dtype": "bfloat16", "flops_source": "user"}
     assert hello["auto"] is True
     assert "cuda_uuid" not in hello  # CPU torch: CUDA never initialized
 
