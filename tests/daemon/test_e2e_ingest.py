@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import gzip
+import json
 import threading
 import time
 from pathlib import Path
 
 import orjson
+import pytest
 
+from gpuprof.kernels import aggregate_trace
 from gpuprof.protocol import MAX_MESSAGE_BYTES
+from gpuprofd.ctl import main
 from gpuprofd.daemon import STORED_GPU_HZ
 from gpuprofd.nvml import NO_GPU_NOTE
 from tests.daemon import h200_replay
@@ -295,3 +300,38 @@ def test_kernels_windows_and_traced_steps_are_stored(
     traced = h.query(db, "SELECT step, traced FROM steps WHERE run_id = ? ORDER BY step",
                      (run_id,))  # fmt: skip
     assert [tuple(r) for r in traced] == [(0, 0), (1, 1), (2, 0), (3, 0)]
+
+
+def test_daemon_rules_read_the_stored_kernel_windows(
+    daemons, sock_dir: Path, tmp_path: Path, my_pid: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The H200 hand-written-attention trace's kernels, sent as one snapshot
+    window over the socket, reach the rules at run end: sdpa_suboptimal fires
+    in the bye summary, and gpuprofctl's rebuilt context agrees."""
+    trace_path = Path(__file__).resolve().parents[3] / "shared/fixtures/h200/trace_math.json.gz"
+    if not trace_path.exists():
+        pytest.skip(f"no fixture at {trace_path}")
+    with gzip.open(trace_path) as f:
+        (window,) = aggregate_trace(json.load(f))
+    db = tmp_path / "g.db"
+    _, client = daemons.start_ready(sock_dir, db)
+    hi = client.request(h.hello("k-sdpa", my_pid, run_name="gpt-math"))
+    assert hi is not None and hi["ok"] is True
+    base = time.monotonic_ns()
+    for i in range(20):
+        msg = h.step("k-sdpa", i, base)
+        msg["traced"] = i == 3
+        client.push(msg)
+    s3 = base + 3 * (h.STEP_NS + h.WAIT_NS)
+    client.push(_kernels("k-sdpa", s3, s3 + h.STEP_NS, [r.to_wire() for r in window.rows], [3]))
+    client.wait_for(lambda r: r["received"] == 21)
+    reply = client.request(h.bye("k-sdpa", sent=21))
+    assert reply is not None and reply["ok"] is True, reply
+    fired = {i["rule"] for i in reply["summary"]["insights"]}
+    assert "sdpa_suboptimal" in fired, fired
+    capsys.readouterr()
+    assert main(["insights", str(db), "--format", "json"]) == 0
+    summary = orjson.loads(capsys.readouterr().out)
+    assert "sdpa_suboptimal" in {i["rule"] for i in summary["insights"]}
+    top = next(r for r in window.rows if r.kind == "kernel")
+    assert summary["top_kernels"][0]["name"] == top.name
