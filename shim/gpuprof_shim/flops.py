@@ -73,6 +73,15 @@ def autocast_dtypes() -> dict[str, str]:
 MFU_DEVICES = ("cuda",)
 
 
+def cuda_in_use() -> bool:
+    """Has this process initialized CUDA? (Cheap; never initializes it.)"""
+    cuda = getattr(sys.modules.get("torch"), "cuda", None)
+    try:
+        return bool(cuda is not None and cuda.is_initialized())
+    except Exception:
+        return False
+
+
 def on_mfu_device(optimizer: Any) -> bool:
     """Are the optimizer's parameters on a device in :data:`MFU_DEVICES`?"""
     param = _first_param(optimizer) if optimizer is not None else None

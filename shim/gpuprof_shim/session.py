@@ -29,7 +29,7 @@ from gpuprof import config
 from gpuprof.protocol import clean_run_name
 from gpuprof_shim import autostart, control, identity, memory, messages
 from gpuprof_shim.auto import StepMachine
-from gpuprof_shim.flops import DtypeProbe, StepFlopCounter, on_mfu_device
+from gpuprof_shim.flops import DtypeProbe, StepFlopCounter, cuda_in_use, on_mfu_device
 from gpuprof_shim.loader import TimedLoader
 from gpuprof_shim.manual import ManualRecorder, NullStep, Step
 from gpuprof_shim.report import StepCounter, local_summary, print_summary
@@ -354,22 +354,28 @@ class Profiler:
             return
         if opts.get("dtype") is None:
             self._dtype_probe = DtypeProbe()
-            machine.on_forward_probe = self._on_forward_probe
         count = opts.get("count_flops")
-        if count is None:
-            count = opts.get("flops_per_step") is None
-        if count:
+        if count or (count is None and opts.get("flops_per_step") is None):
             self._flop_counter = StepFlopCounter()
         if self._dtype_probe is not None or self._flop_counter is not None:
+            machine.on_forward_probe = self._on_forward_probe
+        if count:  # asked for: on any device, from the first step boundary
             machine.on_boundary = self._on_boundary
 
     def _on_forward_probe(self) -> None:
-        """A training forward starts: read autocast once, then stop probing."""
+        """The first training forward starts: read autocast, then stop
+        probing. Without CUDA in use, the automatic probes end here (no
+        peak, no MFU): nothing more runs between steps."""
         probe, machine = self._dtype_probe, self.machine
-        if machine is not None:
-            machine.on_forward_probe = None
+        if machine is None:
+            return
+        machine.on_forward_probe = None
+        if not cuda_in_use() and not self.options.get("count_flops"):
+            self._dtype_probe = self._flop_counter = None
+            return
         if probe is not None:
             probe.on_forward()
+        machine.on_boundary = self._on_boundary
 
     def _on_boundary(self, next_step: int, optimizer: Any) -> None:
         """A step ended (training thread): decide the dtype; start or stop

@@ -13,6 +13,7 @@ from torch.utils.flop_counter import FlopCounterMode
 import gpuprof
 from gpuprof.protocol import decode, encode
 from gpuprof_shim import flops as shim_flops
+from gpuprof_shim import session as session_mod
 
 from .tiny_gpt import TinyGPT, train_step
 
@@ -21,6 +22,12 @@ B, T, VOCAB = 4, 32, 128
 
 def profile(socket_dir: Path, name: str = "flops", **kw):
     return gpuprof.profile(name, socket_dir=socket_dir, autostart=False, **kw)
+
+
+def pretend_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The automatic probes run only with CUDA in use: make the CPU count."""
+    monkeypatch.setattr(shim_flops, "MFU_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(session_mod, "cuda_in_use", lambda: True)
 
 
 def tiny_arch() -> gpuprof.TransformerArch:
@@ -76,6 +83,19 @@ def test_cpu_run_without_options_sends_no_model_info(socket_dir, fake_daemon):
     assert not any(s.get("traced") for s in fake_daemon.steps)
 
 
+def test_automatic_count_on_a_gpu_run_without_declared_flops(socket_dir, fake_daemon, monkeypatch):
+    pretend_gpu(monkeypatch)
+    with profile(socket_dir):
+        run(5)
+    infos = [m for m in fake_daemon.data if m["type"] == "model_info"]
+    assert [("dtype" in m, "flops_counted" in m) for m in infos] in (
+        [(True, True)],
+        [(True, False), (False, True)],
+    )
+    assert infos[-1]["flops_counted"] == counted_by_hand()
+    assert [s.get("traced", False) for s in fake_daemon.steps] == [False] * 3 + [True, False]
+
+
 def test_run_shorter_than_the_counted_step_leaves_no_mode_on(socket_dir, fake_daemon):
     with profile(socket_dir, count_flops=True) as prof:
         run(shim_flops.COUNT_STEP)  # the mode starts at the last step's end
@@ -103,7 +123,7 @@ def test_compiled_model_is_not_counted_and_the_summary_says_so(socket_dir, fake_
 def test_dtype_probe_reads_autocast_else_parameters(
     socket_dir, fake_daemon, monkeypatch, autocast, expected
 ):
-    monkeypatch.setattr(shim_flops, "MFU_DEVICES", ("cuda", "cpu"))  # pretend: a GPU
+    pretend_gpu(monkeypatch)
     torch.manual_seed(0)
     model = TinyGPT(seq=T, vocab=VOCAB)
     opt = torch.optim.AdamW(model.parameters())
@@ -121,7 +141,7 @@ def test_dtype_probe_reads_autocast_else_parameters(
 
 
 def test_declared_dtype_is_not_probed(socket_dir, fake_daemon, monkeypatch):
-    monkeypatch.setattr(shim_flops, "MFU_DEVICES", ("cuda", "cpu"))
+    pretend_gpu(monkeypatch)
     with profile(socket_dir, dtype="bf16", flops_per_step=1e9):
         run(3)
     assert not [m for m in fake_daemon.data if m["type"] == "model_info"]
