@@ -7,8 +7,10 @@ The only place the daemon configures logging (to stderr). Expected failures
 from __future__ import annotations
 
 import logging
+import math
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -29,6 +31,18 @@ def _gpu_rate() -> tuple[float | None, tuple[str, ...]]:
         return None, (f"{exc}; cost estimates use the price table",)
 
 
+class FiniteRange(click.FloatRange):
+    """A float range that also refuses NaN and infinity (click's lets NaN
+    through: every comparison with it is false)."""
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> Any:  # fmt: skip
+        out = super().convert(value, param, ctx)
+        if not math.isfinite(out):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return out
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "--socket-dir",
@@ -46,7 +60,7 @@ def _gpu_rate() -> tuple[float | None, tuple[str, ...]]:
 @click.option(
     "--idle-exit",
     "idle_exit_s",
-    type=click.FloatRange(min=0),
+    type=FiniteRange(min=0),
     default=0.0,
     show_default=True,
     metavar="SECONDS",
@@ -54,7 +68,7 @@ def _gpu_rate() -> tuple[float | None, tuple[str, ...]]:
 )
 @click.option(
     "--sample-hz",
-    type=click.FloatRange(min=0.1, max=1000),
+    type=FiniteRange(min=0.1, max=1000),
     default=DEFAULT_SAMPLE_HZ,
     show_default=True,
     help="GPU fast-loop sampling rate (per GPU): utilization, memory, power, temperature, "
@@ -63,7 +77,7 @@ def _gpu_rate() -> tuple[float | None, tuple[str, ...]]:
 @click.option(
     "--raw-window",
     "raw_window_s",
-    type=click.FloatRange(min=1),
+    type=FiniteRange(min=1),
     default=DEFAULT_RAW_WINDOW_S,
     show_default=True,
     help="Seconds of raw GPU samples to keep; older ones live on as per-second rollups "

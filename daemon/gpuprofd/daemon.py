@@ -16,6 +16,7 @@ import logging
 import os
 import signal
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,8 @@ STORED_GPU_HZ = 10.0
 #: How long raw GPU rows (fast and slow loop) are kept, seconds. 15 min of
 #: 10 Hz rows is ~9k rows per GPU; older data lives on as rollups.
 DEFAULT_RAW_WINDOW_S = 900.0
+#: Rollup rows held while the store queue is full: an hour of 8 GPUs.
+ROLLUP_BACKLOG_ROWS = 8 * 3600
 #: How often rows older than the raw window are deleted, seconds.
 PRUNE_INTERVAL_S = 60.0
 
@@ -136,6 +139,9 @@ class Daemon:
         self.ingest: Ingest | None = None
         self.runs: RunService | None = None
         self.rollups = SecondRollups()
+        self._rollup_backlog: deque[tuple[Any, ...]] = deque(maxlen=ROLLUP_BACKLOG_ROWS)
+        self._host: HostSampler | None = None
+        self._workers_dropped = 0
 
     def touch(self) -> None:
         """Note activity (any message) for the idle exit."""
@@ -146,9 +152,23 @@ class Daemon:
         self._stop.set()
 
     async def serve(self) -> int:
-        opts = self.opts
         await self.store.open()
         self.store.start()
+        try:
+            tasks, control, lifecycle = await self._start()
+        except BaseException:
+            await self._abort_start()  # or aiosqlite's thread keeps the process (and lock) alive
+            raise
+        log.info("gpuprofd %d serving on %s, db %s", os.getpid(), self.opts.socket_dir,
+                 self.opts.db)  # fmt: skip
+        try:
+            await self._stop.wait()
+        finally:
+            await self._shutdown(tasks, control, lifecycle)
+        return EXIT_OK
+
+    async def _start(self) -> tuple[list[asyncio.Task[Any]], ControlServer, Lifecycle]:
+        opts = self.opts
         backend, gpu_note = await asyncio.to_thread(open_backend, opts.nvml_backend)
         notes = [*opts.base_notes, *([gpu_note] if gpu_note else [])]
         self._gpu_note = gpu_note
@@ -159,7 +179,7 @@ class Daemon:
         self._notes = notes
         await self.runs.recover_at_startup()
         pull, router = self._bind()
-        host = HostSampler(run_pids=self.registry.pids)
+        host = self._host = HostSampler(run_pids=self.registry.pids)
         self.ingest = Ingest(pull, self.runs, self.store, self.drops, self.touch,
                              on_workers=host.workers.add)  # fmt: skip
         control = ControlServer(
@@ -180,12 +200,16 @@ class Daemon:
                                    slow_sink=self._gpu_slow_sink())  # fmt: skip
             self._gpu.start()
         self._install_signals()
-        log.info("gpuprofd %d serving on %s, db %s", os.getpid(), opts.socket_dir, opts.db)
-        try:
-            await self._stop.wait()
-        finally:
-            await self._shutdown(tasks, control, lifecycle)
-        return EXIT_OK
+        return tasks, control, lifecycle
+
+    async def _abort_start(self) -> None:
+        """Release what a failed start took: sampler threads, sockets, the store."""
+        if self._gpu is not None:
+            await asyncio.to_thread(self._gpu.stop)
+        for sock in self._sockets:
+            sock.close(linger=0)
+        self._zmq.term()
+        await self.store.close()
 
     def _bind(self) -> tuple[zmq.asyncio.Socket, zmq.asyncio.Socket]:
         for path in self._socket_files:  # stale files of a dead daemon; we hold the lock
@@ -225,6 +249,8 @@ class Daemon:
                      fast.achieved_hz or 0.0, fast.requested_hz, fast.missed_ticks)  # fmt: skip
             await asyncio.sleep(0)  # sinks queued by the sampler threads' last ticks
         self._store_rollups(self.rollups.flush())
+        while self._rollup_backlog:  # the writer is still running: wait for room
+            await self.store.submit(Op(rollup.INSERT_SQL, self._rollup_backlog.popleft()))
         for s in self._sockets:
             s.close(linger=0)
         self._zmq.term()
@@ -240,6 +266,10 @@ class Daemon:
 
     def _on_host_sample(self, s: HostSample) -> None:
         self.host_latest = s
+        untracked = self._host.workers.dropped if self._host is not None else 0
+        if untracked > self._workers_dropped:  # worker pids over the caps: counted, not followed
+            self.drops.add("workers_untracked", n=untracked - self._workers_dropped)
+            self._workers_dropped = untracked
         self.store.submit_nowait(
             runsdb.host_sample_op(
                 s.mono_ns, s.cpu_pct, s.cpu_count, s.disk_read_bps, s.disk_read_iops,
@@ -252,8 +282,19 @@ class Daemon:
             self.store.submit_nowait(runsdb.worker_cpu_op(w))
 
     def _store_rollups(self, rows: list[tuple[Any, ...]]) -> None:
+        """Queue rollup rows. They are the whole run's GPU record (one row per
+        GPU per second), so when the store queue is full they wait in a
+        backlog (up to :data:`ROLLUP_BACKLOG_ROWS`) instead of being dropped."""
+        backlog, queue = self._rollup_backlog, self.store.queue
+        while backlog and not queue.full():
+            self.store.submit_nowait(Op(rollup.INSERT_SQL, backlog.popleft()))
         for row in rows:
-            self.store.submit_nowait(Op(rollup.INSERT_SQL, row))
+            if not backlog and not queue.full():
+                self.store.submit_nowait(Op(rollup.INSERT_SQL, row))
+                continue
+            if len(backlog) == backlog.maxlen:
+                self.drops.add("rollup_backlog_full")  # the oldest row goes
+            backlog.append(row)
 
     def _gpu_sink(self) -> Any:
         loop = asyncio.get_running_loop()
@@ -302,6 +343,9 @@ class Daemon:
 
     async def _bye(self, msg: dict[str, Any]) -> dict[str, Any]:
         assert self.runs is not None
+        # the open second holds the run's last GPU samples: store it before the
+        # summary reads (a second split in two rows merges exactly)
+        self._store_rollups(self.rollups.flush())
         return {"ok": True, "summary": await self.runs.bye(msg)}
 
     async def _ping(self, msg: dict[str, Any]) -> dict[str, Any]:

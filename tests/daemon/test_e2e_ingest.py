@@ -335,3 +335,31 @@ def test_daemon_rules_read_the_stored_kernel_windows(
     assert "sdpa_suboptimal" in {i["rule"] for i in summary["insights"]}
     top = next(r for r in window.rows if r.kind == "kernel")
     assert summary["top_kernels"][0]["name"] == top.name
+
+
+def test_a_run_shorter_than_a_second_gets_its_gpu_samples_in_the_summary(
+    daemons, sock_dir: Path, tmp_path: Path, my_pid: int
+) -> None:
+    db = tmp_path / "g.db"
+    _, client = daemons.start_ready(sock_dir, db, env={"GPUPROF_NVML": "mock"})
+    time.sleep(1.2)
+    while time.monotonic_ns() % 10**9 > 50_000_000:  # start just after a second boundary
+        time.sleep(0.002)
+    client.request(h.hello("short", my_pid, cuda_uuid="GPU-00000000-0000-0000-0000-00000000m0c0"))
+    base, n = time.monotonic_ns(), 0
+    while time.monotonic_ns() - base < 600_000_000:  # 0.6 s of steps inside one second
+        t0 = time.monotonic_ns()
+        client.push({**h.step("short", n, 0), "t0": t0, "t1": t0 + 5_000_000})
+        n += 1
+        time.sleep(0.02)
+    reply = client.request(h.bye("short", sent=n))
+    assert reply is not None and reply["ok"], reply
+    # the second still open in the daemon's rollups was stored before the summary
+    assert reply["summary"]["memory"].get("nvml_peak_used_bytes", 0) > 0, reply["summary"]
+
+
+def test_a_failed_start_exits_instead_of_hanging(daemons, tmp_path: Path) -> None:
+    long_dir = tmp_path / ("x" * 110)  # longer than a Unix socket path may be
+    proc = daemons.start(long_dir, tmp_path / "g.db")
+    assert proc.wait(timeout=30) == 2
+    assert "Unix sockets allow" in daemons.log(proc)

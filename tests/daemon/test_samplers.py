@@ -263,8 +263,10 @@ def test_process_tree_cpu_counts_busy_workers_not_sleeping_ones() -> None:
         time.sleep(1.0)
         cores = tree.sample(pids)
         assert first.keys() == {1, 2}
-        assert cores[1] > 0.5  # the spinning child counts toward its parent's run
-        assert cores[2] < 0.2
+        # the spinning child counts toward its parent's run: a whole core when
+        # the box is free, a third of one with 6 busy processes on 2 cores
+        assert cores[1] > 0.2
+        assert cores[2] < 0.1
     finally:
         import psutil
 

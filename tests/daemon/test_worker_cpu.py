@@ -64,7 +64,8 @@ def test_a_busy_worker_accumulates_cpu_seconds_and_idle_ones_do_not(procs) -> No
     time.sleep(1.0)
     second = by_pid(wc.sample({7: ME}, now_ns=2_000))
     busy = second[pids[0]]
-    assert busy.cpu_s - first[pids[0]].cpu_s > 0.5  # ~1 s of spinning
+    # ~1 CPU-s of spinning on a free box, a third of it on a loaded 2-core one
+    assert busy.cpu_s - first[pids[0]].cpu_s > 0.2
     assert busy.last_mono_ns == 2_000 and busy.first_mono_ns == 555
     assert set(second) == {pids[0]}  # idle workers' CPU seconds did not change: no rewrite
     assert wc.followed == 3
