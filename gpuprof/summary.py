@@ -7,6 +7,8 @@ A summary is a plain dict (it crosses the control socket as JSON)::
      "steps": 200, "avg_step_ms": 121.3, "median_step_ms": 118.0,
      "db": "/abs/path/gpuprof.db",
      "memory": {"torch_peak_allocated_bytes": ..., ...},  # only what is known
+     "mfu": 0.312, "achieved_tflops": 304.2,   # None when unknown (see mfu_figures)
+     "compute": {"flops_per_step": 3.37e12, "flops_source": "counter", ...},
      "insights": [Insight.to_dict(), ...],   # most severe first
      "notes": ["no NVIDIA GPU found: GPU metrics skipped", ...]}
 """
@@ -17,7 +19,9 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from gpuprof.gpus import find_gpu, normalize_dtype, peak_tflops
 from gpuprof.insights.base import RunContext
+from gpuprof.insights.compute import run_mfu
 from gpuprof.stats import mean
 
 RULE = "─" * 60
@@ -56,6 +60,73 @@ def memory_line(memory: Mapping[str, int]) -> str | None:
     return "  GPU memory at peak: " + ", ".join(parts) if parts else None
 
 
+def mfu_figures(ctx: RunContext) -> dict[str, Any]:
+    """The run's compute figures, each None when unknown.
+
+    ``mfu`` (0-1) and ``achieved_tflops`` (TFLOP/s per GPU) are
+    ``flops_per_step`` over the steady median step time (see
+    :func:`gpuprof.insights.compute.run_mfu`) and the dtype's dense
+    ``peak_tflops`` from :mod:`gpuprof.gpus`; ``achieved_tflops`` is known
+    without a peak too. ``flops_source`` is ``user``, ``arch`` or ``counter``;
+    ``flops_counted`` the FLOP FlopCounterMode counted in one step (shown
+    beside a declared figure). ``mfu_unknown`` says why MFU is unknown (None
+    when known, or on a CPU run with nothing declared).
+    """
+    step_ms = ctx.median_step_ms
+    dtype = normalize_dtype(ctx.dtype)
+    flops = ctx.flops_per_step
+    achieved = flops / (step_ms / 1e3) / 1e12 / max(ctx.gpu_count, 1) if flops and step_ms else None
+    m = run_mfu(ctx)
+    why = None
+    if m is None and (ctx.gpu_model or flops):
+        if not flops:
+            why = (
+                "no FLOP count: pass arch=gpuprof.TransformerArch(...) with "
+                "tokens_per_step=, or flops_per_step="
+            )
+        elif not ctx.gpu_model:
+            why = "no GPU"
+        elif not getattr(find_gpu(ctx.gpu_model), "peak_tflops", None):
+            why = f"{ctx.gpu_model} is not in gpuprof's datasheet peak table"
+        elif dtype is None:
+            why = "training dtype unknown: pass dtype="
+        elif peak_tflops(ctx.gpu_model, dtype) is None:
+            why = f"no {dtype} peak for {ctx.gpu_model}"
+        elif not step_ms:
+            why = "no steady steps timed"
+    return {
+        "mfu": round(m.mfu, 4) if m else None,
+        "achieved_tflops": round(achieved, 2) if achieved is not None else None,
+        "peak_tflops": m.peak_tflops if m else peak_tflops(ctx.gpu_model, dtype),
+        "dtype": dtype,
+        "flops_per_step": flops,
+        "flops_source": ctx.flops_source if flops else None,
+        "flops_counted": ctx.flops_counted,
+        "mfu_unknown": why,
+    }
+
+
+def mfu_line(compute: Mapping[str, Any]) -> str | None:
+    """One summary line from :func:`mfu_figures`; None when there is nothing
+    to say (a CPU run with no FLOPs declared or counted)."""
+    flops = compute.get("flops_per_step")
+    src = compute.get("flops_source")
+    how = f"{flops:.3g} FLOP/step" + (f" from {src}" if src else "") if flops else ""
+    counted = compute.get("flops_counted")
+    if counted and flops and src != "counter":
+        how += f", counted {counted:.3g} ({counted / flops - 1:+.1%})"
+    achieved = compute.get("achieved_tflops")
+    if compute.get("mfu") is not None:
+        return (
+            f"  MFU {compute['mfu']:.1%}: {achieved:.1f} TFLOP/s achieved of "
+            f"{compute['peak_tflops']:g} TFLOP/s {compute['dtype']} peak ({how})"
+        )
+    if compute.get("mfu_unknown") is None:
+        return None
+    done = f"{achieved:.1f} TFLOP/s achieved ({how}); " if achieved is not None else ""
+    return f"  MFU unknown: {done}{compute['mfu_unknown']}"
+
+
 def make_summary(
     run_id: int | None,
     ctx: RunContext,
@@ -70,6 +141,7 @@ def make_summary(
     """
     iteration = ctx.iteration_ms
     median_ms = ctx.median_step_ms
+    compute = mfu_figures(ctx)
     return {
         "run_id": run_id,
         "run_name": ctx.run_name,
@@ -84,6 +156,9 @@ def make_summary(
         ],
         "db": db,
         "memory": memory_peaks(ctx),
+        "mfu": compute["mfu"],
+        "achieved_tflops": compute["achieved_tflops"],
+        "compute": compute,
         "insights": [dict(i) for i in insights],
         "notes": list(notes),
     }
@@ -115,6 +190,9 @@ def format_summary(summary: Mapping[str, Any], details: bool = False) -> str:
     memory = memory_line(summary.get("memory") or {})
     if memory:
         lines.append(memory)
+    mfu = mfu_line(summary.get("compute") or {})
+    if mfu:
+        lines.append(mfu)
     insights = summary.get("insights") or []
     lines.append(f"  Insights ({len(insights)}):")
     for ins in insights:

@@ -69,8 +69,9 @@ class InsightsRunner:
 
     async def finalize(self, run_id: int, notes: Sequence[str] = ()) -> dict[str, Any]:
         """Compute the final insights of an ended run, store them with its
-        median step time (steady-state iteration, as the history rule compares)
-        and summary; return the summary dict."""
+        median step time (steady-state iteration, as the history rule compares),
+        MFU and achieved TFLOP/s (NULL when unknown) and summary; return the
+        summary dict."""
         run = await runsdb.get_run(self.store, run_id=run_id)
         if run is None:
             raise KeyError(run_id)
@@ -84,6 +85,8 @@ class InsightsRunner:
             self.store,
             run_id,
             median_step_ms=summary["median_step_ms"],
+            mfu=summary["mfu"],
+            achieved_tflops=summary["achieved_tflops"],
             summary=orjson.dumps(summary, default=str).decode(),
         )
         return summary

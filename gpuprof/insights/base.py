@@ -109,6 +109,12 @@ class RunContext:
     """NVML name of the run's GPU; None on a CPU-only run."""
     gpu_count: int = 0
     flops_per_step: float | None = None
+    """Model FLOP per optimizer step on one GPU (declared, from the arch, or
+    counted by the shim); None: unknown."""
+    flops_source: str | None = None
+    """Where ``flops_per_step`` came from: ``"user"``, ``"arch"`` or ``"counter"``."""
+    flops_counted: float | None = None
+    """FLOP of one step counted by FlopCounterMode in the shim, if it ran."""
     dtype: str | None = None
     history_median_step_ms: tuple[float, ...] = ()
     """Median step time of the previous runs of this name, newest first (≤ 3)."""

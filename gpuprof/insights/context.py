@@ -124,7 +124,8 @@ def build_context(
     Args:
         run: ``run_name``, ``status``, ``start_mono_ns``, ``end_mono_ns``
             (None while live), ``options`` (dict: ``flops_per_step`` FLOP,
-            ``dtype``), ``gpu_model`` (None: no GPU), ``gpu_count``, ``cpu_count``.
+            ``flops_source``, ``flops_counted`` FLOP, ``dtype``), ``gpu_model``
+            (None: no GPU), ``gpu_count``, ``cpu_count``.
         steps: in step order, each with ``t0``/``t1`` (monotonic ns),
             ``wait`` (ns), ``explicit`` (bool), ``micro``, ``phases``
             (phase name → ns), optional ``skipped`` (bool), ``eval`` (ns)
@@ -193,6 +194,8 @@ def build_context(
         gpu_model=run.get("gpu_model"),
         gpu_count=int(run.get("gpu_count") or 0),
         flops_per_step=options.get("flops_per_step"),
+        flops_source=options.get("flops_source"),
+        flops_counted=options.get("flops_counted"),
         dtype=options.get("dtype"),
         history_median_step_ms=tuple(history_median_step_ms),
         gpu_rate_usd_per_hour=gpu_rate_usd_per_hour,

@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from gpuprof.insights.base import WARMUP_STEPS
+from gpuprof.summary import mfu_figures
 from gpuprofd import dbread
 from gpuprofd.commands.common import db_argument, echo_json, format_option, resolve_db
 
@@ -43,9 +44,14 @@ def iteration_shares(agg: dict[str, Any]) -> dict[str, float | None]:
     return out
 
 
-def describe(run: dict[str, Any], median_ms: float | None) -> dict[str, Any]:
-    """One run's row (see :func:`iteration_shares` for ``pct_of_iteration``)."""
+def describe(
+    run: dict[str, Any], median_ms: float | None, compute: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """One run's row (see :func:`iteration_shares` for ``pct_of_iteration``).
+    ``mfu`` / ``achieved_tflops``: the run record's (set at its end), else
+    *compute*'s (:func:`gpuprof.summary.mfu_figures` of a live run)."""
     agg = run["agg"] or {}
+    compute = compute or {}
     return {
         "id": run["id"],
         "run_name": run["run_name"],
@@ -60,6 +66,10 @@ def describe(run: dict[str, Any], median_ms: float | None) -> dict[str, Any]:
         "start_wall_ns": run.get("start_wall_ns"),
         "torch_peak_allocated_bytes": agg.get("mem_peak_bytes"),
         "torch_peak_reserved_bytes": agg.get("mem_reserved_max_bytes"),
+        "mfu": run.get("mfu") if run.get("mfu") is not None else compute.get("mfu"),
+        "achieved_tflops": run.get("achieved_tflops")
+        if run.get("achieved_tflops") is not None
+        else compute.get("achieved_tflops"),
     }
 
 
@@ -69,10 +79,13 @@ def list_runs(db: Path) -> list[dict[str, Any]]:
         out = []
         for run in dbread.runs_overview(conn):
             median_ms = run.get("median_step_ms")
+            compute = None
             if median_ms is None and run["agg"]:  # still running: compute it now
-                median_ms = dbread.run_context(conn, run).median_step_ms
+                ctx = dbread.run_context(conn, run)
+                median_ms = ctx.median_step_ms
                 median_ms = round(median_ms, 3) if median_ms is not None else None
-            out.append(describe(run, median_ms))
+                compute = mfu_figures(ctx)
+            out.append(describe(run, median_ms, compute))
         return out
     finally:
         conn.close()
@@ -126,7 +139,10 @@ pct_of_iteration {{loader_wait, forward, backward, optimizer, other}},
 steps_counted (the steps those shares cover), skipped_updates, eval_s,
 dropped_events, and torch_peak_allocated_bytes / torch_peak_reserved_bytes
 (the highest torch.cuda.max_memory_allocated / memory_reserved the steps
-reported; null when CUDA was not in use).
+reported; null when CUDA was not in use), mfu (model FLOPs utilization,
+0-1, against the dtype's dense datasheet peak) and achieved_tflops (TFLOP/s
+per GPU): null when unknown (no FLOPs declared or counted, or a GPU or
+dtype without a peak).
 """
 
 
