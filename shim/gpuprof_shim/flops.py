@@ -11,9 +11,11 @@ starts when the step before it ends and stops when the step ends, on the
 training thread, so it sees the step's forward, backward (with any
 checkpointing recompute) and optimizer. It counts matmuls, convolutions
 and attention by their shapes, not elementwise ops. It slows that one step
-(measured on the 2-vCPU CI VM: see ``tests/shim/test_flops.py`` and the
-README: a small transformer's CPU step took ~1.2–1.5 × as long), so the
-step is sent with ``traced`` and left out of step statistics. A model
+(``bench/flop_counter_cost.py``, 2-vCPU VM, one torch thread, 2026-11-30:
+a 4-layer d=256 GPT's 556–666 ms CPU step took 1.24–1.35 × as long,
++130–235 ms; a toy d=64 model's 10–16 ms step 5–6 ×, +50–70 ms: the mode's
+Python work per op, which on a GPU is host time the step waits for), so
+the step is sent with ``traced`` for the statistics to leave out. A model
 compiled with ``torch.compile`` is not counted: the mode would make dynamo
 recompile it (seconds), and the compiled kernels bypass the counter.
 
