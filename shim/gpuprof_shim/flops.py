@@ -175,6 +175,25 @@ def _compiled_anything() -> bool:
         return False
 
 
+def _guarded_counter() -> Any:
+    """A ``FlopCounterMode`` whose per-operator counting never raises into
+    training: a formula that fails marks the count failed (``gpuprof_failed``)
+    and the operator's result goes back to the model untouched."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    class GuardedFlopCounter(FlopCounterMode):
+        gpuprof_failed = False
+
+        def _count_flops(self, func_packet: Any, out: Any, args: Any, kwargs: Any) -> Any:
+            try:
+                return super()._count_flops(func_packet, out, args, kwargs)
+            except Exception:
+                self.gpuprof_failed = True
+                return out
+
+    return GuardedFlopCounter(display=False)
+
+
 class StepFlopCounter:
     """Counts the FLOP of step :attr:`step` with FlopCounterMode.
 
@@ -216,9 +235,7 @@ class StepFlopCounter:
             )
             return False
         try:
-            from torch.utils.flop_counter import FlopCounterMode
-
-            mode = FlopCounterMode(display=False)
+            mode = _guarded_counter()
             mode.__enter__()
             self._mode = mode
             return True
@@ -236,7 +253,9 @@ class StepFlopCounter:
         except Exception:
             log.debug("gpuprof: FlopCounterMode did not stop cleanly", exc_info=True)
             return
-        if total > 0:
+        if getattr(mode, "gpuprof_failed", False):
+            self.note = "FLOPs not counted: FlopCounterMode failed on an operator of the model"
+        elif total > 0:
             self.flops = float(total)
         else:
             self.note = "FLOPs not counted: FlopCounterMode saw no matmul in the counted step"

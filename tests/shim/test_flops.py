@@ -116,6 +116,7 @@ def test_compiled_model_is_not_counted_and_the_summary_says_so(socket_dir, fake_
     assert not [m for m in fake_daemon.data if m["type"] == "model_info"]
     assert any("torch.compile" in n for n in prof.summary["notes"])
     torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()  # "compiled once in this process" ends with the test
 
 
 @pytest.mark.parametrize(("autocast", "expected"), [(True, ("bfloat16", "autocast")),
@@ -200,3 +201,17 @@ def test_protocol_checks_model_info_and_arch_option():
                 {**good, "flops_source": "guess"}, {**good, "count_flops": 1}]:  # fmt: skip
         with pytest.raises(ValueError, match="options"):
             decode(encode({**hello, "options": bad}), "control")
+
+
+def test_a_failing_flop_formula_never_reaches_training(socket_dir, fake_daemon, monkeypatch):
+    from torch.utils.flop_counter import FlopCounterMode
+
+    def broken(self, func_packet, out, args, kwargs):
+        raise RuntimeError("formula bug")
+
+    monkeypatch.setattr(FlopCounterMode, "_count_flops", broken)
+    with profile(socket_dir, count_flops=True) as prof:
+        run(5)  # trains through the counted step
+    assert [s["i"] for s in fake_daemon.steps] == list(range(5))
+    assert not [m for m in fake_daemon.data if m["type"] == "model_info"]
+    assert any("failed on an operator" in n for n in prof.summary["notes"])
