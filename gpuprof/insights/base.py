@@ -115,6 +115,9 @@ class RunContext:
     """Where ``flops_per_step`` came from: ``"user"``, ``"arch"`` or ``"counter"``."""
     flops_counted: float | None = None
     """FLOP of one step counted by FlopCounterMode in the shim, if it ran."""
+    arch: Mapping[str, Any] | None = None
+    """The declared model (:meth:`gpuprof.flops.TransformerArch.to_dict`,
+    validated by the protocol), e.g. ``arch["checkpointing"]``; None if none."""
     dtype: str | None = None
     history_median_step_ms: tuple[float, ...] = ()
     """Median step time of the previous runs of this name, newest first (≤ 3)."""

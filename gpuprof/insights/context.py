@@ -124,7 +124,7 @@ def build_context(
     Args:
         run: ``run_name``, ``status``, ``start_mono_ns``, ``end_mono_ns``
             (None while live), ``options`` (dict: ``flops_per_step`` FLOP,
-            ``flops_source``, ``flops_counted`` FLOP, ``dtype``), ``gpu_model``
+            ``flops_source``, ``flops_counted`` FLOP, ``dtype``, ``arch``), ``gpu_model``
             (None: no GPU), ``gpu_count``, ``cpu_count``.
         steps: in step order, each with ``t0``/``t1`` (monotonic ns),
             ``wait`` (ns), ``explicit`` (bool), ``micro``, ``phases``
@@ -196,6 +196,7 @@ def build_context(
         flops_per_step=options.get("flops_per_step"),
         flops_source=options.get("flops_source"),
         flops_counted=options.get("flops_counted"),
+        arch=options.get("arch"),
         dtype=options.get("dtype"),
         history_median_step_ms=tuple(history_median_step_ms),
         gpu_rate_usd_per_hour=gpu_rate_usd_per_hour,

@@ -13,6 +13,7 @@ import pytest
 
 from gpuprof.flops import TransformerArch
 from gpuprof.summary import format_summary
+from gpuprofd import dbread, queries
 from gpuprofd.ctl import main
 from tests.daemon import h200_replay
 from tests.daemon import helpers as h
@@ -102,6 +103,9 @@ def test_declared_arch_and_dtype_win_and_the_count_is_shown_beside(
     assert compute["dtype"] == "bf16"  # the user's, not the probe's
     assert summary["mfu"] == pytest.approx(declared / ITERATION_S / 1e12 / BF16_PEAK, abs=1e-4)
     assert "counted 3.37e+12 (+2.1%)" in format_summary(summary)
+    run = h.query(db, "SELECT * FROM runs")[0]
+    ctx = dbread.run_context(dbread.open_ro(db), queries.run_from_row(run))
+    assert ctx.arch == arch.to_dict() and ctx.flops_source == "arch"  # what rules read
     (run,) = h.query(db, "SELECT options FROM runs")
     opts = orjson.loads(run["options"])
     assert opts["arch"]["checkpointing"] is False and opts["flops_counted"] > declared
