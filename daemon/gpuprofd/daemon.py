@@ -26,6 +26,7 @@ import zmq.asyncio
 
 from gpuprof import config
 from gpuprofd import rollup, runsdb, schema
+from gpuprofd.boot import boot_id
 from gpuprofd.control import ControlServer
 from gpuprofd.counters import DropCounter
 from gpuprofd.errors import EXIT_OK, DatabaseError, GpuprofdError
@@ -138,7 +139,9 @@ class Daemon:
         self.host_latest: HostSample | None = None
         self.ingest: Ingest | None = None
         self.runs: RunService | None = None
-        self.rollups = SecondRollups()
+        self.boot_id = boot_id()
+        """This boot of the node: stored with runs, host samples and rollups."""
+        self.rollups = SecondRollups(boot_id=self.boot_id)
         self._rollup_backlog: deque[tuple[Any, ...]] = deque(maxlen=ROLLUP_BACKLOG_ROWS)
         self._host: HostSampler | None = None
         self._workers_dropped = 0
@@ -173,9 +176,9 @@ class Daemon:
         notes = [*opts.base_notes, *([gpu_note] if gpu_note else [])]
         self._gpu_note = gpu_note
         devices = backend.devices() if backend else []
-        self.rollups = SecondRollups(devices)
+        self.rollups = SecondRollups(devices, self.boot_id)
         insights = InsightsRunner(self.store, str(opts.db), opts.gpu_rate_usd_per_hour, notes)
-        self.runs = RunService(self.store, self.registry, insights, devices)
+        self.runs = RunService(self.store, self.registry, insights, devices, boot_id=self.boot_id)
         self._notes = notes
         await self.runs.recover_at_startup()
         pull, router = self._bind()
@@ -273,7 +276,7 @@ class Daemon:
         self.store.submit_nowait(
             runsdb.host_sample_op(
                 s.mono_ns, s.cpu_pct, s.cpu_count, s.disk_read_bps, s.disk_read_iops,
-                s.page_cache_bytes, s.mem_total_bytes, s.swap_in_bps,
+                s.page_cache_bytes, s.mem_total_bytes, s.swap_in_bps, self.boot_id,
             )
         )  # fmt: skip
         for run_id, cores in s.run_cpu_cores.items():

@@ -103,7 +103,8 @@ def run_context(conn: sqlite3.Connection, run: dict[str, Any]) -> RunContext:
     host: list[dict[str, Any]] = []
     end = run.get("end_mono_ns") or (steps[-1]["t1"] if steps else None)
     if run.get("start_mono_ns") is not None and end is not None:
-        host = [dict(r) for r in _query(conn, queries.HOST_SQL, (run["start_mono_ns"], end))]
+        params = (run["start_mono_ns"], end, run.get("boot_id"))
+        host = [dict(r) for r in _query(conn, queries.HOST_SQL, params)]
     history = [
         float(r["median_step_ms"])
         for r in _query(
@@ -122,7 +123,7 @@ def gpu_stats(
     conn: sqlite3.Connection, run: dict[str, Any], steps: list[dict[str, Any]]
 ) -> GpuStats | None:
     """The run's GPU stats while it was in steps, from its per-second rollups."""
-    window = queries.gpu_window(run.get("cuda_uuid"), steps)
+    window = queries.gpu_window(run.get("cuda_uuid"), steps, run.get("boot_id"))
     if window is None:
         return None
     return queries.gpu_stats_from_rollups(_query(conn, rollup.MERGED_SQL, window))

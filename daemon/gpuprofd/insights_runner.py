@@ -42,7 +42,11 @@ class InsightsRunner:
         steps = await runsdb.load_steps(self.store, run["id"])
         start = run.get("start_mono_ns")
         end = run.get("end_mono_ns") or self._clock()
-        host = await runsdb.load_host_samples(self.store, start, end) if start is not None else []
+        host = (
+            await runsdb.load_host_samples(self.store, start, end, run.get("boot_id"))
+            if start is not None
+            else []
+        )
         history = await runsdb.history_medians(self.store, run["id"], run["run_name"])
         run_cpu = await runsdb.load_run_cpu(self.store, run["id"])
         workers = await runsdb.load_worker_cpu(self.store, run["id"])

@@ -25,7 +25,7 @@ STEPS_SQL = (
 HOST_SQL = (
     "SELECT mono_ns, cpu_pct, cpu_count, disk_read_bps, disk_read_iops, page_cache_bytes, "
     "mem_total_bytes, swap_in_bps FROM host_samples "
-    "WHERE mono_ns BETWEEN ? AND ? ORDER BY mono_ns"
+    "WHERE mono_ns BETWEEN ? AND ? AND boot_id IS ? ORDER BY mono_ns"
 )
 #: A run's process-tree CPU as one row: its mean ``cores`` over the samples
 #: (all :func:`build_context` reads of them; a day is 172,800 rows at 2 Hz).
@@ -130,11 +130,12 @@ def steps_span(steps: Sequence[Mapping[str, Any]]) -> tuple[int, int] | None:
 
 
 def gpu_window(
-    cuda_uuid: str | None, steps: Sequence[Mapping[str, Any]]
-) -> tuple[str, int, int] | None:
+    cuda_uuid: str | None, steps: Sequence[Mapping[str, Any]], boot_id: str | None = None
+) -> tuple[str, str | None, int, int] | None:
     """The parameters of :data:`gpuprofd.rollup.SELECT_SQL` for a run: its
-    GPU's normalized UUID and the span of its steps (ns): the rollup
-    seconds that overlap the steps. None without a GPU or steps.
+    GPU's normalized UUID, its boot (:mod:`gpuprofd.boot`) and the span of its
+    steps (ns): the rollup seconds that overlap the steps. None without a GPU
+    or steps.
 
     A rollup second at either end may hold up to 1 s from before the first
     step or after the last: the price of per-second storage, negligible for
@@ -142,7 +143,7 @@ def gpu_window(
     want, span = normalize_uuid(cuda_uuid), steps_span(steps)
     if want is None or span is None:
         return None
-    return want, span[0] - rollup.NS_PER_S, span[1]
+    return want, boot_id, span[0] - rollup.NS_PER_S, span[1]
 
 
 def gpu_stats_from_rollups(rows: Iterable[Mapping[str, Any]]) -> GpuStats | None:

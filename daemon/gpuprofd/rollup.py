@@ -35,15 +35,15 @@ ROLLUP_COLUMNS = (
     "reasons_n", "reasons_any", "capped_n", "capped_sm_mean_mhz", "thermal_n",
     "thermal_sm_mean_mhz", "slow_n", "pcie_rx_max_bps", "pcie_tx_max_bps",
     "gpm_sm_util_mean", "gpm_sm_occupancy_mean", "gpm_tensor_util_mean",
-    "gpm_dram_bw_util_mean",
+    "gpm_dram_bw_util_mean", "boot_id",
 )  # fmt: skip
 INSERT_SQL = (
     f"INSERT INTO gpu_rollups ({', '.join(ROLLUP_COLUMNS)}) "
     f"VALUES ({', '.join('?' * len(ROLLUP_COLUMNS))})"
 )
-_WHERE = "WHERE uuid = ? AND sec_ns > ? AND sec_ns < ?"
-#: A run's rollups: its GPU (normalized UUID), the seconds that overlap a
-#: window [t0, t1) of monotonic ns (pass t0 - :data:`NS_PER_S` and t1).
+_WHERE = "WHERE uuid = ? AND boot_id IS ? AND sec_ns > ? AND sec_ns < ?"
+#: A run's rollups: its GPU (normalized UUID) in its boot, the seconds that
+#: overlap a window [t0, t1) of monotonic ns (pass t0 - :data:`NS_PER_S` and t1).
 SELECT_SQL = f"SELECT {', '.join(ROLLUP_COLUMNS)} FROM gpu_rollups {_WHERE} ORDER BY sec_ns"
 
 
@@ -53,7 +53,7 @@ def _weighted(col: str, weight: str) -> str:
 
 def _merge_expr(col: str) -> str:
     """SQL that merges *col* over many rollup rows into one (see :data:`MERGED_SQL`)."""
-    if col in ("sec_ns", "uuid"):
+    if col in ("sec_ns", "uuid", "boot_id"):
         return f"MIN({col})"
     if col.endswith("_n") or col == "n":
         return f"SUM({col})"
@@ -125,7 +125,9 @@ class SecondRollups:
     reference the throttling rules measure from.
     """
 
-    def __init__(self, devices: Iterable[GpuDevice] = ()) -> None:
+    def __init__(self, devices: Iterable[GpuDevice] = (), boot_id: str | None = None) -> None:
+        self.boot_id = boot_id
+        """This boot's id (:func:`gpuprofd.boot.boot_id`), stored on every row."""
         self._open: dict[str, _Open] = {}
         self._sm_limit = {normalize_uuid(d.uuid): d.max_sm_mhz for d in devices}
 
@@ -135,7 +137,7 @@ class SecondRollups:
         cur = self._open.get(key)
         if cur is None or sec_ns > cur.sec_ns:
             if cur is not None:
-                out.append(rollup_params(cur.sec_ns, key, cur.acc, cur.slow_n))
+                out.append(rollup_params(cur.sec_ns, key, cur.acc, cur.slow_n, self.boot_id))
             cur = self._open[key] = _Open(sec_ns, self._sm_limit.get(key))
         return cur
 
@@ -159,7 +161,10 @@ class SecondRollups:
 
     def flush(self) -> list[tuple[Any, ...]]:
         """Close every open second."""
-        out = [rollup_params(o.sec_ns, k, o.acc, o.slow_n) for k, o in self._open.items()]
+        out = [
+            rollup_params(o.sec_ns, k, o.acc, o.slow_n, self.boot_id)
+            for k, o in self._open.items()
+        ]
         self._open.clear()
         return out
 
@@ -172,7 +177,9 @@ def _kb_to_bytes(kbps: float | None) -> float | None:
     return None if kbps is None else kbps * BYTES_PER_KB
 
 
-def rollup_params(sec_ns: int, uuid: str, a: GpuAccumulator, slow_n: int) -> tuple[Any, ...]:
+def rollup_params(
+    sec_ns: int, uuid: str, a: GpuAccumulator, slow_n: int, boot_id: str | None = None
+) -> tuple[Any, ...]:
     """One ``gpu_rollups`` row (:data:`ROLLUP_COLUMNS` order) from an accumulator."""
     mem_lo, mem_mean, mem_hi = _mmm(a.mem_used)
     return (
@@ -184,7 +191,7 @@ def rollup_params(sec_ns: int, uuid: str, a: GpuAccumulator, slow_n: int) -> tup
         a.capped_sm_mhz.mean, a.thermal_n, a.thermal_sm_mhz.mean, slow_n,
         _kb_to_bytes(a.pcie_rx_max_kbps), _kb_to_bytes(a.pcie_tx_max_kbps),
         a.gpm_sm_util.mean, a.gpm_sm_occupancy.mean, a.gpm_tensor_util.mean,
-        a.gpm_dram_bw_util.mean,
+        a.gpm_dram_bw_util.mean, boot_id,
     )  # fmt: skip
 
 

@@ -38,7 +38,7 @@ _KERNEL_STAT_SQL = (
 )
 _HOST_SQL = (
     "INSERT INTO host_samples (mono_ns, cpu_pct, cpu_count, disk_read_bps, disk_read_iops, "
-    "page_cache_bytes, mem_total_bytes, swap_in_bps) VALUES (?,?,?,?,?,?,?,?)"
+    "page_cache_bytes, mem_total_bytes, swap_in_bps, boot_id) VALUES (?,?,?,?,?,?,?,?,?)"
 )
 _RUN_CPU_SQL = "INSERT INTO run_cpu_samples (run_id, mono_ns, cores) VALUES (?,?,?)"
 #: One row per worker process, rewritten as its cumulative CPU grows.
@@ -60,7 +60,7 @@ _GPU_SLOW_SQL = (
 _RUN_COLUMNS = (
     "run_key", "run_name", "status", "host", "pid", "pid_ns", "rank", "local_rank", "world_size",
     "auto", "start_wall_ns", "start_mono_ns", "options", "cuda_uuid", "gpu_model",
-    "gpu_count", "cpu_count",
+    "gpu_count", "cpu_count", "boot_id",
 )  # fmt: skip
 
 
@@ -109,12 +109,14 @@ def host_sample_op(
     page_cache_bytes: int | None = None,
     mem_total_bytes: int | None = None,
     swap_in_bps: float | None = None,
+    boot_id: str | None = None,
 ) -> Op:
     """One host sample: CPU % (all cores), disk read bytes/s and IOPS, page
-    cache and total RAM in bytes, swap-in bytes/s (None: not available)."""
+    cache and total RAM in bytes, swap-in bytes/s (None: not available), and
+    the boot it was taken in (:mod:`gpuprofd.boot`)."""
     params = (
         mono_ns, cpu_pct, cpu_count, disk_read_bps, disk_read_iops, page_cache_bytes,
-        mem_total_bytes, swap_in_bps,
+        mem_total_bytes, swap_in_bps, boot_id,
     )  # fmt: skip
     return Op(_HOST_SQL, params)
 
@@ -251,9 +253,11 @@ async def load_kernel_windows(store: Store, run_id: int) -> list[queries.KernelW
     return queries.kernel_windows_from_rows(windows, stats)
 
 
-async def load_host_samples(store: Store, start_mono_ns: int, end_mono_ns: int) -> list[dict]:
+async def load_host_samples(
+    store: Store, start_mono_ns: int, end_mono_ns: int, boot_id: str | None = None
+) -> list[dict]:
     """Host samples with ``start <= mono_ns <= end``."""
-    rows = await store.fetchall(queries.HOST_SQL, (start_mono_ns, end_mono_ns))
+    rows = await store.fetchall(queries.HOST_SQL, (start_mono_ns, end_mono_ns, boot_id))
     return [dict(r) for r in rows]
 
 
@@ -261,7 +265,7 @@ async def load_gpu_stats(
     store: Store, run: Mapping[str, Any], steps: Sequence[Mapping[str, Any]]
 ) -> GpuStats | None:
     """The run's GPU stats while it was in steps, from its per-second rollups."""
-    window = queries.gpu_window(run.get("cuda_uuid"), steps)
+    window = queries.gpu_window(run.get("cuda_uuid"), steps, run.get("boot_id"))
     if window is None:
         return None
     return queries.gpu_stats_from_rollups(await store.fetchall(rollup.MERGED_SQL, window))

@@ -56,8 +56,11 @@ class RunService:
         cpu_count: int | None = None,
         mono_clock: Callable[[], int] = time.monotonic_ns,
         wall_clock: Callable[[], int] = time.time_ns,
+        boot_id: str | None = None,
     ) -> None:
         self.store = store
+        self.boot_id = boot_id
+        """The node's boot (:mod:`gpuprofd.boot`), recorded on each new run."""
         self.registry = registry
         self.insights = insights
         self.gpu_devices = gpu_devices
@@ -104,6 +107,7 @@ class RunService:
                 "start_wall_ns": msg["wall_ns"], "start_mono_ns": msg["mono_ns"],
                 "options": msg["options"], "cuda_uuid": msg.get("cuda_uuid"),
                 "gpu_model": gpu_model, "gpu_count": gpu_count, "cpu_count": self.cpu_count,
+                "boot_id": self.boot_id,
             }  # fmt: skip
             run_id = await runsdb.insert_run(self.store, row)
             live = LiveRun(

@@ -45,6 +45,9 @@ _ADDED_IN_4 = (
 )
 #: ... and since schema 4 (kernel_windows and kernel_stats are new tables).
 _ADDED_IN_5 = (
+    ("runs", "boot_id", "TEXT"),
+    ("host_samples", "boot_id", "TEXT"),
+    ("gpu_rollups", "boot_id", "TEXT"),
     ("steps", "traced", "INTEGER DEFAULT 0"),
     ("runs", "mfu", "REAL"),
     ("runs", "achieved_tflops", "REAL"),
@@ -84,11 +87,12 @@ _RAW_AS_ROLLUPS_SQL = (
     f"CASE WHEN ({_REASONS} & {THERMAL_REASONS}) != 0 THEN 1 ELSE 0 END AS thermal_n, "
     "sm_clock_mhz AS thermal_sm_mean_mhz, 0 AS slow_n, NULL AS pcie_rx_max_bps, "
     "NULL AS pcie_tx_max_bps, NULL AS gpm_sm_util_mean, NULL AS gpm_sm_occupancy_mean, "
-    "NULL AS gpm_tensor_util_mean, NULL AS gpm_dram_bw_util_mean FROM gpu_samples "
+    "NULL AS gpm_tensor_util_mean, NULL AS gpm_dram_bw_util_mean, NULL AS boot_id "
+    "FROM gpu_samples "
     f"UNION ALL SELECT {_SEC}, {_norm_uuid_sql('uuid')}, 0, NULL, NULL, NULL, 0, NULL, "
     "NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, "
     "NULL, 0, 0, 0, NULL, 0, NULL, 1, pcie_rx_bps, pcie_tx_bps, gpm_sm_util_pct, "
-    "gpm_sm_occupancy_pct, gpm_tensor_util_pct, gpm_dram_bw_util_pct "
+    "gpm_sm_occupancy_pct, gpm_tensor_util_pct, gpm_dram_bw_util_pct, NULL "
     "FROM gpu_slow_samples"
 )
 
@@ -114,7 +118,8 @@ CREATE TABLE IF NOT EXISTS runs (
     summary TEXT,                    -- json, set when the run ends
     trailing_eval_ns INTEGER DEFAULT 0,  -- evaluation after the last step
     mfu REAL,                        -- 0-1, set when the run ends; NULL: unknown
-    achieved_tflops REAL             -- TFLOP/s per GPU, set when the run ends
+    achieved_tflops REAL,            -- TFLOP/s per GPU, set when the run ends
+    boot_id TEXT                     -- the node's boot (gpuprofd.boot): *_mono_ns restart per boot
 );
 CREATE INDEX IF NOT EXISTS runs_name ON runs (run_name, id);
 CREATE TABLE IF NOT EXISTS steps (
@@ -141,7 +146,8 @@ CREATE TABLE IF NOT EXISTS host_samples (
     mono_ns INTEGER, cpu_pct REAL, cpu_count INTEGER, disk_read_bps REAL,
     disk_read_iops REAL,             -- read operations/s
     page_cache_bytes INTEGER, mem_total_bytes INTEGER,
-    swap_in_bps REAL                 -- NULL in any of these: not offered by the platform
+    swap_in_bps REAL,                -- NULL in any of these: not offered by the platform
+    boot_id TEXT
 );
 CREATE INDEX IF NOT EXISTS host_samples_t ON host_samples (mono_ns);
 CREATE TABLE IF NOT EXISTS run_cpu_samples (run_id INTEGER, mono_ns INTEGER, cores REAL);
@@ -173,7 +179,8 @@ CREATE TABLE IF NOT EXISTS gpu_rollups (  -- one row per GPU per second, the who
     slow_n INTEGER,                           -- slow-loop samples folded in (<= 1 Hz)
     pcie_rx_max_bps REAL, pcie_tx_max_bps REAL,
     gpm_sm_util_mean REAL, gpm_sm_occupancy_mean REAL, gpm_tensor_util_mean REAL,
-    gpm_dram_bw_util_mean REAL
+    gpm_dram_bw_util_mean REAL,
+    boot_id TEXT
 );  -- uuid: normalized (gpuprofd.nvml.normalize_uuid), so a run's UUID finds its rows by index
 CREATE INDEX IF NOT EXISTS gpu_rollups_uuid_t ON gpu_rollups (uuid, sec_ns);
 CREATE TABLE IF NOT EXISTS worker_cpu (  -- DataLoader workers' CPU, one row per worker process
@@ -243,9 +250,18 @@ def shadow_old_tables(conn: sqlite3.Connection, version: int) -> None:
         v2r = ", 0 AS trailing_eval_ns" if version < 2 else ""
         conn.execute(f"CREATE TEMP VIEW steps AS SELECT *{v2}{v4}, 0 AS traced FROM main.steps")
         conn.execute(
-            f"CREATE TEMP VIEW runs AS SELECT *{v2r}, NULL AS mfu, NULL AS achieved_tflops "
-            "FROM main.runs"
+            f"CREATE TEMP VIEW runs AS SELECT *{v2r}, NULL AS mfu, NULL AS achieved_tflops, "
+            "NULL AS boot_id FROM main.runs"
         )
+        v3 = (", NULL AS disk_read_iops, NULL AS page_cache_bytes, NULL AS mem_total_bytes, "
+              "NULL AS swap_in_bps" if version < 3 else "")  # fmt: skip
+        conn.execute(
+            f"CREATE TEMP VIEW host_samples AS SELECT *{v3}, NULL AS boot_id FROM main.host_samples"
+        )
+        if version == 4:
+            conn.execute(
+                "CREATE TEMP VIEW gpu_rollups AS SELECT *, NULL AS boot_id FROM main.gpu_rollups"
+            )
         conn.execute(
             "CREATE TEMP TABLE kernel_windows (id INTEGER PRIMARY KEY, run_id INTEGER, "
             "t0_ns INTEGER, t1_ns INTEGER, source TEXT, steps TEXT, rows_dropped INTEGER)"
@@ -267,11 +283,6 @@ def shadow_old_tables(conn: sqlite3.Connection, version: int) -> None:
             "NULL AS clock_event_reasons FROM main.gpu_samples"
         )
         conn.execute(
-            "CREATE TEMP VIEW host_samples AS SELECT *, NULL AS disk_read_iops, "
-            "NULL AS page_cache_bytes, NULL AS mem_total_bytes, NULL AS swap_in_bps "
-            "FROM main.host_samples"
-        )
-        conn.execute(
             "CREATE TEMP TABLE gpu_slow_samples (mono_ns INTEGER, uuid TEXT, energy_mj INTEGER,"
             " energy_power_mw REAL, pcie_rx_bps REAL, pcie_tx_bps REAL, gpm_sm_util_pct REAL,"
             " gpm_sm_occupancy_pct REAL, gpm_tensor_util_pct REAL, gpm_dram_bw_util_pct REAL,"
@@ -290,8 +301,9 @@ def _upgrade(conn: sqlite3.Connection, version: int) -> None:
     )
     tables = {t for t, _, _ in added}
     have = {(t, r[1]) for t in tables for r in conn.execute(f"PRAGMA table_info({t})")}
+    existing = {t for t, _ in have}  # a table added later is created whole by SCHEMA_SQL
     for table, column, decl in added:
-        if (table, column) not in have:
+        if table in existing and (table, column) not in have:
             conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
 
 

@@ -13,6 +13,7 @@ import pytest
 
 from gpuprof.kernels import aggregate_trace
 from gpuprof.protocol import MAX_MESSAGE_BYTES
+from gpuprofd.boot import boot_id
 from gpuprofd.ctl import main
 from gpuprofd.daemon import STORED_GPU_HZ
 from gpuprofd.nvml import NO_GPU_NOTE
@@ -236,6 +237,7 @@ def test_raw_gpu_rows_keep_a_window_and_per_second_rollups_keep_everything(
     assert all(50 <= r["n"] <= 101 for r in full), [r["n"] for r in full]
     assert {r["uuid"] for r in rows} == {"69cfecb8-dd0f-d46a-a967-785474cc5ca4"}
     assert {r["sm_limit_mhz"] for r in rows} == {1980.0}  # probe.json's max SM clock
+    assert {r["boot_id"] for r in rows} == {boot_id()} != {None}  # this boot of the node
     assert all(r["util_min"] <= r["util_mean"] <= r["util_max"] for r in rows)
     # the slow loop (1 Hz) joined the seconds it fell in
     assert sum(r["slow_n"] for r in rows) >= len(full) - 1
@@ -354,6 +356,8 @@ def test_a_run_shorter_than_a_second_gets_its_gpu_samples_in_the_summary(
         time.sleep(0.02)
     reply = client.request(h.bye("short", sent=n))
     assert reply is not None and reply["ok"], reply
+    (run,) = h.query(db, "SELECT boot_id FROM runs")
+    assert run["boot_id"] == boot_id()
     # the second still open in the daemon's rollups was stored before the summary
     assert reply["summary"]["memory"].get("nvml_peak_used_bytes", 0) > 0, reply["summary"]
 

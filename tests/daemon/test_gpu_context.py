@@ -209,3 +209,51 @@ def test_gpuprofctl_reads_the_runs_own_cpu_like_the_daemon(tmp_path: Path):
     (tmp_path / "none").mkdir()
     _, without = _gpu_findings(_db_with_phase(tmp_path / "none", "idle", UUID))
     assert without.run_cpu_cores is None
+
+
+def test_a_run_after_a_reboot_reads_only_its_own_boots_samples(tmp_path: Path):
+    """Monotonic time restarts at boot: the same uptime in two boots is two
+    different moments, and each run reads its own boot's rollups and host rows."""
+    db = _db_with_phase(tmp_path, "memory_92pct", UUID)  # run 1, boot NULL: 92 % full
+    t0, t1 = _whole_seconds("memory_92pct")
+    names = list(rollup.ROLLUP_COLUMNS)
+    conn = sqlite3.connect(db)
+    conn.execute("UPDATE runs SET boot_id = 'boot-1'")
+    conn.execute("UPDATE gpu_rollups SET boot_id = 'boot-1'")
+    later = []  # boot 2, same uptime: the GPU one fifth full
+    for row in _rollup_rows():
+        r = dict(zip(names, row, strict=True))
+        r["boot_id"] = "boot-2"
+        for k in ("mem_used_min", "mem_used_mean", "mem_used_max"):
+            r[k] = None if r[k] is None else r["mem_total_bytes"] // 5
+        later.append(tuple(r[c] for c in names))
+    conn.executemany(rollup.INSERT_SQL, later)
+    conn.execute(
+        "INSERT INTO runs (id, run_key, run_name, status, start_mono_ns, end_mono_ns, options, "
+        "cuda_uuid, boot_id) VALUES (2, 'k2', 'after-reboot', 'finished', ?, ?, '{}', ?, "
+        "'boot-2')",
+        (t0, t1, UUID),
+    )
+    conn.execute(
+        "INSERT INTO steps (run_id, step, t0_ns, t1_ns, wait_ns, explicit, micro, phases) "
+        "VALUES (2, 0, ?, ?, 0, 0, 1, '{}')",
+        (t0, t1),
+    )
+    conn.executemany(
+        "INSERT INTO host_samples (mono_ns, cpu_pct, cpu_count, disk_read_bps, boot_id) "
+        "VALUES (?, ?, 8, 0, ?)",
+        [(t0 + 10**8, 90.0, "boot-1"), (t0 + 10**8, 10.0, "boot-2")],
+    )
+    conn.commit()
+    conn.close()
+    ro = dbread.open_ro(db)
+    try:
+        before = dbread.run_context(ro, dbread.get_run(ro, 1))
+        after = dbread.run_context(ro, dbread.get_run(ro, 2))
+    finally:
+        ro.close()
+    assert before.gpu is not None and after.gpu is not None
+    assert before.gpu.mem_used_fraction == pytest.approx(0.92, abs=0.01)
+    assert after.gpu.mem_used_fraction == pytest.approx(0.2, abs=0.001)
+    assert (before.host_cpu_pct, after.host_cpu_pct) == (90.0, 10.0)
+    assert "memory_pressure" not in {i.rule for i in run_rules(after)}

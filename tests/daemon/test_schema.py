@@ -120,7 +120,7 @@ def test_old_host_samples_read_as_not_available_both_ways(tmp_path: Path) -> Non
     try:
         run = dbread.get_run(conn, 1)
         ctx = dbread.run_context(conn, run)
-        ro = dict(conn.execute(queries.HOST_SQL, (0, 10**9)).fetchone())
+        ro = dict(conn.execute(queries.HOST_SQL, (0, 10**9, None)).fetchone())
     finally:
         conn.close()
     assert ctx.host_disk_read_bps == 2_000_000.0
