@@ -104,7 +104,11 @@ def test_declared_arch_and_dtype_win_and_the_count_is_shown_beside(
     assert summary["mfu"] == pytest.approx(declared / ITERATION_S / 1e12 / BF16_PEAK, abs=1e-4)
     assert "counted 3.37e+12 (+2.1%)" in format_summary(summary)
     run = h.query(db, "SELECT * FROM runs")[0]
-    ctx = dbread.run_context(dbread.open_ro(db), queries.run_from_row(run))
+    conn = dbread.open_ro(db)
+    try:
+        ctx = dbread.run_context(conn, queries.run_from_row(run))
+    finally:
+        conn.close()
     assert ctx.arch == arch.to_dict() and ctx.flops_source == "arch"  # what rules read
     (run,) = h.query(db, "SELECT options FROM runs")
     opts = orjson.loads(run["options"])
