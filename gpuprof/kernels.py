@@ -125,10 +125,16 @@ def shorten_name(name: str, max_chars: int = MAX_NAME_CHARS) -> str:
 
 
 def display_name(name: str, max_chars: int = 80) -> str:
-    """A kernel name short enough for a sentence: without a leading ``void``,
-    cut to *max_chars* characters (µs-level detail stays in ``evidence``)."""
+    """A kernel name short enough for a sentence: without a leading ``void`` or
+    ``(anonymous namespace)::``; when still longer than *max_chars*, without its
+    template and argument lists (``softmax_warp_backward``), then cut to
+    *max_chars* characters. Full names stay in ``evidence``."""
     if name.startswith("void "):
         name = name[5:]
+    name = name.replace("(anonymous namespace)::", "")
+    if len(name) > max_chars:
+        head = re.split(r"[<(]", name, maxsplit=1)[0]
+        name = head or name
     return shorten_name(name, max_chars)
 
 

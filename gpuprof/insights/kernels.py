@@ -577,9 +577,9 @@ def gradient_checkpointing_detected(ctx: RunContext) -> Insight | None:
             "backward, ~3x a backward that re-runs the forward. MFU counts model FLOPs, so "
             "the recomputed forward shows up as lost utilization.",
             fix="If checkpointing is intended, declare it (gpuprof.TransformerArch("
-            "checkpointing=True)) so the FLOP count includes the recompute; if not, remove "
-            "torch.utils.checkpoint / gradient_checkpointing_enable() and trade memory for "
-            "~25 % less step time.",
+            "checkpointing=True)) so the recompute is counted as hardware FLOPs, not read as "
+            "lost MFU; if not, remove torch.utils.checkpoint / gradient_checkpointing_enable() "
+            "and trade memory for ~25 % less step time.",
             evidence=evidence,
         )
     if declared and ratio <= NO_RECOMPUTE_RATIO_MAX:
@@ -592,7 +592,8 @@ def gradient_checkpointing_detected(ctx: RunContext) -> Insight | None:
             "that re-runs the forward takes ~3x, a plain one ~2x.",
             fix="Check that checkpointing is on (model.gradient_checkpointing_enable(), or "
             "torch.utils.checkpoint around the blocks with use_reentrant=False); if it is off "
-            "on purpose, declare TransformerArch(checkpointing=False) so MFU is not overstated.",
+            "on purpose, declare TransformerArch(checkpointing=False) so the hardware FLOPs "
+            "do not count a recompute that does not happen.",
             evidence=evidence,
         )
     return None

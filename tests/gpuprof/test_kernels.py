@@ -81,7 +81,13 @@ def test_shorten_name_keeps_the_head_and_marks_the_cut():
     assert len(cut) == MAX_NAME_CHARS and cut.endswith("…")
     assert cut[:-1] == long[: MAX_NAME_CHARS - 1]
     assert display_name("void foo<int>(int)") == "foo<int>(int)"
-    assert len(display_name(long, 40)) == 40
+    assert display_name(long, 40) == "at::native::elementwise_kernel"
+    softmax = (
+        "void (anonymous namespace)::softmax_warp_backward<float, float, float, 10, false, "
+        "false>(float*, float const*, float const*, int, int, int, bool const*)"
+    )
+    assert display_name(softmax) == "softmax_warp_backward"
+    assert len(display_name("x" * 100, 40)) == 40
 
 
 # --- fold ---------------------------------------------------------------------------
