@@ -1,6 +1,6 @@
 """Host rules from psutil samples: an I/O-bound loader, a cold page cache, a
-page cache too small for the dataset, swapping, and DataLoader workers that
-do unequal shares of the loading.
+page cache too small for the dataset, swapping, DataLoader workers that
+do unequal shares of the loading, and other processes competing for the CPU.
 
 They read the host aggregates of :class:`RunContext` (whole host, not just
 the run: a neighbour's reads count too; the worker CPU is the run's own). A
@@ -14,6 +14,7 @@ from gpuprof.insights.base import Insight, RunContext, WorkerPool, rule
 from gpuprof.insights.steps import (
     CPU_BOUND_PCT,
     DISK_BUSY_BPS,
+    RUN_SHARE_OF_BUSY_CPU,
     STALL_FRACTION,
     STALL_FRACTION_HIGH,
     stall_fraction,
@@ -207,5 +208,49 @@ def worker_imbalance(ctx: RunContext) -> Insight | None:
             "fair_share_ratio": round(ratio, 2),
             "pools_imbalanced": len(hot),
             "pools_judged": len(judged),
+        },
+    )
+
+
+#: Cores other processes must keep busy (on average) to be worth a finding:
+#: less than one core is background noise (sshd, the daemon, a shell).
+CONTENTION_MIN_OTHER_CORES = 1.0
+#: Share of the host's cores used by other processes above which they, not
+#: the run, set the pace: HIGH.
+CONTENTION_HIGH_SHARE = 0.5
+
+
+# Contention slows everything unevenly: the stall and the erratic steps it
+# causes are its symptoms, and "raise num_workers" would make it worse.
+@rule("host_cpu_contention", supersedes=("dataloader_stall", "high_step_variance"))
+def host_cpu_contention(ctx: RunContext) -> Insight | None:
+    """Fires when host CPU averages > :data:`CPU_BOUND_PCT` while the run's own
+    process tree uses less than :data:`RUN_SHARE_OF_BUSY_CPU` of the busy
+    cores and other processes keep ≥ :data:`CONTENTION_MIN_OTHER_CORES` busy.
+    Silent when the run's own CPU was not measured (another PID namespace)."""
+    cpu, run, cores = ctx.host_cpu_pct, ctx.run_cpu_cores, ctx.cpu_count
+    if cpu is None or run is None or not cores or cpu <= CPU_BOUND_PCT:
+        return None
+    busy = cpu / 100.0 * cores
+    others = max(0.0, busy - run)
+    if run >= RUN_SHARE_OF_BUSY_CPU * busy or others < CONTENTION_MIN_OTHER_CORES:
+        return None
+    stall = stall_fraction(ctx)
+    waiting = f"; {stall:.0%} of step time waiting on the loader" if stall else ""
+    return Insight(
+        rule="host_cpu_contention",
+        severity="HIGH" if others >= CONTENTION_HIGH_SHARE * cores else "MED",
+        title=f"Other processes keep {others:.1f} of {cores} cores busy ({cpu:.0f}% host "
+        f"CPU); this run used {run:.1f}",
+        detail="The host is saturated by work outside this run, so its steps, loader "
+        f"waits and step-time spread reflect CPU contention, not the training code{waiting}. "
+        "A regression against earlier runs may have the same cause.",
+        fix="Run on an idle node or reserve cores (Slurm --exclusive, cgroup cpusets, "
+        "taskset); find the other processes with top. More DataLoader workers won't help.",
+        evidence={
+            "host_cpu_pct": round(cpu, 1),
+            "run_cpu_cores": round(run, 2),
+            "other_cores": round(others, 2),
+            "cpu_count": cores,
         },
     )

@@ -11,6 +11,7 @@ from gpuprof.insights.host import (
     WORKER_MIN_POOL_CPU_S,
     cache_thrashing,
     cold_cache,
+    host_cpu_contention,
     host_memory_pressure,
     io_bound_dataloader,
     worker_imbalance,
@@ -232,3 +233,36 @@ def test_build_context_groups_worker_rows_into_pools_by_loader_seq():
     run = {"run_name": "r", "status": "finished"}
     ctx = build_context(run, [], workers=rows)
     assert ctx.worker_pools == (pool(3.0), pool(0.3, 0.2, seq=1))
+
+
+# --- host_cpu_contention -----------------------------------------------------
+
+
+def _contended(host_pct: float, run_cores: float | None, cpu_count: int = 16, stall: bool = True):
+    return make_ctx(
+        [10.0] * 30, [8.0 if stall else 0.0] * 30, host_cpu_pct=host_pct,
+        run_cpu_cores=run_cores, cpu_count=cpu_count,
+    )  # fmt: skip
+
+
+def test_host_cpu_contention_fires_when_others_peg_the_host():
+    ctx = _contended(95.0, run_cores=2.0)
+    ins = host_cpu_contention(ctx)
+    assert ins is not None and ins.severity == "HIGH"  # 13.2 of 16 cores are others'
+    assert ins.evidence["other_cores"] == 13.2
+    fired = {i.rule for i in run_rules(ctx)}
+    # the stall is a symptom: "raise num_workers" would be wrong advice
+    assert "host_cpu_contention" in fired and "dataloader_stall" not in fired
+    assert "cpu_bound_dataloader" not in fired
+
+
+def test_host_cpu_contention_silent_when_the_run_is_the_hog_or_the_host_is_free():
+    assert host_cpu_contention(_contended(95.0, run_cores=14.0)) is None  # cpu_bound's case
+    assert host_cpu_contention(_contended(60.0, run_cores=1.0)) is None  # headroom left
+    assert host_cpu_contention(_contended(95.0, run_cores=None)) is None  # not measured
+    # a 2-core box at 85 %: others' 0.9 of a core is under the 1-core floor
+    assert host_cpu_contention(_contended(85.0, run_cores=0.8, cpu_count=2)) is None
+    # ... the fresh-user case: 2 cores pegged, the run got half of one
+    assert host_cpu_contention(_contended(99.9, run_cores=0.49, cpu_count=2)) is not None
+    medium = host_cpu_contention(_contended(85.0, run_cores=6.0))
+    assert medium is not None and medium.severity == "MED"  # others 7.6 of 16: HIGH needs 8
