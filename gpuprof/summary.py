@@ -168,9 +168,14 @@ def format_summary(summary: Mapping[str, Any], details: bool = False) -> str:
     """Render *summary* as the boxed text block; ``details`` adds each
     insight's detail and fix lines (``gpuprofctl insights`` does)."""
     steps = summary.get("steps", 0)
-    avg = summary.get("avg_step_ms")
+    # the steady-state median (warm-up excluded), as `gpuprofctl runs` and the
+    # regression rule use; the mean (warm-up included) only when no median exists
+    median_ms, avg = summary.get("median_step_ms"), summary.get("avg_step_ms")
     head = f"gpuprof · {summary['run_name']}  ({steps} steps"
-    head += f", avg {avg:.1f} ms)" if avg is not None else ")"
+    if median_ms is not None:
+        head += f", median {median_ms:.1f} ms)"
+    else:
+        head += f", avg {avg:.1f} ms)" if avg is not None else ")"
     status = summary.get("status")
     if status and status not in ("finished", "running"):
         head += f"  [{status.upper()}]"

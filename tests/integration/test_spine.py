@@ -29,7 +29,7 @@ def test_autostarted_daemon_records_run_and_prints_stall(node: Node):
     out = node.run_script(TRAIN, "30", "1", "0.02", "stall-run")
     assert out.returncode == 0, out.stderr
     assert "TRAINED 30" in out.stdout
-    assert "gpuprof · stall-run  (30 steps, avg" in out.stdout
+    assert "gpuprof · stall-run  (30 steps, median" in out.stdout
     # a sleeping collate is a plain stall, not a CPU-bound one, however busy the host is
     # with other work: the run's own process tree is measured
     # (a torch DataLoader: its next() calls are timed)

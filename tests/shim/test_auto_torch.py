@@ -42,7 +42,7 @@ def test_gradient_accumulation_sends_one_step_per_optimizer_step(socket_dir, fak
     assert "error" not in bye
     assert prof.run_id == 7
     out = capsys.readouterr().out
-    assert "gpuprof · accum  (3 steps, avg 12.5 ms)" in out
+    assert "gpuprof · accum  (3 steps, median 12.0 ms)" in out
     assert "Note: from the fake daemon" in out
 
 
