@@ -215,6 +215,10 @@ def worker_imbalance(ctx: RunContext) -> Insight | None:
 #: Cores other processes must keep busy (on average) to be worth a finding:
 #: less than one core is background noise (sshd, the daemon, a shell).
 CONTENTION_MIN_OTHER_CORES = 1.0
+#: Cores the run's own process tree must use for contention to slow it: a
+#: run below a quarter core mostly waits on something else (a sleeping or
+#: I/O-bound loader, the GPU), and its stall is its own.
+CONTENTION_MIN_RUN_CORES = 0.25
 #: Share of the host's cores used by other processes above which they, not
 #: the run, set the pace: HIGH.
 CONTENTION_HIGH_SHARE = 0.5
@@ -227,9 +231,13 @@ def host_cpu_contention(ctx: RunContext) -> Insight | None:
     """Fires when host CPU averages > :data:`CPU_BOUND_PCT` while the run's own
     process tree uses less than :data:`RUN_SHARE_OF_BUSY_CPU` of the busy
     cores and other processes keep ≥ :data:`CONTENTION_MIN_OTHER_CORES` busy.
-    Silent when the run's own CPU was not measured (another PID namespace)."""
+    Silent when the run's own CPU was not measured (another PID namespace) or
+    is under :data:`CONTENTION_MIN_RUN_CORES` (a run that needs no CPU is not
+    slowed by its lack)."""
     cpu, run, cores = ctx.host_cpu_pct, ctx.run_cpu_cores, ctx.cpu_count
     if cpu is None or run is None or not cores or cpu <= CPU_BOUND_PCT:
+        return None
+    if run < CONTENTION_MIN_RUN_CORES:
         return None
     busy = cpu / 100.0 * cores
     others = max(0.0, busy - run)

@@ -260,6 +260,10 @@ def test_host_cpu_contention_silent_when_the_run_is_the_hog_or_the_host_is_free(
     assert host_cpu_contention(_contended(95.0, run_cores=14.0)) is None  # cpu_bound's case
     assert host_cpu_contention(_contended(60.0, run_cores=1.0)) is None  # headroom left
     assert host_cpu_contention(_contended(95.0, run_cores=None)) is None  # not measured
+    # a run whose loader sleeps (I/O) uses no CPU: its stall is its own
+    idle_run = _contended(100.0, run_cores=0.1)
+    assert host_cpu_contention(idle_run) is None
+    assert "dataloader_stall" in {i.rule for i in run_rules(idle_run)}
     # a 2-core box at 85 %: others' 0.9 of a core is under the 1-core floor
     assert host_cpu_contention(_contended(85.0, run_cores=0.8, cpu_count=2)) is None
     # ... the fresh-user case: 2 cores pegged, the run got half of one

@@ -130,8 +130,8 @@ def test_one_or_two_slow_steps_are_not_periodic_variance():
 
 
 def test_cpu_bound_needs_the_run_itself_to_use_the_cpu():
-    # host pegged at 95 % of 2 cores, but the run's processes use 0.1 core: another tenant
-    other = make_ctx([60] * 10, [40] * 10, host_cpu_pct=95.0, cpu_count=2, run_cpu_cores=0.1)
+    # host pegged at 95 % of 2 cores, but the run's processes use 0.3 core: another tenant
+    other = make_ctx([60] * 10, [40] * 10, host_cpu_pct=95.0, cpu_count=2, run_cpu_cores=0.3)
     assert cpu_bound_dataloader(other) is None
     # ... which is the finding, the stall its symptom
     assert {"host_cpu_contention"} <= {i.rule for i in run_rules(other)} - {"dataloader_stall"}
