@@ -93,12 +93,22 @@ def gpu_rate_usd_per_hour(env: Mapping[str, str] | None = None) -> float | None:
 
 def nvml_backend(env: Mapping[str, str] | None = None) -> str:
     """``real`` unless ``GPUPROF_NVML`` asks for ``mock`` or ``replay:PATH``
-    (returned as ``replay:`` and the path, ``~`` expanded)."""
+    (returned as ``replay:`` and the path, ``~`` expanded). Unset or empty:
+    ``real``.
+
+    Raises:
+        ValueError: any other value (a typo must not silently mean "real").
+    """
     raw = _env(env).get(ENV_NVML, "").strip()
     kind, sep, path = raw.partition(":")
     if kind.lower() == "replay" and sep and path.strip():
         return f"replay:{Path(path.strip()).expanduser()}"
-    return "mock" if raw.lower() == "mock" else "real"
+    if raw.lower() in ("", "real", "mock"):
+        return raw.lower() or "real"
+    raise ValueError(
+        f"{ENV_NVML}={raw!r} is not a GPU backend: use real (the default), mock, or "
+        "replay:PATH (a recorded nvml_trace.jsonl)"
+    )
 
 
 def endpoint(directory: Path, name: str) -> str:

@@ -96,6 +96,11 @@ def cli(socket_dir: Path | None, db: Path | None, idle_exit_s: float, sample_hz:
     logging.basicConfig(level=log_level.upper(), format=LOG_FORMAT, stream=sys.stderr)
     logging.getLogger("aiosqlite").setLevel(logging.WARNING)  # one line per SQL call
     rate, notes = _gpu_rate()
+    try:
+        nvml = config.nvml_backend()
+    except ValueError as exc:
+        click.echo(f"gpuprofd: error: {exc}", err=True)
+        return EXIT_BAD_INPUT
     db_file = db.expanduser().resolve() if db else config.db_path()
     opts = DaemonOptions(
         socket_dir=(socket_dir or config.socket_dir(db=db_file)).expanduser().absolute(),
@@ -103,7 +108,7 @@ def cli(socket_dir: Path | None, db: Path | None, idle_exit_s: float, sample_hz:
         idle_exit_s=idle_exit_s,
         sample_hz=sample_hz,
         raw_window_s=raw_window_s,
-        nvml_backend=config.nvml_backend(),
+        nvml_backend=nvml,
         gpu_rate_usd_per_hour=rate,
         base_notes=notes,
     )

@@ -368,7 +368,8 @@ class Daemon:
         """The GPU loops' achieved rates so far, or why there are none."""
         if self._gpu is None:
             return {"on": False, "why": self._gpu_note or "no NVML backend"}
-        out: dict[str, Any] = {"on": True, "gpus": len(self.gpu_latest)}
+        out: dict[str, Any] = {"on": True, "gpus": len(self.gpu_latest),
+                               "backend": self.opts.nvml_backend}  # fmt: skip
         for name, st in self._gpu.stats().items():
             out[name] = {
                 "requested_hz": st.requested_hz, "achieved_hz": st.achieved_hz,

@@ -330,11 +330,11 @@ def test_status_reports_the_gpu_loops_achieved_rate(
     time.sleep(1.5)
     assert main(["status", "--socket-dir", str(sock_dir), "--format", "json"]) == 0
     gpu = orjson.loads(capsys.readouterr().out)["gpu_sampling"]
-    assert gpu["on"] is True and gpu["gpus"] == 1
+    assert gpu["on"] is True and gpu["gpus"] == 1 and gpu["backend"] == "mock"
     assert gpu["fast"]["requested_hz"] == 50.0 and gpu["fast"]["ticks"] >= 25
     assert 25 <= gpu["fast"]["achieved_hz"] <= 51  # deadline-scheduled: never above the rate
     assert main(["status", "--socket-dir", str(sock_dir)]) == 0
-    assert "GPU sampling: 1 GPU(s), " in capsys.readouterr().out
+    assert "GPU sampling: 1 GPU(s) (mock), " in capsys.readouterr().out
 
 
 def test_version_and_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:

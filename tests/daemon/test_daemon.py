@@ -4,6 +4,7 @@ queue instead of being dropped; numeric options refuse NaN and infinity."""
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -59,3 +60,16 @@ def test_numeric_options_refuse_nan_and_infinity(tmp_path: Path, option: str, va
     assert proc.returncode == 2
     assert f"Invalid value for '{option}'" in proc.stderr
     assert "not a finite number" in proc.stderr or "not in the range" in proc.stderr
+
+
+def test_an_unknown_gpu_backend_is_one_clear_line(tmp_path: Path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpuprofd", "--db", str(tmp_path / "g.db")],
+        capture_output=True, text=True, timeout=30, check=False,
+        env={**os.environ, "GPUPROF_NVML": "bogus"},
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "gpuprofd: error: GPUPROF_NVML='bogus' is not a GPU backend: use real (the default), "
+        "mock, or replay:PATH (a recorded nvml_trace.jsonl)"
+    ]

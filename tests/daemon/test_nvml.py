@@ -201,7 +201,10 @@ def test_replay_of_a_missing_trace_is_off_with_a_note(caplog: pytest.LogCaptureF
 def test_config_parses_the_replay_backend() -> None:
     assert config.nvml_backend({"GPUPROF_NVML": "replay:/x/t.jsonl"}) == "replay:/x/t.jsonl"
     assert config.nvml_backend({"GPUPROF_NVML": " Replay:/x/t.jsonl "}) == "replay:/x/t.jsonl"
-    assert config.nvml_backend({"GPUPROF_NVML": "replay:"}) == "real"
+    for bad in ("replay:", "bogus", "moc"):  # a typo is an error, not the real backend
+        with pytest.raises(ValueError, match="is not a GPU backend: use real"):
+            config.nvml_backend({"GPUPROF_NVML": bad})
+    assert config.nvml_backend({"GPUPROF_NVML": "real"}) == "real"
     assert config.nvml_backend({"GPUPROF_NVML": "mock"}) == "mock"
     assert config.nvml_backend({}) == "real"
 

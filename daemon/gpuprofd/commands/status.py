@@ -34,7 +34,7 @@ def format_status(reply: dict[str, Any]) -> str:
     if gpu.get("on"):
         fast, slow = gpu.get("fast") or {}, gpu.get("slow") or {}
         lines.append(
-            f"  GPU sampling: {gpu.get('gpus', 0)} GPU(s), {_hz(fast)} "
+            f"  GPU sampling: {gpu.get('gpus', 0)} GPU(s) ({gpu.get('backend')}), {_hz(fast)} "
             f"({fast.get('missed_ticks', 0)} slots missed), slow loop {_hz(slow)}"
         )
     elif gpu:
