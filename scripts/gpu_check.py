@@ -58,6 +58,7 @@ import queue
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -766,7 +767,7 @@ def summary_md(rep: Mapping[str, Any]) -> str:
             f"| {_fmt(r.get('sm_mhz_mean'), 0)}/{_fmt(r.get('sm_mhz_ref'), 0)}/"
             f"{_fmt(r.get('sm_mhz_power_capped'), 0)} | {_fmt(r.get('reasons_seen'))} "
             f"| {', '.join(p['fired']) or '-'} | {', '.join(p['expected']) or '-'} "
-            f"| {'match' if p['match'] else 'MISMATCH' if p['ran'] else 'NOT RUN'} |"
+            f"| {_verdict(p, rep['mode'])} |"
         )
     if rep["mode"] != "replay":
         out += ["", "Loads: " + "; ".join(
@@ -775,10 +776,28 @@ def summary_md(rep: Mapping[str, Any]) -> str:
             for p in phases)]  # fmt: skip
     if rep.get("error"):
         out += ["", f"**Run failed:** {rep['error']}"]
-    out += ["", "**All verdicts match the replay.**" if ok else
-            "**MISMATCH:** " + "; ".join(
-                f"{p['name']}: {_why(p)}" for p in phases if not p["match"])]  # fmt: skip
+    if rep["mode"] == "dry-run":
+        out += ["", "**Plumbing OK: every phase ran and was sampled.**" if plumbing_ok(rep)
+                else "**Plumbing FAILED:** " + "; ".join(
+                    f"{p['name']}: {_why(p)}" for p in phases if not (p["ran"] and p["samples"]))]
+    else:
+        out += ["", "**All verdicts match the replay.**" if ok else
+                "**MISMATCH:** " + "; ".join(
+                    f"{p['name']}: {_why(p)}" for p in phases if not p["match"])]  # fmt: skip
     return "\n".join(out) + "\n"
+
+
+def plumbing_ok(rep: Mapping[str, Any]) -> bool:
+    """A dry run's pass: every phase ran and its window held samples."""
+    return all(p["ran"] and p["samples"] for p in rep["phases"])
+
+
+def _verdict(p: Mapping[str, Any], mode: str) -> str:
+    if not p["ran"]:
+        return "NOT RUN"
+    if mode == "dry-run":
+        return "not judged"
+    return "match" if p["match"] else "MISMATCH"
 
 
 def _why(p: Mapping[str, Any]) -> str:
@@ -804,7 +823,9 @@ def write_report(rep: dict[str, Any], out_dir: Path) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--replay", metavar="PATH", help="judge a recorded trace's phases (no GPU)")
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="report folder")
+    ap.add_argument("--out", type=Path, default=None,
+                    help=f"report folder (default: {DEFAULT_OUT.relative_to(ROOT)} for a live "
+                    "run, to commit; a temporary folder for --replay and --dry-run)")
     ap.add_argument("--phase-s", type=float, default=13.0, help="seconds per live phase")
     ap.add_argument("--hz", type=float, default=100.0, help="the fast loop's sample_hz")
     ap.add_argument("--skip-s", type=float, default=SKIP_S,
@@ -829,9 +850,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"gpu_check: failed: {exc}", file=sys.stderr)
         return 1
     rep = {"created_utc": created, **rep}
-    md = write_report(rep, args.out)
+    out = args.out
+    if out is None:
+        live = not args.replay and not args.dry_run
+        out = DEFAULT_OUT if live else Path(tempfile.gettempdir()) / "gpuprof-gpu-check"
+    md = write_report(rep, out)
     print(md, end="")
-    print(f"gpu_check: report in {args.out}", file=sys.stderr)
+    print(f"gpu_check: report in {out}", file=sys.stderr)
+    if rep["mode"] == "dry-run":
+        return 0 if plumbing_ok(rep) else 1
     return 0 if rep["all_match"] else 1
 
 

@@ -120,7 +120,9 @@ def test_dry_run_drives_the_live_plumbing_end_to_end(tmp_path):
     reported by the load child, sampled, windowed and judged; GPU verdicts are
     meaningless here, so only the shape and the figures are checked."""
     proc = _run("--dry-run", "--phase-s", "0.8", "--out", str(tmp_path), timeout=120)
-    assert proc.returncode in (0, 1), proc.stderr
+    assert proc.returncode == 0, proc.stderr  # plumbing judged, not the verdicts
+    md = (tmp_path / "report.md").read_text()
+    assert "Plumbing OK: every phase ran and was sampled." in md and "MISMATCH" not in md
     rep = json.loads((tmp_path / "report.json").read_text())
     assert rep["mode"] == "dry-run" and rep["backend"] == "replay"
     assert [p["name"] for p in rep["phases"]] == LIVE_PHASES
