@@ -171,3 +171,12 @@ def test_cpu_bound_explains_erratic_steps():
     rules = {i.rule for i in run_rules(ctx)}
     assert "cpu_bound_dataloader" in rules and "high_step_variance" not in rules
     assert high_step_variance(ctx) is not None  # on its own it would fire
+
+
+def test_high_step_variance_needs_the_slow_steps_to_cost_something():
+    # the fresh-user case: 0.3 ms steps, a few at 1.6 ms: erratic, but 6.5 ms lost in all
+    tiny = make_ctx([0.3] * 40 + [1.6] * 5)
+    assert high_step_variance(tiny) is None
+    # the same shape at 100x the scale loses 650 ms: a finding
+    big = high_step_variance(make_ctx([30.0] * 40 + [160.0] * 5))
+    assert big is not None and big.evidence["excess_ms"] == 650.0
