@@ -317,6 +317,10 @@ def test_status_with_daemon(
     assert main(["status", "--socket-dir", str(sock_dir)]) == 0
     out = capsys.readouterr().out
     assert f"gpuprofd pid {proc.pid}" in out and "not_json=1" in out and "watched" in out
+    assert "  log: " not in out  # started by hand here: it logs where it was told
+    (sock_dir / "gpuprofd.log").touch()  # where an auto-started daemon logs
+    assert main(["status", "--socket-dir", str(sock_dir)]) == 0
+    assert f"  log:        {sock_dir / 'gpuprofd.log'}\n" in capsys.readouterr().out
     # no NVML on this machine: the status says GPU sampling is off, and why
     assert reply["gpu_sampling"] == {"on": False, "why": NO_GPU_NOTE}
     assert "GPU sampling: off (" in out

@@ -24,6 +24,7 @@ def format_status(reply: dict[str, Any]) -> str:
         f"gpuprofd pid {reply['pid']}",
         f"  socket dir: {reply['socket_dir']}",
         f"  database:   {reply['db']}",
+        *_log_line(reply),
         f"  received:   {reply.get('received', 0)} events",
     ]
     live = reply.get("live_runs") or []
@@ -45,6 +46,12 @@ def format_status(reply: dict[str, Any]) -> str:
     else:
         lines.append("  dropped:    none")
     return "\n".join(lines)
+
+
+def _log_line(reply: dict[str, Any]) -> list[str]:
+    """Where an auto-started daemon logs (systemd's goes to the journal)."""
+    log = Path(reply["socket_dir"]) / config.LOG_NAME
+    return [f"  log:        {log}"] if log.exists() else []
 
 
 def _hz(loop: dict[str, Any]) -> str:
