@@ -133,8 +133,10 @@ def make_summary(
     insights: Sequence[Mapping[str, Any]],
     db: str | None,
     notes: Sequence[str] = (),
+    error: str | None = None,
 ) -> dict[str, Any]:
-    """Assemble the summary dict of one run.
+    """Assemble the summary dict of one run; *error* is what ended a failed
+    run (``"TypeName: message"``, as the shim reports it).
 
     ``avg_step_ms`` is the mean iteration time (loader wait + step, ms) over
     all steps; ``median_step_ms`` the steady-state median (warm-up excluded).
@@ -161,7 +163,12 @@ def make_summary(
         "compute": compute,
         "insights": [dict(i) for i in insights],
         "notes": list(notes),
+        **({"error": error} if error else {}),
     }
+
+
+#: Characters of a failed run's error shown in the summary block.
+ERROR_LINE_CHARS = 200
 
 
 def format_summary(summary: Mapping[str, Any], details: bool = False) -> str:
@@ -180,6 +187,9 @@ def format_summary(summary: Mapping[str, Any], details: bool = False) -> str:
     if status and status not in ("finished", "running"):
         head += f"  [{status.upper()}]"
     lines = [RULE, head]
+    if summary.get("error"):  # what ended it, first line (a message may span several)
+        first = str(summary["error"]).splitlines()[0] if str(summary["error"]).strip() else ""
+        lines.append(f"  Ended by: {first[:ERROR_LINE_CHARS]}")
     extra = []
     if summary.get("skipped_updates"):
         extra.append(f"{summary['skipped_updates']} skipped updates (inf/NaN gradients)")

@@ -82,7 +82,7 @@ class InsightsRunner:
         insights, ctx = await self._compute(run)
         summary = make_summary(
             run_id, ctx, [i.to_dict() for i in insights], self.db_path,
-            [*notes, *self.base_notes],
+            [*notes, *self.base_notes], error=run.get("error"),
         )  # fmt: skip
         await runsdb.replace_insights(self.store, run_id, insights)
         await runsdb.update_run(

@@ -50,6 +50,15 @@ def test_summary_block_matches_the_quickstart_shape():
 def test_failed_run_is_marked():
     ctx = make_ctx([], [], status="failed")
     assert "[FAILED]" in format_summary(make_summary(3, ctx, [], "/d"))
+    assert "Ended by" not in format_summary(make_summary(3, ctx, [], "/d"))
+
+
+def test_a_failed_runs_error_is_shown_first_line_only():
+    ctx = make_ctx([10.0] * 4, status="failed")
+    summary = make_summary(3, ctx, [], "/d", error="ValueError: loss is NaN\nat step 120")
+    assert summary["error"] == "ValueError: loss is NaN\nat step 120"
+    lines = format_summary(summary).splitlines()
+    assert lines[1].endswith("[FAILED]") and lines[2] == "  Ended by: ValueError: loss is NaN"
 
 
 def test_skipped_updates_and_eval_time_get_one_line_only_when_present():

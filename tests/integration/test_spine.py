@@ -94,6 +94,7 @@ def test_loop_raises_run_failed_and_patches_gone(node: Node):
     assert out.returncode == 0, out.stderr
     assert "PROPAGATED boom at step 3" in out.stdout
     assert "gpuprof · raises  (4 steps" in out.stdout and "[FAILED]" in out.stdout
+    assert "  Ended by: RuntimeError: boom at step 3" in out.stdout
     (run,) = node.query("SELECT status, error FROM runs")
     assert run["status"] == "failed"
     assert "RuntimeError: boom at step 3" in run["error"]

@@ -34,7 +34,8 @@ def load_summary(db: Path, run_id: int | None) -> dict[str, Any]:
             ctx = dbread.run_context(conn, run)
             notes = [LIVE_NOTE] if run["status"] == "running" else []
             summary = make_summary(
-                run["id"], ctx, dbread.stored_insights(conn, run["id"]), str(db.absolute()), notes
+                run["id"], ctx, dbread.stored_insights(conn, run["id"]), str(db.absolute()), notes,
+                error=run.get("error"),
             )
         table = kerneltable.build_table(dbread.kernel_windows(conn, run["id"]))
         return add_kernels_and_mfu(summary, run, table)
