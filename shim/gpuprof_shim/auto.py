@@ -277,6 +277,10 @@ class StepMachine:
         # a strong reference for one step: fine, the optimizer lives as long anyway
         self._last_optimizer: Any = None
         self._last_index = 0
+        #: Called with the next step's index between steps, on the training
+        #: thread: after the primary optimizer's ``step()`` ends (or
+        #: :meth:`end_step`). The session's trace windows use it.
+        self.boundary: Callable[[int], None] | None = None
         #: Called on the training thread when a step ends, with the index of
         #: the step that comes next and the last optimizer stepped
         #: (gpuprof_shim.flops counts one step's FLOPs).
@@ -606,14 +610,21 @@ class StepMachine:
 
     def _at_boundary(self, next_step: int) -> None:
         """A step just ended and step *next_step* has not begun: call
+        :attr:`boundary` (trace windows start and stop here), then
         :attr:`on_boundary` (the FLOP count). Its time is gpuprof's own, in
         the gap before the next step (not loader wait)."""
-        on_boundary = self.on_boundary
-        if on_boundary is None:
+        boundary, on_boundary = self.boundary, self.on_boundary
+        if boundary is None and on_boundary is None:
             return
         t = self.clock()
         try:
-            on_boundary(next_step, self._last_optimizer)
+            if boundary is not None:
+                boundary(next_step)
+        except Exception:
+            log.debug("gpuprof: step boundary callback failed", exc_info=True)
+        try:
+            if on_boundary is not None:
+                on_boundary(next_step, self._last_optimizer)
         except Exception:
             log.debug("gpuprof: step boundary callback failed", exc_info=True)
         self._seg.gap_own_ns += max(0, self.clock() - t)

@@ -77,6 +77,7 @@ class Step:
         self._entries += 1
         if self._entries == 1 and self._t0 is None and not self._ignored:
             if self._rec._begin(self):
+                self._rec._before(self.i)
                 self._t0 = self._clock()
                 self._rec.waits.step_started()
                 return self
@@ -139,6 +140,10 @@ class ManualRecorder:
         self.closed = False
         self._next_index = 0
         self._current: Step | None = None
+        #: Called with the step index right before a step's start is read,
+        #: and right after it was emitted (trace windows open and close here).
+        self.before_step: Callable[[int], None] | None = None
+        self.after_step: Callable[[int], None] | None = None
 
     def step(self, i: Any = None) -> Step:
         """A new step with index *i* (a non-negative int; anything else, or
@@ -172,3 +177,20 @@ class ManualRecorder:
             phases[LOADER_PHASE] = phases.get(LOADER_PHASE, 0) + loader_ns
         self._next_index = step.i + 1
         self.emit(StepRecord(step.i, t0, t1, wait, explicit, 1, phases))
+        after = self.after_step
+        if after is not None:
+            t = self.clock()
+            try:
+                after(step.i)
+            except Exception:
+                log.debug("gpuprof: after-step callback failed", exc_info=True)
+            # gpuprof's own time after the step is not the next step's loader wait
+            self.waits.prev_end_ns += max(0, self.clock() - t)
+
+    def _before(self, i: int) -> None:
+        before = self.before_step
+        if before is not None:
+            try:
+                before(i)
+            except Exception:
+                log.debug("gpuprof: before-step callback failed", exc_info=True)

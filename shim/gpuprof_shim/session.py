@@ -15,18 +15,19 @@ Lifecycle:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from gpuprof import config
-from gpuprof.protocol import clean_run_name
+from gpuprof.protocol import clean_run_name, clean_text
 from gpuprof_shim import autostart, control, identity, memory, messages
 from gpuprof_shim.auto import StepMachine
 from gpuprof_shim.flops import DtypeProbe, StepFlopCounter, cuda_in_use, on_mfu_device
@@ -35,6 +36,7 @@ from gpuprof_shim.manual import ManualRecorder, NullStep, Step
 from gpuprof_shim.report import StepCounter, local_summary, print_summary
 from gpuprof_shim.sender import Sender
 from gpuprof_shim.steps import StepRecord, WaitTracker
+from gpuprof_shim.trace import DEFAULT_TRACE_DIR_MAX_MB, TraceOptions, Tracer
 from gpuprof_shim.workers import WorkerReporter
 
 log = logging.getLogger("gpuprof.shim")
@@ -93,13 +95,20 @@ class Profiler:
         db: the database a started daemon uses (default ``GPUPROF_DB`` or
             ``./gpuprof.db``, made absolute against the current directory).
         autostart: start a gpuprofd if none answers.
+        trace_every_n_steps: a ``torch.profiler`` snapshot of one step every N
+            steps, plus steps 0, 1 and 5 (see :mod:`gpuprof_shim.trace`).
+        trace_range: ``(a, b)``: a snapshot of every step from a to b inclusive.
+        continuous_traces_hz: a one-step kernel window every ``1/f`` seconds
+            for the whole run (at most one step in 10; f <= 10).
+        trace_dir: also write each window's chrome trace (gzip) here; never
+            by default. ``trace_dir_max_mb`` caps their total size (MB).
         step_source: ``"optimizer"`` (auto mode finds steps: one cycle of the
             first optimizer that steps) or ``"external"`` (a framework adapter
             ends each step with :meth:`mark_step_end`; phases are still timed).
 
     Raises:
         ValueError: an invalid ``flops_per_step``, ``dtype``, ``arch``,
-            ``tokens_per_step``, ``count_flops`` or ``step_source``.
+            ``tokens_per_step``, ``count_flops``, ``step_source`` or trace option.
     """
 
     def __init__(
@@ -117,6 +126,11 @@ class Profiler:
         arch: Any = None,
         tokens_per_step: int | None = None,
         count_flops: bool | None = None,
+        trace_every_n_steps: int | None = None,
+        trace_range: tuple[int, int] | None = None,
+        continuous_traces_hz: float | None = None,
+        trace_dir: str | os.PathLike[str] | None = None,
+        trace_dir_max_mb: float = DEFAULT_TRACE_DIR_MAX_MB,
     ) -> None:
         if step_source not in ("optimizer", "external"):
             raise ValueError(
@@ -133,6 +147,12 @@ class Profiler:
         self._flop_counter: StepFlopCounter | None = None
         self._traced: set[int] = set()
         self._sent_dtype = self._sent_flops = False
+        self.trace_options = TraceOptions.parse(
+            trace_every_n_steps, trace_range, continuous_traces_hz, trace_dir, trace_dir_max_mb
+        )
+        #: The torch.profiler windows (None unless a trace option is set).
+        self._tracer: Tracer | None = None
+        self._nsys_notice = False
         self.print_summary = bool(print_summary)
         self.db = str(Path(db).expanduser().resolve() if db else config.db_path())
         #: The database this run asked for; a running daemon may own another.
@@ -262,6 +282,45 @@ class Profiler:
             loader, self._loader_started, self._loader_wait, self.clock, self._loader_iterator
         )
 
+    @contextlib.contextmanager
+    def nsys_capture(self) -> Iterator[None]:
+        """``with prof.nsys_capture():`` — bracket a region with
+        ``cudaProfilerStart``/``cudaProfilerStop`` (``torch.cuda.profiler``), so
+        ``nsys profile --capture-range=cudaProfilerApi`` records just that
+        region; then ``gpuprofctl nsys-import`` attaches its kernels to the run.
+
+        Without CUDA (no GPU, a CPU build of torch, no torch) it does nothing
+        and logs one notice. Never raises for its own problems; an error of the
+        code inside the ``with`` propagates unchanged.
+        """
+        started = self._cuda_profiler(True)
+        try:
+            yield
+        finally:
+            if started:
+                self._cuda_profiler(False)
+
+    def _cuda_profiler(self, start: bool) -> bool:
+        """Call ``torch.cuda.profiler.start()`` / ``stop()``; True if it ran."""
+        try:
+            import torch
+
+            if not torch.cuda.is_available():
+                raise RuntimeError("CUDA is not available")
+            if start:
+                torch.cuda.profiler.start()
+            else:
+                torch.cuda.profiler.stop()
+            return True
+        except Exception as exc:
+            if not self._nsys_notice:
+                self._nsys_notice = True
+                log.warning(
+                    "gpuprof: nsys_capture() does nothing here (%s)",
+                    clean_text(f"{type(exc).__name__}: {exc}", 200),
+                )
+            return False
+
     # --- internals ---------------------------------------------------------
 
     def _connect(self) -> None:
@@ -344,7 +403,34 @@ class Profiler:
             waits = WaitTracker(self.clock())
             self._waits = waits
             self._recorder = ManualRecorder(self._emit, waits, self.clock)
+        if self.trace_options.enabled:
+            self._start_tracer()
         self._open = True
+
+    def _start_tracer(self) -> None:
+        """Trace windows at step boundaries; the profile's start is the one
+        before step 0 (see :mod:`gpuprof_shim.trace`)."""
+        tracer = Tracer(
+            self.trace_options,
+            run_key=self.run_key,
+            run_name=self.run_name,
+            send=self._send_now,
+            clock=self.clock,
+        )
+        self._tracer = tracer
+        tracer.open()
+        if self.machine is not None:
+            self.machine.boundary = tracer.boundary
+        elif self._recorder is not None:
+            self._recorder.before_step = tracer.start_window
+            self._recorder.after_step = lambda _i: tracer.end_window()
+        if self.machine is not None:
+            tracer.start_window(0)
+
+    def _send_now(self, msg: Any) -> bool:
+        """Send one event now (a ``kernels`` window); False if dropped."""
+        sender = self.sender
+        return sender.send(msg) if sender is not None else False
 
     def _start_model_probes(self) -> None:
         """Auto mode: the dtype probe (unless the user gave a dtype) and the
@@ -418,6 +504,9 @@ class Profiler:
         try:
             if rec.i in self._traced:
                 rec.traced = True
+            tracer = self._tracer
+            if tracer is not None and tracer.traced(rec.t0, rec.t1):
+                rec.traced = True  # a torch.profiler window ran during it
             self.counter.add(rec.duration_ns + rec.wait)
             if self.sender is None:
                 return
@@ -457,6 +546,9 @@ class Profiler:
             self._waits.add_loader_wait(ns)
 
     def _unpatch(self) -> None:
+        tracer = self._tracer
+        if tracer is not None:
+            tracer.close()  # the profiler stopped, its guard removed (idempotent)
         if self._flop_counter is not None and self._flop_counter.active:
             self._flop_counter.abandon()
         patches, self._patches = self._patches, None
@@ -487,6 +579,8 @@ class Profiler:
         counter = self._flop_counter
         if counter is not None and counter.note:
             summary.setdefault("notes", []).append(counter.note)
+        if self._tracer is not None and self._tracer.notes:
+            summary.setdefault("notes", []).extend(self._tracer.notes)
         left = self.machine.unfinished_micro if self.machine is not None else 0
         if left:
             summary.setdefault("notes", []).append(
