@@ -128,8 +128,10 @@ def build_context(
             (None: no GPU), ``gpu_count``, ``cpu_count``.
         steps: in step order, each with ``t0``/``t1`` (monotonic ns),
             ``wait`` (ns), ``explicit`` (bool), ``micro``, ``phases``
-            (phase name → ns), optional ``skipped`` (bool), ``eval`` (ns)
-            and ``mem`` (torch allocator ``[allocated, reserved, peak]`` bytes).
+            (phase name → ns), optional ``skipped`` (bool), ``eval`` (ns),
+            ``mem`` (torch allocator ``[allocated, reserved, peak]`` bytes) and
+            ``traced`` (bool: a profiler snapshot ran in it; such steps are
+            left out of the timing figures unless every step is traced).
         host: host samples taken during the run in time order, each with
             ``cpu_pct`` (0-100, all cores) and, each optional and None when
             not available, ``disk_read_bps`` (bytes/s), ``disk_read_iops``,
@@ -158,8 +160,12 @@ def build_context(
             ``RunContext.kernels``. ``run["options"]["arch"]["checkpointing"]``
             (bool) sets ``checkpointing_declared``.
     """
+    # steps a profiler snapshot ran in (``traced``) are not representative:
+    # left out of every timing figure (step, wait, phase medians and thirds,
+    # hence MFU and the regression baseline), unless every step was traced
+    timed = [s for s in steps if not s.get("traced")] or list(steps)
     phase_totals: dict[str, float] = {}
-    for s in steps:
+    for s in timed:
         for name, ns in (s.get("phases") or {}).items():
             phase_totals[name] = phase_totals.get(name, 0.0) + ns / _NS_PER_MS
     start = run.get("start_mono_ns")
@@ -167,11 +173,11 @@ def build_context(
     duration_s = (end - start) / 1e9 if start is not None and end is not None else 0.0
     run_cores = [c["cores"] for c in run_cpu if c.get("cores") is not None]
     options = run.get("options") or {}
-    wait_ms = tuple(s["wait"] / _NS_PER_MS for s in steps)
+    wait_ms = tuple(s["wait"] / _NS_PER_MS for s in timed)
     step_ms = tuple(
         # gpuprof's own time inside a step (sending events) is not the step's
         (s["t1"] - s["t0"] - (s.get("phases") or {}).get(OWN_TIME_PHASE, 0)) / _NS_PER_MS
-        for s in steps
+        for s in timed
     )
     iteration_ms = [s + w for s, w in zip(step_ms, wait_ms, strict=True)]
     return RunContext(
@@ -180,10 +186,10 @@ def build_context(
         step_ms=step_ms,
         wait_ms=wait_ms,
         explicit_wait=any(s.get("explicit") for s in steps),
-        data_ms=tuple((s.get("phases") or {}).get(DATA_PHASE, 0) / _NS_PER_MS for s in steps)
-        if any(DATA_PHASE in (s.get("phases") or {}) for s in steps)
+        data_ms=tuple((s.get("phases") or {}).get(DATA_PHASE, 0) / _NS_PER_MS for s in timed)
+        if any(DATA_PHASE in (s.get("phases") or {}) for s in timed)
         else (),
-        micro_batches=tuple(int(s.get("micro", 1)) for s in steps),
+        micro_batches=tuple(int(s.get("micro", 1)) for s in timed),
         phase_ms=phase_totals,
         duration_s=max(duration_s, 0.0),
         **_host_aggregates(host, steps),

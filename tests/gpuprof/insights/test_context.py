@@ -89,3 +89,26 @@ def test_build_context_without_torch_memory_is_none_not_zero():
     run = {"run_name": "r", "status": "finished", "start_mono_ns": 0, "end_mono_ns": 10}
     ctx = build_context(run, [{"t0": 0, "t1": 1, "wait": 0, "phases": {}}])
     assert ctx.torch_peak_allocated_bytes is None and ctx.torch_peak_reserved_bytes is None
+
+
+def test_traced_steps_are_left_out_of_the_timing_figures():
+    run = {"run_name": "r", "status": "finished", "start_mono_ns": 0, "end_mono_ns": 10**9}
+
+    def step(i: int, ms: int, traced: bool) -> dict:
+        t0 = i * 100_000_000
+        s = {"t0": t0, "t1": t0 + ms * 1_000_000, "wait": (ms // 10) * 1_000_000,
+             "explicit": False, "micro": 1 + traced, "phases": {"forward": ms * 1_000_000}}
+        return {**s, "traced": True} if traced else s
+
+    # a profiler snapshot made steps 0 and 3 five times slower
+    steps = [step(0, 50, True), step(1, 10, False), step(2, 12, False), step(3, 60, True),
+             step(4, 11, False)]
+    ctx = build_context(run, steps)
+    assert ctx.step_ms == (10.0, 12.0, 11.0)
+    assert ctx.wait_ms == (1.0, 1.0, 1.0)
+    assert ctx.micro_batches == (1, 1, 1)
+    assert ctx.phase_ms == {"forward": 33.0}
+    untraced = build_context(run, [s for s in steps if not s.get("traced")])
+    assert ctx.median_step_ms == untraced.median_step_ms < 14  # the run's median, MFU, baseline
+    # every step traced (trace_range over the whole run): better those than nothing
+    assert build_context(run, [step(0, 50, True), step(1, 60, True)]).step_ms == (50.0, 60.0)
