@@ -148,7 +148,7 @@ def make_summary(
         "run_id": run_id,
         "run_name": ctx.run_name,
         "status": ctx.status,
-        "steps": ctx.steps,
+        "steps": ctx.steps + ctx.traced_steps,
         "avg_step_ms": round(mean(iteration), 3) if iteration else None,
         "median_step_ms": round(median_ms, 3) if median_ms is not None else None,
         "skipped_updates": ctx.skipped_updates,

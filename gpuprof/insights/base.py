@@ -152,9 +152,13 @@ class RunContext:
     checkpointing_declared: bool | None = None
     """Whether the declared architecture (run option ``arch``, a
     ``gpuprof.TransformerArch``) uses activation checkpointing; None when not declared."""
+    traced_steps: int = 0
+    """Steps a profiler snapshot ran in, left out of ``step_ms`` and the other
+    per-step figures (so ``steps + traced_steps`` is the run's step count)."""
 
     @property
     def steps(self) -> int:
+        """Steps in the timing figures (traced steps excluded)."""
         return len(self.step_ms)
 
     @property

@@ -212,6 +212,7 @@ def build_context(
         gpu=gpu if gpu is not None else gpu_stats(gpu_samples) if gpu_samples else None,
         kernels=kernel_stats(kernel_windows) if kernel_windows else None,
         checkpointing_declared=_checkpointing_declared(options),
+        traced_steps=len(steps) - len(timed),
         eval_ms=(sum(s.get("eval") or 0 for s in steps) + (run.get("trailing_eval_ns") or 0))
         / _NS_PER_MS,
     )

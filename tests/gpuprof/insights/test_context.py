@@ -108,6 +108,7 @@ def test_traced_steps_are_left_out_of_the_timing_figures():
     assert ctx.wait_ms == (1.0, 1.0, 1.0)
     assert ctx.micro_batches == (1, 1, 1)
     assert ctx.phase_ms == {"forward": 33.0}
+    assert (ctx.steps, ctx.traced_steps) == (3, 2)
     untraced = build_context(run, [s for s in steps if not s.get("traced")])
     assert ctx.median_step_ms == untraced.median_step_ms < 14  # the run's median, MFU, baseline
     # every step traced (trace_range over the whole run): better those than nothing
