@@ -15,7 +15,10 @@ Modes (any combination; all off by default, see :class:`TraceOptions`):
     :data:`CONTINUOUS_FIRST_STEP`. A profiler left running instead would make
     every step a traced one (excluded from step statistics) and cost the full
     profiler overhead on every step; a sample costs that overhead on one step
-    per window. ``bench/trace_overhead.py`` measures it.
+    per window. ``bench/trace_overhead.py`` measures it: on a 17 ms CPU step
+    (2 vCPUs, 2026-11-30) the whole loop took 1.04x at 1 Hz and 1.13x at
+    10 Hz (a window every 10 steps); every 100 steps 1.03x, a 20-step range
+    1.09x; one window costs ~25-45 ms there (Kineto start/stop and the fold).
 
 Where
     The profiler starts and stops only on the training thread, between
@@ -54,7 +57,9 @@ The user's own profiler
     ``torch.autograd.profiler.profile._prepare_trace`` / ``__exit__``,
     installed while tracing is on and removed at exit; it also stops a
     gpuprof window the moment the user's profiler prepares (two Kineto
-    sessions at once crash torch 2.13 with a segfault).
+    sessions at once crash torch 2.13 with a segfault). ``record_function``
+    ranges entered during a window and still open when it stops (the
+    optimizer's own) are ended first: see :class:`_TorchGuard`.
 
 Failures
     Any error from the profiler disables tracing for the rest of the run,
