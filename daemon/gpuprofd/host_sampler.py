@@ -94,49 +94,68 @@ def _int_or_none(value: Any) -> int | None:
 
 
 class ProcessTreeCpu:
-    """CPU use of each training process plus its children, in cores.
+    """CPU use of each training process plus its descendants, in cores.
 
-    Keeps one primed ``psutil.Process`` per pid (a new object's first
-    ``cpu_percent()`` is a meaningless 0), re-primes a pid that was reused
-    (``is_running`` compares creation times), follows DataLoader workers that
-    respawn every epoch, and forgets processes that are gone.
+    Counts cumulative CPU seconds, not ``cpu_percent``: per run, the sum over
+    the live tree of each process's user + system time **plus** the time of
+    the children it has reaped (``children_user``/``children_system``: the
+    kernel adds a waited-for child's whole time to its parent). A DataLoader
+    worker that lives half an epoch, or exits between two samples, is then
+    counted in full: psutil's ``cpu_percent`` reads 0 on a process's first
+    call and loses whatever a process did after the last call before it
+    exited, which undercounted respawning workers by most of their CPU.
+    The first sample of a run only records its total.
     """
 
-    def __init__(self, psutil: ModuleType | Any = _psutil) -> None:
+    def __init__(
+        self, psutil: ModuleType | Any = _psutil, clock: Callable[[], int] = time.monotonic_ns
+    ) -> None:
         self._ps = psutil
-        self._procs: dict[int, Any] = {}
+        self._clock = clock
+        self._roots: dict[int, Any] = {}
+        self._last: dict[int, tuple[int, float]] = {}  # run id -> (mono ns, CPU s)
 
     def _tree(self, pid: int) -> list[Any]:
-        root = self._procs.get(pid)
-        if root is None or not root.is_running():
-            root = self._ps.Process(pid)
+        root = self._roots.get(pid)
+        if root is None or not root.is_running():  # new, or the pid was reused
+            root = self._roots[pid] = self._ps.Process(pid)
         return [root, *root.children(recursive=True)]
 
-    def sample(self, pids: Mapping[int, int]) -> dict[int, float]:
-        """Cores used per run id since the previous call; *pids* maps run id → pid.
-        A run whose process is gone or not ours to read is left out."""
-        seen: set[int] = set()
+    @staticmethod
+    def _cpu_s(proc: Any) -> float:
+        t = proc.cpu_times()
+        return float(t.user + t.system + getattr(t, "children_user", 0.0)
+                     + getattr(t, "children_system", 0.0))  # fmt: skip
+
+    def sample(self, pids: Mapping[int, int], now_ns: int | None = None) -> dict[int, float]:
+        """Cores used per run id since the previous call; *pids* maps run id →
+        pid, *now_ns* is the sample's monotonic time (default: the clock). A
+        run seen for the first time, or whose process is gone or not ours to
+        read, is left out."""
+        now = self._clock() if now_ns is None else now_ns
         out: dict[int, float] = {}
         for run_id, pid in pids.items():
             try:
                 tree = self._tree(pid)
             except _GONE:
+                self._roots.pop(pid, None)
+                self._last.pop(run_id, None)
                 continue
-            cores = 0.0
+            total = 0.0
             for proc in tree:
-                known = self._procs.get(proc.pid)
                 try:
-                    if known is not None and known.is_running():
-                        cores += known.cpu_percent(None) / 100.0
-                    else:
-                        proc.cpu_percent(None)  # prime
-                        self._procs[proc.pid] = proc
+                    total += self._cpu_s(proc)
                 except _GONE:
-                    continue
-                seen.add(proc.pid)
-            out[run_id] = cores
-        for pid in set(self._procs) - seen:
-            del self._procs[pid]
+                    continue  # exited between listing and reading: its parent reaps it
+            last = self._last.get(run_id)
+            self._last[run_id] = (now, total)
+            if last is not None and now > last[0]:
+                # a descendant reaped outside the tree takes its time along: never < 0
+                out[run_id] = max(0.0, total - last[1]) / ((now - last[0]) / 1e9)
+        for run_id in set(self._last) - set(pids):
+            del self._last[run_id]
+        for pid in set(self._roots) - set(pids.values()):
+            del self._roots[pid]
         return out
 
 
@@ -322,7 +341,7 @@ class HostSampler:
             run_pids: run id → pid of the runs whose process-tree CPU to measure.
         """
         now = self._clock()
-        run_cores = self._trees.sample(run_pids or {})
+        run_cores = self._trees.sample(run_pids or {}, now)
         per_cpu = [float(p) for p in self._ps.cpu_percent(percpu=True)]
         rates = self._rates(self._counters(), now)
         if not self._primed:
