@@ -20,6 +20,7 @@ to keep the message under :data:`MAX_ROWS` (their time is in an ``(other)`` row)
 from __future__ import annotations
 
 import bisect
+import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -294,6 +295,9 @@ class TraceWindow:
     """The ``ProfilerStep#N`` numbers the window covers (empty: the trace had none)."""
     rows: tuple[KernelAgg, ...]
     rows_dropped: int = 0
+    bad_events: int = 0
+    """Complete events of the trace left out as malformed (``ts``/``dur`` not
+    finite numbers, negative ``dur``, ``args`` not an object, unhashable ids)."""
 
     @property
     def wall_us(self) -> float:
@@ -329,7 +333,36 @@ class _Op:
 
 def _trace_events(trace: Mapping[str, Any] | Sequence[Any]) -> list[Mapping[str, Any]]:
     events = trace.get("traceEvents", []) if isinstance(trace, Mapping) else trace
+    if not isinstance(events, (list, tuple)):
+        raise ValueError(f"not a chrome trace: expected an event list, got {type(events).__name__}")
     return [e for e in events if isinstance(e, Mapping)]
+
+
+def _finite(x: Any) -> float | None:
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return None
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def _hashable(x: Any) -> bool:
+    return x is None or isinstance(x, (int, str, float))
+
+
+def _clean_complete(e: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A complete event with a finite ``ts``, a finite ``dur`` >= 0,
+    ``args`` an object with hashable ids; None when malformed."""
+    ts = _finite(e.get("ts"))
+    dur = _finite(e.get("dur"))
+    args = e.get("args") if e.get("args") is not None else {}
+    if ts is None or dur is None or dur < 0 or not isinstance(args, Mapping):
+        return None
+    if not (_hashable(args.get("correlation")) and _hashable(args.get("External id"))):
+        return None
+    flops = args.get("flops")
+    if flops is not None and _finite(flops) is None:
+        args = {k: v for k, v in args.items() if k != "flops"}
+    return {**e, "ts": ts, "dur": dur, "args": args}
 
 
 def _ops_by_thread(
@@ -423,7 +456,16 @@ def aggregate_trace(
     if window not in WINDOW_MODES:
         raise ValueError(f"window must be one of {WINDOW_MODES}, not {window!r}")
     events = _trace_events(trace)
-    complete = [e for e in events if e.get("ph") == "X" and e.get("ts") is not None]
+    complete = []
+    bad = 0
+    for e in events:
+        if e.get("ph") != "X":
+            continue
+        c = _clean_complete(e)
+        if c is None:
+            bad += 1
+        else:
+            complete.append(c)
     device = [e for e in complete if e.get("cat") in DEVICE_CATEGORIES]
     cpu_ops = [e for e in complete if e.get("cat") == "cpu_op"]
     launches: dict[Any, Mapping[str, Any]] = {}
@@ -515,5 +557,5 @@ def aggregate_trace(
                 rows.append(KernelAgg(shorten_name(name), "op", cls, count, total_ns,
                                       self_ns, flops))  # fmt: skip
         folded, dropped = fold_counted(rows)
-        out.append(TraceWindow(a, b, steps, tuple(folded), dropped))
+        out.append(TraceWindow(a, b, steps, tuple(folded), dropped, bad))
     return out

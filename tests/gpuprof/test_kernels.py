@@ -422,3 +422,51 @@ def test_aggregate_events_op_classes_and_device_time():
     assert ops["aten::mm"] == KernelAgg("aten::mm", "op", "compute", 1, 75_500, 75_500, 2e9)
     assert ops["aten::copy_"].cls == "memcpy" and ops["aten::copy_"].total_ns == 12_000
     assert ops["c10d::allreduce_"].cls == "comm" and ops["c10d::allreduce_"].self_ns == 300_000
+
+
+_GOOD_KERNEL = {"ph": "X", "name": "gemm", "cat": "kernel", "ts": 10, "dur": 2}
+_MALFORMED_EVENTS = [
+    {"ph": "X", "name": "ProfilerStep#1", "cat": "user_annotation", "ts": 1},  # no dur
+    {"ph": "X", "name": "ProfilerStep#2", "cat": "user_annotation", "ts": 1, "dur": None},
+    {"ph": "X", "name": "k1", "cat": "kernel", "ts": "abc", "dur": 1},
+    {"ph": "X", "name": "k2", "cat": "kernel", "ts": 1, "dur": "x"},
+    {"ph": "X", "name": "k3", "cat": "kernel", "ts": 1, "dur": float("nan")},
+    {"ph": "X", "name": "k4", "cat": "kernel", "ts": 1, "dur": float("inf")},
+    {"ph": "X", "name": "k5", "cat": "kernel", "ts": float("nan"), "dur": 1},
+    {"ph": "X", "name": "k6", "cat": "kernel", "ts": 1, "dur": -5},
+    {"ph": "X", "name": "aten::mm", "cat": "cpu_op", "ts": "x", "dur": 1},
+    {"ph": "X", "name": "k7", "cat": "kernel", "ts": 1, "dur": 1, "args": [1]},
+    {
+        "ph": "X",
+        "name": "l",
+        "cat": "cuda_runtime",
+        "ts": 1,
+        "dur": 1,
+        "args": {"correlation": [1]},
+    },
+    {
+        "ph": "X",
+        "name": "aten::bmm",
+        "cat": "cpu_op",
+        "ts": 1,
+        "dur": 1,
+        "args": {"External id": [1], "flops": float("inf")},
+    },
+]
+
+
+@pytest.mark.parametrize("bad", _MALFORMED_EVENTS, ids=range(len(_MALFORMED_EVENTS)))
+@pytest.mark.parametrize("mode", [None, "step"])
+def test_malformed_trace_events_are_counted_and_skipped(bad, mode):
+    (win,) = aggregate_trace({"traceEvents": [bad, _GOOD_KERNEL]}, mode)
+    assert win.bad_events == 1
+    assert [(r.name, r.total_ns) for r in win.rows] == [("gemm", 2000)]
+    assert (win.t0_us, win.t1_us) == (10.0, 12.0)
+
+
+@pytest.mark.parametrize(
+    "trace", [None, 5, "hello", {"traceEvents": None}, {"traceEvents": {"a": 1}}, b"{}"]
+)
+def test_not_a_chrome_trace_is_a_clear_error(trace):
+    with pytest.raises(ValueError, match="chrome trace"):
+        aggregate_trace(trace)
