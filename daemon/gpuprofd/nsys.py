@@ -28,6 +28,7 @@ from typing import Any
 from urllib.parse import quote
 
 from gpuprof.kernels import KernelAgg, fold_counted, kernel_class, shorten_name
+from gpuprof.protocol import MAX_DURATION_NS, clean_text
 from gpuprofd.errors import BadInputError
 
 KERNEL_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL"
@@ -81,6 +82,9 @@ class Report:
     session_start_utc_ns: int | None = None
     """``TARGET_INFO_SESSION_START_TIME.utcEpochNs`` when present."""
     notes: list[str] = field(default_factory=list)
+    bad_rows: int = 0
+    """Activity rows :func:`activities` left out: non-integer times, ``end <
+    start``, or longer than ``gpuprof.protocol.MAX_DURATION_NS``."""
 
     @property
     def total(self) -> int:
@@ -180,8 +184,9 @@ def _memcpy_name(kind: object) -> str:
 def activities(
     report: Report, progress: Callable[[int, int], None] | None = None
 ) -> Iterator[Activity]:
-    """Every kernel, copy and fill of the report (rows with ``end < start``
-    or non-integer times skipped); *progress(done, total)* every
+    """Every kernel, copy and fill of the report (rows with non-integer
+    times, ``end < start`` or a duration over ``MAX_DURATION_NS`` skipped and
+    counted in ``report.bad_rows``; names made printable); *progress(done, total)* every
     :data:`CHUNK_ROWS` rows."""
     resolve = _strings(report)
     done = 0
@@ -199,10 +204,12 @@ def activities(
         cur = report.conn.execute(f'SELECT start, "end", {device}, {extra} FROM {table}')
         while rows := cur.fetchmany(CHUNK_ROWS):
             for start, end, dev, x in rows:
-                if type(start) is not int or type(end) is not int or end < start:
+                if (type(start) is not int or type(end) is not int
+                        or not 0 <= end - start <= MAX_DURATION_NS):  # fmt: skip
+                    report.bad_rows += 1
                     continue
                 if table == KERNEL_TABLE:
-                    name = shorten_name(resolve(x))
+                    name = shorten_name(clean_text(resolve(x), 4096).strip() or "(unnamed)")
                     cls = kernel_class(name)
                 elif table == MEMCPY_TABLE:
                     name, cls = _memcpy_name(x), "memcpy"

@@ -343,3 +343,47 @@ def test_device_without_activity_attaches_nothing(tmp_path: Path, capsys) -> Non
     assert (got["windows"], got["notes"]) == (0, [f"{report}: no device activity on device 3; "
                                                   "nothing attached"])  # fmt: skip
     assert windows(db) == []
+
+
+def _add_kernel(report: Path, start: int, end: int, name_id: int = 1) -> None:
+    conn = sqlite3.connect(report)
+    conn.execute(
+        "INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL (start, end, deviceId, contextId, streamId, "
+        "correlationId, globalPid, demangledName, shortName, mangledName, gridX, blockX) "
+        "VALUES (?, ?, 0, 1, 7, 999, 4242, ?, 2, 7, 1, 1)",
+        (start, end, name_id),
+    )
+    conn.commit()
+    conn.close()
+
+
+def test_absurd_kernel_durations_are_counted_and_left_out(tmp_path: Path, capsys) -> None:
+    db = make_db(tmp_path / "g.db")
+    report = make_report(tmp_path / "r.sqlite")
+    t = RUN_MONO0 + 2 * STEP_NS + MS
+    for _ in range(2):  # each 2**62 ns: their sum does not fit SQLite's INTEGER
+        _add_kernel(report, t, t + 2**62)
+    _add_kernel(report, t, t - 1)  # ends before it starts
+    rc, out, err = run(["nsys-import", str(report), "--db", str(db)], capsys)
+    assert rc == 0, err
+    assert "note: 3 device activities with a negative or longer than 7-day duration left out" in out
+    gemm = [r for r in windows(db) if r[3] == GEMM]
+    assert [(r[5], r[6]) for r in gemm] == [(2, 6 * MS)] * 4
+
+
+def test_kernel_names_are_made_printable(tmp_path: Path, capsys) -> None:
+    db = make_db(tmp_path / "g.db")
+    report = make_report(tmp_path / "r.sqlite")
+    conn = sqlite3.connect(report)
+    conn.execute("INSERT INTO StringIds VALUES (100, ?)", ("evil\x1b[2J\u202egemm\x00x\nline",))
+    conn.execute("INSERT INTO StringIds VALUES (101, ?)", ("\x00\n",))
+    conn.execute("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET demangledName = 100 WHERE rowid % 2 = 0")
+    conn.execute("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET demangledName = 101 WHERE rowid % 2 = 1")
+    conn.commit()
+    conn.close()
+    assert run(["nsys-import", str(report), "--db", str(db)], capsys)[0] == 0
+    names = {r[3] for r in windows(db)}
+    assert "evil [2J gemm x line" in names and "(unnamed)" in names, names
+    assert all(n.isprintable() for n in names), names
+    rc, out, _ = run(["kernels", str(db), "--source", "nsys"], capsys)
+    assert rc == 0 and "\x1b" not in out and "\u202e" not in out

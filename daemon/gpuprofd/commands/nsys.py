@@ -128,6 +128,9 @@ def nsys_import_cmd(report: Path, db: Path | None, run_id: int | None, device: i
         notes.append(f"not aligned with steps: {why}; stored as one window")
     if got.outside:
         notes.append(f"{got.outside:,} activities outside the run's steps left out")
+    if rep.bad_rows:
+        notes.append(f"{rep.bad_rows:,} device activities with a negative or longer than "
+                     "7-day duration left out")  # fmt: skip
     replaced = _write(path, run["id"], got.windows)
     if replaced:
         notes.append(f"replaced {replaced} earlier nsys window(s) of this run")
