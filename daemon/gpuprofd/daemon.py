@@ -25,7 +25,7 @@ import zmq
 import zmq.asyncio
 
 from gpuprof import config
-from gpuprofd import rollup, runsdb, schema
+from gpuprofd import kcompact, rollup, runsdb, schema
 from gpuprofd.boot import boot_id
 from gpuprofd.control import ControlServer
 from gpuprofd.counters import DropCounter
@@ -197,6 +197,7 @@ class Daemon:
             asyncio.create_task(host.run(self._on_host_sample, opts.host_interval_s), name="host"),
             asyncio.create_task(lifecycle.run(), name="lifecycle"),
             asyncio.create_task(self._prune_raw(), name="prune"),
+            asyncio.create_task(self._compact_kernels(), name="compact-kernels"),
         ]
         if backend is not None:
             self._gpu = GpuSampler(backend, opts.sample_hz, self._gpu_sink(),
@@ -333,6 +334,16 @@ class Daemon:
             cutoff = time.monotonic_ns() - int(self.opts.raw_window_s * 1e9)
             for op in runsdb.prune_raw_gpu_ops(cutoff):
                 self.store.submit_nowait(op)
+
+    async def _compact_kernels(self) -> None:
+        """Merge continuous kernel windows older than the raw window into
+        coarser ones (:mod:`gpuprofd.kcompact`), as often as raw GPU rows are pruned."""
+        while True:
+            await asyncio.sleep(min(PRUNE_INTERVAL_S, self.opts.raw_window_s))
+            try:
+                await kcompact.compact_once(self.store, time.monotonic_ns(), self.opts.raw_window_s)
+            except Exception:  # a read failing must not end the task
+                log.exception("kernel window compaction failed; retried next time")
 
     # --- control handlers ------------------------------------------------------
 

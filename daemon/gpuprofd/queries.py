@@ -72,17 +72,23 @@ def kernel_windows_from_rows(
 ) -> list[KernelWindow]:
     """Rows of :data:`KERNEL_WINDOWS_SQL` and :data:`KERNEL_STATS_SQL` as
     ``(window, rows)`` pairs in window order: *window* a dict with ``id``,
-    ``t0``/``t1`` (monotonic ns), ``source``, ``steps`` (step indices) and
-    ``rows_dropped``; *rows* its :class:`KernelAgg` rows, most device time
-    first. Stats rows of no listed window are ignored."""
+    ``t0``/``t1`` (monotonic ns), ``source``, ``steps`` (step indices),
+    ``n_steps`` (how many steps it covered: a window merged by
+    :mod:`gpuprofd.kcompact` past its list limit stores only the count, and
+    ``steps`` is then empty) and ``rows_dropped``; *rows* its
+    :class:`KernelAgg` rows, most device time first. Stats rows of no listed
+    window are ignored."""
     out: list[KernelWindow] = []
     by_id: dict[int, list[KernelAgg]] = {}
     for wid, t0, t1, source, steps, dropped in windows:
         rows: list[KernelAgg] = []
         by_id[wid] = rows
+        got = _loads(steps) if steps else []
+        listed = got if isinstance(got, list) else []
+        n_steps = len(listed) if isinstance(got, list) else int(got.get("n") or 0)
         window = {
-            "id": wid, "t0": t0, "t1": t1, "source": source,
-            "steps": _loads(steps) if steps else [], "rows_dropped": dropped or 0,
+            "id": wid, "t0": t0, "t1": t1, "source": source, "steps": listed,
+            "n_steps": n_steps, "rows_dropped": dropped or 0,
         }  # fmt: skip
         out.append((window, rows))
     for wid, name, kind, cls, count, total_ns, self_ns, flops in stats:

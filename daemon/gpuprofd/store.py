@@ -38,6 +38,22 @@ BATCH_MAX_S = 0.1
 DEFAULT_QUEUE_SIZE = 20_000
 
 
+class AtomicCheckError(sqlite3.Error):
+    """A :class:`Part` changed another number of rows than it expected: the
+    data moved since the caller read it, so its whole atomic op is undone."""
+
+
+@dataclass(frozen=True)
+class Part:
+    """One statement of an atomic op (:meth:`Store.write_atomic`): *sql* run
+    with each of *rows* (an ``executemany``); *expect_rows*, if set, is how
+    many rows it must change in all, else the atomic op is rolled back."""
+
+    sql: str
+    rows: Sequence[Sequence[Any]] = ((),)
+    expect_rows: int | None = None
+
+
 @dataclass
 class Op:
     """One SQL statement to write. ``future`` (if any) gets the cursor's
@@ -47,6 +63,9 @@ class Op:
     params: Sequence[Any] = ()
     future: asyncio.Future[int | None] | None = field(default=None, repr=False)
     drop_reason: str = "store_error"
+    parts: Sequence[Part] = ()
+    """Set by :meth:`Store.write_atomic`: statements run all-or-none in the
+    batch's transaction (``sql`` is then only a label)."""
 
     @property
     def urgent(self) -> bool:
@@ -136,6 +155,15 @@ class Store:
         await self.queue.put(Op(sql, params, fut))
         return await fut
 
+    async def write_atomic(self, parts: Sequence[Part], label: str = "atomic") -> None:
+        """Queue *parts* as one op and wait for its commit: they run in order,
+        inside one transaction, all or none (a failing or mismatched part
+        undoes the others and raises). One queue item, so the writer never
+        splits them across two commits."""
+        fut: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
+        await self.queue.put(Op(f"-- {label}", (), fut, parts=tuple(parts)))
+        await fut
+
     async def flush(self) -> None:
         """Barrier: return once every op queued before this call is committed."""
         await self.write("SELECT 1")
@@ -195,6 +223,8 @@ class Store:
         self, group: list[Op]
     ) -> list[tuple[Op, int | None, BaseException | None]]:
         assert self._write is not None
+        if group[0].parts:
+            return [await self._run_atomic(group[0])]
         if len(group) > 1:
             # A savepoint undoes the rows executemany wrote before a bad one.
             await self._write.execute("SAVEPOINT grp")
@@ -214,6 +244,27 @@ class Store:
                 self.drops.add(op.drop_reason, str(exc))
                 out.append((op, None, exc))
         return out
+
+    async def _run_atomic(self, op: Op) -> tuple[Op, int | None, BaseException | None]:
+        """Run an atomic op's parts under a savepoint; undo them all on error."""
+        assert self._write is not None
+        await self._write.execute("SAVEPOINT atomic")
+        try:
+            for part in op.parts:
+                if len(part.rows) == 1:
+                    cur = await self._write.execute(part.sql, part.rows[0])
+                else:
+                    cur = await self._write.executemany(part.sql, part.rows)
+                if part.expect_rows is not None and cur.rowcount != part.expect_rows:
+                    raise AtomicCheckError(
+                        f"{op.sql}: {cur.rowcount} rows changed, expected {part.expect_rows}"
+                    )
+            await self._write.execute("RELEASE atomic")
+            return op, None, None
+        except sqlite3.Error as exc:
+            await self._write.execute("ROLLBACK TO atomic")
+            await self._write.execute("RELEASE atomic")
+            return op, None, exc  # the caller, who awaits it, decides what it means
 
     # --- reading -------------------------------------------------------------
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from gpuprof.insights.base import WARMUP_STEPS, Insight, RunContext, rule
 from gpuprof.kernels import KERNEL_CLASSES, OTHER_ROW_NAME, KernelAgg, display_name
-from gpuprof.stats import mean, median
+from gpuprof.stats import median
 
 _NS_PER_MS = 1e6
 
@@ -101,6 +101,10 @@ class KernelStats:
     None when no row carried FLOPs."""
     op_flops_per_step: float | None = None
     """:attr:`op_flops` per step over the windows that named their steps."""
+    series_weights: tuple[float, ...] = ()
+    """Steps in each window of :attr:`series` when :attr:`series_unit` is
+    ``"step"`` (windows merged by the daemon cover many), else empty: the
+    halves of :func:`kernel_drifts` are split by steps, not by window count."""
 
     @property
     def top(self) -> tuple[KernelTotal, ...]:
@@ -175,7 +179,7 @@ def kernel_stats(
     steps_seen = 0
     for w, rows in chosen:
         by_name: dict[str, int] = {}
-        n_steps = len(w.get("steps") or ())
+        n_steps = _n_steps(w)
         kernel_ns = launches = 0
         for r in rows:
             if r.kind == "kernel":
@@ -213,9 +217,9 @@ def kernel_stats(
     by_class = dict.fromkeys(KERNEL_CLASSES, 0.0)
     for k in kernels:
         by_class[k.cls if k.cls in by_class else "other"] += k.share
-    per_step = all(w.get("steps") for w, _ in chosen)
+    per_step = all(_n_steps(w) for w, _ in chosen)
     tracked = [k.name for k in kernels if k.name != OTHER_ROW_NAME][:SERIES_KERNELS]
-    units = [len(w["steps"]) if per_step else 1 for w, _ in chosen]
+    units = [_n_steps(w) if per_step else 1 for w, _ in chosen]
     series = {
         name: tuple(
             by_name.get(name, 0) / _NS_PER_MS / u
@@ -247,7 +251,15 @@ def kernel_stats(
         median_kernel_us=_weighted_median([(k.mean_us, k.count) for k in kernels]),
         op_flops=sum(flops) if flops else None,
         op_flops_per_step=flops_in_stepped / steps_seen if flops and steps_seen else None,
+        series_weights=tuple(float(u) for u in units) if per_step else (),
     )
+
+
+def _n_steps(w: Mapping[str, Any]) -> int:
+    """Steps a window covered: its ``n_steps`` (a window merged by the
+    daemon's compaction may store only the count), else its steps listed."""
+    n = w.get("n_steps")
+    return int(n) if n is not None else len(w.get("steps") or ())
 
 
 # --------------------------------------------------------------------------
@@ -408,15 +420,42 @@ def kernel_drifts(k: KernelStats) -> list[Drift]:
     n = k.windows
     if n < MIN_DRIFT_WINDOWS or not k.series:
         return []
-    half = n // 2
-    base = mean(k.device_series[:half])
+    first, second = _halves(n, k.series_weights)
+    if not first or not second:
+        return []
+    base = _weighted_mean(k.device_series, first)
     found = []
     cls = {kt.name: kt.cls for kt in k.kernels}
     for name, s in k.series.items():
-        a, b = mean(s[:half]), mean(s[n - half :])
+        a, b = _weighted_mean(s, first), _weighted_mean(s, second)
         if a > 0 and b > a * (1 + DRIFT_GROWTH) and b - a >= DRIFT_MIN_ADDED_SHARE * base:
             found.append(Drift(name, cls.get(name, "compute"), a, b, base))
     return sorted(found, key=lambda d: -d.added_ms)
+
+
+def _halves(
+    n: int, weights: Sequence[float]
+) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
+    """(index, weight) of the windows in the first and second half of *n*
+    windows by cumulative *weight* (steps; empty: 1 each): a window wholly
+    before the midpoint is in the first, wholly after it in the second, one
+    across it in neither (equal weights: the middle window of an odd count)."""
+    w = list(weights) if len(weights) == n else [1.0] * n
+    mid = sum(w) / 2
+    first, second, at = [], [], 0.0
+    for i, wi in enumerate(w):
+        if at + wi <= mid:
+            first.append((i, wi))
+        elif at >= mid:
+            second.append((i, wi))
+        at += wi
+    return first, second
+
+
+def _weighted_mean(series: Sequence[float], part: Sequence[tuple[int, float]]) -> float:
+    """Mean of *series* over *part*'s windows weighted by their steps: ms per step."""
+    total = sum(wi for _, wi in part)
+    return sum(series[i] * wi for i, wi in part) / total if total else 0.0
 
 
 @rule("kernel_drift")
