@@ -525,7 +525,35 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "errors": errors,
         }
     finally:
+        _stop_leftover_daemon(sock)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _stop_leftover_daemon(sock: Path) -> None:
+    """SIGTERM the gpuprofd still holding *sock*'s instance lock (the child
+    started it; a child killed at its timeout could not stop it itself)."""
+    import fcntl
+    import signal
+
+    from gpuprof.config import LOCK_NAME
+
+    path = sock / LOCK_NAME
+    if not path.exists():
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return  # nobody holds it: the daemon is gone
+        except OSError:
+            pass
+        pid = int(path.read_text().strip() or 0)
+        if pid > 0:
+            os.kill(pid, signal.SIGTERM)
+    except (OSError, ValueError):
+        pass
+    finally:
+        os.close(fd)
 
 
 # --- report --------------------------------------------------------------------------
