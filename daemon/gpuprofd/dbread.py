@@ -144,7 +144,8 @@ def stored_insights(conn: sqlite3.Connection, run_id: int) -> list[dict[str, Any
 
 #: Per-run step aggregates for ``gpuprofctl runs``. ``steps`` counts every
 #: step; every other sum skips each run's first step (by t0), whose wait
-#: covers start-up, as the dataloader-stall rule does (``counted_steps`` says
+#: covers start-up, as the dataloader-stall rule does, and the traced steps
+#: (a profiler snapshot or FLOP count slowed them) (``counted_steps`` says
 #: how many steps the sums cover), except ``skipped_updates`` and ``eval_ns``
 #: (every step). ``data_ns`` is loader time inside steps
 #: (the ``data`` phase, between micro-batches). ``mem_peak_bytes`` and
@@ -154,7 +155,8 @@ _OVERVIEW_SQL = """
 WITH numbered AS (
     SELECT run_id, t0_ns, t1_ns, wait_ns, phases, skipped, eval_ns, mem_peak_bytes,
            mem_reserved_bytes,
-           ROW_NUMBER() OVER (PARTITION BY run_id ORDER BY t0_ns, rowid) > 1 AS c
+           (ROW_NUMBER() OVER (PARTITION BY run_id ORDER BY t0_ns, rowid) > 1)
+               AND NOT COALESCE(traced, 0) AS c
     FROM steps
 )
 SELECT run_id,

@@ -114,7 +114,10 @@ def test_runs_shares_skip_step_0_and_fold_the_data_phase_into_wait(
             step["mem"] = [i * GIB, (i + 2) * GIB, (10 - i) * GIB]
         client.push(step)
         t0 += 12 * ms
-    assert client.request(h.bye("accum", sent=8))["ok"]
+    # step 8 ran under a profiler snapshot: 300 ms wait, 100 ms step, in no share
+    traced = _iteration("accum", 8, t0 + 300 * ms, 300 * ms, 100 * ms, {"forward": 90 * ms})
+    client.push({**traced, "traced": True})
+    assert client.request(h.bye("accum", sent=9))["ok"]
     client.request(h.hello("one", my_pid, run_name="one-step"))
     client.push(_iteration("one", 0, base, 5 * ms, 10 * ms, {"forward": 4 * ms}))
     assert client.request(h.bye("one", sent=1))["ok"]
@@ -125,7 +128,7 @@ def test_runs_shares_skip_step_0_and_fold_the_data_phase_into_wait(
     # loader_wait = (2 ms wait + 2 ms data) / 12 ms iteration; other = 2 / 12
     assert accum["pct_of_iteration"] == {"loader_wait": 33.3, "forward": 16.7, "backward": 25.0,
                                          "optimizer": 8.3, "other": 16.7}  # fmt: skip
-    assert (accum["steps"], accum["steps_counted"], accum["median_step_ms"]) == (8, 7, 12.0)
+    assert (accum["steps"], accum["steps_counted"], accum["median_step_ms"]) == (9, 7, 12.0)
     assert (accum["skipped_updates"], accum["eval_s"], one["skipped_updates"]) == (1, 1.5, 0)
     # the highest figures any step reported: peak from step 2, reserved from step 6
     assert (accum["torch_peak_allocated_bytes"], accum["torch_peak_reserved_bytes"]) == (
@@ -144,7 +147,7 @@ def test_runs_shares_skip_step_0_and_fold_the_data_phase_into_wait(
         "  EVAL_S  DROPPED",
         "2   one-step  finished      1            15.0      -     -     -     -       -        0"
         "     0.0        0",
-        "1   accum     finished      8            12.0   33.3  16.7  25.0   8.3    16.7        1"
+        "1   accum     finished      9            12.0   33.3  16.7  25.0   8.3    16.7        1"
         "     1.5        0",
     ]
 
