@@ -60,15 +60,30 @@ def dataloader_stall(ctx: RunContext) -> Insight | None:
     if frac is None or frac <= STALL_FRACTION:
         return None
     mean_wait = sum(ctx.loader_ms[1:]) / (ctx.steps - 1)
+    severity = "HIGH" if frac > STALL_FRACTION_HIGH else "MED"
+    evidence = {"stall_fraction": round(frac, 4), "mean_wait_ms": round(mean_wait, 3)}
+    if not ctx.explicit_wait:  # no timed DataLoader: whatever ran between the steps
+        return Insight(
+            rule="dataloader_stall",
+            severity=severity,
+            title=f"{frac:.0%} of step time spent between steps (inter-step gap)",
+            detail=f"{mean_wait:.1f} ms per step on average passed between one optimizer "
+            "step and the next forward, outside any timed DataLoader: making inputs, "
+            "logging, evaluation or other host work.",
+            fix="Find that work (e.g. torch.profiler around a few steps); if it is your input "
+            "pipeline, run it in a DataLoader with num_workers > 0, or wrap it with "
+            "prof.wrap_dataloader() so gpuprof can time it.",
+            evidence=evidence,
+        )
     return Insight(
         rule="dataloader_stall",
-        severity="HIGH" if frac > STALL_FRACTION_HIGH else "MED",
+        severity=severity,
         title=f"{frac:.0%} of step time waiting on the loader ({_wait_kind(ctx)})",
         detail=f"The training loop waited {mean_wait:.1f} ms per step on average for "
         "the next batch; the model sat idle meanwhile.",
         fix="Raise DataLoader num_workers and prefetch_factor, set pin_memory=True and "
         "persistent_workers=True, or move augmentations to the GPU.",
-        evidence={"stall_fraction": round(frac, 4), "mean_wait_ms": round(mean_wait, 3)},
+        evidence=evidence,
     )
 
 
