@@ -59,3 +59,40 @@ def low_mfu(ctx: RunContext) -> Insight | None:
             "peak_tflops": m.peak_tflops,
         },
     )
+
+
+#: Declared and counted FLOPs per step further apart than this (either way)
+#: mean a wrong declaration: the arch formula agrees with FlopCounterMode
+#: within 2.1 % on the H200 fixture GPT (SDPA's backward recompute counted),
+#: and 7 % under on CPU (where FlopCounterMode counts CPU SDPA as 0); a wrong
+#: tokens_per_step or micro-batch count is off by whole factors.
+FLOPS_MISMATCH = 0.25
+
+
+@rule("flops_mismatch")
+def flops_mismatch(ctx: RunContext) -> Insight | None:
+    """Fires when FLOPs per step were declared (``flops_per_step`` or an arch)
+    and FlopCounterMode also counted a step, and the two differ by more than
+    :data:`FLOPS_MISMATCH`: MFU and TFLOP/s use the declared figure, so they
+    are off by the same factor."""
+    declared, counted = ctx.flops_per_step, ctx.flops_counted
+    if not declared or not counted or ctx.flops_source not in ("user", "arch"):
+        return None
+    off = declared / counted - 1
+    if abs(off) <= FLOPS_MISMATCH:
+        return None
+    source = "the declared TransformerArch" if ctx.flops_source == "arch" else "flops_per_step"
+    return Insight(
+        rule="flops_mismatch",
+        severity="MED",
+        title=f"Declared FLOPs per step ({declared:.3g}, from {source}) are {off:+.0%} off the "
+        f"{counted:.3g} FlopCounterMode counted: MFU and TFLOP/s are off as much",
+        detail="gpuprof computes MFU from the declared figure; one step counted with "
+        "torch.utils.flop_counter.FlopCounterMode disagrees by more than "
+        f"{FLOPS_MISMATCH:.0%}.",
+        fix="Check tokens_per_step (batch × sequence length per optimizer step, all "
+        "micro-batches included) and the arch's fields, or declare nothing and let "
+        "gpuprof count.",
+        evidence={"declared": declared, "counted": counted, "off": round(off, 4),
+                  "flops_source": ctx.flops_source},  # fmt: skip
+    )

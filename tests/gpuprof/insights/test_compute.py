@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuprof.insights.compute import low_mfu, run_mfu
+from gpuprof.insights.compute import flops_mismatch, low_mfu, run_mfu
 
 from .conftest import make_ctx
 
@@ -57,3 +57,27 @@ def test_mfu_unknown_is_silent_not_guessed(kw):
     ctx = make_ctx([100.0] * 10, **base)
     assert run_mfu(ctx) is None
     assert low_mfu(ctx) is None
+
+
+# --- flops_mismatch ----------------------------------------------------------
+
+
+def test_flops_mismatch_fires_on_a_wrong_tokens_per_step():
+    # the fresh-user case: tokens_per_step 10x too large, one step counted
+    ctx = make_ctx([10.0] * 10, flops_per_step=2.164e10, flops_source="arch",
+                   flops_counted=2.01e9)  # fmt: skip
+    ins = flops_mismatch(ctx)
+    assert ins is not None and ins.evidence["off"] == pytest.approx(9.766, abs=1e-3)
+    assert "tokens_per_step" in ins.fix
+
+
+def test_flops_mismatch_silent_when_they_agree_or_nothing_was_declared():
+    # the fixture GPT: arch 3.2985e12 vs FlopCounterMode 3.367e12 on SDPA (-2 %)
+    agree = make_ctx([10.0] * 10, flops_per_step=3.2985e12, flops_source="arch",
+                     flops_counted=3.367e12)  # fmt: skip
+    assert flops_mismatch(agree) is None
+    counted_only = make_ctx([10.0] * 10, flops_per_step=2.01e9, flops_source="counter",
+                            flops_counted=2.01e9)  # fmt: skip
+    assert flops_mismatch(counted_only) is None
+    never_counted = make_ctx([10.0] * 10, flops_per_step=2.0e10, flops_source="user")
+    assert flops_mismatch(never_counted) is None
