@@ -105,6 +105,9 @@ class KernelStats:
     """Steps in each window of :attr:`series` when :attr:`series_unit` is
     ``"step"`` (windows merged by the daemon cover many), else empty: the
     halves of :func:`kernel_drifts` are split by steps, not by window count."""
+    window_last_step: tuple[int | None, ...] = ()
+    """The last step each window of :attr:`series` listed (None: none listed):
+    :func:`kernel_drifts` leaves out warm-up windows (below :data:`DRIFT_FIRST_STEP`)."""
 
     @property
     def top(self) -> tuple[KernelTotal, ...]:
@@ -252,7 +255,13 @@ def kernel_stats(
         op_flops=sum(flops) if flops else None,
         op_flops_per_step=flops_in_stepped / steps_seen if flops and steps_seen else None,
         series_weights=tuple(float(u) for u in units) if per_step else (),
+        window_last_step=tuple(_last_step(w) for w, _ in chosen),
     )
+
+
+def _last_step(w: Mapping[str, Any]) -> int | None:
+    steps = [s for s in (w.get("steps") or ()) if type(s) is int]
+    return max(steps) if steps else None
 
 
 def _n_steps(w: Mapping[str, Any]) -> int:
@@ -371,6 +380,11 @@ def sdpa_suboptimal(ctx: RunContext) -> Insight | None:
 DRIFT_GROWTH = 0.50
 #: Fewest windows to compare halves (two per half; one window is one sample).
 MIN_DRIFT_WINDOWS = 4
+#: Windows whose steps all come before this one are warm-up (the shim's
+#: automatic snapshots of steps 0, 1 and 5; no continuous window starts
+#: earlier): autotuning, lazy init and optimizer state creation run other
+#: kernels there, so a kernel missing from them is not one that slowed later.
+DRIFT_FIRST_STEP = 10
 #: Smallest growth worth a finding, as a share (0-1) of the first half's mean
 #: device time per window: a 3 µs kernel doubling is noise. The A100 DLRM
 #: baseline's steps vary 69-92 ms of kernel time (±15 %) with no trend.
@@ -416,11 +430,15 @@ def kernel_drifts(k: KernelStats) -> list[Drift]:
     from the first to the second half of the windows (the middle window of an
     odd count in neither) by >= :data:`DRIFT_MIN_ADDED_SHARE` of the first
     half's device time, most time added first. A kernel absent from the first
-    half is not drift (an evaluation pass, a checkpoint save)."""
-    n = k.windows
+    half is not drift (an evaluation pass, a checkpoint save). Warm-up windows
+    (all their steps before :data:`DRIFT_FIRST_STEP`) are left out."""
+    last = k.window_last_step if len(k.window_last_step) == k.windows else (None,) * k.windows
+    keep = [i for i, s in enumerate(last) if s is None or s >= DRIFT_FIRST_STEP]
+    n = len(keep)
     if n < MIN_DRIFT_WINDOWS or not k.series:
         return []
-    first, second = _halves(n, k.series_weights)
+    weights = [k.series_weights[i] for i in keep] if len(k.series_weights) == k.windows else []
+    first, second = ([(keep[j], wj) for j, wj in part] for part in _halves(n, weights))
     if not first or not second:
         return []
     base = _weighted_mean(k.device_series, first)

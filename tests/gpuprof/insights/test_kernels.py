@@ -386,3 +386,22 @@ def test_kernel_stats_per_step_figures_and_op_flops():
     assert st.op_flops == 6e12 and st.op_flops_per_step == 2e12
     assert {o.name: o.cls for o in st.ops} == {"aten::mm": "compute", "c10d::allreduce_": "comm"}
     assert [k.name for k in st.top] == ["sm90_xmma_gemm", nccl.name]
+
+
+def test_kernel_drift_leaves_warm_up_snapshots_out():
+    """trace_every_n_steps=200 snapshots steps 0, 1, 5, 200, 400, 600. A kernel that
+    did not run in the warm-up steps 0 and 1 (autotuning ran other candidates, an
+    optimizer's state was being created) is not a kernel that slowed down later; the
+    baseline's steps are steady, so nothing drifts once the warm-up windows are out."""
+    base = _stored(A100, "dlrm8_baseline_rank3.json.gz", window="step")
+    top = max((r for r in base[0][1] if r.kind == "kernel"), key=lambda r: r.total_ns).name
+    windows = []
+    for i, ((w, rows), step) in enumerate(zip(base, [0, 1, 5, 200, 400, 600], strict=True)):
+        keep = [r for r in rows if i >= 2 or r.name != top]
+        windows.append(({**w, "steps": [step]}, keep))
+    st = kernel_stats(windows)
+    assert kernel_drift(make_ctx([80.0] * 6, kernels=st)) is None
+    # the same windows later in the run (steps >= 10): the kernel's growth is drift
+    later = [({**w, "steps": [w["steps"][0] + 1000]}, rows) for w, rows in windows]
+    insight = kernel_drift(make_ctx([80.0] * 6, kernels=kernel_stats(later)))
+    assert insight is not None and insight.evidence["kernel"] == top
