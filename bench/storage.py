@@ -14,7 +14,13 @@ times what a user does with it:
 - loading one GPU's whole-day per-second series, and the node's 8 GPUs
   downsampled to 1-minute points (what a dashboard chart draws).
 
-    python bench/storage.py [--hours 24] [--gpus 8] [--step-ms 500]
+A second case is one rank of a ``continuous_traces_hz=1`` run: a kernels
+window a second, :data:`KERNELS_PER_WINDOW` rows each, stored as received,
+then compacted by the daemon's own code (:mod:`gpuprofd.kcompact`, as at the
+run's end with the default raw window): kernel rows per GPU-hour before and
+after, and the time to load the day's kernel windows and compute insights.
+
+    python bench/storage.py [--hours 24] [--gpus 8] [--step-ms 500] [--kernel-hours 24]
 
 Prints the figures; not a test (these machines are noisy).
 """
@@ -22,6 +28,7 @@ Prints the figures; not a test (these machines are noisy).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import math
 import sqlite3
 import subprocess
@@ -33,10 +40,13 @@ from pathlib import Path
 import orjson
 
 from gpuprof.insights import run_rules
-from gpuprofd import dbread, rollup, schema
+from gpuprof.insights.kernels import kernel_stats
+from gpuprofd import dbread, kcompact, queries, rollup, schema
+from gpuprofd.counters import DropCounter
 from gpuprofd.daemon import DEFAULT_RAW_WINDOW_S, STORED_GPU_HZ
 from gpuprofd.nvml import RealNvml, normalize_uuid
 from gpuprofd.nvml_replay import ReplayPynvml
+from gpuprofd.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT.parent / "shared" / "fixtures" / "h200" / "nvml_trace.jsonl"
@@ -44,6 +54,10 @@ S = 10**9
 HOST_HZ = 2.0  # the daemon's default host interval, 0.5 s
 SAMPLE_HZ = 100.0
 GPU_UUIDS = [f"GPU-{i:08x}-0000-4000-8000-000000000000" for i in range(64)]
+#: Rows per continuous window: ~80 kernels and ~20 operators, what one step
+#: of a mid-size transformer lists (the issue's "~100 kernels per window").
+KERNELS_PER_WINDOW = 80
+OPS_PER_WINDOW = 20
 
 
 def trace_rollups() -> list[tuple]:
@@ -164,6 +178,117 @@ def build(db: Path, hours: float, gpus: int, step_ms: float) -> dict[str, int]:
     return counts
 
 
+def build_continuous(db: Path, hours: float, step_ms: float) -> tuple[int, int]:
+    """One rank's kernel windows of a ``continuous_traces_hz=1`` run, as the
+    daemon stores them on receipt: one window a second over the step it
+    traced, its kernels (a 5 ms one grows 60 % in the second half: kernel_drift
+    must still see it after compaction) and operators. Returns (the run's
+    last ns, rows)."""
+    schema.prepare(db)
+    conn = sqlite3.connect(db)
+    conn.execute("PRAGMA journal_mode=WAL")
+    start, seconds = 1000 * S, int(hours * 3600)
+    end = start + seconds * S
+    steps_per_s = max(1, int(1000 / step_ms))
+    conn.execute(
+        "INSERT INTO runs (id, run_key, run_name, status, start_mono_ns, end_mono_ns, options) "
+        "VALUES (1, 'cont', 'llm-24h-continuous', 'finished', ?, ?, '{}')",
+        (start, end),
+    )
+    conn.executemany(
+        "INSERT INTO kernel_windows (id, run_id, t0_ns, t1_ns, source, steps, rows_dropped) "
+        "VALUES (?, 1, ?, ?, 'continuous', ?, 0)",
+        ((k + 1, start + k * S, start + k * S + int(step_ms * 1e6), f"[{k * steps_per_s}]")
+         for k in range(seconds)),
+    )  # fmt: skip
+
+    def rows():
+        for k in range(seconds):
+            grow = 1.6 if k >= seconds // 2 else 1.0
+            for j in range(KERNELS_PER_WINDOW):
+                ns = (int(5e6 * grow) if j == 0 else 200_000 + 3_000 * j) + k % 101
+                yield (k + 1, f"sm90_kernel_{j}", "kernel", "comm" if j % 10 == 9 else "compute",
+                       4 + j % 3, ns, ns, None)  # fmt: skip
+            for j in range(OPS_PER_WINDOW):
+                yield (k + 1, f"aten::op_{j}", "op", "compute", 2, 900_000 + j, 50_000,
+                       1.5e11 if j % 2 == 0 else None)  # fmt: skip
+
+    conn.executemany(
+        "INSERT INTO kernel_stats (window_id, run_id, name, kind, cls, count, total_ns, "
+        "self_ns, flops) VALUES (?, 1, ?, ?, ?, ?, ?, ?, ?)",
+        rows(),
+    )  # fmt: skip
+    conn.commit()
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    return end, seconds * (KERNELS_PER_WINDOW + OPS_PER_WINDOW)
+
+
+async def compact(db: Path, now_ns: int) -> int:
+    """Run the daemon's compaction passes until nothing is left to merge."""
+    store = Store(db, DropCounter())
+    await store.open()
+    store.start()
+    merged = 0
+    try:
+        while n := await kcompact.compact_once(store, now_ns, DEFAULT_RAW_WINDOW_S):
+            merged += n
+    finally:
+        await store.close()
+    return merged
+
+
+def kernel_load(db: Path) -> tuple[int, int, object]:
+    """Load the run's kernel windows and compute its kernel insights:
+    (windows, rows, the kernel_drift evidence or None)."""
+    conn = dbread.open_ro(db)
+    try:
+        windows = queries.kernel_windows_from_rows(
+            conn.execute(queries.KERNEL_WINDOWS_SQL, (1,)),
+            conn.execute(queries.KERNEL_STATS_SQL, (1,)),
+        )
+        ctx = dbread.run_context(conn, dbread.get_run(conn, 1))
+        drift = next((i for i in run_rules(ctx) if i.rule == "kernel_drift"), None)
+        assert kernel_stats(windows) is not None
+        return len(windows), sum(len(r) for _, r in windows), drift
+    finally:
+        conn.close()
+
+
+def continuous_case(tmp: str, hours: float, step_ms: float) -> None:
+    """Print the continuous-traces figures (see the module doc)."""
+    db = Path(tmp) / "continuous.db"
+    t = time.perf_counter()
+    end, n_rows = build_continuous(db, hours, step_ms)
+    print(f"\ncontinuous traces at 1 Hz, one rank, {hours:g} h: {n_rows:,} kernel rows "
+          f"({KERNELS_PER_WINDOW + OPS_PER_WINDOW} a window) built in "
+          f"{time.perf_counter() - t:.0f} s")  # fmt: skip
+
+    def figures(label: str) -> None:
+        sizes = table_bytes(db)
+        (rows,) = read(db, "SELECT COUNT(*) FROM kernel_stats")[0]
+        (wins,) = read(db, "SELECT COUNT(*) FROM kernel_windows")[0]
+        mb = (sizes.get("kernel_stats", 0) + sizes.get("kernel_windows", 0)) / 1e6
+        t = time.perf_counter()
+        _, _, drift = kernel_load(db)
+        s = time.perf_counter() - t
+        ev = drift.evidence if drift is not None else {}
+        print(f"  {label}: {wins:,} windows, {rows:,} kernel rows = {rows / hours:,.0f} per "
+              f"GPU-hour, {mb / hours:.2f} MB per GPU-hour; open + load + insights {s:.2f} s; "
+              f"kernel_drift: {ev.get('kernel')} {ev.get('first_half_ms')} -> "
+              f"{ev.get('second_half_ms')} ms per {ev.get('unit')}")  # fmt: skip
+
+    figures("as received")
+    t = time.perf_counter()
+    merged = asyncio.run(compact(db, end + int(DEFAULT_RAW_WINDOW_S * S)))
+    print(f"  compaction (gpuprofd.kcompact passes, through the store's writer): {merged:,} "
+          f"windows merged in {time.perf_counter() - t:.0f} s")  # fmt: skip
+    conn = sqlite3.connect(db)
+    conn.execute("VACUUM")
+    conn.close()
+    figures("compacted")
+
+
 def table_bytes(db: Path) -> dict[str, int]:
     """Bytes per table, its indexes included (SQLite's dbstat)."""
     conn = sqlite3.connect(db)
@@ -199,8 +324,14 @@ def main() -> None:
     ap.add_argument("--hours", type=float, default=24.0)
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--step-ms", type=float, default=500.0)
+    ap.add_argument("--kernel-hours", type=float, default=24.0,
+                    help="hours of the continuous-traces case (0: skip it)")  # fmt: skip
+    ap.add_argument("--only-kernels", action="store_true", help="run only that case")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="gpuprof-bench-") as tmp:
+        if args.only_kernels:
+            continuous_case(tmp, args.kernel_hours, args.step_ms)
+            return
         db = Path(tmp) / "day.db"
         t = time.perf_counter()
         counts = build(db, args.hours, args.gpus, args.step_ms)
@@ -261,6 +392,8 @@ def main() -> None:
         )
         s, rows = best_of(3, lambda: read(db, node_sql))
         print(f"the node's {args.gpus} GPUs at 1-minute points ({len(rows):,} points): {s:.2f} s")
+        if args.kernel_hours > 0:
+            continuous_case(tmp, args.kernel_hours, args.step_ms)
 
 
 if __name__ == "__main__":
