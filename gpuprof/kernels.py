@@ -231,6 +231,17 @@ def _us_to_ns(us: float) -> int:
     return int(round(float(us or 0.0) * 1000.0))
 
 
+def _event_ns(us: Any) -> int | None:
+    """A ``torch.profiler`` µs figure in ns; None when not a finite number >= 0."""
+    v = _finite(us if us is not None else 0.0)
+    return None if v is None or v < 0 else int(round(v * 1000.0))
+
+
+def _event_count(x: Any) -> int | None:
+    v = _finite(x if x is not None else 0)
+    return None if v is None or v < 0 else int(v)
+
+
 def aggregate_events(events: Iterable[Any]) -> list[KernelAgg]:
     """Fold ``torch.profiler`` events into :class:`KernelAgg` rows (:func:`fold`ed).
 
@@ -248,7 +259,12 @@ def aggregate_events(events: Iterable[Any]) -> list[KernelAgg]:
     FLOPs are left out, as are user annotations (``ProfilerStep#N``,
     ``record_function`` ranges: their time is their children's) and async events.
     A CPU-only profile therefore gives no kernel rows, only FLOP-carrying ops.
+    Events with NaN, infinite or negative times or counts are left out, FLOPs
+    that are not positive finite numbers dropped, self time capped at total
+    time and names made printable: every row passes ``gpuprof.protocol``.
     """
+    from gpuprof.protocol import clean_text  # here: gpuprof.protocol imports this module
+
     rows: list[KernelAgg] = []
     for e in events:
         name = getattr(e, "key", None) or getattr(e, "name", None)
@@ -256,19 +272,22 @@ def aggregate_events(events: Iterable[Any]) -> list[KernelAgg]:
             continue
         device_type = getattr(e, "device_type", None)
         dev = getattr(device_type, "name", str(device_type)).rsplit(".", 1)[-1].upper()
-        count = int(getattr(e, "count", 1) or 0)
-        total_ns = _us_to_ns(getattr(e, "device_time_total", 0.0))
+        count = _event_count(getattr(e, "count", 1))
+        total_ns = _event_ns(getattr(e, "device_time_total", 0.0))
+        if count is None or total_ns is None:
+            continue  # malformed: NaN, infinite or negative
+        name = clean_text(name, 4096).strip() or "(unnamed)"
         if dev != "CPU":
-            if count and total_ns >= 0:
+            if count:
                 rows.append(KernelAgg(shorten_name(name), "kernel", kernel_class(name), count,
                                       total_ns, total_ns))  # fmt: skip
             continue
         if (getattr(e, "is_user_annotation", False) or _STEP_RE.match(name)
                 or name in _PROFILER_OWN):  # fmt: skip
             continue
-        flops = getattr(e, "flops", None)
-        flops = float(flops) if flops else None
-        self_ns = _us_to_ns(getattr(e, "self_device_time_total", 0.0))
+        flops = _finite(getattr(e, "flops", None))
+        flops = flops if flops and flops > 0 else None
+        self_ns = min(_event_ns(getattr(e, "self_device_time_total", 0.0)) or 0, total_ns)
         if total_ns > 0 or flops:
             cls = _op_class(name, getattr(e, "kernels", None) or ())
             rows.append(KernelAgg(shorten_name(name), "op", cls, count, total_ns, self_ns,

@@ -470,3 +470,35 @@ def test_malformed_trace_events_are_counted_and_skipped(bad, mode):
 def test_not_a_chrome_trace_is_a_clear_error(trace):
     with pytest.raises(ValueError, match="chrome trace"):
         aggregate_trace(trace)
+
+
+def test_aggregate_events_rows_always_pass_the_protocol():
+    """Malformed events (NaN / infinite / negative times, FLOPs or counts, self time
+    above total, unprintable names) are left out or cleaned: every row it returns is
+    one the daemon accepts, and nothing raises."""
+    from types import SimpleNamespace as Ev
+
+    from gpuprof.protocol import _kernel_row
+
+    nan, inf = float("nan"), float("inf")
+    op = {"device_type": "CPU", "count": 1, "self_device_time_total": 1.0}
+    events = [
+        Ev(key="aten::mm", **{**op, "device_time_total": 1.0, "flops": nan}),
+        Ev(key="aten::bmm", **{**op, "device_time_total": 0.0, "flops": -5}),
+        Ev(key="aten::add", **{**op, "device_time_total": -1.0, "flops": 10}),
+        Ev(key="aten::sub", **{**op, "device_time_total": 1.0, "self_device_time_total": 5.0}),
+        Ev(key="k_nan", device_type="CUDA", count=1, device_time_total=nan),
+        Ev(key="k_inf", device_type="CUDA", count=1, device_time_total=inf),
+        Ev(key="k_neg", device_type="CUDA", count=-3, device_time_total=5.0),
+        Ev(key="k\x00\n\u202ebad", device_type="CUDA", count=1, device_time_total=1.0),
+        Ev(key="gemm", device_type="CUDA", count=2, device_time_total=4.0),
+    ]
+    rows = aggregate_events(events)
+    assert all(_kernel_row(r.to_wire()) for r in rows), [r.to_wire() for r in rows]
+    got = {r.name: (r.count, r.total_ns, r.self_ns, r.flops) for r in rows}
+    assert got == {
+        "gemm": (2, 4000, 4000, None),
+        "k   bad": (1, 1000, 1000, None),
+        "aten::mm": (1, 1000, 1000, None),
+        "aten::sub": (1, 1000, 1000, None),
+    }
