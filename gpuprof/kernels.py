@@ -548,15 +548,17 @@ def aggregate_trace(
             by_cls[key[1]] = by_cls.get(key[1], 0) + dur_ns
             op = ops[op].parent
 
-    op_window = [window_of(o.ts) for o in ops]
+    ops_in: list[list[_Op]] = [[] for _ in spans]  # each window's ops, grouped once
+    for o in ops:
+        ow = window_of(o.ts)
+        if ow is not None:
+            ops_in[ow].append(o)
     out: list[TraceWindow] = []
     for w, (a, b, steps) in enumerate(spans):
         rows = [KernelAgg(name, "kernel", cls, n, ns, ns) for (name, cls), (n, ns) in
                 kernels[w].items()]  # fmt: skip
         per_name: dict[str, list[Any]] = {}  # name -> [count, total, self, flops]
-        for o, ow in zip(ops, op_window, strict=True):
-            if ow != w:
-                continue
+        for o in ops_in[w]:
             acc2 = per_name.setdefault(o.name, [0, 0, 0, None])
             acc2[0] += 1
             if o.flops is not None:
