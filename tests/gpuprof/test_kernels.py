@@ -534,4 +534,4 @@ def test_step_windows_of_a_long_trace_take_linear_time():
     elapsed = time.perf_counter() - t
     assert len(wins) == steps
     assert {r.name: r.count for r in wins[-1].rows if r.kind == "op"}["aten::op0"] == 10
-    assert elapsed < 8, elapsed
+    assert elapsed < 12, elapsed  # 18 s before, ~5 s after, on 2 vCPUs
