@@ -45,8 +45,9 @@ NS_PER_S = 1_000_000_000
 #: are merged into windows of *length* seconds (aligned on the monotonic
 #: clock). ``None`` age: the daemon's raw window (``--raw-window``, 15 min by
 #: default, as raw GPU samples). One-minute windows keep a day's kernel_drift
-#: series at 1,440 points; after 2 h, 10-minute windows (144 a day) keep a
-#: 24-hour run at ~1/600 of the rows it was sent at 1 Hz (bench/storage.py).
+#: series at 1,440 points; after 2 h, 10-minute windows (144 a day): a 24-hour
+#: run sent at 1 Hz with 100 rows a window keeps ~1,000 rows per GPU-hour of
+#: the 360,000 received, and loads in 0.18 s instead of 102 s (bench/storage.py).
 TIERS: tuple[tuple[float | None, float], ...] = ((None, 60.0), (2 * 3600.0, 600.0))
 #: A merged window lists its steps up to this many (10 Hz for 10 min is 6,000);
 #: beyond it ``steps`` is stored as ``{"n": count, "first": i, "last": j}``.
