@@ -30,13 +30,36 @@ _NS_PER_US = 1e3
 Windows = Sequence[tuple[dict[str, Any], Sequence[KernelAgg]]]
 
 
-def pick_source(windows: Windows, source: str | None = None) -> str | None:
-    """*source* if given, else the first of :data:`SOURCE_PREFERENCE` that
-    has a window (None: the run has no windows)."""
+def pick_source(
+    windows: Windows, source: str | None = None, kind: str = "kernel",
+    among: Sequence[str] = SOURCE_PREFERENCE,
+) -> str | None:
+    """*source* if given, else the first of *among* (default
+    :data:`SOURCE_PREFERENCE`) whose windows hold *kind* rows with device
+    time (a CPU run's continuous windows hold operators with FLOPs but no
+    device time: an nsys import of the same run then wins), else the first
+    that has a window at all (None: the run has no windows)."""
     if source is not None:
         return source
+    timed = {w["source"] for w, rows in windows
+             if any(r.kind == kind and r.total_ns > 0 for r in rows)}  # fmt: skip
     have = {w["source"] for w, _ in windows}
-    return next((s for s in SOURCE_PREFERENCE if s in have), None)
+    return next((s for s in among if s in timed), None) or next(
+        (s for s in among if s in have), None
+    )
+
+
+def common_source(a: Windows, b: Windows, kind: str = "kernel") -> str | None:
+    """The first source, in :data:`SOURCE_PREFERENCE` order, in which both
+    runs have *kind* rows with device time: comparing a run's continuous
+    windows with another's nsys import would compare unlike things. None
+    when they share none."""
+    def timed(ws: Windows) -> set[str]:
+        return {w["source"] for w, rows in ws
+                if any(r.kind == kind and r.total_ns > 0 for r in rows)}  # fmt: skip
+
+    both = timed(a) & timed(b)
+    return next((s for s in SOURCE_PREFERENCE if s in both), None)
 
 
 @dataclass(frozen=True)
@@ -113,7 +136,7 @@ def _round(v: float | None, nd: int = 3) -> float | None:
 def build_table(windows: Windows, source: str | None = None, kind: str = "kernel") -> KernelTable:
     """Sum the *kind* rows (``"kernel"`` or ``"op"``) of the windows of
     *source* (default: :func:`pick_source`) by name."""
-    src = pick_source(windows, source)
+    src = pick_source(windows, source, kind)
     chosen = [(w, rows) for w, rows in windows if w["source"] == src]
     totals: dict[str, list[Any]] = {}
     steps: set[int] = set()
@@ -166,6 +189,14 @@ def compare(a: KernelTable, b: KernelTable) -> dict[str, Any]:
     delta (B − A, ms) and the ratio B / A; largest growth first. Also the
     class totals on the same basis."""
     basis = "step" if a.steps and b.steps else "window"
+    warnings = []
+    if a.source != b.source:
+        warnings.append(f"A's figures come from {a.source} windows, B's from {b.source} "
+                        "windows: not like for like")  # fmt: skip
+    if basis == "window" and (a.steps or b.steps):
+        warnings.append("one run's windows are steps and the other's are not (a whole "
+                        "capture, or windows without step indices): per-window times differ "
+                        "by the window length, not by the kernels")  # fmt: skip
 
     def norm(t: KernelTable, ns: int) -> float:
         v = t.per_step_ms(ns) if basis == "step" else t.per_window_ms(ns)
@@ -187,6 +218,7 @@ def compare(a: KernelTable, b: KernelTable) -> dict[str, Any]:
         t[1] += c.b_ms
     return {
         "basis": basis,
+        "warnings": warnings,
         "a": {"source": a.source, "windows": a.windows, "steps": a.steps,
               "ms": round(norm(a, a.total_ns), 3)},
         "b": {"source": b.source, "windows": b.windows, "steps": b.steps,
@@ -233,6 +265,7 @@ def format_compare(cmp: dict[str, Any], a_label: str, b_label: str, top: int = D
     unit = "ms/step" if cmp["basis"] == "step" else "ms/window"
     lines = [f"A = {a_label}: {cmp['a']['ms']} {unit} of device time; "
              f"B = {b_label}: {cmp['b']['ms']} {unit}"]  # fmt: skip
+    lines += [f"warning: {w}" for w in cmp.get("warnings", ())]
     rows = [("CLASS", "A", "B", "DELTA", "RATIO")]
     for cls, c in cmp["classes"].items():
         rows.append((cls, f"{c['a_ms']:.3f}", f"{c['b_ms']:.3f}", f"{c['delta_ms']:+.3f}",

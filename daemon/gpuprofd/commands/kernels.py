@@ -68,7 +68,14 @@ def kernels_cmd(db: Path | None, run_id: int | None, other: int | None, source: 
                 click.echo(f"{_label(run)}: " + kerneltable.format_table(table, top))
             return
         run_b = dbread.get_run(conn, other, path)
-        table_b = load_table(conn, run_b, source, kind)
+        if source is None:  # compare like with like: a source both runs have
+            wa = dbread.kernel_windows(conn, run["id"])
+            wb = dbread.kernel_windows(conn, run_b["id"])
+            shared = kerneltable.common_source(wa, wb, kind)
+            table = kerneltable.build_table(wa, shared, kind) if shared else table
+            table_b = kerneltable.build_table(wb, shared, kind)
+        else:
+            table_b = load_table(conn, run_b, source, kind)
     finally:
         conn.close()
     cmp = kerneltable.compare(table, table_b)
