@@ -474,13 +474,7 @@ class Tracer:
     def close(self) -> None:
         """Profile exit: stop a running window (dropped: no complete step in
         it) and remove the guard. Idempotent; never raises."""
-        prof, self._prof = self._prof, None
-        if prof is not None:
-            self._intervals.append((self._t0, self.clock()))
-            try:
-                self._stop(prof)
-            except Exception:
-                log.debug("gpuprof: could not stop the profiler at exit", exc_info=True)
+        self._drop_window("at exit")
         guard, self._guard = self._guard, None
         if guard is not None:
             guard.remove()
@@ -674,13 +668,18 @@ class Tracer:
         self.notes.append(
             f"trace windows disabled: {what} ({clean_text(f'{type(exc).__name__}: {exc}', 200)})"
         )
+        self._drop_window("after a failure")
+
+    def _drop_window(self, when: str) -> None:
+        """Stop a running window without sending it (its steps stay traced:
+        the profiler ran in them); never raises."""
         prof, self._prof = self._prof, None
         if prof is not None:
             self._intervals.append((self._t0, self.clock()))
             try:
                 self._stop(prof)
             except Exception:
-                log.debug("gpuprof: could not stop the profiler", exc_info=True)
+                log.debug("gpuprof: could not stop the profiler %s", when, exc_info=True)
 
 
 def _range_ender(torch: Any) -> Callable[[Any], None]:
