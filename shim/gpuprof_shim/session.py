@@ -153,6 +153,7 @@ class Profiler:
         #: The torch.profiler windows (None unless a trace option is set).
         self._tracer: Tracer | None = None
         self._nsys_notice = False
+        self._nsys_depth = 0  # nested nsys_capture() blocks: only the outermost starts/stops
         self.print_summary = bool(print_summary)
         self.db = str(Path(db).expanduser().resolve() if db else config.db_path())
         #: The database this run asked for; a running daemon may own another.
@@ -289,14 +290,17 @@ class Profiler:
         ``nsys profile --capture-range=cudaProfilerApi`` records just that
         region; then ``gpuprofctl nsys-import`` attaches its kernels to the run.
 
-        Without CUDA (no GPU, a CPU build of torch, no torch) it does nothing
-        and logs one notice. Never raises for its own problems; an error of the
+        Nested blocks are one capture (the inner stop would end the outer
+        one). Without CUDA (no GPU, a CPU build of torch, no torch) it does
+        nothing and logs one notice. Never raises for its own problems; an error of the
         code inside the ``with`` propagates unchanged.
         """
-        started = self._cuda_profiler(True)
+        started = self._nsys_depth == 0 and self._cuda_profiler(True)
+        self._nsys_depth += 1
         try:
             yield
         finally:
+            self._nsys_depth -= 1
             if started:
                 self._cuda_profiler(False)
 

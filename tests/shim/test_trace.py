@@ -511,6 +511,19 @@ def test_nsys_capture_brackets_the_region_with_cuda_profiler_calls(
     assert calls == ["start", "body", "stop", "start", "stop"]
 
 
+def test_nested_nsys_captures_are_one_capture(socket_dir, fake_daemon, monkeypatch):
+    calls: list[str] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda.profiler, "start", lambda: calls.append("start"))
+    monkeypatch.setattr(torch.cuda.profiler, "stop", lambda: calls.append("stop"))
+    with profile(socket_dir) as prof:
+        with prof.nsys_capture():
+            with prof.nsys_capture():  # e.g. a helper that brackets itself, called inside
+                calls.append("inner")
+            calls.append("outer")  # still captured: the inner exit did not stop it
+    assert calls == ["start", "inner", "outer", "stop"]
+
+
 # --- with the real daemon -----------------------------------------------------------
 
 
