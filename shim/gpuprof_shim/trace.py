@@ -633,8 +633,10 @@ class Tracer:
         assert opts.trace_dir is not None
         cap = opts.trace_dir_max_bytes
         name = _FILE_SAFE_RE.sub("_", self.run_name)[:64] or "run"
+        # the window number keeps names unique: manual mode may repeat a step index
         path = opts.trace_dir / (
-            f"{name}-{self.run_key[:8]}-step{self._step}-{self._source}.pt.trace.json.gz"
+            f"{name}-{self.run_key[:8]}-step{self._step}-{self._source}-"
+            f"{self.files_written}.pt.trace.json.gz"
         )
         try:
             if self.bytes_written >= cap:

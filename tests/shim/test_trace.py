@@ -367,8 +367,8 @@ def test_trace_dir_writes_gzip_traces_under_the_cap(socket_dir, fake_daemon, tmp
         train(steps=3)
     files = sorted(out.iterdir())
     assert [f.name.split("-step")[1] for f in files] == [
-        "0-snapshot.pt.trace.json.gz", "1-snapshot.pt.trace.json.gz",
-        "2-snapshot.pt.trace.json.gz",
+        "0-snapshot-0.pt.trace.json.gz", "1-snapshot-1.pt.trace.json.gz",
+        "2-snapshot-2.pt.trace.json.gz",
     ]  # fmt: skip
     assert prof._tracer.bytes_written == sum(f.stat().st_size for f in files)
 
@@ -381,6 +381,20 @@ def test_trace_dir_writes_gzip_traces_under_the_cap(socket_dir, fake_daemon, tmp
     assert 1 <= len(sizes) <= 2 and sum(sizes) <= 2.5 * one
     assert any("trace_dir cap" in n for n in prof2._tracer.notes)
     assert len(kernels(fake_daemon)) == 3 + 6  # aggregates keep coming after the cap
+
+
+def test_a_repeated_manual_step_index_does_not_overwrite_its_trace(
+    socket_dir, fake_daemon, tmp_path
+):
+    model = MLP()
+    out = tmp_path / "traces"
+    with profile(socket_dir, auto=False, trace_range=(0, 0), trace_dir=out) as prof:
+        for _ in range(2):  # the user's loop restarts its counter: step 0 twice
+            with prof.step(0):
+                model(torch.randn(4, 8)).sum().backward()
+    files = list(out.iterdir())
+    assert len(files) == 2 == prof._tracer.files_written
+    assert prof._tracer.bytes_written == sum(f.stat().st_size for f in files)
 
 
 def test_no_trace_files_without_trace_dir(socket_dir, fake_daemon, tmp_path, monkeypatch):
