@@ -441,6 +441,7 @@ class Tracer:
         self.windows_skipped = 0
         self.files_written = 0
         self.bytes_written = 0
+        self._earlier_bytes: int | None = None  # traces already in trace_dir, read once
         self._torch: Any = None
         self._guard: _TorchGuard | None = None
         self._thread: int | None = None
@@ -639,21 +640,30 @@ class Tracer:
             f"{self.files_written}.pt.trace.json.gz"
         )
         try:
-            if self.bytes_written >= cap:
+            if self._earlier_bytes is None:  # the cap is the directory's: earlier runs count
+                self._earlier_bytes = sum(
+                    f.stat().st_size for f in opts.trace_dir.glob("*.pt.trace.json.gz")
+                ) if opts.trace_dir.is_dir() else 0  # fmt: skip
+            used = self._earlier_bytes + self.bytes_written
+            if used >= cap:
                 raise _DirFull
             opts.trace_dir.mkdir(parents=True, exist_ok=True)
             prof.export_chrome_trace(str(path))
             size = path.stat().st_size
-            if self.bytes_written + size > cap:
+            if used + size > cap:
                 path.unlink()
                 raise _DirFull
             self.bytes_written += size
             self.files_written += 1
         except _DirFull:
             self._dir_full = True
+            earlier = (
+                f", {self._earlier_bytes / 1e6:.1f} MB of it from earlier runs"
+                if self._earlier_bytes else ""
+            )
             text = (
-                f"trace_dir cap of {cap / 1e6:g} MB reached: no more chrome traces written "
-                f"(kernel aggregates are still sent)"
+                f"trace_dir cap of {cap / 1e6:g} MB reached{earlier}: no more chrome traces "
+                "written (kernel aggregates are still sent)"
             )
             log.warning("gpuprof: %s", text)
             self.notes.append(text)

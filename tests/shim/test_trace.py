@@ -397,6 +397,17 @@ def test_a_repeated_manual_step_index_does_not_overwrite_its_trace(
     assert prof._tracer.bytes_written == sum(f.stat().st_size for f in files)
 
 
+def test_the_trace_dir_cap_counts_earlier_runs_traces(socket_dir, fake_daemon, tmp_path):
+    out = tmp_path / "traces"
+    out.mkdir()
+    (out / "earlier-run-step0-snapshot-0.pt.trace.json.gz").write_bytes(b"x" * 2_000_000)
+    with profile(socket_dir, trace_every_n_steps=1, trace_dir=out, trace_dir_max_mb=2) as prof:
+        train(steps=3)
+    assert len(list(out.iterdir())) == 1 and prof._tracer.files_written == 0
+    assert any("2.0 MB of it from earlier runs" in n for n in prof._tracer.notes)
+    assert len(kernels(fake_daemon)) == 3  # aggregates are sent all the same
+
+
 def test_no_trace_files_without_trace_dir(socket_dir, fake_daemon, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with profile(socket_dir, trace_every_n_steps=1):
