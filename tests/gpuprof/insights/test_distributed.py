@@ -1,0 +1,295 @@
+"""Group rules (issue 6): straggler, comm share, bucket and rank skew."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+from gpuprof.insights.distributed import (
+    GroupContext,
+    RankStats,
+    bucket_skew,
+    comm_dominant,
+    group_rules,
+    rank_skew,
+    straggler_rank,
+)
+
+STEPS = 30
+BUCKETS = 4
+
+
+def make_rank(
+    rank: int,
+    *,
+    seed: int,
+    forward_ms: float = 20.0,
+    backward_ms: float = 40.0,
+    comm_ms: float = 5.0,
+    optimizer_ms: float = 5.0,
+    extra_step_ms: float = 0.0,
+    noise_ms: float = 0.5,
+    start_delay_ms: dict[int, float] | None = None,
+    end_shift_ms: float = 0.0,
+) -> RankStats:
+    """A rank whose step = forward + backward + exposed comm + optimizer (+ extra).
+
+    Buckets become ready evenly through the backward (start_ns, aligned clock,
+    step i starts at i s); each finishes 2 ms after its start (+ end_shift_ms).
+    ``start_delay_ms`` delays a bucket's launch on this rank only.
+    """
+    rng = random.Random(seed)
+    n = lambda: rng.gauss(0.0, noise_ms)  # noqa: E731
+    step, bwd, comm, starts, ends = [], [], [], [], []
+    delays = start_delay_ms or {}
+    for i in range(STEPS):
+        b = backward_ms + n()
+        c = max(0.0, comm_ms + n())
+        bwd.append(b)
+        comm.append(c)
+        step.append(forward_ms + b + c + optimizer_ms + extra_step_ms + n())
+        t0 = i * 1_000_000_000 + int(forward_ms * 1e6)
+        s_row, e_row = [], []
+        for k in range(BUCKETS):
+            s = t0 + int(((k + 1) * b / BUCKETS + delays.get(k, 0.0) + n() * 0.2) * 1e6)
+            s_row.append(s)
+            e_row.append(s + int((2.0 + end_shift_ms + n() * 0.2) * 1e6))
+        starts.append(tuple(s_row))
+        ends.append(tuple(e_row))
+    return RankStats(
+        rank=rank,
+        step_ms=tuple(step),
+        backward_ms=tuple(bwd),
+        comm_ms=tuple(comm),
+        bucket_start_ns=tuple(starts),
+        bucket_end_ns=tuple(ends),
+    )
+
+
+def group(*ranks: RankStats) -> GroupContext:
+    return GroupContext(group="job", ranks=ranks)
+
+
+def balanced(n: int = 4) -> GroupContext:
+    return group(*(make_rank(r, seed=100 + r) for r in range(n)))
+
+
+# --- balanced: nothing fires ---------------------------------------------
+
+
+def test_balanced_ranks_with_noise_fire_nothing():
+    ctx = balanced(4)
+    assert straggler_rank(ctx) is None
+    assert comm_dominant(ctx) is None
+    assert bucket_skew(ctx) is None
+    assert rank_skew(ctx) is None
+    assert group_rules(ctx) == []
+
+
+def test_balanced_two_ranks_fire_nothing():
+    # with 2 ranks one is last on half the buckets by chance: the delta gate holds
+    assert group_rules(balanced(2)) == []
+
+
+def test_single_rank_or_no_comm_figures_fire_nothing():
+    assert group_rules(group(make_rank(0, seed=1))) == []
+    bare = group(RankStats(0, (100.0,) * 10), RankStats(1, (100.0,) * 10))
+    assert group_rules(bare) == []
+
+
+# --- comm_dominant ---------------------------------------------------------
+
+
+def test_comm_dominant_fires_above_20_percent_naming_worst_rank():
+    # step 20+40+30+5 = 95 ms, 30 ms comm = 32 % on rank 2; others at 5 %
+    ranks = [make_rank(r, seed=r, comm_ms=30.0 if r == 2 else 5.0) for r in range(4)]
+    ins = comm_dominant(group(*ranks))
+    assert ins is not None
+    assert ins.evidence["rank"] == 2
+    assert "rank 2" in ins.title
+    assert 0.28 < ins.evidence["comm_fraction"] < 0.36
+    assert ins.severity == "MED"
+
+
+def test_comm_dominant_high_when_most_of_the_step():
+    ranks = [make_rank(r, seed=r, comm_ms=80.0) for r in range(2)]
+    ins = comm_dominant(group(*ranks))
+    assert ins is not None and ins.severity == "HIGH"
+
+
+def test_comm_dominant_silent_at_15_percent():
+    # 12 ms comm of a ~82 ms step: ~15 %
+    ranks = [make_rank(r, seed=r, comm_ms=12.0) for r in range(4)]
+    assert comm_dominant(group(*ranks)) is None
+
+
+def test_comm_dominant_uses_steady_steps():
+    # a 500 ms comm in warm-up steps (NCCL communicator set-up) is not steady state
+    comm = (500.0, 500.0, 500.0) + (5.0,) * 10
+    step = (600.0, 600.0, 600.0) + (70.0,) * 10
+    r = RankStats(0, step, backward_ms=(40.0,) * 13, comm_ms=comm)
+    assert comm_dominant(group(r)) is None
+
+
+# --- straggler_rank --------------------------------------------------------
+
+
+def torchrun_straggler() -> GroupContext:
+    """Issue 6 scenario: 4 ranks, rank 1's backward slowed 30 ms per step by a
+    hook; the all-reduce absorbs it as 30 ms more comm on ranks 0, 2, 3, so
+    every rank's step is ~100 ms. Rank 1 launches every bucket late."""
+    ranks = []
+    for r in range(4):
+        if r == 1:
+            ranks.append(make_rank(r, seed=r, backward_ms=70.0, comm_ms=5.0))
+        else:
+            ranks.append(make_rank(r, seed=r, backward_ms=40.0, comm_ms=35.0))
+    return group(*ranks)
+
+
+def test_torchrun_straggler_names_rank_1_and_nothing_blames_the_network():
+    ctx = torchrun_straggler()
+    # comm on ranks 0, 2, 3 is ~35 % of the step: comm_dominant alone would fire
+    assert comm_dominant(ctx) is not None
+    found = group_rules(ctx)
+    assert [i.rule for i in found] == ["straggler_rank"]
+    ins = found[0]
+    assert ins.evidence["rank"] == 1
+    assert "Rank 1" in ins.title
+    assert 28 < ins.evidence["wait_ms"] < 32
+    assert 28 < ins.evidence["backward_excess_ms"] < 32
+    assert ins.severity == "HIGH"  # 30 of 100 ms waited
+
+
+def test_straggler_needs_a_slow_backward():
+    # rank 3 waits least but its backward is like the others': a slow link on
+    # ranks 0-2, not a straggler
+    ranks = [make_rank(r, seed=r, comm_ms=5.0 if r == 3 else 35.0) for r in range(4)]
+    ctx = group(*ranks)
+    assert straggler_rank(ctx) is None
+    ins = comm_dominant(ctx)
+    assert ins is not None and ins.evidence["rank"] in (0, 1, 2)
+
+
+def test_straggler_needs_every_other_rank_waiting():
+    # two slow ranks (1 and 2): rank 2 waits as little as rank 1, no single straggler
+    ranks = []
+    for r in range(4):
+        slow = r in (1, 2)
+        ranks.append(
+            make_rank(r, seed=r, backward_ms=70.0 if slow else 40.0, comm_ms=5.0 if slow else 35.0)
+        )
+    assert straggler_rank(group(*ranks)) is None
+
+
+def test_straggler_silent_on_small_wait():
+    # 2 ms slower backward on rank 1 of a ~70 ms step: under 5 %
+    ranks = [
+        make_rank(r, seed=r, backward_ms=42.0 if r == 1 else 40.0, comm_ms=5.0 if r == 1 else 7.0)
+        for r in range(4)
+    ]
+    assert straggler_rank(group(*ranks)) is None
+
+
+# --- bucket_skew -----------------------------------------------------------
+
+
+def delayed_bucket_pair(delay_ms: float = 5.0) -> GroupContext:
+    """Issue 6 scenario: 2 ranks, bucket 3 delayed on rank 0 only (a sleep in
+    the comm hook: rank 0's backward is that much longer, rank 1 waits for it
+    in the all-reduce)."""
+    r0 = make_rank(0, seed=10, backward_ms=40.0, comm_ms=2.0, start_delay_ms={3: delay_ms})
+    # the sleep is inside rank 0's backward; buckets 0-2 were launched before it
+    r0 = replace(r0, backward_ms=tuple(b + delay_ms for b in r0.backward_ms))
+    r1 = make_rank(1, seed=11, backward_ms=40.0, comm_ms=2.0 + delay_ms)
+    return group(r0, r1)
+
+
+def test_bucket_skew_names_rank_0_and_bucket_3():
+    ctx = delayed_bucket_pair()
+    ins = bucket_skew(ctx)
+    assert ins is not None
+    assert ins.evidence["rank"] == 0
+    assert ins.evidence["bucket"] == 3
+    assert ins.evidence["late_on"] == "start"
+    assert ins.evidence["late_share"] >= 0.6
+    assert 4.0 < ins.evidence["p95_delta_ms"] < 7.0
+    assert "Rank 0" in ins.title and "bucket 3" in ins.title
+    found = group_rules(ctx)
+    rules = {i.rule for i in found}
+    assert "bucket_skew" in rules
+    assert "comm_dominant" not in rules  # the network is not blamed
+    # the straggler finding, if any, names the same rank
+    assert all(i.evidence["rank"] == 0 for i in found)
+
+
+def test_bucket_skew_on_finish():
+    # rank 2's collectives finish 3 ms after the others' (starts are even)
+    ranks = [make_rank(r, seed=r, end_shift_ms=3.0 if r == 2 else 0.0) for r in range(4)]
+    ins = bucket_skew(group(*ranks))
+    assert ins is not None
+    assert ins.evidence["rank"] == 2
+    assert ins.evidence["late_on"] == "finish"
+
+
+def test_bucket_skew_silent_below_60_percent_of_steps():
+    # rank 0 delays bucket 3 on every other step only: last on 50 % of steps
+    # (no noise, so chance makes no rank last on the other steps)
+    r0 = make_rank(0, seed=10, start_delay_ms={3: 5.0}, noise_ms=0.0)
+
+    def undelay_even_steps(rows: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, ...], ...]:
+        return tuple(
+            row if i % 2 else tuple(t - (5_000_000 if k == 3 else 0) for k, t in enumerate(row))
+            for i, row in enumerate(rows)
+        )
+
+    r0 = replace(
+        r0,
+        bucket_start_ns=undelay_even_steps(r0.bucket_start_ns),
+        bucket_end_ns=undelay_even_steps(r0.bucket_end_ns),
+    )
+    r1 = make_rank(1, seed=11, noise_ms=0.0)
+    assert bucket_skew(group(r0, r1)) is None
+    # the same delay on every step fires
+    assert bucket_skew(group(make_rank(0, seed=10, start_delay_ms={3: 5.0}, noise_ms=0.0), r1))
+
+
+def test_bucket_skew_silent_on_sub_millisecond_lateness():
+    # rank 0 always last on bucket 3, but by 0.3 ms: alignment error, not skew
+    ranks = [
+        make_rank(0, seed=10, start_delay_ms={3: 0.3}, noise_ms=0.05),
+        make_rank(1, seed=11, noise_ms=0.05),
+    ]
+    assert bucket_skew(group(*ranks)) is None
+
+
+def test_straggler_hides_bucket_skew_over_all_its_buckets():
+    ctx = torchrun_straggler()
+    ins = bucket_skew(ctx)  # rank 1 launches every bucket late
+    assert ins is not None and ins.evidence["rank"] == 1
+    assert len(ins.evidence["late_buckets"]) >= 3
+    assert "bucket_skew" not in {i.rule for i in group_rules(ctx)}
+
+
+# --- rank_skew -------------------------------------------------------------
+
+
+def test_rank_skew_fires_at_10_percent_naming_the_rank():
+    # rank 3 does 10 ms of work outside the collectives (~70 ms steps): ~14 %
+    ranks = [make_rank(r, seed=r, extra_step_ms=10.0 if r == 3 else 0.0) for r in range(4)]
+    ins = rank_skew(group(*ranks))
+    assert ins is not None
+    assert ins.evidence["rank"] == 3
+    assert "Rank 3" in ins.title
+    assert ins.evidence["ratio"] >= 1.10
+
+
+def test_rank_skew_silent_at_5_percent():
+    ranks = [make_rank(r, seed=r, extra_step_ms=3.5 if r == 3 else 0.0) for r in range(4)]
+    assert rank_skew(group(*ranks)) is None
+
+
+def test_insights_serialise():
+    for ins in group_rules(torchrun_straggler()) + group_rules(delayed_bucket_pair()):
+        d = ins.to_dict()
+        assert d["rule"] and d["title"] and d["fix"]
