@@ -39,6 +39,8 @@ MAX_MESSAGE_BYTES = 256 * 1024
 
 #: Longest run name kept (characters); longer names are cut by the shim.
 MAX_RUN_NAME_CHARS = 200
+#: A ``hello``'s ``group`` (torchrun's run id, or ``profile(group=...)``).
+MAX_GROUP_CHARS = 128
 MAX_PHASES = 32
 MAX_PHASE_NAME_CHARS = 64
 #: Optimizers listed per step (a GAN has 2; more is unusual).
@@ -299,6 +301,11 @@ SCHEMAS: dict[str, dict[str, tuple[bool, Check]]] = {
         "rank": (True, _int(0, 1 << 20)),
         "local_rank": (True, _int(0, 1 << 20)),
         "world_size": (True, _int(1, 1 << 20)),
+        # ranks on this node (torchrun's LOCAL_WORLD_SIZE)
+        "local_world_size": (False, _int(1, 1 << 20)),
+        # the group the rank belongs to (TORCHELASTIC_RUN_ID or group=);
+        # absent: the run is its own group
+        "group": (False, _optional(_printable(MAX_GROUP_CHARS))),
         "wall_ns": (True, _int()),
         "mono_ns": (True, _int()),
         "auto": (True, _bool),

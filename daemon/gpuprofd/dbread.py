@@ -177,12 +177,31 @@ GROUP BY run_id
 """
 
 
-def runs_overview(conn: sqlite3.Connection) -> list[dict[str, Any]]:
-    """Every run with its step aggregates, newest first."""
+def runs_overview(conn: sqlite3.Connection, group: str | None = None) -> list[dict[str, Any]]:
+    """Every run with its step aggregates, newest first; with *group*, only
+    that group's runs (``group_id``), by rank."""
     agg = {r["run_id"]: dict(r) for r in _query(conn, _OVERVIEW_SQL)}
     out = []
-    for r in _query(conn, "SELECT * FROM runs ORDER BY id DESC"):
+    rows = (
+        _query(conn, "SELECT * FROM runs ORDER BY id DESC")
+        if group is None
+        else _query(conn, "SELECT * FROM runs WHERE group_id = ? ORDER BY rank, id", (group,))
+    )
+    for r in rows:
         run = queries.run_from_row(r)
         run["agg"] = agg.get(run["id"])
         out.append(run)
     return out
+
+
+#: A group's rank statuses, in the order a group's own status picks them.
+RANK_STATUSES = ("running", "failed", "lost", "finished")
+
+
+def group_status(statuses: list[str]) -> dict[str, Any]:
+    """A group's status from its ranks' run statuses: ``running`` while any
+    rank runs; once all ended, ``failed`` if a rank failed, else ``lost`` if
+    a rank was lost, else ``finished``. ``counts``: ranks per status."""
+    counts = {s: statuses.count(s) for s in RANK_STATUSES if s in statuses}
+    status = next((s for s in RANK_STATUSES if s in counts), "finished")
+    return {"status": status, "ended": status != "running", "counts": counts}

@@ -60,7 +60,7 @@ _GPU_SLOW_SQL = (
 _RUN_COLUMNS = (
     "run_key", "run_name", "status", "host", "pid", "pid_ns", "rank", "local_rank", "world_size",
     "auto", "start_wall_ns", "start_mono_ns", "options", "cuda_uuid", "gpu_model",
-    "gpu_count", "cpu_count", "boot_id",
+    "gpu_count", "cpu_count", "boot_id", "group_id", "local_world_size",
 )  # fmt: skip
 
 

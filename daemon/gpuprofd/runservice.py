@@ -107,7 +107,8 @@ class RunService:
                 "start_wall_ns": msg["wall_ns"], "start_mono_ns": msg["mono_ns"],
                 "options": msg["options"], "cuda_uuid": msg.get("cuda_uuid"),
                 "gpu_model": gpu_model, "gpu_count": gpu_count, "cpu_count": self.cpu_count,
-                "boot_id": self.boot_id,
+                "boot_id": self.boot_id, "group_id": msg.get("group"),
+                "local_world_size": msg.get("local_world_size"),
             }  # fmt: skip
             run_id = await runsdb.insert_run(self.store, row)
             live = LiveRun(

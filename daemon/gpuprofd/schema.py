@@ -51,6 +51,8 @@ _ADDED_IN_5 = (
     ("steps", "traced", "INTEGER DEFAULT 0"),
     ("runs", "mfu", "REAL"),
     ("runs", "achieved_tflops", "REAL"),
+    ("runs", "group_id", "TEXT"),
+    ("runs", "local_world_size", "INTEGER"),
 )
 APP_NAME = "gpuprof"
 
@@ -119,9 +121,12 @@ CREATE TABLE IF NOT EXISTS runs (
     trailing_eval_ns INTEGER DEFAULT 0,  -- evaluation after the last step
     mfu REAL,                        -- 0-1, set when the run ends; NULL: unknown
     achieved_tflops REAL,            -- TFLOP/s per GPU, set when the run ends
-    boot_id TEXT                     -- the node's boot (gpuprofd.boot): *_mono_ns restart per boot
+    boot_id TEXT,                    -- the node's boot (gpuprofd.boot): *_mono_ns restart per boot
+    group_id TEXT,                   -- torchrun's run id or profile(group=); NULL: its own group
+    local_world_size INTEGER         -- ranks on this node (LOCAL_WORLD_SIZE)
 );
 CREATE INDEX IF NOT EXISTS runs_name ON runs (run_name, id);
+CREATE INDEX IF NOT EXISTS runs_group ON runs (group_id, rank);
 CREATE TABLE IF NOT EXISTS steps (
     run_id INTEGER NOT NULL, step INTEGER NOT NULL,
     t0_ns INTEGER, t1_ns INTEGER, wait_ns INTEGER,
@@ -251,7 +256,7 @@ def shadow_old_tables(conn: sqlite3.Connection, version: int) -> None:
         conn.execute(f"CREATE TEMP VIEW steps AS SELECT *{v2}{v4}, 0 AS traced FROM main.steps")
         conn.execute(
             f"CREATE TEMP VIEW runs AS SELECT *{v2r}, NULL AS mfu, NULL AS achieved_tflops, "
-            "NULL AS boot_id FROM main.runs"
+            "NULL AS boot_id, NULL AS group_id, NULL AS local_world_size FROM main.runs"
         )
         v3 = (", NULL AS disk_read_iops, NULL AS page_cache_bytes, NULL AS mem_total_bytes, "
               "NULL AS swap_in_bps" if version < 3 else "")  # fmt: skip

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gpuprof.protocol import clean_text
+from gpuprof.protocol import MAX_GROUP_CHARS, clean_text
 
 log = logging.getLogger("gpuprof.shim")
 
@@ -26,6 +26,7 @@ class Ranks:
     rank: int = 0
     local_rank: int = 0
     world_size: int = 1
+    local_world_size: int = 1
 
 
 def _env_int(env: Mapping[str, str], name: str, default: int, lo: int) -> int:
@@ -58,7 +59,31 @@ def read_ranks(env: Mapping[str, str] | None = None) -> Ranks:
     if ranks.rank >= ranks.world_size:
         log.warning("gpuprof: RANK %d >= WORLD_SIZE %d; using 0/0/1", ranks.rank, ranks.world_size)
         return Ranks()
-    return ranks
+    local_world = _env_int(e, "LOCAL_WORLD_SIZE", 1, 1)
+    # at least this process's slot, at most the world
+    local_world = min(ranks.world_size, max(local_world, ranks.local_rank + 1))
+    return Ranks(ranks.rank, ranks.local_rank, ranks.world_size, local_world)
+
+
+#: torchrun's ``TORCHELASTIC_RUN_ID`` when no ``--rdzv-id`` was given: shared
+#: by every launch, so it cannot name a group by itself.
+_DEFAULT_RUN_ID = "none"
+
+
+def group_id(explicit: str | None = None, env: Mapping[str, str] | None = None) -> str | None:
+    """The group this rank belongs to: *explicit* (``profile(group=...)``),
+    else torchrun's ``TORCHELASTIC_RUN_ID`` (its default ``none`` becomes
+    ``torchrun-<agent pid>``, one per launch on this node), else None: a run
+    outside torchrun is its own group. Printable, at most
+    :data:`~gpuprof.protocol.MAX_GROUP_CHARS` characters; None if empty."""
+    e = os.environ if env is None else env
+    raw = explicit if explicit is not None else e.get("TORCHELASTIC_RUN_ID")
+    if raw is None:
+        return None
+    text = clean_text(str(raw), MAX_GROUP_CHARS).strip()
+    if explicit is None and text == _DEFAULT_RUN_ID:
+        text = f"torchrun-{os.getppid()}"
+    return text or None
 
 
 def host_name() -> str:

@@ -75,8 +75,10 @@ def hello(
     cuda_uuid: str | None,
     argv: str | None,
     pid_ns: str | None = None,
+    group: str | None = None,
 ) -> dict[str, Any]:
-    """The ``hello`` request; ``options`` entries that are None are left out."""
+    """The ``hello`` request; ``options`` entries that are None are left out;
+    ``group``: the torchrun group id (:func:`identity.group_id`), if any."""
     msg: dict[str, Any] = {
         "v": PROTOCOL_VERSION,
         "type": "hello",
@@ -87,6 +89,7 @@ def hello(
         "rank": ranks.rank,
         "local_rank": ranks.local_rank,
         "world_size": ranks.world_size,
+        "local_world_size": ranks.local_world_size,
         "wall_ns": wall_ns,
         "mono_ns": mono_ns,
         "auto": auto,
@@ -98,6 +101,8 @@ def hello(
         msg["argv"] = argv
     if pid_ns:
         msg["pid_ns"] = pid_ns
+    if group:
+        msg["group"] = group
     return msg
 
 

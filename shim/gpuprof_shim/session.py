@@ -100,6 +100,9 @@ class Profiler:
         trace_range: ``(a, b)``: a snapshot of every step from a to b inclusive.
         continuous_traces_hz: a one-step kernel window every ``1/f`` seconds
             for the whole run (at most one step in 10; f <= 10).
+        group: the distributed group this rank belongs to; default: torchrun's
+            ``TORCHELASTIC_RUN_ID`` (``gpuprofctl runs --group``); outside
+            torchrun a run is its own group.
         trace_dir: also write each window's chrome trace (gzip) here; never
             by default. ``trace_dir_max_mb`` caps their total size (MB).
         step_source: ``"optimizer"`` (auto mode finds steps: one cycle of the
@@ -131,6 +134,7 @@ class Profiler:
         continuous_traces_hz: float | None = None,
         trace_dir: str | os.PathLike[str] | None = None,
         trace_dir_max_mb: float = DEFAULT_TRACE_DIR_MAX_MB,
+        group: str | None = None,
     ) -> None:
         if step_source not in ("optimizer", "external"):
             raise ValueError(
@@ -164,6 +168,8 @@ class Profiler:
         self.autostart = bool(autostart)
         self.run_key = uuid.uuid4().hex
         self.ranks = identity.read_ranks()
+        #: The group id (torchrun's run id, or *group*); None: its own group.
+        self.group = identity.group_id(None if group is None else str(group))
         self.run_id: int | None = None
         #: The summary dict printed at exit (the daemon's, or a local one).
         self.summary: dict[str, Any] | None = None
@@ -382,6 +388,7 @@ class Profiler:
             cuda_uuid=identity.cuda_uuid(),
             argv=identity.argv_text(),
             pid_ns=identity.pid_namespace(),
+            group=self.group,
         )
         ctx = self.sender.context if self.sender else None
         raw = control.request(ctx, self._control or "", msg, control.HELLO_TIMEOUT_MS)

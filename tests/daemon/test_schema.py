@@ -151,3 +151,16 @@ def test_upgraded_and_new_databases_have_the_same_columns(tmp_path: Path) -> Non
 
     assert columns(old) == columns(new)
     assert set(HOST_3) <= set(columns(new)["host_samples"])
+
+
+def test_an_old_database_has_no_groups_and_its_runs_no_group(tmp_path: Path) -> None:
+    path = _old_db(tmp_path)
+    before = path.read_bytes()
+    conn = dbread.open_ro(path)
+    try:
+        assert dbread.runs_overview(conn, "any") == []
+        (run,) = dbread.runs_overview(conn)
+    finally:
+        conn.close()
+    assert run["group_id"] is None and run["local_world_size"] is None
+    assert path.read_bytes() == before
