@@ -86,6 +86,49 @@ def format_kernels_and_mfu(summary: dict[str, Any], shown: str) -> list[str]:
     return lines
 
 
+def load_group(db: Path, group: str) -> dict[str, Any]:
+    """A group's status (:func:`gpuprofd.dbread.group_status`) and, per rank
+    (by rank), its run id, status, median step and summary
+    (:func:`load_summary`).
+
+    Raises:
+        click.ClickException: no run belongs to *group*.
+    """
+    conn = dbread.open_ro(db)
+    try:
+        runs = dbread.runs_overview(conn, group)
+    finally:
+        conn.close()
+    if not runs:
+        raise click.ClickException(f"no runs in group {group!r}")
+    ranks = []
+    for run in runs:
+        summary = load_summary(db, run["id"])
+        ranks.append({
+            "rank": run.get("rank"), "run_id": run["id"], "status": run["status"],
+            "host": run.get("host"), "median_step_ms": summary.get("median_step_ms"),
+            "summary": summary,
+        })  # fmt: skip
+    return {"group": group, **dbread.group_status([r["status"] for r in ranks]), "ranks": ranks}
+
+
+def format_group(data: dict[str, Any]) -> str:
+    """The group's status, one line per rank, then each rank's summary."""
+    counts = ", ".join(f"{n} {s}" for s, n in data["counts"].items())
+    lines = [f"group {data['group']}: {data['status']} ({len(data['ranks'])} ranks: {counts})"]
+    for r in data["ranks"]:
+        ms = r["median_step_ms"]
+        median = "-" if ms is None else f"{ms:.1f} ms"
+        n = len(r["summary"].get("insights") or [])
+        lines.append(f"  rank {r['rank']}  run {r['run_id']}  {r['status']:<8}  "
+                     f"median step {median}  {n} insight(s)")  # fmt: skip
+    for r in data["ranks"]:
+        lines.append("")
+        lines.append(f"rank {r['rank']}:")
+        lines.append(format_summary(r["summary"], details=True))
+    return "\n".join(lines)
+
+
 def split_args(db: Path | None, run_id: int | None) -> tuple[Path | None, int | None]:
     """``insights 3``: a lone all-digits argument that names no file is RUN_ID."""
     if run_id is None and db is not None and str(db).isascii() and str(db).isdigit():
@@ -97,14 +140,33 @@ def split_args(db: Path | None, run_id: int | None) -> tuple[Path | None, int | 
 @click.command("insights")
 @db_argument
 @click.argument("run_id", type=click.IntRange(1, 2**63 - 1), required=False)
+@click.option(
+    "--group",
+    "group",
+    default=None,
+    metavar="NAME",
+    help="A group's ranks instead of one run: its status, each rank's status and "
+    "median step, then each rank's summary.",
+)
 @format_option
-def insights_cmd(db: Path | None, run_id: int | None, fmt: str) -> None:
+def insights_cmd(db: Path | None, run_id: int | None, group: str | None, fmt: str) -> None:
     """Show a run's insights (default: the latest run in DB).
 
     DB defaults to GPUPROF_DB or ./gpuprof.db. A lone all-digits argument
     that is not an existing file is RUN_ID: `gpuprofctl insights 3`.
+    `--group NAME`: every rank of a torchrun group (JSON: group, status,
+    ended, counts, ranks [{rank, run_id, status, host, median_step_ms, summary}]).
     """
     db, run_id = split_args(db, run_id)
+    if group is not None:
+        if run_id is not None:
+            raise click.UsageError("give RUN_ID or --group, not both")
+        data = load_group(resolve_db(db), group)
+        if fmt == "json":
+            echo_json(data)
+        else:
+            click.echo(format_group(data))
+        return
     summary = load_summary(resolve_db(db), run_id)
     if fmt == "json":
         echo_json(summary)

@@ -56,6 +56,10 @@ def describe(
         "id": run["id"],
         "run_name": run["run_name"],
         "status": run["status"],
+        "group": run.get("group_id"),
+        "rank": run.get("rank"),
+        "local_rank": run.get("local_rank"),
+        "world_size": run.get("world_size"),
         "steps": agg.get("steps", 0),
         "median_step_ms": median_ms,
         "pct_of_iteration": iteration_shares(agg),
@@ -73,11 +77,12 @@ def describe(
     }
 
 
-def list_runs(db: Path) -> list[dict[str, Any]]:
+def list_runs(db: Path, group: str | None = None) -> list[dict[str, Any]]:
+    """Every run, newest first; with *group*, that group's runs by rank."""
     conn = dbread.open_ro(db)
     try:
         out = []
-        for run in dbread.runs_overview(conn):
+        for run in dbread.runs_overview(conn, group):
             median_ms = run.get("median_step_ms")
             compute = None
             if median_ms is None and run["agg"]:  # still running: compute it now
@@ -95,22 +100,27 @@ def _cell(v: float | None) -> str:
     return "-" if v is None else f"{v:.1f}"
 
 
-def format_table(rows: list[dict[str, Any]]) -> str:
-    header = ("ID", "NAME", "STATUS", "STEPS", "MEDIAN_STEP_MS", *(h for _, h in COLUMNS),
+def format_table(rows: list[dict[str, Any]], ranks: bool = False) -> str:
+    """The runs table; *ranks*: with a RANK column (``--group``)."""
+    lead = ("ID", "RANK") if ranks else ("ID",)
+    header = (*lead, "NAME", "STATUS", "STEPS", "MEDIAN_STEP_MS", *(h for _, h in COLUMNS),
               "SKIPPED", "EVAL_S", "DROPPED")  # fmt: skip
     lines = [header]
     for r in rows:
         pct = r["pct_of_iteration"]
+        first = (str(r["id"]), str(r["rank"])) if ranks else (str(r["id"]),)
         lines.append((
-            str(r["id"]), r["run_name"][:40], r["status"], str(r["steps"]),
+            *first, r["run_name"][:40], r["status"], str(r["steps"]),
             _cell(r["median_step_ms"]), *(_cell(pct[key]) for key, _ in COLUMNS),
             str(r["skipped_updates"]), _cell(r["eval_s"]), str(r["dropped_events"]),
         ))  # fmt: skip
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    text_cols = {len(lead), len(lead) + 1}  # NAME, STATUS
 
     def fmt(line: tuple[str, ...]) -> str:  # text columns left, numbers right
         cells = zip(line, widths, strict=True)
-        return "  ".join(c.ljust(w) if i < 3 else c.rjust(w) for i, (c, w) in enumerate(cells))
+        return "  ".join(c.ljust(w) if i in text_cols or i == 0 else c.rjust(w)
+                         for i, (c, w) in enumerate(cells))  # fmt: skip
 
     return "\n".join(fmt(line).rstrip() for line in lines)
 
@@ -142,18 +152,43 @@ dropped_events, and torch_peak_allocated_bytes / torch_peak_reserved_bytes
 reported; null when CUDA was not in use), mfu (model FLOPs utilization,
 0-1, against the dtype's dense datasheet peak) and achieved_tflops (TFLOP/s
 per GPU): null when unknown (no FLOPs declared or counted, or a GPU or
-dtype without a peak).
+dtype without a peak). Each row also has group (torchrun's run id or
+profile(group=...); null: its own group), rank, local_rank, world_size.
+
+\b
+--group NAME    only that group's runs (one per rank), by rank, with a RANK
+                column and a first line giving the group's status: running
+                while any rank runs; then failed, lost or finished
 """
+
+
+def group_line(group: str, rows: list[dict[str, Any]]) -> str:
+    """``group NAME: finished (2 ranks: 2 finished)``."""
+    st = dbread.group_status([r["status"] for r in rows])
+    counts = ", ".join(f"{n} {s}" for s, n in st["counts"].items())
+    return f"group {group}: {st['status']} ({len(rows)} ranks: {counts})"
 
 
 @click.command("runs", help=RUNS_HELP)
 @db_argument
+@click.option(
+    "--group",
+    "group",
+    default=None,
+    metavar="NAME",
+    help="Only this group's runs (torchrun's run id or profile(group=...)).",
+)
 @format_option
-def runs_cmd(db: Path | None, fmt: str) -> None:
-    rows = list_runs(resolve_db(db))
+def runs_cmd(db: Path | None, group: str | None, fmt: str) -> None:
+    rows = list_runs(resolve_db(db), group)
+    if group is not None and not rows:
+        raise click.ClickException(f"no runs in group {group!r}")
     if fmt == "json":
         echo_json(rows)
     elif not rows:
         click.echo("no runs yet")
+    elif group is not None:
+        click.echo(group_line(group, rows))
+        click.echo(format_table(rows, ranks=True))
     else:
         click.echo(format_table(rows))
