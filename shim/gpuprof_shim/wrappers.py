@@ -130,10 +130,7 @@ class Wrappers:
                     self.internal_error()
             return orig(self_, *args, **kwargs)
 
-        rediscover_then.__wrapped__ = orig  # type: ignore[attr-defined]
-        for attr in ("__name__", "__qualname__", "__doc__"):
-            setattr(rediscover_then, attr, getattr(orig, attr, None))
-        return rediscover_then
+        return _stand_in(rediscover_then, orig)
 
     def make_loader_iter(self, orig: Callable[..., Any]) -> Callable[..., Any]:
         """A stand-in for ``DataLoader.__iter__``: a new iterator (an epoch or
@@ -158,10 +155,7 @@ class Wrappers:
                     self.internal_error()
             return it
 
-        loader_iter.__wrapped__ = orig  # type: ignore[attr-defined]
-        for attr in ("__name__", "__qualname__", "__doc__"):
-            setattr(loader_iter, attr, getattr(orig, attr, None))
-        return loader_iter
+        return _stand_in(loader_iter, orig)
 
     def make_loader_next(self, orig: Callable[..., Any]) -> Callable[..., Any]:
         """A stand-in for the DataLoader iterators' ``__next__``: each fetch
@@ -191,10 +185,7 @@ class Wrappers:
                 self.internal_error()
             return item
 
-        loader_next.__wrapped__ = orig  # type: ignore[attr-defined]
-        for attr in ("__name__", "__qualname__", "__doc__"):
-            setattr(loader_next, attr, getattr(orig, attr, None))
-        return loader_next
+        return _stand_in(loader_next, orig)
 
     def optimizer_pre_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         """Global ``register_optimizer_step_pre_hook`` callback; returns None
@@ -240,3 +231,12 @@ class Wrappers:
         scaler_step.__name__ = "step"
         scaler_step.__qualname__ = getattr(orig, "__qualname__", "step")
         return scaler_step
+
+
+def _stand_in(fn: Callable[..., Any], orig: Callable[..., Any]) -> Callable[..., Any]:
+    """*fn* dressed as *orig* (name, qualname, doc, ``__wrapped__``) so that
+    tracebacks, ``inspect`` and unpatching see the original."""
+    fn.__wrapped__ = orig  # type: ignore[attr-defined]
+    for attr in ("__name__", "__qualname__", "__doc__"):
+        setattr(fn, attr, getattr(orig, attr, None))
+    return fn
