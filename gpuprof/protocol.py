@@ -1,7 +1,7 @@
 """The wire protocol between the shim (in the training process) and gpuprofd.
 
 Transport: ZeroMQ over ``ipc://``. Data events (``step``, ``mark``, ``workers``,
-``kernels``) go shim
+``kernels``, ``model_info``, ``clock``) go shim
 ``PUSH`` → daemon ``PULL``; requests (``hello``, ``bye``, ``ping``) go shim
 ``REQ`` → daemon ``ROUTER`` and always get one JSON reply.
 
@@ -25,6 +25,7 @@ from typing import Any
 
 import orjson
 
+from gpuprof.comm import wire_rows as _comm_rows
 from gpuprof.flops import arch_problem
 from gpuprof.kernels import KERNEL_CLASSES, KINDS, MAX_NAME_CHARS, MAX_ROWS, SOURCES
 
@@ -75,7 +76,7 @@ MAX_KERNEL_COUNT = 1 << 40
 #: Largest FLOP figure of one row (an exaFLOP/s machine for a week is ~6e23).
 MAX_ROW_FLOPS = 1e30
 
-DATA_TYPES = frozenset({"step", "mark", "workers", "kernels", "model_info"})
+DATA_TYPES = frozenset({"step", "mark", "workers", "kernels", "model_info", "clock"})
 CONTROL_TYPES = frozenset({"hello", "bye", "ping"})
 RUN_STATUSES_AT_BYE = frozenset({"finished", "failed"})
 
@@ -338,6 +339,19 @@ SCHEMAS: dict[str, dict[str, tuple[bool, Check]]] = {
         # a torch.profiler snapshot ran during this step: its time is not
         # representative (excluded from step statistics, MFU and baselines)
         "traced": (False, _bool),
+        # DDP gradient buckets' all-reduces in this step (gpuprof.comm):
+        # [[bucket, start_ns, end_ns, nbytes], ...]; absent: none timed
+        "comm": (False, _comm_rows),
+    },
+    # this rank's monotonic clock against the reference rank's (gpuprof.comm.
+    # ClockOffset), measured once by the shim's clock alignment
+    "clock": {
+        "run_key": (True, _RUN_KEY),
+        "offset_ns": (True, _int(-(1 << 62), 1 << 62)),
+        "uncertainty_ns": (True, _int(0, MAX_DURATION_NS)),
+        "rtt_ns": (True, _int(0, MAX_DURATION_NS)),
+        "round_trips": (True, _int(1, 1 << 20)),
+        "reference_rank": (True, _int(0, 1 << 20)),
     },
     # what the shim learnt about the model during the run (the daemon fills
     # options["dtype"] / options["flops_per_step"] with it unless the user

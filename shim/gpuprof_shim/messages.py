@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from gpuprof.comm import MAX_BUCKETS_PER_STEP, ClockOffset
 from gpuprof.flops import TransformerArch
 from gpuprof.protocol import (
     MAX_DURATION_NS,
@@ -182,7 +183,24 @@ def step(run_key: str, rec: StepRecord) -> dict[str, Any]:
         msg["mem"] = list(rec.mem)
     if rec.traced:
         msg["traced"] = True
+    if rec.comm:
+        msg["comm"] = [b.to_wire() for b in rec.comm[:MAX_BUCKETS_PER_STEP]]
     return msg
+
+
+def clock(run_key: str, offset: ClockOffset) -> dict[str, Any]:
+    """The ``clock`` data event: this rank's clock offset against the
+    reference rank (:class:`gpuprof.comm.ClockOffset`)."""
+    return {
+        "v": PROTOCOL_VERSION,
+        "type": "clock",
+        "run_key": run_key,
+        "offset_ns": offset.offset_ns,
+        "uncertainty_ns": offset.uncertainty_ns,
+        "rtt_ns": offset.rtt_ns,
+        "round_trips": max(1, offset.round_trips),
+        "reference_rank": offset.reference_rank,
+    }
 
 
 def workers(

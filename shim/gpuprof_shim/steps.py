@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gpuprof.comm import BucketTiming
 from gpuprof.protocol import DATA_PHASE, OWN_TIME_PHASE
 
 
@@ -48,6 +49,9 @@ class StepRecord:
             CUDA is not in use or the figures were not read for this step.
         traced: gpuprof instrumented this step (FlopCounterMode counted its
             FLOPs), so its time is not representative.
+        comm: the DDP gradient buckets' collectives timed in this step
+            (:class:`gpuprof.comm.BucketTiming`), in launch order; empty
+            when none were timed.
     """
 
     i: int
@@ -62,6 +66,7 @@ class StepRecord:
     optimizers: list[OptimizerUse] = field(default_factory=list)
     mem: tuple[int, int, int] | None = None
     traced: bool = False
+    comm: list[BucketTiming] = field(default_factory=list)
 
     @property
     def duration_ns(self) -> int:
