@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -71,6 +72,39 @@ class Node:
         return subprocess.Popen([sys.executable, str(script), *args], env=self.env,
                                 cwd=self.workdir, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
+
+    def torchrun(self, code: str, nproc: int, env: dict[str, str] | None = None,
+                 timeout: float = 120) -> subprocess.CompletedProcess:
+        """Run *code* under ``torchrun --standalone`` with *nproc* ranks (gloo, CPU)."""
+        script = self.workdir / f"ddp_{time.monotonic_ns()}.py"
+        script.write_text(code)
+        torchrun = Path(sys.executable).with_name("torchrun")
+        return subprocess.run(
+            [str(torchrun), "--standalone", f"--nproc-per-node={nproc}",
+             "--monitor-interval=0.2", str(script)],
+            env={**self.env, **(env or {})}, cwd=self.workdir, capture_output=True, text=True,
+            timeout=timeout,
+        )  # fmt: skip
+
+    def ctl(self, *args: str) -> subprocess.CompletedProcess:
+        """``gpuprofctl ARGS`` against this node."""
+        return subprocess.run([sys.executable, "-m", "gpuprofd.ctl", *args], env=self.env,
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+
+    def group_json(self, group: str) -> dict | None:
+        """``gpuprofctl insights --group GROUP --format json`` once the group
+        has ended, else None."""
+        out = self.ctl("insights", str(self.db), "--group", group, "--format", "json")
+        if out.returncode != 0:
+            return None
+        data = json.loads(out.stdout)
+        return data if data["ended"] else None
+
+    def only_group(self) -> str:
+        """The one group id in the database (asserts there is exactly one)."""
+        rows = self.query("SELECT DISTINCT group_id FROM runs")
+        assert len(rows) == 1 and rows[0][0], [tuple(r) for r in rows]
+        return rows[0][0]
 
     def start_daemon(self) -> subprocess.Popen:
         with (self.workdir / "gpuprofd.stderr").open("ab") as log:

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -60,74 +58,47 @@ print("RANK DONE", rank)
 """
 
 
-def _torchrun(node: Node, nproc: int, env: dict[str, str] | None = None, timeout: float = 90):
-    script = node.workdir / "ddp.py"
-    script.write_text(DDP)
-    torchrun = Path(sys.executable).with_name("torchrun")
-    return subprocess.run(
-        [str(torchrun), "--standalone", f"--nproc-per-node={nproc}", "--monitor-interval=0.2",
-         str(script)],
-        env={**node.env, **(env or {})}, cwd=node.workdir, capture_output=True, text=True,
-        timeout=timeout,
-    )  # fmt: skip
-
-
-def _ctl(node: Node, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gpuprofd.ctl", *args], env=node.env,
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
-
-
-def _group(node: Node, nproc: int) -> str:
-    rows = node.query("SELECT DISTINCT group_id FROM runs")
-    assert len(rows) == 1 and rows[0][0], [tuple(r) for r in rows]
-    return rows[0][0]
-
-
-def _group_ended(node: Node, group: str):
-    out = _ctl(node, "insights", str(node.db), "--group", group, "--format", "json")
-    if out.returncode != 0:
-        return None
-    data = json.loads(out.stdout)
-    return data if data["ended"] else None
+def _torchrun(node: Node, nproc: int, env: dict[str, str] | None = None):
+    return node.torchrun(DDP, nproc, env, timeout=90)
 
 
 @pytest.mark.parametrize("nproc", [2, 4])
 def test_torchrun_ranks_form_one_group(node: Node, nproc: int):
     out = _torchrun(node, nproc)
     assert out.returncode == 0, out.stderr[-3000:]
-    group = _group(node, nproc)
+    group = node.only_group()
     runs = node.query("SELECT rank, local_rank, world_size, local_world_size, status FROM runs")
     expected = [(r, r, nproc, nproc, "finished") for r in range(nproc)]
     assert sorted(tuple(r) for r in runs) == expected
 
-    listed = _ctl(node, "runs", str(node.db), "--group", group, "--format", "json")
+    listed = node.ctl("runs", str(node.db), "--group", group, "--format", "json")
     assert listed.returncode == 0, listed.stderr
     rows = json.loads(listed.stdout)
     assert [r["rank"] for r in rows] == list(range(nproc))
     assert {r["group"] for r in rows} == {group}
     assert all(r["steps"] == 20 for r in rows)
 
-    text = _ctl(node, "runs", str(node.db), "--group", group)
+    text = node.ctl("runs", str(node.db), "--group", group)
     assert text.returncode == 0, text.stderr
     lines = text.stdout.splitlines()
     assert lines[0] == f"group {group}: finished ({nproc} ranks: {nproc} finished)"
     assert lines[1].split()[:2] == ["ID", "RANK"]
     assert [line.split()[1] for line in lines[2:]] == [str(r) for r in range(nproc)]
 
-    data = wait_for(lambda: _group_ended(node, group), 20, "the group to end")
+    data = wait_for(lambda: node.group_json(group), 20, "the group to end")
     assert data["status"] == "finished" and data["counts"] == {"finished": nproc}
     assert [r["rank"] for r in data["ranks"]] == list(range(nproc))
     assert all(r["median_step_ms"] is not None and r["summary"]["steps"] == 20
                for r in data["ranks"])  # fmt: skip
-    text = _ctl(node, "insights", str(node.db), "--group", group)
+    text = node.ctl("insights", str(node.db), "--group", group)
     assert text.returncode == 0, text.stderr
     assert text.stdout.startswith(f"group {group}: finished")
     assert all(f"rank {r}  run " in text.stdout for r in range(nproc))
 
     # per-rank runs stay queryable on their own; an unknown group is an error
-    one = _ctl(node, "insights", str(node.db), str(rows[1]["id"]), "--format", "json")
+    one = node.ctl("insights", str(node.db), str(rows[1]["id"]), "--format", "json")
     assert one.returncode == 0 and json.loads(one.stdout)["run_id"] == rows[1]["id"]
-    missing = _ctl(node, "runs", str(node.db), "--group", "nope")
+    missing = node.ctl("runs", str(node.db), "--group", "nope")
     assert missing.returncode != 0 and "no runs in group 'nope'" in missing.stderr
 
 
@@ -136,8 +107,8 @@ def test_a_killed_rank_is_lost_and_the_others_finish(node: Node, tmp_path: Path)
     flags.mkdir()
     out = _torchrun(node, 2, {"KILL_RANK": "1", "FLAG_DIR": str(flags)})
     assert out.returncode != 0  # torchrun reports the killed worker
-    group = _group(node, 2)
-    data = wait_for(lambda: _group_ended(node, group), 20, "the group to end")
+    group = node.only_group()
+    data = wait_for(lambda: node.group_json(group), 20, "the group to end")
     assert data["status"] == "lost"
     assert data["counts"] == {"lost": 1, "finished": 1}
     assert {r["rank"]: r["status"] for r in data["ranks"]} == {0: "finished", 1: "lost"}
