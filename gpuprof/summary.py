@@ -9,6 +9,8 @@ A summary is a plain dict (it crosses the control socket as JSON)::
      "memory": {"torch_peak_allocated_bytes": ..., ...},  # only what is known
      "mfu": 0.312, "achieved_tflops": 304.2,   # None when unknown (see mfu_figures)
      "compute": {"flops_per_step": 3.37e12, "flops_source": "counter", ...},
+     "comm": {"exposed_ms_per_step": 12.3, "share_of_step": 0.18,  # None: no
+              "buckets_per_step": 4, "bytes_per_step": 25100000},  # buckets timed
      "insights": [Insight.to_dict(), ...],   # most severe first
      "notes": ["no NVIDIA GPU found: GPU metrics skipped", ...]}
 """
@@ -19,6 +21,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from gpuprof.comm import COMM_PHASE
 from gpuprof.gpus import find_gpu, normalize_dtype, peak_tflops
 from gpuprof.insights.base import RunContext
 from gpuprof.insights.compute import run_mfu
@@ -127,6 +130,40 @@ def mfu_line(compute: Mapping[str, Any]) -> str | None:
     return f"  MFU unknown: {done}{compute['mfu_unknown']}"
 
 
+def comm_figures(ctx: RunContext) -> dict[str, Any] | None:
+    """The run's DDP gradient all-reduce figures, None when it timed no
+    bucket: ``exposed_ms_per_step`` (the ``comm`` phase: collective time not
+    hidden under backward, mean over the timed steps), ``share_of_step``
+    (0-1, of the steps' total time), ``buckets_per_step`` and
+    ``bytes_per_step`` (means over the steps with buckets)."""
+    c = ctx.comm
+    if c is None or not c.steps:
+        return None
+    comm_ms = ctx.phase_ms.get(COMM_PHASE, 0.0)
+    step_total = sum(ctx.step_ms)
+    return {
+        "exposed_ms_per_step": round(comm_ms / ctx.steps, 3) if ctx.steps else None,
+        "share_of_step": round(comm_ms / step_total, 4) if step_total > 0 else None,
+        "buckets_per_step": round(c.buckets / c.steps, 2),
+        "bytes_per_step": round(c.bytes / c.steps),
+    }
+
+
+def comm_line(comm: Mapping[str, Any] | None) -> str | None:
+    """``  Comm: 12.3 ms/step exposed (18 % of step) over 4 buckets, 25.1 MB/step``
+    from :func:`comm_figures`; None without comm figures."""
+    if not comm:
+        return None
+    exposed, share = comm.get("exposed_ms_per_step"), comm.get("share_of_step")
+    head = f"{exposed:.1f} ms/step exposed" if exposed is not None else "exposed time unknown"
+    if share is not None:
+        head += f" ({100 * share:.0f} % of step)"
+    return (
+        f"  Comm: {head} over {comm['buckets_per_step']:g} buckets, "
+        f"{comm['bytes_per_step'] / 1e6:.1f} MB/step"
+    )
+
+
 def make_summary(
     run_id: int | None,
     ctx: RunContext,
@@ -161,6 +198,7 @@ def make_summary(
         "mfu": compute["mfu"],
         "achieved_tflops": compute["achieved_tflops"],
         "compute": compute,
+        "comm": comm_figures(ctx),
         "insights": [dict(i) for i in insights],
         "notes": list(notes),
         **({"error": error} if error else {}),
@@ -169,6 +207,20 @@ def make_summary(
 
 #: Characters of a failed run's error shown in the summary block.
 ERROR_LINE_CHARS = 200
+
+
+def insight_lines(insights: Sequence[Mapping[str, Any]], details: bool = False) -> list[str]:
+    """One line per insight dict (severity, title); *details* adds its detail
+    and fix lines. The summary block's look, shared with the group report."""
+    lines = []
+    for ins in insights:
+        lines.append(f"  {_SEVERITY_LABEL.get(ins['severity'], ins['severity'])} {ins['title']}")
+        if details:
+            if ins.get("detail"):
+                lines.append(f"          {ins['detail']}")
+            if ins.get("fix"):
+                lines.append(f"          Fix: {ins['fix']}")
+    return lines
 
 
 def format_summary(summary: Mapping[str, Any], details: bool = False) -> str:
@@ -208,15 +260,12 @@ def format_summary(summary: Mapping[str, Any], details: bool = False) -> str:
     mfu = mfu_line(summary.get("compute") or {})
     if mfu:
         lines.append(mfu)
+    comm = comm_line(summary.get("comm"))
+    if comm:
+        lines.append(comm)
     insights = summary.get("insights") or []
     lines.append(f"  Insights ({len(insights)}):")
-    for ins in insights:
-        lines.append(f"  {_SEVERITY_LABEL.get(ins['severity'], ins['severity'])} {ins['title']}")
-        if details:
-            if ins.get("detail"):
-                lines.append(f"          {ins['detail']}")
-            if ins.get("fix"):
-                lines.append(f"          Fix: {ins['fix']}")
+    lines.extend(insight_lines(insights, details))
     for note in summary.get("notes") or []:
         lines.append(f"  Note: {note}")
     if summary.get("run_id") is not None and summary.get("db"):

@@ -13,7 +13,9 @@ from typing import Any
 from urllib.parse import quote
 
 from gpuprof.insights import RunContext, build_context
+from gpuprof.insights.distributed import GroupContext
 from gpuprof.insights.gpu import GpuStats
+from gpuprof.insights.group_context import RankRows, build_group_context, common_steps
 from gpuprofd import queries, rollup, schema
 from gpuprofd.errors import DatabaseError, UnknownRunError
 
@@ -52,6 +54,10 @@ def _query(conn: sqlite3.Connection, sql: str, params: tuple[Any, ...] = ()) -> 
         return conn.execute(sql, params).fetchall()
     except sqlite3.DatabaseError as exc:
         raise DatabaseError(f"the database is damaged or incomplete ({exc})") from None
+
+
+#: Public name of :func:`_query` for the commands.
+query = _query
 
 
 def run_ids(conn: sqlite3.Connection) -> list[int]:
@@ -116,7 +122,14 @@ def run_context(conn: sqlite3.Connection, run: dict[str, Any]) -> RunContext:
     return build_context(
         run, steps, host, history, run_cpu=run_cpu, gpu=gpu_stats(conn, run, steps),
         workers=workers, kernel_windows=kernel_windows(conn, run["id"]),
+        comm=comm_totals(conn, run["id"]),
     )
+
+
+def comm_totals(conn: sqlite3.Connection, run_id: int) -> dict[str, Any]:
+    """The run's timed gradient buckets summed (:data:`queries.COMM_TOTALS_SQL`)."""
+    rows = _query(conn, queries.COMM_TOTALS_SQL, (run_id,))
+    return dict(rows[0]) if rows else {"steps": 0, "buckets": 0, "bytes": 0}
 
 
 def gpu_stats(
@@ -148,7 +161,9 @@ def stored_insights(conn: sqlite3.Connection, run_id: int) -> list[dict[str, Any
 #: (a profiler snapshot or FLOP count slowed them) (``counted_steps`` says
 #: how many steps the sums cover), except ``skipped_updates`` and ``eval_ns``
 #: (every step). ``data_ns`` is loader time inside steps
-#: (the ``data`` phase, between micro-batches). ``mem_peak_bytes`` and
+#: (the ``data`` phase, between micro-batches); ``comm_ns`` the exposed
+#: collective time (the ``comm`` phase), ``comm_steps`` the counted steps that
+#: carry one (0: the run timed no collectives). ``mem_peak_bytes`` and
 #: ``mem_reserved_max_bytes``: the highest torch allocator figures any step
 #: reported (NULL: none did).
 _OVERVIEW_SQL = """
@@ -170,6 +185,8 @@ SELECT run_id,
        TOTAL(c * COALESCE(json_extract(phases, '$.backward'), 0)) AS backward_ns,
        TOTAL(c * COALESCE(json_extract(phases, '$.optimizer'), 0)) AS optimizer_ns,
        TOTAL(c * COALESCE(json_extract(phases, '$.data'), 0)) AS data_ns,
+       TOTAL(c * COALESCE(json_extract(phases, '$.comm'), 0)) AS comm_ns,
+       TOTAL(c * (json_extract(phases, '$.comm') IS NOT NULL)) AS comm_steps,
        MAX(mem_peak_bytes) AS mem_peak_bytes,
        MAX(mem_reserved_bytes) AS mem_reserved_max_bytes
 FROM numbered
@@ -205,3 +222,82 @@ def group_status(statuses: list[str]) -> dict[str, Any]:
     counts = {s: statuses.count(s) for s in RANK_STATUSES if s in statuses}
     status = next((s for s in RANK_STATUSES if s in counts), "finished")
     return {"status": status, "ended": status != "running", "counts": counts}
+
+
+#: The last common steps of a group the group rules read: bucket rows are
+#: loaded for these only (a day of 500 ms steps with 280 buckets is 48 M rows).
+GROUP_STEPS_MAX = 2000
+
+
+def latest_rank_runs(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One run per rank, by rank: a rank with several runs in the group (a
+    restarted job reusing its id) is its latest (highest id)."""
+    latest: dict[Any, dict[str, Any]] = {}
+    for run in sorted(runs, key=lambda r: r["id"]):
+        latest[run.get("rank")] = run
+    return sorted(latest.values(), key=lambda r: (r.get("rank") is None, r.get("rank") or 0))
+
+
+def group_context(conn: sqlite3.Connection, group: str) -> GroupContext:
+    """The :class:`GroupContext` of *group*'s ranks (their latest runs) from
+    their stored steps and bucket timings, over the last
+    :data:`GROUP_STEPS_MAX` steps they all have (see
+    :mod:`gpuprof.insights.group_context` for what is kept and how clocks are
+    aligned). Empty (no ranks) for an unknown group."""
+    rows = _query(conn, "SELECT * FROM runs WHERE group_id = ? ORDER BY rank, id", (group,))
+    runs = [r for r in latest_rank_runs([dict(r) for r in rows]) if r.get("rank") is not None]
+    ranks = []
+    for run in runs:
+        steps = [queries.group_step_from_row(r)
+                 for r in _query(conn, queries.GROUP_STEPS_SQL, (run["id"],))]  # fmt: skip
+        ranks.append(
+            RankRows(
+                rank=int(run["rank"]), steps=steps, host=run.get("host"),
+                clock_offset_ns=run.get("clock_offset_ns"),
+                clock_reference_rank=run.get("clock_reference_rank"),
+            )  # fmt: skip
+        )
+    common = common_steps(ranks)[-GROUP_STEPS_MAX:]
+    if common:
+        lo, hi = common[0], common[-1]
+        ranks = [
+            RankRows(
+                rank=r.rank, steps=[s for s in r.steps if lo <= s["step"] <= hi],
+                buckets=[tuple(b) for b in _query(conn, queries.GROUP_BUCKETS_SQL,
+                                                  (run["id"], lo, hi))],
+                host=r.host, clock_offset_ns=r.clock_offset_ns,
+                clock_reference_rank=r.clock_reference_rank,
+            )
+            for r, run in zip(ranks, runs, strict=True)
+        ]  # fmt: skip
+    return build_group_context(group, ranks)
+
+
+def missing_ranks(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ranks of a group that never reported, from its runs' ``rank``,
+    ``local_rank``, ``local_world_size``, ``world_size`` and ``host``: per host,
+    the local ranks below its ``local_world_size`` with no run; on a group
+    that lives on one node (``world_size == local_world_size``) also named by
+    global rank (one node: local rank = rank). Each: ``rank`` (global, None
+    when unknown), ``local_rank``,
+    ``host``, ``message`` ("rank 3 never reported (...)")."""
+    by_host: dict[Any, list[dict[str, Any]]] = {}
+    for run in runs:
+        by_host.setdefault(run.get("host"), []).append(run)
+    out = []
+    for host, host_runs in sorted(by_host.items(), key=lambda kv: str(kv[0])):
+        local_world = max((r.get("local_world_size") or 0 for r in host_runs), default=0)
+        world = max((r.get("world_size") or 0 for r in host_runs), default=0)
+        seen_local = {r.get("local_rank") for r in host_runs}
+        seen = {r.get("rank") for r in host_runs}
+        one_node = len(by_host) == 1 and world == local_world
+        expected = range(world) if one_node else range(local_world)
+        for i in expected:
+            if (i in seen) if one_node else (i in seen_local):
+                continue
+            who = f"rank {i}" if one_node else f"local rank {i} on {host}"
+            out.append({
+                "rank": i if one_node else None, "local_rank": i,
+                "host": host, "message": f"{who} never reported (killed before its first message?)",
+            })  # fmt: skip
+    return out

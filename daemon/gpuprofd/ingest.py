@@ -1,7 +1,9 @@
 """Ingest: the data socket (``PULL``) → validated events → the store.
 
 Every frame goes through :func:`gpuprof.protocol.decode`; anything invalid is
-counted by its reason and dropped. Nothing here waits on the database for a
+counted by its reason and dropped (a step's ``comm`` bucket rows included:
+one bad row drops the step). A step is queued with its bucket rows as one
+atomic op; a ``clock`` event sets the run's clock offset. Nothing here waits on the database for a
 known run: steps are queued with ``submit_nowait`` and a ``kernels`` window
 with its rows with ``submit_all_nowait`` (all or none; dropped and counted when
 the store is behind), so a slow disk can never stall the training processes.
@@ -74,6 +76,9 @@ class Ingest:
             live.store_dropped += 1
         elif msg["type"] == "kernels":
             if not self.store.submit_all_nowait(runsdb.kernels_ops(live.run_id, msg)):
+                live.store_dropped += 1
+        elif msg["type"] == "clock":
+            if not self.store.submit_nowait(runsdb.clock_op(live.run_id, msg)):
                 live.store_dropped += 1
         elif msg["type"] == "model_info":
             if not self.store.submit_all_nowait(runsdb.model_info_ops(live.run_id, msg)):

@@ -52,11 +52,12 @@ class InsightsRunner:
         workers = await runsdb.load_worker_cpu(self.store, run["id"])
         gpu = await runsdb.load_gpu_stats(self.store, run, steps)
         kernel_windows = await runsdb.load_kernel_windows(self.store, run["id"])
+        comm = await runsdb.load_comm_totals(self.store, run["id"])
 
         def rules() -> tuple[list[Insight], RunContext]:
             ctx = build_context(
                 run, steps, host, history, self.gpu_rate, run_cpu, gpu=gpu, workers=workers,
-                kernel_windows=kernel_windows,
+                kernel_windows=kernel_windows, comm=comm,
             )  # fmt: skip
             return run_rules(ctx), ctx
 

@@ -49,6 +49,30 @@ INSIGHTS_SQL = (
 )
 
 
+#: A run's timed gradient buckets summed (:class:`gpuprof.insights.base.CommTotals`):
+#: one row, ``steps`` 0 when it has none.
+COMM_TOTALS_SQL = (
+    "SELECT COUNT(DISTINCT step) AS steps, COUNT(*) AS buckets, TOTAL(bytes) AS bytes "
+    "FROM comm_buckets WHERE run_id = ?"
+)
+#: A group rank's steps as :class:`gpuprof.insights.group_context.RankRows` reads them.
+GROUP_STEPS_SQL = (
+    "SELECT step, t0_ns, t1_ns, phases, traced FROM steps WHERE run_id = ? ORDER BY t0_ns"
+)
+#: ... and its bucket rows for steps ``BETWEEN ? AND ?``.
+GROUP_BUCKETS_SQL = (
+    "SELECT step, bucket, start_ns, end_ns, bytes FROM comm_buckets "
+    "WHERE run_id = ? AND step BETWEEN ? AND ?"
+)
+
+
+def group_step_from_row(r: Sequence[Any]) -> dict[str, Any]:
+    """A :data:`GROUP_STEPS_SQL` row as ``RankRows.steps`` wants it."""
+    step, t0, t1, phases, traced = r
+    return {"step": step, "t0": t0, "t1": t1, "phases": _loads(phases) if phases else {},
+            "traced": bool(traced)}  # fmt: skip
+
+
 #: A run's kernel windows (``kernels`` events, ``nsys-import``), by start.
 KERNEL_WINDOWS_SQL = (
     "SELECT id, t0_ns, t1_ns, source, steps, rows_dropped FROM kernel_windows "

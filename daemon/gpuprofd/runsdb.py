@@ -16,12 +16,20 @@ import orjson
 from gpuprof.insights import Insight
 from gpuprof.insights.gpu import GpuStats
 from gpuprofd import queries, rollup
-from gpuprofd.store import Op, Store
+from gpuprofd.store import Op, Part, Store
 
 _STEP_SQL = (
     "INSERT INTO steps (run_id, step, t0_ns, t1_ns, wait_ns, explicit, micro, phases, "
     "skipped, eval_ns, optimizers, mem_allocated_bytes, mem_reserved_bytes, mem_peak_bytes, "
     "traced) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+_COMM_SQL = (
+    "INSERT INTO comm_buckets (run_id, step, bucket, start_ns, end_ns, bytes) "
+    "VALUES (?, ?, ?, ?, ?, ?)"
+)
+_CLOCK_SQL = (
+    "UPDATE runs SET clock_offset_ns = ?, clock_uncertainty_ns = ?, clock_rtt_ns = ?, "
+    "clock_round_trips = ?, clock_reference_rank = ? WHERE id = ?"
 )
 _KERNEL_WINDOW_SQL = (
     "INSERT INTO kernel_windows (run_id, t0_ns, t1_ns, source, steps, rows_dropped) "
@@ -68,7 +76,12 @@ def step_op(run_id: int, msg: Mapping[str, Any]) -> Op:
     """The insert of one validated ``step`` message; its optional ``mem``
     (torch allocator ``[allocated, reserved, peak]`` bytes) fills the three
     ``mem_*_bytes`` columns, NULL when the step did not carry it; its
-    optional ``traced`` (a profiler snapshot ran in it) sets ``traced``."""
+    optional ``traced`` (a profiler snapshot ran in it) sets ``traced``.
+
+    A step with ``comm`` rows (:mod:`gpuprof.comm`, at most
+    ``MAX_BUCKETS_PER_STEP``, checked by ``decode``) is one atomic op: the
+    step row and its ``comm_buckets`` rows commit together or not at all
+    (one queue item: dropped and counted as one under back-pressure)."""
     mem = msg.get("mem") or (None, None, None)
     params = (
         run_id, msg["i"], msg["t0"], msg["t1"], msg["wait"], int(msg["explicit"]),
@@ -77,7 +90,26 @@ def step_op(run_id: int, msg: Mapping[str, Any]) -> Op:
         orjson.dumps(msg["optimizers"]).decode() if msg.get("optimizers") else None,
         *mem, int(msg.get("traced", False)),
     )  # fmt: skip
-    return Op(_STEP_SQL, params, drop_reason="store_error")
+    comm = msg.get("comm")
+    if not comm:
+        return Op(_STEP_SQL, params, drop_reason="store_error")
+    step = msg["i"]
+    buckets = [(run_id, step, *row) for row in comm]
+    return Op(
+        "-- step with comm buckets",
+        parts=(Part(_STEP_SQL, (params,)), Part(_COMM_SQL, buckets)),
+        drop_reason="store_error",
+    )
+
+
+def clock_op(run_id: int, msg: Mapping[str, Any]) -> Op:
+    """The run's clock offset from one validated ``clock`` event
+    (:class:`gpuprof.comm.ClockOffset`); a later event replaces an earlier one."""
+    params = (
+        msg["offset_ns"], msg["uncertainty_ns"], msg["rtt_ns"], msg["round_trips"],
+        msg["reference_rank"], run_id,
+    )  # fmt: skip
+    return Op(_CLOCK_SQL, params, drop_reason="store_error")
 
 
 def kernels_ops(run_id: int, msg: Mapping[str, Any]) -> list[Op]:
@@ -251,6 +283,12 @@ async def load_kernel_windows(store: Store, run_id: int) -> list[queries.KernelW
     windows = await store.fetchall(queries.KERNEL_WINDOWS_SQL, (run_id,))
     stats = await store.fetchall(queries.KERNEL_STATS_SQL, (run_id,))
     return queries.kernel_windows_from_rows(windows, stats)
+
+
+async def load_comm_totals(store: Store, run_id: int) -> dict[str, Any]:
+    """The run's timed gradient buckets summed (:data:`queries.COMM_TOTALS_SQL`)."""
+    row = await store.fetchone(queries.COMM_TOTALS_SQL, (run_id,))
+    return dict(row) if row is not None else {"steps": 0, "buckets": 0, "bytes": 0}
 
 
 async def load_host_samples(

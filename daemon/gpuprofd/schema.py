@@ -20,7 +20,7 @@ from gpuprof.insights.gpu import (
 )
 from gpuprofd.errors import DatabaseError
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 #: Columns added since schema 1: (table, column, declaration).
 _ADDED_IN_2 = (
     ("steps", "skipped", "INTEGER DEFAULT 0"),
@@ -54,6 +54,17 @@ _ADDED_IN_5 = (
     ("runs", "group_id", "TEXT"),
     ("runs", "local_world_size", "INTEGER"),
 )
+#: ... and since schema 5 (comm_buckets is a new table): a rank's clock offset
+#: against the reference rank (the shim's ``clock`` event, gpuprof.comm.ClockOffset).
+_ADDED_IN_6 = (
+    ("runs", "clock_offset_ns", "INTEGER"),
+    ("runs", "clock_uncertainty_ns", "INTEGER"),
+    ("runs", "clock_rtt_ns", "INTEGER"),
+    ("runs", "clock_round_trips", "INTEGER"),
+    ("runs", "clock_reference_rank", "INTEGER"),
+)
+#: The runs columns of schema 6, NULL in an older database read as it is.
+_RUNS_6 = tuple(c for _, c, _ in _ADDED_IN_6)
 APP_NAME = "gpuprof"
 
 def _norm_uuid_sql(col: str) -> str:
@@ -123,7 +134,11 @@ CREATE TABLE IF NOT EXISTS runs (
     achieved_tflops REAL,            -- TFLOP/s per GPU, set when the run ends
     boot_id TEXT,                    -- the node's boot (gpuprofd.boot): *_mono_ns restart per boot
     group_id TEXT,                   -- torchrun's run id or profile(group=); NULL: its own group
-    local_world_size INTEGER         -- ranks on this node (LOCAL_WORLD_SIZE)
+    local_world_size INTEGER,        -- ranks on this node (LOCAL_WORLD_SIZE)
+    clock_offset_ns INTEGER,         -- this rank's monotonic clock minus the reference
+                                     -- rank's (t - offset is on its clock); NULL: not measured
+    clock_uncertainty_ns INTEGER,    -- the offset is good to +/- this
+    clock_rtt_ns INTEGER, clock_round_trips INTEGER, clock_reference_rank INTEGER
 );
 CREATE INDEX IF NOT EXISTS runs_name ON runs (run_name, id);
 CREATE INDEX IF NOT EXISTS runs_group ON runs (group_id, rank);
@@ -209,6 +224,13 @@ CREATE TABLE IF NOT EXISTS kernel_stats (
     count INTEGER, total_ns INTEGER, self_ns INTEGER, flops REAL
 );
 CREATE INDEX IF NOT EXISTS kernel_stats_run ON kernel_stats (run_id, window_id);
+CREATE TABLE IF NOT EXISTS comm_buckets (  -- one DDP gradient bucket's all-reduce in one step
+    run_id INTEGER NOT NULL, step INTEGER NOT NULL,  -- step: the steps row's step index
+    bucket INTEGER,                  -- DDP's bucket index (GradBucket.index())
+    start_ns INTEGER, end_ns INTEGER,  -- launched / completed, the rank's monotonic ns
+    bytes INTEGER                    -- the bucket's flattened gradients
+);
+CREATE INDEX IF NOT EXISTS comm_buckets_run_step ON comm_buckets (run_id, step);
 CREATE TABLE IF NOT EXISTS drops (reason TEXT PRIMARY KEY, count INTEGER);
 """
 
@@ -248,6 +270,14 @@ def shadow_old_tables(conn: sqlite3.Connection, version: int) -> None:
     """Let a read-only connection to an older database answer today's
     queries: TEMP views (searched before ``main``) add the missing columns
     with their defaults. Nothing is written to the file."""
+    runs6 = ", ".join(f"NULL AS {c}" for c in _RUNS_6)
+    if version < 6:
+        conn.execute(
+            "CREATE TEMP TABLE comm_buckets (run_id INTEGER, step INTEGER, bucket INTEGER, "
+            "start_ns INTEGER, end_ns INTEGER, bytes INTEGER)"
+        )
+    if version == 5:
+        conn.execute(f"CREATE TEMP VIEW runs AS SELECT *, {runs6} FROM main.runs")
     if version < 5:
         v2 = ", 0 AS skipped, 0 AS eval_ns, NULL AS optimizers" if version < 2 else ""
         v4 = (", NULL AS mem_allocated_bytes, NULL AS mem_reserved_bytes, NULL AS mem_peak_bytes"
@@ -256,7 +286,7 @@ def shadow_old_tables(conn: sqlite3.Connection, version: int) -> None:
         conn.execute(f"CREATE TEMP VIEW steps AS SELECT *{v2}{v4}, 0 AS traced FROM main.steps")
         conn.execute(
             f"CREATE TEMP VIEW runs AS SELECT *{v2r}, NULL AS mfu, NULL AS achieved_tflops, "
-            "NULL AS boot_id, NULL AS group_id, NULL AS local_world_size FROM main.runs"
+            f"NULL AS boot_id, NULL AS group_id, NULL AS local_world_size, {runs6} FROM main.runs"
         )
         v3 = (", NULL AS disk_read_iops, NULL AS page_cache_bytes, NULL AS mem_total_bytes, "
               "NULL AS swap_in_bps" if version < 3 else "")  # fmt: skip
@@ -303,6 +333,7 @@ def _upgrade(conn: sqlite3.Connection, version: int) -> None:
         + (_ADDED_IN_3 if version < 3 else ())
         + (_ADDED_IN_4 if version < 4 else ())
         + (_ADDED_IN_5 if version < 5 else ())
+        + (_ADDED_IN_6 if version < 6 else ())
     )
     tables = {t for t, _, _ in added}
     have = {(t, r[1]) for t in tables for r in conn.execute(f"PRAGMA table_info({t})")}

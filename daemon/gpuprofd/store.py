@@ -264,7 +264,9 @@ class Store:
         except sqlite3.Error as exc:
             await self._write.execute("ROLLBACK TO atomic")
             await self._write.execute("RELEASE atomic")
-            return op, None, exc  # the caller, who awaits it, decides what it means
+            if op.future is None:  # queued without waiting (a step with its buckets): count it
+                self.drops.add(op.drop_reason, str(exc))
+            return op, None, exc  # a caller who awaits it decides what it means
 
     # --- reading -------------------------------------------------------------
 
@@ -283,7 +285,13 @@ def _groups(batch: list[Op]) -> list[list[Op]]:
     """Split *batch* into runs of ops that can share one ``executemany``."""
     groups: list[list[Op]] = []
     for op in batch:
-        if groups and not op.urgent and not groups[-1][-1].urgent and groups[-1][0].sql == op.sql:
+        if (
+            groups
+            and not op.urgent
+            and not op.parts  # an atomic op runs alone (_run_group runs one)
+            and not groups[-1][-1].urgent
+            and groups[-1][0].sql == op.sql
+        ):
             groups[-1].append(op)
         else:
             groups.append([op])

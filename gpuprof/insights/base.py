@@ -53,6 +53,17 @@ class WorkerPool(NamedTuple):
     """(worker id, user + system CPU seconds) per worker, by worker id."""
 
 
+class CommTotals(NamedTuple):
+    """A run's timed DDP gradient buckets (``comm_buckets`` rows), summed."""
+
+    steps: int
+    """Steps with at least one bucket timed."""
+    buckets: int
+    """Bucket collectives timed (rows) over those steps."""
+    bytes: int
+    """Their gradient bytes, summed."""
+
+
 @dataclass(frozen=True)
 class RunContext:
     """What the rules know about one run (one rank's process).
@@ -155,6 +166,9 @@ class RunContext:
     traced_steps: int = 0
     """Steps a profiler snapshot ran in, left out of ``step_ms`` and the other
     per-step figures (so ``steps + traced_steps`` is the run's step count)."""
+    comm: CommTotals | None = None
+    """The run's timed gradient buckets (DDP comm hook), summed; None when it
+    timed none. The exposed comm time itself is the ``comm`` phase."""
 
     @property
     def steps(self) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpuprof.insights.base import RunContext, WorkerPool
+from gpuprof.insights.base import CommTotals, RunContext, WorkerPool
 from gpuprof.insights.gpu import GpuStats, gpu_stats
 from gpuprof.insights.kernels import kernel_stats
 from gpuprof.protocol import DATA_PHASE, OWN_TIME_PHASE
@@ -107,6 +107,13 @@ def _checkpointing_declared(options: Mapping[str, Any]) -> bool | None:
     return flag if isinstance(flag, bool) else None
 
 
+def _comm_totals(comm: Mapping[str, Any] | None) -> CommTotals | None:
+    if not comm or not comm.get("steps"):
+        return None
+    buckets, nbytes = int(comm.get("buckets") or 0), int(comm.get("bytes") or 0)
+    return CommTotals(int(comm["steps"]), buckets, nbytes)
+
+
 def build_context(
     run: Mapping[str, Any],
     steps: Sequence[Mapping[str, Any]],
@@ -118,6 +125,7 @@ def build_context(
     workers: Sequence[Mapping[str, Any]] = (),
     gpu: GpuStats | None = None,
     kernel_windows: Sequence[tuple[Mapping[str, Any], Sequence[Any]]] = (),
+    comm: Mapping[str, Any] | None = None,
 ) -> RunContext:
     """Aggregate one run's rows into the context the rules read.
 
@@ -159,6 +167,9 @@ def build_context(
             Aggregated by :func:`gpuprof.insights.kernels.kernel_stats` into
             ``RunContext.kernels``. ``run["options"]["arch"]["checkpointing"]``
             (bool) sets ``checkpointing_declared``.
+        comm: the run's ``comm_buckets`` rows summed: ``steps`` (steps with
+            a bucket), ``buckets`` (rows), ``bytes``; becomes
+            ``RunContext.comm`` when ``steps`` > 0.
     """
     # steps a profiler snapshot ran in (``traced``) are not representative:
     # left out of every timing figure (step, wait, phase medians and thirds,
@@ -213,6 +224,7 @@ def build_context(
         kernels=kernel_stats(kernel_windows) if kernel_windows else None,
         checkpointing_declared=_checkpointing_declared(options),
         traced_steps=len(steps) - len(timed),
+        comm=_comm_totals(comm),
         eval_ms=(sum(s.get("eval") or 0 for s in steps) + (run.get("trailing_eval_ns") or 0))
         / _NS_PER_MS,
     )

@@ -63,8 +63,9 @@ def test_runs_json_has_exact_breakdown(real_db: Path, capsys: pytest.CaptureFixt
     # every share is of the 18 ms iteration (8 ms wait + 10 ms step with
     # phases 3/4/2 ms), so together they make 100
     assert done["pct_of_iteration"] == {"loader_wait": 44.4, "forward": 16.7, "backward": 22.2,
-                                        "optimizer": 11.1, "other": 5.6}  # fmt: skip
-    assert sum(done["pct_of_iteration"].values()) == pytest.approx(100.0)
+                                        "comm": None, "optimizer": 11.1,
+                                        "other": 5.6}  # fmt: skip
+    assert sum(v for v in done["pct_of_iteration"].values() if v) == pytest.approx(100.0)
     assert done["steps_counted"] == 11  # step 0 left out
     assert "phase_pct" not in done and "loader_wait_pct" not in done
     assert done["dropped_events"] == 2
@@ -75,12 +76,12 @@ def test_runs_json_has_exact_breakdown(real_db: Path, capsys: pytest.CaptureFixt
 def test_runs_text_table(real_db: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["runs", str(real_db)]) == 0
     assert capsys.readouterr().out.splitlines() == [
-        "ID  NAME      STATUS    STEPS  MEDIAN_STEP_MS  WAIT%  FWD%  BWD%  OPT%  OTHER%  SKIPPED"
-        "  EVAL_S  DROPPED",
-        "2   ongoing   running       3            18.0   44.4  16.7  22.2  11.1     5.6        0"
-        "     0.0        0",
-        "1   baseline  finished     12            18.0   44.4  16.7  22.2  11.1     5.6        0"
-        "     0.0        2",
+        "ID  NAME      STATUS    STEPS  MEDIAN_STEP_MS  WAIT%  FWD%  BWD%  COMM%  OPT%  OTHER%"
+        "  SKIPPED  EVAL_S  DROPPED",
+        "2   ongoing   running       3            18.0   44.4  16.7  22.2      -  11.1     5.6"
+        "        0     0.0        0",
+        "1   baseline  finished     12            18.0   44.4  16.7  22.2      -  11.1     5.6"
+        "        0     0.0        2",
     ]
 
 
@@ -127,7 +128,8 @@ def test_runs_shares_skip_step_0_and_fold_the_data_phase_into_wait(
     one, accum = orjson.loads(capsys.readouterr().out)
     # loader_wait = (2 ms wait + 2 ms data) / 12 ms iteration; other = 2 / 12
     assert accum["pct_of_iteration"] == {"loader_wait": 33.3, "forward": 16.7, "backward": 25.0,
-                                         "optimizer": 8.3, "other": 16.7}  # fmt: skip
+                                         "comm": None, "optimizer": 8.3,
+                                         "other": 16.7}  # fmt: skip
     assert (accum["steps"], accum["steps_counted"], accum["median_step_ms"]) == (9, 7, 12.0)
     assert (accum["skipped_updates"], accum["eval_s"], one["skipped_updates"]) == (1, 1.5, 0)
     # the highest figures any step reported: peak from step 2, reserved from step 6
@@ -137,18 +139,18 @@ def test_runs_shares_skip_step_0_and_fold_the_data_phase_into_wait(
     assert one["torch_peak_allocated_bytes"] is None and one["torch_peak_reserved_bytes"] is None
     # a single step is all start-up: nothing to share out
     assert one["pct_of_iteration"] == dict.fromkeys(
-        ("loader_wait", "forward", "backward", "optimizer", "other")
+        ("loader_wait", "forward", "backward", "comm", "optimizer", "other")
     )
     assert (one["steps"], one["steps_counted"]) == (1, 0)
 
     assert main(["runs", str(db)]) == 0
     assert capsys.readouterr().out.splitlines() == [
-        "ID  NAME      STATUS    STEPS  MEDIAN_STEP_MS  WAIT%  FWD%  BWD%  OPT%  OTHER%  SKIPPED"
-        "  EVAL_S  DROPPED",
-        "2   one-step  finished      1            15.0      -     -     -     -       -        0"
-        "     0.0        0",
-        "1   accum     finished      9            12.0   33.3  16.7  25.0   8.3    16.7        1"
-        "     1.5        0",
+        "ID  NAME      STATUS    STEPS  MEDIAN_STEP_MS  WAIT%  FWD%  BWD%  COMM%  OPT%  OTHER%"
+        "  SKIPPED  EVAL_S  DROPPED",
+        "2   one-step  finished      1            15.0      -     -     -      -     -       -"
+        "        0     0.0        0",
+        "1   accum     finished      9            12.0   33.3  16.7  25.0      -   8.3    16.7"
+        "        1     1.5        0",
     ]
 
 
@@ -157,7 +159,7 @@ def test_runs_help_explains_the_columns(capsys: pytest.CaptureFixture[str]) -> N
     help_text = " ".join(capsys.readouterr().out.split())
     assert "MEDIAN_STEP_MS steady-state median iteration time: median of loader wait + step, " \
         "warm-up steps excluded" in help_text  # fmt: skip
-    assert "WAIT% + FWD% + BWD% + OPT% + OTHER% = 100" in help_text
+    assert "WAIT% + FWD% + BWD% + COMM% + OPT% + OTHER% = 100" in help_text
     assert "(the data phase, between micro-batches) folded in" in help_text
 
 

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 from typing import Any
 
 import click
 import orjson
 
-from gpuprof.summary import format_summary, make_summary
-from gpuprofd import dbread, kerneltable
+from gpuprof.comm import COMM_PHASE
+from gpuprof.insights.base import WARMUP_STEPS
+from gpuprof.insights.distributed import group_rules
+from gpuprof.stats import median
+from gpuprof.summary import format_summary, insight_lines, make_summary
+from gpuprofd import dbread, kerneltable, queries
 from gpuprofd.commands.common import db_argument, echo_json, format_option, resolve_db
 
 LIVE_NOTE = "run in progress: insights as of the daemon's last live update"
@@ -86,10 +91,38 @@ def format_kernels_and_mfu(summary: dict[str, Any], shown: str) -> list[str]:
     return lines
 
 
+def rank_comm(conn: sqlite3.Connection, run: dict[str, Any]) -> dict[str, Any] | None:
+    """One rank's collectives for the group report: ``median_exposed_ms`` (the
+    ``comm`` phase per step, median over its timed steady steps),
+    ``buckets_per_step`` and ``bytes_per_step`` (means over the steps with
+    timed buckets; None without), ``clock_offset_ns`` / ``clock_uncertainty_ns``
+    (its clock against the reference rank's; None when not measured). None
+    when the run has none of these."""
+    comm = [
+        s["phases"][COMM_PHASE]
+        for r in dbread.query(conn, queries.GROUP_STEPS_SQL, (run["id"],))
+        if not (s := queries.group_step_from_row(r))["traced"] and COMM_PHASE in s["phases"]
+    ]
+    steady = comm[WARMUP_STEPS:] if len(comm) > 2 * WARMUP_STEPS else comm
+    totals = dbread.comm_totals(conn, run["id"])
+    n = totals.get("steps") or 0
+    out = {
+        "median_exposed_ms": round(median(steady) / 1e6, 3) if steady else None,
+        "buckets_per_step": round(totals["buckets"] / n, 2) if n else None,
+        "bytes_per_step": round(totals["bytes"] / n) if n else None,
+        "clock_offset_ns": run.get("clock_offset_ns"),
+        "clock_uncertainty_ns": run.get("clock_uncertainty_ns"),
+    }
+    return out if any(v is not None for v in out.values()) else None
+
+
 def load_group(db: Path, group: str) -> dict[str, Any]:
-    """A group's status (:func:`gpuprofd.dbread.group_status`) and, per rank
-    (by rank), its run id, status, median step and summary
-    (:func:`load_summary`).
+    """A group's status (:func:`gpuprofd.dbread.group_status`), its findings
+    (:func:`gpuprof.insights.distributed.group_rules` over
+    :func:`gpuprofd.dbread.group_context`: ``insights``), the ranks that never
+    reported (``missing_ranks``, :func:`gpuprofd.dbread.missing_ranks`) and,
+    per rank (by rank), its run id, status, median step, collectives
+    (``comm``, :func:`rank_comm`) and summary (:func:`load_summary`).
 
     Raises:
         click.ClickException: no run belongs to *group*.
@@ -97,31 +130,62 @@ def load_group(db: Path, group: str) -> dict[str, Any]:
     conn = dbread.open_ro(db)
     try:
         runs = dbread.runs_overview(conn, group)
+        if not runs:
+            raise click.ClickException(f"no runs in group {group!r}")
+        found = group_rules(dbread.group_context(conn, group))
+        comm = {run["id"]: rank_comm(conn, run) for run in runs}
     finally:
         conn.close()
-    if not runs:
-        raise click.ClickException(f"no runs in group {group!r}")
     ranks = []
     for run in runs:
         summary = load_summary(db, run["id"])
         ranks.append({
             "rank": run.get("rank"), "run_id": run["id"], "status": run["status"],
             "host": run.get("host"), "median_step_ms": summary.get("median_step_ms"),
-            "summary": summary,
+            "comm": comm[run["id"]], "summary": summary,
         })  # fmt: skip
-    return {"group": group, **dbread.group_status([r["status"] for r in ranks]), "ranks": ranks}
+    return {
+        "group": group, **dbread.group_status([r["status"] for r in ranks]),
+        "insights": [i.to_dict() for i in found], "missing_ranks": dbread.missing_ranks(runs),
+        "ranks": ranks,
+    }  # fmt: skip
+
+
+def _comm_cell(comm: dict[str, Any] | None) -> str:
+    """``  comm 1.2 ms/step, 4 buckets, 25.1 MB/step, clock +5000.000 ± 0.050 ms``."""
+    if not comm:
+        return ""
+    parts = []
+    if comm.get("median_exposed_ms") is not None:
+        parts.append(f"{comm['median_exposed_ms']:.1f} ms/step exposed")
+    if comm.get("buckets_per_step") is not None:
+        parts.append(f"{comm['buckets_per_step']:g} buckets")
+        parts.append(f"{comm['bytes_per_step'] / 1e6:.1f} MB/step")
+    if comm.get("clock_offset_ns") is not None:
+        unc = comm.get("clock_uncertainty_ns")
+        pm = f" ± {unc / 1e6:.3f}" if unc is not None else ""
+        parts.append(f"clock {comm['clock_offset_ns'] / 1e6:+.3f}{pm} ms")
+    return "  comm " + ", ".join(parts) if parts else ""
 
 
 def format_group(data: dict[str, Any]) -> str:
-    """The group's status, one line per rank, then each rank's summary."""
+    """The group's status, the ranks that never reported, the group's
+    findings with their detail and fix, one line per rank, then each rank's
+    summary."""
     counts = ", ".join(f"{n} {s}" for s, n in data["counts"].items())
     lines = [f"group {data['group']}: {data['status']} ({len(data['ranks'])} ranks: {counts})"]
+    for m in data.get("missing_ranks") or []:
+        lines.append(f"  {m['message']}")
+    found = data.get("insights") or []
+    lines.append(f"  Group insights ({len(found)}):")
+    lines.extend(insight_lines(found, details=True))
     for r in data["ranks"]:
         ms = r["median_step_ms"]
-        median = "-" if ms is None else f"{ms:.1f} ms"
+        median_ms = "-" if ms is None else f"{ms:.1f} ms"
         n = len(r["summary"].get("insights") or [])
+        comm = _comm_cell(r.get("comm"))
         lines.append(f"  rank {r['rank']}  run {r['run_id']}  {r['status']:<8}  "
-                     f"median step {median}  {n} insight(s)")  # fmt: skip
+                     f"median step {median_ms}  {n} insight(s){comm}")  # fmt: skip
     for r in data["ranks"]:
         lines.append("")
         lines.append(f"rank {r['rank']}:")
@@ -145,8 +209,9 @@ def split_args(db: Path | None, run_id: int | None) -> tuple[Path | None, int | 
     "group",
     default=None,
     metavar="NAME",
-    help="A group's ranks instead of one run: its status, each rank's status and "
-    "median step, then each rank's summary.",
+    help="A group's ranks instead of one run: its status, the group's findings "
+    "(straggler, bucket skew, comm share, rank skew), each rank's status, median step "
+    "and collectives, then each rank's summary.",
 )
 @format_option
 def insights_cmd(db: Path | None, run_id: int | None, group: str | None, fmt: str) -> None:
@@ -155,7 +220,10 @@ def insights_cmd(db: Path | None, run_id: int | None, group: str | None, fmt: st
     DB defaults to GPUPROF_DB or ./gpuprof.db. A lone all-digits argument
     that is not an existing file is RUN_ID: `gpuprofctl insights 3`.
     `--group NAME`: every rank of a torchrun group (JSON: group, status,
-    ended, counts, ranks [{rank, run_id, status, host, median_step_ms, summary}]).
+    ended, counts, insights [the group's findings], missing_ranks [{rank,
+    local_rank, host, message}], ranks [{rank, run_id, status, host,
+    median_step_ms, comm {median_exposed_ms, buckets_per_step, bytes_per_step,
+    clock_offset_ns, clock_uncertainty_ns} or null, summary}]).
     """
     db, run_id = split_args(db, run_id)
     if group is not None:

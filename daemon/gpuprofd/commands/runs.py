@@ -14,7 +14,7 @@ from gpuprofd.commands.common import db_argument, echo_json, format_option, reso
 
 #: Keys of ``pct_of_iteration``, in table order, with their column headers.
 COLUMNS = (
-    ("loader_wait", "WAIT%"), ("forward", "FWD%"), ("backward", "BWD%"),
+    ("loader_wait", "WAIT%"), ("forward", "FWD%"), ("backward", "BWD%"), ("comm", "COMM%"),
     ("optimizer", "OPT%"), ("other", "OTHER%"),
 )  # fmt: skip
 
@@ -28,9 +28,11 @@ def iteration_shares(agg: dict[str, Any]) -> dict[str, float | None]:
     the first (its wait covers start-up, as the dataloader-stall rule has it).
 
     ``loader_wait`` is the wait before each step plus the loader time inside
-    steps (the ``data`` phase, between micro-batches); ``other`` is the rest
-    of the step (unlabelled time, custom phases), so the five add up to 100
-    (to rounding). All None when no step is counted.
+    steps (the ``data`` phase, between micro-batches); ``comm`` is the
+    exposed collective time (the ``comm`` phase: DDP's gradient all-reduce not
+    hidden under backward), None when the run timed no collectives; ``other``
+    is the rest of the step (unlabelled time, custom phases), so the shares
+    add up to 100 (to rounding). All None when no step is counted.
     """
     wait_ns = (agg.get("wait_ns") or 0) + (agg.get("data_ns") or 0)
     iteration_ns = (agg.get("wait_ns") or 0) + (agg.get("step_ns") or 0)
@@ -39,6 +41,7 @@ def iteration_shares(agg: dict[str, Any]) -> dict[str, float | None]:
     out: dict[str, float | None] = {"loader_wait": _pct(wait_ns, iteration_ns)}
     for phase in ("forward", "backward", "optimizer"):
         out[phase] = _pct(agg.get(f"{phase}_ns") or 0, iteration_ns)
+    out["comm"] = _pct(agg.get("comm_ns") or 0, iteration_ns) if agg.get("comm_steps") else None
     known = sum(v for v in out.values() if v is not None)
     out["other"] = round(max(100.0 - known, 0.0), 1)
     return out
@@ -60,6 +63,8 @@ def describe(
         "rank": run.get("rank"),
         "local_rank": run.get("local_rank"),
         "world_size": run.get("world_size"),
+        "local_world_size": run.get("local_world_size"),
+        "host": run.get("host"),
         "steps": agg.get("steps", 0),
         "median_step_ms": median_ms,
         "pct_of_iteration": iteration_shares(agg),
@@ -134,10 +139,13 @@ MEDIAN_STEP_MS  steady-state median iteration time: median of loader
                 when the run has more than {2 * WARMUP_STEPS})
 WAIT%..OTHER%   shares of iteration time (loader wait + step) over every
                 step but step 0, whose wait covers start-up:
-                WAIT% + FWD% + BWD% + OPT% + OTHER% = 100 (to rounding)
+                WAIT% + FWD% + BWD% + COMM% + OPT% + OTHER% = 100 (to rounding)
 WAIT%           loader wait before each step, with loader time inside
                 steps (the data phase, between micro-batches) folded in
 FWD% BWD% OPT%  forward, backward, optimizer
+COMM%           collectives not hidden under backward (DDP's gradient
+                all-reduce, waits for other ranks included; taken out of
+                backward); - when the run timed none
 OTHER%          the rest of the step: unlabelled time, custom phases
 SKIPPED         steps whose optimizer update was skipped (inf/NaN gradients)
 EVAL_S          seconds of evaluation (no-grad forwards) outside steps
@@ -145,7 +153,7 @@ DROPPED         events the training process could not send
 
 \b
 --format json gives the same per run: steps, median_step_ms,
-pct_of_iteration {{loader_wait, forward, backward, optimizer, other}},
+pct_of_iteration {{loader_wait, forward, backward, comm, optimizer, other}},
 steps_counted (the steps those shares cover), skipped_updates, eval_s,
 dropped_events, and torch_peak_allocated_bytes / torch_peak_reserved_bytes
 (the highest torch.cuda.max_memory_allocated / memory_reserved the steps
@@ -153,20 +161,24 @@ reported; null when CUDA was not in use), mfu (model FLOPs utilization,
 0-1, against the dtype's dense datasheet peak) and achieved_tflops (TFLOP/s
 per GPU): null when unknown (no FLOPs declared or counted, or a GPU or
 dtype without a peak). Each row also has group (torchrun's run id or
-profile(group=...); null: its own group), rank, local_rank, world_size.
+profile(group=...); null: its own group), rank, local_rank, world_size,
+local_world_size, host.
 
 \b
 --group NAME    only that group's runs (one per rank), by rank, with a RANK
                 column and a first line giving the group's status: running
-                while any rank runs; then failed, lost or finished
+                while any rank runs; then failed, lost or finished; and the
+                ranks that never reported (LOCAL_WORLD_SIZE ranks expected)
 """
 
 
 def group_line(group: str, rows: list[dict[str, Any]]) -> str:
-    """``group NAME: finished (2 ranks: 2 finished)``."""
+    """``group NAME: finished (2 ranks: 2 finished)``, then ``; rank 3 never
+    reported (...)`` for each rank that never did (:func:`dbread.missing_ranks`)."""
     st = dbread.group_status([r["status"] for r in rows])
     counts = ", ".join(f"{n} {s}" for s, n in st["counts"].items())
-    return f"group {group}: {st['status']} ({len(rows)} ranks: {counts})"
+    line = f"group {group}: {st['status']} ({len(rows)} ranks: {counts})"
+    return "; ".join([line, *(m["message"] for m in dbread.missing_ranks(rows))])
 
 
 @click.command("runs", help=RUNS_HELP)
