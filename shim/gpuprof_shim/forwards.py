@@ -221,6 +221,9 @@ class ForwardDetector:
         #: any was deep-copied.
         self._hook_objects: list[_Hook] = []
         self.copied = False
+        #: Called with each new root when discovery first sees it (before
+        #: its call runs; the DDP comm timer looks for DDPs there). Must not raise.
+        self.on_new_root: Callable[[Any], None] | None = None
 
     # --- lifecycle -----------------------------------------------------------
 
@@ -334,6 +337,9 @@ class ForwardDetector:
             if len(self._roots) < MAX_ROOTS:
                 self._roots[module] = flags
                 self._window_new_roots += 1
+                on_new_root = self.on_new_root
+                if on_new_root is not None:
+                    on_new_root(module)
         return flags
 
     def _make_module_call(self) -> Callable[..., Any]:

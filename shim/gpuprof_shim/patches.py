@@ -8,6 +8,9 @@ registers torch's global optimizer step pre/post hooks (removable handles;
 ``Optimizer.step`` itself is untouched); and starts the forward detector
 (:mod:`gpuprof_shim.forwards`: ``torch.nn.Module.__call__`` patched for a
 short discovery window, then hooks on the root modules only).
+With a DDP comm timer (:mod:`gpuprof_shim.comm`), new roots are shown to it
+and ``DistributedDataParallel.register_comm_hook`` is replaced (a user's
+hook registered inside the profile is wrapped, so it is timed).
 Originals are recorded exactly as found (the raw class/module dict entry)
 and put back on :meth:`TorchPatches.remove`. Only one owner may be
 installed per process; nothing is patched at import time. torch is
@@ -24,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuprof_shim.auto import StepMachine
+from gpuprof_shim.comm import CommTimer
 from gpuprof_shim.wrappers import Wrappers
 
 log = logging.getLogger("gpuprof.shim")
@@ -60,11 +64,16 @@ class TorchPatches:
     """Installs auto mode's wrappers and hooks for one session; see module doc."""
 
     def __init__(
-        self, machine: StepMachine, on_loader_iterator: Callable[[Any], None] | None = None
+        self,
+        machine: StepMachine,
+        on_loader_iterator: Callable[[Any], None] | None = None,
+        comm: CommTimer | None = None,
     ) -> None:
         self.machine = machine
         self.on_loader_iterator = on_loader_iterator
         """Gets each iterator ``DataLoader.__iter__`` returns (worker pids)."""
+        self.comm = comm
+        """The DDP bucket timer, if any (gets new roots; wraps user comm hooks)."""
         self.wrappers: Wrappers | None = None
         self._patches: list[_Patch] = []
         self._handles: list[Any] = []
@@ -113,6 +122,9 @@ class TorchPatches:
             on_loader_iterator=self.on_loader_iterator,
         )
         self.wrappers = w
+        comm = self.comm
+        if comm is not None:
+            w.forwards.on_new_root = comm.on_root
         w.forwards.install()
         # GradScaler.step may skip optimizer.step() (inf/NaN grads): its own
         # call is the optimizer's turn, so a skipped update still ends a step
@@ -138,6 +150,12 @@ class TorchPatches:
             self._patches.append(patch)
         self._handles.append(register_optimizer_step_pre_hook(w.optimizer_pre_hook))
         self._handles.append(register_optimizer_step_post_hook(w.optimizer_post_hook))
+        ddp_cls = comm.ddp_class() if comm is not None and comm.enabled else None
+        if ddp_cls is not None:
+            original = _raw(ddp_cls, "register_comm_hook")
+            replacement = comm.make_register_comm_hook(original)
+            self._patches.append(_Patch(ddp_cls, "register_comm_hook", original, replacement))
+            ddp_cls.register_comm_hook = replacement
 
     def remove(self) -> None:
         """Restore every original and remove the hooks; never raises.
@@ -149,6 +167,7 @@ class TorchPatches:
         global _owner
         if self.wrappers is not None:
             self.wrappers.enabled = False
+            self.wrappers.forwards.on_new_root = None
             self.wrappers.forwards.remove()
         while self._handles:
             handle = self._handles.pop()

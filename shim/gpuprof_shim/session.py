@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 import threading
 import time
 import uuid
@@ -30,6 +31,7 @@ from gpuprof import config
 from gpuprof.protocol import clean_run_name, clean_text
 from gpuprof_shim import autostart, control, identity, memory, messages
 from gpuprof_shim.auto import StepMachine
+from gpuprof_shim.comm import CommTimer
 from gpuprof_shim.flops import DtypeProbe, StepFlopCounter, cuda_in_use, on_mfu_device
 from gpuprof_shim.loader import TimedLoader
 from gpuprof_shim.manual import ManualRecorder, NullStep, Step
@@ -108,6 +110,11 @@ class Profiler:
         step_source: ``"optimizer"`` (auto mode finds steps: one cycle of the
             first optimizer that steps) or ``"external"`` (a framework adapter
             ends each step with :meth:`mark_step_end`; phases are still timed).
+        time_comm: auto mode: time each DDP gradient bucket's all-reduce (a
+            comm hook on every ``DistributedDataParallel`` the loop uses; see
+            :mod:`gpuprof_shim.comm`): steps gain per-bucket ``comm`` rows and
+            a ``comm`` phase (exposed comm, out of ``backward``). False: no
+            comm hook is registered.
 
     Raises:
         ValueError: an invalid ``flops_per_step``, ``dtype``, ``arch``,
@@ -135,6 +142,7 @@ class Profiler:
         trace_dir: str | os.PathLike[str] | None = None,
         trace_dir_max_mb: float = DEFAULT_TRACE_DIR_MAX_MB,
         group: str | None = None,
+        time_comm: bool = True,
     ) -> None:
         if step_source not in ("optimizer", "external"):
             raise ValueError(
@@ -193,6 +201,12 @@ class Profiler:
         self._warned_step = False
         self._pending: list[StepRecord] = []
         self._sent_at = 0
+        self.time_comm = bool(time_comm)
+        #: DDP bucket timing (auto mode, with a sender).
+        self._comm: CommTimer | None = None
+        #: Clock alignment against rank 0 (started once, in a process group).
+        self._aligner: Any = None
+        self._aligner_tried = False
 
     # --- lifecycle ---------------------------------------------------------
 
@@ -404,7 +418,9 @@ class Profiler:
                 self._emit, self.clock(), self.clock, external=self.step_source == "external"
             )
             self._waits = self.machine
-            self._patches = TorchPatches(self.machine, self._loader_iterator)
+            if self.sender is not None:
+                self._comm = CommTimer(enabled=self.time_comm, on_ddp=self._start_aligner)
+            self._patches = TorchPatches(self.machine, self._loader_iterator, self._comm)
             self._start_model_probes()
             try:
                 self._patches.install()
@@ -417,6 +433,43 @@ class Profiler:
         if self.trace_options.enabled:
             self._start_tracer()
         self._open = True
+        dist = sys.modules.get("torch.distributed")
+        try:
+            if dist is not None and dist.is_available() and dist.is_initialized():
+                self._start_aligner()
+        except Exception:
+            log.debug("gpuprof: could not read torch.distributed's state", exc_info=True)
+
+    def _start_aligner(self) -> None:
+        """Measure this rank's clock offset against rank 0 in the background
+        (once per profile: at the start in a process group, else when the
+        first DDP is found); the result goes out as a ``clock`` event."""
+        if self._aligner_tried or self.sender is None:
+            return
+        self._aligner_tried = True
+        try:
+            from gpuprof_shim.clock_align import ClockAligner
+        except ImportError:
+            return
+        try:
+            self._aligner = ClockAligner(self._on_clock_offset)
+            self._aligner.start()
+        except Exception:
+            log.debug("gpuprof: clock alignment not started", exc_info=True)
+
+    def _on_clock_offset(self, offset: Any) -> None:
+        """The aligner's result (its thread): send it while the run is open."""
+        sender = self.sender
+        if sender is not None and self._open:
+            sender.send(messages.clock(self.run_key, offset))
+
+    def _close_aligner(self) -> None:
+        aligner = self._aligner
+        if aligner is not None:
+            try:
+                aligner.close()
+            except Exception:
+                log.debug("gpuprof: could not close clock alignment", exc_info=True)
 
     def _start_tracer(self) -> None:
         """Trace windows at step boundaries; the profile's start is the one
@@ -536,6 +589,8 @@ class Profiler:
         if self.sender is not None:
             if pending:
                 pending[-1].mem = memory.cuda_memory()
+                if self._comm is not None:  # here, not per step: CUDA events had time to finish
+                    self._comm.attach(pending)
             for rec in pending:
                 self.sender.send(messages.step(self.run_key, rec))
             info = self._model_info()
@@ -557,6 +612,8 @@ class Profiler:
             self._waits.add_loader_wait(ns)
 
     def _unpatch(self) -> None:
+        if self._comm is not None:
+            self._comm.stop()  # our comm hooks stay on the reducers, as pass-throughs
         tracer = self._tracer
         if tracer is not None:
             tracer.close()  # the profiler stopped, its guard removed (idempotent)
@@ -574,6 +631,7 @@ class Profiler:
         if self.machine is not None and self._open:
             self.machine.flush(self.clock())
         self._send_pending(self.clock())
+        self._close_aligner()  # before bye: a result still coming goes out first
         self._open = False
         if self._recorder is not None:
             self._recorder.closed = True
@@ -592,6 +650,13 @@ class Profiler:
             summary.setdefault("notes", []).append(counter.note)
         if self._tracer is not None and self._tracer.notes:
             summary.setdefault("notes", []).extend(self._tracer.notes)
+        if self._comm is not None:
+            comm_notes = self._comm.summary_notes()
+            if comm_notes:
+                summary.setdefault("notes", []).extend(comm_notes)
+        aligner_note = getattr(self._aligner, "note", None)
+        if isinstance(aligner_note, str) and aligner_note:
+            summary.setdefault("notes", []).append(aligner_note)
         left = self.machine.unfinished_micro if self.machine is not None else 0
         if left:
             summary.setdefault("notes", []).append(
@@ -652,6 +717,7 @@ class Profiler:
         self._open = False
         try:
             self._unpatch()
+            self._close_aligner()
             if self.sender is not None:
                 self.sender.close()
         finally:
