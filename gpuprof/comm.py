@@ -86,8 +86,9 @@ def exposed_comm_ns(buckets: Iterable[BucketTiming]) -> int:
 
 def busy_comm_ns(buckets: Iterable[BucketTiming]) -> int:
     """Time during which at least one bucket's collective was in flight, ns
-    (the union of the buckets' ``[start, end]`` spans)."""
-    spans = sorted((b.start_ns, b.end_ns) for b in buckets)
+    (the union of the buckets' ``[start, end]`` spans; a span ending before
+    it starts is empty, it never subtracts)."""
+    spans = sorted((b.start_ns, max(b.start_ns, b.end_ns)) for b in buckets)
     total, cur_s, cur_e = 0, None, None
     for s, e in spans:
         if cur_e is None or s > cur_e:
@@ -104,12 +105,13 @@ def busy_comm_ns(buckets: Iterable[BucketTiming]) -> int:
 def split_backward(phases: Mapping[str, int], buckets: Sequence[BucketTiming]) -> dict[str, int]:
     """*phases* with the step's exposed comm moved from ``backward`` into
     :data:`COMM_PHASE` (never more than ``backward`` held: phases still sum
-    to what they did). Unchanged without buckets or a ``backward`` phase."""
+    to what they did; a negative ``backward`` gives up nothing). Unchanged
+    without buckets or a ``backward`` phase."""
     out = dict(phases)
     backward = out.get("backward")
     if not buckets or backward is None:
         return out
-    comm = min(exposed_comm_ns(buckets), backward)
+    comm = max(0, min(exposed_comm_ns(buckets), backward))
     out["backward"] = backward - comm
     out[COMM_PHASE] = out.get(COMM_PHASE, 0) + comm
     return out

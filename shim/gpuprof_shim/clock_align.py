@@ -1,0 +1,376 @@
+"""Clock alignment between ranks (issue 6): each rank's monotonic clock
+against rank 0's, NTP-style, in a background thread at the start of a run.
+
+Ranks on one node share ``CLOCK_MONOTONIC``; across nodes the offsets are
+what makes their timings comparable (:class:`gpuprof.comm.ClockOffset`).
+
+How (all in one daemon thread; :meth:`ClockAligner.start` only starts it):
+
+1. *Arrival.* Every rank sets ``arrived/<rank>`` under the private prefix
+   ``gpuprof/clock/<seq>/`` of the default process group's store and polls
+   (``store.check``, never ``store.wait``) until every rank's key is there,
+   for at most ``timeout_s``. Not every rank may run gpuprof (``if rank == 0:
+   with gpuprof.profile(...)``): a rank left alone gives up with a
+   :attr:`~ClockAligner.note` naming the missing ranks, and deletes its key.
+2. *A private gloo group* over that prefix:
+   ``ProcessGroupGloo(PrefixStore(...), rank, world, timeout)``. Neither the
+   user's default group (a collective there would pair with the user's own)
+   nor ``dist.new_group`` (its counter must match on every rank, and user
+   code may call it concurrently) is touched.
+3. A barrier on that group, then rank 0 makes :data:`ALIGN_ROUND_TRIPS`
+   exchanges of tiny CPU int64 tensors with each peer in turn (rank 0 reads
+   t1 and sends; the peer reads t2 on receipt and t3 just before replying;
+   rank 0 reads t4 on receipt), computes :func:`gpuprof.comm.ntp_offset` and
+   sends the peer its offset. Every rank then calls ``on_result`` once (rank
+   0 with offset 0, uncertainty 0). Every wait is ``work.wait(timeout)``.
+
+Why arrival is polled (measured with torch 2.13, gloo, ``torchrun
+--standalone``, 2026-11-30):
+
+- A lone rank's ``ProcessGroupGloo`` construction does honour its timeout:
+  with ``timedelta(seconds=3)`` it raised ``DistStoreError: wait timeout
+  after 3000ms`` after 3.02 s, and the default store stayed usable.
+- But the default store's TCP client serializes its operations: while one
+  thread sat in ``store.wait`` (4 s timeout), the training thread's
+  ``store.set`` took 3.5 s. Constructing the gloo group while a peer is
+  missing would therefore stall the user's own store calls (``new_group``,
+  checkpointing) for up to the timeout, and print a c10d timeout warning.
+  ``store.check`` returns at once, so the lock is held for one round trip
+  per poll; the group is built only once every rank has arrived, when its
+  rendezvous takes milliseconds.
+
+The default store's timeout is never changed. Nothing here raises: failures
+become :attr:`ClockAligner.note`; ``close()`` returns within about a second.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import logging
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from gpuprof.comm import ALIGN_ROUND_TRIPS, ClockOffset, ntp_offset
+
+log = logging.getLogger("gpuprof.shim")
+
+#: How long a rank waits for the others (arrival), and then for each
+#: exchange, seconds. Ranks enter ``gpuprof.profile`` at about the same point
+#: of their script; a minute covers uneven model loading without keeping a
+#: lone rank's thread polling for long (one ``store.check`` per 50 ms).
+ALIGN_TIMEOUT_S = 60.0
+#: Arrival polling: first interval, growth factor and cap, seconds.
+_POLL_FIRST_S, _POLL_GROWTH, _POLL_MAX_S = 0.002, 1.5, 0.05
+#: Once a peer's turn has come, each send or receive takes well under a
+#: millisecond on a healthy network: a wait this long means a peer is gone.
+_OP_TIMEOUT_S = 5.0
+#: ``close()`` waits at most this long for the thread, seconds; so does the
+#: interpreter's exit, for all of them together.
+_CLOSE_WAIT_S = 1.0
+#: The protocol's limit on a clock event's ``round_trips``.
+_MAX_ROUND_TRIPS = 1 << 20
+#: Missing ranks named in a note.
+_NOTE_RANKS = 8
+#: Store key prefix; the per-process sequence number follows.
+KEY_PREFIX = "gpuprof/clock"
+#: Point-to-point tags of the private group.
+_TAG_PING, _TAG_RESULT = 0, 1
+
+#: Alignments started in this process: the store prefix's ``seq``.
+_seq = itertools.count()
+#: Aligners whose thread was started, for the exit hook.
+_live: weakref.WeakSet[ClockAligner] = weakref.WeakSet()
+_exit_hook_lock = threading.Lock()
+_exit_hook = False
+
+
+def _stop_all_at_exit() -> None:
+    """``atexit``: stop every aligner's thread and give them together up to
+    ``_CLOSE_WAIT_S`` to leave torch's C++ code.
+
+    atexit hooks run before the interpreter finalizes, while daemon threads
+    still run. A daemon thread that returns from a gloo wait during
+    finalization is ended by ``pthread_exit``, whose unwinding through
+    pybind11's GIL guard aborts the process ("terminate called without an
+    active exception", SIGABRT: measured with a rank exiting while its thread
+    sat in ``recv().wait()``). Stopped, the thread leaves at its next check:
+    between exchanges (a round trip: microseconds) or polls (<= 50 ms).
+    """
+    deadline = time.monotonic() + _CLOSE_WAIT_S
+    aligners = list(_live)
+    for aligner in aligners:
+        aligner._stop.set()
+    for aligner in aligners:
+        thread = aligner._thread
+        if thread is not None and thread.is_alive():
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+
+def _install_exit_hook() -> None:
+    global _exit_hook
+    with _exit_hook_lock:
+        if not _exit_hook:
+            atexit.register(_stop_all_at_exit)
+            _exit_hook = True
+
+
+class _Stopped(Exception):
+    """close() was called while the thread was still working."""
+
+
+def _sentence(text: str, limit: int = 240) -> str:
+    line = " ".join(str(text).split())
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+class ClockAligner:
+    """Measures this rank's clock offset against rank 0 in the background.
+
+    Args:
+        on_result: called once, from the background thread, with this rank's
+            :class:`~gpuprof.comm.ClockOffset` when alignment succeeded; never
+            after :meth:`close` has returned. Exceptions it raises become
+            :attr:`note`.
+        clock: this rank's clock, ns (``time.monotonic_ns``; tests inject an
+            offset here).
+        timeout_s: the longest wait for the other ranks to arrive, and for
+            any one step after that.
+
+    Attributes:
+        result: the offset once measured, else None.
+        note: why alignment was skipped or failed, one sentence for the run
+            summary; None while it runs, when it succeeded, or when there is
+            nothing to align (no process group, or a world of one).
+        elapsed_ms: how long alignment took, from :meth:`start` to the result
+            or the failure (None while it runs).
+        wait_ms: the part of it spent waiting for the other ranks to arrive.
+    """
+
+    def __init__(
+        self,
+        on_result: Callable[[ClockOffset], None],
+        *,
+        clock: Callable[[], int] = time.monotonic_ns,
+        timeout_s: float = ALIGN_TIMEOUT_S,
+    ) -> None:
+        self._on_result = on_result
+        self._clock = clock
+        self._timeout_s = float(timeout_s)
+        self.result: ClockOffset | None = None
+        self.note: str | None = None
+        self.elapsed_ms: float | None = None
+        self.wait_ms: float | None = None
+        self.rank: int | None = None
+        self.world_size: int | None = None
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self._t0_ns = 0
+
+    # ------------------------------------------------------------------ API
+
+    def start(self) -> bool:
+        """Start the background thread when ``torch.distributed`` is
+        initialized with a world of more than one rank; False otherwise (and
+        when started already). Never raises, never imports torch."""
+        if self._thread is not None or self._closed:
+            return False
+        try:
+            torch = sys.modules.get("torch")
+            dist = getattr(torch, "distributed", None)
+            if dist is None or not dist.is_available() or not dist.is_initialized():
+                return False
+            rank, world = dist.get_rank(), dist.get_world_size()
+            if world <= 1 or not 0 <= rank < world:
+                return False
+            if getattr(dist, "ProcessGroupGloo", None) is None:
+                self._set_note("clock alignment skipped: this torch has no gloo backend")
+                return False
+            store = dist.distributed_c10d._get_default_store()
+            self.rank, self.world_size = rank, world
+            thread = threading.Thread(
+                target=self._run,
+                args=(torch, dist, store, rank, world, next(_seq)),
+                name="gpuprof-clock-align",
+                daemon=True,
+            )
+            _install_exit_hook()
+            self._t0_ns = time.monotonic_ns()
+            self._thread = thread
+            _live.add(self)
+            thread.start()
+            return True
+        except Exception as exc:  # never break the run
+            self._set_note(f"clock alignment skipped: {type(exc).__name__}: {exc}")
+            log.debug("clock alignment not started", exc_info=True)
+            return False
+
+    def close(self) -> None:
+        """Stop: no ``on_result`` after this returns. Waits at most about a
+        second for the thread (a thread inside a gloo wait ends on its own
+        timeout; it is a daemon thread)."""
+        self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(_CLOSE_WAIT_S)
+        got = self._lock.acquire(timeout=_CLOSE_WAIT_S)
+        try:
+            self._closed = True
+        finally:
+            if got:
+                self._lock.release()
+        if thread is not None and thread.is_alive() and self.result is None:
+            self._set_note("clock alignment did not finish before the run ended")
+
+    @property
+    def running(self) -> bool:
+        thread = self._thread
+        return thread is not None and thread.is_alive()
+
+    # -------------------------------------------------------------- thread
+
+    def _set_note(self, text: str) -> None:
+        if self.note is None:
+            self.note = _sentence(text)
+
+    def _check_stop(self) -> None:
+        if self._stop.is_set():
+            raise _Stopped
+
+    def _run(self, torch: Any, dist: Any, store: Any, rank: int, world: int, seq: int) -> None:
+        pg = None
+        try:
+            timeout = timedelta(seconds=self._timeout_s)
+            op_timeout = timedelta(seconds=min(self._timeout_s, _OP_TIMEOUT_S))
+            store = dist.PrefixStore(f"{KEY_PREFIX}/{seq}", store)
+            self._arrive(store, rank, world)
+            self._check_stop()
+            pg = dist.ProcessGroupGloo(store, rank, world, timeout)
+            pg.barrier().wait(timeout)
+            self._check_stop()
+            if rank == 0:
+                offset = self._lead(torch, pg, store, world, op_timeout)
+            else:
+                offset = self._follow(torch, pg, store, rank, op_timeout)
+            self.elapsed_ms = (time.monotonic_ns() - self._t0_ns) / 1e6
+            self._deliver(offset)
+        except _Stopped:
+            self._set_note("clock alignment did not finish before the run ended")
+        except TimeoutError as exc:
+            self._set_note(str(exc))
+        except Exception as exc:
+            self._set_note(f"clock alignment failed on rank {rank}: {type(exc).__name__}: {exc}")
+            log.debug("clock alignment failed", exc_info=True)
+        finally:
+            pg = None  # drop the private group (its gloo pairs close with it)
+            if self.elapsed_ms is None:
+                self.elapsed_ms = (time.monotonic_ns() - self._t0_ns) / 1e6
+
+    def _poll(self, store: Any, keys: list[str]) -> bool:
+        """Wait until every key of *keys* is set (True) or ``timeout_s`` has
+        passed (False), with ``store.check`` (returns at once: the store's
+        client lock is held for one round trip, not for the wait)."""
+        deadline = time.monotonic() + self._timeout_s
+        poll = _POLL_FIRST_S
+        while not store.check(keys):
+            if time.monotonic() >= deadline:
+                return bool(store.check(keys))
+            if self._stop.wait(poll):
+                raise _Stopped
+            poll = min(_POLL_MAX_S, poll * _POLL_GROWTH)
+        return True
+
+    def _arrive(self, store: Any, rank: int, world: int) -> None:
+        """Announce this rank and wait until every rank has, or time out."""
+        mine = f"arrived/{rank}"
+        keys = [f"arrived/{r}" for r in range(world)]
+        store.set(mine, b"1")
+        try:
+            if self._poll(store, keys):
+                return
+            missing = [r for r in range(world) if not store.check([keys[r]])]
+            try:
+                store.delete_key(mine)  # a late rank must not count on us
+            except Exception:
+                pass
+            named = ", ".join(map(str, missing[:_NOTE_RANKS]))
+            if len(missing) > _NOTE_RANKS:
+                named += f" and {len(missing) - _NOTE_RANKS} more"
+            raise TimeoutError(
+                f"clock alignment skipped: rank{'s' if len(missing) > 1 else ''} "
+                f"{named} did not start gpuprof within {self._timeout_s:g} s"
+            )
+        finally:
+            self.wait_ms = (time.monotonic_ns() - self._t0_ns) / 1e6
+
+    def _lead(self, torch: Any, pg: Any, store: Any, world: int, timeout: timedelta) -> ClockOffset:
+        """Rank 0: exchanges with each peer in turn, sends each its offset."""
+        clock = self._clock
+        ping = torch.zeros(2, dtype=torch.int64)
+        reply = torch.zeros(2, dtype=torch.int64)
+        made = 0
+        for peer in range(1, world):
+            store.set(f"turn/{peer}", b"1")  # the peer waits for this, not in gloo
+            exchanges = []
+            for i in range(ALIGN_ROUND_TRIPS):
+                self._check_stop()
+                ping[0] = i
+                recv = pg.recv([reply], peer, _TAG_PING)  # posted before t1
+                t1 = clock()
+                pg.send([ping], peer, _TAG_PING).wait(timeout)
+                recv.wait(timeout)
+                t4 = clock()
+                t2, t3 = reply.tolist()
+                exchanges.append((t1, t2, t3, t4))
+            made += len(exchanges)
+            offset = ntp_offset(exchanges)
+            if offset is None:
+                row = [0, 0, 0, 0, len(exchanges)]
+            else:
+                row = [1, offset.offset_ns, offset.uncertainty_ns, offset.rtt_ns,
+                       offset.round_trips]  # fmt: skip
+            pg.send([torch.tensor(row, dtype=torch.int64)], peer, _TAG_RESULT).wait(timeout)
+        return ClockOffset(0, 0, 0, min(made, _MAX_ROUND_TRIPS), 0)
+
+    def _follow(
+        self, torch: Any, pg: Any, store: Any, rank: int, timeout: timedelta
+    ) -> ClockOffset:
+        """A peer: answers rank 0's pings once its turn has come, then
+        receives its offset."""
+        if not self._poll(store, [f"turn/{rank}"]):
+            raise TimeoutError(
+                f"clock alignment failed on rank {rank}: rank 0 did not reach it "
+                f"within {self._timeout_s:g} s"
+            )
+        clock = self._clock
+        ping = torch.zeros(2, dtype=torch.int64)
+        reply = torch.zeros(2, dtype=torch.int64)
+        for _ in range(ALIGN_ROUND_TRIPS):
+            self._check_stop()
+            pg.recv([ping], 0, _TAG_PING).wait(timeout)
+            reply[0] = clock()  # t2: on receipt
+            reply[1] = clock()  # t3: just before replying
+            pg.send([reply], 0, _TAG_PING).wait(timeout)
+        row = torch.zeros(5, dtype=torch.int64)
+        pg.recv([row], 0, _TAG_RESULT).wait(timeout)
+        ok, offset_ns, uncertainty_ns, rtt_ns, round_trips = row.tolist()
+        if not ok:
+            raise RuntimeError(f"no usable exchange in {round_trips} round trips")
+        return ClockOffset(offset_ns, uncertainty_ns, rtt_ns, round_trips, 0)
+
+    def _deliver(self, offset: ClockOffset) -> None:
+        with self._lock:
+            if self._closed or self._stop.is_set():
+                raise _Stopped
+            self.result = offset
+            try:
+                self._on_result(offset)
+            except Exception as exc:
+                self._set_note(f"clock alignment result not recorded: {type(exc).__name__}: {exc}")
