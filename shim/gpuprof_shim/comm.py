@@ -34,7 +34,9 @@ A comm hook can never be unregistered from DDP's reducer: when the profile
 ends (:meth:`CommTimer.stop`) every hook becomes a pass-through (the default
 all-reduce, or the user's hook) that records nothing. So a hook registered
 on such a DDP *after* the profile fails in the reducer ("can only be called
-once"), as a second registration always does.
+once"), as a second registration always does. A later profile takes over the
+hook already there (it times again; a user hook registered inside that
+profile is wrapped by it).
 
 Records are attached to steps where the session sends them
 (:meth:`CommTimer.attach`): the buckets launched within a step's
@@ -73,6 +75,12 @@ MAX_PENDING = 4096
 _MAX_WALK = 10_000
 #: Most DDP instances timed in one profile.
 MAX_DDPS = 64
+
+
+#: Every DDP carrying a gpuprof hook (on its reducer for good), by any profile
+#: of this process: a later profile takes the hook over instead of failing to
+#: register a second one.
+_ddp_hooks: weakref.WeakKeyDictionary[Any, CommHook] = weakref.WeakKeyDictionary()
 
 
 class _Record:
@@ -274,6 +282,11 @@ class CommTimer:
                 log.debug("gpuprof: DDP callback failed", exc_info=True)
         if not self.enabled or not self.recording or ddp in self._hooks:
             return  # off, over, or its user hook was registered (wrapped) inside the profile
+        ours = _ddp_hooks.get(ddp)
+        if ours is not None:  # an earlier profile's hook, a pass-through on the reducer
+            ours.timer = self
+            self._hooks[ddp] = ours
+            return
         existing = _existing_hook(ddp)
         if existing is not None:
             self.notice(
@@ -286,7 +299,7 @@ class CommTimer:
 
             hook = CommHook(self, ddp.process_group)
             dist._register_comm_hook(ddp.reducer, None, hook)
-            self._hooks[ddp] = hook
+            self._hooks[ddp] = _ddp_hooks[ddp] = hook
         except Exception as exc:
             self.notice(
                 f"could not time DDP gradient buckets ({type(exc).__name__}: {str(exc)[:200]})"
@@ -301,12 +314,15 @@ class CommTimer:
             if not timer.recording:
                 return original(self, state, hook)
             self._check_comm_hook(hook)  # their invalid hook fails as without gpuprof
-            ours = timer._hooks.get(self)
+            ours = _ddp_hooks.get(self)
             if ours is not None:
                 if ours.user_hook is not None:
                     return original(self, state, hook)  # a second hook: the reducer refuses it
-                # ours is on the reducer already (registered at the first forward)
+                # ours is on the reducer already (this profile's first forward, or an
+                # earlier profile's): it calls theirs from now on
+                ours.timer = timer
                 ours.wrap(hook, state)
+                timer._hooks[self] = ours
                 self._comm_hooks.append((ours, state))
                 if getattr(self, "logger", None) is not None:
                     self.logger._set_comm_hook_name(getattr(hook, "__qualname__", ours.__name__))
@@ -317,7 +333,7 @@ class CommTimer:
                 timer._internal_error()
                 return original(self, state, hook)
             original(self, state, wrapper)  # the reducer's refusal is theirs to see
-            timer._hooks[self] = wrapper  # found later: nothing more to register
+            timer._hooks[self] = _ddp_hooks[self] = wrapper  # found later: nothing to do
             return None
 
         register_comm_hook.__wrapped__ = original  # type: ignore[attr-defined]

@@ -227,6 +227,22 @@ def test_after_exit_our_hook_is_a_pass_through(pg, socket_dir, fake_daemon):
         assert torch.equal(a, b)
 
 
+def test_a_later_profile_takes_over_the_hook(pg, socket_dir, make_daemon):
+    model = make_ddp()
+    first = make_daemon()
+    with profile(socket_dir):
+        train(model, 2)
+    first.close()
+    second = make_daemon()
+    state = {"calls": 0}
+    with profile(socket_dir) as prof:
+        model.register_comm_hook(state, counting_hook)  # ours is on the reducer: no refusal
+        train(model, 2)
+    assert prof.summary is not None and not [n for n in prof.summary["notes"] if "hook" in n]
+    assert state["calls"] >= 2 and all(s.get("comm") for s in second.steps)
+    assert len(second.steps) == 2
+
+
 def test_time_comm_false_registers_nothing(pg, socket_dir, fake_daemon):
     model = make_ddp()
     with profile(socket_dir, time_comm=False):
