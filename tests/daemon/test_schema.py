@@ -159,8 +159,74 @@ def test_an_old_database_has_no_groups_and_its_runs_no_group(tmp_path: Path) -> 
     conn = dbread.open_ro(path)
     try:
         assert dbread.runs_overview(conn, "any") == []
+        assert dbread.group_context(conn, "any").ranks == ()
         (run,) = dbread.runs_overview(conn)
     finally:
         conn.close()
     assert run["group_id"] is None and run["local_world_size"] is None
     assert path.read_bytes() == before
+
+
+def _schema_5_db(tmp_path: Path) -> Path:
+    """A schema-5 database (gpuprof before comm timing) with a 2-rank group:
+    today's schema less what schema 6 added."""
+    path = tmp_path / "v5.db"
+    schema.prepare(path)
+    conn = sqlite3.connect(path)
+    conn.execute("DROP TABLE comm_buckets")
+    for column in schema._RUNS_6:
+        conn.execute(f"ALTER TABLE runs DROP COLUMN {column}")
+    conn.execute("UPDATE meta SET value = '5' WHERE key = 'schema_version'")
+    for rank in (0, 1):
+        conn.execute(
+            "INSERT INTO runs (id, run_key, run_name, status, host, rank, local_rank, world_size,"
+            " start_mono_ns, end_mono_ns, options, group_id, local_world_size) "
+            "VALUES (?, ?, 'ddp', 'finished', 'h', ?, ?, 2, 0, 10000000000, '{}', 'job', 2)",
+            (rank + 1, f"k{rank}", rank, rank),
+        )
+        for i in range(10):
+            phases = '{"forward": 3000000, "backward": 5000000}'
+            conn.execute(
+                "INSERT INTO steps (run_id, step, t0_ns, t1_ns, wait_ns, explicit, micro, phases)"
+                " VALUES (?, ?, ?, ?, 0, 0, 1, ?)",
+                (rank + 1, i, i * 10_000_000, i * 10_000_000 + 9_000_000, phases),
+            )
+    conn.commit()
+    conn.close()
+    return path
+
+
+def test_a_schema_5_database_reads_with_no_comm_data(tmp_path: Path) -> None:
+    path = _schema_5_db(tmp_path)
+    before = path.read_bytes()
+    conn = dbread.open_ro(path)
+    try:
+        ctx = dbread.group_context(conn, "job")
+        runs = dbread.runs_overview(conn, "job")
+        run_ctx = dbread.run_context(conn, dbread.get_run(conn, 1))
+        assert conn.execute("SELECT COUNT(*) FROM comm_buckets").fetchone()[0] == 0
+    finally:
+        conn.close()
+    assert [r.rank for r in ctx.ranks] == [0, 1]
+    assert all(len(r.step_ms) == 10 and r.comm_ms == () and r.bucket_start_ns == ()
+               for r in ctx.ranks)  # fmt: skip
+    assert all(r["clock_offset_ns"] is None and r["agg"]["comm_steps"] == 0 for r in runs)
+    assert dbread.missing_ranks(runs) == []
+    assert run_ctx.comm is None
+    assert path.read_bytes() == before
+
+
+def test_the_daemon_upgrades_schema_5_to_comm_timing(tmp_path: Path) -> None:
+    path, new = _schema_5_db(tmp_path), tmp_path / "new.db"
+    schema.prepare(path)
+    schema.prepare(new)
+    conn = sqlite3.connect(path)
+    try:
+        version = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        clock = conn.execute(f"SELECT {', '.join(schema._RUNS_6)} FROM runs").fetchall()
+        index = conn.execute("SELECT sql FROM sqlite_master WHERE name = "
+                             "'comm_buckets_run_step'").fetchone()  # fmt: skip
+    finally:
+        conn.close()
+    assert version == ("6",) and clock == [(None,) * 5] * 2
+    assert "(run_id, step)" in index[0]

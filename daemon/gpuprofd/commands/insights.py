@@ -116,6 +116,11 @@ def rank_comm(conn: sqlite3.Connection, run: dict[str, Any]) -> dict[str, Any] |
     return out if any(v is not None for v in out.values()) else None
 
 
+def _plain(d: dict[str, Any]) -> dict[str, Any]:
+    """*d* as JSON gives it back: the group rules key evidence by rank (int)."""
+    return orjson.loads(orjson.dumps(d, option=orjson.OPT_NON_STR_KEYS, default=str))
+
+
 def load_group(db: Path, group: str) -> dict[str, Any]:
     """A group's status (:func:`gpuprofd.dbread.group_status`), its findings
     (:func:`gpuprof.insights.distributed.group_rules` over
@@ -146,7 +151,8 @@ def load_group(db: Path, group: str) -> dict[str, Any]:
         })  # fmt: skip
     return {
         "group": group, **dbread.group_status([r["status"] for r in ranks]),
-        "insights": [i.to_dict() for i in found], "missing_ranks": dbread.missing_ranks(runs),
+        "insights": [_plain(i.to_dict()) for i in found],
+        "missing_ranks": dbread.missing_ranks(runs),
         "ranks": ranks,
     }  # fmt: skip
 
