@@ -22,7 +22,9 @@ How (all in one daemon thread; :meth:`ClockAligner.start` only starts it):
    t1 and sends; the peer reads t2 on receipt and t3 just before replying;
    rank 0 reads t4 on receipt), computes :func:`gpuprof.comm.ntp_offset` and
    sends the peer its offset. Every rank then calls ``on_result`` once (rank
-   0 with offset 0, uncertainty 0). Every wait is ``work.wait(timeout)``.
+   0 with offset 0, uncertainty 0). Every wait is ``work.wait(timeout)``; a
+   peer waits for its turn (a ``turn/<rank>`` key) by polling the store, so
+   it never sits in gloo while rank 0 serves the ranks before it.
 
 Why arrival is polled (measured with torch 2.13, gloo, ``torchrun
 --standalone``, 2026-11-30):
@@ -38,6 +40,22 @@ Why arrival is polled (measured with torch 2.13, gloo, ``torchrun
   ``store.check`` returns at once, so the lock is held for one round trip
   per poll; the group is built only once every rank has arrived, when its
   rendezvous takes milliseconds.
+
+A gloo wait cannot be sliced: a ``recv().wait()`` that times out closes the
+pair (the peer's next send fails "Connection closed by peer"), and neither
+``abort()`` nor ``shutdown()`` wakes this process's own waiter. So the thread
+enters gloo only when the other side is known to be there, and an ``atexit``
+hook stops it before the interpreter finalizes (see :func:`_stop_all_at_exit`).
+
+Measured (``bench/clock_align.py``, 2-vCPU VM shared with other test runs,
+load 5-7, 2026-11-30; offsets of +5 s / -3 ms / 0 injected): offset error
+|measured - injected| 1.4-4.6 µs (median 2.9), reported uncertainty
+13-17 µs (best round trip 26-35 µs); alignment 10-42 ms from ``start()`` to
+the result with 2 or 4 ranks, of which the exchanges are 4-36 ms;
+``start()`` itself 0.2-1 ms on the training thread (the thread start).
+While the training thread computes (``--busy``), the aligner waits for the
+GIL: 0.2-1.3 s, and the best round trip, hence the uncertainty, grows
+(once to 3 ms, error 1 ms: still within it).
 
 The default store's timeout is never changed. Nothing here raises: failures
 become :attr:`ClockAligner.note`; ``close()`` returns within about a second.
@@ -120,6 +138,16 @@ def _install_exit_hook() -> None:
             _exit_hook = True
 
 
+def _writable(tensor: Any) -> Any:
+    """A numpy view of *tensor* (item assignment ~0.3 µs, the tensor's own
+    ~2.5 µs: between t3 and the send it would skew the offset by half), or
+    the tensor itself without numpy."""
+    try:
+        return tensor.numpy()
+    except Exception:
+        return tensor
+
+
 class _Stopped(Exception):
     """close() was called while the thread was still working."""
 
@@ -150,6 +178,8 @@ class ClockAligner:
         elapsed_ms: how long alignment took, from :meth:`start` to the result
             or the failure (None while it runs).
         wait_ms: the part of it spent waiting for the other ranks to arrive.
+        connect_ms: the part spent building the private gloo group and
+            passing its barrier.
     """
 
     def __init__(
@@ -166,6 +196,7 @@ class ClockAligner:
         self.note: str | None = None
         self.elapsed_ms: float | None = None
         self.wait_ms: float | None = None
+        self.connect_ms: float | None = None
         self.rank: int | None = None
         self.world_size: int | None = None
         self._stop = threading.Event()
@@ -240,6 +271,10 @@ class ClockAligner:
         if self.note is None:
             self.note = _sentence(text)
 
+    def _ms(self) -> float:
+        """Milliseconds since :meth:`start` (the real clock, not ``clock``)."""
+        return (time.monotonic_ns() - self._t0_ns) / 1e6
+
     def _check_stop(self) -> None:
         if self._stop.is_set():
             raise _Stopped
@@ -254,12 +289,13 @@ class ClockAligner:
             self._check_stop()
             pg = dist.ProcessGroupGloo(store, rank, world, timeout)
             pg.barrier().wait(timeout)
+            self.connect_ms = self._ms() - (self.wait_ms or 0.0)
             self._check_stop()
             if rank == 0:
                 offset = self._lead(torch, pg, store, world, op_timeout)
             else:
                 offset = self._follow(torch, pg, store, rank, op_timeout)
-            self.elapsed_ms = (time.monotonic_ns() - self._t0_ns) / 1e6
+            self.elapsed_ms = self._ms()
             self._deliver(offset)
         except _Stopped:
             self._set_note("clock alignment did not finish before the run ended")
@@ -271,7 +307,7 @@ class ClockAligner:
         finally:
             pg = None  # drop the private group (its gloo pairs close with it)
             if self.elapsed_ms is None:
-                self.elapsed_ms = (time.monotonic_ns() - self._t0_ns) / 1e6
+                self.elapsed_ms = self._ms()
 
     def _poll(self, store: Any, keys: list[str]) -> bool:
         """Wait until every key of *keys* is set (True) or ``timeout_s`` has
@@ -308,7 +344,7 @@ class ClockAligner:
                 f"{named} did not start gpuprof within {self._timeout_s:g} s"
             )
         finally:
-            self.wait_ms = (time.monotonic_ns() - self._t0_ns) / 1e6
+            self.wait_ms = self._ms()
 
     def _lead(self, torch: Any, pg: Any, store: Any, world: int, timeout: timedelta) -> ClockOffset:
         """Rank 0: exchanges with each peer in turn, sends each its offset."""
@@ -324,9 +360,10 @@ class ClockAligner:
                 ping[0] = i
                 recv = pg.recv([reply], peer, _TAG_PING)  # posted before t1
                 t1 = clock()
-                pg.send([ping], peer, _TAG_PING).wait(timeout)
+                send = pg.send([ping], peer, _TAG_PING)
                 recv.wait(timeout)
                 t4 = clock()
+                send.wait(timeout)
                 t2, t3 = reply.tolist()
                 exchanges.append((t1, t2, t3, t4))
             made += len(exchanges)
@@ -352,12 +389,17 @@ class ClockAligner:
         clock = self._clock
         ping = torch.zeros(2, dtype=torch.int64)
         reply = torch.zeros(2, dtype=torch.int64)
-        for _ in range(ALIGN_ROUND_TRIPS):
+        stamps = _writable(reply)
+        recv = pg.recv([ping], 0, _TAG_PING)  # posted before rank 0 sends, as it does
+        for i in range(ALIGN_ROUND_TRIPS):
             self._check_stop()
-            pg.recv([ping], 0, _TAG_PING).wait(timeout)
-            reply[0] = clock()  # t2: on receipt
-            reply[1] = clock()  # t3: just before replying
-            pg.send([reply], 0, _TAG_PING).wait(timeout)
+            recv.wait(timeout)
+            stamps[0] = clock()  # t2: on receipt
+            stamps[1] = clock()  # t3: just before replying
+            send = pg.send([reply], 0, _TAG_PING)
+            if i + 1 < ALIGN_ROUND_TRIPS:
+                recv = pg.recv([ping], 0, _TAG_PING)
+            send.wait(timeout)
         row = torch.zeros(5, dtype=torch.int64)
         pg.recv([row], 0, _TAG_RESULT).wait(timeout)
         ok, offset_ns, uncertainty_ns, rtt_ns, round_trips = row.tolist()
