@@ -347,6 +347,14 @@ class CommTimer:
         made can still be attached."""
         self.recording = False
 
+    def close(self) -> None:
+        """After the last steps were sent: forget what is left (the hooks
+        keep this timer alive as long as their DDPs live)."""
+        self.recording = False
+        self.on_ddp = None
+        with self._lock:
+            self._records.clear()
+
     def notice(self, text: str) -> None:
         """Log *text* once and keep it for the run summary."""
         if text not in self.notes:

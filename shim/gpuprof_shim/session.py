@@ -718,6 +718,8 @@ class Profiler:
         try:
             self._unpatch()
             self._close_aligner()
+            if self._comm is not None:
+                self._comm.close()
             if self.sender is not None:
                 self.sender.close()
         finally:
