@@ -279,8 +279,8 @@ def missing_ranks(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     the local ranks below its ``local_world_size`` with no run; on a group
     that lives on one node (``world_size == local_world_size``) also named by
     global rank (one node: local rank = rank). Each: ``rank`` (global, None
-    when unknown), ``local_rank``,
-    ``host``, ``message`` ("rank 3 never reported (...)")."""
+    when unknown), ``local_rank``, ``host``, ``message`` ("rank 3 never
+    reported (...)")."""
     by_host: dict[Any, list[dict[str, Any]]] = {}
     for run in runs:
         by_host.setdefault(run.get("host"), []).append(run)

@@ -135,8 +135,8 @@ CREATE TABLE IF NOT EXISTS runs (
     boot_id TEXT,                    -- the node's boot (gpuprofd.boot): *_mono_ns restart per boot
     group_id TEXT,                   -- torchrun's run id or profile(group=); NULL: its own group
     local_world_size INTEGER,        -- ranks on this node (LOCAL_WORLD_SIZE)
-    clock_offset_ns INTEGER,         -- this rank's monotonic clock minus the reference
-                                     -- rank's (t - offset is on its clock); NULL: not measured
+    clock_offset_ns INTEGER,         -- this rank's monotonic clock minus the reference rank's:
+                                     -- t - offset is t on that clock; NULL: not measured
     clock_uncertainty_ns INTEGER,    -- the offset is good to +/- this
     clock_rtt_ns INTEGER, clock_round_trips INTEGER, clock_reference_rank INTEGER
 );
