@@ -6,12 +6,14 @@ what makes their timings comparable (:class:`gpuprof.comm.ClockOffset`).
 
 How (all in one daemon thread; :meth:`ClockAligner.start` only starts it):
 
-1. *Arrival.* Every rank sets ``arrived/<rank>`` under the private prefix
-   ``gpuprof/clock/<seq>/`` of the default process group's store and polls
-   (``store.check``, never ``store.wait``) until every rank's key is there,
-   for at most ``timeout_s``. Not every rank may run gpuprof (``if rank == 0:
-   with gpuprof.profile(...)``): a rank left alone gives up with a
-   :attr:`~ClockAligner.note` naming the missing ranks, and deletes its key.
+1. *Arrival.* Every rank counts itself in (``add("arrived", 1)``, and sets
+   ``arrived/<rank>``) under the private prefix ``gpuprof/clock/<seq>/`` of
+   the default process group's store, and polls the counter (``add(key,
+   0)``, never ``store.wait``) until every rank is in, for at most
+   ``timeout_s``. Not every rank may run gpuprof (``if rank == 0: with
+   gpuprof.profile(...)``): a rank left alone gives up with a
+   :attr:`~ClockAligner.note` naming the missing ranks, and counts itself
+   out. Polls back off to 50 ms (longer beyond 64 ranks: :func:`_poll_cap`).
 2. *A private gloo group* over that prefix:
    ``ProcessGroupGloo(PrefixStore(...), rank, world, timeout)``. Neither the
    user's default group (a collective there would pair with the user's own)
@@ -23,8 +25,9 @@ How (all in one daemon thread; :meth:`ClockAligner.start` only starts it):
    rank 0 reads t4 on receipt), computes :func:`gpuprof.comm.ntp_offset` and
    sends the peer its offset. Every rank then calls ``on_result`` once (rank
    0 with offset 0, uncertainty 0). Every wait is ``work.wait(timeout)``; a
-   peer waits for its turn (a ``turn/<rank>`` key) by polling the store, so
-   it never sits in gloo while rank 0 serves the ranks before it.
+   peer waits for its turn (rank 0's ``serving`` counter) by polling the
+   store, about once per peer ahead of it, so it never sits in gloo while
+   rank 0 serves the ranks before it.
 
 Why arrival is polled (measured with torch 2.13, gloo, ``torchrun
 --standalone``, 2026-11-30):
@@ -37,8 +40,8 @@ Why arrival is polled (measured with torch 2.13, gloo, ``torchrun
   ``store.set`` took 3.5 s. Constructing the gloo group while a peer is
   missing would therefore stall the user's own store calls (``new_group``,
   checkpointing) for up to the timeout, and print a c10d timeout warning.
-  ``store.check`` returns at once, so the lock is held for one round trip
-  per poll; the group is built only once every rank has arrived, when its
+  ``store.add(key, 0)`` and ``store.check`` return at once, so the lock
+  is held for one round trip per poll; the group is built only once every rank has arrived, when its
   rendezvous takes milliseconds.
 
 A gloo wait cannot be sliced: a ``recv().wait()`` that times out closes the
@@ -51,7 +54,8 @@ Measured (``bench/clock_align.py``, 2-vCPU VM shared with other test runs,
 load 5-7, 2026-11-30; offsets of +5 s / -3 ms / 0 injected): offset error
 |measured - injected| 1.4-4.6 µs (median 2.9), reported uncertainty
 13-17 µs (best round trip 26-35 µs); alignment 10-42 ms from ``start()`` to
-the result with 2 or 4 ranks, of which the exchanges are 4-36 ms;
+the result with 2 or 4 ranks, of which the exchanges are 4-36 ms (8 ranks:
+84 ms, ~10 ms per peer, error <= 3.7 µs, uncertainty <= 33 µs);
 ``start()`` itself 0.2-1 ms on the training thread (the thread start).
 While the training thread computes (``--busy``), the aligner waits for the
 GIL: 0.2-1.3 s, and the best round trip, hence the uncertainty, grows
@@ -83,8 +87,13 @@ log = logging.getLogger("gpuprof.shim")
 #: of their script; a minute covers uneven model loading without keeping a
 #: lone rank's thread polling for long (one ``store.check`` per 50 ms).
 ALIGN_TIMEOUT_S = 60.0
-#: Arrival polling: first interval, growth factor and cap, seconds.
-_POLL_FIRST_S, _POLL_GROWTH, _POLL_MAX_S = 0.002, 1.5, 0.05
+#: Store polling: first interval and growth factor, seconds (the cap is
+#: :func:`_poll_cap`).
+_POLL_FIRST_S, _POLL_GROWTH = 0.001, 1.5
+#: Rank 0's exchanges with one peer take about this long (4-36 ms measured
+#: on a loaded 2-vCPU VM): a peer waiting for its turn polls about once per
+#: peer ahead of it.
+_SERVICE_GUESS_S = 0.005
 #: Once a peer's turn has come, each send or receive takes well under a
 #: millisecond on a healthy network: a wait this long means a peer is gone.
 _OP_TIMEOUT_S = 5.0
@@ -148,6 +157,13 @@ def _writable(tensor: Any) -> Any:
         return tensor
 
 
+def _poll_cap(world: int) -> float:
+    """Longest pause between two polls of the store, seconds: 50 ms up to 64
+    ranks, longer beyond (at most 1 s), so that a whole job polls the store
+    about 1,300 times a second however many ranks wait."""
+    return min(1.0, 0.05 * max(1.0, world / 64))
+
+
 class _Stopped(Exception):
     """close() was called while the thread was still working."""
 
@@ -200,7 +216,7 @@ class ClockAligner:
         self.rank: int | None = None
         self.world_size: int | None = None
         self._stop = threading.Event()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # close() may come from on_result
         self._closed = False
         self._thread: threading.Thread | None = None
         self._t0_ns = 0
@@ -294,7 +310,7 @@ class ClockAligner:
             if rank == 0:
                 offset = self._lead(torch, pg, store, world, op_timeout)
             else:
-                offset = self._follow(torch, pg, store, rank, op_timeout)
+                offset = self._follow(torch, pg, store, rank, world, op_timeout)
             self.elapsed_ms = self._ms()
             self._deliver(offset)
         except _Stopped:
@@ -309,31 +325,48 @@ class ClockAligner:
             if self.elapsed_ms is None:
                 self.elapsed_ms = self._ms()
 
-    def _poll(self, store: Any, keys: list[str]) -> bool:
-        """Wait until every key of *keys* is set (True) or ``timeout_s`` has
-        passed (False), with ``store.check`` (returns at once: the store's
-        client lock is held for one round trip, not for the wait)."""
+    def _poll(self, ready: Callable[[], float | None]) -> bool:
+        """Call *ready* until it returns None (True), sleeping the seconds
+        it returns otherwise, or until ``timeout_s`` has passed (False).
+        *ready* reads the store with calls that return at once (``add(key,
+        0)``, ``check``): the store's client lock is held for one round trip
+        per poll, never for the wait."""
         deadline = time.monotonic() + self._timeout_s
-        poll = _POLL_FIRST_S
-        while not store.check(keys):
+        while True:
+            pause = ready()
+            if pause is None:
+                return True
             if time.monotonic() >= deadline:
-                return bool(store.check(keys))
-            if self._stop.wait(poll):
+                return False
+            if self._stop.wait(pause):
                 raise _Stopped
-            poll = min(_POLL_MAX_S, poll * _POLL_GROWTH)
-        return True
 
     def _arrive(self, store: Any, rank: int, world: int) -> None:
-        """Announce this rank and wait until every rank has, or time out."""
+        """Announce this rank and wait until every rank has, or time out.
+        One counter is polled (``arrived/<rank>`` keys only name the missing
+        ranks in the note)."""
         mine = f"arrived/{rank}"
-        keys = [f"arrived/{r}" for r in range(world)]
         store.set(mine, b"1")
+        store.add("arrived", 1)
+        cap = _poll_cap(world)
+        pause = _POLL_FIRST_S
+
+        def ready() -> float | None:
+            nonlocal pause
+            if store.add("arrived", 0) >= world:
+                return None
+            pause = min(cap, pause * _POLL_GROWTH)
+            return pause
+
         try:
-            if self._poll(store, keys):
+            if self._poll(ready):
                 return
-            missing = [r for r in range(world) if not store.check([keys[r]])]
-            try:
-                store.delete_key(mine)  # a late rank must not count on us
+            missing = [r for r in range(world) if not store.check([f"arrived/{r}"])]
+            if not missing:  # the last one arrived just now
+                return
+            try:  # a late rank must not count on us
+                store.add("arrived", -1)
+                store.delete_key(mine)
             except Exception:
                 pass
             named = ", ".join(map(str, missing[:_NOTE_RANKS]))
@@ -353,7 +386,7 @@ class ClockAligner:
         reply = torch.zeros(2, dtype=torch.int64)
         made = 0
         for peer in range(1, world):
-            store.set(f"turn/{peer}", b"1")  # the peer waits for this, not in gloo
+            store.add("serving", 1)  # == peer: it waits for this, not in gloo
             exchanges = []
             for i in range(ALIGN_ROUND_TRIPS):
                 self._check_stop()
@@ -377,11 +410,20 @@ class ClockAligner:
         return ClockOffset(0, 0, 0, min(made, _MAX_ROUND_TRIPS), 0)
 
     def _follow(
-        self, torch: Any, pg: Any, store: Any, rank: int, timeout: timedelta
+        self, torch: Any, pg: Any, store: Any, rank: int, world: int, timeout: timedelta
     ) -> ClockOffset:
         """A peer: answers rank 0's pings once its turn has come, then
         receives its offset."""
-        if not self._poll(store, [f"turn/{rank}"]):
+        cap = _poll_cap(world)
+
+        def ready() -> float | None:
+            ahead = rank - store.add("serving", 0)  # peers rank 0 serves before us
+            if ahead <= 0:
+                return None
+            # about one peer's exchanges apart; the next in line polls fast
+            return min(cap, max(_POLL_FIRST_S, (ahead - 1) * _SERVICE_GUESS_S))
+
+        if not self._poll(ready):
             raise TimeoutError(
                 f"clock alignment failed on rank {rank}: rank 0 did not reach it "
                 f"within {self._timeout_s:g} s"

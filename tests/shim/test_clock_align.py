@@ -244,3 +244,17 @@ def test_a_failing_callback_becomes_a_note_and_close_silences_late_results() -> 
     with pytest.raises(clock_align._Stopped):  # the thread turns it into its note
         late._deliver(offset)
     assert calls == [] and late.result is None
+
+
+def test_close_from_on_result_does_not_wait_for_itself() -> None:
+    offset = ClockOffset(7, 1, 2, ALIGN_ROUND_TRIPS)
+    al = ClockAligner(lambda o: al.close())
+    t = time.monotonic()
+    al._deliver(offset)
+    assert time.monotonic() - t < 0.5 and al.result == offset and al.note is None
+
+
+def test_poll_cap_keeps_the_job_wide_poll_rate_bounded() -> None:
+    assert clock_align._poll_cap(2) == clock_align._poll_cap(64) == 0.05
+    assert clock_align._poll_cap(1024) == pytest.approx(0.8)
+    assert clock_align._poll_cap(100_000) == 1.0
