@@ -85,7 +85,7 @@ log = logging.getLogger("gpuprof.shim")
 #: How long a rank waits for the others (arrival), and then for each
 #: exchange, seconds. Ranks enter ``gpuprof.profile`` at about the same point
 #: of their script; a minute covers uneven model loading without keeping a
-#: lone rank's thread polling for long (one ``store.check`` per 50 ms).
+#: lone rank's thread polling for long (one store poll per 50 ms).
 ALIGN_TIMEOUT_S = 60.0
 #: Store polling: first interval and growth factor, seconds (the cap is
 #: :func:`_poll_cap`).
@@ -127,7 +127,8 @@ def _stop_all_at_exit() -> None:
     pybind11's GIL guard aborts the process ("terminate called without an
     active exception", SIGABRT: measured with a rank exiting while its thread
     sat in ``recv().wait()``). Stopped, the thread leaves at its next check:
-    between exchanges (a round trip: microseconds) or polls (<= 50 ms).
+    between exchanges (a round trip: microseconds) or at once from a poll's
+    pause (an ``Event.wait``).
     """
     deadline = time.monotonic() + _CLOSE_WAIT_S
     aligners = list(_live)
@@ -166,6 +167,15 @@ def _poll_cap(world: int) -> float:
 
 class _Stopped(Exception):
     """close() was called while the thread was still working."""
+
+
+def _reason(exc: BaseException) -> str:
+    """``Type: message`` without the ``[/path/file.cc:123] `` c10d and gloo
+    put in front."""
+    text = str(exc).strip()
+    if text.startswith("[") and "] " in text[:300]:
+        text = text.split("] ", 1)[1]
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def _sentence(text: str, limit: int = 240) -> str:
@@ -255,7 +265,7 @@ class ClockAligner:
             thread.start()
             return True
         except Exception as exc:  # never break the run
-            self._set_note(f"clock alignment skipped: {type(exc).__name__}: {exc}")
+            self._set_note(f"clock alignment skipped: {_reason(exc)}")
             log.debug("clock alignment not started", exc_info=True)
             return False
 
@@ -263,11 +273,12 @@ class ClockAligner:
         """Stop: no ``on_result`` after this returns. Waits at most about a
         second for the thread (a thread inside a gloo wait ends on its own
         timeout; it is a daemon thread)."""
+        deadline = time.monotonic() + _CLOSE_WAIT_S
         self._stop.set()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(_CLOSE_WAIT_S)
-        got = self._lock.acquire(timeout=_CLOSE_WAIT_S)
+        got = self._lock.acquire(timeout=max(0.01, deadline - time.monotonic()))
         try:
             self._closed = True
         finally:
@@ -318,7 +329,7 @@ class ClockAligner:
         except TimeoutError as exc:
             self._set_note(str(exc))
         except Exception as exc:
-            self._set_note(f"clock alignment failed on rank {rank}: {type(exc).__name__}: {exc}")
+            self._set_note(f"clock alignment failed on rank {rank}: {_reason(exc)}")
             log.debug("clock alignment failed", exc_info=True)
         finally:
             pg = None  # drop the private group (its gloo pairs close with it)
@@ -457,4 +468,4 @@ class ClockAligner:
             try:
                 self._on_result(offset)
             except Exception as exc:
-                self._set_note(f"clock alignment result not recorded: {type(exc).__name__}: {exc}")
+                self._set_note(f"clock alignment result not recorded: {_reason(exc)}")

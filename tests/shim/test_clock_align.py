@@ -201,6 +201,7 @@ def test_a_rank_exiting_mid_exchange_neither_aborts_nor_hangs_the_others(
     (rec,) = records[1 - exit_rank]
     assert rec["result"] is None and rec["calls"] == 0, rec
     assert rec["note"].startswith(f"clock alignment failed on rank {1 - exit_rank}: "), rec
+    assert "pair.cc" not in rec["note"], rec  # gloo's source location is left out
     assert rec["elapsed_ms"] < 10_000, rec  # the closed connection, not a timeout
     assert wall < 60
 
@@ -252,6 +253,13 @@ def test_close_from_on_result_does_not_wait_for_itself() -> None:
     t = time.monotonic()
     al._deliver(offset)
     assert time.monotonic() - t < 0.5 and al.result == offset and al.note is None
+
+
+def test_reasons_leave_out_source_locations() -> None:
+    exc = RuntimeError("[/__w/pytorch/third_party/gloo/pair.cc:553] Connection closed by peer")
+    assert clock_align._reason(exc) == "RuntimeError: Connection closed by peer"
+    assert clock_align._reason(ValueError("[x] y")) == "ValueError: y"
+    assert clock_align._reason(TimeoutError()) == "TimeoutError"
 
 
 def test_poll_cap_keeps_the_job_wide_poll_rate_bounded() -> None:
