@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import replace
 
@@ -224,8 +225,8 @@ def test_bucket_skew_names_rank_0_and_bucket_3():
 
 
 def test_bucket_skew_on_finish():
-    # rank 2's collectives finish 3 ms after the others' (starts are even)
-    ranks = [make_rank(r, seed=r, end_shift_ms=3.0 if r == 2 else 0.0) for r in range(4)]
+    # rank 2's collectives finish 5 ms after the others' (starts are even)
+    ranks = [make_rank(r, seed=r, end_shift_ms=5.0 if r == 2 else 0.0) for r in range(4)]
     ins = bucket_skew(group(*ranks))
     assert ins is not None
     assert ins.evidence["rank"] == 2
@@ -267,8 +268,24 @@ def test_straggler_hides_bucket_skew_over_all_its_buckets():
     ctx = torchrun_straggler()
     ins = bucket_skew(ctx)  # rank 1 launches every bucket late
     assert ins is not None and ins.evidence["rank"] == 1
-    assert len(ins.evidence["late_buckets"]) >= 3
+    assert len(ins.evidence["late_buckets"]) >= 3 and ins.evidence["lateness_share"] < 0.5
     assert "bucket_skew" not in {i.rule for i in group_rules(ctx)}
+
+
+def test_one_late_bucket_is_its_own_finding_beside_the_straggler_it_makes():
+    # rank 0 sleeps 30 ms right before its last bucket (as the torchrun test's
+    # hook does) and is 2 ms late on two other buckets from CPU contention: the
+    # straggler rule fires (its backward is 30 ms longer) and the one late
+    # bucket stays a finding of its own
+    last = BUCKETS - 1
+    slow = make_rank(0, seed=20, comm_ms=5.0, start_delay_ms={1: 2.0, 2: 2.0, last: 30.0})
+    slow = dataclasses.replace(slow, backward_ms=tuple(b + 30.0 for b in slow.backward_ms))
+    ranks = [slow, make_rank(1, seed=21, backward_ms=40.0, comm_ms=35.0)]
+    found = {i.rule: i for i in group_rules(group(*ranks))}
+    assert found["straggler_rank"].evidence["rank"] == 0
+    skew = found["bucket_skew"].evidence
+    assert (skew["rank"], skew["bucket"]) == (0, last)
+    assert skew["late_buckets"] == [last] and skew["lateness_share"] > 0.8
 
 
 # --- rank_skew -------------------------------------------------------------
