@@ -443,8 +443,9 @@ class Profiler:
     def _start_aligner(self) -> None:
         """Measure this rank's clock offset against rank 0 in the background
         (once per profile: at the start in a process group, else when the
-        first DDP is found); the result goes out as a ``clock`` event."""
-        if self._aligner_tried or self.sender is None:
+        first DDP is found); the result goes out as a ``clock`` event. Not
+        with ``time_comm=False``: the offsets only serve the comm timings."""
+        if self._aligner_tried or self.sender is None or not self.time_comm:
             return
         self._aligner_tried = True
         try:

@@ -1,0 +1,145 @@
+"""Comm-timing overhead: DDP step time with and without gpuprof's comm hook
+and clock alignment, 2 ranks on gloo (CPU), in one ``torchrun`` job.
+
+Each rank trains two identical DDP models in interleaved blocks, each block
+under its own ``gpuprof.profile``: ``time_comm=False`` (no comm hook, no
+clock alignment) on one model, the default (per-bucket comm hook, clock
+alignment at the profile's start) on the other. Prints, from one run on this
+machine: per rank the median step time of each mode and their ratio (target:
+<= 1.02, issue 6), the buckets timed per step, and the clock alignment's
+start-up cost (ms, from the profile's start to its result).
+
+    python bench/comm_overhead.py [--blocks 6] [--steps 40] [--nproc 2]
+
+A real gpuprofd runs in a temporary socket directory for the job and is
+stopped at the end. Not a test: these machines are noisy, so read the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from statistics import median
+
+WORKER = r"""
+import json, os, sys, time
+import torch
+import torch.distributed as dist
+from torch import nn
+import gpuprof
+
+blocks, steps = int(sys.argv[1]), int(sys.argv[2])
+torch.manual_seed(0)
+torch.set_num_threads(1)
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+
+def ddp():
+    torch.manual_seed(0)
+    net = nn.Sequential(*[m for _ in range(6) for m in (nn.Linear(256, 256), nn.ReLU())])
+    model = nn.parallel.DistributedDataParallel(net, bucket_cap_mb=0.3)
+    return model, torch.optim.SGD(model.parameters(), lr=1e-4)
+
+models = {"off": ddp(), "on": ddp()}
+x = torch.randn(128, 256)
+times = {"off": [], "on": []}
+align_ms, buckets = [], []
+for block in range(blocks):
+    for mode in (("off", "on") if block % 2 == 0 else ("on", "off")):
+        model, opt = models[mode]
+        start = time.perf_counter()
+        with gpuprof.profile(f"bench-comm-{mode}", print_summary=False,
+                             time_comm=mode == "on") as prof:
+            for i in range(steps):
+                t = time.perf_counter()
+                model(x).square().mean().backward()
+                opt.step()
+                opt.zero_grad()
+                if block > 0 or i >= 5:  # warm-up: DDP rebuilds its buckets after step 0
+                    times[mode].append((time.perf_counter() - t) * 1e3)
+            aligner = getattr(prof, "_aligner", None)
+            if mode == "on" and aligner is not None and aligner.result is not None:
+                align_ms.append(aligner.elapsed_ms)
+print("RESULT " + json.dumps({"rank": rank, "times": times, "align_ms": align_ms}), flush=True)
+dist.destroy_process_group()
+"""
+
+
+def _ping(socket_dir: Path) -> bool:
+    from gpuprofd import client
+    from gpuprofd.errors import NoDaemonError
+
+    try:
+        return client.ping(socket_dir, 0.3) is not None
+    except NoDaemonError:
+        return False
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--blocks", type=int, default=6, help="interleaved block pairs")
+    ap.add_argument("--steps", type=int, default=40, help="steps per block")
+    ap.add_argument("--nproc", type=int, default=2, help="ranks")
+    args = ap.parse_args()
+
+    tmp = Path(tempfile.mkdtemp(prefix="gpbc", dir="/tmp"))
+    env = {**os.environ, "GPUPROF_SOCKET": str(tmp / "s"), "GPUPROF_DB": str(tmp / "bench.db"),
+           "OMP_NUM_THREADS": "1"}  # fmt: skip
+    daemon = subprocess.Popen(
+        [sys.executable, "-m", "gpuprofd", "--socket-dir", str(tmp / "s"), "--db",
+         str(tmp / "bench.db"), "--idle-exit", "0"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 20
+        while not _ping(tmp / "s"):
+            if time.monotonic() > deadline:
+                sys.exit("gpuprofd did not start")
+            time.sleep(0.05)
+        script = tmp / "worker.py"
+        script.write_text(WORKER)
+        torchrun = Path(sys.executable).with_name("torchrun")
+        t = time.monotonic()
+        out = subprocess.run(
+            [str(torchrun), "--standalone", f"--nproc-per-node={args.nproc}", str(script),
+             str(args.blocks), str(args.steps)],
+            env=env, capture_output=True, text=True, timeout=1800,
+        )  # fmt: skip
+        if out.returncode != 0:
+            sys.exit(f"torchrun failed:\n{out.stderr[-3000:]}")
+        results = [json.loads(line.split("RESULT ", 1)[1])
+                   for line in out.stdout.splitlines() if "RESULT " in line]  # fmt: skip
+        print(f"{args.nproc} ranks, gloo, CPU; {args.blocks} interleaved block pairs of "
+              f"{args.steps} steps ({time.monotonic() - t:.0f} s)")  # fmt: skip
+        for r in sorted(results, key=lambda r: r["rank"]):
+            off, on = median(r["times"]["off"]), median(r["times"]["on"])
+            align = r["align_ms"]
+            cost = f"{median(align):.1f} ms (median of {len(align)})" if align else "n/a"
+            print(f"  rank {r['rank']}: step {off:.2f} ms without comm timing, {on:.2f} ms "
+                  f"with: ratio {on / off:.3f}; clock alignment start-up {cost}")  # fmt: skip
+        from gpuprofd.dbread import open_ro
+
+        conn = open_ro(tmp / "bench.db")
+        row = conn.execute(
+            "SELECT COUNT(*) AS n, COUNT(DISTINCT run_id || '-' || step) AS steps "
+            "FROM comm_buckets"
+        ).fetchone()
+        conn.close()
+        if row["steps"]:
+            print(f"  buckets timed: {row['n']} over {row['steps']} steps "
+                  f"({row['n'] / row['steps']:.1f} per step)")  # fmt: skip
+    finally:
+        daemon.terminate()
+        daemon.wait(20)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
