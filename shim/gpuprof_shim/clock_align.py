@@ -58,8 +58,8 @@ the result with 2 or 4 ranks, of which the exchanges are 4-36 ms (8 ranks:
 84 ms, ~10 ms per peer, error <= 3.7 µs, uncertainty <= 33 µs);
 ``start()`` itself 0.2-1 ms on the training thread (the thread start).
 While the training thread computes (``--busy``), the aligner waits for the
-GIL: 0.2-1.3 s, and the best round trip, hence the uncertainty, grows
-(once to 3 ms, error 1 ms: still within it).
+GIL: 35-124 ms at load 3.7, 0.2-1.3 s at load 7, and the best round trip,
+hence the uncertainty, can grow (once to 3 ms, error 1 ms: still within it).
 
 The default store's timeout is never changed. Nothing here raises: failures
 become :attr:`ClockAligner.note`; ``close()`` returns within about a second.
