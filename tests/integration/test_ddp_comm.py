@@ -1,7 +1,8 @@
 """torchrun (2 ranks, gloo, CPU) under ``gpuprof.profile``: the shim times
-each DDP gradient bucket's all-reduce and each synced step's breakdown, as
-the daemon stores it, gains a ``comm`` phase (exposed comm, out of
-``backward``); micro-batches under ``no_sync()`` add none."""
+each DDP gradient bucket's all-reduce, the daemon stores the buckets per
+step, and each step's breakdown gains a ``comm`` phase (exposed comm, out of
+``backward``); micro-batches under ``no_sync()`` communicate nothing; a comm
+hook the user registered before gpuprof keeps training exactly as it was."""
 
 from __future__ import annotations
 
@@ -9,13 +10,18 @@ import json
 
 from tests.integration.conftest import Node
 
-#: A tiny DDP model, 8 steps of 2 micro-batches (the first under no_sync),
-#: then 4 plain steps; each rank writes its final parameters' checksum.
+#: 4 micro-batches per step, the first 3 under no_sync(); each rank writes,
+#: per step, when its 4th micro-batch's backward started, and at the end its
+#: parameters' checksum. USER_HOOK=1: a comm hook (the default all-reduce,
+#: counting its calls) registered before the profile. NO_GPUPROF=1: no profile.
 DDP = r"""
+import json, os, time
+from contextlib import nullcontext
 from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 import gpuprof
 
 torch.manual_seed(0)
@@ -23,37 +29,85 @@ torch.set_num_threads(1)
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 model = nn.parallel.DistributedDataParallel(
-    nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4)), bucket_cap_mb=0.005)
+    nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4)),
+    bucket_cap_mb=0.01)
+calls = []
+if os.environ.get("USER_HOOK"):
+    def counting_hook(state, bucket):
+        calls.append(bucket.index())
+        return default_hooks.allreduce_hook(state, bucket)
+    model.register_comm_hook(None, counting_hook)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 g = torch.Generator().manual_seed(rank)
-with gpuprof.profile("ddp-comm", print_summary=False) as prof:
-    for step in range(12):
-        if step < 8:
-            with model.no_sync():
-                model(torch.randn(16, 32, generator=g)).square().mean().backward()
-        model(torch.randn(16, 32, generator=g)).square().mean().backward()
+synced_at = []
+prof = (nullcontext() if os.environ.get("NO_GPUPROF")
+        else gpuprof.profile("ddp-comm", print_summary=False))
+with prof:
+    for step in range(10):
+        for micro in range(4):
+            sync = micro == 3
+            with nullcontext() if sync else model.no_sync():
+                loss = model(torch.randn(16, 32, generator=g)).square().mean()
+                if sync:
+                    synced_at.append(time.monotonic_ns())
+                loss.backward()
         opt.step()
         opt.zero_grad()
 with torch.no_grad():
     total = float(sum(p.double().sum() for p in model.parameters()))
-Path(f"checksum-{rank}").write_text(repr(total))
+Path(f"out-{rank}.json").write_text(json.dumps(
+    {"checksum": total, "synced_at": synced_at, "hook_calls": len(calls)}))
 dist.destroy_process_group()
 """
 
 
-def test_synced_steps_carry_exposed_comm(node: Node):
-    out = node.torchrun(DDP, 2, timeout=90)
+def _run(node: Node, **env: str) -> dict[int, dict]:
+    """Each rank's output, and (key "stderr") what the job printed there."""
+    out = node.torchrun(DDP, 2, env, timeout=90)
     assert out.returncode == 0, out.stderr[-3000:]
-    sums = {(node.workdir / f"checksum-{r}").read_text() for r in (0, 1)}
-    assert len(sums) == 1  # the ranks' parameters agree: gradients were all-reduced
+    outs: dict = {r: json.loads((node.workdir / f"out-{r}.json").read_text()) for r in (0, 1)}
+    outs["stderr"] = out.stderr
+    return outs
+
+
+def test_only_the_synchronizing_micro_step_communicates(node: Node):
+    outs = _run(node)
+    assert outs[0]["checksum"] == outs[1]["checksum"]  # gradients were all-reduced
     runs = node.query("SELECT id, rank FROM runs ORDER BY rank")
     assert [r["rank"] for r in runs] == [0, 1]
     for run in runs:
-        rows = node.query(
+        synced_at = outs[run["rank"]]["synced_at"]
+        steps = node.query(
             "SELECT step, micro, phases FROM steps WHERE run_id = ? ORDER BY step", run["id"]
         )
-        assert [r["micro"] for r in rows] == [2] * 8 + [1] * 4
-        for r in rows:
+        assert [r["micro"] for r in steps] == [4] * 10
+        for r in steps:
+            buckets = node.query(
+                "SELECT bucket, start_ns, end_ns, bytes FROM comm_buckets "
+                "WHERE run_id = ? AND step = ? ORDER BY start_ns", run["id"], r["step"],
+            )  # fmt: skip
+            # each bucket once, all launched in the 4th micro-step's backward
+            assert sorted(b["bucket"] for b in buckets) == list(range(len(buckets)))
+            assert len(buckets) >= (1 if r["step"] == 0 else 2)  # DDP re-buckets after step 0
+            assert all(b["start_ns"] >= synced_at[r["step"]] for b in buckets), r["step"]
+            assert all(b["end_ns"] >= b["start_ns"] and b["bytes"] > 0 for b in buckets)
             phases = json.loads(r["phases"])
-            assert phases.get("comm", 0) > 0, (run["rank"], r["step"], phases)
-            assert "backward" in phases
+            assert phases["comm"] > 0 and "backward" in phases, phases
+        total_bytes = node.query(
+            "SELECT SUM(bytes) AS b FROM comm_buckets WHERE run_id = ? AND step = 5", run["id"]
+        )[0]["b"]
+        params = (32 * 64 + 64) + (64 * 64 + 64) + (64 * 4 + 4)
+        assert total_bytes == 4 * params  # every fp32 gradient, once
+
+
+def test_a_user_comm_hook_registered_before_keeps_training_unchanged(node: Node):
+    plain = _run(node, USER_HOOK="1", NO_GPUPROF="1")
+    profiled = _run(node, USER_HOOK="1")
+    for r in (0, 1):
+        assert profiled[r]["checksum"] == plain[r]["checksum"]
+        assert profiled[r]["hook_calls"] == plain[r]["hook_calls"] > 0
+    # no bucket timing for that model, and each rank says so once
+    assert len(node.query("SELECT id FROM runs")) == 2
+    assert node.query("SELECT COUNT(*) AS n FROM comm_buckets")[0]["n"] == 0
+    notice = "'counting_hook' was registered before the profile; gradient bucket timing skipped"
+    assert profiled["stderr"].count(notice) == 2, profiled["stderr"][-2000:]
