@@ -206,11 +206,11 @@ def test_a_rank_exiting_mid_exchange_neither_aborts_nor_hangs_the_others(
     assert wall < 60
 
 
-def test_start_without_a_process_group_is_false_and_starts_nothing() -> None:
+def test_start_without_a_process_group_is_false_and_starts_nothing(monkeypatch) -> None:
     pytest.importorskip("torch")
     import torch.distributed as dist
 
-    assert not dist.is_initialized()
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)  # whatever ran before
     al = ClockAligner(lambda o: pytest.fail("no result expected"))
     assert al.start() is False
     assert not al.running and al._thread is None and al.note is None
@@ -221,6 +221,8 @@ def test_start_in_a_world_of_one_is_false() -> None:
     pytest.importorskip("torch")
     import torch.distributed as dist
 
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialized in this process")
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         al = ClockAligner(lambda o: pytest.fail("no result expected"))
