@@ -210,9 +210,10 @@ def class_shares(rows: Iterable[KernelAgg]) -> dict[str, float]:
 _PROFILER_OWN = ("Activity Buffer Request",)
 _STEP_RE = re.compile(r"^ProfilerStep[#*]")
 #: Operators that are collectives: c10d's ops (``c10d::allreduce_``), the
-#: ``nccl:all_reduce`` record_function ranges and ``record_param_comms``
+#: backends' record_function ranges (``nccl:all_reduce``; ``gloo:all_reduce``
+#: in a CPU job's trace, measured with torch 2.13) and ``record_param_comms``
 #: (the A100 traces' NCCL launches sit under it).
-_COMM_OP_RE = re.compile(r"^(c10d::|nccl:|record_param_comms)")
+_COMM_OP_RE = re.compile(r"^(c10d::|nccl:|gloo:|record_param_comms)")
 
 
 def _op_class(name: str, kernels: Iterable[Any] = ()) -> str:
@@ -252,7 +253,7 @@ def aggregate_events(events: Iterable[Any]) -> list[KernelAgg]:
     (``total_ns == self_ns``: ``device_time_total`` µs → ns). CPU operators
     become ``op`` rows with ``device_time_total`` (their kernels and their
     children's) and ``self_device_time_total`` in ns, a class (``comm`` for
-    ``c10d::`` / ``nccl:`` / ``record_param_comms``, else that of most of its
+    ``c10d::`` / ``nccl:`` / ``gloo:`` / ``record_param_comms``, else that of most of its
     own kernels' time where the event lists them, else ``compute``), and ``flops`` (FLOP,
     from ``with_flops=True``: torch has formulas for mm, addmm, bmm, baddbmm,
     convolutions, mul, add) when positive; operators with no device time and no

@@ -418,7 +418,13 @@ def test_aggregate_events_op_classes_and_device_time():
     allreduce = FunctionEvent(id=3, name="c10d::allreduce_", thread=1, start_us=80, end_us=90,
                               use_device="cuda", stack=[])  # fmt: skip
     allreduce.append_kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL(x)", 0, 300.0)
-    ops = _ops(aggregate_events([mm, copy, allreduce]))
+    # gloo on CUDA tensors: its range's device time is copies to and from the
+    # host, and it is a collective all the same
+    gloo = FunctionEvent(id=4, name="gloo:all_reduce", thread=1, start_us=95, end_us=99,
+                         use_device="cuda", stack=[])  # fmt: skip
+    gloo.append_kernel("Memcpy DtoH (Device -> Pageable)", 0, 40.0)
+    ops = _ops(aggregate_events([mm, copy, allreduce, gloo]))
+    assert ops["gloo:all_reduce"].cls == "comm"
     assert ops["aten::mm"] == KernelAgg("aten::mm", "op", "compute", 1, 75_500, 75_500, 2e9)
     assert ops["aten::copy_"].cls == "memcpy" and ops["aten::copy_"].total_ns == 12_000
     assert ops["c10d::allreduce_"].cls == "comm" and ops["c10d::allreduce_"].self_ns == 300_000
