@@ -12,6 +12,8 @@ A summary is a plain dict (it crosses the control socket as JSON)::
      "comm": {"exposed_ms_per_step": 12.3, "share_of_step": 0.18,  # None: no
               "buckets_per_step": 4, "bytes_per_step": 25100000},  # buckets timed
      "insights": [Insight.to_dict(), ...],   # most severe first
+     "group": {"group": "job-7", "ranks": 4,  # only for a run of a group (torchrun):
+               "insights": [...]},            # the group rules at this rank's end
      "notes": ["no NVIDIA GPU found: GPU metrics skipped", ...]}
 """
 
@@ -223,6 +225,17 @@ def insight_lines(insights: Sequence[Mapping[str, Any]], details: bool = False) 
     return lines
 
 
+def group_lines(group: Mapping[str, Any] | None, details: bool = False) -> list[str]:
+    """The summary's group block: ``  Group NAME (N ranks):`` and the group's
+    findings (:func:`insight_lines`); nothing when the run has no group or
+    the group rules found nothing."""
+    if not group or not group.get("insights"):
+        return []
+    n = group.get("ranks")
+    ranks = f" ({n} ranks)" if n is not None else ""
+    return [f"  Group {group.get('group')}{ranks}:", *insight_lines(group["insights"], details)]
+
+
 def format_summary(summary: Mapping[str, Any], details: bool = False) -> str:
     """Render *summary* as the boxed text block; ``details`` adds each
     insight's detail and fix lines (``gpuprofctl insights`` does)."""
@@ -266,6 +279,7 @@ def format_summary(summary: Mapping[str, Any], details: bool = False) -> str:
     insights = summary.get("insights") or []
     lines.append(f"  Insights ({len(insights)}):")
     lines.extend(insight_lines(insights, details))
+    lines.extend(group_lines(summary.get("group"), details))
     for note in summary.get("notes") or []:
         lines.append(f"  Note: {note}")
     if summary.get("run_id") is not None and summary.get("db"):

@@ -177,7 +177,8 @@ class Daemon:
         self._gpu_note = gpu_note
         devices = backend.devices() if backend else []
         self.rollups = SecondRollups(devices, self.boot_id)
-        insights = InsightsRunner(self.store, str(opts.db), opts.gpu_rate_usd_per_hour, notes)
+        insights = InsightsRunner(self.store, str(opts.db), opts.gpu_rate_usd_per_hour, notes,
+                                  drops=self.drops)  # fmt: skip
         self.runs = RunService(self.store, self.registry, insights, devices, boot_id=self.boot_id)
         self._notes = notes
         await self.runs.recover_at_startup()

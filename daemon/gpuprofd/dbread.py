@@ -12,8 +12,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from gpuprof.insights import RunContext, build_context
-from gpuprof.insights.distributed import GroupContext
+import orjson
+
+from gpuprof.insights import Insight, RunContext, build_context
+from gpuprof.insights.distributed import GroupContext, group_rules
 from gpuprof.insights.gpu import GpuStats
 from gpuprof.insights.group_context import RankRows, build_group_context, common_steps
 from gpuprofd import queries, rollup, schema
@@ -227,6 +229,11 @@ def group_status(statuses: list[str]) -> dict[str, Any]:
 #: The last common steps of a group the group rules read: bucket rows are
 #: loaded for these only (a day of 500 ms steps with 280 buckets is 48 M rows).
 GROUP_STEPS_MAX = 2000
+#: Steps read per rank to find them: the last this many up to the index every
+#: rank has reached (by the ``steps_run_step`` index, so the work is the same on
+#: a day-long run); twice the window leaves room for steps one rank lacks
+#: (dropped under back-pressure, traced).
+GROUP_STEPS_READ = 2 * GROUP_STEPS_MAX
 
 
 def latest_rank_runs(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -243,13 +250,23 @@ def group_context(conn: sqlite3.Connection, group: str) -> GroupContext:
     their stored steps and bucket timings, over the last
     :data:`GROUP_STEPS_MAX` steps they all have (see
     :mod:`gpuprof.insights.group_context` for what is kept and how clocks are
-    aligned). Empty (no ranks) for an unknown group."""
+    aligned). Each rank's steps are read back from the highest index every
+    rank has reached, :data:`GROUP_STEPS_READ` at most: bounded work however
+    long the run. Empty (no ranks) for an unknown group.
+
+    Used by ``gpuprofctl insights --group`` and, through
+    :func:`group_findings`, by gpuprofd when a rank's run ends."""
     rows = _query(conn, "SELECT * FROM runs WHERE group_id = ? ORDER BY rank, id", (group,))
     runs = [r for r in latest_rank_runs([dict(r) for r in rows]) if r.get("rank") is not None]
+    tops = [_query(conn, queries.MAX_STEP_SQL, (run["id"],))[0][0] for run in runs]
+    top = min((t for t in tops if t is not None), default=None)
     ranks = []
-    for run in runs:
-        steps = [queries.group_step_from_row(r)
-                 for r in _query(conn, queries.GROUP_STEPS_SQL, (run["id"],))]  # fmt: skip
+    for run, own_top in zip(runs, tops, strict=True):
+        steps: list[dict[str, Any]] = []
+        if own_top is not None and top is not None:
+            tail = _query(conn, queries.GROUP_TAIL_SQL, (run["id"], top, GROUP_STEPS_READ))
+            steps = sorted((queries.group_step_from_row(r) for r in tail),
+                           key=lambda s: (s["t0"] is None, s["t0"] or 0))  # fmt: skip
         ranks.append(
             RankRows(
                 rank=int(run["rank"]), steps=steps, host=run.get("host"),
@@ -271,6 +288,34 @@ def group_context(conn: sqlite3.Connection, group: str) -> GroupContext:
             for r, run in zip(ranks, runs, strict=True)
         ]  # fmt: skip
     return build_group_context(group, ranks)
+
+
+def plain_insight(ins: Insight) -> dict[str, Any]:
+    """*ins* as a dict the way JSON gives it back: the group rules key
+    evidence by rank (int), JSON object keys are strings."""
+    return orjson.loads(orjson.dumps(ins.to_dict(), option=orjson.OPT_NON_STR_KEYS, default=str))
+
+
+def group_statuses(conn: sqlite3.Connection, group: str) -> list[str]:
+    """The statuses of every run of *group* (for :func:`group_status`)."""
+    rows = _query(conn, "SELECT status FROM runs WHERE group_id = ?", (group,))
+    return [r["status"] for r in rows]
+
+
+def group_findings(conn: sqlite3.Connection, group: str) -> dict[str, Any]:
+    """The group rules over :func:`group_context`: ``group``, ``ranks`` (how
+    many ranks they compared), ``insights`` (:func:`plain_insight` dicts) and
+    ``ended`` (every rank's run has ended, :func:`group_status`)."""
+    ctx = group_context(conn, group)
+    found = [plain_insight(i) for i in group_rules(ctx)]
+    ended = group_status(group_statuses(conn, group))["ended"]
+    return {"group": group, "ranks": len(ctx.ranks), "insights": found, "ended": ended}
+
+
+def stored_group_insights(conn: sqlite3.Connection, group: str) -> list[dict[str, Any]]:
+    """The findings gpuprofd stored when *group* ended (empty: none stored,
+    or none found), as ``Insight.to_dict()`` gives them."""
+    return [queries.insight_from_row(r) for r in _query(conn, queries.GROUP_INSIGHTS_SQL, (group,))]
 
 
 def missing_ranks(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -3,21 +3,35 @@
 Reads the run's rows, builds the context with
 :func:`gpuprof.insights.build_context` and runs :func:`gpuprof.insights.run_rules`
 in a worker thread (a long run has many steps), then stores the findings.
+
+At a run's end, a run of a group (``runs.group_id``: torchrun's ranks) also
+gets the group rules (:func:`gpuprof.insights.distributed.group_rules`) over
+the group's rows stored so far: read by :func:`gpuprofd.dbread.group_findings`
+(the code ``gpuprofctl insights --group`` runs) on a read-only connection in a
+worker thread, bounded to the group's last ``GROUP_STEPS_MAX`` common steps.
+They go into the rank's summary (``group``: the shim prints them at exit) and,
+once every rank of the group has ended, into ``group_insights``. A failure
+there is logged and counted (``group_insights_failed``); the run still ends.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import orjson
 
 from gpuprof.insights import Insight, RunContext, build_context, run_rules
 from gpuprof.summary import make_summary
-from gpuprofd import runsdb
+from gpuprofd import dbread, runsdb
+from gpuprofd.counters import DropCounter
 from gpuprofd.store import Store
+
+log = logging.getLogger(__name__)
 
 
 class InsightsRunner:
@@ -30,6 +44,7 @@ class InsightsRunner:
         gpu_rate_usd_per_hour: float | None,
         base_notes: Sequence[str] = (),
         clock: Callable[[], int] = time.monotonic_ns,
+        drops: DropCounter | None = None,
     ) -> None:
         self.store = store
         self.db_path = db_path
@@ -37,6 +52,8 @@ class InsightsRunner:
         self.base_notes = list(base_notes)
         """Notes every summary carries (no GPU, bad GPUPROF_GPU_RATE)."""
         self._clock = clock
+        self.drops = drops if drops is not None else DropCounter()
+        """Counts ``group_insights_failed``."""
 
     async def _compute(self, run: dict[str, Any]) -> tuple[list[Insight], RunContext]:
         steps = await runsdb.load_steps(self.store, run["id"])
@@ -63,6 +80,31 @@ class InsightsRunner:
 
         return await asyncio.to_thread(rules)
 
+    async def _group(self, group: str) -> dict[str, Any] | None:
+        """The group's findings so far for a rank's summary (``group``,
+        ``ranks``, ``insights``), stored as the group's when it has ended;
+        None when they could not be had (logged and counted)."""
+        db = Path(self.db_path)
+
+        def read() -> dict[str, Any]:
+            conn = dbread.open_ro(db)
+            try:
+                return dbread.group_findings(conn, group)
+            finally:
+                conn.close()
+
+        try:
+            found = await asyncio.to_thread(read)
+            if found["ended"]:
+                await runsdb.replace_group_insights(
+                    self.store, group, found["ranks"], found["insights"]
+                )
+        except Exception:  # noqa: BLE001 - a group rule must never break a run's end
+            log.exception("group insights of %r failed; the run ends without them", group)
+            self.drops.add("group_insights_failed")
+            return None
+        return {"group": group, "ranks": found["ranks"], "insights": found["insights"]}
+
     async def live(self, run_id: int) -> list[Insight]:
         """Recompute a running run's insights and replace the stored ones."""
         run = await runsdb.get_run(self.store, run_id=run_id)
@@ -85,6 +127,10 @@ class InsightsRunner:
             run_id, ctx, [i.to_dict() for i in insights], self.db_path,
             [*notes, *self.base_notes], error=run.get("error"),
         )  # fmt: skip
+        if run.get("group_id"):
+            group = await self._group(run["group_id"])
+            if group is not None:
+                summary["group"] = group
         await runsdb.replace_insights(self.store, run_id, insights)
         await runsdb.update_run(
             self.store,

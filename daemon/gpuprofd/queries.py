@@ -47,6 +47,11 @@ INSIGHTS_SQL = (
     "SELECT rule, severity, title, detail, fix, evidence FROM insights WHERE run_id = ? "
     "ORDER BY rowid"
 )
+#: A group's stored findings (set when the group ended), in the order found.
+GROUP_INSIGHTS_SQL = (
+    "SELECT ranks, rule, severity, title, detail, fix, evidence, created_wall_ns "
+    "FROM group_insights WHERE group_id = ? ORDER BY rowid"
+)
 
 
 #: A run's timed gradient buckets summed (:class:`gpuprof.insights.base.CommTotals`):
@@ -59,6 +64,14 @@ COMM_TOTALS_SQL = (
 GROUP_STEPS_SQL = (
     "SELECT step, t0_ns, t1_ns, phases, traced FROM steps WHERE run_id = ? ORDER BY t0_ns"
 )
+#: ... its last steps up to an index, newest index first: ``(run_id, max step, limit)``
+#: (by the ``steps_run_step`` index: a group's window costs the same on a day-long run).
+GROUP_TAIL_SQL = (
+    "SELECT step, t0_ns, t1_ns, phases, traced FROM steps WHERE run_id = ? AND step <= ? "
+    "ORDER BY step DESC LIMIT ?"
+)
+#: A run's highest step index (NULL: no steps).
+MAX_STEP_SQL = "SELECT MAX(step) FROM steps WHERE run_id = ?"
 #: ... and its bucket rows for steps ``BETWEEN ? AND ?``.
 GROUP_BUCKETS_SQL = (
     "SELECT step, bucket, start_ns, end_ns, bytes FROM comm_buckets "

@@ -353,6 +353,30 @@ async def replace_insights(store: Store, run_id: int, insights: Sequence[Insight
     await store.flush()
 
 
+_GROUP_INSIGHT_SQL = (
+    "INSERT INTO group_insights (group_id, ranks, rule, severity, title, detail, fix, evidence, "
+    "created_wall_ns) VALUES (?,?,?,?,?,?,?,?,?)"
+)
+
+
+async def replace_group_insights(
+    store: Store, group: str, ranks: int, insights: Sequence[Mapping[str, Any]]
+) -> None:
+    """Replace the stored findings of *group* (ended) with *insights*
+    (``Insight.to_dict()`` shapes), all or none in one transaction; wait for the commit."""
+    now = time.time_ns()
+    rows = [
+        (group, ranks, i["rule"], i["severity"], i["title"], i.get("detail"), i.get("fix"),
+         orjson.dumps(i.get("evidence") or {}, option=orjson.OPT_NON_STR_KEYS,
+                      default=str).decode(), now)
+        for i in insights
+    ]  # fmt: skip
+    parts = [Part("DELETE FROM group_insights WHERE group_id = ?", ((group,),))]
+    if rows:
+        parts.append(Part(_GROUP_INSIGHT_SQL, rows))
+    await store.write_atomic(parts, "group insights")
+
+
 async def add_drops(store: Store, delta: Mapping[str, int]) -> None:
     """Add *delta* to the persisted ``drops`` counters (queued, not awaited)."""
     for reason, n in delta.items():

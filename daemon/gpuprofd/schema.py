@@ -4,6 +4,17 @@ Table and column names are an interface: integration tests, ``gpuprofctl``
 and (later) the dashboard read them. Times are ``*_ns`` (monotonic or wall
 nanoseconds, as named), byte counts ``*_bytes``, rates ``*_bps`` (bytes/s),
 power ``*_mw`` (milliwatts).
+
+Tiering (what a long run leaves behind, see ``bench/storage.py``): raw GPU
+samples for the daemon's raw window only, per-second ``gpu_rollups`` for the
+whole run; continuous kernel windows merged as they age (``gpuprofd.kcompact``);
+every step row kept. ``comm_buckets`` (one row per DDP bucket per step: a day
+of 500 ms steps with 280 buckets is ~48 M rows per rank) keeps, per run, the
+steps whose index is within ``COMM_STEPS_KEPT`` of the run's latest step
+(the window the group rules read, ``gpuprofd.dbread.GROUP_STEPS_MAX``) and
+every ``COMM_KEEP_EVERY``-th step for history; the daemon deletes the rest in
+bounded passes (``gpuprofd.commprune``). Each step's exposed comm stays in
+its ``steps.phases`` (``comm``) whatever is pruned.
 """
 
 from __future__ import annotations
@@ -20,7 +31,7 @@ from gpuprof.insights.gpu import (
 )
 from gpuprofd.errors import DatabaseError
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 #: Columns added since schema 1: (table, column, declaration).
 _ADDED_IN_2 = (
     ("steps", "skipped", "INTEGER DEFAULT 0"),
@@ -157,11 +168,21 @@ CREATE TABLE IF NOT EXISTS steps (
     traced INTEGER DEFAULT 0         -- 1: a profiler snapshot ran in this step (not timed)
 );
 CREATE INDEX IF NOT EXISTS steps_run_t0 ON steps (run_id, t0_ns);
+CREATE INDEX IF NOT EXISTS steps_run_step ON steps (run_id, step);  -- schema 7: a group's
+                                 -- last steps and a run's latest step found by index
 CREATE TABLE IF NOT EXISTS insights (
     run_id INTEGER NOT NULL, rule TEXT, severity TEXT, title TEXT, detail TEXT,
     fix TEXT, evidence TEXT, created_wall_ns INTEGER
 );
 CREATE INDEX IF NOT EXISTS insights_run ON insights (run_id);
+CREATE TABLE IF NOT EXISTS group_insights (  -- schema 7: a group's findings once it ended
+    group_id TEXT NOT NULL,          -- runs.group_id
+    ranks INTEGER,                   -- ranks the group rules compared
+    rule TEXT, severity TEXT, title TEXT, detail TEXT, fix TEXT,
+    evidence TEXT,                   -- json (keys by rank are strings)
+    created_wall_ns INTEGER
+);
+CREATE INDEX IF NOT EXISTS group_insights_group ON group_insights (group_id);
 CREATE TABLE IF NOT EXISTS host_samples (
     mono_ns INTEGER, cpu_pct REAL, cpu_count INTEGER, disk_read_bps REAL,
     disk_read_iops REAL,             -- read operations/s
@@ -224,7 +245,8 @@ CREATE TABLE IF NOT EXISTS kernel_stats (
     count INTEGER, total_ns INTEGER, self_ns INTEGER, flops REAL
 );
 CREATE INDEX IF NOT EXISTS kernel_stats_run ON kernel_stats (run_id, window_id);
-CREATE TABLE IF NOT EXISTS comm_buckets (  -- one DDP gradient bucket's all-reduce in one step
+CREATE TABLE IF NOT EXISTS comm_buckets (  -- one DDP gradient bucket's all-reduce in one step;
+    -- pruned to each run's last COMM_STEPS_KEPT steps + every COMM_KEEP_EVERY-th (module doc)
     run_id INTEGER NOT NULL, step INTEGER NOT NULL,  -- step: the steps row's step index
     bucket INTEGER,                  -- DDP's bucket index (GradBucket.index())
     start_ns INTEGER, end_ns INTEGER,  -- launched / completed, the rank's monotonic ns
@@ -271,6 +293,12 @@ def shadow_old_tables(conn: sqlite3.Connection, version: int) -> None:
     queries: TEMP views (searched before ``main``) add the missing columns
     with their defaults. Nothing is written to the file."""
     runs6 = ", ".join(f"NULL AS {c}" for c in _RUNS_6)
+    if version < 7:
+        conn.execute(
+            "CREATE TEMP TABLE group_insights (group_id TEXT, ranks INTEGER, rule TEXT, "
+            "severity TEXT, title TEXT, detail TEXT, fix TEXT, evidence TEXT, "
+            "created_wall_ns INTEGER)"
+        )
     if version < 6:
         conn.execute(
             "CREATE TEMP TABLE comm_buckets (run_id INTEGER, step INTEGER, bucket INTEGER, "

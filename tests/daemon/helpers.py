@@ -97,12 +97,18 @@ class Daemons:
         self.procs: list[subprocess.Popen[bytes]] = []
         self.clients: list[Client] = []
 
-    def start(self, sock_dir: Path, db: Path, *args: str,
-              env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:  # fmt: skip
+    def start(self, sock_dir: Path, db: Path, *args: str, env: dict[str, str] | None = None,
+              prelude: str | None = None) -> subprocess.Popen[bytes]:  # fmt: skip
+        """``python -m gpuprofd``; with *prelude*, that Python code runs in the
+        daemon's process first (``python -c``), e.g. to swap in a failing rule."""
         log = open(self.log_dir / f"daemon{len(self.procs)}.log", "wb")  # noqa: SIM115
         full_env = {**os.environ, **(env or {})}
+        entry = ["-m", "gpuprofd"]
+        if prelude is not None:
+            code = f"{prelude}\nimport sys\nfrom gpuprofd.__main__ import main\n"
+            entry = ["-c", code + "sys.exit(main(sys.argv[1:]))"]
         proc = subprocess.Popen(
-            [sys.executable, "-m", "gpuprofd", "--socket-dir", str(sock_dir), "--db", str(db),
+            [sys.executable, *entry, "--socket-dir", str(sock_dir), "--db", str(db),
              "--log-level", "debug", *args],
             stdout=log, stderr=subprocess.STDOUT, env=full_env,
         )  # fmt: skip

@@ -228,5 +228,59 @@ def test_the_daemon_upgrades_schema_5_to_comm_timing(tmp_path: Path) -> None:
                              "'comm_buckets_run_step'").fetchone()  # fmt: skip
     finally:
         conn.close()
-    assert version == ("6",) and clock == [(None,) * 5] * 2
+    assert version == (str(schema.SCHEMA_VERSION),) and clock == [(None,) * 5] * 2
     assert "(run_id, step)" in index[0]
+
+
+def _schema_6_db(tmp_path: Path) -> Path:
+    """A schema-6 database (comm timing, before stored group findings): the
+    schema-5 group with bucket rows; today's schema less what schema 7 added."""
+    path = _schema_5_db(tmp_path)
+    schema.prepare(path)  # to today's, then back to 6
+    conn = sqlite3.connect(path)
+    conn.execute("DROP TABLE group_insights")
+    conn.execute("DROP INDEX steps_run_step")
+    conn.execute("UPDATE meta SET value = '6' WHERE key = 'schema_version'")
+    conn.executemany(
+        "INSERT INTO comm_buckets VALUES (?, ?, 0, ?, ?, 1000)",
+        [(run, i, i * 10_000_000 + 8_000_000, i * 10_000_000 + 8_500_000)
+         for run in (1, 2) for i in range(10)],
+    )  # fmt: skip
+    conn.commit()
+    conn.close()
+    return path
+
+
+def test_a_schema_6_database_reads_with_no_stored_group_findings(tmp_path: Path) -> None:
+    path = _schema_6_db(tmp_path)
+    before = path.read_bytes()
+    conn = dbread.open_ro(path)
+    try:
+        assert dbread.stored_group_insights(conn, "job") == []
+        found = dbread.group_findings(conn, "job")
+        ctx = dbread.group_context(conn, "job")
+    finally:
+        conn.close()
+    assert (found["ranks"], found["ended"]) == (2, True)
+    assert all(len(r.step_ms) == 10 and len(r.bucket_start_ns) == 10 for r in ctx.ranks)
+    assert path.read_bytes() == before
+
+
+def test_the_daemon_upgrades_schema_6_to_stored_group_findings(tmp_path: Path) -> None:
+    path, new = _schema_6_db(tmp_path), tmp_path / "new.db"
+    schema.prepare(path)
+    schema.prepare(new)
+    conn = sqlite3.connect(path)
+    try:
+        version = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+        n = conn.execute("SELECT COUNT(*) FROM comm_buckets").fetchone()[0]
+    finally:
+        conn.close()
+    assert version == ("7",) and n == 20
+    assert {"group_insights", "group_insights_group", "steps_run_step"} <= names
+    conn = dbread.open_ro(path)
+    try:
+        assert dbread.stored_group_insights(conn, "job") == []
+    finally:
+        conn.close()

@@ -10,8 +10,10 @@ backward hook.
 
 from __future__ import annotations
 
+import orjson
 import pytest
 
+from gpuprof.summary import format_summary
 from tests.integration.conftest import Node, wait_for
 
 #: Eight 128x128 layers, ~66 KB of fp32 gradients each, DDP buckets capped at
@@ -84,6 +86,16 @@ def test_four_ranks_backward_straggler_is_named(node: Node):
     assert blamed == {1}, data["insights"]
     waits = found["straggler_rank"]["evidence"]["median_comm_ms_by_rank"]
     assert min(waits, key=waits.get) == "1" or min(waits, key=waits.get) == 1
+    # rank 1's own end-of-run summary (what its terminal printed) names it too,
+    # and the ended group's findings are the stored ones
+    assert data["insights_source"] == "stored"
+    (row,) = node.query("SELECT summary FROM runs WHERE group_id = ? AND rank = 1", data["group"])
+    summary = orjson.loads(row["summary"])
+    block = summary["group"]
+    assert block["group"] == data["group"] and block["ranks"] == 4
+    assert [i["evidence"]["rank"] for i in block["insights"]
+            if i["rule"] == "straggler_rank"] == [1], block  # fmt: skip
+    assert "Rank 1 is a straggler" in format_summary(summary)
 
 
 def test_two_ranks_one_late_bucket_is_named(node: Node):

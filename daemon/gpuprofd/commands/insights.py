@@ -116,15 +116,12 @@ def rank_comm(conn: sqlite3.Connection, run: dict[str, Any]) -> dict[str, Any] |
     return out if any(v is not None for v in out.values()) else None
 
 
-def _plain(d: dict[str, Any]) -> dict[str, Any]:
-    """*d* as JSON gives it back: the group rules key evidence by rank (int)."""
-    return orjson.loads(orjson.dumps(d, option=orjson.OPT_NON_STR_KEYS, default=str))
-
-
 def load_group(db: Path, group: str) -> dict[str, Any]:
     """A group's status (:func:`gpuprofd.dbread.group_status`), its findings
-    (:func:`gpuprof.insights.distributed.group_rules` over
-    :func:`gpuprofd.dbread.group_context`: ``insights``), the ranks that never
+    (``insights``: those gpuprofd stored when the group ended, else
+    :func:`gpuprof.insights.distributed.group_rules` over
+    :func:`gpuprofd.dbread.group_context` now; ``insights_source`` says
+    ``stored`` or ``computed``), the ranks that never
     reported (``missing_ranks``, :func:`gpuprofd.dbread.missing_ranks`) and,
     per rank (by rank), its run id, status, median step, collectives
     (``comm``, :func:`rank_comm`) and summary (:func:`load_summary`).
@@ -137,7 +134,12 @@ def load_group(db: Path, group: str) -> dict[str, Any]:
         runs = dbread.runs_overview(conn, group)
         if not runs:
             raise click.ClickException(f"no runs in group {group!r}")
-        found = group_rules(dbread.group_context(conn, group))
+        status = dbread.group_status([r["status"] for r in runs])
+        found = dbread.stored_group_insights(conn, group) if status["ended"] else []
+        source = "stored" if found else "computed"
+        if not found:
+            ctx = dbread.group_context(conn, group)
+            found = [dbread.plain_insight(i) for i in group_rules(ctx)]
         comm = {run["id"]: rank_comm(conn, run) for run in runs}
     finally:
         conn.close()
@@ -150,8 +152,8 @@ def load_group(db: Path, group: str) -> dict[str, Any]:
             "comm": comm[run["id"]], "summary": summary,
         })  # fmt: skip
     return {
-        "group": group, **dbread.group_status([r["status"] for r in ranks]),
-        "insights": [_plain(i.to_dict()) for i in found],
+        "group": group, **status,
+        "insights": found, "insights_source": source,
         "missing_ranks": dbread.missing_ranks(runs),
         "ranks": ranks,
     }  # fmt: skip
@@ -194,8 +196,9 @@ def format_group(data: dict[str, Any]) -> str:
                      f"median step {median_ms}  {n} insight(s){comm}")  # fmt: skip
     for r in data["ranks"]:
         lines.append("")
-        lines.append(f"rank {r['rank']}:")
-        lines.append(format_summary(r["summary"], details=True))
+        lines.append(f"rank {r['rank']}:")  # the group's findings are above: not again
+        rank_summary = {k: v for k, v in r["summary"].items() if k != "group"}
+        lines.append(format_summary(rank_summary, details=True))
     return "\n".join(lines)
 
 
@@ -226,7 +229,8 @@ def insights_cmd(db: Path | None, run_id: int | None, group: str | None, fmt: st
     DB defaults to GPUPROF_DB or ./gpuprof.db. A lone all-digits argument
     that is not an existing file is RUN_ID: `gpuprofctl insights 3`.
     `--group NAME`: every rank of a torchrun group (JSON: group, status,
-    ended, counts, insights [the group's findings], missing_ranks [{rank,
+    ended, counts, insights [the group's findings: stored when the group
+    ended, else computed now], insights_source [stored | computed], missing_ranks [{rank,
     local_rank, host, message}], ranks [{rank, run_id, status, host,
     median_step_ms, comm {median_exposed_ms, buckets_per_step, bytes_per_step,
     clock_offset_ns, clock_uncertainty_ns} or null, summary}]).

@@ -1,0 +1,180 @@
+"""Group findings at a rank's end, through a real gpuprofd over real ZeroMQ
+into real SQLite: the rank's summary carries the group rules' findings so
+far (the shim prints them), the group's are stored once every rank has
+ended, ``gpuprofctl insights --group`` shows the stored ones, and a failing
+group rule never breaks a bye."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from gpuprof.summary import format_summary
+from gpuprofd.ctl import main
+from tests.daemon import helpers as h
+from tests.gpuprof.insights.group_fixtures import MS, group_steps
+
+RAISING_RULE = """
+import gpuprof.insights.distributed as d
+def boom(ctx):
+    raise RuntimeError("group rule bug")
+d.GROUP_RULES = (*d.GROUP_RULES, boom)
+"""
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[tuple[h.Daemons, Path, Path]]:
+    sock_dir = Path(tempfile.mkdtemp(prefix="gp", dir="/tmp"))
+    daemons = h.Daemons(tmp_path)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("GPUPROF_NVML", raising=False)
+        mp.delenv("GPUPROF_GPU_RATE", raising=False)
+        try:
+            yield daemons, sock_dir, tmp_path / "g.db"
+        finally:
+            daemons.kill_all()
+            shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+def _start_ranks(client: h.Client, group: str, steps: dict[int, list[dict[str, Any]]],
+                 pids: dict[int, int] | None = None) -> None:  # fmt: skip
+    """Every rank says hello and sends all its steps (as concurrent ranks would
+    have by the time the first one ends); *pids*: rank -> its process (default ours)."""
+    n = len(steps)
+    for r in range(n):
+        pid = (pids or {}).get(r, os.getpid())
+        hello = h.hello(f"{group}-{r}", pid, run_name=group, rank=r, local_rank=r,
+                        world_size=n, group=group, local_world_size=n, host="node-a")  # fmt: skip
+        assert client.request(hello)["ok"]
+    for i in range(len(steps[0])):
+        for r in range(n):
+            client.push({"v": 1, "type": "step", "run_key": f"{group}-{r}", **steps[r][i]})
+
+
+def _bye(client: h.Client, group: str, rank: int, sent: int) -> dict[str, Any]:
+    reply = client.request(h.bye(f"{group}-{rank}", sent=sent))
+    assert reply is not None and reply["ok"], reply
+    return reply["summary"]
+
+
+def _stored(db: Path, group: str) -> list[tuple[Any, ...]]:
+    rows = h.query(db, "SELECT ranks, rule, severity, title, evidence FROM group_insights "
+                       "WHERE group_id = ? ORDER BY rowid", (group,))  # fmt: skip
+    return [tuple(r) for r in rows]
+
+
+def _ctl_json(capsys: pytest.CaptureFixture[str], *args: str) -> Any:
+    assert main([*args, "--format", "json"]) == 0
+    return orjson.loads(capsys.readouterr().out)
+
+
+def test_each_rank_summary_names_the_straggler_and_the_ended_group_stores_it(
+    daemon, capsys: pytest.CaptureFixture[str]
+) -> None:
+    daemons, sock_dir, db = daemon
+    _, client = daemons.start_ready(sock_dir, db)
+    steps = group_steps(4, n_steps=30, slow_backward={1: 30 * MS})
+    _start_ranks(client, "job", steps)
+    first = _bye(client, "job", 0, sent=30)
+    group = first["group"]
+    assert (group["group"], group["ranks"]) == ("job", 4)
+    assert [i["rule"] for i in group["insights"]] == ["straggler_rank"]
+    assert group["insights"][0]["evidence"]["rank"] == 1
+    text = format_summary(first).splitlines()
+    at = text.index("  Group job (4 ranks):")
+    assert text[at + 1].startswith("  [") and "Rank 1 is a straggler" in text[at + 1]
+    assert next(i for i, x in enumerate(text) if x.startswith("  Insights (")) < at
+    # ranks 1-3 still run: the group has not ended, nothing stored yet
+    assert _stored(db, "job") == []
+    live = _ctl_json(capsys, "insights", str(db), "--group", "job")
+    assert live["insights_source"] == "computed" and live["status"] == "running"
+
+    for r in (1, 2, 3):
+        summary = _bye(client, "job", r, sent=30)
+        assert "Rank 1 is a straggler" in format_summary(summary)
+    ((ranks, rule, severity, title, evidence),) = _stored(db, "job")
+    assert (ranks, rule) == (4, "straggler_rank") and "Rank 1" in title
+    assert orjson.loads(evidence)["rank"] == 1 and severity in ("HIGH", "MED")
+    # the stored summary (gpuprofctl insights RUN) has the block too
+    (row,) = h.query(db, "SELECT summary FROM runs WHERE run_key = 'job-1'")
+    assert orjson.loads(row[0])["group"]["insights"][0]["evidence"]["rank"] == 1
+
+    data = _ctl_json(capsys, "insights", str(db), "--group", "job")
+    assert data["insights_source"] == "stored" and data["status"] == "finished"
+    assert [i["rule"] for i in data["insights"]] == ["straggler_rank"]
+    assert data["insights"][0]["title"] == title
+    assert main(["insights", str(db), "--group", "job"]) == 0
+    report = capsys.readouterr().out
+    assert report.count("Rank 1 is a straggler") == 1  # once, in the group's findings
+    assert "Group job (4 ranks):" not in report
+
+
+def test_a_balanced_group_and_a_lone_run_get_no_group_block(daemon) -> None:
+    daemons, sock_dir, db = daemon
+    _, client = daemons.start_ready(sock_dir, db)
+    steps = group_steps(2, n_steps=30)
+    _start_ranks(client, "even", steps)
+    summaries = [_bye(client, "even", r, sent=30) for r in (0, 1)]
+    for s in summaries:
+        assert s["group"] == {"group": "even", "ranks": 2, "insights": []}
+        assert "Group " not in format_summary(s)
+    assert _stored(db, "even") == []
+
+    assert client.request(h.hello("lone", os.getpid(), run_name="lone"))["ok"]
+    for i in range(5):
+        client.push(h.step("lone", i, 10**12))
+    lone = _bye_key(client, "lone", 5)
+    assert "group" not in lone and "Group " not in format_summary(lone)
+
+
+def _bye_key(client: h.Client, key: str, sent: int) -> dict[str, Any]:
+    reply = client.request(h.bye(key, sent=sent))
+    assert reply is not None and reply["ok"], reply
+    return reply["summary"]
+
+
+def test_a_lost_rank_ends_the_group_and_its_findings_are_stored(daemon) -> None:
+    daemons, sock_dir, db = daemon
+    _, client = daemons.start_ready(sock_dir, db)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    steps = group_steps(4, n_steps=30, slow_backward={1: 30 * MS})
+    _start_ranks(client, "job", steps, pids={3: dead.pid})
+    for r in (0, 1, 2):
+        _bye(client, "job", r, sent=30)
+    # rank 3's process is gone without a bye: lost, and the group ends with it
+    h.poll_db(db, "SELECT status FROM runs WHERE run_key = 'job-3'", (), "lost")
+    h.poll_db(db, "SELECT rule FROM group_insights WHERE group_id = 'job'", (), "straggler_rank")
+    (row,) = h.query(db, "SELECT summary FROM runs WHERE run_key = 'job-3'")
+    assert orjson.loads(row[0])["group"]["insights"][0]["rule"] == "straggler_rank"
+
+
+def test_a_raising_group_rule_does_not_break_bye(daemon) -> None:
+    daemons, sock_dir, db = daemon
+    proc, client = daemons.start_ready(sock_dir, db, prelude=RAISING_RULE)
+    steps = group_steps(2, n_steps=30, slow_backward={1: 30 * MS})
+    _start_ranks(client, "job", steps)
+    summaries = [_bye(client, "job", r, sent=30) for r in (0, 1)]
+    for s in summaries:
+        assert s["status"] == "finished" and s["steps"] == 30
+        assert "group" not in s
+        format_summary(s)
+    rows = h.query(db, "SELECT status, summary IS NOT NULL FROM runs WHERE group_id = 'job'")
+    assert [tuple(r) for r in rows] == [("finished", 1)] * 2
+    reply = client.ping()
+    assert reply is not None and reply["dropped"].get("group_insights_failed") == 2
+    assert _stored(db, "job") == []
+    # the daemon goes on: another run starts and ends
+    assert client.request(h.hello("after", os.getpid(), run_name="after"))["ok"]
+    assert _bye_key(client, "after", 0)["status"] == "finished"
+    assert "group insights of 'job' failed" in daemons.log(proc)
+    assert "group rule bug" in daemons.log(proc)
