@@ -35,7 +35,7 @@ import torch.distributed as dist
 from torch import nn
 import gpuprof
 
-blocks, steps = int(sys.argv[1]), int(sys.argv[2])
+blocks, steps, batch = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 torch.manual_seed(0)
 torch.set_num_threads(1)
 dist.init_process_group("gloo")
@@ -48,21 +48,21 @@ def ddp():
     return model, torch.optim.SGD(model.parameters(), lr=1e-4)
 
 models = {"off": ddp(), "on": ddp()}
-x = torch.randn(128, 256)
+x = torch.randn(batch, 256)
 times = {"off": [], "on": []}
 align_ms, buckets = [], []
 for block in range(blocks):
     for mode in (("off", "on") if block % 2 == 0 else ("on", "off")):
         model, opt = models[mode]
         start = time.perf_counter()
-        with gpuprof.profile(f"bench-comm-{mode}", print_summary=False,
+        with gpuprof.profile(f"bench-comm-{mode}-b{batch}", print_summary=False,
                              time_comm=mode == "on") as prof:
             for i in range(steps):
                 t = time.perf_counter()
                 model(x).square().mean().backward()
                 opt.step()
                 opt.zero_grad()
-                if block > 0 or i >= 5:  # warm-up: DDP rebuilds its buckets after step 0
+                if i >= 10:  # the block's first steps: warm-up, and the alignment thread
                     times[mode].append((time.perf_counter() - t) * 1e3)
             aligner = getattr(prof, "_aligner", None)
             if mode == "on" and aligner is not None and aligner.result is not None:
@@ -82,11 +82,58 @@ def _ping(socket_dir: Path) -> bool:
         return False
 
 
+def _buckets_per_step(db: Path, batch: int) -> float:
+    """Bucket rows per timed step stored for the job at *batch*."""
+    from gpuprofd.dbread import open_ro
+
+    conn = open_ro(db)
+    try:
+        row = conn.execute(
+            "SELECT COUNT(*) AS n, COUNT(DISTINCT b.run_id || '-' || b.step) AS steps "
+            "FROM comm_buckets b JOIN runs r ON r.id = b.run_id WHERE r.run_name = ?",
+            (f"bench-comm-on-b{batch}",),
+        ).fetchone()
+    finally:
+        conn.close()
+    return row["n"] / row["steps"] if row["steps"] else 0.0
+
+
+def _job(
+    script: Path, env: dict[str, str], args: argparse.Namespace, batch: int, db: Path
+) -> None:
+    """One torchrun job at *batch*; prints each rank's figures."""
+    torchrun = Path(sys.executable).with_name("torchrun")
+    t = time.monotonic()
+    out = subprocess.run(
+        [str(torchrun), "--standalone", f"--nproc-per-node={args.nproc}", str(script),
+         str(args.blocks), str(args.steps), str(batch)],
+        env=env, capture_output=True, text=True, timeout=1800,
+    )  # fmt: skip
+    if out.returncode != 0:
+        sys.exit(f"torchrun failed:\n{out.stderr[-3000:]}")
+    results = [json.loads(line.split("RESULT ", 1)[1])
+               for line in out.stdout.splitlines() if "RESULT " in line]  # fmt: skip
+    buckets = _buckets_per_step(db, batch)
+    print(f"batch {batch}: {args.nproc} ranks, gloo, CPU; {args.blocks} interleaved block "
+          f"pairs of {args.steps} steps ({time.monotonic() - t:.0f} s); {buckets:.1f} buckets "
+          "timed per step")  # fmt: skip
+    for r in sorted(results, key=lambda r: r["rank"]):
+        off, on = median(r["times"]["off"]), median(r["times"]["on"])
+        align = r["align_ms"]
+        cost = f"{median(align):.1f} ms (median of {len(align)})" if align else "n/a"
+        print(f"  rank {r['rank']}: step {off:.2f} ms without comm timing, {on:.2f} ms "
+              f"with: ratio {on / off:.3f} ({(on - off) * 1e3 / max(buckets, 1):+.0f} µs per "
+              "bucket); "
+              f"clock alignment start-up {cost}")  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--blocks", type=int, default=6, help="interleaved block pairs")
     ap.add_argument("--steps", type=int, default=40, help="steps per block")
     ap.add_argument("--nproc", type=int, default=2, help="ranks")
+    ap.add_argument("--batch", type=int, nargs="+", default=[128, 512],
+                    help="batch sizes (longer steps, the same buckets), one job each")
     args = ap.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="gpbc", dir="/tmp"))
@@ -105,36 +152,8 @@ def main() -> None:
             time.sleep(0.05)
         script = tmp / "worker.py"
         script.write_text(WORKER)
-        torchrun = Path(sys.executable).with_name("torchrun")
-        t = time.monotonic()
-        out = subprocess.run(
-            [str(torchrun), "--standalone", f"--nproc-per-node={args.nproc}", str(script),
-             str(args.blocks), str(args.steps)],
-            env=env, capture_output=True, text=True, timeout=1800,
-        )  # fmt: skip
-        if out.returncode != 0:
-            sys.exit(f"torchrun failed:\n{out.stderr[-3000:]}")
-        results = [json.loads(line.split("RESULT ", 1)[1])
-                   for line in out.stdout.splitlines() if "RESULT " in line]  # fmt: skip
-        print(f"{args.nproc} ranks, gloo, CPU; {args.blocks} interleaved block pairs of "
-              f"{args.steps} steps ({time.monotonic() - t:.0f} s)")  # fmt: skip
-        for r in sorted(results, key=lambda r: r["rank"]):
-            off, on = median(r["times"]["off"]), median(r["times"]["on"])
-            align = r["align_ms"]
-            cost = f"{median(align):.1f} ms (median of {len(align)})" if align else "n/a"
-            print(f"  rank {r['rank']}: step {off:.2f} ms without comm timing, {on:.2f} ms "
-                  f"with: ratio {on / off:.3f}; clock alignment start-up {cost}")  # fmt: skip
-        from gpuprofd.dbread import open_ro
-
-        conn = open_ro(tmp / "bench.db")
-        row = conn.execute(
-            "SELECT COUNT(*) AS n, COUNT(DISTINCT run_id || '-' || step) AS steps "
-            "FROM comm_buckets"
-        ).fetchone()
-        conn.close()
-        if row["steps"]:
-            print(f"  buckets timed: {row['n']} over {row['steps']} steps "
-                  f"({row['n'] / row['steps']:.1f} per step)")  # fmt: skip
+        for batch in args.batch:
+            _job(script, env, args, batch, tmp / "bench.db")
     finally:
         daemon.terminate()
         daemon.wait(20)
