@@ -615,8 +615,10 @@ def assess_rank(w: Mapping[str, Any], db: Mapping[str, Any], live: bool) -> dict
             None, f"skipped: no NCCL kernels on a CPU ({w.get('backend')}); the window saw "
             f"{sum(ops.values())} collective range(s) for {len(wrows)} bucket row(s)")
     elif not kernels:
+        why = ("; one rank: NCCL's in-place sum runs no kernel (use --hook avg)"
+               if w.get("world_size") == 1 and w.get("hook") == "default" else "")
         checks["events_vs_kernels"] = _check(
-            False, "no NCCL kernel in the torch.profiler window: nothing to compare")
+            False, f"no NCCL kernel in the torch.profiler window: nothing to compare{why}")
     else:
         checks["events_vs_kernels"] = _check(
             med is not None and lo <= med <= hi,
