@@ -17,7 +17,8 @@ completion). On CUDA tensors a ``torch.cuda.Event(enable_timing=True)`` is
 recorded at entry and inside the callback (which runs on a stream ordered
 after the collective) and resolved later without synchronizing
 (``event.query()``): end = start + the events' elapsed time. Records still
-unresolved when their step is sent are left out and counted. (No GPU in CI:
+unresolved :data:`HOLD_NS` after their step (or at the profile's end, after
+:meth:`CommTimer.settle`) are left out and counted. (No GPU in CI:
 the CUDA path is unit-tested with fake event objects.)
 
 ``no_sync()`` needs nothing: DDP calls no comm hook then.
@@ -42,8 +43,9 @@ Records are attached to steps where the session sends them
 (:meth:`CommTimer.attach`): the buckets launched within a step's
 ``[t0, t1]`` become its ``comm`` and its exposed comm time moves from
 ``backward`` to the ``comm`` phase (:func:`gpuprof.comm.split_backward`).
-Records outside any step are dropped and counted; at most
-:data:`MAX_PENDING` wait to be attached.
+A step whose CUDA events have not completed yet (the CPU runs ahead of the
+GPU) waits for the next send, up to :data:`HOLD_NS`. Records outside any
+step are dropped and counted; at most :data:`MAX_PENDING` wait to be attached.
 
 Nothing here raises into training: hook bookkeeping is guarded, and a
 registration the reducer refuses becomes a notice.
@@ -51,7 +53,6 @@ registration the reducer refuses becomes a notice.
 
 from __future__ import annotations
 
-import bisect
 import logging
 import operator
 import sys
@@ -71,6 +72,12 @@ log = logging.getLogger("gpuprof.shim")
 #: this): DDP's 25 MB buckets make ~280 per step for a 7B model, and steps
 #: go out every step or every few steps.
 MAX_PENDING = 4096
+#: Longest a step waits (ns after its end) for its buckets' CUDA events before
+#: it is sent without them: the CPU runs a few steps ahead of the GPU at most,
+#: and a live view should not lag more than this.
+HOLD_NS = 2_000_000_000
+#: At the profile's end, how long (s) the last steps' CUDA events may take.
+SETTLE_S = 0.5
 #: Modules walked looking for a DDP inside a newly found root.
 _MAX_WALK = 10_000
 #: Most DDP instances timed in one profile.
@@ -367,7 +374,7 @@ class CommTimer:
         if self.unresolved:
             notes.append(
                 f"{self.unresolved} DDP bucket timing{'s' if self.unresolved > 1 else ''} "
-                "left out (CUDA events not complete when their step was sent)"
+                "left out (CUDA events not complete 2 s after their step, or at the end)"
             )
         return notes
 
@@ -417,40 +424,65 @@ class CommTimer:
 
         return done
 
-    def attach(self, steps: Sequence[StepRecord]) -> None:
+    def attach(
+        self, steps: Sequence[StepRecord], *, now_ns: int | None = None, final: bool = False
+    ) -> int:
         """Give each step (in order) the buckets launched within its
         ``[t0, t1]`` and its ``comm`` phase; drop (and count) older records
-        outside every step; keep those launched after the last step."""
-        if not steps:
-            return
-        last_t1 = steps[-1].t1
-        taken: list[_Record] = []
-        with self._lock:
-            records = self._records
-            while records and records[0].start_ns <= last_t1:
-                taken.append(records.popleft())
-        if not taken:
-            return
-        starts = [s.t0 for s in steps]
-        per_step: dict[int, list[BucketTiming]] = {}
-        for rec in taken:
-            k = bisect.bisect_right(starts, rec.start_ns) - 1
-            if k < 0 or rec.start_ns > steps[k].t1:
-                self.dropped += 1
-                continue
+        outside every step; keep those launched after the last step.
+
+        Returns how many leading steps are ready to send. A step with a
+        record whose CUDA events have not completed is not ready: it and the
+        steps after it wait for the next send, for at most :data:`HOLD_NS`
+        after the step's end (by *now_ns*); then, or when *final*, it goes
+        without those records (counted in :attr:`unresolved`).
+        """
+        now = self.clock() if now_ns is None else now_ns
+        for k, step in enumerate(steps):
+            with self._lock:
+                records = self._records
+                taken: list[_Record] = []
+                while records and records[0].start_ns <= step.t1:
+                    taken.append(records.popleft())
+            timings: list[BucketTiming] = []
+            late: list[_Record] = []
+            for rec in taken:
+                if rec.start_ns < step.t0:
+                    self.dropped += 1  # launched between steps
+                    continue
+                try:
+                    timing = rec.resolve()
+                except Exception:
+                    timing = None
+                if timing is None:
+                    late.append(rec)
+                elif (0 <= timing.bucket < MAX_BUCKETS_PER_STEP
+                      and timing.nbytes <= MAX_BUCKET_BYTES):  # fmt: skip
+                    timings.append(timing)
+            if late and not final and now - step.t1 < HOLD_NS:
+                with self._lock:  # back in front, in order: the next send tries again
+                    self._records.extendleft(reversed([r for r in taken if r.start_ns >= step.t0]))
+                return k
+            self.unresolved += len(late)
+            if timings:
+                step.comm = timings[:MAX_BUCKETS_PER_STEP]
+                step.phases = split_backward(step.phases, step.comm)
+                self.attached += len(step.comm)
+        return len(steps)
+
+    def settle(self, timeout_s: float = SETTLE_S) -> None:
+        """At the profile's end: give records whose CUDA events are still
+        running up to *timeout_s* to complete (polling, never synchronizing)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with self._lock:
+                waiting = [r for r in self._records if r.ev_start is not None]
             try:
-                timing = rec.resolve()
+                if all(r.resolve() is not None for r in waiting):
+                    return
             except Exception:
-                timing = None
-            if timing is None:
-                self.unresolved += 1
-            elif 0 <= timing.bucket < MAX_BUCKETS_PER_STEP and timing.nbytes <= MAX_BUCKET_BYTES:
-                per_step.setdefault(k, []).append(timing)
-        for k, timings in per_step.items():
-            step = steps[k]
-            step.comm = timings[:MAX_BUCKETS_PER_STEP]
-            step.phases = split_backward(step.phases, step.comm)
-            self.attached += len(step.comm)
+                return
+            time.sleep(0.002)
 
     def pending(self) -> int:
         """Records waiting for their step."""

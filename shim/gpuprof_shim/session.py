@@ -581,17 +581,20 @@ class Profiler:
         except Exception:
             log.debug("gpuprof: could not emit step %s", rec.i, exc_info=True)
 
-    def _send_pending(self, now_ns: int) -> None:
+    def _send_pending(self, now_ns: int, final: bool = False) -> None:
         """Send the queued step events. The burst's last step carries torch's
         CUDA memory figures (when CUDA is in use): one read per burst, not per
-        step, and the peak figure is cumulative, so no peak is missed."""
+        step, and the peak figure is cumulative, so no peak is missed. Steps
+        whose DDP buckets' CUDA events are still running stay queued for the
+        next burst (see :meth:`gpuprof_shim.comm.CommTimer.attach`)."""
         pending, self._pending = self._pending, []
         self._sent_at = now_ns
         if self.sender is not None:
             if pending:
                 pending[-1].mem = memory.cuda_memory()
                 if self._comm is not None:  # here, not per step: CUDA events had time to finish
-                    self._comm.attach(pending)
+                    ready = self._comm.attach(pending, now_ns=now_ns, final=final)
+                    pending, self._pending = pending[:ready], pending[ready:]
             for rec in pending:
                 self.sender.send(messages.step(self.run_key, rec))
             info = self._model_info()
@@ -631,7 +634,9 @@ class Profiler:
             exc = None  # sys.exit(0) inside the loop is a normal end
         if self.machine is not None and self._open:
             self.machine.flush(self.clock())
-        self._send_pending(self.clock())
+        if self._comm is not None:
+            self._comm.settle()  # the last steps' CUDA events, if any are still running
+        self._send_pending(self.clock(), final=True)
         self._close_aligner()  # before bye: a result still coming goes out first
         self._open = False
         if self._recorder is not None:

@@ -20,7 +20,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gpuprof
 from gpuprof.comm import COMM_PHASE, BucketTiming, ClockOffset
-from gpuprof_shim.comm import CommHook, CommTimer
+from gpuprof_shim.comm import HOLD_NS, CommHook, CommTimer
 from gpuprof_shim.steps import StepRecord
 from tests.shim.training import MLP
 
@@ -332,7 +332,9 @@ def step(i: int, t0: int, t1: int, backward: int = 500) -> StepRecord:
     return StepRecord(i, t0, t1, 0, False, 1, {"forward": 100, "backward": backward})
 
 
-def test_cuda_events_resolve_without_sync_and_unresolved_are_counted():
+def _cuda_timer() -> tuple[CommTimer, Clock, list[FakeEvent], list[Any]]:
+    """A timer with two CUDA buckets launched in a step (1, then 0), their
+    callbacks run; events 0-2 complete, the second bucket's end (3) not yet."""
     clock = Clock()
     timer = CommTimer(clock=clock)
     events: list[FakeEvent] = []
@@ -351,14 +353,44 @@ def test_cuda_events_resolve_without_sync_and_unresolved_are_counted():
     # the callbacks run (the collectives are launched on the GPU's stream)
     assert timer.done_callback(recs[0], first=True)(FakeFuture(["t0"])) == "t0"
     assert timer.done_callback(recs[1], first=False)(FakeFuture("t1")) == "t1"
-    events[0].done = events[1].done = events[2].done = True  # the second's end: not yet
-    s = step(0, 1_000, 2_000)
-    timer.attach([s])
-    # the first: start + (0.5 - 0) ms of GPU time; the second is left out
-    assert s.comm == [BucketTiming(1, 1_100, 1_100 + 500_000, 40)]
-    assert timer.unresolved == 1 and timer.pending() == 0
+    events[0].done = events[1].done = events[2].done = True
+    return timer, clock, events, recs
+
+
+def test_a_step_waits_for_its_cuda_events_then_goes_with_them():
+    timer, _, events, _ = _cuda_timer()
+    s, later = step(0, 1_000, 2_000), step(1, 2_100, 2_900)
+    # the second bucket's GPU work is still running: neither step is ready
+    assert timer.attach([s, later], now_ns=3_000) == 0
+    assert s.comm == [] and timer.pending() == 2 and timer.unresolved == 0
+    events[3].done = True  # the GPU caught up by the next send
+    assert timer.attach([s, later], now_ns=4_000) == 2
+    # start + GPU time between the events: (0.5 - 0) ms and (0.75 - 0.25) ms
+    assert s.comm == [BucketTiming(1, 1_100, 1_100 + 500_000, 40),
+                      BucketTiming(0, 1_200, 1_200 + 500_000, 40)]  # fmt: skip
+    assert timer.unresolved == 0 and timer.pending() == 0
     assert s.phases["backward"] == 0 and s.phases[COMM_PHASE] == 500  # capped by backward
-    assert any("left out" in n for n in timer.summary_notes())
+
+
+def test_cuda_events_still_running_after_the_hold_or_at_the_end_are_counted():
+    for kwargs in ({"now_ns": 2_000 + HOLD_NS}, {"now_ns": 3_000, "final": True}):
+        timer, *_ = _cuda_timer()
+        s = step(0, 1_000, 2_000)
+        assert timer.attach([s], **kwargs) == 1
+        assert s.comm == [BucketTiming(1, 1_100, 1_100 + 500_000, 40)]
+        assert timer.unresolved == 1 and timer.pending() == 0
+        assert any("left out" in n for n in timer.summary_notes())
+
+
+def test_settle_waits_for_running_events_but_not_forever():
+    timer, _, events, _ = _cuda_timer()
+    t = time.monotonic()
+    timer.settle(0.05)  # event 3 never completes: gives up
+    assert 0.04 <= time.monotonic() - t < 1.0
+    events[3].done = True
+    t = time.monotonic()
+    timer.settle(5.0)
+    assert time.monotonic() - t < 0.5  # all complete: returns at once
 
 
 def test_wall_clock_records_attach_to_their_steps_and_drop_outside():
