@@ -91,7 +91,11 @@ class Profiler:
             see :mod:`gpuprof_shim.flops`). None (default): only when neither
             ``flops_per_step`` nor ``arch`` is given; True: also then (the
             count is kept beside the declared figure); False: never.
-        print_summary: print the summary block to stdout at exit.
+        print_summary: print the summary block to stdout at exit. Default
+            (None): on global rank 0 only (every process outside torchrun),
+            so a job of 8 ranks prints one block, not 8 interleaved ones;
+            every rank's run is stored all the same (``gpuprofctl insights
+            --group``).
         socket_dir: gpuprofd's socket directory (default ``GPUPROF_SOCKET`` or
             the per-user runtime dir).
         db: the database a started daemon uses (default ``GPUPROF_DB`` or
@@ -128,7 +132,7 @@ class Profiler:
         auto: bool = True,
         flops_per_step: float | None = None,
         dtype: Any = None,
-        print_summary: bool = True,
+        print_summary: bool | None = None,
         socket_dir: str | os.PathLike[str] | None = None,
         db: str | os.PathLike[str] | None = None,
         autostart: bool = True,
@@ -166,7 +170,6 @@ class Profiler:
         self._tracer: Tracer | None = None
         self._nsys_notice = False
         self._nsys_depth = 0  # nested nsys_capture() blocks: only the outermost starts/stops
-        self.print_summary = bool(print_summary)
         self.db = str(Path(db).expanduser().resolve() if db else config.db_path())
         #: The database this run asked for; a running daemon may own another.
         self.requested_db = self.db
@@ -176,6 +179,9 @@ class Profiler:
         self.autostart = bool(autostart)
         self.run_key = uuid.uuid4().hex
         self.ranks = identity.read_ranks()
+        self.print_summary = (
+            self.ranks.rank == 0 if print_summary is None else bool(print_summary)
+        )
         #: The group id (torchrun's run id, or *group*); None: its own group.
         self.group = identity.group_id(None if group is None else str(group))
         self.run_id: int | None = None

@@ -126,6 +126,25 @@ def test_print_summary_false_prints_nothing(socket_dir, fake_daemon, capsys):
     assert prof.summary is not None and prof.summary["run_name"] == "s"
 
 
+@pytest.mark.parametrize(
+    ("rank", "asked", "printed"),
+    [(None, None, True), ("0", None, True), ("3", None, False), ("3", True, True),
+     ("0", False, False)],
+)  # fmt: skip
+def test_the_summary_prints_on_rank_0_unless_asked(
+    socket_dir, fake_daemon, capsys, monkeypatch, rank, asked, printed
+):
+    # under torchrun every rank would print its block; one is read, all are stored
+    if rank is not None:
+        monkeypatch.setenv("RANK", rank)
+        monkeypatch.setenv("WORLD_SIZE", "4")
+    kw = {} if asked is None else {"print_summary": asked}
+    with profile(socket_dir, auto=False, **kw) as prof:
+        pass
+    assert ("gpuprof · s" in capsys.readouterr().out) is printed
+    assert prof.summary is not None and prof.summary["run_name"] == "s"
+
+
 def test_manual_mode_leaves_torch_unpatched(socket_dir, fake_daemon):
     with profile(socket_dir, auto=False):
         assert vars(nn.Module)["__call__"] is nn.Module._wrapped_call_impl
