@@ -380,9 +380,13 @@ def _straggler_explains(straggler: Insight, skew: Insight) -> bool:
     """Whether a bucket_skew finding is only the straggler's slow backward
     seen bucket by bucket: the same rank, and the named bucket holds less
     than :data:`OWN_LATENESS_SHARE` of that rank's lateness over all buckets
-    (a slow backward delays every bucket; one late bucket is its own finding)."""
+    (a slow backward delays every bucket; one late bucket is its own finding),
+    or the model has a single bucket (nothing to tell apart)."""
     ev = skew.evidence
-    return ev["rank"] == straggler.evidence["rank"] and ev["lateness_share"] < OWN_LATENESS_SHARE
+    if ev["rank"] != straggler.evidence["rank"]:
+        return False
+    # one bucket: "late on bucket 0" is the straggler's slow backward, nothing more
+    return ev["buckets"] == 1 or ev["lateness_share"] < OWN_LATENESS_SHARE
 
 
 def group_rules(ctx: GroupContext) -> list[Insight]:

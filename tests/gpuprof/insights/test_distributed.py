@@ -288,6 +288,22 @@ def test_one_late_bucket_is_its_own_finding_beside_the_straggler_it_makes():
     assert skew["late_buckets"] == [last] and skew["lateness_share"] > 0.8
 
 
+def test_a_single_bucket_skew_is_the_straggler_itself():
+    # one bucket: the straggler's late bucket says nothing more than it does
+    ranks = [
+        make_rank(0, seed=30, backward_ms=70.0, comm_ms=5.0),
+        make_rank(1, seed=31, backward_ms=40.0, comm_ms=35.0),
+    ]
+    one = [
+        replace(r, bucket_start_ns=tuple(b[-1:] for b in r.bucket_start_ns),
+                bucket_end_ns=tuple(b[-1:] for b in r.bucket_end_ns))
+        for r in ranks
+    ]  # fmt: skip
+    ctx = group(*one)
+    assert bucket_skew(ctx) is not None and bucket_skew(ctx).evidence["buckets"] == 1
+    assert [i.rule for i in group_rules(ctx)] == ["straggler_rank"]
+
+
 # --- rank_skew -------------------------------------------------------------
 
 
