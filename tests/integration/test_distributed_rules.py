@@ -10,11 +10,15 @@ backward hook.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import orjson
 import pytest
 
 from gpuprof.summary import format_summary
-from tests.integration.conftest import Node, wait_for
+from tests.integration.conftest import REPO, Node, wait_for
 
 #: Eight 128x128 layers, ~66 KB of fp32 gradients each, DDP buckets capped at
 #: 0.05 MB: about one layer per bucket; the last bucket launched holds layer 0.
@@ -125,3 +129,21 @@ def test_balanced_ranks_fire_no_distributed_rule(node: Node, nproc: int):
     assert all(r["comm"] and r["comm"]["buckets_per_step"] >= 1 for r in data["ranks"]), [
         r.get("comm") for r in data["ranks"]
     ]
+
+
+@pytest.mark.parametrize("slow", [True, False])
+def test_the_ddp_example_names_its_straggler(node: Node, slow: bool):
+    """``examples/ddp_straggler.py`` as the README runs it: rank 0's summary
+    block carries the group's findings."""
+    torchrun = Path(sys.executable).with_name("torchrun")
+    args = ["--steps", "40"] + (["--slow-rank", "1"] if slow else [])
+    out = subprocess.run(
+        [str(torchrun), "--standalone", "--nproc-per-node=2", "--monitor-interval=0.2",
+         str(REPO / "examples" / "ddp_straggler.py"), *args],
+        env=node.env, cwd=node.workdir, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.count("gpuprof · ddp-straggler  (40 steps") == 1  # rank 0 only
+    assert ("Rank 1 is a straggler" in out.stdout) is slow, out.stdout
+    # a single-bucket model: its late bucket is the straggler itself, not a second finding
+    assert "is the last to start bucket" not in out.stdout
