@@ -160,8 +160,9 @@ def comm_line(comm: Mapping[str, Any] | None) -> str | None:
     head = f"{exposed:.1f} ms/step exposed" if exposed is not None else "exposed time unknown"
     if share is not None:
         head += f" ({100 * share:.0f} % of step)"
+    n = comm["buckets_per_step"]
     return (
-        f"  Comm: {head} over {comm['buckets_per_step']:g} buckets, "
+        f"  Comm: {head} over {n:g} bucket{'' if n == 1 else 's'}, "
         f"{comm['bytes_per_step'] / 1e6:.1f} MB/step"
     )
 
