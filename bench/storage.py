@@ -14,6 +14,17 @@ times what a user does with it:
 - loading one GPU's whole-day per-second series, and the node's 8 GPUs
   downsampled to 1-minute points (what a dashboard chart draws).
 
+Under DDP (``--comm-buckets``, 280 by default; 0 skips it) the ranks form
+one torchrun group and every step also has its per-bucket comm timings. The
+day's database holds the ``comm_buckets`` rows the daemon keeps once it has
+pruned (:mod:`gpuprofd.commprune`: each run's last ``COMM_STEPS_KEPT`` steps
+and every ``COMM_KEEP_EVERY``-th) and each rank's stored end-of-run summary,
+as gpuprofd leaves them; ``gpuprofctl insights --group`` is timed on it. A
+comm case (``--comm-prune-hours``, 1 h by default: a day is 48 M rows a rank,
+too slow to write on a small box) stores one rank's every bucket row, gives
+MB per GPU-hour as received, prunes it with the daemon's own code (bounded
+passes through the store's writer) and gives MB per GPU-hour after.
+
 A second case is one rank of a ``continuous_traces_hz=1`` run: a kernels
 window a second, :data:`KERNELS_PER_WINDOW` rows each, stored as received,
 then compacted by the daemon's own code (:mod:`gpuprofd.kcompact`, as at the
@@ -21,6 +32,7 @@ run's end with the default raw window): kernel rows per GPU-hour before and
 after, and the time to load the day's kernel windows and compute insights.
 
     python bench/storage.py [--hours 24] [--gpus 8] [--step-ms 500] [--kernel-hours 24]
+                            [--comm-buckets 280] [--comm-prune-hours 1]
 
 Prints the figures; not a test (these machines are noisy).
 """
@@ -40,8 +52,10 @@ from pathlib import Path
 import orjson
 
 from gpuprof.insights import run_rules
+from gpuprof.insights.distributed import group_rules
 from gpuprof.insights.kernels import kernel_stats
-from gpuprofd import dbread, kcompact, queries, rollup, schema
+from gpuprof.summary import make_summary
+from gpuprofd import commprune, dbread, kcompact, queries, rollup, schema
 from gpuprofd.counters import DropCounter
 from gpuprofd.daemon import DEFAULT_RAW_WINDOW_S, STORED_GPU_HZ
 from gpuprofd.nvml import RealNvml, normalize_uuid
@@ -58,6 +72,9 @@ GPU_UUIDS = [f"GPU-{i:08x}-0000-4000-8000-000000000000" for i in range(64)]
 #: of a mid-size transformer lists (the issue's "~100 kernels per window").
 KERNELS_PER_WINDOW = 80
 OPS_PER_WINDOW = 20
+GROUP = "llm-24h"
+#: Gradient bytes per bucket: DDP's default 25 MB cap.
+BUCKET_BYTES = 25 * 2**20
 
 
 def trace_rollups() -> list[tuple]:
@@ -139,11 +156,11 @@ def build(db: Path, hours: float, gpus: int, step_ms: float) -> dict[str, int]:
         conn.execute(
             "INSERT INTO runs (id, run_key, run_name, status, host, pid, rank, local_rank, "
             "world_size, auto, start_wall_ns, start_mono_ns, end_wall_ns, end_mono_ns, options, "
-            "cuda_uuid, gpu_model, gpu_count, cpu_count, median_step_ms) "
-            "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            "cuda_uuid, gpu_model, gpu_count, cpu_count, median_step_ms, group_id, "
+            "local_world_size) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (rank + 1, f"day-{rank}", "llm-24h", "finished", "node1", 1000 + rank, rank, rank,
              gpus, 1, 0, start, seconds * S, end, "{}", uuids[rank], "NVIDIA H200", gpus, 128,
-             step_ms),
+             step_ms, GROUP, gpus),
         )  # fmt: skip
         conn.executemany(
             "INSERT INTO steps (run_id, step, t0_ns, t1_ns, wait_ns, explicit, micro, phases, "
@@ -176,6 +193,108 @@ def build(db: Path, hours: float, gpus: int, step_ms: float) -> dict[str, int]:
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     conn.close()
     return counts
+
+
+def bucket_rows(run_id: int, rank: int, steps, step_ns: int, n_buckets: int):
+    """*run_id*'s bucket rows for *steps* (as the build's steps lay them out:
+    backward is 60 % of the step after a 30 % forward; bucket ``b`` launched
+    as its gradients are ready, every rank's all-reduce done 2 ms after the
+    last launch; rank 3 launches 3 ms late: a straggler)."""
+    start = 1000 * S
+    bwd = step_ns * 6 // 10
+    late = 3_000_000 if rank == 3 else 0
+    for i in steps:
+        t0 = start + i * step_ns + step_ns // 50
+        back = t0 + step_ns * 3 // 10
+        for b in range(n_buckets):
+            ready = back + (b + 1) * bwd // n_buckets
+            yield (run_id, i, b, ready + late + (i * 7 + b) % 50_000,
+                   ready + 3_000_000 + 2_000_000 + b % 1000, BUCKET_BYTES)  # fmt: skip
+
+
+def build_comm(db: Path, hours: float, gpus: int, step_ms: float, n_buckets: int) -> int:
+    """The day's comm rows once pruned (each rank's last COMM_STEPS_KEPT steps
+    and every COMM_KEEP_EVERY-th). Returns the rows."""
+    step_ns = int(step_ms * 1e6)
+    n_steps = int(hours * 3600) * S // step_ns
+    cut = n_steps - commprune.COMM_STEPS_KEPT
+    kept = [i for i in range(n_steps) if i >= cut or i % commprune.COMM_KEEP_EVERY == 0]
+    conn = sqlite3.connect(db)
+    for rank in range(gpus):
+        conn.executemany(
+            "INSERT INTO comm_buckets (run_id, step, bucket, start_ns, end_ns, bytes) "
+            "VALUES (?,?,?,?,?,?)",
+            bucket_rows(rank + 1, rank, kept, step_ns, n_buckets),
+        )
+    conn.commit()
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    return len(kept) * n_buckets * gpus
+
+
+def comm_prune_case(tmp: str, hours: float, step_ms: float, n_buckets: int) -> None:
+    """One rank's every bucket row for *hours*, then pruned by the daemon's code."""
+    db = Path(tmp) / "comm.db"
+    schema.prepare(db)
+    step_ns = int(step_ms * 1e6)
+    n_steps = int(hours * 3600) * S // step_ns
+    t = time.perf_counter()
+    conn = sqlite3.connect(db)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("INSERT INTO runs (id, run_key, run_name, status, options) "
+                 "VALUES (1, 'c', 'comm', 'finished', '{}')")  # fmt: skip
+    conn.executemany(
+        "INSERT INTO steps (run_id, step, t0_ns, t1_ns, wait_ns, explicit, micro, phases) "
+        "VALUES (1, ?, ?, ?, 0, 0, 1, '{}')",
+        ((i, 1000 * S + i * step_ns, 1000 * S + (i + 1) * step_ns) for i in range(n_steps)),
+    )
+    conn.executemany(
+        "INSERT INTO comm_buckets (run_id, step, bucket, start_ns, end_ns, bytes) "
+        "VALUES (?,?,?,?,?,?)",
+        bucket_rows(1, 0, range(n_steps), step_ns, n_buckets),
+    )
+    conn.commit()
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    rows = n_steps * n_buckets
+    print(f"\ncomm buckets, one rank, {hours:g} h of {step_ms:g} ms steps with {n_buckets} "
+          f"buckets: {rows:,} rows built in {time.perf_counter() - t:.0f} s")  # fmt: skip
+    before = table_bytes(db).get("comm_buckets", 0)
+    print(f"  as received: {before / rows:.0f} bytes a row (index included), "
+          f"{before / 1e6 / hours:.1f} MB per GPU-hour; a 24-hour rank: "
+          f"{before / hours * 24 / 1e9:.2f} GB, {rows / hours * 24 / 1e6:.1f} M rows")
+
+    async def prune() -> tuple[int, float]:
+        store = Store(db, DropCounter())
+        await store.open()
+        store.start()
+        try:
+            pruner = commprune.CommPruner()
+            passes, worst = 0, 0.0
+            while True:
+                t = time.perf_counter()
+                if not await pruner.prune_pass(store):
+                    break
+                worst = max(worst, time.perf_counter() - t)
+                passes += 1
+            return passes, worst
+        finally:
+            await store.close()
+
+    t = time.perf_counter()
+    passes, worst = asyncio.run(prune())
+    took = time.perf_counter() - t
+    (left,) = read(db, "SELECT COUNT(*) FROM comm_buckets")[0]
+    conn = sqlite3.connect(db)
+    conn.execute("VACUUM")
+    conn.close()
+    after = table_bytes(db).get("comm_buckets", 0)
+    print(f"  pruned by gpuprofd.commprune in {passes} passes of <= "
+          f"{commprune.MAX_ROWS_PER_PASS:,} rows: {took:.1f} s "
+          f"({(rows - left) / max(took, 1e-9) / 1e6:.2f} M rows/s, longest pass {worst:.2f} s); "
+          f"{left:,} rows left = {after / 1e6:.1f} MB ({after / 1e6 / hours:.2f} MB per "
+          f"GPU-hour over {hours:g} h; the window of {commprune.COMM_STEPS_KEPT:,} steps is "
+          f"a fixed cost per run)")  # fmt: skip
 
 
 def build_continuous(db: Path, hours: float, step_ms: float) -> tuple[int, int]:
@@ -319,6 +438,54 @@ def best_of(n: int, fn) -> tuple[float, object]:
     return best, result
 
 
+def store_summaries(db: Path, gpus: int) -> None:
+    """Each rank's end-of-run summary, as gpuprofd stores it when the rank
+    ends (rank 1's, built once, for all)."""
+    ro = dbread.open_ro(db)
+    try:
+        ctx = dbread.run_context(ro, dbread.get_run(ro, 1))
+        summary = make_summary(1, ctx, [], str(db))
+    finally:
+        ro.close()
+    conn = sqlite3.connect(db)
+    conn.executemany(
+        "UPDATE runs SET summary = ? WHERE id = ?",
+        [(orjson.dumps({**summary, "run_id": r + 1}).decode(), r + 1) for r in range(gpus)],
+    )
+    conn.commit()
+    conn.close()
+
+
+def group_case(db: Path, args: argparse.Namespace) -> None:
+    """Time ``gpuprofctl insights --group`` on the day (pruned comm rows, each
+    rank's stored summary; no stored group findings: they are computed, as
+    for a group whose rules found nothing)."""
+    store_summaries(db, args.gpus)
+    cmd = [sys.executable, "-m", "gpuprofd.ctl", "insights", str(db), "--group", GROUP,
+           "--format", "json"]  # fmt: skip
+    ctl = ROOT / ".venv" / "bin" / "gpuprofctl"
+    if ctl.exists():
+        cmd = [str(ctl), *cmd[3:]]
+    t = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    ctl_s = time.perf_counter() - t
+    found = orjson.loads(proc.stdout)["insights"] if proc.returncode == 0 else proc.stderr[-300:]
+    print(f"gpuprofctl insights --group on the {args.gpus}-rank day (pruned bucket rows, stored "
+          f"summaries): {ctl_s:.2f} s wall, exit {proc.returncode}; group findings: "
+          f"{[(i['rule'], i['evidence'].get('rank')) for i in found] if proc.returncode == 0 else found}")  # noqa: E501
+
+    def findings():
+        conn = dbread.open_ro(db)
+        try:
+            return group_rules(dbread.group_context(conn, GROUP))
+        finally:
+            conn.close()
+
+    s, _ = best_of(3, findings)
+    print(f"in-process group context + rules (what gpuprofd runs at a rank's end): {s:.2f} s "
+          "(best of 3)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--hours", type=float, default=24.0)
@@ -327,14 +494,25 @@ def main() -> None:
     ap.add_argument("--kernel-hours", type=float, default=24.0,
                     help="hours of the continuous-traces case (0: skip it)")  # fmt: skip
     ap.add_argument("--only-kernels", action="store_true", help="run only that case")
+    ap.add_argument("--comm-buckets", type=int, default=280,
+                    help="DDP buckets per step (0: no comm rows, no group)")  # fmt: skip
+    ap.add_argument("--comm-prune-hours", type=float, default=1.0,
+                    help="hours of one rank's every bucket row for the pruning case (0: skip)")
+    ap.add_argument("--only-comm", action="store_true", help="run only the pruning case")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="gpuprof-bench-") as tmp:
         if args.only_kernels:
             continuous_case(tmp, args.kernel_hours, args.step_ms)
             return
+        if args.only_comm:
+            comm_prune_case(tmp, args.comm_prune_hours, args.step_ms, args.comm_buckets)
+            return
         db = Path(tmp) / "day.db"
         t = time.perf_counter()
         counts = build(db, args.hours, args.gpus, args.step_ms)
+        if args.comm_buckets > 0:
+            counts["comm_buckets"] = build_comm(db, args.hours, args.gpus, args.step_ms,
+                                                args.comm_buckets)  # fmt: skip
         print(f"built {db.stat().st_size / 1e6:.1f} MB in {time.perf_counter() - t:.0f} s: "
               f"{args.hours:g} h, {args.gpus} GPUs at {SAMPLE_HZ:g} Hz, one {args.step_ms:g} ms "
               "step per rank")  # fmt: skip
@@ -392,6 +570,10 @@ def main() -> None:
         )
         s, rows = best_of(3, lambda: read(db, node_sql))
         print(f"the node's {args.gpus} GPUs at 1-minute points ({len(rows):,} points): {s:.2f} s")
+        if args.comm_buckets > 0:
+            group_case(db, args)
+        if args.comm_buckets > 0 and args.comm_prune_hours > 0:
+            comm_prune_case(tmp, args.comm_prune_hours, args.step_ms, args.comm_buckets)
         if args.kernel_hours > 0:
             continuous_case(tmp, args.kernel_hours, args.step_ms)
 

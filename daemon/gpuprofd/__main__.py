@@ -16,6 +16,7 @@ import click
 
 from gpuprof import config
 from gpuprofd import __version__
+from gpuprofd.commprune import COMM_KEEP_EVERY, COMM_STEPS_KEPT
 from gpuprofd.daemon import DEFAULT_RAW_WINDOW_S, DaemonOptions, run_daemon
 from gpuprofd.errors import EXIT_BAD_INPUT, GpuprofdError
 from gpuprofd.gpu_sampler import DEFAULT_SAMPLE_HZ
@@ -84,6 +85,24 @@ class FiniteRange(click.FloatRange):
     "(min/mean/max) for the whole run.",
 )
 @click.option(
+    "--comm-steps-kept",
+    type=click.IntRange(min=1),
+    default=COMM_STEPS_KEPT,
+    show_default=True,
+    metavar="STEPS",
+    help="Per-bucket DDP comm rows are kept for each run's last STEPS steps (the group "
+    "rules read the last 2000 common steps) ...",
+)
+@click.option(
+    "--comm-keep-every",
+    type=click.IntRange(min=1),
+    default=COMM_KEEP_EVERY,
+    show_default=True,
+    metavar="N",
+    help="... and for every Nth step; the others are deleted (each step's exposed comm "
+    "time is kept).",
+)
+@click.option(
     "--log-level",
     type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
     default="info",
@@ -91,7 +110,8 @@ class FiniteRange(click.FloatRange):
 )
 @click.version_option(__version__, prog_name="gpuprofd")
 def cli(socket_dir: Path | None, db: Path | None, idle_exit_s: float, sample_hz: float,
-        raw_window_s: float, log_level: str) -> int:  # fmt: skip
+        raw_window_s: float, comm_steps_kept: int, comm_keep_every: int,
+        log_level: str) -> int:  # fmt: skip
     """gpuprofd: the per-node gpuprof daemon (ingest, GPU/host sampling, storage, insights)."""
     logging.basicConfig(level=log_level.upper(), format=LOG_FORMAT, stream=sys.stderr)
     logging.getLogger("aiosqlite").setLevel(logging.WARNING)  # one line per SQL call
@@ -108,6 +128,8 @@ def cli(socket_dir: Path | None, db: Path | None, idle_exit_s: float, sample_hz:
         idle_exit_s=idle_exit_s,
         sample_hz=sample_hz,
         raw_window_s=raw_window_s,
+        comm_steps_kept=comm_steps_kept,
+        comm_keep_every=comm_keep_every,
         nvml_backend=nvml,
         gpu_rate_usd_per_hour=rate,
         base_notes=notes,

@@ -6,6 +6,14 @@ tasks. At shutdown (SIGTERM/SIGINT/idle): stop accepting → let in-flight
 requests finish → stop samplers → persist counters → flush the store →
 remove socket files → release the lock. Live runs stay ``running`` so the
 next daemon re-adopts them.
+
+Periodic pruning (every :data:`PRUNE_INTERVAL_S`, or the raw window if
+shorter): raw GPU samples older than ``--raw-window`` (the per-second rollups
+keep the whole run); continuous kernel windows merged as they age
+(:mod:`gpuprofd.kcompact`); per-bucket comm rows outside each run's last
+``--comm-steps-kept`` steps that are not every ``--comm-keep-every``-th step
+(:mod:`gpuprofd.commprune`; bounded delete passes, each step's exposed comm
+stays in ``steps``).
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ import zmq
 import zmq.asyncio
 
 from gpuprof import config
-from gpuprofd import kcompact, rollup, runsdb, schema
+from gpuprofd import commprune, kcompact, rollup, runsdb, schema
 from gpuprofd.boot import boot_id
 from gpuprofd.control import ControlServer
 from gpuprofd.counters import DropCounter
@@ -73,6 +81,10 @@ class DaemonOptions:
     base_notes: tuple[str, ...] = ()
     raw_window_s: float = DEFAULT_RAW_WINDOW_S
     """Raw GPU samples older than this are deleted (rollups stay), seconds."""
+    comm_steps_kept: int = commprune.COMM_STEPS_KEPT
+    """Per-bucket comm rows kept for each run's last this-many steps ..."""
+    comm_keep_every: int = commprune.COMM_KEEP_EVERY
+    """... and for every this-many-th step (:mod:`gpuprofd.commprune`)."""
 
 
 def run_daemon(opts: DaemonOptions) -> int:
@@ -199,6 +211,7 @@ class Daemon:
             asyncio.create_task(lifecycle.run(), name="lifecycle"),
             asyncio.create_task(self._prune_raw(), name="prune"),
             asyncio.create_task(self._compact_kernels(), name="compact-kernels"),
+            asyncio.create_task(self._prune_comm(), name="prune-comm"),
         ]
         if backend is not None:
             self._gpu = GpuSampler(backend, opts.sample_hz, self._gpu_sink(),
@@ -345,6 +358,19 @@ class Daemon:
                 await kcompact.compact_once(self.store, time.monotonic_ns(), self.opts.raw_window_s)
             except Exception:  # a read failing must not end the task
                 log.exception("kernel window compaction failed; retried next time")
+
+    async def _prune_comm(self) -> None:
+        """Delete per-bucket comm rows outside each run's recent window and
+        not every Nth step (:mod:`gpuprofd.commprune`), as often as raw GPU rows."""
+        pruner = commprune.CommPruner(self.opts.comm_steps_kept, self.opts.comm_keep_every)
+        while True:
+            await asyncio.sleep(min(PRUNE_INTERVAL_S, self.opts.raw_window_s))
+            try:
+                passes = await pruner.prune_round(self.store)
+                if passes:
+                    log.debug("comm buckets pruned in %d pass(es)", passes)
+            except Exception:  # a read or delete failing must not end the task
+                log.exception("comm bucket pruning failed; retried next time")
 
     # --- control handlers ------------------------------------------------------
 

@@ -128,9 +128,16 @@ def run_context(conn: sqlite3.Connection, run: dict[str, Any]) -> RunContext:
     )
 
 
-def comm_totals(conn: sqlite3.Connection, run_id: int) -> dict[str, Any]:
-    """The run's timed gradient buckets summed (:data:`queries.COMM_TOTALS_SQL`)."""
-    rows = _query(conn, queries.COMM_TOTALS_SQL, (run_id,))
+def comm_totals(
+    conn: sqlite3.Connection, run_id: int, steps: tuple[int, int] | None = None
+) -> dict[str, Any]:
+    """The run's timed gradient buckets summed (:data:`queries.COMM_TOTALS_SQL`);
+    with *steps* ``(first, last)``, those of the steps in that range only."""
+    if steps is None:
+        rows = _query(conn, queries.COMM_TOTALS_SQL, (run_id,))
+    else:
+        sql = queries.COMM_TOTALS_SQL + " AND step BETWEEN ? AND ?"
+        rows = _query(conn, sql, (run_id, *steps))
     return dict(rows[0]) if rows else {"steps": 0, "buckets": 0, "bytes": 0}
 
 
@@ -196,21 +203,32 @@ GROUP BY run_id
 """
 
 
+#: :data:`_OVERVIEW_SQL` over one group's runs only.
+_GROUP_OVERVIEW_SQL = _OVERVIEW_SQL.replace(
+    "FROM steps\n)", "FROM steps WHERE run_id IN (SELECT id FROM runs WHERE group_id = ?)\n)"
+)
+assert _GROUP_OVERVIEW_SQL != _OVERVIEW_SQL
+
+
+def group_runs(conn: sqlite3.Connection, group: str) -> list[dict[str, Any]]:
+    """*group*'s runs (``group_id``), by rank, without step aggregates."""
+    rows = _query(conn, "SELECT * FROM runs WHERE group_id = ? ORDER BY rank, id", (group,))
+    return [queries.run_from_row(r) for r in rows]
+
+
 def runs_overview(conn: sqlite3.Connection, group: str | None = None) -> list[dict[str, Any]]:
     """Every run with its step aggregates, newest first; with *group*, only
     that group's runs (``group_id``), by rank."""
-    agg = {r["run_id"]: dict(r) for r in _query(conn, _OVERVIEW_SQL)}
-    out = []
-    rows = (
-        _query(conn, "SELECT * FROM runs ORDER BY id DESC")
-        if group is None
-        else _query(conn, "SELECT * FROM runs WHERE group_id = ? ORDER BY rank, id", (group,))
-    )
-    for r in rows:
-        run = queries.run_from_row(r)
+    if group is None:
+        agg = {r["run_id"]: dict(r) for r in _query(conn, _OVERVIEW_SQL)}
+        rows = _query(conn, "SELECT * FROM runs ORDER BY id DESC")
+        runs = [queries.run_from_row(r) for r in rows]
+    else:
+        agg = {r["run_id"]: dict(r) for r in _query(conn, _GROUP_OVERVIEW_SQL, (group,))}
+        runs = group_runs(conn, group)
+    for run in runs:
         run["agg"] = agg.get(run["id"])
-        out.append(run)
-    return out
+    return runs
 
 
 #: A group's rank statuses, in the order a group's own status picks them.
@@ -229,6 +247,12 @@ def group_status(statuses: list[str]) -> dict[str, Any]:
 #: The last common steps of a group the group rules read: bucket rows are
 #: loaded for these only (a day of 500 ms steps with 280 buckets is 48 M rows).
 GROUP_STEPS_MAX = 2000
+#: ... and the last common steps whose bucket rows they read: every rank's
+#: buckets of every step is ranks x buckets x steps timestamps compared in
+#: Python (8 ranks of 280 buckets over 2,000 steps: ~30 s on a 2-core box,
+#: 200 steps ~2 s); 100 steps are ~1 s there and plenty for "late on >= 60 %
+#: of steps" (the rules fire on 30).
+GROUP_BUCKET_STEPS = 100
 #: Steps read per rank to find them: the last this many up to the index every
 #: rank has reached (by the ``steps_run_step`` index, so the work is the same on
 #: a day-long run); twice the window leaves room for steps one rank lacks
@@ -248,7 +272,8 @@ def latest_rank_runs(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def group_context(conn: sqlite3.Connection, group: str) -> GroupContext:
     """The :class:`GroupContext` of *group*'s ranks (their latest runs) from
     their stored steps and bucket timings, over the last
-    :data:`GROUP_STEPS_MAX` steps they all have (see
+    :data:`GROUP_STEPS_MAX` steps they all have, bucket timings over the
+    last :data:`GROUP_BUCKET_STEPS` of them (see
     :mod:`gpuprof.insights.group_context` for what is kept and how clocks are
     aligned). Each rank's steps are read back from the highest index every
     rank has reached, :data:`GROUP_STEPS_READ` at most: bounded work however
@@ -277,11 +302,12 @@ def group_context(conn: sqlite3.Connection, group: str) -> GroupContext:
     common = common_steps(ranks)[-GROUP_STEPS_MAX:]
     if common:
         lo, hi = common[0], common[-1]
+        b_lo = common[-GROUP_BUCKET_STEPS:][0]
         ranks = [
             RankRows(
                 rank=r.rank, steps=[s for s in r.steps if lo <= s["step"] <= hi],
                 buckets=[tuple(b) for b in _query(conn, queries.GROUP_BUCKETS_SQL,
-                                                  (run["id"], lo, hi))],
+                                                  (run["id"], b_lo, hi))],
                 host=r.host, clock_offset_ns=r.clock_offset_ns,
                 clock_reference_rank=r.clock_reference_rank,
             )

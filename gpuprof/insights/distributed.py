@@ -172,16 +172,19 @@ def _bucket_lateness(
     The delta of a step is that rank's timestamp minus the median of the other
     ranks' for the same bucket.
     """
-    steps = min(len(getattr(r, attr)) for r in ranks)
+    series = [getattr(r, attr) for r in ranks]
+    steps = min(len(t) for t in series)
     best: tuple[int, int, float, float, float, int] | None = None
-    n_buckets = min(len(getattr(r, attr)[i]) for r in ranks for i in range(steps))
+    n_buckets = min(len(t[i]) for t in series for i in range(steps))
     for bucket in range(n_buckets):
-        for r in ranks:
+        # per step, every rank's timestamp of this bucket (rank order)
+        rows = [[t[i][bucket] for t in series] for i in range(steps)]
+        for j, r in enumerate(ranks):
             last = 0
             deltas: list[float] = []
-            for i in range(steps):
-                own = getattr(r, attr)[i][bucket]
-                others = [getattr(o, attr)[i][bucket] for o in ranks if o is not r]
+            for row in rows:
+                own = row[j]
+                others = row[:j] + row[j + 1 :]
                 if own > max(others):
                     last += 1
                 deltas.append((own - median(others)) / 1e6)

@@ -93,18 +93,30 @@ def format_kernels_and_mfu(summary: dict[str, Any], shown: str) -> list[str]:
 
 def rank_comm(conn: sqlite3.Connection, run: dict[str, Any]) -> dict[str, Any] | None:
     """One rank's collectives for the group report: ``median_exposed_ms`` (the
-    ``comm`` phase per step, median over its timed steady steps),
-    ``buckets_per_step`` and ``bytes_per_step`` (means over the steps with
+    ``comm`` phase per step, median over its last
+    :data:`gpuprofd.dbread.GROUP_STEPS_READ` timed steps, warm-up left out
+    when they reach back to it), ``buckets_per_step`` and ``bytes_per_step``
+    (means over its last :data:`gpuprofd.dbread.GROUP_BUCKET_STEPS` steps with
     timed buckets; None without), ``clock_offset_ns`` / ``clock_uncertainty_ns``
     (its clock against the reference rank's; None when not measured). None
-    when the run has none of these."""
-    comm = [
-        s["phases"][COMM_PHASE]
-        for r in dbread.query(conn, queries.GROUP_STEPS_SQL, (run["id"],))
-        if not (s := queries.group_step_from_row(r))["traced"] and COMM_PHASE in s["phases"]
-    ]
-    steady = comm[WARMUP_STEPS:] if len(comm) > 2 * WARMUP_STEPS else comm
-    totals = dbread.comm_totals(conn, run["id"])
+    when the run has none of these. Bounded reads, by index: a day-long run
+    costs what a short one does."""
+    top = dbread.query(conn, queries.MAX_STEP_SQL, (run["id"],))[0][0]
+    tail = [] if top is None else [
+        queries.group_step_from_row(r)
+        for r in dbread.query(conn, queries.GROUP_TAIL_SQL,
+                              (run["id"], top, dbread.GROUP_STEPS_READ))
+    ]  # fmt: skip
+    tail.sort(key=lambda s: (s["t0"] is None, s["t0"] or 0))
+    comm = [s["phases"][COMM_PHASE] for s in tail
+            if not s["traced"] and COMM_PHASE in s["phases"]]  # fmt: skip
+    whole = len(tail) < dbread.GROUP_STEPS_READ  # the run's first steps included
+    steady = comm[WARMUP_STEPS:] if whole and len(comm) > 2 * WARMUP_STEPS else comm
+    span = None
+    if tail:
+        indices = sorted(s["step"] for s in tail)
+        span = (indices[-dbread.GROUP_BUCKET_STEPS:][0], indices[-1])
+    totals = dbread.comm_totals(conn, run["id"], span) if span else {"steps": 0}
     n = totals.get("steps") or 0
     out = {
         "median_exposed_ms": round(median(steady) / 1e6, 3) if steady else None,
@@ -131,7 +143,7 @@ def load_group(db: Path, group: str) -> dict[str, Any]:
     """
     conn = dbread.open_ro(db)
     try:
-        runs = dbread.runs_overview(conn, group)
+        runs = dbread.group_runs(conn, group)
         if not runs:
             raise click.ClickException(f"no runs in group {group!r}")
         status = dbread.group_status([r["status"] for r in runs])
