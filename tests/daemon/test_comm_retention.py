@@ -185,3 +185,36 @@ def test_the_daemon_prunes_a_running_run_and_keeps_its_window(tmp_path: Path) ->
     finally:
         daemons.kill_all()
         shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+async def test_the_group_rules_window_is_there_after_pruning(tmp_path: Path) -> None:
+    """Ranks of 5,000 steps pruned with the defaults: the group context still
+    has the last GROUP_STEPS_MAX common steps, bucket timings over the last
+    GROUP_BUCKET_STEPS. A rank lost early is compared on the steps it has;
+    the other rank kept only every Nth step's buckets there."""
+    runs = {1: ("finished", 5000, 3), 2: ("finished", 5000, 3), 3: ("finished", 5000, 3),
+            4: ("lost", 250, 3)}  # fmt: skip
+    db = _db(tmp_path, runs)
+    conn = sqlite3.connect(db)
+    conn.executemany(
+        "UPDATE runs SET group_id = ?, rank = ?, host = 'h' WHERE id = ?",
+        [("long", 0, 1), ("long", 1, 2), ("short", 0, 3), ("short", 1, 4)],
+    )
+    conn.commit()
+    conn.close()
+    store = await _store(db)
+    try:
+        await commprune.CommPruner().prune_round(store)
+    finally:
+        await store.close()
+    assert len(_kept(db, 1)) == commprune.COMM_STEPS_KEPT + 3000 // 100
+    ro = dbread.open_ro(db)
+    try:
+        long, short = dbread.group_context(ro, "long"), dbread.group_context(ro, "short")
+    finally:
+        ro.close()
+    assert [len(r.step_ms) for r in long.ranks] == [dbread.GROUP_STEPS_MAX] * 2
+    assert [len(r.bucket_start_ns) for r in long.ranks] == [dbread.GROUP_BUCKET_STEPS] * 2
+    assert [len(r.step_ms) for r in short.ranks] == [250, 250]
+    # buckets of steps 150-249 on both ranks: rank 0 kept step 200's only
+    assert [len(r.bucket_start_ns) for r in short.ranks] == [1, 1]
