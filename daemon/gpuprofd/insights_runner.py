@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shlex
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -32,6 +33,12 @@ from gpuprofd.counters import DropCounter
 from gpuprofd.store import Store
 
 log = logging.getLogger(__name__)
+
+#: Longest a rank's end waits for its group's findings (s): the shim waits
+#: 5 s for the whole bye (gpuprof_shim.control.BYE_TIMEOUT_MS). Reading 8
+#: ranks of 280 buckets takes ~1 s on a 2-core box; ranks ending together
+#: share one read (one at a time per group).
+GROUP_WAIT_S = 2.0
 
 
 class InsightsRunner:
@@ -54,6 +61,10 @@ class InsightsRunner:
         self._clock = clock
         self.drops = drops if drops is not None else DropCounter()
         """Counts ``group_insights_failed``."""
+        self._group_locks: dict[str, asyncio.Lock] = {}
+        self._group_last: dict[str, tuple[int, dict[str, Any]]] = {}
+        """Group -> (when its last read began, monotonic ns; its findings)."""
+        self._group_tasks: set[asyncio.Task[Any]] = set()
 
     async def _compute(self, run: dict[str, Any]) -> tuple[list[Insight], RunContext]:
         steps = await runsdb.load_steps(self.store, run["id"])
@@ -80,10 +91,30 @@ class InsightsRunner:
 
         return await asyncio.to_thread(rules)
 
-    async def _group(self, group: str) -> dict[str, Any] | None:
+    async def _group(self, group: str) -> tuple[dict[str, Any] | None, str | None]:
         """The group's findings so far for a rank's summary (``group``,
-        ``ranks``, ``insights``), stored as the group's when it has ended;
-        None when they could not be had (logged and counted)."""
+        ``ranks``, ``insights``) and a note: (None, None) when they could not
+        be had (logged and counted); (None, a note) when they took longer than
+        :data:`GROUP_WAIT_S` (they are still stored once ready)."""
+        asked = time.monotonic_ns()
+        task = asyncio.create_task(self._group_findings(group, asked))
+        self._group_tasks.add(task)
+        task.add_done_callback(self._group_tasks.discard)
+        try:
+            found = await asyncio.wait_for(asyncio.shield(task), GROUP_WAIT_S)
+        except TimeoutError:
+            log.warning("group insights of %r not ready within %.0f s", group, GROUP_WAIT_S)
+            return None, (f"the group's findings were not ready in time: gpuprofctl insights "
+                          f"--group {shlex.quote(group)}")  # fmt: skip
+        if found is None:
+            return None, None
+        return {"group": group, "ranks": found["ranks"], "insights": found["insights"]}, None
+
+    async def _group_findings(self, group: str, asked: int) -> dict[str, Any] | None:
+        """:func:`gpuprofd.dbread.group_findings` of *group* read after
+        *asked* (monotonic ns), stored when the group has ended; None on any
+        failure (logged, counted ``group_insights_failed``). One at a time per
+        group: ranks ending together share a read that began after they asked."""
         db = Path(self.db_path)
 
         def read() -> dict[str, Any]:
@@ -93,17 +124,27 @@ class InsightsRunner:
             finally:
                 conn.close()
 
+        lock = self._group_locks.setdefault(group, asyncio.Lock())
         try:
-            found = await asyncio.to_thread(read)
-            if found["ended"]:
-                await runsdb.replace_group_insights(
-                    self.store, group, found["ranks"], found["insights"]
-                )
+            async with lock:
+                last = self._group_last.get(group)
+                if last is not None and last[0] >= asked:
+                    return last[1]
+                started = time.monotonic_ns()
+                found = await asyncio.to_thread(read)
+                self._group_last[group] = (started, found)
+                if found["ended"]:
+                    await runsdb.replace_group_insights(
+                        self.store, group, found["ranks"], found["insights"]
+                    )
+            if found["ended"] and not lock.locked():  # an ended group's state goes (a
+                self._group_last.pop(group, None)  # rank still waiting reads again)
+                self._group_locks.pop(group, None)
+            return found
         except Exception:  # noqa: BLE001 - a group rule must never break a run's end
             log.exception("group insights of %r failed; the run ends without them", group)
             self.drops.add("group_insights_failed")
             return None
-        return {"group": group, "ranks": found["ranks"], "insights": found["insights"]}
 
     async def live(self, run_id: int) -> list[Insight]:
         """Recompute a running run's insights and replace the stored ones."""
@@ -128,9 +169,11 @@ class InsightsRunner:
             [*notes, *self.base_notes], error=run.get("error"),
         )  # fmt: skip
         if run.get("group_id"):
-            group = await self._group(run["group_id"])
+            group, note = await self._group(run["group_id"])
             if group is not None:
                 summary["group"] = group
+            if note is not None:
+                summary["notes"].append(note)
         await runsdb.replace_insights(self.store, run_id, insights)
         await runsdb.update_run(
             self.store,

@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -178,3 +179,31 @@ def test_a_raising_group_rule_does_not_break_bye(daemon) -> None:
     assert _bye_key(client, "after", 0)["status"] == "finished"
     assert "group insights of 'job' failed" in daemons.log(proc)
     assert "group rule bug" in daemons.log(proc)
+
+
+SLOW_RULE = """
+import time
+import gpuprof.insights.distributed as d
+from gpuprof.insights.base import Insight
+def slow(ctx):
+    time.sleep(1.5)
+    return Insight("slow_rule", "LOW", "slow finding", "d", "f", {"rank": 0})
+d.GROUP_RULES = (slow,)
+import gpuprofd.insights_runner as r
+r.GROUP_WAIT_S = 0.5
+"""
+
+
+def test_slow_group_rules_leave_a_note_and_are_stored_once_ready(daemon) -> None:
+    daemons, sock_dir, db = daemon
+    _, client = daemons.start_ready(sock_dir, db, prelude=SLOW_RULE)
+    steps = group_steps(2, n_steps=10)
+    _start_ranks(client, "job", steps)
+    t = time.monotonic()
+    summaries = [_bye(client, "job", r, sent=10) for r in (0, 1)]
+    assert time.monotonic() - t < 2 * 1.5  # neither bye waited for the rules
+    for s in summaries:
+        assert "group" not in s
+        assert "the group's findings were not ready in time: gpuprofctl insights --group job" in (
+            s["notes"])  # fmt: skip
+    h.poll_db(db, "SELECT rule FROM group_insights WHERE group_id = 'job'", (), "slow_rule")
