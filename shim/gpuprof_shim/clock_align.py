@@ -13,9 +13,12 @@ How (all in one daemon thread; :meth:`ClockAligner.start` only starts it):
    ``timeout_s``. Not every rank may run gpuprof (``if rank == 0: with
    gpuprof.profile(...)``): a rank left alone gives up with a
    :attr:`~ClockAligner.note` naming the missing ranks, and counts itself
-   out. Polls back off to 50 ms (longer beyond 64 ranks: :func:`_poll_cap`).
+   out (so does a rank whose run ends first: a rank arriving later must not
+   build the group with it). Polls back off to 50 ms (longer beyond 64 ranks: :func:`_poll_cap`).
 2. *A private gloo group* over that prefix:
-   ``ProcessGroupGloo(PrefixStore(...), rank, world, timeout)``. Neither the
+   ``ProcessGroupGloo(PrefixStore(...), rank, world, connect)`` (its
+   rendezvous holds the store's client lock: ``connect`` is
+   :func:`_connect_timeout_s`, 5 s up to 64 ranks, not ``timeout_s``). Neither the
    user's default group (a collective there would pair with the user's own)
    nor ``dist.new_group`` (its counter must match on every rank, and user
    code may call it concurrently) is touched.
@@ -165,6 +168,17 @@ def _poll_cap(world: int) -> float:
     return min(1.0, 0.05 * max(1.0, world / 64))
 
 
+def _connect_timeout_s(world: int, timeout_s: float) -> float:
+    """How long building the private gloo group (its rendezvous on the
+    store, during which the store's client lock is held) may take once every
+    rank has arrived: :data:`_OP_TIMEOUT_S` up to 64 ranks, growing with the
+    job's store traffic beyond (each rank reads every peer's address), at
+    most *timeout_s*. A rank that counted itself in and then left (its run
+    ended just as the last rank arrived) costs the others this much, not
+    *timeout_s*."""
+    return min(timeout_s, _OP_TIMEOUT_S * max(1.0, world / 64))
+
+
 class _Stopped(Exception):
     """close() was called while the thread was still working."""
 
@@ -309,13 +323,16 @@ class ClockAligner:
     def _run(self, torch: Any, dist: Any, store: Any, rank: int, world: int, seq: int) -> None:
         pg = None
         try:
-            timeout = timedelta(seconds=self._timeout_s)
             op_timeout = timedelta(seconds=min(self._timeout_s, _OP_TIMEOUT_S))
             store = dist.PrefixStore(f"{KEY_PREFIX}/{seq}", store)
             self._arrive(store, rank, world)
             self._check_stop()
-            pg = dist.ProcessGroupGloo(store, rank, world, timeout)
-            pg.barrier().wait(timeout)
+            # every rank has arrived and builds the group within a poll or two;
+            # one that left meanwhile must not hold this rank (and the store's
+            # client lock, hence the user's store calls) for the whole timeout
+            connect = timedelta(seconds=_connect_timeout_s(world, self._timeout_s))
+            pg = dist.ProcessGroupGloo(store, rank, world, connect)
+            pg.barrier().wait(connect)
             self.connect_ms = self._ms() - (self.wait_ms or 0.0)
             self._check_stop()
             if rank == 0:
@@ -370,16 +387,18 @@ class ClockAligner:
             return pause
 
         try:
-            if self._poll(ready):
-                return
+            try:
+                if self._poll(ready):
+                    return
+            except _Stopped:
+                # the run ended first: a rank arriving later must not count on
+                # us (it would wait in the gloo rendezvous, holding the store)
+                self._count_out(store, mine)
+                raise
             missing = [r for r in range(world) if not store.check([f"arrived/{r}"])]
             if not missing:  # the last one arrived just now
                 return
-            try:  # a late rank must not count on us
-                store.add("arrived", -1)
-                store.delete_key(mine)
-            except Exception:
-                pass
+            self._count_out(store, mine)  # a late rank must not count on us
             named = ", ".join(map(str, missing[:_NOTE_RANKS]))
             if len(missing) > _NOTE_RANKS:
                 named += f" and {len(missing) - _NOTE_RANKS} more"
@@ -389,6 +408,14 @@ class ClockAligner:
             )
         finally:
             self.wait_ms = self._ms()
+
+    @staticmethod
+    def _count_out(store: Any, mine: str) -> None:
+        try:
+            store.add("arrived", -1)
+            store.delete_key(mine)
+        except Exception:
+            pass
 
     def _lead(self, torch: Any, pg: Any, store: Any, world: int, timeout: timedelta) -> ClockOffset:
         """Rank 0: exchanges with each peer in turn, sends each its offset."""

@@ -41,6 +41,7 @@ exit_rank = int(os.environ.get("CA_EXIT_RANK", "-1"))
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 records = []
+time.sleep(json.loads(os.environ.get("CA_DELAY", "{}")).get(str(rank), 0))
 if rank in ranks:
     for _ in range(int(os.environ.get("CA_REPEAT", "1"))):
         calls = []
@@ -64,6 +65,12 @@ if rank in ranks:
             assert al.running
             Path(os.environ["CA_OUT"], f"rank{rank}.json").write_text("[]")
             sys.exit(0)
+        store_ms = None
+        if os.environ.get("CA_STORE_PROBE"):  # the user's own store call meanwhile
+            time.sleep(0.5)
+            t = time.perf_counter()
+            dist.distributed_c10d._get_default_store().set(f"user/{rank}", b"1")
+            store_ms = (time.perf_counter() - t) * 1e3
         if close_after > 0:
             time.sleep(close_after)
         else:
@@ -78,7 +85,7 @@ if rank in ranks:
         records.append(dict(
             rank=rank, started=started, start_us=start_us, close_ms=close_ms,
             alive_after_close=al.running, calls=len(calls), note=al.note,
-            elapsed_ms=al.elapsed_ms, wait_ms=al.wait_ms,
+            elapsed_ms=al.elapsed_ms, wait_ms=al.wait_ms, store_ms=store_ms,
             result=None if r is None else [r.offset_ns, r.uncertainty_ns, r.rtt_ns,
                                             r.round_trips, r.reference_rank],
             same=bool(calls) and calls[0] is r))
@@ -97,7 +104,8 @@ MAX_UNCERTAINTY_NS = 50_000_000
 def _torchrun(
     tmp_path: Path, nproc: int, injected: list[int], *, ranks: list[int] | None = None,
     timeout_s: float = 30.0, repeat: int = 1, close_after_s: float = 0.0, busy: bool = False,
-    exit_rank: int = -1, limit_s: float = 90,
+    exit_rank: int = -1, limit_s: float = 90, delay_s: dict[int, float] | None = None,
+    store_probe: bool = False,
 ) -> tuple[subprocess.CompletedProcess, dict[int, list[dict]], float]:  # fmt: skip
     script = tmp_path / "align.py"
     script.write_text(WORKER)
@@ -113,6 +121,10 @@ def _torchrun(
     }
     if busy:
         env["CA_BUSY"] = "1"
+    if delay_s:
+        env["CA_DELAY"] = json.dumps({str(k): v for k, v in delay_s.items()})
+    if store_probe:
+        env["CA_STORE_PROBE"] = "1"
     torchrun = Path(sys.executable).with_name("torchrun")
     t = time.monotonic()
     out = subprocess.run(
@@ -186,6 +198,31 @@ def test_close_stops_a_waiting_rank_within_a_second(tmp_path: Path) -> None:
     assert rec["result"] is None and rec["calls"] == 0
     assert rec["note"] == "clock alignment did not finish before the run ended"
     assert rec["elapsed_ms"] < 2000
+
+
+def test_a_rank_whose_run_ended_first_is_not_waited_for_in_the_store(tmp_path: Path) -> None:
+    # rank 0's run ends (close) before rank 1 starts gpuprof 2 s later: rank 0
+    # counted itself in and never out, so rank 1 saw every rank arrived and sat
+    # in the gloo rendezvous for the whole timeout, holding the store's client
+    # lock: its own store.set (new_group, checkpoints) took ~timeout_s
+    _, records, wall = _torchrun(
+        tmp_path, 2, [0, 0], timeout_s=30, close_after_s=0.3, delay_s={1: 2.0},
+        store_probe=True,
+    )  # fmt: skip
+    for rank in (0, 1):
+        (rec,) = records[rank]
+        assert rec["result"] is None and rec["calls"] == 0, rec
+        assert rec["store_ms"] < 1000, rec
+        assert rec["close_ms"] < 1500 and not rec["alive_after_close"], rec
+        assert rec["note"] == "clock alignment did not finish before the run ended", rec
+    assert wall < 25
+
+
+def test_connect_timeout_is_short_and_grows_with_the_job() -> None:
+    assert clock_align._connect_timeout_s(2, 60.0) == clock_align._OP_TIMEOUT_S
+    assert clock_align._connect_timeout_s(640, 60.0) == 10 * clock_align._OP_TIMEOUT_S
+    assert clock_align._connect_timeout_s(100_000, 60.0) == 60.0
+    assert clock_align._connect_timeout_s(2, 1.0) == 1.0
 
 
 @pytest.mark.parametrize("exit_rank", [0, 1])
