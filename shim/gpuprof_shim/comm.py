@@ -27,7 +27,9 @@ User hooks. While a profile is active ``DistributedDataParallel.register_comm_ho
 is patched (by :class:`gpuprof_shim.patches.TorchPatches`): a hook the user
 registers is wrapped by a :class:`CommHook` that times it and calls theirs
 with their state (``_comm_hooks`` holds the wrapper, named like their hook,
-which pickles as their hook). A DDP that already has a hook when found (a
+which pickles as their hook); a builtin hook registered inside the profile
+(``_register_builtin_comm_hook``, also patched) is registered as its Python
+twin in ``default_hooks`` and wrapped the same way. A DDP that already has a hook when found (a
 Python one in ``_comm_hooks``, or a builtin one per its logging data's
 ``comm_hook``) is left alone with one notice (log warning + summary note).
 
@@ -349,6 +351,36 @@ class CommTimer:
         register_comm_hook.__doc__ = getattr(original, "__doc__", None)
         return register_comm_hook
 
+    def make_register_builtin_comm_hook(
+        self, original: Callable[..., Any], register: Callable[..., Any]
+    ) -> Callable[..., Any]:
+        """The replacement of ``DistributedDataParallel._register_builtin_comm_hook``
+        while the profile is active: a builtin hook (``ALLREDUCE``,
+        ``FP16_COMPRESS``) is registered as its Python twin in
+        ``default_hooks`` (the same arithmetic) through *register* (the
+        replacement of ``register_comm_hook``), so it is timed, and it works
+        after the model's first forward, when gpuprof's hook is on the reducer
+        already: the builtin one would then be refused ("can only be called
+        once"), raising in code that works without gpuprof."""
+        timer = self
+
+        def _register_builtin_comm_hook(self: Any, comm_hook_type: Any) -> None:
+            twin = _builtin_twin(comm_hook_type) if timer.recording else None
+            if twin is None:
+                return original(self, comm_hook_type)
+            register(self, self.process_group, twin)
+            logger = getattr(self, "logger", None)
+            if logger is not None:
+                logger._set_comm_hook_name(str(comm_hook_type))
+            return None
+
+        name = "_register_builtin_comm_hook"
+        _register_builtin_comm_hook.__wrapped__ = original  # type: ignore[attr-defined]
+        _register_builtin_comm_hook.__name__ = getattr(original, "__name__", name)
+        _register_builtin_comm_hook.__qualname__ = getattr(original, "__qualname__", name)
+        _register_builtin_comm_hook.__doc__ = getattr(original, "__doc__", None)
+        return _register_builtin_comm_hook
+
     def stop(self) -> None:
         """The profile ends: hooks become pass-throughs; records already
         made can still be attached."""
@@ -494,6 +526,25 @@ class CommTimer:
             log.warning("gpuprof: internal error in DDP bucket timing", exc_info=True)
         else:
             log.debug("gpuprof: internal error in DDP bucket timing", exc_info=True)
+
+
+def _builtin_twin(comm_hook_type: Any) -> Callable[..., Any] | None:
+    """The ``default_hooks`` function doing what builtin comm hook
+    *comm_hook_type* does (C++ ``AllReduceCommHook``: divide, all-reduce;
+    ``FP16CompressCommHook``: to fp16, divide, all-reduce, copy back), or
+    None for another type or when they cannot be imported."""
+    try:
+        import torch.distributed as dist
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        kinds = dist.BuiltinCommHookType
+        if comm_hook_type == kinds.ALLREDUCE:
+            return default_hooks.allreduce_hook
+        if comm_hook_type == kinds.FP16_COMPRESS:
+            return default_hooks.fp16_compress_hook
+    except Exception:
+        return None
+    return None
 
 
 def _existing_hook(ddp: Any) -> str | None:

@@ -10,7 +10,9 @@ registers torch's global optimizer step pre/post hooks (removable handles;
 short discovery window, then hooks on the root modules only).
 With a DDP comm timer (:mod:`gpuprof_shim.comm`), new roots are shown to it
 and ``DistributedDataParallel.register_comm_hook`` is replaced (a user's
-hook registered inside the profile is wrapped, so it is timed).
+hook registered inside the profile is wrapped, so it is timed), and so is
+``_register_builtin_comm_hook`` (a builtin hook becomes its Python twin,
+wrapped the same way).
 Originals are recorded exactly as found (the raw class/module dict entry)
 and put back on :meth:`TorchPatches.remove`. Only one owner may be
 installed per process; nothing is patched at import time. torch is
@@ -156,6 +158,12 @@ class TorchPatches:
             replacement = comm.make_register_comm_hook(original)
             self._patches.append(_Patch(ddp_cls, "register_comm_hook", original, replacement))
             ddp_cls.register_comm_hook = replacement
+            builtin = getattr(ddp_cls, "_register_builtin_comm_hook", None)
+            if builtin is not None:
+                original = _raw(ddp_cls, "_register_builtin_comm_hook")
+                twin = comm.make_register_builtin_comm_hook(original, replacement)
+                self._patches.append(_Patch(ddp_cls, "_register_builtin_comm_hook", original, twin))
+                ddp_cls._register_builtin_comm_hook = twin
 
     def remove(self) -> None:
         """Restore every original and remove the hooks; never raises.

@@ -202,6 +202,36 @@ def test_builtin_hook_registered_before_gets_a_notice(pg, socket_dir, fake_daemo
     assert any("ALLREDUCE" in n for n in prof.summary["notes"])
 
 
+@pytest.mark.parametrize("kind", ["ALLREDUCE", "FP16_COMPRESS"])
+@pytest.mark.parametrize("after_forward", [False, True])
+def test_builtin_hook_registered_inside_is_timed_and_trains_as_without_gpuprof(
+    pg, socket_dir, fake_daemon, kind, after_forward
+):
+    # after the first forward our hook is on the reducer: the builtin one was
+    # refused ("can only be called once"), raising in code that works without
+    # gpuprof; before it, the hook was skipped with "registered before the profile"
+    hook_type = getattr(dist.BuiltinCommHookType, kind)
+    plain = make_ddp()
+    if after_forward:
+        train(plain, 1)
+    plain._register_builtin_comm_hook(hook_type)
+    train(plain, 3)
+    with profile(socket_dir) as prof:
+        model = make_ddp()
+        if after_forward:
+            train(model, 1)
+        model._register_builtin_comm_hook(hook_type)
+        train(model, 3)
+    assert not [n for n in prof.summary["notes"] if "hook" in n], prof.summary["notes"]
+    assert all(s.get("comm") for s in fake_daemon.steps)
+    assert model._get_ddp_logging_data()["comm_hook"] == str(hook_type)
+    assert not hasattr(vars(DDP)["_register_builtin_comm_hook"], "__wrapped__")
+    for a, b in zip(params(model), params(plain), strict=True):
+        assert torch.equal(a, b)
+    with pytest.raises(RuntimeError, match="only be called once"):
+        model._register_builtin_comm_hook(hook_type)  # a second one, as without gpuprof
+
+
 def test_refused_registration_is_a_notice(pg, socket_dir, fake_daemon, monkeypatch):
     def refuse(*args: Any) -> None:
         raise RuntimeError("the reducer says no")
