@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import os
+
 import orjson
 import pytest
 
@@ -11,6 +13,7 @@ from gpuprof.protocol import (
     PROTOCOL_VERSION,
     ProtocolError,
     clean_run_name,
+    clean_text,
     decode,
     encode,
 )
@@ -89,6 +92,14 @@ def test_undecodable_and_bidi_characters_are_cleaned_not_fatal():
     assert reason(encode(hello)) == "bad_field:run_name"
     hello["run_name"] = "naïve run · ümlaut 実験"
     assert decode(encode(hello))["run_name"] == "naïve run · ümlaut 実験"
+
+
+def test_a_lone_surrogate_no_decoder_made_is_escaped_not_raised():
+    # profile("x", group="\ud800") raised UnicodeEncodeError into the user's code:
+    # surrogateescape encodes only U+DC80..U+DCFF
+    assert clean_run_name("run-\ud800") == "run-\\ud800"
+    assert clean_text("\udcff\ud83d-\udfff", 100) == "\\xff\\ud83d-\\udfff"
+    assert clean_text(os.fsdecode(b"a\xc3") + "\ud800", 100) == "a\\xc3\\ud800"
 
 
 @pytest.mark.parametrize(

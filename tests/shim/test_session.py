@@ -285,3 +285,12 @@ def test_mark_step_end_outside_external_mode_does_nothing(socket_dir, fake_daemo
 def test_bad_step_source_is_refused():
     with pytest.raises(ValueError, match="step_source"):
         gpuprof.profile("x", step_source="batch")
+
+
+def test_a_name_or_group_with_a_lone_surrogate_is_escaped_not_raised(socket_dir, fake_daemon):
+    # profile("x", group="\ud800") raised UnicodeEncodeError into the user's code
+    with profile(socket_dir, "run-\ud800", group="job-\ud800", print_summary=False):
+        train(steps=2)
+    (hello,) = fake_daemon.of_type("hello")
+    assert hello["run_name"] == "run-\\ud800" and hello["group"] == "job-\\ud800"
+    assert len(fake_daemon.steps) == 2
