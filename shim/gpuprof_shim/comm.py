@@ -174,7 +174,9 @@ class CommHook:
         rec = timer.begin(bucket) if timer.recording else None
         if user is not None:
             fut = user(self.user_state, bucket)
-            return fut if rec is None else fut.then(timer.done_callback(rec, first=False))
+            if rec is None or not callable(getattr(fut, "then", None)):
+                return fut  # not a future: DDP refuses it as without gpuprof
+            return fut.then(timer.done_callback(rec, first=False))
         fut = self._allreduce(bucket.buffer())
         return fut.then(_first_value if rec is None else timer.done_callback(rec, first=True))
 

@@ -232,6 +232,24 @@ def test_builtin_hook_registered_inside_is_timed_and_trains_as_without_gpuprof(
         model._register_builtin_comm_hook(hook_type)  # a second one, as without gpuprof
 
 
+def test_a_user_hook_returning_no_future_fails_as_without_gpuprof(pg, socket_dir, fake_daemon):
+    # our wrapper called .then on what their hook returned: AttributeError
+    # ("'Tensor' object has no attribute 'then'") instead of DDP's own error
+    def no_future(state, bucket):
+        return bucket.buffer()
+
+    def error_of(model: DDP) -> str:
+        model.register_comm_hook(None, no_future)
+        x, y = batches(1)[0]
+        with pytest.raises(Exception) as info:
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+        return type(info.value).__name__
+
+    plain = error_of(make_ddp())
+    with profile(socket_dir):
+        assert error_of(make_ddp()) == plain == "RuntimeError"
+
+
 def test_refused_registration_is_a_notice(pg, socket_dir, fake_daemon, monkeypatch):
     def refuse(*args: Any) -> None:
         raise RuntimeError("the reducer says no")
