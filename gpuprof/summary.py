@@ -233,7 +233,7 @@ def group_lines(group: Mapping[str, Any] | None, details: bool = False) -> list[
     if not group or not group.get("insights"):
         return []
     n = group.get("ranks")
-    ranks = f" ({n} ranks)" if n is not None else ""
+    ranks = f" ({n} rank{'' if n == 1 else 's'})" if n is not None else ""
     return [f"  Group {group.get('group')}{ranks}:", *insight_lines(group["insights"], details)]
 
 

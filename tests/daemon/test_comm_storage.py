@@ -249,3 +249,20 @@ async def test_steps_with_buckets_queued_back_to_back_all_land(tmp_path: Path) -
     assert [tuple(r) for r in buckets] == [(7, 20 * N_BUCKETS)]
     assert list(drops.snapshot()) == ["store_error"]
     await store.close()
+
+
+def test_a_group_of_one_rank_with_one_bucket_reads_in_the_singular() -> None:
+    from gpuprofd.commands.insights import format_group
+    from gpuprofd.commands.runs import group_line
+
+    rank = {"rank": 0, "run_id": 1, "status": "finished", "median_step_ms": 5.0,
+            "summary": {"steps": 0, "run_name": "r"},
+            "comm": {"median_exposed_ms": 1.0, "buckets_per_step": 1,
+                     "bytes_per_step": 4000}}  # fmt: skip
+    data = {"group": "g", "status": "finished", "counts": {"finished": 1}, "ranks": [rank]}
+    lines = format_group(data).splitlines()
+    assert lines[0] == "group g: finished (1 rank: 1 finished)"
+    assert lines[2].endswith("comm 1.0 ms/step exposed, 1 bucket, 0.0 MB/step"), lines[2]
+    assert group_line("g", [{"status": "finished", "rank": 0}]).startswith(
+        "group g: finished (1 rank: 1 finished)"
+    )

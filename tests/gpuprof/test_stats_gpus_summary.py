@@ -123,3 +123,12 @@ def test_comm_line_counts_buckets_in_words():
     assert comm_line(one) == "  Comm: 2.0 ms/step exposed (10 % of step) over 1 bucket, 0.5 MB/step"
     assert comm_line({**one, "buckets_per_step": 2.5}).endswith("over 2.5 buckets, 0.5 MB/step")
     assert comm_line(None) is None
+
+
+def test_group_block_of_one_rank_says_rank_not_ranks():
+    from gpuprof.summary import group_lines
+
+    ins = {"rule": "comm_dominant", "severity": "HIGH", "title": "Collectives take 84%",
+           "detail": "d", "fix": "f", "evidence": {}}  # fmt: skip
+    assert group_lines({"group": "g", "ranks": 1, "insights": [ins]})[0] == "  Group g (1 rank):"
+    assert group_lines({"group": "g", "ranks": 2, "insights": [ins]})[0] == "  Group g (2 ranks):"

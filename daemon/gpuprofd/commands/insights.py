@@ -179,7 +179,8 @@ def _comm_cell(comm: dict[str, Any] | None) -> str:
     if comm.get("median_exposed_ms") is not None:
         parts.append(f"{comm['median_exposed_ms']:.1f} ms/step exposed")
     if comm.get("buckets_per_step") is not None:
-        parts.append(f"{comm['buckets_per_step']:g} buckets")
+        n = comm["buckets_per_step"]
+        parts.append(f"{n:g} bucket{'' if n == 1 else 's'}")
         parts.append(f"{comm['bytes_per_step'] / 1e6:.1f} MB/step")
     if comm.get("clock_offset_ns") is not None:
         unc = comm.get("clock_uncertainty_ns")
@@ -193,7 +194,8 @@ def format_group(data: dict[str, Any]) -> str:
     findings with their detail and fix, one line per rank, then each rank's
     summary."""
     counts = ", ".join(f"{n} {s}" for s, n in data["counts"].items())
-    lines = [f"group {data['group']}: {data['status']} ({len(data['ranks'])} ranks: {counts})"]
+    n = len(data["ranks"])
+    lines = [f"group {data['group']}: {data['status']} ({n} rank{'' if n == 1 else 's'}: {counts})"]
     for m in data.get("missing_ranks") or []:
         lines.append(f"  {m['message']}")
     found = data.get("insights") or []

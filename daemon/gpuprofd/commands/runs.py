@@ -177,7 +177,8 @@ def group_line(group: str, rows: list[dict[str, Any]]) -> str:
     reported (...)`` for each rank that never did (:func:`dbread.missing_ranks`)."""
     st = dbread.group_status([r["status"] for r in rows])
     counts = ", ".join(f"{n} {s}" for s, n in st["counts"].items())
-    line = f"group {group}: {st['status']} ({len(rows)} ranks: {counts})"
+    n = len(rows)
+    line = f"group {group}: {st['status']} ({n} rank{'' if n == 1 else 's'}: {counts})"
     return "; ".join([line, *(m["message"] for m in dbread.missing_ranks(rows))])
 
 
