@@ -44,13 +44,40 @@ def _env_int(env: Mapping[str, str], name: str, default: int, lo: int) -> int:
     return value
 
 
-def read_ranks(env: Mapping[str, str] | None = None) -> Ranks:
+def process_group_ranks() -> tuple[int, int] | None:
+    """``(rank, world size)`` of torch.distributed's default process group if
+    it is initialized, else None. Never imports torch; never raises."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return int(dist.get_rank()), int(dist.get_world_size())
+    except Exception:
+        log.debug("gpuprof: could not read the process group's rank", exc_info=True)
+    return None
+
+
+def read_ranks(
+    env: Mapping[str, str] | None = None, process_group: tuple[int, int] | None = None
+) -> Ranks:
     """``RANK``/``LOCAL_RANK``/``WORLD_SIZE`` from *env* (default ``os.environ``).
+
+    Without ``RANK`` and ``WORLD_SIZE`` (``torch.multiprocessing.spawn``, a
+    launcher of one's own: ``init_process_group(rank=..., world_size=...)``)
+    the rank and world size come from *process_group* (default: the
+    initialized default group, :func:`process_group_ranks`): every rank was
+    "rank 0 of 1" (every rank printed its summary, and a named group's ranks
+    overwrote each other as rank 0).
 
     A missing, non-integer or out-of-range value falls back to its default;
     a rank that is not below the world size resets all three.
     """
     e = os.environ if env is None else env
+    if not e.get("RANK") and not e.get("WORLD_SIZE"):
+        pg = process_group
+        if pg is None and env is None:
+            pg = process_group_ranks()
+        if pg is not None and 0 <= pg[0] < pg[1] <= 1 << 20:
+            e = {**e, "RANK": str(pg[0]), "WORLD_SIZE": str(pg[1])}
     ranks = Ranks(
         rank=_env_int(e, "RANK", 0, 0),
         local_rank=_env_int(e, "LOCAL_RANK", 0, 0),

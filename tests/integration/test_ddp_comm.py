@@ -111,3 +111,46 @@ def test_a_user_comm_hook_registered_before_keeps_training_unchanged(node: Node)
     assert node.query("SELECT COUNT(*) AS n FROM comm_buckets")[0]["n"] == 0
     notice = "'counting_hook' was registered before the profile; gradient bucket timing skipped"
     assert profiled["stderr"].count(notice) == 2, profiled["stderr"][-2000:]
+
+
+#: torch.multiprocessing.spawn, no torchrun: no RANK / WORLD_SIZE in the
+#: environment; the ranks come from the initialized process group.
+SPAWN = r"""
+import os, sys
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+import gpuprof
+
+def main(rank, world, port):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    model = nn.parallel.DistributedDataParallel(nn.Linear(8, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with gpuprof.profile("spawned", group="spawned-job"):
+        for _ in range(4):
+            model(torch.randn(4, 8)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(main, args=(2, port), nprocs=2)
+"""
+
+
+def test_ranks_started_by_mp_spawn_are_told_apart_by_their_process_group(node: Node):
+    # without RANK / WORLD_SIZE every rank said rank 0 of 1: both printed their
+    # summary, and the group's ranks replaced each other as rank 0
+    out = node.run_script(SPAWN, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    runs = node.query("SELECT rank, world_size, group_id FROM runs ORDER BY rank")
+    assert [tuple(r) for r in runs] == [(0, 2, "spawned-job"), (1, 2, "spawned-job")]
+    assert out.stdout.count("gpuprof · spawned") == 1  # rank 0 alone prints
+    assert "(2 ranks)" in out.stdout or "Group" not in out.stdout
