@@ -107,6 +107,9 @@ _CLOSE_WAIT_S = 1.0
 _MAX_ROUND_TRIPS = 1 << 20
 #: Missing ranks named in a note.
 _NOTE_RANKS = 8
+#: Up to this world size a run that ends while waiting for the other ranks
+#: names the missing ones (a store call per rank); beyond, it counts them.
+_NOTE_NAMED_WORLD = 64
 #: Store key prefix; the per-process sequence number follows.
 KEY_PREFIX = "gpuprof/clock"
 #: Point-to-point tags of the private group.
@@ -177,6 +180,14 @@ def _connect_timeout_s(world: int, timeout_s: float) -> float:
     ended just as the last rank arrived) costs the others this much, not
     *timeout_s*."""
     return min(timeout_s, _OP_TIMEOUT_S * max(1.0, world / 64))
+
+
+def _ranks_named(missing: list[int]) -> str:
+    """``rank 3`` / ``ranks 1, 2`` / ``ranks 0, ..., 7 and 5 more``."""
+    named = ", ".join(map(str, missing[:_NOTE_RANKS]))
+    if len(missing) > _NOTE_RANKS:
+        named += f" and {len(missing) - _NOTE_RANKS} more"
+    return f"rank{'s' if len(missing) > 1 else ''} {named}"
 
 
 class _Stopped(Exception):
@@ -394,20 +405,43 @@ class ClockAligner:
                 # the run ended first: a rank arriving later must not count on
                 # us (it would wait in the gloo rendezvous, holding the store)
                 self._count_out(store, mine)
+                self._note_missing(store, rank, world)
                 raise
             missing = [r for r in range(world) if not store.check([f"arrived/{r}"])]
             if not missing:  # the last one arrived just now
                 return
             self._count_out(store, mine)  # a late rank must not count on us
-            named = ", ".join(map(str, missing[:_NOTE_RANKS]))
-            if len(missing) > _NOTE_RANKS:
-                named += f" and {len(missing) - _NOTE_RANKS} more"
             raise TimeoutError(
-                f"clock alignment skipped: rank{'s' if len(missing) > 1 else ''} "
-                f"{named} did not start gpuprof within {self._timeout_s:g} s"
+                f"clock alignment skipped: {_ranks_named(missing)} "
+                f"did not start gpuprof within {self._timeout_s:g} s"
             )
         finally:
             self.wait_ms = self._ms()
+
+    def _note_missing(self, store: Any, rank: int, world: int) -> None:
+        """The run ended while waiting for the others: say which did not run
+        gpuprof meanwhile (usually: only rank 0 runs it). Up to
+        :data:`_NOTE_NAMED_WORLD` ranks they are named (a store call each),
+        beyond only counted (one call): close() is waiting."""
+        try:
+            if world <= _NOTE_NAMED_WORLD:
+                missing = [
+                    r for r in range(world) if r != rank and not store.check([f"arrived/{r}"])
+                ]
+                if missing:
+                    named = _ranks_named(missing)
+                    self._set_note(
+                        f"clock alignment skipped: {named} did not run gpuprof during this run"
+                    )
+                return
+            n = world - 1 - int(store.add("arrived", 0))
+            if n > 0:
+                self._set_note(
+                    f"clock alignment skipped: {n} of {world} ranks did not run gpuprof "
+                    "during this run"
+                )
+        except Exception:
+            log.debug("could not tell which ranks were missing", exc_info=True)
 
     @staticmethod
     def _count_out(store: Any, mine: str) -> None:

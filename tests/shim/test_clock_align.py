@@ -196,7 +196,8 @@ def test_close_stops_a_waiting_rank_within_a_second(tmp_path: Path) -> None:
     (rec,) = records[0]
     assert rec["close_ms"] < 1000 and not rec["alive_after_close"], rec
     assert rec["result"] is None and rec["calls"] == 0
-    assert rec["note"] == "clock alignment did not finish before the run ended"
+    # the usual case (only rank 0 runs gpuprof) says so, not "did not finish"
+    assert rec["note"] == "clock alignment skipped: rank 1 did not run gpuprof during this run"
     assert rec["elapsed_ms"] < 2000
 
 
@@ -214,7 +215,10 @@ def test_a_rank_whose_run_ended_first_is_not_waited_for_in_the_store(tmp_path: P
         assert rec["result"] is None and rec["calls"] == 0, rec
         assert rec["store_ms"] < 1000, rec
         assert rec["close_ms"] < 1500 and not rec["alive_after_close"], rec
-        assert rec["note"] == "clock alignment did not finish before the run ended", rec
+        other = 1 - rank
+        assert rec["note"] == (
+            f"clock alignment skipped: rank {other} did not run gpuprof during this run"
+        ), rec
     assert wall < 25
 
 
