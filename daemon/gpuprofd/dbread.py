@@ -262,9 +262,17 @@ GROUP_STEPS_READ = 2 * GROUP_STEPS_MAX
 
 def latest_rank_runs(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One run per rank, by rank: a rank with several runs in the group (a
-    restarted job reusing its id) is its latest (highest id)."""
+    restarted job reusing its id) is its latest (highest id). Runs of another
+    world size than the newest run's belong to an earlier launch and are left
+    out: a relaunch on fewer ranks (``--rdzv-id`` or ``group=`` reused) had its
+    ranks compared with the old launch's higher ranks, steps of another run
+    matched by index."""
+    newest = max(runs, key=lambda r: r["id"], default=None)
+    world = None if newest is None else newest.get("world_size")
     latest: dict[Any, dict[str, Any]] = {}
     for run in sorted(runs, key=lambda r: r["id"]):
+        if world is not None and run.get("world_size") not in (None, world):
+            continue
         latest[run.get("rank")] = run
     return sorted(latest.values(), key=lambda r: (r.get("rank") is None, r.get("rank") or 0))
 

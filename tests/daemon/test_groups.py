@@ -138,3 +138,15 @@ def test_missing_ranks_across_nodes_are_named_by_local_rank_and_host():
     assert missing_ranks(runs[:2]) == []
     # an older shim sent no LOCAL_WORLD_SIZE: nothing to compare with
     assert missing_ranks([_run(0, 0, local_world=None)]) == []
+
+
+def test_a_relaunch_on_fewer_ranks_is_not_compared_with_the_old_launch():
+    from gpuprofd.dbread import latest_rank_runs
+
+    old = [{"id": i + 1, "rank": i, "world_size": 4} for i in range(4)]
+    new = [{"id": 5 + i, "rank": i, "world_size": 2} for i in range(2)]
+    assert [r["id"] for r in latest_rank_runs(old + new)] == [5, 6]  # not ranks 2, 3 of 4
+    # the same world size: each rank's latest run
+    again = [{"id": 7, "rank": 1, "world_size": 2}]
+    assert [r["id"] for r in latest_rank_runs(new + again)] == [5, 7]
+    assert latest_rank_runs([]) == []
