@@ -9,8 +9,8 @@ A summary is a plain dict (it crosses the control socket as JSON)::
      "memory": {"torch_peak_allocated_bytes": ..., ...},  # only what is known
      "mfu": 0.312, "achieved_tflops": 304.2,   # None when unknown (see mfu_figures)
      "compute": {"flops_per_step": 3.37e12, "flops_source": "counter", ...},
-     "comm": {"exposed_ms_per_step": 12.3, "share_of_step": 0.18,  # None: no
-              "buckets_per_step": 4, "bytes_per_step": 25100000},  # buckets timed
+     "comm": {"median_exposed_ms": 12.3, "median_share_of_step": 0.18,  # None:
+              "buckets_per_step": 4, "bytes_per_step": 25100000},  # no bucket timed
      "insights": [Insight.to_dict(), ...],   # most severe first
      "group": {"group": "job-7", "ranks": 4,  # only for a run of a group (torchrun):
                "insights": [...]},            # the group rules at this rank's end
@@ -23,11 +23,11 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpuprof.comm import COMM_PHASE
 from gpuprof.gpus import find_gpu, normalize_dtype, peak_tflops
 from gpuprof.insights.base import RunContext
 from gpuprof.insights.compute import run_mfu
-from gpuprof.stats import mean
+from gpuprof.insights.distributed import RankStats, _steady, comm_fraction
+from gpuprof.stats import mean, median
 
 RULE = "─" * 60
 _SEVERITY_LABEL = {"HIGH": "[HIGH]", "MED": "[MED] ", "LOW": "[LOW] "}
@@ -132,37 +132,62 @@ def mfu_line(compute: Mapping[str, Any]) -> str | None:
     return f"  MFU unknown: {done}{compute['mfu_unknown']}"
 
 
+def comm_medians(
+    step_ms: Sequence[float], comm_ms: Sequence[float]
+) -> tuple[float | None, float | None]:
+    """(median exposed comm ms per step, median comm share of the step 0-1)
+    over the steady steps of *step_ms* / *comm_ms* (per step, in step order,
+    traced steps already left out): the group rules' definition
+    (:func:`gpuprof.insights.distributed.comm_fraction`, warm-up excluded as
+    their ``_steady`` does), so the summary, ``gpuprofctl insights --group``
+    and ``comm_dominant`` give one figure. (None, None) without comm figures."""
+    if not comm_ms or len(comm_ms) != len(step_ms):
+        return None, None
+    steady = _steady(tuple(comm_ms))
+    share = comm_fraction(RankStats(rank=0, step_ms=tuple(step_ms), comm_ms=tuple(comm_ms)))
+    return (median(steady) if steady else None), share
+
+
 def comm_figures(ctx: RunContext) -> dict[str, Any] | None:
     """The run's DDP gradient all-reduce figures, None when it timed no
-    bucket: ``exposed_ms_per_step`` (the ``comm`` phase: collective time not
-    hidden under backward, mean over the timed steps), ``share_of_step``
-    (0-1, of the steps' total time), ``buckets_per_step`` and
-    ``bytes_per_step`` (means over the steps with buckets)."""
+    bucket: ``median_exposed_ms`` (the ``comm`` phase: collective time not
+    hidden under backward) and ``median_share_of_step`` (0-1, comm / step
+    time per step), medians over the steady steps (:func:`comm_medians`, as
+    ``comm_dominant`` compares); ``buckets_per_step`` and ``bytes_per_step``
+    (means over the steps with buckets; bytes are gradient bytes, the
+    buckets' sizes as handed to the comm hook, not bytes on the wire: a
+    compression hook sends fewer)."""
     c = ctx.comm
     if c is None or not c.steps:
         return None
-    comm_ms = ctx.phase_ms.get(COMM_PHASE, 0.0)
-    step_total = sum(ctx.step_ms)
+    exposed, share = comm_medians(ctx.step_ms, ctx.comm_ms)
     return {
-        "exposed_ms_per_step": round(comm_ms / ctx.steps, 3) if ctx.steps else None,
-        "share_of_step": round(comm_ms / step_total, 4) if step_total > 0 else None,
+        "median_exposed_ms": round(exposed, 3) if exposed is not None else None,
+        "median_share_of_step": round(share, 4) if share is not None else None,
         "buckets_per_step": round(c.buckets / c.steps, 2),
         "bytes_per_step": round(c.bytes / c.steps),
     }
 
 
 def comm_line(comm: Mapping[str, Any] | None) -> str | None:
-    """``  Comm: 12.3 ms/step exposed (18 % of step) over 4 buckets, 25.1 MB/step``
-    from :func:`comm_figures`; None without comm figures."""
+    """``  Comm (median of steady steps): 12.3 ms/step exposed, 18 % of step;
+    4 buckets, 25.1 MB/step`` from :func:`comm_figures`; None without comm
+    figures. A summary stored before the medians (``exposed_ms_per_step``:
+    the mean, ``share_of_step``: of the summed step time) says so."""
     if not comm:
         return None
-    exposed, share = comm.get("exposed_ms_per_step"), comm.get("share_of_step")
+    if "median_exposed_ms" in comm or "median_share_of_step" in comm:
+        exposed, share = comm.get("median_exposed_ms"), comm.get("median_share_of_step")
+        label, of = "Comm (median of steady steps)", "of step"
+    else:  # stored by an older gpuprofd
+        exposed, share = comm.get("exposed_ms_per_step"), comm.get("share_of_step")
+        label, of = "Comm (mean per step)", "of total step time"
     head = f"{exposed:.1f} ms/step exposed" if exposed is not None else "exposed time unknown"
     if share is not None:
-        head += f" ({100 * share:.0f} % of step)"
+        head += f", {100 * share:.0f} % {of}"
     n = comm["buckets_per_step"]
     return (
-        f"  Comm: {head} over {n:g} bucket{'' if n == 1 else 's'}, "
+        f"  {label}: {head}; {n:g} bucket{'' if n == 1 else 's'}, "
         f"{comm['bytes_per_step'] / 1e6:.1f} MB/step"
     )
 

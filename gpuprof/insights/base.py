@@ -169,6 +169,9 @@ class RunContext:
     comm: CommTotals | None = None
     """The run's timed gradient buckets (DDP comm hook), summed; None when it
     timed none. The exposed comm time itself is the ``comm`` phase."""
+    comm_ms: tuple[float, ...] = ()
+    """Exposed comm (the ``comm`` phase) per step, in ``step_ms``' steps (0
+    for a step without one); empty when no step had one."""
 
     @property
     def steps(self) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from gpuprof.comm import COMM_PHASE
 from gpuprof.insights.base import CommTotals, RunContext, WorkerPool
 from gpuprof.insights.gpu import GpuStats, gpu_stats
 from gpuprof.insights.kernels import kernel_stats
@@ -201,6 +202,9 @@ def build_context(
         if any(DATA_PHASE in (s.get("phases") or {}) for s in timed)
         else (),
         micro_batches=tuple(int(s.get("micro", 1)) for s in timed),
+        comm_ms=tuple((s.get("phases") or {}).get(COMM_PHASE, 0) / _NS_PER_MS for s in timed)
+        if any(COMM_PHASE in (s.get("phases") or {}) for s in timed)
+        else (),
         phase_ms=phase_totals,
         duration_s=max(duration_s, 0.0),
         **_host_aggregates(host, steps),

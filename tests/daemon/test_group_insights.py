@@ -19,7 +19,10 @@ from typing import Any
 import orjson
 import pytest
 
+from gpuprof.insights.distributed import comm_fraction
+from gpuprof.stats import median
 from gpuprof.summary import format_summary
+from gpuprofd import dbread
 from gpuprofd.ctl import main
 from tests.daemon import helpers as h
 from tests.gpuprof.insights.group_fixtures import MS, group_steps
@@ -207,3 +210,41 @@ def test_slow_group_rules_leave_a_note_and_are_stored_once_ready(daemon) -> None
         assert "the group's findings were not ready in time: gpuprofctl insights --group job" in (
             s["notes"])  # fmt: skip
     h.poll_db(db, "SELECT rule FROM group_insights WHERE group_id = 'job'", (), "slow_rule")
+
+
+def test_one_comm_definition_for_the_summary_the_group_report_and_the_rules(
+    daemon, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The summary's comm line, insights --group's per-rank comm and
+    comm_dominant's share are one figure: the median over steady steps
+    (warm-up left out), not a mean a few slow warm-up steps inflate."""
+    daemons, sock_dir, db = daemon
+    _, client = daemons.start_ready(sock_dir, db)
+    steps = group_steps(2, n_steps=30, slow_backward={1: 30 * MS})
+    for s in steps[0][:3]:  # rank 0 waits 300 ms more in its warm-up steps' all-reduce
+        s["phases"]["comm"] += 300 * MS
+        s["t1"] += 300 * MS
+    _start_ranks(client, "one", steps)
+    summaries = [_bye(client, "one", r, sent=30) for r in (0, 1)]
+    comm = summaries[0]["comm"]
+    conn = dbread.open_ro(db)
+    try:
+        rank0 = next(r for r in dbread.group_context(conn, "one").ranks if r.rank == 0)
+    finally:
+        conn.close()
+    assert comm["median_share_of_step"] == round(comm_fraction(rank0), 4)
+    assert 0.3 < comm["median_share_of_step"] < 0.4  # the mean share would be ~45 %
+    assert comm["median_exposed_ms"] == pytest.approx(median(rank0.comm_ms[3:]), abs=1e-3)
+    assert comm["median_exposed_ms"] < 40  # the mean is ~62 ms
+    line = next(x for x in format_summary(summaries[0]).splitlines() if "Comm " in x)
+    assert line.startswith(f"  Comm (median of steady steps): {comm['median_exposed_ms']:.1f} "
+                           f"ms/step exposed, {100 * comm['median_share_of_step']:.0f} % of step")
+
+    data = _ctl_json(capsys, "insights", str(db), "--group", "one")
+    r0 = next(r for r in data["ranks"] if r["rank"] == 0)["comm"]
+    assert r0["median_exposed_ms"] == comm["median_exposed_ms"]
+    assert r0["median_share_of_step"] == comm["median_share_of_step"]
+    assert main(["insights", str(db), "--group", "one"]) == 0
+    rank_line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("  rank 0 "))
+    assert (f"comm median {comm['median_exposed_ms']:.1f} ms/step exposed "
+            f"({100 * comm['median_share_of_step']:.0f} % of step)") in rank_line

@@ -118,10 +118,12 @@ def test_memory_line_shows_what_is_known_and_nothing_on_a_cpu_run():
 def test_comm_line_counts_buckets_in_words():
     from gpuprof.summary import comm_line
 
-    one = {"exposed_ms_per_step": 2.0, "share_of_step": 0.1, "buckets_per_step": 1,
+    one = {"median_exposed_ms": 2.0, "median_share_of_step": 0.1, "buckets_per_step": 1,
            "bytes_per_step": 500_000}  # fmt: skip
-    assert comm_line(one) == "  Comm: 2.0 ms/step exposed (10 % of step) over 1 bucket, 0.5 MB/step"
-    assert comm_line({**one, "buckets_per_step": 2.5}).endswith("over 2.5 buckets, 0.5 MB/step")
+    assert comm_line(one) == (
+        "  Comm (median of steady steps): 2.0 ms/step exposed, 10 % of step; 1 bucket, 0.5 MB/step"
+    )
+    assert comm_line({**one, "buckets_per_step": 2.5}).endswith("; 2.5 buckets, 0.5 MB/step")
     assert comm_line(None) is None
 
 

@@ -10,10 +10,8 @@ import click
 import orjson
 
 from gpuprof.comm import COMM_PHASE
-from gpuprof.insights.base import WARMUP_STEPS
 from gpuprof.insights.distributed import group_rules
-from gpuprof.stats import median
-from gpuprof.summary import format_summary, insight_lines, make_summary
+from gpuprof.summary import comm_medians, format_summary, insight_lines, make_summary
 from gpuprofd import dbread, kerneltable, queries
 from gpuprofd.commands.common import db_argument, echo_json, format_option, resolve_db
 
@@ -93,11 +91,14 @@ def format_kernels_and_mfu(summary: dict[str, Any], shown: str) -> list[str]:
 
 def rank_comm(conn: sqlite3.Connection, run: dict[str, Any]) -> dict[str, Any] | None:
     """One rank's collectives for the group report: ``median_exposed_ms`` (the
-    ``comm`` phase per step, median over its last
-    :data:`gpuprofd.dbread.GROUP_STEPS_READ` timed steps, warm-up left out
-    when they reach back to it), ``buckets_per_step`` and ``bytes_per_step``
-    (means over its last :data:`gpuprofd.dbread.GROUP_BUCKET_STEPS` steps with
-    timed buckets; None without), ``clock_offset_ns`` / ``clock_uncertainty_ns``
+    ``comm`` phase per step) and ``median_share_of_step`` (0-1, comm / step
+    time per step), medians over the steady steps of its last
+    :data:`gpuprofd.dbread.GROUP_STEPS_MAX` untraced steps
+    (:func:`gpuprof.summary.comm_medians`: the definition of its summary's
+    comm line and of ``comm_dominant``; None when it timed no collective),
+    ``buckets_per_step`` and ``bytes_per_step`` (gradient bytes; means over
+    its last :data:`gpuprofd.dbread.GROUP_BUCKET_STEPS` steps with timed
+    buckets; None without), ``clock_offset_ns`` / ``clock_uncertainty_ns``
     (its clock against the reference rank's; None when not measured). None
     when the run has none of these. Bounded reads, by index: a day-long run
     costs what a short one does."""
@@ -108,10 +109,14 @@ def rank_comm(conn: sqlite3.Connection, run: dict[str, Any]) -> dict[str, Any] |
                               (run["id"], top, dbread.GROUP_STEPS_READ))
     ]  # fmt: skip
     tail.sort(key=lambda s: (s["t0"] is None, s["t0"] or 0))
-    comm = [s["phases"][COMM_PHASE] for s in tail
-            if not s["traced"] and COMM_PHASE in s["phases"]]  # fmt: skip
-    whole = len(tail) < dbread.GROUP_STEPS_READ  # the run's first steps included
-    steady = comm[WARMUP_STEPS:] if whole and len(comm) > 2 * WARMUP_STEPS else comm
+    timed = [s for s in tail if not s["traced"] and s["t0"] is not None and s["t1"] is not None]
+    timed = timed[-dbread.GROUP_STEPS_MAX:]
+    exposed = share = None
+    if any(COMM_PHASE in s["phases"] for s in timed):
+        exposed, share = comm_medians(
+            [(s["t1"] - s["t0"]) / 1e6 for s in timed],
+            [s["phases"].get(COMM_PHASE, 0) / 1e6 for s in timed],
+        )
     span = None
     if tail:
         indices = sorted(s["step"] for s in tail)
@@ -119,7 +124,8 @@ def rank_comm(conn: sqlite3.Connection, run: dict[str, Any]) -> dict[str, Any] |
     totals = dbread.comm_totals(conn, run["id"], span) if span else {"steps": 0}
     n = totals.get("steps") or 0
     out = {
-        "median_exposed_ms": round(median(steady) / 1e6, 3) if steady else None,
+        "median_exposed_ms": round(exposed, 3) if exposed is not None else None,
+        "median_share_of_step": round(share, 4) if share is not None else None,
         "buckets_per_step": round(totals["buckets"] / n, 2) if n else None,
         "bytes_per_step": round(totals["bytes"] / n) if n else None,
         "clock_offset_ns": run.get("clock_offset_ns"),
@@ -172,12 +178,16 @@ def load_group(db: Path, group: str) -> dict[str, Any]:
 
 
 def _comm_cell(comm: dict[str, Any] | None) -> str:
-    """``  comm 1.2 ms/step, 4 buckets, 25.1 MB/step, clock +5000.000 ± 0.050 ms``."""
+    """``  comm median 1.2 ms/step exposed (3 % of step), 4 buckets, 25.1 MB/step,
+    clock +5000.000 ± 0.050 ms`` (medians over steady steps, as the summary's
+    comm line and ``comm_dominant``)."""
     if not comm:
         return ""
     parts = []
     if comm.get("median_exposed_ms") is not None:
-        parts.append(f"{comm['median_exposed_ms']:.1f} ms/step exposed")
+        share = comm.get("median_share_of_step")
+        of = f" ({100 * share:.0f} % of step)" if share is not None else ""
+        parts.append(f"median {comm['median_exposed_ms']:.1f} ms/step exposed{of}")
     if comm.get("buckets_per_step") is not None:
         n = comm["buckets_per_step"]
         parts.append(f"{n:g} bucket{'' if n == 1 else 's'}")
@@ -246,7 +256,8 @@ def insights_cmd(db: Path | None, run_id: int | None, group: str | None, fmt: st
     ended, counts, insights [the group's findings: stored when the group
     ended, else computed now], insights_source [stored | computed], missing_ranks [{rank,
     local_rank, host, message}], ranks [{rank, run_id, status, host,
-    median_step_ms, comm {median_exposed_ms, buckets_per_step, bytes_per_step,
+    median_step_ms, comm {median_exposed_ms, median_share_of_step [medians
+    over steady steps, as comm_dominant], buckets_per_step, bytes_per_step,
     clock_offset_ns, clock_uncertainty_ns} or null, summary}]).
     """
     db, run_id = split_args(db, run_id)

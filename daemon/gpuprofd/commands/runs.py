@@ -145,7 +145,11 @@ WAIT%           loader wait before each step, with loader time inside
 FWD% BWD% OPT%  forward, backward, optimizer
 COMM%           collectives not hidden under backward (DDP's gradient
                 all-reduce, waits for other ranks included; taken out of
-                backward); - when the run timed none
+                backward); - when the run timed none. A share of the total
+                (summed) iteration time, like the other columns: not the
+                median per-step share of the summary's comm line, insights
+                --group and comm_dominant (> 20 %), which a few slow steps
+                do not move
 OTHER%          the rest of the step: unlabelled time, custom phases
 SKIPPED         steps whose optimizer update was skipped (inf/NaN gradients)
 EVAL_S          seconds of evaluation (no-grad forwards) outside steps
