@@ -2,8 +2,9 @@
 
 Transport: ZeroMQ over ``ipc://``. Data events (``step``, ``mark``, ``workers``,
 ``kernels``, ``model_info``, ``clock``) go shim
-``PUSH`` → daemon ``PULL``; requests (``hello``, ``bye``, ``ping``) go shim
-``REQ`` → daemon ``ROUTER`` and always get one JSON reply.
+``PUSH`` → daemon ``PULL``; requests (``hello``, ``bye``, ``ping``; and
+``stop`` from gpuprofctl) go ``REQ`` → daemon ``ROUTER`` and always get one
+JSON reply.
 
 Every message is one orjson-encoded object with ``v`` (protocol version) and
 ``type``. Times are ``time.monotonic_ns()`` of the node (ranks on one node
@@ -77,7 +78,7 @@ MAX_KERNEL_COUNT = 1 << 40
 MAX_ROW_FLOPS = 1e30
 
 DATA_TYPES = frozenset({"step", "mark", "workers", "kernels", "model_info", "clock"})
-CONTROL_TYPES = frozenset({"hello", "bye", "ping"})
+CONTROL_TYPES = frozenset({"hello", "bye", "ping", "stop"})
 RUN_STATUSES_AT_BYE = frozenset({"finished", "failed"})
 
 _RUN_KEY_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -420,6 +421,8 @@ SCHEMAS: dict[str, dict[str, tuple[bool, Check]]] = {
         "eval_ns": (False, _int(0, MAX_DURATION_NS)),
     },
     "ping": {},
+    # gpuprofctl stop: exit once the open runs end (now: at once)
+    "stop": {"now": (False, lambda x: type(x) is bool)},
 }
 
 

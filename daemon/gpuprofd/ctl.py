@@ -21,12 +21,13 @@ from gpuprofd.commands.kernels import kernels_cmd
 from gpuprofd.commands.nsys import nsys_import_cmd
 from gpuprofd.commands.runs import runs_cmd
 from gpuprofd.commands.status import status_cmd
+from gpuprofd.commands.stop import stop_cmd
 from gpuprofd.errors import EXIT_FAILURE, EXIT_OK, GpuprofdError
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def cli() -> None:
-    """gpuprof's command line: insights, runs, daemon status."""
+    """gpuprof's command line: insights, runs, daemon status and stop."""
 
 
 @cli.command("version")
@@ -45,6 +46,7 @@ cli.add_command(kernels_cmd)
 cli.add_command(nsys_import_cmd)
 cli.add_command(runs_cmd)
 cli.add_command(status_cmd)
+cli.add_command(stop_cmd)
 
 
 def main(args: list[str] | None = None) -> int:

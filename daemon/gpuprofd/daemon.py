@@ -14,6 +14,21 @@ keep the whole run); continuous kernel windows merged as they age
 ``--comm-steps-kept`` steps that are not every ``--comm-keep-every``-th step
 (:mod:`gpuprofd.commprune`; bounded delete passes, each step's exposed comm
 stays in ``steps``).
+
+The database file deleted or replaced under the daemon (``rm gpuprof.db*``
+between runs): checked at each hello and once a second
+(:meth:`Daemon.check_db`). A hello then makes a fresh database at the path and
+its run is stored there; runs open at that moment are copied across at once
+(:mod:`gpuprofd.dbrotate`) and go on there, with a note in their summary.
+With no run open the daemon only logs it (no empty file reappears after an
+``rm``) and makes the new file at the next hello. ``gpuprofctl status
+--format json`` shows it under ``db_file`` / ``db_reopened``.
+
+``gpuprofctl stop`` sends ``stop``: with no open run the daemon exits at
+once; else it refuses new runs (their hello is answered with why: they run
+unprofiled) and exits when its open runs have ended. ``now`` exits at once:
+open runs stay ``running`` in the database and the next daemon re-adopts
+them while their processes live (their events meanwhile are dropped).
 """
 
 from __future__ import annotations
@@ -33,7 +48,7 @@ import zmq
 import zmq.asyncio
 
 from gpuprof import config
-from gpuprofd import commprune, kcompact, rollup, runsdb, schema
+from gpuprofd import commprune, dbrotate, kcompact, rollup, runsdb, schema
 from gpuprofd.boot import boot_id
 from gpuprofd.control import ControlServer
 from gpuprofd.counters import DropCounter
@@ -65,6 +80,11 @@ DEFAULT_RAW_WINDOW_S = 900.0
 ROLLUP_BACKLOG_ROWS = 8 * 3600
 #: How often rows older than the raw window are deleted, seconds.
 PRUNE_INTERVAL_S = 60.0
+#: How often the database path is checked for deletion or replacement, seconds
+#: (a stat; each hello checks too).
+DB_CHECK_S = 1.0
+#: Database switches remembered for ``ping``.
+DB_EVENTS_KEPT = 10
 
 
 @dataclass(frozen=True)
@@ -107,7 +127,7 @@ def run_daemon(opts: DaemonOptions) -> int:
                 f"{opts.db} is already served by another gpuprofd; point GPUPROF_SOCKET at "
                 "that daemon's socket directory (gpuprofctl status lists it)"
             )
-        return asyncio.run(Daemon(opts).serve())
+        return asyncio.run(Daemon(opts, db_lock).serve())
     finally:
         db_lock.release()
         lock.release()
@@ -124,8 +144,16 @@ def make_socket_dir(path: Path) -> None:
 class Daemon:
     """One running daemon (inside an event loop)."""
 
-    def __init__(self, opts: DaemonOptions) -> None:
+    def __init__(self, opts: DaemonOptions, db_lock: InstanceLock | None = None) -> None:
         self.opts = opts
+        self.db_lock = db_lock
+        """The flock on the database file (moved to a new file by :meth:`check_db`)."""
+        self._db_check = asyncio.Lock()
+        self._db_noted: str | None = None
+        """The last database problem logged (logged once, not every second)."""
+        self.db_events: deque[dict[str, Any]] = deque(maxlen=DB_EVENTS_KEPT)
+        self.stopping = False
+        """``gpuprofctl stop``: no new runs; exit once the open ones end."""
         self.drops = DropCounter()
         self.registry = RunRegistry()
         self.store = Store(opts.db, self.drops)
@@ -199,8 +227,9 @@ class Daemon:
         self.ingest = Ingest(pull, self.runs, self.store, self.drops, self.touch,
                              on_workers=host.workers.add)  # fmt: skip
         control = ControlServer(
-            router, {"hello": self._hello, "bye": self._bye, "ping": self._ping}, self.drops,
-            self.touch,
+            router,
+            {"hello": self._hello, "bye": self._bye, "ping": self._ping, "stop": self._stop_req},
+            self.drops, self.touch,
         )  # fmt: skip
         lifecycle = Lifecycle(self.runs, self.drops, opts.idle_exit_s,
                               lambda: self._last_activity, self.stop)  # fmt: skip
@@ -212,6 +241,7 @@ class Daemon:
             asyncio.create_task(self._prune_raw(), name="prune"),
             asyncio.create_task(self._compact_kernels(), name="compact-kernels"),
             asyncio.create_task(self._prune_comm(), name="prune-comm"),
+            asyncio.create_task(self._watch_db(), name="watch-db"),
         ]
         if backend is not None:
             self._gpu = GpuSampler(backend, opts.sample_hz, self._gpu_sink(),
@@ -372,10 +402,103 @@ class Daemon:
             except Exception:  # a read or delete failing must not end the task
                 log.exception("comm bucket pruning failed; retried next time")
 
+    # --- the database file deleted or replaced ------------------------------------
+
+    async def _watch_db(self) -> None:
+        while True:
+            await asyncio.sleep(DB_CHECK_S)
+            try:
+                await self.check_db(for_hello=False)
+                if self.stopping and not self.registry.live:
+                    log.info("stop requested and no run is open: exiting")
+                    self.stop()
+            except Exception:  # a failing check must not end the task
+                log.exception("database file check failed; retried next time")
+
+    async def check_db(self, *, for_hello: bool) -> None:
+        """Has the database file been deleted or replaced under us? Then move
+        to a fresh database at the path, copying the open runs (see module doc).
+        Without open runs only a hello moves (the periodic check logs)."""
+        if self.store.file_state() is None:
+            return
+        assert self.runs is not None
+        async with self._db_check, self.runs.lock:  # no run is half-created meanwhile
+            state = self.store.file_state()
+            if state is None:
+                return
+            live = list(self.registry.live.values())
+            if not live and not for_hello:
+                self._note_db(state, logging.WARNING,
+                              "no run is open; a fresh database is made there at the next run "
+                              "(host samples meanwhile are not kept)")  # fmt: skip
+                return
+            await self._reopen_db(state, live)
+
+    def _note_db(self, state: str, level: int, what: str) -> None:
+        key = f"{state}: {what}"
+        if self._db_noted != key:
+            self._db_noted = key
+            log.log(level, "database %s was %s under gpuprofd %d: %s", self.opts.db, state,
+                    os.getpid(), what)  # fmt: skip
+
+    async def _reopen_db(self, state: str, live: list[Any]) -> None:
+        db = self.opts.db
+        if state == "deleted":  # nothing at the path: try it before letting go of the old file
+            try:
+                await asyncio.to_thread(schema.prepare, db)
+            except GpuprofdError as exc:
+                self._note_db(state, logging.ERROR,
+                              f"no fresh database can be made there ({exc}); runs are written "
+                              "into the deleted file, lost when gpuprofd exits: fix the path, "
+                              "or run `gpuprofctl stop` and start again")  # fmt: skip
+                return
+        if self.db_lock is not None and not await asyncio.to_thread(self.db_lock.reacquire):
+            self._note_db(state, logging.ERROR,
+                          "the file now there is served by another gpuprofd; runs are written "
+                          "into the deleted file, lost when this daemon exits: run "
+                          "`gpuprofctl stop` for this one")  # fmt: skip
+            return
+        run_ids = sorted({r.run_id for r in live})
+        ids: dict[int, int] = {}
+
+        async def write_new(new: Any, snap: dbrotate.Snapshot) -> None:
+            ids.update(await dbrotate.write_live_runs(new, snap))
+
+        try:
+            await self.store.reopen(lambda old: dbrotate.read_live_runs(old, run_ids),
+                                    lambda: schema.prepare(db), write_new)  # fmt: skip
+        except Exception as exc:
+            log.error("database %s was %s under gpuprofd %d and switching to it failed (%s): "
+                      "runs cannot be stored; gpuprofd exits (open runs are lost; the next run "
+                      "starts a fresh daemon)", db, state, os.getpid(), exc)  # fmt: skip
+            self.db_events.append({"wall_ns": time.time_ns(), "was": state, "error": str(exc),
+                                   "runs_lost": run_ids})  # fmt: skip
+            self.stop()
+            return
+        self._db_noted = None
+        for r in live:
+            old_id = r.run_id
+            r.run_id = ids.get(old_id, old_id)
+            renamed = f" (now run {r.run_id})" if r.run_id != old_id else ""
+            r.notes.append(
+                f"the database file was {state} during this run: gpuprofd made a fresh one at "
+                f"{db} and copied this run's rows into it{renamed}"
+            )
+        carried = ", ".join(f"{r.run_id} {r.run_name!r}" for r in live) or "none"
+        log.warning("database %s was %s under gpuprofd %d: made a fresh database there; open "
+                    "runs copied into it: %s", db, state, os.getpid(), carried)  # fmt: skip
+        self.db_events.append({"wall_ns": time.time_ns(), "was": state,
+                               "runs_copied": [r.run_id for r in live]})  # fmt: skip
+
     # --- control handlers ------------------------------------------------------
 
     async def _hello(self, msg: dict[str, Any]) -> dict[str, Any]:
         assert self.runs is not None
+        if self.stopping and self.registry.get(msg["run_key"]) is None:
+            return {"ok": False, "stopping": True, "error": "gpuprofd is stopping (gpuprofctl "
+                    "stop) and takes no new runs: it exits once its open runs end; "
+                    "`gpuprofctl stop --now` ends it at once"}  # fmt: skip
+        await self.check_db(for_hello=True)
         live = await self.runs.hello(msg)
         return {
             "ok": True, "run_id": live.run_id, "db": str(self.opts.db),
@@ -400,7 +523,21 @@ class Daemon:
             "dropped": self.drops.snapshot(),
             "received": self.ingest.received if self.ingest else 0,
             "gpu_sampling": self._gpu_sampling(),
+            "db_file": self.store.file_state() or "ok",
+            "db_reopened": list(self.db_events),
+            "stopping": self.stopping,
         }
+
+    async def _stop_req(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """``gpuprofctl stop``: exit once the open runs end, or now."""
+        open_runs = len(self.registry.live)
+        if msg.get("now") or not open_runs:
+            log.info("stop requested (%s): exiting", "now" if msg.get("now") else "no open run")
+            asyncio.get_running_loop().call_later(0.05, self.stop)  # after this reply is sent
+            return {"ok": True, "pid": os.getpid(), "exiting": True, "open_runs": open_runs}
+        self.stopping = True
+        log.info("stop requested: no new runs; exiting once %d open run(s) end", open_runs)
+        return {"ok": True, "pid": os.getpid(), "exiting": False, "open_runs": open_runs}
 
     def _gpu_sampling(self) -> dict[str, Any]:
         """The GPU loops' achieved rates so far, or why there are none."""

@@ -39,6 +39,19 @@ class InstanceLock:
         self._fd = fd
         return True
 
+    def reacquire(self) -> bool:
+        """Lock the file now at :attr:`path` (the old one was deleted or
+        replaced) and let go of the old one; False (the old lock kept) if
+        another process holds the new file."""
+        old = self._fd
+        self._fd = None
+        if not self.acquire():
+            self._fd = old
+            return False
+        if old is not None:
+            os.close(old)  # closing drops the old file's flock
+        return True
+
     def holder_pid(self) -> int | None:
         """The pid written by the current holder, if readable."""
         try:

@@ -33,6 +33,8 @@ class LiveRun:
     last_event_mono_ns: int = field(default_factory=time.monotonic_ns)
     ending: bool = False
     """A bye or the lost check is finalizing this run."""
+    notes: list[str] = field(default_factory=list)
+    """Told in the run's summary at its end (e.g. its database file was replaced)."""
     _arrivals: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
 
     def note_event(self, msg: dict[str, Any]) -> None:

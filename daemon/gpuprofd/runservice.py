@@ -71,6 +71,12 @@ class RunService:
         self._lock = asyncio.Lock()
         self.pid_ns = pid_namespace()
 
+    @property
+    def lock(self) -> asyncio.Lock:
+        """Held while a run is created or re-adopted (its row written and it
+        registered): the database switch takes it so no new run falls between."""
+        return self._lock
+
     def _local(self, run_pid_ns: str | None) -> bool:
         """Can a run's pid be checked here? Unknown namespaces count as ours."""
         return run_pid_ns is None or self.pid_ns is None or run_pid_ns == self.pid_ns
@@ -182,7 +188,7 @@ class RunService:
             end_mono_ns=msg["mono_ns"], cuda_uuid=cuda_uuid, gpu_model=gpu_model,
             gpu_count=gpu_count, trailing_eval_ns=msg.get("eval_ns", 0),
         )  # fmt: skip
-        notes = []
+        notes = list(live.notes)
         if msg["dropped"]:
             notes.append(f"{msg['dropped']} events dropped in the training process")
         if msg["sent"] > live.received:
@@ -206,7 +212,7 @@ class RunService:
         )  # fmt: skip
         why = f"pid {live.pid} is gone" if live.local_pid else "silent too long"
         log.warning("run %d %r lost: %s", live.run_id, live.run_name, why)
-        return await self.insights.finalize(live.run_id, [LOST_NOTE])
+        return await self.insights.finalize(live.run_id, [LOST_NOTE, *live.notes])
 
     async def check_lost(self) -> list[int]:
         """Lose every live run whose process is gone; return their ids."""

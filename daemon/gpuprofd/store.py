@@ -11,6 +11,12 @@ barrier: it returns once everything queued before it is committed.
 The writer drains up to :data:`BATCH_MAX_OPS` ops or :data:`BATCH_MAX_S`
 seconds into one transaction, and groups consecutive ops with the same SQL
 into one ``executemany``.
+
+The database file can be deleted or replaced under a running daemon (``rm
+gpuprof.db*``): SQLite keeps writing into the open, now nameless, file.
+:meth:`Store.file_state` tells (the path's inode against the one opened) and
+:meth:`Store.reopen` switches both connections to the file now at the path
+between two commits, carrying across what the caller asks for.
 """
 
 from __future__ import annotations
@@ -18,8 +24,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -88,17 +95,85 @@ class Store:
         self._write: aiosqlite.Connection | None = None
         self._read: aiosqlite.Connection | None = None
         self._task: asyncio.Task[None] | None = None
+        self._file_id: tuple[int, int] | None = None
+        """(st_dev, st_ino) of the file the connections opened."""
+        self._commit_lock = asyncio.Lock()
+        """Held by each commit and by :meth:`reopen`, so no transaction spans two files."""
 
     async def open(self) -> None:
         """Open both connections (the schema must exist: see :func:`schema.prepare`)."""
-        self._write = await aiosqlite.connect(self.path, isolation_level=None)
-        await self._write.execute("PRAGMA journal_mode=WAL")
-        await self._write.execute("PRAGMA synchronous=NORMAL")
-        await self._write.execute("PRAGMA busy_timeout=5000")
-        self._read = await aiosqlite.connect(self.path)
-        self._read.row_factory = aiosqlite.Row
-        await self._read.execute("PRAGMA busy_timeout=5000")
-        await self._read.execute("PRAGMA query_only=ON")
+        self._write, self._read, self._file_id = await self._connect()
+
+    async def _connect(self) -> tuple[aiosqlite.Connection, aiosqlite.Connection, tuple[int, int]]:
+        write = await aiosqlite.connect(self.path, isolation_level=None)
+        try:
+            await write.execute("PRAGMA journal_mode=WAL")
+            await write.execute("PRAGMA synchronous=NORMAL")
+            await write.execute("PRAGMA busy_timeout=5000")
+            read = await aiosqlite.connect(self.path)
+        except BaseException:
+            await write.close()
+            raise
+        try:
+            read.row_factory = aiosqlite.Row
+            await read.execute("PRAGMA busy_timeout=5000")
+            await read.execute("PRAGMA query_only=ON")
+            st = os.stat(self.path)
+        except BaseException:
+            await read.close()
+            await write.close()
+            raise
+        return write, read, (st.st_dev, st.st_ino)
+
+    def file_state(self) -> str | None:
+        """None while the path still names the open database file; else
+        ``"deleted"`` (nothing at the path) or ``"replaced"`` (another file).
+        One ``stat``: cheap enough for every hello."""
+        if self._file_id is None:
+            return None
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return "deleted"
+        except OSError:
+            return None  # unreadable for a moment (permissions, NFS): not proof of anything
+        return None if (st.st_dev, st.st_ino) == self._file_id else "replaced"
+
+    async def reopen(
+        self,
+        read_old: Callable[[aiosqlite.Connection], Awaitable[Any]],
+        prepare: Callable[[], None],
+        write_new: Callable[[aiosqlite.Connection, Any], Awaitable[None]],
+    ) -> None:
+        """Switch both connections to the database now at :attr:`path`, between
+        two commits: *read_old(old_write)* reads what is to be kept (it sees
+        every committed row); the old file's WAL is checkpointed and its
+        connections closed (a replaced file's ``-wal``/``-shm`` at the path are
+        still the old file's: the new file must not find frames in them);
+        *prepare()* (in a thread) makes the schema at the path; the new
+        connections open and *write_new(new_write, what_read_old_returned)*
+        writes. Ops still queued are then committed to the new file.
+
+        Raises:
+            Exception: *read_old* failed (the store stays on the old file), or
+            a later step did (the store then has no database: every write
+            fails and is counted as ``store_error``).
+        """
+        async with self._commit_lock:
+            assert self._write is not None
+            kept = await read_old(self._write)
+            with contextlib.suppress(sqlite3.Error):
+                await self._write.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            for conn in (self._read, self._write):
+                if conn is not None:
+                    with contextlib.suppress(Exception):
+                        await conn.close()
+            self._write = self._read = None
+            self._file_id = None
+            await asyncio.to_thread(prepare)
+            write, read, file_id = await self._connect()
+            self._write, self._read, self._file_id = write, read, file_id
+            await write_new(write, kept)
 
     def start(self) -> None:
         """Start the writer task."""
@@ -186,12 +261,14 @@ class Store:
                     batch.append(await asyncio.wait_for(self.queue.get(), remaining))
                 except TimeoutError:
                     break
-            await self._commit(batch)
+            async with self._commit_lock:
+                await self._commit(batch)
 
     async def _commit(self, batch: list[Op]) -> None:
-        assert self._write is not None
         results: list[tuple[Op, int | None, BaseException | None]] = []
         try:
+            if self._write is None:  # a failed reopen left no database
+                raise sqlite3.OperationalError(f"no database open at {self.path}")
             await self._write.execute("BEGIN")
             for group in _groups(batch):
                 results.extend(await self._run_group(group))
@@ -208,7 +285,8 @@ class Store:
                 )
             self.drops.add("store_error", str(exc), n=len(batch))
             try:
-                await self._write.execute("ROLLBACK")
+                if self._write is not None:
+                    await self._write.execute("ROLLBACK")
             except sqlite3.Error:
                 pass
             results = [(op, None, exc) for op in batch]
@@ -272,7 +350,8 @@ class Store:
 
     async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[aiosqlite.Row]:
         """Run a read query on the read connection (sees committed data only)."""
-        assert self._read is not None
+        if self._read is None:  # a failed reopen left no database
+            raise sqlite3.OperationalError(f"no database open at {self.path}")
         async with self._read.execute(sql, params) as cur:
             return list(await cur.fetchall())
 

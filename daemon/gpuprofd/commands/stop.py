@@ -1,0 +1,76 @@
+"""``gpuprofctl stop``: ask a gpuprofd to exit (an auto-started one, above all)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import click
+
+from gpuprof import config
+from gpuprofd.client import request
+from gpuprofd.commands.common import echo_json, format_option
+from gpuprofd.commands.status import no_daemon_message
+from gpuprofd.errors import EXIT_OK, GpuprofdError, NoDaemonError
+
+#: How long to wait for an exiting daemon's control socket to go, seconds.
+EXIT_WAIT_S = 10.0
+
+
+@click.command("stop")
+@click.option(
+    "--socket-dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="The daemon's socket directory [default: GPUPROF_SOCKET, or the per-user "
+    "daemon of GPUPROF_DB / ./gpuprof.db].",
+)
+@click.option("--now", is_flag=True,
+              help="Exit at once; open runs stay 'running' and the next daemon re-adopts "
+              "them while their processes live (their events meanwhile are lost).")  # fmt: skip
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(min=0.05),
+    default=1.0,
+    show_default=True,
+    help="Seconds to wait for the daemon's answer.",
+)
+@format_option
+def stop_cmd(socket_dir: Path | None, now: bool, timeout_s: float, fmt: str) -> int:
+    """Stop the gpuprofd of this database (exit 3 if none answers).
+
+    With no open run it exits at once. Otherwise it takes no new runs (their
+    gpuprof.profile() runs unprofiled and says why) and exits when its open
+    runs have ended; --now exits at once. A later run starts a fresh daemon.
+    """
+    where = (socket_dir or config.socket_dir()).expanduser().absolute()
+    try:
+        reply = request(where, {"type": "stop", "now": now}, timeout_s)
+    except NoDaemonError:
+        raise NoDaemonError(no_daemon_message(where, timeout_s)) from None
+    if not reply.get("ok"):
+        raise GpuprofdError(f"gpuprofd did not stop: {reply.get('error', 'refused')}")
+    pid, open_runs = reply.get("pid"), int(reply.get("open_runs") or 0)
+    exited = False
+    if reply.get("exiting"):
+        control = where / config.CONTROL_SOCKET_NAME
+        deadline = time.monotonic() + EXIT_WAIT_S
+        while control.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        exited = not control.exists()
+    if fmt == "json":
+        echo_json({"pid": pid, "socket_dir": str(where), "exiting": bool(reply.get("exiting")),
+                   "exited": exited, "open_runs": open_runs})  # fmt: skip
+    elif not reply.get("exiting"):
+        click.echo(
+            f"gpuprofd pid {pid} takes no new runs and exits once its {open_runs} open "
+            f"run{'' if open_runs == 1 else 's'} end (gpuprofctl status lists them; "
+            "gpuprofctl stop --now exits at once)"
+        )
+    elif exited:
+        left = f"; {open_runs} open run(s) left 'running' for the next daemon" if open_runs else ""
+        click.echo(f"gpuprofd pid {pid} stopped{left}")
+    else:
+        click.echo(f"gpuprofd pid {pid} is stopping (still there after {EXIT_WAIT_S:g} s)")
+    return EXIT_OK
