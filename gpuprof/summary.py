@@ -11,6 +11,7 @@ A summary is a plain dict (it crosses the control socket as JSON)::
      "compute": {"flops_per_step": 3.37e12, "flops_source": "counter", ...},
      "comm": {"median_exposed_ms": 12.3, "median_share_of_step": 0.18,  # None:
               "buckets_per_step": 4, "bytes_per_step": 25100000},  # no bucket timed
+              # (bytes_per_step: gradient bytes, the buckets' sizes, not wire bytes)
      "insights": [Insight.to_dict(), ...],   # most severe first
      "group": {"group": "job-7", "ranks": 4,  # only for a run of a group (torchrun):
                "insights": [...]},            # the group rules at this rank's end
@@ -169,11 +170,25 @@ def comm_figures(ctx: RunContext) -> dict[str, Any] | None:
     }
 
 
+def size_text(nbytes: float) -> str:
+    """*nbytes* in decimal units, small sizes too: ``512 B``, ``16.6 KB``,
+    ``25.1 MB``, ``1.20 GB``."""
+    if nbytes >= 1e9:
+        return f"{nbytes / 1e9:.2f} GB"
+    if nbytes >= 1e6:
+        return f"{nbytes / 1e6:.1f} MB"
+    if nbytes >= 1e3:
+        return f"{nbytes / 1e3:.1f} KB"
+    return f"{nbytes:.0f} B"
+
+
 def comm_line(comm: Mapping[str, Any] | None) -> str | None:
     """``  Comm (median of steady steps): 12.3 ms/step exposed, 18 % of step;
-    4 buckets, 25.1 MB/step`` from :func:`comm_figures`; None without comm
-    figures. A summary stored before the medians (``exposed_ms_per_step``:
-    the mean, ``share_of_step``: of the summed step time) says so."""
+    4 buckets, gradient bytes 25.1 MB/step`` from :func:`comm_figures` (the
+    buckets' sizes, not bytes on the wire: an fp16 compression hook sends
+    half; :func:`size_text`); None without comm figures. A summary stored
+    before the medians (``exposed_ms_per_step``: the mean,
+    ``share_of_step``: of the summed step time) says so."""
     if not comm:
         return None
     if "median_exposed_ms" in comm or "median_share_of_step" in comm:
@@ -188,7 +203,7 @@ def comm_line(comm: Mapping[str, Any] | None) -> str | None:
     n = comm["buckets_per_step"]
     return (
         f"  {label}: {head}; {n:g} bucket{'' if n == 1 else 's'}, "
-        f"{comm['bytes_per_step'] / 1e6:.1f} MB/step"
+        f"gradient bytes {size_text(comm['bytes_per_step'])}/step"
     )
 
 

@@ -140,7 +140,7 @@ def test_the_summary_gives_the_exposed_comm_and_the_buckets(comm_db) -> None:
     assert 0.3 < comm["median_share_of_step"] < 0.4
     line = next(x for x in format_summary(summary).splitlines() if "Comm " in x)
     assert line.startswith("  Comm (median of steady steps): 3") and "ms/step exposed, " in line
-    assert line.endswith(f"% of step; {N_BUCKETS} buckets, 25.0 MB/step")
+    assert line.endswith(f"% of step; {N_BUCKETS} buckets, gradient bytes 25.0 MB/step")
 
 
 def test_runs_has_a_comm_share(comm_db, capsys: pytest.CaptureFixture[str]) -> None:
@@ -176,7 +176,7 @@ def test_insights_group_names_the_late_bucket(comm_db, capsys: pytest.CaptureFix
     assert lines[3].startswith("          On 100% of 30 steps rank 2")
     assert lines[4].startswith("          Fix: Look at what rank 2 computes before bucket 1")
     assert lines[5].startswith("  rank 0  run ") and "comm " in lines[5]
-    assert f"{N_BUCKETS} buckets, 25.0 MB/step" in lines[5]
+    assert f"{N_BUCKETS} buckets, gradient bytes 25.0 MB/step" in lines[5]
 
 
 def test_insights_group_names_the_straggler_not_the_network(
@@ -262,7 +262,9 @@ def test_a_group_of_one_rank_with_one_bucket_reads_in_the_singular() -> None:
     data = {"group": "g", "status": "finished", "counts": {"finished": 1}, "ranks": [rank]}
     lines = format_group(data).splitlines()
     assert lines[0] == "group g: finished (1 rank: 1 finished)"
-    assert lines[2].endswith("comm median 1.0 ms/step exposed, 1 bucket, 0.0 MB/step"), lines[2]
+    assert lines[2].endswith(
+        "comm median 1.0 ms/step exposed, 1 bucket, gradient bytes 4.0 KB/step"
+    ), lines[2]
     assert group_line("g", [{"status": "finished", "rank": 0}]).startswith(
         "group g: finished (1 rank: 1 finished)"
     )

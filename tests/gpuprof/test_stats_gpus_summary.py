@@ -121,10 +121,26 @@ def test_comm_line_counts_buckets_in_words():
     one = {"median_exposed_ms": 2.0, "median_share_of_step": 0.1, "buckets_per_step": 1,
            "bytes_per_step": 500_000}  # fmt: skip
     assert comm_line(one) == (
-        "  Comm (median of steady steps): 2.0 ms/step exposed, 10 % of step; 1 bucket, 0.5 MB/step"
+        "  Comm (median of steady steps): 2.0 ms/step exposed, 10 % of step; 1 bucket, "
+        "gradient bytes 500.0 KB/step"
     )
-    assert comm_line({**one, "buckets_per_step": 2.5}).endswith("; 2.5 buckets, 0.5 MB/step")
+    assert comm_line({**one, "buckets_per_step": 2.5}).endswith(
+        "; 2.5 buckets, gradient bytes 500.0 KB/step"
+    )
     assert comm_line(None) is None
+
+
+def test_comm_bytes_are_gradient_bytes_and_small_ones_are_not_zero_mb():
+    """An fp16-compressed 64x64 model: its bucket is 16.6 KB of gradients
+    (not 0.0 MB, and not what crossed the wire)."""
+    from gpuprof.summary import comm_line, size_text
+
+    tiny = {"median_exposed_ms": 0.4, "median_share_of_step": 0.02, "buckets_per_step": 1,
+            "bytes_per_step": 64 * 64 * 4 + 64 * 4}  # fmt: skip
+    assert comm_line(tiny).endswith("; 1 bucket, gradient bytes 16.6 KB/step")
+    assert [size_text(n) for n in (512, 16_640, 25_100_000, 1_200_000_000)] == [
+        "512 B", "16.6 KB", "25.1 MB", "1.20 GB"
+    ]
 
 
 def test_group_block_of_one_rank_says_rank_not_ranks():

@@ -11,7 +11,7 @@ import orjson
 
 from gpuprof.comm import COMM_PHASE
 from gpuprof.insights.distributed import group_rules
-from gpuprof.summary import comm_medians, format_summary, insight_lines, make_summary
+from gpuprof.summary import comm_medians, format_summary, insight_lines, make_summary, size_text
 from gpuprofd import dbread, kerneltable, queries
 from gpuprofd.commands.common import db_argument, echo_json, format_option, resolve_db
 
@@ -178,8 +178,8 @@ def load_group(db: Path, group: str) -> dict[str, Any]:
 
 
 def _comm_cell(comm: dict[str, Any] | None) -> str:
-    """``  comm median 1.2 ms/step exposed (3 % of step), 4 buckets, 25.1 MB/step,
-    clock +5000.000 ± 0.050 ms`` (medians over steady steps, as the summary's
+    """``  comm median 1.2 ms/step exposed (3 % of step), 4 buckets, gradient
+    bytes 25.1 MB/step, clock +5000.000 ± 0.050 ms`` (medians over steady steps, as the summary's
     comm line and ``comm_dominant``)."""
     if not comm:
         return ""
@@ -191,7 +191,7 @@ def _comm_cell(comm: dict[str, Any] | None) -> str:
     if comm.get("buckets_per_step") is not None:
         n = comm["buckets_per_step"]
         parts.append(f"{n:g} bucket{'' if n == 1 else 's'}")
-        parts.append(f"{comm['bytes_per_step'] / 1e6:.1f} MB/step")
+        parts.append(f"gradient bytes {size_text(comm['bytes_per_step'])}/step")
     if comm.get("clock_offset_ns") is not None:
         unc = comm.get("clock_uncertainty_ns")
         pm = f" ± {unc / 1e6:.3f}" if unc is not None else ""
@@ -257,7 +257,8 @@ def insights_cmd(db: Path | None, run_id: int | None, group: str | None, fmt: st
     ended, else computed now], insights_source [stored | computed], missing_ranks [{rank,
     local_rank, host, message}], ranks [{rank, run_id, status, host,
     median_step_ms, comm {median_exposed_ms, median_share_of_step [medians
-    over steady steps, as comm_dominant], buckets_per_step, bytes_per_step,
+    over steady steps, as comm_dominant], buckets_per_step, bytes_per_step
+    [gradient bytes: the buckets' sizes, not bytes on the wire],
     clock_offset_ns, clock_uncertainty_ns} or null, summary}]).
     """
     db, run_id = split_args(db, run_id)
