@@ -352,6 +352,11 @@ def stored_group_insights(conn: sqlite3.Connection, group: str) -> list[dict[str
     return [queries.insight_from_row(r) for r in _query(conn, queries.GROUP_INSIGHTS_SQL, (group,))]
 
 
+#: Why a rank has no run, said neutrally: most often it simply does not run
+#: gpuprof (only rank 0 profiled), not that it was killed.
+NEVER_REPORTED_WHY = "it did not run gpuprof.profile, or ended before its first message"
+
+
 def missing_ranks(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The ranks of a group that never reported, from its runs' ``rank``,
     ``local_rank``, ``local_world_size``, ``world_size`` and ``host``: per host,
@@ -359,7 +364,8 @@ def missing_ranks(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     that lives on one node (``world_size == local_world_size``) also named by
     global rank (one node: local rank = rank). Each: ``rank`` (global, None
     when unknown), ``local_rank``, ``host``, ``message`` ("rank 3 never
-    reported (...)")."""
+    reported: it did not run gpuprof.profile, or ended before its first
+    message")."""
     by_host: dict[Any, list[dict[str, Any]]] = {}
     for run in runs:
         by_host.setdefault(run.get("host"), []).append(run)
@@ -377,6 +383,6 @@ def missing_ranks(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             who = f"rank {i}" if one_node else f"local rank {i} on {host}"
             out.append({
                 "rank": i if one_node else None, "local_rank": i,
-                "host": host, "message": f"{who} never reported (killed before its first message?)",
+                "host": host, "message": f"{who} never reported: {NEVER_REPORTED_WHY}",
             })  # fmt: skip
     return out

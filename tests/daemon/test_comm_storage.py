@@ -214,7 +214,8 @@ def test_ranks_on_two_hosts_are_aligned_by_their_offsets(
 def test_a_rank_that_never_reported_is_named(comm_db, capsys: pytest.CaptureFixture[str]) -> None:
     db, _ = comm_db
     data = _group_json(capsys, db, "missing")
-    message = "rank 3 never reported (killed before its first message?)"
+    message = ("rank 3 never reported: it did not run gpuprof.profile, "
+               "or ended before its first message")
     assert data["missing_ranks"] == [
         {"rank": 3, "local_rank": 3, "host": "node-a", "message": message}
     ]

@@ -119,12 +119,12 @@ def _run(rank, local_rank, host="h", world=4, local_world=4, status="finished"):
 def test_missing_ranks_on_one_node_are_named_by_rank():
     runs = [_run(0, 0), _run(1, 1), _run(3, 3)]
     (gone,) = missing_ranks(runs)
-    message = "rank 2 never reported (killed before its first message?)"
+    message = ("rank 2 never reported: it did not run gpuprof.profile, "
+               "or ended before its first message")
     assert gone == {"rank": 2, "local_rank": 2, "host": "h", "message": message}
     assert missing_ranks([*runs, _run(2, 2)]) == []
     assert group_line("g", runs) == (
-        "group g: finished (3 ranks: 3 finished); rank 2 never reported "
-        "(killed before its first message?)"
+        f"group g: finished (3 ranks: 3 finished); {message}"
     )
 
 
@@ -132,7 +132,8 @@ def test_missing_ranks_across_nodes_are_named_by_local_rank_and_host():
     # 2 nodes of 2: node b's local rank 1 (global rank 3) never reported
     runs = [_run(0, 0, "a", 4, 2), _run(1, 1, "a", 4, 2), _run(2, 0, "b", 4, 2)]
     assert [m["message"] for m in missing_ranks(runs)] == [
-        "local rank 1 on b never reported (killed before its first message?)"
+        "local rank 1 on b never reported: it did not run gpuprof.profile, or ended before "
+        "its first message"
     ]
     # this node's daemon sees only its own ranks: node a's 2 of 4
     assert missing_ranks(runs[:2]) == []
