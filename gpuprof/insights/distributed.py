@@ -12,16 +12,23 @@ The findings (issue 6, "Rules"):
   the collective. It explains the comm time the other ranks show, so it
   supersedes ``comm_dominant`` (the network is not to blame), and a
   ``bucket_skew`` on the same rank spread over most buckets.
-* ``comm_dominant`` -- collectives take > 20 % of step time.
+* ``comm_dominant`` -- collectives take > 20 % of step time (on every rank:
+  the job; on some: those ranks).
 * ``bucket_skew`` -- one rank is the last to start (or finish) the same
-  gradient bucket on >= 60 % of steps.
-* ``rank_skew`` -- a rank's median step time is >= 10 % above the others'.
+  gradient bucket on >= 60 % of steps, more often than chance allows.
+* ``rank_skew`` -- a rank's median step time is >= 10 % above the others',
+  step after step.
+
+The rules must fire when, and only when, they are true: each one asks for a
+pattern that holds step after step (not a median that noise can move) and
+none speaks on fewer than :data:`MIN_STEADY_STEPS` common steady steps.
 
 All rules are pure functions ``(GroupContext) -> Insight | None``.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -65,6 +72,34 @@ STRAGGLER_WAIT_FRACTION = 0.05
 STRAGGLER_BACKWARD_SHARE = 0.5
 #: Above this share of the step spent waiting on the straggler: HIGH.
 STRAGGLER_WAIT_FRACTION_HIGH = 0.20
+#: Fewest common steady steps (after warm-up) for any group rule to speak: a
+#: finding on a dozen steps (a rank killed early, a short smoke run) is a
+#: guess -- one slow step moves a median, and "last on 60 % of steps" is a
+#: coin flip away from chance. Say nothing rather than guess.
+MIN_STEADY_STEPS = 20
+#: A per-rank pattern must hold on at least this share of the steady steps,
+#: step by step (the straggler's backward above the other ranks' median and its
+#: comm below theirs; rank_skew's rank slower than the others' median): a
+#: median difference between balanced ranks is noise, and noise favours no
+#: rank on three steps in four (measured: balanced 4-rank gloo on 2 cores
+#: named a "straggler" 4 ms slower, and lockstep ranks read 16-33 % skewed).
+#: On short runs three in four is still within chance, so the count must also
+#: pass :data:`FAMILY_ALPHA` (each rank above the others' median w.p. 1/2).
+CONSISTENT_SHARE = 0.75
+#: rank_skew also needs the slow rank's median step to be at least this many
+#: ms above the others': each rank times its step on its own CPU, and on a
+#: loaded host the step boundaries move by about a millisecond (scheduling),
+#: which is 10 % of a short step and costs nothing worth a finding.
+RANK_SKEW_MIN_MS = 1.0
+#: Significance of a per-step pattern: the chance that balanced ranks make
+#: *any* of the candidates a rule tries show it on as many steps, Bonferroni-
+#: corrected: each candidate's binomial upper tail must be <= this / the number
+#: tried. bucket_skew tries ranks x buckets x (start, finish), each rank last
+#: w.p. 1 / ranks -- with 2 ranks "last on >= 60 % of 63 steps" happens one
+#: time in ten per candidate (measured: 2 of 3 balanced 2-rank launches named
+#: a random rank and bucket at 62-63 %); the consistency checks
+#: (:data:`CONSISTENT_SHARE`) try each rank, above the others w.p. 1/2.
+FAMILY_ALPHA = 1e-3
 
 
 @dataclass(frozen=True)
@@ -122,6 +157,47 @@ def _timed(ctx: GroupContext, attr: str) -> list[RankStats]:
     return [r for r in ctx.ranks if getattr(r, attr) and r.step_ms]
 
 
+def _enough_steps(ranks: list[RankStats] | tuple[RankStats, ...]) -> bool:
+    """Whether every rank in *ranks* has >= :data:`MIN_STEADY_STEPS` steady
+    steps (the group's common steps, warm-up left out)."""
+    return bool(ranks) and all(len(_steady(r.step_ms)) >= MIN_STEADY_STEPS for r in ranks)
+
+
+def binomial_tail(k: int, n: int, p: float) -> float:
+    """P(X >= *k*) for X ~ Binomial(*n*, *p*), summed in log space (exact for
+    the few thousand steps a group rule sees; no overflow)."""
+    if k <= 0:
+        return 1.0
+    if k > n:
+        return 0.0
+    if p <= 0.0:
+        return 0.0
+    if p >= 1.0:
+        return 1.0
+    lp, lq, ln = math.log(p), math.log1p(-p), math.lgamma(n + 1)
+    logs = [
+        ln - math.lgamma(j + 1) - math.lgamma(n - j + 1) + j * lp + (n - j) * lq
+        for j in range(k, n + 1)
+    ]
+    top = max(logs)
+    return min(1.0, math.exp(top) * math.fsum(math.exp(x - top) for x in logs))
+
+
+def _share_where(flags: list[bool]) -> float:
+    return sum(flags) / len(flags) if flags else 0.0
+
+
+def _consistent(flags: list[bool], n_ranks: int) -> bool:
+    """Whether a rank's per-step pattern (*flags*, one per steady step) holds
+    on >= :data:`CONSISTENT_SHARE` of steps and on more steps than chance
+    makes for any of *n_ranks* candidates (each step a fair coin under
+    balanced ranks; :data:`FAMILY_ALPHA`, Bonferroni over the ranks)."""
+    return (
+        _share_where(flags) >= CONSISTENT_SHARE
+        and binomial_tail(sum(flags), len(flags), 0.5) <= FAMILY_ALPHA / n_ranks
+    )
+
+
 def comm_fraction(rank: RankStats) -> float | None:
     """Median over steady steps of the rank's comm share of its step (0-1);
     None without comm figures."""
@@ -134,48 +210,97 @@ def comm_fraction(rank: RankStats) -> float | None:
 
 def comm_dominant(ctx: GroupContext) -> Insight | None:
     """Fires when a rank's collectives exceed :data:`COMM_FRACTION` of its step
-    (median over steady steps); names the worst rank."""
-    shares = {r.rank: f for r in ctx.ranks if (f := comm_fraction(r)) is not None}
-    if not shares:
+    (median over steady steps). When every measured rank exceeds it the
+    finding is the whole job's (``all_ranks``, the range of shares); otherwise
+    it names the worst rank, and the others over it when a minority (at most
+    half the ranks) is, or says how many of the ranks when most but not all are.
+    """
+    timed = [r for r in ctx.ranks if comm_fraction(r) is not None]
+    if not _enough_steps(timed):
         return None
-    worst = max(shares, key=lambda k: (shares[k], -k))
+    shares = {r.rank: f for r in timed if (f := comm_fraction(r)) is not None}
+    over = sorted(k for k, v in shares.items() if v > COMM_FRACTION)
+    if not over:
+        return None
+    worst = max(over, key=lambda k: (shares[k], -k))
     frac = shares[worst]
-    if frac <= COMM_FRACTION:
-        return None
+    lo = min(shares[k] for k in over)
+    all_ranks = len(over) == len(shares)
+    severity = "HIGH" if frac > COMM_FRACTION_HIGH else "MED"
+    span = f"{frac:.0%}" if f"{lo:.0%}" == f"{frac:.0%}" else f"{lo * 100:.0f}-{frac:.0%}"
+    evidence: dict = {}
+    if all_ranks and len(shares) > 1:
+        title = f"Collectives take {span} of step time on every rank"
+        who = f"Every rank spends a median {span} of each step"
+        cause = (
+            "the gradient all-reduce is not overlapping with backward anywhere in the "
+            "job: a job-wide cause (interconnect, bucket sizes), not one rank."
+        )
+    elif 2 * len(over) <= len(shares) or len(shares) == 1:
+        names = ", ".join(str(k) for k in over)
+        title = f"Collectives take {frac:.0%} of step time on rank {worst}"
+        if len(over) > 1:
+            title += f" ({span} on ranks {names})"
+        who = (f"Rank {worst} spends a median {frac:.0%} of each step"
+               + (f" (ranks {names}: {span})" if len(over) > 1 else ""))  # fmt: skip
+        cause = ("the gradient all-reduce is not overlapping with backward"
+                 + (" on this rank." if len(shares) > 1 and len(over) == 1 else "."))  # fmt: skip
+        evidence["rank"] = worst
+    else:
+        title = f"Collectives take {span} of step time on {len(over)} of {len(shares)} ranks"
+        who = f"Ranks {', '.join(str(k) for k in over)} spend a median {span} of each step"
+        cause = "the gradient all-reduce is not overlapping with backward."
     return Insight(
         rule="comm_dominant",
-        severity="HIGH" if frac > COMM_FRACTION_HIGH else "MED",
-        title=f"Collectives take {frac:.0%} of step time on rank {worst}",
-        detail=f"Rank {worst} spends a median {frac:.0%} of each step in collectives "
-        f"not hidden under compute ({len(shares)} ranks measured); the gradient "
-        "all-reduce is not overlapping with backward.",
+        severity=severity,
+        title=title,
+        detail=f"{who} in collectives not hidden under compute ({len(shares)} ranks "
+        f"measured); {cause}",
         fix="Check the interconnect (NCCL_DEBUG=INFO: is it using NVLink/InfiniBand "
         "or falling back to TCP sockets?); tune DDP bucket_cap_mb; accumulate "
         "gradients over micro-batches under no_sync(); or compress gradients with a "
         "comm hook (fp16/bf16 compression, PowerSGD).",
         evidence={
-            "rank": worst,
+            **evidence,
+            "all_ranks": all_ranks,
+            "ranks": over,
             "comm_fraction": round(frac, 4),
             "comm_fraction_by_rank": {k: round(v, 4) for k, v in sorted(shares.items())},
         },
     )
 
 
-def _bucket_lateness(
-    ranks: list[RankStats], attr: str, min_delta_ms: float
-) -> tuple[int, int, float, float, float, int] | None:
-    """The most consistently late (rank, bucket) in the *attr* timestamps.
+@dataclass(frozen=True)
+class _Late:
+    """One (rank, bucket) candidate of bucket_skew on start or finish times."""
 
-    Returns (rank, bucket, share of steps it was last, p95 delta ms, median
-    delta ms, steps) for the (rank, bucket) with the highest share (ties: the
-    larger p95 delta) among those late by a median >= *min_delta_ms*, or None.
-    The delta of a step is that rank's timestamp minus the median of the other
-    ranks' for the same bucket.
-    """
+    rank: int
+    bucket: int
+    last: int
+    """Steps on which this rank was the last to reach the bucket."""
+    steps: int
+    p95: float
+    """p95 over steps of its time minus the other ranks' median, ms."""
+    med: float
+    """Median of the same, ms."""
+    chance: float
+    """Binomial upper tail of *last* with each rank last w.p. 1 / ranks."""
+
+    @property
+    def share(self) -> float:
+        return self.last / self.steps
+
+
+def _bucket_candidates(ranks: list[RankStats], attr: str) -> list[_Late]:
+    """Every (rank, bucket) of the *attr* timestamps, with how often that rank
+    was last on that bucket and by how much (its timestamp minus the median of
+    the other ranks' for the same bucket and step)."""
     series = [getattr(r, attr) for r in ranks]
     steps = min(len(t) for t in series)
-    best: tuple[int, int, float, float, float, int] | None = None
+    if steps == 0:
+        return []
     n_buckets = min(len(t[i]) for t in series for i in range(steps))
+    out = []
     for bucket in range(n_buckets):
         # per step, every rank's timestamp of this bucket (rank order)
         rows = [[t[i][bucket] for t in series] for i in range(steps)]
@@ -188,75 +313,57 @@ def _bucket_lateness(
                 if own > max(others):
                     last += 1
                 deltas.append((own - median(others)) / 1e6)
-            share = last / steps
-            p95 = percentile(deltas, 95)
-            med = median(deltas)
-            if med < min_delta_ms:  # jitter: not a candidate
-                continue
-            cand = (r.rank, bucket, share, p95, med, steps)
-            if best is None or (share, p95) > (best[2], best[3]):
-                best = cand
-    return best
-
-
-def _median_delta(ranks: list[RankStats], attr: str, own: RankStats, bucket: int) -> float:
-    """Median over steps of *own*'s *bucket* timestamp minus the median of the
-    other ranks' (ms)."""
-    steps = min(len(getattr(r, attr)) for r in ranks)
-    return median([
-        (getattr(own, attr)[i][bucket]
-         - median([getattr(o, attr)[i][bucket] for o in ranks if o is not own])) / 1e6
-        for i in range(steps)
-    ])  # fmt: skip
-
-
-def _is_late(
-    ranks: list[RankStats], attr: str, rank: int, bucket: int, min_delta_ms: float
-) -> bool:
-    """Whether *rank* is last on *bucket* on >= :data:`BUCKET_LATE_SHARE` of
-    steps by a median delta >= *min_delta_ms*."""
-    steps = min(len(getattr(r, attr)) for r in ranks)
-    own_r = next(r for r in ranks if r.rank == rank)
-    last, deltas = 0, []
-    for i in range(steps):
-        own = getattr(own_r, attr)[i][bucket]
-        others = [getattr(o, attr)[i][bucket] for o in ranks if o is not own_r]
-        last += own > max(others)
-        deltas.append((own - median(others)) / 1e6)
-    return last / steps >= BUCKET_LATE_SHARE and median(deltas) >= min_delta_ms
+            chance = binomial_tail(last, steps, 1.0 / len(ranks))
+            cand = _Late(
+                r.rank, bucket, last, steps, percentile(deltas, 95), median(deltas), chance
+            )
+            out.append(cand)
+    return out
 
 
 def bucket_skew(ctx: GroupContext) -> Insight | None:
     """Fires when one rank is the last to start (or finish) the same bucket
     on >= :data:`BUCKET_LATE_SHARE` of steps, by a median margin of at least
     :data:`BUCKET_MIN_DELTA_MS` and :data:`BUCKET_MIN_DELTA_FRACTION` of the
-    median step; says which rank, which bucket, the p95 delta
-    (ms, against the median of the other ranks)."""
+    median step, and on more steps than chance makes (binomial tail <=
+    :data:`FAMILY_ALPHA` / candidates tried); says which rank, which
+    bucket, the p95 delta (ms, against the median of the other ranks)."""
+    if not _enough_steps(ctx.ranks):
+        return None
     steps_ms = [m for r in ctx.ranks if (m := _steady_median(r.step_ms)) is not None]
     min_delta = max(
         BUCKET_MIN_DELTA_MS, BUCKET_MIN_DELTA_FRACTION * (median(steps_ms) if steps_ms else 0.0)
     )
+    tried: dict[str, list[_Late]] = {}
+    for attr in ("bucket_start_ns", "bucket_end_ns"):
+        ranks = _timed(ctx, attr)
+        if len(ranks) >= 2 and min(len(getattr(r, attr)) for r in ranks) >= MIN_STEADY_STEPS:
+            tried[attr] = _bucket_candidates(ranks, attr)
+    n_tried = sum(len(c) for c in tried.values())
+    if not n_tried:
+        return None
+    alpha = FAMILY_ALPHA / n_tried
+
+    def late(c: _Late) -> bool:
+        return c.share >= BUCKET_LATE_SHARE and c.med >= min_delta and c.chance <= alpha
+
     found = []
     for attr, what in (("bucket_start_ns", "start"), ("bucket_end_ns", "finish")):
-        ranks = _timed(ctx, attr)
-        if len(ranks) < 2:
-            continue
-        late = _bucket_lateness(ranks, attr, min_delta)
-        if late and late[2] >= BUCKET_LATE_SHARE:
-            found.append((late, what))
+        hits = [c for c in tried.get(attr, []) if late(c)]
+        if hits:
+            found.append((max(hits, key=lambda c: (c.share, c.p95)), attr, what))
     if not found:
         return None
     # a late start usually makes a late finish too: report the start (the cause)
-    (rank, bucket, share, p95, med, steps), what = found[0]
-    attr = "bucket_start_ns" if what == "start" else "bucket_end_ns"
-    ranks = _timed(ctx, attr)
-    n_buckets = min(len(b) for r in ranks for b in getattr(r, attr))
-    late_buckets = [
-        b for b in range(n_buckets) if _is_late(ranks, attr, rank, b, min_delta)
-    ]
-    own = next(r for r in ranks if r.rank == rank)
-    lateness = [max(0.0, _median_delta(ranks, attr, own, b)) for b in range(n_buckets)]
-    share_of_lateness = med / sum(lateness) if sum(lateness) > 0 else 1.0
+    best, attr, what = found[0]
+    rank, bucket, share, p95, med, steps = (
+        best.rank, best.bucket, best.share, best.p95, best.med, best.steps
+    )  # fmt: skip
+    own = [c for c in tried[attr] if c.rank == rank]
+    n_buckets = len(own)
+    late_buckets = [c.bucket for c in own if late(c)]
+    lateness = sum(max(0.0, c.med) for c in own)
+    share_of_lateness = med / lateness if lateness > 0 else 1.0
     return Insight(
         rule="bucket_skew",
         severity="MED",
@@ -276,6 +383,8 @@ def bucket_skew(ctx: GroupContext) -> Insight | None:
             "p95_delta_ms": round(p95, 3),
             "median_delta_ms": round(med, 3),
             "steps": steps,
+            "chance_p": float(f"{best.chance:.3g}"),
+            "candidates": n_tried,
             "late_buckets": late_buckets,
             "lateness_share": round(share_of_lateness, 4),
             "buckets": n_buckets,
@@ -283,26 +392,53 @@ def bucket_skew(ctx: GroupContext) -> Insight | None:
     )
 
 
+def _above_others(ranks: list[RankStats], who: int, attr: str) -> list[bool]:
+    """Per steady step: whether rank *who*'s *attr* value is above the median
+    of the other ranks' on the same step."""
+    own = next(r for r in ranks if r.rank == who)
+    others = [_steady(getattr(r, attr)) for r in ranks if r is not own]
+    mine = _steady(getattr(own, attr))
+    n = min(len(mine), *(len(o) for o in others))
+    return [mine[i] > median([o[i] for o in others]) for i in range(n)]
+
+
+def _below_others(ranks: list[RankStats], who: int, attr: str) -> list[bool]:
+    """Per steady step: whether rank *who*'s *attr* value is below the median
+    of the other ranks' on the same step."""
+    own = next(r for r in ranks if r.rank == who)
+    others = [_steady(getattr(r, attr)) for r in ranks if r is not own]
+    mine = _steady(getattr(own, attr))
+    n = min(len(mine), *(len(o) for o in others))
+    return [mine[i] < median([o[i] for o in others]) for i in range(n)]
+
+
 def rank_skew(ctx: GroupContext) -> Insight | None:
     """Fires when a rank's median steady step time is >= :data:`RANK_SKEW_RATIO`
-    times the median of the other ranks' medians; names the slowest rank."""
-    meds = {r.rank: m for r in ctx.ranks if (m := _steady_median(r.step_ms)) is not None}
-    if len(meds) < 2:
+    times the median of the other ranks' medians and >= :data:`RANK_SKEW_MIN_MS`
+    above it, and its step is above the other ranks' median on >=
+    :data:`CONSISTENT_SHARE` of steady steps; names the slowest rank."""
+    ranks = [r for r in ctx.ranks if r.step_ms]
+    if len(ranks) < 2 or not _enough_steps(ranks):
         return None
+    meds = {r.rank: m for r in ranks if (m := _steady_median(r.step_ms)) is not None}
     worst = max(meds, key=lambda k: (meds[k], -k))
     others = median([v for k, v in meds.items() if k != worst])
     if others <= 0:
         return None
     ratio = meds[worst] / others
-    if ratio < RANK_SKEW_RATIO:
+    if ratio < RANK_SKEW_RATIO or meds[worst] - others < RANK_SKEW_MIN_MS:
         return None
+    above = _above_others(ranks, worst, "step_ms")
+    if not _consistent(above, len(ranks)):
+        return None
+    slower = _share_where(above)
     return Insight(
         rule="rank_skew",
         severity="MED",
         title=f"Rank {worst}'s steps are {ratio - 1:.0%} slower than the other ranks'",
         detail=f"Rank {worst}'s median step is {meds[worst]:.1f} ms against {others:.1f} ms "
-        "for the median of the other ranks: it does work outside the synchronising "
-        "collectives that they do not.",
+        f"for the median of the other ranks, and slower than theirs on {slower:.0%} of "
+        "steps: it does work outside the synchronising collectives that they do not.",
         fix=f"Compare rank {worst}'s phases with another rank's (logging, checkpointing or "
         "evaluation on that rank only, uneven batches, a slower GPU or a busier host).",
         evidence={
@@ -310,6 +446,8 @@ def rank_skew(ctx: GroupContext) -> Insight | None:
             "median_step_ms": round(meds[worst], 3),
             "others_median_step_ms": round(others, 3),
             "ratio": round(ratio, 4),
+            "slower_share": round(slower, 4),
+            "steps": len(_steady(ranks[0].step_ms)),
             "median_step_ms_by_rank": {k: round(v, 3) for k, v in sorted(meds.items())},
         },
     )
@@ -321,11 +459,13 @@ def straggler_rank(ctx: GroupContext) -> Insight | None:
 
     Fires when the rank with the smallest median comm time is exceeded by
     *every* other rank's by >= :data:`STRAGGLER_WAIT_FRACTION` of the median
-    step, and its median backward is slower than the others' (median) by >=
-    :data:`STRAGGLER_BACKWARD_SHARE` of that wait.
+    step, its median backward is slower than the others' (median) by >=
+    :data:`STRAGGLER_BACKWARD_SHARE` of that wait, and both hold step by step:
+    its backward above the other ranks' median, and its comm below theirs, on
+    >= :data:`CONSISTENT_SHARE` of steady steps.
     """
     ranks = [r for r in ctx.ranks if r.comm_ms and r.backward_ms and r.step_ms]
-    if len(ranks) < 2:
+    if len(ranks) < 2 or not _enough_steps(ranks):
         return None
     comm = {r.rank: _steady_median(r.comm_ms) or 0.0 for r in ranks}
     bwd = {r.rank: _steady_median(r.backward_ms) or 0.0 for r in ranks}
@@ -341,6 +481,11 @@ def straggler_rank(ctx: GroupContext) -> Insight | None:
         return None
     if bwd_excess < STRAGGLER_BACKWARD_SHARE * wait:
         return None
+    slow_steps = _above_others(ranks, straggler, "backward_ms")
+    less_steps = _below_others(ranks, straggler, "comm_ms")
+    if not (_consistent(slow_steps, len(ranks)) and _consistent(less_steps, len(ranks))):
+        return None
+    slower, waits_less = _share_where(slow_steps), _share_where(less_steps)
     frac = wait / step
     others_bwd = median([bwd[k] for k in others])
     others_comm = median([comm[k] for k in others])
@@ -350,8 +495,8 @@ def straggler_rank(ctx: GroupContext) -> Insight | None:
         title=f"Rank {straggler} is a straggler: its backward is {bwd_excess:.1f} ms slower "
         f"and the other ranks wait {wait:.1f} ms per step ({frac:.0%}) for it",
         detail=f"Rank {straggler}'s median backward is {bwd[straggler]:.1f} ms against "
-        f"{others_bwd:.1f} ms on the other ranks, and it waits least "
-        f"in the collectives ({comm[straggler]:.1f} ms against {others_comm:.1f} "
+        f"{others_bwd:.1f} ms on the other ranks (slower on {slower:.0%} of steps), and it "
+        f"waits least in the collectives ({comm[straggler]:.1f} ms against {others_comm:.1f} "
         "ms): the gradient all-reduce holds every rank until its buckets are ready, so "
         "all steps are equally slow. The comm time on the other ranks is waiting, "
         "not the network.",
@@ -363,6 +508,9 @@ def straggler_rank(ctx: GroupContext) -> Insight | None:
             "wait_ms": round(wait, 3),
             "wait_fraction": round(frac, 4),
             "backward_excess_ms": round(bwd_excess, 3),
+            "slower_backward_share": round(slower, 4),
+            "less_comm_share": round(waits_less, 4),
+            "steps": len(_steady(ranks[0].step_ms)),
             "median_comm_ms_by_rank": {k: round(v, 3) for k, v in sorted(comm.items())},
             "median_backward_ms_by_rank": {k: round(v, 3) for k, v in sorted(bwd.items())},
         },
