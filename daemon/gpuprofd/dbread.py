@@ -121,10 +121,12 @@ def run_context(conn: sqlite3.Connection, run: dict[str, Any]) -> RunContext:
     ]
     workers = [dict(r) for r in _query(conn, queries.WORKER_CPU_SQL, (run["id"],))]
     run_cpu = [dict(r) for r in _query(conn, queries.RUN_CPU_SQL, (run["id"],))]
+    job = queries.job_cpu_params(run)
+    job_cpu = [dict(r) for r in _query(conn, queries.JOB_CPU_SQL, job)] if job else []
     return build_context(
         run, steps, host, history, run_cpu=run_cpu, gpu=gpu_stats(conn, run, steps),
         workers=workers, kernel_windows=kernel_windows(conn, run["id"]),
-        comm=comm_totals(conn, run["id"]),
+        comm=comm_totals(conn, run["id"]), job_cpu=job_cpu,
     )
 
 

@@ -77,6 +77,7 @@ class InsightsRunner:
         )
         history = await runsdb.history_medians(self.store, run["id"], run["run_name"])
         run_cpu = await runsdb.load_run_cpu(self.store, run["id"])
+        job_cpu = await runsdb.load_job_cpu(self.store, run)
         workers = await runsdb.load_worker_cpu(self.store, run["id"])
         gpu = await runsdb.load_gpu_stats(self.store, run, steps)
         kernel_windows = await runsdb.load_kernel_windows(self.store, run["id"])
@@ -85,7 +86,7 @@ class InsightsRunner:
         def rules() -> tuple[list[Insight], RunContext]:
             ctx = build_context(
                 run, steps, host, history, self.gpu_rate, run_cpu, gpu=gpu, workers=workers,
-                kernel_windows=kernel_windows, comm=comm,
+                kernel_windows=kernel_windows, comm=comm, job_cpu=job_cpu,
             )  # fmt: skip
             return run_rules(ctx), ctx
 

@@ -33,6 +33,27 @@ RUN_CPU_SQL = (
     "SELECT AVG(cores) AS cores FROM run_cpu_samples WHERE run_id = ? AND cores IS NOT NULL "
     "HAVING COUNT(*) > 0"
 )
+#: The CPU of a run's job on this node as one row: at each of the run's own
+#: sample times, the cores of its group's runs here (the job's ranks: the
+#: host sampler samples every live run at the same ``mono_ns``) summed; their
+#: mean, and the most ranks seen together. Params: :func:`job_cpu_params`.
+JOB_CPU_SQL = (
+    "SELECT AVG(total) AS cores, MAX(n) AS ranks FROM ("
+    "SELECT s.mono_ns, SUM(s.cores) AS total, COUNT(DISTINCT s.run_id) AS n "
+    "FROM run_cpu_samples s JOIN runs r ON r.id = s.run_id "
+    "WHERE r.group_id = ? AND r.host IS ? AND r.boot_id IS ? AND s.cores IS NOT NULL "
+    "AND s.mono_ns IN (SELECT mono_ns FROM run_cpu_samples WHERE run_id = ? "
+    "AND cores IS NOT NULL) GROUP BY s.mono_ns) HAVING COUNT(*) > 0"
+)
+
+
+def job_cpu_params(run: Mapping[str, Any]) -> tuple[Any, ...] | None:
+    """:data:`JOB_CPU_SQL`'s parameters for *run*; None outside a group."""
+    if not run.get("group_id"):
+        return None
+    return (run["group_id"], run.get("host"), run.get("boot_id"), run["id"])
+
+
 #: A run's DataLoader workers: one row per worker process, ``cpu_s`` its CPU
 #: seconds so far; grouped by ``loader_seq`` (one loader iterator's pool).
 WORKER_CPU_SQL = (

@@ -316,6 +316,16 @@ async def load_run_cpu(store: Store, run_id: int) -> list[dict[str, Any]]:
     return [dict(r) for r in rows]
 
 
+async def load_job_cpu(store: Store, run: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The CPU of *run*'s job on this node (its group's runs here summed) as
+    one ``cores``/``ranks`` row (see :data:`queries.JOB_CPU_SQL`); none
+    outside a group or without samples."""
+    params = queries.job_cpu_params(run)
+    if params is None:
+        return []
+    return [dict(r) for r in await store.fetchall(queries.JOB_CPU_SQL, params)]
+
+
 async def load_worker_cpu(store: Store, run_id: int) -> list[dict[str, Any]]:
     """The run's DataLoader workers' CPU rows (see :data:`queries.WORKER_CPU_SQL`)."""
     rows = await store.fetchall(queries.WORKER_CPU_SQL, (run_id,))

@@ -113,6 +113,12 @@ class RunContext:
     run_cpu_cores: float | None = None
     """Mean CPU the run's own process tree (training process + DataLoader
     workers) used, in cores (1.0 = one core busy); None if unsampled."""
+    job_cpu_cores: float | None = None
+    """Mean CPU of the run's job on this node, in cores: the process trees of
+    its group's runs here (``runs.group_id``: the job's other ranks) summed
+    at each of this run's sample times; None outside a group or unsampled."""
+    job_ranks: int = 1
+    """The most of the job's runs sampled together on this node (1: this run alone)."""
     worker_pools: tuple[WorkerPool, ...] = ()
     """The run's DataLoader worker pools in start order, with each worker's
     CPU seconds; empty without multi-process loaders (or unsampled)."""

@@ -127,6 +127,7 @@ def build_context(
     gpu: GpuStats | None = None,
     kernel_windows: Sequence[tuple[Mapping[str, Any], Sequence[Any]]] = (),
     comm: Mapping[str, Any] | None = None,
+    job_cpu: Sequence[Mapping[str, Any]] = (),
 ) -> RunContext:
     """Aggregate one run's rows into the context the rules read.
 
@@ -171,6 +172,9 @@ def build_context(
         comm: the run's ``comm_buckets`` rows summed: ``steps`` (steps with
             a bucket), ``buckets`` (rows), ``bytes``; becomes
             ``RunContext.comm`` when ``steps`` > 0.
+        job_cpu: the CPU of the run's job on this node (its group's runs here
+            summed at each of its sample times; ``JOB_CPU_SQL``), each with
+            ``cores`` and ``ranks``; becomes ``job_cpu_cores``/``job_ranks``.
     """
     # steps a profiler snapshot ran in (``traced``) are not representative:
     # left out of every timing figure (step, wait, phase medians and thirds,
@@ -184,6 +188,7 @@ def build_context(
     end = run.get("end_mono_ns") or (steps[-1]["t1"] if steps else None)
     duration_s = (end - start) / 1e9 if start is not None and end is not None else 0.0
     run_cores = [c["cores"] for c in run_cpu if c.get("cores") is not None]
+    job = [c for c in job_cpu if c.get("cores") is not None]
     options = run.get("options") or {}
     wait_ms = tuple(s["wait"] / _NS_PER_MS for s in timed)
     step_ms = tuple(
@@ -210,6 +215,8 @@ def build_context(
         **_host_aggregates(host, steps),
         iteration_ms_thirds=_thirds(iteration_ms, median),
         run_cpu_cores=mean(run_cores) if run_cores else None,
+        job_cpu_cores=mean([c["cores"] for c in job]) if job else None,
+        job_ranks=max((int(c.get("ranks") or 1) for c in job), default=1),
         worker_pools=_worker_pools(workers),
         cpu_count=run.get("cpu_count"),
         gpu_model=run.get("gpu_model"),

@@ -3,7 +3,8 @@ page cache too small for the dataset, swapping, DataLoader workers that
 do unequal shares of the loading, and other processes competing for the CPU.
 
 They read the host aggregates of :class:`RunContext` (whole host, not just
-the run: a neighbour's reads count too; the worker CPU is the run's own). A
+the run: a neighbour's reads count too; the worker CPU is the run's own; a
+torchrun job's ranks on the host count as the job's own CPU, not as others). A
 reading the platform does not offer is None and the rule that needs it stays
 silent.
 """
@@ -17,6 +18,7 @@ from gpuprof.insights.steps import (
     RUN_SHARE_OF_BUSY_CPU,
     STALL_FRACTION,
     STALL_FRACTION_HIGH,
+    own_cpu_cores,
     stall_fraction,
 )
 
@@ -229,12 +231,15 @@ CONTENTION_HIGH_SHARE = 0.5
 @rule("host_cpu_contention", supersedes=("dataloader_stall", "high_step_variance"))
 def host_cpu_contention(ctx: RunContext) -> Insight | None:
     """Fires when host CPU averages > :data:`CPU_BOUND_PCT` while the run's own
-    process tree uses less than :data:`RUN_SHARE_OF_BUSY_CPU` of the busy
-    cores and other processes keep ≥ :data:`CONTENTION_MIN_OTHER_CORES` busy.
-    Silent when the run's own CPU was not measured (another PID namespace) or
-    is under :data:`CONTENTION_MIN_RUN_CORES` (a run that needs no CPU is not
-    slowed by its lack)."""
-    cpu, run, cores = ctx.host_cpu_pct, ctx.run_cpu_cores, ctx.cpu_count
+    process tree — with the job's other ranks on this host, whose CPU is the
+    job's own (:func:`own_cpu_cores`) — uses less than
+    :data:`RUN_SHARE_OF_BUSY_CPU` of the busy cores and other processes keep ≥
+    :data:`CONTENTION_MIN_OTHER_CORES` busy. Silent when the run's own CPU was
+    not measured (another PID namespace) or is under
+    :data:`CONTENTION_MIN_RUN_CORES` (a run that needs no CPU is not slowed by
+    its lack)."""
+    cpu, cores = ctx.host_cpu_pct, ctx.cpu_count
+    run, ranks = own_cpu_cores(ctx)
     if cpu is None or run is None or not cores or cpu <= CPU_BOUND_PCT:
         return None
     if run < CONTENTION_MIN_RUN_CORES:
@@ -245,19 +250,23 @@ def host_cpu_contention(ctx: RunContext) -> Insight | None:
         return None
     stall = stall_fraction(ctx)
     waiting = f"; {stall:.0%} of step time waiting on the loader" if stall else ""
+    who = f"this job's {ranks} ranks here" if ranks > 1 else "this run"
     return Insight(
         rule="host_cpu_contention",
         severity="HIGH" if others >= CONTENTION_HIGH_SHARE * cores else "MED",
         title=f"Other processes keep {others:.1f} of {cores} cores busy ({cpu:.0f}% host "
-        f"CPU); this run used {run:.1f}",
-        detail="The host is saturated by work outside this run, so its steps, loader "
+        f"CPU); {who} used {run:.1f}",
+        detail=f"The host is saturated by work outside {'this job' if ranks > 1 else 'this run'}, "
+        "so its steps, loader "
         f"waits and step-time spread reflect CPU contention, not the training code{waiting}. "
         "A regression against earlier runs may have the same cause.",
         fix="Run on an idle node or reserve cores (Slurm --exclusive, cgroup cpusets, "
         "taskset); find the other processes with top. More DataLoader workers won't help.",
         evidence={
             "host_cpu_pct": round(cpu, 1),
-            "run_cpu_cores": round(run, 2),
+            "run_cpu_cores": None if ctx.run_cpu_cores is None else round(ctx.run_cpu_cores, 2),
+            "own_cpu_cores": round(run, 2),
+            "job_ranks": ranks,
             "other_cores": round(others, 2),
             "cpu_count": cores,
         },

@@ -38,6 +38,15 @@ VARIANCE_MIN_SLOW_STEPS = 3
 VARIANCE_MIN_EXCESS_MS = 50.0
 
 
+def own_cpu_cores(ctx: RunContext) -> tuple[float | None, int]:
+    """(cores, ranks): the CPU that is this job's own on this host: its ranks
+    here together (a torchrun job's ranks share the host and are not "other
+    processes" to each other), else the run's own process tree; None unsampled."""
+    if ctx.job_cpu_cores is not None and ctx.job_ranks > 1:
+        return ctx.job_cpu_cores, ctx.job_ranks
+    return ctx.run_cpu_cores, 1
+
+
 def stall_fraction(ctx: RunContext) -> float | None:
     """Share (0-1) of iteration time spent waiting on the loader — before each
     step and between its micro-batches — step 0 excluded (its wait covers model
@@ -92,18 +101,20 @@ def dataloader_stall(ctx: RunContext) -> Insight | None:
 @rule("cpu_bound_dataloader", supersedes=("dataloader_stall", "high_step_variance"))
 def cpu_bound_dataloader(ctx: RunContext) -> Insight | None:
     """Fires on a stall while host CPU averages > :data:`CPU_BOUND_PCT`, the
-    run's own processes use ≥ :data:`RUN_SHARE_OF_BUSY_CPU` of the busy cores
-    (when measured), and the disk is not the busy part (< :data:`DISK_BUSY_BPS`
-    read, or unmeasured)."""
+    run's own processes (with the job's other ranks on this host:
+    :func:`own_cpu_cores`) use ≥ :data:`RUN_SHARE_OF_BUSY_CPU` of the busy
+    cores (when measured), and the disk is not the busy part (<
+    :data:`DISK_BUSY_BPS` read, or unmeasured)."""
     frac = stall_fraction(ctx)
     cpu = ctx.host_cpu_pct
     if frac is None or frac <= STALL_FRACTION or cpu is None or cpu <= CPU_BOUND_PCT:
         return None
     if ctx.host_disk_read_bps is not None and ctx.host_disk_read_bps > DISK_BUSY_BPS:
         return None
-    if ctx.run_cpu_cores is not None and ctx.cpu_count:
+    own, ranks = own_cpu_cores(ctx)
+    if own is not None and ctx.cpu_count:
         busy_cores = cpu / 100.0 * ctx.cpu_count
-        if ctx.run_cpu_cores < RUN_SHARE_OF_BUSY_CPU * busy_cores:
+        if own < RUN_SHARE_OF_BUSY_CPU * busy_cores:
             return None
     cores = f" across {ctx.cpu_count} cores" if ctx.cpu_count else ""
     return Insight(
@@ -119,6 +130,8 @@ def cpu_bound_dataloader(ctx: RunContext) -> Insight | None:
             "stall_fraction": round(frac, 4),
             "host_cpu_pct": round(cpu, 1),
             "run_cpu_cores": None if ctx.run_cpu_cores is None else round(ctx.run_cpu_cores, 2),
+            "own_cpu_cores": None if own is None else round(own, 2),
+            "job_ranks": ranks,
         },
     )
 

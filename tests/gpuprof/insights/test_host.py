@@ -270,3 +270,46 @@ def test_host_cpu_contention_silent_when_the_run_is_the_hog_or_the_host_is_free(
     assert host_cpu_contention(_contended(99.9, run_cores=0.49, cpu_count=2)) is not None
     medium = host_cpu_contention(_contended(85.0, run_cores=6.0))
     assert medium is not None and medium.severity == "MED"  # others 7.6 of 16: HIGH needs 8
+
+
+# --- a torchrun job's ranks on one host are the job's own CPU ----------------------
+
+
+def _job(host_pct: float, run_cores: float, job_cores: float, ranks: int, cpu_count: int,
+         stall: bool = True):  # fmt: skip
+    return make_ctx(
+        [10.0] * 30, [8.0 if stall else 0.0] * 30, host_cpu_pct=host_pct,
+        run_cpu_cores=run_cores, job_cpu_cores=job_cores, job_ranks=ranks, cpu_count=cpu_count,
+    )  # fmt: skip
+
+
+def test_sibling_ranks_are_not_other_processes():
+    # 2 ranks on a 2-core box, each using 0.9: alone, a rank sees 1.1 cores of "others"
+    alone = _job(99.0, run_cores=0.9, job_cores=0.9, ranks=1, cpu_count=2)
+    assert host_cpu_contention(alone) is not None
+    job = _job(99.0, run_cores=0.9, job_cores=1.8, ranks=2, cpu_count=2)
+    assert host_cpu_contention(job) is None
+    fired = {i.rule: i for i in run_rules(job)}
+    assert "host_cpu_contention" not in fired
+    # the job's loaders peg the host: the CPU-bound finding can fire now
+    cpu_bound = fired["cpu_bound_dataloader"]
+    assert (cpu_bound.evidence["own_cpu_cores"], cpu_bound.evidence["job_ranks"]) == (1.8, 2)
+    assert cpu_bound.evidence["run_cpu_cores"] == 0.9
+
+
+def test_job_sharing_the_host_with_real_other_load_still_contended():
+    # 16 cores at 95 %: the job's 2 ranks use 2.0 of 15.2 busy, others 13.2
+    ins = host_cpu_contention(_job(95.0, run_cores=1.0, job_cores=2.0, ranks=2, cpu_count=16))
+    assert ins is not None and ins.severity == "HIGH"
+    assert "this job's 2 ranks here used 2.0" in ins.title
+    assert "outside this job" in ins.detail
+    assert (ins.evidence["other_cores"], ins.evidence["job_ranks"]) == (13.2, 2)
+    assert ins.evidence["run_cpu_cores"] == 1.0
+
+
+def test_build_context_reads_the_jobs_cpu():
+    run = {"run_name": "r", "status": "finished"}
+    ctx = build_context(run, [], run_cpu=[{"cores": 0.9}], job_cpu=[{"cores": 1.8, "ranks": 2}])
+    assert (ctx.run_cpu_cores, ctx.job_cpu_cores, ctx.job_ranks) == (0.9, 1.8, 2)
+    alone = build_context(run, [], run_cpu=[{"cores": 0.9}])
+    assert (alone.job_cpu_cores, alone.job_ranks) == (None, 1)
