@@ -14,7 +14,10 @@ A summary is a plain dict (it crosses the control socket as JSON)::
               # (bytes_per_step: gradient bytes, the buckets' sizes, not wire bytes)
      "insights": [Insight.to_dict(), ...],   # most severe first
      "group": {"group": "job-7", "ranks": 4,  # only for a run of a group (torchrun):
-               "insights": [...]},            # the group rules at this rank's end
+               "insights": [...],             # the group rules at this rank's end,
+               "lost_ranks": [{"rank": 1, "status": "lost", "last_step": 20,
+                               "message": "rank 1 lost at step ~20", ...}],  # others
+               "missing_ranks": [...], "runs_note": None},  # (gpuprofd.dbread)
      "notes": ["no NVIDIA GPU found: GPU metrics skipped", ...]}
 """
 
@@ -267,14 +270,24 @@ def insight_lines(insights: Sequence[Mapping[str, Any]], details: bool = False) 
 
 
 def group_lines(group: Mapping[str, Any] | None, details: bool = False) -> list[str]:
-    """The summary's group block: ``  Group NAME (N ranks):`` and the group's
-    findings (:func:`insight_lines`); nothing when the run has no group or
-    the group rules found nothing."""
-    if not group or not group.get("insights"):
+    """The summary's group block: ``  Group NAME (N ranks):``, the other
+    ranks lost or failed by the time it was built (``rank 1 lost at step
+    ~20``, from their stored statuses), the ranks that never reported, a
+    reused group's note, then the group's findings (:func:`insight_lines`);
+    nothing when the run has no group and none of these is there."""
+    if not group:
+        return []
+    others = [*(group.get("lost_ranks") or []), *(group.get("missing_ranks") or [])]
+    said = [m["message"] for m in others]
+    if group.get("runs_note"):
+        said.append(group["runs_note"])
+    found = group.get("insights") or []
+    if not found and not said:
         return []
     n = group.get("ranks")
     ranks = f" ({n} rank{'' if n == 1 else 's'})" if n is not None else ""
-    return [f"  Group {group.get('group')}{ranks}:", *insight_lines(group["insights"], details)]
+    return [f"  Group {group.get('group')}{ranks}:", *(f"  {m}" for m in said),
+            *insight_lines(found, details)]  # fmt: skip
 
 
 def format_summary(summary: Mapping[str, Any], details: bool = False) -> str:

@@ -338,14 +338,54 @@ def group_statuses(conn: sqlite3.Connection, group: str) -> list[str]:
     return [r["status"] for r in rows]
 
 
+def runs_note(runs: list[dict[str, Any]]) -> str | None:
+    """``"4 runs of 2 ranks: each rank's latest run is compared; pass a new
+    group= per launch"`` when *runs* (a group's runs) hold more runs than the
+    ranks :func:`latest_rank_runs` keeps (a fixed ``group=`` or
+    ``--rdzv-id`` reused across launches, or two ``profile()`` blocks in one
+    launch); None when each rank has one run."""
+    ranks = len(latest_rank_runs(runs))
+    if len(runs) <= ranks:
+        return None
+    return (f"{len(runs)} runs of {ranks} rank{'' if ranks == 1 else 's'}: each rank's latest "
+            "run is compared; pass a new group= per launch")  # fmt: skip
+
+
+def ended_ranks(conn: sqlite3.Connection, runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The lost or failed ranks among *runs* (one per rank,
+    :func:`latest_rank_runs`), by their stored status: each ``rank``,
+    ``run_id``, ``status``, ``last_step`` (the highest step index it stored;
+    None: none) and ``message`` (``"rank 1 lost at step ~20"``)."""
+    out = []
+    for run in runs:
+        if run["status"] not in ("lost", "failed"):
+            continue
+        top = _query(conn, queries.MAX_STEP_SQL, (run["id"],))[0][0]
+        at = f"at step ~{top}" if top is not None else "before its first step"
+        out.append({
+            "rank": run.get("rank"), "run_id": run["id"], "status": run["status"],
+            "last_step": top, "message": f"rank {run.get('rank')} {run['status']} {at}",
+        })  # fmt: skip
+    return out
+
+
 def group_findings(conn: sqlite3.Connection, group: str) -> dict[str, Any]:
     """The group rules over :func:`group_context`: ``group``, ``ranks`` (how
-    many ranks they compared), ``insights`` (:func:`plain_insight` dicts) and
-    ``ended`` (every rank's run has ended, :func:`group_status`)."""
+    many ranks they compared), ``insights`` (:func:`plain_insight` dicts),
+    ``ended`` (every rank's latest run has ended, :func:`group_status`),
+    ``lost_ranks`` (:func:`ended_ranks`: lost or failed so far),
+    ``missing_ranks`` (:func:`missing_ranks`) and ``runs_note``
+    (:func:`runs_note`)."""
     ctx = group_context(conn, group)
     found = [plain_insight(i) for i in group_rules(ctx)]
-    ended = group_status(group_statuses(conn, group))["ended"]
-    return {"group": group, "ranks": len(ctx.ranks), "insights": found, "ended": ended}
+    runs = group_runs(conn, group)
+    latest = latest_rank_runs(runs)
+    ended = group_status([r["status"] for r in latest])["ended"]
+    return {
+        "group": group, "ranks": len(ctx.ranks), "insights": found, "ended": ended,
+        "lost_ranks": ended_ranks(conn, latest), "missing_ranks": missing_ranks(latest),
+        "runs_note": runs_note(runs),
+    }  # fmt: skip
 
 
 def stored_group_insights(conn: sqlite3.Connection, group: str) -> list[dict[str, Any]]:

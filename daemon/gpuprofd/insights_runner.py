@@ -109,7 +109,8 @@ class InsightsRunner:
                           f"--group {shlex.quote(group)}")  # fmt: skip
         if found is None:
             return None, None
-        return {"group": group, "ranks": found["ranks"], "insights": found["insights"]}, None
+        keys = ("group", "ranks", "insights", "lost_ranks", "missing_ranks", "runs_note")
+        return {k: found.get(k) for k in keys}, None
 
     async def _group_findings(self, group: str, asked: int) -> dict[str, Any] | None:
         """:func:`gpuprofd.dbread.group_findings` of *group* read after
@@ -171,8 +172,9 @@ class InsightsRunner:
         )  # fmt: skip
         if run.get("group_id"):
             group, note = await self._group(run["group_id"])
-            if group is not None:
-                summary["group"] = group
+            if group is not None:  # the other ranks lost or failed (its own status is above)
+                lost = [m for m in group["lost_ranks"] or [] if m["run_id"] != run_id]
+                summary["group"] = {**group, "lost_ranks": lost}
             if note is not None:
                 summary["notes"].append(note)
         await runsdb.replace_insights(self.store, run_id, insights)

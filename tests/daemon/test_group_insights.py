@@ -129,7 +129,8 @@ def test_a_balanced_group_and_a_lone_run_get_no_group_block(daemon) -> None:
     _start_ranks(client, "even", steps)
     summaries = [_bye(client, "even", r, sent=30) for r in (0, 1)]
     for s in summaries:
-        assert s["group"] == {"group": "even", "ranks": 2, "insights": []}
+        assert s["group"] == {"group": "even", "ranks": 2, "insights": [], "lost_ranks": [],
+                              "missing_ranks": [], "runs_note": None}  # fmt: skip
         assert "Group " not in format_summary(s)
     assert _stored(db, "even") == []
 
@@ -158,6 +159,8 @@ def test_a_lost_rank_ends_the_group_and_its_findings_are_stored(daemon) -> None:
     # rank 3's process is gone without a bye: lost, and the group ends with it
     h.poll_db(db, "SELECT status FROM runs WHERE run_key = 'job-3'", (), "lost")
     h.poll_db(db, "SELECT rule FROM group_insights WHERE group_id = 'job'", (), "straggler_rank")
+    # the summary is stored just after the group's findings
+    h.poll_db(db, "SELECT summary IS NOT NULL FROM runs WHERE run_key = 'job-3'", (), 1)
     (row,) = h.query(db, "SELECT summary FROM runs WHERE run_key = 'job-3'")
     assert orjson.loads(row[0])["group"]["insights"][0]["rule"] == "straggler_rank"
 
@@ -248,3 +251,38 @@ def test_one_comm_definition_for_the_summary_the_group_report_and_the_rules(
     rank_line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("  rank 0 "))
     assert (f"comm median {comm['median_exposed_ms']:.1f} ms/step exposed "
             f"({100 * comm['median_share_of_step']:.0f} % of step)") in rank_line
+
+
+def test_rank_zeros_summary_says_which_rank_was_lost_and_which_never_reported(daemon) -> None:
+    """Rank 1 dies at step 19 and rank 2 never runs gpuprof: rank 0's printed
+    summary (it then fails) names both in its group block, from the statuses
+    stored by then, not only its own error."""
+    daemons, sock_dir, db = daemon
+    _, client = daemons.start_ready(sock_dir, db)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    steps = group_steps(2, n_steps=30)
+    for r, pid in ((0, os.getpid()), (1, dead.pid)):
+        hello = h.hello(f"lost-{r}", pid, run_name="lost", rank=r, local_rank=r, world_size=3,
+                        group="lost", local_world_size=3, host="node-a")  # fmt: skip
+        assert client.request(hello)["ok"]
+    for i in range(30):
+        for r in (0, 1) if i < 20 else (0,):
+            client.push({"v": 1, "type": "step", "run_key": f"lost-{r}", **steps[r][i]})
+    h.poll_db(db, "SELECT status FROM runs WHERE run_key = 'lost-1'", (), "lost")
+    reply = client.request(h.bye("lost-0", sent=30, status="failed"))
+    assert reply is not None and reply["ok"], reply
+    summary = reply["summary"]
+    group = summary["group"]
+    assert [m["message"] for m in group["lost_ranks"]] == ["rank 1 lost at step ~19"]
+    assert (group["lost_ranks"][0]["rank"], group["lost_ranks"][0]["last_step"]) == (1, 19)
+    assert [m["rank"] for m in group["missing_ranks"]] == [2]
+    text = format_summary(summary).splitlines()
+    at = text.index("  Group lost (2 ranks):")
+    assert text[at + 1] == "  rank 1 lost at step ~19"
+    assert text[at + 2] == ("  rank 2 never reported: it did not run gpuprof.profile, "
+                            "or ended before its first message")  # fmt: skip
+    # the lost rank's own summary does not list itself (its status says it)
+    h.poll_db(db, "SELECT summary IS NOT NULL FROM runs WHERE run_key = 'lost-1'", (), 1)
+    (row,) = h.query(db, "SELECT summary FROM runs WHERE run_key = 'lost-1'")
+    assert 1 not in [m["rank"] for m in orjson.loads(row[0])["group"]["lost_ranks"]]
