@@ -269,10 +269,10 @@ def latest_rank_runs(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out: a relaunch on fewer ranks (``--rdzv-id`` or ``group=`` reused) had its
     ranks compared with the old launch's higher ranks, steps of another run
     matched by index."""
-    newest = max(runs, key=lambda r: r["id"], default=None)
+    newest = max(runs, key=lambda r: r.get("id") or 0, default=None)
     world = None if newest is None else newest.get("world_size")
     latest: dict[Any, dict[str, Any]] = {}
-    for run in sorted(runs, key=lambda r: r["id"]):
+    for run in sorted(runs, key=lambda r: r.get("id") or 0):
         if world is not None and run.get("world_size") not in (None, world):
             continue
         latest[run.get("rank")] = run

@@ -286,3 +286,36 @@ def test_rank_zeros_summary_says_which_rank_was_lost_and_which_never_reported(da
     h.poll_db(db, "SELECT summary IS NOT NULL FROM runs WHERE run_key = 'lost-1'", (), 1)
     (row,) = h.query(db, "SELECT summary FROM runs WHERE run_key = 'lost-1'")
     assert 1 not in [m["rank"] for m in orjson.loads(row[0])["group"]["lost_ranks"]]
+
+
+def test_a_group_name_reused_across_launches_counts_ranks_not_runs(
+    daemon, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """profile(group="my-exp") on two launches of 2 ranks: the group has 2
+    ranks (4 runs), each rank's latest run compared, and the views say so."""
+    daemons, sock_dir, db = daemon
+    _, client = daemons.start_ready(sock_dir, db)
+    for launch in (1, 2):
+        steps = group_steps(2, n_steps=10, seed=launch)
+        for r in (0, 1):
+            key = f"l{launch}-{r}"
+            hello = h.hello(key, os.getpid(), run_name="exp", rank=r, local_rank=r, world_size=2,
+                            group="my-exp", local_world_size=2, host="node-a")  # fmt: skip
+            assert client.request(hello)["ok"]
+            for s in steps[r]:
+                client.push({"v": 1, "type": "step", "run_key": key, **s})
+        for r in (0, 1):
+            _bye_key(client, f"l{launch}-{r}", 10)
+    note = "4 runs of 2 ranks: each rank's latest run is compared; pass a new group= per launch"
+    assert main(["runs", str(db), "--group", "my-exp"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first == f"group my-exp: finished (2 ranks: 2 finished); {note}"
+    data = _ctl_json(capsys, "insights", str(db), "--group", "my-exp")
+    assert (data["runs"], data["runs_note"], data["counts"]) == (4, note, {"finished": 2})
+    latest = {r[0]: r[1] for r in h.query(db, "SELECT run_key, id FROM runs")}
+    assert [(r["rank"], r["run_id"]) for r in data["ranks"]] == [
+        (0, latest["l2-0"]), (1, latest["l2-1"])
+    ]
+    assert main(["insights", str(db), "--group", "my-exp"]) == 0
+    text = capsys.readouterr().out.splitlines()
+    assert text[:2] == ["group my-exp: finished (2 ranks: 2 finished)", f"  {note}"]

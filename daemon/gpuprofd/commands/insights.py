@@ -139,9 +139,11 @@ def load_group(db: Path, group: str) -> dict[str, Any]:
     (``insights``: those gpuprofd stored when the group ended, else
     :func:`gpuprof.insights.distributed.group_rules` over
     :func:`gpuprofd.dbread.group_context` now; ``insights_source`` says
-    ``stored`` or ``computed``), the ranks that never
+    ``stored`` or ``computed``), ``runs`` (the group's runs) and ``runs_note``
+    (:func:`gpuprofd.dbread.runs_note`: a rank has several runs, its latest
+    is the one shown and compared), the ranks that never
     reported (``missing_ranks``, :func:`gpuprofd.dbread.missing_ranks`) and,
-    per rank (by rank), its run id, status, median step, collectives
+    per rank (by rank, each rank's latest run), its run id, status, median step, collectives
     (``comm``, :func:`rank_comm`) and summary (:func:`load_summary`).
 
     Raises:
@@ -149,9 +151,10 @@ def load_group(db: Path, group: str) -> dict[str, Any]:
     """
     conn = dbread.open_ro(db)
     try:
-        runs = dbread.group_runs(conn, group)
-        if not runs:
+        every = dbread.group_runs(conn, group)
+        if not every:
             raise click.ClickException(f"no runs in group {group!r}")
+        runs = dbread.latest_rank_runs(every)  # what the group rules compare
         status = dbread.group_status([r["status"] for r in runs])
         found = dbread.stored_group_insights(conn, group) if status["ended"] else []
         source = "stored" if found else "computed"
@@ -172,6 +175,7 @@ def load_group(db: Path, group: str) -> dict[str, Any]:
     return {
         "group": group, **status,
         "insights": found, "insights_source": source,
+        "runs": len(every), "runs_note": dbread.runs_note(every),
         "missing_ranks": dbread.missing_ranks(runs),
         "ranks": ranks,
     }  # fmt: skip
@@ -206,6 +210,8 @@ def format_group(data: dict[str, Any]) -> str:
     counts = ", ".join(f"{n} {s}" for s, n in data["counts"].items())
     n = len(data["ranks"])
     lines = [f"group {data['group']}: {data['status']} ({n} rank{'' if n == 1 else 's'}: {counts})"]
+    if data.get("runs_note"):
+        lines.append(f"  {data['runs_note']}")
     for m in data.get("missing_ranks") or []:
         lines.append(f"  {m['message']}")
     found = data.get("insights") or []
@@ -254,7 +260,9 @@ def insights_cmd(db: Path | None, run_id: int | None, group: str | None, fmt: st
     that is not an existing file is RUN_ID: `gpuprofctl insights 3`.
     `--group NAME`: every rank of a torchrun group (JSON: group, status,
     ended, counts, insights [the group's findings: stored when the group
-    ended, else computed now], insights_source [stored | computed], missing_ranks [{rank,
+    ended, else computed now], insights_source [stored | computed], runs [the
+    group's runs], runs_note ["4 runs of 2 ranks: each rank's latest run is
+    compared; pass a new group= per launch", or null], missing_ranks [{rank,
     local_rank, host, message}], ranks [{rank, run_id, status, host,
     median_step_ms, comm {median_exposed_ms, median_share_of_step [medians
     over steady steps, as comm_dominant], buckets_per_step, bytes_per_step

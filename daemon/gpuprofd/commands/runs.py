@@ -169,21 +169,29 @@ profile(group=...); null: its own group), rank, local_rank, world_size,
 local_world_size, host.
 
 \b
---group NAME    only that group's runs (one per rank), by rank, with a RANK
-                column and a first line giving the group's status: running
-                while any rank runs; then failed, lost or finished; and the
-                ranks that never reported (LOCAL_WORLD_SIZE ranks expected)
+--group NAME    only that group's runs, by rank, with a RANK column and a
+                first line giving the group's status over each rank's latest
+                run: running while any rank runs; then failed, lost or
+                finished; "4 runs of 2 ranks: ..." when a group name was
+                reused (each rank's latest run is compared); and the ranks
+                that never reported (LOCAL_WORLD_SIZE ranks expected)
 """
 
 
 def group_line(group: str, rows: list[dict[str, Any]]) -> str:
-    """``group NAME: finished (2 ranks: 2 finished)``, then ``; rank 3 never
-    reported (...)`` for each rank that never did (:func:`dbread.missing_ranks`)."""
-    st = dbread.group_status([r["status"] for r in rows])
+    """``group NAME: finished (2 ranks: 2 finished)`` over each rank's latest
+    run (:func:`dbread.latest_rank_runs`, what the group rules compare), then
+    ``; 4 runs of 2 ranks: ...`` when a rank has several runs
+    (:func:`dbread.runs_note`) and ``; rank 3 never reported: ...`` for each
+    rank that never did (:func:`dbread.missing_ranks`)."""
+    latest = dbread.latest_rank_runs(rows)
+    st = dbread.group_status([r["status"] for r in latest])
     counts = ", ".join(f"{n} {s}" for s, n in st["counts"].items())
-    n = len(rows)
+    n = len(latest)
     line = f"group {group}: {st['status']} ({n} rank{'' if n == 1 else 's'}: {counts})"
-    return "; ".join([line, *(m["message"] for m in dbread.missing_ranks(rows))])
+    note = dbread.runs_note(rows)
+    missing = [m["message"] for m in dbread.missing_ranks(latest)]
+    return "; ".join([line, *([note] if note else []), *missing])
 
 
 @click.command("runs", help=RUNS_HELP)
