@@ -302,7 +302,8 @@ class CommTimer:
         if existing is not None:
             self.notice(
                 f"DDP comm hook {existing} was registered before the profile; "
-                "gradient bucket timing skipped for that model"
+                "gradient bucket timing skipped for that model: register it inside "
+                "`with gpuprof.profile(...)` to time its buckets"
             )
             return
         try:

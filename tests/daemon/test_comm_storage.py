@@ -264,7 +264,7 @@ def test_a_group_of_one_rank_with_one_bucket_reads_in_the_singular() -> None:
     lines = format_group(data).splitlines()
     assert lines[0] == "group g: finished (1 rank: 1 finished)"
     assert lines[2].endswith(
-        "comm median 1.0 ms/step exposed, 1 bucket, gradient bytes 4.0 KB/step"
+        "comm median 1.0 ms/step exposed, 1 bucket, gradient bytes 4.0 KB/step, clock unknown"
     ), lines[2]
     assert group_line("g", [{"status": "finished", "rank": 0}]).startswith(
         "group g: finished (1 rank: 1 finished)"

@@ -319,3 +319,40 @@ def test_a_group_name_reused_across_launches_counts_ranks_not_runs(
     assert main(["insights", str(db), "--group", "my-exp"]) == 0
     text = capsys.readouterr().out.splitlines()
     assert text[:2] == ["group my-exp: finished (2 ranks: 2 finished)", f"  {note}"]
+
+
+def test_ranks_without_collective_timings_are_said_and_their_clock_is_unknown(
+    daemon, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A comm hook registered before gpuprof.profile (or time_comm=False): no
+    bucket rows, no comm phase. The group report says which group rules that
+    rules out, instead of a bare "Group insights (0)"; the clock reads
+    "reference" on the rank the others were aligned to and "unknown" where no
+    clock event was stored, not "+0.000 ± 0.000"."""
+    daemons, sock_dir, db = daemon
+    _, client = daemons.start_ready(sock_dir, db)
+    steps = group_steps(2, n_steps=30)
+    for events in steps.values():
+        for s in events:
+            del s["comm"]
+            s["phases"]["backward"] += s["phases"].pop("comm")
+    _start_ranks(client, "nocomm", steps)
+    # rank 0 aligned the others to itself: offset 0 ± 0 (what the shim stores)
+    client.push({"v": 1, "type": "clock", "run_key": "nocomm-0", "offset_ns": 0,
+                 "uncertainty_ns": 0, "rtt_ns": 0, "round_trips": 64,
+                 "reference_rank": 0})  # fmt: skip
+    for r in (0, 1):
+        _bye(client, "nocomm", r, sent=31 if r == 0 else 30)
+    data = _ctl_json(capsys, "insights", str(db), "--group", "nocomm")
+    message = ("no collective timings from ranks 0, 1 (comm hook registered before "
+               "gpuprof.profile, or time_comm=False): straggler_rank, bucket_skew and "
+               "comm_dominant cannot run; rank_skew only")  # fmt: skip
+    assert data["comm_missing"] == {"ranks": [0, 1], "message": message}
+    assert main(["insights", str(db), "--group", "nocomm"]) == 0
+    text = capsys.readouterr().out.splitlines()
+    assert text[:3] == ["group nocomm: finished (2 ranks: 2 finished)", f"  {message}",
+                        "  Group insights (0):"]  # fmt: skip
+    rank0 = next(x for x in text if x.startswith("  rank 0 "))
+    rank1 = next(x for x in text if x.startswith("  rank 1 "))
+    assert rank0.endswith("comm none timed, clock reference") and "0.000" not in rank0
+    assert rank1.endswith("comm none timed, clock unknown")

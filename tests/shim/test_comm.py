@@ -187,6 +187,10 @@ def test_user_hook_registered_before_is_left_alone_with_one_notice(
     assert all("comm" not in s for s in fake_daemon.steps)
     notes = [n for n in prof.summary["notes"] if "comm hook" in n]
     assert len(notes) == 1 and "counting_hook" in notes[0]
+    # it says what to do
+    assert notes[0].endswith(
+        ": register it inside `with gpuprof.profile(...)` to time its buckets"
+    )
     assert len([r for r in caplog.records if "comm hook" in r.getMessage()]) == 1
     assert model._comm_hooks[0][0] is counting_hook
     for a, b in zip(params(model), plain_params(3), strict=True):

@@ -99,7 +99,8 @@ def rank_comm(conn: sqlite3.Connection, run: dict[str, Any]) -> dict[str, Any] |
     ``buckets_per_step`` and ``bytes_per_step`` (gradient bytes; means over
     its last :data:`gpuprofd.dbread.GROUP_BUCKET_STEPS` steps with timed
     buckets; None without), ``clock_offset_ns`` / ``clock_uncertainty_ns``
-    (its clock against the reference rank's; None when not measured). None
+    (its clock against the reference rank's; None when not measured),
+    ``clock_reference_rank`` (the rank it was aligned to). None
     when the run has none of these. Bounded reads, by index: a day-long run
     costs what a short one does."""
     top = dbread.query(conn, queries.MAX_STEP_SQL, (run["id"],))[0][0]
@@ -130,6 +131,7 @@ def rank_comm(conn: sqlite3.Connection, run: dict[str, Any]) -> dict[str, Any] |
         "bytes_per_step": round(totals["bytes"] / n) if n else None,
         "clock_offset_ns": run.get("clock_offset_ns"),
         "clock_uncertainty_ns": run.get("clock_uncertainty_ns"),
+        "clock_reference_rank": run.get("clock_reference_rank"),
     }
     return out if any(v is not None for v in out.values()) else None
 
@@ -142,7 +144,8 @@ def load_group(db: Path, group: str) -> dict[str, Any]:
     ``stored`` or ``computed``), ``runs`` (the group's runs) and ``runs_note``
     (:func:`gpuprofd.dbread.runs_note`: a rank has several runs, its latest
     is the one shown and compared), the ranks that never
-    reported (``missing_ranks``, :func:`gpuprofd.dbread.missing_ranks`) and,
+    reported (``missing_ranks``, :func:`gpuprofd.dbread.missing_ranks`), the
+    ranks without collective timings (``comm_missing``, :func:`comm_missing`) and,
     per rank (by rank, each rank's latest run), its run id, status, median step, collectives
     (``comm``, :func:`rank_comm`) and summary (:func:`load_summary`).
 
@@ -177,16 +180,18 @@ def load_group(db: Path, group: str) -> dict[str, Any]:
         "insights": found, "insights_source": source,
         "runs": len(every), "runs_note": dbread.runs_note(every),
         "missing_ranks": dbread.missing_ranks(runs),
+        "comm_missing": comm_missing(ranks),
         "ranks": ranks,
     }  # fmt: skip
 
 
-def _comm_cell(comm: dict[str, Any] | None) -> str:
+def _comm_cell(comm: dict[str, Any] | None, rank: int | None = None) -> str:
     """``  comm median 1.2 ms/step exposed (3 % of step), 4 buckets, gradient
     bytes 25.1 MB/step, clock +5000.000 ± 0.050 ms`` (medians over steady steps, as the summary's
-    comm line and ``comm_dominant``)."""
-    if not comm:
-        return ""
+    comm line and ``comm_dominant``); ``none timed`` without collectives;
+    the clock ``unknown`` when no clock event was stored, ``reference`` on
+    the rank the others were aligned to (*rank*)."""
+    comm = comm or {}
     parts = []
     if comm.get("median_exposed_ms") is not None:
         share = comm.get("median_share_of_step")
@@ -196,11 +201,41 @@ def _comm_cell(comm: dict[str, Any] | None) -> str:
         n = comm["buckets_per_step"]
         parts.append(f"{n:g} bucket{'' if n == 1 else 's'}")
         parts.append(f"gradient bytes {size_text(comm['bytes_per_step'])}/step")
-    if comm.get("clock_offset_ns") is not None:
+    if not parts:
+        parts.append("none timed")
+    if comm.get("clock_offset_ns") is None:  # no clock event stored
+        parts.append("clock unknown")
+    elif rank is not None and comm.get("clock_reference_rank") == rank:
+        parts.append("clock reference")  # offset 0 by definition, not measured
+    else:
         unc = comm.get("clock_uncertainty_ns")
         pm = f" ± {unc / 1e6:.3f}" if unc is not None else ""
         parts.append(f"clock {comm['clock_offset_ns'] / 1e6:+.3f}{pm} ms")
-    return "  comm " + ", ".join(parts) if parts else ""
+    return "  comm " + ", ".join(parts)
+
+
+def has_comm(comm: dict[str, Any] | None) -> bool:
+    """Whether :func:`rank_comm` found any collective timing (exposed comm or
+    timed buckets)."""
+    return bool(comm) and (
+        comm.get("median_exposed_ms") is not None or comm.get("buckets_per_step") is not None
+    )
+
+
+def comm_missing(ranks: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The ranks with no collective timings (:func:`has_comm`) and what that
+    leaves of the group rules: ``{"ranks": [...], "message": ...}``, None when
+    every rank has some."""
+    without = [r["rank"] for r in ranks if not has_comm(r.get("comm"))]
+    if not without:
+        return None
+    who = f"rank{'' if len(without) == 1 else 's'} {', '.join(map(str, without))}"
+    why = "(comm hook registered before gpuprof.profile, or time_comm=False)"
+    if len(without) == len(ranks):
+        what = "straggler_rank, bucket_skew and comm_dominant cannot run; rank_skew only"
+    else:
+        what = "straggler_rank, bucket_skew and comm_dominant compare the other ranks only"
+    return {"ranks": without, "message": f"no collective timings from {who} {why}: {what}"}
 
 
 def format_group(data: dict[str, Any]) -> str:
@@ -214,6 +249,8 @@ def format_group(data: dict[str, Any]) -> str:
         lines.append(f"  {data['runs_note']}")
     for m in data.get("missing_ranks") or []:
         lines.append(f"  {m['message']}")
+    if data.get("comm_missing"):
+        lines.append(f"  {data['comm_missing']['message']}")
     found = data.get("insights") or []
     lines.append(f"  Group insights ({len(found)}):")
     lines.extend(insight_lines(found, details=True))
@@ -221,7 +258,7 @@ def format_group(data: dict[str, Any]) -> str:
         ms = r["median_step_ms"]
         median_ms = "-" if ms is None else f"{ms:.1f} ms"
         n = len(r["summary"].get("insights") or [])
-        comm = _comm_cell(r.get("comm"))
+        comm = _comm_cell(r.get("comm"), r["rank"])
         lines.append(f"  rank {r['rank']}  run {r['run_id']}  {r['status']:<8}  "
                      f"median step {median_ms}  {n} insight(s){comm}")  # fmt: skip
     for r in data["ranks"]:
@@ -263,11 +300,14 @@ def insights_cmd(db: Path | None, run_id: int | None, group: str | None, fmt: st
     ended, else computed now], insights_source [stored | computed], runs [the
     group's runs], runs_note ["4 runs of 2 ranks: each rank's latest run is
     compared; pass a new group= per launch", or null], missing_ranks [{rank,
-    local_rank, host, message}], ranks [{rank, run_id, status, host,
+    local_rank, host, message}], comm_missing [{ranks, message}: the ranks
+    with no collective timings and which group rules that rules out, or
+    null], ranks [{rank, run_id, status, host,
     median_step_ms, comm {median_exposed_ms, median_share_of_step [medians
     over steady steps, as comm_dominant], buckets_per_step, bytes_per_step
     [gradient bytes: the buckets' sizes, not bytes on the wire],
-    clock_offset_ns, clock_uncertainty_ns} or null, summary}]).
+    clock_offset_ns, clock_uncertainty_ns, clock_reference_rank} or null,
+    summary}]).
     """
     db, run_id = split_args(db, run_id)
     if group is not None:
