@@ -18,7 +18,8 @@ A summary is a plain dict (it crosses the control socket as JSON)::
                "lost_ranks": [{"rank": 1, "status": "lost", "last_step": 20,
                                "message": "rank 1 lost at step ~20", ...}],  # others
                "missing_ranks": [...], "runs_note": None},  # (gpuprofd.dbread)
-     "notes": ["no NVIDIA GPU found: GPU metrics skipped", ...]}
+     "notes": ["no NVIDIA GPU found: GPU metrics skipped", ...],
+     "group_id": "job-7"}                     # a run of a group: "Group report:" line
 """
 
 from __future__ import annotations
@@ -337,9 +338,12 @@ def format_summary(summary: Mapping[str, Any], details: bool = False) -> str:
     for note in summary.get("notes") or []:
         lines.append(f"  Note: {note}")
     if summary.get("run_id") is not None and summary.get("db"):
-        lines.append(
-            f"  Full report: gpuprofctl insights {shlex.quote(str(summary['db']))} "
-            f"{summary['run_id']}"
-        )
+        db = shlex.quote(str(summary["db"]))
+        lines.append(f"  Full report: gpuprofctl insights {db} {summary['run_id']}")
+        group = summary.get("group_id") or (summary.get("group") or {}).get("group")
+        if group:
+            lines.append(
+                f"  Group report: gpuprofctl insights {db} --group {shlex.quote(str(group))}"
+            )
     lines.append(RULE)
     return "\n".join(lines)

@@ -338,6 +338,25 @@ def group_statuses(conn: sqlite3.Connection, group: str) -> list[str]:
     return [r["status"] for r in rows]
 
 
+#: Groups :func:`unknown_group_message` lists.
+GROUPS_LISTED = 10
+
+
+def unknown_group_message(conn: sqlite3.Connection, group: str) -> str:
+    """``no runs in group 'x'; groups here, newest first: a, b`` (at most
+    :data:`GROUPS_LISTED`, by their newest run), or ``...; no run here has a
+    group``: what a ``--group`` naming no runs says."""
+    rows = _query(conn, "SELECT group_id FROM runs WHERE group_id IS NOT NULL "
+                        "GROUP BY group_id ORDER BY MAX(id) DESC LIMIT ?",
+                  (GROUPS_LISTED + 1,))  # fmt: skip
+    names = [shlex.quote(r["group_id"]) for r in rows]
+    if not names:
+        return f"no runs in group {group!r}; no run here has a group"
+    more = ", ..." if len(names) > GROUPS_LISTED else ""
+    return (f"no runs in group {group!r}; groups here, newest first: "
+            f"{', '.join(names[:GROUPS_LISTED])}{more}")  # fmt: skip
+
+
 def runs_note(runs: list[dict[str, Any]]) -> str | None:
     """``"4 runs of 2 ranks: each rank's latest run is compared; pass a new
     group= per launch"`` when *runs* (a group's runs) hold more runs than the

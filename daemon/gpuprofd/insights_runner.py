@@ -171,6 +171,7 @@ class InsightsRunner:
             [*notes, *self.base_notes], error=run.get("error"),
         )  # fmt: skip
         if run.get("group_id"):
+            summary["group_id"] = run["group_id"]  # the summary's "Group report:" line
             group, note = await self._group(run["group_id"])
             if group is not None:  # the other ranks lost or failed (its own status is above)
                 lost = [m for m in group["lost_ranks"] or [] if m["run_id"] != run_id]

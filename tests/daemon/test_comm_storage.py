@@ -269,3 +269,37 @@ def test_a_group_of_one_rank_with_one_bucket_reads_in_the_singular() -> None:
     assert group_line("g", [{"status": "finished", "rank": 0}]).startswith(
         "group g: finished (1 rank: 1 finished)"
     )
+
+
+def test_the_group_can_be_found_from_runs_and_from_the_summary(
+    comm_db, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db, out = comm_db
+    lines = _ctl(capsys, "runs", str(db)).splitlines()
+    assert lines[0].split()[:4] == ["ID", "GROUP", "RANK", "NAME"]
+    cells = [x.split() for x in lines[1:]]
+    assert next(c for c in cells if c[3] == "bad")[1:3] == ["-", "-"]  # no group
+    assert sorted(c[2] for c in cells if c[1] == "straggler") == ["0", "1", "2", "3"]
+    # rank 0's printed summary says how to see the whole group
+    summary = out["straggler"][0]
+    assert summary["group_id"] == "straggler"
+    assert (f"  Group report: gpuprofctl insights {db} --group straggler"
+            in format_summary(summary).splitlines())  # fmt: skip
+    # a --group that names no runs lists the groups there, newest first
+    groups = "missing, offset, balanced, straggler, skew"
+    for cmd in ("runs", "insights"):
+        assert main([cmd, str(db), "--group", "stragler"]) == 1
+        err = capsys.readouterr().err
+        assert f"no runs in group 'stragler'; groups here, newest first: {groups}" in err
+
+
+def test_a_long_group_name_is_shortened_in_the_runs_table() -> None:
+    from gpuprofd.commands.runs import format_table
+
+    row = {"id": 7, "group": "3f2a9c1e-5b7d-4e21-9a4b-0c6d8e2f1a3b", "rank": 1, "run_name": "r",
+           "status": "finished", "steps": 3, "median_step_ms": 1.0,
+           "pct_of_iteration": dict.fromkeys(("loader_wait", "forward", "backward", "comm",
+                                              "optimizer", "other")),
+           "skipped_updates": 0, "eval_s": 0.0, "dropped_events": 0}  # fmt: skip
+    line = format_table([row], groups=True).splitlines()[1]
+    assert line.split()[:3] == ["7", "3f2a9c1e-5b7…", "1"]

@@ -131,14 +131,16 @@ def test_a_balanced_group_and_a_lone_run_get_no_group_block(daemon) -> None:
     for s in summaries:
         assert s["group"] == {"group": "even", "ranks": 2, "insights": [], "lost_ranks": [],
                               "missing_ranks": [], "runs_note": None}  # fmt: skip
-        assert "Group " not in format_summary(s)
+        text = format_summary(s)
+        assert "  Group even" not in text  # no block; the group report is named
+        assert f"  Group report: gpuprofctl insights {db} --group even" in text.splitlines()
     assert _stored(db, "even") == []
 
     assert client.request(h.hello("lone", os.getpid(), run_name="lone"))["ok"]
     for i in range(5):
         client.push(h.step("lone", i, 10**12))
     lone = _bye_key(client, "lone", 5)
-    assert "group" not in lone and "Group " not in format_summary(lone)
+    assert "group" not in lone and "group_id" not in lone and "Group " not in format_summary(lone)
 
 
 def _bye_key(client: h.Client, key: str, sent: int) -> dict[str, Any]:

@@ -150,3 +150,14 @@ def test_group_block_of_one_rank_says_rank_not_ranks():
            "detail": "d", "fix": "f", "evidence": {}}  # fmt: skip
     assert group_lines({"group": "g", "ranks": 1, "insights": [ins]})[0] == "  Group g (1 rank):"
     assert group_lines({"group": "g", "ranks": 2, "insights": [ins]})[0] == "  Group g (2 ranks):"
+
+
+def test_a_grouped_runs_summary_names_the_group_report_quoted():
+    summary = make_summary(3, make_ctx([10.0] * 4), [], "/data/my runs.db")
+    assert "Group report" not in format_summary(summary)
+    summary["group_id"] = "my exp"
+    lines = format_summary(summary).splitlines()
+    at = lines.index("  Full report: gpuprofctl insights '/data/my runs.db' 3")
+    assert lines[at + 1] == (
+        "  Group report: gpuprofctl insights '/data/my runs.db' --group 'my exp'"
+    )

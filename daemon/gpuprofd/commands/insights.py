@@ -40,6 +40,8 @@ def load_summary(db: Path, run_id: int | None) -> dict[str, Any]:
                 run["id"], ctx, dbread.stored_insights(conn, run["id"]), str(db.absolute()), notes,
                 error=run.get("error"),
             )
+            if run.get("group_id"):
+                summary["group_id"] = run["group_id"]
         table = kerneltable.build_table(dbread.kernel_windows(conn, run["id"]))
         return add_kernels_and_mfu(summary, run, table)
     finally:
@@ -156,7 +158,7 @@ def load_group(db: Path, group: str) -> dict[str, Any]:
     try:
         every = dbread.group_runs(conn, group)
         if not every:
-            raise click.ClickException(f"no runs in group {group!r}")
+            raise click.ClickException(dbread.unknown_group_message(conn, group))
         runs = dbread.latest_rank_runs(every)  # what the group rules compare
         status = dbread.group_status([r["status"] for r in runs])
         found = dbread.stored_group_insights(conn, group) if status["ended"] else []

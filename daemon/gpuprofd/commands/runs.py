@@ -105,22 +105,40 @@ def _cell(v: float | None) -> str:
     return "-" if v is None else f"{v:.1f}"
 
 
-def format_table(rows: list[dict[str, Any]], ranks: bool = False) -> str:
-    """The runs table; *ranks*: with a RANK column (``--group``)."""
-    lead = ("ID", "RANK") if ranks else ("ID",)
+#: Characters of a group name in the runs table (then "…"): torchrun's UUID
+#: run ids are 36; ``gpuprofctl runs --group`` takes the whole name.
+GROUP_CHARS = 12
+
+
+def _group_cell(group: str | None) -> str:
+    if not group:
+        return "-"
+    return group if len(group) <= GROUP_CHARS + 1 else group[:GROUP_CHARS] + "…"
+
+
+def format_table(rows: list[dict[str, Any]], ranks: bool = False, groups: bool = False) -> str:
+    """The runs table; *ranks*: with a RANK column (``--group``); *groups*:
+    with GROUP (shortened to :data:`GROUP_CHARS` characters and "…"; - for a
+    run of no group) and RANK columns (plain ``runs`` when a run has a group)."""
+    lead = ("ID", "GROUP", "RANK") if groups else ("ID", "RANK") if ranks else ("ID",)
     header = (*lead, "NAME", "STATUS", "STEPS", "MEDIAN_STEP_MS", *(h for _, h in COLUMNS),
               "SKIPPED", "EVAL_S", "DROPPED")  # fmt: skip
     lines = [header]
     for r in rows:
         pct = r["pct_of_iteration"]
-        first = (str(r["id"]), str(r["rank"])) if ranks else (str(r["id"]),)
+        rank = "-" if r["rank"] is None or not (ranks or r["group"]) else str(r["rank"])
+        first: tuple[str, ...] = (str(r["id"]),)
+        if groups:
+            first = (str(r["id"]), _group_cell(r["group"]), rank)
+        elif ranks:
+            first = (str(r["id"]), rank)
         lines.append((
             *first, r["run_name"][:40], r["status"], str(r["steps"]),
             _cell(r["median_step_ms"]), *(_cell(pct[key]) for key, _ in COLUMNS),
             str(r["skipped_updates"]), _cell(r["eval_s"]), str(r["dropped_events"]),
         ))  # fmt: skip
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    text_cols = {len(lead), len(lead) + 1}  # NAME, STATUS
+    text_cols = {len(lead), len(lead) + 1} | ({1} if groups else set())  # NAME, STATUS, GROUP
 
     def fmt(line: tuple[str, ...]) -> str:  # text columns left, numbers right
         cells = zip(line, widths, strict=True)
@@ -133,6 +151,10 @@ def format_table(rows: list[dict[str, Any]], ranks: bool = False) -> str:
 RUNS_HELP = f"""List the runs in DB (default: GPUPROF_DB or ./gpuprof.db), newest first.
 
 \b
+GROUP RANK      only when a listed run has a group: torchrun's run id or
+                profile(group=...), its first {GROUP_CHARS} characters and "…" when
+                longer (give --group the whole name: --format json has
+                it), - for a run of no group; the run's global rank
 STEPS           every step recorded
 MEDIAN_STEP_MS  steady-state median iteration time: median of loader
                 wait + step, warm-up steps excluded (the first {WARMUP_STEPS}
@@ -205,9 +227,14 @@ def group_line(group: str, rows: list[dict[str, Any]]) -> str:
 )
 @format_option
 def runs_cmd(db: Path | None, group: str | None, fmt: str) -> None:
-    rows = list_runs(resolve_db(db), group)
+    path = resolve_db(db)
+    rows = list_runs(path, group)
     if group is not None and not rows:
-        raise click.ClickException(f"no runs in group {group!r}")
+        conn = dbread.open_ro(path)
+        try:
+            raise click.ClickException(dbread.unknown_group_message(conn, group))
+        finally:
+            conn.close()
     if fmt == "json":
         echo_json(rows)
     elif not rows:
@@ -216,4 +243,4 @@ def runs_cmd(db: Path | None, group: str | None, fmt: str) -> None:
         click.echo(group_line(group, rows))
         click.echo(format_table(rows, ranks=True))
     else:
-        click.echo(format_table(rows))
+        click.echo(format_table(rows, groups=any(r["group"] for r in rows)))
