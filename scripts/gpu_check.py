@@ -53,12 +53,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import queue
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -66,17 +64,23 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-ROOT = Path(__file__).resolve().parents[1]
-# A bare checkout runs this too (a GPU node's own python, no install): find
-# gpuprof, gpuprofd and tests/ from the repository itself.
-for _p in (ROOT / "daemon", ROOT):
-    if str(_p) not in sys.path:
-        sys.path.insert(0, str(_p))
+from gpu_check_common import (
+    ROOT,
+    NoGpu,
+    add_out_option,
+    no_cuda,
+    report_dir,
+    run_and_report,
+    save_report,
+    script_main,
+    start_cuda,
+)
+from gpu_check_common import fmt as _fmt
 
-from gpuprof.insights import RunContext, registered_rules  # noqa: E402
-from gpuprof.insights.gpu import GPU_RULES, GpuStats, gpu_stats  # noqa: E402
-from gpuprofd.gpu_sampler import GpuSampler, LoopStats  # noqa: E402
-from gpuprofd.nvml import (  # noqa: E402
+from gpuprof.insights import RunContext, registered_rules
+from gpuprof.insights.gpu import GPU_RULES, GpuStats, gpu_stats
+from gpuprofd.gpu_sampler import GpuSampler, LoopStats
+from gpuprofd.nvml import (
     FI_PCIE_RX_BYTES,
     FI_PCIE_TX_BYTES,
     PERF_POLICY_POWER,
@@ -87,8 +91,8 @@ from gpuprofd.nvml import (  # noqa: E402
     match_uuid,
     open_backend,
 )
-from gpuprofd.rollup import sample_row, slow_row  # noqa: E402
-from tests.h200_expected import EXPECTED  # noqa: E402
+from gpuprofd.rollup import sample_row, slow_row
+from tests.h200_expected import EXPECTED
 
 DEFAULT_OUT = ROOT / "bench" / "results" / "gpu_check"
 DEFAULT_TRACE = ROOT.parent / "shared" / "fixtures" / "h200" / "nvml_trace.jsonl"
@@ -130,10 +134,6 @@ PHASES = (
           f"{BURST_S * 1e3:.0f} ms of bf16 4096^2 matmuls every {CYCLE_S:.1f} s, host "
           "busy-waiting between"),  # fmt: skip
 )
-
-
-class NoGpu(Exception):
-    """Live mode cannot run here (no NVML, no CUDA): exit 2 with this message."""
 
 
 # --- judging a phase (both modes) ----------------------------------------------
@@ -352,16 +352,10 @@ def child_main(phase_s: float, dry: bool) -> int:
         _emit("ready", import_torch_s=round(import_s, 3), cuda_init_s=0.0, uuid="",
               name="CPU (dry run)", torch=torch.__version__, cuda=None)  # fmt: skip
     elif not torch.cuda.is_available():
-        _emit("no_cuda", msg=f"torch {torch.__version__} sees no CUDA device "
-                             "(torch.cuda.is_available() is False)")  # fmt: skip
+        _emit("no_cuda", msg=no_cuda(torch))
         return 2
     else:
-        t = time.perf_counter()
-        torch.cuda.init()
-        dev = torch.device("cuda", torch.cuda.current_device())
-        torch.ones(1, device=dev).add_(1)
-        torch.cuda.synchronize(dev)
-        init_s = time.perf_counter() - t
+        dev, init_s = start_cuda(torch)
         props = torch.cuda.get_device_properties(dev)
         _emit("ready", import_torch_s=round(import_s, 3), cuda_init_s=round(init_s, 3),
               uuid=str(getattr(props, "uuid", "") or ""), name=props.name,
@@ -706,14 +700,6 @@ def run_replay(args: argparse.Namespace) -> dict[str, Any]:
 # --- report --------------------------------------------------------------------
 
 
-def _fmt(v: Any, nd: int = 1) -> str:
-    if v is None:
-        return "n/a"
-    if isinstance(v, float):
-        return f"{v:.{nd}f}"
-    return str(v)
-
-
 def summary_md(rep: Mapping[str, Any]) -> str:
     """The human summary (Markdown) of a report."""
     dev = rep["device"]
@@ -813,19 +799,13 @@ def write_report(rep: dict[str, Any], out_dir: Path) -> str:
     """Write report.json and report.md to *out_dir*; return the summary."""
     rep["phases"] = [p.to_dict() if isinstance(p, PhaseResult) else p for p in rep["phases"]]
     rep["all_match"] = all(p["match"] for p in rep["phases"])
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "report.json").write_text(json.dumps(rep, indent=2, default=str) + "\n")
-    md = summary_md(rep)
-    (out_dir / "report.md").write_text(md)
-    return md
+    return save_report(rep, out_dir, summary_md(rep))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--replay", metavar="PATH", help="judge a recorded trace's phases (no GPU)")
-    ap.add_argument("--out", type=Path, default=None,
-                    help=f"report folder (default: {DEFAULT_OUT.relative_to(ROOT)} for a live "
-                    "run, to commit; a temporary folder for --replay and --dry-run)")
+    add_out_option(ap, DEFAULT_OUT, "--replay and --dry-run")
     ap.add_argument("--phase-s", type=float, default=13.0, help="seconds per live phase")
     ap.add_argument("--hz", type=float, default=100.0, help="the fast loop's sample_hz")
     ap.add_argument("--skip-s", type=float, default=SKIP_S,
@@ -839,29 +819,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args._child:
         return child_main(args.phase_s, args.dry_run)
-    created = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
-    try:
-        rep = run_replay(args) if args.replay and not args.dry_run else run_live(args)
-    except NoGpu as exc:
-        print(f"gpu_check: live mode needs an NVIDIA GPU with CUDA and NVML: {exc} "
-              "(use --replay PATH to check a recorded trace)", file=sys.stderr)  # fmt: skip
-        return 2
-    except RuntimeError as exc:  # the load never started: nothing to judge
-        print(f"gpu_check: failed: {exc}", file=sys.stderr)
-        return 1
-    rep = {"created_utc": created, **rep}
-    out = args.out
-    if out is None:
-        live = not args.replay and not args.dry_run
-        out = DEFAULT_OUT if live else Path(tempfile.gettempdir()) / "gpuprof-gpu-check"
-    md = write_report(rep, out)
-    print(md, end="")
-    print(f"gpu_check: report in {out}", file=sys.stderr)
-    if rep["mode"] == "dry-run":
-        return 0 if plumbing_ok(rep) else 1
-    return 0 if rep["all_match"] else 1
+    out = report_dir("gpu_check", args.out, DEFAULT_OUT, bool(args.replay or args.dry_run))
+    return run_and_report(
+        "gpu_check", lambda: run_replay(args) if args.replay and not args.dry_run
+        else run_live(args), write_report, out,
+        lambda rep: plumbing_ok(rep) if rep["mode"] == "dry-run" else rep["all_match"],
+        needs="an NVIDIA GPU with CUDA and NVML",
+        instead="use --replay PATH to check a recorded trace")  # fmt: skip
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    sys.exit(main())
+    script_main(main)

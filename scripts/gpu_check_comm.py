@@ -91,12 +91,20 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-# A bare checkout runs this too (a GPU node's own python, no install).
-_PATHS = [str(ROOT / "daemon"), str(ROOT / "shim"), str(ROOT)]
-for _p in reversed(_PATHS):
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
+from gpu_check_common import (
+    ROOT,
+    NoGpu,
+    check_parser,
+    child_env,
+    dry_run_check,
+    errors_md,
+    fmt,
+    no_cuda,
+    plumbing_md,
+    save_report,
+    script_main,
+    stop_daemon,
+)
 
 DEFAULT_OUT = ROOT / "bench" / "results" / "gpu_check_comm"
 RUN = "gpu_check_comm"
@@ -135,10 +143,6 @@ COLL_OP_RE = re.compile(r"^(?:gloo|nccl):all_?reduce")
 UNRESOLVED_RE = re.compile(r"(\d+) DDP bucket timings? left out")
 CHILD_TIMEOUT_S = {"live": 420.0, "dry": 150.0}
 MS = 1e6
-
-
-class NoGpu(Exception):
-    """Live mode cannot run here (no CUDA): exit 2 with this message."""
 
 
 # --- the worker (one per rank, under torchrun) -------------------------------------
@@ -378,17 +382,6 @@ def worker_main(args: argparse.Namespace) -> int:
 # --- the parent: daemon, torchrun, the database, the verdicts ----------------------
 
 
-def _env(sock: Path, db: Path, dry: bool) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(GPUPROF_SOCKET=str(sock), GPUPROF_DB=str(db), PYTHONUNBUFFERED="1",
-               PYTHONPATH=os.pathsep.join(_PATHS + [p for p in
-                                          env.get("PYTHONPATH", "").split(os.pathsep) if p]))
-    if dry:
-        env["OMP_NUM_THREADS"] = "1"
-    env.pop("GPUPROF_NVML", None)
-    return env
-
-
 def _ping(sock: Path) -> bool:
     from gpuprofd import client
     from gpuprofd.errors import NoDaemonError
@@ -412,17 +405,6 @@ def start_daemon(sock: Path, db: Path, env: Mapping[str, str], log: Path) -> sub
             raise RuntimeError(f"gpuprofd did not start: {log.read_text()[-600:]}")
         time.sleep(0.05)
     return proc
-
-
-def stop_daemon(proc: subprocess.Popen) -> None:
-    """SIGTERM (the daemon flushes its store and exits), SIGKILL after 20 s."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
 
 
 def run_job(cmd: list[str], env: Mapping[str, str], cwd: Path, timeout_s: float) -> int | None:
@@ -452,8 +434,7 @@ def gpu_count() -> int:
     import torch
 
     if not torch.cuda.is_available() or torch.cuda.device_count() < 1:
-        raise NoGpu(f"torch {torch.__version__} sees no CUDA device "
-                    "(torch.cuda.is_available() is False)")  # fmt: skip
+        raise NoGpu(no_cuda(torch))
     return torch.cuda.device_count()
 
 
@@ -717,7 +698,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="gpcc", dir="/tmp"))  # short: a Unix socket path
     sock, db, res = tmp / "s", tmp / "gpuprof.db", tmp / "res"
     res.mkdir()
-    env = _env(sock, db, args.dry_run)
+    env = child_env(sock, db, one_thread=args.dry_run)
     daemon = None
     try:
         daemon = start_daemon(sock, db, env, tmp / "gpuprofd.log")
@@ -787,9 +768,7 @@ def verdicts(rep: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def _f(v: Any, nd: int = 3) -> str:
-    if v is None:
-        return "n/a"
-    return f"{v:.{nd}f}" if isinstance(v, float) else str(v)
+    return fmt(v, nd)
 
 
 def summary_md(rep: Mapping[str, Any]) -> str:
@@ -849,12 +828,9 @@ def summary_md(rep: Mapping[str, Any]) -> str:
     out += ["", "## Verdicts", "", "| check | verdict | detail |", "|---|---|---|"]
     for name, v in rep["verdicts"].items():
         out.append(f"| {name} | {v['verdict']} | {v['detail']} |")
-    if rep.get("errors"):
-        out += ["", "**Errors:** " + "; ".join(rep["errors"])]
+    out += errors_md(rep)
     if rep["mode"] == "dry-run":
-        bad = [k for k, ok in rep["plumbing"].items() if not ok]
-        out += ["", "**Plumbing OK: every part ran.**" if not bad
-                else f"**Plumbing FAILED:** {', '.join(bad)}"]
+        out += plumbing_md(rep["plumbing"])
     else:
         bad = [k for k, v in rep["verdicts"].items() if v["verdict"] == "FAIL"]
         out += ["", "**All verdicts PASS (SKIP: see why).**" if rep["all_pass"] else
@@ -868,11 +844,7 @@ def write_report(rep: dict[str, Any], out_dir: Path) -> str:
     # a SKIP says why (one rank: no offset to store); only a FAIL fails
     rep["all_pass"] = (not rep["errors"] and bool(rep["ranks"])
                        and all(v["verdict"] != "FAIL" for v in rep["verdicts"].values()))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "report.json").write_text(json.dumps(rep, indent=2, default=str) + "\n")
-    md = summary_md(rep)
-    (out_dir / "report.md").write_text(md)
-    return md
+    return save_report(rep, out_dir, summary_md(rep))
 
 
 def _window(text: str) -> tuple[int, int]:
@@ -884,10 +856,7 @@ def _window(text: str) -> tuple[int, int]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    ap.add_argument("--out", type=Path, default=None,
-                    help=f"report folder (default: {DEFAULT_OUT.relative_to(ROOT)} for a live "
-                    "run, to commit; a temporary folder for --dry-run)")
+    ap = check_parser(__doc__, DEFAULT_OUT, "--_worker")
     ap.add_argument("--dry-run", action="store_true",
                     help="the plumbing on the CPU: gloo, 2 ranks (NCCL comparison skipped)")
     ap.add_argument("--nproc", type=int, default=None,
@@ -906,9 +875,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="auto: gpuprof's default hook; a ReduceOp.AVG user hook on one NCCL rank")
     ap.add_argument("--timeout-s", type=float, default=None,
                     help="the torchrun job's limit, s (live 420, dry run 150)")
-    ap.add_argument("--_worker", action="store_true", help=argparse.SUPPRESS)
-    for hidden in ("--_result", "--_sock", "--_db"):
-        ap.add_argument(hidden, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     dry = args.dry_run
     args.window = args.window or (40, 48)
@@ -919,27 +885,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error(f"--window must end before --steps ({args.steps})")
     if args._worker:
         return worker_main(args)
-    created = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
-    try:
-        rep = run(args)
-    except NoGpu as exc:
-        print(f"gpu_check_comm: live mode needs a CUDA GPU: {exc} "
-              "(use --dry-run to check the plumbing on the CPU)", file=sys.stderr)  # fmt: skip
-        return 2
-    except RuntimeError as exc:
-        print(f"gpu_check_comm: failed: {exc}", file=sys.stderr)
-        return 1
-    rep = {"created_utc": created, **rep}
-    out = args.out or (Path(tempfile.gettempdir()) / "gpuprof-gpu-check-comm" if dry
-                       else DEFAULT_OUT)  # fmt: skip
-    md = write_report(rep, out)
-    print(md, end="")
-    print(f"gpu_check_comm: report in {out}", file=sys.stderr)
-    if dry:
-        return 0 if all(rep["plumbing"].values()) else 1
-    return 0 if rep["all_pass"] else 1
+    return dry_run_check("gpu_check_comm", args, run, write_report, DEFAULT_OUT, "all_pass")
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    sys.exit(main())
+    script_main(main)

@@ -63,15 +63,24 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-# A bare checkout runs this too (a GPU node's own python, no install).
-_PATHS = [str(ROOT / "daemon"), str(ROOT / "shim"), str(ROOT)]
-for _p in reversed(_PATHS):
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
+from gpu_check_common import (
+    ROOT,
+    NoGpu,
+    check_parser,
+    child_env,
+    dry_run_check,
+    errors_md,
+    no_cuda,
+    plumbing_md,
+    save_report,
+    script_main,
+    start_cuda,
+    stop_daemon,
+)
+from gpu_check_common import fmt as _f
 
-from gpuprof.flops import TransformerArch  # noqa: E402
-from gpuprof.gpus import find_gpu, peak_tflops  # noqa: E402
+from gpuprof.flops import TransformerArch
+from gpuprof.gpus import find_gpu, peak_tflops
 
 DEFAULT_OUT = ROOT / "bench" / "results" / "gpu_check_kernels"
 #: The fixture GPT (steps.json): batch, seq, d_model, layers, heads, vocab.
@@ -99,10 +108,6 @@ OVERHEAD_MODES: dict[str, dict[str, Any] | None] = {
     "continuous_traces_hz=1": {"continuous_traces_hz": 1.0},
 }
 CHILD_TIMEOUT_S = {"live": 280.0, "dry": 150.0}
-
-
-class NoGpu(Exception):
-    """Live mode cannot run here (no CUDA): exit 2 with this message."""
 
 
 # --- the child: torch, the model, the runs ----------------------------------------
@@ -316,16 +321,11 @@ def child_main(args: argparse.Namespace) -> int:
         info.update(device_name="CPU (dry run)", cuda_init_s=0.0)
         shape = DRY_SHAPE
     elif not torch.cuda.is_available():
-        _emit(result, {"no_cuda": f"torch {torch.__version__} sees no CUDA device "
-                                  "(torch.cuda.is_available() is False)"})  # fmt: skip
+        _emit(result, {"no_cuda": no_cuda(torch)})
         return 2
     else:
-        t = time.perf_counter()
-        torch.cuda.init()
-        dev = torch.device("cuda", torch.cuda.current_device())
-        torch.ones(1, device=dev).add_(1)
-        torch.cuda.synchronize(dev)
-        info["cuda_init_s"] = round(time.perf_counter() - t, 3)
+        dev, init_s = start_cuda(torch)
+        info["cuda_init_s"] = round(init_s, 3)
         info["device_name"] = torch.cuda.get_device_name(dev)
         shape = LIVE_SHAPE
     logging.getLogger("gpuprof").setLevel(logging.WARNING)
@@ -355,25 +355,11 @@ def _stop_daemons() -> list[int]:
     pids = []
     for p in spawned_processes():
         pids.append(p.pid)
-        p.terminate()
-        try:
-            p.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+        stop_daemon(p)
     return pids
 
 
 # --- the parent: gpuprofctl, the verdicts, the report ---------------------------------
-
-
-def _env(sock: Path, db: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(GPUPROF_SOCKET=str(sock), GPUPROF_DB=str(db), PYTHONUNBUFFERED="1",
-               PYTHONPATH=os.pathsep.join(_PATHS + [p for p in
-                                          env.get("PYTHONPATH", "").split(os.pathsep) if p]))
-    env.pop("GPUPROF_NVML", None)
-    return env
 
 
 def ctl(env: Mapping[str, str], *args: str) -> Any:
@@ -477,7 +463,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     t_start = time.monotonic()
     tmp = Path(tempfile.mkdtemp(prefix="gpck", dir="/tmp"))  # short: a Unix socket path
     sock, db, result = tmp / "s", tmp / "gpuprof.db", tmp / "child.json"
-    env = _env(sock, db)
+    env = child_env(sock, db)
     cmd = [sys.executable, str(Path(__file__).resolve()), "--_child", "--_result", str(result),
            "--_sock", str(sock), "--_db", str(db), "--steps", str(args.steps),
            "--overhead-steps", str(args.overhead_steps), "--rounds", str(args.rounds)]
@@ -559,14 +545,6 @@ def _stop_leftover_daemon(sock: Path) -> None:
 # --- report --------------------------------------------------------------------------
 
 
-def _f(v: Any, nd: int = 1, pct: bool = False) -> str:
-    if v is None:
-        return "n/a"
-    if pct:
-        return f"{100 * v:.{nd}f} %"
-    return f"{v:.{nd}f}" if isinstance(v, float) else str(v)
-
-
 def summary_md(rep: Mapping[str, Any]) -> str:
     """The human summary (Markdown) of a report."""
     dev, t = rep["device"], rep["timings_s"]
@@ -632,12 +610,9 @@ def summary_md(rep: Mapping[str, Any]) -> str:
             out.append(f"| {m['mode']} | {m['step_ms']:.3f} | {m['ratio_vs_profile']:.3f}x "
                        f"| {m['ratio_vs_no_gpuprof']:.3f}x | "
                        f"{'-' if w is None else ', '.join(map(str, w))} |")  # fmt: skip
-    if rep.get("errors"):
-        out += ["", "**Errors:** " + "; ".join(rep["errors"])]
+    out += errors_md(rep)
     if rep["mode"] == "dry-run":
-        bad = [k for k, ok in rep["plumbing"].items() if not ok]
-        out += ["", "**Plumbing OK: every part ran.**" if not bad
-                else f"**Plumbing FAILED:** {', '.join(bad)}"]
+        out += plumbing_md(rep["plumbing"])
     else:
         bad = [f"{v['variant']}: {', '.join(k for k, ok in v['checks'].items() if not ok)}"
                for v in rep["variants"] if not v["match"]]
@@ -663,18 +638,11 @@ def write_report(rep: dict[str, Any], out_dir: Path) -> str:
     rep["plumbing"] = plumbing_checks(rep)
     rep["all_match"] = (bool(rep["variants"]) and all(v["match"] for v in rep["variants"])
                         and not rep["errors"] and rep.get("overhead") is not None)  # fmt: skip
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "report.json").write_text(json.dumps(rep, indent=2, default=str) + "\n")
-    md = summary_md(rep)
-    (out_dir / "report.md").write_text(md)
-    return md
+    return save_report(rep, out_dir, summary_md(rep))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    ap.add_argument("--out", type=Path, default=None,
-                    help=f"report folder (default: {DEFAULT_OUT.relative_to(ROOT)} for a live "
-                    "run, to commit; a temporary folder for --dry-run)")
+    ap = check_parser(__doc__, DEFAULT_OUT, "--_child")
     ap.add_argument("--dry-run", action="store_true",
                     help="the plumbing on the CPU with a tiny GPT (verdicts not judged)")
     ap.add_argument("--steps", type=int, default=None,
@@ -686,9 +654,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--top", type=int, default=8, help="top kernels reported per variant")
     ap.add_argument("--timeout-s", type=float, default=None,
                     help="the training process's limit, s (live 280, dry run 150)")
-    ap.add_argument("--_child", action="store_true", help=argparse.SUPPRESS)
-    for hidden in ("--_result", "--_sock", "--_db"):
-        ap.add_argument(hidden, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     dry = args.dry_run
     args.steps = args.steps or (25 if dry else 100)
@@ -697,27 +662,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.timeout_s = args.timeout_s or CHILD_TIMEOUT_S["dry" if dry else "live"]
     if args._child:
         return child_main(args)
-    created = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
-    try:
-        rep = run(args)
-    except NoGpu as exc:
-        print(f"gpu_check_kernels: live mode needs a CUDA GPU: {exc} "
-              "(use --dry-run to check the plumbing on the CPU)", file=sys.stderr)  # fmt: skip
-        return 2
-    except RuntimeError as exc:
-        print(f"gpu_check_kernels: failed: {exc}", file=sys.stderr)
-        return 1
-    rep = {"created_utc": created, **rep}
-    out = args.out or (Path(tempfile.gettempdir()) / "gpuprof-gpu-check-kernels" if dry
-                       else DEFAULT_OUT)  # fmt: skip
-    md = write_report(rep, out)
-    print(md, end="")
-    print(f"gpu_check_kernels: report in {out}", file=sys.stderr)
-    if dry:
-        return 0 if all(rep["plumbing"].values()) else 1
-    return 0 if rep["all_match"] else 1
+    return dry_run_check("gpu_check_kernels", args, run, write_report, DEFAULT_OUT, "all_match")
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    sys.exit(main())
+    script_main(main)

@@ -16,6 +16,7 @@ import click
 
 from gpuprof import config
 from gpuprofd import __version__
+from gpuprofd.commands.common import socket_dir_option
 from gpuprofd.commprune import COMM_KEEP_EVERY, COMM_STEPS_KEPT
 from gpuprofd.daemon import DEFAULT_RAW_WINDOW_S, DaemonOptions, run_daemon
 from gpuprofd.errors import EXIT_BAD_INPUT, GpuprofdError
@@ -44,64 +45,31 @@ class FiniteRange(click.FloatRange):
         return out
 
 
+def _setting(*decls: str, type: click.ParamType, default: float, help: str, **kw: Any) -> Any:
+    """A daemon setting's option (``--NAME VALUE``), its default shown in --help."""
+    return click.option(*decls, type=type, default=default, show_default=True, help=help, **kw)
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option(
-    "--socket-dir",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="Directory for the sockets and lock [default: GPUPROF_SOCKET, or "
-    "one per database under $XDG_RUNTIME_DIR/gpuprof or /tmp/gpuprof-$UID].",
-)
-@click.option(
-    "--db",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="SQLite database [default: GPUPROF_DB or ./gpuprof.db].",
-)
-@click.option(
-    "--idle-exit",
-    "idle_exit_s",
-    type=FiniteRange(min=0),
-    default=0.0,
-    show_default=True,
-    metavar="SECONDS",
-    help="Exit after this long with no live run and no message (0 = never).",
-)
-@click.option(
-    "--sample-hz",
-    type=FiniteRange(min=0.1, max=1000),
-    default=DEFAULT_SAMPLE_HZ,
-    show_default=True,
-    help="GPU fast-loop sampling rate (per GPU): utilization, memory, power, temperature, "
-    "clocks. Energy, PCIe bytes and GPM metrics are read once a second.",
-)
-@click.option(
-    "--raw-window",
-    "raw_window_s",
-    type=FiniteRange(min=1),
-    default=DEFAULT_RAW_WINDOW_S,
-    show_default=True,
-    help="Seconds of raw GPU samples to keep; older ones live on as per-second rollups "
-    "(min/mean/max) for the whole run.",
-)
-@click.option(
-    "--comm-steps-kept",
-    type=click.IntRange(min=1),
-    default=COMM_STEPS_KEPT,
-    show_default=True,
-    metavar="STEPS",
-    help="Per-bucket DDP comm rows are kept for each run's last STEPS steps (the group "
-    "rules read the last 2000 common steps) ...",
-)
-@click.option(
-    "--comm-keep-every",
-    type=click.IntRange(min=1),
-    default=COMM_KEEP_EVERY,
-    show_default=True,
-    metavar="N",
-    help="... and for every Nth step; the others are deleted (each step's exposed comm "
-    "time is kept).",
-)
+@socket_dir_option("Directory for the sockets and lock [default: GPUPROF_SOCKET, or "
+                   "one per database under $XDG_RUNTIME_DIR/gpuprof or /tmp/gpuprof-$UID].")
+@click.option("--db", type=click.Path(path_type=Path), default=None,
+              help="SQLite database [default: GPUPROF_DB or ./gpuprof.db].")  # fmt: skip
+@_setting("--idle-exit", "idle_exit_s", type=FiniteRange(min=0), default=0.0, metavar="SECONDS",
+          help="Exit after this long with no live run and no message (0 = never).")
+@_setting("--sample-hz", type=FiniteRange(min=0.1, max=1000), default=DEFAULT_SAMPLE_HZ,
+          help="GPU fast-loop sampling rate (per GPU): utilization, memory, power, "
+          "temperature, clocks. Energy, PCIe bytes and GPM metrics are read once a second.")
+@_setting("--raw-window", "raw_window_s", type=FiniteRange(min=1), default=DEFAULT_RAW_WINDOW_S,
+          help="Seconds of raw GPU samples to keep; older ones live on as per-second rollups "
+          "(min/mean/max) for the whole run.")
+@_setting("--comm-steps-kept", type=click.IntRange(min=1), default=COMM_STEPS_KEPT,
+          metavar="STEPS",
+          help="Per-bucket DDP comm rows are kept for each run's last STEPS steps (the group "
+          "rules read the last 2000 common steps) ...")
+@_setting("--comm-keep-every", type=click.IntRange(min=1), default=COMM_KEEP_EVERY, metavar="N",
+          help="... and for every Nth step; the others are deleted (each step's exposed comm "
+          "time is kept).")
 @click.option(
     "--log-level",
     type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),

@@ -29,6 +29,7 @@ All rules are pure functions ``(GroupContext) -> Insight | None``.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -392,24 +393,15 @@ def bucket_skew(ctx: GroupContext) -> Insight | None:
     )
 
 
-def _above_others(ranks: list[RankStats], who: int, attr: str) -> list[bool]:
-    """Per steady step: whether rank *who*'s *attr* value is above the median
-    of the other ranks' on the same step."""
+def _vs_others(ranks: list[RankStats], who: int, attr: str,
+               cmp: Callable[[float, float], bool]) -> list[bool]:  # fmt: skip
+    """Per steady step: ``cmp(mine, others)``, rank *who*'s *attr* value against
+    the median of the other ranks' on the same step."""
     own = next(r for r in ranks if r.rank == who)
     others = [_steady(getattr(r, attr)) for r in ranks if r is not own]
     mine = _steady(getattr(own, attr))
     n = min(len(mine), *(len(o) for o in others))
-    return [mine[i] > median([o[i] for o in others]) for i in range(n)]
-
-
-def _below_others(ranks: list[RankStats], who: int, attr: str) -> list[bool]:
-    """Per steady step: whether rank *who*'s *attr* value is below the median
-    of the other ranks' on the same step."""
-    own = next(r for r in ranks if r.rank == who)
-    others = [_steady(getattr(r, attr)) for r in ranks if r is not own]
-    mine = _steady(getattr(own, attr))
-    n = min(len(mine), *(len(o) for o in others))
-    return [mine[i] < median([o[i] for o in others]) for i in range(n)]
+    return [cmp(mine[i], median([o[i] for o in others])) for i in range(n)]
 
 
 def rank_skew(ctx: GroupContext) -> Insight | None:
@@ -428,7 +420,7 @@ def rank_skew(ctx: GroupContext) -> Insight | None:
     ratio = meds[worst] / others
     if ratio < RANK_SKEW_RATIO or meds[worst] - others < RANK_SKEW_MIN_MS:
         return None
-    above = _above_others(ranks, worst, "step_ms")
+    above = _vs_others(ranks, worst, "step_ms", operator.gt)
     if not _consistent(above, len(ranks)):
         return None
     slower = _share_where(above)
@@ -481,8 +473,8 @@ def straggler_rank(ctx: GroupContext) -> Insight | None:
         return None
     if bwd_excess < STRAGGLER_BACKWARD_SHARE * wait:
         return None
-    slow_steps = _above_others(ranks, straggler, "backward_ms")
-    less_steps = _below_others(ranks, straggler, "comm_ms")
+    slow_steps = _vs_others(ranks, straggler, "backward_ms", operator.gt)
+    less_steps = _vs_others(ranks, straggler, "comm_ms", operator.lt)
     if not (_consistent(slow_steps, len(ranks)) and _consistent(less_steps, len(ranks))):
         return None
     slower, waits_less = _share_where(slow_steps), _share_where(less_steps)

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 import zmq
 
 from gpuprof import config
@@ -152,6 +157,23 @@ class Daemons:
                 p.wait(timeout=10)
         for c in self.clients:
             c.close()
+
+
+@contextlib.contextmanager
+def daemons_on_own_socket(log_dir: Path) -> Iterator[tuple[Daemons, Path]]:
+    """:class:`Daemons` logging to *log_dir* and a short socket directory of
+    their own, with neither ``GPUPROF_NVML`` nor ``GPUPROF_GPU_RATE`` from the
+    environment; the daemons killed and the directory removed at the end."""
+    sock_dir = Path(tempfile.mkdtemp(prefix="gp", dir="/tmp"))
+    daemons = Daemons(log_dir)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("GPUPROF_NVML", raising=False)
+        mp.delenv("GPUPROF_GPU_RATE", raising=False)
+        try:
+            yield daemons, sock_dir
+        finally:
+            daemons.kill_all()
+            shutil.rmtree(sock_dir, ignore_errors=True)
 
 
 def query(db: Path, sql: str, params: tuple[Any, ...] = ()) -> list[sqlite3.Row]:

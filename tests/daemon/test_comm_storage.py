@@ -6,8 +6,6 @@ rules, missing ranks)."""
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -68,30 +66,22 @@ def _send_group(client: h.Client, pid: int, group: str) -> list[dict[str, Any]]:
 def comm_db(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict[str, Any]]]:
     """One daemon, every group of :data:`GROUPS` sent and ended; the daemon stopped."""
     tmp = tmp_path_factory.mktemp("comm")
-    sock_dir = Path(tempfile.mkdtemp(prefix="gp", dir="/tmp"))
-    daemons = h.Daemons(tmp)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.delenv("GPUPROF_NVML", raising=False)
-        mp.delenv("GPUPROF_GPU_RATE", raising=False)
-        try:
-            db = tmp / "g.db"
-            proc, client = daemons.start_ready(sock_dir, db)
-            summaries = {g: _send_group(client, os.getpid(), g) for g in GROUPS}
-            # a malformed bucket row never gets past decode: the step is dropped, counted
-            assert client.request(h.hello("bad", os.getpid(), run_name="bad"))["ok"]
-            good = group_steps(1, n_steps=2)[0]
-            bad = {"v": 1, "type": "step", "run_key": "bad", **good[1]}
-            bad["comm"] = [*bad["comm"][:-1], [3, 10, 5, 100]]  # ends before it starts
-            client.push({"v": 1, "type": "step", "run_key": "bad", **good[0]})
-            client.push(bad)
-            reply = client.wait_for(lambda r: r["dropped"].get("bad_field:comm") == 1)
-            summaries["dropped"] = reply["dropped"]
-            assert client.request(h.bye("bad", sent=1))["ok"]
-            assert daemons.stop(proc) == 0
-            yield db, summaries
-        finally:
-            daemons.kill_all()
-            shutil.rmtree(sock_dir, ignore_errors=True)
+    with h.daemons_on_own_socket(tmp) as (daemons, sock_dir):
+        db = tmp / "g.db"
+        proc, client = daemons.start_ready(sock_dir, db)
+        summaries = {g: _send_group(client, os.getpid(), g) for g in GROUPS}
+        # a malformed bucket row never gets past decode: the step is dropped, counted
+        assert client.request(h.hello("bad", os.getpid(), run_name="bad"))["ok"]
+        good = group_steps(1, n_steps=2)[0]
+        bad = {"v": 1, "type": "step", "run_key": "bad", **good[1]}
+        bad["comm"] = [*bad["comm"][:-1], [3, 10, 5, 100]]  # ends before it starts
+        client.push({"v": 1, "type": "step", "run_key": "bad", **good[0]})
+        client.push(bad)
+        reply = client.wait_for(lambda r: r["dropped"].get("bad_field:comm") == 1)
+        summaries["dropped"] = reply["dropped"]
+        assert client.request(h.bye("bad", sent=1))["ok"]
+        assert daemons.stop(proc) == 0
+        yield db, summaries
 
 
 def _ctl(capsys: pytest.CaptureFixture[str], *args: str) -> str:

@@ -7,10 +7,8 @@ group rule never breaks a bye."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,16 +35,8 @@ d.GROUP_RULES = (*d.GROUP_RULES, boom)
 
 @pytest.fixture
 def daemon(tmp_path: Path) -> Iterator[tuple[h.Daemons, Path, Path]]:
-    sock_dir = Path(tempfile.mkdtemp(prefix="gp", dir="/tmp"))
-    daemons = h.Daemons(tmp_path)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.delenv("GPUPROF_NVML", raising=False)
-        mp.delenv("GPUPROF_GPU_RATE", raising=False)
-        try:
-            yield daemons, sock_dir, tmp_path / "g.db"
-        finally:
-            daemons.kill_all()
-            shutil.rmtree(sock_dir, ignore_errors=True)
+    with h.daemons_on_own_socket(tmp_path) as (daemons, sock_dir):
+        yield daemons, sock_dir, tmp_path / "g.db"
 
 
 def _start_ranks(client: h.Client, group: str, steps: dict[int, list[dict[str, Any]]],

@@ -6,26 +6,18 @@ live phase windowing on hand-made samples."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from gpuprofd.nvml import GpuSample, GpuSlowSample
 from tests.h200_expected import EXPECTED
+from tests.scripts.helpers import ROOT, load_script, refused_live, run_report, run_script
 
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "scripts" / "gpu_check.py"
 TRACE = ROOT.parent / "shared" / "fixtures" / "h200" / "nvml_trace.jsonl"
 LIVE_PHASES = ["idle", "bf16_matmul", "h2d_copy", "memory_92pct", "loader_stall"]
-
-
-def _run(*args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT)  # fmt: skip
 
 
 def _trace_rows(phase: str) -> list[dict]:
@@ -37,9 +29,8 @@ def _trace_rows(phase: str) -> list[dict]:
 def replay_report(tmp_path_factory) -> tuple[subprocess.CompletedProcess[str], dict, Path]:
     if not TRACE.exists():
         pytest.fail(f"H200 fixture missing at {TRACE}: shared/ must sit beside the repo")
-    out = tmp_path_factory.mktemp("gpu_check")
-    proc = _run("--replay", str(TRACE), "--out", str(out), "--sampler-s", "1")
-    return proc, json.loads((out / "report.json").read_text()), out
+    return run_report("gpu_check", tmp_path_factory.mktemp("gpu_check"), "--replay", str(TRACE),
+                      "--sampler-s", "1", timeout=90)  # fmt: skip
 
 
 def test_replay_exits_0_with_every_phase_matching(replay_report):
@@ -106,20 +97,15 @@ def test_live_mode_without_a_gpu_exits_2_with_one_clear_line(tmp_path):
     else:
         pynvml.nvmlShutdown()
         pytest.skip("this machine has NVML: live mode would run")
-    proc = _run("--out", str(tmp_path / "out"))
-    assert proc.returncode == 2
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("gpu_check: live mode needs an NVIDIA GPU with CUDA and NVML")
-    assert "Traceback" not in proc.stderr and proc.stdout == ""
-    assert not (tmp_path / "out").exists()
+    refused_live("gpu_check", tmp_path,
+                 "gpu_check: live mode needs an NVIDIA GPU with CUDA and NVML")  # fmt: skip
 
 
 def test_dry_run_drives_the_live_plumbing_end_to_end(tmp_path):
     """Live mode's code with NVML replayed and the load on the CPU: every phase
     reported by the load child, sampled, windowed and judged; GPU verdicts are
     meaningless here, so only the shape and the figures are checked."""
-    proc = _run("--dry-run", "--phase-s", "0.8", "--out", str(tmp_path), timeout=120)
+    proc = run_script("gpu_check", "--dry-run", "--phase-s", "0.8", "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stderr  # plumbing judged, not the verdicts
     md = (tmp_path / "report.md").read_text()
     assert "Plumbing OK: every phase ran and was sampled." in md and "MISMATCH" not in md
@@ -145,12 +131,7 @@ def test_dry_run_drives_the_live_plumbing_end_to_end(tmp_path):
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(spec.name, mod)  # its dataclasses look their module up
-    spec.loader.exec_module(sys.modules[spec.name])
-    return sys.modules[spec.name]
+    return load_script("gpu_check")
 
 
 def _fast(util: float) -> GpuSample:

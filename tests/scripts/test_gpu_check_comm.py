@@ -8,39 +8,25 @@ records, one rank's clock) on hand-made rows."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "scripts" / "gpu_check_comm.py"
+from tests.scripts.helpers import load_script, refused_live, run_report, skip_with_cuda
+
 #: The dry run's DDP: 6 x Linear(128, 128), fp32.
 PARAM_BYTES = 6 * (128 * 128 + 128) * 4
 MS = 1_000_000
 
 
-def _run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT)  # fmt: skip
-
-
 def _load():
-    spec = importlib.util.spec_from_file_location("gpu_check_comm", SCRIPT)
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("gpu_check_comm")
 
 
 def _dry(tmp_path_factory, *args: str) -> tuple[subprocess.CompletedProcess[str], dict, Path]:
-    out = tmp_path_factory.mktemp("gcc")
-    proc = _run("--dry-run", "--out", str(out), *args)
-    assert (out / "report.json").exists(), proc.stderr[-3000:]
-    return proc, json.loads((out / "report.json").read_text()), out
+    return run_report("gpu_check_comm", tmp_path_factory.mktemp("gcc"), "--dry-run", *args)
 
 
 @pytest.fixture(scope="module")
@@ -117,16 +103,8 @@ def test_dry_run_with_the_user_avg_hook_gpuprof_wraps(tmp_path_factory):
 
 
 def test_live_mode_without_cuda_exits_2_with_one_clear_line(tmp_path):
-    torch = pytest.importorskip("torch")
-    if torch.cuda.is_available():
-        pytest.skip("this machine has CUDA: live mode would run")
-    proc = _run("--out", str(tmp_path / "out"))
-    assert proc.returncode == 2
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("gpu_check_comm: live mode needs a CUDA GPU: torch ")
-    assert "Traceback" not in proc.stderr and proc.stdout == ""
-    assert not (tmp_path / "out").exists()
+    skip_with_cuda()
+    refused_live("gpu_check_comm", tmp_path, "gpu_check_comm: live mode needs a CUDA GPU: torch ")
 
 
 # --- live judging on hand-made rows ------------------------------------------------

@@ -5,30 +5,20 @@ and its live mode's refusal on a machine without CUDA."""
 
 from __future__ import annotations
 
-import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "scripts" / "gpu_check_kernels.py"
+from tests.scripts.helpers import refused_live, run_report, skip_with_cuda
+
 MODES = ["no gpuprof", "profile(), no tracing", "trace_every_n_steps=20",
          "continuous_traces_hz=1"]  # fmt: skip
 
 
-def _run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT)  # fmt: skip
-
-
 @pytest.fixture(scope="module")
 def dry(tmp_path_factory) -> tuple[subprocess.CompletedProcess[str], dict, Path]:
-    out = tmp_path_factory.mktemp("gck")
-    proc = _run("--dry-run", "--out", str(out))
-    assert (out / "report.json").exists(), proc.stderr[-3000:]
-    return proc, json.loads((out / "report.json").read_text()), out
+    return run_report("gpu_check_kernels", tmp_path_factory.mktemp("gck"), "--dry-run")
 
 
 def test_dry_run_exits_0_and_prints_the_report(dry):
@@ -93,14 +83,7 @@ def test_dry_run_overhead_modes_interleaved(dry):
 
 
 def test_live_mode_without_cuda_exits_2_with_one_clear_line(tmp_path):
-    torch = pytest.importorskip("torch")
-    if torch.cuda.is_available():
-        pytest.skip("this machine has CUDA: live mode would run")
-    proc = _run("--out", str(tmp_path / "out"))
-    assert proc.returncode == 2
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("gpu_check_kernels: live mode needs a CUDA GPU: torch ")
-    assert "sees no CUDA device" in lines[0]
-    assert "Traceback" not in proc.stderr and proc.stdout == ""
-    assert not (tmp_path / "out").exists()
+    skip_with_cuda()
+    line = refused_live("gpu_check_kernels", tmp_path,
+                        "gpu_check_kernels: live mode needs a CUDA GPU: torch ")  # fmt: skip
+    assert "sees no CUDA device" in line

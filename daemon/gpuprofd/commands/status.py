@@ -9,7 +9,13 @@ import click
 
 from gpuprof import config
 from gpuprofd.client import ping
-from gpuprofd.commands.common import echo_json, format_option
+from gpuprofd.commands.common import (
+    echo_json,
+    format_option,
+    resolve_socket_dir,
+    socket_dir_option,
+    timeout_option,
+)
 from gpuprofd.errors import (
     EXIT_BAD_INPUT,
     EXIT_NO_DAEMON,
@@ -95,20 +101,8 @@ def no_daemon_message(socket_dir: Path, timeout_s: float) -> str:
 
 
 @click.command("status")
-@click.option(
-    "--socket-dir",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="The daemon's socket directory [default: GPUPROF_SOCKET, ...].",
-)
-@click.option(
-    "--timeout",
-    "timeout_s",
-    type=click.FloatRange(min=0.05),
-    default=1.0,
-    show_default=True,
-    help="Seconds to wait for the daemon's answer.",
-)
+@socket_dir_option("The daemon's socket directory [default: GPUPROF_SOCKET, ...].")
+@timeout_option
 @format_option
 def status_cmd(socket_dir: Path | None, timeout_s: float, fmt: str) -> int:
     """Ping the node's gpuprofd (exit 3 if none answers).
@@ -116,7 +110,7 @@ def status_cmd(socket_dir: Path | None, timeout_s: float, fmt: str) -> int:
     With --format json and no daemon, prints {"running": false, "socket_dir":
     ..., "error": ...} and still exits 3.
     """
-    where = (socket_dir or config.socket_dir()).expanduser().absolute()
+    where = resolve_socket_dir(socket_dir)
     try:
         reply = ping(where, timeout_s)
     except BadInputError as exc:

@@ -9,7 +9,13 @@ import click
 
 from gpuprof import config
 from gpuprofd.client import request
-from gpuprofd.commands.common import echo_json, format_option
+from gpuprofd.commands.common import (
+    echo_json,
+    format_option,
+    resolve_socket_dir,
+    socket_dir_option,
+    timeout_option,
+)
 from gpuprofd.commands.status import no_daemon_message
 from gpuprofd.errors import EXIT_OK, GpuprofdError, NoDaemonError
 
@@ -18,24 +24,12 @@ EXIT_WAIT_S = 10.0
 
 
 @click.command("stop")
-@click.option(
-    "--socket-dir",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="The daemon's socket directory [default: GPUPROF_SOCKET, or the per-user "
-    "daemon of GPUPROF_DB / ./gpuprof.db].",
-)
+@socket_dir_option("The daemon's socket directory [default: GPUPROF_SOCKET, or the per-user "
+                   "daemon of GPUPROF_DB / ./gpuprof.db].")
 @click.option("--now", is_flag=True,
               help="Exit at once; open runs stay 'running' and the next daemon re-adopts "
               "them while their processes live (their events meanwhile are lost).")  # fmt: skip
-@click.option(
-    "--timeout",
-    "timeout_s",
-    type=click.FloatRange(min=0.05),
-    default=1.0,
-    show_default=True,
-    help="Seconds to wait for the daemon's answer.",
-)
+@timeout_option
 @format_option
 def stop_cmd(socket_dir: Path | None, now: bool, timeout_s: float, fmt: str) -> int:
     """Stop the gpuprofd of this database (exit 3 if none answers).
@@ -44,7 +38,7 @@ def stop_cmd(socket_dir: Path | None, now: bool, timeout_s: float, fmt: str) -> 
     gpuprof.profile() runs unprofiled and says why) and exits when its open
     runs have ended; --now exits at once. A later run starts a fresh daemon.
     """
-    where = (socket_dir or config.socket_dir()).expanduser().absolute()
+    where = resolve_socket_dir(socket_dir)
     try:
         reply = request(where, {"type": "stop", "now": now}, timeout_s)
     except NoDaemonError:
