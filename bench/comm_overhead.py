@@ -12,7 +12,10 @@ start-up cost (ms, from the profile's start to its result).
     python bench/comm_overhead.py [--blocks 6] [--steps 40] [--nproc 2]
 
 A real gpuprofd runs in a temporary socket directory for the job and is
-stopped at the end. Not a test: these machines are noisy, so read the ratio.
+stopped at the end; ``--shim-only`` runs without one (the shim's own cost:
+its events are dropped and counted), which on a 2-vCPU box tells the shim's
+share from the daemon's (it stores the buckets on the same two cores).
+Not a test: these machines are noisy, so read the ratio.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ for block in range(blocks):
         model, opt = models[mode]
         start = time.perf_counter()
         with gpuprof.profile(f"bench-comm-{mode}-b{batch}", print_summary=False,
+                             autostart=not os.environ.get("BENCH_SHIM_ONLY"),
                              time_comm=mode == "on") as prof:
             for i in range(steps):
                 t = time.perf_counter()
@@ -99,7 +103,7 @@ def _buckets_per_step(db: Path, batch: int) -> float:
 
 
 def _job(
-    script: Path, env: dict[str, str], args: argparse.Namespace, batch: int, db: Path
+    script: Path, env: dict[str, str], args: argparse.Namespace, batch: int, db: Path | None
 ) -> None:
     """One torchrun job at *batch*; prints each rank's figures."""
     torchrun = Path(sys.executable).with_name("torchrun")
@@ -113,7 +117,7 @@ def _job(
         sys.exit(f"torchrun failed:\n{out.stderr[-3000:]}")
     results = [json.loads(line.split("RESULT ", 1)[1])
                for line in out.stdout.splitlines() if "RESULT " in line]  # fmt: skip
-    buckets = _buckets_per_step(db, batch)
+    buckets = _buckets_per_step(db, batch) if db is not None else 3.0  # the model's 3
     print(f"batch {batch}: {args.nproc} ranks, gloo, CPU; {args.blocks} interleaved block "
           f"pairs of {args.steps} steps ({time.monotonic() - t:.0f} s); {buckets:.1f} buckets "
           "timed per step")  # fmt: skip
@@ -134,11 +138,23 @@ def main() -> None:
     ap.add_argument("--nproc", type=int, default=2, help="ranks")
     ap.add_argument("--batch", type=int, nargs="+", default=[128, 512],
                     help="batch sizes (longer steps, the same buckets), one job each")
+    ap.add_argument("--shim-only", action="store_true",
+                    help="no gpuprofd: the shim's own cost (events are dropped, counted)")
     args = ap.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="gpbc", dir="/tmp"))
     env = {**os.environ, "GPUPROF_SOCKET": str(tmp / "s"), "GPUPROF_DB": str(tmp / "bench.db"),
            "OMP_NUM_THREADS": "1"}  # fmt: skip
+    if args.shim_only:  # a socket dir no daemon answers in, and no auto-start
+        env["BENCH_SHIM_ONLY"] = "1"
+        script = tmp / "worker.py"
+        script.write_text(WORKER)
+        try:
+            for batch in args.batch:
+                _job(script, env, args, batch, None)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return
     daemon = subprocess.Popen(
         [sys.executable, "-m", "gpuprofd", "--socket-dir", str(tmp / "s"), "--db",
          str(tmp / "bench.db"), "--idle-exit", "0"],
