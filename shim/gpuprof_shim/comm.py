@@ -472,6 +472,8 @@ class CommTimer:
         after the step's end (by *now_ns*); then, or when *final*, it goes
         without those records (counted in :attr:`unresolved`).
         """
+        if not self._records:
+            return len(steps)  # no DDP timed (most runs): nothing to attach
         now = self.clock() if now_ns is None else now_ns
         for k, step in enumerate(steps):
             with self._lock:
