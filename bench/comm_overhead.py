@@ -77,7 +77,7 @@ dist.destroy_process_group()
 
 
 def _ping(socket_dir: Path) -> bool:
-    from gpuprofd import client
+    from gpuprofd.commands import client
     from gpuprofd.errors import NoDaemonError
 
     try:
@@ -88,7 +88,7 @@ def _ping(socket_dir: Path) -> bool:
 
 def _buckets_per_step(db: Path, batch: int) -> float:
     """Bucket rows per timed step stored for the job at *batch*."""
-    from gpuprofd.dbread import open_ro
+    from gpuprofd.storage.dbread import open_ro
 
     conn = open_ro(db)
     try:

@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpuprofd.gpu_sampler import GpuSampler, LoopStats
-from gpuprofd.nvml import GpuDevice, GpuSample, RealNvml
-from gpuprofd.nvml_replay import ReplayPynvml
+from gpuprofd.sampling.gpu_sampler import GpuSampler, LoopStats
+from gpuprofd.sampling.nvml import GpuDevice, GpuSample, RealNvml
+from gpuprofd.sampling.nvml_replay import ReplayPynvml
 
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "h200"
 

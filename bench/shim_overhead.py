@@ -32,7 +32,7 @@ from torch import nn
 
 import gpuprof
 from gpuprof.config import ingest_endpoint
-from gpuprofd import client
+from gpuprofd.commands import client
 from gpuprofd.errors import NoDaemonError
 
 

@@ -17,7 +17,7 @@ times what a user does with it:
 Under DDP (``--comm-buckets``, 280 by default; 0 skips it) the ranks form
 one torchrun group and every step also has its per-bucket comm timings. The
 day's database holds the ``comm_buckets`` rows the daemon keeps once it has
-pruned (:mod:`gpuprofd.commprune`: each run's last ``COMM_STEPS_KEPT`` steps
+pruned (:mod:`gpuprofd.storage.commprune`: each run's last ``COMM_STEPS_KEPT`` steps
 and every ``COMM_KEEP_EVERY``-th) and each rank's stored end-of-run summary,
 as gpuprofd leaves them; ``gpuprofctl insights --group`` is timed on it. A
 comm case (``--comm-prune-hours``, 1 h by default: a day is 48 M rows a rank,
@@ -27,7 +27,7 @@ passes through the store's writer) and gives MB per GPU-hour after.
 
 A second case is one rank of a ``continuous_traces_hz=1`` run: a kernels
 window a second, :data:`KERNELS_PER_WINDOW` rows each, stored as received,
-then compacted by the daemon's own code (:mod:`gpuprofd.kcompact`, as at the
+then compacted by the daemon's own code (:mod:`gpuprofd.storage.kcompact`, as at the
 run's end with the default raw window): kernel rows per GPU-hour before and
 after, and the time to load the day's kernel windows and compute insights.
 
@@ -55,12 +55,13 @@ from gpuprof.insights import run_rules
 from gpuprof.insights.distributed import group_rules
 from gpuprof.insights.kernels import kernel_stats
 from gpuprof.summary import make_summary
-from gpuprofd import commprune, dbread, kcompact, queries, rollup, schema
 from gpuprofd.counters import DropCounter
 from gpuprofd.daemon import DEFAULT_RAW_WINDOW_S, STORED_GPU_HZ
-from gpuprofd.nvml import RealNvml, normalize_uuid
-from gpuprofd.nvml_replay import ReplayPynvml
-from gpuprofd.store import Store
+from gpuprofd.sampling import rollup
+from gpuprofd.sampling.nvml import RealNvml, normalize_uuid
+from gpuprofd.sampling.nvml_replay import ReplayPynvml
+from gpuprofd.storage import commprune, dbread, kcompact, queries, schema
+from gpuprofd.storage.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT.parent / "shared" / "fixtures" / "h200" / "nvml_trace.jsonl"
@@ -289,7 +290,7 @@ def comm_prune_case(tmp: str, hours: float, step_ms: float, n_buckets: int) -> N
     conn.execute("VACUUM")
     conn.close()
     after = table_bytes(db).get("comm_buckets", 0)
-    print(f"  pruned by gpuprofd.commprune in {passes} passes of <= "
+    print(f"  pruned by gpuprofd.storage.commprune in {passes} passes of <= "
           f"{commprune.MAX_ROWS_PER_PASS:,} rows: {took:.1f} s "
           f"({(rows - left) / max(took, 1e-9) / 1e6:.2f} M rows/s, longest pass {worst:.2f} s); "
           f"{left:,} rows left = {after / 1e6:.1f} MB ({after / 1e6 / hours:.2f} MB per "
@@ -400,7 +401,7 @@ def continuous_case(tmp: str, hours: float, step_ms: float) -> None:
     figures("as received")
     t = time.perf_counter()
     merged = asyncio.run(compact(db, end + int(DEFAULT_RAW_WINDOW_S * S)))
-    print(f"  compaction (gpuprofd.kcompact passes, through the store's writer): {merged:,} "
+    print(f"  compaction (storage.kcompact passes, through the store's writer): {merged:,} "
           f"windows merged in {time.perf_counter() - t:.0f} s")  # fmt: skip
     conn = sqlite3.connect(db)
     conn.execute("VACUUM")

@@ -21,8 +21,8 @@ loader_stall    a 0.1 s burst of bf16 4096² matmuls every second, the host
 Each phase's samples (by their own monotonic timestamps, minus the phase's
 first ``--skip-s`` (0.5 s) for NVML's averaging windows; slow-loop samples only when
 their whole measuring interval lies inside the phase) go through the row
-shape the daemon folds (:func:`gpuprofd.rollup.sample_row` /
-:func:`~gpuprofd.rollup.slow_row`), :func:`gpuprof.insights.gpu.gpu_stats`
+shape the daemon folds (:func:`gpuprofd.sampling.rollup.sample_row` /
+:func:`~gpuprofd.sampling.rollup.slow_row`), :func:`gpuprof.insights.gpu.gpu_stats`
 and the GPU rules (the GPU's max SM clock the throttling reference, as in
 the daemon's rollups), and the rules that fire are compared with
 :data:`tests.h200_expected.EXPECTED` for the same phase of the recorded H200
@@ -79,8 +79,8 @@ from gpu_check_common import fmt as _fmt
 
 from gpuprof.insights import RunContext, registered_rules
 from gpuprof.insights.gpu import GPU_RULES, GpuStats, gpu_stats
-from gpuprofd.gpu_sampler import GpuSampler, LoopStats
-from gpuprofd.nvml import (
+from gpuprofd.sampling.gpu_sampler import GpuSampler, LoopStats
+from gpuprofd.sampling.nvml import (
     FI_PCIE_RX_BYTES,
     FI_PCIE_TX_BYTES,
     PERF_POLICY_POWER,
@@ -91,7 +91,7 @@ from gpuprofd.nvml import (
     match_uuid,
     open_backend,
 )
-from gpuprofd.rollup import sample_row, slow_row
+from gpuprofd.sampling.rollup import sample_row, slow_row
 from tests.h200_expected import EXPECTED
 
 DEFAULT_OUT = ROOT / "bench" / "results" / "gpu_check"
@@ -530,8 +530,8 @@ def run_live(args: argparse.Namespace) -> dict[str, Any]:
     t_start = time.monotonic()
     nv: Any
     if args.dry_run:
-        from gpuprofd.nvml import RealNvml
-        from gpuprofd.nvml_replay import ReplayPynvml
+        from gpuprofd.sampling.nvml import RealNvml
+        from gpuprofd.sampling.nvml_replay import ReplayPynvml
 
         nv = ReplayPynvml.from_file(Path(args.replay or DEFAULT_TRACE))
         nv.nvmlInit()
@@ -641,7 +641,7 @@ def _text(v: bytes | str) -> str:
 def labelled_phases(path: Path) -> Iterator[tuple[str, list[dict[str, Any]]]]:
     """(phase, rows) for each header phase of the trace that :data:`EXPECTED`
     knows, by the rows' labels, each phase's first row dropped (it lags its label)."""
-    from gpuprofd.nvml_replay import Trace
+    from gpuprofd.sampling.nvml_replay import Trace
 
     trace = Trace.load(path)
     for p in trace.header.get("phases", []):
@@ -653,7 +653,7 @@ def labelled_phases(path: Path) -> Iterator[tuple[str, list[dict[str, Any]]]]:
 def run_replay(args: argparse.Namespace) -> dict[str, Any]:
     """Replay mode: verdicts on the trace's labelled phases, and the sampler's
     figures from ``--sampler-s`` seconds over the replay backend."""
-    from gpuprofd.nvml_replay import ReplayPynvml
+    from gpuprofd.sampling.nvml_replay import ReplayPynvml
 
     t_start = time.monotonic()
     path = Path(args.replay)

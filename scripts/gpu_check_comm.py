@@ -383,7 +383,7 @@ def worker_main(args: argparse.Namespace) -> int:
 
 
 def _ping(sock: Path) -> bool:
-    from gpuprofd import client
+    from gpuprofd.commands import client
     from gpuprofd.errors import NoDaemonError
 
     try:

@@ -17,10 +17,10 @@ import click
 from gpuprof import config
 from gpuprofd import __version__
 from gpuprofd.commands.common import socket_dir_option
-from gpuprofd.commprune import COMM_KEEP_EVERY, COMM_STEPS_KEPT
 from gpuprofd.daemon import DEFAULT_RAW_WINDOW_S, DaemonOptions, run_daemon
 from gpuprofd.errors import EXIT_BAD_INPUT, GpuprofdError
-from gpuprofd.gpu_sampler import DEFAULT_SAMPLE_HZ
+from gpuprofd.sampling.gpu_sampler import DEFAULT_SAMPLE_HZ
+from gpuprofd.storage.commprune import COMM_KEEP_EVERY, COMM_STEPS_KEPT
 
 LOG_FORMAT = "%(asctime)s gpuprofd[%(process)d] %(levelname)s %(name)s: %(message)s"
 

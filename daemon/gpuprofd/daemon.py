@@ -10,16 +10,16 @@ next daemon re-adopts them.
 Periodic pruning (every :data:`PRUNE_INTERVAL_S`, or the raw window if
 shorter): raw GPU samples older than ``--raw-window`` (the per-second rollups
 keep the whole run); continuous kernel windows merged as they age
-(:mod:`gpuprofd.kcompact`); per-bucket comm rows outside each run's last
+(:mod:`gpuprofd.storage.kcompact`); per-bucket comm rows outside each run's last
 ``--comm-steps-kept`` steps that are not every ``--comm-keep-every``-th step
-(:mod:`gpuprofd.commprune`; bounded delete passes, each step's exposed comm
+(:mod:`gpuprofd.storage.commprune`; bounded delete passes, each step's exposed comm
 stays in ``steps``).
 
 The database file deleted or replaced under the daemon (``rm gpuprof.db*``
 between runs): checked at each hello and once a second
 (:meth:`Daemon.check_db`). A hello then makes a fresh database at the path and
 its run is stored there; runs open at that moment are copied across at once
-(:mod:`gpuprofd.dbrotate`) and go on there, with a note in their summary.
+(:mod:`gpuprofd.storage.dbrotate`) and go on there, with a note in their summary.
 With no run open the daemon only logs it (no empty file reappears after an
 ``rm``) and makes the new file at the next hello. ``gpuprofctl status
 --format json`` shows it under ``db_file`` / ``db_reopened``.
@@ -48,29 +48,30 @@ import zmq
 import zmq.asyncio
 
 from gpuprof import config
-from gpuprofd import commprune, dbrotate, kcompact, rollup, runsdb, schema
 from gpuprofd.boot import boot_id
-from gpuprofd.control import ControlServer
 from gpuprofd.counters import DropCounter
 from gpuprofd.errors import EXIT_OK, DatabaseError, GpuprofdError
-from gpuprofd.gpu_sampler import DEFAULT_SAMPLE_HZ, GpuSampler
-from gpuprofd.host_sampler import HostSample, HostSampler
-from gpuprofd.ingest import Ingest
+from gpuprofd.ingest.control import ControlServer
+from gpuprofd.ingest.data import Ingest
+from gpuprofd.ingest.lifecycle import Lifecycle
+from gpuprofd.ingest.registry import RunRegistry
+from gpuprofd.ingest.runservice import RunService
 from gpuprofd.insights_runner import InsightsRunner
-from gpuprofd.lifecycle import Lifecycle
 from gpuprofd.lock import InstanceLock
-from gpuprofd.nvml import GpuSample, GpuSlowSample, open_backend
-from gpuprofd.registry import RunRegistry
-from gpuprofd.rollup import SecondRollups
-from gpuprofd.runservice import RunService
-from gpuprofd.store import Op, Store
+from gpuprofd.sampling import rollup
+from gpuprofd.sampling.gpu_sampler import DEFAULT_SAMPLE_HZ, GpuSampler
+from gpuprofd.sampling.host_sampler import HostSample, HostSampler
+from gpuprofd.sampling.nvml import GpuSample, GpuSlowSample, open_backend
+from gpuprofd.sampling.rollup import SecondRollups
+from gpuprofd.storage import commprune, dbrotate, kcompact, runsdb, schema
+from gpuprofd.storage.store import Op, Store
 
 log = logging.getLogger(__name__)
 
 #: How long shutdown waits for in-flight control requests (a bye) to finish.
 DRAIN_S = 3.0
 #: Raw GPU fast-loop rows stored per second per GPU, for the recent window
-#: only (the whole run is kept as per-second rollups, see gpuprofd.rollup):
+#: only (the whole run is kept as per-second rollups, see gpuprofd.sampling.rollup):
 #: enough to zoom into the last minutes; every sample still feeds the rollups.
 STORED_GPU_HZ = 10.0
 #: How long raw GPU rows (fast and slow loop) are kept, seconds. 15 min of
@@ -104,7 +105,7 @@ class DaemonOptions:
     comm_steps_kept: int = commprune.COMM_STEPS_KEPT
     """Per-bucket comm rows kept for each run's last this-many steps ..."""
     comm_keep_every: int = commprune.COMM_KEEP_EVERY
-    """... and for every this-many-th step (:mod:`gpuprofd.commprune`)."""
+    """... and for every this-many-th step (:mod:`gpuprofd.storage.commprune`)."""
 
 
 def run_daemon(opts: DaemonOptions) -> int:
@@ -381,7 +382,7 @@ class Daemon:
 
     async def _compact_kernels(self) -> None:
         """Merge continuous kernel windows older than the raw window into
-        coarser ones (:mod:`gpuprofd.kcompact`), as often as raw GPU rows are pruned."""
+        coarser ones (:mod:`gpuprofd.storage.kcompact`), as often as raw GPU rows are pruned."""
         while True:
             await asyncio.sleep(min(PRUNE_INTERVAL_S, self.opts.raw_window_s))
             try:
@@ -391,7 +392,7 @@ class Daemon:
 
     async def _prune_comm(self) -> None:
         """Delete per-bucket comm rows outside each run's recent window and
-        not every Nth step (:mod:`gpuprofd.commprune`), as often as raw GPU rows."""
+        not every Nth step (:mod:`gpuprofd.storage.commprune`), as often as raw GPU rows."""
         pruner = commprune.CommPruner(self.opts.comm_steps_kept, self.opts.comm_keep_every)
         while True:
             await asyncio.sleep(min(PRUNE_INTERVAL_S, self.opts.raw_window_s))

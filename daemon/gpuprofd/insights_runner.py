@@ -6,7 +6,7 @@ in a worker thread (a long run has many steps), then stores the findings.
 
 At a run's end, a run of a group (``runs.group_id``: torchrun's ranks) also
 gets the group rules (:func:`gpuprof.insights.distributed.group_rules`) over
-the group's rows stored so far: read by :func:`gpuprofd.dbread.group_findings`
+the group's rows stored so far: read by :func:`gpuprofd.storage.dbread.group_findings`
 (the code ``gpuprofctl insights --group`` runs) on a read-only connection in a
 worker thread, bounded to the group's last ``GROUP_STEPS_MAX`` common steps.
 They go into the rank's summary (``group``: the shim prints them at exit) and,
@@ -28,9 +28,9 @@ import orjson
 
 from gpuprof.insights import Insight, RunContext, build_context, run_rules
 from gpuprof.summary import make_summary
-from gpuprofd import dbread, runsdb
 from gpuprofd.counters import DropCounter
-from gpuprofd.store import Store
+from gpuprofd.storage import dbread, runsdb
+from gpuprofd.storage.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ class InsightsRunner:
         return {k: found.get(k) for k in keys}, None
 
     async def _group_findings(self, group: str, asked: int) -> dict[str, Any] | None:
-        """:func:`gpuprofd.dbread.group_findings` of *group* read after
+        """:func:`gpuprofd.storage.dbread.group_findings` of *group* read after
         *asked* (monotonic ns), stored when the group has ended; None on any
         failure (logged, counted ``group_insights_failed``). One at a time per
         group: ranks ending together share a read that began after they asked."""

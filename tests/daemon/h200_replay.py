@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuprofd.nvml import GpuSample, GpuSlowSample, RealNvml
-from gpuprofd.nvml_replay import ReplayPynvml
+from gpuprofd.sampling.nvml import GpuSample, GpuSlowSample, RealNvml
+from gpuprofd.sampling.nvml_replay import ReplayPynvml
 
 H200 = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "h200"
 TRACE = H200 / "nvml_trace.jsonl"

@@ -14,9 +14,10 @@ import pytest
 
 from gpuprof.insights import run_rules
 from gpuprof.insights.gpu import GPU_RULES, gpu_stats
-from gpuprofd import dbread, queries, rollup, schema
-from gpuprofd.nvml import RealNvml
-from gpuprofd.nvml_replay import ReplayPynvml
+from gpuprofd.sampling import rollup
+from gpuprofd.sampling.nvml import RealNvml
+from gpuprofd.sampling.nvml_replay import ReplayPynvml
+from gpuprofd.storage import dbread, queries, schema
 from tests.daemon import h200_replay
 
 UUID = "GPU-69cfecb8-dd0f-d46a-a967-785474cc5ca4"

@@ -20,8 +20,8 @@ import pytest
 from gpuprof.insights.distributed import comm_fraction
 from gpuprof.stats import median
 from gpuprof.summary import format_summary
-from gpuprofd import dbread
 from gpuprofd.ctl import main
+from gpuprofd.storage import dbread
 from tests.daemon import helpers as h
 from tests.gpuprof.insights.group_fixtures import MS, group_steps
 

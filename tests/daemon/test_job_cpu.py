@@ -9,9 +9,9 @@ import sqlite3
 from pathlib import Path
 
 from gpuprof.insights import run_rules
-from gpuprofd import dbread, runsdb, schema
 from gpuprofd.counters import DropCounter
-from gpuprofd.store import Store
+from gpuprofd.storage import dbread, runsdb, schema
+from gpuprofd.storage.store import Store
 
 T0 = 1_000_000_000_000
 TICK = 500_000_000  # the host sampler's 0.5 s

@@ -13,8 +13,8 @@ import pytest
 
 from gpuprof.flops import TransformerArch
 from gpuprof.summary import format_summary
-from gpuprofd import dbread, queries
 from gpuprofd.ctl import main
+from gpuprofd.storage import dbread, queries
 from tests.daemon import h200_replay
 from tests.daemon import helpers as h
 

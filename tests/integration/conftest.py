@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuprofd import client
+from gpuprofd.commands import client
 from gpuprofd.errors import NoDaemonError
-from gpuprofd.procs import pid_alive
+from gpuprofd.ingest.procs import pid_alive
 from tests.daemon.helpers import query
 
 REPO = Path(__file__).resolve().parents[2]

@@ -19,7 +19,7 @@ import pytest
 
 from gpuprof.insights import run_rules
 from gpuprof.summary import format_summary
-from gpuprofd import dbread
+from gpuprofd.storage import dbread
 from tests.integration.conftest import REPO, Node, wait_for
 
 #: Eight 128x128 layers, ~66 KB of fp32 gradients each, DDP buckets capped at

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from gpuprof.insights import run_rules
-from gpuprofd import dbread
+from gpuprofd.storage import dbread
 
 from .conftest import Node
 

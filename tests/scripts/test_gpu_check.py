@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuprofd.nvml import GpuSample, GpuSlowSample
+from gpuprofd.sampling.nvml import GpuSample, GpuSlowSample
 from tests.h200_expected import EXPECTED
 from tests.scripts.helpers import ROOT, load_script, refused_live, run_report, run_script
 

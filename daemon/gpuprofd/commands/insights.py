@@ -12,8 +12,9 @@ import orjson
 from gpuprof.comm import COMM_PHASE
 from gpuprof.insights.distributed import group_rules
 from gpuprof.summary import comm_medians, format_summary, insight_lines, make_summary, size_text
-from gpuprofd import dbread, kerneltable, queries
+from gpuprofd import kerneltable
 from gpuprofd.commands.common import db_argument, echo_json, format_option, resolve_db
+from gpuprofd.storage import dbread, queries
 
 LIVE_NOTE = "run in progress: insights as of the daemon's last live update"
 #: Kernels listed under the summary.
@@ -95,11 +96,11 @@ def rank_comm(conn: sqlite3.Connection, run: dict[str, Any]) -> dict[str, Any] |
     """One rank's collectives for the group report: ``median_exposed_ms`` (the
     ``comm`` phase per step) and ``median_share_of_step`` (0-1, comm / step
     time per step), medians over the steady steps of its last
-    :data:`gpuprofd.dbread.GROUP_STEPS_MAX` untraced steps
+    :data:`gpuprofd.storage.dbread.GROUP_STEPS_MAX` untraced steps
     (:func:`gpuprof.summary.comm_medians`: the definition of its summary's
     comm line and of ``comm_dominant``; None when it timed no collective),
     ``buckets_per_step`` and ``bytes_per_step`` (gradient bytes; means over
-    its last :data:`gpuprofd.dbread.GROUP_BUCKET_STEPS` steps with timed
+    its last :data:`gpuprofd.storage.dbread.GROUP_BUCKET_STEPS` steps with timed
     buckets; None without), ``clock_offset_ns`` / ``clock_uncertainty_ns``
     (its clock against the reference rank's; None when not measured),
     ``clock_reference_rank`` (the rank it was aligned to). None
@@ -139,14 +140,14 @@ def rank_comm(conn: sqlite3.Connection, run: dict[str, Any]) -> dict[str, Any] |
 
 
 def load_group(db: Path, group: str) -> dict[str, Any]:
-    """A group's status (:func:`gpuprofd.dbread.group_status`), its findings
+    """A group's status (:func:`gpuprofd.storage.dbread.group_status`), its findings
     (``insights``: those gpuprofd stored when the group ended, else
     :func:`gpuprof.insights.distributed.group_rules` over
-    :func:`gpuprofd.dbread.group_context` now; ``insights_source`` says
+    :func:`gpuprofd.storage.dbread.group_context` now; ``insights_source`` says
     ``stored`` or ``computed``), ``runs`` (the group's runs) and ``runs_note``
-    (:func:`gpuprofd.dbread.runs_note`: a rank has several runs, its latest
+    (:func:`gpuprofd.storage.dbread.runs_note`: a rank has several runs, its latest
     is the one shown and compared), the ranks that never
-    reported (``missing_ranks``, :func:`gpuprofd.dbread.missing_ranks`), the
+    reported (``missing_ranks``, :func:`gpuprofd.storage.dbread.missing_ranks`), the
     ranks without collective timings (``comm_missing``, :func:`comm_missing`) and,
     per rank (by rank, each rank's latest run), its run id, status, median step, collectives
     (``comm``, :func:`rank_comm`) and summary (:func:`load_summary`).

@@ -9,9 +9,10 @@ from typing import Any
 import click
 
 from gpuprof.kernels import SOURCES
-from gpuprofd import dbread, kerneltable
+from gpuprofd import kerneltable
 from gpuprofd.commands.common import db_argument, echo_json, format_option, resolve_db
 from gpuprofd.commands.insights import split_args
+from gpuprofd.storage import dbread
 
 _RUN_ID = click.IntRange(1, 2**63 - 1)
 

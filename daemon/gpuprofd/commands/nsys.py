@@ -9,10 +9,11 @@ from typing import Any
 
 import click
 
-from gpuprofd import dbread, nsys, runsdb, schema
+from gpuprofd import nsys
 from gpuprofd.commands.common import echo_json, format_option, resolve_db
 from gpuprofd.errors import DatabaseError
-from gpuprofd.store import Op
+from gpuprofd.storage import dbread, runsdb, schema
+from gpuprofd.storage.store import Op
 
 _STEPS_SQL = "SELECT step, t0_ns, t1_ns FROM steps WHERE run_id = ? ORDER BY t0_ns, step"
 

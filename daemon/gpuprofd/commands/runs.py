@@ -9,8 +9,8 @@ import click
 
 from gpuprof.insights.base import WARMUP_STEPS
 from gpuprof.summary import mfu_figures
-from gpuprofd import dbread
 from gpuprofd.commands.common import db_argument, echo_json, format_option, resolve_db
+from gpuprofd.storage import dbread
 
 #: Keys of ``pct_of_iteration``, in table order, with their column headers.
 COLUMNS = (

@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from gpuprof import config
-from gpuprofd.client import ping
+from gpuprofd.commands.client import ping
 from gpuprofd.commands.common import (
     echo_json,
     format_option,

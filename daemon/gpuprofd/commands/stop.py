@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from gpuprof import config
-from gpuprofd.client import request
+from gpuprofd.commands.client import request
 from gpuprofd.commands.common import (
     echo_json,
     format_option,

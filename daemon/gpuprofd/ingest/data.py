@@ -1,0 +1,90 @@
+"""Ingest: the data socket (``PULL``) → validated events → the store.
+
+Every frame goes through :func:`gpuprof.protocol.decode`; anything invalid is
+counted by its reason and dropped (a step's ``comm`` bucket rows included:
+one bad row drops the step). A step is queued with its bucket rows as one
+atomic op; a ``clock`` event sets the run's clock offset. Nothing here waits on the database for a
+known run: steps are queued with ``submit_nowait`` and a ``kernels`` window
+with its rows with ``submit_all_nowait`` (all or none; dropped and counted when
+the store is behind), so a slow disk can never stall the training processes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import zmq.asyncio
+
+from gpuprof.protocol import ProtocolError, decode
+from gpuprofd.counters import DropCounter
+from gpuprofd.ingest.runservice import RunService
+from gpuprofd.storage import runsdb
+from gpuprofd.storage.store import Store
+
+log = logging.getLogger(__name__)
+
+
+class Ingest:
+    """Reads the ``PULL`` socket until cancelled."""
+
+    def __init__(
+        self,
+        sock: zmq.asyncio.Socket,
+        runs: RunService,
+        store: Store,
+        drops: DropCounter,
+        on_activity: Callable[[], None] = lambda: None,
+        on_workers: Callable[[int, Mapping[str, Any]], None] = lambda run_id, msg: None,
+    ) -> None:
+        self.sock = sock
+        self.runs = runs
+        self.store = store
+        self.drops = drops
+        self.on_activity = on_activity
+        self.on_workers = on_workers
+        """Gets (run id, ``workers`` message) of runs whose pids are ours to read."""
+        self.received = 0
+        """Valid events accepted for a known run, since start."""
+
+    async def run(self) -> None:
+        while True:
+            frame = await self.sock.recv()
+            self.on_activity()
+            try:
+                await self.handle(frame)
+            except Exception as exc:  # noqa: BLE001 - no message may stop ingest
+                log.exception("ingest failed on a message")
+                self.drops.add("internal_error", repr(exc)[:100])
+
+    async def handle(self, frame: bytes) -> None:
+        """Validate one frame and route it; count it under a reason if dropped."""
+        try:
+            msg: dict[str, Any] = decode(frame, channel="data")
+        except ProtocolError as exc:
+            self.drops.add(exc.reason, str(exc)[:120])
+            return
+        key = msg["run_key"]
+        live = self.runs.registry.get(key) or await self.runs.resolve(key)
+        if live is None:
+            self.drops.add(self.runs.registry.unknown_reason(key) or "unknown_run", key)
+            return
+        live.note_event(msg)
+        self.received += 1
+        if msg["type"] == "step" and not self.store.submit_nowait(runsdb.step_op(live.run_id, msg)):
+            live.store_dropped += 1
+        elif msg["type"] == "kernels":
+            if not self.store.submit_all_nowait(runsdb.kernels_ops(live.run_id, msg)):
+                live.store_dropped += 1
+        elif msg["type"] == "clock":
+            if not self.store.submit_nowait(runsdb.clock_op(live.run_id, msg)):
+                live.store_dropped += 1
+        elif msg["type"] == "model_info":
+            if not self.store.submit_all_nowait(runsdb.model_info_ops(live.run_id, msg)):
+                live.store_dropped += 1
+        elif msg["type"] == "workers":
+            if live.local_pid:
+                self.on_workers(live.run_id, msg)
+            else:  # pids of another PID namespace (a container) name other processes here
+                log.debug("run %d: workers in another PID namespace, not sampled", live.run_id)

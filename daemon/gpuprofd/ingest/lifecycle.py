@@ -1,0 +1,69 @@
+"""The daemon's once-a-second housekeeping: lost runs, persisted counters,
+live insights (every ~10 s) and the idle exit."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from gpuprofd.counters import DropCounter
+from gpuprofd.ingest.runservice import RunService
+from gpuprofd.storage import runsdb
+
+log = logging.getLogger(__name__)
+
+TICK_S = 1.0
+LIVE_INSIGHTS_S = 10.0
+
+
+class Lifecycle:
+    """Periodic checks; calls *request_stop* when idle for *idle_exit_s* (0 = never)."""
+
+    def __init__(
+        self,
+        runs: RunService,
+        drops: DropCounter,
+        idle_exit_s: float,
+        last_activity: Callable[[], float],
+        request_stop: Callable[[], None],
+        tick_s: float = TICK_S,
+        live_insights_s: float = LIVE_INSIGHTS_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.runs = runs
+        self.drops = drops
+        self.idle_exit_s = idle_exit_s
+        self.last_activity = last_activity
+        self.request_stop = request_stop
+        self.tick_s = tick_s
+        self.live_insights_s = live_insights_s
+        self._clock = clock
+        self._next_live = clock() + live_insights_s
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.tick_s)
+            try:
+                await self.tick()
+            except Exception:  # noqa: BLE001 - housekeeping must go on
+                log.exception("housekeeping failed")
+
+    async def tick(self) -> None:
+        await self.runs.check_lost()
+        await self.persist()
+        now = self._clock()
+        if now >= self._next_live:
+            self._next_live = now + self.live_insights_s
+            for live in list(self.runs.registry.live.values()):
+                await self.runs.insights.live(live.run_id)
+        idle_s = now - self.last_activity()
+        if self.idle_exit_s > 0 and not self.runs.registry.live and idle_s >= self.idle_exit_s:
+            log.info("idle for %.0f s with no live runs: exiting", idle_s)
+            self.request_stop()
+
+    async def persist(self) -> None:
+        """Queue the live runs' received counts and new drop counts."""
+        await self.runs.persist_counts()
+        await runsdb.add_drops(self.runs.store, self.drops.take_unpersisted())

@@ -1,0 +1,256 @@
+"""Run lifecycle: start (hello), re-adoption, end (bye), loss (process died).
+
+A run is ``running`` from its hello until its bye (``finished`` or
+``failed``) or until its process is seen gone without one (``lost``). A
+daemon that restarts while runs continue re-adopts them: at startup (rows
+left ``running`` whose pid lives) or on their first event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from gpuprof.protocol import MAX_ERROR_CHARS, clean_run_name, clean_text
+from gpuprofd.errors import GpuprofdError
+from gpuprofd.ingest.procs import pid_alive as _pid_alive
+from gpuprofd.ingest.procs import pid_namespace
+from gpuprofd.ingest.registry import LiveRun, RunRegistry
+from gpuprofd.insights_runner import InsightsRunner
+from gpuprofd.sampling.nvml import GpuDevice, match_uuid
+from gpuprofd.storage import runsdb
+from gpuprofd.storage.store import Op, Store
+
+log = logging.getLogger(__name__)
+
+#: Longest a bye waits for events still in flight (seconds).
+BYE_WAIT_S = 2.0
+#: A run whose pid is in another PID namespace (training in a container, the
+#: daemon on the host) cannot be checked by pid; it is lost after this long
+#: without an event (s). Long enough for an evaluation pass between steps;
+#: a lost run that speaks again is re-adopted.
+FOREIGN_SILENCE_S = 600.0
+LOST_NOTE = "the training process exited without ending the run: marked lost"
+
+PidAlive = Callable[[int | None, int | None], bool]
+
+
+class UnknownRun(GpuprofdError):
+    """A control message names a run this daemon does not know."""
+
+
+class RunService:
+    """Owns the transitions of runs between the registry and the database."""
+
+    def __init__(
+        self,
+        store: Store,
+        registry: RunRegistry,
+        insights: InsightsRunner,
+        gpu_devices: list[GpuDevice],
+        pid_alive: PidAlive = _pid_alive,
+        cpu_count: int | None = None,
+        mono_clock: Callable[[], int] = time.monotonic_ns,
+        wall_clock: Callable[[], int] = time.time_ns,
+        boot_id: str | None = None,
+    ) -> None:
+        self.store = store
+        self.boot_id = boot_id
+        """The node's boot (:mod:`gpuprofd.boot`), recorded on each new run."""
+        self.registry = registry
+        self.insights = insights
+        self.gpu_devices = gpu_devices
+        self.pid_alive = pid_alive
+        self.cpu_count = cpu_count if cpu_count is not None else os.cpu_count()
+        self._mono = mono_clock
+        self._wall = wall_clock
+        self._lock = asyncio.Lock()
+        self.pid_ns = pid_namespace()
+
+    @property
+    def lock(self) -> asyncio.Lock:
+        """Held while a run is created or re-adopted (its row written and it
+        registered): the database switch takes it so no new run falls between."""
+        return self._lock
+
+    def _local(self, run_pid_ns: str | None) -> bool:
+        """Can a run's pid be checked here? Unknown namespaces count as ours."""
+        return run_pid_ns is None or self.pid_ns is None or run_pid_ns == self.pid_ns
+
+    def _alive(self, run: dict[str, Any]) -> bool:
+        """Liveness of a stored run; a foreign-namespace pid is given the benefit
+        of the doubt (its silence is checked once it is live again)."""
+        if not self._local(run.get("pid_ns")):
+            return True
+        return self.pid_alive(run["pid"], run["start_wall_ns"])
+
+    def _gpu(self, cuda_uuid: str | None) -> tuple[str | None, int]:
+        dev = match_uuid(self.gpu_devices, cuda_uuid)
+        return (dev.name, 1) if dev else (None, 0)
+
+    async def hello(self, msg: dict[str, Any]) -> LiveRun:
+        """Create the run of a ``hello`` (idempotent: a retried hello gets the same run)."""
+        async with self._lock:
+            live = self.registry.get(msg["run_key"])
+            if live is not None:
+                return live
+            existing = await runsdb.get_run(self.store, run_key=msg["run_key"])
+            if existing is not None:
+                if existing["status"] in ("finished", "failed"):
+                    raise UnknownRun(f"run {existing['id']} with this key has already ended")
+                return await self._adopt(existing)
+            gpu_model, gpu_count = self._gpu(msg.get("cuda_uuid"))
+            row = {
+                "run_key": msg["run_key"], "run_name": clean_run_name(msg["run_name"]),
+                "status": "running", "host": msg["host"], "pid": msg["pid"],
+                "pid_ns": msg.get("pid_ns"),
+                "rank": msg["rank"], "local_rank": msg["local_rank"],
+                "world_size": msg["world_size"], "auto": int(msg["auto"]),
+                "start_wall_ns": msg["wall_ns"], "start_mono_ns": msg["mono_ns"],
+                "options": msg["options"], "cuda_uuid": msg.get("cuda_uuid"),
+                "gpu_model": gpu_model, "gpu_count": gpu_count, "cpu_count": self.cpu_count,
+                "boot_id": self.boot_id, "group_id": msg.get("group"),
+                "local_world_size": msg.get("local_world_size"),
+            }  # fmt: skip
+            run_id = await runsdb.insert_run(self.store, row)
+            live = LiveRun(
+                run_id, row["run_key"], row["run_name"], msg["pid"], msg["wall_ns"],
+                msg["mono_ns"], msg.get("cuda_uuid"), local_pid=self._local(msg.get("pid_ns")),
+            )  # fmt: skip
+            self.registry.add(live)
+            log.info("run %d %r started (pid %d)", run_id, row["run_name"], msg["pid"])
+            return live
+
+    async def resolve(self, run_key: str) -> LiveRun | None:
+        """The live run for *run_key*, re-adopting a stored one whose process
+        still runs; None if unknown or ended (see ``registry.unknown_reason``)."""
+        live = self.registry.get(run_key)
+        if live is not None or self.registry.unknown_reason(run_key):
+            return live
+        async with self._lock:
+            live = self.registry.get(run_key)
+            if live is not None:
+                return live
+            run = await runsdb.get_run(self.store, run_key=run_key)
+            if run is None:
+                self.registry.mark_unknown(run_key, "unknown_run")
+                return None
+            if run["status"] in ("finished", "failed") or not self._alive(run):
+                self.registry.mark_unknown(run_key, "run_ended")
+                return None
+            return await self._adopt(run)
+
+    async def _live_from_row(self, run: dict[str, Any]) -> LiveRun:
+        live = LiveRun(
+            run["id"], run["run_key"], run["run_name"], run["pid"], run["start_wall_ns"],
+            run["start_mono_ns"], run["cuda_uuid"], local_pid=self._local(run.get("pid_ns")),
+        )  # fmt: skip
+        live.received = live.persisted_received = int(run["received_events"] or 0)
+        live.steps = await runsdb.count_steps(self.store, run["id"])
+        return live
+
+    async def _adopt(self, run: dict[str, Any]) -> LiveRun:
+        """Track a stored run again (daemon restart), status back to running."""
+        live = await self._live_from_row(run)
+        if run["status"] != "running":
+            await runsdb.update_run(
+                self.store, run["id"], status="running", end_wall_ns=None, end_mono_ns=None,
+                summary=None,
+            )  # fmt: skip
+        self.registry.add(live)
+        log.info("run %d %r re-adopted (pid %s)", run["id"], run["run_name"], run["pid"])
+        return live
+
+    async def bye(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """End a run: wait for its in-flight events, store its end, return the summary."""
+        live = await self.resolve(msg["run_key"])
+        if live is None or live.ending:
+            raise UnknownRun(f"no running run with key {msg['run_key']!r}")
+        live.ending = True
+        try:
+            await live.wait_received(msg["sent"], BYE_WAIT_S)
+            await self.store.flush()
+        finally:  # whatever fails below, the run is no longer live
+            self.registry.remove(live.run_key)
+            self.registry.mark_unknown(live.run_key, "run_ended")
+        cuda_uuid = msg.get("cuda_uuid") or live.cuda_uuid
+        gpu_model, gpu_count = self._gpu(cuda_uuid)
+        await runsdb.update_run(
+            self.store, live.run_id, status=msg["status"],
+            error=clean_text(msg["error"], MAX_ERROR_CHARS, keep_newlines=True)
+            if msg.get("error") else None,
+            dropped_events=msg["dropped"], sent_events=msg["sent"],
+            received_events=live.received, end_wall_ns=msg["wall_ns"],
+            end_mono_ns=msg["mono_ns"], cuda_uuid=cuda_uuid, gpu_model=gpu_model,
+            gpu_count=gpu_count, trailing_eval_ns=msg.get("eval_ns", 0),
+        )  # fmt: skip
+        notes = list(live.notes)
+        if msg["dropped"]:
+            notes.append(f"{msg['dropped']} events dropped in the training process")
+        if msg["sent"] > live.received:
+            notes.append(f"{msg['sent'] - live.received} events sent but not received")
+        if live.store_dropped:
+            notes.append(f"{live.store_dropped} events received but not stored (daemon busy)")
+        log.info("run %d %r %s", live.run_id, live.run_name, msg["status"])
+        return await self.insights.finalize(live.run_id, notes)
+
+    async def lose(self, live: LiveRun) -> dict[str, Any]:
+        """Mark a live run whose process is gone as lost and finalize it."""
+        live.ending = True
+        try:
+            await self.store.flush()
+        finally:
+            self.registry.remove(live.run_key)
+            self.registry.mark_unknown(live.run_key, "run_ended")
+        await runsdb.update_run(
+            self.store, live.run_id, status="lost", received_events=live.received,
+            end_wall_ns=self._wall(), end_mono_ns=live.last_t1_ns or self._mono(),
+        )  # fmt: skip
+        why = f"pid {live.pid} is gone" if live.local_pid else "silent too long"
+        log.warning("run %d %r lost: %s", live.run_id, live.run_name, why)
+        return await self.insights.finalize(live.run_id, [LOST_NOTE, *live.notes])
+
+    async def check_lost(self) -> list[int]:
+        """Lose every live run whose process is gone; return their ids."""
+        candidates = [r for r in self.registry.live.values() if not r.ending]
+        if not candidates:
+            return []
+        now = time.monotonic_ns()
+
+        def gone(r: LiveRun) -> bool:
+            if not r.local_pid:
+                return now - r.last_event_mono_ns > FOREIGN_SILENCE_S * 1e9
+            return not self.pid_alive(r.pid, r.start_wall_ns)
+
+        dead = await asyncio.to_thread(lambda: [r for r in candidates if gone(r)])
+        for live in dead:
+            if not live.ending:
+                await self.lose(live)
+        return [r.run_id for r in dead]
+
+    async def recover_at_startup(self) -> None:
+        """Runs left ``running`` by a previous daemon: adopt if alive, else lose."""
+        for run in await runsdb.runs_with_status(self.store, "running"):
+            if self._alive(run):
+                await self._adopt(run)
+                continue
+            live = await self._live_from_row(run)
+            row = await self.store.fetchone(
+                "SELECT MAX(t1_ns) AS t1 FROM steps WHERE run_id = ?", (run["id"],)
+            )
+            live.last_t1_ns = row["t1"] if row and row["t1"] is not None else run["start_mono_ns"]
+            await self.lose(live)
+
+    async def persist_counts(self) -> None:
+        """Store each live run's received-event count (survives a restart)."""
+        for live in self.registry.live.values():
+            if live.received != live.persisted_received:
+                await self.store.submit(
+                    Op("UPDATE runs SET received_events = ? WHERE id = ?",
+                       (live.received, live.run_id))
+                )  # fmt: skip
+                live.persisted_received = live.received

@@ -1,0 +1,156 @@
+"""Carrying live runs over when the database file is deleted or replaced.
+
+``rm gpuprof.db*`` under a running daemon leaves SQLite writing into the open,
+nameless file: every later row would be lost when the daemon exits, and
+``gpuprofctl`` (which opens the path) would see nothing. The daemon checks the
+path (:meth:`gpuprofd.storage.store.Store.file_state`) at each hello and once a
+second, and then switches to a fresh database at the path
+(:meth:`gpuprofd.storage.store.Store.reopen`). :func:`read_live_runs` /
+:func:`write_live_runs` are what it carries across: the runs still open
+(their run row, steps, live insights, CPU samples, DataLoader workers,
+kernel windows, comm buckets) and the node's host and GPU samples since the
+earliest of them started, so their insights are whole. Finished runs stay
+deleted, as the user asked.
+
+A run keeps its id when the new file does not use it (always, after a plain
+``rm``); a file put in the old one's place that already holds runs gets the
+live runs under new ids (:func:`write_live_runs` returns the mapping).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiosqlite
+
+#: Tables of per-run rows, by ``run_id`` (kernel_windows/kernel_stats apart:
+#: their window ids are renumbered).
+RUN_TABLES = ("steps", "insights", "run_cpu_samples", "worker_cpu", "comm_buckets")
+#: Node-level tables and their time column: the live runs' stretch is copied.
+NODE_TABLES = (
+    ("host_samples", "mono_ns"),
+    ("gpu_samples", "mono_ns"),
+    ("gpu_slow_samples", "mono_ns"),
+    ("gpu_rollups", "sec_ns"),
+)
+
+
+async def _rows(conn: aiosqlite.Connection, sql: str,
+                params: Sequence[Any] = ()) -> tuple[list[str], list[tuple[Any, ...]]]:  # fmt: skip
+    async with conn.execute(sql, params) as cur:
+        rows = [tuple(r) for r in await cur.fetchall()]
+        cols = [d[0] for d in cur.description or ()]
+    return cols, rows
+
+
+def _insert_sql(table: str, cols: Sequence[str]) -> str:
+    names = ", ".join(f'"{c}"' for c in cols)
+    return f'INSERT INTO {table} ({names}) VALUES ({", ".join("?" * len(cols))})'
+
+
+@dataclass
+class Snapshot:
+    """The open runs' rows, read from the old file (:func:`read_live_runs`)."""
+
+    runs: tuple[list[str], list[tuple[Any, ...]]] = ([], [])
+    tables: dict[str, tuple[list[str], list[tuple[Any, ...]]]] = field(default_factory=dict)
+    """Per-run tables, kernel_windows, kernel_stats and the node tables."""
+
+
+async def read_live_runs(old: aiosqlite.Connection, run_ids: Sequence[int]) -> Snapshot:
+    """The rows of *run_ids* in *old*, and the node samples since the earliest started."""
+    snap = Snapshot()
+    if not run_ids:
+        return snap
+    marks = ", ".join("?" * len(run_ids))
+    snap.runs = cols, runs = await _rows(old, f"SELECT * FROM runs WHERE id IN ({marks})",
+                                         run_ids)  # fmt: skip
+    if not runs:
+        return snap
+    for table in (*RUN_TABLES, "kernel_windows", "kernel_stats"):
+        snap.tables[table] = await _rows(old, f"SELECT * FROM {table} WHERE run_id IN ({marks})",
+                                         run_ids)  # fmt: skip
+    i_mono = cols.index("start_mono_ns")
+    starts = [row[i_mono] for row in runs if row[i_mono] is not None]
+    if starts:
+        for table, col in NODE_TABLES:
+            snap.tables[table] = await _rows(old, f"SELECT * FROM {table} WHERE {col} >= ?",
+                                             (min(starts),))  # fmt: skip
+    return snap
+
+
+async def write_live_runs(new: aiosqlite.Connection, snap: Snapshot) -> dict[int, int]:
+    """Write *snap* into *new* in one transaction; return old run id → id in *new*."""
+    cols, runs = snap.runs
+    if not runs:
+        return {}
+    ids: dict[int, int] = {}
+    await new.execute("BEGIN IMMEDIATE")
+    try:
+        i_id, i_key = cols.index("id"), cols.index("run_key")
+        for row in runs:
+            # the same run already there (the old file copied back in place):
+            # the old file's rows are a superset, so they replace it
+            async with new.execute("SELECT id FROM runs WHERE run_key = ?", (row[i_key],)) as c:
+                same = await c.fetchone()
+            if same is not None:
+                await _delete_run(new, same[0])
+            async with new.execute("SELECT 1 FROM runs WHERE id = ?", (row[i_id],)) as c:
+                taken = await c.fetchone() is not None
+            if taken:
+                vals = [v for i, v in enumerate(row) if i != i_id]
+                cur = await new.execute(_insert_sql("runs", [c for c in cols if c != "id"]), vals)
+                ids[row[i_id]] = int(cur.lastrowid or 0)
+            else:
+                await new.execute(_insert_sql("runs", cols), row)
+                ids[row[i_id]] = row[i_id]
+        for table in RUN_TABLES:
+            tcols, trows = snap.tables.get(table, ([], []))
+            if trows:
+                r = tcols.index("run_id")
+                await new.executemany(_insert_sql(table, tcols),
+                                      [(*t[:r], ids[t[r]], *t[r + 1:]) for t in trows])  # fmt: skip
+        await _write_kernels(new, snap, ids)
+        for table, _ in NODE_TABLES:
+            tcols, trows = snap.tables.get(table, ([], []))
+            if trows:
+                await new.executemany(_insert_sql(table, tcols), trows)
+        await new.execute("COMMIT")
+    except BaseException:
+        await new.execute("ROLLBACK")
+        raise
+    return ids
+
+
+async def _write_kernels(new: aiosqlite.Connection, snap: Snapshot, ids: dict[int, int]) -> None:
+    """Kernel windows get new ids in *new*; their stats follow them."""
+    wcols, windows = snap.tables.get("kernel_windows", ([], []))
+    if not windows:
+        return
+    scols, stats = snap.tables.get("kernel_stats", ([], []))
+    w_id, w_run = wcols.index("id"), wcols.index("run_id")
+    keep = [c for c in wcols if c != "id"]
+    window_ids: dict[int, int] = {}
+    for w in windows:
+        vals = [ids[v] if i == w_run else v for i, v in enumerate(w) if i != w_id]
+        cur = await new.execute(_insert_sql("kernel_windows", keep), vals)
+        window_ids[w[w_id]] = int(cur.lastrowid or 0)
+    if not stats:
+        return
+    s_win, s_run = scols.index("window_id"), scols.index("run_id")
+    rows = []
+    for s in stats:
+        if s[s_win] in window_ids:
+            row = list(s)
+            row[s_win], row[s_run] = window_ids[s[s_win]], ids[s[s_run]]
+            rows.append(row)
+    if rows:
+        await new.executemany(_insert_sql("kernel_stats", scols), rows)
+
+
+async def _delete_run(conn: aiosqlite.Connection, run_id: int) -> None:
+    for table in (*RUN_TABLES, "kernel_stats", "kernel_windows"):
+        await conn.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
+    await conn.execute("DELETE FROM runs WHERE id = ?", (run_id,))

@@ -1,0 +1,234 @@
+"""Read queries shared by the daemon (aiosqlite) and gpuprofctl (sqlite3),
+with the converters from rows to the shapes :func:`build_context` reads.
+Pure: no connection here."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import orjson
+
+from gpuprof.insights.gpu import GpuAccumulator, GpuStats
+from gpuprof.kernels import KernelAgg
+from gpuprofd.sampling import rollup
+from gpuprofd.sampling.nvml import normalize_uuid
+
+#: How many earlier finished runs of the same name the regression rule sees.
+HISTORY_RUNS = 3
+
+STEPS_SQL = (
+    "SELECT t0_ns, t1_ns, wait_ns, explicit, micro, phases, skipped, eval_ns, optimizers, "
+    "mem_allocated_bytes, mem_reserved_bytes, mem_peak_bytes, traced FROM steps "
+    "WHERE run_id = ? ORDER BY t0_ns"
+)
+HOST_SQL = (
+    "SELECT mono_ns, cpu_pct, cpu_count, disk_read_bps, disk_read_iops, page_cache_bytes, "
+    "mem_total_bytes, swap_in_bps FROM host_samples "
+    "WHERE mono_ns BETWEEN ? AND ? AND boot_id IS ? ORDER BY mono_ns"
+)
+#: A run's process-tree CPU as one row: its mean ``cores`` over the samples
+#: (all :func:`build_context` reads of them; a day is 172,800 rows at 2 Hz).
+RUN_CPU_SQL = (
+    "SELECT AVG(cores) AS cores FROM run_cpu_samples WHERE run_id = ? AND cores IS NOT NULL "
+    "HAVING COUNT(*) > 0"
+)
+#: The CPU of a run's job on this node as one row: at each of the run's own
+#: sample times, the cores of its group's runs here (the job's ranks: the
+#: host sampler samples every live run at the same ``mono_ns``) summed; their
+#: mean, and the most ranks seen together. Params: :func:`job_cpu_params`.
+JOB_CPU_SQL = (
+    "SELECT AVG(total) AS cores, MAX(n) AS ranks FROM ("
+    "SELECT s.mono_ns, SUM(s.cores) AS total, COUNT(DISTINCT s.run_id) AS n "
+    "FROM run_cpu_samples s JOIN runs r ON r.id = s.run_id "
+    "WHERE r.group_id = ? AND r.host IS ? AND r.boot_id IS ? AND s.cores IS NOT NULL "
+    "AND s.mono_ns IN (SELECT mono_ns FROM run_cpu_samples WHERE run_id = ? "
+    "AND cores IS NOT NULL) GROUP BY s.mono_ns) HAVING COUNT(*) > 0"
+)
+
+
+def job_cpu_params(run: Mapping[str, Any]) -> tuple[Any, ...] | None:
+    """:data:`JOB_CPU_SQL`'s parameters for *run*; None outside a group."""
+    if not run.get("group_id"):
+        return None
+    return (run["group_id"], run.get("host"), run.get("boot_id"), run["id"])
+
+
+#: A run's DataLoader workers: one row per worker process, ``cpu_s`` its CPU
+#: seconds so far; grouped by ``loader_seq`` (one loader iterator's pool).
+WORKER_CPU_SQL = (
+    "SELECT loader_seq, worker_id, pid, first_mono_ns, last_mono_ns, cpu_s FROM worker_cpu "
+    "WHERE run_id = ? ORDER BY loader_seq, worker_id"
+)
+HISTORY_SQL = (
+    "SELECT median_step_ms FROM runs WHERE run_name = ? AND id < ? AND status = 'finished' "
+    "AND median_step_ms IS NOT NULL ORDER BY id DESC LIMIT ?"
+)
+INSIGHTS_SQL = (
+    "SELECT rule, severity, title, detail, fix, evidence FROM insights WHERE run_id = ? "
+    "ORDER BY rowid"
+)
+#: A group's stored findings (set when the group ended), in the order found.
+GROUP_INSIGHTS_SQL = (
+    "SELECT ranks, rule, severity, title, detail, fix, evidence, created_wall_ns "
+    "FROM group_insights WHERE group_id = ? ORDER BY rowid"
+)
+
+
+#: A run's timed gradient buckets summed (:class:`gpuprof.insights.base.CommTotals`):
+#: one row, ``steps`` 0 when it has none.
+COMM_TOTALS_SQL = (
+    "SELECT COUNT(DISTINCT step) AS steps, COUNT(*) AS buckets, TOTAL(bytes) AS bytes "
+    "FROM comm_buckets WHERE run_id = ?"
+)
+#: A group rank's steps as :class:`gpuprof.insights.group_context.RankRows` reads them.
+GROUP_STEPS_SQL = (
+    "SELECT step, t0_ns, t1_ns, phases, traced FROM steps WHERE run_id = ? ORDER BY t0_ns"
+)
+#: ... its last steps up to an index, newest index first: ``(run_id, max step, limit)``
+#: (by the ``steps_run_step`` index: a group's window costs the same on a day-long run).
+GROUP_TAIL_SQL = (
+    "SELECT step, t0_ns, t1_ns, phases, traced FROM steps WHERE run_id = ? AND step <= ? "
+    "ORDER BY step DESC LIMIT ?"
+)
+#: A run's highest step index (NULL: no steps).
+MAX_STEP_SQL = "SELECT MAX(step) FROM steps WHERE run_id = ?"
+#: ... and its bucket rows for steps ``BETWEEN ? AND ?``.
+GROUP_BUCKETS_SQL = (
+    "SELECT step, bucket, start_ns, end_ns, bytes FROM comm_buckets "
+    "WHERE run_id = ? AND step BETWEEN ? AND ?"
+)
+
+
+def group_step_from_row(r: Sequence[Any]) -> dict[str, Any]:
+    """A :data:`GROUP_STEPS_SQL` row as ``RankRows.steps`` wants it."""
+    step, t0, t1, phases, traced = r
+    return {"step": step, "t0": t0, "t1": t1, "phases": _loads(phases) if phases else {},
+            "traced": bool(traced)}  # fmt: skip
+
+
+#: A run's kernel windows (``kernels`` events, ``nsys-import``), by start.
+KERNEL_WINDOWS_SQL = (
+    "SELECT id, t0_ns, t1_ns, source, steps, rows_dropped FROM kernel_windows "
+    "WHERE run_id = ? ORDER BY t0_ns, id"
+)
+#: ... and their rows (one query for the run, matched to windows by id; in
+#: index order, no sort: :func:`kernel_windows_from_rows` orders each window).
+KERNEL_STATS_SQL = (
+    "SELECT window_id, name, kind, cls, count, total_ns, self_ns, flops FROM kernel_stats "
+    "WHERE run_id = ?"
+)
+
+#: One window as :func:`kernel_windows_from_rows` gives it: (window, rows).
+KernelWindow = tuple[dict[str, Any], list[KernelAgg]]
+
+_loads = orjson.loads
+
+
+def kernel_windows_from_rows(
+    windows: Iterable[Sequence[Any]], stats: Iterable[Sequence[Any]]
+) -> list[KernelWindow]:
+    """Rows of :data:`KERNEL_WINDOWS_SQL` and :data:`KERNEL_STATS_SQL` as
+    ``(window, rows)`` pairs in window order: *window* a dict with ``id``,
+    ``t0``/``t1`` (monotonic ns), ``source``, ``steps`` (step indices),
+    ``n_steps`` (how many steps it covered: a window merged by
+    :mod:`gpuprofd.storage.kcompact` past its list limit stores only the count, and
+    ``steps`` is then empty) and ``rows_dropped``; *rows* its
+    :class:`KernelAgg` rows, most device time first. Stats rows of no listed
+    window are ignored."""
+    out: list[KernelWindow] = []
+    by_id: dict[int, list[KernelAgg]] = {}
+    for wid, t0, t1, source, steps, dropped in windows:
+        rows: list[KernelAgg] = []
+        by_id[wid] = rows
+        got = _loads(steps) if steps else []
+        listed = got if isinstance(got, list) else []
+        n_steps = len(listed) if isinstance(got, list) else int(got.get("n") or 0)
+        window = {
+            "id": wid, "t0": t0, "t1": t1, "source": source, "steps": listed,
+            "n_steps": n_steps, "rows_dropped": dropped or 0,
+        }  # fmt: skip
+        out.append((window, rows))
+    for wid, name, kind, cls, count, total_ns, self_ns, flops in stats:
+        rows_of = by_id.get(wid)
+        if rows_of is not None:
+            rows_of.append(
+                KernelAgg(name, kind, cls, int(count or 0), int(total_ns or 0),
+                          int(self_ns or 0), None if flops is None else float(flops))
+            )  # fmt: skip
+    for _, rows in out:
+        rows.sort(key=_by_device_time)
+    return out
+
+
+def _by_device_time(r: KernelAgg) -> tuple[int, str, str]:
+    return -r.total_ns, r.kind, r.name
+
+
+def step_from_row(r: Sequence[Any]) -> dict[str, Any]:
+    """A ``steps`` row of :data:`STEPS_SQL` as :func:`gpuprof.insights.build_context`
+    reads it (``mem`` only where the step carried torch's allocator figures;
+    ``traced`` only where a profiler snapshot ran in it).
+
+    Unpacked by position: a day of 500 ms steps is 172,800 rows, and lookups
+    by column name cost more than the rest of the conversion."""
+    t0, t1, wait, explicit, micro, phases, skipped, eval_ns, opts, alloc, reserved, peak, traced = r
+    step = {
+        "t0": t0, "t1": t1, "wait": wait, "explicit": bool(explicit), "micro": micro,
+        "phases": _loads(phases) if phases else {}, "skipped": bool(skipped),
+        "eval": eval_ns or 0, "optimizers": _loads(opts) if opts else [],
+    }  # fmt: skip
+    if alloc is not None:
+        step["mem"] = [alloc, reserved, peak]
+    if traced:
+        step["traced"] = True
+    return step
+
+
+def steps_span(steps: Sequence[Mapping[str, Any]]) -> tuple[int, int] | None:
+    """(first step's t0, last step's t1) in ns, or None with no steps: the
+    window whose GPU samples the GPU rules read."""
+    if not steps:
+        return None
+    return min(s["t0"] for s in steps), max(s["t1"] for s in steps)
+
+
+def gpu_window(
+    cuda_uuid: str | None, steps: Sequence[Mapping[str, Any]], boot_id: str | None = None
+) -> tuple[str, str | None, int, int] | None:
+    """The parameters of :data:`gpuprofd.sampling.rollup.SELECT_SQL` for a run: its
+    GPU's normalized UUID, its boot (:mod:`gpuprofd.boot`) and the span of its
+    steps (ns): the rollup seconds that overlap the steps. None without a GPU
+    or steps.
+
+    A rollup second at either end may hold up to 1 s from before the first
+    step or after the last: the price of per-second storage, negligible for
+    runs of minutes."""
+    want, span = normalize_uuid(cuda_uuid), steps_span(steps)
+    if want is None or span is None:
+        return None
+    return want, boot_id, span[0] - rollup.NS_PER_S, span[1]
+
+
+def gpu_stats_from_rollups(rows: Iterable[Mapping[str, Any]]) -> GpuStats | None:
+    """Merge ``gpu_rollups`` rows (e.g. the one row of
+    :data:`gpuprofd.sampling.rollup.MERGED_SQL`) into :class:`GpuStats`; None when
+    none carried a utilization reading."""
+    acc = GpuAccumulator()
+    for r in rows:
+        acc.merge(rollup.accumulator_from_row(r))
+    return acc.stats()
+
+
+def run_from_row(r: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``runs`` row as a dict with ``options`` parsed."""
+    run = dict(r)
+    run["options"] = orjson.loads(run["options"]) if run.get("options") else {}
+    return run
+
+
+def insight_from_row(r: Mapping[str, Any]) -> dict[str, Any]:
+    """An ``insights`` row as ``Insight.to_dict()`` returns it."""
+    d = {k: r[k] for k in ("rule", "severity", "title", "detail", "fix")}
+    d["evidence"] = orjson.loads(r["evidence"]) if r["evidence"] else {}
+    return d

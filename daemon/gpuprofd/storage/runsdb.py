@@ -1,0 +1,400 @@
+"""The daemon's SQL about runs, steps, samples and insights, over a :class:`Store`.
+
+Writes go through the store's writer queue; reads through its read
+connection. Rows come back as plain dicts in the shapes that
+:func:`gpuprof.insights.build_context` reads.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import orjson
+
+from gpuprof.insights import Insight
+from gpuprof.insights.gpu import GpuStats
+from gpuprofd.sampling import rollup
+from gpuprofd.storage import queries
+from gpuprofd.storage.store import Op, Part, Store
+
+_STEP_SQL = (
+    "INSERT INTO steps (run_id, step, t0_ns, t1_ns, wait_ns, explicit, micro, phases, "
+    "skipped, eval_ns, optimizers, mem_allocated_bytes, mem_reserved_bytes, mem_peak_bytes, "
+    "traced) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+_COMM_SQL = (
+    "INSERT INTO comm_buckets (run_id, step, bucket, start_ns, end_ns, bytes) "
+    "VALUES (?, ?, ?, ?, ?, ?)"
+)
+_CLOCK_SQL = (
+    "UPDATE runs SET clock_offset_ns = ?, clock_uncertainty_ns = ?, clock_rtt_ns = ?, "
+    "clock_round_trips = ?, clock_reference_rank = ? WHERE id = ?"
+)
+_KERNEL_WINDOW_SQL = (
+    "INSERT INTO kernel_windows (run_id, t0_ns, t1_ns, source, steps, rows_dropped) "
+    "VALUES (?, ?, ?, ?, ?, ?)"
+)
+#: A stats row finds its window by (run, t0, t1, source), the window's own
+#: insert just before it in the same writer queue: no commit is awaited for
+#: the window's id. If that insert failed, the lookup gives NULL and the
+#: NOT NULL ``window_id`` drops the row too (no row lands on another window).
+_KERNEL_STAT_SQL = (
+    "INSERT INTO kernel_stats (window_id, run_id, name, kind, cls, count, total_ns, self_ns, "
+    "flops) VALUES ((SELECT id FROM kernel_windows WHERE run_id = ?1 AND t0_ns = ?2 "
+    "AND t1_ns = ?3 AND source = ?4 ORDER BY id DESC LIMIT 1), ?1, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"
+)
+_HOST_SQL = (
+    "INSERT INTO host_samples (mono_ns, cpu_pct, cpu_count, disk_read_bps, disk_read_iops, "
+    "page_cache_bytes, mem_total_bytes, swap_in_bps, boot_id) VALUES (?,?,?,?,?,?,?,?,?)"
+)
+_RUN_CPU_SQL = "INSERT INTO run_cpu_samples (run_id, mono_ns, cores) VALUES (?,?,?)"
+#: One row per worker process, rewritten as its cumulative CPU grows.
+_WORKER_CPU_SQL = (
+    "INSERT INTO worker_cpu (run_id, loader_seq, worker_id, pid, first_mono_ns, last_mono_ns, "
+    "cpu_s) VALUES (?,?,?,?,?,?,?) ON CONFLICT (run_id, pid, loader_seq) DO UPDATE SET "
+    "last_mono_ns = excluded.last_mono_ns, cpu_s = excluded.cpu_s"
+)
+_GPU_SQL = (
+    "INSERT INTO gpu_samples (mono_ns, gpu_index, uuid, util_pct, mem_used_bytes, "
+    "mem_total_bytes, power_mw, temp_c, sm_clock_mhz, mem_util_pct, clock_event_reasons) "
+    "VALUES (?,?,?,?,?,?,?,?,?,?,?)"
+)
+_GPU_SLOW_SQL = (
+    "INSERT INTO gpu_slow_samples (mono_ns, uuid, energy_mj, energy_power_mw, pcie_rx_bps, "
+    "pcie_tx_bps, gpm_sm_util_pct, gpm_sm_occupancy_pct, gpm_tensor_util_pct, "
+    "gpm_dram_bw_util_pct, power_capped_pct, thermal_capped_pct) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)"
+)
+_RUN_COLUMNS = (
+    "run_key", "run_name", "status", "host", "pid", "pid_ns", "rank", "local_rank", "world_size",
+    "auto", "start_wall_ns", "start_mono_ns", "options", "cuda_uuid", "gpu_model",
+    "gpu_count", "cpu_count", "boot_id", "group_id", "local_world_size",
+)  # fmt: skip
+
+
+def step_op(run_id: int, msg: Mapping[str, Any]) -> Op:
+    """The insert of one validated ``step`` message; its optional ``mem``
+    (torch allocator ``[allocated, reserved, peak]`` bytes) fills the three
+    ``mem_*_bytes`` columns, NULL when the step did not carry it; its
+    optional ``traced`` (a profiler snapshot ran in it) sets ``traced``.
+
+    A step with ``comm`` rows (:mod:`gpuprof.comm`, at most
+    ``MAX_BUCKETS_PER_STEP``, checked by ``decode``) is one atomic op: the
+    step row and its ``comm_buckets`` rows commit together or not at all
+    (one queue item: dropped and counted as one under back-pressure)."""
+    mem = msg.get("mem") or (None, None, None)
+    params = (
+        run_id, msg["i"], msg["t0"], msg["t1"], msg["wait"], int(msg["explicit"]),
+        msg["micro"], orjson.dumps(msg["phases"]).decode(),
+        int(msg.get("skipped", False)), msg.get("eval", 0),
+        orjson.dumps(msg["optimizers"]).decode() if msg.get("optimizers") else None,
+        *mem, int(msg.get("traced", False)),
+    )  # fmt: skip
+    comm = msg.get("comm")
+    if not comm:
+        return Op(_STEP_SQL, params, drop_reason="store_error")
+    step = msg["i"]
+    buckets = [(run_id, step, *row) for row in comm]
+    return Op(
+        "-- step with comm buckets",
+        parts=(Part(_STEP_SQL, (params,)), Part(_COMM_SQL, buckets)),
+        drop_reason="store_error",
+    )
+
+
+def clock_op(run_id: int, msg: Mapping[str, Any]) -> Op:
+    """The run's clock offset from one validated ``clock`` event
+    (:class:`gpuprof.comm.ClockOffset`); a later event replaces an earlier one."""
+    params = (
+        msg["offset_ns"], msg["uncertainty_ns"], msg["rtt_ns"], msg["round_trips"],
+        msg["reference_rank"], run_id,
+    )  # fmt: skip
+    return Op(_CLOCK_SQL, params, drop_reason="store_error")
+
+
+def kernels_ops(run_id: int, msg: Mapping[str, Any]) -> list[Op]:
+    """The inserts of one validated ``kernels`` message (see
+    :mod:`gpuprof.kernels`): its ``kernel_windows`` row (``t0``/``t1``
+    monotonic ns, ``source``, ``steps`` as JSON, ``rows_dropped``), then one
+    ``kernel_stats`` row per wire row (ns, counts, FLOP as sent). Queue them
+    together and in order (:meth:`Store.submit_all_nowait`)."""
+    t0, t1, source = msg["t0"], msg["t1"], msg["source"]
+    window = Op(
+        _KERNEL_WINDOW_SQL,
+        (run_id, t0, t1, source, orjson.dumps(msg["steps"]).decode(), msg.get("rows_dropped", 0)),
+    )
+    return [window] + [Op(_KERNEL_STAT_SQL, (run_id, t0, t1, source, *row)) for row in msg["rows"]]
+
+
+def kernel_window_ops(run_id: int, window: Mapping[str, Any], rows: Sequence[Any]) -> list[Op]:
+    """:func:`kernels_ops` for a window dict (``t0``, ``t1``, ``source``,
+    ``steps``, optional ``rows_dropped``) and :class:`gpuprof.kernels.KernelAgg` rows."""
+    msg = {**window, "rows": [r.to_wire() for r in rows]}
+    return kernels_ops(run_id, msg)
+
+def host_sample_op(
+    mono_ns: int,
+    cpu_pct: float,
+    cpu_count: int,
+    disk_read_bps: float | None,
+    disk_read_iops: float | None = None,
+    page_cache_bytes: int | None = None,
+    mem_total_bytes: int | None = None,
+    swap_in_bps: float | None = None,
+    boot_id: str | None = None,
+) -> Op:
+    """One host sample: CPU % (all cores), disk read bytes/s and IOPS, page
+    cache and total RAM in bytes, swap-in bytes/s (None: not available), and
+    the boot it was taken in (:mod:`gpuprofd.boot`)."""
+    params = (
+        mono_ns, cpu_pct, cpu_count, disk_read_bps, disk_read_iops, page_cache_bytes,
+        mem_total_bytes, swap_in_bps, boot_id,
+    )  # fmt: skip
+    return Op(_HOST_SQL, params)
+
+
+def run_cpu_op(run_id: int, mono_ns: int, cores: float) -> Op:
+    """One sample of a run's process-tree CPU use, in cores."""
+    return Op(_RUN_CPU_SQL, (run_id, mono_ns, cores))
+
+
+def worker_cpu_op(r: Any) -> Op:
+    """The upsert of one :class:`gpuprofd.sampling.host_sampler.WorkerCpuReading`: a
+    DataLoader worker's CPU seconds so far (cumulative, so a dropped write is
+    made good by the next)."""
+    params = (r.run_id, r.loader_seq, r.worker_id, r.pid, r.first_mono_ns, r.last_mono_ns, r.cpu_s)
+    return Op(_WORKER_CPU_SQL, params)
+
+
+def gpu_sample_op(mono_ns: int, s: Any) -> Op:
+    """The insert of one :class:`gpuprofd.sampling.nvml.GpuSample` taken at *mono_ns*."""
+    params = (
+        mono_ns, s.index, s.uuid, s.util_pct, s.mem_used_bytes, s.mem_total_bytes,
+        s.power_mw, s.temp_c, s.sm_clock_mhz, s.mem_util_pct, s.clock_event_reasons,
+    )  # fmt: skip
+    return Op(_GPU_SQL, params)
+
+
+def gpu_slow_sample_op(mono_ns: int, s: Any) -> Op:
+    """The insert of one :class:`gpuprofd.sampling.nvml.GpuSlowSample` taken at *mono_ns*."""
+    params = (
+        mono_ns, s.uuid, s.energy_mj, s.energy_power_mw, s.pcie_rx_bytes_per_s,
+        s.pcie_tx_bytes_per_s, s.gpm_sm_util_pct, s.gpm_sm_occupancy_pct,
+        s.gpm_tensor_util_pct, s.gpm_dram_bw_util_pct, s.power_capped_pct,
+        s.thermal_capped_pct,
+    )  # fmt: skip
+    return Op(_GPU_SLOW_SQL, params)
+
+
+#: The dtype the shim saw, into ``runs.options`` unless the user declared one.
+_MODEL_DTYPE_SQL = (
+    "UPDATE runs SET options = json_set(COALESCE(options, '{}'), '$.dtype', ?, "
+    "'$.dtype_source', ?) WHERE id = ? "
+    "AND json_extract(COALESCE(options, '{}'), '$.dtype') IS NULL"
+)
+#: The FLOP the shim counted: kept as ``flops_counted`` (and ``flops_step``),
+#: and made ``flops_per_step`` (``flops_source`` "counter") unless the user
+#: declared FLOPs or an arch.
+_MODEL_FLOPS_SQL = (
+    "UPDATE runs SET options = json_set(COALESCE(options, '{}'), "
+    "'$.flops_counted', ?1, '$.flops_step', ?2, "
+    "'$.flops_source', CASE WHEN json_extract(options, '$.flops_per_step') IS NULL "
+    "THEN 'counter' ELSE COALESCE(json_extract(options, '$.flops_source'), 'user') END, "
+    "'$.flops_per_step', COALESCE(json_extract(options, '$.flops_per_step'), ?1)) "
+    "WHERE id = ?3"
+)
+
+
+def model_info_ops(run_id: int, msg: Mapping[str, Any]) -> list[Op]:
+    """The updates of ``runs.options`` for one validated ``model_info``
+    event: what the user declared in ``hello`` always wins."""
+    ops = []
+    if "dtype" in msg:
+        params = (msg["dtype"], msg.get("dtype_source"), run_id)
+        ops.append(Op(_MODEL_DTYPE_SQL, params, drop_reason="store_error"))
+    if "flops_counted" in msg:
+        params = (msg["flops_counted"], msg.get("flops_step"), run_id)
+        ops.append(Op(_MODEL_FLOPS_SQL, params, drop_reason="store_error"))
+    return ops
+
+
+async def insert_run(store: Store, row: Mapping[str, Any]) -> int:
+    """Create a run row (``status`` running); return its id."""
+    values = [row.get(c) for c in _RUN_COLUMNS]
+    values[_RUN_COLUMNS.index("options")] = orjson.dumps(row.get("options") or {}).decode()
+    sql = f"INSERT INTO runs ({', '.join(_RUN_COLUMNS)}) VALUES ({', '.join('?' * len(values))})"
+    run_id = await store.write(sql, values)
+    assert run_id is not None
+    return run_id
+
+
+async def get_run(
+    store: Store, *, run_id: int | None = None, run_key: str | None = None
+) -> dict[str, Any] | None:
+    """One run row as a dict (``options`` parsed), by id or key."""
+    if run_id is not None:
+        row = await store.fetchone("SELECT * FROM runs WHERE id = ?", (run_id,))
+    else:
+        row = await store.fetchone("SELECT * FROM runs WHERE run_key = ?", (run_key,))
+    return queries.run_from_row(row) if row is not None else None
+
+
+async def runs_with_status(store: Store, status: str) -> list[dict[str, Any]]:
+    rows = await store.fetchall("SELECT id FROM runs WHERE status = ?", (status,))
+    out = []
+    for r in rows:
+        run = await get_run(store, run_id=r["id"])
+        if run is not None:
+            out.append(run)
+    return out
+
+
+async def update_run(store: Store, run_id: int, **fields: Any) -> None:
+    """Set columns of one run and wait for the commit."""
+    if not fields:
+        return
+    sets = ", ".join(f"{k} = ?" for k in fields)
+    await store.write(f"UPDATE runs SET {sets} WHERE id = ?", (*fields.values(), run_id))
+
+
+async def count_steps(store: Store, run_id: int) -> int:
+    row = await store.fetchone("SELECT COUNT(*) AS n FROM steps WHERE run_id = ?", (run_id,))
+    return int(row["n"]) if row else 0
+
+
+async def load_steps(store: Store, run_id: int) -> list[dict[str, Any]]:
+    """The run's steps ordered by ``t0`` in :func:`build_context`'s shape."""
+    rows = await store.fetchall(queries.STEPS_SQL, (run_id,))
+    return [queries.step_from_row(r) for r in rows]
+
+
+def prune_raw_gpu_ops(cutoff_mono_ns: int) -> list[Op]:
+    """Deletes of raw GPU rows (fast and slow loop) taken before *cutoff_mono_ns*;
+    the per-second rollups keep the whole run."""
+    return [
+        Op("DELETE FROM gpu_samples WHERE mono_ns < ?", (cutoff_mono_ns,)),
+        Op("DELETE FROM gpu_slow_samples WHERE mono_ns < ?", (cutoff_mono_ns,)),
+    ]
+
+
+async def load_kernel_windows(store: Store, run_id: int) -> list[queries.KernelWindow]:
+    """The run's kernel windows with their rows, by ``t0`` (see
+    :func:`queries.kernel_windows_from_rows`)."""
+    windows = await store.fetchall(queries.KERNEL_WINDOWS_SQL, (run_id,))
+    stats = await store.fetchall(queries.KERNEL_STATS_SQL, (run_id,))
+    return queries.kernel_windows_from_rows(windows, stats)
+
+
+async def load_comm_totals(store: Store, run_id: int) -> dict[str, Any]:
+    """The run's timed gradient buckets summed (:data:`queries.COMM_TOTALS_SQL`)."""
+    row = await store.fetchone(queries.COMM_TOTALS_SQL, (run_id,))
+    return dict(row) if row is not None else {"steps": 0, "buckets": 0, "bytes": 0}
+
+
+async def load_host_samples(
+    store: Store, start_mono_ns: int, end_mono_ns: int, boot_id: str | None = None
+) -> list[dict]:
+    """Host samples with ``start <= mono_ns <= end``."""
+    rows = await store.fetchall(queries.HOST_SQL, (start_mono_ns, end_mono_ns, boot_id))
+    return [dict(r) for r in rows]
+
+
+async def load_gpu_stats(
+    store: Store, run: Mapping[str, Any], steps: Sequence[Mapping[str, Any]]
+) -> GpuStats | None:
+    """The run's GPU stats while it was in steps, from its per-second rollups."""
+    window = queries.gpu_window(run.get("cuda_uuid"), steps, run.get("boot_id"))
+    if window is None:
+        return None
+    return queries.gpu_stats_from_rollups(await store.fetchall(rollup.MERGED_SQL, window))
+
+
+async def load_run_cpu(store: Store, run_id: int) -> list[dict[str, Any]]:
+    """The run's process-tree CPU as one ``cores`` row (its mean; see
+    :data:`queries.RUN_CPU_SQL`), or none without samples."""
+    rows = await store.fetchall(queries.RUN_CPU_SQL, (run_id,))
+    return [dict(r) for r in rows]
+
+
+async def load_job_cpu(store: Store, run: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The CPU of *run*'s job on this node (its group's runs here summed) as
+    one ``cores``/``ranks`` row (see :data:`queries.JOB_CPU_SQL`); none
+    outside a group or without samples."""
+    params = queries.job_cpu_params(run)
+    if params is None:
+        return []
+    return [dict(r) for r in await store.fetchall(queries.JOB_CPU_SQL, params)]
+
+
+async def load_worker_cpu(store: Store, run_id: int) -> list[dict[str, Any]]:
+    """The run's DataLoader workers' CPU rows (see :data:`queries.WORKER_CPU_SQL`)."""
+    rows = await store.fetchall(queries.WORKER_CPU_SQL, (run_id,))
+    return [dict(r) for r in rows]
+
+
+async def history_medians(store: Store, run_id: int, run_name: str) -> list[float]:
+    """Median step ms of up to :data:`queries.HISTORY_RUNS` earlier finished runs of
+    *run_name*, newest first."""
+    rows = await store.fetchall(queries.HISTORY_SQL, (run_name, run_id, queries.HISTORY_RUNS))
+    return [float(r["median_step_ms"]) for r in rows]
+
+
+async def replace_insights(store: Store, run_id: int, insights: Sequence[Insight]) -> None:
+    """Replace the run's stored insights with *insights*; wait for the commit."""
+    now = time.time_ns()
+    await store.submit(Op("DELETE FROM insights WHERE run_id = ?", (run_id,)))
+    for ins in insights:
+        await store.submit(
+            Op(
+                "INSERT INTO insights (run_id, rule, severity, title, detail, fix, evidence, "
+                "created_wall_ns) VALUES (?,?,?,?,?,?,?,?)",
+                (
+                    run_id,
+                    ins.rule,
+                    ins.severity,
+                    ins.title,
+                    ins.detail,
+                    ins.fix,
+                    orjson.dumps(dict(ins.evidence), default=str).decode(),
+                    now,
+                ),
+            )  # fmt: skip
+        )
+    await store.flush()
+
+
+_GROUP_INSIGHT_SQL = (
+    "INSERT INTO group_insights (group_id, ranks, rule, severity, title, detail, fix, evidence, "
+    "created_wall_ns) VALUES (?,?,?,?,?,?,?,?,?)"
+)
+
+
+async def replace_group_insights(
+    store: Store, group: str, ranks: int, insights: Sequence[Mapping[str, Any]]
+) -> None:
+    """Replace the stored findings of *group* (ended) with *insights*
+    (``Insight.to_dict()`` shapes), all or none in one transaction; wait for the commit."""
+    now = time.time_ns()
+    rows = [
+        (group, ranks, i["rule"], i["severity"], i["title"], i.get("detail"), i.get("fix"),
+         orjson.dumps(i.get("evidence") or {}, option=orjson.OPT_NON_STR_KEYS,
+                      default=str).decode(), now)
+        for i in insights
+    ]  # fmt: skip
+    parts = [Part("DELETE FROM group_insights WHERE group_id = ?", ((group,),))]
+    if rows:
+        parts.append(Part(_GROUP_INSIGHT_SQL, rows))
+    await store.write_atomic(parts, "group insights")
+
+
+async def add_drops(store: Store, delta: Mapping[str, int]) -> None:
+    """Add *delta* to the persisted ``drops`` counters (queued, not awaited)."""
+    for reason, n in delta.items():
+        await store.submit(
+            Op(
+                "INSERT INTO drops (reason, count) VALUES (?, ?) "
+                "ON CONFLICT(reason) DO UPDATE SET count = count + excluded.count",
+                (reason, n),
+            )
+        )

@@ -1,0 +1,407 @@
+"""The SQLite schema of a gpuprof database and the check that a file is ours.
+
+Table and column names are an interface: integration tests, ``gpuprofctl``
+and (later) the dashboard read them. Times are ``*_ns`` (monotonic or wall
+nanoseconds, as named), byte counts ``*_bytes``, rates ``*_bps`` (bytes/s),
+power ``*_mw`` (milliwatts).
+
+Tiering (what a long run leaves behind, see ``bench/storage.py``): raw GPU
+samples for the daemon's raw window only, per-second ``gpu_rollups`` for the
+whole run; continuous kernel windows merged as they age (``gpuprofd.storage.kcompact``);
+every step row kept. ``comm_buckets`` (one row per DDP bucket per step: a day
+of 500 ms steps with 280 buckets is ~48 M rows per rank) keeps, per run, the
+steps whose index is within ``COMM_STEPS_KEPT`` of the run's latest step
+(the window the group rules read, ``gpuprofd.storage.dbread.GROUP_STEPS_MAX``) and
+every ``COMM_KEEP_EVERY``-th step for history; the daemon deletes the rest in
+bounded passes (``gpuprofd.storage.commprune``). Each step's exposed comm stays in
+its ``steps.phases`` (``comm``) whatever is pruned.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from gpuprof.insights.gpu import (
+    BUSY_UTIL_PCT,
+    IDLE_UTIL_PCT,
+    REASON_GPU_IDLE,
+    REASON_SW_POWER_CAP,
+    THERMAL_REASONS,
+)
+from gpuprofd.errors import DatabaseError
+
+SCHEMA_VERSION = 7
+#: Columns added since schema 1: (table, column, declaration).
+_ADDED_IN_2 = (
+    ("steps", "skipped", "INTEGER DEFAULT 0"),
+    ("steps", "eval_ns", "INTEGER DEFAULT 0"),
+    ("steps", "optimizers", "TEXT"),
+    ("runs", "trailing_eval_ns", "INTEGER DEFAULT 0"),
+)
+#: ... and since schema 2 (the slow-loop table is new: created by SCHEMA_SQL).
+_ADDED_IN_3 = (
+    ("gpu_samples", "mem_util_pct", "REAL"),
+    ("gpu_samples", "clock_event_reasons", "INTEGER"),
+    ("host_samples", "disk_read_iops", "REAL"),
+    ("host_samples", "page_cache_bytes", "INTEGER"),
+    ("host_samples", "mem_total_bytes", "INTEGER"),
+    ("host_samples", "swap_in_bps", "REAL"),
+)
+#: ... and since schema 3 (gpu_rollups and worker_cpu are new tables).
+_ADDED_IN_4 = (
+    ("steps", "mem_allocated_bytes", "INTEGER"),
+    ("steps", "mem_reserved_bytes", "INTEGER"),
+    ("steps", "mem_peak_bytes", "INTEGER"),
+)
+#: ... and since schema 4 (kernel_windows and kernel_stats are new tables).
+_ADDED_IN_5 = (
+    ("runs", "boot_id", "TEXT"),
+    ("host_samples", "boot_id", "TEXT"),
+    ("gpu_rollups", "boot_id", "TEXT"),
+    ("steps", "traced", "INTEGER DEFAULT 0"),
+    ("runs", "mfu", "REAL"),
+    ("runs", "achieved_tflops", "REAL"),
+    ("runs", "group_id", "TEXT"),
+    ("runs", "local_world_size", "INTEGER"),
+)
+#: ... and since schema 5 (comm_buckets is a new table): a rank's clock offset
+#: against the reference rank (the shim's ``clock`` event, gpuprof.comm.ClockOffset).
+_ADDED_IN_6 = (
+    ("runs", "clock_offset_ns", "INTEGER"),
+    ("runs", "clock_uncertainty_ns", "INTEGER"),
+    ("runs", "clock_rtt_ns", "INTEGER"),
+    ("runs", "clock_round_trips", "INTEGER"),
+    ("runs", "clock_reference_rank", "INTEGER"),
+)
+#: The runs columns of schema 6, NULL in an older database read as it is.
+_RUNS_6 = tuple(c for _, c, _ in _ADDED_IN_6)
+APP_NAME = "gpuprof"
+
+def _norm_uuid_sql(col: str) -> str:
+    """SQL for :func:`gpuprofd.sampling.nvml.normalize_uuid` of column *col*."""
+    low = f"lower(trim({col}))"
+    return (
+        f"CASE WHEN {low} LIKE 'mig-gpu-%' THEN 'mig:' || substr({low}, 9) "
+        f"WHEN {low} LIKE 'gpu-%' OR {low} LIKE 'mig-%' THEN substr({low}, 5) ELSE {low} END"
+    )
+
+
+_REASONS = "COALESCE(clock_event_reasons, 0)"
+_SEC = "(mono_ns - mono_ns % 1000000000)"  # the second a sample falls in, as rollups key it
+#: Raw samples of a schema 1-3 database as gpu_rollups rows: each fast sample a
+#: one-sample rollup of its second, each slow sample a slow-only one. Used to upgrade such a
+#: database and to read one that cannot be written.
+_RAW_AS_ROLLUPS_SQL = (
+    f"SELECT {_SEC} AS sec_ns, {_norm_uuid_sql('uuid')} AS uuid, "
+    "CASE WHEN util_pct IS NULL THEN 0 ELSE 1 END AS n, util_pct AS util_min, "
+    "util_pct AS util_mean, util_pct AS util_max, "
+    f"CASE WHEN util_pct <= {IDLE_UTIL_PCT} THEN 1 ELSE 0 END AS idle_n, "
+    "mem_used_bytes AS mem_used_min, mem_used_bytes AS mem_used_mean, "
+    "mem_used_bytes AS mem_used_max, mem_total_bytes, power_mw AS power_min_mw, "
+    "power_mw AS power_mean_mw, power_mw AS power_max_mw, temp_c AS temp_min_c, "
+    "temp_c AS temp_mean_c, temp_c AS temp_max_c, sm_clock_mhz AS sm_min_mhz, "
+    "sm_clock_mhz AS sm_mean_mhz, sm_clock_mhz AS sm_max_mhz, "
+    f"CASE WHEN ({_REASONS} & {REASON_GPU_IDLE}) = 0 THEN sm_clock_mhz END "
+    "AS sm_active_max_mhz, NULL AS sm_limit_mhz, mem_util_pct AS mem_util_mean, "
+    "CASE WHEN clock_event_reasons IS NULL THEN 0 ELSE 1 END AS reasons_n, "
+    f"{_REASONS} AS reasons_any, "
+    f"CASE WHEN ({_REASONS} & {REASON_SW_POWER_CAP}) != 0 AND util_pct >= {BUSY_UTIL_PCT} "
+    "THEN 1 ELSE 0 END AS capped_n, sm_clock_mhz AS capped_sm_mean_mhz, "
+    f"CASE WHEN ({_REASONS} & {THERMAL_REASONS}) != 0 THEN 1 ELSE 0 END AS thermal_n, "
+    "sm_clock_mhz AS thermal_sm_mean_mhz, 0 AS slow_n, NULL AS pcie_rx_max_bps, "
+    "NULL AS pcie_tx_max_bps, NULL AS gpm_sm_util_mean, NULL AS gpm_sm_occupancy_mean, "
+    "NULL AS gpm_tensor_util_mean, NULL AS gpm_dram_bw_util_mean, NULL AS boot_id "
+    "FROM gpu_samples "
+    f"UNION ALL SELECT {_SEC}, {_norm_uuid_sql('uuid')}, 0, NULL, NULL, NULL, 0, NULL, "
+    "NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, "
+    "NULL, 0, 0, 0, NULL, 0, NULL, 1, pcie_rx_bps, pcie_tx_bps, gpm_sm_util_pct, "
+    "gpm_sm_occupancy_pct, gpm_tensor_util_pct, gpm_dram_bw_util_pct, NULL "
+    "FROM gpu_slow_samples"
+)
+
+
+SCHEMA_SQL = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY,
+    run_key TEXT UNIQUE NOT NULL,
+    run_name TEXT NOT NULL,
+    status TEXT NOT NULL,            -- running | finished | failed | lost
+    host TEXT, pid INTEGER, pid_ns TEXT, rank INTEGER, local_rank INTEGER, world_size INTEGER,
+    auto INTEGER,
+    start_wall_ns INTEGER, start_mono_ns INTEGER,
+    end_wall_ns INTEGER, end_mono_ns INTEGER,
+    options TEXT,                    -- json
+    cuda_uuid TEXT, gpu_model TEXT, gpu_count INTEGER, cpu_count INTEGER,
+    dropped_events INTEGER DEFAULT 0,  -- dropped inside the training process
+    received_events INTEGER DEFAULT 0,
+    sent_events INTEGER,
+    error TEXT,
+    median_step_ms REAL,
+    summary TEXT,                    -- json, set when the run ends
+    trailing_eval_ns INTEGER DEFAULT 0,  -- evaluation after the last step
+    mfu REAL,                        -- 0-1, set when the run ends; NULL: unknown
+    achieved_tflops REAL,            -- TFLOP/s per GPU, set when the run ends
+    boot_id TEXT,                    -- the node's boot (gpuprofd.boot): *_mono_ns restart per boot
+    group_id TEXT,                   -- torchrun's run id or profile(group=); NULL: its own group
+    local_world_size INTEGER,        -- ranks on this node (LOCAL_WORLD_SIZE)
+    clock_offset_ns INTEGER,         -- this rank's monotonic clock minus the reference rank's:
+                                     -- t - offset is t on that clock; NULL: not measured
+    clock_uncertainty_ns INTEGER,    -- the offset is good to +/- this
+    clock_rtt_ns INTEGER, clock_round_trips INTEGER, clock_reference_rank INTEGER
+);
+CREATE INDEX IF NOT EXISTS runs_name ON runs (run_name, id);
+CREATE INDEX IF NOT EXISTS runs_group ON runs (group_id, rank);
+CREATE TABLE IF NOT EXISTS steps (
+    run_id INTEGER NOT NULL, step INTEGER NOT NULL,
+    t0_ns INTEGER, t1_ns INTEGER, wait_ns INTEGER,
+    explicit INTEGER, micro INTEGER,
+    phases TEXT,                     -- json: phase name -> ns
+    skipped INTEGER DEFAULT 0,       -- 1: the optimizer update was skipped (inf/NaN)
+    eval_ns INTEGER DEFAULT 0,       -- evaluation in the gap before the step
+    optimizers TEXT,                 -- json: [{name, updates, skipped, ns}] or NULL
+    mem_allocated_bytes INTEGER,     -- torch's allocator at the step's end; NULL: not
+                                     -- reported (no CUDA; or one read per burst of steps)
+    mem_reserved_bytes INTEGER,
+    mem_peak_bytes INTEGER,          -- torch.cuda.max_memory_allocated so far
+    traced INTEGER DEFAULT 0         -- 1: a profiler snapshot ran in this step (not timed)
+);
+CREATE INDEX IF NOT EXISTS steps_run_t0 ON steps (run_id, t0_ns);
+CREATE INDEX IF NOT EXISTS steps_run_step ON steps (run_id, step);  -- schema 7: a group's
+                                 -- last steps and a run's latest step found by index
+CREATE TABLE IF NOT EXISTS insights (
+    run_id INTEGER NOT NULL, rule TEXT, severity TEXT, title TEXT, detail TEXT,
+    fix TEXT, evidence TEXT, created_wall_ns INTEGER
+);
+CREATE INDEX IF NOT EXISTS insights_run ON insights (run_id);
+CREATE TABLE IF NOT EXISTS group_insights (  -- schema 7: a group's findings once it ended
+    group_id TEXT NOT NULL,          -- runs.group_id
+    ranks INTEGER,                   -- ranks the group rules compared
+    rule TEXT, severity TEXT, title TEXT, detail TEXT, fix TEXT,
+    evidence TEXT,                   -- json (keys by rank are strings)
+    created_wall_ns INTEGER
+);
+CREATE INDEX IF NOT EXISTS group_insights_group ON group_insights (group_id);
+CREATE TABLE IF NOT EXISTS host_samples (
+    mono_ns INTEGER, cpu_pct REAL, cpu_count INTEGER, disk_read_bps REAL,
+    disk_read_iops REAL,             -- read operations/s
+    page_cache_bytes INTEGER, mem_total_bytes INTEGER,
+    swap_in_bps REAL,                -- NULL in any of these: not offered by the platform
+    boot_id TEXT
+);
+CREATE INDEX IF NOT EXISTS host_samples_t ON host_samples (mono_ns);
+CREATE TABLE IF NOT EXISTS run_cpu_samples (run_id INTEGER, mono_ns INTEGER, cores REAL);
+CREATE INDEX IF NOT EXISTS run_cpu_samples_run ON run_cpu_samples (run_id, mono_ns);
+CREATE TABLE IF NOT EXISTS gpu_samples (
+    mono_ns INTEGER, gpu_index INTEGER, uuid TEXT, util_pct REAL,
+    mem_used_bytes INTEGER, mem_total_bytes INTEGER, power_mw INTEGER,
+    temp_c INTEGER, sm_clock_mhz INTEGER,
+    mem_util_pct REAL,
+    clock_event_reasons INTEGER       -- NVML clock-event reason bitmask
+);
+CREATE TABLE IF NOT EXISTS gpu_slow_samples (  -- the <= 1 Hz loop; NULL: not available
+    mono_ns INTEGER, uuid TEXT, energy_mj INTEGER, energy_power_mw REAL,
+    pcie_rx_bps REAL, pcie_tx_bps REAL,
+    gpm_sm_util_pct REAL, gpm_sm_occupancy_pct REAL, gpm_tensor_util_pct REAL,
+    gpm_dram_bw_util_pct REAL, power_capped_pct REAL, thermal_capped_pct REAL
+);
+CREATE TABLE IF NOT EXISTS gpu_rollups (  -- one row per GPU per second, the whole run
+    sec_ns INTEGER, uuid TEXT, n INTEGER,     -- n: fast samples with a utilization reading
+    util_min REAL, util_mean REAL, util_max REAL, idle_n INTEGER,
+    mem_used_min INTEGER, mem_used_mean REAL, mem_used_max INTEGER, mem_total_bytes INTEGER,
+    power_min_mw REAL, power_mean_mw REAL, power_max_mw REAL,
+    temp_min_c REAL, temp_mean_c REAL, temp_max_c REAL,
+    sm_min_mhz REAL, sm_mean_mhz REAL, sm_max_mhz REAL, sm_active_max_mhz REAL,
+    sm_limit_mhz REAL,                        -- the GPU's max SM clock (NVML), MHz
+    mem_util_mean REAL,
+    reasons_n INTEGER, reasons_any INTEGER,
+    capped_n INTEGER, capped_sm_mean_mhz REAL, thermal_n INTEGER, thermal_sm_mean_mhz REAL,
+    slow_n INTEGER,                           -- slow-loop samples folded in (<= 1 Hz)
+    pcie_rx_max_bps REAL, pcie_tx_max_bps REAL,
+    gpm_sm_util_mean REAL, gpm_sm_occupancy_mean REAL, gpm_tensor_util_mean REAL,
+    gpm_dram_bw_util_mean REAL,
+    boot_id TEXT
+);  -- uuid: normalized (sampling.nvml.normalize_uuid): a run's UUID finds its rows by index
+CREATE INDEX IF NOT EXISTS gpu_rollups_uuid_t ON gpu_rollups (uuid, sec_ns);
+CREATE TABLE IF NOT EXISTS worker_cpu (  -- DataLoader workers' CPU, one row per worker process
+    run_id INTEGER NOT NULL, loader_seq INTEGER, worker_id INTEGER, pid INTEGER,
+    first_mono_ns INTEGER, last_mono_ns INTEGER,
+    cpu_s REAL,                      -- user + system CPU seconds since the worker started
+    PRIMARY KEY (run_id, pid, loader_seq)
+);
+CREATE INDEX IF NOT EXISTS gpu_slow_samples_t ON gpu_slow_samples (mono_ns);
+CREATE INDEX IF NOT EXISTS gpu_samples_t ON gpu_samples (mono_ns);
+CREATE TABLE IF NOT EXISTS kernel_windows (  -- one per kernels event (gpuprof.kernels)
+    id INTEGER PRIMARY KEY, run_id INTEGER NOT NULL, t0_ns INTEGER, t1_ns INTEGER,
+    source TEXT,                     -- snapshot | continuous | nsys
+    steps TEXT,                      -- json: the step indices the window covered
+    rows_dropped INTEGER DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS kernel_windows_run ON kernel_windows (run_id, t0_ns);
+CREATE TABLE IF NOT EXISTS kernel_stats (
+    window_id INTEGER NOT NULL, run_id INTEGER NOT NULL,
+    name TEXT, kind TEXT, cls TEXT,  -- kind: kernel | op; cls: compute | comm | memcpy | ...
+    count INTEGER, total_ns INTEGER, self_ns INTEGER, flops REAL
+);
+CREATE INDEX IF NOT EXISTS kernel_stats_run ON kernel_stats (run_id, window_id);
+CREATE TABLE IF NOT EXISTS comm_buckets (  -- one DDP gradient bucket's all-reduce in one step;
+    -- pruned to each run's last COMM_STEPS_KEPT steps + every COMM_KEEP_EVERY-th (module doc)
+    run_id INTEGER NOT NULL, step INTEGER NOT NULL,  -- step: the steps row's step index
+    bucket INTEGER,                  -- DDP's bucket index (GradBucket.index())
+    start_ns INTEGER, end_ns INTEGER,  -- launched / completed, the rank's monotonic ns
+    bytes INTEGER                    -- the bucket's flattened gradients
+);
+CREATE INDEX IF NOT EXISTS comm_buckets_run_step ON comm_buckets (run_id, step);
+CREATE TABLE IF NOT EXISTS drops (reason TEXT PRIMARY KEY, count INTEGER);
+"""
+
+
+def check_connection(conn: sqlite3.Connection, path: Path) -> int:
+    """Check that *conn* is a gpuprof database this code can read.
+
+    Returns:
+        Its schema version, or 0 for an empty database (no tables yet).
+
+    Raises:
+        DatabaseError: not SQLite, corrupt, another program's, or too new.
+    """
+    try:
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if not tables:
+            return 0
+        if "meta" not in tables or "runs" not in tables:
+            raise DatabaseError(f"{path} is an SQLite database but not a gpuprof one")
+        meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+    except sqlite3.DatabaseError as exc:
+        raise DatabaseError(f"{path} is not a usable SQLite database ({exc})") from None
+    if meta.get("app") != APP_NAME:
+        raise DatabaseError(f"{path} is an SQLite database but not a gpuprof one")
+    try:
+        version = int(meta.get("schema_version", ""))
+    except ValueError:
+        raise DatabaseError(f"{path} has an unreadable gpuprof schema version") from None
+    if version > SCHEMA_VERSION:
+        raise DatabaseError(
+            f"{path} was written by a newer gpuprof (schema {version} > {SCHEMA_VERSION})"
+        )
+    return version
+
+
+def shadow_old_tables(conn: sqlite3.Connection, version: int) -> None:
+    """Let a read-only connection to an older database answer today's
+    queries: TEMP views (searched before ``main``) add the missing columns
+    with their defaults. Nothing is written to the file."""
+    runs6 = ", ".join(f"NULL AS {c}" for c in _RUNS_6)
+    if version < 7:
+        conn.execute(
+            "CREATE TEMP TABLE group_insights (group_id TEXT, ranks INTEGER, rule TEXT, "
+            "severity TEXT, title TEXT, detail TEXT, fix TEXT, evidence TEXT, "
+            "created_wall_ns INTEGER)"
+        )
+    if version < 6:
+        conn.execute(
+            "CREATE TEMP TABLE comm_buckets (run_id INTEGER, step INTEGER, bucket INTEGER, "
+            "start_ns INTEGER, end_ns INTEGER, bytes INTEGER)"
+        )
+    if version == 5:
+        conn.execute(f"CREATE TEMP VIEW runs AS SELECT *, {runs6} FROM main.runs")
+    if version < 5:
+        v2 = ", 0 AS skipped, 0 AS eval_ns, NULL AS optimizers" if version < 2 else ""
+        v4 = (", NULL AS mem_allocated_bytes, NULL AS mem_reserved_bytes, NULL AS mem_peak_bytes"
+              if version < 4 else "")  # fmt: skip
+        v2r = ", 0 AS trailing_eval_ns" if version < 2 else ""
+        conn.execute(f"CREATE TEMP VIEW steps AS SELECT *{v2}{v4}, 0 AS traced FROM main.steps")
+        conn.execute(
+            f"CREATE TEMP VIEW runs AS SELECT *{v2r}, NULL AS mfu, NULL AS achieved_tflops, "
+            f"NULL AS boot_id, NULL AS group_id, NULL AS local_world_size, {runs6} FROM main.runs"
+        )
+        v3 = (", NULL AS disk_read_iops, NULL AS page_cache_bytes, NULL AS mem_total_bytes, "
+              "NULL AS swap_in_bps" if version < 3 else "")  # fmt: skip
+        conn.execute(
+            f"CREATE TEMP VIEW host_samples AS SELECT *{v3}, NULL AS boot_id FROM main.host_samples"
+        )
+        if version == 4:
+            conn.execute(
+                "CREATE TEMP VIEW gpu_rollups AS SELECT *, NULL AS boot_id FROM main.gpu_rollups"
+            )
+        conn.execute(
+            "CREATE TEMP TABLE kernel_windows (id INTEGER PRIMARY KEY, run_id INTEGER, "
+            "t0_ns INTEGER, t1_ns INTEGER, source TEXT, steps TEXT, rows_dropped INTEGER)"
+        )
+        conn.execute(
+            "CREATE TEMP TABLE kernel_stats (window_id INTEGER, run_id INTEGER, name TEXT, "
+            "kind TEXT, cls TEXT, count INTEGER, total_ns INTEGER, self_ns INTEGER, flops REAL)"
+        )
+    if version < 4:
+        conn.execute(
+            "CREATE TEMP TABLE worker_cpu (run_id INTEGER, loader_seq INTEGER, "
+            "worker_id INTEGER, pid INTEGER, first_mono_ns INTEGER, last_mono_ns INTEGER, "
+            "cpu_s REAL)"
+        )
+        conn.execute(f"CREATE TEMP VIEW gpu_rollups AS {_RAW_AS_ROLLUPS_SQL}")
+    if version < 3:
+        conn.execute(
+            "CREATE TEMP VIEW gpu_samples AS SELECT *, NULL AS mem_util_pct, "
+            "NULL AS clock_event_reasons FROM main.gpu_samples"
+        )
+        conn.execute(
+            "CREATE TEMP TABLE gpu_slow_samples (mono_ns INTEGER, uuid TEXT, energy_mj INTEGER,"
+            " energy_power_mw REAL, pcie_rx_bps REAL, pcie_tx_bps REAL, gpm_sm_util_pct REAL,"
+            " gpm_sm_occupancy_pct REAL, gpm_tensor_util_pct REAL, gpm_dram_bw_util_pct REAL,"
+            " power_capped_pct REAL, thermal_capped_pct REAL)"
+        )
+
+
+def _upgrade(conn: sqlite3.Connection, version: int) -> None:
+    """Add what later schema versions added (in one transaction with the
+    version bump, so a crash leaves the old version and columns)."""
+    added = (
+        (_ADDED_IN_2 if version < 2 else ())
+        + (_ADDED_IN_3 if version < 3 else ())
+        + (_ADDED_IN_4 if version < 4 else ())
+        + (_ADDED_IN_5 if version < 5 else ())
+        + (_ADDED_IN_6 if version < 6 else ())
+    )
+    tables = {t for t, _, _ in added}
+    have = {(t, r[1]) for t in tables for r in conn.execute(f"PRAGMA table_info({t})")}
+    existing = {t for t, _ in have}  # a table added later is created whole by SCHEMA_SQL
+    for table, column, decl in added:
+        if table in existing and (table, column) not in have:
+            conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
+
+
+def prepare(path: Path) -> None:
+    """Check the database at *path* and create the schema if it is new.
+
+    Runs synchronously at startup (before the event loop serves anyone).
+
+    Raises:
+        DatabaseError: the file is not SQLite, is corrupt, or is not ours.
+    """
+    if path.is_dir():
+        raise DatabaseError(f"{path} is a directory, not a database file")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(path)
+    except (OSError, sqlite3.Error) as exc:
+        raise DatabaseError(f"cannot open database {path} ({exc})") from None
+    try:
+        version = check_connection(conn, path)
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            if version:
+                _upgrade(conn, version)
+            conn.executescript(SCHEMA_SQL)
+            if 0 < version < 4:
+                conn.execute(f"INSERT INTO gpu_rollups {_RAW_AS_ROLLUPS_SQL}")
+            if version < SCHEMA_VERSION:
+                conn.executemany(
+                    "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+                    [("app", APP_NAME), ("schema_version", str(SCHEMA_VERSION))],
+                )
+            conn.commit()
+        except sqlite3.DatabaseError as exc:
+            raise DatabaseError(f"cannot initialise database {path} ({exc})") from None
+    finally:
+        conn.close()

@@ -1,0 +1,392 @@
+"""gpuprofctl on a database written by a real daemon, and against a live one."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sqlite3
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from gpuprof.protocol import PROTOCOL_VERSION
+from gpuprof.summary import format_summary
+from gpuprofd.commands.insights import LIVE_NOTE
+from gpuprofd.ctl import main
+from gpuprofd.sampling.nvml import NO_GPU_NOTE
+from gpuprofd.storage import schema
+from tests.daemon import helpers as h
+
+GIB = 2**30
+
+
+@pytest.fixture(scope="module")
+def real_db(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A DB with run 1 finished (12 steps) and run 2 still running (3 steps)."""
+    tmp = tmp_path_factory.mktemp("ctl")
+    sock = Path(tempfile.mkdtemp(prefix="gp", dir="/tmp"))
+    daemons = h.Daemons(tmp)
+    try:
+        db = tmp / "g.db"
+        proc, client = daemons.start_ready(sock, db)
+        client.request(h.hello("done", os.getpid(), run_name="baseline"))
+        base = time.monotonic_ns()
+        for i in range(12):
+            client.push(h.step("done", i, base))
+        assert client.request(h.bye("done", sent=12, dropped=2))["ok"]
+        client.request(h.hello("live", os.getpid(), run_name="ongoing"))
+        for i in range(3):
+            client.push(h.step("live", i, base))
+        client.wait_for(lambda r: r["received"] == 15)
+        assert daemons.stop(proc) == 0
+        yield db
+    finally:
+        daemons.kill_all()
+        for p in sock.iterdir():
+            p.unlink()
+        sock.rmdir()
+
+
+def test_runs_json_has_exact_breakdown(real_db: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["runs", str(real_db), "--format", "json"]) == 0
+    rows = orjson.loads(capsys.readouterr().out)
+    assert [(r["id"], r["run_name"], r["status"], r["steps"]) for r in rows] == [
+        (2, "ongoing", "running", 3), (1, "baseline", "finished", 12),
+    ]  # fmt: skip
+    done = rows[1]
+    # every share is of the 18 ms iteration (8 ms wait + 10 ms step with
+    # phases 3/4/2 ms), so together they make 100
+    assert done["pct_of_iteration"] == {"loader_wait": 44.4, "forward": 16.7, "backward": 22.2,
+                                        "comm": None, "optimizer": 11.1,
+                                        "other": 5.6}  # fmt: skip
+    assert sum(v for v in done["pct_of_iteration"].values() if v) == pytest.approx(100.0)
+    assert done["steps_counted"] == 11  # step 0 left out
+    assert "phase_pct" not in done and "loader_wait_pct" not in done
+    assert done["dropped_events"] == 2
+    assert done["median_step_ms"] == 18.0
+    assert rows[0]["median_step_ms"] == 18.0  # running: computed from its steps
+
+
+def test_runs_text_table(real_db: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["runs", str(real_db)]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "ID  NAME      STATUS    STEPS  MEDIAN_STEP_MS  WAIT%  FWD%  BWD%  COMM%  OPT%  OTHER%"
+        "  SKIPPED  EVAL_S  DROPPED",
+        "2   ongoing   running       3            18.0   44.4  16.7  22.2      -  11.1     5.6"
+        "        0     0.0        0",
+        "1   baseline  finished     12            18.0   44.4  16.7  22.2      -  11.1     5.6"
+        "        0     0.0        2",
+    ]
+
+
+def _iteration(run_key: str, i: int, t0: int, wait: int, step: int, phases: dict[str, int],
+               micro: int = 1) -> dict[str, Any]:  # fmt: skip
+    return {
+        "v": 1, "type": "step", "run_key": run_key, "i": i, "t0": t0, "t1": t0 + step,
+        "wait": wait, "explicit": True, "micro": micro, "phases": phases,
+    }  # fmt: skip
+
+
+def test_runs_shares_skip_step_0_and_fold_the_data_phase_into_wait(
+    daemons, sock_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], my_pid: int
+) -> None:
+    db = tmp_path / "g.db"
+    proc, client = daemons.start_ready(sock_dir, db)
+    ms = 1_000_000
+    base = time.monotonic_ns()
+    client.request(h.hello("accum", my_pid, run_name="accum"))
+    # step 0: 500 ms start-up wait and a 50 ms step, which no share may count
+    client.push(_iteration("accum", 0, base, 500 * ms, 50 * ms, {"forward": 40 * ms}))
+    t0 = base + 550 * ms
+    for i in range(1, 8):  # 2 ms wait + 10 ms step: fwd 2, bwd 3, opt 1, data 2, rest 2
+        phases = {"forward": 2 * ms, "backward": 3 * ms, "optimizer": 1 * ms, "data": 2 * ms}
+        step = _iteration("accum", i, t0 + 2 * ms, 2 * ms, 10 * ms, phases, micro=2)
+        if i == 3:
+            step["skipped"] = True  # GradScaler skipped this update
+        if i == 5:
+            step["eval"] = 1_500 * ms  # a validation loop before step 5, outside its wait
+        if i in (2, 6):  # torch's allocator [allocated, reserved, peak], on two steps only
+            step["mem"] = [i * GIB, (i + 2) * GIB, (10 - i) * GIB]
+        client.push(step)
+        t0 += 12 * ms
+    # step 8 ran under a profiler snapshot: 300 ms wait, 100 ms step, in no share
+    traced = _iteration("accum", 8, t0 + 300 * ms, 300 * ms, 100 * ms, {"forward": 90 * ms})
+    client.push({**traced, "traced": True})
+    assert client.request(h.bye("accum", sent=9))["ok"]
+    client.request(h.hello("one", my_pid, run_name="one-step"))
+    client.push(_iteration("one", 0, base, 5 * ms, 10 * ms, {"forward": 4 * ms}))
+    assert client.request(h.bye("one", sent=1))["ok"]
+    assert daemons.stop(proc) == 0
+
+    assert main(["runs", str(db), "--format", "json"]) == 0
+    one, accum = orjson.loads(capsys.readouterr().out)
+    # loader_wait = (2 ms wait + 2 ms data) / 12 ms iteration; other = 2 / 12
+    assert accum["pct_of_iteration"] == {"loader_wait": 33.3, "forward": 16.7, "backward": 25.0,
+                                         "comm": None, "optimizer": 8.3,
+                                         "other": 16.7}  # fmt: skip
+    assert (accum["steps"], accum["steps_counted"], accum["median_step_ms"]) == (9, 7, 12.0)
+    assert (accum["skipped_updates"], accum["eval_s"], one["skipped_updates"]) == (1, 1.5, 0)
+    # the highest figures any step reported: peak from step 2, reserved from step 6
+    assert (accum["torch_peak_allocated_bytes"], accum["torch_peak_reserved_bytes"]) == (
+        8 * GIB, 8 * GIB,
+    )  # fmt: skip
+    assert one["torch_peak_allocated_bytes"] is None and one["torch_peak_reserved_bytes"] is None
+    # a single step is all start-up: nothing to share out
+    assert one["pct_of_iteration"] == dict.fromkeys(
+        ("loader_wait", "forward", "backward", "comm", "optimizer", "other")
+    )
+    assert (one["steps"], one["steps_counted"]) == (1, 0)
+
+    assert main(["runs", str(db)]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "ID  NAME      STATUS    STEPS  MEDIAN_STEP_MS  WAIT%  FWD%  BWD%  COMM%  OPT%  OTHER%"
+        "  SKIPPED  EVAL_S  DROPPED",
+        "2   one-step  finished      1            15.0      -     -     -      -     -       -"
+        "        0     0.0        0",
+        "1   accum     finished      9            12.0   33.3  16.7  25.0      -   8.3    16.7"
+        "        1     1.5        0",
+    ]
+
+
+def test_runs_help_explains_the_columns(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["runs", "--help"]) == 0
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "MEDIAN_STEP_MS steady-state median iteration time: median of loader wait + step, " \
+        "warm-up steps excluded" in help_text  # fmt: skip
+    assert "WAIT% + FWD% + BWD% + COMM% + OPT% + OTHER% = 100" in help_text
+    assert "(the data phase, between micro-batches) folded in" in help_text
+
+
+def test_insights_prints_the_stored_summary(
+    real_db: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    stored = orjson.loads(h.query(real_db, "SELECT summary FROM runs WHERE id = 1")[0][0])
+    assert main(["insights", str(real_db), "1"]) == 0
+    out = capsys.readouterr().out.splitlines()  # + an MFU line (no kernels in this run)
+    mine = [ln for ln in out if ln.startswith("  MFU: unknown (no FLOPs per step")]
+    assert len(mine) == 1
+    assert [ln for ln in out if ln not in mine] == format_summary(stored, details=True).split("\n")
+    assert main(["insights", str(real_db), "1", "--format", "json"]) == 0
+    got = orjson.loads(capsys.readouterr().out)
+    assert {k: v for k, v in got.items() if k in stored} == stored  # kernels/MFU added
+    assert "2 events dropped in the training process" in stored["notes"]
+
+
+def test_insights_defaults_to_latest_run_and_builds_a_live_summary(
+    real_db: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GPUPROF_DB", str(real_db))
+    assert main(["insights", "--format", "json"]) == 0
+    summary = orjson.loads(capsys.readouterr().out)
+    assert (summary["run_id"], summary["run_name"], summary["status"], summary["steps"]) == (
+        2, "ongoing", "running", 3,
+    )  # fmt: skip
+    assert summary["notes"] == [LIVE_NOTE]
+
+
+def test_missing_db_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "nope.db"
+    assert main(["insights", str(missing)]) == 2
+    assert main(["runs", str(missing)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert (
+        err
+        == [
+            f"gpuprofctl: error: no database at {missing} (run a script under gpuprof.profile() "
+            "first, or pass the path)"
+        ]
+        * 2
+    )
+    assert not missing.exists()  # read-only: nothing created
+
+
+def test_corrupt_and_foreign_dbs_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    corrupt = tmp_path / "c.db"
+    corrupt.write_bytes(b"\x00garbage" * 500)
+    foreign = tmp_path / "f.db"
+    conn = sqlite3.connect(foreign)
+    conn.execute("CREATE TABLE t (x)")
+    conn.close()
+    assert main(["runs", str(corrupt)]) == 2
+    assert main(["insights", str(foreign)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2
+    assert "not a usable SQLite database" in err[0]
+    assert err[1] == f"gpuprofctl: error: {foreign} is an SQLite database but not a gpuprof one"
+
+
+def test_unknown_run_id_names_the_db_and_its_runs(
+    real_db: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["insights", str(real_db), "99"]) == 2
+    where = real_db.absolute()
+    assert capsys.readouterr().err == (
+        f"gpuprofctl: error: no run 99 in {where} (runs 1-2; see gpuprofctl runs {where})\n"
+    )
+    empty = tmp_path / "empty.db"
+    schema.prepare(empty)
+    assert main(["insights", str(empty), "99"]) == 2
+    assert main(["insights", str(empty)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"gpuprofctl: error: no run 99 in {empty.absolute()}: it has no runs yet (run a script "
+        "under gpuprof.profile() first, or pass the path)",
+        f"gpuprofctl: error: no runs yet in {empty.absolute()} (run a script under "
+        "gpuprof.profile() first, or pass the path)",
+    ]
+
+
+def test_insights_lone_number_is_a_run_id(
+    real_db: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    monkeypatch.setenv("GPUPROF_DB", str(real_db))
+    monkeypatch.chdir(tmp_path)
+    assert main(["insights", "1", "--format", "json"]) == 0
+    summary = orjson.loads(capsys.readouterr().out)
+    assert (summary["run_id"], summary["run_name"]) == (1, "baseline")
+    assert main(["insights", "7"]) == 2
+    assert capsys.readouterr().err.startswith(f"gpuprofctl: error: no run 7 in {real_db}")
+    # a file of that name is still a database path
+    (tmp_path / "1").write_bytes(b"")
+    assert main(["insights", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err == "gpuprofctl: error: 1 is an empty database, not a gpuprof one\n"
+
+
+NO_DAEMON = (
+    "no gpuprofd answering on {}: one starts by itself when a script enters gpuprof.profile(), "
+    "or run `gpuprofd` (see systemd/gpuprofd.service)"
+)
+
+
+def test_status_without_daemon_exits_3(sock_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["status", "--socket-dir", str(sock_dir)]) == 3
+    out = capsys.readouterr()
+    assert out.err == f"gpuprofctl: error: {NO_DAEMON.format(sock_dir)}\n"
+    assert out.out == ""
+
+
+def test_status_json_without_daemon_is_json_exit_3(
+    sock_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["status", "--socket-dir", str(sock_dir), "--format", "json"]) == 3
+    out = capsys.readouterr()
+    assert orjson.loads(out.out) == {
+        "running": False, "socket_dir": str(sock_dir), "error": NO_DAEMON.format(sock_dir),
+    }  # fmt: skip
+    assert out.err == ""
+
+
+def test_status_with_a_silent_socket_times_out_exit_3(
+    sock_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import zmq
+
+    from gpuprof import config
+
+    ctx = zmq.Context()
+    mute = ctx.socket(zmq.ROUTER)  # binds but never answers
+    mute.bind(config.control_endpoint(sock_dir))
+    try:
+        t0 = time.monotonic()
+        assert main(["status", "--socket-dir", str(sock_dir), "--timeout", "0.3"]) == 3
+        assert time.monotonic() - t0 < 5
+    finally:
+        mute.close(0)
+        ctx.term()
+    assert capsys.readouterr().err == (
+        f"gpuprofctl: error: no gpuprofd answered on {sock_dir} within 0.3 s: its control "
+        "socket is there, so a daemon is busy or stuck, or one died and left it; retry with "
+        "--timeout, or run `gpuprofd` (see systemd/gpuprofd.service)\n"
+    )
+
+
+def test_status_with_daemon(
+    daemons, sock_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], my_pid: int
+) -> None:
+    proc, client = daemons.start_ready(sock_dir, tmp_path / "g.db")
+    client.request(h.hello("st", my_pid, run_name="watched"))
+    client.push(b"junk")
+    client.wait_for(lambda r: r["dropped"])
+    assert main(["status", "--socket-dir", str(sock_dir), "--format", "json"]) == 0
+    reply = orjson.loads(capsys.readouterr().out)
+    assert reply["running"] is True
+    assert reply["pid"] == proc.pid and reply["dropped"] == {"not_json": 1}
+    assert reply["live_runs"][0]["run_name"] == "watched"
+    assert main(["status", "--socket-dir", str(sock_dir)]) == 0
+    out = capsys.readouterr().out
+    assert f"gpuprofd pid {proc.pid}" in out and "not_json=1" in out and "watched" in out
+    assert "  log: " not in out  # started by hand here: it logs where it was told
+    (sock_dir / "gpuprofd.log").touch()  # where an auto-started daemon logs
+    assert main(["status", "--socket-dir", str(sock_dir)]) == 0
+    assert f"  log:        {sock_dir / 'gpuprofd.log'}\n" in capsys.readouterr().out
+    # no NVML on this machine: the status says GPU sampling is off, and why
+    assert reply["gpu_sampling"] == {"on": False, "why": NO_GPU_NOTE}
+    assert "GPU sampling: off (" in out
+
+
+def test_status_reports_the_gpu_loops_achieved_rate(
+    daemons, sock_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    daemons.start_ready(sock_dir, tmp_path / "g.db", "--sample-hz", "50",
+                        env={"GPUPROF_NVML": "mock"})  # fmt: skip
+    time.sleep(1.5)
+    assert main(["status", "--socket-dir", str(sock_dir), "--format", "json"]) == 0
+    gpu = orjson.loads(capsys.readouterr().out)["gpu_sampling"]
+    assert gpu["on"] is True and gpu["gpus"] == 1 and gpu["backend"] == "mock"
+    assert gpu["fast"]["requested_hz"] == 50.0 and gpu["fast"]["ticks"] >= 25
+    assert 25 <= gpu["fast"]["achieved_hz"] <= 51  # deadline-scheduled: never above the rate
+    assert main(["status", "--socket-dir", str(sock_dir)]) == 0
+    assert "GPU sampling: 1 GPU(s) (mock), " in capsys.readouterr().out
+
+
+def test_version_and_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    from gpuprofd import __version__
+
+    assert main(["version"]) == 0
+    assert capsys.readouterr().out == f"gpuprof {__version__}\n"
+    assert main(["version", "--format", "json"]) == 0
+    assert orjson.loads(capsys.readouterr().out) == {
+        "gpuprof": __version__, "python": platform.python_version(), "protocol": PROTOCOL_VERSION,
+    }  # fmt: skip
+    assert main(["insights", "x.db", "not-a-number"]) == 2
+    assert main(["no-such-command"]) == 2
+    assert main(["--help"]) == 0
+
+
+def test_absurd_run_id_and_socket_dir_are_one_line_errors(tmp_path, capsys) -> None:
+    from gpuprofd.ctl import main
+
+    db = tmp_path / "x.db"
+    db.write_bytes(b"")
+    assert main(["insights", str(db), "99999999999999999999999"]) == 2
+    assert "Traceback" not in capsys.readouterr().err
+    long_dir = tmp_path / ("d" * 120)
+    long_dir.mkdir()
+    (long_dir / "control.sock").touch()
+    assert main(["status", "--socket-dir", str(long_dir)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gpuprofctl: error: socket path") and "Set GPUPROF_SOCKET" in err
+    assert main(["status", "--socket-dir", str(long_dir), "--format", "json"]) == 2
+    out = json.loads(capsys.readouterr().out)
+    assert out["running"] is False and "Set GPUPROF_SOCKET" in out["error"]
+
+
+def test_status_points_to_daemons_of_other_databases(tmp_path, monkeypatch, capsys) -> None:
+    from gpuprofd.ctl import main
+
+    monkeypatch.delenv("GPUPROF_SOCKET", raising=False)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    monkeypatch.setenv("GPUPROF_DB", str(tmp_path / "here.db"))
+    other = tmp_path / "gpuprof" / "0123456789ab"
+    other.mkdir(parents=True)
+    (other / "control.sock").touch()  # another project's daemon
+    assert main(["status"]) == 3
+    err = capsys.readouterr().err
+    assert "no gpuprofd for this database" in err and str(other) in err

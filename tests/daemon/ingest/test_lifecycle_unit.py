@@ -1,0 +1,61 @@
+"""Lifecycle ticks in-process, with an injected pid check and clock."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from gpuprofd.counters import DropCounter
+from gpuprofd.ingest.lifecycle import Lifecycle
+from gpuprofd.ingest.registry import RunRegistry
+from gpuprofd.ingest.runservice import RunService
+from gpuprofd.insights_runner import InsightsRunner
+from gpuprofd.storage import runsdb, schema
+from gpuprofd.storage.store import Store
+from tests.daemon import helpers as h
+from tests.daemon.helpers import query
+
+
+async def test_tick_refreshes_live_insights_loses_dead_runs_and_exits_when_idle(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "l.db"
+    schema.prepare(db)
+    drops = DropCounter()
+    store = Store(db, drops)
+    await store.open()
+    store.start()
+    try:
+        await _scenario(store, drops, db)
+    finally:
+        await store.close()
+
+
+async def _scenario(store: Store, drops: DropCounter, db: Path) -> None:
+    alive = {101: True}
+    runs = RunService(store, RunRegistry(), InsightsRunner(store, str(db), None), [],
+                      pid_alive=lambda pid, _wall: alive.get(pid, False))  # fmt: skip
+    live = await runs.hello(h.hello("u", 101))
+    base = time.monotonic_ns()
+    for i in range(20):
+        store.submit_nowait(runsdb.step_op(live.run_id, h.step("u", i, base)))
+    await store.flush()
+    drops.add("not_json")
+    now = [1000.0]
+    stopped: list[bool] = []
+    cycle = Lifecycle(runs, drops, idle_exit_s=30, last_activity=lambda: 990.0,
+                      request_stop=lambda: stopped.append(True), live_insights_s=0,
+                      clock=lambda: now[0])  # fmt: skip
+
+    await cycle.tick()
+    await store.flush()
+    rules = [r[0] for r in query(db, "SELECT rule FROM insights WHERE run_id = ?", (live.run_id,))]
+    assert "dataloader_stall" in rules or "cpu_bound_dataloader" in rules
+    assert query(db, "SELECT count FROM drops WHERE reason = 'not_json'")[0][0] == 1
+    assert stopped == []  # a live run keeps the daemon up
+
+    alive[101] = False
+    now[0] = 1030.0
+    await cycle.tick()
+    assert query(db, "SELECT status FROM runs WHERE id = ?", (live.run_id,))[0][0] == "lost"
+    assert stopped == [True]  # no live runs and idle for 40 s >= 30 s

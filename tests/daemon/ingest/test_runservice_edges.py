@@ -1,0 +1,90 @@
+"""Run lifecycle edge cases found by trying to break the daemon: containers,
+replayed hellos, failing disks."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from gpuprofd.counters import DropCounter
+from gpuprofd.ingest import runservice
+from gpuprofd.ingest.registry import RunRegistry
+from gpuprofd.ingest.runservice import RunService, UnknownRun
+from gpuprofd.insights_runner import InsightsRunner
+from gpuprofd.storage import schema
+from gpuprofd.storage.store import Store
+from tests.daemon import helpers as h
+from tests.daemon.helpers import query
+
+
+@contextlib.asynccontextmanager
+async def service(tmp_path: Path, alive: dict[int, bool]) -> AsyncIterator[RunService]:
+    db = tmp_path / "e.db"
+    schema.prepare(db)
+    store = Store(db, DropCounter())
+    await store.open()
+    store.start()
+    runs = RunService(store, RunRegistry(), InsightsRunner(store, str(db), None), [],
+                      pid_alive=lambda pid, _wall: alive.get(pid, False))  # fmt: skip
+    try:
+        yield runs
+    finally:
+        await store.close()
+
+
+async def test_run_in_another_pid_namespace_is_not_lost_by_its_pid(tmp_path, monkeypatch):
+    async with service(tmp_path, alive={}) as runs:  # no pid is alive on "this host"
+        own = runs.pid_ns or "pid:[1]"
+        foreign = await runs.hello(h.hello("c", 300, pid_ns="pid:[4026532999]"))
+        local = await runs.hello(h.hello("l", 301, pid_ns=own))
+        assert not foreign.local_pid and local.local_pid
+        assert runs.registry.pids() == {local.run_id: 301}  # no CPU read of a stranger's pid
+        assert await runs.check_lost() == [local.run_id]  # only the local pid is judged dead
+        monkeypatch.setattr(runservice, "FOREIGN_SILENCE_S", 0.05)
+        foreign.last_event_mono_ns = time.monotonic_ns() - 10**8
+        assert await runs.check_lost() == [foreign.run_id]  # silent too long: lost
+        assert query(tmp_path / "e.db", "SELECT status FROM runs WHERE id = ?",
+                     (foreign.run_id,))[0][0] == "lost"  # fmt: skip
+
+
+async def test_replayed_hello_cannot_revive_an_ended_run(tmp_path):
+    async with service(tmp_path, alive={7: True}) as runs:
+        live = await runs.hello(h.hello("k", 7))
+        await runs.bye(h.bye("k", sent=0))
+        with pytest.raises(UnknownRun, match="already ended"):
+            await runs.hello(h.hello("k", 7))
+        assert query(tmp_path / "e.db", "SELECT status FROM runs WHERE id = ?",
+                     (live.run_id,))[0][0] == "finished"  # fmt: skip
+
+
+async def test_bye_that_fails_still_ends_the_live_run(tmp_path, monkeypatch):
+    async with service(tmp_path, alive={7: True}) as runs:
+        await runs.hello(h.hello("k", 7))
+
+        async def broken_flush() -> None:
+            raise OSError("database or disk is full")
+
+        monkeypatch.setattr(runs.store, "flush", broken_flush)
+        with pytest.raises(OSError, match="disk is full"):
+            await runs.bye(h.bye("k", sent=0))
+        assert runs.registry.live == {}  # not stuck "live" forever
+        monkeypatch.undo()
+
+
+async def test_store_close_releases_connections_when_the_final_flush_fails(tmp_path):
+    db = tmp_path / "c.db"
+    schema.prepare(db)
+    store = Store(db, DropCounter())
+    await store.open()
+    store.start()
+
+    async def broken_flush() -> None:
+        raise OSError("disk I/O error")
+
+    store.flush = broken_flush  # type: ignore[method-assign]
+    await store.close()  # must return, not raise or hang on aiosqlite's threads
+    assert store._write is None and store._read is None and store._task is None

@@ -1,0 +1,286 @@
+"""Schema versions: a database written by schema 1 is upgraded in place by
+the daemon and read as it is (read-only) by gpuprofctl."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from gpuprofd.errors import DatabaseError
+from gpuprofd.storage import dbread, queries, schema
+
+#: Schema 1 exactly as gpuprof 0.1 (the spine, commit 8c3194b) wrote it, plus rows.
+SCHEMA_1 = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY,
+    run_key TEXT UNIQUE NOT NULL,
+    run_name TEXT NOT NULL,
+    status TEXT NOT NULL,            -- running | finished | failed | lost
+    host TEXT, pid INTEGER, pid_ns TEXT, rank INTEGER, local_rank INTEGER, world_size INTEGER,
+    auto INTEGER,
+    start_wall_ns INTEGER, start_mono_ns INTEGER,
+    end_wall_ns INTEGER, end_mono_ns INTEGER,
+    options TEXT,                    -- json
+    cuda_uuid TEXT, gpu_model TEXT, gpu_count INTEGER, cpu_count INTEGER,
+    dropped_events INTEGER DEFAULT 0,  -- dropped inside the training process
+    received_events INTEGER DEFAULT 0,
+    sent_events INTEGER,
+    error TEXT,
+    median_step_ms REAL,
+    summary TEXT                     -- json, set when the run ends
+);
+CREATE INDEX IF NOT EXISTS runs_name ON runs (run_name, id);
+CREATE TABLE IF NOT EXISTS steps (
+    run_id INTEGER NOT NULL, step INTEGER NOT NULL,
+    t0_ns INTEGER, t1_ns INTEGER, wait_ns INTEGER,
+    explicit INTEGER, micro INTEGER,
+    phases TEXT                      -- json: phase name -> ns
+);
+CREATE INDEX IF NOT EXISTS steps_run_t0 ON steps (run_id, t0_ns);
+CREATE TABLE IF NOT EXISTS insights (
+    run_id INTEGER NOT NULL, rule TEXT, severity TEXT, title TEXT, detail TEXT,
+    fix TEXT, evidence TEXT, created_wall_ns INTEGER
+);
+CREATE INDEX IF NOT EXISTS insights_run ON insights (run_id);
+CREATE TABLE IF NOT EXISTS host_samples (
+    mono_ns INTEGER, cpu_pct REAL, cpu_count INTEGER, disk_read_bps REAL
+);
+CREATE INDEX IF NOT EXISTS host_samples_t ON host_samples (mono_ns);
+CREATE TABLE IF NOT EXISTS run_cpu_samples (run_id INTEGER, mono_ns INTEGER, cores REAL);
+CREATE INDEX IF NOT EXISTS run_cpu_samples_run ON run_cpu_samples (run_id, mono_ns);
+CREATE TABLE IF NOT EXISTS gpu_samples (
+    mono_ns INTEGER, gpu_index INTEGER, uuid TEXT, util_pct REAL,
+    mem_used_bytes INTEGER, mem_total_bytes INTEGER, power_mw INTEGER,
+    temp_c INTEGER, sm_clock_mhz INTEGER
+);
+CREATE INDEX IF NOT EXISTS gpu_samples_t ON gpu_samples (mono_ns);
+CREATE TABLE IF NOT EXISTS drops (reason TEXT PRIMARY KEY, count INTEGER);
+INSERT INTO meta VALUES ('app', 'gpuprof'), ('schema_version', '1');
+INSERT INTO runs (id, run_key, run_name, status, start_mono_ns, end_mono_ns, options)
+    VALUES (1, 'k', 'old', 'finished', 0, 100000000, '{}');
+INSERT INTO steps VALUES (1, 0, 1000, 11000000, 0, 0, 1, '{"forward": 5000000}');
+INSERT INTO host_samples VALUES (5000000, 40.0, 8, 2000000.0);
+"""
+#: host_samples columns added in schema 3, NULL for rows written before.
+HOST_3 = ("disk_read_iops", "page_cache_bytes", "mem_total_bytes", "swap_in_bps")
+
+
+def _old_db(tmp_path: Path) -> Path:
+    path = tmp_path / "old.db"
+    conn = sqlite3.connect(path)
+    conn.executescript(SCHEMA_1)
+    conn.close()
+    return path
+
+
+def test_gpuprofctl_reads_a_schema_1_database_without_changing_it(tmp_path: Path) -> None:
+    path = _old_db(tmp_path)
+    before = path.read_bytes()
+    conn = dbread.open_ro(path)
+    try:
+        steps = dbread.run_context(conn, dbread.get_run(conn, 1)).step_ms
+    finally:
+        conn.close()
+    assert steps == ((11_000_000 - 1000) / 1e6,)
+    assert path.read_bytes() == before
+
+
+def test_the_daemon_upgrades_schema_1_in_place_and_keeps_the_rows(tmp_path: Path) -> None:
+    path = _old_db(tmp_path)
+    schema.prepare(path)
+    schema.prepare(path)  # idempotent
+    conn = sqlite3.connect(path)
+    try:
+        version = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        row = conn.execute("SELECT micro, skipped, eval_ns, optimizers FROM steps").fetchone()
+        trailing = conn.execute("SELECT trailing_eval_ns FROM runs").fetchone()
+    finally:
+        conn.close()
+    assert version == (str(schema.SCHEMA_VERSION),)
+    assert row == (1, 0, 0, None)
+    assert trailing == (0,)
+
+
+def test_a_newer_schema_is_refused_with_a_clear_error(tmp_path: Path) -> None:
+    path = _old_db(tmp_path)
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
+    conn.commit()
+    conn.close()
+    with pytest.raises(DatabaseError, match="newer gpuprof"):
+        schema.prepare(path)
+
+
+def test_old_host_samples_read_as_not_available_both_ways(tmp_path: Path) -> None:
+    path = _old_db(tmp_path)
+    conn = dbread.open_ro(path)  # read-only: a TEMP view adds the columns
+    try:
+        run = dbread.get_run(conn, 1)
+        ctx = dbread.run_context(conn, run)
+        ro = dict(conn.execute(queries.HOST_SQL, (0, 10**9, None)).fetchone())
+    finally:
+        conn.close()
+    assert ctx.host_disk_read_bps == 2_000_000.0
+    assert (ro["disk_read_bps"], *(ro[c] for c in HOST_3)) == (2_000_000.0, None, None, None, None)
+    schema.prepare(path)  # the daemon's upgrade: the columns are added, NULL
+    conn = sqlite3.connect(path)
+    try:
+        upgraded = conn.execute(f"SELECT {', '.join(HOST_3)} FROM host_samples").fetchone()
+    finally:
+        conn.close()
+    assert upgraded == (None, None, None, None)
+
+
+def test_upgraded_and_new_databases_have_the_same_columns(tmp_path: Path) -> None:
+    old, new = _old_db(tmp_path), tmp_path / "new.db"
+    schema.prepare(old)
+    schema.prepare(new)
+
+    def columns(path: Path) -> dict[str, list[str]]:
+        conn = sqlite3.connect(path)
+        try:
+            sql = "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name"
+            tables = [r[0] for r in conn.execute(sql)]
+            info = {t: conn.execute(f"PRAGMA table_info({t})").fetchall() for t in tables}
+            return {t: sorted(r[1] for r in rows) for t, rows in info.items()}
+        finally:
+            conn.close()
+
+    assert columns(old) == columns(new)
+    assert set(HOST_3) <= set(columns(new)["host_samples"])
+
+
+def test_an_old_database_has_no_groups_and_its_runs_no_group(tmp_path: Path) -> None:
+    path = _old_db(tmp_path)
+    before = path.read_bytes()
+    conn = dbread.open_ro(path)
+    try:
+        assert dbread.runs_overview(conn, "any") == []
+        assert dbread.group_context(conn, "any").ranks == ()
+        (run,) = dbread.runs_overview(conn)
+    finally:
+        conn.close()
+    assert run["group_id"] is None and run["local_world_size"] is None
+    assert path.read_bytes() == before
+
+
+def _schema_5_db(tmp_path: Path) -> Path:
+    """A schema-5 database (gpuprof before comm timing) with a 2-rank group:
+    today's schema less what schema 6 added."""
+    path = tmp_path / "v5.db"
+    schema.prepare(path)
+    conn = sqlite3.connect(path)
+    conn.execute("DROP TABLE comm_buckets")
+    for column in schema._RUNS_6:
+        conn.execute(f"ALTER TABLE runs DROP COLUMN {column}")
+    conn.execute("UPDATE meta SET value = '5' WHERE key = 'schema_version'")
+    for rank in (0, 1):
+        conn.execute(
+            "INSERT INTO runs (id, run_key, run_name, status, host, rank, local_rank, world_size,"
+            " start_mono_ns, end_mono_ns, options, group_id, local_world_size) "
+            "VALUES (?, ?, 'ddp', 'finished', 'h', ?, ?, 2, 0, 10000000000, '{}', 'job', 2)",
+            (rank + 1, f"k{rank}", rank, rank),
+        )
+        for i in range(10):
+            phases = '{"forward": 3000000, "backward": 5000000}'
+            conn.execute(
+                "INSERT INTO steps (run_id, step, t0_ns, t1_ns, wait_ns, explicit, micro, phases)"
+                " VALUES (?, ?, ?, ?, 0, 0, 1, ?)",
+                (rank + 1, i, i * 10_000_000, i * 10_000_000 + 9_000_000, phases),
+            )
+    conn.commit()
+    conn.close()
+    return path
+
+
+def test_a_schema_5_database_reads_with_no_comm_data(tmp_path: Path) -> None:
+    path = _schema_5_db(tmp_path)
+    before = path.read_bytes()
+    conn = dbread.open_ro(path)
+    try:
+        ctx = dbread.group_context(conn, "job")
+        runs = dbread.runs_overview(conn, "job")
+        run_ctx = dbread.run_context(conn, dbread.get_run(conn, 1))
+        assert conn.execute("SELECT COUNT(*) FROM comm_buckets").fetchone()[0] == 0
+    finally:
+        conn.close()
+    assert [r.rank for r in ctx.ranks] == [0, 1]
+    assert all(len(r.step_ms) == 10 and r.comm_ms == () and r.bucket_start_ns == ()
+               for r in ctx.ranks)  # fmt: skip
+    assert all(r["clock_offset_ns"] is None and r["agg"]["comm_steps"] == 0 for r in runs)
+    assert dbread.missing_ranks(runs) == []
+    assert run_ctx.comm is None
+    assert path.read_bytes() == before
+
+
+def test_the_daemon_upgrades_schema_5_to_comm_timing(tmp_path: Path) -> None:
+    path, new = _schema_5_db(tmp_path), tmp_path / "new.db"
+    schema.prepare(path)
+    schema.prepare(new)
+    conn = sqlite3.connect(path)
+    try:
+        version = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        clock = conn.execute(f"SELECT {', '.join(schema._RUNS_6)} FROM runs").fetchall()
+        index = conn.execute("SELECT sql FROM sqlite_master WHERE name = "
+                             "'comm_buckets_run_step'").fetchone()  # fmt: skip
+    finally:
+        conn.close()
+    assert version == (str(schema.SCHEMA_VERSION),) and clock == [(None,) * 5] * 2
+    assert "(run_id, step)" in index[0]
+
+
+def _schema_6_db(tmp_path: Path) -> Path:
+    """A schema-6 database (comm timing, before stored group findings): the
+    schema-5 group with bucket rows; today's schema less what schema 7 added."""
+    path = _schema_5_db(tmp_path)
+    schema.prepare(path)  # to today's, then back to 6
+    conn = sqlite3.connect(path)
+    conn.execute("DROP TABLE group_insights")
+    conn.execute("DROP INDEX steps_run_step")
+    conn.execute("UPDATE meta SET value = '6' WHERE key = 'schema_version'")
+    conn.executemany(
+        "INSERT INTO comm_buckets VALUES (?, ?, 0, ?, ?, 1000)",
+        [(run, i, i * 10_000_000 + 8_000_000, i * 10_000_000 + 8_500_000)
+         for run in (1, 2) for i in range(10)],
+    )  # fmt: skip
+    conn.commit()
+    conn.close()
+    return path
+
+
+def test_a_schema_6_database_reads_with_no_stored_group_findings(tmp_path: Path) -> None:
+    path = _schema_6_db(tmp_path)
+    before = path.read_bytes()
+    conn = dbread.open_ro(path)
+    try:
+        assert dbread.stored_group_insights(conn, "job") == []
+        found = dbread.group_findings(conn, "job")
+        ctx = dbread.group_context(conn, "job")
+    finally:
+        conn.close()
+    assert (found["ranks"], found["ended"]) == (2, True)
+    assert all(len(r.step_ms) == 10 and len(r.bucket_start_ns) == 10 for r in ctx.ranks)
+    assert path.read_bytes() == before
+
+
+def test_the_daemon_upgrades_schema_6_to_stored_group_findings(tmp_path: Path) -> None:
+    path, new = _schema_6_db(tmp_path), tmp_path / "new.db"
+    schema.prepare(path)
+    schema.prepare(new)
+    conn = sqlite3.connect(path)
+    try:
+        version = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+        n = conn.execute("SELECT COUNT(*) FROM comm_buckets").fetchone()[0]
+    finally:
+        conn.close()
+    assert version == ("7",) and n == 20
+    assert {"group_insights", "group_insights_group", "steps_run_step"} <= names
+    conn = dbread.open_ro(path)
+    try:
+        assert dbread.stored_group_insights(conn, "job") == []
+    finally:
+        conn.close()
