@@ -145,7 +145,7 @@ def test_merged_rollups_equal_the_raw_samples_of_the_same_seconds(rollup_db: Pat
 def _schema_1_db_with_raw_rows(tmp_path: Path, phase: str) -> tuple[Path, int]:
     """A schema-1 database (10 Hz raw rows, no reasons, no slow loop) with one
     run over *phase*; returns it and its raw row count."""
-    from tests.daemon.test_schema import SCHEMA_1
+    from tests.daemon.storage.test_schema import SCHEMA_1
 
     t0, t1 = _whole_seconds(phase)
     db = tmp_path / "v1.db"
