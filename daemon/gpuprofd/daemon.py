@@ -65,17 +65,24 @@ DRAIN_S = 3.0
 
 @dataclass(frozen=True)
 class DaemonOptions:
+    """What ``gpuprofd``'s command line and environment set."""
+
     socket_dir: Path
+    """Where the sockets and the single-instance lock live (made 0700)."""
     db: Path
+    """The SQLite database (made if missing)."""
     idle_exit_s: float = 0.0
     """Exit after this long with no live run and no message, seconds; 0 = never."""
     sample_hz: float = DEFAULT_SAMPLE_HZ
     """GPU fast-loop rate (samples per second per GPU)."""
     nvml_backend: str = "real"
+    """``real``, ``mock`` or ``replay:PATH`` (:func:`gpuprofd.sampling.nvml.open_backend`)."""
     host_interval_s: float = 0.5
     """Seconds between host samples."""
     gpu_rate_usd_per_hour: float | None = None
+    """GPU price for the cost estimate, US dollars per GPU-hour; None: not estimated."""
     base_notes: tuple[str, ...] = ()
+    """Told to every run at hello (e.g. a malformed ``GPUPROF_GPU_RATE``)."""
     raw_window_s: float = DEFAULT_RAW_WINDOW_S
     """Raw GPU samples older than this are deleted (rollups stay), seconds."""
     comm_steps_kept: int = commprune.COMM_STEPS_KEPT
@@ -223,16 +230,16 @@ class Daemon:
         await stack.enter_async_context(gpu_sampler.running(gpu))
         retention = Retention(store, opts.raw_window_s, opts.comm_steps_kept, opts.comm_keep_every)
         db_switch = DbSwitch(opts.db, store, runs, self.db_lock, self.stop)
-        for name, coro in (
-            ("host", host.run(sinks.on_host_sample, opts.host_interval_s)),
-            ("lifecycle", lifecycle.run()),
-            ("prune-raw", every(retention.interval_s, retention.prune_raw, "prune-raw")),
-            ("compact-kernels", every(retention.interval_s, retention.compact_kernels,
-                                      "compact-kernels")),
-            ("prune-comm", every(retention.interval_s, retention.prune_comm, "prune-comm")),
-            ("watch-db", every(DB_CHECK_S, db_switch.check_periodic, "watch-db")),
-        ):  # fmt: skip
-            await stack.enter_async_context(task(name, coro))
+        await stack.enter_async_context(task("host", host.run(sinks.on_host_sample,
+                                                               opts.host_interval_s)))  # fmt: skip
+        await stack.enter_async_context(task("lifecycle", lifecycle.run()))
+        for name, interval_s, job in (
+            ("prune-raw", retention.interval_s, retention.prune_raw),
+            ("compact-kernels", retention.interval_s, retention.compact_kernels),
+            ("prune-comm", retention.interval_s, retention.prune_comm),
+            ("watch-db", DB_CHECK_S, db_switch.check_periodic),
+        ):
+            await stack.enter_async_context(task(name, every(interval_s, job, name)))
 
         pull, router = sockets.bind()
         ingest = Ingest(pull, runs, store, drops, self.touch, on_workers=host.workers.add)
@@ -243,10 +250,9 @@ class Daemon:
                                sinks.gpu_latest),
             request_stop=self.stop, started_wall_ns=self.started_wall_ns,
         )  # fmt: skip
-        await stack.enter_async_context(
-            task("stop-when-drained", every(STOP_CHECK_S, handlers.exit_when_drained,
-                                            "stop-when-drained"))
-        )  # fmt: skip
+        name = "stop-when-drained"
+        await stack.enter_async_context(task(name, every(STOP_CHECK_S, handlers.exit_when_drained,
+                                                         name)))  # fmt: skip
         control = ControlServer(router, handlers.table(), drops, self.touch)
         # 2. let in-flight requests finish
         stack.push_async_callback(control.drain, DRAIN_S)
