@@ -56,10 +56,11 @@ from gpuprof.insights.distributed import group_rules
 from gpuprof.insights.kernels import kernel_stats
 from gpuprof.summary import make_summary
 from gpuprofd.counters import DropCounter
-from gpuprofd.daemon import DEFAULT_RAW_WINDOW_S, STORED_GPU_HZ
+from gpuprofd.maintenance import DEFAULT_RAW_WINDOW_S
 from gpuprofd.sampling import rollup
 from gpuprofd.sampling.nvml import RealNvml, normalize_uuid
 from gpuprofd.sampling.nvml_replay import ReplayPynvml
+from gpuprofd.sinks import STORED_GPU_HZ
 from gpuprofd.storage import commprune, dbread, kcompact, queries, schema
 from gpuprofd.storage.store import Store
 

@@ -17,8 +17,9 @@ import click
 from gpuprof import config
 from gpuprofd import __version__
 from gpuprofd.commands.common import socket_dir_option
-from gpuprofd.daemon import DEFAULT_RAW_WINDOW_S, DaemonOptions, run_daemon
+from gpuprofd.daemon import DaemonOptions, run_daemon
 from gpuprofd.errors import EXIT_BAD_INPUT, GpuprofdError
+from gpuprofd.maintenance import DEFAULT_RAW_WINDOW_S
 from gpuprofd.sampling.gpu_sampler import DEFAULT_SAMPLE_HZ
 from gpuprofd.storage.commprune import COMM_KEEP_EVERY, COMM_STEPS_KEPT
 

@@ -25,11 +25,11 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 from gpuprof.kernels import KernelAgg, fold_counted, kernel_class, shorten_name
 from gpuprof.protocol import MAX_DURATION_NS, clean_text
 from gpuprofd.errors import BadInputError
+from gpuprofd.storage.readonly import connect_ro
 
 KERNEL_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL"
 MEMCPY_TABLE = "CUPTI_ACTIVITY_KIND_MEMCPY"
@@ -116,7 +116,7 @@ def open_report(path: Path) -> Report:
     if path.is_dir():
         raise BadInputError(f"{path} is a directory, not an nsys SQLite export")
     try:
-        conn = sqlite3.connect(f"file:{quote(str(path.absolute()))}?mode=ro", uri=True)
+        conn = connect_ro(path)
         tables = frozenset(
             r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")
         )

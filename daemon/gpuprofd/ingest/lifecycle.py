@@ -3,13 +3,13 @@ live insights (every ~10 s) and the idle exit."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable
 
 from gpuprofd.counters import DropCounter
 from gpuprofd.ingest.runservice import RunService
+from gpuprofd.maintenance import every
 from gpuprofd.storage import runsdb
 
 log = logging.getLogger(__name__)
@@ -43,12 +43,8 @@ class Lifecycle:
         self._next_live = clock() + live_insights_s
 
     async def run(self) -> None:
-        while True:
-            await asyncio.sleep(self.tick_s)
-            try:
-                await self.tick()
-            except Exception:  # noqa: BLE001 - housekeeping must go on
-                log.exception("housekeeping failed")
+        """:meth:`tick` every *tick_s* seconds until cancelled; a failing tick is logged."""
+        await every(self.tick_s, self.tick, "housekeeping")
 
     async def tick(self) -> None:
         await self.runs.check_lost()

@@ -21,10 +21,12 @@ the store.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -233,3 +235,47 @@ class GpuSampler:
             if t.is_alive():
                 t.join(timeout=5)
         self.backend.close()
+
+
+@contextlib.asynccontextmanager
+async def running(sampler: GpuSampler | None) -> AsyncIterator[GpuSampler | None]:
+    """*sampler*'s threads running for the context (None: no GPU, nothing to run).
+
+    On exit the threads are stopped and joined off the event loop, the fast
+    loop's achieved rate is logged, and the loop runs once more so the sinks
+    the threads' last ticks queued (``call_soon_threadsafe``) have run.
+    """
+    if sampler is None:
+        yield None
+        return
+    sampler.start()
+    try:
+        yield sampler
+    finally:
+        await asyncio.to_thread(sampler.stop)
+        fast = sampler.stats()["fast"]
+        log.info("GPU fast loop: %d ticks, %.1f Hz of %.1f, %d slots missed", fast.ticks,
+                 fast.achieved_hz or 0.0, fast.requested_hz, fast.missed_ticks)  # fmt: skip
+        await asyncio.sleep(0)
+
+
+def sampling_status(
+    sampler: GpuSampler | None, why_off: str | None, backend: str, latest: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The GPU loops' achieved rates so far (Hz, CPU seconds), or why there are none.
+
+    Args:
+        sampler: the running sampler, None when GPU metrics are off.
+        why_off: why they are off (no NVML, no GPU), if known.
+        backend: the backend's name as configured (``real``, ``mock``, ``replay:…``).
+        latest: the newest sample per GPU UUID (its size is the GPUs reporting).
+    """
+    if sampler is None:
+        return {"on": False, "why": why_off or "no NVML backend"}
+    out: dict[str, Any] = {"on": True, "gpus": len(latest), "backend": backend}
+    for name, st in sampler.stats().items():
+        out[name] = {
+            "requested_hz": st.requested_hz, "achieved_hz": st.achieved_hz,
+            "ticks": st.ticks, "missed_ticks": st.missed_ticks, "cpu_s": st.cpu_s,
+        }  # fmt: skip
+    return out

@@ -1,7 +1,8 @@
 """Read-only access to a gpuprof database for gpuprofctl (stdlib sqlite3).
 
-Opens with ``file:…?mode=ro`` so reading never creates or changes a file,
-and turns every way a file can be wrong into one :class:`DatabaseError` line.
+Opens with :func:`gpuprofd.storage.readonly.connect_ro` (``mode=ro``: reading
+never creates or changes a file), and turns every way a file can be wrong
+into one :class:`DatabaseError` line.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ import shlex
 import sqlite3
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import orjson
 
@@ -21,6 +21,7 @@ from gpuprof.insights.group_context import RankRows, build_group_context, common
 from gpuprofd.errors import DatabaseError, UnknownRunError
 from gpuprofd.sampling import rollup
 from gpuprofd.storage import queries, schema
+from gpuprofd.storage.readonly import connect_ro
 
 MISSING_HINT = "run a script under gpuprof.profile() first, or pass the path"
 
@@ -36,7 +37,7 @@ def open_ro(path: Path) -> sqlite3.Connection:
     if path.is_dir():
         raise DatabaseError(f"{path} is a directory, not a database file")
     try:
-        conn = sqlite3.connect(f"file:{quote(str(path.absolute()))}?mode=ro", uri=True)
+        conn = connect_ro(path)
     except sqlite3.Error as exc:
         raise DatabaseError(f"cannot open {path} ({exc})") from None
     conn.row_factory = sqlite3.Row
@@ -331,12 +332,6 @@ def plain_insight(ins: Insight) -> dict[str, Any]:
     """*ins* as a dict the way JSON gives it back: the group rules key
     evidence by rank (int), JSON object keys are strings."""
     return orjson.loads(orjson.dumps(ins.to_dict(), option=orjson.OPT_NON_STR_KEYS, default=str))
-
-
-def group_statuses(conn: sqlite3.Connection, group: str) -> list[str]:
-    """The statuses of every run of *group* (for :func:`group_status`)."""
-    rows = _query(conn, "SELECT status FROM runs WHERE group_id = ?", (group,))
-    return [r["status"] for r in rows]
 
 
 #: Groups :func:`unknown_group_message` lists.

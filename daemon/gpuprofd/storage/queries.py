@@ -81,12 +81,10 @@ COMM_TOTALS_SQL = (
     "SELECT COUNT(DISTINCT step) AS steps, COUNT(*) AS buckets, TOTAL(bytes) AS bytes "
     "FROM comm_buckets WHERE run_id = ?"
 )
-#: A group rank's steps as :class:`gpuprof.insights.group_context.RankRows` reads them.
-GROUP_STEPS_SQL = (
-    "SELECT step, t0_ns, t1_ns, phases, traced FROM steps WHERE run_id = ? ORDER BY t0_ns"
-)
-#: ... its last steps up to an index, newest index first: ``(run_id, max step, limit)``
-#: (by the ``steps_run_step`` index: a group's window costs the same on a day-long run).
+#: A group rank's last steps up to an index, newest index first, as
+#: :class:`gpuprof.insights.group_context.RankRows` reads them: ``(run_id, max
+#: step, limit)`` (by the ``steps_run_step`` index: a group's window costs the
+#: same on a day-long run).
 GROUP_TAIL_SQL = (
     "SELECT step, t0_ns, t1_ns, phases, traced FROM steps WHERE run_id = ? AND step <= ? "
     "ORDER BY step DESC LIMIT ?"
@@ -101,7 +99,7 @@ GROUP_BUCKETS_SQL = (
 
 
 def group_step_from_row(r: Sequence[Any]) -> dict[str, Any]:
-    """A :data:`GROUP_STEPS_SQL` row as ``RankRows.steps`` wants it."""
+    """A :data:`GROUP_TAIL_SQL` row as ``RankRows.steps`` wants it."""
     step, t0, t1, phases, traced = r
     return {"step": step, "t0": t0, "t1": t1, "phases": _loads(phases) if phases else {},
             "traced": bool(traced)}  # fmt: skip

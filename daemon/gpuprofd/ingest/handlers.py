@@ -1,0 +1,137 @@
+"""The control requests: ``hello``, ``bye``, ``ping`` and ``stop``.
+
+``gpuprofctl stop`` sends ``stop``: with no open run the daemon exits at
+once; else it refuses new runs (their hello is answered with why: they run
+unprofiled) and exits when its open runs have ended
+(:meth:`ControlHandlers.exit_when_drained`, run once a second). ``now`` exits
+at once: open runs stay ``running`` in the database and the next daemon
+re-adopts them while their processes live (their events meanwhile are dropped).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from gpuprofd.counters import DropCounter
+from gpuprofd.ingest.control import Handler
+from gpuprofd.ingest.data import Ingest
+from gpuprofd.ingest.dbswitch import DbSwitch
+from gpuprofd.ingest.runservice import RunService
+
+log = logging.getLogger(__name__)
+
+#: How often a stopping daemon checks whether its open runs have ended, seconds.
+STOP_CHECK_S = 1.0
+#: How long the reply to an immediate ``stop`` has to go out before the exit, seconds.
+STOP_REPLY_S = 0.05
+
+
+class ControlHandlers:
+    """The handler of each control request type (:meth:`table`).
+
+    Args:
+        db: the database path (told to each run).
+        socket_dir: the socket directory (for ``ping``).
+        runs: the run service (hello, bye; its registry lists the live runs).
+        ingest: the data socket's reader (its received count, for ``ping``).
+        db_switch: checked at each hello; its file state and events go to ``ping``.
+        drops: this daemon's drop counts (for ``ping``).
+        notes: told to each run at hello (e.g. why GPU metrics are off).
+        flush_rollups: queues the open per-second GPU rows (before a summary).
+        gpu_status: the GPU loops' rates, or why they are off (for ``ping``).
+        request_stop: asks the daemon to shut down.
+        started_wall_ns: when the daemon started, wall-clock nanoseconds.
+    """
+
+    def __init__(
+        self,
+        *,
+        db: Path,
+        socket_dir: Path,
+        runs: RunService,
+        ingest: Ingest,
+        db_switch: DbSwitch,
+        drops: DropCounter,
+        notes: Sequence[str],
+        flush_rollups: Callable[[], None],
+        gpu_status: Callable[[], dict[str, Any]],
+        request_stop: Callable[[], None],
+        started_wall_ns: int | None = None,
+    ) -> None:
+        self.db = db
+        self.socket_dir = socket_dir
+        self.runs = runs
+        self.ingest = ingest
+        self.db_switch = db_switch
+        self.drops = drops
+        self.notes = list(notes)
+        self.flush_rollups = flush_rollups
+        self.gpu_status = gpu_status
+        self.request_stop = request_stop
+        self.started_wall_ns = time.time_ns() if started_wall_ns is None else started_wall_ns
+        self.stopping = False
+        """``gpuprofctl stop``: no new runs; exit once the open ones end."""
+
+    def table(self) -> dict[str, Handler]:
+        """Request type → handler, for :class:`gpuprofd.ingest.control.ControlServer`."""
+        return {"hello": self.hello, "bye": self.bye, "ping": self.ping, "stop": self.stop}
+
+    async def hello(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Register (or re-adopt) a run; refused while stopping, unless it is already open."""
+        if self.stopping and self.runs.registry.get(msg["run_key"]) is None:
+            return {"ok": False, "stopping": True, "error": "gpuprofd is stopping (gpuprofctl "
+                    "stop) and takes no new runs: it exits once its open runs end; "
+                    "`gpuprofctl stop --now` ends it at once"}  # fmt: skip
+        await self.db_switch.check(for_hello=True)
+        live = await self.runs.hello(msg)
+        return {
+            "ok": True, "run_id": live.run_id, "db": str(self.db),
+            "daemon_pid": os.getpid(), "notes": list(self.notes),
+        }  # fmt: skip
+
+    async def bye(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """End a run; the reply carries its summary."""
+        # the open second holds the run's last GPU samples: store it before the
+        # summary reads (a second split in two rows merges exactly)
+        self.flush_rollups()
+        return {"ok": True, "summary": await self.runs.bye(msg)}
+
+    async def ping(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """The daemon's state, for ``gpuprofctl status`` and the shim's "is one there?"."""
+        return {
+            "ok": True,
+            "pid": os.getpid(),
+            "db": str(self.db),
+            "socket_dir": str(self.socket_dir),
+            "started_wall_ns": self.started_wall_ns,
+            "live_runs": [r.as_ping() for r in self.runs.registry.live.values()],
+            "dropped": self.drops.snapshot(),
+            "received": self.ingest.received,
+            "gpu_sampling": self.gpu_status(),
+            "db_file": self.db_switch.file_state(),
+            "db_reopened": list(self.db_switch.events),
+            "stopping": self.stopping,
+        }
+
+    async def stop(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """``gpuprofctl stop``: exit once the open runs end, or now (see module doc)."""
+        open_runs = len(self.runs.registry.live)
+        if msg.get("now") or not open_runs:
+            log.info("stop requested (%s): exiting", "now" if msg.get("now") else "no open run")
+            asyncio.get_running_loop().call_later(STOP_REPLY_S, self.request_stop)
+            return {"ok": True, "pid": os.getpid(), "exiting": True, "open_runs": open_runs}
+        self.stopping = True
+        log.info("stop requested: no new runs; exiting once %d open run(s) end", open_runs)
+        return {"ok": True, "pid": os.getpid(), "exiting": False, "open_runs": open_runs}
+
+    async def exit_when_drained(self) -> None:
+        """After a ``stop`` that had to wait: exit once no run is open."""
+        if self.stopping and not self.runs.registry.live:
+            log.info("stop requested and no run is open: exiting")
+            self.request_stop()
