@@ -34,6 +34,7 @@ from typing import Any
 import aiosqlite
 
 from gpuprofd.counters import DropCounter
+from gpuprofd.storage.dialect import SQLITE, Dialect
 
 #: Failed commits logged individually; after that one line per thousand
 #: (a full or broken disk fails every commit).
@@ -87,6 +88,8 @@ class Store:
         self, path: Path, drops: DropCounter, queue_size: int = DEFAULT_QUEUE_SIZE
     ) -> None:
         self.path = path
+        self.dialect: Dialect = SQLITE
+        self.where = str(path.absolute())
         self.drops = drops
         self.queue: asyncio.Queue[Op] = asyncio.Queue(maxsize=queue_size)
         self.commits = 0
