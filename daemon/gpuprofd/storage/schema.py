@@ -77,6 +77,14 @@ _ADDED_IN_6 = (
 #: The runs columns of schema 6, NULL in an older database read as it is.
 _RUNS_6 = tuple(c for _, c, _ in _ADDED_IN_6)
 APP_NAME = "gpuprof"
+#: (the schema version that added them, the columns) for each upgrade.
+_ADDED = (
+    (2, _ADDED_IN_2),
+    (3, _ADDED_IN_3),
+    (4, _ADDED_IN_4),
+    (5, _ADDED_IN_5),
+    (6, _ADDED_IN_6),
+)
 
 def _norm_uuid_sql(col: str) -> str:
     """SQL for :func:`gpuprofd.sampling.nvml.normalize_uuid` of column *col*."""
@@ -275,17 +283,38 @@ def check_connection(conn: sqlite3.Connection, path: Path) -> int:
         meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
     except sqlite3.DatabaseError as exc:
         raise DatabaseError(f"{path} is not a usable SQLite database ({exc})") from None
+    return check_meta(meta, str(path), "an SQLite database")
+
+
+def check_meta(meta: dict[str, str], where: str, what: str = "a database") -> int:
+    """The schema version in a database's ``meta`` rows.
+
+    Raises:
+        DatabaseError: not gpuprof's, unreadable, or newer than this code's
+            (both versions named).
+    """
     if meta.get("app") != APP_NAME:
-        raise DatabaseError(f"{path} is an SQLite database but not a gpuprof one")
+        raise DatabaseError(f"{where} is {what} but not a gpuprof one")
     try:
         version = int(meta.get("schema_version", ""))
     except ValueError:
-        raise DatabaseError(f"{path} has an unreadable gpuprof schema version") from None
+        raise DatabaseError(f"{where} has an unreadable gpuprof schema version") from None
     if version > SCHEMA_VERSION:
         raise DatabaseError(
-            f"{path} was written by a newer gpuprof (schema {version} > {SCHEMA_VERSION})"
+            f"{where} was written by a newer gpuprof (schema {version} > {SCHEMA_VERSION}): "
+            "upgrade gpuprof to read it"
         )
     return version
+
+
+def meta_rows() -> list[tuple[str, str]]:
+    """The ``meta`` rows of a database at :data:`SCHEMA_VERSION`."""
+    return [("app", APP_NAME), ("schema_version", str(SCHEMA_VERSION))]
+
+
+def added_since(version: int) -> tuple[tuple[str, str, str], ...]:
+    """The columns added after schema *version*: (table, column, SQLite declaration)."""
+    return tuple(col for since, cols in _ADDED if version < since for col in cols)
 
 
 def shadow_old_tables(conn: sqlite3.Connection, version: int) -> None:
@@ -356,13 +385,7 @@ def shadow_old_tables(conn: sqlite3.Connection, version: int) -> None:
 def _upgrade(conn: sqlite3.Connection, version: int) -> None:
     """Add what later schema versions added (in one transaction with the
     version bump, so a crash leaves the old version and columns)."""
-    added = (
-        (_ADDED_IN_2 if version < 2 else ())
-        + (_ADDED_IN_3 if version < 3 else ())
-        + (_ADDED_IN_4 if version < 4 else ())
-        + (_ADDED_IN_5 if version < 5 else ())
-        + (_ADDED_IN_6 if version < 6 else ())
-    )
+    added = added_since(version)
     tables = {t for t, _, _ in added}
     have = {(t, r[1]) for t in tables for r in conn.execute(f"PRAGMA table_info({t})")}
     existing = {t for t, _ in have}  # a table added later is created whole by SCHEMA_SQL
@@ -397,8 +420,9 @@ def prepare(path: Path) -> None:
                 conn.execute(f"INSERT INTO gpu_rollups {_RAW_AS_ROLLUPS_SQL}")
             if version < SCHEMA_VERSION:
                 conn.executemany(
-                    "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
-                    [("app", APP_NAME), ("schema_version", str(SCHEMA_VERSION))],
+                    "INSERT INTO meta (key, value) VALUES (?, ?) "
+                    "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                    meta_rows(),
                 )
             conn.commit()
         except sqlite3.DatabaseError as exc:
