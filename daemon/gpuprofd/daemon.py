@@ -65,6 +65,7 @@ from gpuprofd.sampling.nvml import GpuSample, GpuSlowSample, open_backend
 from gpuprofd.sampling.rollup import SecondRollups
 from gpuprofd.storage import commprune, dbrotate, kcompact, runsdb, schema
 from gpuprofd.storage.store import Op, Store
+from gpuprofd.storage.url import StorageUrl
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +93,9 @@ DB_EVENTS_KEPT = 10
 class DaemonOptions:
     socket_dir: Path
     db: Path
+    """The SQLite file, unless *storage* names a Postgres database."""
+    storage: StorageUrl | None = None
+    """Where runs are stored; None: the file *db*."""
     idle_exit_s: float = 0.0
     """Exit after this long with no live run and no message; 0 = never."""
     sample_hz: float = DEFAULT_SAMPLE_HZ
@@ -120,6 +124,13 @@ def run_daemon(opts: DaemonOptions) -> int:
         log.info("gpuprofd already running on %s (pid %s): exiting", opts.socket_dir,
                  lock.holder_pid())  # fmt: skip
         return EXIT_OK
+    if opts.storage is not None and not opts.storage.is_file:
+        # Several daemons may share one Postgres database, and there is no file
+        # to lock or to lose: the Postgres store creates its own tables.
+        try:
+            return asyncio.run(Daemon(opts).serve())
+        finally:
+            lock.release()
     db_lock = InstanceLock(opts.db, write_pid=False)
     try:
         schema.prepare(opts.db)
@@ -157,7 +168,7 @@ class Daemon:
         """``gpuprofctl stop``: no new runs; exit once the open ones end."""
         self.drops = DropCounter()
         self.registry = RunRegistry()
-        self.store = Store(opts.db, self.drops)
+        self.store = Store(opts.storage or opts.db, self.drops)
         self.started_wall_ns = time.time_ns()
         self._last_activity = time.monotonic()
         self._stop = asyncio.Event()
@@ -204,7 +215,7 @@ class Daemon:
             await self._abort_start()  # or aiosqlite's thread keeps the process (and lock) alive
             raise
         log.info("gpuprofd %d serving on %s, db %s", os.getpid(), self.opts.socket_dir,
-                 self.opts.db)  # fmt: skip
+                 self.store.where)  # fmt: skip
         try:
             await self._stop.wait()
         finally:
@@ -218,7 +229,7 @@ class Daemon:
         self._gpu_note = gpu_note
         devices = backend.devices() if backend else []
         self.rollups = SecondRollups(devices, self.boot_id)
-        insights = InsightsRunner(self.store, str(opts.db), opts.gpu_rate_usd_per_hour, notes,
+        insights = InsightsRunner(self.store, self.store.where, opts.gpu_rate_usd_per_hour, notes,
                                   drops=self.drops)  # fmt: skip
         self.runs = RunService(self.store, self.registry, insights, devices, boot_id=self.boot_id)
         self._notes = notes
@@ -502,7 +513,7 @@ class Daemon:
         await self.check_db(for_hello=True)
         live = await self.runs.hello(msg)
         return {
-            "ok": True, "run_id": live.run_id, "db": str(self.opts.db),
+            "ok": True, "run_id": live.run_id, "db": self.store.where,
             "daemon_pid": os.getpid(), "notes": list(self._notes),
         }  # fmt: skip
 
@@ -517,7 +528,7 @@ class Daemon:
         return {
             "ok": True,
             "pid": os.getpid(),
-            "db": str(self.opts.db),
+            "db": self.store.where,
             "socket_dir": str(self.opts.socket_dir),
             "started_wall_ns": self.started_wall_ns,
             "live_runs": [r.as_ping() for r in self.registry.live.values()],
