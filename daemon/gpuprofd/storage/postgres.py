@@ -13,6 +13,7 @@ team that wants one), so no instance lock is taken on it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -270,7 +271,15 @@ class PostgresWriter:
         stmt = await self._conn.prepare(POSTGRES.sql(sql))
         values = [_coerce(r, stmt) for r in rows]
         if not count:
-            await stmt.executemany(values)
+            plain = _PLAIN_INSERT.fullmatch(sql.strip())
+            if plain and len(values) >= COPY_MIN_ROWS:
+                # COPY: one round trip and no per-row statement (3-5x executemany here)
+                columns = [c.strip() for c in plain.group(2).split(",")]
+                await self._conn.copy_records_to_table(
+                    plain.group(1), records=values, columns=columns
+                )
+            else:
+                await stmt.executemany(values)
             return None
         total = 0
         for v in values:
@@ -283,6 +292,12 @@ class PostgresWriter:
     async def close(self) -> None:
         await self._release()
         await self.pool.close()
+
+
+#: ``INSERT INTO t (a, b) VALUES (?, ?)`` with nothing else: rows that COPY can load.
+_PLAIN_INSERT = re.compile(r"INSERT INTO (\w+) \(([\w, ]+)\) VALUES \((\?(?:, ?\?)*)\)")
+#: Fewer rows than this go through executemany (COPY's set-up costs a round trip).
+COPY_MIN_ROWS = 8
 
 
 def _rowcount(status: str) -> int:
