@@ -31,7 +31,7 @@ from gpuprof.insights.gpu import (
 )
 from gpuprofd.errors import DatabaseError
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 #: Columns added since schema 1: (table, column, declaration).
 _ADDED_IN_2 = (
     ("steps", "skipped", "INTEGER DEFAULT 0"),
@@ -74,6 +74,8 @@ _ADDED_IN_6 = (
     ("runs", "clock_round_trips", "INTEGER"),
     ("runs", "clock_reference_rank", "INTEGER"),
 )
+#: ... and since schema 7: events gpuprofd received for a run but could not store.
+_ADDED_IN_8 = (("runs", "store_dropped_events", "INTEGER DEFAULT 0"),)
 #: The runs columns of schema 6, NULL in an older database read as it is.
 _RUNS_6 = tuple(c for _, c, _ in _ADDED_IN_6)
 APP_NAME = "gpuprof"
@@ -84,6 +86,7 @@ _ADDED = (
     (4, _ADDED_IN_4),
     (5, _ADDED_IN_5),
     (6, _ADDED_IN_6),
+    (8, _ADDED_IN_8),
 )
 
 def _norm_uuid_sql(col: str) -> str:
@@ -157,7 +160,8 @@ CREATE TABLE IF NOT EXISTS runs (
     clock_offset_ns INTEGER,         -- this rank's monotonic clock minus the reference rank's:
                                      -- t - offset is t on that clock; NULL: not measured
     clock_uncertainty_ns INTEGER,    -- the offset is good to +/- this
-    clock_rtt_ns INTEGER, clock_round_trips INTEGER, clock_reference_rank INTEGER
+    clock_rtt_ns INTEGER, clock_round_trips INTEGER, clock_reference_rank INTEGER,
+    store_dropped_events INTEGER DEFAULT 0  -- received by gpuprofd but not stored (busy, lost db)
 );
 CREATE INDEX IF NOT EXISTS runs_name ON runs (run_name, id);
 CREATE INDEX IF NOT EXISTS runs_group ON runs (group_id, rank);
@@ -321,7 +325,7 @@ def shadow_old_tables(conn: sqlite3.Connection, version: int) -> None:
     """Let a read-only connection to an older database answer today's
     queries: TEMP views (searched before ``main``) add the missing columns
     with their defaults. Nothing is written to the file."""
-    runs6 = ", ".join(f"NULL AS {c}" for c in _RUNS_6)
+    runs6 = ", ".join(f"NULL AS {c}" for c in _RUNS_6) + ", 0 AS store_dropped_events"
     if version < 7:
         conn.execute(
             "CREATE TEMP TABLE group_insights (group_id TEXT, ranks INTEGER, rule TEXT, "
@@ -333,6 +337,8 @@ def shadow_old_tables(conn: sqlite3.Connection, version: int) -> None:
             "CREATE TEMP TABLE comm_buckets (run_id INTEGER, step INTEGER, bucket INTEGER, "
             "start_ns INTEGER, end_ns INTEGER, bytes INTEGER)"
         )
+    if version in (6, 7):
+        conn.execute("CREATE TEMP VIEW runs AS SELECT *, 0 AS store_dropped_events FROM main.runs")
     if version == 5:
         conn.execute(f"CREATE TEMP VIEW runs AS SELECT *, {runs6} FROM main.runs")
     if version < 5:
