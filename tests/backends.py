@@ -45,13 +45,6 @@ def postgres_missing() -> str | None:
     return None
 
 
-@functools.cache
-def _reported() -> None:
-    reason = postgres_missing()
-    if reason:  # said once, in the output, not only in the skip list
-        print(f"\ngpuprof tests: Postgres cases skipped: {reason}")
-
-
 def pg_schema_url(schema: str) -> str:
     sep = "&" if "?" in PG_URL else "?"
     return f"{PG_URL}{sep}search_path={schema}"
@@ -60,8 +53,7 @@ def pg_schema_url(schema: str) -> str:
 @pytest.fixture
 def pg_url() -> Iterator[str]:
     """The URL of a fresh, empty Postgres schema (dropped after the test)."""
-    _reported()
-    reason = postgres_missing()
+    reason = postgres_missing()  # also said in the run's header (tests/conftest.py)
     if reason:
         pytest.skip(reason)
     schema = f"gpuprof_test_{uuid.uuid4().hex[:12]}"
