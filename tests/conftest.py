@@ -54,3 +54,13 @@ def _no_torch_patch_leaks():
     yield
     leaks = torch_leaks()
     assert not leaks, f"torch left patched: {leaks}"
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    """Say up front whether the storage tests also run on Postgres."""
+    from tests.backends import PG_URL, postgres_missing
+
+    reason = postgres_missing()
+    if reason:
+        return f"gpuprof storage tests: SQLite only; Postgres cases skipped: {reason}"
+    return f"gpuprof storage tests: SQLite and Postgres ({PG_URL})"

@@ -6,8 +6,10 @@ The only place the daemon configures logging (to stderr). Expected failures
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,10 +20,13 @@ from gpuprof import config
 from gpuprofd import __version__
 from gpuprofd.commands.common import socket_dir_option
 from gpuprofd.daemon import DaemonOptions, run_daemon
-from gpuprofd.errors import EXIT_BAD_INPUT, GpuprofdError
+from gpuprofd.errors import EXIT_BAD_INPUT, BadInputError, GpuprofdError
 from gpuprofd.maintenance import DEFAULT_RAW_WINDOW_S
 from gpuprofd.sampling.gpu_sampler import DEFAULT_SAMPLE_HZ
 from gpuprofd.storage.commprune import COMM_KEEP_EVERY, COMM_STEPS_KEPT
+from gpuprofd.storage.dialect import SQLITE
+from gpuprofd.storage.url import StorageUrl
+from gpuprofd.storage.url import parse as parse_storage_url
 
 LOG_FORMAT = "%(asctime)s gpuprofd[%(process)d] %(levelname)s %(name)s: %(message)s"
 
@@ -56,6 +61,9 @@ def _setting(*decls: str, type: click.ParamType, default: float, help: str, **kw
                    "one per database under $XDG_RUNTIME_DIR/gpuprof or /tmp/gpuprof-$UID].")
 @click.option("--db", type=click.Path(path_type=Path), default=None,
               help="SQLite database [default: GPUPROF_DB or ./gpuprof.db].")  # fmt: skip
+@click.option("--storage-url", metavar="URL", default=None,
+              help="Where to store runs instead of --db: sqlite:///path.db or "
+              "postgres://user@host/db (a password in it is never printed).")  # fmt: skip
 @_setting("--idle-exit", "idle_exit_s", type=FiniteRange(min=0), default=0.0, metavar="SECONDS",
           help="Exit after this long with no live run and no message (0 = never).")
 @_setting("--sample-hz", type=FiniteRange(min=0.1, max=1000), default=DEFAULT_SAMPLE_HZ,
@@ -78,8 +86,8 @@ def _setting(*decls: str, type: click.ParamType, default: float, help: str, **kw
     show_default=True,
 )
 @click.version_option(__version__, prog_name="gpuprofd")
-def cli(socket_dir: Path | None, db: Path | None, idle_exit_s: float, sample_hz: float,
-        raw_window_s: float, comm_steps_kept: int, comm_keep_every: int,
+def cli(socket_dir: Path | None, db: Path | None, storage_url: str | None, idle_exit_s: float,
+        sample_hz: float, raw_window_s: float, comm_steps_kept: int, comm_keep_every: int,
         log_level: str) -> int:  # fmt: skip
     """gpuprofd: the per-node gpuprof daemon (ingest, GPU/host sampling, storage, insights)."""
     logging.basicConfig(level=log_level.upper(), format=LOG_FORMAT, stream=sys.stderr)
@@ -90,10 +98,16 @@ def cli(socket_dir: Path | None, db: Path | None, idle_exit_s: float, sample_hz:
     except ValueError as exc:
         click.echo(f"gpuprofd: error: {exc}", err=True)
         return EXIT_BAD_INPUT
-    db_file = db.expanduser().resolve() if db else config.db_path()
+    try:
+        storage = _storage(db, storage_url)
+    except GpuprofdError as exc:
+        click.echo(f"gpuprofd: error: {exc}", err=True)
+        return exc.exit_code
+    db_file = storage.path if storage.path is not None else config.db_path()
     opts = DaemonOptions(
-        socket_dir=(socket_dir or config.socket_dir(db=db_file)).expanduser().absolute(),
+        socket_dir=(socket_dir or _default_socket_dir(storage)).expanduser().absolute(),
         db=db_file,
+        storage=storage,
         idle_exit_s=idle_exit_s,
         sample_hz=sample_hz,
         raw_window_s=raw_window_s,
@@ -111,6 +125,32 @@ def cli(socket_dir: Path | None, db: Path | None, idle_exit_s: float, sample_hz:
     except ValueError as exc:  # e.g. a socket path too long for a Unix socket
         click.echo(f"gpuprofd: error: {exc}", err=True)
         return EXIT_BAD_INPUT
+
+
+def _storage(db: Path | None, storage_url: str | None) -> StorageUrl:
+    """The storage from ``--db`` / ``--storage-url`` / ``GPUPROF_DB`` (a file's path resolved).
+
+    Raises:
+        BadInputError: both options given, or a URL of an unknown kind.
+    """
+    if db is not None and storage_url is not None:
+        raise BadInputError("give --db or --storage-url, not both")
+    url = parse_storage_url(storage_url) if storage_url else None
+    if url is not None and url.path is None:
+        return url
+    path = url.path if url is not None else db
+    return StorageUrl(SQLITE, path=path.expanduser().resolve() if path else config.db_path())
+
+
+def _default_socket_dir(storage: StorageUrl) -> Path:
+    """One daemon per database: a file's socket directory is named by its
+    path, a Postgres database's by its URL (password left out)."""
+    if storage.path is not None:
+        return config.socket_dir(db=storage.path)
+    if os.environ.get(config.ENV_SOCKET):
+        return config.socket_dir()
+    key = hashlib.sha256(storage.display.encode()).hexdigest()[:12]
+    return config.socket_base_dir() / key
 
 
 def main(args: list[str] | None = None) -> int:

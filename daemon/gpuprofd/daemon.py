@@ -56,6 +56,7 @@ from gpuprofd.sampling.rollup import SecondRollups
 from gpuprofd.sinks import SampleSinks
 from gpuprofd.storage import commprune, schema
 from gpuprofd.storage.store import Store
+from gpuprofd.storage.url import StorageUrl
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +71,9 @@ class DaemonOptions:
     socket_dir: Path
     """Where the sockets and the single-instance lock live (made 0700)."""
     db: Path
-    """The SQLite database (made if missing)."""
+    """The SQLite database (made if missing), unless *storage* names a Postgres one."""
+    storage: StorageUrl | None = None
+    """Where runs are stored; None: the file *db*."""
     idle_exit_s: float = 0.0
     """Exit after this long with no live run and no message, seconds; 0 = never."""
     sample_hz: float = DEFAULT_SAMPLE_HZ
@@ -103,6 +106,13 @@ def run_daemon(opts: DaemonOptions) -> int:
         log.info("gpuprofd already running on %s (pid %s): exiting", opts.socket_dir,
                  lock.holder_pid())  # fmt: skip
         return EXIT_OK
+    if opts.storage is not None and not opts.storage.is_file:
+        # Several daemons may share one Postgres database, and there is no file
+        # to lock or to lose: the Postgres store creates its own tables.
+        try:
+            return asyncio.run(Daemon(opts).serve())
+        finally:
+            lock.release()
     db_lock = InstanceLock(opts.db, write_pid=False)
     try:  # shutdown's last step: release the lock (after everything below is undone)
         schema.prepare(opts.db)
@@ -130,7 +140,7 @@ async def open_store(opts: DaemonOptions, drops: DropCounter) -> AsyncIterator[S
     """The daemon's store, open and writing inside the context; on exit
     everything queued is committed and the connections closed. The one place
     that builds, opens and closes the store (and so picks its backend)."""
-    store = Store(opts.db, drops)
+    store = Store(opts.storage or opts.db, drops)
     await store.open()
     try:
         store.start()
@@ -177,6 +187,7 @@ class Daemon:
         self.boot_id = boot_id()
         """This boot of the node: stored with runs, host samples and rollups."""
         self._last_activity = time.monotonic()
+        self._where = str(opts.db)
         self._stop = asyncio.Event()
 
     def touch(self) -> None:
@@ -192,7 +203,7 @@ class Daemon:
         async with contextlib.AsyncExitStack() as stack:
             await self._start(stack)
             log.info("gpuprofd %d serving on %s, db %s", os.getpid(), self.opts.socket_dir,
-                     self.opts.db)  # fmt: skip
+                     self._where)  # fmt: skip
             await self._stop.wait()
         return EXIT_OK
 
@@ -209,7 +220,8 @@ class Daemon:
         backend, gpu_note = await asyncio.to_thread(open_backend, opts.nvml_backend)
         notes = [*opts.base_notes, *([gpu_note] if gpu_note else [])]
         devices = backend.devices() if backend else []
-        insights = InsightsRunner(store, str(opts.db), opts.gpu_rate_usd_per_hour, notes,
+        self._where = store.where
+        insights = InsightsRunner(store, store.where, opts.gpu_rate_usd_per_hour, notes,
                                   drops=drops)  # fmt: skip
         runs = RunService(store, self.registry, insights, devices, boot_id=self.boot_id)
         await runs.recover_at_startup()
@@ -244,7 +256,7 @@ class Daemon:
         pull, router = sockets.bind()
         ingest = Ingest(pull, runs, store, drops, self.touch, on_workers=host.workers.add)
         handlers = ControlHandlers(
-            db=opts.db, socket_dir=opts.socket_dir, runs=runs, ingest=ingest,
+            db=store.where, socket_dir=opts.socket_dir, runs=runs, ingest=ingest,
             db_switch=db_switch, drops=drops, notes=notes, flush_rollups=sinks.flush_rollups,
             gpu_status=partial(gpu_sampler.sampling_status, gpu, gpu_note, opts.nvml_backend,
                                sinks.gpu_latest),

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.backends import pg_url, storage_url  # noqa: F401 - fixtures for tests/daemon
 from tests.daemon.helpers import Client, Daemons
 
 

@@ -36,7 +36,7 @@ class ControlHandlers:
     """The handler of each control request type (:meth:`table`).
 
     Args:
-        db: the database path (told to each run).
+        db: the database as said to people: a path, or a URL without its password.
         socket_dir: the socket directory (for ``ping``).
         runs: the run service (hello, bye; its registry lists the live runs).
         ingest: the data socket's reader (its received count, for ``ping``).
@@ -52,7 +52,7 @@ class ControlHandlers:
     def __init__(
         self,
         *,
-        db: Path,
+        db: str,
         socket_dir: Path,
         runs: RunService,
         ingest: Ingest,

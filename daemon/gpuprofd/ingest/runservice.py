@@ -150,6 +150,7 @@ class RunService:
             run["start_mono_ns"], run["cuda_uuid"], local_pid=self._local(run.get("pid_ns")),
         )  # fmt: skip
         live.received = live.persisted_received = int(run["received_events"] or 0)
+        live.store_dropped = int(run.get("store_dropped_events") or 0)
         live.steps = await runsdb.count_steps(self.store, run["id"])
         return live
 
@@ -187,6 +188,7 @@ class RunService:
             received_events=live.received, end_wall_ns=msg["wall_ns"],
             end_mono_ns=msg["mono_ns"], cuda_uuid=cuda_uuid, gpu_model=gpu_model,
             gpu_count=gpu_count, trailing_eval_ns=msg.get("eval_ns", 0),
+            store_dropped_events=live.store_dropped,
         )  # fmt: skip
         notes = list(live.notes)
         if msg["dropped"]:
@@ -209,6 +211,7 @@ class RunService:
         await runsdb.update_run(
             self.store, live.run_id, status="lost", received_events=live.received,
             end_wall_ns=self._wall(), end_mono_ns=live.last_t1_ns or self._mono(),
+            store_dropped_events=live.store_dropped,
         )  # fmt: skip
         why = f"pid {live.pid} is gone" if live.local_pid else "silent too long"
         log.warning("run %d %r lost: %s", live.run_id, live.run_name, why)

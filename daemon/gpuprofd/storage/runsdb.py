@@ -223,7 +223,8 @@ async def insert_run(store: Store, row: Mapping[str, Any]) -> int:
     """Create a run row (``status`` running); return its id."""
     values = [row.get(c) for c in _RUN_COLUMNS]
     values[_RUN_COLUMNS.index("options")] = orjson.dumps(row.get("options") or {}).decode()
-    sql = f"INSERT INTO runs ({', '.join(_RUN_COLUMNS)}) VALUES ({', '.join('?' * len(values))})"
+    marks = ", ".join("?" * len(values))
+    sql = f"INSERT INTO runs ({', '.join(_RUN_COLUMNS)}) VALUES ({marks}) RETURNING id"
     run_id = await store.write(sql, values)
     assert run_id is not None
     return run_id
@@ -394,7 +395,7 @@ async def add_drops(store: Store, delta: Mapping[str, int]) -> None:
         await store.submit(
             Op(
                 "INSERT INTO drops (reason, count) VALUES (?, ?) "
-                "ON CONFLICT(reason) DO UPDATE SET count = count + excluded.count",
+                "ON CONFLICT(reason) DO UPDATE SET count = drops.count + excluded.count",
                 (reason, n),
             )
         )

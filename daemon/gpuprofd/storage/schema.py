@@ -31,7 +31,7 @@ from gpuprof.insights.gpu import (
 )
 from gpuprofd.errors import DatabaseError
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 #: Columns added since schema 1: (table, column, declaration).
 _ADDED_IN_2 = (
     ("steps", "skipped", "INTEGER DEFAULT 0"),
@@ -74,9 +74,20 @@ _ADDED_IN_6 = (
     ("runs", "clock_round_trips", "INTEGER"),
     ("runs", "clock_reference_rank", "INTEGER"),
 )
+#: ... and since schema 7: events gpuprofd received for a run but could not store.
+_ADDED_IN_8 = (("runs", "store_dropped_events", "INTEGER DEFAULT 0"),)
 #: The runs columns of schema 6, NULL in an older database read as it is.
 _RUNS_6 = tuple(c for _, c, _ in _ADDED_IN_6)
 APP_NAME = "gpuprof"
+#: (the schema version that added them, the columns) for each upgrade.
+_ADDED = (
+    (2, _ADDED_IN_2),
+    (3, _ADDED_IN_3),
+    (4, _ADDED_IN_4),
+    (5, _ADDED_IN_5),
+    (6, _ADDED_IN_6),
+    (8, _ADDED_IN_8),
+)
 
 def _norm_uuid_sql(col: str) -> str:
     """SQL for :func:`gpuprofd.sampling.nvml.normalize_uuid` of column *col*."""
@@ -149,7 +160,8 @@ CREATE TABLE IF NOT EXISTS runs (
     clock_offset_ns INTEGER,         -- this rank's monotonic clock minus the reference rank's:
                                      -- t - offset is t on that clock; NULL: not measured
     clock_uncertainty_ns INTEGER,    -- the offset is good to +/- this
-    clock_rtt_ns INTEGER, clock_round_trips INTEGER, clock_reference_rank INTEGER
+    clock_rtt_ns INTEGER, clock_round_trips INTEGER, clock_reference_rank INTEGER,
+    store_dropped_events INTEGER DEFAULT 0  -- received by gpuprofd but not stored (busy, lost db)
 );
 CREATE INDEX IF NOT EXISTS runs_name ON runs (run_name, id);
 CREATE INDEX IF NOT EXISTS runs_group ON runs (group_id, rank);
@@ -275,24 +287,45 @@ def check_connection(conn: sqlite3.Connection, path: Path) -> int:
         meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
     except sqlite3.DatabaseError as exc:
         raise DatabaseError(f"{path} is not a usable SQLite database ({exc})") from None
+    return check_meta(meta, str(path), "an SQLite database")
+
+
+def check_meta(meta: dict[str, str], where: str, what: str = "a database") -> int:
+    """The schema version in a database's ``meta`` rows.
+
+    Raises:
+        DatabaseError: not gpuprof's, unreadable, or newer than this code's
+            (both versions named).
+    """
     if meta.get("app") != APP_NAME:
-        raise DatabaseError(f"{path} is an SQLite database but not a gpuprof one")
+        raise DatabaseError(f"{where} is {what} but not a gpuprof one")
     try:
         version = int(meta.get("schema_version", ""))
     except ValueError:
-        raise DatabaseError(f"{path} has an unreadable gpuprof schema version") from None
+        raise DatabaseError(f"{where} has an unreadable gpuprof schema version") from None
     if version > SCHEMA_VERSION:
         raise DatabaseError(
-            f"{path} was written by a newer gpuprof (schema {version} > {SCHEMA_VERSION})"
+            f"{where} was written by a newer gpuprof (schema {version} > {SCHEMA_VERSION}): "
+            "upgrade gpuprof to read it"
         )
     return version
+
+
+def meta_rows() -> list[tuple[str, str]]:
+    """The ``meta`` rows of a database at :data:`SCHEMA_VERSION`."""
+    return [("app", APP_NAME), ("schema_version", str(SCHEMA_VERSION))]
+
+
+def added_since(version: int) -> tuple[tuple[str, str, str], ...]:
+    """The columns added after schema *version*: (table, column, SQLite declaration)."""
+    return tuple(col for since, cols in _ADDED if version < since for col in cols)
 
 
 def shadow_old_tables(conn: sqlite3.Connection, version: int) -> None:
     """Let a read-only connection to an older database answer today's
     queries: TEMP views (searched before ``main``) add the missing columns
     with their defaults. Nothing is written to the file."""
-    runs6 = ", ".join(f"NULL AS {c}" for c in _RUNS_6)
+    runs6 = ", ".join(f"NULL AS {c}" for c in _RUNS_6) + ", 0 AS store_dropped_events"
     if version < 7:
         conn.execute(
             "CREATE TEMP TABLE group_insights (group_id TEXT, ranks INTEGER, rule TEXT, "
@@ -304,6 +337,8 @@ def shadow_old_tables(conn: sqlite3.Connection, version: int) -> None:
             "CREATE TEMP TABLE comm_buckets (run_id INTEGER, step INTEGER, bucket INTEGER, "
             "start_ns INTEGER, end_ns INTEGER, bytes INTEGER)"
         )
+    if version in (6, 7):
+        conn.execute("CREATE TEMP VIEW runs AS SELECT *, 0 AS store_dropped_events FROM main.runs")
     if version == 5:
         conn.execute(f"CREATE TEMP VIEW runs AS SELECT *, {runs6} FROM main.runs")
     if version < 5:
@@ -356,13 +391,7 @@ def shadow_old_tables(conn: sqlite3.Connection, version: int) -> None:
 def _upgrade(conn: sqlite3.Connection, version: int) -> None:
     """Add what later schema versions added (in one transaction with the
     version bump, so a crash leaves the old version and columns)."""
-    added = (
-        (_ADDED_IN_2 if version < 2 else ())
-        + (_ADDED_IN_3 if version < 3 else ())
-        + (_ADDED_IN_4 if version < 4 else ())
-        + (_ADDED_IN_5 if version < 5 else ())
-        + (_ADDED_IN_6 if version < 6 else ())
-    )
+    added = added_since(version)
     tables = {t for t, _, _ in added}
     have = {(t, r[1]) for t in tables for r in conn.execute(f"PRAGMA table_info({t})")}
     existing = {t for t, _ in have}  # a table added later is created whole by SCHEMA_SQL
@@ -397,8 +426,9 @@ def prepare(path: Path) -> None:
                 conn.execute(f"INSERT INTO gpu_rollups {_RAW_AS_ROLLUPS_SQL}")
             if version < SCHEMA_VERSION:
                 conn.executemany(
-                    "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
-                    [("app", APP_NAME), ("schema_version", str(SCHEMA_VERSION))],
+                    "INSERT INTO meta (key, value) VALUES (?, ?) "
+                    "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                    meta_rows(),
                 )
             conn.commit()
         except sqlite3.DatabaseError as exc:

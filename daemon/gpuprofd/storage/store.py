@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import random
 import sqlite3
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +35,9 @@ from typing import Any
 import aiosqlite
 
 from gpuprofd.counters import DropCounter
+from gpuprofd.errors import DatabaseError
+from gpuprofd.storage.dialect import SQLITE, Dialect
+from gpuprofd.storage.url import StorageUrl
 
 #: Failed commits logged individually; after that one line per thousand
 #: (a full or broken disk fails every commit).
@@ -43,6 +47,15 @@ log = logging.getLogger(__name__)
 BATCH_MAX_OPS = 500
 BATCH_MAX_S = 0.1
 DEFAULT_QUEUE_SIZE = 20_000
+#: A lost Postgres: first retry after this, doubling up to RETRY_MAX_S (seconds).
+RETRY_FIRST_S = 0.25
+RETRY_MAX_S = 10.0
+#: How long one batch is retried before it is counted lost (``store_unavailable``):
+#: meanwhile the queue fills and new events are counted as ``store_backpressure``.
+RETRY_BUDGET_S = 30.0
+#: How long closing waits for the last commit (a lost server must not hold shutdown).
+CLOSE_FLUSH_S = 10.0
+SQLITE_ERRORS: tuple[type[BaseException], ...] = (sqlite3.Error,)
 
 
 class AtomicCheckError(sqlite3.Error):
@@ -81,55 +94,70 @@ class Op:
 
 
 class Store:
-    """Owns the SQLite connections of the daemon (see module doc)."""
+    """Owns the daemon's database connections (see module doc): two aiosqlite
+    connections on a file, an asyncpg pool on Postgres."""
 
     def __init__(
-        self, path: Path, drops: DropCounter, queue_size: int = DEFAULT_QUEUE_SIZE
+        self,
+        target: Path | StorageUrl,
+        drops: DropCounter,
+        queue_size: int = DEFAULT_QUEUE_SIZE,
     ) -> None:
-        self.path = path
+        self.url = target if isinstance(target, StorageUrl) else StorageUrl(SQLITE, path=target)
+        self.path: Path | None = self.url.path
+        """The database file (None on Postgres)."""
+        self.dialect: Dialect = self.url.dialect
+        self.where = self.url.display
         self.drops = drops
         self.queue: asyncio.Queue[Op] = asyncio.Queue(maxsize=queue_size)
         self.commits = 0
-        self._commit_failures = 0
         """Transactions committed (tests read it to check batching)."""
-        self._write: aiosqlite.Connection | None = None
-        self._read: aiosqlite.Connection | None = None
+        self._commit_failures = 0
+        self._db: Any = None
+        """The backend's writer: :class:`SqliteWriter` or
+        :class:`gpuprofd.storage.postgres.PostgresWriter`; None when closed."""
+        self._errors: tuple[type[BaseException], ...] = SQLITE_ERRORS
+        self._connection_errors: tuple[type[BaseException], ...] = ()
         self._task: asyncio.Task[None] | None = None
-        self._file_id: tuple[int, int] | None = None
-        """(st_dev, st_ino) of the file the connections opened."""
         self._commit_lock = asyncio.Lock()
         """Held by each commit and by :meth:`reopen`, so no transaction spans two files."""
+        self._retry = Backoff()
+
+    @property
+    def _write(self) -> aiosqlite.Connection | None:
+        return self._db.write if isinstance(self._db, SqliteWriter) else None
+
+    @property
+    def _read(self) -> aiosqlite.Connection | None:
+        return self._db.read if isinstance(self._db, SqliteWriter) else None
 
     async def open(self) -> None:
-        """Open both connections (the schema must exist: see :func:`schema.prepare`)."""
-        self._write, self._read, self._file_id = await self._connect()
+        """Open the connections. On a file the schema must exist (see
+        :func:`schema.prepare`); on Postgres it is created or upgraded here.
 
-    async def _connect(self) -> tuple[aiosqlite.Connection, aiosqlite.Connection, tuple[int, int]]:
-        write = await aiosqlite.connect(self.path, isolation_level=None)
+        Raises:
+            DatabaseError: Postgres unreachable, not gpuprof's, or too new.
+        """
+        if self.path is not None:
+            self._db = await SqliteWriter.connect(self.path)
+            return
+        from gpuprofd.storage import postgres
+
+        pool = await postgres.create_pool(self.url)
         try:
-            await write.execute("PRAGMA journal_mode=WAL")
-            await write.execute("PRAGMA synchronous=NORMAL")
-            await write.execute("PRAGMA busy_timeout=5000")
-            read = await aiosqlite.connect(self.path)
+            await postgres.prepare(pool, self.url)
         except BaseException:
-            await write.close()
+            await pool.close()
             raise
-        try:
-            read.row_factory = aiosqlite.Row
-            await read.execute("PRAGMA busy_timeout=5000")
-            await read.execute("PRAGMA query_only=ON")
-            st = os.stat(self.path)
-        except BaseException:
-            await read.close()
-            await write.close()
-            raise
-        return write, read, (st.st_dev, st.st_ino)
+        self._db = postgres.PostgresWriter(pool)
+        self._errors = postgres.ERRORS + (AtomicCheckError,)
+        self._connection_errors = postgres.CONNECTION_ERRORS
 
     def file_state(self) -> str | None:
-        """None while the path still names the open database file; else
-        ``"deleted"`` (nothing at the path) or ``"replaced"`` (another file).
-        One ``stat``: cheap enough for every hello."""
-        if self._file_id is None:
+        """None while the path still names the open database file (and always
+        on Postgres); else ``"deleted"`` (nothing at the path) or
+        ``"replaced"`` (another file). One ``stat``: cheap enough for every hello."""
+        if not isinstance(self._db, SqliteWriter) or self.path is None:
             return None
         try:
             st = os.stat(self.path)
@@ -137,7 +165,7 @@ class Store:
             return "deleted"
         except OSError:
             return None  # unreadable for a moment (permissions, NFS): not proof of anything
-        return None if (st.st_dev, st.st_ino) == self._file_id else "replaced"
+        return None if (st.st_dev, st.st_ino) == self._db.file_id else "replaced"
 
     async def reopen(
         self,
@@ -145,8 +173,8 @@ class Store:
         prepare: Callable[[], None],
         write_new: Callable[[aiosqlite.Connection, Any], Awaitable[None]],
     ) -> None:
-        """Switch both connections to the database now at :attr:`path`, between
-        two commits: *read_old(old_write)* reads what is to be kept (it sees
+        """Switch both connections to the database file now at :attr:`path`,
+        between two commits: *read_old(old_write)* reads what is to be kept (it sees
         every committed row); the old file's WAL is checkpointed and its
         connections closed (a replaced file's ``-wal``/``-shm`` at the path are
         still the old file's: the new file must not find frames in them);
@@ -160,20 +188,15 @@ class Store:
             fails and is counted as ``store_error``).
         """
         async with self._commit_lock:
-            assert self._write is not None
-            kept = await read_old(self._write)
+            assert isinstance(self._db, SqliteWriter) and self.path is not None
+            kept = await read_old(self._db.write)
             with contextlib.suppress(sqlite3.Error):
-                await self._write.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-            for conn in (self._read, self._write):
-                if conn is not None:
-                    with contextlib.suppress(Exception):
-                        await conn.close()
-            self._write = self._read = None
-            self._file_id = None
+                await self._db.write.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            old, self._db = self._db, None
+            await old.close()
             await asyncio.to_thread(prepare)
-            write, read, file_id = await self._connect()
-            self._write, self._read, self._file_id = write, read, file_id
-            await write_new(write, kept)
+            self._db = await SqliteWriter.connect(self.path)
+            await write_new(self._db.write, kept)
 
     def start(self) -> None:
         """Start the writer task."""
@@ -183,19 +206,18 @@ class Store:
         """Commit everything queued, stop the writer, close the connections."""
         try:
             if self._task is not None:
-                await self.flush()
-        except Exception:  # a failing disk must not keep the daemon from exiting
+                await asyncio.wait_for(self.flush(), CLOSE_FLUSH_S)
+        except Exception:  # a failing disk or a lost server must not keep the daemon from exiting
             log.exception("store: final flush failed; unflushed rows are lost")
         finally:
             if self._task is not None:
                 self._task.cancel()
                 await asyncio.gather(self._task, return_exceptions=True)
                 self._task = None
-            for conn in (self._read, self._write):
-                if conn is not None:
-                    with contextlib.suppress(Exception):
-                        await conn.close()
-            self._read = self._write = None
+            db, self._db = self._db, None
+            if db is not None:
+                with contextlib.suppress(Exception):
+                    await db.close()
 
     # --- writing -------------------------------------------------------------
 
@@ -225,7 +247,8 @@ class Store:
         await self.queue.put(op)
 
     async def write(self, sql: str, params: Sequence[Any] = ()) -> int | None:
-        """Queue one statement, wait for its commit; return ``lastrowid``."""
+        """Queue one statement, wait for its commit; return the first column
+        its ``RETURNING`` gave (or, on SQLite, ``lastrowid``)."""
         fut: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
         await self.queue.put(Op(sql, params, fut))
         return await fut
@@ -262,102 +285,254 @@ class Store:
                 except TimeoutError:
                     break
             async with self._commit_lock:
-                await self._commit(batch)
+                await self._commit_retrying(batch)
 
-    async def _commit(self, batch: list[Op]) -> None:
+    async def _commit_retrying(self, batch: list[Op]) -> None:
+        """Commit *batch*; while the server is unreachable, retry it with
+        capped, jittered backoff for up to :data:`RETRY_BUDGET_S`, then count
+        it lost (``store_unavailable``) and go on with the next batch."""
+        budget_end = asyncio.get_running_loop().time() + RETRY_BUDGET_S
+        while True:
+            exc = await self._commit(batch, final=False)
+            if exc is None:
+                self._retry.reset()
+                return
+            if not isinstance(exc, self._connection_errors):
+                return
+            delay = self._retry.next_delay()
+            if asyncio.get_running_loop().time() + delay > budget_end:
+                self._fail(batch, exc, reason="store_unavailable")
+                return
+            if self._retry.attempt in _LOG_AT:
+                log.warning("store: %s unreachable (%s); retrying in %.1f s",
+                            self.where, exc, delay)  # fmt: skip
+            await asyncio.sleep(delay)
+
+    async def _commit(self, batch: list[Op], *, final: bool = True) -> BaseException | None:
+        """One attempt at *batch*; returns the error that undid it (its ops
+        already failed and counted, unless it is a connection error and not *final*)."""
         results: list[tuple[Op, int | None, BaseException | None]] = []
+        db = self._db
         try:
-            if self._write is None:  # a failed reopen left no database
-                raise sqlite3.OperationalError(f"no database open at {self.path}")
-            await self._write.execute("BEGIN")
+            if db is None:  # a failed reopen left no database
+                raise sqlite3.OperationalError(f"no database open at {self.where}")
+            await db.begin()
             for group in _groups(batch):
-                results.extend(await self._run_group(group))
-            await self._write.execute("COMMIT")
+                results.extend(await self._run_group(db, group))
+            await db.commit()
             self.commits += 1
-        except sqlite3.Error as exc:
-            self._commit_failures += 1
-            if self._commit_failures in _LOG_AT or self._commit_failures % 1000 == 0:
-                log.error(
-                    "store commit failed (%d so far), %d ops lost: %s",
-                    self._commit_failures,
-                    len(batch),
-                    exc,
-                )
-            self.drops.add("store_error", str(exc), n=len(batch))
-            try:
-                if self._write is not None:
-                    await self._write.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass
-            results = [(op, None, exc) for op in batch]
-        for op, rowid, exc in results:
+        except (sqlite3.Error, *self._errors) as exc:
+            with contextlib.suppress(Exception):
+                if db is not None:
+                    await db.rollback()
+            if isinstance(exc, self._connection_errors) and not final:
+                return exc
+            self._fail(batch, exc, reason="store_error")
+            return exc
+        for op, rowid, err in results:
             if op.future is not None and not op.future.done():
-                if exc is None:
+                if err is None:
                     op.future.set_result(rowid)
                 else:
-                    op.future.set_exception(exc)
+                    op.future.set_exception(err)
+        return None
+
+    def _fail(self, batch: list[Op], exc: BaseException, *, reason: str) -> None:
+        self._commit_failures += 1
+        if self._commit_failures in _LOG_AT or self._commit_failures % 1000 == 0:
+            log.error(
+                "store commit failed (%d so far), %d ops lost: %s",
+                self._commit_failures,
+                len(batch),
+                exc,
+            )
+        self.drops.add(reason, str(exc)[:200], n=len(batch))
+        for op in batch:
+            if op.future is not None and not op.future.done():
+                op.future.set_exception(exc)
 
     async def _run_group(
-        self, group: list[Op]
+        self, db: Any, group: list[Op]
     ) -> list[tuple[Op, int | None, BaseException | None]]:
-        assert self._write is not None
         if group[0].parts:
-            return [await self._run_atomic(group[0])]
+            return [await self._run_atomic(db, group[0])]
         if len(group) > 1:
             # A savepoint undoes the rows executemany wrote before a bad one.
-            await self._write.execute("SAVEPOINT grp")
+            await db.savepoint("grp")
             try:
-                await self._write.executemany(group[0].sql, [op.params for op in group])
-                await self._write.execute("RELEASE grp")
+                await db.executemany(group[0].sql, [op.params for op in group])
+                await db.release("grp")
                 return [(op, None, None) for op in group]
-            except sqlite3.Error:  # one bad row: redo one by one so the others are kept
-                await self._write.execute("ROLLBACK TO grp")
-                await self._write.execute("RELEASE grp")
+            except self._statement_errors():  # one bad row: redo one by one so the others are kept
+                await db.rollback_to("grp")
+                await db.release("grp")
         out: list[tuple[Op, int | None, BaseException | None]] = []
+        guard = db.statement_savepoints
         for op in group:
+            if guard:
+                await db.savepoint("one")
             try:
-                cur = await self._write.execute(op.sql, op.params)
-                out.append((op, cur.lastrowid, None))
-            except sqlite3.Error as exc:
-                self.drops.add(op.drop_reason, str(exc))
+                _, value = await db.execute(op.sql, op.params)
+                if guard:
+                    await db.release("one")
+                out.append((op, value, None))
+            except self._statement_errors() as exc:
+                if guard:
+                    await db.rollback_to("one")
+                    await db.release("one")
+                self.drops.add(op.drop_reason, str(exc)[:200])
                 out.append((op, None, exc))
         return out
 
-    async def _run_atomic(self, op: Op) -> tuple[Op, int | None, BaseException | None]:
+    def _statement_errors(self) -> tuple[type[BaseException], ...]:
+        """Errors of one statement (a bad row), as opposed to a lost connection,
+        which must undo the whole batch."""
+        return tuple(
+            e for e in (sqlite3.Error, *self._errors) if not issubclass(e, self._connection_errors)
+        ) if self._connection_errors else (sqlite3.Error, *self._errors)  # fmt: skip
+
+    async def _run_atomic(
+        self, db: Any, op: Op
+    ) -> tuple[Op, int | None, BaseException | None]:
         """Run an atomic op's parts under a savepoint; undo them all on error."""
-        assert self._write is not None
-        await self._write.execute("SAVEPOINT atomic")
+        await db.savepoint("atomic")
         try:
             for part in op.parts:
                 if len(part.rows) == 1:
-                    cur = await self._write.execute(part.sql, part.rows[0])
+                    changed, _ = await db.execute(part.sql, part.rows[0])
                 else:
-                    cur = await self._write.executemany(part.sql, part.rows)
-                if part.expect_rows is not None and cur.rowcount != part.expect_rows:
-                    raise AtomicCheckError(
-                        f"{op.sql}: {cur.rowcount} rows changed, expected {part.expect_rows}"
+                    changed = await db.executemany(
+                        part.sql, part.rows, count=part.expect_rows is not None
                     )
-            await self._write.execute("RELEASE atomic")
+                if part.expect_rows is not None and changed != part.expect_rows:
+                    raise AtomicCheckError(
+                        f"{op.sql}: {changed} rows changed, expected {part.expect_rows}"
+                    )
+            await db.release("atomic")
             return op, None, None
-        except sqlite3.Error as exc:
-            await self._write.execute("ROLLBACK TO atomic")
-            await self._write.execute("RELEASE atomic")
+        except self._statement_errors() as exc:
+            await db.rollback_to("atomic")
+            await db.release("atomic")
             if op.future is None:  # queued without waiting (a step with its buckets): count it
-                self.drops.add(op.drop_reason, str(exc))
+                self.drops.add(op.drop_reason, str(exc)[:200])
             return op, None, exc  # a caller who awaits it decides what it means
 
     # --- reading -------------------------------------------------------------
 
-    async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[aiosqlite.Row]:
-        """Run a read query on the read connection (sees committed data only)."""
-        if self._read is None:  # a failed reopen left no database
-            raise sqlite3.OperationalError(f"no database open at {self.path}")
-        async with self._read.execute(sql, params) as cur:
-            return list(await cur.fetchall())
+    async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        """Run a read query (sees committed data only).
 
-    async def fetchone(self, sql: str, params: Sequence[Any] = ()) -> aiosqlite.Row | None:
+        Raises:
+            DatabaseError: no database is open, or the server is unreachable.
+        """
+        if self._db is None:  # a failed reopen left no database
+            raise DatabaseError(f"no database open at {self.where}")
+        try:
+            return await self._db.fetchall(sql, params)
+        except self._connection_errors as exc:
+            raise DatabaseError(f"reading {self.where} failed ({exc})") from None
+
+    async def fetchone(self, sql: str, params: Sequence[Any] = ()) -> Any | None:
         rows = await self.fetchall(sql, params)
         return rows[0] if rows else None
+
+
+class SqliteWriter:
+    """The store's two aiosqlite connections to a file: one writes (WAL), one
+    reads (``query_only``)."""
+
+    dialect: Dialect = SQLITE
+    #: A failed statement undoes only itself in SQLite: no savepoint needed around one.
+    statement_savepoints = False
+
+    def __init__(
+        self, write: aiosqlite.Connection, read: aiosqlite.Connection, file_id: tuple[int, int]
+    ) -> None:
+        self.write = write
+        self.read = read
+        self.file_id = file_id
+        """(st_dev, st_ino) of the file the connections opened."""
+
+    @classmethod
+    async def connect(cls, path: Path) -> SqliteWriter:
+        write = await aiosqlite.connect(path, isolation_level=None)
+        try:
+            await write.execute("PRAGMA journal_mode=WAL")
+            await write.execute("PRAGMA synchronous=NORMAL")
+            await write.execute("PRAGMA busy_timeout=5000")
+            read = await aiosqlite.connect(path)
+        except BaseException:
+            await write.close()
+            raise
+        try:
+            read.row_factory = aiosqlite.Row
+            await read.execute("PRAGMA busy_timeout=5000")
+            await read.execute("PRAGMA query_only=ON")
+            st = os.stat(path)
+        except BaseException:
+            await read.close()
+            await write.close()
+            raise
+        return cls(write, read, (st.st_dev, st.st_ino))
+
+    async def begin(self) -> None:
+        await self.write.execute("BEGIN")
+
+    async def commit(self) -> None:
+        await self.write.execute("COMMIT")
+
+    async def rollback(self) -> None:
+        await self.write.execute("ROLLBACK")
+
+    async def savepoint(self, name: str) -> None:
+        await self.write.execute(f"SAVEPOINT {name}")
+
+    async def release(self, name: str) -> None:
+        await self.write.execute(f"RELEASE {name}")
+
+    async def rollback_to(self, name: str) -> None:
+        await self.write.execute(f"ROLLBACK TO {name}")
+
+    async def execute(self, sql: str, params: Sequence[Any]) -> tuple[int, Any]:
+        """Run one statement; returns (rows changed, the first column of what
+        ``RETURNING`` gave, else ``lastrowid``)."""
+        cur = await self.write.execute(sql, params)
+        if " RETURNING " in sql.upper():
+            row = await cur.fetchone()
+            return (1 if row is not None else 0), (row[0] if row is not None else None)
+        return cur.rowcount, cur.lastrowid
+
+    async def executemany(
+        self, sql: str, rows: Sequence[Sequence[Any]], *, count: bool = False
+    ) -> int | None:
+        """Run *sql* with each of *rows*; returns the rows changed in all."""
+        cur = await self.write.executemany(sql, rows)
+        return cur.rowcount
+
+    async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        async with self.read.execute(sql, params) as cur:
+            return list(await cur.fetchall())
+
+    async def close(self) -> None:
+        for conn in (self.read, self.write):
+            with contextlib.suppress(Exception):
+                await conn.close()
+
+
+class Backoff:
+    """Capped exponential backoff with full jitter, for a lost server:
+    0.25 s, 0.5 s, … up to :data:`RETRY_MAX_S` (each a random share of that)."""
+
+    def __init__(self) -> None:
+        self.attempt = 0
+
+    def reset(self) -> None:
+        self.attempt = 0
+
+    def next_delay(self) -> float:
+        self.attempt += 1
+        cap = min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** (self.attempt - 1))
+        return random.uniform(cap / 2, cap)
 
 
 def _groups(batch: list[Op]) -> list[list[Op]]:

@@ -277,7 +277,7 @@ def test_the_daemon_upgrades_schema_6_to_stored_group_findings(tmp_path: Path) -
         n = conn.execute("SELECT COUNT(*) FROM comm_buckets").fetchone()[0]
     finally:
         conn.close()
-    assert version == ("7",) and n == 20
+    assert version == (str(schema.SCHEMA_VERSION),) and n == 20
     assert {"group_insights", "group_insights_group", "steps_run_step"} <= names
     conn = dbread.open_ro(path)
     try:

@@ -1,0 +1,332 @@
+"""The Postgres backend (asyncpg): connecting, the schema, reads, and the
+writer's connection.
+
+One pool per process. The schema is :data:`gpuprofd.storage.schema.SCHEMA_SQL`
+in Postgres's types (:meth:`gpuprofd.storage.dialect.PostgresDialect.ddl`),
+created and upgraded under a transaction-scoped advisory lock, so node
+daemons and team-server replicas starting together create it once.
+
+What is specific to a database *file* does not apply here: there is no file
+to delete under the daemon, and several daemons may share one database (a
+team that wants one), so no instance lock is taken on it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from gpuprofd.errors import DatabaseError
+from gpuprofd.storage import schema
+from gpuprofd.storage.dialect import POSTGRES, Dialect
+from gpuprofd.storage.url import StorageUrl
+
+try:
+    import asyncpg
+except ImportError:  # an optional extra: said when a postgres:// URL is used
+    asyncpg = None  # type: ignore[assignment]
+
+#: Advisory lock key (any 64-bit number; this one spells "gpuprof" in ASCII).
+_SCHEMA_LOCK_KEY = 0x677075_70726F66
+#: How long a connection attempt may take, seconds: a down server must be said
+#: at once, not after the OS's TCP timeout.
+CONNECT_TIMEOUT_S = 5.0
+
+#: Errors that mean the server or the connection is gone (retry later), as
+#: opposed to a statement the server refused.
+if asyncpg is not None:
+    CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+        OSError,
+        ConnectionError,
+        asyncpg.InterfaceError,
+        asyncpg.PostgresConnectionError,
+        asyncpg.CannotConnectNowError,
+        TimeoutError,
+    )
+    ERRORS: tuple[type[BaseException], ...] = (asyncpg.PostgresError, *CONNECTION_ERRORS)
+else:  # pragma: no cover - asyncpg missing
+    CONNECTION_ERRORS = (OSError, ConnectionError, TimeoutError)
+    ERRORS = CONNECTION_ERRORS
+
+
+def _need_asyncpg() -> None:
+    if asyncpg is None:
+        raise DatabaseError(
+            "a postgres:// storage URL needs asyncpg: pip install 'gpuprof[postgres]'"
+        )
+
+
+async def _init(conn: Any) -> None:
+    # SUM/AVG of BIGINT are numeric in Postgres: read them as floats, as SQLite gives them.
+    await conn.set_type_codec(
+        "numeric", encoder=str, decoder=float, schema="pg_catalog", format="text"
+    )
+
+
+async def create_pool(url: StorageUrl, *, min_size: int = 1, max_size: int = 4) -> Any:
+    """A connection pool to *url*.
+
+    Raises:
+        DatabaseError: asyncpg missing, the server unreachable, or the login
+            refused; the message names the URL without its password and says
+            what to do.
+    """
+    _need_asyncpg()
+    assert url.dsn is not None
+    try:
+        return await asyncpg.create_pool(
+            url.dsn,
+            min_size=min_size,
+            max_size=max_size,
+            init=_init,
+            timeout=CONNECT_TIMEOUT_S,
+        )
+    except (*CONNECTION_ERRORS, asyncpg.PostgresError) as exc:
+        raise DatabaseError(
+            f"cannot connect to Postgres at {url.display} ({_reason(exc)}): "
+            "check that the server is running and the URL's host, port, user and database"
+        ) from None
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0][:200]
+
+
+async def prepare(pool: Any, url: StorageUrl) -> int:
+    """Create or upgrade gpuprof's tables in the database of *pool*; returns
+    the schema version found before (0: new).
+
+    Raises:
+        DatabaseError: another program's tables, or a newer schema than this code's.
+    """
+    async with pool.acquire() as conn:
+        try:
+            async with conn.transaction():
+                await conn.execute("SELECT pg_advisory_xact_lock($1)", _SCHEMA_LOCK_KEY)
+                target = await conn.fetchval("SELECT current_schemas(false)")
+                if not target:  # search_path names a schema that is not there yet
+                    first = await conn.fetchval("SELECT current_setting('search_path')")
+                    name = first.split(",")[0].strip().strip('"')
+                    if not name or name.startswith("$"):
+                        raise DatabaseError(
+                            f"{url.display}: no schema to create tables in (search_path {first!r})"
+                        )
+                    await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{name}"')
+                version = await _version(conn, url)
+                await conn.execute(POSTGRES.ddl(schema.SCHEMA_SQL))
+                if version:
+                    for table, column, decl in schema.added_since(version):
+                        await conn.execute(
+                            f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} "
+                            f"{POSTGRES.column_decl(decl)}"
+                        )
+                if version < schema.SCHEMA_VERSION:
+                    await conn.executemany(
+                        "INSERT INTO meta (key, value) VALUES ($1, $2) "
+                        "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                        schema.meta_rows(),
+                    )
+        except asyncpg.PostgresError as exc:
+            raise DatabaseError(
+                f"cannot create gpuprof's tables in {url.display} ({_reason(exc)})"
+            ) from None
+    return version
+
+
+async def _version(conn: Any, url: StorageUrl) -> int:
+    """The schema version of the tables visible on *conn*'s search path (0: none)."""
+    tables = {
+        r["table_name"]
+        for r in await conn.fetch(
+            "SELECT table_name FROM information_schema.tables "
+            "WHERE table_schema = ANY (current_schemas(false))"
+        )
+    }
+    if not tables:
+        return 0
+    if "meta" not in tables or "runs" not in tables:
+        raise DatabaseError(f"{url.display} has tables but not gpuprof's")
+    meta = {r["key"]: r["value"] for r in await conn.fetch("SELECT key, value FROM meta")}
+    return schema.check_meta(meta, url.display)
+
+
+class PostgresReader:
+    """A :class:`gpuprofd.storage.reader.Reader` over a pool (``gpuprofctl
+    --storage-url postgres://…``); :meth:`connect` checks the schema."""
+
+    dialect: Dialect = POSTGRES
+
+    def __init__(self, pool: Any, url: StorageUrl) -> None:
+        self.pool = pool
+        self.url = url
+        self.where = url.display
+
+    @classmethod
+    async def connect(cls, url: StorageUrl) -> PostgresReader:
+        """Connect and check that *url* holds gpuprof's tables, not newer than this code.
+
+        Raises:
+            DatabaseError: unreachable, empty, not gpuprof's, or too new.
+        """
+        pool = await create_pool(url, min_size=1, max_size=2)
+        try:
+            async with pool.acquire() as conn:
+                version = await _version(conn, url)
+        except BaseException:
+            await pool.close()
+            raise
+        if not version:
+            await pool.close()
+            raise DatabaseError(
+                f"{url.display} holds no gpuprof tables yet "
+                "(point a gpuprofd at it with --storage-url first)"
+            )
+        return cls(pool, url)
+
+    async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        try:
+            return await self.pool.fetch(POSTGRES.sql(sql), *params)
+        except ERRORS as exc:
+            raise DatabaseError(f"reading {self.where} failed ({_reason(exc)})") from None
+
+    async def fetchone(self, sql: str, params: Sequence[Any] = ()) -> Any | None:
+        rows = await self.fetchall(sql, params)
+        return rows[0] if rows else None
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+
+class PostgresWriter:
+    """The store writer's side of a pool: one connection held per transaction."""
+
+    dialect: Dialect = POSTGRES
+    #: A failed statement aborts a Postgres transaction: each lone one runs under a savepoint.
+    statement_savepoints = True
+    errors = ERRORS
+    connection_errors = CONNECTION_ERRORS
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+        self._conn: Any = None
+        self._types: dict[str, tuple[str, ...]] = {}
+
+    async def begin(self) -> None:
+        self._conn = await self.pool.acquire()
+        try:
+            await self._conn.execute("BEGIN")
+        except BaseException:
+            await self._release()
+            raise
+
+    async def commit(self) -> None:
+        try:
+            await self._conn.execute("COMMIT")
+        finally:
+            await self._release()
+
+    async def rollback(self) -> None:
+        if self._conn is None:
+            return
+        try:
+            await self._conn.execute("ROLLBACK")
+        finally:
+            await self._release()
+
+    async def _release(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                await self.pool.release(conn)
+            except Exception:  # noqa: BLE001 - a broken connection is discarded by the pool
+                conn.terminate()
+
+    async def savepoint(self, name: str) -> None:
+        await self._conn.execute(f"SAVEPOINT {name}")
+
+    async def release(self, name: str) -> None:
+        await self._conn.execute(f"RELEASE SAVEPOINT {name}")
+
+    async def rollback_to(self, name: str) -> None:
+        await self._conn.execute(f"ROLLBACK TO SAVEPOINT {name}")
+
+    async def execute(self, sql: str, params: Sequence[Any]) -> tuple[int, Any]:
+        """Run one statement; returns (rows changed, the first column of the
+        first row a ``RETURNING`` gave, else None)."""
+        stmt = await self._conn.prepare(POSTGRES.sql(sql))
+        values = _coerce(params, stmt)
+        if stmt.get_attributes():  # RETURNING or SELECT
+            row = await stmt.fetchrow(*values)
+            return (1 if row is not None else 0), (row[0] if row is not None else None)
+        status = await self._conn.execute(POSTGRES.sql(sql), *values)
+        return _rowcount(status), None
+
+    async def executemany(
+        self, sql: str, rows: Sequence[Sequence[Any]], *, count: bool = False
+    ) -> int | None:
+        """Run *sql* with each of *rows* (pipelined); with *count*, one by one
+        to return the rows changed in all (asyncpg's executemany does not say)."""
+        stmt = await self._conn.prepare(POSTGRES.sql(sql))
+        values = [_coerce(r, stmt) for r in rows]
+        if not count:
+            plain = _PLAIN_INSERT.fullmatch(sql.strip())
+            if plain and len(values) >= COPY_MIN_ROWS:
+                # COPY: one round trip and no per-row statement (3-5x executemany here)
+                columns = [c.strip() for c in plain.group(2).split(",")]
+                await self._conn.copy_records_to_table(
+                    plain.group(1), records=values, columns=columns
+                )
+            else:
+                await stmt.executemany(values)
+            return None
+        total = 0
+        for v in values:
+            total += _rowcount(await self._conn.execute(POSTGRES.sql(sql), *v))
+        return total
+
+    async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        return await self.pool.fetch(POSTGRES.sql(sql), *params)
+
+    async def close(self) -> None:
+        await self._release()
+        await self.pool.close()
+
+
+#: ``INSERT INTO t (a, b) VALUES (?, ?)`` with nothing else: rows that COPY can load.
+_PLAIN_INSERT = re.compile(r"INSERT INTO (\w+) \(([\w, ]+)\) VALUES \((\?(?:, ?\?)*)\)")
+#: Fewer rows than this go through executemany (COPY's set-up costs a round trip).
+COPY_MIN_ROWS = 8
+
+
+def _rowcount(status: str) -> int:
+    """Rows changed from a command tag (``UPDATE 3``, ``INSERT 0 1``)."""
+    tail = status.rsplit(" ", 1)[-1]
+    return int(tail) if tail.isdigit() else 0
+
+
+_INT_TYPES = frozenset({"int2", "int4", "int8"})
+_FLOAT_TYPES = frozenset({"float4", "float8", "numeric"})
+
+
+def _coerce(params: Sequence[Any], stmt: Any) -> tuple[Any, ...]:
+    """*params* as the statement's parameter types want them: SQLite stores
+    what it is given, asyncpg insists on the declared type (an ``int`` for a
+    BIGINT, a ``str`` for a TEXT)."""
+    types = stmt.get_parameters()
+    out = []
+    for value, t in zip(params, types, strict=False):
+        if value is None:
+            out.append(None)
+        elif t.name in _INT_TYPES and not isinstance(value, int):
+            out.append(round(value))
+        elif t.name in _INT_TYPES and isinstance(value, bool):
+            out.append(int(value))
+        elif t.name in _FLOAT_TYPES and not isinstance(value, float):
+            out.append(float(value))
+        elif t.name == "text" and not isinstance(value, str):
+            out.append(str(value))
+        else:
+            out.append(value)
+    return tuple(out)

@@ -1,0 +1,283 @@
+"""The store on each backend: the same writes and reads on a SQLite file and
+on the real Postgres (a fresh schema per test), the schema made once from one
+definition, versions checked, and a Postgres lost and back."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+import pytest
+
+from gpuprofd.counters import DropCounter
+from gpuprofd.errors import DatabaseError
+from gpuprofd.storage import runsdb, schema
+from gpuprofd.storage import store as store_mod
+from gpuprofd.storage.dialect import POSTGRES
+from gpuprofd.storage.store import Op, Part, Store
+from gpuprofd.storage.url import parse, redact
+from tests.daemon.helpers import PHASES
+
+
+@contextlib.asynccontextmanager
+async def open_store(url: str, drops: DropCounter | None = None) -> AsyncIterator[Store]:
+    parsed = parse(url)
+    if parsed.path is not None:
+        schema.prepare(parsed.path)
+    store = Store(parsed, drops or DropCounter())
+    await store.open()
+    store.start()
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+def run_row(key: str = "k1", name: str = "exp") -> dict[str, Any]:
+    return {"run_key": key, "run_name": name, "status": "running", "host": "h", "pid": 1,
+            "rank": 0, "local_rank": 0, "world_size": 1, "auto": 1, "start_wall_ns": 1,
+            "start_mono_ns": 2, "options": {"flops_per_step": 5e12}, "cpu_count": 2}  # fmt: skip
+
+
+def step_msg(i: int, **extra: Any) -> dict[str, Any]:
+    t0 = 1_000_000_000 + i * 10_000_000
+    return {"i": i, "t0": t0, "t1": t0 + 9_000_000, "wait": 1_000_000, "explicit": False,
+            "micro": 1, "phases": dict(PHASES), **extra}  # fmt: skip
+
+
+async def test_writes_read_back_the_same_on_each_backend(storage_url: str) -> None:
+    drops = DropCounter()
+    async with open_store(storage_url, drops) as store:
+        first = await runsdb.insert_run(store, run_row("k1"))
+        second = await runsdb.insert_run(store, run_row("k2", "other"))
+        assert (first, second) == (1, 2)  # ids from RETURNING on both engines
+        for i in range(1000):
+            assert store.submit_nowait(runsdb.step_op(first, step_msg(i)))
+        comm = [[0, 10, 20, 4096], [1, 15, 30, 8192]]
+        assert store.submit_nowait(runsdb.step_op(first, step_msg(1000, comm=comm)))
+        kernels = {"t0": 5, "t1": 6, "source": "snapshot", "steps": [3],
+                   "rows": [["gemm", "kernel", "compute", 4, 4000, 4000, 1e9],
+                            ["nccl", "kernel", "comm", 1, 500, 500, 0.0]]}  # fmt: skip
+        assert store.submit_all_nowait(runsdb.kernels_ops(first, kernels))
+        for cpu_s in (1.5, 2.5):  # an upsert: one row, the later reading
+            reading = type("W", (), {"run_id": first, "loader_seq": 0, "worker_id": 0,
+                                     "pid": 77, "first_mono_ns": 1, "last_mono_ns": 9,
+                                     "cpu_s": cpu_s})  # fmt: skip
+            assert store.submit_nowait(runsdb.worker_cpu_op(reading))
+        await runsdb.add_drops(store, {"queue_full": 2})
+        await runsdb.add_drops(store, {"queue_full": 3})
+        await runsdb.update_run(store, first, status="finished", median_step_ms=9.0)
+        await store.flush()
+
+        steps = await store.fetchall("SELECT step, t1_ns - t0_ns AS ns FROM steps "
+                                     "WHERE run_id = ? ORDER BY step", (first,))  # fmt: skip
+        assert len(steps) == 1001 and steps[0]["ns"] == 9_000_000 and steps[-1]["step"] == 1000
+        buckets = await store.fetchall(
+            "SELECT bucket, bytes FROM comm_buckets WHERE run_id = ? AND step = ? ORDER BY bucket",
+            (first, 1000),
+        )
+        assert [(r["bucket"], r["bytes"]) for r in buckets] == [(0, 4096), (1, 8192)]
+        stats = await store.fetchall(
+            "SELECT s.name, s.total_ns, w.source FROM kernel_stats s "
+            "JOIN kernel_windows w ON w.id = s.window_id WHERE s.run_id = ? ORDER BY s.name",
+            (first,),
+        )
+        assert [(r["name"], r["total_ns"], r["source"]) for r in stats] == [
+            ("gemm", 4000, "snapshot"), ("nccl", 500, "snapshot")]  # fmt: skip
+        (worker,) = await store.fetchall("SELECT cpu_s FROM worker_cpu WHERE pid = 77")
+        assert worker["cpu_s"] == 2.5
+        (dropped,) = await store.fetchall("SELECT count FROM drops WHERE reason = 'queue_full'")
+        assert dropped["count"] == 5
+        run = await store.fetchone("SELECT status, median_step_ms FROM runs WHERE id = ?", (first,))
+        assert (run["status"], run["median_step_ms"]) == ("finished", 9.0)
+        # A run's insights keep their order (rowid on both engines).
+        assert drops.snapshot() == {}
+
+
+async def test_a_bad_row_in_a_batch_is_dropped_and_counted_and_the_rest_kept(
+    storage_url: str,
+) -> None:
+    drops = DropCounter()
+    async with open_store(storage_url, drops) as store:
+        run = await runsdb.insert_run(store, run_row())
+        ops = [runsdb.step_op(run, step_msg(i)) for i in range(20)]
+        ops[7] = Op(ops[7].sql, (None, *ops[7].params[1:]))  # run_id NOT NULL
+        for op in ops:
+            store.submit_nowait(op)
+        await store.flush()
+        (n,) = await store.fetchall("SELECT COUNT(*) AS n FROM steps")
+        assert n["n"] == 19
+        assert drops.snapshot().get("store_error") == 1
+
+
+async def test_an_atomic_op_is_all_or_nothing(storage_url: str) -> None:
+    async with open_store(storage_url) as store:
+        run = await runsdb.insert_run(store, run_row())
+        ok = [Part("UPDATE runs SET error = ? WHERE id = ?", (("a", run),), expect_rows=1)]
+        await store.write_atomic(ok)
+        bad = [
+            Part("UPDATE runs SET error = ? WHERE id = ?", (("b", run),), expect_rows=1),
+            Part("UPDATE runs SET error = ? WHERE id = ?", (("c", run + 99),), expect_rows=1),
+        ]
+        with pytest.raises(store_mod.AtomicCheckError, match="0 rows changed, expected 1"):
+            await store.write_atomic(bad)
+        row = await store.fetchone("SELECT error FROM runs WHERE id = ?", (run,))
+        assert row["error"] == "a"
+
+
+async def test_json_options_merge_the_same_on_each_backend(storage_url: str) -> None:
+    async with open_store(storage_url) as store:
+        run = await runsdb.insert_run(store, run_row())
+        msg = {"dtype": "bf16", "dtype_source": "autocast", "flops_counted": 3e12,
+               "flops_step": 3}  # fmt: skip
+        for op in runsdb.model_info_ops(run, msg, store.dialect):
+            store.submit_nowait(op)
+        # a second dtype never replaces the first
+        for op in runsdb.model_info_ops(run, {"dtype": "fp32"}, store.dialect):
+            store.submit_nowait(op)
+        await store.flush()
+        row = await store.fetchone("SELECT options FROM runs WHERE id = ?", (run,))
+        opts = orjson.loads(row["options"])
+        assert opts["dtype"] == "bf16" and opts["dtype_source"] == "autocast"
+        # the user's declared FLOPs win over the counted ones
+        assert opts["flops_per_step"] == 5e12 and opts["flops_counted"] == 3e12
+        assert opts["flops_source"] == "user"
+
+
+async def test_a_schema_newer_than_the_code_is_refused_with_both_versions(
+    storage_url: str,
+) -> None:
+    async with open_store(storage_url) as store:
+        await store.write("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
+    with pytest.raises(DatabaseError, match=rf"schema 99 > {schema.SCHEMA_VERSION}"):
+        async with open_store(storage_url):
+            pass
+
+
+async def test_postgres_tables_come_from_the_one_schema(pg_url: str) -> None:
+    """Every table and column of the SQLite schema, with 64-bit integers."""
+    async with open_store(pg_url) as store:
+        rows = await store.fetchall(
+            "SELECT table_name, column_name, data_type FROM information_schema.columns "
+            "WHERE table_schema = ANY (current_schemas(false))"
+        )
+    cols = {(r["table_name"], r["column_name"]): r["data_type"] for r in rows}
+    assert cols[("steps", "t0_ns")] == "bigint"
+    assert cols[("gpu_rollups", "util_mean")] == "double precision"
+    assert cols[("runs", "run_name")] == "text"
+    # the same table set as SQLite's schema
+    import re
+
+    sqlite_tables = set(re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", schema.SCHEMA_SQL))
+    assert {t for t, _ in cols} == sqlite_tables
+
+
+async def test_two_stores_opening_a_new_postgres_schema_at_once_both_work(pg_url: str) -> None:
+    async def one() -> int:
+        async with open_store(pg_url) as store:
+            return await runsdb.insert_run(store, run_row(key=f"k{id(store)}"))
+
+    ids = await asyncio.gather(one(), one())
+    assert sorted(ids) == [1, 2]
+
+
+def test_placeholders_are_numbered_outside_strings() -> None:
+    sql = "SELECT '?' , x FROM t WHERE a = ? AND b IS NOT DISTINCT FROM ? AND c = ?1"
+    assert POSTGRES.sql(sql) == (
+        "SELECT '?' , x FROM t WHERE a = $1 AND b IS NOT DISTINCT FROM $2 AND c = $1"
+    )
+
+
+def test_a_password_is_never_shown() -> None:
+    url = parse("postgres://bob:s3cret@db.example:5433/runs?search_path=x")
+    assert url.display == "postgres://bob:***@db.example:5433/runs?search_path=x"
+    assert "s3cret" not in repr(url) and "s3cret" not in redact(url.dsn or "")
+
+
+def test_a_daemon_on_a_down_postgres_says_so_in_one_line(tmp_path: Any) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "gpuprofd", "--storage-url",
+         "postgres://bob:s3cret@127.0.0.1:9/nothing", "--socket-dir", str(tmp_path / "s")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    assert lines[0].startswith(
+        "gpuprofd: error: cannot connect to Postgres at postgres://bob:***@127.0.0.1:9/nothing"
+    )
+    assert "s3cret" not in out.stderr and "Traceback" not in out.stderr
+
+
+class Proxy:
+    """A TCP forwarder to Postgres that can be cut and restored: a server
+    lost and back, with real sockets."""
+
+    def __init__(self, port: int) -> None:
+        self.target_port = port
+        self.server: asyncio.Server | None = None
+        self.port = 0
+        self.links: set[asyncio.StreamWriter] = set()
+
+    async def start(self) -> None:
+        self.server = await asyncio.start_server(self._link, "127.0.0.1", self.port)
+        self.port = self.server.sockets[0].getsockname()[1]
+
+    async def cut(self) -> None:
+        assert self.server is not None
+        self.server.close()
+        await self.server.wait_closed()
+        for w in list(self.links):
+            w.transport.abort()
+        self.links.clear()
+
+    async def _link(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        ur, uw = await asyncio.open_connection("127.0.0.1", self.target_port)
+        self.links |= {w, uw}
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(Exception):
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            dst.transport.abort()
+
+        await asyncio.gather(pipe(r, uw), pipe(ur, w))
+
+
+async def test_a_lost_postgres_is_retried_and_runs_resume_when_it_returns(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store_mod, "RETRY_FIRST_S", 0.05)
+    monkeypatch.setattr(store_mod, "RETRY_MAX_S", 0.2)
+    monkeypatch.setattr(store_mod, "RETRY_BUDGET_S", 1.0)
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(pg_url)
+    proxy = Proxy(parts.port or 5432)
+    await proxy.start()
+    via = pg_url.replace(f"{parts.hostname}:{parts.port or 5432}", f"127.0.0.1:{proxy.port}")
+    drops = DropCounter()
+    async with open_store(via, drops) as store:
+        run = await runsdb.insert_run(store, run_row())
+        store.submit_nowait(runsdb.step_op(run, step_msg(0)))
+        await store.flush()
+        await proxy.cut()
+        # Lost for longer than one batch's retry budget: that batch is counted, not stored.
+        store.submit_nowait(runsdb.step_op(run, step_msg(1)))
+        await asyncio.sleep(1.6)
+        assert drops.snapshot().get("store_unavailable") == 1
+        # Lost briefly: the batch waits and lands once the server is back.
+        store.submit_nowait(runsdb.step_op(run, step_msg(2)))
+        await asyncio.sleep(0.3)
+        await proxy.start()  # same port
+        await store.flush()
+        rows = await store.fetchall("SELECT step FROM steps ORDER BY step")
+        assert [r["step"] for r in rows] == [0, 2]
+        assert drops.snapshot().get("store_unavailable") == 1
+    await proxy.cut()
