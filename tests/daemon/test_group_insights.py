@@ -6,6 +6,7 @@ group rule never breaks a bye."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from typing import Any
 import orjson
 import pytest
 
-from gpuprof.insights.distributed import comm_fraction
+from gpuprof.insights.distributed import GroupContext, comm_fraction
 from gpuprof.stats import median
 from gpuprof.summary import format_summary
 from gpuprofd.ctl import main
@@ -208,7 +209,7 @@ def test_slow_group_rules_leave_a_note_and_are_stored_once_ready(daemon) -> None
     h.poll_db(db, "SELECT rule FROM group_insights WHERE group_id = 'job'", (), "slow_rule")
 
 
-async def test_one_comm_definition_for_the_summary_the_group_report_and_the_rules(
+def test_one_comm_definition_for_the_summary_the_group_report_and_the_rules(
     daemon, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The summary's comm line, insights --group's per-rank comm and
@@ -223,9 +224,12 @@ async def test_one_comm_definition_for_the_summary_the_group_report_and_the_rule
     _start_ranks(client, "one", steps)
     summaries = [_bye(client, "one", r, sent=30) for r in (0, 1)]
     comm = summaries[0]["comm"]
-    async with open_reader(db) as reader:
-        ctx = await reads.group_context(reader, "one")
-    rank0 = next(r for r in ctx.ranks if r.rank == 0)
+
+    async def read() -> GroupContext:
+        async with open_reader(db) as reader:
+            return await reads.group_context(reader, "one")
+
+    rank0 = next(r for r in asyncio.run(read()).ranks if r.rank == 0)
     assert comm["median_share_of_step"] == round(comm_fraction(rank0), 4)
     assert 0.3 < comm["median_share_of_step"] < 0.4  # the mean share would be ~45 %
     assert comm["median_exposed_ms"] == pytest.approx(median(rank0.comm_ms[3:]), abs=1e-3)
