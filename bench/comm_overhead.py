@@ -88,7 +88,7 @@ def _ping(socket_dir: Path) -> bool:
 
 def _buckets_per_step(db: Path, batch: int) -> float:
     """Bucket rows per timed step stored for the job at *batch*."""
-    from gpuprofd.storage.dbread import open_ro
+    from gpuprofd.storage.reads import open_ro
 
     conn = open_ro(db)
     try:

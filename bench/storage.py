@@ -48,6 +48,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -61,7 +62,8 @@ from gpuprofd.sampling import rollup
 from gpuprofd.sampling.nvml import RealNvml, normalize_uuid
 from gpuprofd.sampling.nvml_replay import ReplayPynvml
 from gpuprofd.sinks import STORED_GPU_HZ
-from gpuprofd.storage import commprune, dbread, kcompact, queries, schema
+from gpuprofd.storage import commprune, kcompact, reads, schema
+from gpuprofd.storage.reader import Reader, open_reader
 from gpuprofd.storage.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -359,21 +361,31 @@ async def compact(db: Path, now_ns: int) -> int:
     return merged
 
 
+def read_db(db: Path, fn: Any) -> Any:
+    """``await fn(reader)`` on a read-only :class:`Reader` of *db* (as gpuprofctl reads)."""
+
+    async def main() -> Any:
+        async with open_reader(db) as reader:
+            return await fn(reader)
+
+    return asyncio.run(main())
+
+
+async def _context(reader: Reader, run_id: int = 1) -> Any:
+    return await reads.run_context(reader, await reads.get_run(reader, run_id))
+
+
 def kernel_load(db: Path) -> tuple[int, int, object]:
     """Load the run's kernel windows and compute its kernel insights:
     (windows, rows, the kernel_drift evidence or None)."""
-    conn = dbread.open_ro(db)
-    try:
-        windows = queries.kernel_windows_from_rows(
-            conn.execute(queries.KERNEL_WINDOWS_SQL, (1,)),
-            conn.execute(queries.KERNEL_STATS_SQL, (1,)),
-        )
-        ctx = dbread.run_context(conn, dbread.get_run(conn, 1))
-        drift = next((i for i in run_rules(ctx) if i.rule == "kernel_drift"), None)
-        assert kernel_stats(windows) is not None
-        return len(windows), sum(len(r) for _, r in windows), drift
-    finally:
-        conn.close()
+
+    async def load(reader: Reader) -> tuple[Any, Any]:
+        return await reads.kernel_windows(reader, 1), await _context(reader)
+
+    windows, ctx = read_db(db, load)
+    drift = next((i for i in run_rules(ctx) if i.rule == "kernel_drift"), None)
+    assert kernel_stats(windows) is not None
+    return len(windows), sum(len(r) for _, r in windows), drift
 
 
 def continuous_case(tmp: str, hours: float, step_ms: float) -> None:
@@ -443,12 +455,7 @@ def best_of(n: int, fn) -> tuple[float, object]:
 def store_summaries(db: Path, gpus: int) -> None:
     """Each rank's end-of-run summary, as gpuprofd stores it when the rank
     ends (rank 1's, built once, for all)."""
-    ro = dbread.open_ro(db)
-    try:
-        ctx = dbread.run_context(ro, dbread.get_run(ro, 1))
-        summary = make_summary(1, ctx, [], str(db))
-    finally:
-        ro.close()
+    summary = make_summary(1, read_db(db, _context), [], str(db))
     conn = sqlite3.connect(db)
     conn.executemany(
         "UPDATE runs SET summary = ? WHERE id = ?",
@@ -477,11 +484,7 @@ def group_case(db: Path, args: argparse.Namespace) -> None:
           f"{[(i['rule'], i['evidence'].get('rank')) for i in found] if proc.returncode == 0 else found}")  # noqa: E501
 
     def findings():
-        conn = dbread.open_ro(db)
-        try:
-            return group_rules(dbread.group_context(conn, GROUP))
-        finally:
-            conn.close()
+        return group_rules(read_db(db, lambda reader: reads.group_context(reader, GROUP)))
 
     s, _ = best_of(3, findings)
     print(f"in-process group context + rules (what gpuprofd runs at a rank's end): {s:.2f} s "
@@ -547,12 +550,8 @@ def main() -> None:
               f"{proc.returncode}{'' if proc.returncode == 0 else ': ' + proc.stderr[-200:]}")
 
         def insights():
-            conn = dbread.open_ro(db)
-            try:
-                ctx = dbread.run_context(conn, dbread.get_run(conn, 1))
-                return ctx, run_rules(ctx)
-            finally:
-                conn.close()
+            ctx = read_db(db, _context)
+            return ctx, run_rules(ctx)
 
         s, (ctx, fired) = best_of(3, insights)
         print(f"rules fired on the tiled H200 day: {sorted(i.rule for i in fired)}")

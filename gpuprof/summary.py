@@ -17,7 +17,7 @@ A summary is a plain dict (it crosses the control socket as JSON)::
                "insights": [...],             # the group rules at this rank's end,
                "lost_ranks": [{"rank": 1, "status": "lost", "last_step": 20,
                                "message": "rank 1 lost at step ~20", ...}],  # others
-               "missing_ranks": [...], "runs_note": None},  # (gpuprofd.storage.dbread)
+               "missing_ranks": [...], "runs_note": None},  # (gpuprofd.storage.reads)
      "notes": ["no NVIDIA GPU found: GPU metrics skipped", ...],
      "group_id": "job-7"}                     # a run of a group: "Group report:" line
 """

@@ -1,13 +1,14 @@
 """Runs the insight rules on stored runs: live (periodically) and at run end.
 
-Reads the run's rows, builds the context with
-:func:`gpuprof.insights.build_context` and runs :func:`gpuprof.insights.run_rules`
-in a worker thread (a long run has many steps), then stores the findings.
+Reads the run's context with :func:`gpuprofd.storage.reads.run_context` (the
+one ``gpuprofctl`` reads, over the store as a Reader) and runs
+:func:`gpuprof.insights.run_rules` in a worker thread (a long run has many
+steps), then stores the findings.
 
 At a run's end, a run of a group (``runs.group_id``: torchrun's ranks) also
 gets the group rules (:func:`gpuprof.insights.distributed.group_rules`) over
-the group's rows stored so far: read by :func:`gpuprofd.storage.dbread.group_findings`
-(the code ``gpuprofctl insights --group`` runs) on a read-only connection in a
+the group's rows stored so far: read by :func:`gpuprofd.storage.reads.group_findings`
+(the code ``gpuprofctl insights --group`` runs) over the store, the rules in a
 worker thread, bounded to the group's last ``GROUP_STEPS_MAX`` common steps.
 They go into the rank's summary (``group``: the shim prints them at exit) and,
 once every rank of the group has ended, into ``group_insights``. A failure
@@ -21,15 +22,14 @@ import logging
 import shlex
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import orjson
 
-from gpuprof.insights import Insight, RunContext, build_context, run_rules
+from gpuprof.insights import Insight, RunContext, run_rules
 from gpuprof.summary import make_summary
 from gpuprofd.counters import DropCounter
-from gpuprofd.storage import dbread, runsdb
+from gpuprofd.storage import reads, runsdb
 from gpuprofd.storage.store import Store
 
 log = logging.getLogger(__name__)
@@ -67,30 +67,11 @@ class InsightsRunner:
         self._group_tasks: set[asyncio.Task[Any]] = set()
 
     async def _compute(self, run: dict[str, Any]) -> tuple[list[Insight], RunContext]:
-        steps = await runsdb.load_steps(self.store, run["id"])
-        start = run.get("start_mono_ns")
-        end = run.get("end_mono_ns") or self._clock()
-        host = (
-            await runsdb.load_host_samples(self.store, start, end, run.get("boot_id"))
-            if start is not None
-            else []
+        """The run's context (a running run's host samples up to now) and its findings."""
+        ctx = await reads.run_context(
+            self.store, run, gpu_rate_usd_per_hour=self.gpu_rate, now_mono_ns=self._clock()
         )
-        history = await runsdb.history_medians(self.store, run["id"], run["run_name"])
-        run_cpu = await runsdb.load_run_cpu(self.store, run["id"])
-        job_cpu = await runsdb.load_job_cpu(self.store, run)
-        workers = await runsdb.load_worker_cpu(self.store, run["id"])
-        gpu = await runsdb.load_gpu_stats(self.store, run, steps)
-        kernel_windows = await runsdb.load_kernel_windows(self.store, run["id"])
-        comm = await runsdb.load_comm_totals(self.store, run["id"])
-
-        def rules() -> tuple[list[Insight], RunContext]:
-            ctx = build_context(
-                run, steps, host, history, self.gpu_rate, run_cpu, gpu=gpu, workers=workers,
-                kernel_windows=kernel_windows, comm=comm, job_cpu=job_cpu,
-            )  # fmt: skip
-            return run_rules(ctx), ctx
-
-        return await asyncio.to_thread(rules)
+        return await asyncio.to_thread(run_rules, ctx), ctx
 
     async def _group(self, group: str) -> tuple[dict[str, Any] | None, str | None]:
         """The group's findings so far for a rank's summary (``group``,
@@ -113,19 +94,11 @@ class InsightsRunner:
         return {k: found.get(k) for k in keys}, None
 
     async def _group_findings(self, group: str, asked: int) -> dict[str, Any] | None:
-        """:func:`gpuprofd.storage.dbread.group_findings` of *group* read after
-        *asked* (monotonic ns), stored when the group has ended; None on any
-        failure (logged, counted ``group_insights_failed``). One at a time per
-        group: ranks ending together share a read that began after they asked."""
-        db = Path(self.db_path)
-
-        def read() -> dict[str, Any]:
-            conn = dbread.open_ro(db)
-            try:
-                return dbread.group_findings(conn, group)
-            finally:
-                conn.close()
-
+        """:func:`gpuprofd.storage.reads.group_findings` of *group* read after
+        *asked* (monotonic ns) over the store, stored when the group has
+        ended; None on any failure (logged, counted ``group_insights_failed``).
+        One at a time per group: ranks ending together share a read that
+        began after they asked."""
         lock = self._group_locks.setdefault(group, asyncio.Lock())
         try:
             async with lock:
@@ -133,7 +106,7 @@ class InsightsRunner:
                 if last is not None and last[0] >= asked:
                     return last[1]
                 started = time.monotonic_ns()
-                found = await asyncio.to_thread(read)
+                found = await reads.group_findings(self.store, group)
                 self._group_last[group] = (started, found)
                 if found["ended"]:
                     await runsdb.replace_group_insights(
@@ -150,7 +123,7 @@ class InsightsRunner:
 
     async def live(self, run_id: int) -> list[Insight]:
         """Recompute a running run's insights and replace the stored ones."""
-        run = await runsdb.get_run(self.store, run_id=run_id)
+        run = await reads.find_run(self.store, run_id=run_id)
         if run is None:
             return []
         insights, _ = await self._compute(run)
@@ -162,7 +135,7 @@ class InsightsRunner:
         median step time (steady-state iteration, as the history rule compares),
         MFU and achieved TFLOP/s (NULL when unknown) and summary; return the
         summary dict."""
-        run = await runsdb.get_run(self.store, run_id=run_id)
+        run = await reads.find_run(self.store, run_id=run_id)
         if run is None:
             raise KeyError(run_id)
         insights, ctx = await self._compute(run)

@@ -1,5 +1,5 @@
 """A process group's :class:`~gpuprof.insights.distributed.GroupContext` from
-its ranks' stored rows. Pure: no SQLite (``gpuprofd.storage.dbread.group_context``
+its ranks' stored rows. Pure: no SQLite (``gpuprofd.storage.reads.group_context``
 reads the rows and calls :func:`build_group_context`).
 
 What it does with the rows (issue 6):

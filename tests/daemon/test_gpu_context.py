@@ -17,7 +17,8 @@ from gpuprof.insights.gpu import GPU_RULES, gpu_stats
 from gpuprofd.sampling import rollup
 from gpuprofd.sampling.nvml import RealNvml
 from gpuprofd.sampling.nvml_replay import ReplayPynvml
-from gpuprofd.storage import dbread, queries, schema
+from gpuprofd.storage import queries, reads, schema
+from gpuprofd.storage.reader import open_reader
 from tests.daemon import h200_replay
 
 UUID = "GPU-69cfecb8-dd0f-d46a-a967-785474cc5ca4"
@@ -64,12 +65,9 @@ def _db_with_phase(tmp_path: Path, phase: str, run_uuid: str) -> Path:
     return db
 
 
-def _gpu_findings(db: Path) -> tuple[set[str], object]:
-    conn = dbread.open_ro(db)
-    try:
-        ctx = dbread.run_context(conn, dbread.get_run(conn, 1))
-    finally:
-        conn.close()
+async def _gpu_findings(db: Path) -> tuple[set[str], object]:
+    async with open_reader(db) as reader:
+        ctx = await reads.run_context(reader, await reads.get_run(reader, 1))
     return {i.rule for i in run_rules(ctx)} & set(GPU_RULES), ctx
 
 
@@ -89,16 +87,16 @@ WHOLE_SECOND_VERDICTS = {
 
 
 @pytest.mark.parametrize(("phase", "expected"), list(WHOLE_SECOND_VERDICTS.items()))
-def test_stored_samples_reach_the_gpu_rules(tmp_path: Path, phase: str, expected: set[str]):
+async def test_stored_samples_reach_the_gpu_rules(tmp_path: Path, phase: str, expected: set[str]):
     # torch spells the run's UUID without "GPU-": matched all the same
-    fired, ctx = _gpu_findings(_db_with_phase(tmp_path, phase, UUID[4:].upper()))
+    fired, ctx = await _gpu_findings(_db_with_phase(tmp_path, phase, UUID[4:].upper()))
     assert ctx.gpu is not None
     assert fired == expected
 
 
-def test_a_run_on_another_gpu_gets_no_gpu_findings(tmp_path: Path):
+async def test_a_run_on_another_gpu_gets_no_gpu_findings(tmp_path: Path):
     db = _db_with_phase(tmp_path, "h2d_copy", "GPU-00000000-0000-0000-0000-000000000000")
-    fired, ctx = _gpu_findings(db)
+    fired, ctx = await _gpu_findings(db)
     assert (ctx.gpu, fired) == (None, set())
 
 
@@ -176,10 +174,10 @@ def _schema_1_db_with_raw_rows(tmp_path: Path, phase: str) -> tuple[Path, int]:
     return db, n
 
 
-def test_an_old_database_reads_its_raw_samples_as_rollups_both_ways(tmp_path: Path):
+async def test_an_old_database_reads_its_raw_samples_as_rollups_both_ways(tmp_path: Path):
     db, n_raw = _schema_1_db_with_raw_rows(tmp_path, "memory_92pct")
     before = db.read_bytes()
-    read_only, ctx = _gpu_findings(db)  # gpuprofctl: TEMP views, the file untouched
+    read_only, ctx = await _gpu_findings(db)  # gpuprofctl: TEMP views, the file untouched
     assert db.read_bytes() == before
     assert read_only == {"memory_pressure"}
     assert ctx.gpu is not None and ctx.gpu.mem_used_fraction == pytest.approx(0.92, abs=0.01)
@@ -191,12 +189,12 @@ def test_an_old_database_reads_its_raw_samples_as_rollups_both_ways(tmp_path: Pa
     finally:
         conn.close()
     assert rollups == n_raw
-    upgraded, ctx2 = _gpu_findings(db)
+    upgraded, ctx2 = await _gpu_findings(db)
     assert upgraded == read_only
     assert ctx2.gpu == ctx.gpu
 
 
-def test_gpuprofctl_reads_the_runs_own_cpu_like_the_daemon(tmp_path: Path):
+async def test_gpuprofctl_reads_the_runs_own_cpu_like_the_daemon(tmp_path: Path):
     db = _db_with_phase(tmp_path, "idle", UUID)
     conn = sqlite3.connect(db)
     conn.executemany(
@@ -205,14 +203,14 @@ def test_gpuprofctl_reads_the_runs_own_cpu_like_the_daemon(tmp_path: Path):
     )
     conn.commit()
     conn.close()
-    _, ctx = _gpu_findings(db)
+    _, ctx = await _gpu_findings(db)
     assert ctx.run_cpu_cores == 3.0
     (tmp_path / "none").mkdir()
-    _, without = _gpu_findings(_db_with_phase(tmp_path / "none", "idle", UUID))
+    _, without = await _gpu_findings(_db_with_phase(tmp_path / "none", "idle", UUID))
     assert without.run_cpu_cores is None
 
 
-def test_a_run_after_a_reboot_reads_only_its_own_boots_samples(tmp_path: Path):
+async def test_a_run_after_a_reboot_reads_only_its_own_boots_samples(tmp_path: Path):
     """Monotonic time restarts at boot: the same uptime in two boots is two
     different moments, and each run reads its own boot's rollups and host rows."""
     db = _db_with_phase(tmp_path, "memory_92pct", UUID)  # run 1, boot NULL: 92 % full
@@ -247,12 +245,9 @@ def test_a_run_after_a_reboot_reads_only_its_own_boots_samples(tmp_path: Path):
     )
     conn.commit()
     conn.close()
-    ro = dbread.open_ro(db)
-    try:
-        before = dbread.run_context(ro, dbread.get_run(ro, 1))
-        after = dbread.run_context(ro, dbread.get_run(ro, 2))
-    finally:
-        ro.close()
+    async with open_reader(db) as ro:
+        before = await reads.run_context(ro, await reads.get_run(ro, 1))
+        after = await reads.run_context(ro, await reads.get_run(ro, 2))
     assert before.gpu is not None and after.gpu is not None
     assert before.gpu.mem_used_fraction == pytest.approx(0.92, abs=0.01)
     assert after.gpu.mem_used_fraction == pytest.approx(0.2, abs=0.001)

@@ -6,6 +6,7 @@ group rule never breaks a bye."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -17,11 +18,12 @@ from typing import Any
 import orjson
 import pytest
 
-from gpuprof.insights.distributed import comm_fraction
+from gpuprof.insights.distributed import GroupContext, comm_fraction
 from gpuprof.stats import median
 from gpuprof.summary import format_summary
 from gpuprofd.ctl import main
-from gpuprofd.storage import dbread
+from gpuprofd.storage import reads
+from gpuprofd.storage.reader import open_reader
 from tests.daemon import helpers as h
 from tests.gpuprof.insights.group_fixtures import MS, group_steps
 
@@ -222,11 +224,12 @@ def test_one_comm_definition_for_the_summary_the_group_report_and_the_rules(
     _start_ranks(client, "one", steps)
     summaries = [_bye(client, "one", r, sent=30) for r in (0, 1)]
     comm = summaries[0]["comm"]
-    conn = dbread.open_ro(db)
-    try:
-        rank0 = next(r for r in dbread.group_context(conn, "one").ranks if r.rank == 0)
-    finally:
-        conn.close()
+
+    async def read() -> GroupContext:
+        async with open_reader(db) as reader:
+            return await reads.group_context(reader, "one")
+
+    rank0 = next(r for r in asyncio.run(read()).ranks if r.rank == 0)
     assert comm["median_share_of_step"] == round(comm_fraction(rank0), 4)
     assert 0.3 < comm["median_share_of_step"] < 0.4  # the mean share would be ~45 %
     assert comm["median_exposed_ms"] == pytest.approx(median(rank0.comm_ms[3:]), abs=1e-3)

@@ -10,7 +10,7 @@ import pytest
 from gpuprof.protocol import MAX_GROUP_CHARS, PROTOCOL_VERSION, ProtocolError, decode, encode
 from gpuprof_shim import identity, messages
 from gpuprofd.commands.runs import group_line
-from gpuprofd.storage.dbread import group_status, missing_ranks
+from gpuprofd.storage.reads import group_status, missing_ranks
 
 
 def hello(**kw):
@@ -142,7 +142,7 @@ def test_missing_ranks_across_nodes_are_named_by_local_rank_and_host():
 
 
 def test_a_relaunch_on_fewer_ranks_is_not_compared_with_the_old_launch():
-    from gpuprofd.storage.dbread import latest_rank_runs
+    from gpuprofd.storage.reads import latest_rank_runs
 
     old = [{"id": i + 1, "rank": i, "world_size": 4} for i in range(4)]
     new = [{"id": 5 + i, "rank": i, "world_size": 2} for i in range(2)]

@@ -4,13 +4,13 @@ the way ``gpuprofctl insights`` and the daemon's runner read it."""
 
 from __future__ import annotations
 
-import asyncio
 import sqlite3
 from pathlib import Path
 
 from gpuprof.insights import run_rules
 from gpuprofd.counters import DropCounter
-from gpuprofd.storage import dbread, runsdb, schema
+from gpuprofd.storage import reads, schema
+from gpuprofd.storage.reader import open_reader
 from gpuprofd.storage.store import Store
 
 T0 = 1_000_000_000_000
@@ -64,43 +64,38 @@ def _db(tmp_path: Path, *, rank_cores: float, other_load_cores: float, cpu_count
     return db
 
 
-def _rules(db: Path, run_id: int = 1) -> tuple[object, set[str]]:
-    conn = dbread.open_ro(db)
-    try:
-        ctx = dbread.run_context(conn, dbread.get_run(conn, run_id))
-    finally:
-        conn.close()
+async def _rules(db: Path, run_id: int = 1) -> tuple[object, set[str]]:
+    async with open_reader(db) as reader:
+        ctx = await reads.run_context(reader, await reads.get_run(reader, run_id))
     return ctx, {i.rule for i in run_rules(ctx)}
 
 
-def test_two_ranks_using_the_host_are_the_jobs_own_cpu(tmp_path: Path) -> None:
+async def test_two_ranks_using_the_host_are_the_jobs_own_cpu(tmp_path: Path) -> None:
     db = _db(tmp_path, rank_cores=0.95, other_load_cores=0.0)
-    ctx, fired = _rules(db)
+    ctx, fired = await _rules(db)
     assert ctx.run_cpu_cores == 0.95
     assert (round(ctx.job_cpu_cores, 6), ctx.job_ranks) == (1.9, 2)
     assert "host_cpu_contention" not in fired
     assert "cpu_bound_dataloader" in fired  # the stalls and the job's own pegged CPU say so
 
 
-def test_a_job_sharing_the_host_with_another_load_is_still_contended(tmp_path: Path) -> None:
+async def test_a_job_sharing_the_host_with_another_load_is_still_contended(tmp_path: Path) -> None:
     db = _db(tmp_path, rank_cores=1.0, other_load_cores=13.0, cpu_count=16, with_outsider=True)
-    ctx, fired = _rules(db)
+    ctx, fired = await _rules(db)
     assert (ctx.job_cpu_cores, ctx.job_ranks) == (2.0, 2)  # the other job is not summed in
     assert "host_cpu_contention" in fired and "cpu_bound_dataloader" not in fired
 
 
-def test_the_daemons_reader_sums_the_group_too(tmp_path: Path) -> None:
+async def test_the_daemons_reader_sums_the_group_too(tmp_path: Path) -> None:
     db = _db(tmp_path, rank_cores=0.95, other_load_cores=0.0)
 
-    async def read() -> list[dict]:
-        store = Store(db, DropCounter())
-        await store.open()
-        try:
-            run = await runsdb.get_run(store, run_id=2)
-            return await runsdb.load_job_cpu(store, run)
-        finally:
-            await store.close()
-
-    (row,) = asyncio.run(read())
+    store = Store(db, DropCounter())
+    await store.open()
+    try:
+        run = await reads.find_run(store, run_id=2)
+        assert run is not None
+        (row,) = await reads.job_cpu(store, run)
+    finally:
+        await store.close()
     # rank 1's 40 samples beside rank 0 (1.9 cores together), and one alone (5.0)
     assert (round(row["cores"], 6), row["ranks"]) == (round((40 * 1.9 + 5.0) / 41, 6), 2)

@@ -14,7 +14,8 @@ import pytest
 from gpuprof.flops import TransformerArch
 from gpuprof.summary import format_summary
 from gpuprofd.ctl import main
-from gpuprofd.storage import dbread, queries
+from gpuprofd.storage import queries, reads
+from gpuprofd.storage.reader import open_reader
 from tests.daemon import h200_replay
 from tests.daemon import helpers as h
 
@@ -84,7 +85,7 @@ def test_counted_flops_and_probed_dtype_give_mfu_everywhere(
     assert (row["mfu"], row["achieved_tflops"]) == (summary["mfu"], summary["achieved_tflops"])
 
 
-def test_declared_arch_and_dtype_win_and_the_count_is_shown_beside(
+async def test_declared_arch_and_dtype_win_and_the_count_is_shown_beside(
     daemons, sock_dir: Path, tmp_path: Path, my_pid: int
 ) -> None:
     db = tmp_path / "m.db"
@@ -104,11 +105,8 @@ def test_declared_arch_and_dtype_win_and_the_count_is_shown_beside(
     assert summary["mfu"] == pytest.approx(declared / ITERATION_S / 1e12 / BF16_PEAK, abs=1e-4)
     assert "counted 3.37e+12 (+2.1%)" in format_summary(summary)
     run = h.query(db, "SELECT * FROM runs")[0]
-    conn = dbread.open_ro(db)
-    try:
-        ctx = dbread.run_context(conn, queries.run_from_row(run))
-    finally:
-        conn.close()
+    async with open_reader(db) as reader:
+        ctx = await reads.run_context(reader, queries.run_from_row(run))
     assert ctx.arch == arch.to_dict() and ctx.flops_source == "arch"  # what rules read
     (run,) = h.query(db, "SELECT options FROM runs")
     opts = orjson.loads(run["options"])

@@ -10,6 +10,7 @@ backward hook.
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +20,8 @@ import pytest
 
 from gpuprof.insights import run_rules
 from gpuprof.summary import format_summary
-from gpuprofd.storage import dbread
+from gpuprofd.storage import reads
+from gpuprofd.storage.reader import open_reader
 from tests.integration.conftest import REPO, Node, wait_for
 
 #: Eight 128x128 layers, ~66 KB of fp32 gradients each, DDP buckets capped at
@@ -139,20 +141,22 @@ def _no_sibling_contention(node: Node, group: str, nproc: int) -> None:
     """The job's ranks on this host are its own CPU, not "other processes":
     each rank's context sums the group's CPU, and host_cpu_contention, if the
     box is busy with other work (other tests), fires knowing all the ranks."""
-    conn = dbread.open_ro(node.db)
-    try:
-        for (run_id,) in conn.execute("SELECT id FROM runs WHERE group_id = ?", (group,)):
-            ctx = dbread.run_context(conn, dbread.get_run(conn, run_id))
-            assert ctx.job_ranks == nproc and ctx.run_cpu_cores is not None, ctx
-            assert ctx.job_cpu_cores >= ctx.run_cpu_cores, ctx
-            sql = "SELECT evidence FROM insights WHERE run_id = ? AND rule = ?"
-            stored = conn.execute(sql, (run_id, "host_cpu_contention")).fetchall()
-            for found in [*(orjson.loads(r[0]) for r in stored),
-                          *(i.evidence for i in run_rules(ctx)
-                            if i.rule == "host_cpu_contention")]:  # fmt: skip
-                assert found["job_ranks"] == nproc, found
-    finally:
-        conn.close()
+
+    async def check() -> None:
+        async with open_reader(node.db) as reader:
+            ids = await reader.fetchall("SELECT id FROM runs WHERE group_id = ?", (group,))
+            for (run_id,) in ids:
+                ctx = await reads.run_context(reader, await reads.get_run(reader, run_id))
+                assert ctx.job_ranks == nproc and ctx.run_cpu_cores is not None, ctx
+                assert ctx.job_cpu_cores >= ctx.run_cpu_cores, ctx
+                sql = "SELECT evidence FROM insights WHERE run_id = ? AND rule = ?"
+                stored = await reader.fetchall(sql, (run_id, "host_cpu_contention"))
+                for found in [*(orjson.loads(r[0]) for r in stored),
+                              *(i.evidence for i in run_rules(ctx)
+                                if i.rule == "host_cpu_contention")]:  # fmt: skip
+                    assert found["job_ranks"] == nproc, found
+
+    asyncio.run(check())
 
 
 @pytest.mark.parametrize("slow", [True, False])

@@ -4,10 +4,12 @@ CPU (real psutil), the worker_cpu rows, and the worker_imbalance verdict."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
-from gpuprof.insights import run_rules
-from gpuprofd.storage import dbread
+from gpuprof.insights import RunContext, run_rules
+from gpuprofd.storage import reads
+from gpuprofd.storage.reader import open_reader
 
 from .conftest import Node
 
@@ -59,11 +61,12 @@ def _worker_rows(node: Node) -> list[dict]:
 
 def _offline_rules(node: Node) -> dict[str, dict]:
     """The rules on the context gpuprofctl rebuilds from the database."""
-    conn = dbread.open_ro(node.db)
-    try:
-        ctx = dbread.run_context(conn, dbread.get_run(conn, None))
-    finally:
-        conn.close()
+
+    async def read() -> RunContext:
+        async with open_reader(node.db) as reader:
+            return await reads.run_context(reader, await reads.get_run(reader, None))
+
+    ctx = asyncio.run(read())
     return {i.rule: i.to_dict() for i in run_rules(ctx)}
 
 

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 import orjson
 
 from gpuprof import config
+from gpuprofd.storage.reader import Reader, open_reader
+
+T = TypeVar("T")
 
 format_option = click.option(
     "--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
@@ -16,6 +21,13 @@ format_option = click.option(
 )  # fmt: skip
 
 db_argument = click.argument("db", type=click.Path(path_type=Path), required=False)
+
+#: ``--storage-url URL``: the database as a storage URL, instead of DB.
+storage_url_option = click.option(
+    "--storage-url", "storage_url", metavar="URL", default=None,
+    help="The database as a URL instead of DB: sqlite:///path.db or "
+    "postgres://user@host/db (a team server's).",
+)  # fmt: skip
 
 
 def socket_dir_option(help: str) -> Any:
@@ -38,6 +50,30 @@ def resolve_socket_dir(socket_dir: Path | None) -> Path:
 def resolve_db(db: Path | None) -> Path:
     """*db*, or ``GPUPROF_DB`` / ``./gpuprof.db``."""
     return (db or config.db_path()).expanduser()
+
+
+def resolve_target(db: Path | None, storage_url: str | None) -> Path | str:
+    """What to read: *storage_url*, else :func:`resolve_db` of *db*.
+
+    Raises:
+        click.UsageError: both given.
+    """
+    if storage_url is not None:
+        if db is not None:
+            raise click.UsageError("give DB or --storage-url, not both")
+        return storage_url
+    return resolve_db(db)
+
+
+def read_with(target: Path | str, reads: Callable[[Reader], Awaitable[T]]) -> T:
+    """*reads* run on a :class:`Reader` of *target* (a path or storage URL,
+    :func:`gpuprofd.storage.reader.open_reader`), closed after."""
+
+    async def main() -> T:
+        async with open_reader(target) as reader:
+            return await reads(reader)
+
+    return asyncio.run(main())
 
 
 def echo_json(data: Any) -> None:

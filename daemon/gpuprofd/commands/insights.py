@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -10,43 +9,46 @@ import click
 import orjson
 
 from gpuprof.comm import COMM_PHASE
-from gpuprof.insights.distributed import group_rules
 from gpuprof.summary import comm_medians, format_summary, insight_lines, make_summary, size_text
 from gpuprofd import kerneltable
-from gpuprofd.commands.common import db_argument, echo_json, format_option, resolve_db
-from gpuprofd.storage import dbread, queries
+from gpuprofd.commands.common import (
+    db_argument,
+    echo_json,
+    format_option,
+    read_with,
+    resolve_target,
+    storage_url_option,
+)
+from gpuprofd.storage import reads
+from gpuprofd.storage.reader import Reader
 
 LIVE_NOTE = "run in progress: insights as of the daemon's last live update"
 #: Kernels listed under the summary.
 TOP_KERNELS = 10
 
 
-def load_summary(db: Path, run_id: int | None) -> dict[str, Any]:
+async def load_summary(db: Reader, run_id: int | None) -> dict[str, Any]:
     """The stored end-of-run summary, or one built from the stored insights,
     with the run's top kernels and MFU added where it lacks them
     (:func:`add_kernels_and_mfu`)."""
-    conn = dbread.open_ro(db)
-    try:
-        run = dbread.get_run(conn, run_id, db)
-        summary: dict[str, Any] | None = None
-        if run.get("summary"):
-            try:
-                summary = orjson.loads(run["summary"])
-            except orjson.JSONDecodeError:
-                pass  # damaged: rebuild below
-        if not isinstance(summary, dict):
-            ctx = dbread.run_context(conn, run)
-            notes = [LIVE_NOTE] if run["status"] == "running" else []
-            summary = make_summary(
-                run["id"], ctx, dbread.stored_insights(conn, run["id"]), str(db.absolute()), notes,
-                error=run.get("error"),
-            )
-            if run.get("group_id"):
-                summary["group_id"] = run["group_id"]
-        table = kerneltable.build_table(dbread.kernel_windows(conn, run["id"]))
-        return add_kernels_and_mfu(summary, run, table)
-    finally:
-        conn.close()
+    run = await reads.get_run(db, run_id)
+    summary: dict[str, Any] | None = None
+    if run.get("summary"):
+        try:
+            summary = orjson.loads(run["summary"])
+        except orjson.JSONDecodeError:
+            pass  # damaged: rebuild below
+    if not isinstance(summary, dict):
+        ctx = await reads.run_context(db, run)
+        notes = [LIVE_NOTE] if run["status"] == "running" else []
+        summary = make_summary(
+            run["id"], ctx, await reads.stored_insights(db, run["id"]), db.where, notes,
+            error=run.get("error"),
+        )
+        if run.get("group_id"):
+            summary["group_id"] = run["group_id"]
+    table = kerneltable.build_table(await reads.kernel_windows(db, run["id"]))
+    return add_kernels_and_mfu(summary, run, table)
 
 
 def add_kernels_and_mfu(
@@ -92,29 +94,24 @@ def format_kernels_and_mfu(summary: dict[str, Any], shown: str) -> list[str]:
     return lines
 
 
-def rank_comm(conn: sqlite3.Connection, run: dict[str, Any]) -> dict[str, Any] | None:
+async def rank_comm(db: Reader, run: dict[str, Any]) -> dict[str, Any] | None:
     """One rank's collectives for the group report: ``median_exposed_ms`` (the
     ``comm`` phase per step) and ``median_share_of_step`` (0-1, comm / step
     time per step), medians over the steady steps of its last
-    :data:`gpuprofd.storage.dbread.GROUP_STEPS_MAX` untraced steps
+    :data:`gpuprofd.storage.reads.GROUP_STEPS_MAX` untraced steps
     (:func:`gpuprof.summary.comm_medians`: the definition of its summary's
     comm line and of ``comm_dominant``; None when it timed no collective),
     ``buckets_per_step`` and ``bytes_per_step`` (gradient bytes; means over
-    its last :data:`gpuprofd.storage.dbread.GROUP_BUCKET_STEPS` steps with timed
+    its last :data:`gpuprofd.storage.reads.GROUP_BUCKET_STEPS` steps with timed
     buckets; None without), ``clock_offset_ns`` / ``clock_uncertainty_ns``
     (its clock against the reference rank's; None when not measured),
     ``clock_reference_rank`` (the rank it was aligned to). None
     when the run has none of these. Bounded reads, by index: a day-long run
     costs what a short one does."""
-    top = dbread.query(conn, queries.MAX_STEP_SQL, (run["id"],))[0][0]
-    tail = [] if top is None else [
-        queries.group_step_from_row(r)
-        for r in dbread.query(conn, queries.GROUP_TAIL_SQL,
-                              (run["id"], top, dbread.GROUP_STEPS_READ))
-    ]  # fmt: skip
-    tail.sort(key=lambda s: (s["t0"] is None, s["t0"] or 0))
+    top = await reads.max_step(db, run["id"])
+    tail = [] if top is None else await reads.group_tail(db, run["id"], top)
     timed = [s for s in tail if not s["traced"] and s["t0"] is not None and s["t1"] is not None]
-    timed = timed[-dbread.GROUP_STEPS_MAX:]
+    timed = timed[-reads.GROUP_STEPS_MAX:]
     exposed = share = None
     if any(COMM_PHASE in s["phases"] for s in timed):
         exposed, share = comm_medians(
@@ -124,8 +121,8 @@ def rank_comm(conn: sqlite3.Connection, run: dict[str, Any]) -> dict[str, Any] |
     span = None
     if tail:
         indices = sorted(s["step"] for s in tail)
-        span = (indices[-dbread.GROUP_BUCKET_STEPS:][0], indices[-1])
-    totals = dbread.comm_totals(conn, run["id"], span) if span else {"steps": 0}
+        span = (indices[-reads.GROUP_BUCKET_STEPS:][0], indices[-1])
+    totals = await reads.comm_totals(db, run["id"], span) if span else {"steps": 0}
     n = totals.get("steps") or 0
     out = {
         "median_exposed_ms": round(exposed, 3) if exposed is not None else None,
@@ -139,15 +136,15 @@ def rank_comm(conn: sqlite3.Connection, run: dict[str, Any]) -> dict[str, Any] |
     return out if any(v is not None for v in out.values()) else None
 
 
-def load_group(db: Path, group: str) -> dict[str, Any]:
-    """A group's status (:func:`gpuprofd.storage.dbread.group_status`), its findings
+async def load_group(db: Reader, group: str) -> dict[str, Any]:
+    """A group's status (:func:`gpuprofd.storage.reads.group_status`), its findings
     (``insights``: those gpuprofd stored when the group ended, else
     :func:`gpuprof.insights.distributed.group_rules` over
-    :func:`gpuprofd.storage.dbread.group_context` now; ``insights_source`` says
+    :func:`gpuprofd.storage.reads.group_context` now; ``insights_source`` says
     ``stored`` or ``computed``), ``runs`` (the group's runs) and ``runs_note``
-    (:func:`gpuprofd.storage.dbread.runs_note`: a rank has several runs, its latest
+    (:func:`gpuprofd.storage.reads.runs_note`: a rank has several runs, its latest
     is the one shown and compared), the ranks that never
-    reported (``missing_ranks``, :func:`gpuprofd.storage.dbread.missing_ranks`), the
+    reported (``missing_ranks``, :func:`gpuprofd.storage.reads.missing_ranks`), the
     ranks without collective timings (``comm_missing``, :func:`comm_missing`) and,
     per rank (by rank, each rank's latest run), its run id, status, median step, collectives
     (``comm``, :func:`rank_comm`) and summary (:func:`load_summary`).
@@ -155,24 +152,19 @@ def load_group(db: Path, group: str) -> dict[str, Any]:
     Raises:
         click.ClickException: no run belongs to *group*.
     """
-    conn = dbread.open_ro(db)
-    try:
-        every = dbread.group_runs(conn, group)
-        if not every:
-            raise click.ClickException(dbread.unknown_group_message(conn, group))
-        runs = dbread.latest_rank_runs(every)  # what the group rules compare
-        status = dbread.group_status([r["status"] for r in runs])
-        found = dbread.stored_group_insights(conn, group) if status["ended"] else []
-        source = "stored" if found else "computed"
-        if not found:
-            ctx = dbread.group_context(conn, group)
-            found = [dbread.plain_insight(i) for i in group_rules(ctx)]
-        comm = {run["id"]: rank_comm(conn, run) for run in runs}
-    finally:
-        conn.close()
+    every = await reads.group_runs(db, group)
+    if not every:
+        raise click.ClickException(await reads.unknown_group_message(db, group))
+    runs = reads.latest_rank_runs(every)  # what the group rules compare
+    status = reads.group_status([r["status"] for r in runs])
+    found = await reads.stored_group_insights(db, group) if status["ended"] else []
+    source = "stored" if found else "computed"
+    if not found:
+        _, found = await reads.group_insights_now(db, group)
+    comm = {run["id"]: await rank_comm(db, run) for run in runs}
     ranks = []
     for run in runs:
-        summary = load_summary(db, run["id"])
+        summary = await load_summary(db, run["id"])
         ranks.append({
             "rank": run.get("rank"), "run_id": run["id"], "status": run["status"],
             "host": run.get("host"), "median_step_ms": summary.get("median_step_ms"),
@@ -181,8 +173,8 @@ def load_group(db: Path, group: str) -> dict[str, Any]:
     return {
         "group": group, **status,
         "insights": found, "insights_source": source,
-        "runs": len(every), "runs_note": dbread.runs_note(every),
-        "missing_ranks": dbread.missing_ranks(runs),
+        "runs": len(every), "runs_note": reads.runs_note(every),
+        "missing_ranks": reads.missing_ranks(runs),
         "comm_missing": comm_missing(ranks),
         "ranks": ranks,
     }  # fmt: skip
@@ -292,12 +284,16 @@ def split_args(db: Path | None, run_id: int | None) -> tuple[Path | None, int | 
     "(straggler, bucket skew, comm share, rank skew), each rank's status, median step "
     "and collectives, then each rank's summary.",
 )
+@storage_url_option
 @format_option
-def insights_cmd(db: Path | None, run_id: int | None, group: str | None, fmt: str) -> None:
+def insights_cmd(
+    db: Path | None, run_id: int | None, group: str | None, storage_url: str | None, fmt: str
+) -> None:
     """Show a run's insights (default: the latest run in DB).
 
-    DB defaults to GPUPROF_DB or ./gpuprof.db. A lone all-digits argument
-    that is not an existing file is RUN_ID: `gpuprofctl insights 3`.
+    DB defaults to GPUPROF_DB or ./gpuprof.db; --storage-url URL reads
+    sqlite:///path.db or postgres://user@host/db instead. A lone all-digits
+    argument that is not an existing file is RUN_ID: `gpuprofctl insights 3`.
     `--group NAME`: every rank of a torchrun group (JSON: group, status,
     ended, counts, insights [the group's findings: stored when the group
     ended, else computed now], insights_source [stored | computed], runs [the
@@ -313,16 +309,17 @@ def insights_cmd(db: Path | None, run_id: int | None, group: str | None, fmt: st
     summary}]).
     """
     db, run_id = split_args(db, run_id)
+    target = resolve_target(db, storage_url)
     if group is not None:
         if run_id is not None:
             raise click.UsageError("give RUN_ID or --group, not both")
-        data = load_group(resolve_db(db), group)
+        data = read_with(target, lambda reader: load_group(reader, group))
         if fmt == "json":
             echo_json(data)
         else:
             click.echo(format_group(data))
         return
-    summary = load_summary(resolve_db(db), run_id)
+    summary = read_with(target, lambda reader: load_summary(reader, run_id))
     if fmt == "json":
         echo_json(summary)
     else:

@@ -10,16 +10,46 @@ import click
 
 from gpuprof.kernels import SOURCES
 from gpuprofd import kerneltable
-from gpuprofd.commands.common import db_argument, echo_json, format_option, resolve_db
+from gpuprofd.commands.common import (
+    db_argument,
+    echo_json,
+    format_option,
+    read_with,
+    resolve_target,
+    storage_url_option,
+)
 from gpuprofd.commands.insights import split_args
-from gpuprofd.storage import dbread
+from gpuprofd.storage import reads
+from gpuprofd.storage.reader import Reader
 
 _RUN_ID = click.IntRange(1, 2**63 - 1)
 
 
-def load_table(conn: Any, run: dict[str, Any], source: str | None,
-               kind: str) -> kerneltable.KernelTable:  # fmt: skip
-    return kerneltable.build_table(dbread.kernel_windows(conn, run["id"]), source, kind)
+async def load_table(db: Reader, run: dict[str, Any], source: str | None,
+                     kind: str) -> kerneltable.KernelTable:  # fmt: skip
+    return kerneltable.build_table(await reads.kernel_windows(db, run["id"]), source, kind)
+
+
+async def load_tables(
+    db: Reader, run_id: int | None, other: int | None, source: str | None, kind: str
+) -> tuple[dict[str, Any], kerneltable.KernelTable, dict[str, Any] | None,
+           kerneltable.KernelTable | None]:  # fmt: skip
+    """RUN's table and, with *other*, OTHER's: (run, table, run_b, table_b);
+    without *source*, both of a source both runs have."""
+    run = await reads.get_run(db, run_id)
+    table = await load_table(db, run, source, kind)
+    if other is None:
+        return run, table, None, None
+    run_b = await reads.get_run(db, other)
+    if source is None:  # compare like with like: a source both runs have
+        wa = await reads.kernel_windows(db, run["id"])
+        wb = await reads.kernel_windows(db, run_b["id"])
+        shared = kerneltable.common_source(wa, wb, kind)
+        table = kerneltable.build_table(wa, shared, kind) if shared else table
+        table_b = kerneltable.build_table(wb, shared, kind)
+    else:
+        table_b = await load_table(db, run_b, source, kind)
+    return run, table, run_b, table_b
 
 
 def _label(run: dict[str, Any]) -> str:
@@ -37,8 +67,9 @@ step (when the windows list their steps) or per window.
 --compare: per kernel, its time per step (or per window) in RUN (A) and
 OTHER_RUN (B), the delta B - A in ms and the ratio B / A, biggest change
 first, with per-class totals (compute, comm, memcpy, memset, other).
-DB defaults to GPUPROF_DB or ./gpuprof.db; a lone all-digits argument that
-is not an existing file is RUN_ID.
+DB defaults to GPUPROF_DB or ./gpuprof.db (--storage-url URL:
+sqlite:///path.db or postgres://user@host/db instead); a lone all-digits
+argument that is not an existing file is RUN_ID.
 """
 
 
@@ -53,32 +84,21 @@ is not an existing file is RUN_ID.
               help="Device kernels, or framework operators (self device time + FLOPs).")
 @click.option("--top", type=click.IntRange(1), default=kerneltable.DEFAULT_TOP,
               show_default=True, help="Rows in text output (json: all).")
+@storage_url_option
 @format_option
 def kernels_cmd(db: Path | None, run_id: int | None, other: int | None, source: str | None,
-                kind: str, top: int, fmt: str) -> None:  # fmt: skip
+                kind: str, top: int, storage_url: str | None, fmt: str) -> None:  # fmt: skip
     db, run_id = split_args(db, run_id)
-    path = resolve_db(db)
-    conn = dbread.open_ro(path)
-    try:
-        run = dbread.get_run(conn, run_id, path)
-        table = load_table(conn, run, source, kind)
-        if other is None:
-            if fmt == "json":
-                echo_json({"run_id": run["id"], "run_name": run["run_name"], **table.to_dict()})
-            else:
-                click.echo(f"{_label(run)}: " + kerneltable.format_table(table, top))
-            return
-        run_b = dbread.get_run(conn, other, path)
-        if source is None:  # compare like with like: a source both runs have
-            wa = dbread.kernel_windows(conn, run["id"])
-            wb = dbread.kernel_windows(conn, run_b["id"])
-            shared = kerneltable.common_source(wa, wb, kind)
-            table = kerneltable.build_table(wa, shared, kind) if shared else table
-            table_b = kerneltable.build_table(wb, shared, kind)
+    target = resolve_target(db, storage_url)
+    run, table, run_b, table_b = read_with(
+        target, lambda reader: load_tables(reader, run_id, other, source, kind)
+    )
+    if run_b is None or table_b is None:
+        if fmt == "json":
+            echo_json({"run_id": run["id"], "run_name": run["run_name"], **table.to_dict()})
         else:
-            table_b = load_table(conn, run_b, source, kind)
-    finally:
-        conn.close()
+            click.echo(f"{_label(run)}: " + kerneltable.format_table(table, top))
+        return
     cmp = kerneltable.compare(table, table_b)
     cmp["a"].update(run_id=run["id"], run_name=run["run_name"])
     cmp["b"].update(run_id=run_b["id"], run_name=run_b["run_name"])

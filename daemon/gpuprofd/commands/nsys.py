@@ -10,9 +10,10 @@ from typing import Any
 import click
 
 from gpuprofd import nsys
-from gpuprofd.commands.common import echo_json, format_option, resolve_db
+from gpuprofd.commands.common import echo_json, format_option, read_with, resolve_db
 from gpuprofd.errors import DatabaseError
-from gpuprofd.storage import dbread, runsdb, schema
+from gpuprofd.storage import reads, runsdb, schema
+from gpuprofd.storage.reader import Reader
 from gpuprofd.storage.store import Op
 
 _STEPS_SQL = "SELECT step, t0_ns, t1_ns FROM steps WHERE run_id = ? ORDER BY t0_ns, step"
@@ -45,6 +46,15 @@ def _write(db: Path, run_id: int, windows: list[tuple[dict[str, Any], list[Any]]
         raise DatabaseError(f"cannot write to {db} ({exc})") from None
     finally:
         conn.close()
+
+
+async def _run_steps(db: Reader, run_id: int | None) -> tuple[dict[str, Any], list[nsys.Step]]:
+    """The run (latest if None) and its timed steps, by t0."""
+    run = await reads.get_run(db, run_id)
+    steps = [nsys.Step(int(r["step"]), int(r["t0_ns"]), int(r["t1_ns"]))
+             for r in await db.fetchall(_STEPS_SQL, (run["id"],))
+             if r["t0_ns"] is not None and r["t1_ns"] is not None]  # fmt: skip
+    return run, steps
 
 
 def _nothing(msg: str, report: Path, run: dict[str, Any], fmt: str) -> None:
@@ -88,14 +98,7 @@ device activity attaches nothing and exits 0. See them with
 def nsys_import_cmd(report: Path, db: Path | None, run_id: int | None, device: int | None,
                     quiet: bool, fmt: str) -> None:  # fmt: skip
     path = resolve_db(db)
-    conn = dbread.open_ro(path)
-    try:
-        run = dbread.get_run(conn, run_id, path)
-        steps = [nsys.Step(int(r["step"]), int(r["t0_ns"]), int(r["t1_ns"]))
-                 for r in conn.execute(_STEPS_SQL, (run["id"],))
-                 if r["t0_ns"] is not None and r["t1_ns"] is not None]  # fmt: skip
-    finally:
-        conn.close()
+    run, steps = read_with(path, lambda reader: _run_steps(reader, run_id))
     rep = nsys.open_report(report)
     notes: list[str] = []
     try:

@@ -9,8 +9,16 @@ import click
 
 from gpuprof.insights.base import WARMUP_STEPS
 from gpuprof.summary import mfu_figures
-from gpuprofd.commands.common import db_argument, echo_json, format_option, resolve_db
-from gpuprofd.storage import dbread
+from gpuprofd.commands.common import (
+    db_argument,
+    echo_json,
+    format_option,
+    read_with,
+    resolve_target,
+    storage_url_option,
+)
+from gpuprofd.storage import reads
+from gpuprofd.storage.reader import Reader
 
 #: Keys of ``pct_of_iteration``, in table order, with their column headers.
 COLUMNS = (
@@ -82,23 +90,25 @@ def describe(
     }
 
 
-def list_runs(db: Path, group: str | None = None) -> list[dict[str, Any]]:
-    """Every run, newest first; with *group*, that group's runs by rank."""
-    conn = dbread.open_ro(db)
-    try:
-        out = []
-        for run in dbread.runs_overview(conn, group):
-            median_ms = run.get("median_step_ms")
-            compute = None
-            if median_ms is None and run["agg"]:  # still running: compute it now
-                ctx = dbread.run_context(conn, run)
-                median_ms = ctx.median_step_ms
-                median_ms = round(median_ms, 3) if median_ms is not None else None
-                compute = mfu_figures(ctx)
-            out.append(describe(run, median_ms, compute))
-        return out
-    finally:
-        conn.close()
+async def list_runs(db: Reader, group: str | None = None) -> list[dict[str, Any]]:
+    """Every run, newest first; with *group*, that group's runs by rank.
+
+    Raises:
+        click.ClickException: *group* given and no run belongs to it.
+    """
+    out = []
+    for run in await reads.runs_overview(db, group):
+        median_ms = run.get("median_step_ms")
+        compute = None
+        if median_ms is None and run["agg"]:  # still running: compute it now
+            ctx = await reads.run_context(db, run)
+            median_ms = ctx.median_step_ms
+            median_ms = round(median_ms, 3) if median_ms is not None else None
+            compute = mfu_figures(ctx)
+        out.append(describe(run, median_ms, compute))
+    if group is not None and not out:
+        raise click.ClickException(await reads.unknown_group_message(db, group))
+    return out
 
 
 def _cell(v: float | None) -> str:
@@ -149,6 +159,7 @@ def format_table(rows: list[dict[str, Any]], ranks: bool = False, groups: bool =
 
 
 RUNS_HELP = f"""List the runs in DB (default: GPUPROF_DB or ./gpuprof.db), newest first.
+--storage-url URL reads sqlite:///path.db or postgres://user@host/db instead.
 
 \b
 GROUP RANK      only when a listed run has a group: torchrun's run id or
@@ -202,17 +213,17 @@ local_world_size, host.
 
 def group_line(group: str, rows: list[dict[str, Any]]) -> str:
     """``group NAME: finished (2 ranks: 2 finished)`` over each rank's latest
-    run (:func:`dbread.latest_rank_runs`, what the group rules compare), then
+    run (:func:`reads.latest_rank_runs`, what the group rules compare), then
     ``; 4 runs of 2 ranks: ...`` when a rank has several runs
-    (:func:`dbread.runs_note`) and ``; rank 3 never reported: ...`` for each
-    rank that never did (:func:`dbread.missing_ranks`)."""
-    latest = dbread.latest_rank_runs(rows)
-    st = dbread.group_status([r["status"] for r in latest])
+    (:func:`reads.runs_note`) and ``; rank 3 never reported: ...`` for each
+    rank that never did (:func:`reads.missing_ranks`)."""
+    latest = reads.latest_rank_runs(rows)
+    st = reads.group_status([r["status"] for r in latest])
     counts = ", ".join(f"{n} {s}" for s, n in st["counts"].items())
     n = len(latest)
     line = f"group {group}: {st['status']} ({n} rank{'' if n == 1 else 's'}: {counts})"
-    note = dbread.runs_note(rows)
-    missing = [m["message"] for m in dbread.missing_ranks(latest)]
+    note = reads.runs_note(rows)
+    missing = [m["message"] for m in reads.missing_ranks(latest)]
     return "; ".join([line, *([note] if note else []), *missing])
 
 
@@ -225,16 +236,10 @@ def group_line(group: str, rows: list[dict[str, Any]]) -> str:
     metavar="NAME",
     help="Only this group's runs (torchrun's run id or profile(group=...)).",
 )
+@storage_url_option
 @format_option
-def runs_cmd(db: Path | None, group: str | None, fmt: str) -> None:
-    path = resolve_db(db)
-    rows = list_runs(path, group)
-    if group is not None and not rows:
-        conn = dbread.open_ro(path)
-        try:
-            raise click.ClickException(dbread.unknown_group_message(conn, group))
-        finally:
-            conn.close()
+def runs_cmd(db: Path | None, group: str | None, storage_url: str | None, fmt: str) -> None:
+    rows = read_with(resolve_target(db, storage_url), lambda reader: list_runs(reader, group))
     if fmt == "json":
         echo_json(rows)
     elif not rows:

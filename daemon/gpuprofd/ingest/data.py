@@ -81,7 +81,8 @@ class Ingest:
             if not self.store.submit_nowait(runsdb.clock_op(live.run_id, msg)):
                 live.store_dropped += 1
         elif msg["type"] == "model_info":
-            if not self.store.submit_all_nowait(runsdb.model_info_ops(live.run_id, msg)):
+            ops = runsdb.model_info_ops(live.run_id, msg, self.store.dialect)
+            if not self.store.submit_all_nowait(ops):
                 live.store_dropped += 1
         elif msg["type"] == "workers":
             if live.local_pid:

@@ -22,7 +22,7 @@ from gpuprofd.ingest.procs import pid_namespace
 from gpuprofd.ingest.registry import LiveRun, RunRegistry
 from gpuprofd.insights_runner import InsightsRunner
 from gpuprofd.sampling.nvml import GpuDevice, match_uuid
-from gpuprofd.storage import runsdb
+from gpuprofd.storage import reads, runsdb
 from gpuprofd.storage.store import Op, Store
 
 log = logging.getLogger(__name__)
@@ -98,7 +98,7 @@ class RunService:
             live = self.registry.get(msg["run_key"])
             if live is not None:
                 return live
-            existing = await runsdb.get_run(self.store, run_key=msg["run_key"])
+            existing = await reads.find_run(self.store, run_key=msg["run_key"])
             if existing is not None:
                 if existing["status"] in ("finished", "failed"):
                     raise UnknownRun(f"run {existing['id']} with this key has already ended")
@@ -135,7 +135,7 @@ class RunService:
             live = self.registry.get(run_key)
             if live is not None:
                 return live
-            run = await runsdb.get_run(self.store, run_key=run_key)
+            run = await reads.find_run(self.store, run_key=run_key)
             if run is None:
                 self.registry.mark_unknown(run_key, "unknown_run")
                 return None
@@ -151,7 +151,7 @@ class RunService:
         )  # fmt: skip
         live.received = live.persisted_received = int(run["received_events"] or 0)
         live.store_dropped = int(run.get("store_dropped_events") or 0)
-        live.steps = await runsdb.count_steps(self.store, run["id"])
+        live.steps = await reads.count_steps(self.store, run["id"])
         return live
 
     async def _adopt(self, run: dict[str, Any]) -> LiveRun:
@@ -237,15 +237,13 @@ class RunService:
 
     async def recover_at_startup(self) -> None:
         """Runs left ``running`` by a previous daemon: adopt if alive, else lose."""
-        for run in await runsdb.runs_with_status(self.store, "running"):
+        for run in await reads.runs_with_status(self.store, "running"):
             if self._alive(run):
                 await self._adopt(run)
                 continue
             live = await self._live_from_row(run)
-            row = await self.store.fetchone(
-                "SELECT MAX(t1_ns) AS t1 FROM steps WHERE run_id = ?", (run["id"],)
-            )
-            live.last_t1_ns = row["t1"] if row and row["t1"] is not None else run["start_mono_ns"]
+            t1 = await reads.last_step_end(self.store, run["id"])
+            live.last_t1_ns = t1 if t1 is not None else run["start_mono_ns"]
             await self.lose(live)
 
     async def persist_counts(self) -> None:

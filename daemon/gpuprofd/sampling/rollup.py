@@ -41,22 +41,25 @@ INSERT_SQL = (
     f"INSERT INTO gpu_rollups ({', '.join(ROLLUP_COLUMNS)}) "
     f"VALUES ({', '.join('?' * len(ROLLUP_COLUMNS))})"
 )
-_WHERE = "WHERE uuid = ? AND boot_id IS ? AND sec_ns > ? AND sec_ns < ?"
+_WHERE = "WHERE uuid = ? AND boot_id IS NOT DISTINCT FROM ? AND sec_ns > ? AND sec_ns < ?"
 #: A run's rollups: its GPU (normalized UUID) in its boot, the seconds that
 #: overlap a window [t0, t1) of monotonic ns (pass t0 - :data:`NS_PER_S` and t1).
 SELECT_SQL = f"SELECT {', '.join(ROLLUP_COLUMNS)} FROM gpu_rollups {_WHERE} ORDER BY sec_ns"
 
 
 def _weighted(col: str, weight: str) -> str:
-    return f"SUM({col} * {weight}) / SUM(CASE WHEN {col} IS NOT NULL THEN {weight} END)"
+    # NULLIF: Postgres raises on / 0 where SQLite gives NULL
+    return (f"CAST(SUM({col} * {weight}) AS DOUBLE PRECISION) / "
+            f"CAST(NULLIF(SUM(CASE WHEN {col} IS NOT NULL THEN {weight} END), 0) "
+            "AS DOUBLE PRECISION)")  # fmt: skip
 
 
 def _merge_expr(col: str) -> str:
     """SQL that merges *col* over many rollup rows into one (see :data:`MERGED_SQL`)."""
     if col in ("sec_ns", "uuid", "boot_id"):
         return f"MIN({col})"
-    if col.endswith("_n") or col == "n":
-        return f"SUM({col})"
+    if col.endswith("_n") or col == "n":  # an integer (Postgres sums to numeric)
+        return f"CAST(SUM({col}) AS BIGINT)"
     if col == "reasons_any":  # SQLite has no bitwise-OR aggregate: OR each bit's MAX
         return " | ".join(f"MAX({col} & {1 << b})" for b in range(32))
     if col.startswith("capped_sm") or col.startswith("thermal_sm"):
@@ -72,7 +75,7 @@ def _merge_expr(col: str) -> str:
     raise ValueError(f"no merge rule for gpu_rollups.{col}")
 
 
-#: The same window merged by SQLite into one rollup-shaped row (a rollup of
+#: The same window merged by the database into one rollup-shaped row (a rollup of
 #: rollups): counts summed, minima and maxima kept, means weighted by their
 #: sample counts. A day of one GPU (86,400 rows) merges in ~0.1 s, where
 #: reading the rows into Python took seconds.

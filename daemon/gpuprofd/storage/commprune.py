@@ -3,7 +3,7 @@
 Under DDP every synchronizing step stores one ``comm_buckets`` row per
 gradient bucket: a day of 500 ms steps with 280 buckets is ~48 M rows
 (~2.4 GB) per rank. What reads them: the group rules, over a group's last
-:data:`gpuprofd.storage.dbread.GROUP_STEPS_MAX` common steps, and the run's bucket
+:data:`gpuprofd.storage.reads.GROUP_STEPS_MAX` common steps, and the run's bucket
 counts and bytes per step (means over the steps that have rows). So per run
 the daemon keeps
 
@@ -32,13 +32,13 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from gpuprofd.storage.dbread import GROUP_STEPS_MAX
+from gpuprofd.storage.reads import GROUP_STEPS_MAX
 from gpuprofd.storage.store import Store
 
 log = logging.getLogger(__name__)
 
 #: Steps at the end of each run whose bucket rows are kept: the group rules'
-#: window (gpuprofd.storage.dbread.GROUP_STEPS_MAX, the last 2,000 common steps); 2,000
+#: window (gpuprofd.storage.reads.GROUP_STEPS_MAX, the last 2,000 common steps); 2,000
 #: steps of 280 buckets are ~560 k rows, ~28 MB, per rank.
 COMM_STEPS_KEPT = GROUP_STEPS_MAX
 #: ... and every this-many-th step's rows, forever: a 500 ms-step day keeps

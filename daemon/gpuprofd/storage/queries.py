@@ -1,6 +1,11 @@
-"""Read queries shared by the daemon (aiosqlite) and gpuprofctl (sqlite3),
-with the converters from rows to the shapes :func:`build_context` reads.
-Pure: no connection here."""
+"""Read queries of :mod:`gpuprofd.storage.reads` (the daemon, gpuprofctl, the
+API), with the converters from rows to the shapes :func:`build_context`
+reads. Pure: no connection here.
+
+Written once in the SQL both SQLite and Postgres run, ``?`` placeholders
+(:mod:`gpuprofd.storage.dialect`): ``IS NOT DISTINCT FROM``, not ``IS``;
+sums cast to ``DOUBLE PRECISION`` (Postgres sums integers as numeric);
+subqueries in FROM named."""
 
 from __future__ import annotations
 
@@ -25,25 +30,26 @@ STEPS_SQL = (
 HOST_SQL = (
     "SELECT mono_ns, cpu_pct, cpu_count, disk_read_bps, disk_read_iops, page_cache_bytes, "
     "mem_total_bytes, swap_in_bps FROM host_samples "
-    "WHERE mono_ns BETWEEN ? AND ? AND boot_id IS ? ORDER BY mono_ns"
+    "WHERE mono_ns BETWEEN ? AND ? AND boot_id IS NOT DISTINCT FROM ? ORDER BY mono_ns"
 )
 #: A run's process-tree CPU as one row: its mean ``cores`` over the samples
 #: (all :func:`build_context` reads of them; a day is 172,800 rows at 2 Hz).
 RUN_CPU_SQL = (
-    "SELECT AVG(cores) AS cores FROM run_cpu_samples WHERE run_id = ? AND cores IS NOT NULL "
-    "HAVING COUNT(*) > 0"
+    "SELECT CAST(AVG(cores) AS DOUBLE PRECISION) AS cores FROM run_cpu_samples "
+    "WHERE run_id = ? AND cores IS NOT NULL HAVING COUNT(*) > 0"
 )
 #: The CPU of a run's job on this node as one row: at each of the run's own
 #: sample times, the cores of its group's runs here (the job's ranks: the
 #: host sampler samples every live run at the same ``mono_ns``) summed; their
 #: mean, and the most ranks seen together. Params: :func:`job_cpu_params`.
 JOB_CPU_SQL = (
-    "SELECT AVG(total) AS cores, MAX(n) AS ranks FROM ("
+    "SELECT CAST(AVG(total) AS DOUBLE PRECISION) AS cores, MAX(n) AS ranks FROM ("
     "SELECT s.mono_ns, SUM(s.cores) AS total, COUNT(DISTINCT s.run_id) AS n "
     "FROM run_cpu_samples s JOIN runs r ON r.id = s.run_id "
-    "WHERE r.group_id = ? AND r.host IS ? AND r.boot_id IS ? AND s.cores IS NOT NULL "
+    "WHERE r.group_id = ? AND r.host IS NOT DISTINCT FROM ? "
+    "AND r.boot_id IS NOT DISTINCT FROM ? AND s.cores IS NOT NULL "
     "AND s.mono_ns IN (SELECT mono_ns FROM run_cpu_samples WHERE run_id = ? "
-    "AND cores IS NOT NULL) GROUP BY s.mono_ns) HAVING COUNT(*) > 0"
+    "AND cores IS NOT NULL) GROUP BY s.mono_ns) AS per_sample HAVING COUNT(*) > 0"
 )
 
 
@@ -78,8 +84,9 @@ GROUP_INSIGHTS_SQL = (
 #: A run's timed gradient buckets summed (:class:`gpuprof.insights.base.CommTotals`):
 #: one row, ``steps`` 0 when it has none.
 COMM_TOTALS_SQL = (
-    "SELECT COUNT(DISTINCT step) AS steps, COUNT(*) AS buckets, TOTAL(bytes) AS bytes "
-    "FROM comm_buckets WHERE run_id = ?"
+    "SELECT COUNT(DISTINCT step) AS steps, COUNT(*) AS buckets, "
+    "CAST(COALESCE(SUM(bytes), 0) AS DOUBLE PRECISION) AS bytes FROM comm_buckets "
+    "WHERE run_id = ?"
 )
 #: A group rank's last steps up to an index, newest index first, as
 #: :class:`gpuprof.insights.group_context.RankRows` reads them: ``(run_id, max

@@ -48,7 +48,7 @@ class Reader(Protocol):
 
 class SqliteFileReader:
     """A :class:`Reader` over a read-only ``sqlite3`` connection
-    (:func:`gpuprofd.storage.dbread.open_ro`). Its queries run inline: it
+    (:func:`gpuprofd.storage.reads.open_ro`). Its queries run inline: it
     serves a command-line read, not an event loop with other work."""
 
     dialect: Dialect = SQLITE
@@ -83,7 +83,7 @@ async def open_reader(target: str | Path) -> AsyncIterator[Reader]:
     """
     url = parse_url(target)
     if url.path is not None:
-        from gpuprofd.storage.dbread import open_ro
+        from gpuprofd.storage.reads import open_ro
 
         reader = SqliteFileReader(open_ro(url.path), url.path)
     else:

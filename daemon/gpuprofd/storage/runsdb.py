@@ -1,12 +1,11 @@
-"""The daemon's SQL about runs, steps, samples and insights, over a :class:`Store`.
-
-Writes go through the store's writer queue; reads through its read
-connection. Rows come back as plain dicts in the shapes that
-:func:`gpuprof.insights.build_context` reads.
+"""The daemon's writes about runs, steps, samples and insights, over a
+:class:`Store` (its writer queue). Every read is in
+:mod:`gpuprofd.storage.reads`.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -14,9 +13,7 @@ from typing import Any
 import orjson
 
 from gpuprof.insights import Insight
-from gpuprof.insights.gpu import GpuStats
-from gpuprofd.sampling import rollup
-from gpuprofd.storage import queries
+from gpuprofd.storage.dialect import Dialect
 from gpuprofd.storage.store import Op, Part, Store
 
 _STEP_SQL = (
@@ -187,35 +184,44 @@ def gpu_slow_sample_op(mono_ns: int, s: Any) -> Op:
     return Op(_GPU_SLOW_SQL, params)
 
 
-#: The dtype the shim saw, into ``runs.options`` unless the user declared one.
-_MODEL_DTYPE_SQL = (
-    "UPDATE runs SET options = json_set(COALESCE(options, '{}'), '$.dtype', ?, "
-    "'$.dtype_source', ?) WHERE id = ? "
-    "AND json_extract(COALESCE(options, '{}'), '$.dtype') IS NULL"
-)
-#: The FLOP the shim counted: kept as ``flops_counted`` (and ``flops_step``),
-#: and made ``flops_per_step`` (``flops_source`` "counter") unless the user
-#: declared FLOPs or an arch.
-_MODEL_FLOPS_SQL = (
-    "UPDATE runs SET options = json_set(COALESCE(options, '{}'), "
-    "'$.flops_counted', ?1, '$.flops_step', ?2, "
-    "'$.flops_source', CASE WHEN json_extract(options, '$.flops_per_step') IS NULL "
-    "THEN 'counter' ELSE COALESCE(json_extract(options, '$.flops_source'), 'user') END, "
-    "'$.flops_per_step', COALESCE(json_extract(options, '$.flops_per_step'), ?1)) "
-    "WHERE id = ?3"
-)
+@functools.cache
+def model_dtype_sql(d: Dialect) -> str:
+    """The dtype the shim saw, into ``runs.options`` unless the user declared
+    one. Params: dtype, dtype_source, run id."""
+    text = "CAST(? AS TEXT)"
+    merged = d.json_merge("options", {"dtype": text, "dtype_source": text})
+    return (f"UPDATE runs SET options = {merged} WHERE id = ? "
+            f"AND {d.json_text('options', 'dtype')} IS NULL")  # fmt: skip
 
 
-def model_info_ops(run_id: int, msg: Mapping[str, Any]) -> list[Op]:
+@functools.cache
+def model_flops_sql(d: Dialect) -> str:
+    """The FLOP the shim counted: kept as ``flops_counted`` (and ``flops_step``),
+    and made ``flops_per_step`` (``flops_source`` "counter") unless the user
+    declared FLOPs or an arch. Params: flops_counted, flops_step, run id
+    (numbers as NUMERIC: an integer stays one in the JSON on both engines)."""
+    declared = d.json_num("options", "flops_per_step")
+    merged = d.json_merge("options", {
+        "flops_counted": "CAST(?1 AS NUMERIC)",
+        "flops_step": "CAST(?2 AS NUMERIC)",
+        "flops_source": f"CASE WHEN {declared} IS NULL THEN 'counter' "
+                        f"ELSE COALESCE({d.json_text('options', 'flops_source')}, 'user') END",
+        "flops_per_step": f"COALESCE({declared}, CAST(?1 AS NUMERIC))",
+    })  # fmt: skip
+    return f"UPDATE runs SET options = {merged} WHERE id = ?3"
+
+
+def model_info_ops(run_id: int, msg: Mapping[str, Any], dialect: Dialect) -> list[Op]:
     """The updates of ``runs.options`` for one validated ``model_info``
-    event: what the user declared in ``hello`` always wins."""
+    event: what the user declared in ``hello`` always wins. *dialect*: the
+    store's (``store.dialect``)."""
     ops = []
     if "dtype" in msg:
         params = (msg["dtype"], msg.get("dtype_source"), run_id)
-        ops.append(Op(_MODEL_DTYPE_SQL, params, drop_reason="store_error"))
+        ops.append(Op(model_dtype_sql(dialect), params, drop_reason="store_error"))
     if "flops_counted" in msg:
         params = (msg["flops_counted"], msg.get("flops_step"), run_id)
-        ops.append(Op(_MODEL_FLOPS_SQL, params, drop_reason="store_error"))
+        ops.append(Op(model_flops_sql(dialect), params, drop_reason="store_error"))
     return ops
 
 
@@ -230,44 +236,12 @@ async def insert_run(store: Store, row: Mapping[str, Any]) -> int:
     return run_id
 
 
-async def get_run(
-    store: Store, *, run_id: int | None = None, run_key: str | None = None
-) -> dict[str, Any] | None:
-    """One run row as a dict (``options`` parsed), by id or key."""
-    if run_id is not None:
-        row = await store.fetchone("SELECT * FROM runs WHERE id = ?", (run_id,))
-    else:
-        row = await store.fetchone("SELECT * FROM runs WHERE run_key = ?", (run_key,))
-    return queries.run_from_row(row) if row is not None else None
-
-
-async def runs_with_status(store: Store, status: str) -> list[dict[str, Any]]:
-    rows = await store.fetchall("SELECT id FROM runs WHERE status = ?", (status,))
-    out = []
-    for r in rows:
-        run = await get_run(store, run_id=r["id"])
-        if run is not None:
-            out.append(run)
-    return out
-
-
 async def update_run(store: Store, run_id: int, **fields: Any) -> None:
     """Set columns of one run and wait for the commit."""
     if not fields:
         return
     sets = ", ".join(f"{k} = ?" for k in fields)
     await store.write(f"UPDATE runs SET {sets} WHERE id = ?", (*fields.values(), run_id))
-
-
-async def count_steps(store: Store, run_id: int) -> int:
-    row = await store.fetchone("SELECT COUNT(*) AS n FROM steps WHERE run_id = ?", (run_id,))
-    return int(row["n"]) if row else 0
-
-
-async def load_steps(store: Store, run_id: int) -> list[dict[str, Any]]:
-    """The run's steps ordered by ``t0`` in :func:`build_context`'s shape."""
-    rows = await store.fetchall(queries.STEPS_SQL, (run_id,))
-    return [queries.step_from_row(r) for r in rows]
 
 
 def prune_raw_gpu_ops(cutoff_mono_ns: int) -> list[Op]:
@@ -277,68 +251,6 @@ def prune_raw_gpu_ops(cutoff_mono_ns: int) -> list[Op]:
         Op("DELETE FROM gpu_samples WHERE mono_ns < ?", (cutoff_mono_ns,)),
         Op("DELETE FROM gpu_slow_samples WHERE mono_ns < ?", (cutoff_mono_ns,)),
     ]
-
-
-async def load_kernel_windows(store: Store, run_id: int) -> list[queries.KernelWindow]:
-    """The run's kernel windows with their rows, by ``t0`` (see
-    :func:`queries.kernel_windows_from_rows`)."""
-    windows = await store.fetchall(queries.KERNEL_WINDOWS_SQL, (run_id,))
-    stats = await store.fetchall(queries.KERNEL_STATS_SQL, (run_id,))
-    return queries.kernel_windows_from_rows(windows, stats)
-
-
-async def load_comm_totals(store: Store, run_id: int) -> dict[str, Any]:
-    """The run's timed gradient buckets summed (:data:`queries.COMM_TOTALS_SQL`)."""
-    row = await store.fetchone(queries.COMM_TOTALS_SQL, (run_id,))
-    return dict(row) if row is not None else {"steps": 0, "buckets": 0, "bytes": 0}
-
-
-async def load_host_samples(
-    store: Store, start_mono_ns: int, end_mono_ns: int, boot_id: str | None = None
-) -> list[dict]:
-    """Host samples with ``start <= mono_ns <= end``."""
-    rows = await store.fetchall(queries.HOST_SQL, (start_mono_ns, end_mono_ns, boot_id))
-    return [dict(r) for r in rows]
-
-
-async def load_gpu_stats(
-    store: Store, run: Mapping[str, Any], steps: Sequence[Mapping[str, Any]]
-) -> GpuStats | None:
-    """The run's GPU stats while it was in steps, from its per-second rollups."""
-    window = queries.gpu_window(run.get("cuda_uuid"), steps, run.get("boot_id"))
-    if window is None:
-        return None
-    return queries.gpu_stats_from_rollups(await store.fetchall(rollup.MERGED_SQL, window))
-
-
-async def load_run_cpu(store: Store, run_id: int) -> list[dict[str, Any]]:
-    """The run's process-tree CPU as one ``cores`` row (its mean; see
-    :data:`queries.RUN_CPU_SQL`), or none without samples."""
-    rows = await store.fetchall(queries.RUN_CPU_SQL, (run_id,))
-    return [dict(r) for r in rows]
-
-
-async def load_job_cpu(store: Store, run: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The CPU of *run*'s job on this node (its group's runs here summed) as
-    one ``cores``/``ranks`` row (see :data:`queries.JOB_CPU_SQL`); none
-    outside a group or without samples."""
-    params = queries.job_cpu_params(run)
-    if params is None:
-        return []
-    return [dict(r) for r in await store.fetchall(queries.JOB_CPU_SQL, params)]
-
-
-async def load_worker_cpu(store: Store, run_id: int) -> list[dict[str, Any]]:
-    """The run's DataLoader workers' CPU rows (see :data:`queries.WORKER_CPU_SQL`)."""
-    rows = await store.fetchall(queries.WORKER_CPU_SQL, (run_id,))
-    return [dict(r) for r in rows]
-
-
-async def history_medians(store: Store, run_id: int, run_name: str) -> list[float]:
-    """Median step ms of up to :data:`queries.HISTORY_RUNS` earlier finished runs of
-    *run_name*, newest first."""
-    rows = await store.fetchall(queries.HISTORY_SQL, (run_name, run_id, queries.HISTORY_RUNS))
-    return [float(r["median_step_ms"]) for r in rows]
 
 
 async def replace_insights(store: Store, run_id: int, insights: Sequence[Insight]) -> None:

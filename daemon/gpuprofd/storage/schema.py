@@ -11,7 +11,7 @@ whole run; continuous kernel windows merged as they age (``gpuprofd.storage.kcom
 every step row kept. ``comm_buckets`` (one row per DDP bucket per step: a day
 of 500 ms steps with 280 buckets is ~48 M rows per rank) keeps, per run, the
 steps whose index is within ``COMM_STEPS_KEPT`` of the run's latest step
-(the window the group rules read, ``gpuprofd.storage.dbread.GROUP_STEPS_MAX``) and
+(the window the group rules read, ``gpuprofd.storage.reads.GROUP_STEPS_MAX``) and
 every ``COMM_KEEP_EVERY``-th step for history; the daemon deletes the rest in
 bounded passes (``gpuprofd.storage.commprune``). Each step's exposed comm stays in
 its ``steps.phases`` (``comm``) whatever is pruned.

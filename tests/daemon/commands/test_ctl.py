@@ -259,6 +259,46 @@ def test_insights_lone_number_is_a_run_id(
     assert err == "gpuprofctl: error: 1 is an empty database, not a gpuprof one\n"
 
 
+
+def _out(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    rc = main(list(args))
+    return rc, capsys.readouterr().out
+
+
+def test_storage_url_reads_as_the_path_does(
+    real_db: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--storage-url sqlite:///abs/path`` is the same database as the path:
+    the same output, byte for byte (messages name it the same way)."""
+    url = f"sqlite://{real_db.absolute()}"
+    for args in (["runs"], ["runs", "--format", "json"], ["insights", "1"],
+                 ["insights", "2", "--format", "json"], ["kernels", "1", "--format", "json"]):
+        by_path = _out(capsys, args[0], str(real_db), *args[1:])
+        by_url = _out(capsys, *args, "--storage-url", url)
+        assert by_path[0] == 0 and by_url == by_path, args
+    assert main(["insights", "99", "--storage-url", url]) == 2
+    where = real_db.absolute()
+    assert capsys.readouterr().err == (
+        f"gpuprofctl: error: no run 99 in {where} (runs 1-2; see gpuprofctl runs {where})\n"
+    )
+    missing = real_db.parent / "nope.db"
+    assert main(["runs", "--storage-url", f"sqlite://{missing}"]) == 2
+    assert capsys.readouterr().err.startswith(f"gpuprofctl: error: no database at {missing} (")
+    assert not missing.exists()
+
+
+def test_a_db_and_a_storage_url_together_are_refused(
+    real_db: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"sqlite://{real_db.absolute()}"
+    for cmd in (["runs"], ["insights"], ["insights", "1"], ["runs", "--group", "g"],
+                ["kernels"]):  # fmt: skip
+        assert main([cmd[0], str(real_db), *cmd[1:], "--storage-url", url]) == 2, cmd
+        err = capsys.readouterr().err
+        assert "give DB or --storage-url, not both" in err, cmd
+        assert capsys.readouterr().out == ""
+
+
 NO_DAEMON = (
     "no gpuprofd answering on {}: one starts by itself when a script enters gpuprof.profile(), "
     "or run `gpuprofd` (see systemd/gpuprofd.service)"

@@ -15,7 +15,8 @@ import orjson
 import pytest
 
 from gpuprofd.counters import DropCounter
-from gpuprofd.storage import commprune, dbread, schema
+from gpuprofd.storage import commprune, reads, schema
+from gpuprofd.storage.reader import open_reader
 from gpuprofd.storage.store import Store
 from tests.daemon import helpers as h
 from tests.gpuprof.insights.group_fixtures import N_BUCKETS, group_steps
@@ -147,7 +148,7 @@ async def test_a_huge_run_is_pruned_in_bounded_passes(tmp_path: Path) -> None:
 
 def test_the_group_window_survives_pruning(tmp_path: Path) -> None:
     """The default window holds the group rules' GROUP_STEPS_MAX steps."""
-    assert commprune.COMM_STEPS_KEPT >= dbread.GROUP_STEPS_MAX
+    assert commprune.COMM_STEPS_KEPT >= reads.GROUP_STEPS_MAX
 
 
 def test_the_daemon_prunes_a_running_run_and_keeps_its_window(tmp_path: Path) -> None:
@@ -208,13 +209,11 @@ async def test_the_group_rules_window_is_there_after_pruning(tmp_path: Path) -> 
     finally:
         await store.close()
     assert len(_kept(db, 1)) == commprune.COMM_STEPS_KEPT + 3000 // 100
-    ro = dbread.open_ro(db)
-    try:
-        long, short = dbread.group_context(ro, "long"), dbread.group_context(ro, "short")
-    finally:
-        ro.close()
-    assert [len(r.step_ms) for r in long.ranks] == [dbread.GROUP_STEPS_MAX] * 2
-    assert [len(r.bucket_start_ns) for r in long.ranks] == [dbread.GROUP_BUCKET_STEPS] * 2
+    async with open_reader(db) as ro:
+        long = await reads.group_context(ro, "long")
+        short = await reads.group_context(ro, "short")
+    assert [len(r.step_ms) for r in long.ranks] == [reads.GROUP_STEPS_MAX] * 2
+    assert [len(r.bucket_start_ns) for r in long.ranks] == [reads.GROUP_BUCKET_STEPS] * 2
     assert [len(r.step_ms) for r in short.ranks] == [250, 250]
     # buckets of steps 150-249 on both ranks: rank 0 kept step 200's only
     assert [len(r.bucket_start_ns) for r in short.ranks] == [1, 1]

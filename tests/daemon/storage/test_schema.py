@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from gpuprofd.errors import DatabaseError
-from gpuprofd.storage import dbread, queries, schema
+from gpuprofd.storage import queries, reads, schema
+from gpuprofd.storage.reader import open_reader
 
 #: Schema 1 exactly as gpuprof 0.1 (the spine, commit 8c3194b) wrote it, plus rows.
 SCHEMA_1 = """
@@ -76,14 +77,11 @@ def _old_db(tmp_path: Path) -> Path:
     return path
 
 
-def test_gpuprofctl_reads_a_schema_1_database_without_changing_it(tmp_path: Path) -> None:
+async def test_gpuprofctl_reads_a_schema_1_database_without_changing_it(tmp_path: Path) -> None:
     path = _old_db(tmp_path)
     before = path.read_bytes()
-    conn = dbread.open_ro(path)
-    try:
-        steps = dbread.run_context(conn, dbread.get_run(conn, 1)).step_ms
-    finally:
-        conn.close()
+    async with open_reader(path) as reader:
+        steps = (await reads.run_context(reader, await reads.get_run(reader, 1))).step_ms
     assert steps == ((11_000_000 - 1000) / 1e6,)
     assert path.read_bytes() == before
 
@@ -114,15 +112,12 @@ def test_a_newer_schema_is_refused_with_a_clear_error(tmp_path: Path) -> None:
         schema.prepare(path)
 
 
-def test_old_host_samples_read_as_not_available_both_ways(tmp_path: Path) -> None:
+async def test_old_host_samples_read_as_not_available_both_ways(tmp_path: Path) -> None:
     path = _old_db(tmp_path)
-    conn = dbread.open_ro(path)  # read-only: a TEMP view adds the columns
-    try:
-        run = dbread.get_run(conn, 1)
-        ctx = dbread.run_context(conn, run)
-        ro = dict(conn.execute(queries.HOST_SQL, (0, 10**9, None)).fetchone())
-    finally:
-        conn.close()
+    async with open_reader(path) as reader:  # read-only: a TEMP view adds the columns
+        run = await reads.get_run(reader, 1)
+        ctx = await reads.run_context(reader, run)
+        ro = dict(await reader.fetchone(queries.HOST_SQL, (0, 10**9, None)))
     assert ctx.host_disk_read_bps == 2_000_000.0
     assert (ro["disk_read_bps"], *(ro[c] for c in HOST_3)) == (2_000_000.0, None, None, None, None)
     schema.prepare(path)  # the daemon's upgrade: the columns are added, NULL
@@ -153,16 +148,13 @@ def test_upgraded_and_new_databases_have_the_same_columns(tmp_path: Path) -> Non
     assert set(HOST_3) <= set(columns(new)["host_samples"])
 
 
-def test_an_old_database_has_no_groups_and_its_runs_no_group(tmp_path: Path) -> None:
+async def test_an_old_database_has_no_groups_and_its_runs_no_group(tmp_path: Path) -> None:
     path = _old_db(tmp_path)
     before = path.read_bytes()
-    conn = dbread.open_ro(path)
-    try:
-        assert dbread.runs_overview(conn, "any") == []
-        assert dbread.group_context(conn, "any").ranks == ()
-        (run,) = dbread.runs_overview(conn)
-    finally:
-        conn.close()
+    async with open_reader(path) as reader:
+        assert await reads.runs_overview(reader, "any") == []
+        assert (await reads.group_context(reader, "any")).ranks == ()
+        (run,) = await reads.runs_overview(reader)
     assert run["group_id"] is None and run["local_world_size"] is None
     assert path.read_bytes() == before
 
@@ -196,22 +188,19 @@ def _schema_5_db(tmp_path: Path) -> Path:
     return path
 
 
-def test_a_schema_5_database_reads_with_no_comm_data(tmp_path: Path) -> None:
+async def test_a_schema_5_database_reads_with_no_comm_data(tmp_path: Path) -> None:
     path = _schema_5_db(tmp_path)
     before = path.read_bytes()
-    conn = dbread.open_ro(path)
-    try:
-        ctx = dbread.group_context(conn, "job")
-        runs = dbread.runs_overview(conn, "job")
-        run_ctx = dbread.run_context(conn, dbread.get_run(conn, 1))
-        assert conn.execute("SELECT COUNT(*) FROM comm_buckets").fetchone()[0] == 0
-    finally:
-        conn.close()
+    async with open_reader(path) as reader:
+        ctx = await reads.group_context(reader, "job")
+        runs = await reads.runs_overview(reader, "job")
+        run_ctx = await reads.run_context(reader, await reads.get_run(reader, 1))
+        assert (await reader.fetchone("SELECT COUNT(*) FROM comm_buckets"))[0] == 0
     assert [r.rank for r in ctx.ranks] == [0, 1]
     assert all(len(r.step_ms) == 10 and r.comm_ms == () and r.bucket_start_ns == ()
                for r in ctx.ranks)  # fmt: skip
     assert all(r["clock_offset_ns"] is None and r["agg"]["comm_steps"] == 0 for r in runs)
-    assert dbread.missing_ranks(runs) == []
+    assert reads.missing_ranks(runs) == []
     assert run_ctx.comm is None
     assert path.read_bytes() == before
 
@@ -251,22 +240,19 @@ def _schema_6_db(tmp_path: Path) -> Path:
     return path
 
 
-def test_a_schema_6_database_reads_with_no_stored_group_findings(tmp_path: Path) -> None:
+async def test_a_schema_6_database_reads_with_no_stored_group_findings(tmp_path: Path) -> None:
     path = _schema_6_db(tmp_path)
     before = path.read_bytes()
-    conn = dbread.open_ro(path)
-    try:
-        assert dbread.stored_group_insights(conn, "job") == []
-        found = dbread.group_findings(conn, "job")
-        ctx = dbread.group_context(conn, "job")
-    finally:
-        conn.close()
+    async with open_reader(path) as reader:
+        assert await reads.stored_group_insights(reader, "job") == []
+        found = await reads.group_findings(reader, "job")
+        ctx = await reads.group_context(reader, "job")
     assert (found["ranks"], found["ended"]) == (2, True)
     assert all(len(r.step_ms) == 10 and len(r.bucket_start_ns) == 10 for r in ctx.ranks)
     assert path.read_bytes() == before
 
 
-def test_the_daemon_upgrades_schema_6_to_stored_group_findings(tmp_path: Path) -> None:
+async def test_the_daemon_upgrades_schema_6_to_stored_group_findings(tmp_path: Path) -> None:
     path, new = _schema_6_db(tmp_path), tmp_path / "new.db"
     schema.prepare(path)
     schema.prepare(new)
@@ -279,8 +265,5 @@ def test_the_daemon_upgrades_schema_6_to_stored_group_findings(tmp_path: Path) -
         conn.close()
     assert version == (str(schema.SCHEMA_VERSION),) and n == 20
     assert {"group_insights", "group_insights_group", "steps_run_step"} <= names
-    conn = dbread.open_ro(path)
-    try:
-        assert dbread.stored_group_insights(conn, "job") == []
-    finally:
-        conn.close()
+    async with open_reader(path) as reader:
+        assert await reads.stored_group_insights(reader, "job") == []

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from gpuprof.kernels import KernelAgg
 from gpuprofd.counters import DropCounter
-from gpuprofd.storage import runsdb, schema
+from gpuprofd.storage import reads, runsdb, schema
 from gpuprofd.storage.store import BATCH_MAX_OPS, Op, Store
 from tests.daemon.helpers import query
 
@@ -107,7 +107,7 @@ async def test_kernel_windows_queue_all_or_none_and_rows_find_their_window(
         "JOIN kernel_stats s ON s.window_id = w.id GROUP BY w.id ORDER BY w.t0_ns",
     )
     assert [tuple(r) for r in got] == [(t, 199, 1000, 1198) for t in (100, 200, 300)]
-    loaded = await runsdb.load_kernel_windows(store, 1)  # what the insights runner reads
+    loaded = await reads.kernel_windows(store, 1)  # what the insights runner reads
     assert [(w["t0"], w["t1"], w["source"], w["steps"], len(rows)) for w, rows in loaded] == [
         (t, t + 10, "continuous", [], 199) for t in (100, 200, 300)
     ]

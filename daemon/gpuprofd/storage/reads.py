@@ -1,4 +1,9 @@
-"""Read-only access to a gpuprof database for gpuprofctl (stdlib sqlite3).
+"""Every read of a gpuprof database: one function per read, each
+``async def f(db: Reader, ...)`` over a :class:`gpuprofd.storage.reader.Reader`
+(the daemon's :class:`Store`, a read-only file for ``gpuprofctl``, a
+Postgres pool), so the rules, ``gpuprofctl`` and the daemon read the same
+way on SQLite and Postgres. The SQL is in the subset both engines run
+(:mod:`gpuprofd.storage.dialect`); what differs goes through ``db.dialect``.
 
 Opens with :func:`gpuprofd.storage.readonly.connect_ro` (``mode=ro``: reading
 never creates or changes a file), and turns every way a file can be wrong
@@ -7,8 +12,11 @@ into one :class:`DatabaseError` line.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import shlex
 import sqlite3
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +29,8 @@ from gpuprof.insights.group_context import RankRows, build_group_context, common
 from gpuprofd.errors import DatabaseError, UnknownRunError
 from gpuprofd.sampling import rollup
 from gpuprofd.storage import queries, schema
+from gpuprofd.storage.dialect import Dialect
+from gpuprofd.storage.reader import Reader
 from gpuprofd.storage.readonly import connect_ro
 
 MISSING_HINT = "run a script under gpuprof.profile() first, or pass the path"
@@ -53,20 +63,12 @@ def open_ro(path: Path) -> sqlite3.Connection:
     return conn
 
 
-def _query(conn: sqlite3.Connection, sql: str, params: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
-    try:
-        return conn.execute(sql, params).fetchall()
-    except sqlite3.DatabaseError as exc:
-        raise DatabaseError(f"the database is damaged or incomplete ({exc})") from None
+# --- runs ---------------------------------------------------------------------
 
 
-#: Public name of :func:`_query` for the commands.
-query = _query
-
-
-def run_ids(conn: sqlite3.Connection) -> list[int]:
+async def run_ids(db: Reader) -> list[int]:
     """Every run id in the database, ascending."""
-    return [int(r["id"]) for r in _query(conn, "SELECT id FROM runs ORDER BY id")]
+    return [int(r["id"]) for r in await db.fetchall("SELECT id FROM runs ORDER BY id")]
 
 
 def _id_ranges(ids: list[int]) -> str:
@@ -80,92 +82,191 @@ def _id_ranges(ids: list[int]) -> str:
     return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
-def get_run(conn: sqlite3.Connection, run_id: int | None, db: Path | None = None) -> dict[str, Any]:
-    """Run *run_id*, or the latest run if None; *db* (the file *conn* reads)
-    only names the database in the error message.
+def _runs_command(where: str) -> str:
+    """``gpuprofctl runs WHERE`` for a file, ``... --storage-url URL`` for a server."""
+    if "://" in where:
+        return f"gpuprofctl runs --storage-url {shlex.quote(where)}"
+    return f"gpuprofctl runs {shlex.quote(where)}"
+
+
+async def get_run(db: Reader, run_id: int | None) -> dict[str, Any]:
+    """Run *run_id*, or the latest run if None.
 
     Raises:
         UnknownRunError: no such run (or no runs at all), naming the database
-            and the ids it does hold.
+            (``db.where``) and the ids it does hold.
     """
-    where = str(db.absolute()) if db is not None else "this database"
+    where = db.where
     if run_id is None:
-        rows = _query(conn, "SELECT * FROM runs ORDER BY id DESC LIMIT 1")
-        if not rows:
+        row = await db.fetchone("SELECT * FROM runs ORDER BY id DESC LIMIT 1")
+        if row is None:
             raise UnknownRunError(f"no runs yet in {where} ({MISSING_HINT})")
     else:
-        rows = _query(conn, "SELECT * FROM runs WHERE id = ?", (run_id,))
-        if not rows:
-            ids = run_ids(conn)
+        row = await db.fetchone("SELECT * FROM runs WHERE id = ?", (run_id,))
+        if row is None:
+            ids = await run_ids(db)
             if not ids:
                 raise UnknownRunError(
                     f"no run {run_id} in {where}: it has no runs yet ({MISSING_HINT})"
                 )
             label = "run" if len(ids) == 1 else "runs"
-            see = f"; see gpuprofctl runs {shlex.quote(where)}" if db is not None else ""
-            raise UnknownRunError(f"no run {run_id} in {where} ({label} {_id_ranges(ids)}{see})")
-    return queries.run_from_row(rows[0])
+            see = f"{label} {_id_ranges(ids)}; see {_runs_command(where)}"
+            raise UnknownRunError(f"no run {run_id} in {where} ({see})")
+    return queries.run_from_row(row)
 
 
-def run_context(conn: sqlite3.Connection, run: dict[str, Any]) -> RunContext:
-    """Rebuild a run's :class:`RunContext` from its stored rows."""
-    steps = [queries.step_from_row(r) for r in _query(conn, queries.STEPS_SQL, (run["id"],))]
-    host: list[dict[str, Any]] = []
-    end = run.get("end_mono_ns") or (steps[-1]["t1"] if steps else None)
-    if run.get("start_mono_ns") is not None and end is not None:
-        params = (run["start_mono_ns"], end, run.get("boot_id"))
-        host = [dict(r) for r in _query(conn, queries.HOST_SQL, params)]
-    history = [
-        float(r["median_step_ms"])
-        for r in _query(
-            conn, queries.HISTORY_SQL, (run["run_name"], run["id"], queries.HISTORY_RUNS)
-        )
-    ]
-    workers = [dict(r) for r in _query(conn, queries.WORKER_CPU_SQL, (run["id"],))]
-    run_cpu = [dict(r) for r in _query(conn, queries.RUN_CPU_SQL, (run["id"],))]
-    job = queries.job_cpu_params(run)
-    job_cpu = [dict(r) for r in _query(conn, queries.JOB_CPU_SQL, job)] if job else []
-    return build_context(
-        run, steps, host, history, run_cpu=run_cpu, gpu=gpu_stats(conn, run, steps),
-        workers=workers, kernel_windows=kernel_windows(conn, run["id"]),
-        comm=comm_totals(conn, run["id"]), job_cpu=job_cpu,
-    )
+async def find_run(
+    db: Reader, *, run_id: int | None = None, run_key: str | None = None
+) -> dict[str, Any] | None:
+    """One run row as a dict (``options`` parsed), by id or key; None if none."""
+    if run_id is not None:
+        row = await db.fetchone("SELECT * FROM runs WHERE id = ?", (run_id,))
+    else:
+        row = await db.fetchone("SELECT * FROM runs WHERE run_key = ?", (run_key,))
+    return queries.run_from_row(row) if row is not None else None
 
 
-def comm_totals(
-    conn: sqlite3.Connection, run_id: int, steps: tuple[int, int] | None = None
+async def runs_with_status(db: Reader, status: str) -> list[dict[str, Any]]:
+    """The runs with *status*, by id."""
+    rows = await db.fetchall("SELECT * FROM runs WHERE status = ? ORDER BY id", (status,))
+    return [queries.run_from_row(r) for r in rows]
+
+
+# --- one run's rows -------------------------------------------------------------
+
+
+async def count_steps(db: Reader, run_id: int) -> int:
+    """How many steps the run stored."""
+    row = await db.fetchone("SELECT COUNT(*) AS n FROM steps WHERE run_id = ?", (run_id,))
+    return int(row["n"]) if row else 0
+
+
+async def last_step_end(db: Reader, run_id: int) -> int | None:
+    """The latest ``t1`` (monotonic ns) of the run's steps; None without steps."""
+    row = await db.fetchone("SELECT MAX(t1_ns) AS t1 FROM steps WHERE run_id = ?", (run_id,))
+    return None if row is None or row["t1"] is None else int(row["t1"])
+
+
+async def max_step(db: Reader, run_id: int) -> int | None:
+    """The run's highest step index (:data:`queries.MAX_STEP_SQL`); None without steps."""
+    row = await db.fetchone(queries.MAX_STEP_SQL, (run_id,))
+    return None if row is None or row[0] is None else int(row[0])
+
+
+async def run_steps(db: Reader, run_id: int) -> list[dict[str, Any]]:
+    """The run's steps ordered by ``t0`` in :func:`build_context`'s shape."""
+    rows = await db.fetchall(queries.STEPS_SQL, (run_id,))
+    return [queries.step_from_row(r) for r in rows]
+
+
+async def host_samples(
+    db: Reader, start_mono_ns: int, end_mono_ns: int, boot_id: str | None = None
+) -> list[dict[str, Any]]:
+    """Host samples of boot *boot_id* with ``start <= mono_ns <= end``."""
+    rows = await db.fetchall(queries.HOST_SQL, (start_mono_ns, end_mono_ns, boot_id))
+    return [dict(r) for r in rows]
+
+
+async def history_medians(db: Reader, run_id: int, run_name: str) -> list[float]:
+    """Median step ms of up to :data:`queries.HISTORY_RUNS` earlier finished runs of
+    *run_name*, newest first."""
+    rows = await db.fetchall(queries.HISTORY_SQL, (run_name, run_id, queries.HISTORY_RUNS))
+    return [float(r["median_step_ms"]) for r in rows]
+
+
+async def run_cpu(db: Reader, run_id: int) -> list[dict[str, Any]]:
+    """The run's process-tree CPU as one ``cores`` row (its mean; see
+    :data:`queries.RUN_CPU_SQL`), or none without samples."""
+    return [dict(r) for r in await db.fetchall(queries.RUN_CPU_SQL, (run_id,))]
+
+
+async def job_cpu(db: Reader, run: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The CPU of *run*'s job on its node (its group's runs there summed) as
+    one ``cores``/``ranks`` row (see :data:`queries.JOB_CPU_SQL`); none
+    outside a group or without samples."""
+    params = queries.job_cpu_params(run)
+    if params is None:
+        return []
+    return [dict(r) for r in await db.fetchall(queries.JOB_CPU_SQL, params)]
+
+
+async def worker_cpu(db: Reader, run_id: int) -> list[dict[str, Any]]:
+    """The run's DataLoader workers' CPU rows (see :data:`queries.WORKER_CPU_SQL`)."""
+    return [dict(r) for r in await db.fetchall(queries.WORKER_CPU_SQL, (run_id,))]
+
+
+async def comm_totals(
+    db: Reader, run_id: int, steps: tuple[int, int] | None = None
 ) -> dict[str, Any]:
     """The run's timed gradient buckets summed (:data:`queries.COMM_TOTALS_SQL`);
     with *steps* ``(first, last)``, those of the steps in that range only."""
     if steps is None:
-        rows = _query(conn, queries.COMM_TOTALS_SQL, (run_id,))
+        row = await db.fetchone(queries.COMM_TOTALS_SQL, (run_id,))
     else:
         sql = queries.COMM_TOTALS_SQL + " AND step BETWEEN ? AND ?"
-        rows = _query(conn, sql, (run_id, *steps))
-    return dict(rows[0]) if rows else {"steps": 0, "buckets": 0, "bytes": 0}
+        row = await db.fetchone(sql, (run_id, *steps))
+    return dict(row) if row is not None else {"steps": 0, "buckets": 0, "bytes": 0}
 
 
-def gpu_stats(
-    conn: sqlite3.Connection, run: dict[str, Any], steps: list[dict[str, Any]]
+async def gpu_stats(
+    db: Reader, run: Mapping[str, Any], steps: Sequence[Mapping[str, Any]]
 ) -> GpuStats | None:
     """The run's GPU stats while it was in steps, from its per-second rollups."""
     window = queries.gpu_window(run.get("cuda_uuid"), steps, run.get("boot_id"))
     if window is None:
         return None
-    return queries.gpu_stats_from_rollups(_query(conn, rollup.MERGED_SQL, window))
+    return queries.gpu_stats_from_rollups(await db.fetchall(rollup.MERGED_SQL, window))
 
 
-def kernel_windows(conn: sqlite3.Connection, run_id: int) -> list[queries.KernelWindow]:
-    """The run's kernel windows with their rows (see
+async def kernel_windows(db: Reader, run_id: int) -> list[queries.KernelWindow]:
+    """The run's kernel windows with their rows, by ``t0`` (see
     :func:`queries.kernel_windows_from_rows`)."""
-    return queries.kernel_windows_from_rows(
-        _query(conn, queries.KERNEL_WINDOWS_SQL, (run_id,)),
-        _query(conn, queries.KERNEL_STATS_SQL, (run_id,)),
-    )
+    windows = await db.fetchall(queries.KERNEL_WINDOWS_SQL, (run_id,))
+    stats = await db.fetchall(queries.KERNEL_STATS_SQL, (run_id,))
+    return queries.kernel_windows_from_rows(windows, stats)
 
 
-def stored_insights(conn: sqlite3.Connection, run_id: int) -> list[dict[str, Any]]:
-    return [queries.insight_from_row(r) for r in _query(conn, queries.INSIGHTS_SQL, (run_id,))]
+async def stored_insights(db: Reader, run_id: int) -> list[dict[str, Any]]:
+    """The run's stored findings, in the order found, as ``Insight.to_dict()``."""
+    rows = await db.fetchall(queries.INSIGHTS_SQL, (run_id,))
+    return [queries.insight_from_row(r) for r in rows]
+
+
+async def run_context(
+    db: Reader,
+    run: Mapping[str, Any],
+    *,
+    gpu_rate_usd_per_hour: float | None = None,
+    now_mono_ns: int | None = None,
+) -> RunContext:
+    """A run's :class:`RunContext` from its stored rows: what the daemon's
+    rules (live and at the run's end) and ``gpuprofctl`` read, one definition.
+
+    Host samples cover the run's start to its end; a run not ended yet
+    (no ``end_mono_ns``) to *now_mono_ns* (the daemon's clock), else to its
+    last step's end. :func:`build_context` runs in a worker thread (a day of
+    steps takes a while)."""
+    run_id = run["id"]
+    got = await run_steps(db, run_id)
+    host: list[dict[str, Any]] = []
+    start = run.get("start_mono_ns")
+    end = run.get("end_mono_ns") or now_mono_ns or (got[-1]["t1"] if got else None)
+    if start is not None and end is not None:
+        host = await host_samples(db, start, end, run.get("boot_id"))
+    history = await history_medians(db, run_id, run["run_name"])
+    cpu = await run_cpu(db, run_id)
+    job = await job_cpu(db, run)
+    workers = await worker_cpu(db, run_id)
+    gpu = await gpu_stats(db, run, got)
+    windows = await kernel_windows(db, run_id)
+    comm = await comm_totals(db, run_id)
+    return await asyncio.to_thread(
+        build_context, run, got, host, history, gpu_rate_usd_per_hour, cpu, gpu=gpu,
+        workers=workers, kernel_windows=windows, comm=comm, job_cpu=job,
+    )  # fmt: skip
+
+
+# --- every run ------------------------------------------------------------------
 
 
 #: Per-run step aggregates for ``gpuprofctl runs``. ``steps`` counts every
@@ -178,28 +279,41 @@ def stored_insights(conn: sqlite3.Connection, run_id: int) -> list[dict[str, Any
 #: collective time (the ``comm`` phase), ``comm_steps`` the counted steps that
 #: carry one (0: the run timed no collectives). ``mem_peak_bytes`` and
 #: ``mem_reserved_max_bytes``: the highest torch allocator figures any step
-#: reported (NULL: none did).
-_OVERVIEW_SQL = """
+#: reported (NULL: none did). Sums are DOUBLE PRECISION (Postgres sums
+#: integers as numeric), ``counted_steps`` an integer. With *group*: over
+#: that group's runs only (one parameter, the group id).
+@functools.cache
+def overview_sql(d: Dialect, group: bool = False) -> str:
+    def total(expr: str) -> str:
+        return f"CAST(COALESCE(SUM({expr}), 0) AS DOUBLE PRECISION)"
+
+    def phase(key: str) -> str:
+        return total(f"c * COALESCE({d.json_num('phases', key)}, 0)")
+
+    where = " WHERE run_id IN (SELECT id FROM runs WHERE group_id = ?)" if group else ""
+    comm_steps = f"CASE WHEN {d.json_num('phases', 'comm')} IS NOT NULL THEN c ELSE 0 END"
+    return f"""
 WITH numbered AS (
     SELECT run_id, t0_ns, t1_ns, wait_ns, phases, skipped, eval_ns, mem_peak_bytes,
            mem_reserved_bytes,
-           (ROW_NUMBER() OVER (PARTITION BY run_id ORDER BY t0_ns, rowid) > 1)
-               AND NOT COALESCE(traced, 0) AS c
-    FROM steps
+           CASE WHEN ROW_NUMBER() OVER (PARTITION BY run_id ORDER BY t0_ns, rowid) > 1
+                     AND COALESCE(traced, 0) = 0
+                THEN 1 ELSE 0 END AS c
+    FROM steps{where}
 )
 SELECT run_id,
        COUNT(*) AS steps,
-       TOTAL(skipped) AS skipped_updates,
-       TOTAL(eval_ns) AS eval_ns,
-       SUM(c) AS counted_steps,
-       TOTAL(c * wait_ns) AS wait_ns,
-       TOTAL(c * (t1_ns - t0_ns)) AS step_ns,
-       TOTAL(c * COALESCE(json_extract(phases, '$.forward'), 0)) AS forward_ns,
-       TOTAL(c * COALESCE(json_extract(phases, '$.backward'), 0)) AS backward_ns,
-       TOTAL(c * COALESCE(json_extract(phases, '$.optimizer'), 0)) AS optimizer_ns,
-       TOTAL(c * COALESCE(json_extract(phases, '$.data'), 0)) AS data_ns,
-       TOTAL(c * COALESCE(json_extract(phases, '$.comm'), 0)) AS comm_ns,
-       TOTAL(c * (json_extract(phases, '$.comm') IS NOT NULL)) AS comm_steps,
+       {total("skipped")} AS skipped_updates,
+       {total("eval_ns")} AS eval_ns,
+       CAST(SUM(c) AS BIGINT) AS counted_steps,
+       {total("c * wait_ns")} AS wait_ns,
+       {total("c * (t1_ns - t0_ns)")} AS step_ns,
+       {phase("forward")} AS forward_ns,
+       {phase("backward")} AS backward_ns,
+       {phase("optimizer")} AS optimizer_ns,
+       {phase("data")} AS data_ns,
+       {phase("comm")} AS comm_ns,
+       {total(comm_steps)} AS comm_steps,
        MAX(mem_peak_bytes) AS mem_peak_bytes,
        MAX(mem_reserved_bytes) AS mem_reserved_max_bytes
 FROM numbered
@@ -207,29 +321,25 @@ GROUP BY run_id
 """
 
 
-#: :data:`_OVERVIEW_SQL` over one group's runs only.
-_GROUP_OVERVIEW_SQL = _OVERVIEW_SQL.replace(
-    "FROM steps\n)", "FROM steps WHERE run_id IN (SELECT id FROM runs WHERE group_id = ?)\n)"
-)
-assert _GROUP_OVERVIEW_SQL != _OVERVIEW_SQL
-
-
-def group_runs(conn: sqlite3.Connection, group: str) -> list[dict[str, Any]]:
+async def group_runs(db: Reader, group: str) -> list[dict[str, Any]]:
     """*group*'s runs (``group_id``), by rank, without step aggregates."""
-    rows = _query(conn, "SELECT * FROM runs WHERE group_id = ? ORDER BY rank, id", (group,))
+    rows = await db.fetchall(
+        "SELECT * FROM runs WHERE group_id = ? ORDER BY rank, id", (group,)
+    )
     return [queries.run_from_row(r) for r in rows]
 
 
-def runs_overview(conn: sqlite3.Connection, group: str | None = None) -> list[dict[str, Any]]:
-    """Every run with its step aggregates, newest first; with *group*, only
-    that group's runs (``group_id``), by rank."""
+async def runs_overview(db: Reader, group: str | None = None) -> list[dict[str, Any]]:
+    """Every run with its step aggregates (``agg``, :func:`overview_sql`),
+    newest first; with *group*, only that group's runs (``group_id``), by rank."""
     if group is None:
-        agg = {r["run_id"]: dict(r) for r in _query(conn, _OVERVIEW_SQL)}
-        rows = _query(conn, "SELECT * FROM runs ORDER BY id DESC")
+        agg = {r["run_id"]: dict(r) for r in await db.fetchall(overview_sql(db.dialect))}
+        rows = await db.fetchall("SELECT * FROM runs ORDER BY id DESC")
         runs = [queries.run_from_row(r) for r in rows]
     else:
-        agg = {r["run_id"]: dict(r) for r in _query(conn, _GROUP_OVERVIEW_SQL, (group,))}
-        runs = group_runs(conn, group)
+        sql = overview_sql(db.dialect, group=True)
+        agg = {r["run_id"]: dict(r) for r in await db.fetchall(sql, (group,))}
+        runs = await group_runs(db, group)
     for run in runs:
         run["agg"] = agg.get(run["id"])
     return runs
@@ -281,7 +391,15 @@ def latest_rank_runs(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(latest.values(), key=lambda r: (r.get("rank") is None, r.get("rank") or 0))
 
 
-def group_context(conn: sqlite3.Connection, group: str) -> GroupContext:
+async def group_tail(db: Reader, run_id: int, top: int) -> list[dict[str, Any]]:
+    """A group rank's last :data:`GROUP_STEPS_READ` steps up to index *top*
+    (:data:`queries.GROUP_TAIL_SQL`), by ``t0`` (None last)."""
+    rows = await db.fetchall(queries.GROUP_TAIL_SQL, (run_id, top, GROUP_STEPS_READ))
+    return sorted((queries.group_step_from_row(r) for r in rows),
+                  key=lambda s: (s["t0"] is None, s["t0"] or 0))  # fmt: skip
+
+
+async def group_context(db: Reader, group: str) -> GroupContext:
     """The :class:`GroupContext` of *group*'s ranks (their latest runs) from
     their stored steps and bucket timings, over the last
     :data:`GROUP_STEPS_MAX` steps they all have, bucket timings over the
@@ -289,21 +407,20 @@ def group_context(conn: sqlite3.Connection, group: str) -> GroupContext:
     :mod:`gpuprof.insights.group_context` for what is kept and how clocks are
     aligned). Each rank's steps are read back from the highest index every
     rank has reached, :data:`GROUP_STEPS_READ` at most: bounded work however
-    long the run. Empty (no ranks) for an unknown group.
+    long the run. Empty (no ranks) for an unknown group. The context is
+    built in a worker thread (ranks x buckets x steps timestamps).
 
     Used by ``gpuprofctl insights --group`` and, through
     :func:`group_findings`, by gpuprofd when a rank's run ends."""
-    rows = _query(conn, "SELECT * FROM runs WHERE group_id = ? ORDER BY rank, id", (group,))
-    runs = [r for r in latest_rank_runs([dict(r) for r in rows]) if r.get("rank") is not None]
-    tops = [_query(conn, queries.MAX_STEP_SQL, (run["id"],))[0][0] for run in runs]
+    every = await group_runs(db, group)
+    runs = [r for r in latest_rank_runs(every) if r.get("rank") is not None]
+    tops = [await max_step(db, run["id"]) for run in runs]
     top = min((t for t in tops if t is not None), default=None)
     ranks = []
     for run, own_top in zip(runs, tops, strict=True):
         steps: list[dict[str, Any]] = []
         if own_top is not None and top is not None:
-            tail = _query(conn, queries.GROUP_TAIL_SQL, (run["id"], top, GROUP_STEPS_READ))
-            steps = sorted((queries.group_step_from_row(r) for r in tail),
-                           key=lambda s: (s["t0"] is None, s["t0"] or 0))  # fmt: skip
+            steps = await group_tail(db, run["id"], top)
         ranks.append(
             RankRows(
                 rank=int(run["rank"]), steps=steps, host=run.get("host"),
@@ -315,17 +432,16 @@ def group_context(conn: sqlite3.Connection, group: str) -> GroupContext:
     if common:
         lo, hi = common[0], common[-1]
         b_lo = common[-GROUP_BUCKET_STEPS:][0]
-        ranks = [
-            RankRows(
+        bucketed = []
+        for r, run in zip(ranks, runs, strict=True):
+            rows = await db.fetchall(queries.GROUP_BUCKETS_SQL, (run["id"], b_lo, hi))
+            bucketed.append(RankRows(
                 rank=r.rank, steps=[s for s in r.steps if lo <= s["step"] <= hi],
-                buckets=[tuple(b) for b in _query(conn, queries.GROUP_BUCKETS_SQL,
-                                                  (run["id"], b_lo, hi))],
-                host=r.host, clock_offset_ns=r.clock_offset_ns,
-                clock_reference_rank=r.clock_reference_rank,
-            )
-            for r, run in zip(ranks, runs, strict=True)
-        ]  # fmt: skip
-    return build_group_context(group, ranks)
+                buckets=[tuple(b) for b in rows], host=r.host,
+                clock_offset_ns=r.clock_offset_ns, clock_reference_rank=r.clock_reference_rank,
+            ))  # fmt: skip
+        ranks = bucketed
+    return await asyncio.to_thread(build_group_context, group, ranks)
 
 
 def plain_insight(ins: Insight) -> dict[str, Any]:
@@ -334,17 +450,25 @@ def plain_insight(ins: Insight) -> dict[str, Any]:
     return orjson.loads(orjson.dumps(ins.to_dict(), option=orjson.OPT_NON_STR_KEYS, default=str))
 
 
+async def group_insights_now(db: Reader, group: str) -> tuple[GroupContext, list[dict[str, Any]]]:
+    """:func:`group_context` and the group rules over it (:func:`plain_insight`
+    dicts), the rules run in a worker thread."""
+    ctx = await group_context(db, group)
+    found = await asyncio.to_thread(lambda: [plain_insight(i) for i in group_rules(ctx)])
+    return ctx, found
+
+
 #: Groups :func:`unknown_group_message` lists.
 GROUPS_LISTED = 10
 
 
-def unknown_group_message(conn: sqlite3.Connection, group: str) -> str:
+async def unknown_group_message(db: Reader, group: str) -> str:
     """``no runs in group 'x'; groups here, newest first: a, b`` (at most
     :data:`GROUPS_LISTED`, by their newest run), or ``...; no run here has a
     group``: what a ``--group`` naming no runs says."""
-    rows = _query(conn, "SELECT group_id FROM runs WHERE group_id IS NOT NULL "
-                        "GROUP BY group_id ORDER BY MAX(id) DESC LIMIT ?",
-                  (GROUPS_LISTED + 1,))  # fmt: skip
+    rows = await db.fetchall("SELECT group_id FROM runs WHERE group_id IS NOT NULL "
+                             "GROUP BY group_id ORDER BY MAX(id) DESC LIMIT ?",
+                             (GROUPS_LISTED + 1,))  # fmt: skip
     names = [shlex.quote(r["group_id"]) for r in rows]
     if not names:
         return f"no runs in group {group!r}; no run here has a group"
@@ -366,7 +490,7 @@ def runs_note(runs: list[dict[str, Any]]) -> str | None:
             "run is compared; pass a new group= per launch")  # fmt: skip
 
 
-def ended_ranks(conn: sqlite3.Connection, runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+async def ended_ranks(db: Reader, runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The lost or failed ranks among *runs* (one per rank,
     :func:`latest_rank_runs`), by their stored status: each ``rank``,
     ``run_id``, ``status``, ``last_step`` (the highest step index it stored;
@@ -375,7 +499,7 @@ def ended_ranks(conn: sqlite3.Connection, runs: list[dict[str, Any]]) -> list[di
     for run in runs:
         if run["status"] not in ("lost", "failed"):
             continue
-        top = _query(conn, queries.MAX_STEP_SQL, (run["id"],))[0][0]
+        top = await max_step(db, run["id"])
         at = f"at step ~{top}" if top is not None else "before its first step"
         out.append({
             "rank": run.get("rank"), "run_id": run["id"], "status": run["status"],
@@ -384,29 +508,29 @@ def ended_ranks(conn: sqlite3.Connection, runs: list[dict[str, Any]]) -> list[di
     return out
 
 
-def group_findings(conn: sqlite3.Connection, group: str) -> dict[str, Any]:
+async def group_findings(db: Reader, group: str) -> dict[str, Any]:
     """The group rules over :func:`group_context`: ``group``, ``ranks`` (how
     many ranks they compared), ``insights`` (:func:`plain_insight` dicts),
     ``ended`` (every rank's latest run has ended, :func:`group_status`),
     ``lost_ranks`` (:func:`ended_ranks`: lost or failed so far),
     ``missing_ranks`` (:func:`missing_ranks`) and ``runs_note``
     (:func:`runs_note`)."""
-    ctx = group_context(conn, group)
-    found = [plain_insight(i) for i in group_rules(ctx)]
-    runs = group_runs(conn, group)
+    ctx, found = await group_insights_now(db, group)
+    runs = await group_runs(db, group)
     latest = latest_rank_runs(runs)
     ended = group_status([r["status"] for r in latest])["ended"]
     return {
         "group": group, "ranks": len(ctx.ranks), "insights": found, "ended": ended,
-        "lost_ranks": ended_ranks(conn, latest), "missing_ranks": missing_ranks(latest),
+        "lost_ranks": await ended_ranks(db, latest), "missing_ranks": missing_ranks(latest),
         "runs_note": runs_note(runs),
     }  # fmt: skip
 
 
-def stored_group_insights(conn: sqlite3.Connection, group: str) -> list[dict[str, Any]]:
+async def stored_group_insights(db: Reader, group: str) -> list[dict[str, Any]]:
     """The findings gpuprofd stored when *group* ended (empty: none stored,
     or none found), as ``Insight.to_dict()`` gives them."""
-    return [queries.insight_from_row(r) for r in _query(conn, queries.GROUP_INSIGHTS_SQL, (group,))]
+    rows = await db.fetchall(queries.GROUP_INSIGHTS_SQL, (group,))
+    return [queries.insight_from_row(r) for r in rows]
 
 
 #: Why a rank has no run, said neutrally: most often it simply does not run
