@@ -80,6 +80,7 @@ def describe(
         "skipped_updates": int(agg.get("skipped_updates") or 0),
         "eval_s": round(((agg.get("eval_ns") or 0) + (run.get("trailing_eval_ns") or 0)) / 1e9, 3),
         "dropped_events": run.get("dropped_events") or 0,
+        "store_dropped_events": run.get("store_dropped_events") or 0,
         "start_wall_ns": run.get("start_wall_ns"),
         "torch_peak_allocated_bytes": agg.get("mem_peak_bytes"),
         "torch_peak_reserved_bytes": agg.get("mem_reserved_max_bytes"),
@@ -145,7 +146,8 @@ def format_table(rows: list[dict[str, Any]], ranks: bool = False, groups: bool =
         lines.append((
             *first, r["run_name"][:40], r["status"], str(r["steps"]),
             _cell(r["median_step_ms"]), *(_cell(pct[key]) for key, _ in COLUMNS),
-            str(r["skipped_updates"]), _cell(r["eval_s"]), str(r["dropped_events"]),
+            str(r["skipped_updates"]), _cell(r["eval_s"]),
+            str(r["dropped_events"] + r["store_dropped_events"]),
         ))  # fmt: skip
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     text_cols = {len(lead), len(lead) + 1} | ({1} if groups else set())  # NAME, STATUS, GROUP
@@ -186,13 +188,15 @@ COMM%           collectives not hidden under backward (DDP's gradient
 OTHER%          the rest of the step: unlabelled time, custom phases
 SKIPPED         steps whose optimizer update was skipped (inf/NaN gradients)
 EVAL_S          seconds of evaluation (no-grad forwards) outside steps
-DROPPED         events the training process could not send
+DROPPED         events lost: the training process could not send them,
+                or gpuprofd received them but could not store them
 
 \b
 --format json gives the same per run: steps, median_step_ms,
 pct_of_iteration {{loader_wait, forward, backward, comm, optimizer, other}},
 steps_counted (the steps those shares cover), skipped_updates, eval_s,
-dropped_events, and torch_peak_allocated_bytes / torch_peak_reserved_bytes
+dropped_events (not sent by the training process), store_dropped_events
+(received by gpuprofd, not stored), and torch_peak_allocated_bytes / torch_peak_reserved_bytes
 (the highest torch.cuda.max_memory_allocated / memory_reserved the steps
 reported; null when CUDA was not in use), mfu (model FLOPs utilization,
 0-1, against the dtype's dense datasheet peak) and achieved_tflops (TFLOP/s

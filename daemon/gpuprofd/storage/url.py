@@ -1,6 +1,7 @@
 """Storage URLs: where a gpuprof database lives.
 
-- ``sqlite:///abs/path.db``, ``sqlite://rel/path.db`` or a plain path: a file;
+- ``sqlite:///abs/path.db`` (``sqlite:////abs/path.db`` too), ``sqlite://rel/path.db``
+  or a plain path: a file;
 - ``postgres://user[:password]@host[:port]/db[?search_path=schema]`` (also
   ``postgresql://``): a Postgres database; query parameters other than
   asyncpg's own are Postgres settings (``search_path`` puts gpuprof's tables
@@ -61,6 +62,8 @@ def parse(url: str | Path) -> StorageUrl:
     if scheme == "sqlite":
         if not rest:
             raise BadInputError(f"{url!r} names no file: write sqlite:///absolute/path.db")
+        if rest.startswith("/"):  # sqlite:///abs and sqlite:////abs are both absolute
+            rest = "/" + rest.lstrip("/")
         return StorageUrl(SQLITE, path=Path(rest))
     if scheme in _POSTGRES_SCHEMES:
         return StorageUrl(POSTGRES, dsn=url)

@@ -281,3 +281,53 @@ async def test_a_lost_postgres_is_retried_and_runs_resume_when_it_returns(
         assert [r["step"] for r in rows] == [0, 2]
         assert drops.snapshot().get("store_unavailable") == 1
     await proxy.cut()
+
+
+async def test_retention_runs_the_same_on_each_backend(storage_url: str) -> None:
+    """Comm pruning and kernel-window compaction: their SQL on both engines."""
+    from gpuprofd.storage import commprune, kcompact
+
+    async with open_store(storage_url) as store:
+        run = await runsdb.insert_run(store, run_row())
+        for i in range(100):
+            comm = [[0, 10, 20, 4096], [1, 15, 30, 8192]]
+            store.submit_nowait(runsdb.step_op(run, step_msg(i, comm=comm)))
+        s = 1_000_000_000
+        for w in range(60):  # a minute of 1 Hz continuous windows, long past the raw window
+            window = {"t0": w * s, "t1": w * s + s // 2, "source": "continuous", "steps": [w],
+                      "rows": [["gemm", "kernel", "compute", 2, 1000 + w, 1000 + w, 1e6],
+                               ["copy", "kernel", "memcpy", 1, 10, 10, 0.0]]}  # fmt: skip
+            store.submit_all_nowait(runsdb.kernels_ops(run, window))
+        await store.flush()
+
+        pruner = commprune.CommPruner(steps_kept=10, keep_every=5, max_rows=40)
+        assert await pruner.prune_round(store) >= 2  # several bounded passes
+        kept = await store.fetchall("SELECT DISTINCT step FROM comm_buckets ORDER BY step")
+        assert [r["step"] for r in kept] == sorted(set(range(0, 90, 5)) | set(range(90, 100)))
+
+        merged = await kcompact.compact_once(store, 3600 * s, raw_window_s=60.0)
+        assert merged > 0
+        (n,) = await store.fetchall("SELECT COUNT(*) AS n FROM kernel_windows")
+        assert 0 < n["n"] < 60
+        (total,) = await store.fetchall(
+            "SELECT CAST(SUM(total_ns) AS BIGINT) AS ns, CAST(SUM(count) AS BIGINT) AS k "
+            "FROM kernel_stats WHERE name = 'gemm'"
+        )
+        assert (total["ns"], total["k"]) == (sum(1000 + w for w in range(60)), 120)
+
+
+@pytest.mark.parametrize(
+    ("url", "path"),
+    [("sqlite:///tmp/a.db", "/tmp/a.db"), ("sqlite:////tmp/a.db", "/tmp/a.db"),
+     ("sqlite://rel/a.db", "rel/a.db"), ("plain/a.db", "plain/a.db")],
+)  # fmt: skip
+def test_sqlite_urls_name_the_file(url: str, path: str) -> None:
+    assert str(parse(url).path) == path
+
+
+def test_an_unknown_scheme_is_refused_without_its_password() -> None:
+    from gpuprofd.errors import BadInputError
+
+    with pytest.raises(BadInputError, match=r"unknown storage URL scheme 'mysql'") as err:
+        parse("mysql://u:pw@h/db")
+    assert "pw" not in str(err.value)
