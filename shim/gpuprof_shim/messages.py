@@ -150,17 +150,20 @@ def bye(
 
 
 def step(run_key: str, rec: StepRecord) -> dict[str, Any]:
-    """The ``step`` data event for *rec*; ``skipped``, ``eval``,
-    ``optimizers`` and ``mem`` (torch allocator bytes) only when they say
-    something."""
-    msg = {
-        "v": PROTOCOL_VERSION,
+    """The ``step`` data event for *rec*, on its own (see :func:`step_event`)."""
+    return {"v": PROTOCOL_VERSION, "run_key": run_key, **step_event(rec)}
+
+
+def step_event(rec: StepRecord) -> dict[str, Any]:
+    """The ``step`` event for *rec* as it goes in a ``batch`` (no ``v`` and
+    ``run_key``: the batch's apply); ``skipped``, ``eval``, ``optimizers``
+    and ``mem`` (torch allocator bytes) only when they say something."""
+    msg: dict[str, Any] = {
         "type": "step",
-        "run_key": run_key,
         "i": rec.i,
         "t0": rec.t0,
-        "t1": max(rec.t1, rec.t0),
-        "wait": max(0, rec.wait),
+        "t1": rec.t1 if rec.t1 > rec.t0 else rec.t0,
+        "wait": rec.wait if rec.wait > 0 else 0,
         "explicit": rec.explicit,
         "micro": rec.micro,
         "phases": clean_phases(rec.phases),

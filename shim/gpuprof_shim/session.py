@@ -31,6 +31,7 @@ from gpuprof import config
 from gpuprof.protocol import clean_run_name, clean_text
 from gpuprof_shim import autostart, control, identity, memory, messages
 from gpuprof_shim.auto import StepMachine
+from gpuprof_shim.batcher import StepBatcher
 from gpuprof_shim.comm import CommTimer
 from gpuprof_shim.flops import DtypeProbe, StepFlopCounter, cuda_in_use, on_mfu_device
 from gpuprof_shim.loader import TimedLoader
@@ -45,13 +46,6 @@ log = logging.getLogger("gpuprof.shim")
 
 #: After ``hello`` succeeds, how long to wait for the data connection, ms.
 DATA_CONNECT_TIMEOUT_MS = 1000
-#: Step events are sent in bursts of at most this many steps ...
-SEND_EVERY_STEPS = 16
-#: ... or as soon as this long (ns) has passed since the last burst, so a live
-#: view lags by at most ~0.1 s plus one step. Measured on the 2-vCPU CI VM
-#: (2026-11-29): a lone send costs ~30 µs inside a training step, one in a
-#: burst ~6 µs.
-SEND_EVERY_NS = 100_000_000
 
 _active_lock = threading.Lock()
 _active: Profiler | None = None
@@ -205,8 +199,7 @@ class Profiler:
         #: Reports DataLoader worker pids (``workers`` events) while open.
         self._workers: WorkerReporter | None = None
         self._warned_step = False
-        self._pending: list[StepRecord] = []
-        self._sent_at = 0
+        self._batcher: StepBatcher | None = None
         self.time_comm = bool(time_comm)
         #: DDP bucket timing (auto mode, with a sender).
         self._comm: CommTimer | None = None
@@ -436,6 +429,10 @@ class Profiler:
             waits = WaitTracker(self.clock())
             self._waits = waits
             self._recorder = ManualRecorder(self._emit, waits, self.clock)
+        if self.sender is not None:
+            self._batcher = StepBatcher(
+                self.sender, self.run_key, comm=self._comm, extra=self._model_info
+            )
         if self.trace_options.enabled:
             self._start_tracer()
         self._open = True
@@ -568,10 +565,9 @@ class Profiler:
         return messages.model_info(self.run_key, **fields) if fields else None
 
     def _emit(self, rec: StepRecord) -> None:
-        """Count a finished step and queue its event; events go out in short
-        bursts (every :data:`SEND_EVERY_STEPS` steps or :data:`SEND_EVERY_NS`),
-        which costs the loop about a quarter of sending each one on its own.
-        A step whose FLOPs were counted is marked ``traced``."""
+        """Count a finished step and queue its event for the next burst
+        (:class:`~gpuprof_shim.batcher.StepBatcher`). A step whose FLOPs
+        were counted, or that a torch.profiler window ran in, is ``traced``."""
         try:
             if rec.i in self._traced:
                 rec.traced = True
@@ -579,33 +575,14 @@ class Profiler:
             if tracer is not None and tracer.traced(rec.t0, rec.t1):
                 rec.traced = True  # a torch.profiler window ran during it
             self.counter.add(rec.duration_ns + rec.wait)
-            if self.sender is None:
-                return
-            self._pending.append(rec)
-            if len(self._pending) >= SEND_EVERY_STEPS or rec.t1 - self._sent_at >= SEND_EVERY_NS:
-                self._send_pending(rec.t1)
+            if self._batcher is not None:
+                self._batcher.add(rec)
         except Exception:
             log.debug("gpuprof: could not emit step %s", rec.i, exc_info=True)
 
     def _send_pending(self, now_ns: int, final: bool = False) -> None:
-        """Send the queued step events. The burst's last step carries torch's
-        CUDA memory figures (when CUDA is in use): one read per burst, not per
-        step, and the peak figure is cumulative, so no peak is missed. Steps
-        whose DDP buckets' CUDA events are still running stay queued for the
-        next burst (see :meth:`gpuprof_shim.comm.CommTimer.attach`)."""
-        pending, self._pending = self._pending, []
-        self._sent_at = now_ns
-        if self.sender is not None:
-            if pending:
-                pending[-1].mem = memory.cuda_memory()
-                if self._comm is not None:  # here, not per step: CUDA events had time to finish
-                    ready = self._comm.attach(pending, now_ns=now_ns, final=final)
-                    pending, self._pending = pending[:ready], pending[ready:]
-            for rec in pending:
-                self.sender.send(messages.step(self.run_key, rec))
-            info = self._model_info()
-            if info is not None:
-                self.sender.send(info)
+        if self._batcher is not None:
+            self._batcher.flush(now_ns, final)
 
     def _loader_started(self) -> None:
         if self._open and self._waits is not None:
