@@ -29,7 +29,7 @@ from typing import Any
 
 from gpuprof import config
 from gpuprof.protocol import clean_run_name, clean_text
-from gpuprof_shim import autostart, control, identity, memory, messages
+from gpuprof_shim import autostart, control, identity, messages
 from gpuprof_shim.auto import StepMachine
 from gpuprof_shim.batcher import StepBatcher
 from gpuprof_shim.comm import CommTimer
