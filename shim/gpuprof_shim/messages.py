@@ -21,7 +21,6 @@ from gpuprof.protocol import (
 from gpuprof_shim.identity import Ranks
 from gpuprof_shim.steps import StepRecord
 
-_INT64_MAX = 2**63 - 1
 #: Phases beyond the protocol's limit are summed under this name.
 OVERFLOW_PHASE = "other"
 
@@ -49,16 +48,32 @@ def _cached_phase_name(name: object) -> str:
     return key
 
 
+#: Phase names that pass the protocol as they are (the machine's own, and
+#: user names seen before), bounded like :data:`_clean_names`.
+_valid_names: set[str] = set()
+
+
 def clean_phases(phases: Mapping[str, int]) -> dict[str, int]:
-    """Clamp durations to int64 >= 0 and keep at most ``MAX_PHASES`` names
-    (the rest are summed into ``"other"``). Runs once per step: names are
-    cleaned once and remembered."""
+    """Clamp durations to 0..``MAX_DURATION_NS`` and keep at most
+    ``MAX_PHASES`` names (the rest are summed into ``"other"``). Runs once per
+    step: a step whose names were all seen clean before and whose values are
+    in range is copied as it is, without the per-name work."""
+    if len(phases) < MAX_PHASES:
+        valid = _valid_names
+        for name, ns in phases.items():
+            if name not in valid or type(ns) is not int or not 0 <= ns <= MAX_DURATION_NS:
+                break
+        else:
+            return dict(phases)
     out: dict[str, int] = {}
     for name, ns in phases.items():
         key = _cached_phase_name(name)
         if key not in out and len(out) >= MAX_PHASES - 1:
             key = OVERFLOW_PHASE
-        out[key] = min(_INT64_MAX, out.get(key, 0) + max(0, int(ns)))
+        out[key] = min(MAX_DURATION_NS, out.get(key, 0) + max(0, int(ns)))
+    for name in out:
+        if len(_valid_names) < _CLEAN_NAMES_MAX and name in phases:
+            _valid_names.add(name)  # its cleaned form is itself
     return out
 
 

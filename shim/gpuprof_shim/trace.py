@@ -1,4 +1,5 @@
-"""``torch.profiler`` snapshots and continuous kernel windows (issue 5's capture).
+"""``torch.profiler`` snapshots and continuous kernel windows: which kernels
+a step runs, and how long each takes.
 
 Modes (any combination; all off by default, see :class:`TraceOptions`):
 
@@ -438,7 +439,6 @@ class Tracer:
         self.notes: list[str] = []
         #: Windows whose ``kernels`` event was handed to the sender.
         self.windows = 0
-        self.windows_skipped = 0
         self.files_written = 0
         self.bytes_written = 0
         self._earlier_bytes: int | None = None  # traces already in trace_dir, read once
@@ -619,7 +619,6 @@ class Tracer:
         self._skip_for_user()
 
     def _skip_for_user(self) -> None:
-        self.windows_skipped += 1
         if not self._told_user:
             self._told_user = True
             text = (
