@@ -83,6 +83,7 @@ from typing import Any
 
 from gpuprof.kernels import KernelAgg, fold_counted, kernel_class, shorten_name
 from gpuprof.protocol import MAX_WINDOW_STEPS, clean_text
+from gpuprof_shim.patches import PatchSet
 
 log = logging.getLogger("gpuprof.shim")
 
@@ -327,7 +328,7 @@ class _TorchGuard:
         self._prepared: Any = None  # WeakSet of the user's prepared profile objects
         self._open: dict[int, Any] = {}  # id -> record_function entered in a window
         self._end_range: Callable[[Any], None] | None = None
-        self._patched: list[tuple[Any, str, Any, Any]] = []  # (cls, name, original, mine)
+        self._patched = PatchSet("profiler guard")
 
     @property
     def user_prepared(self) -> bool:
@@ -371,14 +372,13 @@ class _TorchGuard:
                 guard._open.pop(id(rf), None)
             return orig_rf_exit(rf, *exc)
 
-        for cls, name, orig, mine in (
-            (prof_cls, "_prepare_trace", orig_prepare, _prepare_trace),
-            (prof_cls, "__exit__", orig_exit, __exit__),
-            (rf_cls, "__enter__", orig_rf_enter, rf_enter),
-            (rf_cls, "__exit__", orig_rf_exit, rf_exit),
+        for cls, name, mine in (
+            (prof_cls, "_prepare_trace", _prepare_trace),
+            (prof_cls, "__exit__", __exit__),
+            (rf_cls, "__enter__", rf_enter),
+            (rf_cls, "__exit__", rf_exit),
         ):
-            setattr(cls, name, mine)
-            self._patched.append((cls, name, orig, mine))
+            self._patched.patch(cls, name, mine)
 
     def end_open_ranges(self) -> None:
         """End the ranges entered during the window and still open (before the
@@ -394,15 +394,7 @@ class _TorchGuard:
 
     def remove(self) -> None:
         """Put the originals back (unless someone re-patched after us); never raises."""
-        while self._patched:
-            cls, name, orig, mine = self._patched.pop()
-            try:
-                if vars(cls).get(name) is mine:
-                    setattr(cls, name, orig)
-                else:
-                    log.warning("gpuprof: torch profiler %s was re-patched; leaving it", name)
-            except Exception:
-                log.warning("gpuprof: could not restore profiler %s", name, exc_info=True)
+        self._patched.remove()
         self._open = {}
 
 
