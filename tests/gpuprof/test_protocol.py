@@ -394,7 +394,7 @@ def test_one_bad_event_in_a_batch_is_dropped_with_its_reason_the_rest_kept(event
         (batch_of({"0": inner()}), "bad_field:events"),  # not a list
         (batch_of([inner()], run_key="../etc"), "bad_field:run_key"),
         (batch_of([inner()], v=2), "bad_version"),
-        (batch_of([inner()], events=None), "bad_field:events"),
+        (batch_of(None), "bad_field:events"),
         (batch_of([inner(phases={"p": 1, "pad": 0}) for _ in range(2000)])[:-3], "not_json"),
     ],
 )
