@@ -9,8 +9,6 @@ GPUPROF_GPU_RATE    USD per GPU-hour for the cost estimate (default: price table
 GPUPROF_NVML        GPU sampler backend: ``real`` (default), ``mock``, or
                     ``replay:PATH`` (play a recorded NVML trace, e.g. the
                     H200 fixture's ``nvml_trace.jsonl``)
-GPUPROF_SERVER      team server URL (later)
-GPUPROF_API_KEY     team server write key (later)
 ==================  ==========================================================
 
 Pure functions of an environment mapping, so tests pass their own.
@@ -27,8 +25,6 @@ ENV_SOCKET = "GPUPROF_SOCKET"
 ENV_DB = "GPUPROF_DB"
 ENV_GPU_RATE = "GPUPROF_GPU_RATE"
 ENV_NVML = "GPUPROF_NVML"
-ENV_SERVER = "GPUPROF_SERVER"
-ENV_API_KEY = "GPUPROF_API_KEY"
 
 DEFAULT_DB_NAME = "gpuprof.db"
 INGEST_SOCKET_NAME = "ingest.sock"

@@ -234,10 +234,6 @@ class TransformerArch:
         per = self.hardware_flops_per_token() if hardware else self.train_flops_per_token()
         return per * tokens_per_step
 
-    def forward_flops_per_step(self, tokens_per_step: int) -> float:
-        """Forward-only FLOP over *tokens_per_step* tokens (inference)."""
-        return self.forward_flops_per_token() * tokens_per_step
-
     # --- wire form ------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:

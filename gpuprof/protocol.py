@@ -2,7 +2,8 @@
 
 Transport: ZeroMQ over ``ipc://``. Data events (``step``, ``mark``, ``workers``,
 ``kernels``, ``model_info``, ``clock``) go shim
-``PUSH`` → daemon ``PULL``; requests (``hello``, ``bye``, ``ping``; and
+``PUSH`` → daemon ``PULL``, alone or many of one run in one ``batch``
+message (see :func:`decode_events`); requests (``hello``, ``bye``, ``ping``; and
 ``stop`` from gpuprofctl) go ``REQ`` → daemon ``ROUTER`` and always get one
 JSON reply.
 
@@ -78,6 +79,13 @@ MAX_KERNEL_COUNT = 1 << 40
 MAX_ROW_FLOPS = 1e30
 
 DATA_TYPES = frozenset({"step", "mark", "workers", "kernels", "model_info", "clock"})
+#: The data message that carries many data events of one run (a burst of
+#: steps): one ZeroMQ send and one decode instead of one per event.
+BATCH_TYPE = "batch"
+#: Most events in one ``batch``. The shim sends bursts of 64 steps; a step
+#: is ~250 bytes, so 1024 of them stay well inside :data:`MAX_MESSAGE_BYTES`
+#: unless they carry comm rows (then the byte bound decides).
+MAX_BATCH_EVENTS = 1024
 CONTROL_TYPES = frozenset({"hello", "bye", "ping", "stop"})
 RUN_STATUSES_AT_BYE = frozenset({"finished", "failed"})
 
@@ -420,6 +428,12 @@ SCHEMAS: dict[str, dict[str, tuple[bool, Check]]] = {
         # evaluation after the last step (a final validation loop), ns
         "eval_ns": (False, _int(0, MAX_DURATION_NS)),
     },
+    # many data events of one run (see decode_events); each event's own
+    # fields are checked against its type's schema one by one
+    BATCH_TYPE: {
+        "run_key": (True, _RUN_KEY),
+        "events": (True, lambda x: type(x) is list and 0 < len(x) <= MAX_BATCH_EVENTS),
+    },
     "ping": {},
     # gpuprofctl stop: exit once the open runs end (now: at once)
     "stop": {"now": (False, lambda x: type(x) is bool)},
@@ -436,6 +450,8 @@ def decode(data: bytes, channel: str | None = None) -> dict[str, Any]:
 
     Returns:
         The message as a dict (unknown extra fields are kept but ignored).
+        A ``batch`` comes back with only its envelope checked; use
+        :func:`decode_events` to check and expand its events.
 
     Raises:
         ProtocolError: with a countable ``reason`` for any invalid message.
@@ -451,13 +467,20 @@ def decode(data: bytes, channel: str | None = None) -> dict[str, Any]:
     if msg.get("v") != PROTOCOL_VERSION:
         raise ProtocolError("bad_version", repr(msg.get("v"))[:20])
     kind = msg.get("type")
+    if channel == "data" and kind != BATCH_TYPE and kind in CONTROL_TYPES:
+        raise ProtocolError("wrong_channel", kind)
+    if channel == "control" and (kind in DATA_TYPES or kind == BATCH_TYPE):
+        raise ProtocolError("wrong_channel", kind)
+    _check(msg)
+    return msg
+
+
+def _check(msg: dict[str, Any]) -> None:
+    """Check one decoded object against its type's schema (raises ProtocolError)."""
+    kind = msg.get("type")
     schema = SCHEMAS.get(kind) if type(kind) is str else None
     if schema is None:
         raise ProtocolError("unknown_type", repr(kind)[:40])
-    if channel == "data" and kind not in DATA_TYPES:
-        raise ProtocolError("wrong_channel", kind)
-    if channel == "control" and kind not in CONTROL_TYPES:
-        raise ProtocolError("wrong_channel", kind)
     for field, (required, check) in schema.items():
         if field not in msg:
             if required:
@@ -469,4 +492,57 @@ def decode(data: bytes, channel: str | None = None) -> dict[str, Any]:
         raise ProtocolError("bad_field:t1", "t1 before t0 or more than 7 days after it")
     if kind == "model_info" and not _model_info(msg):
         raise ProtocolError("bad_field:model_info", "neither dtype nor flops_counted")
-    return msg
+
+
+def batch(run_key: str, events: list[dict[str, Any]]) -> dict[str, Any]:
+    """A ``batch`` message of *events* (data events of run *run_key*, each a
+    dict with its ``type`` and fields; their ``v`` and ``run_key`` may be
+    left out: the envelope's apply), at most :data:`MAX_BATCH_EVENTS`."""
+    return {"v": PROTOCOL_VERSION, "type": BATCH_TYPE, "run_key": run_key, "events": events}
+
+
+def decode_events(data: bytes) -> tuple[list[dict[str, Any]], list[ProtocolError]]:
+    """Decode one data-socket frame into its events: the daemon's gate.
+
+    A single data event comes back as a list of one. A ``batch`` is expanded:
+    each event gets the envelope's ``v`` and ``run_key`` (one that carries
+    another version or run key is invalid) and is checked exactly as a
+    single event would be; invalid ones are left out and returned as errors
+    (one per event, each with its countable ``reason``), the valid ones are
+    kept in order.
+
+    Args:
+        data: the raw frame, at most :data:`MAX_MESSAGE_BYTES` bytes.
+
+    Returns:
+        ``(events, errors)``: the valid events, and one
+        :class:`ProtocolError` per invalid event inside a batch.
+
+    Raises:
+        ProtocolError: the frame itself (or a batch's envelope: version, run
+            key, an ``events`` list of 1..:data:`MAX_BATCH_EVENTS`) is
+            invalid: one drop for the whole message.
+    """
+    msg = decode(data, channel="data")
+    if msg["type"] != BATCH_TYPE:
+        return [msg], []
+    run_key = msg["run_key"]
+    events: list[dict[str, Any]] = []
+    errors: list[ProtocolError] = []
+    for ev in msg["events"]:
+        try:
+            if type(ev) is not dict:
+                raise ProtocolError("not_object")
+            if ev.setdefault("v", PROTOCOL_VERSION) != PROTOCOL_VERSION:
+                raise ProtocolError("bad_version", repr(ev.get("v"))[:20])
+            if ev.setdefault("run_key", run_key) != run_key:
+                raise ProtocolError("bad_field:run_key", "not the batch's run")
+            kind = ev.get("type")
+            if type(kind) is str and kind not in DATA_TYPES and kind in SCHEMAS:
+                raise ProtocolError("wrong_channel", f"{kind} inside a batch")
+            _check(ev)
+        except ProtocolError as exc:
+            errors.append(exc)
+            continue
+        events.append(ev)
+    return events, errors

@@ -1,7 +1,9 @@
 """Suite-wide checks. The leak check runs after every test: gpuprof must
-leave torch exactly as it found it (patched methods restored, global
+leave torch exactly as it found it (patched methods restored: auto mode's,
+the trace windows' profiler guard, DDP's comm-hook registration; global
 optimizer hooks removed, no global module hooks, every forward detector's
-root hooks removed). torch is only inspected if a test imported it."""
+root hooks removed, no patch set or patch owner left). torch is only
+inspected if a test imported it."""
 
 from __future__ import annotations
 
@@ -42,11 +44,36 @@ def torch_leaks() -> list[str]:
         leaks.append(f"optimizer post hooks left: {dict(optim_mod._global_optimizer_post_hooks)}")
     if torch.nn.modules.module._has_any_global_hook():
         leaks.append("a global nn.Module hook is registered")
+    legacy = torch.autograd.profiler
+    for cls, name in (
+        (legacy.profile, "_prepare_trace"),
+        (legacy.profile, "__exit__"),
+        (legacy.record_function, "__enter__"),
+        (legacy.record_function, "__exit__"),
+    ):
+        if _ours(vars(cls).get(name)):
+            leaks.append(f"{cls.__name__}.{name} is gpuprof's {vars(cls)[name]!r}")
+    ddp_mod = sys.modules.get("torch.nn.parallel.distributed")
+    ddp_cls = getattr(ddp_mod, "DistributedDataParallel", None)
+    for name in ("register_comm_hook", "_register_builtin_comm_hook"):
+        if ddp_cls is not None and _ours(vars(ddp_cls).get(name)):
+            leaks.append(f"DistributedDataParallel.{name} is gpuprof's {vars(ddp_cls)[name]!r}")
+    patches = sys.modules.get("gpuprof_shim.patches")
+    if patches is not None:
+        if patches.live_patches():
+            leaks.append(f"gpuprof patches left: {patches.live_patches()}")
+        if patches.current_owner() is not None:
+            leaks.append(f"a patch owner is left installed: {patches.current_owner()!r}")
     forwards = sys.modules.get("gpuprof_shim.forwards")
     if forwards is not None and forwards.live_detectors():
         # their root hooks / compiled-call wrappers were never removed
         leaks.append(f"forward detectors left installed: {forwards.live_detectors()}")
     return leaks
+
+
+def _ours(fn: object) -> bool:
+    """True if *fn* is a function gpuprof's shim made (a wrapper left behind)."""
+    return str(getattr(fn, "__module__", "")).startswith("gpuprof_shim")
 
 
 @pytest.fixture(autouse=True)

@@ -5,7 +5,7 @@ rather than one run's :class:`~gpuprof.insights.base.RunContext`, so they are
 not in the per-run registry: :func:`group_rules` runs :data:`GROUP_RULES` and
 drops what :data:`GROUP_SUPERSEDES` says a more specific finding explains.
 
-The findings (issue 6, "Rules"):
+The findings:
 
 * ``straggler_rank`` -- one rank's backward is slow; the all-reduce makes every
   rank's step equally slow, and the straggler is the rank that waits least in
@@ -36,13 +36,13 @@ from dataclasses import dataclass
 from gpuprof.insights.base import WARMUP_STEPS, Insight
 from gpuprof.stats import median, percentile
 
-#: Issue 6: collectives above 20 % of the step are worth a finding. DDP
+#: Collectives above 20 % of the step are worth a finding. DDP
 #: overlaps most of the all-reduce with backward; exposed comm beyond a fifth
 #: of the step means the overlap (bucket size, interconnect) is failing.
 COMM_FRACTION = 0.20
 #: Above this share the step is mostly waiting on the network.
 COMM_FRACTION_HIGH = 0.40
-#: Issue 6: a rank last on the same bucket on >= 60 % of steps is a pattern,
+#: A rank last on the same bucket on >= 60 % of steps is a pattern,
 #: not chance (with 2 ranks chance alone gives 50 %).
 BUCKET_LATE_SHARE = 0.60
 #: Smallest median lateness (ms) of that rank on that bucket for bucket_skew
@@ -61,7 +61,8 @@ BUCKET_MIN_DELTA_FRACTION = 0.05
 #: slow backward (or a delay before it) makes every bucket late; a delay right
 #: before one bucket makes that one late, and the others by CPU jitter only.
 OWN_LATENESS_SHARE = 0.5
-#: Issue 6: a rank's median step >= 10 % above the median of the other ranks.
+#: A rank's median step >= 10 % above the median of the other ranks: beyond
+#: step-to-step jitter, a delay the others wait for at every all-reduce.
 RANK_SKEW_RATIO = 1.10
 #: The other ranks' median collective time must exceed the straggler's by at
 #: least this share of the median step for straggler_rank to fire: balanced

@@ -2,7 +2,7 @@
 its ranks' stored rows. Pure: no SQLite (``gpuprofd.storage.reads.group_context``
 reads the rows and calls :func:`build_group_context`).
 
-What it does with the rows (issue 6):
+What it does with the rows:
 
 * **Common steps.** Every per-step tuple covers the steps every rank has (by
   step index), in step order; steps a profiler snapshot ran in (``traced``)

@@ -375,8 +375,8 @@ def sdpa_suboptimal(ctx: RunContext) -> Insight | None:
 # kernel_drift
 # --------------------------------------------------------------------------
 
-#: Issue 5: a kernel whose time per window grew more than 50 % between the
-#: first and the second half of the run's windows.
+#: A kernel whose time per window grew more than 50 % between the first and
+#: the second half of the run's windows: beyond window-to-window noise.
 DRIFT_GROWTH = 0.50
 #: Fewest windows to compare halves (two per half; one window is one sample).
 MIN_DRIFT_WINDOWS = 4
@@ -522,7 +522,8 @@ def kernel_drift(ctx: RunContext) -> Insight | None:
 # kernel_launch_overhead
 # --------------------------------------------------------------------------
 
-#: Issue 5: step wall time more than 10 % above the GPU's kernel time per step.
+#: Step wall time more than 10 % above the GPU's kernel time per step: the
+#: GPU idles between launches for a tenth of the step.
 LAUNCH_GAP_MIN = 0.10
 #: Median launch shorter than this (µs) is "tiny": a kernel that short ends
 #: before eager PyTorch can issue the next one (``cudaLaunchKernel`` alone

@@ -1,5 +1,6 @@
-"""Clock alignment between ranks (issue 6): each rank's monotonic clock
-against rank 0's, NTP-style, in a background thread at the start of a run.
+"""Clock alignment between ranks, to compare their comm timings across nodes:
+each rank's monotonic clock against rank 0's, NTP-style, in a background
+thread at the start of a run.
 
 Ranks on one node share ``CLOCK_MONOTONIC``; across nodes the offsets are
 what makes their timings comparable (:class:`gpuprof.comm.ClockOffset`).

@@ -1,4 +1,5 @@
-"""Per-bucket timing of DDP's gradient all-reduces (issue 6).
+"""Per-bucket timing of DDP's gradient all-reduces: how much of a step waits
+on the network, and which rank is late.
 
 In auto mode the session's :class:`CommTimer` registers a gpuprof comm hook
 (:class:`CommHook`) on each ``torch.nn.parallel.DistributedDataParallel``
@@ -66,6 +67,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from gpuprof.comm import MAX_BUCKET_BYTES, MAX_BUCKETS_PER_STEP, BucketTiming, split_backward
+from gpuprof_shim.modwalk import ModuleWalk
 from gpuprof_shim.steps import StepRecord
 
 log = logging.getLogger("gpuprof.shim")
@@ -80,8 +82,6 @@ MAX_PENDING = 4096
 HOLD_NS = 2_000_000_000
 #: At the profile's end, how long (s) the last steps' CUDA events may take.
 SETTLE_S = 0.5
-#: Modules walked looking for a DDP inside a newly found root.
-_MAX_WALK = 10_000
 #: Most DDP instances timed in one profile.
 MAX_DDPS = 64
 
@@ -570,16 +570,5 @@ def _existing_hook(ddp: Any) -> str | None:
 def _find_ddps(root: Any, ddp_cls: Any) -> Iterable[Any]:
     """The DDP instances in *root*: itself or its submodules (a compiled
     module's ``_orig_mod`` is one), not looking inside a DDP."""
-    found: list[Any] = []
-    stack = [root]
-    for _ in range(_MAX_WALK):
-        if not stack:
-            break
-        m = stack.pop()
-        if isinstance(m, ddp_cls):
-            found.append(m)
-            continue
-        children = getattr(m, "_modules", None)
-        if isinstance(children, dict):
-            stack.extend(c for c in children.values() if c is not None)
-    return found
+    walk = ModuleWalk(root, descend=lambda m: not isinstance(m, ddp_cls))
+    return [m for m in walk if isinstance(m, ddp_cls)]

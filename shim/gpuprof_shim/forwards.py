@@ -52,6 +52,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpuprof_shim.auto import StepMachine
+from gpuprof_shim.modwalk import ModuleWalk
 
 log = logging.getLogger("gpuprof.shim")
 
@@ -67,8 +68,6 @@ MAX_WINDOW_BACKWARDS = 8
 MAX_FRUITLESS = 2
 #: Most roots hooked; further ones are left to the backward fallback.
 MAX_ROOTS = 64
-#: Most modules walked looking for a parameter before giving up (and saying yes).
-_MAX_WALK = 10_000
 
 # What the outermost call on a thread is doing.
 _NONE, _TRAIN, _EVAL, _LOSS = 0, 1, 2, 3
@@ -93,22 +92,16 @@ class _Depth(threading.local):
 
 
 def _has_parameters(module: Any) -> bool:
-    """True if *module* or a submodule holds a parameter.
-
-    Walks ``_parameters``/``_modules`` directly: ``module.parameters()``
-    costs ~10x more (it builds generators and a memo set).
-    """
+    """True if *module* or a submodule holds a parameter (or the tree is too
+    big to tell: then it counts). Reads ``_parameters`` directly:
+    ``module.parameters()`` costs ~10x more."""
     try:
-        stack = [module]
-        for _ in range(_MAX_WALK):
-            if not stack:
-                return False
-            m = stack.pop()
+        walk = ModuleWalk(module)
+        for m in walk:
             for p in m._parameters.values():
                 if p is not None:
                     return True
-            stack.extend(c for c in m._modules.values() if c is not None)
-        return True
+        return walk.truncated
     except Exception:  # not a standard Module: let it count
         return True
 
@@ -135,15 +128,8 @@ def _contains_compiled(module: Any) -> bool:
     if "torch._dynamo" not in sys.modules:
         return False  # nothing can have been compiled yet
     try:
-        stack = [module]
-        for _ in range(_MAX_WALK):
-            if not stack:
-                return False
-            m = stack.pop()
-            if _is_compiled(m):
-                return True
-            stack.extend(c for c in m._modules.values() if c is not None)
-        return True
+        walk = ModuleWalk(module)
+        return any(_is_compiled(m) for m in walk) or walk.truncated
     except Exception:
         return True
 

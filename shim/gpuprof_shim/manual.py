@@ -45,6 +45,8 @@ class Phase:
 class Step:
     """One manual step; use as a context manager. See the module docstring."""
 
+    __slots__ = ("i", "_rec", "_clock", "_t0", "_entries", "_ignored", "_done", "phases", "_open")
+
     def __init__(self, recorder: ManualRecorder, i: int) -> None:
         self.i = i
         self._rec = recorder
@@ -58,20 +60,24 @@ class Step:
 
     def phase(self, name: str) -> Phase:
         """A context manager timing phase *name* (any string) inside this step."""
-        return Phase(self, str(name))
+        return Phase(self, name if type(name) is str else str(name))
 
     def _phase_enter(self, name: str) -> int:
-        depth = self._open.get(name, 0)
-        self._open[name] = depth + 1
+        open_ = self._open
+        depth = open_.get(name, 0)
+        open_[name] = depth + 1
         return self._clock() if depth == 0 else 0
 
     def _phase_exit(self, name: str, t: int) -> None:
-        depth = self._open.get(name, 0) - 1
+        open_ = self._open
+        depth = open_.get(name, 0) - 1
         if depth < 0:
             return
-        self._open[name] = depth
+        open_[name] = depth
         if depth == 0 and not self._done:
-            self.phases[name] = self.phases.get(name, 0) + max(0, self._clock() - t)
+            ns = self._clock() - t
+            phases = self.phases
+            phases[name] = phases.get(name, 0) + (ns if ns > 0 else 0)
 
     def __enter__(self) -> Step:
         self._entries += 1

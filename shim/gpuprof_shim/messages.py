@@ -21,7 +21,6 @@ from gpuprof.protocol import (
 from gpuprof_shim.identity import Ranks
 from gpuprof_shim.steps import StepRecord
 
-_INT64_MAX = 2**63 - 1
 #: Phases beyond the protocol's limit are summed under this name.
 OVERFLOW_PHASE = "other"
 
@@ -49,16 +48,32 @@ def _cached_phase_name(name: object) -> str:
     return key
 
 
+#: Phase names that pass the protocol as they are (the machine's own, and
+#: user names seen before), bounded like :data:`_clean_names`.
+_valid_names: set[str] = set()
+
+
 def clean_phases(phases: Mapping[str, int]) -> dict[str, int]:
-    """Clamp durations to int64 >= 0 and keep at most ``MAX_PHASES`` names
-    (the rest are summed into ``"other"``). Runs once per step: names are
-    cleaned once and remembered."""
+    """Clamp durations to 0..``MAX_DURATION_NS`` and keep at most
+    ``MAX_PHASES`` names (the rest are summed into ``"other"``). Runs once per
+    step: a step whose names were all seen clean before and whose values are
+    in range is copied as it is, without the per-name work."""
+    if len(phases) < MAX_PHASES:
+        valid = _valid_names
+        for name, ns in phases.items():
+            if name not in valid or type(ns) is not int or not 0 <= ns <= MAX_DURATION_NS:
+                break
+        else:
+            return dict(phases)
     out: dict[str, int] = {}
     for name, ns in phases.items():
         key = _cached_phase_name(name)
         if key not in out and len(out) >= MAX_PHASES - 1:
             key = OVERFLOW_PHASE
-        out[key] = min(_INT64_MAX, out.get(key, 0) + max(0, int(ns)))
+        out[key] = min(MAX_DURATION_NS, out.get(key, 0) + max(0, int(ns)))
+    for name in out:
+        if len(_valid_names) < _CLEAN_NAMES_MAX and name in phases:
+            _valid_names.add(name)  # its cleaned form is itself
     return out
 
 
@@ -150,17 +165,20 @@ def bye(
 
 
 def step(run_key: str, rec: StepRecord) -> dict[str, Any]:
-    """The ``step`` data event for *rec*; ``skipped``, ``eval``,
-    ``optimizers`` and ``mem`` (torch allocator bytes) only when they say
-    something."""
-    msg = {
-        "v": PROTOCOL_VERSION,
+    """The ``step`` data event for *rec*, on its own (see :func:`step_event`)."""
+    return {"v": PROTOCOL_VERSION, "run_key": run_key, **step_event(rec)}
+
+
+def step_event(rec: StepRecord) -> dict[str, Any]:
+    """The ``step`` event for *rec* as it goes in a ``batch`` (no ``v`` and
+    ``run_key``: the batch's apply); ``skipped``, ``eval``, ``optimizers``
+    and ``mem`` (torch allocator bytes) only when they say something."""
+    msg: dict[str, Any] = {
         "type": "step",
-        "run_key": run_key,
         "i": rec.i,
         "t0": rec.t0,
-        "t1": max(rec.t1, rec.t0),
-        "wait": max(0, rec.wait),
+        "t1": rec.t1 if rec.t1 > rec.t0 else rec.t0,
+        "wait": rec.wait if rec.wait > 0 else 0,
         "explicit": rec.explicit,
         "micro": rec.micro,
         "phases": clean_phases(rec.phases),

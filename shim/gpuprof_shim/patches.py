@@ -17,6 +17,11 @@ Originals are recorded exactly as found (the raw class/module dict entry)
 and put back on :meth:`TorchPatches.remove`. Only one owner may be
 installed per process; nothing is patched at import time. torch is
 imported only here, and only by :meth:`TorchPatches.install`.
+
+Every attribute gpuprof replaces anywhere goes through a :class:`PatchSet`
+(auto mode's owner here, the trace windows' profiler guard in
+:mod:`gpuprof_shim.trace`), so :func:`live_patches` lists all that is still
+in place: the tests' leak check asserts it is empty after each test.
 """
 
 from __future__ import annotations
@@ -62,6 +67,69 @@ def _raw(target: Any, name: str) -> Any:
     return vars(target)[name]
 
 
+#: Every patch set with patches in place, in this process.
+_live_sets: set[PatchSet] = set()
+_live_lock = threading.Lock()
+
+
+class PatchSet:
+    """Attributes replaced on classes or modules, put back by :meth:`remove`.
+
+    Args:
+        label: who owns it, for warnings and :func:`live_patches`.
+    """
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self._patches: list[_Patch] = []
+
+    def __bool__(self) -> bool:
+        return bool(self._patches)
+
+    def patch(self, target: Any, name: str, replacement: Any) -> Any:
+        """Replace ``target.name`` (as stored on *target* itself) with
+        *replacement*; returns the original."""
+        original = _raw(target, name)
+        setattr(target, name, replacement)
+        self._patches.append(_Patch(target, name, original, replacement))
+        with _live_lock:
+            _live_sets.add(self)
+        return original
+
+    def names(self) -> list[str]:
+        """``"Class.attr"`` of each patch in place."""
+        return [f"{getattr(p.target, '__name__', p.target)}.{p.name}" for p in self._patches]
+
+    def remove(self) -> None:
+        """Restore every original, newest first; never raises.
+
+        If someone replaced one of ours after us, their replacement stays
+        (removing it would break them); the caller switches ours to a
+        pass-through.
+        """
+        while self._patches:
+            p = self._patches.pop()
+            try:
+                if vars(p.target).get(p.name) is p.replacement:
+                    setattr(p.target, p.name, p.original)
+                else:
+                    log.warning(
+                        "gpuprof: %s.%s was re-patched by someone else; leaving theirs in place",
+                        getattr(p.target, "__name__", p.target), p.name,
+                    )  # fmt: skip
+            except Exception:
+                log.warning("gpuprof: could not restore %s", p.name, exc_info=True)
+        with _live_lock:
+            _live_sets.discard(self)
+
+
+def live_patches() -> list[str]:
+    """``"owner: Class.attr"`` for every gpuprof patch still in place."""
+    with _live_lock:
+        sets = list(_live_sets)
+    return [f"{s.label}: {name}" for s in sets for name in s.names()]
+
+
 class TorchPatches:
     """Installs auto mode's wrappers and hooks for one session; see module doc."""
 
@@ -77,7 +145,7 @@ class TorchPatches:
         self.comm = comm
         """The DDP bucket timer, if any (gets new roots; wraps user comm hooks)."""
         self.wrappers: Wrappers | None = None
-        self._patches: list[_Patch] = []
+        self._patches = PatchSet("auto mode")
         self._handles: list[Any] = []
 
     @property
@@ -147,23 +215,17 @@ class TorchPatches:
             (autograd, "backward", w.autograd_backward),
             (scaler_cls, "step", w.make_scaler_step(_raw(scaler_cls, "step"))),
         ):
-            patch = _Patch(target, name, _raw(target, name), replacement)
-            setattr(target, name, replacement)
-            self._patches.append(patch)
+            self._patches.patch(target, name, replacement)
         self._handles.append(register_optimizer_step_pre_hook(w.optimizer_pre_hook))
         self._handles.append(register_optimizer_step_post_hook(w.optimizer_post_hook))
         ddp_cls = comm.ddp_class() if comm is not None and comm.enabled else None
         if ddp_cls is not None:
-            original = _raw(ddp_cls, "register_comm_hook")
-            replacement = comm.make_register_comm_hook(original)
-            self._patches.append(_Patch(ddp_cls, "register_comm_hook", original, replacement))
-            ddp_cls.register_comm_hook = replacement
-            builtin = getattr(ddp_cls, "_register_builtin_comm_hook", None)
-            if builtin is not None:
+            replacement = comm.make_register_comm_hook(_raw(ddp_cls, "register_comm_hook"))
+            self._patches.patch(ddp_cls, "register_comm_hook", replacement)
+            if "_register_builtin_comm_hook" in vars(ddp_cls):
                 original = _raw(ddp_cls, "_register_builtin_comm_hook")
                 twin = comm.make_register_builtin_comm_hook(original, replacement)
-                self._patches.append(_Patch(ddp_cls, "_register_builtin_comm_hook", original, twin))
-                ddp_cls._register_builtin_comm_hook = twin
+                self._patches.patch(ddp_cls, "_register_builtin_comm_hook", twin)
 
     def remove(self) -> None:
         """Restore every original and remove the hooks; never raises.
@@ -183,18 +245,7 @@ class TorchPatches:
                 handle.remove()
             except Exception:
                 log.warning("gpuprof: could not remove an optimizer hook", exc_info=True)
-        while self._patches:
-            p = self._patches.pop()
-            try:
-                if vars(p.target).get(p.name) is p.replacement:
-                    setattr(p.target, p.name, p.original)
-                else:
-                    log.warning(
-                        "gpuprof: %s.%s was re-patched by someone else; leaving theirs in place",
-                        getattr(p.target, "__name__", p.target), p.name,
-                    )  # fmt: skip
-            except Exception:
-                log.warning("gpuprof: could not restore %s", p.name, exc_info=True)
+        self._patches.remove()
         with _owner_lock:
             if _owner is self:
                 _owner = None

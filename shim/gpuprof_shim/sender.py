@@ -20,7 +20,13 @@ from typing import Any
 
 import zmq
 
-from gpuprof.protocol import encode
+from gpuprof.protocol import (
+    MAX_BATCH_EVENTS,
+    MAX_MESSAGE_BYTES,
+    PROTOCOL_VERSION,
+    batch,
+    encode,
+)
 
 log = logging.getLogger("gpuprof.shim")
 
@@ -94,12 +100,13 @@ class Sender:
 
     @property
     def sent(self) -> int:
-        """Messages handed to ZeroMQ by this process."""
+        """Events handed to ZeroMQ by this process (a batch counts its events)."""
         return self._current().sent
 
     @property
     def dropped(self) -> int:
-        """Messages this process could not send (daemon absent, queue full, fork child)."""
+        """Events this process could not send (daemon absent, queue full, fork
+        child); a batch that could not go counts each of its events."""
         return self._current().dropped
 
     @property
@@ -181,6 +188,48 @@ class Sender:
                 return False
             st.sent += 1
             return True
+
+    def send_batch(self, run_key: str, events: list[dict[str, Any]]) -> int:
+        """Push *events* (data events of run *run_key*, without ``v`` and
+        ``run_key``) in as few ``batch`` messages as the protocol's bounds
+        allow (:data:`~gpuprof.protocol.MAX_BATCH_EVENTS` events,
+        :data:`~gpuprof.protocol.MAX_MESSAGE_BYTES` bytes), without blocking.
+
+        Returns how many events ZeroMQ took; ``sent`` and ``dropped`` count
+        events, not messages. Never raises.
+        """
+        taken = 0
+        for k in range(0, len(events), MAX_BATCH_EVENTS):
+            taken += self._send_chunk(run_key, events[k : k + MAX_BATCH_EVENTS])
+        return taken
+
+    def _send_chunk(self, run_key: str, events: list[dict[str, Any]]) -> int:
+        st = self._current()
+        n = len(events)
+        with self._lock:
+            if self._closed or st.forked or (st.sock is None and not self.connect()):
+                st.dropped += n
+                return 0
+            try:
+                one = {"v": PROTOCOL_VERSION, "run_key": run_key, **events[0]} if n == 1 else None
+                data = encode(one if one is not None else batch(run_key, events))
+            except Exception:
+                st.dropped += n
+                return 0
+            if len(data) <= MAX_MESSAGE_BYTES:
+                try:
+                    st.sock.send(data, zmq.NOBLOCK)  # type: ignore[union-attr]
+                except Exception:
+                    st.dropped += n
+                    return 0
+                st.sent += n
+                return n
+            if n == 1:  # one event over the bound: the daemon would drop it anyway
+                st.dropped += 1
+                return 0
+        # too many bytes (steps with many comm rows): halves, each within bounds
+        half = n // 2
+        return self._send_chunk(run_key, events[:half]) + self._send_chunk(run_key, events[half:])
 
     def close(self) -> None:
         """Close the socket and context if this process made them (LINGER 0:

@@ -22,19 +22,22 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from gpuprof import config
 from gpuprof.protocol import clean_run_name, clean_text
-from gpuprof_shim import autostart, control, identity, memory, messages
+from gpuprof_shim import identity, messages
 from gpuprof_shim.auto import StepMachine
+from gpuprof_shim.batcher import StepBatcher
 from gpuprof_shim.comm import CommTimer
-from gpuprof_shim.flops import DtypeProbe, StepFlopCounter, cuda_in_use, on_mfu_device
+from gpuprof_shim.link import DaemonLink
 from gpuprof_shim.loader import TimedLoader
 from gpuprof_shim.manual import ManualRecorder, NullStep, Step
+from gpuprof_shim.notes import add_notes
+from gpuprof_shim.probes import ModelProbes
 from gpuprof_shim.report import StepCounter, local_summary, print_summary
 from gpuprof_shim.sender import Sender
 from gpuprof_shim.steps import StepRecord, WaitTracker
@@ -43,15 +46,6 @@ from gpuprof_shim.workers import WorkerReporter
 
 log = logging.getLogger("gpuprof.shim")
 
-#: After ``hello`` succeeds, how long to wait for the data connection, ms.
-DATA_CONNECT_TIMEOUT_MS = 1000
-#: Step events are sent in bursts of at most this many steps ...
-SEND_EVERY_STEPS = 16
-#: ... or as soon as this long (ns) has passed since the last burst, so a live
-#: view lags by at most ~0.1 s plus one step. Measured on the 2-vCPU CI VM
-#: (2026-11-29): a lone send costs ~30 µs inside a training step, one in a
-#: burst ~6 µs.
-SEND_EVERY_NS = 100_000_000
 
 _active_lock = threading.Lock()
 _active: Profiler | None = None
@@ -119,6 +113,8 @@ class Profiler:
             :mod:`gpuprof_shim.comm`): steps gain per-bucket ``comm`` rows and
             a ``comm`` phase (exposed comm, out of ``backward``). False: no
             comm hook is registered.
+        clock: monotonic nanoseconds for every timestamp the profile takes
+            (injected for tests, as the samplers' clocks are).
 
     Raises:
         ValueError: an invalid ``flops_per_step``, ``dtype``, ``arch``,
@@ -147,6 +143,7 @@ class Profiler:
         trace_dir_max_mb: float = DEFAULT_TRACE_DIR_MAX_MB,
         group: str | None = None,
         time_comm: bool = True,
+        clock: Callable[[], int] = time.monotonic_ns,
     ) -> None:
         if step_source not in ("optimizer", "external"):
             raise ValueError(
@@ -159,10 +156,7 @@ class Profiler:
             flops_per_step, dtype, arch, tokens_per_step, count_flops
         )
         #: What the shim measures about the model itself (auto mode).
-        self._dtype_probe: DtypeProbe | None = None
-        self._flop_counter: StepFlopCounter | None = None
-        self._traced: set[int] = set()
-        self._sent_dtype = self._sent_flops = False
+        self.probes = ModelProbes(self.options, lambda: self._open)
         self.trace_options = TraceOptions.parse(
             trace_every_n_steps, trace_range, continuous_traces_hz, trace_dir, trace_dir_max_mb
         )
@@ -187,16 +181,15 @@ class Profiler:
         self.run_id: int | None = None
         #: The summary dict printed at exit (the daemon's, or a local one).
         self.summary: dict[str, Any] | None = None
-        self.clock = time.monotonic_ns
+        self.clock = clock
         self.sender: Sender | None = None
         self.machine: StepMachine | None = None
         self.counter = StepCounter()
         self._entered = False
         self._pid = os.getpid()
         self._open = False
-        self._daemon_ok = False
-        self._problem: str | None = None
-        self._control: str | None = None
+        #: The link to gpuprofd (data socket, hello, bye).
+        self.link = DaemonLink(self.socket_dir, self.db, self.autostart)
         #: Where timed loader ``next()`` calls go: the step machine (auto
         #: mode) or the manual recorder's wait tracker.
         self._waits: WaitTracker | StepMachine | None = None
@@ -205,8 +198,7 @@ class Profiler:
         #: Reports DataLoader worker pids (``workers`` events) while open.
         self._workers: WorkerReporter | None = None
         self._warned_step = False
-        self._pending: list[StepRecord] = []
-        self._sent_at = 0
+        self._batcher: StepBatcher | None = None
         self.time_comm = bool(time_comm)
         #: DDP bucket timing (auto mode, with a sender).
         self._comm: CommTimer | None = None
@@ -249,8 +241,8 @@ class Profiler:
                 self._connect()
             except Exception:  # never fail training over the daemon
                 log.warning("gpuprof: could not reach gpuprofd", exc_info=True)
-                self._daemon_ok = False
-                self._problem = "gpuprofd unreachable (internal error)"
+                self.link.ok = False
+                self.link.problem = "gpuprofd unreachable (internal error)"
             self._start_recording()
         except BaseException:
             self._teardown()
@@ -354,47 +346,14 @@ class Profiler:
     # --- internals ---------------------------------------------------------
 
     def _connect(self) -> None:
+        link = self.link
         try:
-            ingest = config.ingest_endpoint(self.socket_dir)
-            self._control = config.control_endpoint(self.socket_dir)
-        except ValueError as exc:
-            self._problem = f"gpuprofd unreachable ({exc})"
-            log.warning("gpuprof: %s", exc)
-            return
-        self.sender = Sender(ingest)
-        self.sender.connect()
-        reply = self._hello_with_autostart()
-        if reply is None:
-            self._problem = f"gpuprofd unreachable at {self.socket_dir}"
-            if self.autostart:
-                why = autostart.log_tail(self.socket_dir)
-                self._problem += (
-                    f" (auto-start failed: {why})"
-                    if why
-                    else f" (auto-start failed, see {self.socket_dir / config.LOG_NAME})"
-                )
-            log.warning("gpuprof: %s; running without it", self._problem)
-        elif not reply["ok"]:
-            self._problem = f"gpuprofd refused the run: {reply['error']}"
-            log.warning("gpuprof: %s", self._problem)
-        else:
-            self._daemon_ok = True
-            self.run_id = reply["run_id"]
-            self.db = reply["db"]
-            if not self.sender.wait_connected(DATA_CONNECT_TIMEOUT_MS):
-                log.warning("gpuprof: the data socket is not connected yet; early steps may drop")
-            for note in reply["notes"]:
-                log.info("gpuprof: %s", note)
+            link.connect(self._hello)
+        finally:
+            self.sender, self.run_id, self.db = link.sender, link.run_id, link.db
 
-    def _hello_with_autostart(self) -> dict[str, Any] | None:
-        control_path = self.socket_dir / config.CONTROL_SOCKET_NAME
-        reply = self._hello() if control_path.exists() else None
-        if reply is None and self.autostart:
-            argv = autostart.daemon_argv(self.socket_dir, Path(self.db))
-            reply = autostart.start_and_hello(self._hello, self.socket_dir, argv)
-        return reply
-
-    def _hello(self) -> dict[str, Any] | None:
+    def _hello(self) -> dict[str, Any]:
+        """The ``hello`` message (built anew for each attempt: its clocks)."""
         msg = messages.hello(
             run_key=self.run_key,
             run_name=self.run_name,
@@ -410,9 +369,7 @@ class Profiler:
             pid_ns=identity.pid_namespace(),
             group=self.group,
         )
-        ctx = self.sender.context if self.sender else None
-        raw = control.request(ctx, self._control or "", msg, control.HELLO_TIMEOUT_MS)
-        return control.parse_hello_reply(raw)
+        return msg
 
     def _start_recording(self) -> None:
         if self.sender is not None:
@@ -427,7 +384,7 @@ class Profiler:
             if self.sender is not None:
                 self._comm = CommTimer(enabled=self.time_comm, on_ddp=self._start_aligner)
             self._patches = TorchPatches(self.machine, self._loader_iterator, self._comm)
-            self._start_model_probes()
+            self.probes.start(self.machine)
             try:
                 self._patches.install()
             except Exception:
@@ -436,6 +393,10 @@ class Profiler:
             waits = WaitTracker(self.clock())
             self._waits = waits
             self._recorder = ManualRecorder(self._emit, waits, self.clock)
+        if self.sender is not None:
+            self._batcher = StepBatcher(
+                self.sender, self.run_key, comm=self._comm, extra=self._model_info
+            )
         if self.trace_options.enabled:
             self._start_tracer()
         self._open = True
@@ -503,109 +464,33 @@ class Profiler:
         sender = self.sender
         return sender.send(msg) if sender is not None else False
 
-    def _start_model_probes(self) -> None:
-        """Auto mode: the dtype probe (unless the user gave a dtype) and the
-        one-step FLOP counter (see ``count_flops``)."""
-        opts, machine = self.options, self.machine
-        if machine is None:
-            return
-        if opts.get("dtype") is None:
-            self._dtype_probe = DtypeProbe()
-        count = opts.get("count_flops")
-        if count or (count is None and opts.get("flops_per_step") is None):
-            self._flop_counter = StepFlopCounter()
-        if self._dtype_probe is not None or self._flop_counter is not None:
-            machine.on_forward_probe = self._on_forward_probe
-        if count:  # asked for: on any device, from the first step boundary
-            machine.on_boundary = self._on_boundary
-
-    def _on_forward_probe(self) -> None:
-        """The first training forward starts: read autocast, then stop
-        probing. Without CUDA in use, the automatic probes end here (no
-        peak, no MFU): nothing more runs between steps."""
-        probe, machine = self._dtype_probe, self.machine
-        if machine is None:
-            return
-        machine.on_forward_probe = None
-        if not cuda_in_use() and not self.options.get("count_flops"):
-            self._dtype_probe = self._flop_counter = None
-            return
-        if probe is not None:
-            probe.on_forward()
-        machine.on_boundary = self._on_boundary
-
-    def _on_boundary(self, next_step: int, optimizer: Any) -> None:
-        """A step ended (training thread): decide the dtype; start or stop
-        the FLOP count."""
-        try:
-            on_gpu = on_mfu_device(optimizer)
-            probe = self._dtype_probe
-            if probe is not None and probe.result is None and probe.forward_seen:
-                if on_gpu:
-                    probe.on_step_end(optimizer)
-                else:  # no peak to compare with: the dtype says nothing
-                    self._dtype_probe = None
-            counter = self._flop_counter
-            if counter is not None and not on_gpu and not counter.active:
-                if self.options.get("count_flops") is None:
-                    self._flop_counter = counter = None  # automatic: GPUs only
-            if counter is not None and self._open and counter.on_boundary(next_step):
-                self._traced.add(next_step)
-        except Exception:
-            log.debug("gpuprof: dtype or FLOP probe failed", exc_info=True)
+    @property
+    def _flop_counter(self) -> Any:
+        """The one-step FLOP counter, if counting (tests read it)."""
+        return self.probes.flop_counter
 
     def _model_info(self) -> dict[str, Any] | None:
-        """A ``model_info`` event with what was learnt and not yet sent."""
-        fields: dict[str, Any] = {}
-        probe = self._dtype_probe
-        if probe is not None and probe.result is not None and not self._sent_dtype:
-            self._sent_dtype = True
-            fields["dtype"], fields["dtype_source"] = probe.result
-        counter = self._flop_counter
-        if counter is not None and counter.flops is not None and not self._sent_flops:
-            self._sent_flops = True
-            fields["flops_counted"], fields["flops_step"] = counter.flops, counter.step
-        return messages.model_info(self.run_key, **fields) if fields else None
+        return self.probes.model_info(self.run_key)
 
     def _emit(self, rec: StepRecord) -> None:
-        """Count a finished step and queue its event; events go out in short
-        bursts (every :data:`SEND_EVERY_STEPS` steps or :data:`SEND_EVERY_NS`),
-        which costs the loop about a quarter of sending each one on its own.
-        A step whose FLOPs were counted is marked ``traced``."""
+        """Count a finished step and queue its event for the next burst
+        (:class:`~gpuprof_shim.batcher.StepBatcher`). A step whose FLOPs
+        were counted, or that a torch.profiler window ran in, is ``traced``."""
         try:
-            if rec.i in self._traced:
+            if rec.i in self.probes.traced:
                 rec.traced = True
             tracer = self._tracer
             if tracer is not None and tracer.traced(rec.t0, rec.t1):
                 rec.traced = True  # a torch.profiler window ran during it
             self.counter.add(rec.duration_ns + rec.wait)
-            if self.sender is None:
-                return
-            self._pending.append(rec)
-            if len(self._pending) >= SEND_EVERY_STEPS or rec.t1 - self._sent_at >= SEND_EVERY_NS:
-                self._send_pending(rec.t1)
+            if self._batcher is not None:
+                self._batcher.add(rec)
         except Exception:
             log.debug("gpuprof: could not emit step %s", rec.i, exc_info=True)
 
     def _send_pending(self, now_ns: int, final: bool = False) -> None:
-        """Send the queued step events. The burst's last step carries torch's
-        CUDA memory figures (when CUDA is in use): one read per burst, not per
-        step, and the peak figure is cumulative, so no peak is missed. Steps
-        whose DDP buckets' CUDA events are still running stay queued for the
-        next burst (see :meth:`gpuprof_shim.comm.CommTimer.attach`)."""
-        pending, self._pending = self._pending, []
-        self._sent_at = now_ns
-        if self.sender is not None:
-            if pending:
-                pending[-1].mem = memory.cuda_memory()
-                if self._comm is not None:  # here, not per step: CUDA events had time to finish
-                    ready = self._comm.attach(pending, now_ns=now_ns, final=final)
-                    pending, self._pending = pending[:ready], pending[ready:]
-            for rec in pending:
-                self.sender.send(messages.step(self.run_key, rec))
-            info = self._model_info()
-            if info is not None:
-                self.sender.send(info)
+        if self._batcher is not None:
+            self._batcher.flush(now_ns, final)
 
     def _loader_started(self) -> None:
         if self._open and self._waits is not None:
@@ -627,8 +512,7 @@ class Profiler:
         tracer = self._tracer
         if tracer is not None:
             tracer.close()  # the profiler stopped, its guard removed (idempotent)
-        if self._flop_counter is not None and self._flop_counter.active:
-            self._flop_counter.abandon()
+        self.probes.abandon()
         patches, self._patches = self._patches, None
         if patches is not None:
             patches.remove()
@@ -647,7 +531,7 @@ class Profiler:
         self._open = False
         if self._recorder is not None:
             self._recorder.closed = True
-        summary = self._bye(exc) if self._daemon_ok else None
+        summary = self._bye(exc) if self.link.ok else None
         if summary is None:
             summary = local_summary(
                 run_name=self.run_name,
@@ -655,74 +539,36 @@ class Profiler:
                 counter=self.counter,
                 db=self.db,
                 run_id=self.run_id,
-                notes=[self._local_note()],
+                notes=[self.link.local_note(self.counter.steps)],
             )
-        counter = self._flop_counter
-        if counter is not None and counter.note:
-            summary.setdefault("notes", []).append(counter.note)
-        if self._tracer is not None and self._tracer.notes:
-            summary.setdefault("notes", []).extend(self._tracer.notes)
-        if self._comm is not None:
-            comm_notes = self._comm.summary_notes()
-            if comm_notes:
-                summary.setdefault("notes", []).extend(comm_notes)
-        aligner_note = getattr(self._aligner, "note", None)
-        if isinstance(aligner_note, str) and aligner_note:
-            summary.setdefault("notes", []).append(aligner_note)
-        left = self.machine.unfinished_micro if self.machine is not None else 0
-        if left:
-            summary.setdefault("notes", []).append(
-                f"{left} micro-batch{'es' if left > 1 else ''} after the last optimizer update "
-                "(no update followed) not counted as a step"
-            )
-        if summary.get("db") and summary["db"] != self.requested_db:
-            summary.setdefault("notes", []).append(
-                f"stored in {summary['db']}, the database of the gpuprofd at {self.socket_dir}, "
-                f"not {self.requested_db}"
-            )
+        add_notes(
+            summary,
+            flop_note=self.probes.note(),
+            tracer=self._tracer,
+            comm=self._comm,
+            aligner=self._aligner,
+            unfinished_micro=self.machine.unfinished_micro if self.machine is not None else 0,
+            requested_db=self.requested_db,
+            socket_dir=self.socket_dir,
+        )
         self.summary = summary
         if self.print_summary:
             print_summary(summary)
 
     def _bye(self, exc: BaseException | None) -> dict[str, Any] | None:
         assert self.sender is not None
-        msg = messages.bye(
-            run_key=self.run_key,
-            error=exc,
-            sent=self.sender.sent,
-            dropped=self.sender.dropped,
-            mono_ns=time.monotonic_ns(),
-            wall_ns=time.time_ns(),
-            cuda_uuid=identity.cuda_uuid(),
-            eval_ns=self.machine.trailing_eval_ns if self.machine is not None else 0,
+        return self.link.bye(
+            messages.bye(
+                run_key=self.run_key,
+                error=exc,
+                sent=self.sender.sent,
+                dropped=self.sender.dropped,
+                mono_ns=time.monotonic_ns(),
+                wall_ns=time.time_ns(),
+                cuda_uuid=identity.cuda_uuid(),
+                eval_ns=self.machine.trailing_eval_ns if self.machine is not None else 0,
+            )
         )
-        raw = control.request(
-            self.sender.context,
-            self._control or "",
-            msg,
-            recv_timeout_ms=control.BYE_TIMEOUT_MS,
-            send_timeout_ms=control.BYE_SEND_TIMEOUT_MS,
-        )
-        summary = control.parse_bye_reply(raw)
-        if summary is None:
-            refused = raw.get("error") if isinstance(raw, dict) and raw.get("ok") is False else None
-            if isinstance(refused, str):
-                self._problem = (
-                    f"gpuprofd could not finish the run ({refused[:300]}); "
-                    "summary from local counts only"
-                )
-            else:
-                self._problem = "gpuprofd did not answer at exit; summary from local counts only"
-            log.warning("gpuprof: %s", self._problem)
-        return summary
-
-    def _local_note(self) -> str:
-        sent = self.sender.sent if self.sender else 0
-        dropped = self.sender.dropped if self.sender else self.counter.steps
-        problem = self._problem or "gpuprofd unreachable"
-        if self._daemon_ok:
-            return f"{problem} ({sent} events sent, {dropped} dropped in this process)"
-        return f"{problem}: {sent + dropped} events not recorded (dropped)"
 
     def _teardown(self) -> None:
         global _active
@@ -732,8 +578,7 @@ class Profiler:
             self._close_aligner()
             if self._comm is not None:
                 self._comm.close()
-            if self.sender is not None:
-                self.sender.close()
+            self.link.close()
         finally:
             with _active_lock:
                 if _active is self:

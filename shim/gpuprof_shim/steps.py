@@ -10,7 +10,7 @@ from gpuprof.comm import BucketTiming
 from gpuprof.protocol import DATA_PHASE, OWN_TIME_PHASE
 
 
-@dataclass
+@dataclass(slots=True)
 class OptimizerUse:
     """One optimizer's share of a step.
 
@@ -27,7 +27,7 @@ class OptimizerUse:
     ns: int
 
 
-@dataclass
+@dataclass(slots=True)
 class StepRecord:
     """One training step, ready to become a ``step`` message.
 

@@ -1,4 +1,5 @@
-"""``torch.profiler`` snapshots and continuous kernel windows (issue 5's capture).
+"""``torch.profiler`` snapshots and continuous kernel windows: which kernels
+a step runs, and how long each takes.
 
 Modes (any combination; all off by default, see :class:`TraceOptions`):
 
@@ -82,6 +83,7 @@ from typing import Any
 
 from gpuprof.kernels import KernelAgg, fold_counted, kernel_class, shorten_name
 from gpuprof.protocol import MAX_WINDOW_STEPS, clean_text
+from gpuprof_shim.patches import PatchSet
 
 log = logging.getLogger("gpuprof.shim")
 
@@ -326,7 +328,7 @@ class _TorchGuard:
         self._prepared: Any = None  # WeakSet of the user's prepared profile objects
         self._open: dict[int, Any] = {}  # id -> record_function entered in a window
         self._end_range: Callable[[Any], None] | None = None
-        self._patched: list[tuple[Any, str, Any, Any]] = []  # (cls, name, original, mine)
+        self._patched = PatchSet("profiler guard")
 
     @property
     def user_prepared(self) -> bool:
@@ -370,14 +372,13 @@ class _TorchGuard:
                 guard._open.pop(id(rf), None)
             return orig_rf_exit(rf, *exc)
 
-        for cls, name, orig, mine in (
-            (prof_cls, "_prepare_trace", orig_prepare, _prepare_trace),
-            (prof_cls, "__exit__", orig_exit, __exit__),
-            (rf_cls, "__enter__", orig_rf_enter, rf_enter),
-            (rf_cls, "__exit__", orig_rf_exit, rf_exit),
+        for cls, name, mine in (
+            (prof_cls, "_prepare_trace", _prepare_trace),
+            (prof_cls, "__exit__", __exit__),
+            (rf_cls, "__enter__", rf_enter),
+            (rf_cls, "__exit__", rf_exit),
         ):
-            setattr(cls, name, mine)
-            self._patched.append((cls, name, orig, mine))
+            self._patched.patch(cls, name, mine)
 
     def end_open_ranges(self) -> None:
         """End the ranges entered during the window and still open (before the
@@ -393,15 +394,7 @@ class _TorchGuard:
 
     def remove(self) -> None:
         """Put the originals back (unless someone re-patched after us); never raises."""
-        while self._patched:
-            cls, name, orig, mine = self._patched.pop()
-            try:
-                if vars(cls).get(name) is mine:
-                    setattr(cls, name, orig)
-                else:
-                    log.warning("gpuprof: torch profiler %s was re-patched; leaving it", name)
-            except Exception:
-                log.warning("gpuprof: could not restore profiler %s", name, exc_info=True)
+        self._patched.remove()
         self._open = {}
 
 
@@ -438,7 +431,6 @@ class Tracer:
         self.notes: list[str] = []
         #: Windows whose ``kernels`` event was handed to the sender.
         self.windows = 0
-        self.windows_skipped = 0
         self.files_written = 0
         self.bytes_written = 0
         self._earlier_bytes: int | None = None  # traces already in trace_dir, read once
@@ -619,7 +611,6 @@ class Tracer:
         self._skip_for_user()
 
     def _skip_for_user(self) -> None:
-        self.windows_skipped += 1
         if not self._told_user:
             self._told_user = True
             text = (

@@ -6,6 +6,7 @@ import orjson
 import pytest
 
 from gpuprof.protocol import (
+    MAX_BATCH_EVENTS,
     MAX_MEMORY_BYTES,
     MAX_MESSAGE_BYTES,
     MAX_PID,
@@ -15,6 +16,7 @@ from gpuprof.protocol import (
     clean_run_name,
     clean_text,
     decode,
+    decode_events,
     encode,
 )
 
@@ -337,3 +339,81 @@ def test_step_traced_is_an_optional_bool():
     assert decode(encode(step(traced=False)), "data")["traced"] is False
     assert reason(encode(step(traced=1))) == "bad_field:traced"
     assert reason(encode(step(traced="yes"))) == "bad_field:traced"
+
+
+# --- batch ------------------------------------------------------------------
+
+
+def inner(**kw):
+    """A step as it goes inside a batch: no v, no run_key (the envelope's apply)."""
+    return {k: v for k, v in step(**kw).items() if k not in ("v", "run_key")}
+
+
+def batch_of(events, **kw):
+    msg = {"v": PROTOCOL_VERSION, "type": "batch", "run_key": "abc123", "events": events}
+    msg.update(kw)
+    return encode(msg)
+
+
+def test_a_batch_expands_into_events_that_carry_its_version_and_run():
+    events, bad = decode_events(batch_of([inner(i=0), inner(i=1), step(i=2)]))
+    assert bad == []
+    assert events == [step(i=0), step(i=1), step(i=2)]
+
+
+def test_a_single_event_frame_is_a_list_of_one():
+    assert decode_events(encode(step(i=4))) == ([step(i=4)], [])
+
+
+@pytest.mark.parametrize(
+    ("event", "expected"),
+    [
+        (inner(i=-1), "bad_field:i"),
+        (inner(t1=5), "bad_field:t1"),
+        (inner(phases={"a\nb": 1}), "bad_field:phases"),
+        ({**inner(), "v": 2}, "bad_version"),
+        ({**inner(), "run_key": "someone-else"}, "bad_field:run_key"),
+        ({**inner(), "type": "teleport"}, "unknown_type"),
+        ({**inner(), "type": "bye"}, "wrong_channel"),  # a control request inside a batch
+        ({**inner(), "type": "batch"}, "wrong_channel"),  # no batch inside a batch
+        ([1, 2], "not_object"),
+        ({k: v for k, v in inner().items() if k != "micro"}, "bad_field:micro"),
+    ],
+)
+def test_one_bad_event_in_a_batch_is_dropped_with_its_reason_the_rest_kept(event, expected):
+    events, bad = decode_events(batch_of([inner(i=0), event, inner(i=2)]))
+    assert [e["i"] for e in events] == [0, 2]
+    assert [e.reason for e in bad] == [expected]
+
+
+@pytest.mark.parametrize(
+    ("frame", "expected"),
+    [
+        (batch_of([]), "bad_field:events"),  # empty
+        (batch_of([inner(i=k) for k in range(MAX_BATCH_EVENTS + 1)]), "bad_field:events"),
+        (batch_of({"0": inner()}), "bad_field:events"),  # not a list
+        (batch_of([inner()], run_key="../etc"), "bad_field:run_key"),
+        (batch_of([inner()], v=2), "bad_version"),
+        (batch_of(None), "bad_field:events"),
+        (batch_of([inner(phases={"p": 1, "pad": 0}) for _ in range(2000)])[:-3], "not_json"),
+    ],
+)
+def test_a_malformed_batch_envelope_is_one_drop(frame, expected):
+    with pytest.raises(ProtocolError) as info:
+        decode_events(frame)
+    assert info.value.reason == expected
+
+
+def test_a_batch_over_the_byte_bound_is_one_oversized_drop():
+    big = {"phases": {f"p{k}": 1 for k in range(30)}}
+    n = MAX_MESSAGE_BYTES // len(encode(inner(**big))) + 2
+    assert n <= MAX_BATCH_EVENTS
+    with pytest.raises(ProtocolError) as info:
+        decode_events(batch_of([inner(i=k, **big) for k in range(n)]))
+    assert info.value.reason == "oversized"
+
+
+def test_a_batch_belongs_on_the_data_channel_only():
+    assert reason(batch_of([inner()]), "control") == "wrong_channel"
+    msg = decode(batch_of([inner()]), "data")  # the envelope alone passes decode
+    assert msg["type"] == "batch" and len(msg["events"]) == 1

@@ -19,7 +19,7 @@ MOCKED_CUDA = r"""
 import torch
 from torch import nn
 import gpuprof
-from gpuprof_shim import session
+from gpuprof_shim import batcher
 
 GIB = 2**30
 reads = []
@@ -33,7 +33,7 @@ def nested(device=None):
 torch.cuda.is_initialized = lambda: True
 torch.cuda.current_device = lambda: 0
 torch.cuda.memory_stats_as_nested_dict = nested
-session.SEND_EVERY_STEPS = 1
+batcher.SEND_EVERY_STEPS = 1
 
 torch.manual_seed(0)
 model = nn.Linear(8, 2)

@@ -17,7 +17,7 @@ import pytest
 import zmq
 
 from gpuprof.config import control_endpoint, ingest_endpoint
-from gpuprof.protocol import ProtocolError, decode
+from gpuprof.protocol import ProtocolError, decode, decode_events
 from gpuprof_shim.auto import StepMachine
 
 
@@ -32,8 +32,10 @@ def socket_dir() -> Iterator[Path]:
 class FakeDaemon:
     """Answers hello/bye like gpuprofd and records every message it got.
 
-    Every frame goes through ``gpuprof.protocol.decode`` with its channel;
-    anything that fails lands in :attr:`errors`. ``bye`` is answered only once
+    Every frame goes through ``gpuprof.protocol.decode`` with its channel
+    (data frames through ``decode_events``, as gpuprofd: a batch becomes its
+    events in :attr:`data`, and counts one in :attr:`frames`); anything that
+    fails lands in :attr:`errors`. ``bye`` is answered only once
     ``sent`` data messages have arrived (as the real daemon does), or after
     ``bye_wait_s``.
     """
@@ -58,6 +60,8 @@ class FakeDaemon:
         self.bye_wait_s = bye_wait_s
         self.control: list[dict[str, Any]] = []
         self.data: list[dict[str, Any]] = []
+        #: Data frames (ZeroMQ messages) received.
+        self.frames = 0
         self.errors: list[str] = []
         self.db = str(socket_dir / "fake.db")
         self._pending_bye: tuple[list[bytes], dict[str, Any], float] | None = None
@@ -86,10 +90,14 @@ class FakeDaemon:
             self._maybe_answer_bye()
 
     def _take_data(self, raw: bytes) -> None:
+        self.frames += 1
         try:
-            self.data.append(decode(raw, channel="data"))
+            events, bad = decode_events(raw)
         except ProtocolError as exc:
             self.errors.append(f"data: {exc}")
+            return
+        self.errors += [f"data: {exc}" for exc in bad]
+        self.data += events
 
     def _take_control(self, envelope: list[bytes], raw: bytes) -> None:
         try:

@@ -13,7 +13,7 @@ from torch.utils.flop_counter import FlopCounterMode
 import gpuprof
 from gpuprof.protocol import decode, encode
 from gpuprof_shim import flops as shim_flops
-from gpuprof_shim import session as session_mod
+from gpuprof_shim import probes as probes_mod
 
 from .tiny_gpt import TinyGPT, train_step
 
@@ -27,7 +27,7 @@ def profile(socket_dir: Path, name: str = "flops", **kw):
 def pretend_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     """The automatic probes run only with CUDA in use: make the CPU count."""
     monkeypatch.setattr(shim_flops, "MFU_DEVICES", ("cuda", "cpu"))
-    monkeypatch.setattr(session_mod, "cuda_in_use", lambda: True)
+    monkeypatch.setattr(probes_mod, "cuda_in_use", lambda: True)
 
 
 def tiny_arch() -> gpuprof.TransformerArch:

@@ -13,7 +13,7 @@ import torch
 
 import gpuprof
 from gpuprof.protocol import MAX_MEMORY_BYTES
-from gpuprof_shim import memory, session
+from gpuprof_shim import batcher, memory
 
 from .training import train
 
@@ -78,7 +78,7 @@ def test_cpu_run_sends_no_mem_and_never_reads_cuda_memory(socket_dir, fake_daemo
 
 
 def test_each_step_carries_the_figures_read_at_its_end(socket_dir, fake_daemon, monkeypatch):
-    monkeypatch.setattr(session, "SEND_EVERY_STEPS", 1)  # a burst per step: a read per step
+    monkeypatch.setattr(batcher, "SEND_EVERY_STEPS", 1)  # a burst per step: a read per step
     cuda = FakeAllocator(monkeypatch, device=1)
     with profile(socket_dir):
         train(steps=5)
@@ -87,12 +87,12 @@ def test_each_step_carries_the_figures_read_at_its_end(socket_dir, fake_daemon, 
 
 
 def test_one_read_per_burst_on_its_last_step(socket_dir, fake_daemon, monkeypatch):
-    monkeypatch.setattr(session, "SEND_EVERY_NS", 10**15)  # bursts by count only
+    monkeypatch.setattr(batcher, "SEND_EVERY_NS", 10**15)  # bursts by count only
     cuda = FakeAllocator(monkeypatch)
     with profile(socket_dir):
-        train(steps=2 * session.SEND_EVERY_STEPS + 3)
+        train(steps=2 * batcher.SEND_EVERY_STEPS + 3)
     with_mem = [(s["i"], s["mem"]) for s in fake_daemon.steps if "mem" in s]
-    n = session.SEND_EVERY_STEPS
+    n = batcher.SEND_EVERY_STEPS
     # two full bursts, then the 3 left over at exit: the last of each carries a read
     assert with_mem == [(n - 1, FakeAllocator.expected(0)), (2 * n - 1, FakeAllocator.expected(1)),
                         (2 * n + 2, FakeAllocator.expected(2))]  # fmt: skip
@@ -100,7 +100,7 @@ def test_one_read_per_burst_on_its_last_step(socket_dir, fake_daemon, monkeypatc
 
 
 def test_manual_mode_steps_carry_the_figures_too(socket_dir, fake_daemon, monkeypatch):
-    monkeypatch.setattr(session, "SEND_EVERY_STEPS", 1)
+    monkeypatch.setattr(batcher, "SEND_EVERY_STEPS", 1)
     FakeAllocator(monkeypatch)
     with profile(socket_dir, auto=False) as prof:
         for i in range(3):
@@ -110,7 +110,7 @@ def test_manual_mode_steps_carry_the_figures_too(socket_dir, fake_daemon, monkey
 
 
 def test_a_failing_read_costs_the_figures_not_the_step(socket_dir, fake_daemon, monkeypatch):
-    monkeypatch.setattr(session, "SEND_EVERY_STEPS", 1)
+    monkeypatch.setattr(batcher, "SEND_EVERY_STEPS", 1)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
 

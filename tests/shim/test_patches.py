@@ -90,3 +90,39 @@ def test_someone_patching_on_top_keeps_their_patch_and_ours_goes_quiet():
         assert events == []  # our wrapper, still in their chain, is a pass-through
     finally:
         nn.Module.__call__ = nn.Module._wrapped_call_impl
+
+
+def test_the_leak_check_sees_every_patch_left_behind_and_no_owner_after_removal():
+    from gpuprof_shim.comm import CommTimer
+    from tests.conftest import torch_leaks
+
+    comm = CommTimer()
+    p = patches.TorchPatches(machine(), comm=comm)
+    p.install()
+    try:
+        leaks = torch_leaks()
+        assert any("a patch owner is left installed" in x for x in leaks), leaks
+        assert any("auto mode: Tensor.backward" in x for x in leaks), leaks
+        ddp = [x for x in leaks if x.startswith("DistributedDataParallel.register_comm_hook")]
+        assert ddp and "gpuprof's" in ddp[0], leaks  # the DDP comm-hook patch is seen
+    finally:
+        p.remove()
+        comm.close()
+    assert torch_leaks() == []
+
+
+def test_the_leak_check_sees_the_profiler_guard_left_behind():
+    import torch.autograd.profiler as legacy
+
+    from gpuprof_shim.trace import _range_ender, _TorchGuard
+    from tests.conftest import torch_leaks
+
+    guard = _TorchGuard(lambda: None)
+    guard.install(legacy, _range_ender(torch))
+    try:
+        leaks = torch_leaks()
+        assert any("profiler guard: record_function.__enter__" in x for x in leaks), leaks
+        assert any(x.startswith("profile._prepare_trace is gpuprof's") for x in leaks), leaks
+    finally:
+        guard.remove()
+    assert torch_leaks() == []

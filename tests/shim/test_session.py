@@ -218,30 +218,41 @@ def test_patches_are_removed_before_bye_and_even_if_finishing_fails(
     assert active_profiler() is None
 
 
-def test_step_events_go_out_in_bursts_or_after_100_ms() -> None:
-    from gpuprof_shim import session as session_mod
-    from gpuprof_shim.session import Profiler
+def test_step_events_go_out_in_bursts_or_after_50_ms() -> None:
+    from gpuprof_shim import batcher as batcher_mod
+    from gpuprof_shim.batcher import StepBatcher
     from gpuprof_shim.steps import StepRecord
 
     class Capture:
         def __init__(self) -> None:
-            self.sent: list[int] = []
+            self.bursts: list[list[int]] = []
 
-        def send(self, msg) -> bool:
-            self.sent.append(msg["i"])
-            return True
+        def send_batch(self, run_key: str, events) -> int:
+            assert run_key == "rk"
+            self.bursts.append([e["i"] for e in events])
+            return len(events)
 
-    prof = Profiler("bursts", auto=False, autostart=False)
-    prof.sender = Capture()  # type: ignore[assignment]
+    sender = Capture()
+    batcher = StepBatcher(sender, "rk", read_memory=lambda: None)  # type: ignore[arg-type]
     ms = 1_000_000
-    for i in range(40):  # 1 ms steps: bursts of SEND_EVERY_STEPS
-        prof._emit(StepRecord(i, 10**12 + i * ms, 10**12 + i * ms + ms // 2, 0, False, 1, {}))
-    every = session_mod.SEND_EVERY_STEPS
+    every = batcher_mod.SEND_EVERY_STEPS
+    n = 2 * every + 1
+    for i in range(n):  # 0.1 ms steps: bursts by count
+        t0 = 10**12 + i * ms // 10
+        batcher.add(StepRecord(i, t0, t0 + ms // 20, 0, False, 1, {}))
     # the first step goes at once (nothing sent yet), then one burst per `every` steps
-    assert prof.sender.sent == list(range(1 + every * ((40 - 1) // every)))
-    slow_t1 = 10**12 + 40 * ms + session_mod.SEND_EVERY_NS
-    prof._emit(StepRecord(40, slow_t1 - ms, slow_t1, 0, False, 1, {}))
-    assert prof.sender.sent == list(range(41))  # 100 ms later: everything pending goes
+    assert sender.bursts == [[0], list(range(1, every + 1)), list(range(every + 1, 2 * every + 1))]
+    assert batcher.pending == 0
+    last = 10**12 + (n - 1) * ms // 10 + ms // 20  # the last burst's time
+    batcher.add(StepRecord(n, last, last + ms, 0, False, 1, {}))
+    assert batcher.pending == 1  # 1 ms after the last burst: it waits
+    slow_t1 = last + batcher_mod.SEND_EVERY_NS
+    batcher.add(StepRecord(n + 1, slow_t1 - ms, slow_t1, 0, False, 1, {}))
+    assert sender.bursts[-1] == [n, n + 1]  # 50 ms later: everything pending goes
+    batcher.add(StepRecord(n + 2, slow_t1 + ms, slow_t1 + 2 * ms, 0, False, 1, {}))
+    batcher.flush(slow_t1 + 3 * ms, final=True)
+    assert sender.bursts[-1] == [n + 2]
+    assert sum(map(len, sender.bursts)) == n + 3  # each step exactly once
 
 
 def test_start_stop_without_with_and_a_failed_stop(socket_dir, fake_daemon):

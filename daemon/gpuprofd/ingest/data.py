@@ -1,7 +1,9 @@
 """Ingest: the data socket (``PULL``) → validated events → the store.
 
-Every frame goes through :func:`gpuprof.protocol.decode`; anything invalid is
-counted by its reason and dropped (a step's ``comm`` bucket rows included:
+Every frame goes through :func:`gpuprof.protocol.decode_events` (a ``batch``
+of one run's events is expanded into the same per-event handling as single
+events); anything invalid is counted by its reason and dropped (one bad
+event of a batch drops that event alone) (a step's ``comm`` bucket rows included:
 one bad row drops the step). A step is queued with its bucket rows as one
 atomic op; a ``clock`` event sets the run's clock offset. Nothing here waits on the database for a
 known run: steps are queued with ``submit_nowait`` and a ``kernels`` window
@@ -11,13 +13,14 @@ the store is behind), so a slow disk can never stall the training processes.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import zmq.asyncio
 
-from gpuprof.protocol import ProtocolError, decode
+from gpuprof.protocol import ProtocolError, decode_events
 from gpuprofd.counters import DropCounter
 from gpuprofd.ingest.runservice import RunService
 from gpuprofd.storage import runsdb
@@ -57,14 +60,26 @@ class Ingest:
             except Exception as exc:  # noqa: BLE001 - no message may stop ingest
                 log.exception("ingest failed on a message")
                 self.drops.add("internal_error", repr(exc)[:100])
+            # recv() on a socket with frames waiting returns without yielding:
+            # under a burst the store's writer task would never run and its
+            # queue would overflow. Let the other tasks in after each message.
+            await asyncio.sleep(0)
 
     async def handle(self, frame: bytes) -> None:
-        """Validate one frame and route it; count it under a reason if dropped."""
+        """Validate one frame (an event or a batch of them) and route each
+        event; count each dropped one under its reason."""
         try:
-            msg: dict[str, Any] = decode(frame, channel="data")
+            events, bad = decode_events(frame)
         except ProtocolError as exc:
             self.drops.add(exc.reason, str(exc)[:120])
             return
+        for err in bad:
+            self.drops.add(err.reason, str(err)[:120])
+        for msg in events:
+            await self.handle_event(msg)
+
+    async def handle_event(self, msg: dict[str, Any]) -> None:
+        """Route one valid event to its run and the store."""
         key = msg["run_key"]
         live = self.runs.registry.get(key) or await self.runs.resolve(key)
         if live is None:

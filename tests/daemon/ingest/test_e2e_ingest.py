@@ -367,3 +367,48 @@ def test_a_failed_start_exits_instead_of_hanging(daemons, tmp_path: Path) -> Non
     proc = daemons.start(long_dir, tmp_path / "g.db")
     assert proc.wait(timeout=30) == 2
     assert "Unix sockets allow" in daemons.log(proc)
+
+
+def test_a_batch_keeps_its_good_events_and_counts_each_bad_one(
+    daemons, sock_dir: Path, tmp_path: Path, my_pid: int
+) -> None:
+    db = tmp_path / "g.db"
+    _, client = daemons.start_ready(sock_dir, db)
+    ok = client.request(h.hello("rb", my_pid))
+    assert ok is not None and ok["ok"] is True
+    base = time.monotonic_ns()
+    events = [{k: v for k, v in h.step("rb", i, base).items() if k not in ("v", "run_key")}
+              for i in range(5)]  # fmt: skip
+    events[1]["t0"] = "soon"  # bad_field:t0
+    events[3] = {**events[3], "run_key": "another"}  # not the batch's run
+    client.push({"v": 1, "type": "batch", "run_key": "rb", "events": events})
+    client.push({"v": 1, "type": "batch", "run_key": "rb", "events": []})  # bad envelope
+    reply = client.wait_for(lambda r: sum(r["dropped"].values()) >= 3 and r["received"] >= 3)
+    assert reply["received"] == 3
+    assert reply["dropped"] == {"bad_field:t0": 1, "bad_field:run_key": 1, "bad_field:events": 1}
+    h.poll_db(db, "SELECT count(*) FROM steps WHERE run_id = ?", (ok["run_id"],), 3)
+    assert [r[0] for r in h.query(db, "SELECT step FROM steps ORDER BY step")] == [0, 2, 4]
+
+
+def test_a_manual_burst_of_20000_steps_is_all_stored(
+    daemons, sock_dir: Path, tmp_path: Path
+) -> None:
+    """The shim sends bursts of steps as batches; gpuprofd yields to its
+    store writer between messages, so none is dropped for back-pressure."""
+    import gpuprof
+
+    db = tmp_path / "g.db"
+    _, client = daemons.start_ready(sock_dir, db)
+    n = 20_000
+    with gpuprof.profile(
+        "burst", auto=False, socket_dir=sock_dir, db=db, autostart=False, print_summary=False
+    ) as prof:
+        for i in range(n):  # as fast as the loop goes: no work inside
+            with prof.step(i):
+                pass
+    summary = prof.summary
+    assert summary is not None and summary["steps"] == n, summary
+    assert prof.sender is not None and (prof.sender.sent, prof.sender.dropped) == (n, 0)
+    reply = client.ping()
+    assert reply is not None and "store_backpressure" not in reply["dropped"], reply["dropped"]
+    h.poll_db(db, "SELECT count(*) FROM steps", (), n)
