@@ -1,4 +1,4 @@
-"""Clock alignment between ranks (issue 6): accuracy and start-up cost.
+"""Clock alignment between ranks: accuracy and start-up cost.
 
 Runs ``torchrun --standalone --nproc-per-node=N`` (gloo, CPU) several times.
 Every rank's clock is ``time.monotonic_ns()`` plus an injected offset (rank

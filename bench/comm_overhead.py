@@ -6,7 +6,7 @@ under its own ``gpuprof.profile``: ``time_comm=False`` (no comm hook, no
 clock alignment) on one model, the default (per-bucket comm hook, clock
 alignment at the profile's start) on the other. Prints, from one run on this
 machine: per rank the median step time of each mode and their ratio (target:
-<= 1.02, issue 6), the buckets timed per step, and the clock alignment's
+<= 1.02: comm timing must stay invisible), the buckets timed per step, and the clock alignment's
 start-up cost (ms, from the profile's start to its result).
 
     python bench/comm_overhead.py [--blocks 6] [--steps 40] [--nproc 2]

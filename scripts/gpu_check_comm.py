@@ -1,4 +1,4 @@
-"""The prepared real-GPU check of issue 6: per-bucket DDP comm timing on NCCL.
+"""The prepared real-GPU check of per-bucket DDP comm timing on NCCL.
 
 Live mode (default; needs CUDA) starts a gpuprofd in a temporary folder,
 then ``torchrun --standalone --nproc-per-node=N`` (``python -m
@@ -50,7 +50,7 @@ Per rank the report gives, and judges:
   ``CLOCK_MONOTONIC``: |offset| <= uncertainty + :data:`CLOCK_SLACK_NS`;
   a world of one rank stores none: SKIP, with the reason);
 - **overhead**: the median block's step time with / without comm timing,
-  <= :data:`MAX_OVERHEAD` (issue 6's 2 % target).
+  <= :data:`MAX_OVERHEAD` (comm timing may add at most 2 % to a step).
 
 ``--dry-run`` runs the same on the CPU: gloo, 2 ranks, six
 ``Linear(128, 128)`` layers with ``bucket_cap_mb=0.05`` (6 buckets), fewer
@@ -132,7 +132,7 @@ RATIO_RANGE = (0.5, 2.0)
 MAX_UNRESOLVED_FRAC = 0.05
 #: Slack on |clock offset| <= uncertainty (rounding of the NTP estimate), ns.
 CLOCK_SLACK_NS = 5_000
-#: Step time with comm timing / without (issue 6: <= 2 %).
+#: Step time with comm timing / without: at most 2 % more, or it is not invisible.
 MAX_OVERHEAD = 1.02
 #: Device kernels of a collective: NCCL's (``ncclKernel_*``,
 #: ``ncclDevKernel_*``) and its one-rank reduction (``oneRankReduce<...>``).

@@ -1,4 +1,4 @@
-"""The prepared real-GPU check of issue 5: kernels, FLOPs, MFU and trace overhead.
+"""The prepared real-GPU check of kernels, FLOPs, MFU and trace overhead.
 
 Live mode (default; needs CUDA) trains the fixture GPT of
 ``../shared/fixtures/h200/steps.json`` (B=8, T=1024, d=1024, 4 layers, 16

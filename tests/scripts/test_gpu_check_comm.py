@@ -1,4 +1,4 @@
-"""scripts/gpu_check_comm.py, issue 6's real-GPU check: its dry run as CI runs
+"""scripts/gpu_check_comm.py, the real-GPU check of comm timing: its dry run as CI runs
 it (a real gpuprofd, a real ``torchrun`` of 2 gloo ranks on the CPU training
 a DDP under profile() with a torch.profiler window, the database read, the
 report), once with gpuprof's default hook and once with the user ``avg``

@@ -1,4 +1,4 @@
-"""scripts/gpu_check_kernels.py, issue 5's real-GPU check: its dry run as CI
+"""scripts/gpu_check_kernels.py, the real-GPU check of kernels, FLOPs and MFU: its dry run as CI
 runs it (a real subprocess: a tiny GPT trained on the CPU under profile()
 with trace options, a real auto-started gpuprofd, gpuprofctl, the report),
 and its live mode's refusal on a machine without CUDA."""

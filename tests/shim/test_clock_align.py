@@ -1,4 +1,4 @@
-"""Clock alignment between ranks (issue 6) with real torch, real gloo, on the
+"""Clock alignment between ranks with real torch, real gloo, on the
 CPU: ``torchrun --standalone`` ranks whose clocks carry injected offsets
 measure them within the reported uncertainty; a rank left alone gives up with
 a note after its timeout and the job still ends; nothing runs without a

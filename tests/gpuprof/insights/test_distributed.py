@@ -1,4 +1,4 @@
-"""Group rules (issue 6): straggler, comm share, bucket and rank skew."""
+"""Group rules: straggler, comm share, bucket and rank skew."""
 
 from __future__ import annotations
 
@@ -166,7 +166,7 @@ def test_comm_dominant_uses_steady_steps():
 
 
 def torchrun_straggler() -> GroupContext:
-    """Issue 6 scenario: 4 ranks, rank 1's backward slowed 30 ms per step by a
+    """The straggler case: 4 ranks, rank 1's backward slowed 30 ms per step by a
     hook; the all-reduce absorbs it as 30 ms more comm on ranks 0, 2, 3, so
     every rank's step is ~100 ms. Rank 1 launches every bucket late."""
     ranks = []
@@ -362,7 +362,7 @@ def test_the_issue_scenarios_fire_under_heavy_noise():
 
 
 def delayed_bucket_pair(delay_ms: float = 5.0) -> GroupContext:
-    """Issue 6 scenario: 2 ranks, bucket 3 delayed on rank 0 only (a sleep in
+    """The bucket-skew case: 2 ranks, bucket 3 delayed on rank 0 only (a sleep in
     the comm hook: rank 0's backward is that much longer, rank 1 waits for it
     in the all-reduce)."""
     r0 = make_rank(0, seed=10, backward_ms=40.0, comm_ms=2.0, start_delay_ms={3: delay_ms})
