@@ -147,7 +147,7 @@ def format_table(rows: list[dict[str, Any]], ranks: bool = False, groups: bool =
             *first, r["run_name"][:40], r["status"], str(r["steps"]),
             _cell(r["median_step_ms"]), *(_cell(pct[key]) for key, _ in COLUMNS),
             str(r["skipped_updates"]), _cell(r["eval_s"]),
-            str(r["dropped_events"] + r["store_dropped_events"]),
+            str(r["dropped_events"] + r.get("store_dropped_events", 0)),
         ))  # fmt: skip
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     text_cols = {len(lead), len(lead) + 1} | ({1} if groups else set())  # NAME, STATUS, GROUP
