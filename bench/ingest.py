@@ -60,10 +60,10 @@ clock = time.thread_time_ns
 with gpuprof.profile(name, auto=False, print_summary=False) as prof:
     start = time.perf_counter()
     for i in range(n):
-        if period:
-            due = start + i * period
-            while time.perf_counter() < due:
-                pass
+        if period:  # sleep when ahead (a busy wait would take a core from the daemon)
+            ahead = start + i * period - time.perf_counter()
+            if ahead > 0.001:
+                time.sleep(ahead)
         c0 = clock()
         with prof.step(i):
             pass
@@ -229,7 +229,16 @@ def case(env: dict[str, str], query: Any, label: str, senders: int, n: int, rate
             if ended and ended[0][0] >= len(names) * 1 and _all_ended(query, names):
                 break
             time.sleep(0.1)
-        time.sleep(0.1)
+        # Events still in the daemon's socket buffer land (or are dropped and
+        # counted) after the runs ended: wait until the counts stop moving
+        # (drops are persisted once a second).
+        last, still = None, 0.0
+        while still < 2.5 and time.monotonic() < deadline + 60:
+            now = _drops(query, names)
+            now = (now[0], now[1], sum(now[2].values()))
+            still = still + 0.5 if now == last else 0.0
+            last = now
+            time.sleep(0.5)
     shim_dropped, stored, daemon_drops = _drops(query, names)
     sent = senders * n
     sent_s = max(o["sent_s"] for o in outs)
@@ -243,9 +252,7 @@ def case(env: dict[str, str], query: Any, label: str, senders: int, n: int, rate
     p99 = lat[int(0.99 * (len(lat) - 1))] if lat else float("nan")
     cpu = statistics.median(o["cpu_us_per_step"] for o in outs)
     store_drops = {
-        k: v - before.get(k, 0)
-        for k, v in daemon_drops.items()
-        if k.startswith("store") and v > before.get(k, 0)
+        k: v - before.get(k, 0) for k, v in daemon_drops.items() if v > before.get(k, 0)
     }
     print(
         f"  {label:<26} sent {sent:>8,} at {sent / sent_s:>9,.0f}/s  stored {stored:>8,} "

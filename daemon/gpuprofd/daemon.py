@@ -224,6 +224,9 @@ class Daemon:
         insights = InsightsRunner(store, store.where, opts.gpu_rate_usd_per_hour, notes,
                                   drops=drops)  # fmt: skip
         runs = RunService(store, self.registry, insights, devices, boot_id=self.boot_id)
+        # 4. (with the counters) stop storing ended runs' late events; they stay
+        # open in the database and the next daemon takes them up
+        stack.push_async_callback(runs.close_tails)
         await runs.recover_at_startup()
         lifecycle = Lifecycle(runs, drops, opts.idle_exit_s, lambda: self._last_activity,
                               self.stop)  # fmt: skip

@@ -24,9 +24,13 @@ from gpuprof.protocol import ProtocolError, decode_events
 from gpuprofd.counters import DropCounter
 from gpuprofd.ingest.runservice import RunService
 from gpuprofd.storage import runsdb
-from gpuprofd.storage.store import Store
+from gpuprofd.storage.store import BATCH_MAX_OPS, Store
 
 log = logging.getLogger(__name__)
+
+#: Ingest reads no further while this many ops wait for the writer: two full
+#: batches keep it busy, and a commit is never more than that behind.
+INGEST_BACKLOG_OPS = 2 * BATCH_MAX_OPS
 
 
 class Ingest:
@@ -75,6 +79,9 @@ class Ingest:
             return
         for err in bad:
             self.drops.add(err.reason, str(err)[:120])
+        # A writer behind: wait for it (the socket buffers what comes meanwhile)
+        # rather than drop what was already received, and leave it the loop.
+        await self.store.wait_for_room(len(events), backlog=INGEST_BACKLOG_OPS)
         for msg in events:
             await self.handle_event(msg)
 

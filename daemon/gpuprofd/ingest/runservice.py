@@ -27,8 +27,13 @@ from gpuprofd.storage.store import Op, Store
 
 log = logging.getLogger(__name__)
 
-#: Longest a bye waits for events still in flight (seconds).
-BYE_WAIT_S = 2.0
+#: Longest a bye waits for events still in flight before it answers, seconds
+#: (under the shim's 5 s bye timeout).
+BYE_WAIT_S = 4.0
+#: After a bye has answered, events still in the socket's buffer (a writer
+#: catching up after a burst) go on being stored while they keep arriving:
+#: until all the run sent is in, or none came for this long (seconds).
+TAIL_IDLE_S = 5.0
 #: A run whose pid is in another PID namespace (training in a container, the
 #: daemon on the host) cannot be checked by pid; it is lost after this long
 #: without an event (s). Long enough for an evaluation pass between steps;
@@ -69,6 +74,8 @@ class RunService:
         self._mono = mono_clock
         self._wall = wall_clock
         self._lock = asyncio.Lock()
+        self._tails: set[asyncio.Task[None]] = set()
+        """Ended runs whose late events are still being stored (:meth:`_tail`)."""
         self.pid_ns = pid_namespace()
 
     @property
@@ -167,21 +174,42 @@ class RunService:
         return live
 
     async def bye(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """End a run: wait for its in-flight events, store its end, return the summary."""
+        """End a run: wait for its in-flight events, store its end, return the
+        summary. Events still on their way after :data:`BYE_WAIT_S` are stored
+        as they arrive (the run stays open to them, :meth:`_tail`) and the
+        stored summary and insights are made again once they are in."""
         live = await self.resolve(msg["run_key"])
         if live is None or live.ending:
             raise UnknownRun(f"no running run with key {msg['run_key']!r}")
         live.ending = True
         try:
-            await live.wait_received(msg["sent"], BYE_WAIT_S)
+            tail = not await live.wait_received(msg["sent"], BYE_WAIT_S)
             await self.store.flush()
-        finally:  # whatever fails below, the run is no longer live
-            self.registry.remove(live.run_key)
-            self.registry.mark_unknown(live.run_key, "run_ended")
+        except BaseException:  # whatever failed, the run is no longer live
+            self._close(live)
+            raise
+        if not tail:
+            self._close(live)
+        await runsdb.update_run(self.store, live.run_id, **self._end_fields(live, msg))
+        log.info("run %d %r %s", live.run_id, live.run_name, msg["status"])
+        if not tail:
+            return await self.insights.finalize(live.run_id, self._end_notes(live, msg))
+        notes = self._end_notes(live, msg, tail=True)
+        summary = await self.insights.finalize(live.run_id, notes)
+        task = asyncio.create_task(self._tail(live, msg), name=f"tail-{live.run_id}")
+        self._tails.add(task)
+        task.add_done_callback(self._tails.discard)
+        return summary
+
+    def _close(self, live: LiveRun) -> None:
+        self.registry.remove(live.run_key)
+        self.registry.mark_unknown(live.run_key, "run_ended")
+
+    def _end_fields(self, live: LiveRun, msg: dict[str, Any]) -> dict[str, Any]:
         cuda_uuid = msg.get("cuda_uuid") or live.cuda_uuid
         gpu_model, gpu_count = self._gpu(cuda_uuid)
-        await runsdb.update_run(
-            self.store, live.run_id, status=msg["status"],
+        return dict(
+            status=msg["status"],
             error=clean_text(msg["error"], MAX_ERROR_CHARS, keep_newlines=True)
             if msg.get("error") else None,
             dropped_events=msg["dropped"], sent_events=msg["sent"],
@@ -190,15 +218,48 @@ class RunService:
             gpu_count=gpu_count, trailing_eval_ns=msg.get("eval_ns", 0),
             store_dropped_events=live.store_dropped,
         )  # fmt: skip
+
+    @staticmethod
+    def _end_notes(live: LiveRun, msg: dict[str, Any], tail: bool = False) -> list[str]:
         notes = list(live.notes)
         if msg["dropped"]:
             notes.append(f"{msg['dropped']} events dropped in the training process")
-        if msg["sent"] > live.received:
+        if tail:
+            notes.append(
+                f"{msg['sent'] - live.received} events were still on their way to gpuprofd: "
+                "this summary is without them; they are being stored "
+                "(gpuprofctl insights shows the whole run)"
+            )
+        elif msg["sent"] > live.received:
             notes.append(f"{msg['sent'] - live.received} events sent but not received")
         if live.store_dropped:
             notes.append(f"{live.store_dropped} events received but not stored (daemon busy)")
-        log.info("run %d %r %s", live.run_id, live.run_name, msg["status"])
-        return await self.insights.finalize(live.run_id, notes)
+        return notes
+
+    async def _tail(self, live: LiveRun, msg: dict[str, Any]) -> None:
+        """Store the rest of an ended run's events while they keep coming,
+        then make its stored insights and summary again over all of them."""
+        try:
+            while live.received < msg["sent"]:
+                before = live.received
+                if not await live.wait_received(msg["sent"], TAIL_IDLE_S) and (
+                    live.received == before
+                ):
+                    break  # nothing for a while: the rest is lost
+            await self.store.flush()
+        finally:
+            self._close(live)
+        log.info("run %d: %d of %d events in after its end", live.run_id, live.received,
+                 msg["sent"])  # fmt: skip
+        await runsdb.update_run(self.store, live.run_id, received_events=live.received,
+                                store_dropped_events=live.store_dropped)  # fmt: skip
+        await self.insights.finalize(live.run_id, self._end_notes(live, msg))
+
+    async def close_tails(self) -> None:
+        """Stop storing ended runs' late events (daemon shutdown)."""
+        for t in list(self._tails):
+            t.cancel()
+        await asyncio.gather(*self._tails, return_exceptions=True)
 
     async def lose(self, live: LiveRun) -> dict[str, Any]:
         """Mark a live run whose process is gone as lost and finalize it."""

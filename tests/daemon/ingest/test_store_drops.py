@@ -1,5 +1,7 @@
 """Events gpuprofd received but could not store are the run's: counted per
-run while it is live, stored with it at its end, shown by ``gpuprofctl runs``."""
+run while it is live, stored with it at its end, shown by ``gpuprofctl runs``.
+Steps wait for the writer (the socket buffers them); a kernels window too big
+for the room left in the queue is what gets dropped here."""
 
 from __future__ import annotations
 
@@ -22,12 +24,19 @@ from tests.daemon import helpers as h
 from tests.daemon.helpers import query
 
 
+def _kernels(t0: int, rows: int) -> dict:
+    table = [[f"k{j}", "kernel", "compute", 1, 10, 10, 0.0] for j in range(rows)]
+    return {"v": 1, "type": "kernels", "run_key": "k", "t0": t0, "t1": t0 + 1000,
+            "source": "snapshot", "steps": [1], "rows": table}  # fmt: skip
+
+
 async def _busy_run(db: Path) -> None:
-    """A run of 12 steps through real ingest into a store whose writer stalls
-    with 5 places in its queue; 3 events lost in the training process."""
+    """A run through real ingest into a store whose writer stalls with 20
+    places in its queue: 12 steps queue, then a 30-row kernels window finds
+    no room for its 31 inserts; 3 events were lost in the training process."""
     schema.prepare(db)
     drops = DropCounter()
-    store = Store(db, drops, queue_size=5)
+    store = Store(db, drops, queue_size=20)
     await store.open()  # the writer is not started yet: the queue fills
     runs = RunService(store, RunRegistry(), InsightsRunner(store, str(db), None), [],
                       pid_alive=lambda pid, _wall: True)  # fmt: skip
@@ -41,9 +50,10 @@ async def _busy_run(db: Path) -> None:
         base = 1_000_000_000
         for i in range(12):
             await ingest.handle(orjson.dumps(h.step("k", i, base)))
-        assert live.store_dropped == 7 and drops.snapshot()["store_backpressure"] == 7
+        await ingest.handle(orjson.dumps(_kernels(5, 30)))
+        assert live.store_dropped == 1 and drops.snapshot()["store_backpressure"] == 1
         store.start()
-        await runs.bye(h.bye("k", sent=12, dropped=3))
+        await runs.bye(h.bye("k", sent=13, dropped=3))
     finally:
         await store.close()
 
@@ -54,11 +64,68 @@ def test_a_full_store_queue_counts_against_the_run(
     db = tmp_path / "d.db"
     asyncio.run(_busy_run(db))
     (row,) = query(db, "SELECT dropped_events, store_dropped_events FROM runs")
-    assert tuple(row) == (3, 7)
-    assert query(db, "SELECT COUNT(*) FROM steps")[0][0] == 5
+    assert tuple(row) == (3, 1)
+    assert query(db, "SELECT COUNT(*) FROM steps")[0][0] == 12
+    assert query(db, "SELECT COUNT(*) FROM kernel_windows")[0][0] == 0
     assert main(["runs", str(db), "--format", "json"]) == 0
     (run,) = orjson.loads(capsys.readouterr().out)
-    assert (run["dropped_events"], run["store_dropped_events"]) == (3, 7)
+    assert (run["dropped_events"], run["store_dropped_events"]) == (3, 1)
     assert main(["runs", str(db)]) == 0
     header, line = capsys.readouterr().out.splitlines()[:2]
-    assert header.split()[-1] == "DROPPED" and line.split()[-1] == "10"
+    assert header.split()[-1] == "DROPPED" and line.split()[-1] == "4"
+
+
+async def _late_events(db: Path, monkeypatch: pytest.MonkeyPatch, rest: bool) -> dict:
+    """A bye that arrives while 5 of the run's 10 steps are still on their
+    way; with *rest*, they arrive after the bye has answered."""
+    from gpuprofd.ingest import runservice
+
+    monkeypatch.setattr(runservice, "BYE_WAIT_S", 0.1)
+    monkeypatch.setattr(runservice, "TAIL_IDLE_S", 0.5)
+    schema.prepare(db)
+    drops = DropCounter()
+    store = Store(db, drops)
+    await store.open()
+    store.start()
+    runs = RunService(store, RunRegistry(), InsightsRunner(store, str(db), None), [],
+                      pid_alive=lambda pid, _wall: True)  # fmt: skip
+    ingest = Ingest(None, runs, store, drops)  # type: ignore[arg-type] - frames handed in
+    try:
+        await runs.hello(h.hello("k", os.getpid(), run_name="late"))
+        base = 1_000_000_000
+        for i in range(5):
+            await ingest.handle(orjson.dumps(h.step("k", i, base)))
+        summary = await runs.bye(h.bye("k", sent=10))
+        if rest:
+            for i in range(5, 10):
+                await ingest.handle(orjson.dumps(h.step("k", i, base)))
+        await asyncio.gather(*runs._tails)
+        await ingest.handle(orjson.dumps(h.step("k", 10, base)))  # after the tail: refused
+    finally:
+        await runs.close_tails()
+        await store.close()
+    return {"summary": summary, "drops": drops.snapshot()}
+
+
+def test_events_late_for_the_bye_are_stored_and_the_run_judged_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db = tmp_path / "late.db"
+    got = asyncio.run(_late_events(db, monkeypatch, rest=True))
+    assert any("5 events were still on their way" in n for n in got["summary"]["notes"])
+    assert query(db, "SELECT COUNT(*) FROM steps")[0][0] == 10
+    (run,) = query(db, "SELECT received_events, summary FROM runs")
+    assert run[0] == 10
+    stored = orjson.loads(run[1])
+    assert stored["steps"] == 10 and not any("on their way" in n for n in stored["notes"])
+    assert got["drops"] == {"run_ended": 1}
+
+
+def test_events_that_never_come_are_said_lost_once_the_tail_gives_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db = tmp_path / "lost.db"
+    asyncio.run(_late_events(db, monkeypatch, rest=False))
+    (run,) = query(db, "SELECT received_events, summary FROM runs")
+    assert run[0] == 5
+    assert "5 events sent but not received" in orjson.loads(run[1])["notes"]

@@ -5,9 +5,12 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from gpuprof.kernels import KernelAgg
 from gpuprofd.counters import DropCounter
 from gpuprofd.storage import reads, runsdb, schema
+from gpuprofd.storage import store as store_mod
 from gpuprofd.storage.store import BATCH_MAX_OPS, Op, Store
 from tests.daemon.helpers import query
 
@@ -31,9 +34,8 @@ async def test_full_queue_drops_and_counts_then_writer_batches(tmp_path: Path) -
     assert query(db, "SELECT COUNT(*), MIN(mono_ns), MAX(mono_ns) FROM host_samples")[0][:] == (
         1000, 0, 999,
     )  # fmt: skip
-    # 1000 queued ops in batches of 500, then the flush barrier: 3 transactions
-    assert BATCH_MAX_OPS == 500
-    assert store.commits == 3
+    # 1000 queued ops in batches of BATCH_MAX_OPS, then the flush barrier
+    assert store.commits == -(-1001 // BATCH_MAX_OPS)  # the flush closes the last batch
     await store.close()
 
 
@@ -89,12 +91,13 @@ def _kernels_msg(t0: int, n_rows: int) -> dict:
 
 
 async def test_kernel_windows_queue_all_or_none_and_rows_find_their_window(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A window and its rows are queued together or not at all; rows land on
     their own window even when windows split across writer batches; a row
     whose window insert failed is dropped, never put on another window."""
-    store, drops, db = await _store(tmp_path, queue_size=BATCH_MAX_OPS + 100)
+    monkeypatch.setattr(store_mod, "BATCH_MAX_OPS", 500)
+    store, drops, db = await _store(tmp_path, queue_size=600)
     # 3 windows of 200 rows: the second crosses the first batch's 500-op end
     assert all(store.submit_all_nowait(runsdb.kernels_ops(1, _kernels_msg(t, 199)))
                for t in (100, 200, 300))  # fmt: skip
@@ -120,4 +123,20 @@ async def test_kernel_windows_queue_all_or_none_and_rows_find_their_window(
     assert query(db, "SELECT COUNT(*) FROM kernel_stats WHERE run_id = 2")[0][0] == 0
     assert query(db, "SELECT COUNT(*) FROM kernel_stats")[0][0] == 3 * 199
     assert drops.snapshot()["store_error"] >= 1
+    await store.close()
+
+
+async def test_ingest_can_wait_for_room_instead_of_dropping(tmp_path: Path) -> None:
+    store, drops, db = await _store(tmp_path, queue_size=10)
+    for i in range(10):
+        assert store.submit_nowait(runsdb.host_sample_op(i, 50.0, 4, None))
+    await store.wait_for_room(0)  # nothing asked: at once
+    waiting = asyncio.ensure_future(store.wait_for_room(3))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()  # full, no writer yet
+    store.start()
+    await asyncio.wait_for(waiting, 5)
+    await store.flush()
+    assert query(db, "SELECT COUNT(*) FROM host_samples")[0][0] == 10
+    assert drops.snapshot() == {}
     await store.close()
