@@ -73,6 +73,8 @@ from gpuprof_shim.steps import LOADER_PHASE, OWN_PHASE, OptimizerUse, StepRecord
 
 log = logging.getLogger("gpuprof.shim")
 
+_get_ident = threading.get_ident
+
 IDLE = "idle"
 FORWARD = "forward"
 BACKWARD = "backward"
@@ -312,7 +314,7 @@ class StepMachine:
 
     def _start_segment(self, t: int, *, from_backward: bool = False) -> None:
         seg, gap = self._seg, self._gap
-        self._train_thread = threading.get_ident()
+        self._train_thread = _get_ident()
         seg.t0 = t
         seg.last_ns = t
         seg.wait_ns = gap.after_ns
@@ -358,7 +360,15 @@ class StepMachine:
             self.on_forward_probe()
         state = self.state
         if state is IDLE:
-            self._start_segment(t)
+            gap = self._gap
+            if gap.calls:
+                self._start_segment(t)
+            else:  # _start_segment's common case (no no-grad calls before), inlined
+                seg = self._seg
+                self._train_thread = _get_ident()
+                seg.t0 = seg.last_ns = self._phase_start = t
+                seg.wait_ns = gap.after_ns
+                gap.after_ns = gap.iter_ns = gap.after_iter_ns = 0
         elif state is AFTER_BACKWARD:
             # the gap before the next micro-batch's forward is its loading
             seg = self._seg
@@ -467,8 +477,13 @@ class StepMachine:
                 ):
                     self._promote(optimizer, idx)  # the primary went quiet: this one takes over
                     is_primary = self._is_primary(optimizer)
-                if is_primary:
-                    self._close_open()  # the primary's next cycle: the open step is done
+                if is_primary:  # the primary's next cycle: the open step is done
+                    if self._tails:
+                        self._close_open()
+                    else:  # _close_open() with nothing to join, inlined
+                        seg = self._open
+                        self._open = None
+                        self._emit_segment(seg, seg.end_ns)
         seg = self._seg
         own, self._own_ns = self._own_ns, 0
         state = self.state
