@@ -19,7 +19,7 @@ from gpuprof.protocol import (
     clean_text,
 )
 from gpuprof_shim.identity import Ranks
-from gpuprof_shim.steps import StepRecord
+from gpuprof_shim.steps import OptimizerUse, StepRecord
 
 #: Phases beyond the protocol's limit are summed under this name.
 OVERFLOW_PHASE = "other"
@@ -189,16 +189,10 @@ def step_event(rec: StepRecord) -> dict[str, Any]:
         msg["eval"] = min(rec.eval_ns, MAX_DURATION_NS)
     optimizers = rec.optimizers
     if optimizers:
-        names = _clean_names
-        msg["optimizers"] = [
-            {
-                "name": names.get(o.name) or _cached_phase_name(o.name),
-                "updates": o.updates,
-                "skipped": o.skipped,
-                "ns": o.ns if 0 <= o.ns <= MAX_DURATION_NS else _clamp_ns(o.ns),
-            }
-            for o in optimizers[:MAX_OPTIMIZERS]
-        ]
+        if len(optimizers) == 1:  # the common case, without a comprehension's frame
+            msg["optimizers"] = [_optimizer_use(optimizers[0])]
+        else:
+            msg["optimizers"] = [_optimizer_use(o) for o in optimizers[:MAX_OPTIMIZERS]]
     if rec.mem is not None:
         msg["mem"] = list(rec.mem)
     if rec.traced:
@@ -208,8 +202,14 @@ def step_event(rec: StepRecord) -> dict[str, Any]:
     return msg
 
 
-def _clamp_ns(ns: int) -> int:
-    return min(max(0, ns), MAX_DURATION_NS)
+def _optimizer_use(o: OptimizerUse) -> dict[str, Any]:
+    ns = o.ns
+    return {
+        "name": _clean_names.get(o.name) or _cached_phase_name(o.name),
+        "updates": o.updates,
+        "skipped": o.skipped,
+        "ns": ns if 0 <= ns <= MAX_DURATION_NS else min(max(0, ns), MAX_DURATION_NS),
+    }
 
 
 def clock(run_key: str, offset: ClockOffset) -> dict[str, Any]:
