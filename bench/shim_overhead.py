@@ -3,11 +3,16 @@
 Prints, from one run on this machine:
 - the step-time ratio profiled / plain (median of interleaved blocks), on a
   model of >= 100 modules with a ~5 ms step (target: <= 1.01);
+- the shim's fixed cost per step on a 1-module model, in auto mode and with
+  the manual API: µs of the training thread's CPU and of wall time a
+  profiled step takes beyond a plain one (target: < 20 µs of thread CPU);
 - the extra cost of one nested ``Module.__call__`` (ns) while discovering
   (patched) and in the steady state (torch's own, hooks on the root);
 - the cost of one step-event send to a live daemon (µs).
 
-    python bench/shim_overhead.py [--blocks 12] [--steps 60]
+    python bench/shim_overhead.py [--blocks 12] [--steps 60] [--pairs 15] [--fixed-only]
+
+``--fixed-only`` prints the fixed cost alone (about 15 s).
 
 A real gpuprofd is started in a temporary socket directory for the run and
 stopped at the end. Not a test: these machines are noisy, so read the ratio.
@@ -176,6 +181,17 @@ def fixed_cost_us(
     return (cpu_p, cpu_q - cpu_p), (wall_p, wall_q - wall_p)
 
 
+def print_fixed_cost(pairs: int) -> None:
+    """One line per mode: the fixed cost per step (see :func:`fixed_cost_us`)."""
+    for label, manual in (("auto", False), ("manual API", True)):
+        (cpu_p, cpu_x), (wall_p, wall_x) = fixed_cost_us(manual, pairs=pairs)
+        print(
+            f"fixed cost per step, {label:>10} (1-module model, best of {pairs} interleaved "
+            f"block pairs): thread CPU extra {cpu_x:5.1f} µs on {cpu_p:.1f} (target < 20); "
+            f"wall extra {wall_x:5.1f} µs on {wall_p:.1f}"
+        )
+
+
 def send_us(socket_dir: Path, n: int = 20000) -> float:
     from gpuprof_shim.sender import Sender
 
@@ -207,6 +223,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--blocks", type=int, default=12, help="interleaved block pairs")
     ap.add_argument("--steps", type=int, default=60, help="steps per block")
+    ap.add_argument(
+        "--pairs", type=int, default=15, help="interleaved block pairs for the fixed cost"
+    )
+    ap.add_argument("--fixed-only", action="store_true", help="only the fixed cost per step")
     args = ap.parse_args()
 
     torch.manual_seed(0)
@@ -236,6 +256,9 @@ def main() -> None:
                 sys.exit("gpuprofd did not start")
             time.sleep(0.05)
 
+        if args.fixed_only:
+            print_fixed_cost(args.pairs)
+            return
         model = build_model()
         n_modules = sum(1 for _ in model.modules())
         opt = torch.optim.SGD(model.parameters(), lr=1e-3)
@@ -267,13 +290,7 @@ def main() -> None:
                 f"{label:>10} median step: plain {p:.3f} ms, profiled {q:.3f} ms, "
                 f"ratio {q / p:.4f} (target <= 1.01); per-pair ratios IQR {lo:.4f}-{hi:.4f}"
             )
-        for label, manual in (("auto", False), ("manual API", True)):
-            (cpu_p, cpu_x), (wall_p, wall_x) = fixed_cost_us(manual)
-            print(
-                f"fixed cost per step, {label} (1-module model, best of interleaved blocks): "
-                f"thread CPU plain {cpu_p:.1f} µs, extra {cpu_x:.1f} µs (target < 20); "
-                f"wall plain {wall_p:.1f} µs, extra {wall_x:.1f} µs"
-            )
+        print_fixed_cost(args.pairs)
         plain_ns, patched_ns, steady_ns = nested_call_ns()
         print(
             f"nested Module.__call__: plain {plain_ns:.0f} ns; discovering {patched_ns:.0f} ns "

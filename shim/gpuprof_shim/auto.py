@@ -73,6 +73,8 @@ from gpuprof_shim.steps import LOADER_PHASE, OWN_PHASE, OptimizerUse, StepRecord
 
 log = logging.getLogger("gpuprof.shim")
 
+_get_ident = threading.get_ident
+
 IDLE = "idle"
 FORWARD = "forward"
 BACKWARD = "backward"
@@ -277,6 +279,7 @@ class StepMachine:
         # a strong reference for one step: fine, the optimizer lives as long anyway
         self._last_optimizer: Any = None
         self._last_index = 0
+        self._opt_index = 0  # the index of the optimizer whose step() runs
         #: Called with the next step's index between steps, on the training
         #: thread: after the primary optimizer's ``step()`` ends (or
         #: :meth:`end_step`). The session's trace windows use it.
@@ -311,7 +314,7 @@ class StepMachine:
 
     def _start_segment(self, t: int, *, from_backward: bool = False) -> None:
         seg, gap = self._seg, self._gap
-        self._train_thread = threading.get_ident()
+        self._train_thread = _get_ident()
         seg.t0 = t
         seg.last_ns = t
         seg.wait_ns = gap.after_ns
@@ -357,10 +360,20 @@ class StepMachine:
             self.on_forward_probe()
         state = self.state
         if state is IDLE:
-            self._start_segment(t)
+            gap = self._gap
+            if gap.calls:
+                self._start_segment(t)
+            else:  # _start_segment's common case (no no-grad calls before), inlined
+                seg = self._seg
+                self._train_thread = _get_ident()
+                seg.t0 = seg.last_ns = self._phase_start = t
+                seg.wait_ns = gap.after_ns
+                gap.after_ns = gap.iter_ns = gap.after_iter_ns = 0
         elif state is AFTER_BACKWARD:
             # the gap before the next micro-batch's forward is its loading
-            self._seg.between_ns += max(0, t - self._seg.last_ns)
+            seg = self._seg
+            if t > seg.last_ns:
+                seg.between_ns += t - seg.last_ns
             self._phase_start = t
         elif state is OPTIMIZER:
             if self._closure_state is IDLE:
@@ -376,7 +389,9 @@ class StepMachine:
     def on_forward_end(self, t: int) -> None:
         """An outermost module call returned (or raised) at *t*."""
         if self.state is not IDLE:
-            self._seg.last_ns = max(self._seg.last_ns, t)
+            seg = self._seg
+            if t > seg.last_ns:
+                seg.last_ns = t
 
     def on_backward_start(self, t: int) -> bool:
         """A backward call started at *t*; returns whether it was counted
@@ -388,9 +403,9 @@ class StepMachine:
         if state is OPTIMIZER:  # inside optimizer.step(closure)
             if self._closure_state is BACKWARD:
                 return False
-            if self._closure_state is FORWARD:
-                seg.forward_ns += max(0, t - self._closure_start)
-                self._closure_ns += max(0, t - self._closure_start)
+            if self._closure_state is FORWARD and t > self._closure_start:
+                seg.forward_ns += t - self._closure_start
+                self._closure_ns += t - self._closure_start
             self._closure_state = BACKWARD
             self._closure_start = t
             return True
@@ -398,9 +413,10 @@ class StepMachine:
             self._start_segment(t, from_backward=True)
             seg.forward_ns += t - seg.t0  # a no-grad forward chained into it, if any
         elif state is FORWARD:
-            seg.forward_ns += max(0, t - self._phase_start)
-        else:  # AFTER_BACKWARD: a second backward on the same micro-batch's graph
-            seg.between_ns += max(0, t - seg.last_ns)
+            if t > self._phase_start:
+                seg.forward_ns += t - self._phase_start
+        elif t > seg.last_ns:  # AFTER_BACKWARD: a second backward on the same micro-batch's graph
+            seg.between_ns += t - seg.last_ns
         self.state = BACKWARD
         self._phase_start = t
         seg.micro += 1
@@ -409,17 +425,19 @@ class StepMachine:
     def on_backward_end(self, t: int) -> None:
         """A counted backward call returned (or raised) at *t*."""
         seg = self._seg
-        if self.state is OPTIMIZER:
-            if self._closure_state is BACKWARD:
-                seg.backward_ns += max(0, t - self._closure_start)
-                self._closure_ns += max(0, t - self._closure_start)
-                seg.closure_micro = 1
-                self._closure_state = IDLE
-            return
-        if self.state is BACKWARD:
-            seg.backward_ns += max(0, t - self._phase_start)
-            seg.last_ns = max(seg.last_ns, t)
+        state = self.state
+        if state is BACKWARD:
+            if t > self._phase_start:
+                seg.backward_ns += t - self._phase_start
+            if t > seg.last_ns:
+                seg.last_ns = t
             self.state = AFTER_BACKWARD
+        elif state is OPTIMIZER and self._closure_state is BACKWARD:
+            if t > self._closure_start:
+                seg.backward_ns += t - self._closure_start
+                self._closure_ns += t - self._closure_start
+            seg.closure_micro = 1
+            self._closure_state = IDLE
 
     def on_optimizer_pre(self, t: int, optimizer: Any = None) -> None:
         """``optimizer.step()`` (or ``GradScaler.step(optimizer)``) began at *t*."""
@@ -439,26 +457,47 @@ class StepMachine:
         self._inner_steps = 0
         self._closure_state = IDLE
         self._closure_ns = 0
-        idx = self._index_of(optimizer)
-        if self._primary is None and not self.external:
-            self._set_primary(optimizer)
-        if not self.external and self._open is not None:
-            if not self._is_primary(optimizer) and self._cycles_alone(idx) >= max(
-                SILENT_PRIMARY_CYCLES, self._companion_max.get(idx, 0) + 1
-            ):
-                self._promote(optimizer, idx)  # the primary went quiet: this one takes over
-            if self._is_primary(optimizer):
-                self._close_open()  # the primary's next cycle: the open step is done
+        if optimizer is self._last_optimizer and optimizer is not None:
+            idx = self._last_index  # the common case: the same optimizer as last time
+        else:
+            idx = self._index_of(optimizer)
+        self._opt_index = idx
+        if not self.external:
+            primary = self._primary
+            if primary is None:
+                self._set_primary(optimizer)
+                primary = self._primary
+            if self._open is not None:
+                is_primary = primary() is optimizer
+                if (
+                    not is_primary
+                    and self._tails
+                    and self._cycles_alone(idx)
+                    >= max(SILENT_PRIMARY_CYCLES, self._companion_max.get(idx, 0) + 1)
+                ):
+                    self._promote(optimizer, idx)  # the primary went quiet: this one takes over
+                    is_primary = self._is_primary(optimizer)
+                if is_primary:  # the primary's next cycle: the open step is done
+                    if self._tails:
+                        self._close_open()
+                    else:  # _close_open() with nothing to join, inlined
+                        seg = self._open
+                        self._open = None
+                        self._emit_segment(seg, seg.end_ns)
         seg = self._seg
         own, self._own_ns = self._own_ns, 0
-        if not seg.started:
+        state = self.state
+        last = seg.last_ns
+        if not seg.t0:
             self._start_segment(t)
-        elif self.state is FORWARD:
-            seg.forward_ns += max(0, seg.last_ns - self._phase_start)
+            last = seg.last_ns
+        elif state is FORWARD and last > self._phase_start:
+            seg.forward_ns += last - self._phase_start
         # after a backward, the time up to this step() is loading only if a
         # closure then runs the next micro-batch (Lightning fetches it first)
-        self._pre_step_gap = max(0, t - seg.last_ns) if self.state is AFTER_BACKWARD else 0
-        seg.optim.setdefault(idx, [0, 0, 0])
+        self._pre_step_gap = t - last if state is AFTER_BACKWARD and t > last else 0
+        if idx not in seg.optim:
+            seg.optim[idx] = [0, 0, 0]
         self.state = OPTIMIZER
         # events sent just now are gpuprof's time, not the optimizer's
         seg.own_ns += own
@@ -478,31 +517,41 @@ class StepMachine:
         outer = self._opt_outer
         self._opt_outer = None
         if self._closure_state is FORWARD:  # a closure forward with no backward
-            closure_fwd = max(0, seg.last_ns - self._closure_start)
-            seg.forward_ns += closure_fwd
-            self._closure_ns += closure_fwd
+            closure_fwd = seg.last_ns - self._closure_start
+            if closure_fwd > 0:
+                seg.forward_ns += closure_fwd
+                self._closure_ns += closure_fwd
         self._closure_state = IDLE
-        spent = max(0, t - self._opt_pre_ns - self._closure_ns)
+        spent = t - self._opt_pre_ns - self._closure_ns
+        if spent < 0:
+            spent = 0
         seg.optimizer_ns += spent
-        counts = seg.optim.setdefault(self._index_of(outer), [0, 0, 0])
+        idx = self._opt_index
+        counts = seg.optim.get(idx)
+        if counts is None:
+            counts = seg.optim[idx] = [0, 0, 0]
         counts[1 if skipped else 0] += 1
         counts[2] += spent
-        seg.last_ns = max(seg.last_ns, t)
+        if t > seg.last_ns:
+            seg.last_ns = t
         seg.end_ns = t
         if self.external:
             seg.skipped = seg.skipped or skipped
-        elif self._is_primary(outer):
-            seg.primary_done = True
-            seg.skipped = skipped
+        else:
+            primary = self._primary
+            if primary is not None and primary() is outer:
+                seg.primary_done = True
+                seg.skipped = skipped
         if seg.primary_done:
             self._open = seg
             self._seg = _Segment()
             self.state = IDLE
-            self._at_boundary(self.next_index + 1)  # every earlier step is emitted by now
+            if self.boundary is not None or self.on_boundary is not None:
+                self._at_boundary(self.next_index + 1)  # every earlier step is emitted by now
         elif self._open is not None and not self.external:
             # another optimizer's turn after the primary's: kept apart until
             # the primary steps again (then it joins the open step)
-            self._tails.append((self._index_of(outer), seg, skipped))
+            self._tails.append((idx, seg, skipped))
             self._seg = _Segment()
             self.state = IDLE
         else:
@@ -659,14 +708,18 @@ class StepMachine:
     def _close_open(self) -> None:
         """The open step is complete: the other optimizers' turns since the
         primary stepped join it (a GAN's generator), then it is emitted."""
-        if self._open is not None:
-            for _, tail, _ in self._tails:
-                self._open.absorb(tail)
-                self._open.end_ns = max(self._open.end_ns, tail.end_ns)
-            for idx, n in self._tail_counts().items():
-                self._companion_max[idx] = max(self._companion_max.get(idx, 0), n)
-        self._tails = []
-        self._emit_open()
+        seg = self._open
+        if self._tails:
+            if seg is not None:
+                for _, tail, _ in self._tails:
+                    seg.absorb(tail)
+                    seg.end_ns = max(seg.end_ns, tail.end_ns)
+                for idx, n in self._tail_counts().items():
+                    self._companion_max[idx] = max(self._companion_max.get(idx, 0), n)
+            self._tails = []
+        if seg is not None:
+            self._open = None
+            self._emit_segment(seg, seg.end_ns)
 
     def _tail_counts(self) -> dict[int, int]:
         counts: dict[int, int] = {}
@@ -707,16 +760,21 @@ class StepMachine:
                   self._names[idx], len(tails) - first)  # fmt: skip
 
     def _emit_segment(self, seg: _Segment, t1: int) -> None:
-        t1 = max(t1, seg.t0)
+        t0 = seg.t0
+        if t1 < t0:
+            t1 = t0
         # timed fetches that are this step's loading (an eval loop's are not)
         explicit = self.explicit or seg.wait_ns > 0 or seg.loader_ns > 0
         if explicit:
             wait = seg.wait_ns
         else:
-            wait = max(0, seg.t0 - self._prev_end - seg.eval_ns - seg.gap_own_ns)
+            wait = t0 - self._prev_end - seg.eval_ns - seg.gap_own_ns
+            if wait < 0:
+                wait = 0
         self._prev_end = t1
+        forward = seg.forward_ns - seg.loader_in_forward_ns
         phases = {
-            "forward": max(0, seg.forward_ns - seg.loader_in_forward_ns),
+            "forward": forward if forward > 0 else 0,
             "backward": seg.backward_ns,
             "optimizer": seg.optimizer_ns,
         }
@@ -726,26 +784,24 @@ class StepMachine:
         if seg.own_ns:
             phases[OWN_PHASE] = seg.own_ns
         optim = seg.optim
-        optimizers = [
-            OptimizerUse(self._names[idx], *optim[idx])
-            for idx in (optim if len(optim) < 2 else sorted(optim))
-        ]
+        names = self._names
+        if len(optim) == 1:
+            for idx, (updates, skips, ns) in optim.items():
+                optimizers = [OptimizerUse(names[idx], updates, skips, ns)]
+        else:
+            optimizers = [OptimizerUse(names[idx], *optim[idx]) for idx in sorted(optim)]
+        i = self.next_index
+        self.next_index = i + 1
         rec = StepRecord(
-            i=self.next_index,
-            t0=seg.t0,
-            t1=t1,
-            wait=wait,
-            explicit=explicit,
-            micro=seg.micro + seg.closure_micro,
-            phases=phases,
-            skipped=seg.skipped,
-            eval_ns=seg.eval_ns,
-            optimizers=optimizers,
-        )
-        self.next_index += 1
-        t_emit = self.clock()
+            i, t0, t1, wait, explicit, seg.micro + seg.closure_micro, phases,
+            seg.skipped, seg.eval_ns, optimizers,
+        )  # fmt: skip
+        clock = self.clock
+        t_emit = clock()
         self.emit(rec)  # may send a burst of events: gpuprof's own time, kept apart
-        self._own_ns += max(0, self.clock() - t_emit)
+        spent = clock() - t_emit
+        if spent > 0:
+            self._own_ns += spent
 
     def _index_of(self, optimizer: Any) -> int:
         if optimizer is self._last_optimizer and optimizer is not None:
@@ -782,18 +838,30 @@ class StepMachine:
         self._primary = None
 
     def _is_primary(self, optimizer: Any) -> bool:
-        if self._primary is None:
-            return False
-        return _deref(self._primary) is optimizer
+        primary = self._primary
+        return primary is not None and primary() is optimizer
 
 
-def _ref(obj: Any, callback: Callable[[Any], None] | None = None) -> Any:
-    """A weak reference where the object allows one, else the object itself."""
+def _ref(obj: Any, callback: Callable[[Any], None] | None = None) -> Callable[[], Any]:
+    """A weak reference where the object allows one, else a strong one:
+    either way a callable that returns the object (or None once it is gone)."""
     try:
         return weakref.ref(obj, callback) if callback else weakref.ref(obj)
     except TypeError:
-        return obj
+        return _Strong(obj)
 
 
-def _deref(ref: Any) -> Any:
-    return ref() if isinstance(ref, weakref.ref) else ref
+class _Strong:
+    """A strong reference that reads like a weak one (``ref()``)."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+
+    def __call__(self) -> Any:
+        return self.obj
+
+
+def _deref(ref: Callable[[], Any]) -> Any:
+    return ref()

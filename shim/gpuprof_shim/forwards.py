@@ -51,6 +51,9 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from gpuprof_shim.auto import AFTER_BACKWARD as _AFTER_BACKWARD
+from gpuprof_shim.auto import IDLE as _IDLE
+from gpuprof_shim.auto import OPTIMIZER as _OPTIMIZER
 from gpuprof_shim.auto import StepMachine
 from gpuprof_shim.modwalk import ModuleWalk
 
@@ -141,21 +144,24 @@ def _contains_compiled(module: Any) -> bool:
 INERT_LOGGER = "gpuprof.inert_hook"
 
 
-class _Hook:
+class _Hook(functools.partial):  # type: ignore[type-arg]
     """A root's forward hook: calls *fn*; pickles as a no-op of the standard
     library (see :data:`INERT_LOGGER`), and deep-copies as itself (an EMA copy
     of a root is a root too; :meth:`ForwardDetector.remove` takes it off the
-    copies as well)."""
+    copies as well). A ``functools.partial``: torch calls it at C speed,
+    without a Python ``__call__`` frame before *fn*'s own."""
 
-    __slots__ = ("fn", "kind", "detector")
+    __slots__ = ("kind", "detector")
 
-    def __init__(self, fn: Callable[..., None], kind: str, detector: ForwardDetector) -> None:
-        self.fn = fn
+    def __new__(cls, fn: Callable[..., None], kind: str, detector: ForwardDetector) -> _Hook:
+        self = super().__new__(cls, fn)
         self.kind = kind
         self.detector = detector
+        return self
 
-    def __call__(self, *args: Any) -> None:
-        self.fn(*args)
+    @property
+    def fn(self) -> Callable[..., None]:
+        return self.func
 
     def __reduce__(self) -> Any:
         return (functools.partial, (logging.getLogger(INERT_LOGGER).log, 1))
@@ -398,30 +404,61 @@ class ForwardDetector:
         except Exception:
             self.internal_error()
 
-    def _pre_hook(self, module: Any, args: Any) -> None:
-        if self.is_compiling():  # traced (a compiled caller): leave no trace
-            return
+    def _make_hooks(self) -> tuple[Callable[..., None], Callable[..., None]]:
+        """A root's forward pre hook and forward hook: :meth:`_enter` and
+        :meth:`_exit` for an outermost call, inlined (they run every step)."""
+        detector = self
+        machine = self.machine
+        clock = machine.clock
         depth = self.depth
-        if depth.n:
-            depth.n += 1
-            return
-        if not self.enabled:
-            return
-        depth.n = 1
-        depth.kind = _NONE
-        try:
-            self._enter()
-        except Exception:
-            self.internal_error()
+        is_compiling = self.is_compiling
+        is_grad_enabled = self.is_grad_enabled
+        idle, after_backward, optimizer = _IDLE, _AFTER_BACKWARD, _OPTIMIZER
 
-    def _post_hook(self, module: Any, args: Any, output: Any) -> None:
-        if self.is_compiling():
-            return
-        depth = self.depth
-        if depth.n > 1:
-            depth.n -= 1
-        elif depth.n == 1:
-            self._exit()
+        def pre_hook(module: Any, args: Any) -> None:
+            if is_compiling():  # traced (a compiled caller): leave no trace
+                return
+            n = depth.n
+            if n:
+                depth.n = n + 1
+                return
+            if not detector.enabled:
+                return
+            depth.n = 1
+            try:
+                if is_grad_enabled():
+                    depth.kind = _TRAIN
+                    detector._forward_seen = True
+                    state = machine.state  # machine.accepts_forward(), inlined
+                    if state is idle or state is after_backward or state is optimizer:
+                        machine.on_forward(clock())
+                elif machine.state is idle:  # machine.wants_eval(), inlined
+                    depth.kind = _EVAL
+                    depth.t_start_ns = clock()
+            except Exception:
+                detector.internal_error()
+
+        def post_hook(module: Any, args: Any, output: Any) -> None:
+            if is_compiling():
+                return
+            n = depth.n
+            if n > 1:
+                depth.n = n - 1
+            elif n == 1:
+                depth.n = 0
+                kind = depth.kind
+                if kind == _NONE:
+                    return
+                depth.kind = _NONE
+                try:
+                    if kind == _EVAL:
+                        machine.on_eval_call(depth.t_start_ns, clock())
+                    else:
+                        machine.on_forward_end(clock())
+                except Exception:
+                    detector.internal_error()
+
+        return pre_hook, post_hook
 
     def _hook(self, module: Any) -> tuple[Any, ...]:
         """Attach to a root; returns what :meth:`_unhook` needs."""
@@ -430,7 +467,8 @@ class ForwardDetector:
             wrapper = self._wrap_compiled_call(compiled)
             module._compiled_call_impl = wrapper
             return ("compiled", compiled, wrapper)
-        pre, post = _Hook(self._pre_hook, "pre", self), _Hook(self._post_hook, "post", self)
+        pre_fn, post_fn = self._make_hooks()
+        pre, post = _Hook(pre_fn, "pre", self), _Hook(post_fn, "post", self)
         self._hook_objects += (pre, post)
         h_pre = module.register_forward_pre_hook(pre, prepend=True)
         try:

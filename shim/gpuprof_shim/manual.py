@@ -35,11 +35,26 @@ class Phase:
         self._t = 0
 
     def __enter__(self) -> Phase:
-        self._t = self._step._phase_enter(self._name)
+        # Step._phase_enter, inlined (three phases a step)
+        step, name = self._step, self._name
+        open_ = step._open
+        depth = open_.get(name, 0)
+        open_[name] = depth + 1
+        self._t = step._clock() if depth == 0 else 0
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._step._phase_exit(self._name, self._t)
+        # Step._phase_exit, inlined
+        step, name = self._step, self._name
+        open_ = step._open
+        depth = open_.get(name, 0) - 1
+        if depth < 0:
+            return
+        open_[name] = depth
+        if depth == 0 and not step._done:
+            ns = step._clock() - self._t
+            phases = step.phases
+            phases[name] = phases.get(name, 0) + (ns if ns > 0 else 0)
 
 
 class Step:
@@ -82,10 +97,12 @@ class Step:
     def __enter__(self) -> Step:
         self._entries += 1
         if self._entries == 1 and self._t0 is None and not self._ignored:
-            if self._rec._begin(self):
-                self._rec._before(self.i)
+            rec = self._rec
+            if rec._begin(self):
+                if rec.before_step is not None:
+                    rec._before(self.i)
                 self._t0 = self._clock()
-                self._rec.waits.step_started()
+                rec.waits.step_started()
                 return self
             self._ignored = True
         log.warning("gpuprof: step %s re-entered or inside another step; not recorded", self.i)
@@ -156,6 +173,8 @@ class ManualRecorder:
         None, takes the next index after the last one recorded)."""
         if self.closed:
             return NullStep()
+        if type(i) is int and 0 <= i <= _MAX_INDEX:
+            return Step(self, i)  # the common case
         try:
             index = operator.index(i) if i is not None else -1
         except TypeError:

@@ -19,7 +19,7 @@ from gpuprof.protocol import (
     clean_text,
 )
 from gpuprof_shim.identity import Ranks
-from gpuprof_shim.steps import StepRecord
+from gpuprof_shim.steps import OptimizerUse, StepRecord
 
 #: Phases beyond the protocol's limit are summed under this name.
 OVERFLOW_PHASE = "other"
@@ -58,10 +58,9 @@ def clean_phases(phases: Mapping[str, int]) -> dict[str, int]:
     ``MAX_PHASES`` names (the rest are summed into ``"other"``). Runs once per
     step: a step whose names were all seen clean before and whose values are
     in range is copied as it is, without the per-name work."""
-    if len(phases) < MAX_PHASES:
-        valid = _valid_names
-        for name, ns in phases.items():
-            if name not in valid or type(ns) is not int or not 0 <= ns <= MAX_DURATION_NS:
+    if len(phases) < MAX_PHASES and _valid_names.issuperset(phases):
+        for ns in phases.values():
+            if type(ns) is not int or ns < 0 or ns > MAX_DURATION_NS:
                 break
         else:
             return dict(phases)
@@ -173,12 +172,13 @@ def step_event(rec: StepRecord) -> dict[str, Any]:
     """The ``step`` event for *rec* as it goes in a ``batch`` (no ``v`` and
     ``run_key``: the batch's apply); ``skipped``, ``eval``, ``optimizers``
     and ``mem`` (torch allocator bytes) only when they say something."""
+    t0, t1, wait = rec.t0, rec.t1, rec.wait
     msg: dict[str, Any] = {
         "type": "step",
         "i": rec.i,
-        "t0": rec.t0,
-        "t1": rec.t1 if rec.t1 > rec.t0 else rec.t0,
-        "wait": rec.wait if rec.wait > 0 else 0,
+        "t0": t0,
+        "t1": t1 if t1 > t0 else t0,
+        "wait": wait if wait > 0 else 0,
         "explicit": rec.explicit,
         "micro": rec.micro,
         "phases": clean_phases(rec.phases),
@@ -187,16 +187,12 @@ def step_event(rec: StepRecord) -> dict[str, Any]:
         msg["skipped"] = True
     if rec.eval_ns > 0:
         msg["eval"] = min(rec.eval_ns, MAX_DURATION_NS)
-    if rec.optimizers:
-        msg["optimizers"] = [
-            {
-                "name": _cached_phase_name(o.name),
-                "updates": o.updates,
-                "skipped": o.skipped,
-                "ns": min(max(0, o.ns), MAX_DURATION_NS),
-            }
-            for o in rec.optimizers[:MAX_OPTIMIZERS]
-        ]
+    optimizers = rec.optimizers
+    if optimizers:
+        if len(optimizers) == 1:  # the common case, without a comprehension's frame
+            msg["optimizers"] = [_optimizer_use(optimizers[0])]
+        else:
+            msg["optimizers"] = [_optimizer_use(o) for o in optimizers[:MAX_OPTIMIZERS]]
     if rec.mem is not None:
         msg["mem"] = list(rec.mem)
     if rec.traced:
@@ -204,6 +200,16 @@ def step_event(rec: StepRecord) -> dict[str, Any]:
     if rec.comm:
         msg["comm"] = [b.to_wire() for b in rec.comm[:MAX_BUCKETS_PER_STEP]]
     return msg
+
+
+def _optimizer_use(o: OptimizerUse) -> dict[str, Any]:
+    ns = o.ns
+    return {
+        "name": _clean_names.get(o.name) or _cached_phase_name(o.name),
+        "updates": o.updates,
+        "skipped": o.skipped,
+        "ns": ns if 0 <= ns <= MAX_DURATION_NS else min(max(0, ns), MAX_DURATION_NS),
+    }
 
 
 def clock(run_key: str, offset: ClockOffset) -> dict[str, Any]:

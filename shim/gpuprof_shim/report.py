@@ -23,7 +23,8 @@ class StepCounter:
 
     def add(self, iteration_ns: int) -> None:
         self.steps += 1
-        self.total_iteration_ns += max(0, iteration_ns)
+        if iteration_ns > 0:
+            self.total_iteration_ns += iteration_ns
 
     @property
     def avg_step_ms(self) -> float | None:

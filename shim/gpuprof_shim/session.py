@@ -40,6 +40,7 @@ from gpuprof_shim.notes import add_notes
 from gpuprof_shim.probes import ModelProbes
 from gpuprof_shim.report import StepCounter, local_summary, print_summary
 from gpuprof_shim.sender import Sender
+from gpuprof_shim.sidecars import ClockSync, TraceWindows
 from gpuprof_shim.steps import StepRecord, WaitTracker
 from gpuprof_shim.trace import DEFAULT_TRACE_DIR_MAX_MB, TraceOptions, Tracer
 from gpuprof_shim.workers import WorkerReporter
@@ -161,7 +162,7 @@ class Profiler:
             trace_every_n_steps, trace_range, continuous_traces_hz, trace_dir, trace_dir_max_mb
         )
         #: The torch.profiler windows (None unless a trace option is set).
-        self._tracer: Tracer | None = None
+        self._windows: TraceWindows | None = None
         self._nsys_notice = False
         self._nsys_depth = 0  # nested nsys_capture() blocks: only the outermost starts/stops
         self.db = str(Path(db).expanduser().resolve() if db else config.db_path())
@@ -203,8 +204,7 @@ class Profiler:
         #: DDP bucket timing (auto mode, with a sender).
         self._comm: CommTimer | None = None
         #: Clock alignment against rank 0 (started once, in a process group).
-        self._aligner: Any = None
-        self._aligner_tried = False
+        self._clock_sync: ClockSync | None = None
 
     # --- lifecycle ---------------------------------------------------------
 
@@ -372,8 +372,15 @@ class Profiler:
         return msg
 
     def _start_recording(self) -> None:
-        if self.sender is not None:
-            self._workers = WorkerReporter(self.run_key, self.sender.send, self.clock)
+        sender = self.sender
+        if sender is not None:
+            self._workers = WorkerReporter(self.run_key, sender.send, self.clock)
+        self._clock_sync = ClockSync(
+            self.run_key,
+            sender.send if sender is not None else None,
+            lambda: self._open,
+            enabled=self.time_comm,
+        )
         if self.auto:
             from gpuprof_shim.patches import TorchPatches
 
@@ -382,7 +389,7 @@ class Profiler:
             )
             self._waits = self.machine
             if self.sender is not None:
-                self._comm = CommTimer(enabled=self.time_comm, on_ddp=self._start_aligner)
+                self._comm = CommTimer(enabled=self.time_comm, on_ddp=self._clock_sync.start)
             self._patches = TorchPatches(self.machine, self._loader_iterator, self._comm)
             self.probes.start(self.machine)
             try:
@@ -398,66 +405,31 @@ class Profiler:
                 self.sender, self.run_key, comm=self._comm, extra=self._model_info
             )
         if self.trace_options.enabled:
-            self._start_tracer()
+            self._windows = TraceWindows(
+                self.trace_options,
+                run_key=self.run_key,
+                run_name=self.run_name,
+                send=self._send_now,
+                clock=self.clock,
+            )
+            self._windows.attach(self.machine, self._recorder)
         self._open = True
-        dist = sys.modules.get("torch.distributed")
-        try:
-            if dist is not None and dist.is_available() and dist.is_initialized():
-                self._start_aligner()
-        except Exception:
-            log.debug("gpuprof: could not read torch.distributed's state", exc_info=True)
+        # in a process group: align the clocks now (else at the first DDP)
+        self._clock_sync.start_if_distributed(sys.modules.get("torch.distributed"))
 
-    def _start_aligner(self) -> None:
-        """Measure this rank's clock offset against rank 0 in the background
-        (once per profile: at the start in a process group, else when the
-        first DDP is found); the result goes out as a ``clock`` event. Not
-        with ``time_comm=False``: the offsets only serve the comm timings."""
-        if self._aligner_tried or self.sender is None or not self.time_comm:
-            return
-        self._aligner_tried = True
-        try:
-            from gpuprof_shim.clock_align import ClockAligner
-        except ImportError:
-            return
-        try:
-            self._aligner = ClockAligner(self._on_clock_offset)
-            self._aligner.start()
-        except Exception:
-            log.debug("gpuprof: clock alignment not started", exc_info=True)
+    @property
+    def _tracer(self) -> Tracer | None:
+        """The torch.profiler windows' tracer, if tracing (tests read it)."""
+        return self._windows.tracer if self._windows is not None else None
 
-    def _on_clock_offset(self, offset: Any) -> None:
-        """The aligner's result (its thread): send it while the run is open."""
-        sender = self.sender
-        if sender is not None and self._open:
-            sender.send(messages.clock(self.run_key, offset))
+    @property
+    def _aligner(self) -> Any:
+        """The clock aligner, once started (benches read it)."""
+        return self._clock_sync.aligner if self._clock_sync is not None else None
 
     def _close_aligner(self) -> None:
-        aligner = self._aligner
-        if aligner is not None:
-            try:
-                aligner.close()
-            except Exception:
-                log.debug("gpuprof: could not close clock alignment", exc_info=True)
-
-    def _start_tracer(self) -> None:
-        """Trace windows at step boundaries; the profile's start is the one
-        before step 0 (see :mod:`gpuprof_shim.trace`)."""
-        tracer = Tracer(
-            self.trace_options,
-            run_key=self.run_key,
-            run_name=self.run_name,
-            send=self._send_now,
-            clock=self.clock,
-        )
-        self._tracer = tracer
-        tracer.open()
-        if self.machine is not None:
-            self.machine.boundary = tracer.boundary
-        elif self._recorder is not None:
-            self._recorder.before_step = tracer.start_window
-            self._recorder.after_step = lambda _i: tracer.end_window()
-        if self.machine is not None:
-            tracer.start_window(0)
+        if self._clock_sync is not None:
+            self._clock_sync.close()
 
     def _send_now(self, msg: Any) -> bool:
         """Send one event now (a ``kernels`` window); False if dropped."""
@@ -477,14 +449,16 @@ class Profiler:
         (:class:`~gpuprof_shim.batcher.StepBatcher`). A step whose FLOPs
         were counted, or that a torch.profiler window ran in, is ``traced``."""
         try:
-            if rec.i in self.probes.traced:
+            traced = self.probes.traced
+            if traced and rec.i in traced:
                 rec.traced = True
-            tracer = self._tracer
-            if tracer is not None and tracer.traced(rec.t0, rec.t1):
+            windows = self._windows
+            if windows is not None and windows.traced(rec.t0, rec.t1):
                 rec.traced = True  # a torch.profiler window ran during it
-            self.counter.add(rec.duration_ns + rec.wait)
-            if self._batcher is not None:
-                self._batcher.add(rec)
+            self.counter.add(rec.t1 - rec.t0 + rec.wait)
+            batcher = self._batcher
+            if batcher is not None:
+                batcher.add(rec)
         except Exception:
             log.debug("gpuprof: could not emit step %s", rec.i, exc_info=True)
 
@@ -509,9 +483,9 @@ class Profiler:
     def _unpatch(self) -> None:
         if self._comm is not None:
             self._comm.stop()  # our comm hooks stay on the reducers, as pass-throughs
-        tracer = self._tracer
-        if tracer is not None:
-            tracer.close()  # the profiler stopped, its guard removed (idempotent)
+        windows = self._windows
+        if windows is not None:
+            windows.close()  # the profiler stopped, its guard removed (idempotent)
         self.probes.abandon()
         patches, self._patches = self._patches, None
         if patches is not None:

@@ -66,6 +66,8 @@ class Wrappers:
         )
         self.tensor_backward = self._make_backward(orig_tensor_backward, depth)
         self.autograd_backward = self._make_backward(orig_autograd_backward, depth)
+        #: Global ``register_optimizer_step_pre_hook``/``post_hook`` callbacks.
+        self.optimizer_pre_hook, self.optimizer_post_hook = self._make_optimizer_hooks()
 
     def internal_error(self) -> None:
         """Log the first internal error with its traceback, later ones quietly."""
@@ -76,33 +78,35 @@ class Wrappers:
             log.debug("gpuprof: internal error", exc_info=True)
 
     def _make_backward(self, orig: Callable[..., Any], depth: _Depth) -> Callable[..., Any]:
+        wrappers = self
         machine = self.machine
         clock = machine.clock
-        forwards = self.forwards
+        on_backward = self.forwards.on_backward
+        on_start, on_end = machine.on_backward_start, machine.on_backward_end
 
         def backward(*args: Any, **kwargs: Any) -> Any:
             # Tensor.backward calls torch.autograd.backward: count the pair once.
-            if depth.backward or not self.enabled:
+            if depth.backward or not wrappers.enabled:
                 return orig(*args, **kwargs)
             depth.backward = 1
             counted = False
             try:
                 try:
-                    forwards.on_backward()
+                    on_backward()
                 except Exception:
-                    self.internal_error()
+                    wrappers.internal_error()
                 try:
-                    counted = machine.on_backward_start(clock())
+                    counted = on_start(clock())
                 except Exception:
-                    self.internal_error()
+                    wrappers.internal_error()
                 return orig(*args, **kwargs)
             finally:
                 depth.backward = 0
                 if counted:
                     try:
-                        machine.on_backward_end(clock())
+                        on_end(clock())
                     except Exception:
-                        self.internal_error()
+                        wrappers.internal_error()
 
         backward.__wrapped__ = orig  # type: ignore[attr-defined]
         backward.__doc__ = getattr(orig, "__doc__", None)
@@ -164,11 +168,13 @@ class Wrappers:
         alone counts). The last one (StopIteration: workers shut down) ends
         an eval loop or is loader wait; a fetch that raises otherwise is not
         counted."""
+        wrappers = self
         machine = self.machine
         clock = machine.clock
+        add_loader_wait = machine.add_loader_wait
 
         def loader_next(self_: Any) -> Any:
-            if not self.enabled or machine.explicit:
+            if machine.explicit or not wrappers.enabled:
                 return orig(self_)
             t = clock()
             try:
@@ -177,33 +183,41 @@ class Wrappers:
                 try:
                     machine.on_loader_exhausted(t, clock())
                 except Exception:
-                    self.internal_error()
+                    wrappers.internal_error()
                 raise
             try:
-                machine.add_loader_wait(clock() - t)
+                add_loader_wait(clock() - t)
             except Exception:
-                self.internal_error()
+                wrappers.internal_error()
             return item
 
         return _stand_in(loader_next, orig)
 
-    def optimizer_pre_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        """Global ``register_optimizer_step_pre_hook`` callback; returns None
-        so torch keeps the step's arguments. Skipped while dynamo traces a
-        compiled ``step()`` (a clock read there would break its graph)."""
-        if self.enabled and not self.is_compiling():
-            try:
-                self.machine.on_optimizer_pre(self.machine.clock(), optimizer)
-            except Exception:
-                self.internal_error()
+    def _make_optimizer_hooks(self) -> tuple[Callable[..., None], Callable[..., None]]:
+        """The global optimizer step pre and post hooks. They return None so
+        torch keeps the step's arguments, and do nothing while dynamo traces
+        a compiled ``step()`` (a clock read there would break its graph)."""
+        wrappers = self
+        machine = self.machine
+        clock = machine.clock
+        is_compiling = self.is_compiling
+        on_pre, on_post = machine.on_optimizer_pre, machine.on_optimizer_post
 
-    def optimizer_post_hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        """Global ``register_optimizer_step_post_hook`` callback."""
-        if self.enabled and not self.is_compiling():
-            try:
-                self.machine.on_optimizer_post(self.machine.clock(), optimizer)
-            except Exception:
-                self.internal_error()
+        def optimizer_pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+            if wrappers.enabled and not is_compiling():
+                try:
+                    on_pre(clock(), optimizer)
+                except Exception:
+                    wrappers.internal_error()
+
+        def optimizer_post_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+            if wrappers.enabled and not is_compiling():
+                try:
+                    on_post(clock(), optimizer)
+                except Exception:
+                    wrappers.internal_error()
+
+        return optimizer_pre_hook, optimizer_post_hook
 
     def make_scaler_step(self, orig: Callable[..., Any]) -> Callable[..., Any]:
         """A stand-in for ``torch.amp.GradScaler.step``: the scaler's step is
