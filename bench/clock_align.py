@@ -96,10 +96,18 @@ def run_once(nproc: int, busy: bool) -> list[dict]:
         if busy:
             env["CLOCK_ALIGN_BENCH_BUSY"] = "1"
         out = subprocess.run(
-            [str(torchrun), "--standalone", f"--nproc-per-node={nproc}",
-             "--monitor-interval=0.2", str(Path(__file__).resolve())],
-            env=env, capture_output=True, text=True, timeout=180,
-        )  # fmt: skip
+            [
+                str(torchrun),
+                "--standalone",
+                f"--nproc-per-node={nproc}",
+                "--monitor-interval=0.2",
+                str(Path(__file__).resolve()),
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
         if out.returncode != 0:
             raise SystemExit(f"torchrun failed:\n{out.stderr[-3000:]}")
         return [json.loads((Path(tmp) / f"rank{r}.json").read_text()) for r in range(nproc)]
@@ -112,11 +120,15 @@ def main() -> None:
     ap.add_argument("--busy", action="store_true", help="train on every rank meanwhile")
     args = ap.parse_args()
 
-    print(f"{args.nproc} ranks (gloo, CPU, one node), {args.runs} runs"
-          f"{', training meanwhile' if args.busy else ''}")  # fmt: skip
-    print(f"{'run':>3} {'rank':>4} {'injected ms':>12} {'error us':>9} {'uncert us':>9} "
-          f"{'rtt us':>7} {'align ms':>9} {'wait':>6} {'connect':>7} {'exchange':>8} "
-          f"{'start() us':>10}")  # fmt: skip
+    print(
+        f"{args.nproc} ranks (gloo, CPU, one node), {args.runs} runs"
+        f"{', training meanwhile' if args.busy else ''}"
+    )
+    print(
+        f"{'run':>3} {'rank':>4} {'injected ms':>12} {'error us':>9} {'uncert us':>9} "
+        f"{'rtt us':>7} {'align ms':>9} {'wait':>6} {'connect':>7} {'exchange':>8} "
+        f"{'start() us':>10}"
+    )
     errors, uncertainties, elapsed, rank0_elapsed, starts = [], [], [], [], []
     for run in range(args.runs):
         recs = run_once(args.nproc, args.busy)
@@ -133,20 +145,24 @@ def main() -> None:
             uncertainties.append(uncertainty / 1e3)
             elapsed.append(rec["elapsed_ms"])
             flag = "" if error <= uncertainty else "  OUTSIDE UNCERTAINTY"
-            print(f"{run:>3} {rec['rank']:>4} {rec['injected_ns'] / 1e6:>+12.3f} "
-                  f"{signed / 1e3:>+9.1f} {uncertainty / 1e3:>9.1f} {rtt / 1e3:>7.1f} "
-                  f"{rec['elapsed_ms']:>9.1f} {rec['wait_ms']:>6.1f} {rec['connect_ms']:>7.1f} "
-                  f"{rec['elapsed_ms'] - rec['wait_ms'] - rec['connect_ms']:>8.1f} "
-                  f"{rec['start_us']:>10.0f}{flag}")  # fmt: skip
+            print(
+                f"{run:>3} {rec['rank']:>4} {rec['injected_ns'] / 1e6:>+12.3f} "
+                f"{signed / 1e3:>+9.1f} {uncertainty / 1e3:>9.1f} {rtt / 1e3:>7.1f} "
+                f"{rec['elapsed_ms']:>9.1f} {rec['wait_ms']:>6.1f} {rec['connect_ms']:>7.1f} "
+                f"{rec['elapsed_ms'] - rec['wait_ms'] - rec['connect_ms']:>8.1f} "
+                f"{rec['start_us']:>10.0f}{flag}"
+            )
     if errors:
         print(
             f"offset error us: median {median(errors):.1f}, max {max(errors):.1f}; "
             f"uncertainty us: median {median(uncertainties):.1f}, max {max(uncertainties):.1f}"
         )
-        print(f"alignment ms (peers): median {median(elapsed):.1f}, max {max(elapsed):.1f}; "
-              f"rank 0 (all peers): median {median(rank0_elapsed):.1f}; "
-              f"start() on the training thread us: median {median(starts):.0f}, "
-              f"max {max(starts):.0f}")  # fmt: skip
+        print(
+            f"alignment ms (peers): median {median(elapsed):.1f}, max {max(elapsed):.1f}; "
+            f"rank 0 (all peers): median {median(rank0_elapsed):.1f}; "
+            f"start() on the training thread us: median {median(starts):.0f}, "
+            f"max {max(starts):.0f}"
+        )
 
 
 if __name__ == "__main__":

@@ -109,26 +109,43 @@ def _job(
     torchrun = Path(sys.executable).with_name("torchrun")
     t = time.monotonic()
     out = subprocess.run(
-        [str(torchrun), "--standalone", f"--nproc-per-node={args.nproc}", str(script),
-         str(args.blocks), str(args.steps), str(batch)],
-        env=env, capture_output=True, text=True, timeout=1800,
-    )  # fmt: skip
+        [
+            str(torchrun),
+            "--standalone",
+            f"--nproc-per-node={args.nproc}",
+            str(script),
+            str(args.blocks),
+            str(args.steps),
+            str(batch),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     if out.returncode != 0:
         sys.exit(f"torchrun failed:\n{out.stderr[-3000:]}")
-    results = [json.loads(line.split("RESULT ", 1)[1])
-               for line in out.stdout.splitlines() if "RESULT " in line]  # fmt: skip
+    results = [
+        json.loads(line.split("RESULT ", 1)[1])
+        for line in out.stdout.splitlines()
+        if "RESULT " in line
+    ]
     buckets = _buckets_per_step(db, batch) if db is not None else 3.0  # the model's 3
-    print(f"batch {batch}: {args.nproc} ranks, gloo, CPU; {args.blocks} interleaved block "
-          f"pairs of {args.steps} steps ({time.monotonic() - t:.0f} s); {buckets:.1f} buckets "
-          "timed per step")  # fmt: skip
+    print(
+        f"batch {batch}: {args.nproc} ranks, gloo, CPU; {args.blocks} interleaved block "
+        f"pairs of {args.steps} steps ({time.monotonic() - t:.0f} s); {buckets:.1f} buckets "
+        "timed per step"
+    )
     for r in sorted(results, key=lambda r: r["rank"]):
         off, on = median(r["times"]["off"]), median(r["times"]["on"])
         align = r["align_ms"]
         cost = f"{median(align):.1f} ms (median of {len(align)})" if align else "n/a"
-        print(f"  rank {r['rank']}: step {off:.2f} ms without comm timing, {on:.2f} ms "
-              f"with: ratio {on / off:.3f} ({(on - off) * 1e3 / max(buckets, 1):+.0f} µs per "
-              "bucket); "
-              f"clock alignment start-up {cost}")  # fmt: skip
+        print(
+            f"  rank {r['rank']}: step {off:.2f} ms without comm timing, {on:.2f} ms "
+            f"with: ratio {on / off:.3f} ({(on - off) * 1e3 / max(buckets, 1):+.0f} µs per "
+            "bucket); "
+            f"clock alignment start-up {cost}"
+        )
 
 
 def main() -> None:
@@ -136,15 +153,27 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=6, help="interleaved block pairs")
     ap.add_argument("--steps", type=int, default=40, help="steps per block")
     ap.add_argument("--nproc", type=int, default=2, help="ranks")
-    ap.add_argument("--batch", type=int, nargs="+", default=[128, 512],
-                    help="batch sizes (longer steps, the same buckets), one job each")
-    ap.add_argument("--shim-only", action="store_true",
-                    help="no gpuprofd: the shim's own cost (events are dropped, counted)")
+    ap.add_argument(
+        "--batch",
+        type=int,
+        nargs="+",
+        default=[128, 512],
+        help="batch sizes (longer steps, the same buckets), one job each",
+    )
+    ap.add_argument(
+        "--shim-only",
+        action="store_true",
+        help="no gpuprofd: the shim's own cost (events are dropped, counted)",
+    )
     args = ap.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="gpbc", dir="/tmp"))
-    env = {**os.environ, "GPUPROF_SOCKET": str(tmp / "s"), "GPUPROF_DB": str(tmp / "bench.db"),
-           "OMP_NUM_THREADS": "1"}  # fmt: skip
+    env = {
+        **os.environ,
+        "GPUPROF_SOCKET": str(tmp / "s"),
+        "GPUPROF_DB": str(tmp / "bench.db"),
+        "OMP_NUM_THREADS": "1",
+    }
     if args.shim_only:  # a socket dir no daemon answers in, and no auto-start
         env["BENCH_SHIM_ONLY"] = "1"
         script = tmp / "worker.py"
@@ -156,10 +185,21 @@ def main() -> None:
             shutil.rmtree(tmp, ignore_errors=True)
         return
     daemon = subprocess.Popen(
-        [sys.executable, "-m", "gpuprofd", "--socket-dir", str(tmp / "s"), "--db",
-         str(tmp / "bench.db"), "--idle-exit", "0"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "gpuprofd",
+            "--socket-dir",
+            str(tmp / "s"),
+            "--db",
+            str(tmp / "bench.db"),
+            "--idle-exit",
+            "0",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 20
         while not _ping(tmp / "s"):

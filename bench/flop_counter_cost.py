@@ -71,8 +71,9 @@ def main() -> None:
 
             counted.append(timed(under))
             total = mode.get_total_flops()
-        arch = gpuprof.TransformerArch(layers=layers, d_model=d, heads=heads, seq_len=seq,
-                                       vocab=vocab)  # fmt: skip
+        arch = gpuprof.TransformerArch(
+            layers=layers, d_model=d, heads=heads, seq_len=seq, vocab=vocab
+        )
         analytic = arch.flops_per_step(batch * seq)
         p, c = statistics.median(plain), statistics.median(counted)
         lo, lo_c = min(plain), min(counted)
@@ -87,8 +88,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model = TinyGPT(layers, d, heads, vocab, seq)
         opt = torch.optim.AdamW(model.parameters())
-        with gpuprof.profile("flop-cost", count_flops=True, db=Path(tmp) / "g.db",
-                             socket_dir=Path(tmp) / "s", print_summary=False) as prof:  # fmt: skip
+        with gpuprof.profile(
+            "flop-cost",
+            count_flops=True,
+            db=Path(tmp) / "g.db",
+            socket_dir=Path(tmp) / "s",
+            print_summary=False,
+        ) as prof:
             for _ in range(args.steps):
                 train_step(model, opt, batch, seq, vocab)
         counter = prof._flop_counter
@@ -103,8 +109,10 @@ def main() -> None:
         rows = conn.execute(sql).fetchall()
         others = [ns / 1e6 for i, ns, tr in rows if not tr and i >= 2]
         traced = [round(ns / 1e6, 1) for i, ns, tr in rows if tr]
-        print(f"  steps (ms, from 2): median untraced {statistics.median(others):.1f}, "
-              f"traced {traced}")  # fmt: skip
+        print(
+            f"  steps (ms, from 2): median untraced {statistics.median(others):.1f}, "
+            f"traced {traced}"
+        )
         conn.close()
 
 

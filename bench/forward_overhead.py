@@ -122,8 +122,10 @@ def main() -> None:
             f"({extra * 1e3 / n_modules:5.0f} ns per module call, ratio {r[mode] / r['plain']:.4f})"
         )
     gp, shim = import_ms(args.imports)
-    print(f"import gpuprof after import torch: {gp:.1f} ms (target <= 50 ms); "
-          f"with the shim modules a profile loads: {shim:.1f} ms")  # fmt: skip
+    print(
+        f"import gpuprof after import torch: {gp:.1f} ms (target <= 50 ms); "
+        f"with the shim modules a profile loads: {shim:.1f} ms"
+    )
 
 
 if __name__ == "__main__":

@@ -101,8 +101,10 @@ def daemon(backend: str, pg: str) -> Iterator[tuple[dict[str, str], Any]]:
     log = (work / "gpuprofd.log").open("wb")
     proc = subprocess.Popen(
         [sys.executable, "-m", "gpuprofd", "--socket-dir", str(sock), *args],
-        env=env, stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     try:
         deadline = time.monotonic() + 30
         while not (sock / "control.sock").exists():
@@ -196,8 +198,9 @@ def _steps_t1(query: Any, name: str) -> list[int]:
 
 def _drops(query: Any, names: list[str]) -> tuple[int, int, dict[str, int]]:
     marks = ", ".join("?" * len(names))
-    shim = query(f"SELECT COALESCE(SUM(dropped_events), 0) FROM runs WHERE run_name IN ({marks})",
-                 *names)  # fmt: skip
+    shim = query(
+        f"SELECT COALESCE(SUM(dropped_events), 0) FROM runs WHERE run_name IN ({marks})", *names
+    )
     stored = query(
         "SELECT COUNT(*) FROM steps s JOIN runs r ON r.id = s.run_id "
         f"WHERE r.run_name IN ({marks})",
@@ -213,10 +216,14 @@ def case(env: dict[str, str], query: Any, label: str, senders: int, n: int, rate
     per_rate = rate / senders if rate else 0.0
     with CommitPoller(query) as poller:
         procs = [
-            subprocess.Popen([sys.executable, "-c", SENDER, name, str(n), str(per_rate)],
-                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            subprocess.Popen(
+                [sys.executable, "-c", SENDER, name, str(n), str(per_rate)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
             for name in names
-        ]  # fmt: skip
+        ]
         outs = []
         for p in procs:
             out, err = p.communicate(timeout=600)
@@ -251,9 +258,7 @@ def case(env: dict[str, str], query: Any, label: str, senders: int, n: int, rate
     p50 = statistics.median(lat) if lat else float("nan")
     p99 = lat[int(0.99 * (len(lat) - 1))] if lat else float("nan")
     cpu = statistics.median(o["cpu_us_per_step"] for o in outs)
-    store_drops = {
-        k: v - before.get(k, 0) for k, v in daemon_drops.items() if v > before.get(k, 0)
-    }
+    store_drops = {k: v - before.get(k, 0) for k, v in daemon_drops.items() if v > before.get(k, 0)}
     print(
         f"  {label:<26} sent {sent:>8,} at {sent / sent_s:>9,.0f}/s  stored {stored:>8,} "
         f"({stored / sent_s:>9,.0f}/s)  dropped: shim {shim_dropped:,}, daemon {store_drops or 0}"
@@ -264,8 +269,9 @@ def case(env: dict[str, str], query: Any, label: str, senders: int, n: int, rate
 
 def _all_ended(query: Any, names: list[str]) -> bool:
     marks = ", ".join("?" * len(names))
-    rows = query(f"SELECT COUNT(*) FROM runs WHERE status != 'running' AND run_name IN ({marks})",
-                 *names)  # fmt: skip
+    rows = query(
+        f"SELECT COUNT(*) FROM runs WHERE status != 'running' AND run_name IN ({marks})", *names
+    )
     return bool(rows) and rows[0][0] == len(names)
 
 
@@ -276,8 +282,10 @@ def main() -> None:
     ap.add_argument("--rates", default="20000,50000", help="sustained rates, events/s in all")
     ap.add_argument("--senders", type=int, default=2, help="processes in the sustained cases")
     ap.add_argument("--seconds", type=float, default=10.0, help="length of a sustained case")
-    ap.add_argument("--postgres", default=os.environ.get(
-        "GPUPROF_TEST_POSTGRES", "postgres://root@127.0.0.1:5432/test"))  # fmt: skip
+    ap.add_argument(
+        "--postgres",
+        default=os.environ.get("GPUPROF_TEST_POSTGRES", "postgres://root@127.0.0.1:5432/test"),
+    )
     a = ap.parse_args()
     print(f"gpuprof ingest benchmark ({os.cpu_count()} CPUs)")
     for backend in a.backends.split(","):

@@ -113,7 +113,8 @@ def main() -> None:
     wall = time.monotonic() - t0
     stats = sampler.stats()
     mode = ("naive: slow queries in the fast loop" if args.naive else "split loops") + (
-        ", probe.json call costs" if args.probe_costs else ", replay call costs only")
+        ", probe.json call costs" if args.probe_costs else ", replay call costs only"
+    )
     print(f"replay of {args.trace.name}, {wall:.1f} s, {mode}")
     print(line("fast", stats["fast"], wall))
     print(line("slow", stats["slow"], wall))

@@ -39,8 +39,15 @@ PHASES = {"forward": 3_000_000, "backward": 4_000_000, "optimizer": 2_000_000}
 
 def step(i: int) -> dict:
     t0 = 1_000_000_000 + i * 10_000_000
-    return {"i": i, "t0": t0, "t1": t0 + 9_000_000, "wait": 1_000_000, "explicit": False,
-            "micro": 1, "phases": PHASES}  # fmt: skip
+    return {
+        "i": i,
+        "t0": t0,
+        "t1": t0 + 9_000_000,
+        "wait": 1_000_000,
+        "explicit": False,
+        "micro": 1,
+        "phases": PHASES,
+    }
 
 
 async def gpuprof_store(url: str, n: int) -> float:
@@ -52,8 +59,9 @@ async def gpuprof_store(url: str, n: int) -> float:
     await store.open()
     store.start()
     try:
-        run = await runsdb.insert_run(store, {"run_key": uuid.uuid4().hex, "run_name": "b",
-                                              "status": "running"})  # fmt: skip
+        run = await runsdb.insert_run(
+            store, {"run_key": uuid.uuid4().hex, "run_name": "b", "status": "running"}
+        )
         ops = [runsdb.step_op(run, step(i)) for i in range(n)]
         t = time.perf_counter()
         for op in ops:
@@ -86,20 +94,49 @@ async def sqlalchemy_core(url: str, n: int) -> float:
         await gpuprof_store(url, 1)  # makes the schema
     meta = sa.MetaData()
     steps = sa.Table(
-        "steps", meta,
-        *(sa.Column(c, sa.BigInteger) for c in ("run_id", "step", "t0_ns", "t1_ns", "wait_ns",
-                                                "explicit", "micro", "skipped", "eval_ns")),
-        sa.Column("phases", sa.Text), sa.Column("optimizers", sa.Text),
-        *(sa.Column(c, sa.BigInteger) for c in ("mem_allocated_bytes", "mem_reserved_bytes",
-                                                "mem_peak_bytes", "traced")),
-    )  # fmt: skip
+        "steps",
+        meta,
+        *(
+            sa.Column(c, sa.BigInteger)
+            for c in (
+                "run_id",
+                "step",
+                "t0_ns",
+                "t1_ns",
+                "wait_ns",
+                "explicit",
+                "micro",
+                "skipped",
+                "eval_ns",
+            )
+        ),
+        sa.Column("phases", sa.Text),
+        sa.Column("optimizers", sa.Text),
+        *(
+            sa.Column(c, sa.BigInteger)
+            for c in ("mem_allocated_bytes", "mem_reserved_bytes", "mem_peak_bytes", "traced")
+        ),
+    )
     rows = [
-        {"run_id": 1, "step": m["i"], "t0_ns": m["t0"], "t1_ns": m["t1"], "wait_ns": m["wait"],
-         "explicit": 0, "micro": 1, "phases": orjson.dumps(m["phases"]).decode(), "skipped": 0,
-         "eval_ns": 0, "optimizers": None, "mem_allocated_bytes": None,
-         "mem_reserved_bytes": None, "mem_peak_bytes": None, "traced": 0}
+        {
+            "run_id": 1,
+            "step": m["i"],
+            "t0_ns": m["t0"],
+            "t1_ns": m["t1"],
+            "wait_ns": m["wait"],
+            "explicit": 0,
+            "micro": 1,
+            "phases": orjson.dumps(m["phases"]).decode(),
+            "skipped": 0,
+            "eval_ns": 0,
+            "optimizers": None,
+            "mem_allocated_bytes": None,
+            "mem_reserved_bytes": None,
+            "mem_peak_bytes": None,
+            "traced": 0,
+        }
         for m in (step(i) for i in range(n))
-    ]  # fmt: skip
+    ]
     try:
         t = time.perf_counter()
         # the same batches of 500 rows a transaction as gpuprof's writer
@@ -124,8 +161,10 @@ async def _pg_admin(dsn: str, sql: str) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, default=50_000)
-    ap.add_argument("--postgres", default=os.environ.get(
-        "GPUPROF_TEST_POSTGRES", "postgres://root@127.0.0.1:5432/test"))  # fmt: skip
+    ap.add_argument(
+        "--postgres",
+        default=os.environ.get("GPUPROF_TEST_POSTGRES", "postgres://root@127.0.0.1:5432/test"),
+    )
     a = ap.parse_args()
     try:
         import sqlalchemy  # noqa: F401
@@ -154,8 +193,10 @@ def main() -> None:
                             asyncio.run(_pg_admin(a.postgres, cleanup))
                     best[name] = min(best.get(name, s), s)
             g, q = best["gpuprof"] / a.rows * 1e6, best["sqlalchemy"] / a.rows * 1e6
-            print(f"  {backend:<9} gpuprof store {g:6.1f} µs/row   SQLAlchemy Core {q:6.1f} µs/row"
-                  f"   ratio {q / g:.2f}x")  # fmt: skip
+            print(
+                f"  {backend:<9} gpuprof store {g:6.1f} µs/row   SQLAlchemy Core {q:6.1f} µs/row"
+                f"   ratio {q / g:.2f}x"
+            )
 
 
 if __name__ == "__main__":

@@ -124,10 +124,22 @@ def build(db: Path, hours: float, gpus: int, step_ms: float) -> dict[str, int]:
 
     raw_s = int(min(seconds, DEFAULT_RAW_WINDOW_S))
     raw = (
-        (end - raw_s * S + int(k * S / STORED_GPU_HZ), g, uuids[g], 90.0, 70 * 2**30,
-         141 * 2**30, 650_000, 71, 1755, 40.0, 4)
-        for k in range(int(raw_s * STORED_GPU_HZ)) for g in range(gpus)
-    )  # fmt: skip
+        (
+            end - raw_s * S + int(k * S / STORED_GPU_HZ),
+            g,
+            uuids[g],
+            90.0,
+            70 * 2**30,
+            141 * 2**30,
+            650_000,
+            71,
+            1755,
+            40.0,
+            4,
+        )
+        for k in range(int(raw_s * STORED_GPU_HZ))
+        for g in range(gpus)
+    )
     conn.executemany(
         "INSERT INTO gpu_samples (mono_ns, gpu_index, uuid, util_pct, mem_used_bytes, "
         "mem_total_bytes, power_mw, temp_c, sm_clock_mhz, mem_util_pct, clock_event_reasons) "
@@ -140,18 +152,45 @@ def build(db: Path, hours: float, gpus: int, step_ms: float) -> dict[str, int]:
         "pcie_tx_bps, gpm_sm_util_pct, gpm_sm_occupancy_pct, gpm_tensor_util_pct, "
         "gpm_dram_bw_util_pct, power_capped_pct, thermal_capped_pct) "
         "VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-        ((end - raw_s * S + k * S, uuids[g], 10**9 + k, 650e3, 2.1e9, 0.3e9, 71.0, 40.0, 55.0,
-          38.0, 0.0, 0.0) for k in range(raw_s) for g in range(gpus)),
-    )  # fmt: skip
+        (
+            (
+                end - raw_s * S + k * S,
+                uuids[g],
+                10**9 + k,
+                650e3,
+                2.1e9,
+                0.3e9,
+                71.0,
+                40.0,
+                55.0,
+                38.0,
+                0.0,
+                0.0,
+            )
+            for k in range(raw_s)
+            for g in range(gpus)
+        ),
+    )
     counts["gpu_slow_samples"] = raw_s * gpus
 
     host_n = int(seconds * HOST_HZ)
     conn.executemany(
         "INSERT INTO host_samples (mono_ns, cpu_pct, cpu_count, disk_read_bps, disk_read_iops, "
         "page_cache_bytes, mem_total_bytes, swap_in_bps) VALUES (?,?,?,?,?,?,?,?)",
-        ((start + int(k * S / HOST_HZ), 41.5 + k % 7, 128, 2.5e8 + k % 1000, 1900.0 + k % 50,
-          300 * 2**30, 2048 * 2**30, 0.0) for k in range(host_n)),
-    )  # fmt: skip
+        (
+            (
+                start + int(k * S / HOST_HZ),
+                41.5 + k % 7,
+                128,
+                2.5e8 + k % 1000,
+                1900.0 + k % 50,
+                300 * 2**30,
+                2048 * 2**30,
+                0.0,
+            )
+            for k in range(host_n)
+        ),
+    )
     counts["host_samples"] = host_n
 
     step_ns = int(step_ms * 1e6)
@@ -162,24 +201,61 @@ def build(db: Path, hours: float, gpus: int, step_ms: float) -> dict[str, int]:
             "world_size, auto, start_wall_ns, start_mono_ns, end_wall_ns, end_mono_ns, options, "
             "cuda_uuid, gpu_model, gpu_count, cpu_count, median_step_ms, group_id, "
             "local_world_size) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-            (rank + 1, f"day-{rank}", "llm-24h", "finished", "node1", 1000 + rank, rank, rank,
-             gpus, 1, 0, start, seconds * S, end, "{}", uuids[rank], "NVIDIA H200", gpus, 128,
-             step_ms, GROUP, gpus),
-        )  # fmt: skip
+            (
+                rank + 1,
+                f"day-{rank}",
+                "llm-24h",
+                "finished",
+                "node1",
+                1000 + rank,
+                rank,
+                rank,
+                gpus,
+                1,
+                0,
+                start,
+                seconds * S,
+                end,
+                "{}",
+                uuids[rank],
+                "NVIDIA H200",
+                gpus,
+                128,
+                step_ms,
+                GROUP,
+                gpus,
+            ),
+        )
         conn.executemany(
             "INSERT INTO steps (run_id, step, t0_ns, t1_ns, wait_ns, explicit, micro, phases, "
             "skipped, eval_ns, optimizers, mem_allocated_bytes, mem_reserved_bytes, "
             "mem_peak_bytes) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (
-                (rank + 1, i, start + i * step_ns + step_ns // 50, start + (i + 1) * step_ns,
-                 step_ns // 50 + i % 97 * 1000, 0, 4,
-                 orjson.dumps({"forward": step_ns * 3 // 10 + i % 89,
-                               "backward": step_ns * 6 // 10 + i % 83,
-                               "optimizer": step_ns // 20 + i % 79}).decode(),
-                 0, 0, None, 61 * 2**30 + i % 4096, 68 * 2**30, 66 * 2**30)
+                (
+                    rank + 1,
+                    i,
+                    start + i * step_ns + step_ns // 50,
+                    start + (i + 1) * step_ns,
+                    step_ns // 50 + i % 97 * 1000,
+                    0,
+                    4,
+                    orjson.dumps(
+                        {
+                            "forward": step_ns * 3 // 10 + i % 89,
+                            "backward": step_ns * 6 // 10 + i % 83,
+                            "optimizer": step_ns // 20 + i % 79,
+                        }
+                    ).decode(),
+                    0,
+                    0,
+                    None,
+                    61 * 2**30 + i % 4096,
+                    68 * 2**30,
+                    66 * 2**30,
+                )
                 for i in range(n_steps)
             ),
-        )  # fmt: skip
+        )
         conn.executemany(
             "INSERT INTO run_cpu_samples (run_id, mono_ns, cores) VALUES (?,?,?)",
             ((rank + 1, start + int(k * S / HOST_HZ), 5.0 + k % 13 / 10) for k in range(host_n)),
@@ -187,9 +263,12 @@ def build(db: Path, hours: float, gpus: int, step_ms: float) -> dict[str, int]:
         conn.executemany(
             "INSERT INTO worker_cpu (run_id, loader_seq, worker_id, pid, first_mono_ns, "
             "last_mono_ns, cpu_s) VALUES (?,?,?,?,?,?,?)",
-            ((rank + 1, epoch, w, 50_000 + rank * 1000 + epoch * 10 + w, start, end, 3000.0 + w)
-             for epoch in range(24) for w in range(8)),
-        )  # fmt: skip
+            (
+                (rank + 1, epoch, w, 50_000 + rank * 1000 + epoch * 10 + w, start, end, 3000.0 + w)
+                for epoch in range(24)
+                for w in range(8)
+            ),
+        )
     counts["steps"] = n_steps * gpus
     counts["run_cpu_samples"] = host_n * gpus
     counts["worker_cpu"] = 24 * 8 * gpus
@@ -212,8 +291,14 @@ def bucket_rows(run_id: int, rank: int, steps, step_ns: int, n_buckets: int):
         back = t0 + step_ns * 3 // 10
         for b in range(n_buckets):
             ready = back + (b + 1) * bwd // n_buckets
-            yield (run_id, i, b, ready + late + (i * 7 + b) % 50_000,
-                   ready + 3_000_000 + 2_000_000 + b % 1000, BUCKET_BYTES)  # fmt: skip
+            yield (
+                run_id,
+                i,
+                b,
+                ready + late + (i * 7 + b) % 50_000,
+                ready + 3_000_000 + 2_000_000 + b % 1000,
+                BUCKET_BYTES,
+            )
 
 
 def build_comm(db: Path, hours: float, gpus: int, step_ms: float, n_buckets: int) -> int:
@@ -245,8 +330,10 @@ def comm_prune_case(tmp: str, hours: float, step_ms: float, n_buckets: int) -> N
     t = time.perf_counter()
     conn = sqlite3.connect(db)
     conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("INSERT INTO runs (id, run_key, run_name, status, options) "
-                 "VALUES (1, 'c', 'comm', 'finished', '{}')")  # fmt: skip
+    conn.execute(
+        "INSERT INTO runs (id, run_key, run_name, status, options) "
+        "VALUES (1, 'c', 'comm', 'finished', '{}')"
+    )
     conn.executemany(
         "INSERT INTO steps (run_id, step, t0_ns, t1_ns, wait_ns, explicit, micro, phases) "
         "VALUES (1, ?, ?, ?, 0, 0, 1, '{}')",
@@ -261,12 +348,16 @@ def comm_prune_case(tmp: str, hours: float, step_ms: float, n_buckets: int) -> N
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     conn.close()
     rows = n_steps * n_buckets
-    print(f"\ncomm buckets, one rank, {hours:g} h of {step_ms:g} ms steps with {n_buckets} "
-          f"buckets: {rows:,} rows built in {time.perf_counter() - t:.0f} s")  # fmt: skip
+    print(
+        f"\ncomm buckets, one rank, {hours:g} h of {step_ms:g} ms steps with {n_buckets} "
+        f"buckets: {rows:,} rows built in {time.perf_counter() - t:.0f} s"
+    )
     before = table_bytes(db).get("comm_buckets", 0)
-    print(f"  as received: {before / rows:.0f} bytes a row (index included), "
-          f"{before / 1e6 / hours:.1f} MB per GPU-hour; a 24-hour rank: "
-          f"{before / hours * 24 / 1e9:.2f} GB, {rows / hours * 24 / 1e6:.1f} M rows")
+    print(
+        f"  as received: {before / rows:.0f} bytes a row (index included), "
+        f"{before / 1e6 / hours:.1f} MB per GPU-hour; a 24-hour rank: "
+        f"{before / hours * 24 / 1e9:.2f} GB, {rows / hours * 24 / 1e6:.1f} M rows"
+    )
 
     async def prune() -> tuple[int, float]:
         store = Store(db, DropCounter())
@@ -293,12 +384,14 @@ def comm_prune_case(tmp: str, hours: float, step_ms: float, n_buckets: int) -> N
     conn.execute("VACUUM")
     conn.close()
     after = table_bytes(db).get("comm_buckets", 0)
-    print(f"  pruned by gpuprofd.storage.commprune in {passes} passes of <= "
-          f"{commprune.MAX_ROWS_PER_PASS:,} rows: {took:.1f} s "
-          f"({(rows - left) / max(took, 1e-9) / 1e6:.2f} M rows/s, longest pass {worst:.2f} s); "
-          f"{left:,} rows left = {after / 1e6:.1f} MB ({after / 1e6 / hours:.2f} MB per "
-          f"GPU-hour over {hours:g} h; the window of {commprune.COMM_STEPS_KEPT:,} steps is "
-          f"a fixed cost per run)")  # fmt: skip
+    print(
+        f"  pruned by gpuprofd.storage.commprune in {passes} passes of <= "
+        f"{commprune.MAX_ROWS_PER_PASS:,} rows: {took:.1f} s "
+        f"({(rows - left) / max(took, 1e-9) / 1e6:.2f} M rows/s, longest pass {worst:.2f} s); "
+        f"{left:,} rows left = {after / 1e6:.1f} MB ({after / 1e6 / hours:.2f} MB per "
+        f"GPU-hour over {hours:g} h; the window of {commprune.COMM_STEPS_KEPT:,} steps is "
+        f"a fixed cost per run)"
+    )
 
 
 def build_continuous(db: Path, hours: float, step_ms: float) -> tuple[int, int]:
@@ -321,26 +414,44 @@ def build_continuous(db: Path, hours: float, step_ms: float) -> tuple[int, int]:
     conn.executemany(
         "INSERT INTO kernel_windows (id, run_id, t0_ns, t1_ns, source, steps, rows_dropped) "
         "VALUES (?, 1, ?, ?, 'continuous', ?, 0)",
-        ((k + 1, start + k * S, start + k * S + int(step_ms * 1e6), f"[{k * steps_per_s}]")
-         for k in range(seconds)),
-    )  # fmt: skip
+        (
+            (k + 1, start + k * S, start + k * S + int(step_ms * 1e6), f"[{k * steps_per_s}]")
+            for k in range(seconds)
+        ),
+    )
 
     def rows():
         for k in range(seconds):
             grow = 1.6 if k >= seconds // 2 else 1.0
             for j in range(KERNELS_PER_WINDOW):
                 ns = (int(5e6 * grow) if j == 0 else 200_000 + 3_000 * j) + k % 101
-                yield (k + 1, f"sm90_kernel_{j}", "kernel", "comm" if j % 10 == 9 else "compute",
-                       4 + j % 3, ns, ns, None)  # fmt: skip
+                yield (
+                    k + 1,
+                    f"sm90_kernel_{j}",
+                    "kernel",
+                    "comm" if j % 10 == 9 else "compute",
+                    4 + j % 3,
+                    ns,
+                    ns,
+                    None,
+                )
             for j in range(OPS_PER_WINDOW):
-                yield (k + 1, f"aten::op_{j}", "op", "compute", 2, 900_000 + j, 50_000,
-                       1.5e11 if j % 2 == 0 else None)  # fmt: skip
+                yield (
+                    k + 1,
+                    f"aten::op_{j}",
+                    "op",
+                    "compute",
+                    2,
+                    900_000 + j,
+                    50_000,
+                    1.5e11 if j % 2 == 0 else None,
+                )
 
     conn.executemany(
         "INSERT INTO kernel_stats (window_id, run_id, name, kind, cls, count, total_ns, "
         "self_ns, flops) VALUES (?, 1, ?, ?, ?, ?, ?, ?, ?)",
         rows(),
-    )  # fmt: skip
+    )
     conn.commit()
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     conn.close()
@@ -393,9 +504,11 @@ def continuous_case(tmp: str, hours: float, step_ms: float) -> None:
     db = Path(tmp) / "continuous.db"
     t = time.perf_counter()
     end, n_rows = build_continuous(db, hours, step_ms)
-    print(f"\ncontinuous traces at 1 Hz, one rank, {hours:g} h: {n_rows:,} kernel rows "
-          f"({KERNELS_PER_WINDOW + OPS_PER_WINDOW} a window) built in "
-          f"{time.perf_counter() - t:.0f} s")  # fmt: skip
+    print(
+        f"\ncontinuous traces at 1 Hz, one rank, {hours:g} h: {n_rows:,} kernel rows "
+        f"({KERNELS_PER_WINDOW + OPS_PER_WINDOW} a window) built in "
+        f"{time.perf_counter() - t:.0f} s"
+    )
 
     def figures(label: str) -> None:
         sizes = table_bytes(db)
@@ -406,16 +519,20 @@ def continuous_case(tmp: str, hours: float, step_ms: float) -> None:
         _, _, drift = kernel_load(db)
         s = time.perf_counter() - t
         ev = drift.evidence if drift is not None else {}
-        print(f"  {label}: {wins:,} windows, {rows:,} kernel rows = {rows / hours:,.0f} per "
-              f"GPU-hour, {mb / hours:.2f} MB per GPU-hour; open + load + insights {s:.2f} s; "
-              f"kernel_drift: {ev.get('kernel')} {ev.get('first_half_ms')} -> "
-              f"{ev.get('second_half_ms')} ms per {ev.get('unit')}")  # fmt: skip
+        print(
+            f"  {label}: {wins:,} windows, {rows:,} kernel rows = {rows / hours:,.0f} per "
+            f"GPU-hour, {mb / hours:.2f} MB per GPU-hour; open + load + insights {s:.2f} s; "
+            f"kernel_drift: {ev.get('kernel')} {ev.get('first_half_ms')} -> "
+            f"{ev.get('second_half_ms')} ms per {ev.get('unit')}"
+        )
 
     figures("as received")
     t = time.perf_counter()
     merged = asyncio.run(compact(db, end + int(DEFAULT_RAW_WINDOW_S * S)))
-    print(f"  compaction (storage.kcompact passes, through the store's writer): {merged:,} "
-          f"windows merged in {time.perf_counter() - t:.0f} s")  # fmt: skip
+    print(
+        f"  compaction (storage.kcompact passes, through the store's writer): {merged:,} "
+        f"windows merged in {time.perf_counter() - t:.0f} s"
+    )
     conn = sqlite3.connect(db)
     conn.execute("VACUUM")
     conn.close()
@@ -470,8 +587,17 @@ def group_case(db: Path, args: argparse.Namespace) -> None:
     rank's stored summary; no stored group findings: they are computed, as
     for a group whose rules found nothing)."""
     store_summaries(db, args.gpus)
-    cmd = [sys.executable, "-m", "gpuprofd.ctl", "insights", str(db), "--group", GROUP,
-           "--format", "json"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "gpuprofd.ctl",
+        "insights",
+        str(db),
+        "--group",
+        GROUP,
+        "--format",
+        "json",
+    ]
     ctl = ROOT / ".venv" / "bin" / "gpuprofctl"
     if ctl.exists():
         cmd = [str(ctl), *cmd[3:]]
@@ -479,16 +605,22 @@ def group_case(db: Path, args: argparse.Namespace) -> None:
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     ctl_s = time.perf_counter() - t
     found = orjson.loads(proc.stdout)["insights"] if proc.returncode == 0 else proc.stderr[-300:]
-    print(f"gpuprofctl insights --group on the {args.gpus}-rank day (pruned bucket rows, stored "
-          f"summaries): {ctl_s:.2f} s wall, exit {proc.returncode}; group findings: "
-          f"{[(i['rule'], i['evidence'].get('rank')) for i in found] if proc.returncode == 0 else found}")  # noqa: E501
+    said = (
+        [(i["rule"], i["evidence"].get("rank")) for i in found] if proc.returncode == 0 else found
+    )
+    print(
+        f"gpuprofctl insights --group on the {args.gpus}-rank day (pruned bucket rows, stored "
+        f"summaries): {ctl_s:.2f} s wall, exit {proc.returncode}; group findings: {said}"
+    )
 
     def findings():
         return group_rules(read_db(db, lambda reader: reads.group_context(reader, GROUP)))
 
     s, _ = best_of(3, findings)
-    print(f"in-process group context + rules (what gpuprofd runs at a rank's end): {s:.2f} s "
-          "(best of 3)")
+    print(
+        f"in-process group context + rules (what gpuprofd runs at a rank's end): {s:.2f} s "
+        "(best of 3)"
+    )
 
 
 def main() -> None:
@@ -496,13 +628,25 @@ def main() -> None:
     ap.add_argument("--hours", type=float, default=24.0)
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--step-ms", type=float, default=500.0)
-    ap.add_argument("--kernel-hours", type=float, default=24.0,
-                    help="hours of the continuous-traces case (0: skip it)")  # fmt: skip
+    ap.add_argument(
+        "--kernel-hours",
+        type=float,
+        default=24.0,
+        help="hours of the continuous-traces case (0: skip it)",
+    )
     ap.add_argument("--only-kernels", action="store_true", help="run only that case")
-    ap.add_argument("--comm-buckets", type=int, default=280,
-                    help="DDP buckets per step (0: no comm rows, no group)")  # fmt: skip
-    ap.add_argument("--comm-prune-hours", type=float, default=1.0,
-                    help="hours of one rank's every bucket row for the pruning case (0: skip)")
+    ap.add_argument(
+        "--comm-buckets",
+        type=int,
+        default=280,
+        help="DDP buckets per step (0: no comm rows, no group)",
+    )
+    ap.add_argument(
+        "--comm-prune-hours",
+        type=float,
+        default=1.0,
+        help="hours of one rank's every bucket row for the pruning case (0: skip)",
+    )
     ap.add_argument("--only-comm", action="store_true", help="run only the pruning case")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="gpuprof-bench-") as tmp:
@@ -516,27 +660,34 @@ def main() -> None:
         t = time.perf_counter()
         counts = build(db, args.hours, args.gpus, args.step_ms)
         if args.comm_buckets > 0:
-            counts["comm_buckets"] = build_comm(db, args.hours, args.gpus, args.step_ms,
-                                                args.comm_buckets)  # fmt: skip
-        print(f"built {db.stat().st_size / 1e6:.1f} MB in {time.perf_counter() - t:.0f} s: "
-              f"{args.hours:g} h, {args.gpus} GPUs at {SAMPLE_HZ:g} Hz, one {args.step_ms:g} ms "
-              "step per rank")  # fmt: skip
+            counts["comm_buckets"] = build_comm(
+                db, args.hours, args.gpus, args.step_ms, args.comm_buckets
+            )
+        print(
+            f"built {db.stat().st_size / 1e6:.1f} MB in {time.perf_counter() - t:.0f} s: "
+            f"{args.hours:g} h, {args.gpus} GPUs at {SAMPLE_HZ:g} Hz, one {args.step_ms:g} ms "
+            "step per rank"
+        )
         sizes = table_bytes(db)
         gpu_hours = args.hours * args.gpus
         print(f"{'table':<18}{'rows':>12}{'MB':>9}{'bytes/row':>11}{'MB per GPU-hour':>17}")
         for name in sorted(counts, key=lambda n: -sizes.get(n, 0)):
             b = sizes.get(name, 0)
-            print(f"{name:<18}{counts[name]:>12,}{b / 1e6:>9.1f}{b / max(1, counts[name]):>11.0f}"
-                  f"{b / 1e6 / gpu_hours:>17.3f}")  # fmt: skip
+            print(
+                f"{name:<18}{counts[name]:>12,}{b / 1e6:>9.1f}{b / max(1, counts[name]):>11.0f}"
+                f"{b / 1e6 / gpu_hours:>17.3f}"
+            )
         total = db.stat().st_size
         print(f"database: {total / 1e6:.1f} MB = {total / 1e6 / gpu_hours:.2f} MB per GPU-hour")
         raw_row = sizes["gpu_samples"] / counts["gpu_samples"]
         rollup_gpu_hour = sizes["gpu_rollups"] / gpu_hours
         raw_gpu_hour = raw_row * SAMPLE_HZ * 3600
-        print(f"GPU samples per GPU-hour: rollups {rollup_gpu_hour / 1e6:.2f} MB vs every "
-              f"{SAMPLE_HZ:g} Hz sample raw {raw_gpu_hour / 1e6:.1f} MB "
-              f"({raw_gpu_hour / rollup_gpu_hour:.0f}x) or 10 Hz raw "
-              f"{raw_row * STORED_GPU_HZ * 3600 / 1e6:.1f} MB")
+        print(
+            f"GPU samples per GPU-hour: rollups {rollup_gpu_hour / 1e6:.2f} MB vs every "
+            f"{SAMPLE_HZ:g} Hz sample raw {raw_gpu_hour / 1e6:.1f} MB "
+            f"({raw_gpu_hour / rollup_gpu_hour:.0f}x) or 10 Hz raw "
+            f"{raw_row * STORED_GPU_HZ * 3600 / 1e6:.1f} MB"
+        )
 
         cmd = [sys.executable, "-m", "gpuprofd.ctl", "insights", str(db), "1", "--format", "json"]
         ctl = ROOT / ".venv" / "bin" / "gpuprofctl"
@@ -545,9 +696,11 @@ def main() -> None:
         t = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         ctl_s = time.perf_counter() - t
-        print(f"gpuprofctl insights on one rank ({args.hours:g} h; process start-up, the run's "
-              f"steps and GPU rollups read, its summary built): {ctl_s:.2f} s wall, exit "
-              f"{proc.returncode}{'' if proc.returncode == 0 else ': ' + proc.stderr[-200:]}")
+        print(
+            f"gpuprofctl insights on one rank ({args.hours:g} h; process start-up, the run's "
+            f"steps and GPU rollups read, its summary built): {ctl_s:.2f} s wall, exit "
+            f"{proc.returncode}{'' if proc.returncode == 0 else ': ' + proc.stderr[-200:]}"
+        )
 
         def insights():
             ctx = read_db(db, _context)
@@ -555,9 +708,11 @@ def main() -> None:
 
         s, (ctx, fired) = best_of(3, insights)
         print(f"rules fired on the tiled H200 day: {sorted(i.rule for i in fired)}")
-        print(f"in-process open + context + rules, one rank ({len(ctx.step_ms):,} steps, "
-              f"{ctx.gpu.samples if ctx.gpu else 0:,} GPU samples in rollups): "
-              f"{s:.2f} s (best of 3)")
+        print(
+            f"in-process open + context + rules, one rank ({len(ctx.step_ms):,} steps, "
+            f"{ctx.gpu.samples if ctx.gpu else 0:,} GPU samples in rollups): "
+            f"{s:.2f} s (best of 3)"
+        )
 
         series_sql = (
             "SELECT sec_ns, util_mean, mem_used_max, power_mean_mw FROM gpu_rollups "

@@ -61,8 +61,15 @@ def make_loop(width: int, depth: int) -> Callable[[int], None]:
 def one_block(run: Callable[[int], None], steps: int, options: dict[str, Any]) -> tuple[float, int]:
     """(seconds for *steps* steps, windows) under profile(**options)."""
     sock = Path(tempfile.mkdtemp(prefix="gptb", dir="/tmp"))
-    with gpuprof.profile("bench", socket_dir=sock, autostart=False, print_summary=False,
-                         count_flops=False, dtype="float32", **options) as prof:  # fmt: skip
+    with gpuprof.profile(
+        "bench",
+        socket_dir=sock,
+        autostart=False,
+        print_summary=False,
+        count_flops=False,
+        dtype="float32",
+        **options,
+    ) as prof:
         t = time.perf_counter()
         run(steps)
         elapsed = time.perf_counter() - t

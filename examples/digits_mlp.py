@@ -68,18 +68,24 @@ def elastic_warp(img: np.ndarray, rng: random.Random, passes: int) -> np.ndarray
 
 def build_model() -> nn.Module:
     return nn.Sequential(
-        nn.Linear(64, 768), nn.ReLU(),
-        nn.Linear(768, 768), nn.ReLU(),
-        nn.Linear(768, 768), nn.ReLU(),
+        nn.Linear(64, 768),
+        nn.ReLU(),
+        nn.Linear(768, 768),
+        nn.ReLU(),
+        nn.Linear(768, 768),
+        nn.ReLU(),
         nn.Linear(768, 10),
     )
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--no-augment", action="store_true",
-                        help="drop the CPU-heavy augmentation (the loader-stall fix); "
-                        "the loader then runs in-process (num_workers=0)")
+    parser.add_argument(
+        "--no-augment",
+        action="store_true",
+        help="drop the CPU-heavy augmentation (the loader-stall fix); "
+        "the loader then runs in-process (num_workers=0)",
+    )
     parser.add_argument("--steps", type=int, default=200, help="optimizer steps (default 200)")
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--workers", type=int, default=2, help="DataLoader num_workers")
@@ -90,8 +96,14 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)  # leave the other core to the loader, as on a busy node
     dataset = Digits(augment=not args.no_augment)
     workers = args.workers if not args.no_augment else 0
-    loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True, drop_last=True,
-                        num_workers=workers, persistent_workers=workers > 0)
+    loader = DataLoader(
+        dataset,
+        batch_size=args.batch_size,
+        shuffle=True,
+        drop_last=True,
+        num_workers=workers,
+        persistent_workers=workers > 0,
+    )
     model = build_model()
     loss_fn = nn.CrossEntropyLoss()
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)

@@ -70,8 +70,16 @@ from typing import Any
 #: LoRA target names (Hugging Face PEFT's Llama module names): the four
 #: attention projections and the three MLP matrices (``gate_proj`` exists
 #: only with a gated MLP), plus the LM head.
-LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
-                "lm_head")  # fmt: skip
+LORA_TARGETS = (
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+    "lm_head",
+)
 #: PEFT's default targets for Llama-style models.
 DEFAULT_LORA_TARGETS = ("q_proj", "v_proj")
 ATTENTION_MODES = ("full", "causal")
@@ -79,10 +87,18 @@ ATTENTION_MODES = ("full", "causal")
 #: Upper bounds of each integer field (validation on both sides of the wire):
 #: far above any model trained today, small enough that FLOPs stay < 1e30.
 _INT_BOUNDS: dict[str, int] = {
-    "layers": 10_000, "d_model": 1 << 20, "heads": 1 << 14, "kv_heads": 1 << 14,
-    "head_dim": 1 << 16, "seq_len": 1 << 27, "vocab": 1 << 24, "d_ff": 1 << 24,
-    "experts": 1 << 16, "top_k": 1 << 16, "lora_rank": 1 << 16,
-}  # fmt: skip
+    "layers": 10_000,
+    "d_model": 1 << 20,
+    "heads": 1 << 14,
+    "kv_heads": 1 << 14,
+    "head_dim": 1 << 16,
+    "seq_len": 1 << 27,
+    "vocab": 1 << 24,
+    "d_ff": 1 << 24,
+    "experts": 1 << 16,
+    "top_k": 1 << 16,
+    "lora_rank": 1 << 16,
+}
 _OPTIONAL_INTS = ("kv_heads", "head_dim", "d_ff")
 _BOOLS = ("gated_mlp", "checkpointing")
 #: Keys of :meth:`TransformerArch.to_dict` (the wire form in ``options["arch"]``).
@@ -160,9 +176,12 @@ class TransformerArch:
         if self.gated_mlp:
             mlp.insert(0, ("gate_proj", d, self.ff, k))
         per_layer = [
-            ("q_proj", d, h * dh, 1), ("k_proj", d, g * dh, 1), ("v_proj", d, g * dh, 1),
-            ("o_proj", h * dh, d, 1), *mlp,
-        ]  # fmt: skip
+            ("q_proj", d, h * dh, 1),
+            ("k_proj", d, g * dh, 1),
+            ("v_proj", d, g * dh, 1),
+            ("o_proj", h * dh, d, 1),
+            *mlp,
+        ]
         if self.experts > 1:
             per_layer.append(("router", d, self.experts, 1))
         out = [(n, i, o, c * self.layers) for n, i, o, c in per_layer]

@@ -61,15 +61,21 @@ class KernelAgg:
     """FLOP the profiler attributed (operators with a FLOP formula), else None."""
 
     def to_wire(self) -> list[Any]:
-        return [self.name, self.kind, self.cls, self.count, self.total_ns, self.self_ns,
-                self.flops]  # fmt: skip
+        return [self.name, self.kind, self.cls, self.count, self.total_ns, self.self_ns, self.flops]
 
     @classmethod
     def from_wire(cls, row: Sequence[Any]) -> KernelAgg:
         """Rebuild a row validated by ``gpuprof.protocol`` (no checks here)."""
         name, kind, klass, count, total_ns, self_ns, flops = row
-        return cls(name, kind, klass, int(count), int(total_ns), int(self_ns),
-                   None if flops is None else float(flops))  # fmt: skip
+        return cls(
+            name,
+            kind,
+            klass,
+            int(count),
+            int(total_ns),
+            int(self_ns),
+            None if flops is None else float(flops),
+        )
 
 
 # --------------------------------------------------------------------------
@@ -151,9 +157,15 @@ def _merge(rows: Iterable[KernelAgg]) -> dict[tuple[str, str], KernelAgg]:
         flops = (
             None if old.flops is None and r.flops is None else (old.flops or 0.0) + (r.flops or 0.0)
         )
-        merged[key] = KernelAgg(r.name, r.kind, old.cls, old.count + r.count,
-                                old.total_ns + r.total_ns, old.self_ns + r.self_ns,
-                                flops)  # fmt: skip
+        merged[key] = KernelAgg(
+            r.name,
+            r.kind,
+            old.cls,
+            old.count + r.count,
+            old.total_ns + r.total_ns,
+            old.self_ns + r.self_ns,
+            flops,
+        )
     return merged
 
 
@@ -175,10 +187,16 @@ def fold_counted(
         classes = {r.cls for r in part}
         flops = [r.flops for r in part if r.flops is not None]
         out.append(
-            KernelAgg(OTHER_ROW_NAME, kind, classes.pop() if len(classes) == 1 else "other",
-                      sum(r.count for r in part), sum(r.total_ns for r in part),
-                      sum(r.self_ns for r in part), sum(flops) if flops else None)
-        )  # fmt: skip
+            KernelAgg(
+                OTHER_ROW_NAME,
+                kind,
+                classes.pop() if len(classes) == 1 else "other",
+                sum(r.count for r in part),
+                sum(r.total_ns for r in part),
+                sum(r.self_ns for r in part),
+                sum(flops) if flops else None,
+            )
+        )
     return out, len(cut)
 
 
@@ -280,19 +298,20 @@ def aggregate_events(events: Iterable[Any]) -> list[KernelAgg]:
         name = clean_text(name, 4096).strip() or "(unnamed)"
         if dev != "CPU":
             if count:
-                rows.append(KernelAgg(shorten_name(name), "kernel", kernel_class(name), count,
-                                      total_ns, total_ns))  # fmt: skip
+                rows.append(
+                    KernelAgg(
+                        shorten_name(name), "kernel", kernel_class(name), count, total_ns, total_ns
+                    )
+                )
             continue
-        if (getattr(e, "is_user_annotation", False) or _STEP_RE.match(name)
-                or name in _PROFILER_OWN):  # fmt: skip
+        if getattr(e, "is_user_annotation", False) or _STEP_RE.match(name) or name in _PROFILER_OWN:
             continue
         flops = _finite(getattr(e, "flops", None))
         flops = flops if flops and flops > 0 else None
         self_ns = min(_event_ns(getattr(e, "self_device_time_total", 0.0)) or 0, total_ns)
         if total_ns > 0 or flops:
             cls = _op_class(name, getattr(e, "kernels", None) or ())
-            rows.append(KernelAgg(shorten_name(name), "op", cls, count, total_ns, self_ns,
-                                  flops))  # fmt: skip
+            rows.append(KernelAgg(shorten_name(name), "op", cls, count, total_ns, self_ns, flops))
     return fold(rows)
 
 
@@ -339,7 +358,7 @@ class TraceWindow:
             "steps": list(self.steps),
             "rows_dropped": self.rows_dropped,
         }
-        return window, list(self.rows)  # fmt: skip
+        return window, list(self.rows)
 
 
 @dataclass
@@ -409,9 +428,15 @@ def _ops_by_thread(
             args = e.get("args") or {}
             flops = args.get("flops")
             i = len(ops)
-            ops.append(_Op(str(e.get("name")), ts, end, stack[-1] if stack else None,
-                           float(flops) if isinstance(flops, (int, float)) and flops > 0
-                           else None))  # fmt: skip
+            ops.append(
+                _Op(
+                    str(e.get("name")),
+                    ts,
+                    end,
+                    stack[-1] if stack else None,
+                    float(flops) if isinstance(flops, (int, float)) and flops > 0 else None,
+                )
+            )
             if args.get("External id") is not None:
                 by_ext.setdefault(args["External id"], i)
             stack.append(i)
@@ -556,8 +581,9 @@ def aggregate_trace(
             ops_in[ow].append(o)
     out: list[TraceWindow] = []
     for w, (a, b, steps) in enumerate(spans):
-        rows = [KernelAgg(name, "kernel", cls, n, ns, ns) for (name, cls), (n, ns) in
-                kernels[w].items()]  # fmt: skip
+        rows = [
+            KernelAgg(name, "kernel", cls, n, ns, ns) for (name, cls), (n, ns) in kernels[w].items()
+        ]
         per_name: dict[str, list[Any]] = {}  # name -> [count, total, self, flops]
         for o in ops_in[w]:
             acc2 = per_name.setdefault(o.name, [0, 0, 0, None])
@@ -572,12 +598,15 @@ def aggregate_trace(
             if total_ns > 0 or flops:
                 by_cls = op_cls[w].get(name)
                 cls = (
-                    "comm" if _COMM_OP_RE.match(name)
-                    else max(by_cls, key=by_cls.__getitem__) if by_cls
+                    "comm"
+                    if _COMM_OP_RE.match(name)
+                    else max(by_cls, key=by_cls.__getitem__)
+                    if by_cls
                     else "compute"
-                )  # fmt: skip
-                rows.append(KernelAgg(shorten_name(name), "op", cls, count, total_ns,
-                                      self_ns, flops))  # fmt: skip
+                )
+                rows.append(
+                    KernelAgg(shorten_name(name), "op", cls, count, total_ns, self_ns, flops)
+                )
         folded, dropped = fold_counted(rows)
         out.append(TraceWindow(a, b, steps, tuple(folded), dropped, bad))
     return out

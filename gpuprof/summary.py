@@ -287,8 +287,11 @@ def group_lines(group: Mapping[str, Any] | None, details: bool = False) -> list[
         return []
     n = group.get("ranks")
     ranks = f" ({n} rank{'' if n == 1 else 's'})" if n is not None else ""
-    return [f"  Group {group.get('group')}{ranks}:", *(f"  {m}" for m in said),
-            *insight_lines(found, details)]  # fmt: skip
+    return [
+        f"  Group {group.get('group')}{ranks}:",
+        *(f"  {m}" for m in said),
+        *insight_lines(found, details),
+    ]
 
 
 def format_summary(summary: Mapping[str, Any], details: bool = False) -> str:
@@ -319,8 +322,10 @@ def format_summary(summary: Mapping[str, Any], details: bool = False) -> str:
         lines.append("  " + "; ".join(extra))
     optimizers = summary.get("optimizers") or []
     if len(optimizers) > 1:  # one optimizer says nothing the step count does not
-        parts = [f"{o['name']} {o['updates']} updates, {o['step_ms'] / 1e3:.2f} s in step()"
-                 for o in optimizers]  # fmt: skip
+        parts = [
+            f"{o['name']} {o['updates']} updates, {o['step_ms'] / 1e3:.2f} s in step()"
+            for o in optimizers
+        ]
         lines.append("  Optimizers: " + "; ".join(parts))
     memory = memory_line(summary.get("memory") or {})
     if memory:

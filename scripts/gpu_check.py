@@ -127,12 +127,16 @@ PHASES = (
     Phase("idle", "nothing runs"),
     Phase("bf16_matmul", "8192^3 bf16 matmuls back to back"),
     Phase("h2d_copy", "1 GiB pinned host-to-device copies back to back"),
-    Phase("memory_92pct",
-          f"NVML used memory held at {MEM_FRACTION:.0%}; {BURST_S * 1e3:.0f} ms of writes "
-          f"every {CYCLE_S:.1f} s"),  # fmt: skip
-    Phase("loader_stall",
-          f"{BURST_S * 1e3:.0f} ms of bf16 4096^2 matmuls every {CYCLE_S:.1f} s, host "
-          "busy-waiting between"),  # fmt: skip
+    Phase(
+        "memory_92pct",
+        f"NVML used memory held at {MEM_FRACTION:.0%}; {BURST_S * 1e3:.0f} ms of writes "
+        f"every {CYCLE_S:.1f} s",
+    ),
+    Phase(
+        "loader_stall",
+        f"{BURST_S * 1e3:.0f} ms of bf16 4096^2 matmuls every {CYCLE_S:.1f} s, host "
+        "busy-waiting between",
+    ),
 )
 
 
@@ -195,10 +199,12 @@ def readings(rows: Sequence[Mapping[str, Any]], g: GpuStats | None) -> dict[str,
         "mem_used_max_gb": _r(g.mem_used_max_bytes / GB, 2) if g.mem_used_max_bytes else None,
         "mem_total_gb": _r(g.mem_total_bytes / GB, 2) if g.mem_total_bytes else None,
         "pcie_rx_max_gbps": _r(g.pcie_rx_max_bytes_per_s / GB, 2)
-        if g.pcie_rx_max_bytes_per_s is not None else None,
+        if g.pcie_rx_max_bytes_per_s is not None
+        else None,
         "pcie_rx_mean_gbps": _r(rx_mean * 1000 / GB, 2) if rx_mean is not None else None,
         "pcie_tx_max_gbps": _r(g.pcie_tx_max_kbps * 1000 / GB, 2)
-        if g.pcie_tx_max_kbps is not None else None,
+        if g.pcie_tx_max_kbps is not None
+        else None,
         "power_mean_w": _r(_mean(rows, "power_mW") / 1e3) if _mean(rows, "power_mW") else None,
         "power_max_w": _r(g.power_max_mw / 1e3) if g.power_max_mw is not None else None,
         "temp_max_c": g.temp_max_c,
@@ -207,27 +213,43 @@ def readings(rows: Sequence[Mapping[str, Any]], g: GpuStats | None) -> dict[str,
         "sm_mhz_power_capped": _r(g.sm_mhz_power_capped, 0),
         "power_capped_share": _r(g.power_capped_share, 3),
         "reasons_seen": hex(g.reasons_seen) if g.reasons_seen is not None else None,
-    }  # fmt: skip
+    }
 
 
-def judge(name: str, rows: Sequence[Mapping[str, Any]], gpu_model: str | None,
-          slow_samples: int, max_sm_mhz: float | None) -> PhaseResult:  # fmt: skip
+def judge(
+    name: str,
+    rows: Sequence[Mapping[str, Any]],
+    gpu_model: str | None,
+    slow_samples: int,
+    max_sm_mhz: float | None,
+) -> PhaseResult:
     """Fold *rows* (``gpu_stats``' row shape) and run every GPU rule on them, as
     the daemon does for a run whose steps covered exactly this phase (no steps:
     MFU unknown, so ``small_batch`` stays silent, as in the replay test).
     *max_sm_mhz*: the GPU's max SM clock (``GpuDevice.max_sm_mhz``), which the
     daemon gives its rollups as the throttling rules' reference."""
     g = gpu_stats(rows, max_sm_mhz=max_sm_mhz)
-    ctx = RunContext(run_name=f"gpu_check:{name}", status="finished", step_ms=(), wait_ms=(),
-                     gpu=g, gpu_model=gpu_model, gpu_count=1)  # fmt: skip
+    ctx = RunContext(
+        run_name=f"gpu_check:{name}",
+        status="finished",
+        step_ms=(),
+        wait_ms=(),
+        gpu=g,
+        gpu_model=gpu_model,
+        gpu_count=1,
+    )
     rules = registered_rules()
     found = {rule: rules[rule](ctx) for rule in GPU_RULES}
     fired = sorted(rule for rule, ins in found.items() if ins is not None)
     return PhaseResult(
-        name=name, expected=sorted(EXPECTED[name]), fired=fired,
-        samples=g.samples if g else 0, slow_samples=slow_samples, readings=readings(rows, g),
+        name=name,
+        expected=sorted(EXPECTED[name]),
+        fired=fired,
+        samples=g.samples if g else 0,
+        slow_samples=slow_samples,
+        readings=readings(rows, g),
         evidence={rule: dict(ins.evidence) for rule, ins in found.items() if ins is not None},
-    )  # fmt: skip
+    )
 
 
 def phase_rows(
@@ -284,16 +306,27 @@ def _median_us(fn: Callable[[], Any], n: int) -> dict[str, Any]:
             times.append(time.perf_counter() - t)
     except Exception as exc:  # noqa: BLE001 - NVMLError_NotSupported and friends: report it
         return {"error": f"{exc.__class__.__name__}: {exc}"}
-    return {"median_us": round(statistics.median(times) * 1e6, 2),
-            "max_us": round(max(times) * 1e6, 2), "calls": n}  # fmt: skip
+    return {
+        "median_us": round(statistics.median(times) * 1e6, 2),
+        "max_us": round(max(times) * 1e6, 2),
+        "calls": n,
+    }
 
 
-def call_costs(nv: Any, handle: Any, backend: NvmlBackend, device: GpuDevice,
-               n_fast: int = 200, n_slow: int = 5) -> dict[str, Any]:  # fmt: skip
+def call_costs(
+    nv: Any,
+    handle: Any,
+    backend: NvmlBackend,
+    device: GpuDevice,
+    n_fast: int = 200,
+    n_slow: int = 5,
+) -> dict[str, Any]:
     """µs per NVML call (*nv*: pynvml or the replay's fake), and per whole
     fast/slow sample of *backend* (what one sampler tick costs per GPU)."""
-    reasons = (getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
-               or nv.nvmlDeviceGetCurrentClocksThrottleReasons)  # fmt: skip
+    reasons = (
+        getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
+        or nv.nvmlDeviceGetCurrentClocksThrottleReasons
+    )
     fast = {
         "utilization": lambda: nv.nvmlDeviceGetUtilizationRates(handle),
         "memory_info": lambda: nv.nvmlDeviceGetMemoryInfo(handle),
@@ -304,11 +337,13 @@ def call_costs(nv: Any, handle: Any, backend: NvmlBackend, device: GpuDevice,
     }
     slow = {
         "total_energy": lambda: nv.nvmlDeviceGetTotalEnergyConsumption(handle),
-        "field_values_pcie_bytes":
-            lambda: nv.nvmlDeviceGetFieldValues(handle, [FI_PCIE_RX_BYTES, FI_PCIE_TX_BYTES]),
-        "violation_status_power":
-            lambda: nv.nvmlDeviceGetViolationStatus(handle, PERF_POLICY_POWER),
-    }  # fmt: skip
+        "field_values_pcie_bytes": lambda: nv.nvmlDeviceGetFieldValues(
+            handle, [FI_PCIE_RX_BYTES, FI_PCIE_TX_BYTES]
+        ),
+        "violation_status_power": lambda: nv.nvmlDeviceGetViolationStatus(
+            handle, PERF_POLICY_POWER
+        ),
+    }
     out = {name: _median_us(fn, n_fast) for name, fn in fast.items()}
     out.update({name: _median_us(fn, n_slow) for name, fn in slow.items()})
     out["backend_fast_sample"] = _median_us(lambda: backend.sample(device), n_fast)
@@ -349,17 +384,30 @@ def child_main(phase_s: float, dry: bool) -> int:
     import_s = time.perf_counter() - t
     if dry:
         dev = torch.device("cpu")
-        _emit("ready", import_torch_s=round(import_s, 3), cuda_init_s=0.0, uuid="",
-              name="CPU (dry run)", torch=torch.__version__, cuda=None)  # fmt: skip
+        _emit(
+            "ready",
+            import_torch_s=round(import_s, 3),
+            cuda_init_s=0.0,
+            uuid="",
+            name="CPU (dry run)",
+            torch=torch.__version__,
+            cuda=None,
+        )
     elif not torch.cuda.is_available():
         _emit("no_cuda", msg=no_cuda(torch))
         return 2
     else:
         dev, init_s = start_cuda(torch)
         props = torch.cuda.get_device_properties(dev)
-        _emit("ready", import_torch_s=round(import_s, 3), cuda_init_s=round(init_s, 3),
-              uuid=str(getattr(props, "uuid", "") or ""), name=props.name,
-              torch=torch.__version__, cuda=torch.version.cuda)  # fmt: skip
+        _emit(
+            "ready",
+            import_torch_s=round(import_s, 3),
+            cuda_init_s=round(init_s, 3),
+            uuid=str(getattr(props, "uuid", "") or ""),
+            name=props.name,
+            torch=torch.__version__,
+            cuda=torch.version.cuda,
+        )
     if sys.stdin.readline().strip() != "go":
         return 0
     try:
@@ -445,9 +493,13 @@ def _run_phase(torch: Any, dev: Any, name: str, phase_s: float) -> dict[str, Any
             time.sleep(max(0.0, CYCLE_S - (time.monotonic() - cycle0)))
         t1 = time.monotonic_ns()
         free_after = torch.cuda.mem_get_info(dev)[0] if cuda else None
-        info = {"allocated_gb": round(big.numel() / GB, 2), "bursts": bursts,
-                "used_fraction_cuda": round(1 - free_after / total, 4)
-                if free_after is not None else None}  # fmt: skip
+        info = {
+            "allocated_gb": round(big.numel() / GB, 2),
+            "bursts": bursts,
+            "used_fraction_cuda": round(1 - free_after / total, 4)
+            if free_after is not None
+            else None,
+        }
         del chunk, big
         return {"t0_ns": t0, "t1_ns": t1, **info}
     if name == "loader_stall":
@@ -478,8 +530,13 @@ class Child:
 
     def __init__(self, phase_s: float, dry: bool) -> None:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--_child", "--phase-s", str(phase_s)]
-        self.proc = subprocess.Popen(cmd + ["--dry-run"] * dry, stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True, bufsize=1)  # fmt: skip
+        self.proc = subprocess.Popen(
+            cmd + ["--dry-run"] * dry,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            bufsize=1,
+        )
         self.events: queue.Queue[dict[str, Any] | None] = queue.Queue()
         threading.Thread(target=self._read, args=(self.proc.stdout,), daemon=True).start()
 
@@ -600,32 +657,57 @@ def run_live(args: argparse.Namespace) -> dict[str, Any]:
     for phase in PHASES:
         w = windows.get(phase.name)
         if w is None:
-            results.append(PhaseResult(phase.name, sorted(EXPECTED[phase.name]), [], 0, 0, {},
-                                       {}, load={"what": phase.what}, ran=False))  # fmt: skip
+            results.append(
+                PhaseResult(
+                    phase.name,
+                    sorted(EXPECTED[phase.name]),
+                    [],
+                    0,
+                    0,
+                    {},
+                    {},
+                    load={"what": phase.what},
+                    ran=False,
+                )
+            )
             continue
         skip_ns = int(args.skip_s * NS)
         rows, joined = phase_rows(col.fast, col.slow, w["t0_ns"], w["t1_ns"], skip_ns)
         res = judge(phase.name, rows, device.name, joined, device.max_sm_mhz)
-        res.window_s = (round((w["t0_ns"] + skip_ns - first_t0) / NS, 3),
-                        round((w["t1_ns"] - first_t0) / NS, 3))  # fmt: skip
+        res.window_s = (
+            round((w["t0_ns"] + skip_ns - first_t0) / NS, 3),
+            round((w["t1_ns"] - first_t0) / NS, 3),
+        )
         res.load = {k: v for k, v in w.items() if k not in ("event", "phase", "t0_ns", "t1_ns")}
         res.load["what"] = phase.what
         results.append(res)
     return {
         "mode": "dry-run" if args.dry_run else "live",
         "error": error,
-        "device": {"name": device.name, "uuid": device.uuid, "driver": driver,
-                   "max_sm_mhz": device.max_sm_mhz, "torch": ready["torch"],
-                   "cuda": ready["cuda"]},  # fmt: skip
+        "device": {
+            "name": device.name,
+            "uuid": device.uuid,
+            "driver": driver,
+            "max_sm_mhz": device.max_sm_mhz,
+            "torch": ready["torch"],
+            "cuda": ready["cuda"],
+        },
         "backend": backend_name,
-        "timings_s": {"import_torch": ready["import_torch_s"], "cuda_init": ready["cuda_init_s"],
-                      "sampling_wall": round(wall_s, 2),
-                      "total_wall": round(time.monotonic() - t_start, 2)},  # fmt: skip
+        "timings_s": {
+            "import_torch": ready["import_torch_s"],
+            "cuda_init": ready["cuda_init_s"],
+            "sampling_wall": round(wall_s, 2),
+            "total_wall": round(time.monotonic() - t_start, 2),
+        },
         "phase_s": args.phase_s,
         "skip_s": args.skip_s,
-        "sampler": {"fast": loop_report(stats["fast"], wall_s),
-                    "slow": loop_report(stats["slow"], wall_s), "wall_s": round(wall_s, 2),
-                    "fast_samples": len(col.fast), "slow_samples": len(col.slow)},  # fmt: skip
+        "sampler": {
+            "fast": loop_report(stats["fast"], wall_s),
+            "slow": loop_report(stats["slow"], wall_s),
+            "wall_s": round(wall_s, 2),
+            "fast_samples": len(col.fast),
+            "slow_samples": len(col.slow),
+        },
         "nvml_call_costs": costs,
         "phases": results,
     }
@@ -676,8 +758,9 @@ def run_replay(args: argparse.Namespace) -> dict[str, Any]:
     stats = sampler.stats()
     results = []
     for name, rows in labelled_phases(path):
-        slow_n = sum(1 for r in rows if r.get("gpm_sm_util") is not None
-                     or r.get("pcie_rx_KBps") is not None)  # fmt: skip
+        slow_n = sum(
+            1 for r in rows if r.get("gpm_sm_util") is not None or r.get("pcie_rx_KBps") is not None
+        )
         res = judge(name, rows, device.name, slow_n, device.max_sm_mhz)
         if rows:
             res.window_s = (round(rows[0]["t"], 3), round(rows[-1]["t"], 3))
@@ -687,11 +770,17 @@ def run_replay(args: argparse.Namespace) -> dict[str, Any]:
         "trace": str(path),
         "device": {"name": device.name, "uuid": device.uuid, "max_sm_mhz": device.max_sm_mhz},
         "backend": backend.name,
-        "timings_s": {"sampling_wall": round(wall_s, 2),
-                      "total_wall": round(time.monotonic() - t_start, 2)},  # fmt: skip
-        "sampler": {"fast": loop_report(stats["fast"], wall_s),
-                    "slow": loop_report(stats["slow"], wall_s), "wall_s": round(wall_s, 2),
-                    "fast_samples": len(col.fast), "slow_samples": len(col.slow)},  # fmt: skip
+        "timings_s": {
+            "sampling_wall": round(wall_s, 2),
+            "total_wall": round(time.monotonic() - t_start, 2),
+        },
+        "sampler": {
+            "fast": loop_report(stats["fast"], wall_s),
+            "slow": loop_report(stats["slow"], wall_s),
+            "wall_s": round(wall_s, 2),
+            "fast_samples": len(col.fast),
+            "slow_samples": len(col.slow),
+        },
         "nvml_call_costs": costs,
         "phases": results,
     }
@@ -707,40 +796,66 @@ def summary_md(rep: Mapping[str, Any]) -> str:
     ok = all(p["match"] for p in phases)
     out = [f"# gpuprof GPU check: {rep['mode']} on {dev['name']} ({dev['uuid']})", ""]
     if rep["mode"] == "dry-run":
-        out += ["Dry run: NVML replayed from the H200 trace, the load scaled down on the CPU. "
-                "It checks the plumbing; its verdicts mean nothing.", ""]
-    out.append(f"{rep['created_utc']}; backend `{rep['backend']}`"
-               + (f"; trace `{rep['trace']}`" if rep.get("trace") else "")
-               + (f"; driver {dev['driver']}, torch {dev['torch']}, CUDA {dev['cuda']}"
-                  if rep["mode"] != "replay" else ""))  # fmt: skip
+        out += [
+            "Dry run: NVML replayed from the H200 trace, the load scaled down on the CPU. "
+            "It checks the plumbing; its verdicts mean nothing.",
+            "",
+        ]
+    out.append(
+        f"{rep['created_utc']}; backend `{rep['backend']}`"
+        + (f"; trace `{rep['trace']}`" if rep.get("trace") else "")
+        + (
+            f"; driver {dev['driver']}, torch {dev['torch']}, CUDA {dev['cuda']}"
+            if rep["mode"] != "replay"
+            else ""
+        )
+    )
     t = rep["timings_s"]
     if rep["mode"] != "replay":
-        out.append(f"`import torch` {t['import_torch']:.2f} s and CUDA init {t['cuda_init']:.2f} s "
-                   f"(in the load process, before sampling); sampling {t['sampling_wall']:.1f} s; "
-                   f"whole check {t['total_wall']:.1f} s. Phases of {rep['phase_s']:g} s, "
-                   f"each judged from {rep['skip_s']:g} s after its start.")  # fmt: skip
+        out.append(
+            f"`import torch` {t['import_torch']:.2f} s and CUDA init {t['cuda_init']:.2f} s "
+            f"(in the load process, before sampling); sampling {t['sampling_wall']:.1f} s; "
+            f"whole check {t['total_wall']:.1f} s. Phases of {rep['phase_s']:g} s, "
+            f"each judged from {rep['skip_s']:g} s after its start."
+        )
     else:
-        out.append("Verdicts: the trace's labelled phases. Sampler figures: "
-                   f"{t['sampling_wall']:.1f} s over the replay backend on this machine "
-                   "(not a GPU's figures).")  # fmt: skip
-    out += ["", "## Sampler", "",
-            "| loop | requested Hz | achieved Hz | ticks | missed slots | longest tick ms "
-            "| thread CPU % of one core |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+        out.append(
+            "Verdicts: the trace's labelled phases. Sampler figures: "
+            f"{t['sampling_wall']:.1f} s over the replay backend on this machine "
+            "(not a GPU's figures)."
+        )
+    out += [
+        "",
+        "## Sampler",
+        "",
+        "| loop | requested Hz | achieved Hz | ticks | missed slots | longest tick ms "
+        "| thread CPU % of one core |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for loop in ("fast", "slow"):
         s = rep["sampler"][loop]
-        out.append(f"| {loop} | {s['requested_hz']:g} | {_fmt(s['achieved_hz'], 2)} | "
-                   f"{s['ticks']} | {s['missed_ticks']} | {s['tick_max_ms']:.2f} | "
-                   f"{_fmt(s['thread_cpu_pct_of_core'], 3)} |")  # fmt: skip
-    costs = ", ".join(f"{k} {_fmt(v.get('median_us'), 1)}" if "error" not in v
-                      else f"{k} unavailable ({v['error']})"
-                      for k, v in rep["nvml_call_costs"].items())  # fmt: skip
+        out.append(
+            f"| {loop} | {s['requested_hz']:g} | {_fmt(s['achieved_hz'], 2)} | "
+            f"{s['ticks']} | {s['missed_ticks']} | {s['tick_max_ms']:.2f} | "
+            f"{_fmt(s['thread_cpu_pct_of_core'], 3)} |"
+        )
+    costs = ", ".join(
+        f"{k} {_fmt(v.get('median_us'), 1)}"
+        if "error" not in v
+        else f"{k} unavailable ({v['error']})"
+        for k, v in rep["nvml_call_costs"].items()
+    )
     source = "real pynvml" if rep["backend"] == "real" else "the replay's fake pynvml"
     out += ["", f"NVML cost per call, µs (median of repeated calls; {source}): {costs}"]
-    out += ["", "## Phases", "",
-            "| phase | rows (slow) | util % | idle share | GPM SM % | tensor % | mem used % "
-            "| PCIe RX max GB/s | power mean/max W | SM MHz mean/ref/capped | reasons "
-            "| fired | expected (replay) | verdict |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    out += [
+        "",
+        "## Phases",
+        "",
+        "| phase | rows (slow) | util % | idle share | GPM SM % | tensor % | mem used % "
+        "| PCIe RX max GB/s | power mean/max W | SM MHz mean/ref/capped | reasons "
+        "| fired | expected (replay) | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for p in phases:
         r = p["readings"]
         out.append(
@@ -756,20 +871,35 @@ def summary_md(rep: Mapping[str, Any]) -> str:
             f"| {_verdict(p, rep['mode'])} |"
         )
     if rep["mode"] != "replay":
-        out += ["", "Loads: " + "; ".join(
-            f"{p['name']}: {p['load'].get('what')}"
-            + "".join(f", {k} {v}" for k, v in p["load"].items() if k != "what")
-            for p in phases)]  # fmt: skip
+        out += [
+            "",
+            "Loads: "
+            + "; ".join(
+                f"{p['name']}: {p['load'].get('what')}"
+                + "".join(f", {k} {v}" for k, v in p["load"].items() if k != "what")
+                for p in phases
+            ),
+        ]
     if rep.get("error"):
         out += ["", f"**Run failed:** {rep['error']}"]
     if rep["mode"] == "dry-run":
-        out += ["", "**Plumbing OK: every phase ran and was sampled.**" if plumbing_ok(rep)
-                else "**Plumbing FAILED:** " + "; ".join(
-                    f"{p['name']}: {_why(p)}" for p in phases if not (p["ran"] and p["samples"]))]
+        out += [
+            "",
+            "**Plumbing OK: every phase ran and was sampled.**"
+            if plumbing_ok(rep)
+            else "**Plumbing FAILED:** "
+            + "; ".join(
+                f"{p['name']}: {_why(p)}" for p in phases if not (p["ran"] and p["samples"])
+            ),
+        ]
     else:
-        out += ["", "**All verdicts match the replay.**" if ok else
-                "**MISMATCH:** " + "; ".join(
-                    f"{p['name']}: {_why(p)}" for p in phases if not p["match"])]  # fmt: skip
+        out += [
+            "",
+            "**All verdicts match the replay.**"
+            if ok
+            else "**MISMATCH:** "
+            + "; ".join(f"{p['name']}: {_why(p)}" for p in phases if not p["match"]),
+        ]
     return "\n".join(out) + "\n"
 
 
@@ -808,24 +938,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_out_option(ap, DEFAULT_OUT, "--replay and --dry-run")
     ap.add_argument("--phase-s", type=float, default=13.0, help="seconds per live phase")
     ap.add_argument("--hz", type=float, default=100.0, help="the fast loop's sample_hz")
-    ap.add_argument("--skip-s", type=float, default=SKIP_S,
-                    help="live mode: seconds of each phase's start left unjudged (NVML lag)")
-    ap.add_argument("--sampler-s", type=float, default=2.0,
-                    help="replay mode: seconds to run the sampler over the replay backend")
-    ap.add_argument("--dry-run", action="store_true",
-                    help="live mode's code with no GPU: NVML replayed, the load on the CPU "
-                    "(checks the plumbing; its verdicts mean nothing)")
+    ap.add_argument(
+        "--skip-s",
+        type=float,
+        default=SKIP_S,
+        help="live mode: seconds of each phase's start left unjudged (NVML lag)",
+    )
+    ap.add_argument(
+        "--sampler-s",
+        type=float,
+        default=2.0,
+        help="replay mode: seconds to run the sampler over the replay backend",
+    )
+    ap.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="live mode's code with no GPU: NVML replayed, the load on the CPU "
+        "(checks the plumbing; its verdicts mean nothing)",
+    )
     ap.add_argument("--_child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args._child:
         return child_main(args.phase_s, args.dry_run)
     out = report_dir("gpu_check", args.out, DEFAULT_OUT, bool(args.replay or args.dry_run))
     return run_and_report(
-        "gpu_check", lambda: run_replay(args) if args.replay and not args.dry_run
-        else run_live(args), write_report, out,
+        "gpu_check",
+        lambda: run_replay(args) if args.replay and not args.dry_run else run_live(args),
+        write_report,
+        out,
         lambda rep: plumbing_ok(rep) if rep["mode"] == "dry-run" else rep["all_match"],
         needs="an NVIDIA GPU with CUDA and NVML",
-        instead="use --replay PATH to check a recorded trace")  # fmt: skip
+        instead="use --replay PATH to check a recorded trace",
+    )
 
 
 if __name__ == "__main__":

@@ -206,8 +206,10 @@ class Worker:
             layers += [nn.Linear(d, d), nn.GELU()]
         net = nn.Sequential(*layers).to(self.dev)
         ddp = nn.parallel.DistributedDataParallel(
-            net, device_ids=[self.local] if self.cuda else None,
-            bucket_cap_mb=self.shape["bucket_cap_mb"])  # fmt: skip
+            net,
+            device_ids=[self.local] if self.cuda else None,
+            bucket_cap_mb=self.shape["bucket_cap_mb"],
+        )
         return ddp, torch.optim.SGD(ddp.parameters(), lr=1e-4)
 
     def sync(self) -> None:
@@ -226,9 +228,15 @@ class Worker:
     def _profile(self, name: str, time_comm: bool) -> Any:
         import gpuprof
 
-        return gpuprof.profile(f"{RUN}:{name}", print_summary=False, count_flops=False,
-                               socket_dir=self.args._sock, db=self.args._db, autostart=False,
-                               time_comm=time_comm)  # fmt: skip
+        return gpuprof.profile(
+            f"{RUN}:{name}",
+            print_summary=False,
+            count_flops=False,
+            socket_dir=self.args._sock,
+            db=self.args._db,
+            autostart=False,
+            time_comm=time_comm,
+        )
 
     def main_run(self, model: Any, opt: Any) -> dict[str, Any]:
         """``--steps`` steps under profile(); the window's steps under torch.profiler."""
@@ -267,12 +275,18 @@ class Worker:
         kernels, ops = self._window_events(tp)
         summary = prof.summary or {}
         return {
-            "run_id": summary.get("run_id"), "wall_s": round(wall, 3),
-            "window": {"steps": [a, b], "t0_ns": w0, "t1_ns": w1, "kernels": kernels,
-                       "coll_ops": ops},
+            "run_id": summary.get("run_id"),
+            "wall_s": round(wall, 3),
+            "window": {
+                "steps": [a, b],
+                "t0_ns": w0,
+                "t1_ns": w1,
+                "kernels": kernels,
+                "coll_ops": ops,
+            },
             "notes": list(summary.get("notes") or []),
             "timer": {k: getattr(timer, k, None) for k in ("attached", "unresolved", "dropped")},
-        }  # fmt: skip
+        }
 
     def _window_events(self, tp: Any) -> tuple[list[list[Any]], dict[str, int]]:
         """Collective kernels seen in the window ``[start_ns, duration_ns,
@@ -316,23 +330,34 @@ class Worker:
                             loss.item()
                     self.sync()
                     blocks[mode].append(time.perf_counter() - t)
-        return {"block_steps": n, "rounds": self.args.rounds,
-                "block_s": {m: [round(v, 5) for v in vs] for m, vs in blocks.items()}}
+        return {
+            "block_steps": n,
+            "rounds": self.args.rounds,
+            "block_s": {m: [round(v, 5) for v in vs] for m, vs in blocks.items()},
+        }
 
     def run(self) -> dict[str, Any]:
         out: dict[str, Any] = {
-            "rank": self.rank, "local_rank": self.local, "world_size": self.world,
-            "backend": self.backend, "hook": self.hook, "device": str(self.dev),
-            "device_name": (self.torch.cuda.get_device_name(self.dev) if self.cuda
-                            else "CPU (dry run)"),
-            "torch": self.torch.__version__, "cuda": self.torch.version.cuda,
+            "rank": self.rank,
+            "local_rank": self.local,
+            "world_size": self.world,
+            "backend": self.backend,
+            "hook": self.hook,
+            "device": str(self.dev),
+            "device_name": (
+                self.torch.cuda.get_device_name(self.dev) if self.cuda else "CPU (dry run)"
+            ),
+            "torch": self.torch.__version__,
+            "cuda": self.torch.version.cuda,
             "nccl": _nccl_version(self.torch) if self.cuda else None,
-            "init_s": round(self.init_s, 3), "errors": [],
-        }  # fmt: skip
+            "init_s": round(self.init_s, 3),
+            "errors": [],
+        }
         try:
             model, opt = self.build()
-            out["param_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters()
-                                     if p.requires_grad)  # fmt: skip
+            out["param_bytes"] = sum(
+                p.numel() * p.element_size() for p in model.parameters() if p.requires_grad
+            )
             out["main"] = self.main_run(model, opt)
             t = time.perf_counter()
             out["overhead"] = self.overhead(model, opt)
@@ -365,8 +390,11 @@ def worker_main(args: argparse.Namespace) -> int:
     try:
         w = Worker(args)
     except Exception as exc:  # noqa: BLE001 - no process group: say so in the result
-        out = {"rank": rank, "world_size": int(os.environ.get("WORLD_SIZE", "1")),
-               "errors": [f"rank {rank}: process group: {exc.__class__.__name__}: {exc}"]}
+        out = {
+            "rank": rank,
+            "world_size": int(os.environ.get("WORLD_SIZE", "1")),
+            "errors": [f"rank {rank}: process group: {exc.__class__.__name__}: {exc}"],
+        }
         Path(args._result, f"rank{rank}.json").write_text(json.dumps(out, default=str))
         return 1
     out = w.run()
@@ -395,9 +423,22 @@ def _ping(sock: Path) -> bool:
 def start_daemon(sock: Path, db: Path, env: Mapping[str, str], log: Path) -> subprocess.Popen:
     with log.open("ab") as fh:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "gpuprofd", "--socket-dir", str(sock), "--db", str(db),
-             "--idle-exit", "0"], env=dict(env), stdout=subprocess.DEVNULL, stderr=fh,
-            start_new_session=True)  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "gpuprofd",
+                "--socket-dir",
+                str(sock),
+                "--db",
+                str(db),
+                "--idle-exit",
+                "0",
+            ],
+            env=dict(env),
+            stdout=subprocess.DEVNULL,
+            stderr=fh,
+            start_new_session=True,
+        )
     deadline = time.monotonic() + 30
     while not _ping(sock):
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -411,8 +452,7 @@ def run_job(cmd: list[str], env: Mapping[str, str], cwd: Path, timeout_s: float)
     """Run the torchrun job (its own process group, its output on stderr);
     its exit status, or None when it ran past *timeout_s* (then the job's
     process group, torchrun and its workers, is terminated, then killed)."""
-    proc = subprocess.Popen(cmd, env=dict(env), cwd=cwd, stdout=sys.stderr,
-                            start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(cmd, env=dict(env), cwd=cwd, stdout=sys.stderr, start_new_session=True)
     try:
         return proc.wait(timeout_s)
     except subprocess.TimeoutExpired:
@@ -443,14 +483,26 @@ def read_db(db: Path) -> dict[str, Any]:
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     conn.row_factory = sqlite3.Row
     try:
-        runs = [dict(r) for r in conn.execute(
-            "SELECT id, run_name, rank, status, clock_offset_ns, clock_uncertainty_ns, "
-            "clock_rtt_ns, clock_round_trips, clock_reference_rank FROM runs ORDER BY id")]
-        steps = [dict(r) for r in conn.execute(
-            "SELECT run_id, step, t0_ns, t1_ns, phases FROM steps ORDER BY run_id, step")]
-        buckets = [dict(r) for r in conn.execute(
-            "SELECT run_id, step, bucket, start_ns, end_ns, bytes FROM comm_buckets "
-            "ORDER BY run_id, start_ns")]  # fmt: skip
+        runs = [
+            dict(r)
+            for r in conn.execute(
+                "SELECT id, run_name, rank, status, clock_offset_ns, clock_uncertainty_ns, "
+                "clock_rtt_ns, clock_round_trips, clock_reference_rank FROM runs ORDER BY id"
+            )
+        ]
+        steps = [
+            dict(r)
+            for r in conn.execute(
+                "SELECT run_id, step, t0_ns, t1_ns, phases FROM steps ORDER BY run_id, step"
+            )
+        ]
+        buckets = [
+            dict(r)
+            for r in conn.execute(
+                "SELECT run_id, step, bucket, start_ns, end_ns, bytes FROM comm_buckets "
+                "ORDER BY run_id, start_ns"
+            )
+        ]
     finally:
         conn.close()
     return {"runs": runs, "steps": steps, "buckets": buckets}
@@ -500,7 +552,8 @@ def pair_window(
         return [], "none"
     pick = lambda xs: [xs[round(i * (len(xs) - 1) / max(1, n - 1))] for i in range(n)]  # noqa: E731
     return [(e, k, None) for e, k in zip(pick(evs), pick(ks), strict=True)], (
-        f"sorted durations ({len(rows)} rows, {len(kernels)} kernels: not {nb} per step)")
+        f"sorted durations ({len(rows)} rows, {len(kernels)} kernels: not {nb} per step)"
+    )
 
 
 def assess_rank(w: Mapping[str, Any], db: Mapping[str, Any], live: bool) -> dict[str, Any]:
@@ -508,14 +561,18 @@ def assess_rank(w: Mapping[str, Any], db: Mapping[str, Any], live: bool) -> dict
     rank = w["rank"]
     runs = [r for r in db["runs"] if r["rank"] == rank or (r["rank"] is None and rank == 0)]
     main = next((r for r in runs if r["run_name"] == f"{RUN}:main"), None)
-    out: dict[str, Any] = {"rank": rank, "device": w.get("device"), "hook": w.get("hook"),
-                           "param_bytes": w.get("param_bytes"), "checks": {}}  # fmt: skip
+    out: dict[str, Any] = {
+        "rank": rank,
+        "device": w.get("device"),
+        "hook": w.get("hook"),
+        "param_bytes": w.get("param_bytes"),
+        "checks": {},
+    }
     checks = out["checks"]
     m = w.get("main") or {}
     if main is None or not m:
         out["error"] = "no stored main run for this rank"
-        for name in ("buckets", "bytes", "events_vs_kernels", "unresolved", "comm_phase",
-                     "clock"):  # fmt: skip
+        for name in ("buckets", "bytes", "events_vs_kernels", "unresolved", "comm_phase", "clock"):
             checks[name] = _check(False, out["error"])
         return out
     rid = main["id"]
@@ -529,36 +586,49 @@ def assess_rank(w: Mapping[str, Any], db: Mapping[str, Any], live: bool) -> dict
     nb = max(counts, default=0)  # records left out only ever make a step shorter
     complete = [s["step"] for s in analysed if len(by_step.get(s["step"], [])) == nb and nb]
     # every step's indices distinct and below nb; complete steps hold each once
-    idx_ok = all(len({b["bucket"] for b in by_step.get(s["step"], [])})
-                 == len(by_step.get(s["step"], [])) and
-                 all(0 <= b["bucket"] < nb for b in by_step.get(s["step"], []))
-                 for s in analysed)  # fmt: skip
+    idx_ok = all(
+        len({b["bucket"] for b in by_step.get(s["step"], [])}) == len(by_step.get(s["step"], []))
+        and all(0 <= b["bucket"] < nb for b in by_step.get(s["step"], []))
+        for s in analysed
+    )
     frac = len(complete) / len(analysed) if analysed else 0.0
     missing = nb * len(analysed) - sum(len(by_step.get(s["step"], [])) for s in analysed)
     notes = m.get("notes") or []
     unresolved = sum(int(x.group(1)) for n in notes if (x := UNRESOLVED_RE.search(n)))
     out["steps_stored"] = len(steps)
     out["buckets"] = {
-        "per_step": nb, "count_histogram": {str(k): v for k, v in sorted(counts.items())},
-        "steps_analysed": len(analysed), "steps_complete": len(complete),
-        "rows": len(rows), "rows_missing": missing, "indices_once": idx_ok,
+        "per_step": nb,
+        "count_histogram": {str(k): v for k, v in sorted(counts.items())},
+        "steps_analysed": len(analysed),
+        "steps_complete": len(complete),
+        "rows": len(rows),
+        "rows_missing": missing,
+        "indices_once": idx_ok,
         "step0_rows": len(by_step.get(0, [])),
-    }  # fmt: skip
+    }
     checks["buckets"] = _check(
-        nb >= MIN_BUCKETS and idx_ok and bool(complete)
+        nb >= MIN_BUCKETS
+        and idx_ok
+        and bool(complete)
         and (frac >= MIN_COMPLETE_FRAC or missing <= unresolved),
         f"{nb} buckets per step (>= {MIN_BUCKETS}), each index once: {idx_ok}; "
         f"{len(complete)}/{len(analysed)} steps from step {SKIP_STEPS} complete "
         f"(>= {MIN_COMPLETE_FRAC:.0%}, or the {missing} row(s) missing all among the "
-        f"{unresolved} unresolved)")
+        f"{unresolved} unresolved)",
+    )
     step_bytes = sorted({sum(b["bytes"] for b in by_step[s]) for s in complete})
     pb = w.get("param_bytes")
     out["bytes_per_step"] = step_bytes
-    checks["bytes"] = _check(bool(step_bytes) and step_bytes == [pb],
-                             f"bytes per complete step {step_bytes} vs parameters' {pb}")
+    checks["bytes"] = _check(
+        bool(step_bytes) and step_bytes == [pb],
+        f"bytes per complete step {step_bytes} vs parameters' {pb}",
+    )
     durs = [(b["end_ns"] - b["start_ns"]) / MS for b in rows]
-    out["event_ms"] = {"median": _r(_median(durs)), "min": _r(min(durs, default=None)),
-                       "max": _r(max(durs, default=None))}  # fmt: skip
+    out["event_ms"] = {
+        "median": _r(_median(durs)),
+        "min": _r(min(durs, default=None)),
+        "max": _r(max(durs, default=None)),
+    }
     # torch.profiler window
     win = m.get("window") or {}
     w0, w1 = win.get("t0_ns") or 0, win.get("t1_ns") or 0
@@ -573,13 +643,22 @@ def assess_rank(w: Mapping[str, Any], db: Mapping[str, Any], live: bool) -> dict
     for e, k, j in pairs:
         if j is not None and k > 0:
             per_bucket.setdefault(j, []).append((e / k, (e - k) * 1e3))
-    by_bucket = {str(j): {"ratio_median": _r(_median([x for x, _ in v])),
-                          "excess_us_median": _r(_median([y for _, y in v]), 1)}
-                 for j, v in sorted(per_bucket.items())}  # fmt: skip
+    by_bucket = {
+        str(j): {
+            "ratio_median": _r(_median([x for x, _ in v])),
+            "excess_us_median": _r(_median([y for _, y in v]), 1),
+        }
+        for j, v in sorted(per_bucket.items())
+    }
     out["window"] = {
-        "loop_steps": win.get("steps"), "gpuprof_steps": wsteps, "rows": len(wrows),
-        "kernels": len(kernels), "kernel_names": sorted({k[2] for k in kernels})[:4],
-        "coll_ops": ops, "pairs": len(pairs), "paired_by": how,
+        "loop_steps": win.get("steps"),
+        "gpuprof_steps": wsteps,
+        "rows": len(wrows),
+        "kernels": len(kernels),
+        "kernel_names": sorted({k[2] for k in kernels})[:4],
+        "coll_ops": ops,
+        "pairs": len(pairs),
+        "paired_by": how,
         "event_ms_median": _r(_median([e for e, _, _ in pairs])),
         "kernel_ms_median": _r(_median([k for _, k, _ in pairs])),
         # event - kernel: the wait before the kernel ran (an earlier bucket's
@@ -587,32 +666,44 @@ def assess_rank(w: Mapping[str, Any], db: Mapping[str, Any], live: bool) -> dict
         "excess_us_median": _r(_median([(e - k) * 1e3 for e, k, _ in pairs]), 1),
         # per bucket index; the last one overlaps no backward compute
         "by_bucket": by_bucket,
-        "ratio_median": _r(med), "ratio_min": _r(min(ratios, default=None)),
+        "ratio_median": _r(med),
+        "ratio_min": _r(min(ratios, default=None)),
         "ratio_max": _r(max(ratios, default=None)),
-    }  # fmt: skip
+    }
     lo, hi = RATIO_RANGE
     if not kernels and not live:
         checks["events_vs_kernels"] = _check(
-            None, f"skipped: no NCCL kernels on a CPU ({w.get('backend')}); the window saw "
-            f"{sum(ops.values())} collective range(s) for {len(wrows)} bucket row(s)")
+            None,
+            f"skipped: no NCCL kernels on a CPU ({w.get('backend')}); the window saw "
+            f"{sum(ops.values())} collective range(s) for {len(wrows)} bucket row(s)",
+        )
     elif not kernels:
-        why = ("; one rank: NCCL's in-place sum runs no kernel (use --hook avg)"
-               if w.get("world_size") == 1 and w.get("hook") == "default" else "")
+        why = (
+            "; one rank: NCCL's in-place sum runs no kernel (use --hook avg)"
+            if w.get("world_size") == 1 and w.get("hook") == "default"
+            else ""
+        )
         checks["events_vs_kernels"] = _check(
-            False, f"no NCCL kernel in the torch.profiler window: nothing to compare{why}")
+            False, f"no NCCL kernel in the torch.profiler window: nothing to compare{why}"
+        )
     else:
         checks["events_vs_kernels"] = _check(
             med is not None and lo <= med <= hi,
             f"median event/kernel {_r(med, 3)} over {len(pairs)} bucket(s) "
-            f"(within {lo}-{hi}x; paired by {how})")
+            f"(within {lo}-{hi}x; paired by {how})",
+        )
     # unresolved records
     total = len(rows) + unresolved
-    out["unresolved"] = {"from_notes": unresolved, "timer": (m.get("timer") or {}),
-                         "records": total, "notes": notes}  # fmt: skip
+    out["unresolved"] = {
+        "from_notes": unresolved,
+        "timer": (m.get("timer") or {}),
+        "records": total,
+        "notes": notes,
+    }
     checks["unresolved"] = _check(
         unresolved <= MAX_UNRESOLVED_FRAC * total if total else False,
-        f"{unresolved} of {total} record(s) left out "
-        f"(<= {MAX_UNRESOLVED_FRAC:.0%}; summary note)")
+        f"{unresolved} of {total} record(s) left out (<= {MAX_UNRESOLVED_FRAC:.0%}; summary note)",
+    )
     # comm phase
     comm = []
     step_ms = []
@@ -622,26 +713,41 @@ def assess_rank(w: Mapping[str, Any], db: Mapping[str, Any], live: bool) -> dict
         if s["step"] in complete:
             comm.append(ph.get("comm", 0) / MS)
     mc, ms = _median(comm), _median(step_ms)
-    out["comm_phase_ms"] = {"median": _r(mc), "min": _r(min(comm, default=None)),
-                            "max": _r(max(comm, default=None)), "median_step_ms": _r(ms),
-                            "share": _r(mc / ms if mc is not None and ms else None)}  # fmt: skip
+    out["comm_phase_ms"] = {
+        "median": _r(mc),
+        "min": _r(min(comm, default=None)),
+        "max": _r(max(comm, default=None)),
+        "median_step_ms": _r(ms),
+        "share": _r(mc / ms if mc is not None and ms else None),
+    }
     checks["comm_phase"] = _check(
         mc is not None and ms is not None and 0 < mc < ms and min(comm) > 0,
         f"median comm phase {_r(mc, 3)} ms (> 0 in every complete step: "
-        f"{bool(comm) and min(comm) > 0}) of a {_r(ms, 3)} ms median step")
+        f"{bool(comm) and min(comm) > 0}) of a {_r(ms, 3)} ms median step",
+    )
     # clock offset
     off, unc = main.get("clock_offset_ns"), main.get("clock_uncertainty_ns")
-    out["clock"] = {k: main.get(k) for k in ("clock_offset_ns", "clock_uncertainty_ns",
-                                              "clock_rtt_ns", "clock_round_trips",
-                                              "clock_reference_rank")}
+    out["clock"] = {
+        k: main.get(k)
+        for k in (
+            "clock_offset_ns",
+            "clock_uncertainty_ns",
+            "clock_rtt_ns",
+            "clock_round_trips",
+            "clock_reference_rank",
+        )
+    }
     within = off is not None and unc is not None and abs(off) <= unc + CLOCK_SLACK_NS
     lone = w.get("world_size") == 1
     checks["clock"] = _check(
         None if lone and off is None else within if live else off is not None,
         "skipped: a world of one rank has nothing to align (no offset stored)"
-        if lone and off is None else "not stored" if off is None else
-        f"offset {off / 1e3:.1f} us, uncertainty {unc / 1e3:.1f} us (one node: "
-        f"|offset| <= uncertainty + {CLOCK_SLACK_NS / 1e3:g} us: {within})")
+        if lone and off is None
+        else "not stored"
+        if off is None
+        else f"offset {off / 1e3:.1f} us, uncertainty {unc / 1e3:.1f} us (one node: "
+        f"|offset| <= uncertainty + {CLOCK_SLACK_NS / 1e3:g} us: {within})",
+    )
     # overhead
     ov = w.get("overhead") or {}
     bs = ov.get("block_s") or {}
@@ -650,13 +756,18 @@ def assess_rank(w: Mapping[str, Any], db: Mapping[str, Any], live: bool) -> dict
         off_ms = statistics.median(bs["off"]) / n * 1e3
         on_ms = statistics.median(bs["on"]) / n * 1e3
         ratio = on_ms / off_ms
-        out["overhead"] = {"step_ms_off": _r(off_ms), "step_ms_on": _r(on_ms),
-                           "ratio": _r(ratio), **ov}  # fmt: skip
+        out["overhead"] = {
+            "step_ms_off": _r(off_ms),
+            "step_ms_on": _r(on_ms),
+            "ratio": _r(ratio),
+            **ov,
+        }
         checks["overhead"] = _check(
             ratio <= MAX_OVERHEAD if live else None,
             f"time_comm=True/False {ratio:.3f}x ({on_ms:.3f} / {off_ms:.3f} ms per step, "
             f"median of {len(bs['on'])} interleaved blocks)"
-            + (f"; <= {MAX_OVERHEAD}x" if live else "; reported, not judged on a CPU"))
+            + (f"; <= {MAX_OVERHEAD}x" if live else "; reported, not judged on a CPU"),
+        )
     else:
         out["overhead"] = ov or None
         checks["overhead"] = _check(False, "the overhead blocks did not run")
@@ -679,15 +790,14 @@ def plumbing_checks(rep: Mapping[str, Any]) -> dict[str, bool]:
         "comm_phase": every("comm_phase"),
         "clock_stored": every("clock"),
         "unresolved_read": every("unresolved"),
-        "window_saw_collectives": bool(ranks) and all(
-            sum(r["window"]["coll_ops"].values()) >= r["window"]["rows"] > 0 for r in ranks),
-        "overhead_blocks": bool(ranks) and all(
-            (r.get("overhead") or {}).get("ratio") is not None for r in ranks),
-    }  # fmt: skip
+        "window_saw_collectives": bool(ranks)
+        and all(sum(r["window"]["coll_ops"].values()) >= r["window"]["rows"] > 0 for r in ranks),
+        "overhead_blocks": bool(ranks)
+        and all((r.get("overhead") or {}).get("ratio") is not None for r in ranks),
+    }
 
 
-CHECKS = ["buckets", "bytes", "events_vs_kernels", "unresolved", "comm_phase", "clock",
-          "overhead"]  # fmt: skip
+CHECKS = ["buckets", "bytes", "events_vs_kernels", "unresolved", "comm_phase", "clock", "overhead"]
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -702,14 +812,36 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     daemon = None
     try:
         daemon = start_daemon(sock, db, env, tmp / "gpuprofd.log")
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc-per-node={nproc}", "--monitor-interval=0.2",
-               str(Path(__file__).resolve()), "--_worker",
-               "--_result", str(res), "--_sock", str(sock), "--_db", str(db),
-               "--steps", str(args.steps), "--window", f"{args.window[0]}-{args.window[1] - 1}",
-               "--layers", str(args.layers), "--rounds", str(args.rounds),
-               "--block-steps", str(args.block_steps), "--sync-every", str(args.sync_every),
-               "--hook", args.hook] + ["--dry-run"] * args.dry_run  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={nproc}",
+            "--monitor-interval=0.2",
+            str(Path(__file__).resolve()),
+            "--_worker",
+            "--_result",
+            str(res),
+            "--_sock",
+            str(sock),
+            "--_db",
+            str(db),
+            "--steps",
+            str(args.steps),
+            "--window",
+            f"{args.window[0]}-{args.window[1] - 1}",
+            "--layers",
+            str(args.layers),
+            "--rounds",
+            str(args.rounds),
+            "--block-steps",
+            str(args.block_steps),
+            "--sync-every",
+            str(args.sync_every),
+            "--hook",
+            args.hook,
+        ] + ["--dry-run"] * args.dry_run
         t = time.monotonic()
         rc = run_job(cmd, env, tmp, args.timeout_s)
         job_s = time.monotonic() - t
@@ -718,33 +850,49 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if not workers:
             raise RuntimeError(
                 f"no rank left a result (torchrun exit {rc}"
-                + (f"; timeout {args.timeout_s:g} s)" if rc is None else ")"))
+                + (f"; timeout {args.timeout_s:g} s)" if rc is None else ")")
+            )
         data = read_db(db) if db.exists() else {"runs": [], "steps": [], "buckets": []}
         live = not args.dry_run
         errors = [e for w in workers for e in w.get("errors", [])]
         if rc != 0:
-            errors.append(f"torchrun exited {rc}" if rc is not None
-                          else f"torchrun ran past {args.timeout_s:g} s")
+            errors.append(
+                f"torchrun exited {rc}"
+                if rc is not None
+                else f"torchrun ran past {args.timeout_s:g} s"
+            )
         w0 = workers[0]
         ranks = [assess_rank(w, data, live) for w in sorted(workers, key=lambda w: w["rank"])]
         return {
             "mode": "dry-run" if args.dry_run else "live",
-            "device": {"name": w0.get("device_name"), "torch": w0.get("torch"),
-                       "cuda": w0.get("cuda"), "nccl": w0.get("nccl")},
-            "world_size": w0.get("world_size"), "backend": w0.get("backend"),
-            "hook": w0.get("hook"), "steps": args.steps, "window": list(args.window),
-            "model": {**(DRY_SHAPE if args.dry_run else LIVE_SHAPE), "layers": args.layers,
-                      "param_bytes": w0.get("param_bytes")},
-            "timings_s": {"import_torch": w0.get("import_torch_s"),
-                          "init_process_group": w0.get("init_s"),
-                          "main_run": (w0.get("main") or {}).get("wall_s"),
-                          "torchrun_job": round(job_s, 2),
-                          "total_wall": round(time.monotonic() - t_start, 2)},
+            "device": {
+                "name": w0.get("device_name"),
+                "torch": w0.get("torch"),
+                "cuda": w0.get("cuda"),
+                "nccl": w0.get("nccl"),
+            },
+            "world_size": w0.get("world_size"),
+            "backend": w0.get("backend"),
+            "hook": w0.get("hook"),
+            "steps": args.steps,
+            "window": list(args.window),
+            "model": {
+                **(DRY_SHAPE if args.dry_run else LIVE_SHAPE),
+                "layers": args.layers,
+                "param_bytes": w0.get("param_bytes"),
+            },
+            "timings_s": {
+                "import_torch": w0.get("import_torch_s"),
+                "init_process_group": w0.get("init_s"),
+                "main_run": (w0.get("main") or {}).get("wall_s"),
+                "torchrun_job": round(job_s, 2),
+                "total_wall": round(time.monotonic() - t_start, 2),
+            },
             "peak_allocated_gb": w0.get("peak_allocated_gb"),
             "runs_in_db": len(data["runs"]),
             "ranks": ranks,
             "errors": errors,
-        }  # fmt: skip
+        }
     finally:
         if daemon is not None:
             stop_daemon(daemon)
@@ -761,9 +909,12 @@ def verdicts(rep: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
         vs = [r["checks"][name] for r in rep["ranks"]]
         got = {v["verdict"] for v in vs}
         verdict = "FAIL" if "FAIL" in got or not vs else "SKIP" if got == {"SKIP"} else "PASS"
-        out[name] = {"verdict": verdict,
-                     "detail": "; ".join(f"rank {r['rank']}: {r['checks'][name]['detail']}"
-                                         for r in rep["ranks"])}  # fmt: skip
+        out[name] = {
+            "verdict": verdict,
+            "detail": "; ".join(
+                f"rank {r['rank']}: {r['checks'][name]['detail']}" for r in rep["ranks"]
+            ),
+        }
     return out
 
 
@@ -773,29 +924,45 @@ def _f(v: Any, nd: int = 3) -> str:
 
 def summary_md(rep: Mapping[str, Any]) -> str:
     dev, t, mdl = rep["device"], rep["timings_s"], rep["model"]
-    out = [f"# gpuprof comm-timing check: {rep['mode']} on {dev['name']} x "
-           f"{rep['world_size']} ({rep['backend']})", ""]
+    out = [
+        f"# gpuprof comm-timing check: {rep['mode']} on {dev['name']} x "
+        f"{rep['world_size']} ({rep['backend']})",
+        "",
+    ]
     if rep["mode"] == "dry-run":
-        out += ["Dry run: gloo ranks on the CPU. It checks the plumbing (daemon, torchrun, comm "
-                "hook, stored rows and offsets, torch.profiler window, overhead blocks); there "
-                "are no NCCL kernels to compare with.", ""]
-    hook = {"default": "gpuprof's own hook (DDP's default all-reduce, a sum)",
-            "avg": "a user hook averaging the bucket (NCCL: ReduceOp.AVG) registered inside "
-                   "the profile and wrapped by gpuprof (`--hook auto` picks it on one NCCL rank: "
-                   "an in-place sum there runs no kernel)"}.get(rep["hook"], rep["hook"])
-    out.append(f"{rep['created_utc']}; torch {dev['torch']}, CUDA {dev['cuda']}, NCCL "
-               f"{dev['nccl']}. DDP of {mdl['layers']} x Linear({mdl['d']}, {mdl['d']}) "
-               f"({mdl['param_bytes']} parameter bytes), batch {mdl['batch']}, bucket cap "
-               f"{mdl['bucket_cap_mb']} MB; {rep['steps']} steps under `gpuprof.profile`, "
-               f"torch.profiler over steps {rep['window'][0]}-{rep['window'][1] - 1}; "
-               f"buckets through {hook}.")  # fmt: skip
-    out.append(f"`import torch` {_f(t['import_torch'], 2)} s, process group "
-               f"{_f(t['init_process_group'], 2)} s, main run {_f(t['main_run'], 2)} s, "
-               f"torchrun job {_f(t['torchrun_job'], 1)} s, whole check "
-               f"{_f(t['total_wall'], 1)} s; peak GPU memory {_f(rep['peak_allocated_gb'], 2)} GB.")
-    out += ["", "| rank | buckets/step | bytes/step | event ms (median) | window: event / "
-            "kernel ms, ratio | unresolved | comm phase ms / step ms | clock offset ± unc. µs "
-            "| step ms off / on (ratio) |", "|---|---|---|---|---|---|---|---|---|"]
+        out += [
+            "Dry run: gloo ranks on the CPU. It checks the plumbing (daemon, torchrun, comm "
+            "hook, stored rows and offsets, torch.profiler window, overhead blocks); there "
+            "are no NCCL kernels to compare with.",
+            "",
+        ]
+    hook = {
+        "default": "gpuprof's own hook (DDP's default all-reduce, a sum)",
+        "avg": "a user hook averaging the bucket (NCCL: ReduceOp.AVG) registered inside "
+        "the profile and wrapped by gpuprof (`--hook auto` picks it on one NCCL rank: "
+        "an in-place sum there runs no kernel)",
+    }.get(rep["hook"], rep["hook"])
+    out.append(
+        f"{rep['created_utc']}; torch {dev['torch']}, CUDA {dev['cuda']}, NCCL "
+        f"{dev['nccl']}. DDP of {mdl['layers']} x Linear({mdl['d']}, {mdl['d']}) "
+        f"({mdl['param_bytes']} parameter bytes), batch {mdl['batch']}, bucket cap "
+        f"{mdl['bucket_cap_mb']} MB; {rep['steps']} steps under `gpuprof.profile`, "
+        f"torch.profiler over steps {rep['window'][0]}-{rep['window'][1] - 1}; "
+        f"buckets through {hook}."
+    )
+    out.append(
+        f"`import torch` {_f(t['import_torch'], 2)} s, process group "
+        f"{_f(t['init_process_group'], 2)} s, main run {_f(t['main_run'], 2)} s, "
+        f"torchrun job {_f(t['torchrun_job'], 1)} s, whole check "
+        f"{_f(t['total_wall'], 1)} s; peak GPU memory {_f(rep['peak_allocated_gb'], 2)} GB."
+    )
+    out += [
+        "",
+        "| rank | buckets/step | bytes/step | event ms (median) | window: event / "
+        "kernel ms, ratio | unresolved | comm phase ms / step ms | clock offset ± unc. µs "
+        "| step ms off / on (ratio) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rep["ranks"]:
         if "error" in r:
             out.append(f"| {r['rank']} | {r['error']} | | | | | | | |")
@@ -803,8 +970,11 @@ def summary_md(rep: Mapping[str, Any]) -> str:
         b, wn, c, cl = r["buckets"], r["window"], r["comm_phase_ms"], r["clock"]
         ov = r.get("overhead") or {}
         off = cl["clock_offset_ns"]
-        clk = ("n/a" if off is None else
-               f"{off / 1e3:.1f} ± {(cl['clock_uncertainty_ns'] or 0) / 1e3:.1f}")
+        clk = (
+            "n/a"
+            if off is None
+            else f"{off / 1e3:.1f} ± {(cl['clock_uncertainty_ns'] or 0) / 1e3:.1f}"
+        )
         out.append(
             f"| {r['rank']} | {b['per_step']} ({b['steps_complete']}/{b['steps_analysed']} "
             f"steps complete) | {', '.join(map(str, r['bytes_per_step'])) or 'n/a'} "
@@ -813,18 +983,27 @@ def summary_md(rep: Mapping[str, Any]) -> str:
             f"| {r['unresolved']['from_notes']} of {r['unresolved']['records']} "
             f"| {_f(c['median'])} / {_f(c['median_step_ms'])} | {clk} "
             f"| {_f(ov.get('step_ms_off'))} / {_f(ov.get('step_ms_on'))} "
-            f"({_f(ov.get('ratio'))}) |")  # fmt: skip
+            f"({_f(ov.get('ratio'))}) |"
+        )
     for r in rep["ranks"]:
         bb = (r.get("window") or {}).get("by_bucket") or {}
         if bb:
-            out += ["", f"Rank {r['rank']}, event/kernel by bucket index (median ratio, median "
-                    f"excess µs): " + "; ".join(f"{j}: {_f(v['ratio_median'], 2)}x, "
-                                                 f"{_f(v['excess_us_median'], 1)}"
-                                                 for j, v in bb.items()) + "."]  # fmt: skip
+            out += [
+                "",
+                f"Rank {r['rank']}, event/kernel by bucket index (median ratio, median "
+                f"excess µs): "
+                + "; ".join(
+                    f"{j}: {_f(v['ratio_median'], 2)}x, {_f(v['excess_us_median'], 1)}"
+                    for j, v in bb.items()
+                )
+                + ".",
+            ]
     names = {r0 for r in rep["ranks"] for r0 in (r.get("window") or {}).get("kernel_names", [])}
     if names:
-        out += ["", "Collective kernels in the window: " + "; ".join(f"`{n}`" for n in
-                                                                    sorted(names)) + "."]
+        out += [
+            "",
+            "Collective kernels in the window: " + "; ".join(f"`{n}`" for n in sorted(names)) + ".",
+        ]
     out += ["", "## Verdicts", "", "| check | verdict | detail |", "|---|---|---|"]
     for name, v in rep["verdicts"].items():
         out.append(f"| {name} | {v['verdict']} | {v['detail']} |")
@@ -833,8 +1012,12 @@ def summary_md(rep: Mapping[str, Any]) -> str:
         out += plumbing_md(rep["plumbing"])
     else:
         bad = [k for k, v in rep["verdicts"].items() if v["verdict"] == "FAIL"]
-        out += ["", "**All verdicts PASS (SKIP: see why).**" if rep["all_pass"] else
-                "**FAIL:** " + ", ".join(bad + (["errors"] if rep.get("errors") else []))]
+        out += [
+            "",
+            "**All verdicts PASS (SKIP: see why).**"
+            if rep["all_pass"]
+            else "**FAIL:** " + ", ".join(bad + (["errors"] if rep.get("errors") else [])),
+        ]
     return "\n".join(out) + "\n"
 
 
@@ -842,8 +1025,11 @@ def write_report(rep: dict[str, Any], out_dir: Path) -> str:
     rep["verdicts"] = verdicts(rep)
     rep["plumbing"] = plumbing_checks(rep)
     # a SKIP says why (one rank: no offset to store); only a FAIL fails
-    rep["all_pass"] = (not rep["errors"] and bool(rep["ranks"])
-                       and all(v["verdict"] != "FAIL" for v in rep["verdicts"].values()))
+    rep["all_pass"] = (
+        not rep["errors"]
+        and bool(rep["ranks"])
+        and all(v["verdict"] != "FAIL" for v in rep["verdicts"].values())
+    )
     return save_report(rep, out_dir, summary_md(rep))
 
 
@@ -857,24 +1043,46 @@ def _window(text: str) -> tuple[int, int]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = check_parser(__doc__, DEFAULT_OUT, "--_worker")
-    ap.add_argument("--dry-run", action="store_true",
-                    help="the plumbing on the CPU: gloo, 2 ranks (NCCL comparison skipped)")
-    ap.add_argument("--nproc", type=int, default=None,
-                    help="ranks (default: the visible GPUs; dry run 2)")
+    ap.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="the plumbing on the CPU: gloo, 2 ranks (NCCL comparison skipped)",
+    )
+    ap.add_argument(
+        "--nproc", type=int, default=None, help="ranks (default: the visible GPUs; dry run 2)"
+    )
     ap.add_argument("--steps", type=int, default=60, help="profiled steps of the main run")
-    ap.add_argument("--window", type=_window, default=None,
-                    help="main-run steps under torch.profiler, FIRST-LAST (default 40-47)")
+    ap.add_argument(
+        "--window",
+        type=_window,
+        default=None,
+        help="main-run steps under torch.profiler, FIRST-LAST (default 40-47)",
+    )
     ap.add_argument("--layers", type=int, default=6, help="Linear layers (one bucket each)")
-    ap.add_argument("--rounds", type=int, default=None,
-                    help="interleaved overhead rounds (live 6, dry run 2)")
-    ap.add_argument("--block-steps", type=int, default=None,
-                    help="steps per overhead block (live 40, dry run 10)")
-    ap.add_argument("--sync-every", type=int, default=10,
-                    help="loss.item() every N steps outside the window")
-    ap.add_argument("--hook", choices=("auto", "default", "avg"), default="auto",
-                    help="auto: gpuprof's default hook; a ReduceOp.AVG user hook on one NCCL rank")
-    ap.add_argument("--timeout-s", type=float, default=None,
-                    help="the torchrun job's limit, s (live 420, dry run 150)")
+    ap.add_argument(
+        "--rounds", type=int, default=None, help="interleaved overhead rounds (live 6, dry run 2)"
+    )
+    ap.add_argument(
+        "--block-steps",
+        type=int,
+        default=None,
+        help="steps per overhead block (live 40, dry run 10)",
+    )
+    ap.add_argument(
+        "--sync-every", type=int, default=10, help="loss.item() every N steps outside the window"
+    )
+    ap.add_argument(
+        "--hook",
+        choices=("auto", "default", "avg"),
+        default="auto",
+        help="auto: gpuprof's default hook; a ReduceOp.AVG user hook on one NCCL rank",
+    )
+    ap.add_argument(
+        "--timeout-s",
+        type=float,
+        default=None,
+        help="the torchrun job's limit, s (live 420, dry run 150)",
+    )
     args = ap.parse_args(argv)
     dry = args.dry_run
     args.window = args.window or (40, 48)

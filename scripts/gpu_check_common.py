@@ -55,9 +55,14 @@ def child_env(sock: Path, db: Path, one_thread: bool = False) -> dict[str, str]:
     *db*): the checkout first on ``PYTHONPATH``, unbuffered output, NVML as the
     daemon finds it; *one_thread*: ``OMP_NUM_THREADS=1`` (a dry run's CPU ranks)."""
     env = dict(os.environ)
-    env.update(GPUPROF_SOCKET=str(sock), GPUPROF_DB=str(db), PYTHONUNBUFFERED="1",
-               PYTHONPATH=os.pathsep.join(PATHS + [p for p in
-                                          env.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    env.update(
+        GPUPROF_SOCKET=str(sock),
+        GPUPROF_DB=str(db),
+        PYTHONUNBUFFERED="1",
+        PYTHONPATH=os.pathsep.join(
+            PATHS + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        ),
+    )
     if one_thread:
         env["OMP_NUM_THREADS"] = "1"
     env.pop("GPUPROF_NVML", None)
@@ -92,8 +97,10 @@ def errors_md(rep: Mapping[str, Any]) -> list[str]:
 def plumbing_md(plumbing: Mapping[str, bool]) -> list[str]:
     """A dry run's closing line: every part ran, or the parts that did not."""
     bad = [k for k, ok in plumbing.items() if not ok]
-    return ["", "**Plumbing OK: every part ran.**" if not bad
-            else f"**Plumbing FAILED:** {', '.join(bad)}"]  # fmt: skip
+    return [
+        "",
+        "**Plumbing OK: every part ran.**" if not bad else f"**Plumbing FAILED:** {', '.join(bad)}",
+    ]
 
 
 def save_report(rep: Mapping[str, Any], out_dir: Path, md: str) -> str:
@@ -106,9 +113,13 @@ def save_report(rep: Mapping[str, Any], out_dir: Path, md: str) -> str:
 
 def add_out_option(ap: argparse.ArgumentParser, default_out: Path, temporary_for: str) -> None:
     """``--out DIR``: *default_out* for a live run, a temporary folder for *temporary_for*."""
-    ap.add_argument("--out", type=Path, default=None,
-                    help=f"report folder (default: {default_out.relative_to(ROOT)} for a live "
-                    f"run, to commit; a temporary folder for {temporary_for})")  # fmt: skip
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help=f"report folder (default: {default_out.relative_to(ROOT)} for a live "
+        f"run, to commit; a temporary folder for {temporary_for})",
+    )
 
 
 def check_parser(doc: str | None, default_out: Path, child_flag: str) -> argparse.ArgumentParser:
@@ -137,16 +148,23 @@ def dry_run_check(
     dry run passes when its plumbing did, a live one on ``rep[live_pass]``."""
     dry = args.dry_run
     return run_and_report(
-        name, lambda: run(args), write_report, report_dir(name, args.out, default_out, dry),
-        lambda rep: all(rep["plumbing"].values()) if dry else rep[live_pass])  # fmt: skip
+        name,
+        lambda: run(args),
+        write_report,
+        report_dir(name, args.out, default_out, dry),
+        lambda rep: all(rep["plumbing"].values()) if dry else rep[live_pass],
+    )
 
 
 def report_dir(name: str, out: Path | None, default_out: Path, temporary: bool) -> Path:
     """*out* if given, else a temporary folder (``gpuprof-NAME``) or *default_out*."""
     if out is not None:
         return out
-    return Path(tempfile.gettempdir()) / f"gpuprof-{name.replace('_', '-')}" if temporary \
+    return (
+        Path(tempfile.gettempdir()) / f"gpuprof-{name.replace('_', '-')}"
+        if temporary
         else default_out
+    )
 
 
 def run_and_report(

@@ -98,8 +98,10 @@ WARMUP_OUTSIDE = 3
 #: Steps left out of this script's own median at the start of a profiled run.
 HAND_SKIP = 10
 #: Where :mod:`gpuprof.gpus` takes the H200's dense peaks from.
-PEAK_SOURCE = ("gpuprof.gpus: NVIDIA H200 Tensor Core GPU datasheet (H200 SXM: same SMs and "
-               "clocks as the H100 SXM5; dense = half the printed 'with sparsity' figure)")
+PEAK_SOURCE = (
+    "gpuprof.gpus: NVIDIA H200 Tensor Core GPU datasheet (H200 SXM: same SMs and "
+    "clocks as the H100 SXM5; dense = half the printed 'with sparsity' figure)"
+)
 TRACE_OPTS: dict[str, Any] = {"trace_every_n_steps": 20, "continuous_traces_hz": 1.0}
 OVERHEAD_MODES: dict[str, dict[str, Any] | None] = {
     "no gpuprof": None,
@@ -128,8 +130,7 @@ def _build(torch: Any, shape: Mapping[str, int], sdpa: bool, dev: Any) -> Any:
         def attend(self, x: Any) -> Any:
             b, t, d = x.shape
             q, k, v = self.qkv(x).split(d, dim=2)
-            q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2)
-                       for z in (q, k, v))  # fmt: skip
+            q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
             if sdpa:
                 y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             else:  # hand-written: QKᵀ/√dh, causal mask, softmax, @V
@@ -161,8 +162,13 @@ def _build(torch: Any, shape: Mapping[str, int], sdpa: bool, dev: Any) -> Any:
 
 
 def _arch(shape: Mapping[str, int]) -> TransformerArch:
-    return TransformerArch(layers=shape["layers"], d_model=shape["d"], heads=shape["heads"],
-                           seq_len=shape["seq"], vocab=shape["vocab"])  # fmt: skip
+    return TransformerArch(
+        layers=shape["layers"],
+        d_model=shape["d"],
+        heads=shape["heads"],
+        seq_len=shape["seq"],
+        vocab=shape["vocab"],
+    )
 
 
 class Trainer:
@@ -172,8 +178,9 @@ class Trainer:
         self.torch, self.shape, self.dev = torch, shape, dev
         self.model = _build(torch, shape, sdpa, dev)
         cuda = dev.type == "cuda"
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=3e-4,
-                                     **({"fused": True} if cuda else {}))  # fmt: skip
+        self.opt = torch.optim.AdamW(
+            self.model.parameters(), lr=3e-4, **({"fused": True} if cuda else {})
+        )
         self.dtype = torch.bfloat16
 
     def step(self) -> float:
@@ -183,14 +190,14 @@ class Trainer:
         with torch.autocast(self.dev.type, dtype=self.dtype):
             logits = self.model(idx)
             loss = torch.nn.functional.cross_entropy(
-                logits.view(-1, s["vocab"]).float(), idx.roll(-1, 1).view(-1))
+                logits.view(-1, s["vocab"]).float(), idx.roll(-1, 1).view(-1)
+            )
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         self.opt.step()
         return float(loss.item())
 
-    def run(self, n: int,
-            windows: Callable[[], int] | None = None) -> tuple[list[float], set[int]]:
+    def run(self, n: int, windows: Callable[[], int] | None = None) -> tuple[list[float], set[int]]:
         """Wall seconds of each of *n* steps, and the steps a gpuprof profiler
         window overlapped: *windows* counts the windows closed so far; a
         window covers one gpuprof step, which ends at ``opt.step()``, so it
@@ -224,8 +231,9 @@ def _window_count(prof: Any) -> Callable[[], int]:
     return lambda: int(getattr(getattr(prof, "_tracer", None), "windows", 0) or 0)
 
 
-def run_variant(torch: Any, dev: Any, shape: Mapping[str, int], sdpa: bool, steps: int,
-                sock: Path, db: Path) -> dict[str, Any]:  # fmt: skip
+def run_variant(
+    torch: Any, dev: Any, shape: Mapping[str, int], sdpa: bool, steps: int, sock: Path, db: Path
+) -> dict[str, Any]:
     """Train one attention variant under profile(arch=..., trace options)."""
     import gpuprof
 
@@ -236,8 +244,13 @@ def run_variant(torch: Any, dev: Any, shape: Mapping[str, int], sdpa: bool, step
         arch = _arch(shape)
         tokens = shape["batch"] * shape["seq"]
         t0 = time.perf_counter()
-        with gpuprof.profile(f"gpu_check_kernels:{name}", arch=arch, tokens_per_step=tokens,
-                             **TRACE_OPTS, **_profile_kw(sock, db)) as prof:  # fmt: skip
+        with gpuprof.profile(
+            f"gpu_check_kernels:{name}",
+            arch=arch,
+            tokens_per_step=tokens,
+            **TRACE_OPTS,
+            **_profile_kw(sock, db),
+        ) as prof:
             times, traced = tr.run(steps, _window_count(prof))
         wall = time.perf_counter() - t0
     finally:
@@ -245,20 +258,24 @@ def run_variant(torch: Any, dev: Any, shape: Mapping[str, int], sdpa: bool, step
     kept = [t for i, t in enumerate(times) if i >= min(HAND_SKIP, steps // 2) and i not in traced]
     summary = prof.summary or {}
     return {
-        "variant": name, "attention": "F.scaled_dot_product_attention" if sdpa
+        "variant": name,
+        "attention": "F.scaled_dot_product_attention"
+        if sdpa
         else "softmax(QK^T) V with masked_fill",
-        "steps_run": steps, "profiled_wall_s": round(wall, 3),
+        "steps_run": steps,
+        "profiled_wall_s": round(wall, 3),
         "step_ms": [round(t * 1e3, 3) for t in times],
         "traced_steps": sorted(t for t in traced if t >= 0),
         "hand_median_step_ms": round(statistics.median(kept) * 1e3, 4) if kept else None,
         "hand_steps_used": len(kept),
         "flops_per_step": arch.flops_per_step(tokens),
         "summary": summary,
-    }  # fmt: skip
+    }
 
 
-def run_overhead(torch: Any, dev: Any, shape: Mapping[str, int], steps: int, rounds: int,
-                 sock: Path, db: Path) -> dict[str, Any]:  # fmt: skip
+def run_overhead(
+    torch: Any, dev: Any, shape: Mapping[str, int], steps: int, rounds: int, sock: Path, db: Path
+) -> dict[str, Any]:
     """The fused loop in interleaved blocks of each trace mode; whole-loop times."""
     import gpuprof
 
@@ -274,9 +291,12 @@ def run_overhead(torch: Any, dev: Any, shape: Mapping[str, int], steps: int, rou
                     tr.run(steps)
                     blocks[mode].append(time.perf_counter() - t)
                     continue
-                with gpuprof.profile(f"gpu_check_kernels:overhead:{mode}:r{r}",
-                                     count_flops=False, **opts,
-                                     **_profile_kw(sock, db)) as prof:  # fmt: skip
+                with gpuprof.profile(
+                    f"gpu_check_kernels:overhead:{mode}:r{r}",
+                    count_flops=False,
+                    **opts,
+                    **_profile_kw(sock, db),
+                ) as prof:
                     t = time.perf_counter()
                     tr.run(steps)
                     blocks[mode].append(time.perf_counter() - t)
@@ -288,14 +308,17 @@ def run_overhead(torch: Any, dev: Any, shape: Mapping[str, int], steps: int, rou
     base, none = med["profile(), no tracing"], med["no gpuprof"]
     modes = []
     for m in OVERHEAD_MODES:
-        modes.append({
-            "mode": m, "block_s": [round(x, 4) for x in blocks[m]],
-            "median_block_s": round(med[m], 4),
-            "step_ms": round(med[m] / steps * 1e3, 4),
-            "ratio_vs_profile": round(med[m] / base, 4),
-            "ratio_vs_no_gpuprof": round(med[m] / none, 4),
-            "windows_per_block": windows[m] or None,
-        })  # fmt: skip
+        modes.append(
+            {
+                "mode": m,
+                "block_s": [round(x, 4) for x in blocks[m]],
+                "median_block_s": round(med[m], 4),
+                "step_ms": round(med[m] / steps * 1e3, 4),
+                "ratio_vs_profile": round(med[m] / base, 4),
+                "ratio_vs_no_gpuprof": round(med[m] / none, 4),
+                "windows_per_block": windows[m] or None,
+            }
+        )
     return {"steps_per_block": steps, "rounds": rounds, "modes": modes}
 
 
@@ -313,8 +336,11 @@ def child_main(args: argparse.Namespace) -> int:
     import torch
 
     import_s = time.perf_counter() - t
-    info: dict[str, Any] = {"torch": torch.__version__, "cuda": torch.version.cuda,
-                            "import_torch_s": round(import_s, 3)}  # fmt: skip
+    info: dict[str, Any] = {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "import_torch_s": round(import_s, 3),
+    }
     if args.dry_run:
         dev = torch.device("cpu")
         torch.set_num_threads(1)
@@ -335,14 +361,16 @@ def child_main(args: argparse.Namespace) -> int:
     try:
         for sdpa in (True, False):
             out["variants"].append(run_variant(torch, dev, shape, sdpa, args.steps, sock, db))
-        out["overhead"] = run_overhead(torch, dev, shape, args.overhead_steps, args.rounds,
-                                       sock, db)  # fmt: skip
+        out["overhead"] = run_overhead(
+            torch, dev, shape, args.overhead_steps, args.rounds, sock, db
+        )
     except Exception as exc:  # noqa: BLE001 - reported, judged as a failed part
         out["errors"].append(f"{exc.__class__.__name__}: {exc}")
     finally:
         out["env"]["runs_wall_s"] = round(time.perf_counter() - t_runs, 2)
-        out["env"]["peak_allocated_gb"] = (round(torch.cuda.max_memory_allocated(dev) / 1e9, 2)
-                                           if dev.type == "cuda" else None)  # fmt: skip
+        out["env"]["peak_allocated_gb"] = (
+            round(torch.cuda.max_memory_allocated(dev) / 1e9, 2) if dev.type == "cuda" else None
+        )
         out["daemon_pids"] = _stop_daemons()
         _emit(result, out)
     return 0
@@ -367,8 +395,10 @@ def ctl(env: Mapping[str, str], *args: str) -> Any:
     cmd = [sys.executable, "-m", "gpuprofd.ctl", *args, "--format", "json"]
     proc = subprocess.run(cmd, env=dict(env), capture_output=True, text=True, timeout=60)
     if proc.returncode != 0:
-        return {"error": f"gpuprofctl {' '.join(args)}: exit {proc.returncode}: "
-                         f"{proc.stderr.strip()[-400:]}"}  # fmt: skip
+        return {
+            "error": f"gpuprofctl {' '.join(args)}: exit {proc.returncode}: "
+            f"{proc.stderr.strip()[-400:]}"
+        }
     return json.loads(proc.stdout)
 
 
@@ -378,8 +408,14 @@ def _rules(insights: Any) -> list[str]:
     return sorted({i["rule"] for i in insights or [] if isinstance(i, Mapping) and "rule" in i})
 
 
-def assess_variant(v: dict[str, Any], runs: list[dict[str, Any]], env: Mapping[str, str],
-                   device_name: str | None, live: bool, top: int) -> dict[str, Any]:  # fmt: skip
+def assess_variant(
+    v: dict[str, Any],
+    runs: list[dict[str, Any]],
+    env: Mapping[str, str],
+    device_name: str | None,
+    live: bool,
+    top: int,
+) -> dict[str, Any]:
     """gpuprof's figures for one variant beside the hand computation, and its verdicts."""
     s = v.pop("summary")
     run_id = s.get("run_id")
@@ -398,8 +434,11 @@ def assess_variant(v: dict[str, Any], runs: list[dict[str, Any]], env: Mapping[s
     rel = abs(g_mfu - hand_mfu) / hand_mfu if g_mfu is not None and hand_mfu else None
     fired_summary, fired_ctl = _rules(s.get("insights")), _rules(ins)
     want = v["variant"] == "math"
-    windows_stored = (kernels.get("windows") or 0) + (snap.get("windows") or 0) \
-        if isinstance(kernels, Mapping) else 0
+    windows_stored = (
+        (kernels.get("windows") or 0) + (snap.get("windows") or 0)
+        if isinstance(kernels, Mapping)
+        else 0
+    )
     checks = {
         "steps_counted": s.get("steps") == v["steps_run"] and row.get("steps") == v["steps_run"],
         "trace_windows_stored": windows_stored > 0 and not kernels.get("error"),
@@ -407,41 +446,62 @@ def assess_variant(v: dict[str, Any], runs: list[dict[str, Any]], env: Mapping[s
         "mfu_agrees": rel is not None and rel <= MFU_TOLERANCE,
         "sdpa_suboptimal": ("sdpa_suboptimal" in fired_summary) == want
         and ("sdpa_suboptimal" in fired_ctl) == want,
-    }  # fmt: skip
+    }
     return {
-        **{k: v[k] for k in ("variant", "attention", "steps_run", "profiled_wall_s",
-                             "traced_steps", "flops_per_step")},
+        **{
+            k: v[k]
+            for k in (
+                "variant",
+                "attention",
+                "steps_run",
+                "profiled_wall_s",
+                "traced_steps",
+                "flops_per_step",
+            )
+        },
         "run_id": run_id,
         "gpuprof": {
-            "steps": s.get("steps"), "median_step_ms": s.get("median_step_ms"),
-            "mfu": g_mfu, "achieved_tflops": s.get("achieved_tflops"),
-            "peak_tflops": compute.get("peak_tflops"), "dtype": compute.get("dtype"),
+            "steps": s.get("steps"),
+            "median_step_ms": s.get("median_step_ms"),
+            "mfu": g_mfu,
+            "achieved_tflops": s.get("achieved_tflops"),
+            "peak_tflops": compute.get("peak_tflops"),
+            "dtype": compute.get("dtype"),
             "mfu_unknown": compute.get("mfu_unknown"),
-            "runs_json": {k: row.get(k) for k in ("steps", "median_step_ms", "mfu",
-                                                   "achieved_tflops")},
+            "runs_json": {
+                k: row.get(k) for k in ("steps", "median_step_ms", "mfu", "achieved_tflops")
+            },
         },
         "hand": {
-            "median_step_ms": hand_ms, "steps_used": v["hand_steps_used"],
+            "median_step_ms": hand_ms,
+            "steps_used": v["hand_steps_used"],
             "achieved_tflops": round(hand_tflops, 2) if hand_tflops is not None else None,
-            "peak_tflops": peak, "peak_source": PEAK_SOURCE if peak else None,
+            "peak_tflops": peak,
+            "peak_source": PEAK_SOURCE if peak else None,
             "gpu_row": getattr(find_gpu(device_name), "name", None),
             "mfu": round(hand_mfu, 4) if hand_mfu is not None else None,
-            "mfu_unknown": None if hand_mfu is not None else
-            f"no dense bf16 peak for {device_name!r} in gpuprof.gpus",
+            "mfu_unknown": None
+            if hand_mfu is not None
+            else f"no dense bf16 peak for {device_name!r} in gpuprof.gpus",
         },
         "mfu_rel_diff": round(rel, 4) if rel is not None else None,
-        "rules_fired": fired_summary, "rules_fired_ctl": fired_ctl,
+        "rules_fired": fired_summary,
+        "rules_fired_ctl": fired_ctl,
         "sdpa_suboptimal_expected": want,
-        "kernels": {k: kernels.get(k) for k in ("source", "windows", "steps", "total_ms", "of",
-                                                 "error")} if isinstance(kernels, Mapping) else {},
+        "kernels": {
+            k: kernels.get(k) for k in ("source", "windows", "steps", "total_ms", "of", "error")
+        }
+        if isinstance(kernels, Mapping)
+        else {},
         "snapshot_windows": snap.get("windows") if isinstance(snap, Mapping) else None,
-        "top_kernels": [{k: r.get(k) for k in ("name", "cls", "share", "count", "mean_us",
-                                               "per_step_ms")}
-                        for r in (kernels.get("kernels") or [])[:top]],
+        "top_kernels": [
+            {k: r.get(k) for k in ("name", "cls", "share", "count", "mean_us", "per_step_ms")}
+            for r in (kernels.get("kernels") or [])[:top]
+        ],
         "step_ms_series": v["step_ms"],
         "checks": checks,
         "match": all(checks.values()) if live else None,
-    }  # fmt: skip
+    }
 
 
 def plumbing_checks(rep: Mapping[str, Any]) -> dict[str, bool]:
@@ -464,14 +524,27 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="gpck", dir="/tmp"))  # short: a Unix socket path
     sock, db, result = tmp / "s", tmp / "gpuprof.db", tmp / "child.json"
     env = child_env(sock, db)
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--_child", "--_result", str(result),
-           "--_sock", str(sock), "--_db", str(db), "--steps", str(args.steps),
-           "--overhead-steps", str(args.overhead_steps), "--rounds", str(args.rounds)]
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--_child",
+        "--_result",
+        str(result),
+        "--_sock",
+        str(sock),
+        "--_db",
+        str(db),
+        "--steps",
+        str(args.steps),
+        "--overhead-steps",
+        str(args.overhead_steps),
+        "--rounds",
+        str(args.rounds),
+    ]
     cmd += ["--dry-run"] * args.dry_run
     try:
         try:
-            proc = subprocess.run(cmd, env=env, cwd=tmp, timeout=args.timeout_s,
-                                  stdout=sys.stderr)  # fmt: skip
+            proc = subprocess.run(cmd, env=env, cwd=tmp, timeout=args.timeout_s, stdout=sys.stderr)
             rc = proc.returncode
         except subprocess.TimeoutExpired:
             rc = None
@@ -479,30 +552,39 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if "no_cuda" in child:
             raise NoGpu(child["no_cuda"])
         if not child:
-            raise RuntimeError(f"the training process left no result (exit {rc}; "
-                               f"timeout {args.timeout_s:g} s)" if rc is None else
-                               f"the training process left no result (exit {rc})")  # fmt: skip
+            raise RuntimeError(
+                f"the training process left no result (exit {rc}; timeout {args.timeout_s:g} s)"
+                if rc is None
+                else f"the training process left no result (exit {rc})"
+            )
         live = not args.dry_run
         runs = ctl(env, "runs", str(db))
         runs = runs if isinstance(runs, list) else []
         dev_name = child["env"].get("device_name")
-        variants = [assess_variant(v, runs, env, dev_name, live, args.top)
-                    for v in child.get("variants", [])]  # fmt: skip
+        variants = [
+            assess_variant(v, runs, env, dev_name, live, args.top)
+            for v in child.get("variants", [])
+        ]
         errors = list(child.get("errors", []))
         if rc not in (0, None):
             errors.append(f"the training process exited {rc}")
         return {
             "mode": "dry-run" if args.dry_run else "live",
-            "device": {"name": child["env"].get("device_name"), "torch": child["env"]["torch"],
-                       "cuda": child["env"]["cuda"]},  # fmt: skip
+            "device": {
+                "name": child["env"].get("device_name"),
+                "torch": child["env"]["torch"],
+                "cuda": child["env"]["cuda"],
+            },
             "shape": child["shape"],
             "arch": _arch(child["shape"]).to_dict(),
             "trace_options": TRACE_OPTS,
             "mfu_tolerance": MFU_TOLERANCE,
-            "timings_s": {"import_torch": child["env"]["import_torch_s"],
-                          "cuda_init": child["env"]["cuda_init_s"],
-                          "runs": child["env"].get("runs_wall_s"),
-                          "total_wall": round(time.monotonic() - t_start, 2)},  # fmt: skip
+            "timings_s": {
+                "import_torch": child["env"]["import_torch_s"],
+                "cuda_init": child["env"]["cuda_init_s"],
+                "runs": child["env"].get("runs_wall_s"),
+                "total_wall": round(time.monotonic() - t_start, 2),
+            },
             "peak_allocated_gb": child["env"].get("peak_allocated_gb"),
             "variants": variants,
             "overhead": child.get("overhead"),
@@ -551,73 +633,108 @@ def summary_md(rep: Mapping[str, Any]) -> str:
     s = rep["shape"]
     out = [f"# gpuprof kernels/MFU check: {rep['mode']} on {dev['name']}", ""]
     if rep["mode"] == "dry-run":
-        out += ["Dry run: a tiny GPT on the CPU. It checks the plumbing (daemon, profile, "
-                "trace windows, gpuprofctl, report); its verdicts are not judged.", ""]
-    out.append(f"{rep['created_utc']}; torch {dev['torch']}, CUDA {dev['cuda']}. GPT: "
-               f"B={s['batch']}, T={s['seq']}, d={s['d']}, {s['layers']} layers, "
-               f"{s['heads']} heads, vocab {s['vocab']}; bf16 autocast; "
-               f"`profile(trace_every_n_steps=20, continuous_traces_hz=1)`.")  # fmt: skip
-    out.append(f"`import torch` {t['import_torch']:.2f} s, CUDA init {t['cuda_init']:.2f} s, "
-               f"training runs {_f(t['runs'])} s, whole check {t['total_wall']:.1f} s; "
-               f"peak GPU memory allocated {_f(rep['peak_allocated_gb'], 2)} GB.")  # fmt: skip
-    out += ["", "## MFU: gpuprof vs hand computation", "",
-            "| variant | steps (gpuprof) | median step ms gpuprof / hand | TFLOP/s gpuprof / "
-            "hand | MFU gpuprof / hand | rel. diff | verdict |",
-            "|---|---|---|---|---|---|---|"]  # fmt: skip
+        out += [
+            "Dry run: a tiny GPT on the CPU. It checks the plumbing (daemon, profile, "
+            "trace windows, gpuprofctl, report); its verdicts are not judged.",
+            "",
+        ]
+    out.append(
+        f"{rep['created_utc']}; torch {dev['torch']}, CUDA {dev['cuda']}. GPT: "
+        f"B={s['batch']}, T={s['seq']}, d={s['d']}, {s['layers']} layers, "
+        f"{s['heads']} heads, vocab {s['vocab']}; bf16 autocast; "
+        f"`profile(trace_every_n_steps=20, continuous_traces_hz=1)`."
+    )
+    out.append(
+        f"`import torch` {t['import_torch']:.2f} s, CUDA init {t['cuda_init']:.2f} s, "
+        f"training runs {_f(t['runs'])} s, whole check {t['total_wall']:.1f} s; "
+        f"peak GPU memory allocated {_f(rep['peak_allocated_gb'], 2)} GB."
+    )
+    out += [
+        "",
+        "## MFU: gpuprof vs hand computation",
+        "",
+        "| variant | steps (gpuprof) | median step ms gpuprof / hand | TFLOP/s gpuprof / "
+        "hand | MFU gpuprof / hand | rel. diff | verdict |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for v in rep["variants"]:
         g, h = v["gpuprof"], v["hand"]
-        out.append(f"| {v['variant']} | {v['steps_run']} ({_f(g['steps'])}) "
-                   f"| {_f(g['median_step_ms'], 2)} / {_f(h['median_step_ms'], 2)} "
-                   f"| {_f(g['achieved_tflops'])} / {_f(h['achieved_tflops'])} "
-                   f"| {_f(g['mfu'], 1, True)} / {_f(h['mfu'], 1, True)} "
-                   f"| {_f(v['mfu_rel_diff'], 1, True)} | {_verdict(v, rep['mode'])} |")
+        out.append(
+            f"| {v['variant']} | {v['steps_run']} ({_f(g['steps'])}) "
+            f"| {_f(g['median_step_ms'], 2)} / {_f(h['median_step_ms'], 2)} "
+            f"| {_f(g['achieved_tflops'])} / {_f(h['achieved_tflops'])} "
+            f"| {_f(g['mfu'], 1, True)} / {_f(h['mfu'], 1, True)} "
+            f"| {_f(v['mfu_rel_diff'], 1, True)} | {_verdict(v, rep['mode'])} |"
+        )
     v0 = rep["variants"][0] if rep["variants"] else None
     if v0 is not None:
         h = v0["hand"]
-        out += ["", f"Hand: arch FLOP per step {v0['flops_per_step']:.4g} "
-                f"(`TransformerArch`) / median wall time per step (ms, each step ending in "
-                f"`loss.item()`; first {HAND_SKIP} and traced steps left out) / "
-                + (f"dense bf16 peak {h['peak_tflops']:g} TFLOP/s ({h['gpu_row']} row; "
-                   f"{h['peak_source']})." if h["peak_tflops"] else
-                   f"peak unknown: {h['mfu_unknown']}.")]  # fmt: skip
+        out += [
+            "",
+            f"Hand: arch FLOP per step {v0['flops_per_step']:.4g} "
+            f"(`TransformerArch`) / median wall time per step (ms, each step ending in "
+            f"`loss.item()`; first {HAND_SKIP} and traced steps left out) / "
+            + (
+                f"dense bf16 peak {h['peak_tflops']:g} TFLOP/s ({h['gpu_row']} row; "
+                f"{h['peak_source']})."
+                if h["peak_tflops"]
+                else f"peak unknown: {h['mfu_unknown']}."
+            ),
+        ]
         if v0["gpuprof"]["mfu_unknown"]:
             out.append(f"gpuprof: MFU unknown: {v0['gpuprof']['mfu_unknown']}.")
     out += ["", "## Rules and kernels", ""]
     for v in rep["variants"]:
         want = "must fire" if v["sdpa_suboptimal_expected"] else "must not fire"
-        out.append(f"**{v['variant']}** ({v['attention']}), run {v['run_id']}: rules fired "
-                   f"{', '.join(v['rules_fired']) or '-'} (gpuprofctl insights: "
-                   f"{', '.join(v['rules_fired_ctl']) or '-'}); sdpa_suboptimal {want}: "
-                   f"{_rule_verdict(v, rep['mode'])}. Kernel table: "
-                   f"{_f(v['kernels'].get('windows'))} {v['kernels'].get('source')} window(s), "
-                   f"{_f(v['snapshot_windows'])} snapshot window(s).")  # fmt: skip
+        out.append(
+            f"**{v['variant']}** ({v['attention']}), run {v['run_id']}: rules fired "
+            f"{', '.join(v['rules_fired']) or '-'} (gpuprofctl insights: "
+            f"{', '.join(v['rules_fired_ctl']) or '-'}); sdpa_suboptimal {want}: "
+            f"{_rule_verdict(v, rep['mode'])}. Kernel table: "
+            f"{_f(v['kernels'].get('windows'))} {v['kernels'].get('source')} window(s), "
+            f"{_f(v['snapshot_windows'])} snapshot window(s)."
+        )
         if v["top_kernels"]:
             out += ["", "| share | count | mean µs | kernel |", "|---|---|---|---|"]
             for k in v["top_kernels"]:
                 name = k["name"] if len(k["name"]) <= 90 else k["name"][:89] + "…"
-                out.append(f"| {_f(k['share'], 1, True)} | {k['count']} | "
-                           f"{_f(k['mean_us'])} | `{name}` |")  # fmt: skip
+                out.append(
+                    f"| {_f(k['share'], 1, True)} | {k['count']} | {_f(k['mean_us'])} | `{name}` |"
+                )
         out.append("")
     ov = rep.get("overhead")
     if ov:
-        out += ["## Trace-mode overhead (fused variant)", "",
-                f"{ov['rounds']} interleaved rounds of {ov['steps_per_block']} steps per mode; "
-                "median block; whole-loop time, traced steps included.", "",
-                "| mode | step ms | vs profile() | vs no gpuprof | windows per block |",
-                "|---|---|---|---|---|"]  # fmt: skip
+        out += [
+            "## Trace-mode overhead (fused variant)",
+            "",
+            f"{ov['rounds']} interleaved rounds of {ov['steps_per_block']} steps per mode; "
+            "median block; whole-loop time, traced steps included.",
+            "",
+            "| mode | step ms | vs profile() | vs no gpuprof | windows per block |",
+            "|---|---|---|---|---|",
+        ]
         for m in ov["modes"]:
             w = m["windows_per_block"]
-            out.append(f"| {m['mode']} | {m['step_ms']:.3f} | {m['ratio_vs_profile']:.3f}x "
-                       f"| {m['ratio_vs_no_gpuprof']:.3f}x | "
-                       f"{'-' if w is None else ', '.join(map(str, w))} |")  # fmt: skip
+            out.append(
+                f"| {m['mode']} | {m['step_ms']:.3f} | {m['ratio_vs_profile']:.3f}x "
+                f"| {m['ratio_vs_no_gpuprof']:.3f}x | "
+                f"{'-' if w is None else ', '.join(map(str, w))} |"
+            )
     out += errors_md(rep)
     if rep["mode"] == "dry-run":
         out += plumbing_md(rep["plumbing"])
     else:
-        bad = [f"{v['variant']}: {', '.join(k for k, ok in v['checks'].items() if not ok)}"
-               for v in rep["variants"] if not v["match"]]
-        out += ["", "**All verdicts match.**" if rep["all_match"] else
-                "**MISMATCH:** " + ("; ".join(bad) or "; ".join(rep.get("errors") or []))]
+        bad = [
+            f"{v['variant']}: {', '.join(k for k, ok in v['checks'].items() if not ok)}"
+            for v in rep["variants"]
+            if not v["match"]
+        ]
+        out += [
+            "",
+            "**All verdicts match.**"
+            if rep["all_match"]
+            else "**MISMATCH:** " + ("; ".join(bad) or "; ".join(rep.get("errors") or [])),
+        ]
     return "\n".join(out) + "\n"
 
 
@@ -636,24 +753,44 @@ def _verdict(v: Mapping[str, Any], mode: str) -> str:
 def write_report(rep: dict[str, Any], out_dir: Path) -> str:
     """Write report.json and report.md to *out_dir*; return the summary."""
     rep["plumbing"] = plumbing_checks(rep)
-    rep["all_match"] = (bool(rep["variants"]) and all(v["match"] for v in rep["variants"])
-                        and not rep["errors"] and rep.get("overhead") is not None)  # fmt: skip
+    rep["all_match"] = (
+        bool(rep["variants"])
+        and all(v["match"] for v in rep["variants"])
+        and not rep["errors"]
+        and rep.get("overhead") is not None
+    )
     return save_report(rep, out_dir, summary_md(rep))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = check_parser(__doc__, DEFAULT_OUT, "--_child")
-    ap.add_argument("--dry-run", action="store_true",
-                    help="the plumbing on the CPU with a tiny GPT (verdicts not judged)")
-    ap.add_argument("--steps", type=int, default=None,
-                    help="profiled steps per attention variant (live 100, dry run 25)")
-    ap.add_argument("--overhead-steps", type=int, default=None,
-                    help="steps per overhead block (live 150, dry run 25)")
-    ap.add_argument("--rounds", type=int, default=None,
-                    help="interleaved overhead rounds (live 3, dry run 2)")
+    ap.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="the plumbing on the CPU with a tiny GPT (verdicts not judged)",
+    )
+    ap.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="profiled steps per attention variant (live 100, dry run 25)",
+    )
+    ap.add_argument(
+        "--overhead-steps",
+        type=int,
+        default=None,
+        help="steps per overhead block (live 150, dry run 25)",
+    )
+    ap.add_argument(
+        "--rounds", type=int, default=None, help="interleaved overhead rounds (live 3, dry run 2)"
+    )
     ap.add_argument("--top", type=int, default=8, help="top kernels reported per variant")
-    ap.add_argument("--timeout-s", type=float, default=None,
-                    help="the training process's limit, s (live 280, dry run 150)")
+    ap.add_argument(
+        "--timeout-s",
+        type=float,
+        default=None,
+        help="the training process's limit, s (live 280, dry run 150)",
+    )
     args = ap.parse_args(argv)
     dry = args.dry_run
     args.steps = args.steps or (25 if dry else 100)

@@ -7,4 +7,5 @@ if command -v pg_isready >/dev/null && ! pg_isready -h 127.0.0.1 -p 5432 -q; the
   pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql)" main start || true
 fi
 .venv/bin/ruff check .
+.venv/bin/ruff format --check .
 .venv/bin/python -m pytest "$@"

@@ -43,8 +43,7 @@ class FiniteRange(click.FloatRange):
     """A float range that also refuses NaN and infinity (click's lets NaN
     through: every comparison with it is false)."""
 
-    def convert(self, value: Any, param: click.Parameter | None,
-                ctx: click.Context | None) -> Any:  # fmt: skip
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         out = super().convert(value, param, ctx)
         if not math.isfinite(out):
             self.fail(f"{value!r} is not a finite number.", param, ctx)
@@ -57,28 +56,62 @@ def _setting(*decls: str, type: click.ParamType, default: float, help: str, **kw
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@socket_dir_option("Directory for the sockets and lock [default: GPUPROF_SOCKET, or "
-                   "one per database under $XDG_RUNTIME_DIR/gpuprof or /tmp/gpuprof-$UID].")
-@click.option("--db", type=click.Path(path_type=Path), default=None,
-              help="SQLite database [default: GPUPROF_DB or ./gpuprof.db].")  # fmt: skip
-@click.option("--storage-url", metavar="URL", default=None,
-              help="Where to store runs instead of --db: sqlite:///path.db or "
-              "postgres://user@host/db (a password in it is never printed).")  # fmt: skip
-@_setting("--idle-exit", "idle_exit_s", type=FiniteRange(min=0), default=0.0, metavar="SECONDS",
-          help="Exit after this long with no live run and no message (0 = never).")
-@_setting("--sample-hz", type=FiniteRange(min=0.1, max=1000), default=DEFAULT_SAMPLE_HZ,
-          help="GPU fast-loop sampling rate (per GPU): utilization, memory, power, "
-          "temperature, clocks. Energy, PCIe bytes and GPM metrics are read once a second.")
-@_setting("--raw-window", "raw_window_s", type=FiniteRange(min=1), default=DEFAULT_RAW_WINDOW_S,
-          help="Seconds of raw GPU samples to keep; older ones live on as per-second rollups "
-          "(min/mean/max) for the whole run.")
-@_setting("--comm-steps-kept", type=click.IntRange(min=1), default=COMM_STEPS_KEPT,
-          metavar="STEPS",
-          help="Per-bucket DDP comm rows are kept for each run's last STEPS steps (the group "
-          "rules read the last 2000 common steps) ...")
-@_setting("--comm-keep-every", type=click.IntRange(min=1), default=COMM_KEEP_EVERY, metavar="N",
-          help="... and for every Nth step; the others are deleted (each step's exposed comm "
-          "time is kept).")
+@socket_dir_option(
+    "Directory for the sockets and lock [default: GPUPROF_SOCKET, or "
+    "one per database under $XDG_RUNTIME_DIR/gpuprof or /tmp/gpuprof-$UID]."
+)
+@click.option(
+    "--db",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="SQLite database [default: GPUPROF_DB or ./gpuprof.db].",
+)
+@click.option(
+    "--storage-url",
+    metavar="URL",
+    default=None,
+    help="Where to store runs instead of --db: sqlite:///path.db or "
+    "postgres://user@host/db (a password in it is never printed).",
+)
+@_setting(
+    "--idle-exit",
+    "idle_exit_s",
+    type=FiniteRange(min=0),
+    default=0.0,
+    metavar="SECONDS",
+    help="Exit after this long with no live run and no message (0 = never).",
+)
+@_setting(
+    "--sample-hz",
+    type=FiniteRange(min=0.1, max=1000),
+    default=DEFAULT_SAMPLE_HZ,
+    help="GPU fast-loop sampling rate (per GPU): utilization, memory, power, "
+    "temperature, clocks. Energy, PCIe bytes and GPM metrics are read once a second.",
+)
+@_setting(
+    "--raw-window",
+    "raw_window_s",
+    type=FiniteRange(min=1),
+    default=DEFAULT_RAW_WINDOW_S,
+    help="Seconds of raw GPU samples to keep; older ones live on as per-second rollups "
+    "(min/mean/max) for the whole run.",
+)
+@_setting(
+    "--comm-steps-kept",
+    type=click.IntRange(min=1),
+    default=COMM_STEPS_KEPT,
+    metavar="STEPS",
+    help="Per-bucket DDP comm rows are kept for each run's last STEPS steps (the group "
+    "rules read the last 2000 common steps) ...",
+)
+@_setting(
+    "--comm-keep-every",
+    type=click.IntRange(min=1),
+    default=COMM_KEEP_EVERY,
+    metavar="N",
+    help="... and for every Nth step; the others are deleted (each step's exposed comm "
+    "time is kept).",
+)
 @click.option(
     "--log-level",
     type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
@@ -86,9 +119,17 @@ def _setting(*decls: str, type: click.ParamType, default: float, help: str, **kw
     show_default=True,
 )
 @click.version_option(__version__, prog_name="gpuprofd")
-def cli(socket_dir: Path | None, db: Path | None, storage_url: str | None, idle_exit_s: float,
-        sample_hz: float, raw_window_s: float, comm_steps_kept: int, comm_keep_every: int,
-        log_level: str) -> int:  # fmt: skip
+def cli(
+    socket_dir: Path | None,
+    db: Path | None,
+    storage_url: str | None,
+    idle_exit_s: float,
+    sample_hz: float,
+    raw_window_s: float,
+    comm_steps_kept: int,
+    comm_keep_every: int,
+    log_level: str,
+) -> int:
     """gpuprofd: the per-node gpuprof daemon (ingest, GPU/host sampling, storage, insights)."""
     logging.basicConfig(level=log_level.upper(), format=LOG_FORMAT, stream=sys.stderr)
     logging.getLogger("aiosqlite").setLevel(logging.WARNING)  # one line per SQL call

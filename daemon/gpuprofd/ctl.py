@@ -35,8 +35,13 @@ def cli() -> None:
 def version_cmd(fmt: str) -> None:
     """Print gpuprof's version (json: also Python's and the wire protocol's)."""
     if fmt == "json":
-        echo_json({"gpuprof": __version__, "python": platform.python_version(),
-                   "protocol": PROTOCOL_VERSION})  # fmt: skip
+        echo_json(
+            {
+                "gpuprof": __version__,
+                "python": platform.python_version(),
+                "protocol": PROTOCOL_VERSION,
+            }
+        )
     else:
         click.echo(f"gpuprof {__version__}")
 

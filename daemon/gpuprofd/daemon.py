@@ -103,8 +103,9 @@ def run_daemon(opts: DaemonOptions) -> int:
     make_socket_dir(opts.socket_dir)
     lock = InstanceLock(opts.socket_dir / config.LOCK_NAME)
     if not lock.acquire():
-        log.info("gpuprofd already running on %s (pid %s): exiting", opts.socket_dir,
-                 lock.holder_pid())  # fmt: skip
+        log.info(
+            "gpuprofd already running on %s (pid %s): exiting", opts.socket_dir, lock.holder_pid()
+        )
         return EXIT_OK
     if opts.storage is not None and not opts.storage.is_file:
         # Several daemons may share one Postgres database, and there is no file
@@ -202,8 +203,9 @@ class Daemon:
         """Start, serve until asked to stop, shut down in the documented order."""
         async with contextlib.AsyncExitStack() as stack:
             await self._start(stack)
-            log.info("gpuprofd %d serving on %s, db %s", os.getpid(), self.opts.socket_dir,
-                     self._where)  # fmt: skip
+            log.info(
+                "gpuprofd %d serving on %s, db %s", os.getpid(), self.opts.socket_dir, self._where
+            )
             await self._stop.wait()
         return EXIT_OK
 
@@ -221,32 +223,35 @@ class Daemon:
         notes = [*opts.base_notes, *([gpu_note] if gpu_note else [])]
         devices = backend.devices() if backend else []
         self._where = store.where
-        insights = InsightsRunner(store, store.where, opts.gpu_rate_usd_per_hour, notes,
-                                  drops=drops)  # fmt: skip
+        insights = InsightsRunner(
+            store, store.where, opts.gpu_rate_usd_per_hour, notes, drops=drops
+        )
         runs = RunService(store, self.registry, insights, devices, boot_id=self.boot_id)
         # 4. (with the counters) stop storing ended runs' late events; they stay
         # open in the database and the next daemon takes them up
         stack.push_async_callback(runs.close_tails)
         await runs.recover_at_startup()
-        lifecycle = Lifecycle(runs, drops, opts.idle_exit_s, lambda: self._last_activity,
-                              self.stop)  # fmt: skip
+        lifecycle = Lifecycle(runs, drops, opts.idle_exit_s, lambda: self._last_activity, self.stop)
         # 4. persist counters (after the housekeeping task that also persists them stopped)
         stack.push_async_callback(lifecycle.persist)
 
         # 3. stop samplers and periodic tasks, then store what they left
         host = HostSampler(run_pids=self.registry.pids)
-        sinks = SampleSinks(store, drops, SecondRollups(devices, self.boot_id), self.boot_id,
-                            host.workers)  # fmt: skip
+        sinks = SampleSinks(
+            store, drops, SecondRollups(devices, self.boot_id), self.boot_id, host.workers
+        )
         stack.push_async_callback(sinks.drain)  # after the sampler threads' last ticks
         gpu = None
         if backend is not None:
-            gpu = GpuSampler(backend, opts.sample_hz, sinks.gpu_sink(),
-                             slow_sink=sinks.gpu_slow_sink())  # fmt: skip
+            gpu = GpuSampler(
+                backend, opts.sample_hz, sinks.gpu_sink(), slow_sink=sinks.gpu_slow_sink()
+            )
         await stack.enter_async_context(gpu_sampler.running(gpu))
         retention = Retention(store, opts.raw_window_s, opts.comm_steps_kept, opts.comm_keep_every)
         db_switch = DbSwitch(opts.db, store, runs, self.db_lock, self.stop)
-        await stack.enter_async_context(task("host", host.run(sinks.on_host_sample,
-                                                               opts.host_interval_s)))  # fmt: skip
+        await stack.enter_async_context(
+            task("host", host.run(sinks.on_host_sample, opts.host_interval_s))
+        )
         await stack.enter_async_context(task("lifecycle", lifecycle.run()))
         for name, interval_s, job in (
             ("prune-raw", retention.interval_s, retention.prune_raw),
@@ -259,15 +264,24 @@ class Daemon:
         pull, router = sockets.bind()
         ingest = Ingest(pull, runs, store, drops, self.touch, on_workers=host.workers.add)
         handlers = ControlHandlers(
-            db=store.where, socket_dir=opts.socket_dir, runs=runs, ingest=ingest,
-            db_switch=db_switch, drops=drops, notes=notes, flush_rollups=sinks.flush_rollups,
-            gpu_status=partial(gpu_sampler.sampling_status, gpu, gpu_note, opts.nvml_backend,
-                               sinks.gpu_latest),
-            request_stop=self.stop, started_wall_ns=self.started_wall_ns,
-        )  # fmt: skip
+            db=store.where,
+            socket_dir=opts.socket_dir,
+            runs=runs,
+            ingest=ingest,
+            db_switch=db_switch,
+            drops=drops,
+            notes=notes,
+            flush_rollups=sinks.flush_rollups,
+            gpu_status=partial(
+                gpu_sampler.sampling_status, gpu, gpu_note, opts.nvml_backend, sinks.gpu_latest
+            ),
+            request_stop=self.stop,
+            started_wall_ns=self.started_wall_ns,
+        )
         name = "stop-when-drained"
-        await stack.enter_async_context(task(name, every(STOP_CHECK_S, handlers.exit_when_drained,
-                                                         name)))  # fmt: skip
+        await stack.enter_async_context(
+            task(name, every(STOP_CHECK_S, handlers.exit_when_drained, name))
+        )
         control = ControlServer(router, handlers.table(), drops, self.touch)
         # 2. let in-flight requests finish
         stack.push_async_callback(control.drain, DRAIN_S)

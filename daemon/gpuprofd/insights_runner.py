@@ -86,8 +86,10 @@ class InsightsRunner:
             found = await asyncio.wait_for(asyncio.shield(task), GROUP_WAIT_S)
         except TimeoutError:
             log.warning("group insights of %r not ready within %.0f s", group, GROUP_WAIT_S)
-            return None, (f"the group's findings were not ready in time: gpuprofctl insights "
-                          f"--group {shlex.quote(group)}")  # fmt: skip
+            return None, (
+                f"the group's findings were not ready in time: gpuprofctl insights "
+                f"--group {shlex.quote(group)}"
+            )
         if found is None:
             return None, None
         keys = ("group", "ranks", "insights", "lost_ranks", "missing_ranks", "runs_note")
@@ -140,9 +142,13 @@ class InsightsRunner:
             raise KeyError(run_id)
         insights, ctx = await self._compute(run)
         summary = make_summary(
-            run_id, ctx, [i.to_dict() for i in insights], self.db_path,
-            [*notes, *self.base_notes], error=run.get("error"),
-        )  # fmt: skip
+            run_id,
+            ctx,
+            [i.to_dict() for i in insights],
+            self.db_path,
+            [*notes, *self.base_notes],
+            error=run.get("error"),
+        )
         if run.get("group_id"):
             summary["group_id"] = run["group_id"]  # the summary's "Group report:" line
             group, note = await self._group(run["group_id"])

@@ -31,7 +31,9 @@ Windows = Sequence[tuple[dict[str, Any], Sequence[KernelAgg]]]
 
 
 def pick_source(
-    windows: Windows, source: str | None = None, kind: str = "kernel",
+    windows: Windows,
+    source: str | None = None,
+    kind: str = "kernel",
     among: Sequence[str] = SOURCE_PREFERENCE,
 ) -> str | None:
     """*source* if given, else the first of *among* (default
@@ -41,8 +43,9 @@ def pick_source(
     that has a window at all (None: the run has no windows)."""
     if source is not None:
         return source
-    timed = {w["source"] for w, rows in windows
-             if any(r.kind == kind and r.total_ns > 0 for r in rows)}  # fmt: skip
+    timed = {
+        w["source"] for w, rows in windows if any(r.kind == kind and r.total_ns > 0 for r in rows)
+    }
     have = {w["source"] for w, _ in windows}
     return next((s for s in among if s in timed), None) or next(
         (s for s in among if s in have), None
@@ -54,9 +57,11 @@ def common_source(a: Windows, b: Windows, kind: str = "kernel") -> str | None:
     runs have *kind* rows with device time: comparing a run's continuous
     windows with another's nsys import would compare unlike things. None
     when they share none."""
+
     def timed(ws: Windows) -> set[str]:
-        return {w["source"] for w, rows in ws
-                if any(r.kind == kind and r.total_ns > 0 for r in rows)}  # fmt: skip
+        return {
+            w["source"] for w, rows in ws if any(r.kind == kind and r.total_ns > 0 for r in rows)
+        }
 
     both = timed(a) & timed(b)
     return next((s for s in SOURCE_PREFERENCE if s in both), None)
@@ -105,21 +110,28 @@ class KernelTable:
         ``share`` a fraction of the table's device time."""
         lines = self.lines if top is None else self.lines[:top]
         return {
-            "source": self.source, "kind": self.kind, "windows": self.windows,
-            "steps": self.steps, "total_ms": round(self.total_ns / _NS_PER_MS, 3),
+            "source": self.source,
+            "kind": self.kind,
+            "windows": self.windows,
+            "steps": self.steps,
+            "total_ms": round(self.total_ns / _NS_PER_MS, 3),
             "kernels": [
                 {
-                    "name": k.name, "cls": k.cls, "count": k.count,
+                    "name": k.name,
+                    "cls": k.cls,
+                    "count": k.count,
                     "total_ms": round(k.total_ns / _NS_PER_MS, 3),
-                    "share": round(k.share, 4), "mean_us": round(k.mean_us, 2),
+                    "share": round(k.share, 4),
+                    "mean_us": round(k.mean_us, 2),
                     "per_step_ms": _round(self.per_step_ms(k.total_ns)),
                     "per_window_ms": _round(self.per_window_ms(k.total_ns)),
                     "flops": k.flops,
                 }
                 for k in lines
             ],
-            "shown": len(lines), "of": len(self.lines),
-        }  # fmt: skip
+            "shown": len(lines),
+            "of": len(self.lines),
+        }
 
     def class_shares(self) -> dict[str, float]:
         """Fraction of device time per kernel class (compute, comm, ...)."""
@@ -157,13 +169,16 @@ def build_table(windows: Windows, source: str | None = None, kind: str = "kernel
     grand = sum(t[2] for t in totals.values())
     lines = tuple(
         sorted(
-            (KernelLine(name, cls, count, ns, ns / grand if grand else 0.0, flops)
-             for name, (cls, count, ns, flops) in totals.items()),
+            (
+                KernelLine(name, cls, count, ns, ns / grand if grand else 0.0, flops)
+                for name, (cls, count, ns, flops) in totals.items()
+            ),
             key=lambda k: (-k.total_ns, k.name),
         )
-    )  # fmt: skip
-    return KernelTable(src, kind, len(chosen), len(steps) if every_window_has_steps else None,
-                       grand, lines)  # fmt: skip
+    )
+    return KernelTable(
+        src, kind, len(chosen), len(steps) if every_window_has_steps else None, grand, lines
+    )
 
 
 @dataclass(frozen=True)
@@ -191,12 +206,16 @@ def compare(a: KernelTable, b: KernelTable) -> dict[str, Any]:
     basis = "step" if a.steps and b.steps else "window"
     warnings = []
     if a.source != b.source:
-        warnings.append(f"A's figures come from {a.source} windows, B's from {b.source} "
-                        "windows: not like for like")  # fmt: skip
+        warnings.append(
+            f"A's figures come from {a.source} windows, B's from {b.source} "
+            "windows: not like for like"
+        )
     if basis == "window" and (a.steps or b.steps):
-        warnings.append("one run's windows are steps and the other's are not (a whole "
-                        "capture, or windows without step indices): per-window times differ "
-                        "by the window length, not by the kernels")  # fmt: skip
+        warnings.append(
+            "one run's windows are steps and the other's are not (a whole "
+            "capture, or windows without step indices): per-window times differ "
+            "by the window length, not by the kernels"
+        )
 
     def norm(t: KernelTable, ns: int) -> float:
         v = t.per_step_ms(ns) if basis == "step" else t.per_window_ms(ns)
@@ -205,11 +224,14 @@ def compare(a: KernelTable, b: KernelTable) -> dict[str, Any]:
     am = {k.name: k for k in a.lines}
     bm = {k.name: k for k in b.lines}
     lines = [
-        CompareLine(name, (am.get(name) or bm[name]).cls,
-                    norm(a, am[name].total_ns) if name in am else 0.0,
-                    norm(b, bm[name].total_ns) if name in bm else 0.0)
+        CompareLine(
+            name,
+            (am.get(name) or bm[name]).cls,
+            norm(a, am[name].total_ns) if name in am else 0.0,
+            norm(b, bm[name].total_ns) if name in bm else 0.0,
+        )
         for name in {*am, *bm}
-    ]  # fmt: skip
+    ]
     lines.sort(key=lambda c: (-c.delta_ms, c.name))
     classes: dict[str, list[float]] = {}
     for c in lines:
@@ -219,22 +241,39 @@ def compare(a: KernelTable, b: KernelTable) -> dict[str, Any]:
     return {
         "basis": basis,
         "warnings": warnings,
-        "a": {"source": a.source, "windows": a.windows, "steps": a.steps,
-              "ms": round(norm(a, a.total_ns), 3)},
-        "b": {"source": b.source, "windows": b.windows, "steps": b.steps,
-              "ms": round(norm(b, b.total_ns), 3)},
+        "a": {
+            "source": a.source,
+            "windows": a.windows,
+            "steps": a.steps,
+            "ms": round(norm(a, a.total_ns), 3),
+        },
+        "b": {
+            "source": b.source,
+            "windows": b.windows,
+            "steps": b.steps,
+            "ms": round(norm(b, b.total_ns), 3),
+        },
         "classes": {
-            cls: {"a_ms": round(x, 3), "b_ms": round(y, 3), "delta_ms": round(y - x, 3),
-                  "ratio": round(y / x, 3) if x > 0 else None}
+            cls: {
+                "a_ms": round(x, 3),
+                "b_ms": round(y, 3),
+                "delta_ms": round(y - x, 3),
+                "ratio": round(y / x, 3) if x > 0 else None,
+            }
             for cls, (x, y) in sorted(classes.items(), key=lambda kv: kv[1][0] - kv[1][1])
         },
         "kernels": [
-            {"name": c.name, "cls": c.cls, "a_ms": round(c.a_ms, 4), "b_ms": round(c.b_ms, 4),
-             "delta_ms": round(c.delta_ms, 4),
-             "ratio": None if c.ratio is None else round(c.ratio, 3)}
+            {
+                "name": c.name,
+                "cls": c.cls,
+                "a_ms": round(c.a_ms, 4),
+                "b_ms": round(c.b_ms, 4),
+                "delta_ms": round(c.delta_ms, 4),
+                "ratio": None if c.ratio is None else round(c.ratio, 3),
+            }
             for c in lines
         ],
-    }  # fmt: skip
+    }
 
 
 def _short(name: str, width: int) -> str:
@@ -249,34 +288,61 @@ def format_table(t: KernelTable, top: int = DEFAULT_TOP, name_width: int = 60) -
     rows = [("NAME", "CLASS", "SHARE%", "COUNT", "MEAN_US", per)]
     for k in t.lines[:top]:
         v = t.per_step_ms(k.total_ns) if t.steps else t.per_window_ms(k.total_ns)
-        rows.append((_short(k.name, name_width), k.cls, f"{100 * k.share:.1f}", str(k.count),
-                     f"{k.mean_us:.1f}", f"{v or 0.0:.3f}"))  # fmt: skip
+        rows.append(
+            (
+                _short(k.name, name_width),
+                k.cls,
+                f"{100 * k.share:.1f}",
+                str(k.count),
+                f"{k.mean_us:.1f}",
+                f"{v or 0.0:.3f}",
+            )
+        )
     covered = f"{t.steps} steps" if t.steps else "steps unknown"
-    head = (f"{t.kind}s from {t.windows} {t.source} window(s), {covered}, "
-            f"{t.total_ns / _NS_PER_MS:.3f} ms device time")  # fmt: skip
+    head = (
+        f"{t.kind}s from {t.windows} {t.source} window(s), {covered}, "
+        f"{t.total_ns / _NS_PER_MS:.3f} ms device time"
+    )
     shares = ", ".join(f"{c} {100 * v:.1f}%" for c, v in t.class_shares().items())
     more = f"\n({len(t.lines) - top} more; --top N or --format json)" if len(t.lines) > top else ""
     return f"{head}\nby class: {shares}\n{_grid(rows)}{more}"
 
 
-def format_compare(cmp: dict[str, Any], a_label: str, b_label: str, top: int = DEFAULT_TOP,
-                   name_width: int = 60) -> str:  # fmt: skip
+def format_compare(
+    cmp: dict[str, Any], a_label: str, b_label: str, top: int = DEFAULT_TOP, name_width: int = 60
+) -> str:
     """Text of :func:`compare`: per class, then the kernels that changed most."""
     unit = "ms/step" if cmp["basis"] == "step" else "ms/window"
-    lines = [f"A = {a_label}: {cmp['a']['ms']} {unit} of device time; "
-             f"B = {b_label}: {cmp['b']['ms']} {unit}"]  # fmt: skip
+    lines = [
+        f"A = {a_label}: {cmp['a']['ms']} {unit} of device time; "
+        f"B = {b_label}: {cmp['b']['ms']} {unit}"
+    ]
     lines += [f"warning: {w}" for w in cmp.get("warnings", ())]
     rows = [("CLASS", "A", "B", "DELTA", "RATIO")]
     for cls, c in cmp["classes"].items():
-        rows.append((cls, f"{c['a_ms']:.3f}", f"{c['b_ms']:.3f}", f"{c['delta_ms']:+.3f}",
-                     "-" if c["ratio"] is None else f"{c['ratio']:.2f}x"))  # fmt: skip
+        rows.append(
+            (
+                cls,
+                f"{c['a_ms']:.3f}",
+                f"{c['b_ms']:.3f}",
+                f"{c['delta_ms']:+.3f}",
+                "-" if c["ratio"] is None else f"{c['ratio']:.2f}x",
+            )
+        )
     lines.append(_grid(rows))
     ks = sorted(cmp["kernels"], key=lambda k: -abs(k["delta_ms"]))[:top]
     rows = [("NAME", "CLASS", f"A_{unit}", f"B_{unit}", "DELTA", "RATIO")]
     for k in ks:
-        rows.append((_short(k["name"], name_width), k["cls"], f"{k['a_ms']:.3f}",
-                     f"{k['b_ms']:.3f}", f"{k['delta_ms']:+.3f}",
-                     "new" if k["ratio"] is None else f"{k['ratio']:.2f}x"))  # fmt: skip
+        rows.append(
+            (
+                _short(k["name"], name_width),
+                k["cls"],
+                f"{k['a_ms']:.3f}",
+                f"{k['b_ms']:.3f}",
+                f"{k['delta_ms']:+.3f}",
+                "new" if k["ratio"] is None else f"{k['ratio']:.2f}x",
+            )
+        )
     lines.append(_grid(rows))
     return "\n\n".join(lines)
 
@@ -284,7 +350,9 @@ def format_compare(cmp: dict[str, Any], a_label: str, b_label: str, top: int = D
 def _grid(rows: list[tuple[str, ...]]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join(
-        "  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in
-                  enumerate(zip(r, widths, strict=True))).rstrip()
+        "  ".join(
+            c.ljust(w) if i < 2 else c.rjust(w)
+            for i, (c, w) in enumerate(zip(r, widths, strict=True))
+        ).rstrip()
         for r in rows
-    )  # fmt: skip
+    )

@@ -45,8 +45,9 @@ async def every(interval_s: float, job: Callable[[], Awaitable[object]], name: s
             await job()
         except Exception:  # noqa: BLE001 - one failed pass must not end the loop
             failed += 1
-            log.exception("%s failed (%d failed pass(es) so far); retried in %.3g s", name, failed,
-                          interval_s)  # fmt: skip
+            log.exception(
+                "%s failed (%d failed pass(es) so far); retried in %.3g s", name, failed, interval_s
+            )
 
 
 class Retention:

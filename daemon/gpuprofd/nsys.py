@@ -42,16 +42,33 @@ NAME_COLUMNS = ("demangledName", "shortName", "mangledName", "name")
 #: ``StringIds`` text columns, documented first.
 STRING_VALUE_COLUMNS = ("value", "name", "string")
 #: Tables whose presence marks an Nsight Systems export (any one).
-NSYS_MARKERS = frozenset({
-    STRINGS_TABLE, KERNEL_TABLE, MEMCPY_TABLE, MEMSET_TABLE, "CUPTI_ACTIVITY_KIND_RUNTIME",
-    "TARGET_INFO_SESSION_START_TIME", "TARGET_INFO_GPU", "ThreadNames", "NVTX_EVENTS",
-})  # fmt: skip
+NSYS_MARKERS = frozenset(
+    {
+        STRINGS_TABLE,
+        KERNEL_TABLE,
+        MEMCPY_TABLE,
+        MEMSET_TABLE,
+        "CUPTI_ACTIVITY_KIND_RUNTIME",
+        "TARGET_INFO_SESSION_START_TIME",
+        "TARGET_INFO_GPU",
+        "ThreadNames",
+        "NVTX_EVENTS",
+    }
+)
 #: CUPTI's ``CUpti_ActivityMemcpyKind`` (cupti_activity.h), the export's
 #: ``copyKind``, named as Kineto names copies (``Memcpy HtoD``).
 MEMCPY_KINDS = {
-    1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "AtoD", 7: "DtoA", 8: "DtoD",
-    9: "HtoH", 10: "PtoP",
-}  # fmt: skip
+    1: "HtoD",
+    2: "DtoH",
+    3: "HtoA",
+    4: "AtoH",
+    5: "AtoA",
+    6: "AtoD",
+    7: "DtoA",
+    8: "DtoD",
+    9: "HtoH",
+    10: "PtoP",
+}
 #: Rows read per fetch; progress is reported every this many.
 CHUNK_ROWS = 200_000
 
@@ -204,8 +221,11 @@ def activities(
         cur = report.conn.execute(f'SELECT start, "end", {device}, {extra} FROM {table}')
         while rows := cur.fetchmany(CHUNK_ROWS):
             for start, end, dev, x in rows:
-                if (type(start) is not int or type(end) is not int
-                        or not 0 <= end - start <= MAX_DURATION_NS):  # fmt: skip
+                if (
+                    type(start) is not int
+                    or type(end) is not int
+                    or not 0 <= end - start <= MAX_DURATION_NS
+                ):
                     report.bad_rows += 1
                     continue
                 if table == KERNEL_TABLE:
@@ -245,8 +265,11 @@ def devices(report: Report) -> list[int]:
     out: set[int] = set()
     for table in report.counts:
         if "deviceId" in _columns(report.conn, table):
-            out.update(r[0] for r in report.conn.execute(f"SELECT DISTINCT deviceId FROM {table}")
-                       if type(r[0]) is int)  # fmt: skip
+            out.update(
+                r[0]
+                for r in report.conn.execute(f"SELECT DISTINCT deviceId FROM {table}")
+                if type(r[0]) is int
+            )
     return sorted(out)
 
 
@@ -276,8 +299,11 @@ def choose_alignment(
         return None
     lo, hi = span
     candidates: list[tuple[str, int]] = [("monotonic", 0)]
-    if (run_start_wall_ns is not None and run_start_mono_ns is not None
-            and session_start_utc_ns is not None):  # fmt: skip
+    if (
+        run_start_wall_ns is not None
+        and run_start_mono_ns is not None
+        and session_start_utc_ns is not None
+    ):
         candidates.append(("wall", session_start_utc_ns - run_start_wall_ns + run_start_mono_ns))
     for how, shift in candidates:
         if lo + shift <= steps[-1].t1 and hi + shift >= steps[0].t0:

@@ -76,10 +76,17 @@ class SampleSinks:
             self._workers_dropped = untracked
         self.store.submit_nowait(
             runsdb.host_sample_op(
-                s.mono_ns, s.cpu_pct, s.cpu_count, s.disk_read_bps, s.disk_read_iops,
-                s.page_cache_bytes, s.mem_total_bytes, s.swap_in_bps, self.boot_id,
+                s.mono_ns,
+                s.cpu_pct,
+                s.cpu_count,
+                s.disk_read_bps,
+                s.disk_read_iops,
+                s.page_cache_bytes,
+                s.mem_total_bytes,
+                s.swap_in_bps,
+                self.boot_id,
             )
-        )  # fmt: skip
+        )
         for run_id, cores in s.run_cpu_cores.items():
             self.store.submit_nowait(runsdb.run_cpu_op(run_id, s.mono_ns, cores))
         for w in s.worker_cpu:

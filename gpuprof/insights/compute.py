@@ -93,6 +93,10 @@ def flops_mismatch(ctx: RunContext) -> Insight | None:
         fix="Check tokens_per_step (batch × sequence length per optimizer step, all "
         "micro-batches included) and the arch's fields, or declare nothing and let "
         "gpuprof count.",
-        evidence={"declared": declared, "counted": counted, "off": round(off, 4),
-                  "flops_source": ctx.flops_source},  # fmt: skip
+        evidence={
+            "declared": declared,
+            "counted": counted,
+            "off": round(off, 4),
+            "flops_source": ctx.flops_source,
+        },
     )

@@ -243,10 +243,12 @@ def comm_dominant(ctx: GroupContext) -> Insight | None:
         title = f"Collectives take {frac:.0%} of step time on rank {worst}"
         if len(over) > 1:
             title += f" ({span} on ranks {names})"
-        who = (f"Rank {worst} spends a median {frac:.0%} of each step"
-               + (f" (ranks {names}: {span})" if len(over) > 1 else ""))  # fmt: skip
-        cause = ("the gradient all-reduce is not overlapping with backward"
-                 + (" on this rank." if len(shares) > 1 and len(over) == 1 else "."))  # fmt: skip
+        who = f"Rank {worst} spends a median {frac:.0%} of each step" + (
+            f" (ranks {names}: {span})" if len(over) > 1 else ""
+        )
+        cause = "the gradient all-reduce is not overlapping with backward" + (
+            " on this rank." if len(shares) > 1 and len(over) == 1 else "."
+        )
         evidence["rank"] = worst
     else:
         title = f"Collectives take {span} of step time on {len(over)} of {len(shares)} ranks"
@@ -359,8 +361,13 @@ def bucket_skew(ctx: GroupContext) -> Insight | None:
     # a late start usually makes a late finish too: report the start (the cause)
     best, attr, what = found[0]
     rank, bucket, share, p95, med, steps = (
-        best.rank, best.bucket, best.share, best.p95, best.med, best.steps
-    )  # fmt: skip
+        best.rank,
+        best.bucket,
+        best.share,
+        best.p95,
+        best.med,
+        best.steps,
+    )
     own = [c for c in tried[attr] if c.rank == rank]
     n_buckets = len(own)
     late_buckets = [c.bucket for c in own if late(c)]
@@ -394,8 +401,9 @@ def bucket_skew(ctx: GroupContext) -> Insight | None:
     )
 
 
-def _vs_others(ranks: list[RankStats], who: int, attr: str,
-               cmp: Callable[[float, float], bool]) -> list[bool]:  # fmt: skip
+def _vs_others(
+    ranks: list[RankStats], who: int, attr: str, cmp: Callable[[float, float], bool]
+) -> list[bool]:
     """Per steady step: ``cmp(mine, others)``, rank *who*'s *attr* value against
     the median of the other ranks' on the same step."""
     own = next(r for r in ranks if r.rank == who)

@@ -293,8 +293,13 @@ class GpuAccumulator:
         for name in ("idle_n", "reasons_n", "capped_n", "thermal_n"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.reasons_any |= other.reasons_any
-        for name in ("mem_total_bytes", "sm_active_max_mhz", "sm_limit_mhz",
-                     "pcie_rx_max_kbps", "pcie_tx_max_kbps"):  # fmt: skip
+        for name in (
+            "mem_total_bytes",
+            "sm_active_max_mhz",
+            "sm_limit_mhz",
+            "pcie_rx_max_kbps",
+            "pcie_tx_max_kbps",
+        ):
             mine, theirs = getattr(self, name), getattr(other, name)
             if theirs is not None and (mine is None or theirs > mine):
                 setattr(self, name, theirs)
@@ -305,9 +310,7 @@ class GpuAccumulator:
         n = self.util.n
         if not n:
             return None
-        refs = [
-            c for c in (max_sm_mhz, self.sm_limit_mhz, self.sm_active_max_mhz) if c is not None
-        ]
+        refs = [c for c in (max_sm_mhz, self.sm_limit_mhz, self.sm_active_max_mhz) if c is not None]
         has_reasons = self.reasons_n > 0
         return GpuStats(
             samples=n,
@@ -334,9 +337,19 @@ class GpuAccumulator:
 
 
 _MERGED_AGGS = (
-    "util", "mem_used", "power_mw", "temp_c", "sm_mhz", "mem_util", "capped_sm_mhz",
-    "thermal_sm_mhz", "gpm_sm_util", "gpm_sm_occupancy", "gpm_tensor_util", "gpm_dram_bw_util",
-)  # fmt: skip
+    "util",
+    "mem_used",
+    "power_mw",
+    "temp_c",
+    "sm_mhz",
+    "mem_util",
+    "capped_sm_mhz",
+    "thermal_sm_mhz",
+    "gpm_sm_util",
+    "gpm_sm_occupancy",
+    "gpm_tensor_util",
+    "gpm_dram_bw_util",
+)
 
 
 def gpu_stats(
@@ -405,8 +418,7 @@ def _memory_cause(ctx: RunContext, used: int, total: int) -> tuple[str | None, s
     limit = MEMORY_CAUSE_FRACTION * total
     if cache >= limit and cache >= outside:
         return "allocator_cache", split + (
-            f"The {cache / 1e9:.1f} GB of cached, unused blocks is fragmentation, "
-            "not live tensors."
+            f"The {cache / 1e9:.1f} GB of cached, unused blocks is fragmentation, not live tensors."
         )
     if outside >= limit:
         return "outside_torch", split + "Most of the pressure is not torch's tensors."

@@ -126,9 +126,10 @@ def build_group_context(group: str, ranks: Sequence[RankRows]) -> GroupContext:
         usual = max(sets, key=lambda s: (sets[s], len(s)))
         order = sorted(usual)
         bucket_steps = [
-            step for step in common
+            step
+            for step in common
             if all(frozenset(by_rank[r.rank].get(step, {})) == usual for r in timed)
-        ]  # fmt: skip
+        ]
     out = []
     for r in ranks:
         steps = _timed_steps(r)
@@ -156,6 +157,6 @@ def build_group_context(group: str, ranks: Sequence[RankRows]) -> GroupContext:
                 comm_ms=comm_ms,
                 bucket_start_ns=starts,
                 bucket_end_ns=ends,
-            )  # fmt: skip
+            )
         )
     return GroupContext(group=group, ranks=tuple(out))

@@ -127,10 +127,15 @@ def _as_agg(row: Any) -> KernelAgg:
         return row
     if isinstance(row, Mapping):
         flops = row.get("flops")
-        return KernelAgg(str(row["name"]), str(row["kind"]), str(row["cls"]),
-                         int(row.get("count") or 0), int(row.get("total_ns") or 0),
-                         int(row.get("self_ns") or 0),
-                         None if flops is None else float(flops))  # fmt: skip
+        return KernelAgg(
+            str(row["name"]),
+            str(row["kind"]),
+            str(row["cls"]),
+            int(row.get("count") or 0),
+            int(row.get("total_ns") or 0),
+            int(row.get("self_ns") or 0),
+            None if flops is None else float(flops),
+        )
     return KernelAgg.from_wire(row)
 
 
@@ -168,10 +173,13 @@ def kernel_stats(
     sources = {str(w.get("source") or "snapshot") for w, _ in kernel_windows}
     source = next((s for s in SOURCE_PREFERENCE if s in sources), min(sources, default=""))
     chosen = sorted(
-        ((w, [_as_agg(r) for r in rows]) for w, rows in kernel_windows
-         if str(w.get("source") or "snapshot") == source),
-        key=lambda wr: (wr[0].get("t0") or 0),
-    )  # fmt: skip
+        (
+            (w, [_as_agg(r) for r in rows])
+            for w, rows in kernel_windows
+            if str(w.get("source") or "snapshot") == source
+        ),
+        key=lambda wr: wr[0].get("t0") or 0,
+    )
     totals: dict[str, list[Any]] = {}  # name -> [cls, count, total_ns]
     ops: dict[str, list[Any]] = {}  # name -> [count, total, self, flops, cls]
     per_window: list[dict[str, int]] = []
@@ -212,11 +220,13 @@ def kernel_stats(
         return None
     kernels = tuple(
         sorted(
-            (KernelTotal(name, cls, count, ns, ns / device_ns)
-             for name, (cls, count, ns) in totals.items()),
+            (
+                KernelTotal(name, cls, count, ns, ns / device_ns)
+                for name, (cls, count, ns) in totals.items()
+            ),
             key=lambda k: (-k.total_ns, k.name),
         )
-    )  # fmt: skip
+    )
     by_class = dict.fromkeys(KERNEL_CLASSES, 0.0)
     for k in kernels:
         by_class[k.cls if k.cls in by_class else "other"] += k.share
@@ -241,7 +251,7 @@ def kernel_stats(
                 (KernelAgg(n, "op", k, c, t, s, f) for n, (c, t, s, f, k) in ops.items()),
                 key=lambda o: (-o.total_ns, o.name),
             )
-        ),  # fmt: skip
+        ),
         class_share=by_class,
         series_unit="step" if per_step else "window",
         series=series,
@@ -623,8 +633,12 @@ def gradient_checkpointing_detected(ctx: RunContext) -> Insight | None:
     if ctx.kernels is not None and ctx.kernels.class_share.get("comm", 0.0) > COMM_SHARE_MAX:
         return None
     ratio = bwd / fwd
-    evidence = {"backward_forward_ratio": round(ratio, 3), "declared": declared,
-                "forward_ms": round(fwd, 2), "backward_ms": round(bwd, 2)}  # fmt: skip
+    evidence = {
+        "backward_forward_ratio": round(ratio, 3),
+        "declared": declared,
+        "forward_ms": round(fwd, 2),
+        "backward_ms": round(bwd, 2),
+    }
     if not declared and ratio >= RECOMPUTE_RATIO_MIN:
         return Insight(
             rule="gradient_checkpointing_detected",

@@ -239,6 +239,10 @@ def high_step_variance(ctx: RunContext) -> Insight | None:
         detail="Some steps take far longer than the rest: periodic work inside the loop.",
         fix="Look for logging, checkpointing or .item() syncs every N steps, and GC pauses "
         "(gc.freeze() after setup).",
-        evidence={"p50_ms": round(p50, 3), "p99_ms": round(p99, 3), "slow_steps": slow,
-                  "excess_ms": round(excess_ms, 1)},  # fmt: skip
+        evidence={
+            "p50_ms": round(p50, 3),
+            "p99_ms": round(p99, 3),
+            "slow_steps": slow,
+            "excess_ms": round(excess_ms, 1),
+        },
     )

@@ -157,9 +157,19 @@ class _Gap:
     """
 
     __slots__ = (
-        "calls", "first_ns", "before_ns", "during_ns", "after_ns", "recent", "sealed",
-        "all_chained", "iter_ns", "after_iter_ns", "iter_loading_ns", "iter_call",
-    )  # fmt: skip
+        "calls",
+        "first_ns",
+        "before_ns",
+        "during_ns",
+        "after_ns",
+        "recent",
+        "sealed",
+        "all_chained",
+        "iter_ns",
+        "after_iter_ns",
+        "iter_loading_ns",
+        "iter_call",
+    )
 
     def __init__(self) -> None:
         self.calls = 0
@@ -756,8 +766,11 @@ class StepMachine:
                 head.end_ns = max(head.end_ns, tail.end_ns)
         self._open = head  # its last cycle, complete once it steps again
         self._set_primary(optimizer)
-        log.debug("gpuprof: %s stepped %d times alone: it now defines the step",
-                  self._names[idx], len(tails) - first)  # fmt: skip
+        log.debug(
+            "gpuprof: %s stepped %d times alone: it now defines the step",
+            self._names[idx],
+            len(tails) - first,
+        )
 
     def _emit_segment(self, seg: _Segment, t1: int) -> None:
         t0 = seg.t0
@@ -793,9 +806,17 @@ class StepMachine:
         i = self.next_index
         self.next_index = i + 1
         rec = StepRecord(
-            i, t0, t1, wait, explicit, seg.micro + seg.closure_micro, phases,
-            seg.skipped, seg.eval_ns, optimizers,
-        )  # fmt: skip
+            i,
+            t0,
+            t1,
+            wait,
+            explicit,
+            seg.micro + seg.closure_micro,
+            phases,
+            seg.skipped,
+            seg.eval_ns,
+            optimizers,
+        )
         clock = self.clock
         t_emit = clock()
         self.emit(rec)  # may send a burst of events: gpuprof's own time, kept apart

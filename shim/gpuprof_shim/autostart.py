@@ -40,11 +40,16 @@ _spawned: list[subprocess.Popen[bytes]] = []
 def daemon_argv(socket_dir: Path, db: Path) -> list[str]:
     """The command that starts gpuprofd for *socket_dir* and *db*."""
     return [
-        sys.executable, "-m", "gpuprofd",
-        "--socket-dir", str(socket_dir),
-        "--db", str(db),
-        "--idle-exit", str(IDLE_EXIT_S),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "gpuprofd",
+        "--socket-dir",
+        str(socket_dir),
+        "--db",
+        str(db),
+        "--idle-exit",
+        str(IDLE_EXIT_S),
+    ]
 
 
 def spawned_processes() -> list[subprocess.Popen[bytes]]:

@@ -477,8 +477,13 @@ class ClockAligner:
             if offset is None:
                 row = [0, 0, 0, 0, len(exchanges)]
             else:
-                row = [1, offset.offset_ns, offset.uncertainty_ns, offset.rtt_ns,
-                       offset.round_trips]  # fmt: skip
+                row = [
+                    1,
+                    offset.offset_ns,
+                    offset.uncertainty_ns,
+                    offset.rtt_ns,
+                    offset.round_trips,
+                ]
             pg.send([torch.tensor(row, dtype=torch.int64)], peer, _TAG_RESULT).wait(timeout)
         return ClockOffset(0, 0, 0, min(made, _MAX_ROUND_TRIPS), 0)
 

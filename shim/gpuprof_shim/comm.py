@@ -493,8 +493,9 @@ class CommTimer:
                     timing = None
                 if timing is None:
                     late.append(rec)
-                elif (0 <= timing.bucket < MAX_BUCKETS_PER_STEP
-                      and timing.nbytes <= MAX_BUCKET_BYTES):  # fmt: skip
+                elif (
+                    0 <= timing.bucket < MAX_BUCKETS_PER_STEP and timing.nbytes <= MAX_BUCKET_BYTES
+                ):
                     timings.append(timing)
             if late and not final and now - step.t1 < HOLD_NS:
                 with self._lock:  # back in front, in order: the next send tries again

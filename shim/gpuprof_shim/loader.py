@@ -50,8 +50,12 @@ class TimedLoader:
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or name in (
-            "_loader", "_on_iter", "_on_wait", "_clock", "_on_iterator",
-        ):  # fmt: skip
+            "_loader",
+            "_on_iter",
+            "_on_wait",
+            "_clock",
+            "_on_iterator",
+        ):
             raise AttributeError(name)
         return getattr(self._loader, name)
 

@@ -115,8 +115,9 @@ class PatchSet:
                 else:
                     log.warning(
                         "gpuprof: %s.%s was re-patched by someone else; leaving theirs in place",
-                        getattr(p.target, "__name__", p.target), p.name,
-                    )  # fmt: skip
+                        getattr(p.target, "__name__", p.target),
+                        p.name,
+                    )
             except Exception:
                 log.warning("gpuprof: could not restore %s", p.name, exc_info=True)
         with _live_lock:

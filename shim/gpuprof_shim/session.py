@@ -174,9 +174,7 @@ class Profiler:
         self.autostart = bool(autostart)
         self.run_key = uuid.uuid4().hex
         self.ranks = identity.read_ranks()
-        self.print_summary = (
-            self.ranks.rank == 0 if print_summary is None else bool(print_summary)
-        )
+        self.print_summary = self.ranks.rank == 0 if print_summary is None else bool(print_summary)
         #: The group id (torchrun's run id, or *group*); None: its own group.
         self.group = identity.group_id(None if group is None else str(group))
         self.run_id: int | None = None

@@ -105,11 +105,19 @@ MAX_STEP = 1 << 40
 #: Default total size of chrome traces written to ``trace_dir``, MB.
 DEFAULT_TRACE_DIR_MAX_MB = 1024.0
 #: Names torch's own ``key_averages()`` leaves out (profiler bookkeeping).
-_SKIPPED_NAMES = frozenset({
-    "profiler::_record_function_enter", "profiler::_record_function_enter_new",
-    "profiler::_record_function_exit", "aten::is_leaf", "aten::output_nr", "aten::_version",
-    "[memory]", "[OutOfMemory]", "Activity Buffer Request",
-})  # fmt: skip
+_SKIPPED_NAMES = frozenset(
+    {
+        "profiler::_record_function_enter",
+        "profiler::_record_function_enter_new",
+        "profiler::_record_function_exit",
+        "aten::is_leaf",
+        "aten::output_nr",
+        "aten::_version",
+        "[memory]",
+        "[OutOfMemory]",
+        "Activity Buffer Request",
+    }
+)
 _FILE_SAFE_RE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
@@ -286,8 +294,17 @@ def fold_kineto(events: Iterable[Any], cpu: Any) -> tuple[list[KernelAgg], int]:
         acc2[3] += flops
     for name, (count, total_ns, self_ns, flops) in per_name.items():
         if total_ns > 0 or flops > 0:
-            rows.append(KernelAgg(_row_name(name), "op", "compute", count, total_ns, self_ns,
-                                  float(flops) if flops > 0 else None))  # fmt: skip
+            rows.append(
+                KernelAgg(
+                    _row_name(name),
+                    "op",
+                    "compute",
+                    count,
+                    total_ns,
+                    self_ns,
+                    float(flops) if flops > 0 else None,
+                )
+            )
     return fold_counted(rows)
 
 
@@ -541,10 +558,15 @@ class Tracer:
             events = results.events() if results is not None else []
             rows, dropped = fold_kineto(events, self._torch.autograd.DeviceType.CPU)
             msg = {
-                "v": 1, "type": "kernels", "run_key": self.run_key, "t0": self._t0, "t1": t1,
-                "source": self._source, "steps": [self._step][:MAX_WINDOW_STEPS],
+                "v": 1,
+                "type": "kernels",
+                "run_key": self.run_key,
+                "t0": self._t0,
+                "t1": t1,
+                "source": self._source,
+                "steps": [self._step][:MAX_WINDOW_STEPS],
                 "rows": [r.to_wire() for r in rows],
-            }  # fmt: skip
+            }
             if dropped:
                 msg["rows_dropped"] = dropped
             self.send(msg)
@@ -632,9 +654,11 @@ class Tracer:
         )
         try:
             if self._earlier_bytes is None:  # the cap is the directory's: earlier runs count
-                self._earlier_bytes = sum(
-                    f.stat().st_size for f in opts.trace_dir.glob("*.pt.trace.json.gz")
-                ) if opts.trace_dir.is_dir() else 0  # fmt: skip
+                self._earlier_bytes = (
+                    sum(f.stat().st_size for f in opts.trace_dir.glob("*.pt.trace.json.gz"))
+                    if opts.trace_dir.is_dir()
+                    else 0
+                )
             used = self._earlier_bytes + self.bytes_written
             if used >= cap:
                 raise _DirFull
@@ -650,7 +674,8 @@ class Tracer:
             self._dir_full = True
             earlier = (
                 f", {self._earlier_bytes / 1e6:.1f} MB of it from earlier runs"
-                if self._earlier_bytes else ""
+                if self._earlier_bytes
+                else ""
             )
             text = (
                 f"trace_dir cap of {cap / 1e6:g} MB reached{earlier}: no more chrome traces "

@@ -28,26 +28,50 @@ PHASES = {"forward": 3_000_000, "backward": 4_000_000, "optimizer": 2_000_000}
 
 def hello(run_key: str, pid: int, run_name: str = "test-run", **extra: Any) -> dict[str, Any]:
     return {
-        "v": 1, "type": "hello", "run_key": run_key, "run_name": run_name, "pid": pid,
-        "host": "testhost", "rank": 0, "local_rank": 0, "world_size": 1,
-        "wall_ns": time.time_ns(), "mono_ns": time.monotonic_ns(), "auto": True,
-        "options": {}, **extra,
-    }  # fmt: skip
+        "v": 1,
+        "type": "hello",
+        "run_key": run_key,
+        "run_name": run_name,
+        "pid": pid,
+        "host": "testhost",
+        "rank": 0,
+        "local_rank": 0,
+        "world_size": 1,
+        "wall_ns": time.time_ns(),
+        "mono_ns": time.monotonic_ns(),
+        "auto": True,
+        "options": {},
+        **extra,
+    }
 
 
 def step(run_key: str, i: int, base_ns: int, micro: int = 1) -> dict[str, Any]:
     t0 = base_ns + i * (STEP_NS + WAIT_NS)
     return {
-        "v": 1, "type": "step", "run_key": run_key, "i": i, "t0": t0, "t1": t0 + STEP_NS,
-        "wait": WAIT_NS, "explicit": False, "micro": micro, "phases": dict(PHASES),
-    }  # fmt: skip
+        "v": 1,
+        "type": "step",
+        "run_key": run_key,
+        "i": i,
+        "t0": t0,
+        "t1": t0 + STEP_NS,
+        "wait": WAIT_NS,
+        "explicit": False,
+        "micro": micro,
+        "phases": dict(PHASES),
+    }
 
 
 def bye(run_key: str, sent: int, dropped: int = 0, status: str = "finished") -> dict[str, Any]:
     return {
-        "v": 1, "type": "bye", "run_key": run_key, "status": status, "sent": sent,
-        "dropped": dropped, "mono_ns": time.monotonic_ns(), "wall_ns": time.time_ns(),
-    }  # fmt: skip
+        "v": 1,
+        "type": "bye",
+        "run_key": run_key,
+        "status": status,
+        "sent": sent,
+        "dropped": dropped,
+        "mono_ns": time.monotonic_ns(),
+        "wall_ns": time.time_ns(),
+    }
 
 
 class Client:
@@ -102,8 +126,14 @@ class Daemons:
         self.procs: list[subprocess.Popen[bytes]] = []
         self.clients: list[Client] = []
 
-    def start(self, sock_dir: Path, db: Path, *args: str, env: dict[str, str] | None = None,
-              prelude: str | None = None) -> subprocess.Popen[bytes]:  # fmt: skip
+    def start(
+        self,
+        sock_dir: Path,
+        db: Path,
+        *args: str,
+        env: dict[str, str] | None = None,
+        prelude: str | None = None,
+    ) -> subprocess.Popen[bytes]:
         """``python -m gpuprofd``; with *prelude*, that Python code runs in the
         daemon's process first (``python -c``), e.g. to swap in a failing rule."""
         log = open(self.log_dir / f"daemon{len(self.procs)}.log", "wb")  # noqa: SIM115
@@ -113,10 +143,21 @@ class Daemons:
             code = f"{prelude}\nimport sys\nfrom gpuprofd.__main__ import main\n"
             entry = ["-c", code + "sys.exit(main(sys.argv[1:]))"]
         proc = subprocess.Popen(
-            [sys.executable, *entry, "--socket-dir", str(sock_dir), "--db", str(db),
-             "--log-level", "debug", *args],
-            stdout=log, stderr=subprocess.STDOUT, env=full_env,
-        )  # fmt: skip
+            [
+                sys.executable,
+                *entry,
+                "--socket-dir",
+                str(sock_dir),
+                "--db",
+                str(db),
+                "--log-level",
+                "debug",
+                *args,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+        )
         log.close()
         self.procs.append(proc)
         return proc

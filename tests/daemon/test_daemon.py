@@ -16,7 +16,10 @@ import pytest
 def test_numeric_options_refuse_nan_and_infinity(tmp_path: Path, option: str, value: str):
     proc = subprocess.run(
         [sys.executable, "-m", "gpuprofd", "--db", str(tmp_path / "g.db"), option, value],
-        capture_output=True, text=True, timeout=30, check=False,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
     )
     assert proc.returncode == 2
     assert f"Invalid value for '{option}'" in proc.stderr
@@ -26,9 +29,12 @@ def test_numeric_options_refuse_nan_and_infinity(tmp_path: Path, option: str, va
 def test_an_unknown_gpu_backend_is_one_clear_line(tmp_path: Path):
     proc = subprocess.run(
         [sys.executable, "-m", "gpuprofd", "--db", str(tmp_path / "g.db")],
-        capture_output=True, text=True, timeout=30, check=False,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
         env={**os.environ, "GPUPROF_NVML": "bogus"},
-    )  # fmt: skip
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "gpuprofd: error: GPUPROF_NVML='bogus' is not a GPU backend: use real (the default), "

@@ -165,9 +165,17 @@ def _schema_1_db_with_raw_rows(tmp_path: Path, phase: str) -> tuple[Path, int]:
             s = fast[0]
             conn.execute(
                 "INSERT INTO gpu_samples VALUES (?, 0, ?, ?, ?, ?, ?, ?, ?)",
-                (ns, s.uuid, s.util_pct, s.mem_used_bytes, s.mem_total_bytes, s.power_mw,
-                 s.temp_c, s.sm_clock_mhz),
-            )  # fmt: skip
+                (
+                    ns,
+                    s.uuid,
+                    s.util_pct,
+                    s.mem_used_bytes,
+                    s.mem_total_bytes,
+                    s.power_mw,
+                    s.temp_c,
+                    s.sm_clock_mhz,
+                ),
+            )
             n += 1
     conn.commit()
     conn.close()

@@ -41,15 +41,28 @@ def daemon(tmp_path: Path) -> Iterator[tuple[h.Daemons, Path, Path]]:
         yield daemons, sock_dir, tmp_path / "g.db"
 
 
-def _start_ranks(client: h.Client, group: str, steps: dict[int, list[dict[str, Any]]],
-                 pids: dict[int, int] | None = None) -> None:  # fmt: skip
+def _start_ranks(
+    client: h.Client,
+    group: str,
+    steps: dict[int, list[dict[str, Any]]],
+    pids: dict[int, int] | None = None,
+) -> None:
     """Every rank says hello and sends all its steps (as concurrent ranks would
     have by the time the first one ends); *pids*: rank -> its process (default ours)."""
     n = len(steps)
     for r in range(n):
         pid = (pids or {}).get(r, os.getpid())
-        hello = h.hello(f"{group}-{r}", pid, run_name=group, rank=r, local_rank=r,
-                        world_size=n, group=group, local_world_size=n, host="node-a")  # fmt: skip
+        hello = h.hello(
+            f"{group}-{r}",
+            pid,
+            run_name=group,
+            rank=r,
+            local_rank=r,
+            world_size=n,
+            group=group,
+            local_world_size=n,
+            host="node-a",
+        )
         assert client.request(hello)["ok"]
     for i in range(len(steps[0])):
         for r in range(n):
@@ -63,8 +76,12 @@ def _bye(client: h.Client, group: str, rank: int, sent: int) -> dict[str, Any]:
 
 
 def _stored(db: Path, group: str) -> list[tuple[Any, ...]]:
-    rows = h.query(db, "SELECT ranks, rule, severity, title, evidence FROM group_insights "
-                       "WHERE group_id = ? ORDER BY rowid", (group,))  # fmt: skip
+    rows = h.query(
+        db,
+        "SELECT ranks, rule, severity, title, evidence FROM group_insights "
+        "WHERE group_id = ? ORDER BY rowid",
+        (group,),
+    )
     return [tuple(r) for r in rows]
 
 
@@ -121,8 +138,14 @@ def test_a_balanced_group_and_a_lone_run_get_no_group_block(daemon) -> None:
     _start_ranks(client, "even", steps)
     summaries = [_bye(client, "even", r, sent=30) for r in (0, 1)]
     for s in summaries:
-        assert s["group"] == {"group": "even", "ranks": 2, "insights": [], "lost_ranks": [],
-                              "missing_ranks": [], "runs_note": None}  # fmt: skip
+        assert s["group"] == {
+            "group": "even",
+            "ranks": 2,
+            "insights": [],
+            "lost_ranks": [],
+            "missing_ranks": [],
+            "runs_note": None,
+        }
         text = format_summary(s)
         assert "  Group even" not in text  # no block; the group report is named
         assert f"  Group report: gpuprofctl insights {db} --group even" in text.splitlines()
@@ -204,8 +227,10 @@ def test_slow_group_rules_leave_a_note_and_are_stored_once_ready(daemon) -> None
     assert time.monotonic() - t < 2 * 1.5  # neither bye waited for the rules
     for s in summaries:
         assert "group" not in s
-        assert "the group's findings were not ready in time: gpuprofctl insights --group job" in (
-            s["notes"])  # fmt: skip
+        assert (
+            "the group's findings were not ready in time: gpuprofctl insights --group job"
+            in (s["notes"])
+        )
     h.poll_db(db, "SELECT rule FROM group_insights WHERE group_id = 'job'", (), "slow_rule")
 
 
@@ -235,8 +260,10 @@ def test_one_comm_definition_for_the_summary_the_group_report_and_the_rules(
     assert comm["median_exposed_ms"] == pytest.approx(median(rank0.comm_ms[3:]), abs=1e-3)
     assert comm["median_exposed_ms"] < 40  # the mean is ~62 ms
     line = next(x for x in format_summary(summaries[0]).splitlines() if "Comm " in x)
-    assert line.startswith(f"  Comm (median of steady steps): {comm['median_exposed_ms']:.1f} "
-                           f"ms/step exposed, {100 * comm['median_share_of_step']:.0f} % of step")
+    assert line.startswith(
+        f"  Comm (median of steady steps): {comm['median_exposed_ms']:.1f} "
+        f"ms/step exposed, {100 * comm['median_share_of_step']:.0f} % of step"
+    )
 
     data = _ctl_json(capsys, "insights", str(db), "--group", "one")
     r0 = next(r for r in data["ranks"] if r["rank"] == 0)["comm"]
@@ -244,8 +271,10 @@ def test_one_comm_definition_for_the_summary_the_group_report_and_the_rules(
     assert r0["median_share_of_step"] == comm["median_share_of_step"]
     assert main(["insights", str(db), "--group", "one"]) == 0
     rank_line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("  rank 0 "))
-    assert (f"comm median {comm['median_exposed_ms']:.1f} ms/step exposed "
-            f"({100 * comm['median_share_of_step']:.0f} % of step)") in rank_line
+    assert (
+        f"comm median {comm['median_exposed_ms']:.1f} ms/step exposed "
+        f"({100 * comm['median_share_of_step']:.0f} % of step)"
+    ) in rank_line
 
 
 def test_rank_zeros_summary_says_which_rank_was_lost_and_which_never_reported(daemon) -> None:
@@ -258,8 +287,17 @@ def test_rank_zeros_summary_says_which_rank_was_lost_and_which_never_reported(da
     dead.wait()
     steps = group_steps(2, n_steps=30)
     for r, pid in ((0, os.getpid()), (1, dead.pid)):
-        hello = h.hello(f"lost-{r}", pid, run_name="lost", rank=r, local_rank=r, world_size=3,
-                        group="lost", local_world_size=3, host="node-a")  # fmt: skip
+        hello = h.hello(
+            f"lost-{r}",
+            pid,
+            run_name="lost",
+            rank=r,
+            local_rank=r,
+            world_size=3,
+            group="lost",
+            local_world_size=3,
+            host="node-a",
+        )
         assert client.request(hello)["ok"]
     for i in range(30):
         for r in (0, 1) if i < 20 else (0,):
@@ -275,8 +313,9 @@ def test_rank_zeros_summary_says_which_rank_was_lost_and_which_never_reported(da
     text = format_summary(summary).splitlines()
     at = text.index("  Group lost (2 ranks):")
     assert text[at + 1] == "  rank 1 lost at step ~19"
-    assert text[at + 2] == ("  rank 2 never reported: it did not run gpuprof.profile, "
-                            "or ended before its first message")  # fmt: skip
+    assert text[at + 2] == (
+        "  rank 2 never reported: it did not run gpuprof.profile, or ended before its first message"
+    )
     # the lost rank's own summary does not list itself (its status says it)
     h.poll_db(db, "SELECT summary IS NOT NULL FROM runs WHERE run_key = 'lost-1'", (), 1)
     (row,) = h.query(db, "SELECT summary FROM runs WHERE run_key = 'lost-1'")
@@ -294,8 +333,17 @@ def test_a_group_name_reused_across_launches_counts_ranks_not_runs(
         steps = group_steps(2, n_steps=10, seed=launch)
         for r in (0, 1):
             key = f"l{launch}-{r}"
-            hello = h.hello(key, os.getpid(), run_name="exp", rank=r, local_rank=r, world_size=2,
-                            group="my-exp", local_world_size=2, host="node-a")  # fmt: skip
+            hello = h.hello(
+                key,
+                os.getpid(),
+                run_name="exp",
+                rank=r,
+                local_rank=r,
+                world_size=2,
+                group="my-exp",
+                local_world_size=2,
+                host="node-a",
+            )
             assert client.request(hello)["ok"]
             for s in steps[r]:
                 client.push({"v": 1, "type": "step", "run_key": key, **s})
@@ -309,7 +357,8 @@ def test_a_group_name_reused_across_launches_counts_ranks_not_runs(
     assert (data["runs"], data["runs_note"], data["counts"]) == (4, note, {"finished": 2})
     latest = {r[0]: r[1] for r in h.query(db, "SELECT run_key, id FROM runs")}
     assert [(r["rank"], r["run_id"]) for r in data["ranks"]] == [
-        (0, latest["l2-0"]), (1, latest["l2-1"])
+        (0, latest["l2-0"]),
+        (1, latest["l2-1"]),
     ]
     assert main(["insights", str(db), "--group", "my-exp"]) == 0
     text = capsys.readouterr().out.splitlines()
@@ -333,20 +382,34 @@ def test_ranks_without_collective_timings_are_said_and_their_clock_is_unknown(
             s["phases"]["backward"] += s["phases"].pop("comm")
     _start_ranks(client, "nocomm", steps)
     # rank 0 aligned the others to itself: offset 0 ± 0 (what the shim stores)
-    client.push({"v": 1, "type": "clock", "run_key": "nocomm-0", "offset_ns": 0,
-                 "uncertainty_ns": 0, "rtt_ns": 0, "round_trips": 64,
-                 "reference_rank": 0})  # fmt: skip
+    client.push(
+        {
+            "v": 1,
+            "type": "clock",
+            "run_key": "nocomm-0",
+            "offset_ns": 0,
+            "uncertainty_ns": 0,
+            "rtt_ns": 0,
+            "round_trips": 64,
+            "reference_rank": 0,
+        }
+    )
     for r in (0, 1):
         _bye(client, "nocomm", r, sent=31 if r == 0 else 30)
     data = _ctl_json(capsys, "insights", str(db), "--group", "nocomm")
-    message = ("no collective timings from ranks 0, 1 (comm hook registered before "
-               "gpuprof.profile, or time_comm=False): straggler_rank, bucket_skew and "
-               "comm_dominant cannot run; rank_skew only")  # fmt: skip
+    message = (
+        "no collective timings from ranks 0, 1 (comm hook registered before "
+        "gpuprof.profile, or time_comm=False): straggler_rank, bucket_skew and "
+        "comm_dominant cannot run; rank_skew only"
+    )
     assert data["comm_missing"] == {"ranks": [0, 1], "message": message}
     assert main(["insights", str(db), "--group", "nocomm"]) == 0
     text = capsys.readouterr().out.splitlines()
-    assert text[:3] == ["group nocomm: finished (2 ranks: 2 finished)", f"  {message}",
-                        "  Group insights (0):"]  # fmt: skip
+    assert text[:3] == [
+        "group nocomm: finished (2 ranks: 2 finished)",
+        f"  {message}",
+        "  Group insights (0):",
+    ]
     rank0 = next(x for x in text if x.startswith("  rank 0 "))
     rank1 = next(x for x in text if x.startswith("  rank 1 "))
     assert rank0.endswith("comm none timed, clock reference") and "0.000" not in rank0

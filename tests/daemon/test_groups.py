@@ -14,9 +14,21 @@ from gpuprofd.storage.reads import group_status, missing_ranks
 
 
 def hello(**kw):
-    msg = {"v": PROTOCOL_VERSION, "type": "hello", "run_key": "k", "run_name": "r", "pid": 1,
-           "host": "h", "rank": 1, "local_rank": 1, "world_size": 4, "wall_ns": 1,
-           "mono_ns": 1, "auto": True, "options": {}}  # fmt: skip
+    msg = {
+        "v": PROTOCOL_VERSION,
+        "type": "hello",
+        "run_key": "k",
+        "run_name": "r",
+        "pid": 1,
+        "host": "h",
+        "rank": 1,
+        "local_rank": 1,
+        "world_size": 4,
+        "wall_ns": 1,
+        "mono_ns": 1,
+        "auto": True,
+        "options": {},
+    }
     msg.update(kw)
     return msg
 
@@ -51,8 +63,13 @@ def test_bad_group_fields_are_rejected(extra, field):
     assert reason(hello(**extra)) == f"bad_field:{field}"
 
 
-TORCHRUN = {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2",
-            "TORCHELASTIC_RUN_ID": "job-42"}  # fmt: skip
+TORCHRUN = {
+    "RANK": "3",
+    "LOCAL_RANK": "1",
+    "WORLD_SIZE": "4",
+    "LOCAL_WORLD_SIZE": "2",
+    "TORCHELASTIC_RUN_ID": "job-42",
+}
 
 
 def test_ranks_and_group_from_torchrun_env():
@@ -76,9 +93,20 @@ def test_torchrun_default_run_id_becomes_one_group_per_launch():
 def test_group_is_cleaned_and_bounded_so_the_daemon_accepts_it():
     gid = identity.group_id(env={"TORCHELASTIC_RUN_ID": "a\x1b[0m\u202e" + "y" * 500})
     assert gid is not None and len(gid) <= MAX_GROUP_CHARS
-    msg = messages.hello(run_key="k", run_name="r", pid=1, host="h", ranks=identity.Ranks(),
-                         wall_ns=1, mono_ns=1, auto=True, options={}, cuda_uuid=None,
-                         argv=None, group=gid)  # fmt: skip
+    msg = messages.hello(
+        run_key="k",
+        run_name="r",
+        pid=1,
+        host="h",
+        ranks=identity.Ranks(),
+        wall_ns=1,
+        mono_ns=1,
+        auto=True,
+        options={},
+        cuda_uuid=None,
+        argv=None,
+        group=gid,
+    )
     assert decode(encode(msg), "control")["group"] == gid
 
 
@@ -112,20 +140,25 @@ def test_group_status_summarises_the_ranks(statuses, status):
 
 
 def _run(rank, local_rank, host="h", world=4, local_world=4, status="finished"):
-    return {"rank": rank, "local_rank": local_rank, "host": host, "world_size": world,
-            "local_world_size": local_world, "status": status}  # fmt: skip
+    return {
+        "rank": rank,
+        "local_rank": local_rank,
+        "host": host,
+        "world_size": world,
+        "local_world_size": local_world,
+        "status": status,
+    }
 
 
 def test_missing_ranks_on_one_node_are_named_by_rank():
     runs = [_run(0, 0), _run(1, 1), _run(3, 3)]
     (gone,) = missing_ranks(runs)
-    message = ("rank 2 never reported: it did not run gpuprof.profile, "
-               "or ended before its first message")
+    message = (
+        "rank 2 never reported: it did not run gpuprof.profile, or ended before its first message"
+    )
     assert gone == {"rank": 2, "local_rank": 2, "host": "h", "message": message}
     assert missing_ranks([*runs, _run(2, 2)]) == []
-    assert group_line("g", runs) == (
-        f"group g: finished (3 ranks: 3 finished); {message}"
-    )
+    assert group_line("g", runs) == (f"group g: finished (3 ranks: 3 finished); {message}")
 
 
 def test_missing_ranks_across_nodes_are_named_by_local_rank_and_host():

@@ -19,8 +19,14 @@ N = 40
 STEP_NS, WAIT_NS = 10_000_000, 8_000_000
 
 
-def _db(tmp_path: Path, *, rank_cores: float, other_load_cores: float, cpu_count: int = 2,
-        with_outsider: bool = False) -> Path:  # fmt: skip
+def _db(
+    tmp_path: Path,
+    *,
+    rank_cores: float,
+    other_load_cores: float,
+    cpu_count: int = 2,
+    with_outsider: bool = False,
+) -> Path:
     """Two ranks of group 'job' on 'node', each at *rank_cores*; the host
     busy with both plus *other_load_cores*; loader stalls in every step."""
     db = tmp_path / "g.db"
@@ -42,13 +48,16 @@ def _db(tmp_path: Path, *, rank_cores: float, other_load_cores: float, cpu_count
     for i in range(N):
         t = T0 + i * TICK
         pct = min(100.0, 100 * busy / cpu_count)
-        conn.execute("INSERT INTO host_samples (mono_ns, cpu_pct, cpu_count, boot_id) "
-                     "VALUES (?, ?, ?, 'b')", (t, pct, cpu_count))  # fmt: skip
+        conn.execute(
+            "INSERT INTO host_samples (mono_ns, cpu_pct, cpu_count, boot_id) VALUES (?, ?, ?, 'b')",
+            (t, pct, cpu_count),
+        )
         for run_id in ids[:2]:
             conn.execute("INSERT INTO run_cpu_samples VALUES (?, ?, ?)", (run_id, t, rank_cores))
         if with_outsider:
-            conn.execute("INSERT INTO run_cpu_samples VALUES (?, ?, ?)",
-                         (ids[2], t, other_load_cores))  # fmt: skip
+            conn.execute(
+                "INSERT INTO run_cpu_samples VALUES (?, ?, ?)", (ids[2], t, other_load_cores)
+            )
     # a sample of rank 1 alone at a time rank 0 was not sampled: not summed in
     conn.execute("INSERT INTO run_cpu_samples VALUES (?, ?, ?)", (ids[1], end + 1, 5.0))
     for run_id in ids:

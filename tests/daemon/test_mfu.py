@@ -66,8 +66,10 @@ def test_counted_flops_and_probed_dtype_give_mfu_everywhere(
     assert summary["mfu"] == pytest.approx(achieved / BF16_PEAK, abs=1e-4)
     compute = summary["compute"]
     assert (compute["flops_source"], compute["dtype"], compute["peak_tflops"]) == (
-        "counter", "bf16", BF16_PEAK,
-    )  # fmt: skip
+        "counter",
+        "bf16",
+        BF16_PEAK,
+    )
     assert f"MFU {summary['mfu']:.1%}: {achieved:.1f} TFLOP/s achieved of 989.4 TFLOP/s bf16" in (
         format_summary(summary)
     )
@@ -92,8 +94,14 @@ async def test_declared_arch_and_dtype_win_and_the_count_is_shown_beside(
     client = _start(daemons, sock_dir, db)
     arch = TransformerArch(layers=4, d_model=1024, heads=16, seq_len=1024, vocab=8192)
     declared = arch.flops_per_step(8 * 1024)
-    options = {"arch": arch.to_dict(), "tokens_per_step": 8 * 1024, "flops_per_step": declared,
-               "flops_source": "arch", "dtype": "bf16", "count_flops": True}  # fmt: skip
+    options = {
+        "arch": arch.to_dict(),
+        "tokens_per_step": 8 * 1024,
+        "flops_per_step": declared,
+        "flops_source": "arch",
+        "dtype": "bf16",
+        "count_flops": True,
+    }
     infos = [
         _model_info("arch", dtype="float32", dtype_source="params"),
         _model_info("arch", flops_counted=3_367_254_360_064.0, flops_step=3),

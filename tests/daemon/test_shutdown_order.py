@@ -38,10 +38,22 @@ async def test_shutdown_stops_tasks_by_name_in_the_documented_order(
     finally:
         shutil.rmtree(sock_dir, ignore_errors=True)
     lines = [r.getMessage() for r in caplog.records]
-    stopped = [m.removeprefix("task ").removesuffix(" stopped") for m in lines
-               if m.startswith("task ") and m.endswith(" stopped")]  # fmt: skip
-    assert stopped == ["ingest", "control", "stop-when-drained", "watch-db", "prune-comm",
-                       "compact-kernels", "prune-raw", "lifecycle", "host"]  # fmt: skip
+    stopped = [
+        m.removeprefix("task ").removesuffix(" stopped")
+        for m in lines
+        if m.startswith("task ") and m.endswith(" stopped")
+    ]
+    assert stopped == [
+        "ingest",
+        "control",
+        "stop-when-drained",
+        "watch-db",
+        "prune-comm",
+        "compact-kernels",
+        "prune-raw",
+        "lifecycle",
+        "host",
+    ]
     down = lines.index("gpuprofd shutting down")
     gpu = next(i for i, m in enumerate(lines) if m.startswith("GPU fast loop"))
     assert down < lines.index("task ingest stopped") and lines.index("task host stopped") < gpu

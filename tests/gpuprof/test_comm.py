@@ -104,10 +104,15 @@ def test_noisy_round_trips_stay_within_the_reported_uncertainty() -> None:
     for _ in range(200):
         offset = rng.randint(-(10**12), 10**12)
         rows = [
-            exchange(i * 10**6, offset, rng.randint(1, 10**5), rng.randint(0, 10**4),
-                     rng.randint(1, 10**5))
+            exchange(
+                i * 10**6,
+                offset,
+                rng.randint(1, 10**5),
+                rng.randint(0, 10**4),
+                rng.randint(1, 10**5),
+            )
             for i in range(ALIGN_ROUND_TRIPS)
-        ]  # fmt: skip
+        ]
         got = ntp_offset(rows)
         assert abs(got.offset_ns - offset) <= got.uncertainty_ns
         assert got.round_trips == ALIGN_ROUND_TRIPS
@@ -197,10 +202,18 @@ def test_bucket_timing_wire_round_trip() -> None:
 def test_comm_rows_survive_the_step_event() -> None:
     rows = [BucketTiming(i, 10 * i, 10 * i + 5, 4 * i) for i in range(3)]
     msg = {
-        "v": 1, "type": "step", "run_key": "r" * 16, "i": 0, "t0": 0, "t1": 10,
-        "wait": 0, "explicit": False, "micro": 1, "phases": {"backward": 10},
+        "v": 1,
+        "type": "step",
+        "run_key": "r" * 16,
+        "i": 0,
+        "t0": 0,
+        "t1": 10,
+        "wait": 0,
+        "explicit": False,
+        "micro": 1,
+        "phases": {"backward": 10},
         "comm": [r.to_wire() for r in rows],
-    }  # fmt: skip
+    }
     try:
         decoded = decode(encode(msg), "data")
     except Exception as exc:  # the step schema's other fields are not ours

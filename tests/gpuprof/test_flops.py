@@ -22,9 +22,12 @@ TOLERANCE = 0.03
 
 def fixture_gpt(entry: dict) -> TransformerArch:
     return TransformerArch(
-        layers=entry["n_layer"], d_model=entry["d"], heads=entry["n_head"],
-        seq_len=entry["T"], vocab=entry["vocab"],
-    )  # fmt: skip
+        layers=entry["n_layer"],
+        d_model=entry["d"],
+        heads=entry["n_head"],
+        seq_len=entry["T"],
+        vocab=entry["vocab"],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -96,19 +99,34 @@ def test_gqa_gated_moe_and_lora():
 
 
 def test_wire_form_round_trips_and_bad_dicts_are_named():
-    arch = TransformerArch(layers=2, d_model=64, heads=4, seq_len=32, vocab=128, kv_heads=2,
-                           gated_mlp=True, lora_rank=4, checkpointing=True)  # fmt: skip
+    arch = TransformerArch(
+        layers=2,
+        d_model=64,
+        heads=4,
+        seq_len=32,
+        vocab=128,
+        kv_heads=2,
+        gated_mlp=True,
+        lora_rank=4,
+        checkpointing=True,
+    )
     assert TransformerArch.from_dict(arch.to_dict()) == arch
     assert arch.to_dict()["checkpointing"] is True
     ok = arch.to_dict()
     for bad, why in [
-        ({**ok, "layers": 0}, "layers"), ({**ok, "layers": True}, "layers"),
-        ({**ok, "evil": 1}, "unknown keys"), ({**ok, "lora_targets": ["x" * 500]}, "lora_targets"),
-        ({**ok, "attention": "sparse"}, "attention"), ({**ok, "heads": 3}, "multiple"),
-        ({**ok, "kv_heads": 3}, "kv_heads"), ({**ok, "top_k": 4}, "top_k"),
-        ({**ok, "mlp_ratio": float("nan")}, "mlp_ratio"), ({**ok, "seq_len": 1 << 40}, "seq_len"),
-        ([], "not a dict"), ({"layers": 1}, "missing"),
-    ]:  # fmt: skip
+        ({**ok, "layers": 0}, "layers"),
+        ({**ok, "layers": True}, "layers"),
+        ({**ok, "evil": 1}, "unknown keys"),
+        ({**ok, "lora_targets": ["x" * 500]}, "lora_targets"),
+        ({**ok, "attention": "sparse"}, "attention"),
+        ({**ok, "heads": 3}, "multiple"),
+        ({**ok, "kv_heads": 3}, "kv_heads"),
+        ({**ok, "top_k": 4}, "top_k"),
+        ({**ok, "mlp_ratio": float("nan")}, "mlp_ratio"),
+        ({**ok, "seq_len": 1 << 40}, "seq_len"),
+        ([], "not a dict"),
+        ({"layers": 1}, "missing"),
+    ]:
         problem = arch_problem(bad)
         assert problem is not None and why in problem, (bad, problem)
         assert len(problem) <= 200

@@ -11,15 +11,23 @@ from gpuprof.gpus import DTYPES, GPU_SPECS, find_gpu, normalize_dtype, peak_tflo
 @pytest.mark.parametrize(
     ("nvml_name", "row"),
     [
-        ("NVIDIA H200", "H200"), ("NVIDIA H200 NVL", "H200 NVL"),
-        ("NVIDIA H100 80GB HBM3", "H100 SXM"), ("NVIDIA H100 PCIe", "H100 PCIe"),
-        ("NVIDIA H100 NVL", "H100 NVL"), ("NVIDIA A100-SXM4-80GB", "A100 80GB"),
-        ("NVIDIA A100-PCIE-40GB", "A100 40GB"), ("NVIDIA A10", "A10"), ("NVIDIA A10G", "A10G"),
-        ("NVIDIA L4", "L4"), ("NVIDIA L40S", "L40S"), ("NVIDIA L40", "L40"),
-        ("NVIDIA GeForce RTX 4090", "RTX 4090"), ("NVIDIA GeForce RTX 4090 D", "RTX 4090 D"),
+        ("NVIDIA H200", "H200"),
+        ("NVIDIA H200 NVL", "H200 NVL"),
+        ("NVIDIA H100 80GB HBM3", "H100 SXM"),
+        ("NVIDIA H100 PCIe", "H100 PCIe"),
+        ("NVIDIA H100 NVL", "H100 NVL"),
+        ("NVIDIA A100-SXM4-80GB", "A100 80GB"),
+        ("NVIDIA A100-PCIE-40GB", "A100 40GB"),
+        ("NVIDIA A10", "A10"),
+        ("NVIDIA A10G", "A10G"),
+        ("NVIDIA L4", "L4"),
+        ("NVIDIA L40S", "L40S"),
+        ("NVIDIA L40", "L40"),
+        ("NVIDIA GeForce RTX 4090", "RTX 4090"),
+        ("NVIDIA GeForce RTX 4090 D", "RTX 4090 D"),
         ("NVIDIA GeForce RTX 4090 Laptop GPU", "RTX 4090 Laptop"),
     ],
-)  # fmt: skip
+)
 def test_each_nvml_name_finds_its_own_row(nvml_name, row):
     spec = find_gpu(nvml_name)
     assert spec is not None and spec.name == row
@@ -28,16 +36,25 @@ def test_each_nvml_name_finds_its_own_row(nvml_name, row):
 @pytest.mark.parametrize(
     ("name", "dtype", "peak"),
     [
-        ("NVIDIA H200", "bf16", 989.4), ("NVIDIA H200", "fp8", 1978.9),
-        ("NVIDIA H200 NVL", "bf16", 835.5), ("NVIDIA H100 NVL", "float8_e4m3fn", 1670.5),
-        ("NVIDIA L40S", "bfloat16", 362.05), ("NVIDIA L40S", "fp8", 733.0),
-        ("NVIDIA L40", "tf32", 90.5), ("NVIDIA L4", "fp8", 242.5),
-        ("NVIDIA A10", "float16", 125.0), ("NVIDIA A10", "fp8", None),  # Ampere: no FP8
-        ("NVIDIA GeForce RTX 4090", "bf16", 165.2), ("NVIDIA GeForce RTX 4090", "fp8", 330.3),
-        ("NVIDIA A10G", "bf16", None), ("NVIDIA GeForce RTX 4090 D", "bf16", None),
-        ("NVIDIA B200", "bf16", None), ("NVIDIA H200", "int8", None), (None, "bf16", None),
+        ("NVIDIA H200", "bf16", 989.4),
+        ("NVIDIA H200", "fp8", 1978.9),
+        ("NVIDIA H200 NVL", "bf16", 835.5),
+        ("NVIDIA H100 NVL", "float8_e4m3fn", 1670.5),
+        ("NVIDIA L40S", "bfloat16", 362.05),
+        ("NVIDIA L40S", "fp8", 733.0),
+        ("NVIDIA L40", "tf32", 90.5),
+        ("NVIDIA L4", "fp8", 242.5),
+        ("NVIDIA A10", "float16", 125.0),
+        ("NVIDIA A10", "fp8", None),  # Ampere: no FP8
+        ("NVIDIA GeForce RTX 4090", "bf16", 165.2),
+        ("NVIDIA GeForce RTX 4090", "fp8", 330.3),
+        ("NVIDIA A10G", "bf16", None),
+        ("NVIDIA GeForce RTX 4090 D", "bf16", None),
+        ("NVIDIA B200", "bf16", None),
+        ("NVIDIA H200", "int8", None),
+        (None, "bf16", None),
     ],
-)  # fmt: skip
+)
 def test_peaks(name, dtype, peak):
     assert peak_tflops(name, dtype) == peak
 
@@ -58,6 +75,12 @@ def test_rows_are_dense_and_ordered_by_precision():
 
 
 def test_dtype_names_from_torch_and_the_probe():
-    for name, key in [("bfloat16", "bf16"), ("torch.float16", "fp16"), ("tf32", "tf32"),
-                      ("float8_e5m2", "fp8"), ("float32", "fp32"), ("float64", None)]:  # fmt: skip
+    for name, key in [
+        ("bfloat16", "bf16"),
+        ("torch.float16", "fp16"),
+        ("tf32", "tf32"),
+        ("float8_e5m2", "fp8"),
+        ("float32", "fp32"),
+        ("float64", None),
+    ]:
         assert normalize_dtype(name) == key

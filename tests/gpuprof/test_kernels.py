@@ -292,10 +292,19 @@ def test_trace_ops_match_torch_key_averages():
     same profiling session (steps.json): counts, total and self device time."""
     (w,) = aggregate_trace(load_trace(H200, "trace_math.json.gz"))
     ops = _ops(w.rows)
-    ka = {r["name"]: r for r in json.loads((H200 / "steps.json").read_text())["trace_math"][
-        "key_averages_top"]}  # fmt: skip
-    names = ["aten::mm", "aten::bmm", "aten::_softmax", "aten::_softmax_backward_data",
-             "aten::copy_", "aten::masked_fill_", "aten::native_layer_norm_backward"]  # fmt: skip
+    ka = {
+        r["name"]: r
+        for r in json.loads((H200 / "steps.json").read_text())["trace_math"]["key_averages_top"]
+    }
+    names = [
+        "aten::mm",
+        "aten::bmm",
+        "aten::_softmax",
+        "aten::_softmax_backward_data",
+        "aten::copy_",
+        "aten::masked_fill_",
+        "aten::native_layer_norm_backward",
+    ]
     for name in names:
         assert ops[name].count == ka[name]["count"], name
         assert ops[name].total_ns / 1e3 == pytest.approx(ka[name]["device_time_total_us"], abs=0.01)
@@ -321,24 +330,63 @@ def test_trace_ops_by_time_when_external_ids_do_not_match():
 
 def test_trace_flops_args_are_read_when_present():
     ev = [
-        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#3", "ts": 0, "dur": 100,
-         "pid": 1, "tid": 1},
-        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 10, "dur": 20, "pid": 1, "tid": 1,
-         "args": {"External id": 7, "flops": 2048}},
-        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 12, "dur": 5,
-         "pid": 1, "tid": 1, "args": {"External id": 7, "correlation": 99}},
+        {
+            "ph": "X",
+            "cat": "user_annotation",
+            "name": "ProfilerStep#3",
+            "ts": 0,
+            "dur": 100,
+            "pid": 1,
+            "tid": 1,
+        },
+        {
+            "ph": "X",
+            "cat": "cpu_op",
+            "name": "aten::mm",
+            "ts": 10,
+            "dur": 20,
+            "pid": 1,
+            "tid": 1,
+            "args": {"External id": 7, "flops": 2048},
+        },
+        {
+            "ph": "X",
+            "cat": "cuda_runtime",
+            "name": "cudaLaunchKernel",
+            "ts": 12,
+            "dur": 5,
+            "pid": 1,
+            "tid": 1,
+            "args": {"External id": 7, "correlation": 99},
+        },
         # the GPU runs it after the step's CPU span ended: still step 3's
-        {"ph": "X", "cat": "kernel", "name": "gemm_k", "ts": 150, "dur": 40, "pid": 0, "tid": 7,
-         "args": {"External id": 7, "correlation": 99}},
-        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#4", "ts": 100, "dur": 100,
-         "pid": 1, "tid": 1},
-    ]  # fmt: skip
+        {
+            "ph": "X",
+            "cat": "kernel",
+            "name": "gemm_k",
+            "ts": 150,
+            "dur": 40,
+            "pid": 0,
+            "tid": 7,
+            "args": {"External id": 7, "correlation": 99},
+        },
+        {
+            "ph": "X",
+            "cat": "user_annotation",
+            "name": "ProfilerStep#4",
+            "ts": 100,
+            "dur": 100,
+            "pid": 1,
+            "tid": 1,
+        },
+    ]
     w3, w4 = aggregate_trace({"traceEvents": ev}, window="step")
     assert (w3.steps, w4.steps) == ((3,), (4,))
     gemm = KernelAgg("gemm_k", "kernel", "compute", 1, 40_000, 40_000)
     assert _kernels(w3.rows)["gemm_k"] == gemm
-    assert _ops(w3.rows)["aten::mm"] == KernelAgg("aten::mm", "op", "compute", 1, 40_000, 40_000,
-                                                  2048.0)  # fmt: skip
+    assert _ops(w3.rows)["aten::mm"] == KernelAgg(
+        "aten::mm", "op", "compute", 1, 40_000, 40_000, 2048.0
+    )
     assert w4.rows == ()
     window, rows = w3.as_stored()
     assert window == {"t0": 0, "t1": 100_000, "source": "snapshot", "steps": [3], "rows_dropped": 0}
@@ -384,11 +432,30 @@ def test_aggregate_events_on_torch_events_built_from_the_fixture():
     events = []
     for i, e in enumerate(trace["traceEvents"]):
         if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
-            events.append(FunctionEvent(id=i, name=e["name"], thread=0, start_us=e["ts"],
-                                        end_us=e["ts"] + e["dur"], device_type=DeviceType.CUDA,
-                                        use_device="cuda", stack=[]))  # fmt: skip
-    events.append(FunctionEvent(id=-1, name="ProfilerStep#0", thread=0, start_us=0, end_us=1,
-                                use_device="cuda", is_user_annotation=True, stack=[]))  # fmt: skip
+            events.append(
+                FunctionEvent(
+                    id=i,
+                    name=e["name"],
+                    thread=0,
+                    start_us=e["ts"],
+                    end_us=e["ts"] + e["dur"],
+                    device_type=DeviceType.CUDA,
+                    use_device="cuda",
+                    stack=[],
+                )
+            )
+    events.append(
+        FunctionEvent(
+            id=-1,
+            name="ProfilerStep#0",
+            thread=0,
+            start_us=0,
+            end_us=1,
+            use_device="cuda",
+            is_user_annotation=True,
+            stack=[],
+        )
+    )
     (w,) = aggregate_trace(trace)
     expected = {r.name: r for r in w.rows if r.kind == "kernel"}
     event_list = EventList(events, use_device="cuda")
@@ -409,19 +476,30 @@ def test_aggregate_events_op_classes_and_device_time():
     pytest.importorskip("torch")
     from torch.autograd.profiler_util import FunctionEvent
 
-    mm = FunctionEvent(id=1, name="aten::mm", thread=1, start_us=0, end_us=50,
-                       use_device="cuda", flops=2e9, stack=[])  # fmt: skip
+    mm = FunctionEvent(
+        id=1,
+        name="aten::mm",
+        thread=1,
+        start_us=0,
+        end_us=50,
+        use_device="cuda",
+        flops=2e9,
+        stack=[],
+    )
     mm.append_kernel("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT", 0, 75.5)
-    copy = FunctionEvent(id=2, name="aten::copy_", thread=1, start_us=60, end_us=70,
-                         use_device="cuda", stack=[])  # fmt: skip
+    copy = FunctionEvent(
+        id=2, name="aten::copy_", thread=1, start_us=60, end_us=70, use_device="cuda", stack=[]
+    )
     copy.append_kernel("Memcpy HtoD (Pinned -> Device)", 0, 12.0)
-    allreduce = FunctionEvent(id=3, name="c10d::allreduce_", thread=1, start_us=80, end_us=90,
-                              use_device="cuda", stack=[])  # fmt: skip
+    allreduce = FunctionEvent(
+        id=3, name="c10d::allreduce_", thread=1, start_us=80, end_us=90, use_device="cuda", stack=[]
+    )
     allreduce.append_kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL(x)", 0, 300.0)
     # gloo on CUDA tensors: its range's device time is copies to and from the
     # host, and it is a collective all the same
-    gloo = FunctionEvent(id=4, name="gloo:all_reduce", thread=1, start_us=95, end_us=99,
-                         use_device="cuda", stack=[])  # fmt: skip
+    gloo = FunctionEvent(
+        id=4, name="gloo:all_reduce", thread=1, start_us=95, end_us=99, use_device="cuda", stack=[]
+    )
     gloo.append_kernel("Memcpy DtoH (Device -> Pageable)", 0, 40.0)
     ops = _ops(aggregate_events([mm, copy, allreduce, gloo]))
     assert ops["gloo:all_reduce"].cls == "comm"
@@ -514,15 +592,37 @@ def _step_trace(steps: int, per_step: int) -> list[dict]:
     events = []
     for s in range(steps):
         base = s * 1000.0 * per_step
-        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{s}",
-                       "ts": base, "dur": 1000.0 * per_step - 1})  # fmt: skip
+        events.append(
+            {
+                "ph": "X",
+                "cat": "user_annotation",
+                "name": f"ProfilerStep#{s}",
+                "ts": base,
+                "dur": 1000.0 * per_step - 1,
+            }
+        )
         for j in range(per_step):
             ext = s * per_step + j
-            events.append({"ph": "X", "cat": "cpu_op", "name": f"aten::op{j % 20}",
-                           "ts": base + j * 1000.0, "dur": 500.0,
-                           "args": {"External id": ext}})  # fmt: skip
-            events.append({"ph": "X", "cat": "kernel", "name": f"k{j % 20}", "ts": base + j * 1000.0
-                           + 100, "dur": 50.0, "args": {"External id": ext}})  # fmt: skip
+            events.append(
+                {
+                    "ph": "X",
+                    "cat": "cpu_op",
+                    "name": f"aten::op{j % 20}",
+                    "ts": base + j * 1000.0,
+                    "dur": 500.0,
+                    "args": {"External id": ext},
+                }
+            )
+            events.append(
+                {
+                    "ph": "X",
+                    "cat": "kernel",
+                    "name": f"k{j % 20}",
+                    "ts": base + j * 1000.0 + 100,
+                    "dur": 50.0,
+                    "args": {"External id": ext},
+                }
+            )
     return events
 
 

@@ -22,8 +22,18 @@ from gpuprof.protocol import (
 
 
 def step(**kw):
-    msg = {"v": PROTOCOL_VERSION, "type": "step", "run_key": "abc123", "i": 0, "t0": 10,
-           "t1": 20, "wait": 5, "explicit": False, "micro": 1, "phases": {"forward": 3}}
+    msg = {
+        "v": PROTOCOL_VERSION,
+        "type": "step",
+        "run_key": "abc123",
+        "i": 0,
+        "t0": 10,
+        "t1": 20,
+        "wait": 5,
+        "explicit": False,
+        "micro": 1,
+        "phases": {"forward": 3},
+    }
     msg.update(kw)
     return msg
 
@@ -74,9 +84,21 @@ def test_channel_is_enforced():
 
 
 def test_hello_run_name_with_control_chars_rejected():
-    hello = {"v": 1, "type": "hello", "run_key": "k", "run_name": "a\x1b[31mred", "pid": 1,
-             "host": "h", "rank": 0, "local_rank": 0, "world_size": 1, "wall_ns": 1,
-             "mono_ns": 1, "auto": True, "options": {}}
+    hello = {
+        "v": 1,
+        "type": "hello",
+        "run_key": "k",
+        "run_name": "a\x1b[31mred",
+        "pid": 1,
+        "host": "h",
+        "rank": 0,
+        "local_rank": 0,
+        "world_size": 1,
+        "wall_ns": 1,
+        "mono_ns": 1,
+        "auto": True,
+        "options": {},
+    }
     assert reason(encode(hello)) == "bad_field:run_name"
     hello["run_name"] = clean_run_name(hello["run_name"])
     assert decode(encode(hello))["run_name"] == "a [31mred"
@@ -88,9 +110,21 @@ def test_undecodable_and_bidi_characters_are_cleaned_not_fatal():
     name = clean_run_name(os.fsdecode(b"exp-\xff") + "\u202egnp.exe\u2028x")
     assert name == "exp-\\xff gnp.exe x"
     name.encode("utf-8")  # orjson can send it
-    hello = {"v": 1, "type": "hello", "run_key": "k", "run_name": "a\u202eb", "pid": 1,
-             "host": "h", "rank": 0, "local_rank": 0, "world_size": 1, "wall_ns": 1,
-             "mono_ns": 1, "auto": True, "options": {}}
+    hello = {
+        "v": 1,
+        "type": "hello",
+        "run_key": "k",
+        "run_name": "a\u202eb",
+        "pid": 1,
+        "host": "h",
+        "rank": 0,
+        "local_rank": 0,
+        "world_size": 1,
+        "wall_ns": 1,
+        "mono_ns": 1,
+        "auto": True,
+        "options": {},
+    }
     assert reason(encode(hello)) == "bad_field:run_name"
     hello["run_name"] = "naïve run · ümlaut 実験"
     assert decode(encode(hello))["run_name"] == "naïve run · ümlaut 実験"
@@ -106,9 +140,13 @@ def test_a_lone_surrogate_no_decoder_made_is_escaped_not_raised():
 
 @pytest.mark.parametrize(
     ("raw", "clean"),
-    [("  exp\t1\n", "exp 1"), ("", "unnamed"), ("\x00\x01", "unnamed"),
-     ("<script>x</script>'; DROP TABLE runs;--", "<script>x</script>'; DROP TABLE runs;--"),
-     ("é" * 300, "é" * 200)],
+    [
+        ("  exp\t1\n", "exp 1"),
+        ("", "unnamed"),
+        ("\x00\x01", "unnamed"),
+        ("<script>x</script>'; DROP TABLE runs;--", "<script>x</script>'; DROP TABLE runs;--"),
+        ("é" * 300, "é" * 200),
+    ],
 )
 def test_clean_run_name(raw, clean):
     assert clean_run_name(raw) == clean
@@ -146,9 +184,14 @@ def test_bad_optional_step_fields_are_rejected(extra, field):
 
 
 def workers(**kw):
-    msg = {"v": PROTOCOL_VERSION, "type": "workers", "run_key": "abc123", "loader_seq": 0,
-           "workers": [{"worker_id": 0, "pid": 4001}, {"worker_id": 1, "pid": 4002}],
-           "t_ns": 10}  # fmt: skip
+    msg = {
+        "v": PROTOCOL_VERSION,
+        "type": "workers",
+        "run_key": "abc123",
+        "loader_seq": 0,
+        "workers": [{"worker_id": 0, "pid": 4001}, {"worker_id": 1, "pid": 4002}],
+        "t_ns": 10,
+    }
     msg.update(kw)
     return msg
 
@@ -238,18 +281,34 @@ from gpuprof.protocol import MAX_DURATION_NS, MAX_WINDOW_STEPS  # noqa: E402
 
 
 def _row(**kw):
-    row = {"name": "ampere_sgemm_128x64_tn", "kind": "kernel", "cls": "compute", "count": 12,
-           "total_ns": 3_000_000, "self_ns": 3_000_000, "flops": None}  # fmt: skip
+    row = {
+        "name": "ampere_sgemm_128x64_tn",
+        "kind": "kernel",
+        "cls": "compute",
+        "count": 12,
+        "total_ns": 3_000_000,
+        "self_ns": 3_000_000,
+        "flops": None,
+    }
     row.update(kw)
     return list(row.values())
 
 
 def kernels(**kw):
-    msg = {"v": PROTOCOL_VERSION, "type": "kernels", "run_key": "abc123", "t0": 100,
-           "t1": 200_000_100, "source": "snapshot", "steps": [5],
-           "rows": [_row(), _row(name="aten::mm", kind="op", total_ns=4_000_000,
-                                 self_ns=0, flops=1.5e12)],
-           "rows_dropped": 0}  # fmt: skip
+    msg = {
+        "v": PROTOCOL_VERSION,
+        "type": "kernels",
+        "run_key": "abc123",
+        "t0": 100,
+        "t1": 200_000_100,
+        "source": "snapshot",
+        "steps": [5],
+        "rows": [
+            _row(),
+            _row(name="aten::mm", kind="op", total_ns=4_000_000, self_ns=0, flops=1.5e12),
+        ],
+        "rows_dropped": 0,
+    }
     msg.update(kw)
     return msg
 
@@ -282,9 +341,16 @@ def test_kernels_edge_values_are_valid():
 
 
 def test_the_largest_kernels_window_fits_in_one_message():
-    rows = [_row(name=f"{i:04d}" + "k" * (MAX_NAME_CHARS - 4), count=1 << 40,
-                 total_ns=MAX_DURATION_NS, self_ns=MAX_DURATION_NS, flops=1e30)
-            for i in range(MAX_ROWS)]  # fmt: skip
+    rows = [
+        _row(
+            name=f"{i:04d}" + "k" * (MAX_NAME_CHARS - 4),
+            count=1 << 40,
+            total_ns=MAX_DURATION_NS,
+            self_ns=MAX_DURATION_NS,
+            flops=1e30,
+        )
+        for i in range(MAX_ROWS)
+    ]
     data = encode(kernels(rows=rows, rows_dropped=10**6, t0=0, t1=MAX_DURATION_NS))
     assert len(data) <= MAX_MESSAGE_BYTES
     assert len(decode(data, "data")["rows"]) == MAX_ROWS

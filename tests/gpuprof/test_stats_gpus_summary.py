@@ -21,9 +21,14 @@ def test_percentile_matches_numpy_linear():
 
 @pytest.mark.parametrize(
     ("name", "dtype", "peak"),
-    [("NVIDIA H100 80GB HBM3", "bf16", 989.4), ("NVIDIA H100 PCIe", "fp8", 1513.0),
-     ("NVIDIA H200", "float32", 67.0), ("NVIDIA A100-SXM4-80GB", "tf32", 156.0),
-     ("NVIDIA A100-SXM4-40GB", "fp8", None), ("Tesla K80", "fp32", None)],
+    [
+        ("NVIDIA H100 80GB HBM3", "bf16", 989.4),
+        ("NVIDIA H100 PCIe", "fp8", 1513.0),
+        ("NVIDIA H200", "float32", 67.0),
+        ("NVIDIA A100-SXM4-80GB", "tf32", 156.0),
+        ("NVIDIA A100-SXM4-40GB", "fp8", None),
+        ("Tesla K80", "fp32", None),
+    ],
 )
 def test_peak_table(name, dtype, peak):
     assert peak_tflops(name, dtype) == peak
@@ -89,10 +94,18 @@ def test_two_optimizers_get_a_line_with_their_updates_and_time():
 def test_memory_line_shows_torch_peaks_beside_nvml_used():
     from gpuprof.insights.gpu import gpu_stats
 
-    gpu = gpu_stats([{"util_gpu": 90, "mem_used": 30 * 10**9, "mem_total": 80 * 10**9},
-                     {"util_gpu": 90, "mem_used": 31_500_000_000, "mem_total": 80 * 10**9}])
-    ctx = make_ctx([10.0] * 4, gpu=gpu, torch_peak_allocated_bytes=25_120_000_000,
-                   torch_peak_reserved_bytes=28 * 10**9)
+    gpu = gpu_stats(
+        [
+            {"util_gpu": 90, "mem_used": 30 * 10**9, "mem_total": 80 * 10**9},
+            {"util_gpu": 90, "mem_used": 31_500_000_000, "mem_total": 80 * 10**9},
+        ]
+    )
+    ctx = make_ctx(
+        [10.0] * 4,
+        gpu=gpu,
+        torch_peak_allocated_bytes=25_120_000_000,
+        torch_peak_reserved_bytes=28 * 10**9,
+    )
     summary = make_summary(1, ctx, [], "/d")
     assert summary["memory"] == {
         "torch_peak_allocated_bytes": 25_120_000_000,
@@ -100,16 +113,24 @@ def test_memory_line_shows_torch_peaks_beside_nvml_used():
         "nvml_peak_used_bytes": 31_500_000_000,
         "nvml_total_bytes": 80 * 10**9,
     }
-    line = ("  GPU memory at peak: torch allocated 25.12 GB, reserved 28.00 GB, "
-            "NVML used 31.50 of 80.00 GB")
+    line = (
+        "  GPU memory at peak: torch allocated 25.12 GB, reserved 28.00 GB, "
+        "NVML used 31.50 of 80.00 GB"
+    )
     assert line in format_summary(summary).splitlines()
 
 
 def test_memory_line_shows_what_is_known_and_nothing_on_a_cpu_run():
-    torch_only = make_summary(1, make_ctx([10.0] * 4, torch_peak_allocated_bytes=10**9,
-                                          torch_peak_reserved_bytes=2 * 10**9), [], "/d")
-    assert ("  GPU memory at peak: torch allocated 1.00 GB, reserved 2.00 GB"
-            in format_summary(torch_only).splitlines())
+    torch_only = make_summary(
+        1,
+        make_ctx([10.0] * 4, torch_peak_allocated_bytes=10**9, torch_peak_reserved_bytes=2 * 10**9),
+        [],
+        "/d",
+    )
+    assert (
+        "  GPU memory at peak: torch allocated 1.00 GB, reserved 2.00 GB"
+        in format_summary(torch_only).splitlines()
+    )
     cpu = make_summary(1, make_ctx([10.0] * 4), [], "/d")
     assert cpu["memory"] == {}
     assert "GPU memory" not in format_summary(cpu)
@@ -118,8 +139,12 @@ def test_memory_line_shows_what_is_known_and_nothing_on_a_cpu_run():
 def test_comm_line_counts_buckets_in_words():
     from gpuprof.summary import comm_line
 
-    one = {"median_exposed_ms": 2.0, "median_share_of_step": 0.1, "buckets_per_step": 1,
-           "bytes_per_step": 500_000}  # fmt: skip
+    one = {
+        "median_exposed_ms": 2.0,
+        "median_share_of_step": 0.1,
+        "buckets_per_step": 1,
+        "bytes_per_step": 500_000,
+    }
     assert comm_line(one) == (
         "  Comm (median of steady steps): 2.0 ms/step exposed, 10 % of step; 1 bucket, "
         "gradient bytes 500.0 KB/step"
@@ -135,19 +160,32 @@ def test_comm_bytes_are_gradient_bytes_and_small_ones_are_not_zero_mb():
     (not 0.0 MB, and not what crossed the wire)."""
     from gpuprof.summary import comm_line, size_text
 
-    tiny = {"median_exposed_ms": 0.4, "median_share_of_step": 0.02, "buckets_per_step": 1,
-            "bytes_per_step": 64 * 64 * 4 + 64 * 4}  # fmt: skip
+    tiny = {
+        "median_exposed_ms": 0.4,
+        "median_share_of_step": 0.02,
+        "buckets_per_step": 1,
+        "bytes_per_step": 64 * 64 * 4 + 64 * 4,
+    }
     assert comm_line(tiny).endswith("; 1 bucket, gradient bytes 16.6 KB/step")
     assert [size_text(n) for n in (512, 16_640, 25_100_000, 1_200_000_000)] == [
-        "512 B", "16.6 KB", "25.1 MB", "1.20 GB"
+        "512 B",
+        "16.6 KB",
+        "25.1 MB",
+        "1.20 GB",
     ]
 
 
 def test_group_block_of_one_rank_says_rank_not_ranks():
     from gpuprof.summary import group_lines
 
-    ins = {"rule": "comm_dominant", "severity": "HIGH", "title": "Collectives take 84%",
-           "detail": "d", "fix": "f", "evidence": {}}  # fmt: skip
+    ins = {
+        "rule": "comm_dominant",
+        "severity": "HIGH",
+        "title": "Collectives take 84%",
+        "detail": "d",
+        "fix": "f",
+        "evidence": {},
+    }
     assert group_lines({"group": "g", "ranks": 1, "insights": [ins]})[0] == "  Group g (1 rank):"
     assert group_lines({"group": "g", "ranks": 2, "insights": [ins]})[0] == "  Group g (2 ranks):"
 

@@ -17,8 +17,14 @@ def test_fixture_gpt_mfu_matches_the_hand_computation():
     e = json.loads((H200 / "steps.json").read_text())["trace_sdpa"]
     step_ms = [s * 1e3 for s in e["step_s"]]
     flops = e["flops_per_step_flopcounter"]
-    ctx = make_ctx(step_ms, gpu_model="NVIDIA H200", gpu_count=1, dtype="bfloat16",
-                   flops_per_step=flops, flops_source="counter")  # fmt: skip
+    ctx = make_ctx(
+        step_ms,
+        gpu_model="NVIDIA H200",
+        gpu_count=1,
+        dtype="bfloat16",
+        flops_per_step=flops,
+        flops_source="counter",
+    )
     fig = mfu_figures(ctx)
     achieved = flops / (ctx.median_step_ms / 1e3) / 1e12
     assert fig["achieved_tflops"] == pytest.approx(achieved, abs=0.01)
@@ -42,11 +48,13 @@ def test_fixture_gpt_mfu_matches_the_hand_computation():
         ({"gpu_model": "NVIDIA B200", "dtype": "bf16", "flops_per_step": 1e12}, "not in gpuprof's"),
         ({"gpu_model": "NVIDIA A10G", "dtype": "bf16", "flops_per_step": 1e12}, "not in gpuprof's"),
         ({"gpu_model": "NVIDIA H200", "flops_per_step": 1e12}, "training dtype unknown"),
-        ({"gpu_model": "NVIDIA A100-SXM4-80GB", "dtype": "fp8", "flops_per_step": 1e12},
-         "no fp8 peak"),
+        (
+            {"gpu_model": "NVIDIA A100-SXM4-80GB", "dtype": "fp8", "flops_per_step": 1e12},
+            "no fp8 peak",
+        ),
         ({"flops_per_step": 1e12}, "no GPU"),
     ],
-)  # fmt: skip
+)
 def test_unknown_mfu_names_its_reason(kw, why):
     fig = mfu_figures(make_ctx([10.0] * 12, gpu_count=1 if "gpu_model" in kw else 0, **kw))
     assert fig["mfu"] is None and why in fig["mfu_unknown"]

@@ -56,41 +56,70 @@ class Node:
     @property
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
-        env.update(GPUPROF_SOCKET=str(self.socket_dir), GPUPROF_DB=str(self.db),
-                   PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+        env.update(
+            GPUPROF_SOCKET=str(self.socket_dir),
+            GPUPROF_DB=str(self.db),
+            PYTHONUNBUFFERED="1",
+            OMP_NUM_THREADS="1",
+        )
         env.pop("GPUPROF_NVML", None)
         return env
 
     def run_script(self, code: str, *args: str, timeout: float = 90) -> subprocess.CompletedProcess:
         script = self.workdir / f"train_{time.monotonic_ns()}.py"
         script.write_text(code)
-        return subprocess.run([sys.executable, str(script), *args], env=self.env,
-                              cwd=self.workdir, capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(
+            [sys.executable, str(script), *args],
+            env=self.env,
+            cwd=self.workdir,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
 
     def spawn_script(self, code: str, *args: str) -> subprocess.Popen:
         script = self.workdir / f"train_{time.monotonic_ns()}.py"
         script.write_text(code)
-        return subprocess.Popen([sys.executable, str(script), *args], env=self.env,
-                                cwd=self.workdir, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+        return subprocess.Popen(
+            [sys.executable, str(script), *args],
+            env=self.env,
+            cwd=self.workdir,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
 
-    def torchrun(self, code: str, nproc: int, env: dict[str, str] | None = None,
-                 timeout: float = 120) -> subprocess.CompletedProcess:
+    def torchrun(
+        self, code: str, nproc: int, env: dict[str, str] | None = None, timeout: float = 120
+    ) -> subprocess.CompletedProcess:
         """Run *code* under ``torchrun --standalone`` with *nproc* ranks (gloo, CPU)."""
         script = self.workdir / f"ddp_{time.monotonic_ns()}.py"
         script.write_text(code)
         torchrun = Path(sys.executable).with_name("torchrun")
         return subprocess.run(
-            [str(torchrun), "--standalone", f"--nproc-per-node={nproc}",
-             "--monitor-interval=0.2", str(script)],
-            env={**self.env, **(env or {})}, cwd=self.workdir, capture_output=True, text=True,
+            [
+                str(torchrun),
+                "--standalone",
+                f"--nproc-per-node={nproc}",
+                "--monitor-interval=0.2",
+                str(script),
+            ],
+            env={**self.env, **(env or {})},
+            cwd=self.workdir,
+            capture_output=True,
+            text=True,
             timeout=timeout,
-        )  # fmt: skip
+        )
 
     def ctl(self, *args: str) -> subprocess.CompletedProcess:
         """``gpuprofctl ARGS`` against this node."""
-        return subprocess.run([sys.executable, "-m", "gpuprofd.ctl", *args], env=self.env,
-                              capture_output=True, text=True, timeout=60)  # fmt: skip
+        return subprocess.run(
+            [sys.executable, "-m", "gpuprofd.ctl", *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
 
     def group_json(self, group: str) -> dict | None:
         """``gpuprofctl insights --group GROUP --format json`` once the group
@@ -110,9 +139,21 @@ class Node:
     def start_daemon(self) -> subprocess.Popen:
         with (self.workdir / "gpuprofd.stderr").open("ab") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "gpuprofd", "--socket-dir", str(self.socket_dir),
-                 "--db", str(self.db), "--idle-exit", "0"],
-                env=self.env, stdout=subprocess.DEVNULL, stderr=log)
+                [
+                    sys.executable,
+                    "-m",
+                    "gpuprofd",
+                    "--socket-dir",
+                    str(self.socket_dir),
+                    "--db",
+                    str(self.db),
+                    "--idle-exit",
+                    "0",
+                ],
+                env=self.env,
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+            )
         self.daemons.append(proc)
         wait_for(lambda: ping(self.socket_dir), 20, "gpuprofd to answer ping")
         return proc

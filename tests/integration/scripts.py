@@ -1,6 +1,6 @@
 """Training scripts the integration tests run in subprocesses (real torch, CPU)."""
 
-TRAIN = r'''
+TRAIN = r"""
 import sys, time
 import torch
 from torch import nn
@@ -38,9 +38,9 @@ with gpuprof.profile(NAME):
         opt.step()
         opt.zero_grad()
 print("TRAINED", STEPS)
-'''
+"""
 
-RAISES = r'''
+RAISES = r"""
 import torch
 from torch import nn
 import gpuprof
@@ -65,10 +65,10 @@ except RuntimeError as exc:
     from torch.optim.optimizer import _global_optimizer_post_hooks, _global_optimizer_pre_hooks
     assert not _global_optimizer_pre_hooks and not _global_optimizer_post_hooks
     print("PROPAGATED", exc)
-'''
+"""
 
 # Pauses at step PAUSE_AT until the file GO exists, so the test can kill the daemon.
-KILL_MID_RUN = r'''
+KILL_MID_RUN = r"""
 import os, sys, time
 import torch
 from torch import nn
@@ -95,9 +95,9 @@ before = sorted(times[5:PAUSE_AT])[len(times[5:PAUSE_AT]) // 2]
 after = sorted(times[PAUSE_AT + 5:])[len(times[PAUSE_AT + 5:]) // 2]
 print(f"MEDIAN_BEFORE_MS {before * 1e3:.4f}")
 print(f"MEDIAN_AFTER_MS {after * 1e3:.4f}")
-'''
+"""
 
-GAN_AMP_EVAL = r'''
+GAN_AMP_EVAL = r"""
 import torch
 from torch import nn
 import gpuprof
@@ -133,4 +133,4 @@ with gpuprof.profile("gan-amp"):
             for _ in range(30):
                 disc(gen(torch.randn(256, 8)))
 print("TRAINED")
-'''
+"""

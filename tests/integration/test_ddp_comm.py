@@ -84,8 +84,10 @@ def test_only_the_synchronizing_micro_step_communicates(node: Node):
         for r in steps:
             buckets = node.query(
                 "SELECT bucket, start_ns, end_ns, bytes FROM comm_buckets "
-                "WHERE run_id = ? AND step = ? ORDER BY start_ns", run["id"], r["step"],
-            )  # fmt: skip
+                "WHERE run_id = ? AND step = ? ORDER BY start_ns",
+                run["id"],
+                r["step"],
+            )
             # each bucket once, all launched in the 4th micro-step's backward
             assert sorted(b["bucket"] for b in buckets) == list(range(len(buckets)))
             assert len(buckets) >= (1 if r["step"] == 0 else 2)  # DDP re-buckets after step 0

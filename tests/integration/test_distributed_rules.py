@@ -101,8 +101,9 @@ def test_four_ranks_backward_straggler_is_named(node: Node):
     summary = orjson.loads(row["summary"])
     block = summary["group"]
     assert block["group"] == data["group"] and block["ranks"] == 4
-    assert [i["evidence"]["rank"] for i in block["insights"]
-            if i["rule"] == "straggler_rank"] == [1], block  # fmt: skip
+    assert [i["evidence"]["rank"] for i in block["insights"] if i["rule"] == "straggler_rank"] == [
+        1
+    ], block
     assert "Rank 1 is a straggler" in format_summary(summary)
 
 
@@ -151,9 +152,10 @@ def _no_sibling_contention(node: Node, group: str, nproc: int) -> None:
                 assert ctx.job_cpu_cores >= ctx.run_cpu_cores, ctx
                 sql = "SELECT evidence FROM insights WHERE run_id = ? AND rule = ?"
                 stored = await reader.fetchall(sql, (run_id, "host_cpu_contention"))
-                for found in [*(orjson.loads(r[0]) for r in stored),
-                              *(i.evidence for i in run_rules(ctx)
-                                if i.rule == "host_cpu_contention")]:  # fmt: skip
+                for found in [
+                    *(orjson.loads(r[0]) for r in stored),
+                    *(i.evidence for i in run_rules(ctx) if i.rule == "host_cpu_contention"),
+                ]:
                     assert found["job_ranks"] == nproc, found
 
     asyncio.run(check())
@@ -166,10 +168,20 @@ def test_the_ddp_example_names_its_straggler(node: Node, slow: bool):
     torchrun = Path(sys.executable).with_name("torchrun")
     args = ["--steps", "40"] + (["--slow-rank", "1"] if slow else [])
     out = subprocess.run(
-        [str(torchrun), "--standalone", "--nproc-per-node=2", "--monitor-interval=0.2",
-         str(REPO / "examples" / "ddp_straggler.py"), *args],
-        env=node.env, cwd=node.workdir, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            str(torchrun),
+            "--standalone",
+            "--nproc-per-node=2",
+            "--monitor-interval=0.2",
+            str(REPO / "examples" / "ddp_straggler.py"),
+            *args,
+        ],
+        env=node.env,
+        cwd=node.workdir,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.count("gpuprof · ddp-straggler  (40 steps") == 1  # rank 0 only
     assert ("Rank 1 is a straggler" in out.stdout) is slow, out.stdout

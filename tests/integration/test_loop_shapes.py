@@ -34,9 +34,13 @@ def test_gan_with_grad_scaler_skip_and_eval_loops(node: Node):
     assert [opts[0]["skipped"] for opts in optimizers] == [0, 0, 1] + [0] * 7
     assert all(opts[1]["updates"] == 1 for opts in optimizers)
 
-    ctl = subprocess.run([sys.executable, "-m", "gpuprofd.ctl", "runs", str(node.db),
-                          "--format", "json"], env=node.env, capture_output=True, text=True,
-                         timeout=30)  # fmt: skip
+    ctl = subprocess.run(
+        [sys.executable, "-m", "gpuprofd.ctl", "runs", str(node.db), "--format", "json"],
+        env=node.env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert ctl.returncode == 0, ctl.stderr
     (row,) = json.loads(ctl.stdout)
     assert (row["steps"], row["skipped_updates"]) == (10, 1)

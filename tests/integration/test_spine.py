@@ -20,8 +20,13 @@ from .scripts import KILL_MID_RUN, RAISES, TRAIN
 
 
 def _ctl(node: Node, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gpuprofd.ctl", *args], env=node.env,
-                          capture_output=True, text=True, timeout=30)
+    return subprocess.run(
+        [sys.executable, "-m", "gpuprofd.ctl", *args],
+        env=node.env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
 
 
 def test_autostarted_daemon_records_run_and_prints_stall(node: Node):
@@ -33,8 +38,9 @@ def test_autostarted_daemon_records_run_and_prints_stall(node: Node):
     # a sleeping collate is a plain stall, not a CPU-bound one, however busy the host is
     # with other work: the run's own process tree is measured
     # (a torch DataLoader: its next() calls are timed)
-    assert re.search(r"\[HIGH\] \d+% of step time waiting on the loader \(timed next\(\) calls\)",
-                     out.stdout), out.stdout
+    assert re.search(
+        r"\[HIGH\] \d+% of step time waiting on the loader \(timed next\(\) calls\)", out.stdout
+    ), out.stdout
     assert "Estimated cost: not estimated (no NVIDIA GPU in this run)" in out.stdout
     assert "no NVIDIA GPU found: GPU metrics skipped" in out.stdout
     assert f"Full report: gpuprofctl insights {node.db} 1" in out.stdout
@@ -135,14 +141,17 @@ def test_two_processes_one_daemon_one_db(node: Node):
         assert "TRAINED 40" in stdout
         assert "database is locked" not in stdout + stderr
     runs = node.query("SELECT id, run_name, status FROM runs ORDER BY run_name")
-    assert [(r["run_name"], r["status"]) for r in runs] == [("twin-0", "finished"),
-                                                            ("twin-1", "finished")]
+    assert [(r["run_name"], r["status"]) for r in runs] == [
+        ("twin-0", "finished"),
+        ("twin-1", "finished"),
+    ]
     for r in runs:
         assert node.query("SELECT COUNT(*) AS n FROM steps WHERE run_id = ?", r["id"])[0]["n"] == 40
     # exactly one daemon holds the socket dir
     info = ping(node.socket_dir)
-    daemons = subprocess.run(["pgrep", "-f", f"gpuprofd --socket-dir {node.socket_dir}"],
-                             capture_output=True, text=True).stdout.split()
+    daemons = subprocess.run(
+        ["pgrep", "-f", f"gpuprofd --socket-dir {node.socket_dir}"], capture_output=True, text=True
+    ).stdout.split()
     assert daemons == [str(info["pid"])]
 
 
@@ -150,16 +159,22 @@ def test_regression_against_previous_runs(node: Node):
     for _ in range(2):
         assert node.run_script(TRAIN, "20", "1", "0", "reg").returncode == 0
     out = node.run_script(TRAIN, "20", "1", "0.03", "reg")
-    assert re.search(r"Regression vs last 2 runs of 'reg' \(median\): step time", out.stdout), \
+    assert re.search(r"Regression vs last 2 runs of 'reg' \(median\): step time", out.stdout), (
         out.stdout
+    )
 
 
 @pytest.mark.parametrize("augment", [True, False])
 def test_digits_example(node: Node, augment: bool):
     args = ["--steps", "60"] + ([] if augment else ["--no-augment"])
-    out = subprocess.run([sys.executable, str(REPO / "examples" / "digits_mlp.py"), *args],
-                         env=node.env, cwd=node.workdir, capture_output=True, text=True,
-                         timeout=180)
+    out = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "digits_mlp.py"), *args],
+        env=node.env,
+        cwd=node.workdir,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert out.returncode == 0, out.stderr
     assert "gpuprof · digits-mlp  (60 steps" in out.stdout
     stalled = "waiting on the loader" in out.stdout or "Dataloader stall" in out.stdout
@@ -186,8 +201,14 @@ def test_each_database_gets_its_own_daemon(node: Node, tmp_path):
     try:
         for i, proj in enumerate(projects):
             proj.mkdir()
-            out = subprocess.run([sys.executable, str(script), "5", "1", "0", f"proj-{i}"],
-                                 env=env, cwd=proj, capture_output=True, text=True, timeout=90)
+            out = subprocess.run(
+                [sys.executable, str(script), "5", "1", "0", f"proj-{i}"],
+                env=env,
+                cwd=proj,
+                capture_output=True,
+                text=True,
+                timeout=90,
+            )
             assert out.returncode == 0, out.stderr
             assert f"gpuprofctl insights {proj / 'gpuprof.db'} 1" in out.stdout
             assert "Note: stored in" not in out.stdout
@@ -208,14 +229,22 @@ def test_shared_socket_with_another_database_says_where_the_run_went(node: Node,
     env = {**node.env, "GPUPROF_DB": str(other)}
     script = tmp_path / "t.py"
     script.write_text(TRAIN)
-    out = subprocess.run([sys.executable, str(script), "3", "1", "0", "elsewhere"], env=env,
-                         cwd=tmp_path, capture_output=True, text=True, timeout=90)
+    out = subprocess.run(
+        [sys.executable, str(script), "3", "1", "0", "elsewhere"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
     assert out.returncode == 0, out.stderr
-    assert f"Note: stored in {node.db}, the database of the gpuprofd at {node.socket_dir}, " \
-           f"not {other}" in out.stdout
+    assert (
+        f"Note: stored in {node.db}, the database of the gpuprofd at {node.socket_dir}, "
+        f"not {other}" in out.stdout
+    )
 
 
-UNDECODABLE = r'''
+UNDECODABLE = r"""
 import os
 import gpuprof
 
@@ -229,7 +258,7 @@ try:
         raise ValueError("cannot read " + os.fsdecode(b"/data/img-\xff.png"))
 except ValueError:
     print("RAISED")
-'''
+"""
 
 
 def test_undecodable_names_and_errors_are_recorded_not_lost(node: Node):

@@ -22,10 +22,19 @@ def _store_a_run(node: Node, url: str) -> dict:
     training process printed and what gpuprofctl reads from *url*."""
     with (node.workdir / "gpuprofd.stderr").open("ab") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "gpuprofd", "--socket-dir", str(node.socket_dir),
-             "--storage-url", url],
-            env=node.env, stdout=subprocess.DEVNULL, stderr=log,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "gpuprofd",
+                "--socket-dir",
+                str(node.socket_dir),
+                "--storage-url",
+                url,
+            ],
+            env=node.env,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )
     node.daemons.append(proc)
     wait_for(lambda: ping(node.socket_dir), 20, "gpuprofd to answer ping")
     out = node.run_script(TRAIN, str(STEPS), "1", "0.02", "stall-run")
@@ -35,13 +44,14 @@ def _store_a_run(node: Node, url: str) -> dict:
     assert runs.returncode == 0, runs.stderr
     insights = node.ctl("insights", "--storage-url", url, "--format", "json")
     assert insights.returncode == 0, insights.stderr
-    return {"stdout": out.stdout, "runs": json.loads(runs.stdout),
-            "insights": json.loads(insights.stdout)}  # fmt: skip
+    return {
+        "stdout": out.stdout,
+        "runs": json.loads(runs.stdout),
+        "insights": json.loads(insights.stdout),
+    }
 
 
-def test_a_run_reads_back_the_same_from_sqlite_and_postgres(
-    tmp_path: Path, pg_url: str
-) -> None:
+def test_a_run_reads_back_the_same_from_sqlite_and_postgres(tmp_path: Path, pg_url: str) -> None:
     got = {}
     for name, url in (("sqlite", f"sqlite:///{tmp_path / 'gpuprof.db'}"), ("postgres", pg_url)):
         socket_dir = Path(tempfile.mkdtemp(prefix="gp", dir="/tmp"))
@@ -54,8 +64,9 @@ def test_a_run_reads_back_the_same_from_sqlite_and_postgres(
     assert not (tmp_path / "unused.db").exists()  # the URL, not GPUPROF_DB, was used
     for name, data in got.items():
         (run,) = data["runs"]["runs"] if isinstance(data["runs"], dict) else data["runs"]
-        assert (run["run_name"], run["status"], run["steps"]) == (
-            "stall-run", "finished", STEPS), name  # fmt: skip
+        assert (run["run_name"], run["status"], run["steps"]) == ("stall-run", "finished", STEPS), (
+            name
+        )
         rules = {i["rule"] for i in data["insights"]["insights"]}
         assert "dataloader_stall" in rules, (name, rules)
         assert "waiting on the loader" in data["stdout"], name

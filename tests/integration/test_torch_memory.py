@@ -77,16 +77,22 @@ def test_allocator_figures_land_in_stored_steps_summary_and_runs(node: Node):
     assert line in out.stdout.splitlines(), out.stdout
     (run,) = node.query("SELECT summary FROM runs")
     assert json.loads(run["summary"])["memory"] == {
-        "torch_peak_allocated_bytes": 7 * GIB, "torch_peak_reserved_bytes": 8 * GIB,
-    }  # fmt: skip
-    ctl = subprocess.run([sys.executable, "-m", "gpuprofd.ctl", "runs", str(node.db),
-                          "--format", "json"], env=node.env, capture_output=True, text=True,
-                         timeout=30)  # fmt: skip
+        "torch_peak_allocated_bytes": 7 * GIB,
+        "torch_peak_reserved_bytes": 8 * GIB,
+    }
+    ctl = subprocess.run(
+        [sys.executable, "-m", "gpuprofd.ctl", "runs", str(node.db), "--format", "json"],
+        env=node.env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert ctl.returncode == 0, ctl.stderr
     (listed,) = json.loads(ctl.stdout)
     assert (listed["torch_peak_allocated_bytes"], listed["torch_peak_reserved_bytes"]) == (
-        7 * GIB, 8 * GIB,
-    )  # fmt: skip
+        7 * GIB,
+        8 * GIB,
+    )
 
 
 def test_plain_cpu_run_stores_no_memory_figures(node: Node):

@@ -88,8 +88,9 @@ def test_torchrun_ranks_form_one_group(node: Node, nproc: int):
     data = wait_for(lambda: node.group_json(group), 20, "the group to end")
     assert data["status"] == "finished" and data["counts"] == {"finished": nproc}
     assert [r["rank"] for r in data["ranks"]] == list(range(nproc))
-    assert all(r["median_step_ms"] is not None and r["summary"]["steps"] == 20
-               for r in data["ranks"])  # fmt: skip
+    assert all(
+        r["median_step_ms"] is not None and r["summary"]["steps"] == 20 for r in data["ranks"]
+    )
     text = node.ctl("insights", str(node.db), "--group", group)
     assert text.returncode == 0, text.stderr
     assert text.stdout.startswith(f"group {group}: finished")
@@ -117,8 +118,10 @@ def test_a_killed_rank_is_lost_and_the_others_finish(node: Node, tmp_path: Path)
 
 
 def test_group_option_overrides_torchrun_and_a_plain_run_has_no_group(node: Node):
-    code = ("import gpuprof\n"
-            "with gpuprof.profile('solo', print_summary=False, group='team-a'):\n    pass\n")
+    code = (
+        "import gpuprof\n"
+        "with gpuprof.profile('solo', print_summary=False, group='team-a'):\n    pass\n"
+    )
     assert node.run_script(code).returncode == 0
     plain = "import gpuprof\nwith gpuprof.profile('plain', print_summary=False):\n    pass\n"
     env_free = node.run_script(plain)

@@ -79,8 +79,13 @@ def test_one_busy_worker_is_imbalance_and_each_epochs_workers_are_a_pool(node: N
     rows = _worker_rows(node)
     (run,) = node.query("SELECT id, start_mono_ns, end_mono_ns FROM runs")
     assert [(r["loader_seq"], r["worker_id"]) for r in rows] == [
-        (0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2),
-    ]  # fmt: skip
+        (0, 0),
+        (0, 1),
+        (0, 2),
+        (1, 0),
+        (1, 1),
+        (1, 2),
+    ]
     assert len({r["pid"] for r in rows}) == 6  # epoch 2 ran new worker processes
     for seq in (0, 1):
         hot, *cold = (r["cpu_s"] for r in rows if r["loader_seq"] == seq)

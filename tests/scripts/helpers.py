@@ -20,8 +20,13 @@ SCRIPTS = ROOT / "scripts"
 
 def run_script(name: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """``python scripts/NAME.py ARGS`` from the repository root, its output captured."""
-    return subprocess.run([sys.executable, str(SCRIPTS / f"{name}.py"), *args],
-                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, str(SCRIPTS / f"{name}.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
 
 
 def run_report(

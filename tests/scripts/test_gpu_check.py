@@ -29,8 +29,15 @@ def _trace_rows(phase: str) -> list[dict]:
 def replay_report(tmp_path_factory) -> tuple[subprocess.CompletedProcess[str], dict, Path]:
     if not TRACE.exists():
         pytest.fail(f"H200 fixture missing at {TRACE}: shared/ must sit beside the repo")
-    return run_report("gpu_check", tmp_path_factory.mktemp("gpu_check"), "--replay", str(TRACE),
-                      "--sampler-s", "1", timeout=90)  # fmt: skip
+    return run_report(
+        "gpu_check",
+        tmp_path_factory.mktemp("gpu_check"),
+        "--replay",
+        str(TRACE),
+        "--sampler-s",
+        "1",
+        timeout=90,
+    )
 
 
 def test_replay_exits_0_with_every_phase_matching(replay_report):
@@ -97,8 +104,9 @@ def test_live_mode_without_a_gpu_exits_2_with_one_clear_line(tmp_path):
     else:
         pynvml.nvmlShutdown()
         pytest.skip("this machine has NVML: live mode would run")
-    refused_live("gpu_check", tmp_path,
-                 "gpu_check: live mode needs an NVIDIA GPU with CUDA and NVML")  # fmt: skip
+    refused_live(
+        "gpu_check", tmp_path, "gpu_check: live mode needs an NVIDIA GPU with CUDA and NVML"
+    )
 
 
 def test_dry_run_drives_the_live_plumbing_end_to_end(tmp_path):
@@ -150,8 +158,12 @@ def test_phase_rows_skip_the_lagging_start_and_straddling_slow_samples():
     # slow samples at 0.6, 1.2, 1.8, 2.4 s, each measuring the interval since
     # the previous one: only 1.8-2.4 s lies inside the judged [1.5, 3) s;
     # 1.2-1.8 s straddles the skipped start, the earlier ones precede the phase.
-    slow = [(600 * ms, _slow(1e9)), (1200 * ms, _slow(60e9)), (1800 * ms, _slow(50e9)),
-            (2400 * ms, _slow(2e9))]  # fmt: skip
+    slow = [
+        (600 * ms, _slow(1e9)),
+        (1200 * ms, _slow(60e9)),
+        (1800 * ms, _slow(50e9)),
+        (2400 * ms, _slow(2e9)),
+    ]
     rows, joined = gc.phase_rows(fast, slow, 1000 * ms, 3000 * ms, 500 * ms)
     assert len(rows) == 150 and all(r["util_gpu"] == 1.0 for r in rows)
     assert joined == 1

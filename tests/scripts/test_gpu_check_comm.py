@@ -58,9 +58,10 @@ def test_dry_run_stores_every_bucket_with_the_parameters_bytes(dry):
         assert b["steps_complete"] == b["steps_analysed"] == 58 and b["rows_missing"] == 0
         assert r["bytes_per_step"] == [PARAM_BYTES]
         assert r["event_ms"]["median"] > 0
-        assert {k: r["checks"][k]["verdict"] for k in ("buckets", "bytes", "comm_phase",
-                                                       "unresolved", "clock")} == dict.fromkeys(
-            ("buckets", "bytes", "comm_phase", "unresolved", "clock"), "PASS")  # fmt: skip
+        assert {
+            k: r["checks"][k]["verdict"]
+            for k in ("buckets", "bytes", "comm_phase", "unresolved", "clock")
+        } == dict.fromkeys(("buckets", "bytes", "comm_phase", "unresolved", "clock"), "PASS")
         assert r["unresolved"]["from_notes"] == 0 and r["unresolved"]["timer"]["unresolved"] == 0
         assert 0 < r["comm_phase_ms"]["median"] < r["comm_phase_ms"]["median_step_ms"]
 
@@ -92,8 +93,19 @@ def test_dry_run_clock_offsets_and_overhead_blocks(dry):
 
 
 def test_dry_run_with_the_user_avg_hook_gpuprof_wraps(tmp_path_factory):
-    proc, rep, _ = _dry(tmp_path_factory, "--hook", "avg", "--steps", "20", "--window",
-                        "10-13", "--rounds", "1", "--block-steps", "5")  # fmt: skip
+    proc, rep, _ = _dry(
+        tmp_path_factory,
+        "--hook",
+        "avg",
+        "--steps",
+        "20",
+        "--window",
+        "10-13",
+        "--rounds",
+        "1",
+        "--block-steps",
+        "5",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert rep["hook"] == "avg" and all(rep["plumbing"].values()), rep["plumbing"]
     for r in rep["ranks"]:
@@ -118,14 +130,21 @@ def _rows(steps, nb, t0, dur_ms, skip=()):
             if (s, j) in skip:
                 continue
             start = t0 + (k * 100 + j) * MS
-            rows.append({"run_id": 1, "step": s, "bucket": j, "start_ns": start,
-                         "end_ns": start + int(dur_ms * MS), "bytes": 100})  # fmt: skip
+            rows.append(
+                {
+                    "run_id": 1,
+                    "step": s,
+                    "bucket": j,
+                    "start_ns": start,
+                    "end_ns": start + int(dur_ms * MS),
+                    "bytes": 100,
+                }
+            )
     return rows
 
 
 def _kernels(n, dur_ms):
-    return [[i * MS, int(dur_ms * MS), "ncclDevKernel_AllReduce_Sum_f32_RING_LL"]
-            for i in range(n)]  # fmt: skip
+    return [[i * MS, int(dur_ms * MS), "ncclDevKernel_AllReduce_Sum_f32_RING_LL"] for i in range(n)]
 
 
 def test_pairing_in_launch_order_step_by_step_and_by_sorted_durations():
@@ -148,27 +167,56 @@ def test_pairing_in_launch_order_step_by_step_and_by_sorted_durations():
 
 def _worker(world=2, notes=(), kernels=None, rank=1):
     return {
-        "rank": rank, "world_size": world, "backend": "nccl", "hook": "default",
-        "device": f"cuda:{rank}", "param_bytes": 400,
-        "main": {"window": {"steps": [4, 6], "t0_ns": 350 * MS, "t1_ns": 560 * MS,
-                            "kernels": _kernels(8, 1.0) if kernels is None else kernels,
-                            "coll_ops": {"nccl:all_reduce": 8}},
-                 "notes": list(notes), "timer": {}},
-        "overhead": {"block_steps": 10, "rounds": 2,
-                     "block_s": {"off": [0.100, 0.101], "on": [0.1005, 0.1012]}},
-    }  # fmt: skip
+        "rank": rank,
+        "world_size": world,
+        "backend": "nccl",
+        "hook": "default",
+        "device": f"cuda:{rank}",
+        "param_bytes": 400,
+        "main": {
+            "window": {
+                "steps": [4, 6],
+                "t0_ns": 350 * MS,
+                "t1_ns": 560 * MS,
+                "kernels": _kernels(8, 1.0) if kernels is None else kernels,
+                "coll_ops": {"nccl:all_reduce": 8},
+            },
+            "notes": list(notes),
+            "timer": {},
+        },
+        "overhead": {
+            "block_steps": 10,
+            "rounds": 2,
+            "block_s": {"off": [0.100, 0.101], "on": [0.1005, 0.1012]},
+        },
+    }
 
 
 def _db(offset=2_000, unc=15_000, dur_ms=1.2, skip=(), world_rank=1):
-    steps = [{"run_id": 1, "step": s, "t0_ns": s * 100 * MS - 50 * MS,
-              "t1_ns": s * 100 * MS + 50 * MS,
-              "phases": json.dumps({"backward": 20 * MS, "comm": 2 * MS})}
-             for s in range(8)]  # fmt: skip
+    steps = [
+        {
+            "run_id": 1,
+            "step": s,
+            "t0_ns": s * 100 * MS - 50 * MS,
+            "t1_ns": s * 100 * MS + 50 * MS,
+            "phases": json.dumps({"backward": 20 * MS, "comm": 2 * MS}),
+        }
+        for s in range(8)
+    ]
     rows = _rows(range(8), 4, 0, dur_ms, skip)  # step s's buckets start at s * 100 ms
-    runs = [{"id": 1, "run_name": "gpu_check_comm:main", "rank": world_rank, "status": "finished",
-             "clock_offset_ns": offset, "clock_uncertainty_ns": unc,
-             "clock_rtt_ns": unc and 2 * unc, "clock_round_trips": 64,
-             "clock_reference_rank": 0}]  # fmt: skip
+    runs = [
+        {
+            "id": 1,
+            "run_name": "gpu_check_comm:main",
+            "rank": world_rank,
+            "status": "finished",
+            "clock_offset_ns": offset,
+            "clock_uncertainty_ns": unc,
+            "clock_rtt_ns": unc and 2 * unc,
+            "clock_round_trips": 64,
+            "clock_reference_rank": 0,
+        }
+    ]
     return {"runs": runs, "steps": steps, "buckets": rows}
 
 

@@ -12,8 +12,7 @@ import pytest
 
 from tests.scripts.helpers import refused_live, run_report, skip_with_cuda
 
-MODES = ["no gpuprof", "profile(), no tracing", "trace_every_n_steps=20",
-         "continuous_traces_hz=1"]  # fmt: skip
+MODES = ["no gpuprof", "profile(), no tracing", "trace_every_n_steps=20", "continuous_traces_hz=1"]
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +83,7 @@ def test_dry_run_overhead_modes_interleaved(dry):
 
 def test_live_mode_without_cuda_exits_2_with_one_clear_line(tmp_path):
     skip_with_cuda()
-    line = refused_live("gpu_check_kernels", tmp_path,
-                        "gpu_check_kernels: live mode needs a CUDA GPU: torch ")  # fmt: skip
+    line = refused_live(
+        "gpu_check_kernels", tmp_path, "gpu_check_kernels: live mode needs a CUDA GPU: torch "
+    )
     assert "sees no CUDA device" in line

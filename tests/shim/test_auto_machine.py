@@ -49,11 +49,16 @@ def test_one_step_boundaries_phases_and_gap_wait():
     m.flush(5_000)
     assert out == [
         StepRecord(
-            i=0, t0=1_000, t1=1_900, wait=900, explicit=False, micro=1,
+            i=0,
+            t0=1_000,
+            t1=1_900,
+            wait=900,
+            explicit=False,
+            micro=1,
             phases={"forward": 300, "backward": 400, "optimizer": 150},
             optimizers=[OptimizerUse("SGD#0", updates=1, skipped=0, ns=150)],
         )
-    ]  # fmt: skip
+    ]
     assert m.state is IDLE
 
 
@@ -393,8 +398,11 @@ def test_a_replaced_primary_optimizer_hands_over_to_the_next():
     m.flush(9_000)
     # the new optimizer's first step is a cycle of its own, not part of the old step
     assert [(s.t0, s.t1) for s in out] == [
-        (1_000, 1_400), (2_000, 2_400), (3_000, 3_400), (4_000, 4_400)
-    ]  # fmt: skip
+        (1_000, 1_400),
+        (2_000, 2_400),
+        (3_000, 3_400),
+        (4_000, 4_400),
+    ]
 
 
 def test_loading_before_a_closure_step_is_the_data_phase_only_if_the_closure_runs_forward():

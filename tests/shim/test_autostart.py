@@ -70,10 +70,18 @@ def fake_daemon_argv(tmp_path: Path):
 
 def hello_for(socket_dir: Path):
     msg = messages.hello(
-        run_key="k1", run_name="r", pid=os.getpid(), host="h", ranks=Ranks(),
-        wall_ns=time.time_ns(), mono_ns=time.monotonic_ns(), auto=False,
-        options={}, cuda_uuid=None, argv=None,
-    )  # fmt: skip
+        run_key="k1",
+        run_name="r",
+        pid=os.getpid(),
+        host="h",
+        ranks=Ranks(),
+        wall_ns=time.time_ns(),
+        mono_ns=time.monotonic_ns(),
+        auto=False,
+        options={},
+        cuda_uuid=None,
+        argv=None,
+    )
 
     def hello():
         raw = control.request(None, f"ipc://{socket_dir}/control.sock", msg, 500)
@@ -129,9 +137,16 @@ def test_unstartable_command_returns_none(socket_dir):
 def test_default_command_runs_gpuprofd_module_with_socket_db_and_idle_exit(tmp_path):
     argv = autostart.daemon_argv(tmp_path / "s", tmp_path / "d.db")
     assert argv == [
-        sys.executable, "-m", "gpuprofd", "--socket-dir", str(tmp_path / "s"),
-        "--db", str(tmp_path / "d.db"), "--idle-exit", "300",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "gpuprofd",
+        "--socket-dir",
+        str(tmp_path / "s"),
+        "--db",
+        str(tmp_path / "d.db"),
+        "--idle-exit",
+        "300",
+    ]
 
 
 def test_profile_autostarts_a_daemon_when_none_answers(

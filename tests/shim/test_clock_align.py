@@ -102,11 +102,20 @@ MAX_UNCERTAINTY_NS = 50_000_000
 
 
 def _torchrun(
-    tmp_path: Path, nproc: int, injected: list[int], *, ranks: list[int] | None = None,
-    timeout_s: float = 30.0, repeat: int = 1, close_after_s: float = 0.0, busy: bool = False,
-    exit_rank: int = -1, limit_s: float = 90, delay_s: dict[int, float] | None = None,
+    tmp_path: Path,
+    nproc: int,
+    injected: list[int],
+    *,
+    ranks: list[int] | None = None,
+    timeout_s: float = 30.0,
+    repeat: int = 1,
+    close_after_s: float = 0.0,
+    busy: bool = False,
+    exit_rank: int = -1,
+    limit_s: float = 90,
+    delay_s: dict[int, float] | None = None,
     store_probe: bool = False,
-) -> tuple[subprocess.CompletedProcess, dict[int, list[dict]], float]:  # fmt: skip
+) -> tuple[subprocess.CompletedProcess, dict[int, list[dict]], float]:
     script = tmp_path / "align.py"
     script.write_text(WORKER)
     env = {
@@ -128,10 +137,19 @@ def _torchrun(
     torchrun = Path(sys.executable).with_name("torchrun")
     t = time.monotonic()
     out = subprocess.run(
-        [str(torchrun), "--standalone", f"--nproc-per-node={nproc}", "--monitor-interval=0.2",
-         str(script)],
-        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=limit_s,
-    )  # fmt: skip
+        [
+            str(torchrun),
+            "--standalone",
+            f"--nproc-per-node={nproc}",
+            "--monitor-interval=0.2",
+            str(script),
+        ],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=limit_s,
+    )
     wall = time.monotonic() - t
     assert out.returncode == 0, out.stderr[-3000:]
     records = {r: json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(nproc)}
@@ -207,9 +225,14 @@ def test_a_rank_whose_run_ended_first_is_not_waited_for_in_the_store(tmp_path: P
     # in the gloo rendezvous for the whole timeout, holding the store's client
     # lock: its own store.set (new_group, checkpoints) took ~timeout_s
     _, records, wall = _torchrun(
-        tmp_path, 2, [0, 0], timeout_s=30, close_after_s=0.3, delay_s={1: 2.0},
+        tmp_path,
+        2,
+        [0, 0],
+        timeout_s=30,
+        close_after_s=0.3,
+        delay_s={1: 2.0},
         store_probe=True,
-    )  # fmt: skip
+    )
     for rank in (0, 1):
         (rec,) = records[rank]
         assert rec["result"] is None and rec["calls"] == 0, rec

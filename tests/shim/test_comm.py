@@ -188,9 +188,7 @@ def test_user_hook_registered_before_is_left_alone_with_one_notice(
     notes = [n for n in prof.summary["notes"] if "comm hook" in n]
     assert len(notes) == 1 and "counting_hook" in notes[0]
     # it says what to do
-    assert notes[0].endswith(
-        ": register it inside `with gpuprof.profile(...)` to time its buckets"
-    )
+    assert notes[0].endswith(": register it inside `with gpuprof.profile(...)` to time its buckets")
     assert len([r for r in caplog.records if "comm hook" in r.getMessage()]) == 1
     assert model._comm_hooks[0][0] is counting_hook
     for a, b in zip(params(model), plain_params(3), strict=True):
@@ -418,8 +416,10 @@ def test_a_step_waits_for_its_cuda_events_then_goes_with_them():
     events[3].done = True  # the GPU caught up by the next send
     assert timer.attach([s, later], now_ns=4_000) == 2
     # start + GPU time between the events: (0.5 - 0) ms and (0.75 - 0.25) ms
-    assert s.comm == [BucketTiming(1, 1_100, 1_100 + 500_000, 40),
-                      BucketTiming(0, 1_200, 1_200 + 500_000, 40)]  # fmt: skip
+    assert s.comm == [
+        BucketTiming(1, 1_100, 1_100 + 500_000, 40),
+        BucketTiming(0, 1_200, 1_200 + 500_000, 40),
+    ]
     assert timer.unresolved == 0 and timer.pending() == 0
     assert s.phases["backward"] == 0 and s.phases[COMM_PHASE] == 500  # capped by backward
 

@@ -119,8 +119,9 @@ def test_compiled_model_is_not_counted_and_the_summary_says_so(socket_dir, fake_
     torch._dynamo.utils.counters.clear()  # "compiled once in this process" ends with the test
 
 
-@pytest.mark.parametrize(("autocast", "expected"), [(True, ("bfloat16", "autocast")),
-                                                    (False, ("float32", "params"))])  # fmt: skip
+@pytest.mark.parametrize(
+    ("autocast", "expected"), [(True, ("bfloat16", "autocast")), (False, ("float32", "params"))]
+)
 def test_dtype_probe_reads_autocast_else_parameters(
     socket_dir, fake_daemon, monkeypatch, autocast, expected
 ):
@@ -186,19 +187,38 @@ def test_protocol_checks_model_info_and_arch_option():
     ok = {"v": 1, "type": "model_info", "run_key": "k"}
     assert decode(encode({**ok, "dtype": "bfloat16", "dtype_source": "autocast"}), "data")
     assert decode(encode({**ok, "flops_counted": 3.3e12, "flops_step": 3}), "data")
-    for bad in [ok, {**ok, "flops_counted": -1.0}, {**ok, "flops_counted": 1e31},
-                {**ok, "dtype": "x" * 33}, {**ok, "dtype": "bf16", "dtype_source": "guess"},
-                {**ok, "flops_counted": 1.0, "flops_step": -1}]:  # fmt: skip
+    for bad in [
+        ok,
+        {**ok, "flops_counted": -1.0},
+        {**ok, "flops_counted": 1e31},
+        {**ok, "dtype": "x" * 33},
+        {**ok, "dtype": "bf16", "dtype_source": "guess"},
+        {**ok, "flops_counted": 1.0, "flops_step": -1},
+    ]:
         with pytest.raises(ValueError):
             decode(encode(bad), "data")
     hello = {
-        "v": 1, "type": "hello", "run_key": "k", "run_name": "r", "pid": 1, "host": "h",
-        "rank": 0, "local_rank": 0, "world_size": 1, "wall_ns": 1, "mono_ns": 1, "auto": True,
-    }  # fmt: skip
+        "v": 1,
+        "type": "hello",
+        "run_key": "k",
+        "run_name": "r",
+        "pid": 1,
+        "host": "h",
+        "rank": 0,
+        "local_rank": 0,
+        "world_size": 1,
+        "wall_ns": 1,
+        "mono_ns": 1,
+        "auto": True,
+    }
     good = {"arch": tiny_arch().to_dict(), "tokens_per_step": 128, "flops_source": "arch"}
     assert decode(encode({**hello, "options": good}), "control")
-    for bad in [{**good, "arch": {**good["arch"], "layers": -1}}, {**good, "tokens_per_step": 0},
-                {**good, "flops_source": "guess"}, {**good, "count_flops": 1}]:  # fmt: skip
+    for bad in [
+        {**good, "arch": {**good["arch"], "layers": -1}},
+        {**good, "tokens_per_step": 0},
+        {**good, "flops_source": "guess"},
+        {**good, "count_flops": 1},
+    ]:
         with pytest.raises(ValueError, match="options"):
             decode(encode({**hello, "options": bad}), "control")
 

@@ -122,8 +122,11 @@ def test_grad_scaler_skipped_update_is_its_own_step_marked_skipped(socket_dir, f
     assert summary(steps) == [(0, 1), (1, 1), (2, 1), (3, 1)]
     assert [s.get("skipped", False) for s in steps] == [False, True, True, False]
     assert [(o["updates"], o["skipped"]) for s in steps for o in s["optimizers"]] == [
-        (1, 0), (0, 1), (0, 1), (1, 0)
-    ]  # fmt: skip
+        (1, 0),
+        (0, 1),
+        (0, 1),
+        (1, 0),
+    ]
     assert scaler.get_scale() == 2.0**6  # halved twice: the scaler itself did its job
     assert fake_daemon.errors == []  # every frame passed the daemon's validation
 

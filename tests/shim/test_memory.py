@@ -20,21 +20,32 @@ from .training import train
 GIB = 2**30
 #: torch.cuda's memory readers: none may run when CUDA is not in use.
 READERS = (
-    "memory_stats_as_nested_dict", "memory_stats", "memory_allocated", "memory_reserved",
-    "max_memory_allocated", "max_memory_reserved", "current_device",
-)  # fmt: skip
+    "memory_stats_as_nested_dict",
+    "memory_stats",
+    "memory_allocated",
+    "memory_reserved",
+    "max_memory_allocated",
+    "max_memory_reserved",
+    "current_device",
+)
 
 
 def _stats(allocated: int, reserved: int, peak: int) -> dict[str, Any]:
     """The slice of ``torch.cuda.memory_stats_as_nested_dict`` the shim reads."""
     pool = {"current": 0, "peak": 0, "allocated": 0, "freed": 0}
     return {
-        "allocated_bytes": {"all": {**pool, "current": allocated, "peak": peak},
-                            "large_pool": dict(pool), "small_pool": dict(pool)},
-        "reserved_bytes": {"all": {**pool, "current": reserved, "peak": reserved},
-                           "large_pool": dict(pool), "small_pool": dict(pool)},
+        "allocated_bytes": {
+            "all": {**pool, "current": allocated, "peak": peak},
+            "large_pool": dict(pool),
+            "small_pool": dict(pool),
+        },
+        "reserved_bytes": {
+            "all": {**pool, "current": reserved, "peak": reserved},
+            "large_pool": dict(pool),
+            "small_pool": dict(pool),
+        },
         "num_ooms": 0,
-    }  # fmt: skip
+    }
 
 
 class FakeAllocator:
@@ -94,8 +105,11 @@ def test_one_read_per_burst_on_its_last_step(socket_dir, fake_daemon, monkeypatc
     with_mem = [(s["i"], s["mem"]) for s in fake_daemon.steps if "mem" in s]
     n = batcher.SEND_EVERY_STEPS
     # two full bursts, then the 3 left over at exit: the last of each carries a read
-    assert with_mem == [(n - 1, FakeAllocator.expected(0)), (2 * n - 1, FakeAllocator.expected(1)),
-                        (2 * n + 2, FakeAllocator.expected(2))]  # fmt: skip
+    assert with_mem == [
+        (n - 1, FakeAllocator.expected(0)),
+        (2 * n - 1, FakeAllocator.expected(1)),
+        (2 * n + 2, FakeAllocator.expected(2)),
+    ]
     assert len(cuda.devices) == 3
 
 

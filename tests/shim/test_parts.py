@@ -91,9 +91,15 @@ def test_link_bye_returns_the_daemons_summary(socket_dir, fake_daemon):
     try:
         link.connect(_hello)
         bye = {
-            "v": PROTOCOL_VERSION, "type": "bye", "run_key": "k" * 32, "status": "finished",
-            "sent": 0, "dropped": 0, "mono_ns": time.monotonic_ns(), "wall_ns": time.time_ns(),
-        }  # fmt: skip
+            "v": PROTOCOL_VERSION,
+            "type": "bye",
+            "run_key": "k" * 32,
+            "status": "finished",
+            "sent": 0,
+            "dropped": 0,
+            "mono_ns": time.monotonic_ns(),
+            "wall_ns": time.time_ns(),
+        }
         summary = link.bye(bye)
         assert summary is not None and summary["notes"] == ["from the fake daemon"]
         assert link.problem is None
@@ -110,9 +116,15 @@ def test_link_bye_without_an_answer_says_so(socket_dir, make_daemon, monkeypatch
     try:
         link.connect(_hello)
         bye = {
-            "v": PROTOCOL_VERSION, "type": "bye", "run_key": "k" * 32, "status": "finished",
-            "sent": 0, "dropped": 0, "mono_ns": time.monotonic_ns(), "wall_ns": time.time_ns(),
-        }  # fmt: skip
+            "v": PROTOCOL_VERSION,
+            "type": "bye",
+            "run_key": "k" * 32,
+            "status": "finished",
+            "sent": 0,
+            "dropped": 0,
+            "mono_ns": time.monotonic_ns(),
+            "wall_ns": time.time_ns(),
+        }
         assert link.bye(bye) is None
         assert link.problem is not None and "did not answer at exit" in link.problem
         assert link.local_note(2).startswith(link.problem + " (")
@@ -248,9 +260,15 @@ def test_notes_none_added_when_nothing_to_say():
 def test_notes_one_micro_batch_is_singular():
     summary: dict[str, Any] = {}
     add_notes(
-        summary, flop_note=None, tracer=None, comm=None, aligner=None, unfinished_micro=1,
-        requested_db="/a.db", socket_dir=Path("/run/gp"),
-    )  # fmt: skip
+        summary,
+        flop_note=None,
+        tracer=None,
+        comm=None,
+        aligner=None,
+        unfinished_micro=1,
+        requested_db="/a.db",
+        socket_dir=Path("/run/gp"),
+    )
     assert summary["notes"] == [
         "1 micro-batch after the last optimizer update (no update followed) not counted as a step"
     ]

@@ -19,9 +19,17 @@ from gpuprof_shim.sender import Sender
 
 def step_msg(i: int) -> dict:
     return {
-        "v": 1, "type": "step", "run_key": "k", "i": i, "t0": 1, "t1": 2,
-        "wait": 0, "explicit": False, "micro": 1, "phases": {},
-    }  # fmt: skip
+        "v": 1,
+        "type": "step",
+        "run_key": "k",
+        "i": i,
+        "t0": 1,
+        "t1": 2,
+        "wait": 0,
+        "explicit": False,
+        "micro": 1,
+        "phases": {},
+    }
 
 
 _test_sockets: list[zmq.Socket] = []
@@ -191,8 +199,10 @@ def test_control_request_unanswered_times_out_at_receive(socket_dir, zctx):
 @pytest.mark.parametrize(
     ("reply", "expected"),
     [
-        ({"ok": True, "run_id": 3, "db": "/x.db", "daemon_pid": 9, "notes": ["n", 5]},
-         {"ok": True, "run_id": 3, "db": "/x.db", "daemon_pid": 9, "notes": ["n"]}),
+        (
+            {"ok": True, "run_id": 3, "db": "/x.db", "daemon_pid": 9, "notes": ["n", 5]},
+            {"ok": True, "run_id": 3, "db": "/x.db", "daemon_pid": 9, "notes": ["n"]},
+        ),
         ({"ok": False, "error": "full"}, {"ok": False, "error": "full"}),
         ({"ok": True, "run_id": "3", "db": "/x.db"}, None),
         ({"ok": True, "db": "/x.db"}, None),
@@ -200,7 +210,7 @@ def test_control_request_unanswered_times_out_at_receive(socket_dir, zctx):
         ({}, None),
         (None, None),
     ],
-)  # fmt: skip
+)
 def test_parse_hello_reply(reply, expected):
     assert control.parse_hello_reply(reply) == expected
 

@@ -128,9 +128,14 @@ def test_print_summary_false_prints_nothing(socket_dir, fake_daemon, capsys):
 
 @pytest.mark.parametrize(
     ("rank", "asked", "printed"),
-    [(None, None, True), ("0", None, True), ("3", None, False), ("3", True, True),
-     ("0", False, False)],
-)  # fmt: skip
+    [
+        (None, None, True),
+        ("0", None, True),
+        ("3", None, False),
+        ("3", True, True),
+        ("0", False, False),
+    ],
+)
 def test_the_summary_prints_on_rank_0_unless_asked(
     socket_dir, fake_daemon, capsys, monkeypatch, rank, asked, printed
 ):
@@ -168,8 +173,15 @@ def test_bad_rank_env_falls_back_to_defaults(monkeypatch):
     assert (ranks.rank, ranks.local_rank, ranks.world_size) == (0, 0, 4)
 
 
-@pytest.mark.parametrize("bad", [{"flops_per_step": -1}, {"flops_per_step": True},
-                                 {"flops_per_step": "1e12"}, {"dtype": "x" * 40}])  # fmt: skip
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"flops_per_step": -1},
+        {"flops_per_step": True},
+        {"flops_per_step": "1e12"},
+        {"dtype": "x" * 40},
+    ],
+)
 def test_invalid_options_are_rejected_before_anything_starts(bad):
     with pytest.raises(ValueError, match="gpuprof"):
         gpuprof.profile("bad", **bad)
@@ -280,8 +292,9 @@ def test_external_step_source_ends_steps_only_when_told(socket_dir, fake_daemon)
     steps = fake_daemon.steps
     # micro-batches 2-3 had no step end before 4-5's: one step with 4 counted backwards
     assert [(s["i"], s["micro"], s.get("skipped", False)) for s in steps] == [
-        (0, 2, False), (1, 4, True)
-    ]  # fmt: skip
+        (0, 2, False),
+        (1, 4, True),
+    ]
     assert [o["updates"] for o in steps[1]["optimizers"]] == [2]
 
 

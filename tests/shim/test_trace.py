@@ -31,8 +31,9 @@ ORIGINAL_EXIT = vars(legacy_profiler.profile)["__exit__"]
 
 
 def profile(socket_dir: Path, name: str = "trace", **kw):
-    return gpuprof.profile(name, socket_dir=socket_dir, autostart=False, print_summary=False,
-                           count_flops=False, **kw)  # fmt: skip
+    return gpuprof.profile(
+        name, socket_dir=socket_dir, autostart=False, print_summary=False, count_flops=False, **kw
+    )
 
 
 def kernels(fake_daemon) -> list[dict]:
@@ -249,8 +250,10 @@ def test_users_scheduled_profiler_inside_the_run_does_not_crash(socket_dir, fake
     # 2.13, so this runs in a child process (a crash fails the test, not pytest)
     proc = subprocess.run(
         [sys.executable, "-c", USER_SCHEDULE_SCRIPT, str(socket_dir), str(Path(__file__).parent)],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "TRACES 2 True" in proc.stdout
     assert "your own torch.profiler is active" in proc.stdout
@@ -280,10 +283,17 @@ def test_windows_ended_inside_the_optimizers_range_do_not_corrupt_memory(socket_
     # _TorchGuard.end_open_ranges this script crashed (SIGSEGV/SIGABRT) on
     # every one of 4 runs on the CI VM.
     proc = subprocess.run(
-        [sys.executable, "-c", REPEATED_WINDOWS_SCRIPT, str(socket_dir),
-         str(Path(__file__).parent)],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            REPEATED_WINDOWS_SCRIPT,
+            str(socket_dir),
+            str(Path(__file__).parent),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "DONE" in proc.stdout
 
@@ -314,8 +324,9 @@ def test_profiler_failure_disables_tracing_with_a_note(socket_dir, fake_daemon, 
     assert len(calls) == 1  # tried once, then off for the run
     assert kernels(fake_daemon) == [] and traced(fake_daemon) == []
     assert len(fake_daemon.steps) == 6
-    assert any("trace windows disabled" in n and "kineto is broken" in n
-               for n in prof._tracer.notes)  # fmt: skip
+    assert any(
+        "trace windows disabled" in n and "kineto is broken" in n for n in prof._tracer.notes
+    )
     assert prof.summary is not None
     assert any("trace windows disabled" in n for n in prof.summary["notes"])
     assert_nothing_left()
@@ -367,15 +378,21 @@ def test_trace_dir_writes_gzip_traces_under_the_cap(socket_dir, fake_daemon, tmp
         train(steps=3)
     files = sorted(out.iterdir())
     assert [f.name.split("-step")[1] for f in files] == [
-        "0-snapshot-0.pt.trace.json.gz", "1-snapshot-1.pt.trace.json.gz",
+        "0-snapshot-0.pt.trace.json.gz",
+        "1-snapshot-1.pt.trace.json.gz",
         "2-snapshot-2.pt.trace.json.gz",
-    ]  # fmt: skip
+    ]
     assert prof._tracer.bytes_written == sum(f.stat().st_size for f in files)
 
     one = files[0].stat().st_size
     capped = tmp_path / "capped"
-    with profile(socket_dir, "capped", trace_every_n_steps=1, trace_dir=capped,
-                 trace_dir_max_mb=2.5 * one / 1e6) as prof2:  # fmt: skip
+    with profile(
+        socket_dir,
+        "capped",
+        trace_every_n_steps=1,
+        trace_dir=capped,
+        trace_dir_max_mb=2.5 * one / 1e6,
+    ) as prof2:
         train(steps=6)
     sizes = [f.stat().st_size for f in capped.iterdir()]
     assert 1 <= len(sizes) <= 2 and sum(sizes) <= 2.5 * one
@@ -421,8 +438,19 @@ def test_no_trace_files_without_trace_dir(socket_dir, fake_daemon, tmp_path, mon
 class FakeEvent:
     """A stand-in for torch's ``_KinetoEvent`` (the fold reads only methods)."""
 
-    def __init__(self, name, dev="cpu", start=0, end=0, corr=0, linked=0, flops=0,
-                 act="cpu_op", thread=1, user=False):  # fmt: skip
+    def __init__(
+        self,
+        name,
+        dev="cpu",
+        start=0,
+        end=0,
+        corr=0,
+        linked=0,
+        flops=0,
+        act="cpu_op",
+        thread=1,
+        user=False,
+    ):
         self._v = (name, dev, start, end, corr, linked, flops, act, thread, user)
 
     def name(self):
@@ -480,7 +508,7 @@ def test_fold_charges_kernels_to_their_op_and_its_parents():
         FakeEvent("aten::copy_", start=60, end=70, corr=5),
         FakeEvent(
             "ncclDevKernel_AllReduce_Sum_f32_RING_LL", dev="cuda", start=0, end=7, act="kernel"
-        ),  # fmt: skip
+        ),
         FakeEvent("aten::view", start=80, end=81, corr=6),  # no device time, no FLOPs
     ]
     rows, dropped = fold_kineto(ev, "cpu")
@@ -554,14 +582,24 @@ def test_nested_nsys_captures_are_one_capture(socket_dir, fake_daemon, monkeypat
 
 def test_real_daemon_stores_windows_and_traced_steps(tmp_path, socket_dir):
     db = tmp_path / "runs.db"
-    with gpuprof.profile("real", socket_dir=socket_dir, db=db, print_summary=False,
-                         count_flops=False, trace_every_n_steps=4) as prof:  # fmt: skip
+    with gpuprof.profile(
+        "real",
+        socket_dir=socket_dir,
+        db=db,
+        print_summary=False,
+        count_flops=False,
+        trace_every_n_steps=4,
+    ) as prof:
         train(steps=10)
     try:
         conn = sqlite3.connect(db)
-        got = [r[0] for r in conn.execute(
-            "SELECT step FROM steps WHERE run_id = ? AND traced = 1 ORDER BY step", (prof.run_id,)
-        )]  # fmt: skip
+        got = [
+            r[0]
+            for r in conn.execute(
+                "SELECT step FROM steps WHERE run_id = ? AND traced = 1 ORDER BY step",
+                (prof.run_id,),
+            )
+        ]
         windows = conn.execute(
             "SELECT count(*) FROM kernel_windows WHERE run_id = ?", (prof.run_id,)
         ).fetchone()[0]

@@ -173,9 +173,12 @@ def test_a_hooked_model_can_be_pickled_and_copied(socket_dir, fake_daemon, forwa
         "print(m(torch.ones(1, 8)).tolist(), [type(h).__name__ for h in m._forward_hooks.values()])"
     )
     out = subprocess.run(
-        [sys.executable, "-c", script], input=buf.getvalue(), capture_output=True, timeout=60,
+        [sys.executable, "-c", script],
+        input=buf.getvalue(),
+        capture_output=True,
+        timeout=60,
         cwd=str(Path(__file__).resolve().parents[2]),  # the repo: tests.shim.training.MLP
-    )  # fmt: skip
+    )
     assert out.returncode == 0, out.stderr.decode()[-800:]
     assert out.stdout.decode().strip() == f"{model(torch.ones(1, 8)).tolist()} ['partial']"
 

@@ -36,9 +36,14 @@ class Block(nn.Module):
 
 class TinyGPT(nn.Module):
     def __init__(
-        self, layers: int = 2, d: int = 64, heads: int = 4, vocab: int = 128, seq: int = 32,
+        self,
+        layers: int = 2,
+        d: int = 64,
+        heads: int = 4,
+        vocab: int = 128,
+        seq: int = 32,
         sdpa: bool = False,
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__()
         self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(seq, d)
         self.blocks = nn.ModuleList(Block(d, heads, sdpa) for _ in range(layers))

@@ -16,18 +16,25 @@ from gpuprofd.storage.reader import Reader, open_reader
 T = TypeVar("T")
 
 format_option = click.option(
-    "--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
     help="Output format.",
-)  # fmt: skip
+)
 
 db_argument = click.argument("db", type=click.Path(path_type=Path), required=False)
 
 #: ``--storage-url URL``: the database as a storage URL, instead of DB.
 storage_url_option = click.option(
-    "--storage-url", "storage_url", metavar="URL", default=None,
+    "--storage-url",
+    "storage_url",
+    metavar="URL",
+    default=None,
     help="The database as a URL instead of DB: sqlite:///path.db or "
     "postgres://user@host/db (a team server's).",
-)  # fmt: skip
+)
 
 
 def socket_dir_option(help: str) -> Any:
@@ -37,9 +44,13 @@ def socket_dir_option(help: str) -> Any:
 
 #: ``--timeout SECONDS`` of a command that asks the daemon (``timeout_s``).
 timeout_option = click.option(
-    "--timeout", "timeout_s", type=click.FloatRange(min=0.05), default=1.0, show_default=True,
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(min=0.05),
+    default=1.0,
+    show_default=True,
     help="Seconds to wait for the daemon's answer.",
-)  # fmt: skip
+)
 
 
 def resolve_socket_dir(socket_dir: Path | None) -> Path:

@@ -42,7 +42,11 @@ async def load_summary(db: Reader, run_id: int | None) -> dict[str, Any]:
         ctx = await reads.run_context(db, run)
         notes = [LIVE_NOTE] if run["status"] == "running" else []
         summary = make_summary(
-            run["id"], ctx, await reads.stored_insights(db, run["id"]), db.where, notes,
+            run["id"],
+            ctx,
+            await reads.stored_insights(db, run["id"]),
+            db.where,
+            notes,
             error=run.get("error"),
         )
         if run.get("group_id"):
@@ -63,8 +67,9 @@ def add_kernels_and_mfu(
         summary["top_kernels"] = table.to_dict(TOP_KERNELS)["kernels"] if table.lines else []
         summary["kernels_source"] = (
             {"source": table.source, "windows": table.windows, "steps": table.steps}
-            if table.lines else None
-        )  # fmt: skip
+            if table.lines
+            else None
+        )
     for key in ("mfu", "achieved_tflops"):
         if summary.get(key) is None:
             summary[key] = run.get(key)
@@ -89,8 +94,9 @@ def format_kernels_and_mfu(summary: dict[str, Any], shown: str) -> list[str]:
         lines.append(f"  Top kernels ({where}; share of device time, launches, mean):")
         for k in top:
             name = k["name"] if len(k["name"]) <= 70 else k["name"][:69] + "…"
-            lines.append(f"    {100 * k['share']:5.1f} %  {k['count']:>7}  "
-                         f"{k['mean_us']:>9.1f} µs  {name}")  # fmt: skip
+            lines.append(
+                f"    {100 * k['share']:5.1f} %  {k['count']:>7}  {k['mean_us']:>9.1f} µs  {name}"
+            )
     return lines
 
 
@@ -111,7 +117,7 @@ async def rank_comm(db: Reader, run: dict[str, Any]) -> dict[str, Any] | None:
     top = await reads.max_step(db, run["id"])
     tail = [] if top is None else await reads.group_tail(db, run["id"], top)
     timed = [s for s in tail if not s["traced"] and s["t0"] is not None and s["t1"] is not None]
-    timed = timed[-reads.GROUP_STEPS_MAX:]
+    timed = timed[-reads.GROUP_STEPS_MAX :]
     exposed = share = None
     if any(COMM_PHASE in s["phases"] for s in timed):
         exposed, share = comm_medians(
@@ -121,7 +127,7 @@ async def rank_comm(db: Reader, run: dict[str, Any]) -> dict[str, Any] | None:
     span = None
     if tail:
         indices = sorted(s["step"] for s in tail)
-        span = (indices[-reads.GROUP_BUCKET_STEPS:][0], indices[-1])
+        span = (indices[-reads.GROUP_BUCKET_STEPS :][0], indices[-1])
     totals = await reads.comm_totals(db, run["id"], span) if span else {"steps": 0}
     n = totals.get("steps") or 0
     out = {
@@ -165,19 +171,28 @@ async def load_group(db: Reader, group: str) -> dict[str, Any]:
     ranks = []
     for run in runs:
         summary = await load_summary(db, run["id"])
-        ranks.append({
-            "rank": run.get("rank"), "run_id": run["id"], "status": run["status"],
-            "host": run.get("host"), "median_step_ms": summary.get("median_step_ms"),
-            "comm": comm[run["id"]], "summary": summary,
-        })  # fmt: skip
+        ranks.append(
+            {
+                "rank": run.get("rank"),
+                "run_id": run["id"],
+                "status": run["status"],
+                "host": run.get("host"),
+                "median_step_ms": summary.get("median_step_ms"),
+                "comm": comm[run["id"]],
+                "summary": summary,
+            }
+        )
     return {
-        "group": group, **status,
-        "insights": found, "insights_source": source,
-        "runs": len(every), "runs_note": reads.runs_note(every),
+        "group": group,
+        **status,
+        "insights": found,
+        "insights_source": source,
+        "runs": len(every),
+        "runs_note": reads.runs_note(every),
         "missing_ranks": reads.missing_ranks(runs),
         "comm_missing": comm_missing(ranks),
         "ranks": ranks,
-    }  # fmt: skip
+    }
 
 
 def _comm_cell(comm: dict[str, Any] | None, rank: int | None = None) -> str:
@@ -254,8 +269,10 @@ def format_group(data: dict[str, Any]) -> str:
         median_ms = "-" if ms is None else f"{ms:.1f} ms"
         n = len(r["summary"].get("insights") or [])
         comm = _comm_cell(r.get("comm"), r["rank"])
-        lines.append(f"  rank {r['rank']}  run {r['run_id']}  {r['status']:<8}  "
-                     f"median step {median_ms}  {n} insight(s){comm}")  # fmt: skip
+        lines.append(
+            f"  rank {r['rank']}  run {r['run_id']}  {r['status']:<8}  "
+            f"median step {median_ms}  {n} insight(s){comm}"
+        )
     for r in data["ranks"]:
         lines.append("")
         lines.append(f"rank {r['rank']}:")  # the group's findings are above: not again

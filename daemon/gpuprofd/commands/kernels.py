@@ -25,15 +25,17 @@ from gpuprofd.storage.reader import Reader
 _RUN_ID = click.IntRange(1, 2**63 - 1)
 
 
-async def load_table(db: Reader, run: dict[str, Any], source: str | None,
-                     kind: str) -> kerneltable.KernelTable:  # fmt: skip
+async def load_table(
+    db: Reader, run: dict[str, Any], source: str | None, kind: str
+) -> kerneltable.KernelTable:
     return kerneltable.build_table(await reads.kernel_windows(db, run["id"]), source, kind)
 
 
 async def load_tables(
     db: Reader, run_id: int | None, other: int | None, source: str | None, kind: str
-) -> tuple[dict[str, Any], kerneltable.KernelTable, dict[str, Any] | None,
-           kerneltable.KernelTable | None]:  # fmt: skip
+) -> tuple[
+    dict[str, Any], kerneltable.KernelTable, dict[str, Any] | None, kerneltable.KernelTable | None
+]:
     """RUN's table and, with *other*, OTHER's: (run, table, run_b, table_b);
     without *source*, both of a source both runs have."""
     run = await reads.get_run(db, run_id)
@@ -76,18 +78,45 @@ argument that is not an existing file is RUN_ID.
 @click.command("kernels", help=KERNELS_HELP)
 @db_argument
 @click.argument("run_id", type=_RUN_ID, required=False)
-@click.option("--compare", "other", type=_RUN_ID, metavar="OTHER_RUN",
-              help="Compare RUN (A) with this run (B).")
-@click.option("--source", type=click.Choice(SOURCES), default=None,
-              help="Which windows to sum (default: see above).")
-@click.option("--kind", type=click.Choice(["kernel", "op"]), default="kernel", show_default=True,
-              help="Device kernels, or framework operators (self device time + FLOPs).")
-@click.option("--top", type=click.IntRange(1), default=kerneltable.DEFAULT_TOP,
-              show_default=True, help="Rows in text output (json: all).")
+@click.option(
+    "--compare",
+    "other",
+    type=_RUN_ID,
+    metavar="OTHER_RUN",
+    help="Compare RUN (A) with this run (B).",
+)
+@click.option(
+    "--source",
+    type=click.Choice(SOURCES),
+    default=None,
+    help="Which windows to sum (default: see above).",
+)
+@click.option(
+    "--kind",
+    type=click.Choice(["kernel", "op"]),
+    default="kernel",
+    show_default=True,
+    help="Device kernels, or framework operators (self device time + FLOPs).",
+)
+@click.option(
+    "--top",
+    type=click.IntRange(1),
+    default=kerneltable.DEFAULT_TOP,
+    show_default=True,
+    help="Rows in text output (json: all).",
+)
 @storage_url_option
 @format_option
-def kernels_cmd(db: Path | None, run_id: int | None, other: int | None, source: str | None,
-                kind: str, top: int, storage_url: str | None, fmt: str) -> None:  # fmt: skip
+def kernels_cmd(
+    db: Path | None,
+    run_id: int | None,
+    other: int | None,
+    source: str | None,
+    kind: str,
+    top: int,
+    storage_url: str | None,
+    fmt: str,
+) -> None:
     db, run_id = split_args(db, run_id)
     target = resolve_target(db, storage_url)
     run, table, run_b, table_b = read_with(

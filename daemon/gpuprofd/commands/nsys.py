@@ -51,17 +51,27 @@ def _write(db: Path, run_id: int, windows: list[tuple[dict[str, Any], list[Any]]
 async def _run_steps(db: Reader, run_id: int | None) -> tuple[dict[str, Any], list[nsys.Step]]:
     """The run (latest if None) and its timed steps, by t0."""
     run = await reads.get_run(db, run_id)
-    steps = [nsys.Step(int(r["step"]), int(r["t0_ns"]), int(r["t1_ns"]))
-             for r in await db.fetchall(_STEPS_SQL, (run["id"],))
-             if r["t0_ns"] is not None and r["t1_ns"] is not None]  # fmt: skip
+    steps = [
+        nsys.Step(int(r["step"]), int(r["t0_ns"]), int(r["t1_ns"]))
+        for r in await db.fetchall(_STEPS_SQL, (run["id"],))
+        if r["t0_ns"] is not None and r["t1_ns"] is not None
+    ]
     return run, steps
 
 
 def _nothing(msg: str, report: Path, run: dict[str, Any], fmt: str) -> None:
     """Say that nothing was attached (exit 0)."""
     if fmt == "json":
-        echo_json({"report": str(report), "run_id": run["id"], "windows": 0, "activities": 0,
-                   "aligned": None, "notes": [msg]})  # fmt: skip
+        echo_json(
+            {
+                "report": str(report),
+                "run_id": run["id"],
+                "windows": 0,
+                "activities": 0,
+                "aligned": None,
+                "notes": [msg],
+            }
+        )
     else:
         click.echo(msg)
 
@@ -87,36 +97,59 @@ device activity attaches nothing and exits 0. See them with
 
 @click.command("nsys-import", help=NSYS_HELP)
 @click.argument("report", type=click.Path(path_type=Path))
-@click.option("--db", type=click.Path(path_type=Path), default=None,
-              help="gpuprof database (default: GPUPROF_DB or ./gpuprof.db).")
-@click.option("--run", "run_id", type=click.IntRange(1, 2**63 - 1), default=None,
-              help="Run id (default: the latest run).")
-@click.option("--device", type=click.IntRange(0), default=None,
-              help="Only this CUDA device's activity (a report of several GPUs).")
+@click.option(
+    "--db",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="gpuprof database (default: GPUPROF_DB or ./gpuprof.db).",
+)
+@click.option(
+    "--run",
+    "run_id",
+    type=click.IntRange(1, 2**63 - 1),
+    default=None,
+    help="Run id (default: the latest run).",
+)
+@click.option(
+    "--device",
+    type=click.IntRange(0),
+    default=None,
+    help="Only this CUDA device's activity (a report of several GPUs).",
+)
 @click.option("--quiet", is_flag=True, help="No progress lines on stderr.")
 @format_option
-def nsys_import_cmd(report: Path, db: Path | None, run_id: int | None, device: int | None,
-                    quiet: bool, fmt: str) -> None:  # fmt: skip
+def nsys_import_cmd(
+    report: Path, db: Path | None, run_id: int | None, device: int | None, quiet: bool, fmt: str
+) -> None:
     path = resolve_db(db)
     run, steps = read_with(path, lambda reader: _run_steps(reader, run_id))
     rep = nsys.open_report(report)
     notes: list[str] = []
     try:
         if rep.total == 0:
-            _nothing(f"{report}: no CUDA kernel, memcpy or memset activity (was it recorded "
-                     "with --trace=cuda?); nothing attached", report, run, fmt)  # fmt: skip
+            _nothing(
+                f"{report}: no CUDA kernel, memcpy or memset activity (was it recorded "
+                "with --trace=cuda?); nothing attached",
+                report,
+                run,
+                fmt,
+            )
             return
         devs = nsys.devices(rep)
         if device is None and len(devs) > 1:
-            notes.append(f"the report holds activity of devices {devs}: all summed "
-                         "(--device N for one)")  # fmt: skip
+            notes.append(
+                f"the report holds activity of devices {devs}: all summed (--device N for one)"
+            )
         span = nsys.time_range(rep, device)
         how = None
         if span is not None:
             how = nsys.choose_alignment(
-                span, steps, run.get("start_wall_ns"), run.get("start_mono_ns"),
+                span,
+                steps,
+                run.get("start_wall_ns"),
+                run.get("start_mono_ns"),
                 rep.session_start_utc_ns,
-            )  # fmt: skip
+            )
         progress = None if quiet or rep.total <= nsys.CHUNK_ROWS else _progress
         place_at = steps[0].t0 if steps else run.get("start_mono_ns")
         got = nsys.collect(rep, steps, how[1] if how else None, device, progress, place_at)
@@ -127,31 +160,50 @@ def nsys_import_cmd(report: Path, db: Path | None, run_id: int | None, device: i
         _nothing(f"{report}: no device activity{on}; nothing attached", report, run, fmt)
         return
     if how is None:
-        why = "the run has no steps" if not steps else (
-            "the report's clock does not match the run's steps (another host, or another time)")
+        why = (
+            "the run has no steps"
+            if not steps
+            else (
+                "the report's clock does not match the run's steps (another host, or another time)"
+            )
+        )
         notes.append(f"not aligned with steps: {why}; stored as one window")
     if got.outside:
         notes.append(f"{got.outside:,} activities outside the run's steps left out")
     if rep.bad_rows:
-        notes.append(f"{rep.bad_rows:,} device activities with a negative or longer than "
-                     "7-day duration left out")  # fmt: skip
+        notes.append(
+            f"{rep.bad_rows:,} device activities with a negative or longer than "
+            "7-day duration left out"
+        )
     replaced = _write(path, run["id"], got.windows)
     if replaced:
         notes.append(f"replaced {replaced} earlier nsys window(s) of this run")
     step_ids = [s for w, _ in got.windows for s in w["steps"]]
     out = {
-        "report": str(report), "db": str(path), "run_id": run["id"], "run_name": run["run_name"],
-        "name_column": rep.name_column, "activities": got.activities,
-        "kernels": rep.counts.get(nsys.KERNEL_TABLE, 0), "windows": len(got.windows),
+        "report": str(report),
+        "db": str(path),
+        "run_id": run["id"],
+        "run_name": run["run_name"],
+        "name_column": rep.name_column,
+        "activities": got.activities,
+        "kernels": rep.counts.get(nsys.KERNEL_TABLE, 0),
+        "windows": len(got.windows),
         "aligned": how[0] if how else None,
-        "steps": [min(step_ids), max(step_ids)] if step_ids else None, "notes": notes,
-    }  # fmt: skip
+        "steps": [min(step_ids), max(step_ids)] if step_ids else None,
+        "notes": notes,
+    }
     if fmt == "json":
         echo_json(out)
         return
-    where = (f"{len(got.windows)} step window(s), steps {out['steps'][0]}-{out['steps'][1]} "
-             f"(clocks matched by {how[0]})" if how and step_ids else "one window")  # fmt: skip
-    click.echo(f"imported {got.activities:,} device activities from {report} into run "
-               f"{run['id']} ({run['run_name']}): {where}")  # fmt: skip
+    where = (
+        f"{len(got.windows)} step window(s), steps {out['steps'][0]}-{out['steps'][1]} "
+        f"(clocks matched by {how[0]})"
+        if how and step_ids
+        else "one window"
+    )
+    click.echo(
+        f"imported {got.activities:,} device activities from {report} into run "
+        f"{run['id']} ({run['run_name']}): {where}"
+    )
     for n in notes:
         click.echo(f"note: {n}")

@@ -22,9 +22,13 @@ from gpuprofd.storage.reader import Reader
 
 #: Keys of ``pct_of_iteration``, in table order, with their column headers.
 COLUMNS = (
-    ("loader_wait", "WAIT%"), ("forward", "FWD%"), ("backward", "BWD%"), ("comm", "COMM%"),
-    ("optimizer", "OPT%"), ("other", "OTHER%"),
-)  # fmt: skip
+    ("loader_wait", "WAIT%"),
+    ("forward", "FWD%"),
+    ("backward", "BWD%"),
+    ("comm", "COMM%"),
+    ("optimizer", "OPT%"),
+    ("other", "OTHER%"),
+)
 
 
 def _pct(part: float, whole: float) -> float:
@@ -132,8 +136,17 @@ def format_table(rows: list[dict[str, Any]], ranks: bool = False, groups: bool =
     with GROUP (shortened to :data:`GROUP_CHARS` characters and "…"; - for a
     run of no group) and RANK columns (plain ``runs`` when a run has a group)."""
     lead = ("ID", "GROUP", "RANK") if groups else ("ID", "RANK") if ranks else ("ID",)
-    header = (*lead, "NAME", "STATUS", "STEPS", "MEDIAN_STEP_MS", *(h for _, h in COLUMNS),
-              "SKIPPED", "EVAL_S", "DROPPED")  # fmt: skip
+    header = (
+        *lead,
+        "NAME",
+        "STATUS",
+        "STEPS",
+        "MEDIAN_STEP_MS",
+        *(h for _, h in COLUMNS),
+        "SKIPPED",
+        "EVAL_S",
+        "DROPPED",
+    )
     lines = [header]
     for r in rows:
         pct = r["pct_of_iteration"]
@@ -143,19 +156,27 @@ def format_table(rows: list[dict[str, Any]], ranks: bool = False, groups: bool =
             first = (str(r["id"]), _group_cell(r["group"]), rank)
         elif ranks:
             first = (str(r["id"]), rank)
-        lines.append((
-            *first, r["run_name"][:40], r["status"], str(r["steps"]),
-            _cell(r["median_step_ms"]), *(_cell(pct[key]) for key, _ in COLUMNS),
-            str(r["skipped_updates"]), _cell(r["eval_s"]),
-            str(r["dropped_events"] + r.get("store_dropped_events", 0)),
-        ))  # fmt: skip
+        lines.append(
+            (
+                *first,
+                r["run_name"][:40],
+                r["status"],
+                str(r["steps"]),
+                _cell(r["median_step_ms"]),
+                *(_cell(pct[key]) for key, _ in COLUMNS),
+                str(r["skipped_updates"]),
+                _cell(r["eval_s"]),
+                str(r["dropped_events"] + r.get("store_dropped_events", 0)),
+            )
+        )
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     text_cols = {len(lead), len(lead) + 1} | ({1} if groups else set())  # NAME, STATUS, GROUP
 
     def fmt(line: tuple[str, ...]) -> str:  # text columns left, numbers right
         cells = zip(line, widths, strict=True)
-        return "  ".join(c.ljust(w) if i in text_cols or i == 0 else c.rjust(w)
-                         for i, (c, w) in enumerate(cells))  # fmt: skip
+        return "  ".join(
+            c.ljust(w) if i in text_cols or i == 0 else c.rjust(w) for i, (c, w) in enumerate(cells)
+        )
 
     return "\n".join(fmt(line).rstrip() for line in lines)
 

@@ -24,11 +24,16 @@ EXIT_WAIT_S = 10.0
 
 
 @click.command("stop")
-@socket_dir_option("The daemon's socket directory [default: GPUPROF_SOCKET, or the per-user "
-                   "daemon of GPUPROF_DB / ./gpuprof.db].")
-@click.option("--now", is_flag=True,
-              help="Exit at once; open runs stay 'running' and the next daemon re-adopts "
-              "them while their processes live (their events meanwhile are lost).")  # fmt: skip
+@socket_dir_option(
+    "The daemon's socket directory [default: GPUPROF_SOCKET, or the per-user "
+    "daemon of GPUPROF_DB / ./gpuprof.db]."
+)
+@click.option(
+    "--now",
+    is_flag=True,
+    help="Exit at once; open runs stay 'running' and the next daemon re-adopts "
+    "them while their processes live (their events meanwhile are lost).",
+)
 @timeout_option
 @format_option
 def stop_cmd(socket_dir: Path | None, now: bool, timeout_s: float, fmt: str) -> int:
@@ -54,8 +59,15 @@ def stop_cmd(socket_dir: Path | None, now: bool, timeout_s: float, fmt: str) -> 
             time.sleep(0.05)
         exited = not control.exists()
     if fmt == "json":
-        echo_json({"pid": pid, "socket_dir": str(where), "exiting": bool(reply.get("exiting")),
-                   "exited": exited, "open_runs": open_runs})  # fmt: skip
+        echo_json(
+            {
+                "pid": pid,
+                "socket_dir": str(where),
+                "exiting": bool(reply.get("exiting")),
+                "exited": exited,
+                "open_runs": open_runs,
+            }
+        )
     elif not reply.get("exiting"):
         click.echo(
             f"gpuprofd pid {pid} takes no new runs and exits once its {open_runs} open "

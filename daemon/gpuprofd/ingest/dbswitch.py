@@ -86,9 +86,12 @@ class DbSwitch:
                 return
             live = list(self.runs.registry.live.values())
             if not live and not for_hello:
-                self._note(state, logging.WARNING,
-                           "no run is open; a fresh database is made there at the next run "
-                           "(host samples meanwhile are not kept)")  # fmt: skip
+                self._note(
+                    state,
+                    logging.WARNING,
+                    "no run is open; a fresh database is made there at the next run "
+                    "(host samples meanwhile are not kept)",
+                )
                 return
             await self._reopen(state, live)
 
@@ -96,8 +99,9 @@ class DbSwitch:
         key = f"{state}: {what}"
         if self._noted != key:
             self._noted = key
-            log.log(level, "database %s was %s under gpuprofd %d: %s", self.db, state,
-                    os.getpid(), what)  # fmt: skip
+            log.log(
+                level, "database %s was %s under gpuprofd %d: %s", self.db, state, os.getpid(), what
+            )
 
     async def _reopen(self, state: str, live: list[LiveRun]) -> None:
         db = self.db
@@ -105,16 +109,22 @@ class DbSwitch:
             try:
                 await asyncio.to_thread(schema.prepare, db)
             except GpuprofdError as exc:
-                self._note(state, logging.ERROR,
-                           f"no fresh database can be made there ({exc}); runs are written "
-                           "into the deleted file, lost when gpuprofd exits: fix the path, "
-                           "or run `gpuprofctl stop` and start again")  # fmt: skip
+                self._note(
+                    state,
+                    logging.ERROR,
+                    f"no fresh database can be made there ({exc}); runs are written "
+                    "into the deleted file, lost when gpuprofd exits: fix the path, "
+                    "or run `gpuprofctl stop` and start again",
+                )
                 return
         if self.db_lock is not None and not await asyncio.to_thread(self.db_lock.reacquire):
-            self._note(state, logging.ERROR,
-                       "the file now there is served by another gpuprofd; runs are written "
-                       "into the deleted file, lost when this daemon exits: run "
-                       "`gpuprofctl stop` for this one")  # fmt: skip
+            self._note(
+                state,
+                logging.ERROR,
+                "the file now there is served by another gpuprofd; runs are written "
+                "into the deleted file, lost when this daemon exits: run "
+                "`gpuprofctl stop` for this one",
+            )
             return
         run_ids = sorted({r.run_id for r in live})
         ids: dict[int, int] = {}
@@ -123,14 +133,24 @@ class DbSwitch:
             ids.update(await dbrotate.write_live_runs(new, snap))
 
         try:
-            await self.store.reopen(lambda old: dbrotate.read_live_runs(old, run_ids),
-                                    lambda: schema.prepare(db), write_new)  # fmt: skip
+            await self.store.reopen(
+                lambda old: dbrotate.read_live_runs(old, run_ids),
+                lambda: schema.prepare(db),
+                write_new,
+            )
         except Exception as exc:
-            log.error("database %s was %s under gpuprofd %d and switching to it failed (%s): "
-                      "runs cannot be stored; gpuprofd exits (open runs are lost; the next run "
-                      "starts a fresh daemon)", db, state, os.getpid(), exc)  # fmt: skip
-            self.events.append({"wall_ns": time.time_ns(), "was": state, "error": str(exc),
-                                "runs_lost": run_ids})  # fmt: skip
+            log.error(
+                "database %s was %s under gpuprofd %d and switching to it failed (%s): "
+                "runs cannot be stored; gpuprofd exits (open runs are lost; the next run "
+                "starts a fresh daemon)",
+                db,
+                state,
+                os.getpid(),
+                exc,
+            )
+            self.events.append(
+                {"wall_ns": time.time_ns(), "was": state, "error": str(exc), "runs_lost": run_ids}
+            )
             self.request_stop()
             return
         self._noted = None
@@ -143,7 +163,14 @@ class DbSwitch:
                 f"{db} and copied this run's rows into it{renamed}"
             )
         carried = ", ".join(f"{r.run_id} {r.run_name!r}" for r in live) or "none"
-        log.warning("database %s was %s under gpuprofd %d: made a fresh database there; open "
-                    "runs copied into it: %s", db, state, os.getpid(), carried)  # fmt: skip
-        self.events.append({"wall_ns": time.time_ns(), "was": state,
-                            "runs_copied": [r.run_id for r in live]})  # fmt: skip
+        log.warning(
+            "database %s was %s under gpuprofd %d: made a fresh database there; open "
+            "runs copied into it: %s",
+            db,
+            state,
+            os.getpid(),
+            carried,
+        )
+        self.events.append(
+            {"wall_ns": time.time_ns(), "was": state, "runs_copied": [r.run_id for r in live]}
+        )

@@ -85,15 +85,22 @@ class ControlHandlers:
     async def hello(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Register (or re-adopt) a run; refused while stopping, unless it is already open."""
         if self.stopping and self.runs.registry.get(msg["run_key"]) is None:
-            return {"ok": False, "stopping": True, "error": "gpuprofd is stopping (gpuprofctl "
-                    "stop) and takes no new runs: it exits once its open runs end; "
-                    "`gpuprofctl stop --now` ends it at once"}  # fmt: skip
+            return {
+                "ok": False,
+                "stopping": True,
+                "error": "gpuprofd is stopping (gpuprofctl "
+                "stop) and takes no new runs: it exits once its open runs end; "
+                "`gpuprofctl stop --now` ends it at once",
+            }
         await self.db_switch.check(for_hello=True)
         live = await self.runs.hello(msg)
         return {
-            "ok": True, "run_id": live.run_id, "db": str(self.db),
-            "daemon_pid": os.getpid(), "notes": list(self.notes),
-        }  # fmt: skip
+            "ok": True,
+            "run_id": live.run_id,
+            "db": str(self.db),
+            "daemon_pid": os.getpid(),
+            "notes": list(self.notes),
+        }
 
     async def bye(self, msg: dict[str, Any]) -> dict[str, Any]:
         """End a run; the reply carries its summary."""

@@ -64,9 +64,11 @@ class LiveRun:
     def as_ping(self) -> dict[str, Any]:
         """This run as ``ping`` lists it."""
         return {
-            "run_id": self.run_id, "run_name": self.run_name, "pid": self.pid,
+            "run_id": self.run_id,
+            "run_name": self.run_name,
+            "pid": self.pid,
             "steps": self.steps,
-        }  # fmt: skip
+        }
 
 
 class RunRegistry:

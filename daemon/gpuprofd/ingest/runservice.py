@@ -112,22 +112,38 @@ class RunService:
                 return await self._adopt(existing)
             gpu_model, gpu_count = self._gpu(msg.get("cuda_uuid"))
             row = {
-                "run_key": msg["run_key"], "run_name": clean_run_name(msg["run_name"]),
-                "status": "running", "host": msg["host"], "pid": msg["pid"],
+                "run_key": msg["run_key"],
+                "run_name": clean_run_name(msg["run_name"]),
+                "status": "running",
+                "host": msg["host"],
+                "pid": msg["pid"],
                 "pid_ns": msg.get("pid_ns"),
-                "rank": msg["rank"], "local_rank": msg["local_rank"],
-                "world_size": msg["world_size"], "auto": int(msg["auto"]),
-                "start_wall_ns": msg["wall_ns"], "start_mono_ns": msg["mono_ns"],
-                "options": msg["options"], "cuda_uuid": msg.get("cuda_uuid"),
-                "gpu_model": gpu_model, "gpu_count": gpu_count, "cpu_count": self.cpu_count,
-                "boot_id": self.boot_id, "group_id": msg.get("group"),
+                "rank": msg["rank"],
+                "local_rank": msg["local_rank"],
+                "world_size": msg["world_size"],
+                "auto": int(msg["auto"]),
+                "start_wall_ns": msg["wall_ns"],
+                "start_mono_ns": msg["mono_ns"],
+                "options": msg["options"],
+                "cuda_uuid": msg.get("cuda_uuid"),
+                "gpu_model": gpu_model,
+                "gpu_count": gpu_count,
+                "cpu_count": self.cpu_count,
+                "boot_id": self.boot_id,
+                "group_id": msg.get("group"),
                 "local_world_size": msg.get("local_world_size"),
-            }  # fmt: skip
+            }
             run_id = await runsdb.insert_run(self.store, row)
             live = LiveRun(
-                run_id, row["run_key"], row["run_name"], msg["pid"], msg["wall_ns"],
-                msg["mono_ns"], msg.get("cuda_uuid"), local_pid=self._local(msg.get("pid_ns")),
-            )  # fmt: skip
+                run_id,
+                row["run_key"],
+                row["run_name"],
+                msg["pid"],
+                msg["wall_ns"],
+                msg["mono_ns"],
+                msg.get("cuda_uuid"),
+                local_pid=self._local(msg.get("pid_ns")),
+            )
             self.registry.add(live)
             log.info("run %d %r started (pid %d)", run_id, row["run_name"], msg["pid"])
             return live
@@ -153,9 +169,15 @@ class RunService:
 
     async def _live_from_row(self, run: dict[str, Any]) -> LiveRun:
         live = LiveRun(
-            run["id"], run["run_key"], run["run_name"], run["pid"], run["start_wall_ns"],
-            run["start_mono_ns"], run["cuda_uuid"], local_pid=self._local(run.get("pid_ns")),
-        )  # fmt: skip
+            run["id"],
+            run["run_key"],
+            run["run_name"],
+            run["pid"],
+            run["start_wall_ns"],
+            run["start_mono_ns"],
+            run["cuda_uuid"],
+            local_pid=self._local(run.get("pid_ns")),
+        )
         live.received = live.persisted_received = int(run["received_events"] or 0)
         live.store_dropped = int(run.get("store_dropped_events") or 0)
         live.steps = await reads.count_steps(self.store, run["id"])
@@ -166,9 +188,13 @@ class RunService:
         live = await self._live_from_row(run)
         if run["status"] != "running":
             await runsdb.update_run(
-                self.store, run["id"], status="running", end_wall_ns=None, end_mono_ns=None,
+                self.store,
+                run["id"],
+                status="running",
+                end_wall_ns=None,
+                end_mono_ns=None,
                 summary=None,
-            )  # fmt: skip
+            )
         self.registry.add(live)
         log.info("run %d %r re-adopted (pid %s)", run["id"], run["run_name"], run["pid"])
         return live
@@ -211,13 +237,19 @@ class RunService:
         return dict(
             status=msg["status"],
             error=clean_text(msg["error"], MAX_ERROR_CHARS, keep_newlines=True)
-            if msg.get("error") else None,
-            dropped_events=msg["dropped"], sent_events=msg["sent"],
-            received_events=live.received, end_wall_ns=msg["wall_ns"],
-            end_mono_ns=msg["mono_ns"], cuda_uuid=cuda_uuid, gpu_model=gpu_model,
-            gpu_count=gpu_count, trailing_eval_ns=msg.get("eval_ns", 0),
+            if msg.get("error")
+            else None,
+            dropped_events=msg["dropped"],
+            sent_events=msg["sent"],
+            received_events=live.received,
+            end_wall_ns=msg["wall_ns"],
+            end_mono_ns=msg["mono_ns"],
+            cuda_uuid=cuda_uuid,
+            gpu_model=gpu_model,
+            gpu_count=gpu_count,
+            trailing_eval_ns=msg.get("eval_ns", 0),
             store_dropped_events=live.store_dropped,
-        )  # fmt: skip
+        )
 
     @staticmethod
     def _end_notes(live: LiveRun, msg: dict[str, Any], tail: bool = False) -> list[str]:
@@ -249,10 +281,15 @@ class RunService:
             await self.store.flush()
         finally:
             self._close(live)
-        log.info("run %d: %d of %d events in after its end", live.run_id, live.received,
-                 msg["sent"])  # fmt: skip
-        await runsdb.update_run(self.store, live.run_id, received_events=live.received,
-                                store_dropped_events=live.store_dropped)  # fmt: skip
+        log.info(
+            "run %d: %d of %d events in after its end", live.run_id, live.received, msg["sent"]
+        )
+        await runsdb.update_run(
+            self.store,
+            live.run_id,
+            received_events=live.received,
+            store_dropped_events=live.store_dropped,
+        )
         await self.insights.finalize(live.run_id, self._end_notes(live, msg))
 
     async def close_tails(self) -> None:
@@ -270,10 +307,14 @@ class RunService:
             self.registry.remove(live.run_key)
             self.registry.mark_unknown(live.run_key, "run_ended")
         await runsdb.update_run(
-            self.store, live.run_id, status="lost", received_events=live.received,
-            end_wall_ns=self._wall(), end_mono_ns=live.last_t1_ns or self._mono(),
+            self.store,
+            live.run_id,
+            status="lost",
+            received_events=live.received,
+            end_wall_ns=self._wall(),
+            end_mono_ns=live.last_t1_ns or self._mono(),
             store_dropped_events=live.store_dropped,
-        )  # fmt: skip
+        )
         why = f"pid {live.pid} is gone" if live.local_pid else "silent too long"
         log.warning("run %d %r lost: %s", live.run_id, live.run_name, why)
         return await self.insights.finalize(live.run_id, [LOST_NOTE, *live.notes])
@@ -312,7 +353,9 @@ class RunService:
         for live in self.registry.live.values():
             if live.received != live.persisted_received:
                 await self.store.submit(
-                    Op("UPDATE runs SET received_events = ? WHERE id = ?",
-                       (live.received, live.run_id))
-                )  # fmt: skip
+                    Op(
+                        "UPDATE runs SET received_events = ? WHERE id = ?",
+                        (live.received, live.run_id),
+                    )
+                )
                 live.persisted_received = live.received

@@ -202,8 +202,9 @@ class GpuSampler:
             except Exception:  # noqa: BLE001 - one GPU must not stop the others
                 if (what, dev.index) not in self._failing:
                     self._failing.add((what, dev.index))
-                    log.exception("%s GPU %d failed (logged once until it recovers)", what,
-                                  dev.index)  # fmt: skip
+                    log.exception(
+                        "%s GPU %d failed (logged once until it recovers)", what, dev.index
+                    )
             else:
                 self._failing.discard((what, dev.index))
         return out
@@ -254,8 +255,13 @@ async def running(sampler: GpuSampler | None) -> AsyncIterator[GpuSampler | None
     finally:
         await asyncio.to_thread(sampler.stop)
         fast = sampler.stats()["fast"]
-        log.info("GPU fast loop: %d ticks, %.1f Hz of %.1f, %d slots missed", fast.ticks,
-                 fast.achieved_hz or 0.0, fast.requested_hz, fast.missed_ticks)  # fmt: skip
+        log.info(
+            "GPU fast loop: %d ticks, %.1f Hz of %.1f, %d slots missed",
+            fast.ticks,
+            fast.achieved_hz or 0.0,
+            fast.requested_hz,
+            fast.missed_ticks,
+        )
         await asyncio.sleep(0)
 
 
@@ -275,7 +281,10 @@ def sampling_status(
     out: dict[str, Any] = {"on": True, "gpus": len(latest), "backend": backend}
     for name, st in sampler.stats().items():
         out[name] = {
-            "requested_hz": st.requested_hz, "achieved_hz": st.achieved_hz,
-            "ticks": st.ticks, "missed_ticks": st.missed_ticks, "cpu_s": st.cpu_s,
-        }  # fmt: skip
+            "requested_hz": st.requested_hz,
+            "achieved_hz": st.achieved_hz,
+            "ticks": st.ticks,
+            "missed_ticks": st.missed_ticks,
+            "cpu_s": st.cpu_s,
+        }
     return out

@@ -124,8 +124,12 @@ class ProcessTreeCpu:
     @staticmethod
     def _cpu_s(proc: Any) -> float:
         t = proc.cpu_times()
-        return float(t.user + t.system + getattr(t, "children_user", 0.0)
-                     + getattr(t, "children_system", 0.0))  # fmt: skip
+        return float(
+            t.user
+            + t.system
+            + getattr(t, "children_user", 0.0)
+            + getattr(t, "children_system", 0.0)
+        )
 
     def sample(self, pids: Mapping[int, int], now_ns: int | None = None) -> dict[int, float]:
         """Cores used per run id since the previous call; *pids* maps run id →
@@ -205,8 +209,10 @@ class WorkerCpu:
         this daemon's PID namespace). Safe to call while :meth:`sample` runs."""
         pool = tuple((w["worker_id"], w["pid"]) for w in msg["workers"])
         with self._pending_lock:
-            if (len(self._pending) >= MAX_PENDING_POOLS
-                    or self._pending_workers + len(pool) > MAX_PENDING_WORKERS):  # fmt: skip
+            if (
+                len(self._pending) >= MAX_PENDING_POOLS
+                or self._pending_workers + len(pool) > MAX_PENDING_WORKERS
+            ):
                 self.dropped += len(pool)
                 return
             self._pending_workers += len(pool)
@@ -264,9 +270,10 @@ class WorkerCpu:
                 continue
             w.cpu_s = cpu_s
             out.append(
-                WorkerCpuReading(w.run_id, w.loader_seq, w.worker_id, key[1], w.first_mono_ns,
-                                 now_ns, cpu_s)
-            )  # fmt: skip
+                WorkerCpuReading(
+                    w.run_id, w.loader_seq, w.worker_id, key[1], w.first_mono_ns, now_ns, cpu_s
+                )
+            )
         return out
 
 

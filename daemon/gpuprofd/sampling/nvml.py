@@ -40,18 +40,30 @@ log = logging.getLogger(__name__)
 
 NO_GPU_NOTE = "no NVIDIA GPU found: GPU metrics skipped"
 
-FAST_CALLS = frozenset({
-    "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetPowerUsage",
-    "nvmlDeviceGetTemperature", "nvmlDeviceGetClockInfo",
-    "nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons",
-})  # fmt: skip
+FAST_CALLS = frozenset(
+    {
+        "nvmlDeviceGetUtilizationRates",
+        "nvmlDeviceGetMemoryInfo",
+        "nvmlDeviceGetPowerUsage",
+        "nvmlDeviceGetTemperature",
+        "nvmlDeviceGetClockInfo",
+        "nvmlDeviceGetCurrentClocksEventReasons",
+        "nvmlDeviceGetCurrentClocksThrottleReasons",
+    }
+)
 """The pynvml calls the fast loop may make: 1–9 µs each on an H200 (probe.json)."""
 
-SLOW_CALLS = frozenset({
-    "nvmlDeviceGetTotalEnergyConsumption", "nvmlDeviceGetFieldValues",
-    "nvmlDeviceGetViolationStatus", "nvmlGpmQueryDeviceSupport", "nvmlGpmSampleAlloc",
-    "nvmlGpmSampleGet", "nvmlGpmMetricsGet",
-})  # fmt: skip
+SLOW_CALLS = frozenset(
+    {
+        "nvmlDeviceGetTotalEnergyConsumption",
+        "nvmlDeviceGetFieldValues",
+        "nvmlDeviceGetViolationStatus",
+        "nvmlGpmQueryDeviceSupport",
+        "nvmlGpmSampleAlloc",
+        "nvmlGpmSampleGet",
+        "nvmlGpmMetricsGet",
+    }
+)
 """The pynvml calls only the slow loop makes: energy ~3,900 µs, field values ~450 µs,
 GPM sample ~620 µs, violation status ~700–840 µs per call on an H200 (probe.json)."""
 
@@ -218,8 +230,12 @@ class RealNvml:
         name: ``"real"``, or ``"replay"`` over a recorded trace.
     """
 
-    def __init__(self, pynvml: ModuleType | Any, clock: Callable[[], float] = time.monotonic,
-                 name: str = "real") -> None:  # fmt: skip
+    def __init__(
+        self,
+        pynvml: ModuleType | Any,
+        clock: Callable[[], float] = time.monotonic,
+        name: str = "real",
+    ) -> None:
         self._nv = pynvml
         self._clock = clock
         self.name = name
@@ -228,8 +244,9 @@ class RealNvml:
         self._failed: set[str] = set()
         self._index_of: dict[int, int] = {}
         """id(handle) → GPU index, to say which GPU a failing query was about."""
-        self._reasons_fn = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
-            getattr(pynvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None)  # fmt: skip
+        self._reasons_fn = getattr(
+            pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None
+        ) or getattr(pynvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None)
 
     def devices(self) -> list[GpuDevice]:
         nv = self._nv
@@ -247,10 +264,15 @@ class RealNvml:
             self._index_of[id(h)] = i
             max_sm = None
             if hasattr(nv, "NVML_CLOCK_SM"):
-                max_sm = self._query("max_sm_clock", getattr(nv, "nvmlDeviceGetMaxClockInfo", None),
-                                     h, nv.NVML_CLOCK_SM)  # fmt: skip
-            out.append(GpuDevice(i, uuid, name, self._mig_uuids(h),
-                                 int(max_sm) if max_sm else None))  # fmt: skip
+                max_sm = self._query(
+                    "max_sm_clock",
+                    getattr(nv, "nvmlDeviceGetMaxClockInfo", None),
+                    h,
+                    nv.NVML_CLOCK_SM,
+                )
+            out.append(
+                GpuDevice(i, uuid, name, self._mig_uuids(h), int(max_sm) if max_sm else None)
+            )
         return out
 
     def _mig_uuids(self, h: Any) -> tuple[str, ...]:
@@ -261,15 +283,17 @@ class RealNvml:
             return ()
         out = []
         for k in range(self._query("mig_count", nv.nvmlDeviceGetMaxMigDeviceCount, h) or 0):
-            mh = self._query("mig_handle", nv.nvmlDeviceGetMigDeviceHandleByIndex, h, k,
-                             quiet=True)  # fmt: skip  # empty slots raise NotFound
+            mh = self._query(
+                "mig_handle", nv.nvmlDeviceGetMigDeviceHandleByIndex, h, k, quiet=True
+            )  #   # empty slots raise NotFound
             uuid = self._query("mig_uuid", nv.nvmlDeviceGetUUID, mh) if mh is not None else None
             if uuid:
                 out.append(_text(uuid))
         return tuple(out)
 
-    def _query(self, what: str, fn: Callable[..., Any] | None, *args: Any,
-               quiet: bool = False) -> Any:  # fmt: skip
+    def _query(
+        self, what: str, fn: Callable[..., Any] | None, *args: Any, quiet: bool = False
+    ) -> Any:
         """Call one NVML query; ``None`` if unsupported, missing or failing.
 
         A failure other than "not supported" is logged once per query kind
@@ -300,15 +324,16 @@ class RealNvml:
             mem_used_bytes=_num(getattr(mem, "used", None), int),
             mem_total_bytes=_num(getattr(mem, "total", None), int),
             power_mw=_num(self._query("power", nv.nvmlDeviceGetPowerUsage, h), int),
-            temp_c=_num(self._query("temperature", nv.nvmlDeviceGetTemperature, h,
-                                    nv.NVML_TEMPERATURE_GPU), int),
-            sm_clock_mhz=_num(self._query("sm_clock", nv.nvmlDeviceGetClockInfo, h,
-                                          nv.NVML_CLOCK_SM), int),
-            mem_util_pct=_num(getattr(util, "memory", None), float),
-            clock_event_reasons=_num(
-                self._query("clock_event_reasons", self._reasons_fn, h), int
+            temp_c=_num(
+                self._query("temperature", nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU),
+                int,
             ),
-        )  # fmt: skip
+            sm_clock_mhz=_num(
+                self._query("sm_clock", nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_SM), int
+            ),
+            mem_util_pct=_num(getattr(util, "memory", None), float),
+            clock_event_reasons=_num(self._query("clock_event_reasons", self._reasons_fn, h), int),
+        )
 
     def slow_sample(self, device: GpuDevice) -> GpuSlowSample:
         """The slow loop's reading: energy, PCIe byte counters, GPM, violations."""
@@ -324,29 +349,39 @@ class RealNvml:
         gpm = self._gpm(h, st)
         power_v, thermal_v = (
             self._query("power_violation", nv.nvmlDeviceGetViolationStatus, h, PERF_POLICY_POWER),
-            self._query("thermal_violation", nv.nvmlDeviceGetViolationStatus, h,
-                        PERF_POLICY_THERMAL),
-        )  # fmt: skip
+            self._query(
+                "thermal_violation", nv.nvmlDeviceGetViolationStatus, h, PERF_POLICY_THERMAL
+            ),
+        )
         sample = GpuSlowSample(
-            index=device.index, uuid=device.uuid,
-            energy_mj=energy, energy_power_mw=energy_mw,
-            pcie_rx_bytes_per_s=rx_bps, pcie_tx_bytes_per_s=tx_bps,
-            gpm_sm_util_pct=gpm.get(GPM_SM_UTIL), gpm_sm_occupancy_pct=gpm.get(GPM_SM_OCCUPANCY),
+            index=device.index,
+            uuid=device.uuid,
+            energy_mj=energy,
+            energy_power_mw=energy_mw,
+            pcie_rx_bytes_per_s=rx_bps,
+            pcie_tx_bytes_per_s=tx_bps,
+            gpm_sm_util_pct=gpm.get(GPM_SM_UTIL),
+            gpm_sm_occupancy_pct=gpm.get(GPM_SM_OCCUPANCY),
             gpm_tensor_util_pct=gpm.get(GPM_ANY_TENSOR_UTIL),
             gpm_dram_bw_util_pct=gpm.get(GPM_DRAM_BW_UTIL),
             power_violation_ns=_violation_ns(power_v),
             thermal_violation_ns=_violation_ns(thermal_v),
             power_capped_pct=_capped_pct(st.violation[0], power_v),
             thermal_capped_pct=_capped_pct(st.violation[1], thermal_v),
-        )  # fmt: skip
+        )
         st.t_s, st.energy_mj, st.violation = now, energy, (power_v, thermal_v)
         return sample
 
-    def _pcie_rates(self, h: Any, st: _SlowState, dt: float | None
-                    ) -> tuple[float | None, float | None]:  # fmt: skip
+    def _pcie_rates(
+        self, h: Any, st: _SlowState, dt: float | None
+    ) -> tuple[float | None, float | None]:
         """Bytes/s each way from the PCIe byte counters (one field-values call)."""
-        values = self._query("pcie_counters", self._nv.nvmlDeviceGetFieldValues, h,
-                             [FI_PCIE_RX_BYTES, FI_PCIE_TX_BYTES])  # fmt: skip
+        values = self._query(
+            "pcie_counters",
+            self._nv.nvmlDeviceGetFieldValues,
+            h,
+            [FI_PCIE_RX_BYTES, FI_PCIE_TX_BYTES],
+        )
         if values is None:
             st.pcie = (None, None, None)
             return None, None
@@ -372,8 +407,10 @@ class RealNvml:
                     and self._query("gpm_sample", nv.nvmlGpmSampleGet, h, st.gpm_prev) is not None
                 )
             return {}
-        if not st.gpm_supported or self._query("gpm_sample", nv.nvmlGpmSampleGet, h,
-                                               st.gpm_next) is None:  # fmt: skip
+        if (
+            not st.gpm_supported
+            or self._query("gpm_sample", nv.nvmlGpmSampleGet, h, st.gpm_next) is None
+        ):
             return {}
         get = nv.c_nvmlGpmMetricsGet_t()
         get.version, get.numMetrics = nv.NVML_GPM_METRICS_GET_VERSION, len(GPM_METRICS)
@@ -480,14 +517,19 @@ class MockNvml:
         """Made-up GPM percentages; no counters (energy, PCIe, violations)."""
         wave = self._wave()
         return GpuSlowSample(
-            index=device.index, uuid=device.uuid, energy_mj=None, energy_power_mw=None,
-            pcie_rx_bytes_per_s=None, pcie_tx_bytes_per_s=None,
+            index=device.index,
+            uuid=device.uuid,
+            energy_mj=None,
+            energy_power_mw=None,
+            pcie_rx_bytes_per_s=None,
+            pcie_tx_bytes_per_s=None,
             gpm_sm_util_pct=round(35 + 50 * wave, 1),
             gpm_sm_occupancy_pct=round(20 + 30 * wave, 1),
             gpm_tensor_util_pct=round(30 + 40 * wave, 1),
             gpm_dram_bw_util_pct=round(10 + 20 * wave, 1),
-            power_violation_ns=None, thermal_violation_ns=None,
-        )  # fmt: skip
+            power_violation_ns=None,
+            thermal_violation_ns=None,
+        )
 
     def close(self) -> None:
         pass
@@ -550,7 +592,11 @@ def _open_replay(path: Path) -> tuple[NvmlBackend | None, str | None]:
         note = f"GPUPROF_NVML=replay: cannot read the trace {path} ({exc}): GPU metrics skipped"
         log.warning(note)
         return None, note
-    log.warning("GPUPROF_NVML=replay: GPU metrics are replayed from %s (%s, %s)", path,
-                fake.device_name, fake.device_uuid)  # fmt: skip
+    log.warning(
+        "GPUPROF_NVML=replay: GPU metrics are replayed from %s (%s, %s)",
+        path,
+        fake.device_name,
+        fake.device_uuid,
+    )
     fake.nvmlInit()
     return _checked(RealNvml(fake, clock=fake.clock, name="replay"), fake)

@@ -124,8 +124,10 @@ class _GpmMetricsGet:
         self.numMetrics = 0
         self.sample1: _GpmSample | None = None
         self.sample2: _GpmSample | None = None
-        self.metrics = [SimpleNamespace(metricId=0, nvmlReturn=0, value=0.0)
-                        for _ in range(pynvml.NVML_GPM_METRIC_MAX)]  # fmt: skip
+        self.metrics = [
+            SimpleNamespace(metricId=0, nvmlReturn=0, value=0.0)
+            for _ in range(pynvml.NVML_GPM_METRIC_MAX)
+        ]
 
 
 def _recorded(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -180,8 +182,11 @@ class ReplayPynvml:
         self._t0 = clock()
         self._times = [float(r["t"]) for r in trace.rows]
         self._columns = set().union(*(r.keys() for r in trace.rows))
-        self._counters = {fid: _integrate(trace.rows, col) for fid, col in _PCIE_COLUMNS.items()
-                          if col in self._columns}  # fmt: skip
+        self._counters = {
+            fid: _integrate(trace.rows, col)
+            for fid, col in _PCIE_COLUMNS.items()
+            if col in self._columns
+        }
 
     @classmethod
     def from_file(cls, path: Path, **kwargs: Any) -> ReplayPynvml:
@@ -313,10 +318,17 @@ class ReplayPynvml:
             counter = self._counters.get(fid)
             ret = pynvml.NVML_SUCCESS if counter else pynvml.NVML_ERROR_NOT_SUPPORTED
             value = self._cumulative(counter) if counter else 0
-            out.append(SimpleNamespace(
-                fieldId=fid, scopeId=0, timestamp=int(t * 1e6), latencyUsec=0,
-                valueType=_VALUE_TYPE_ULL, nvmlReturn=ret, value=SimpleNamespace(ullVal=value),
-            ))  # fmt: skip
+            out.append(
+                SimpleNamespace(
+                    fieldId=fid,
+                    scopeId=0,
+                    timestamp=int(t * 1e6),
+                    latencyUsec=0,
+                    valueType=_VALUE_TYPE_ULL,
+                    nvmlReturn=ret,
+                    value=SimpleNamespace(ullVal=value),
+                )
+            )
         return out
 
     @_recorded

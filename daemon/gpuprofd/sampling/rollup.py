@@ -26,17 +26,44 @@ NS_PER_S = 1_000_000_000
 
 #: ``gpu_rollups`` columns, in insert order (see ``schema.SCHEMA_SQL``).
 ROLLUP_COLUMNS = (
-    "sec_ns", "uuid", "n", "util_min", "util_mean", "util_max", "idle_n",
-    "mem_used_min", "mem_used_mean", "mem_used_max", "mem_total_bytes",
-    "power_min_mw", "power_mean_mw", "power_max_mw",
-    "temp_min_c", "temp_mean_c", "temp_max_c",
-    "sm_min_mhz", "sm_mean_mhz", "sm_max_mhz", "sm_active_max_mhz", "sm_limit_mhz",
+    "sec_ns",
+    "uuid",
+    "n",
+    "util_min",
+    "util_mean",
+    "util_max",
+    "idle_n",
+    "mem_used_min",
+    "mem_used_mean",
+    "mem_used_max",
+    "mem_total_bytes",
+    "power_min_mw",
+    "power_mean_mw",
+    "power_max_mw",
+    "temp_min_c",
+    "temp_mean_c",
+    "temp_max_c",
+    "sm_min_mhz",
+    "sm_mean_mhz",
+    "sm_max_mhz",
+    "sm_active_max_mhz",
+    "sm_limit_mhz",
     "mem_util_mean",
-    "reasons_n", "reasons_any", "capped_n", "capped_sm_mean_mhz", "thermal_n",
-    "thermal_sm_mean_mhz", "slow_n", "pcie_rx_max_bps", "pcie_tx_max_bps",
-    "gpm_sm_util_mean", "gpm_sm_occupancy_mean", "gpm_tensor_util_mean",
-    "gpm_dram_bw_util_mean", "boot_id",
-)  # fmt: skip
+    "reasons_n",
+    "reasons_any",
+    "capped_n",
+    "capped_sm_mean_mhz",
+    "thermal_n",
+    "thermal_sm_mean_mhz",
+    "slow_n",
+    "pcie_rx_max_bps",
+    "pcie_tx_max_bps",
+    "gpm_sm_util_mean",
+    "gpm_sm_occupancy_mean",
+    "gpm_tensor_util_mean",
+    "gpm_dram_bw_util_mean",
+    "boot_id",
+)
 INSERT_SQL = (
     f"INSERT INTO gpu_rollups ({', '.join(ROLLUP_COLUMNS)}) "
     f"VALUES ({', '.join('?' * len(ROLLUP_COLUMNS))})"
@@ -49,9 +76,11 @@ SELECT_SQL = f"SELECT {', '.join(ROLLUP_COLUMNS)} FROM gpu_rollups {_WHERE} ORDE
 
 def _weighted(col: str, weight: str) -> str:
     # NULLIF: Postgres raises on / 0 where SQLite gives NULL
-    return (f"CAST(SUM({col} * {weight}) AS DOUBLE PRECISION) / "
-            f"CAST(NULLIF(SUM(CASE WHEN {col} IS NOT NULL THEN {weight} END), 0) "
-            "AS DOUBLE PRECISION)")  # fmt: skip
+    return (
+        f"CAST(SUM({col} * {weight}) AS DOUBLE PRECISION) / "
+        f"CAST(NULLIF(SUM(CASE WHEN {col} IS NOT NULL THEN {weight} END), 0) "
+        "AS DOUBLE PRECISION)"
+    )
 
 
 def _merge_expr(col: str) -> str:
@@ -84,27 +113,36 @@ MERGED_SQL = (
     f"FROM gpu_rollups {_WHERE}"
 )
 
+
 def sample_row(s: GpuSample) -> dict[str, Any]:
     """A fast-loop sample in the row shape :meth:`GpuAccumulator.add` reads."""
     return {
-        "util_gpu": s.util_pct, "util_mem": s.mem_util_pct, "mem_used": s.mem_used_bytes,
-        "mem_total": s.mem_total_bytes, "power_mW": s.power_mw, "temp_C": s.temp_c,
-        "sm_MHz": s.sm_clock_mhz, "reasons": s.clock_event_reasons,
-    }  # fmt: skip
+        "util_gpu": s.util_pct,
+        "util_mem": s.mem_util_pct,
+        "mem_used": s.mem_used_bytes,
+        "mem_total": s.mem_total_bytes,
+        "power_mW": s.power_mw,
+        "temp_C": s.temp_c,
+        "sm_MHz": s.sm_clock_mhz,
+        "reasons": s.clock_event_reasons,
+    }
 
 
 def slow_row(s: GpuSlowSample) -> dict[str, Any]:
     """A slow-loop sample in the row shape :meth:`GpuAccumulator.add_slow` reads
     (PCIe bytes/s → KB/s of 1000 bytes, as NVML and the fixture spell it)."""
     return {
-        "pcie_rx_KBps": None if s.pcie_rx_bytes_per_s is None
+        "pcie_rx_KBps": None
+        if s.pcie_rx_bytes_per_s is None
         else s.pcie_rx_bytes_per_s / BYTES_PER_KB,
-        "pcie_tx_KBps": None if s.pcie_tx_bytes_per_s is None
+        "pcie_tx_KBps": None
+        if s.pcie_tx_bytes_per_s is None
         else s.pcie_tx_bytes_per_s / BYTES_PER_KB,
-        "gpm_sm_util": s.gpm_sm_util_pct, "gpm_sm_occupancy": s.gpm_sm_occupancy_pct,
+        "gpm_sm_util": s.gpm_sm_util_pct,
+        "gpm_sm_occupancy": s.gpm_sm_occupancy_pct,
         "gpm_any_tensor_util": s.gpm_tensor_util_pct,
         "gpm_dram_bw_util": s.gpm_dram_bw_util_pct,
-    }  # fmt: skip
+    }
 
 
 class _Open:
@@ -165,8 +203,7 @@ class SecondRollups:
     def flush(self) -> list[tuple[Any, ...]]:
         """Close every open second."""
         out = [
-            rollup_params(o.sec_ns, k, o.acc, o.slow_n, self.boot_id)
-            for k, o in self._open.items()
+            rollup_params(o.sec_ns, k, o.acc, o.slow_n, self.boot_id) for k, o in self._open.items()
         ]
         self._open.clear()
         return out
@@ -186,16 +223,36 @@ def rollup_params(
     """One ``gpu_rollups`` row (:data:`ROLLUP_COLUMNS` order) from an accumulator."""
     mem_lo, mem_mean, mem_hi = _mmm(a.mem_used)
     return (
-        sec_ns, uuid, a.util.n, *_mmm(a.util), a.idle_n,
-        None if mem_lo is None else int(mem_lo), mem_mean,
-        None if mem_hi is None else int(mem_hi), a.mem_total_bytes,
-        *_mmm(a.power_mw), *_mmm(a.temp_c), *_mmm(a.sm_mhz), a.sm_active_max_mhz,
-        a.sm_limit_mhz, a.mem_util.mean, a.reasons_n, a.reasons_any, a.capped_n,
-        a.capped_sm_mhz.mean, a.thermal_n, a.thermal_sm_mhz.mean, slow_n,
-        _kb_to_bytes(a.pcie_rx_max_kbps), _kb_to_bytes(a.pcie_tx_max_kbps),
-        a.gpm_sm_util.mean, a.gpm_sm_occupancy.mean, a.gpm_tensor_util.mean,
-        a.gpm_dram_bw_util.mean, boot_id,
-    )  # fmt: skip
+        sec_ns,
+        uuid,
+        a.util.n,
+        *_mmm(a.util),
+        a.idle_n,
+        None if mem_lo is None else int(mem_lo),
+        mem_mean,
+        None if mem_hi is None else int(mem_hi),
+        a.mem_total_bytes,
+        *_mmm(a.power_mw),
+        *_mmm(a.temp_c),
+        *_mmm(a.sm_mhz),
+        a.sm_active_max_mhz,
+        a.sm_limit_mhz,
+        a.mem_util.mean,
+        a.reasons_n,
+        a.reasons_any,
+        a.capped_n,
+        a.capped_sm_mhz.mean,
+        a.thermal_n,
+        a.thermal_sm_mhz.mean,
+        slow_n,
+        _kb_to_bytes(a.pcie_rx_max_kbps),
+        _kb_to_bytes(a.pcie_tx_max_kbps),
+        a.gpm_sm_util.mean,
+        a.gpm_sm_occupancy.mean,
+        a.gpm_tensor_util.mean,
+        a.gpm_dram_bw_util.mean,
+        boot_id,
+    )
 
 
 def accumulator_from_row(r: Mapping[str, Any]) -> GpuAccumulator:
@@ -216,12 +273,18 @@ def accumulator_from_row(r: Mapping[str, Any]) -> GpuAccumulator:
 
     rx, tx = r["pcie_rx_max_bps"], r["pcie_tx_max_bps"]
     return GpuAccumulator(
-        util=mmm("util"), idle_n=r["idle_n"] or 0, mem_used=mmm("mem_used"),
-        mem_total_bytes=r["mem_total_bytes"], power_mw=mmm("power", "_mw"),
-        temp_c=mmm("temp", "_c"), sm_mhz=mmm("sm", "_mhz"),
-        sm_active_max_mhz=r["sm_active_max_mhz"], sm_limit_mhz=r["sm_limit_mhz"],
+        util=mmm("util"),
+        idle_n=r["idle_n"] or 0,
+        mem_used=mmm("mem_used"),
+        mem_total_bytes=r["mem_total_bytes"],
+        power_mw=mmm("power", "_mw"),
+        temp_c=mmm("temp", "_c"),
+        sm_mhz=mmm("sm", "_mhz"),
+        sm_active_max_mhz=r["sm_active_max_mhz"],
+        sm_limit_mhz=r["sm_limit_mhz"],
         mem_util=MinMeanMax.of(n, r["mem_util_mean"], None, None),
-        reasons_n=r["reasons_n"] or 0, reasons_any=r["reasons_any"] or 0,
+        reasons_n=r["reasons_n"] or 0,
+        reasons_any=r["reasons_any"] or 0,
         capped_n=r["capped_n"] or 0,
         capped_sm_mhz=MinMeanMax.of(r["capped_n"] or 0, r["capped_sm_mean_mhz"], None, None),
         thermal_n=r["thermal_n"] or 0,
@@ -232,4 +295,4 @@ def accumulator_from_row(r: Mapping[str, Any]) -> GpuAccumulator:
         gpm_sm_occupancy=slow_mean("gpm_sm_occupancy_mean"),
         gpm_tensor_util=slow_mean("gpm_tensor_util_mean"),
         gpm_dram_bw_util=slow_mean("gpm_dram_bw_util_mean"),
-    )  # fmt: skip
+    )

@@ -37,8 +37,9 @@ NODE_TABLES = (
 )
 
 
-async def _rows(conn: aiosqlite.Connection, sql: str,
-                params: Sequence[Any] = ()) -> tuple[list[str], list[tuple[Any, ...]]]:  # fmt: skip
+async def _rows(
+    conn: aiosqlite.Connection, sql: str, params: Sequence[Any] = ()
+) -> tuple[list[str], list[tuple[Any, ...]]]:
     async with conn.execute(sql, params) as cur:
         rows = [tuple(r) for r in await cur.fetchall()]
         cols = [d[0] for d in cur.description or ()]
@@ -47,7 +48,7 @@ async def _rows(conn: aiosqlite.Connection, sql: str,
 
 def _insert_sql(table: str, cols: Sequence[str]) -> str:
     names = ", ".join(f'"{c}"' for c in cols)
-    return f'INSERT INTO {table} ({names}) VALUES ({", ".join("?" * len(cols))})'
+    return f"INSERT INTO {table} ({names}) VALUES ({', '.join('?' * len(cols))})"
 
 
 @dataclass
@@ -65,19 +66,20 @@ async def read_live_runs(old: aiosqlite.Connection, run_ids: Sequence[int]) -> S
     if not run_ids:
         return snap
     marks = ", ".join("?" * len(run_ids))
-    snap.runs = cols, runs = await _rows(old, f"SELECT * FROM runs WHERE id IN ({marks})",
-                                         run_ids)  # fmt: skip
+    snap.runs = cols, runs = await _rows(old, f"SELECT * FROM runs WHERE id IN ({marks})", run_ids)
     if not runs:
         return snap
     for table in (*RUN_TABLES, "kernel_windows", "kernel_stats"):
-        snap.tables[table] = await _rows(old, f"SELECT * FROM {table} WHERE run_id IN ({marks})",
-                                         run_ids)  # fmt: skip
+        snap.tables[table] = await _rows(
+            old, f"SELECT * FROM {table} WHERE run_id IN ({marks})", run_ids
+        )
     i_mono = cols.index("start_mono_ns")
     starts = [row[i_mono] for row in runs if row[i_mono] is not None]
     if starts:
         for table, col in NODE_TABLES:
-            snap.tables[table] = await _rows(old, f"SELECT * FROM {table} WHERE {col} >= ?",
-                                             (min(starts),))  # fmt: skip
+            snap.tables[table] = await _rows(
+                old, f"SELECT * FROM {table} WHERE {col} >= ?", (min(starts),)
+            )
     return snap
 
 
@@ -110,8 +112,9 @@ async def write_live_runs(new: aiosqlite.Connection, snap: Snapshot) -> dict[int
             tcols, trows = snap.tables.get(table, ([], []))
             if trows:
                 r = tcols.index("run_id")
-                await new.executemany(_insert_sql(table, tcols),
-                                      [(*t[:r], ids[t[r]], *t[r + 1:]) for t in trows])  # fmt: skip
+                await new.executemany(
+                    _insert_sql(table, tcols), [(*t[:r], ids[t[r]], *t[r + 1 :]) for t in trows]
+                )
         await _write_kernels(new, snap, ids)
         for table, _ in NODE_TABLES:
             tcols, trows = snap.tables.get(table, ([], []))

@@ -149,9 +149,11 @@ def merge_windows(
 
 
 def plan(
-    windows: Sequence[StoredWindow], now_ns: int, raw_window_s: float,
+    windows: Sequence[StoredWindow],
+    now_ns: int,
+    raw_window_s: float,
     tiers: Sequence[tuple[float | None, float]] = TIERS,
-) -> list[list[StoredWindow]]:  # fmt: skip
+) -> list[list[StoredWindow]]:
     """Groups of *windows* (continuous, in (run, t0) order) to merge now:
     per tier, the windows that ended more than the tier's age before
     *now_ns*, grouped by run and by the tier-length slot their ``t0`` falls
@@ -189,17 +191,28 @@ def merge_parts(
     marks = ", ".join("?" * len(ids))
     steps_json = orjson.dumps(window["steps"]).decode()
     return [
-        Part(f"DELETE FROM kernel_stats WHERE run_id = ? AND window_id IN ({marks})",
-             ((run_id, *ids),), expect_rows=n_stats),
-        Part(f"DELETE FROM kernel_windows WHERE run_id = ? AND id IN ({marks})",
-             ((run_id, *ids),), expect_rows=len(ids)),
-        Part("INSERT INTO kernel_windows (id, run_id, t0_ns, t1_ns, source, steps, rows_dropped) "
-             "VALUES (?, ?, ?, ?, 'continuous', ?, ?)",
-             ((new_id, run_id, window["t0"], window["t1"], steps_json, window["rows_dropped"]),)),
-        Part("INSERT INTO kernel_stats (window_id, run_id, name, kind, cls, count, total_ns, "
-             "self_ns, flops) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-             [(new_id, run_id, *r.to_wire()) for r in merged], expect_rows=len(merged)),
-    ]  # fmt: skip
+        Part(
+            f"DELETE FROM kernel_stats WHERE run_id = ? AND window_id IN ({marks})",
+            ((run_id, *ids),),
+            expect_rows=n_stats,
+        ),
+        Part(
+            f"DELETE FROM kernel_windows WHERE run_id = ? AND id IN ({marks})",
+            ((run_id, *ids),),
+            expect_rows=len(ids),
+        ),
+        Part(
+            "INSERT INTO kernel_windows (id, run_id, t0_ns, t1_ns, source, steps, rows_dropped) "
+            "VALUES (?, ?, ?, ?, 'continuous', ?, ?)",
+            ((new_id, run_id, window["t0"], window["t1"], steps_json, window["rows_dropped"]),),
+        ),
+        Part(
+            "INSERT INTO kernel_stats (window_id, run_id, name, kind, cls, count, total_ns, "
+            "self_ns, flops) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [(new_id, run_id, *r.to_wire()) for r in merged],
+            expect_rows=len(merged),
+        ),
+    ]
 
 
 async def compact_once(store: Store, now_ns: int, raw_window_s: float) -> int:
@@ -221,9 +234,16 @@ async def compact_once(store: Store, now_ns: int, raw_window_s: float) -> int:
         by_id: dict[int, list[KernelAgg]] = {}
         for wid, name, kind, cls, count, total_ns, self_ns, flops in stats:
             by_id.setdefault(wid, []).append(
-                KernelAgg(name, kind, cls, int(count or 0), int(total_ns or 0),
-                          int(self_ns or 0), None if flops is None else float(flops))
-            )  # fmt: skip
+                KernelAgg(
+                    name,
+                    kind,
+                    cls,
+                    int(count or 0),
+                    int(total_ns or 0),
+                    int(self_ns or 0),
+                    None if flops is None else float(flops),
+                )
+            )
         parts = merge_parts(group, by_id, len(stats))
         if not parts[-1].rows:  # no rows: nothing to insert (executemany of none)
             parts = parts[:-1]

@@ -108,8 +108,13 @@ GROUP_BUCKETS_SQL = (
 def group_step_from_row(r: Sequence[Any]) -> dict[str, Any]:
     """A :data:`GROUP_TAIL_SQL` row as ``RankRows.steps`` wants it."""
     step, t0, t1, phases, traced = r
-    return {"step": step, "t0": t0, "t1": t1, "phases": _loads(phases) if phases else {},
-            "traced": bool(traced)}  # fmt: skip
+    return {
+        "step": step,
+        "t0": t0,
+        "t1": t1,
+        "phases": _loads(phases) if phases else {},
+        "traced": bool(traced),
+    }
 
 
 #: A run's kernel windows (``kernels`` events, ``nsys-import``), by start.
@@ -150,17 +155,29 @@ def kernel_windows_from_rows(
         listed = got if isinstance(got, list) else []
         n_steps = len(listed) if isinstance(got, list) else int(got.get("n") or 0)
         window = {
-            "id": wid, "t0": t0, "t1": t1, "source": source, "steps": listed,
-            "n_steps": n_steps, "rows_dropped": dropped or 0,
-        }  # fmt: skip
+            "id": wid,
+            "t0": t0,
+            "t1": t1,
+            "source": source,
+            "steps": listed,
+            "n_steps": n_steps,
+            "rows_dropped": dropped or 0,
+        }
         out.append((window, rows))
     for wid, name, kind, cls, count, total_ns, self_ns, flops in stats:
         rows_of = by_id.get(wid)
         if rows_of is not None:
             rows_of.append(
-                KernelAgg(name, kind, cls, int(count or 0), int(total_ns or 0),
-                          int(self_ns or 0), None if flops is None else float(flops))
-            )  # fmt: skip
+                KernelAgg(
+                    name,
+                    kind,
+                    cls,
+                    int(count or 0),
+                    int(total_ns or 0),
+                    int(self_ns or 0),
+                    None if flops is None else float(flops),
+                )
+            )
     for _, rows in out:
         rows.sort(key=_by_device_time)
     return out
@@ -179,10 +196,16 @@ def step_from_row(r: Sequence[Any]) -> dict[str, Any]:
     by column name cost more than the rest of the conversion."""
     t0, t1, wait, explicit, micro, phases, skipped, eval_ns, opts, alloc, reserved, peak, traced = r
     step = {
-        "t0": t0, "t1": t1, "wait": wait, "explicit": bool(explicit), "micro": micro,
-        "phases": _loads(phases) if phases else {}, "skipped": bool(skipped),
-        "eval": eval_ns or 0, "optimizers": _loads(opts) if opts else [],
-    }  # fmt: skip
+        "t0": t0,
+        "t1": t1,
+        "wait": wait,
+        "explicit": bool(explicit),
+        "micro": micro,
+        "phases": _loads(phases) if phases else {},
+        "skipped": bool(skipped),
+        "eval": eval_ns or 0,
+        "optimizers": _loads(opts) if opts else [],
+    }
     if alloc is not None:
         step["mem"] = [alloc, reserved, peak]
     if traced:

@@ -261,9 +261,19 @@ async def run_context(
     windows = await kernel_windows(db, run_id)
     comm = await comm_totals(db, run_id)
     return await asyncio.to_thread(
-        build_context, run, got, host, history, gpu_rate_usd_per_hour, cpu, gpu=gpu,
-        workers=workers, kernel_windows=windows, comm=comm, job_cpu=job,
-    )  # fmt: skip
+        build_context,
+        run,
+        got,
+        host,
+        history,
+        gpu_rate_usd_per_hour,
+        cpu,
+        gpu=gpu,
+        workers=workers,
+        kernel_windows=windows,
+        comm=comm,
+        job_cpu=job,
+    )
 
 
 # --- every run ------------------------------------------------------------------
@@ -323,9 +333,7 @@ GROUP BY run_id
 
 async def group_runs(db: Reader, group: str) -> list[dict[str, Any]]:
     """*group*'s runs (``group_id``), by rank, without step aggregates."""
-    rows = await db.fetchall(
-        "SELECT * FROM runs WHERE group_id = ? ORDER BY rank, id", (group,)
-    )
+    rows = await db.fetchall("SELECT * FROM runs WHERE group_id = ? ORDER BY rank, id", (group,))
     return [queries.run_from_row(r) for r in rows]
 
 
@@ -395,8 +403,10 @@ async def group_tail(db: Reader, run_id: int, top: int) -> list[dict[str, Any]]:
     """A group rank's last :data:`GROUP_STEPS_READ` steps up to index *top*
     (:data:`queries.GROUP_TAIL_SQL`), by ``t0`` (None last)."""
     rows = await db.fetchall(queries.GROUP_TAIL_SQL, (run_id, top, GROUP_STEPS_READ))
-    return sorted((queries.group_step_from_row(r) for r in rows),
-                  key=lambda s: (s["t0"] is None, s["t0"] or 0))  # fmt: skip
+    return sorted(
+        (queries.group_step_from_row(r) for r in rows),
+        key=lambda s: (s["t0"] is None, s["t0"] or 0),
+    )
 
 
 async def group_context(db: Reader, group: str) -> GroupContext:
@@ -423,10 +433,12 @@ async def group_context(db: Reader, group: str) -> GroupContext:
             steps = await group_tail(db, run["id"], top)
         ranks.append(
             RankRows(
-                rank=int(run["rank"]), steps=steps, host=run.get("host"),
+                rank=int(run["rank"]),
+                steps=steps,
+                host=run.get("host"),
                 clock_offset_ns=run.get("clock_offset_ns"),
                 clock_reference_rank=run.get("clock_reference_rank"),
-            )  # fmt: skip
+            )
         )
     common = common_steps(ranks)[-GROUP_STEPS_MAX:]
     if common:
@@ -435,11 +447,16 @@ async def group_context(db: Reader, group: str) -> GroupContext:
         bucketed = []
         for r, run in zip(ranks, runs, strict=True):
             rows = await db.fetchall(queries.GROUP_BUCKETS_SQL, (run["id"], b_lo, hi))
-            bucketed.append(RankRows(
-                rank=r.rank, steps=[s for s in r.steps if lo <= s["step"] <= hi],
-                buckets=[tuple(b) for b in rows], host=r.host,
-                clock_offset_ns=r.clock_offset_ns, clock_reference_rank=r.clock_reference_rank,
-            ))  # fmt: skip
+            bucketed.append(
+                RankRows(
+                    rank=r.rank,
+                    steps=[s for s in r.steps if lo <= s["step"] <= hi],
+                    buckets=[tuple(b) for b in rows],
+                    host=r.host,
+                    clock_offset_ns=r.clock_offset_ns,
+                    clock_reference_rank=r.clock_reference_rank,
+                )
+            )
         ranks = bucketed
     return await asyncio.to_thread(build_group_context, group, ranks)
 
@@ -466,15 +483,19 @@ async def unknown_group_message(db: Reader, group: str) -> str:
     """``no runs in group 'x'; groups here, newest first: a, b`` (at most
     :data:`GROUPS_LISTED`, by their newest run), or ``...; no run here has a
     group``: what a ``--group`` naming no runs says."""
-    rows = await db.fetchall("SELECT group_id FROM runs WHERE group_id IS NOT NULL "
-                             "GROUP BY group_id ORDER BY MAX(id) DESC LIMIT ?",
-                             (GROUPS_LISTED + 1,))  # fmt: skip
+    rows = await db.fetchall(
+        "SELECT group_id FROM runs WHERE group_id IS NOT NULL "
+        "GROUP BY group_id ORDER BY MAX(id) DESC LIMIT ?",
+        (GROUPS_LISTED + 1,),
+    )
     names = [shlex.quote(r["group_id"]) for r in rows]
     if not names:
         return f"no runs in group {group!r}; no run here has a group"
     more = ", ..." if len(names) > GROUPS_LISTED else ""
-    return (f"no runs in group {group!r}; groups here, newest first: "
-            f"{', '.join(names[:GROUPS_LISTED])}{more}")  # fmt: skip
+    return (
+        f"no runs in group {group!r}; groups here, newest first: "
+        f"{', '.join(names[:GROUPS_LISTED])}{more}"
+    )
 
 
 def runs_note(runs: list[dict[str, Any]]) -> str | None:
@@ -486,8 +507,10 @@ def runs_note(runs: list[dict[str, Any]]) -> str | None:
     ranks = len(latest_rank_runs(runs))
     if len(runs) <= ranks:
         return None
-    return (f"{len(runs)} runs of {ranks} rank{'' if ranks == 1 else 's'}: each rank's latest "
-            "run is compared; pass a new group= per launch")  # fmt: skip
+    return (
+        f"{len(runs)} runs of {ranks} rank{'' if ranks == 1 else 's'}: each rank's latest "
+        "run is compared; pass a new group= per launch"
+    )
 
 
 async def ended_ranks(db: Reader, runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -501,10 +524,15 @@ async def ended_ranks(db: Reader, runs: list[dict[str, Any]]) -> list[dict[str, 
             continue
         top = await max_step(db, run["id"])
         at = f"at step ~{top}" if top is not None else "before its first step"
-        out.append({
-            "rank": run.get("rank"), "run_id": run["id"], "status": run["status"],
-            "last_step": top, "message": f"rank {run.get('rank')} {run['status']} {at}",
-        })  # fmt: skip
+        out.append(
+            {
+                "rank": run.get("rank"),
+                "run_id": run["id"],
+                "status": run["status"],
+                "last_step": top,
+                "message": f"rank {run.get('rank')} {run['status']} {at}",
+            }
+        )
     return out
 
 
@@ -520,10 +548,14 @@ async def group_findings(db: Reader, group: str) -> dict[str, Any]:
     latest = latest_rank_runs(runs)
     ended = group_status([r["status"] for r in latest])["ended"]
     return {
-        "group": group, "ranks": len(ctx.ranks), "insights": found, "ended": ended,
-        "lost_ranks": await ended_ranks(db, latest), "missing_ranks": missing_ranks(latest),
+        "group": group,
+        "ranks": len(ctx.ranks),
+        "insights": found,
+        "ended": ended,
+        "lost_ranks": await ended_ranks(db, latest),
+        "missing_ranks": missing_ranks(latest),
         "runs_note": runs_note(runs),
-    }  # fmt: skip
+    }
 
 
 async def stored_group_insights(db: Reader, group: str) -> list[dict[str, Any]]:
@@ -562,8 +594,12 @@ def missing_ranks(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if (i in seen) if one_node else (i in seen_local):
                 continue
             who = f"rank {i}" if one_node else f"local rank {i} on {host}"
-            out.append({
-                "rank": i if one_node else None, "local_rank": i,
-                "host": host, "message": f"{who} never reported: {NEVER_REPORTED_WHY}",
-            })  # fmt: skip
+            out.append(
+                {
+                    "rank": i if one_node else None,
+                    "local_rank": i,
+                    "host": host,
+                    "message": f"{who} never reported: {NEVER_REPORTED_WHY}",
+                }
+            )
     return out

@@ -64,10 +64,27 @@ _GPU_SLOW_SQL = (
     "gpm_dram_bw_util_pct, power_capped_pct, thermal_capped_pct) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)"
 )
 _RUN_COLUMNS = (
-    "run_key", "run_name", "status", "host", "pid", "pid_ns", "rank", "local_rank", "world_size",
-    "auto", "start_wall_ns", "start_mono_ns", "options", "cuda_uuid", "gpu_model",
-    "gpu_count", "cpu_count", "boot_id", "group_id", "local_world_size",
-)  # fmt: skip
+    "run_key",
+    "run_name",
+    "status",
+    "host",
+    "pid",
+    "pid_ns",
+    "rank",
+    "local_rank",
+    "world_size",
+    "auto",
+    "start_wall_ns",
+    "start_mono_ns",
+    "options",
+    "cuda_uuid",
+    "gpu_model",
+    "gpu_count",
+    "cpu_count",
+    "boot_id",
+    "group_id",
+    "local_world_size",
+)
 
 
 def step_op(run_id: int, msg: Mapping[str, Any]) -> Op:
@@ -82,12 +99,20 @@ def step_op(run_id: int, msg: Mapping[str, Any]) -> Op:
     (one queue item: dropped and counted as one under back-pressure)."""
     mem = msg.get("mem") or (None, None, None)
     params = (
-        run_id, msg["i"], msg["t0"], msg["t1"], msg["wait"], int(msg["explicit"]),
-        msg["micro"], orjson.dumps(msg["phases"]).decode(),
-        int(msg.get("skipped", False)), msg.get("eval", 0),
+        run_id,
+        msg["i"],
+        msg["t0"],
+        msg["t1"],
+        msg["wait"],
+        int(msg["explicit"]),
+        msg["micro"],
+        orjson.dumps(msg["phases"]).decode(),
+        int(msg.get("skipped", False)),
+        msg.get("eval", 0),
         orjson.dumps(msg["optimizers"]).decode() if msg.get("optimizers") else None,
-        *mem, int(msg.get("traced", False)),
-    )  # fmt: skip
+        *mem,
+        int(msg.get("traced", False)),
+    )
     comm = msg.get("comm")
     if not comm:
         return Op(_STEP_SQL, params, drop_reason="store_error")
@@ -104,9 +129,13 @@ def clock_op(run_id: int, msg: Mapping[str, Any]) -> Op:
     """The run's clock offset from one validated ``clock`` event
     (:class:`gpuprof.comm.ClockOffset`); a later event replaces an earlier one."""
     params = (
-        msg["offset_ns"], msg["uncertainty_ns"], msg["rtt_ns"], msg["round_trips"],
-        msg["reference_rank"], run_id,
-    )  # fmt: skip
+        msg["offset_ns"],
+        msg["uncertainty_ns"],
+        msg["rtt_ns"],
+        msg["round_trips"],
+        msg["reference_rank"],
+        run_id,
+    )
     return Op(_CLOCK_SQL, params, drop_reason="store_error")
 
 
@@ -130,6 +159,7 @@ def kernel_window_ops(run_id: int, window: Mapping[str, Any], rows: Sequence[Any
     msg = {**window, "rows": [r.to_wire() for r in rows]}
     return kernels_ops(run_id, msg)
 
+
 def host_sample_op(
     mono_ns: int,
     cpu_pct: float,
@@ -145,9 +175,16 @@ def host_sample_op(
     cache and total RAM in bytes, swap-in bytes/s (None: not available), and
     the boot it was taken in (:mod:`gpuprofd.boot`)."""
     params = (
-        mono_ns, cpu_pct, cpu_count, disk_read_bps, disk_read_iops, page_cache_bytes,
-        mem_total_bytes, swap_in_bps, boot_id,
-    )  # fmt: skip
+        mono_ns,
+        cpu_pct,
+        cpu_count,
+        disk_read_bps,
+        disk_read_iops,
+        page_cache_bytes,
+        mem_total_bytes,
+        swap_in_bps,
+        boot_id,
+    )
     return Op(_HOST_SQL, params)
 
 
@@ -167,20 +204,37 @@ def worker_cpu_op(r: Any) -> Op:
 def gpu_sample_op(mono_ns: int, s: Any) -> Op:
     """The insert of one :class:`gpuprofd.sampling.nvml.GpuSample` taken at *mono_ns*."""
     params = (
-        mono_ns, s.index, s.uuid, s.util_pct, s.mem_used_bytes, s.mem_total_bytes,
-        s.power_mw, s.temp_c, s.sm_clock_mhz, s.mem_util_pct, s.clock_event_reasons,
-    )  # fmt: skip
+        mono_ns,
+        s.index,
+        s.uuid,
+        s.util_pct,
+        s.mem_used_bytes,
+        s.mem_total_bytes,
+        s.power_mw,
+        s.temp_c,
+        s.sm_clock_mhz,
+        s.mem_util_pct,
+        s.clock_event_reasons,
+    )
     return Op(_GPU_SQL, params)
 
 
 def gpu_slow_sample_op(mono_ns: int, s: Any) -> Op:
     """The insert of one :class:`gpuprofd.sampling.nvml.GpuSlowSample` taken at *mono_ns*."""
     params = (
-        mono_ns, s.uuid, s.energy_mj, s.energy_power_mw, s.pcie_rx_bytes_per_s,
-        s.pcie_tx_bytes_per_s, s.gpm_sm_util_pct, s.gpm_sm_occupancy_pct,
-        s.gpm_tensor_util_pct, s.gpm_dram_bw_util_pct, s.power_capped_pct,
+        mono_ns,
+        s.uuid,
+        s.energy_mj,
+        s.energy_power_mw,
+        s.pcie_rx_bytes_per_s,
+        s.pcie_tx_bytes_per_s,
+        s.gpm_sm_util_pct,
+        s.gpm_sm_occupancy_pct,
+        s.gpm_tensor_util_pct,
+        s.gpm_dram_bw_util_pct,
+        s.power_capped_pct,
         s.thermal_capped_pct,
-    )  # fmt: skip
+    )
     return Op(_GPU_SLOW_SQL, params)
 
 
@@ -190,8 +244,10 @@ def model_dtype_sql(d: Dialect) -> str:
     one. Params: dtype, dtype_source, run id."""
     text = "CAST(? AS TEXT)"
     merged = d.json_merge("options", {"dtype": text, "dtype_source": text})
-    return (f"UPDATE runs SET options = {merged} WHERE id = ? "
-            f"AND {d.json_text('options', 'dtype')} IS NULL")  # fmt: skip
+    return (
+        f"UPDATE runs SET options = {merged} WHERE id = ? "
+        f"AND {d.json_text('options', 'dtype')} IS NULL"
+    )
 
 
 @functools.cache
@@ -201,13 +257,16 @@ def model_flops_sql(d: Dialect) -> str:
     declared FLOPs or an arch. Params: flops_counted, flops_step, run id
     (numbers as NUMERIC: an integer stays one in the JSON on both engines)."""
     declared = d.json_num("options", "flops_per_step")
-    merged = d.json_merge("options", {
-        "flops_counted": "CAST(?1 AS NUMERIC)",
-        "flops_step": "CAST(?2 AS NUMERIC)",
-        "flops_source": f"CASE WHEN {declared} IS NULL THEN 'counter' "
-                        f"ELSE COALESCE({d.json_text('options', 'flops_source')}, 'user') END",
-        "flops_per_step": f"COALESCE({declared}, CAST(?1 AS NUMERIC))",
-    })  # fmt: skip
+    merged = d.json_merge(
+        "options",
+        {
+            "flops_counted": "CAST(?1 AS NUMERIC)",
+            "flops_step": "CAST(?2 AS NUMERIC)",
+            "flops_source": f"CASE WHEN {declared} IS NULL THEN 'counter' "
+            f"ELSE COALESCE({d.json_text('options', 'flops_source')}, 'user') END",
+            "flops_per_step": f"COALESCE({declared}, CAST(?1 AS NUMERIC))",
+        },
+    )
     return f"UPDATE runs SET options = {merged} WHERE id = ?3"
 
 
@@ -272,7 +331,7 @@ async def replace_insights(store: Store, run_id: int, insights: Sequence[Insight
                     orjson.dumps(dict(ins.evidence), default=str).decode(),
                     now,
                 ),
-            )  # fmt: skip
+            )
         )
     await store.flush()
 
@@ -290,11 +349,21 @@ async def replace_group_insights(
     (``Insight.to_dict()`` shapes), all or none in one transaction; wait for the commit."""
     now = time.time_ns()
     rows = [
-        (group, ranks, i["rule"], i["severity"], i["title"], i.get("detail"), i.get("fix"),
-         orjson.dumps(i.get("evidence") or {}, option=orjson.OPT_NON_STR_KEYS,
-                      default=str).decode(), now)
+        (
+            group,
+            ranks,
+            i["rule"],
+            i["severity"],
+            i["title"],
+            i.get("detail"),
+            i.get("fix"),
+            orjson.dumps(
+                i.get("evidence") or {}, option=orjson.OPT_NON_STR_KEYS, default=str
+            ).decode(),
+            now,
+        )
         for i in insights
-    ]  # fmt: skip
+    ]
     parts = [Part("DELETE FROM group_insights WHERE group_id = ?", ((group,),))]
     if rows:
         parts.append(Part(_GROUP_INSIGHT_SQL, rows))

@@ -89,6 +89,7 @@ _ADDED = (
     (8, _ADDED_IN_8),
 )
 
+
 def _norm_uuid_sql(col: str) -> str:
     """SQL for :func:`gpuprofd.sampling.nvml.normalize_uuid` of column *col*."""
     low = f"lower(trim({col}))"
@@ -343,16 +344,23 @@ def shadow_old_tables(conn: sqlite3.Connection, version: int) -> None:
         conn.execute(f"CREATE TEMP VIEW runs AS SELECT *, {runs6} FROM main.runs")
     if version < 5:
         v2 = ", 0 AS skipped, 0 AS eval_ns, NULL AS optimizers" if version < 2 else ""
-        v4 = (", NULL AS mem_allocated_bytes, NULL AS mem_reserved_bytes, NULL AS mem_peak_bytes"
-              if version < 4 else "")  # fmt: skip
+        v4 = (
+            ", NULL AS mem_allocated_bytes, NULL AS mem_reserved_bytes, NULL AS mem_peak_bytes"
+            if version < 4
+            else ""
+        )
         v2r = ", 0 AS trailing_eval_ns" if version < 2 else ""
         conn.execute(f"CREATE TEMP VIEW steps AS SELECT *{v2}{v4}, 0 AS traced FROM main.steps")
         conn.execute(
             f"CREATE TEMP VIEW runs AS SELECT *{v2r}, NULL AS mfu, NULL AS achieved_tflops, "
             f"NULL AS boot_id, NULL AS group_id, NULL AS local_world_size, {runs6} FROM main.runs"
         )
-        v3 = (", NULL AS disk_read_iops, NULL AS page_cache_bytes, NULL AS mem_total_bytes, "
-              "NULL AS swap_in_bps" if version < 3 else "")  # fmt: skip
+        v3 = (
+            ", NULL AS disk_read_iops, NULL AS page_cache_bytes, NULL AS mem_total_bytes, "
+            "NULL AS swap_in_bps"
+            if version < 3
+            else ""
+        )
         conn.execute(
             f"CREATE TEMP VIEW host_samples AS SELECT *{v3}, NULL AS boot_id FROM main.host_samples"
         )

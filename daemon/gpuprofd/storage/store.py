@@ -333,8 +333,9 @@ class Store:
                 self._fail(batch, exc, reason="store_unavailable")
                 return
             if self._retry.attempt in _LOG_AT:
-                log.warning("store: %s unreachable (%s); retrying in %.1f s",
-                            self.where, exc, delay)  # fmt: skip
+                log.warning(
+                    "store: %s unreachable (%s); retrying in %.1f s", self.where, exc, delay
+                )
             await asyncio.sleep(delay)
 
     async def _commit(self, batch: list[Op], *, final: bool = True) -> BaseException | None:
@@ -416,13 +417,17 @@ class Store:
     def _statement_errors(self) -> tuple[type[BaseException], ...]:
         """Errors of one statement (a bad row), as opposed to a lost connection,
         which must undo the whole batch."""
-        return tuple(
-            e for e in (sqlite3.Error, *self._errors) if not issubclass(e, self._connection_errors)
-        ) if self._connection_errors else (sqlite3.Error, *self._errors)  # fmt: skip
+        return (
+            tuple(
+                e
+                for e in (sqlite3.Error, *self._errors)
+                if not issubclass(e, self._connection_errors)
+            )
+            if self._connection_errors
+            else (sqlite3.Error, *self._errors)
+        )
 
-    async def _run_atomic(
-        self, db: Any, op: Op
-    ) -> tuple[Op, int | None, BaseException | None]:
+    async def _run_atomic(self, db: Any, op: Op) -> tuple[Op, int | None, BaseException | None]:
         """Run an atomic op's parts under a savepoint; undo them all on error."""
         await db.savepoint("atomic")
         try:

@@ -57,14 +57,20 @@ def test_runs_json_has_exact_breakdown(real_db: Path, capsys: pytest.CaptureFixt
     assert main(["runs", str(real_db), "--format", "json"]) == 0
     rows = orjson.loads(capsys.readouterr().out)
     assert [(r["id"], r["run_name"], r["status"], r["steps"]) for r in rows] == [
-        (2, "ongoing", "running", 3), (1, "baseline", "finished", 12),
-    ]  # fmt: skip
+        (2, "ongoing", "running", 3),
+        (1, "baseline", "finished", 12),
+    ]
     done = rows[1]
     # every share is of the 18 ms iteration (8 ms wait + 10 ms step with
     # phases 3/4/2 ms), so together they make 100
-    assert done["pct_of_iteration"] == {"loader_wait": 44.4, "forward": 16.7, "backward": 22.2,
-                                        "comm": None, "optimizer": 11.1,
-                                        "other": 5.6}  # fmt: skip
+    assert done["pct_of_iteration"] == {
+        "loader_wait": 44.4,
+        "forward": 16.7,
+        "backward": 22.2,
+        "comm": None,
+        "optimizer": 11.1,
+        "other": 5.6,
+    }
     assert sum(v for v in done["pct_of_iteration"].values() if v) == pytest.approx(100.0)
     assert done["steps_counted"] == 11  # step 0 left out
     assert "phase_pct" not in done and "loader_wait_pct" not in done
@@ -85,12 +91,21 @@ def test_runs_text_table(real_db: Path, capsys: pytest.CaptureFixture[str]) -> N
     ]
 
 
-def _iteration(run_key: str, i: int, t0: int, wait: int, step: int, phases: dict[str, int],
-               micro: int = 1) -> dict[str, Any]:  # fmt: skip
+def _iteration(
+    run_key: str, i: int, t0: int, wait: int, step: int, phases: dict[str, int], micro: int = 1
+) -> dict[str, Any]:
     return {
-        "v": 1, "type": "step", "run_key": run_key, "i": i, "t0": t0, "t1": t0 + step,
-        "wait": wait, "explicit": True, "micro": micro, "phases": phases,
-    }  # fmt: skip
+        "v": 1,
+        "type": "step",
+        "run_key": run_key,
+        "i": i,
+        "t0": t0,
+        "t1": t0 + step,
+        "wait": wait,
+        "explicit": True,
+        "micro": micro,
+        "phases": phases,
+    }
 
 
 def test_runs_shares_skip_step_0_and_fold_the_data_phase_into_wait(
@@ -127,15 +142,21 @@ def test_runs_shares_skip_step_0_and_fold_the_data_phase_into_wait(
     assert main(["runs", str(db), "--format", "json"]) == 0
     one, accum = orjson.loads(capsys.readouterr().out)
     # loader_wait = (2 ms wait + 2 ms data) / 12 ms iteration; other = 2 / 12
-    assert accum["pct_of_iteration"] == {"loader_wait": 33.3, "forward": 16.7, "backward": 25.0,
-                                         "comm": None, "optimizer": 8.3,
-                                         "other": 16.7}  # fmt: skip
+    assert accum["pct_of_iteration"] == {
+        "loader_wait": 33.3,
+        "forward": 16.7,
+        "backward": 25.0,
+        "comm": None,
+        "optimizer": 8.3,
+        "other": 16.7,
+    }
     assert (accum["steps"], accum["steps_counted"], accum["median_step_ms"]) == (9, 7, 12.0)
     assert (accum["skipped_updates"], accum["eval_s"], one["skipped_updates"]) == (1, 1.5, 0)
     # the highest figures any step reported: peak from step 2, reserved from step 6
     assert (accum["torch_peak_allocated_bytes"], accum["torch_peak_reserved_bytes"]) == (
-        8 * GIB, 8 * GIB,
-    )  # fmt: skip
+        8 * GIB,
+        8 * GIB,
+    )
     assert one["torch_peak_allocated_bytes"] is None and one["torch_peak_reserved_bytes"] is None
     # a single step is all start-up: nothing to share out
     assert one["pct_of_iteration"] == dict.fromkeys(
@@ -157,8 +178,10 @@ def test_runs_shares_skip_step_0_and_fold_the_data_phase_into_wait(
 def test_runs_help_explains_the_columns(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["runs", "--help"]) == 0
     help_text = " ".join(capsys.readouterr().out.split())
-    assert "MEDIAN_STEP_MS steady-state median iteration time: median of loader wait + step, " \
-        "warm-up steps excluded" in help_text  # fmt: skip
+    assert (
+        "MEDIAN_STEP_MS steady-state median iteration time: median of loader wait + step, "
+        "warm-up steps excluded" in help_text
+    )
     assert "WAIT% + FWD% + BWD% + COMM% + OPT% + OTHER% = 100" in help_text
     assert "(the data phase, between micro-batches) folded in" in help_text
 
@@ -185,8 +208,11 @@ def test_insights_defaults_to_latest_run_and_builds_a_live_summary(
     assert main(["insights", "--format", "json"]) == 0
     summary = orjson.loads(capsys.readouterr().out)
     assert (summary["run_id"], summary["run_name"], summary["status"], summary["steps"]) == (
-        2, "ongoing", "running", 3,
-    )  # fmt: skip
+        2,
+        "ongoing",
+        "running",
+        3,
+    )
     assert summary["notes"] == [LIVE_NOTE]
 
 
@@ -242,9 +268,11 @@ def test_unknown_run_id_names_the_db_and_its_runs(
 
 
 def test_insights_lone_number_is_a_run_id(
-    real_db: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    real_db: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
-) -> None:  # fmt: skip
+) -> None:
     monkeypatch.setenv("GPUPROF_DB", str(real_db))
     monkeypatch.chdir(tmp_path)
     assert main(["insights", "1", "--format", "json"]) == 0
@@ -259,7 +287,6 @@ def test_insights_lone_number_is_a_run_id(
     assert err == "gpuprofctl: error: 1 is an empty database, not a gpuprof one\n"
 
 
-
 def _out(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
     rc = main(list(args))
     return rc, capsys.readouterr().out
@@ -271,8 +298,13 @@ def test_storage_url_reads_as_the_path_does(
     """``--storage-url sqlite:///abs/path`` is the same database as the path:
     the same output, byte for byte (messages name it the same way)."""
     url = f"sqlite://{real_db.absolute()}"
-    for args in (["runs"], ["runs", "--format", "json"], ["insights", "1"],
-                 ["insights", "2", "--format", "json"], ["kernels", "1", "--format", "json"]):
+    for args in (
+        ["runs"],
+        ["runs", "--format", "json"],
+        ["insights", "1"],
+        ["insights", "2", "--format", "json"],
+        ["kernels", "1", "--format", "json"],
+    ):
         by_path = _out(capsys, args[0], str(real_db), *args[1:])
         by_url = _out(capsys, *args, "--storage-url", url)
         assert by_path[0] == 0 and by_url == by_path, args
@@ -291,8 +323,7 @@ def test_a_db_and_a_storage_url_together_are_refused(
     real_db: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     url = f"sqlite://{real_db.absolute()}"
-    for cmd in (["runs"], ["insights"], ["insights", "1"], ["runs", "--group", "g"],
-                ["kernels"]):  # fmt: skip
+    for cmd in (["runs"], ["insights"], ["insights", "1"], ["runs", "--group", "g"], ["kernels"]):
         assert main([cmd[0], str(real_db), *cmd[1:], "--storage-url", url]) == 2, cmd
         err = capsys.readouterr().err
         assert "give DB or --storage-url, not both" in err, cmd
@@ -318,8 +349,10 @@ def test_status_json_without_daemon_is_json_exit_3(
     assert main(["status", "--socket-dir", str(sock_dir), "--format", "json"]) == 3
     out = capsys.readouterr()
     assert orjson.loads(out.out) == {
-        "running": False, "socket_dir": str(sock_dir), "error": NO_DAEMON.format(sock_dir),
-    }  # fmt: skip
+        "running": False,
+        "socket_dir": str(sock_dir),
+        "error": NO_DAEMON.format(sock_dir),
+    }
     assert out.err == ""
 
 
@@ -374,8 +407,9 @@ def test_status_with_daemon(
 def test_status_reports_the_gpu_loops_achieved_rate(
     daemons, sock_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    daemons.start_ready(sock_dir, tmp_path / "g.db", "--sample-hz", "50",
-                        env={"GPUPROF_NVML": "mock"})  # fmt: skip
+    daemons.start_ready(
+        sock_dir, tmp_path / "g.db", "--sample-hz", "50", env={"GPUPROF_NVML": "mock"}
+    )
     time.sleep(1.5)
     assert main(["status", "--socket-dir", str(sock_dir), "--format", "json"]) == 0
     gpu = orjson.loads(capsys.readouterr().out)["gpu_sampling"]
@@ -393,8 +427,10 @@ def test_version_and_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
     assert capsys.readouterr().out == f"gpuprof {__version__}\n"
     assert main(["version", "--format", "json"]) == 0
     assert orjson.loads(capsys.readouterr().out) == {
-        "gpuprof": __version__, "python": platform.python_version(), "protocol": PROTOCOL_VERSION,
-    }  # fmt: skip
+        "gpuprof": __version__,
+        "python": platform.python_version(),
+        "protocol": PROTOCOL_VERSION,
+    }
     assert main(["insights", "x.db", "not-a-number"]) == 2
     assert main(["no-such-command"]) == 2
     assert main(["--help"]) == 0

@@ -56,8 +56,12 @@ def dlrm_db(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     ):
         with gzip.open(FIXTURES / f"{file}.json.gz") as f:
             trace = json.load(f)
-        store_run(conn, run_id, name, [w.as_stored("snapshot")
-                                       for w in aggregate_trace(trace, window="step")])  # fmt: skip
+        store_run(
+            conn,
+            run_id,
+            name,
+            [w.as_stored("snapshot") for w in aggregate_trace(trace, window="step")],
+        )
     conn.commit()
     conn.close()
     yield db
@@ -143,8 +147,9 @@ def test_table_picks_one_source_and_normalises() -> None:
     assert [(k.name, k.total_ns, k.flops) for k in ops.lines] == [("aten::mm", 8_000_000, 1e12)]
     cmp = kerneltable.compare(s, t)
     assert cmp["basis"] == "window"
-    assert cmp["kernels"] == [{"name": "gemm", "cls": "compute", "a_ms": 8.0, "b_ms": 8.0,
-                               "delta_ms": 0.0, "ratio": 1.0}]  # fmt: skip
+    assert cmp["kernels"] == [
+        {"name": "gemm", "cls": "compute", "a_ms": 8.0, "b_ms": 8.0, "delta_ms": 0.0, "ratio": 1.0}
+    ]
     new = kerneltable.compare(kerneltable.build_table([]), s)
     assert new["kernels"][0]["ratio"] is None and new["kernels"][0]["delta_ms"] == 8.0
 

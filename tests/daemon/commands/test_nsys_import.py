@@ -83,8 +83,17 @@ def make_report(
     names = LAYOUTS[layout]
     conn = sqlite3.connect(path)
     conn.execute("CREATE TABLE StringIds (id INTEGER PRIMARY KEY, value TEXT NOT NULL)")
-    strings = {GEMM: 1, GEMM_SHORT: 2, NCCL: 3, NCCL_SHORT: 4, ELEM: 5, ELEM_SHORT: 6,
-               "_Z6KernelI": 7, "_Z4nccl": 8, "_Z4elem": 9}  # fmt: skip
+    strings = {
+        GEMM: 1,
+        GEMM_SHORT: 2,
+        NCCL: 3,
+        NCCL_SHORT: 4,
+        ELEM: 5,
+        ELEM_SHORT: 6,
+        "_Z6KernelI": 7,
+        "_Z4nccl": 8,
+        "_Z4elem": 9,
+    }
     conn.executemany("INSERT INTO StringIds VALUES (?, ?)", [(i, s) for s, i in strings.items()])
     conn.execute("CREATE TABLE ThreadNames (nameId INT NOT NULL, priority INT, globalTid INT)")
     if session_utc is not None:
@@ -92,8 +101,9 @@ def make_report(
             "CREATE TABLE TARGET_INFO_SESSION_START_TIME (utcEpochNs INT NOT NULL, "
             "utcTime TEXT NOT NULL, localTime TEXT NOT NULL)"
         )
-        conn.execute("INSERT INTO TARGET_INFO_SESSION_START_TIME VALUES (?, 'x', 'y')",
-                     (session_utc,))  # fmt: skip
+        conn.execute(
+            "INSERT INTO TARGET_INFO_SESSION_START_TIME VALUES (?, 'x', 'y')", (session_utc,)
+        )
     if kernels:
         name_decl = ", ".join(f"{n} {'TEXT' if n == 'name' else 'INT'} NOT NULL" for n in names)
         conn.execute(
@@ -128,8 +138,12 @@ def _fill(conn, names, base, devices, kernels, memops, strings) -> None:
     def kernel(start: int, dur: int, long: str, short: str, mangled: str, dev: int) -> None:
         nonlocal corr
         corr += 1
-        by = {"demangledName": strings[long], "shortName": strings[short],
-              "mangledName": strings[mangled], "name": long}  # fmt: skip
+        by = {
+            "demangledName": strings[long],
+            "shortName": strings[short],
+            "mangledName": strings[mangled],
+            "name": long,
+        }
         cols = ", ".join(names)
         conn.execute(
             "INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL (start, end, deviceId, contextId, streamId, "
@@ -152,8 +166,9 @@ def _fill(conn, names, base, devices, kernels, memops, strings) -> None:
             if memops:
                 conn.execute(
                     "INSERT INTO CUPTI_ACTIVITY_KIND_MEMCPY VALUES (?, ?, ?, 1, 7, 0, 4242, 4096, "
-                    "1, 0, 2)", (t - MS // 2, t, dev),
-                )  # fmt: skip
+                    "1, 0, 2)",
+                    (t - MS // 2, t, dev),
+                )
                 conn.execute(
                     "INSERT INTO CUPTI_ACTIVITY_KIND_MEMSET VALUES (?, ?, ?, 1, 7, 0, 4242, 0, 64)",
                     (t + 10 * MS, t + 10 * MS + MS // 20, dev),
@@ -191,15 +206,18 @@ def test_report_is_aligned_with_the_runs_steps(tmp_path: Path, capsys, layout: s
     assert got["steps"] == [2, 5] and got["windows"] == 4
     assert got["activities"] == 4 * 6 + 1
     assert got["notes"] == ["1 activities outside the run's steps left out"]
-    gemm, nccl, elem = (GEMM_SHORT, NCCL_SHORT, ELEM_SHORT) if layout == "short_only" else (
-        GEMM, NCCL, ELEM)  # fmt: skip
+    gemm, nccl, elem = (
+        (GEMM_SHORT, NCCL_SHORT, ELEM_SHORT) if layout == "short_only" else (GEMM, NCCL, ELEM)
+    )
     rows = windows(db)
     step5 = [r[3:] for r in rows if r[0] == "[5]"]
     assert step5 == [
-        (gemm, "compute", 2, 6 * MS), (nccl, "comm", 1, 4 * MS),
-        ("Memcpy HtoD", "memcpy", 1, MS // 2), (elem, "compute", 1, MS // 10),
+        (gemm, "compute", 2, 6 * MS),
+        (nccl, "comm", 1, 4 * MS),
+        ("Memcpy HtoD", "memcpy", 1, MS // 2),
+        (elem, "compute", 1, MS // 10),
         ("Memset", "memset", 1, MS // 20),
-    ]  # fmt: skip
+    ]
     # a step's window runs to the next step's start: the late fill kernel is its own
     w2 = next(r for r in rows if r[0] == "[2]")
     assert (w2[1], w2[2]) == (RUN_MONO0 + 2 * STEP_NS, RUN_MONO0 + 3 * STEP_NS)
@@ -220,8 +238,9 @@ def test_wall_clock_alignment_through_the_session_start(tmp_path: Path, capsys) 
     db = make_db(tmp_path / "g.db")
     session_start_mono = RUN_MONO0 - 2_000 * MS  # nsys started 2 s before step 0
     run_wall_at_mono0 = RUN_WALL0 - 10 * MS - (RUN_MONO0 - 10 * MS) + session_start_mono
-    report = make_report(tmp_path / "r.sqlite", base=RUN_MONO0 - session_start_mono,
-                         session_utc=run_wall_at_mono0)  # fmt: skip
+    report = make_report(
+        tmp_path / "r.sqlite", base=RUN_MONO0 - session_start_mono, session_utc=run_wall_at_mono0
+    )
     rc, out, err = run(["nsys-import", str(report), "--db", str(db)], capsys)
     assert rc == 0, err
     assert "4 step window(s), steps 2-5 (clocks matched by wall)" in out
@@ -234,14 +253,17 @@ def test_unmatched_clock_is_one_window_and_says_so(tmp_path: Path, capsys) -> No
     rc, out, err = run(["nsys-import", str(report), "--db", str(db)], capsys)
     assert rc == 0, err
     assert "one window" in out
-    assert ("note: not aligned with steps: the report's clock does not match the run's steps "
-            "(another host, or another time); stored as one window") in out  # fmt: skip
+    assert (
+        "note: not aligned with steps: the report's clock does not match the run's steps "
+        "(another host, or another time); stored as one window"
+    ) in out
     rows = windows(db)
     assert {r[0] for r in rows} == {"[]"}
     gemm = next(r for r in rows if r[3] == GEMM)
     assert gemm[5:] == (9, 27 * MS)  # every GEMM, the one before step 0 included
     assert gemm[1] == RUN_MONO0 and gemm[2] - gemm[1] == (5 * STEP_NS + 17 * MS + MS // 10) - (
-        -50 * MS)  # placed at the run's first step, the report's span long  # fmt: skip
+        -50 * MS
+    )  # placed at the run's first step, the report's span long
 
 
 def test_reimport_replaces_and_devices_are_noted(tmp_path: Path, capsys) -> None:
@@ -274,8 +296,10 @@ def test_report_without_kernels_is_a_clear_message_exit_0(
         make_report(report, kernels=False, memops=False)
     rc, out, err = run(["nsys-import", str(report), "--db", str(db)], capsys)
     assert rc == 0, err
-    assert out.strip() == (f"{report}: no CUDA kernel, memcpy or memset activity (was it "
-                           "recorded with --trace=cuda?); nothing attached")  # fmt: skip
+    assert out.strip() == (
+        f"{report}: no CUDA kernel, memcpy or memset activity (was it "
+        "recorded with --trace=cuda?); nothing attached"
+    )
     assert windows(db) == []
 
 
@@ -337,12 +361,15 @@ def test_unknown_run_and_missing_db_are_exit_2(tmp_path: Path, capsys) -> None:
 def test_device_without_activity_attaches_nothing(tmp_path: Path, capsys) -> None:
     db = make_db(tmp_path / "g.db")
     report = make_report(tmp_path / "r.sqlite", devices=(0,))
-    rc, out, _ = run(["nsys-import", str(report), "--db", str(db), "--device", "3",
-                      "--format", "json"], capsys)  # fmt: skip
+    rc, out, _ = run(
+        ["nsys-import", str(report), "--db", str(db), "--device", "3", "--format", "json"], capsys
+    )
     assert rc == 0
     got = orjson.loads(out)
-    assert (got["windows"], got["notes"]) == (0, [f"{report}: no device activity on device 3; "
-                                                  "nothing attached"])  # fmt: skip
+    assert (got["windows"], got["notes"]) == (
+        0,
+        [f"{report}: no device activity on device 3; nothing attached"],
+    )
     assert windows(db) == []
 
 

@@ -30,21 +30,27 @@ def test_bad_messages_are_counted_by_reason_and_ingest_continues(
     bad_field = h.step("r1", 0, 1_000)
     bad_field["t0"] = "soon"
     for frame in [
-        b"\x00\xffgarbage",                                    # not_json
-        valid[:-7],                                            # truncated: not_json
+        b"\x00\xffgarbage",  # not_json
+        valid[:-7],  # truncated: not_json
         b'{"v":1,"type":"step","pad":"' + b"x" * MAX_MESSAGE_BYTES + b'"}',  # oversized
-        orjson.dumps({**h.step("r1", 0, 1_000), "v": 99}),    # bad_version
-        orjson.dumps({"v": 1, "type": "teleport"}),           # unknown_type
-        orjson.dumps(bad_field),                               # bad_field:t0
-        b"[1, 2, 3]",                                          # not_object
-        orjson.dumps(h.hello("r1", my_pid)),                   # wrong_channel
-        orjson.dumps(h.step("nobody", 0, 1_000)),              # unknown_run
-    ]:  # fmt: skip
+        orjson.dumps({**h.step("r1", 0, 1_000), "v": 99}),  # bad_version
+        orjson.dumps({"v": 1, "type": "teleport"}),  # unknown_type
+        orjson.dumps(bad_field),  # bad_field:t0
+        b"[1, 2, 3]",  # not_object
+        orjson.dumps(h.hello("r1", my_pid)),  # wrong_channel
+        orjson.dumps(h.step("nobody", 0, 1_000)),  # unknown_run
+    ]:
         client.push(frame)
     expected = {
-        "not_json": 2, "oversized": 1, "bad_version": 1, "unknown_type": 1,
-        "bad_field:t0": 1, "not_object": 1, "wrong_channel": 1, "unknown_run": 1,
-    }  # fmt: skip
+        "not_json": 2,
+        "oversized": 1,
+        "bad_version": 1,
+        "unknown_type": 1,
+        "bad_field:t0": 1,
+        "not_object": 1,
+        "wrong_channel": 1,
+        "unknown_run": 1,
+    }
     reply = client.wait_for(lambda r: sum(r["dropped"].values()) >= 9)
     assert reply["dropped"] == expected
     assert reply["received"] == 0
@@ -83,13 +89,17 @@ def test_hello_steps_bye_stores_the_run_and_returns_the_summary(
     assert NO_GPU_NOTE in summary["notes"]
     assert not any("not received" in n for n in summary["notes"])
     # 8 ms of loader wait per 18 ms iteration: the stall rule must see it.
-    assert any(i["rule"] in ("dataloader_stall", "cpu_bound_dataloader")
-               for i in summary["insights"])  # fmt: skip
+    assert any(
+        i["rule"] in ("dataloader_stall", "cpu_bound_dataloader") for i in summary["insights"]
+    )
 
     (run,) = h.query(db, "SELECT * FROM runs")
     assert (run["status"], run["received_events"], run["sent_events"], run["dropped_events"]) == (
-        "finished", 31, 31, 3,
-    )  # fmt: skip
+        "finished",
+        31,
+        31,
+        3,
+    )
     assert orjson.loads(run["summary"]) == summary
     assert run["median_step_ms"] == summary["median_step_ms"]
     assert run["median_step_ms"] is not None
@@ -98,8 +108,9 @@ def test_hello_steps_bye_stores_the_run_and_returns_the_summary(
     )[0]
     assert (n, micro_sum) == (30, sum(micros))
     assert orjson.loads(phases) == h.PHASES
-    stored = [r["rule"] for r in h.query(db, "SELECT rule FROM insights WHERE run_id = ?",
-                                         (run["id"],))]  # fmt: skip
+    stored = [
+        r["rule"] for r in h.query(db, "SELECT rule FROM insights WHERE run_id = ?", (run["id"],))
+    ]
     assert sorted(stored) == sorted(i["rule"] for i in summary["insights"])
     assert client.ping()["live_runs"] == []
 
@@ -154,23 +165,26 @@ def test_bad_control_messages_get_ok_false_and_are_counted(
     unknown = client.request(h.bye("never-said-hello", sent=0))
     assert unknown["ok"] is False and "never-said-hello" in unknown["error"]
     assert client.ping()["dropped"] == {
-        "control:not_json": 1, "control:wrong_channel": 1, "control:rejected": 1,
-    }  # fmt: skip
+        "control:not_json": 1,
+        "control:wrong_channel": 1,
+        "control:rejected": 1,
+    }
 
 
 def test_mock_gpu_backend_only_when_asked_and_matched_by_uuid(
     daemons, sock_dir: Path, tmp_path: Path, my_pid: int
 ) -> None:
     db = tmp_path / "g.db"
-    _, client = daemons.start_ready(sock_dir, db, "--sample-hz", "50",
-                                    env={"GPUPROF_NVML": "mock"})  # fmt: skip
+    _, client = daemons.start_ready(sock_dir, db, "--sample-hz", "50", env={"GPUPROF_NVML": "mock"})
     # torch spells the UUID without "GPU-" and in lower case
     hi = client.request(h.hello("gpu", my_pid, cuda_uuid="00000000-0000-0000-0000-00000000M0C0"))
     assert hi["notes"] == []
     assert client.request(h.hello("cpu", my_pid, run_name="cpu"))["ok"]
     h.poll_db(db, "SELECT COUNT(*) >= 3 FROM gpu_samples", (), 1)
-    rows = {r["run_key"]: (r["gpu_model"], r["gpu_count"])
-            for r in h.query(db, "SELECT run_key, gpu_model, gpu_count FROM runs")}  # fmt: skip
+    rows = {
+        r["run_key"]: (r["gpu_model"], r["gpu_count"])
+        for r in h.query(db, "SELECT run_key, gpu_model, gpu_count FROM runs")
+    }
     assert rows == {"gpu": ("Mock GPU", 1), "cpu": (None, 0)}
     (sample,) = h.query(db, "SELECT * FROM gpu_samples LIMIT 1")
     assert sample["uuid"].startswith("GPU-") and sample["mem_total_bytes"] == 80 * 2**30
@@ -185,8 +199,9 @@ def test_skipped_updates_eval_time_and_optimizers_are_stored_and_summarized(
     base = time.monotonic_ns()
     for i in range(6):
         msg = h.step("k-amp", i, base)
-        msg["optimizers"] = [{"name": "Adam#0", "updates": int(i != 2), "skipped": int(i == 2),
-                              "ns": 2_000_000}]  # fmt: skip
+        msg["optimizers"] = [
+            {"name": "Adam#0", "updates": int(i != 2), "skipped": int(i == 2), "ns": 2_000_000}
+        ]
         if i == 2:
             msg["skipped"] = True
         if i == 4:
@@ -212,8 +227,9 @@ def test_gpu_samples_are_stored_at_10_hz_whatever_the_sampling_rate(
     daemons, sock_dir: Path, tmp_path: Path
 ) -> None:
     db = tmp_path / "g.db"
-    _, client = daemons.start_ready(sock_dir, db, "--sample-hz", "100",
-                                    env={"GPUPROF_NVML": "mock"})  # fmt: skip
+    _, client = daemons.start_ready(
+        sock_dir, db, "--sample-hz", "100", env={"GPUPROF_NVML": "mock"}
+    )
     h.poll_db(db, "SELECT COUNT(*) >= 12 FROM gpu_samples", (), 1)
     time.sleep(1.0)
     stamps = [r[0] for r in h.query(db, "SELECT mono_ns FROM gpu_samples ORDER BY mono_ns")]
@@ -229,8 +245,15 @@ def test_raw_gpu_rows_keep_a_window_and_per_second_rollups_keep_everything(
 ) -> None:
     db = tmp_path / "g.db"
     trace = h200_replay.trace_path()
-    proc, _ = daemons.start_ready(sock_dir, db, "--sample-hz", "100", "--raw-window", "2",
-                                  env={"GPUPROF_NVML": f"replay:{trace}"})  # fmt: skip
+    proc, _ = daemons.start_ready(
+        sock_dir,
+        db,
+        "--sample-hz",
+        "100",
+        "--raw-window",
+        "2",
+        env={"GPUPROF_NVML": f"replay:{trace}"},
+    )
     h.poll_db(db, "SELECT COUNT(*) >= 5 FROM gpu_rollups WHERE n > 0", (), 1, timeout_s=30)
     now_ns = time.monotonic_ns()
     (oldest_raw,) = h.query(db, "SELECT MIN(mono_ns) FROM gpu_samples")[0]
@@ -253,10 +276,20 @@ def test_raw_gpu_rows_keep_a_window_and_per_second_rollups_keep_everything(
     assert raw_left < len(rows) * STORED_GPU_HZ
 
 
-def _kernels(run_key: str, t0: int, t1: int, rows: list[list], steps: list[int],
-             source: str = "snapshot") -> dict:  # fmt: skip
-    return {"v": 1, "type": "kernels", "run_key": run_key, "t0": t0, "t1": t1,
-            "source": source, "steps": steps, "rows": rows, "rows_dropped": 3}  # fmt: skip
+def _kernels(
+    run_key: str, t0: int, t1: int, rows: list[list], steps: list[int], source: str = "snapshot"
+) -> dict:
+    return {
+        "v": 1,
+        "type": "kernels",
+        "run_key": run_key,
+        "t0": t0,
+        "t1": t1,
+        "source": source,
+        "steps": steps,
+        "rows": rows,
+        "rows_dropped": 3,
+    }
 
 
 def test_kernels_windows_and_traced_steps_are_stored(
@@ -277,8 +310,15 @@ def test_kernels_windows_and_traced_steps_are_stored(
             msg["traced"] = True
         client.push(msg)
     gemm = ["ampere_sgemm_128x64_tn", "kernel", "compute", 10, 4_000_000, 4_000_000, None]
-    nccl = ["ncclDevKernel_AllReduce_Sum_f32_RING_LL", "kernel", "comm", 2, 1_500_000,
-            1_500_000, None]  # fmt: skip
+    nccl = [
+        "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
+        "kernel",
+        "comm",
+        2,
+        1_500_000,
+        1_500_000,
+        None,
+    ]
     mm = ["aten::mm", "op", "compute", 10, 4_200_000, 0, 3.2e12]
     s1 = base + h.STEP_NS + h.WAIT_NS
     client.push(_kernels("k-kern", s1, s1 + h.STEP_NS, [gemm, nccl, mm], [1]))
@@ -292,22 +332,30 @@ def test_kernels_windows_and_traced_steps_are_stored(
     assert reply is not None and reply["ok"] is True, reply
     run_id = hi["run_id"]
     windows = h.query(
-        db, "SELECT id, t0_ns, t1_ns, source, steps, rows_dropped FROM kernel_windows "
-        "WHERE run_id = ? ORDER BY id", (run_id,),
-    )  # fmt: skip
+        db,
+        "SELECT id, t0_ns, t1_ns, source, steps, rows_dropped FROM kernel_windows "
+        "WHERE run_id = ? ORDER BY id",
+        (run_id,),
+    )
     assert [(w["source"], w["steps"], w["rows_dropped"]) for w in windows] == [
-        ("snapshot", "[1]", 3), ("continuous", "[1,2]", 3)
+        ("snapshot", "[1]", 3),
+        ("continuous", "[1,2]", 3),
     ]
     assert windows[0]["t1_ns"] - windows[0]["t0_ns"] == h.STEP_NS
-    stats = h.query(db, "SELECT window_id, name, kind, cls, count, total_ns, self_ns, flops "
-                        "FROM kernel_stats WHERE run_id = ? ORDER BY window_id, total_ns DESC",
-                    (run_id,))  # fmt: skip
+    stats = h.query(
+        db,
+        "SELECT window_id, name, kind, cls, count, total_ns, self_ns, flops "
+        "FROM kernel_stats WHERE run_id = ? ORDER BY window_id, total_ns DESC",
+        (run_id,),
+    )
     first, second = windows[0]["id"], windows[1]["id"]
     assert [tuple(r) for r in stats] == [
-        (first, *mm), (first, *gemm), (first, *nccl), (second, *gemm)
+        (first, *mm),
+        (first, *gemm),
+        (first, *nccl),
+        (second, *gemm),
     ]
-    traced = h.query(db, "SELECT step, traced FROM steps WHERE run_id = ? ORDER BY step",
-                     (run_id,))  # fmt: skip
+    traced = h.query(db, "SELECT step, traced FROM steps WHERE run_id = ? ORDER BY step", (run_id,))
     assert [tuple(r) for r in traced] == [(0, 0), (1, 1), (2, 0), (3, 0)]
 
 
@@ -384,8 +432,10 @@ def test_a_batch_keeps_its_good_events_and_counts_each_bad_one(
     ok = client.request(h.hello("rb", my_pid))
     assert ok is not None and ok["ok"] is True
     base = time.monotonic_ns()
-    events = [{k: v for k, v in h.step("rb", i, base).items() if k not in ("v", "run_key")}
-              for i in range(5)]  # fmt: skip
+    events = [
+        {k: v for k, v in h.step("rb", i, base).items() if k not in ("v", "run_key")}
+        for i in range(5)
+    ]
     events[1]["t0"] = "soon"  # bad_field:t0
     events[3] = {**events[3], "run_key": "another"}  # not the batch's run
     client.push({"v": 1, "type": "batch", "run_key": "rb", "events": events})

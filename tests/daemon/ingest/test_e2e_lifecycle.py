@@ -66,8 +66,9 @@ def test_restart_keeps_live_runs_and_loses_dead_ones(
 
     second, client = daemons.start_ready(sock_dir, db)
     ping = client.ping()
-    assert ping["live_runs"] == [{"run_id": alive_id, "run_name": "alive", "pid": my_pid,
-                                  "steps": 7}]  # fmt: skip
+    assert ping["live_runs"] == [
+        {"run_id": alive_id, "run_name": "alive", "pid": my_pid, "steps": 7}
+    ]
     assert h.query(db, "SELECT status FROM runs WHERE id = ?", (dead_id,))[0][0] == "lost"
     for i in range(7, 10):
         client.push(h.step("alive", i, base))
@@ -154,8 +155,10 @@ def test_sigterm_removes_sockets_and_a_new_daemon_can_start(
 def _run_daemon_once(sock_dir: Path, db: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "gpuprofd", "--socket-dir", str(sock_dir), "--db", str(db)],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_corrupt_database_exits_2_with_one_line(sock_dir: Path, tmp_path: Path) -> None:

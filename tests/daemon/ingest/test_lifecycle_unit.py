@@ -33,8 +33,13 @@ async def test_tick_refreshes_live_insights_loses_dead_runs_and_exits_when_idle(
 
 async def _scenario(store: Store, drops: DropCounter, db: Path) -> None:
     alive = {101: True}
-    runs = RunService(store, RunRegistry(), InsightsRunner(store, str(db), None), [],
-                      pid_alive=lambda pid, _wall: alive.get(pid, False))  # fmt: skip
+    runs = RunService(
+        store,
+        RunRegistry(),
+        InsightsRunner(store, str(db), None),
+        [],
+        pid_alive=lambda pid, _wall: alive.get(pid, False),
+    )
     live = await runs.hello(h.hello("u", 101))
     base = time.monotonic_ns()
     for i in range(20):
@@ -43,9 +48,15 @@ async def _scenario(store: Store, drops: DropCounter, db: Path) -> None:
     drops.add("not_json")
     now = [1000.0]
     stopped: list[bool] = []
-    cycle = Lifecycle(runs, drops, idle_exit_s=30, last_activity=lambda: 990.0,
-                      request_stop=lambda: stopped.append(True), live_insights_s=0,
-                      clock=lambda: now[0])  # fmt: skip
+    cycle = Lifecycle(
+        runs,
+        drops,
+        idle_exit_s=30,
+        last_activity=lambda: 990.0,
+        request_stop=lambda: stopped.append(True),
+        live_insights_s=0,
+        clock=lambda: now[0],
+    )
 
     await cycle.tick()
     await store.flush()

@@ -28,8 +28,13 @@ async def service(tmp_path: Path, alive: dict[int, bool]) -> AsyncIterator[RunSe
     store = Store(db, DropCounter())
     await store.open()
     store.start()
-    runs = RunService(store, RunRegistry(), InsightsRunner(store, str(db), None), [],
-                      pid_alive=lambda pid, _wall: alive.get(pid, False))  # fmt: skip
+    runs = RunService(
+        store,
+        RunRegistry(),
+        InsightsRunner(store, str(db), None),
+        [],
+        pid_alive=lambda pid, _wall: alive.get(pid, False),
+    )
     try:
         yield runs
     finally:
@@ -47,8 +52,12 @@ async def test_run_in_another_pid_namespace_is_not_lost_by_its_pid(tmp_path, mon
         monkeypatch.setattr(runservice, "FOREIGN_SILENCE_S", 0.05)
         foreign.last_event_mono_ns = time.monotonic_ns() - 10**8
         assert await runs.check_lost() == [foreign.run_id]  # silent too long: lost
-        assert query(tmp_path / "e.db", "SELECT status FROM runs WHERE id = ?",
-                     (foreign.run_id,))[0][0] == "lost"  # fmt: skip
+        assert (
+            query(tmp_path / "e.db", "SELECT status FROM runs WHERE id = ?", (foreign.run_id,))[0][
+                0
+            ]
+            == "lost"
+        )
 
 
 async def test_replayed_hello_cannot_revive_an_ended_run(tmp_path):
@@ -57,8 +66,10 @@ async def test_replayed_hello_cannot_revive_an_ended_run(tmp_path):
         await runs.bye(h.bye("k", sent=0))
         with pytest.raises(UnknownRun, match="already ended"):
             await runs.hello(h.hello("k", 7))
-        assert query(tmp_path / "e.db", "SELECT status FROM runs WHERE id = ?",
-                     (live.run_id,))[0][0] == "finished"  # fmt: skip
+        assert (
+            query(tmp_path / "e.db", "SELECT status FROM runs WHERE id = ?", (live.run_id,))[0][0]
+            == "finished"
+        )
 
 
 async def test_bye_that_fails_still_ends_the_live_run(tmp_path, monkeypatch):

@@ -26,8 +26,16 @@ from tests.daemon.helpers import query
 
 def _kernels(t0: int, rows: int) -> dict:
     table = [[f"k{j}", "kernel", "compute", 1, 10, 10, 0.0] for j in range(rows)]
-    return {"v": 1, "type": "kernels", "run_key": "k", "t0": t0, "t1": t0 + 1000,
-            "source": "snapshot", "steps": [1], "rows": table}  # fmt: skip
+    return {
+        "v": 1,
+        "type": "kernels",
+        "run_key": "k",
+        "t0": t0,
+        "t1": t0 + 1000,
+        "source": "snapshot",
+        "steps": [1],
+        "rows": table,
+    }
 
 
 async def _busy_run(db: Path) -> None:
@@ -38,8 +46,13 @@ async def _busy_run(db: Path) -> None:
     drops = DropCounter()
     store = Store(db, drops, queue_size=20)
     await store.open()  # the writer is not started yet: the queue fills
-    runs = RunService(store, RunRegistry(), InsightsRunner(store, str(db), None), [],
-                      pid_alive=lambda pid, _wall: True)  # fmt: skip
+    runs = RunService(
+        store,
+        RunRegistry(),
+        InsightsRunner(store, str(db), None),
+        [],
+        pid_alive=lambda pid, _wall: True,
+    )
     ingest = Ingest(None, runs, store, drops)  # type: ignore[arg-type] - frames handed in
     try:
         store.start()
@@ -87,8 +100,13 @@ async def _late_events(db: Path, monkeypatch: pytest.MonkeyPatch, rest: bool) ->
     store = Store(db, drops)
     await store.open()
     store.start()
-    runs = RunService(store, RunRegistry(), InsightsRunner(store, str(db), None), [],
-                      pid_alive=lambda pid, _wall: True)  # fmt: skip
+    runs = RunService(
+        store,
+        RunRegistry(),
+        InsightsRunner(store, str(db), None),
+        [],
+        pid_alive=lambda pid, _wall: True,
+    )
     ingest = Ingest(None, runs, store, drops)  # type: ignore[arg-type] - frames handed in
     try:
         await runs.hello(h.hello("k", os.getpid(), run_name="late"))

@@ -84,11 +84,25 @@ def test_replay_answers_with_the_row_current_at_the_replay_clock() -> None:
     row = fake.trace.rows[500]
     clock.s = row["t"] - fake.trace.t_start + 1e-6
     s = backend.sample(dev)
-    assert (s.util_pct, s.mem_util_pct, s.mem_used_bytes, s.mem_total_bytes, s.power_mw,
-            s.temp_c, s.sm_clock_mhz, s.clock_event_reasons) == (
-        row["util_gpu"], row["util_mem"], row["mem_used"], row["mem_total"], row["power_mW"],
-        row["temp_C"], row["sm_MHz"], row["reasons"],
-    )  # fmt: skip
+    assert (
+        s.util_pct,
+        s.mem_util_pct,
+        s.mem_used_bytes,
+        s.mem_total_bytes,
+        s.power_mw,
+        s.temp_c,
+        s.sm_clock_mhz,
+        s.clock_event_reasons,
+    ) == (
+        row["util_gpu"],
+        row["util_mem"],
+        row["mem_used"],
+        row["mem_total"],
+        row["power_mW"],
+        row["temp_C"],
+        row["sm_MHz"],
+        row["reasons"],
+    )
 
 
 def test_h2d_copy_phase_busy_copy_engine_idle_sms_and_pcie_rx() -> None:
@@ -189,8 +203,9 @@ def test_replay_copy_without_probe_gets_the_named_replay_uuid(tmp_path: Path) ->
     backend.close()
 
 
-def test_replay_of_a_missing_trace_is_off_with_a_note(caplog: pytest.LogCaptureFixture,
-                                                      tmp_path: Path) -> None:  # fmt: skip
+def test_replay_of_a_missing_trace_is_off_with_a_note(
+    caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
     caplog.set_level("INFO", logger="gpuprofd.sampling.nvml")
     backend, note = open_backend(f"replay:{tmp_path / 'nope.jsonl'}")
     assert backend is None and note is not None and "nope.jsonl" in note
@@ -211,15 +226,19 @@ def test_config_parses_the_replay_backend() -> None:
 
 def test_replay_constants_are_pynvmls() -> None:
     assert (nvml.FI_PCIE_RX_BYTES, nvml.FI_PCIE_TX_BYTES) == (
-        pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES, pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES,
-    )  # fmt: skip
+        pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES,
+        pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES,
+    )
     assert nvml.GPM_METRICS == (
-        pynvml.NVML_GPM_METRIC_SM_UTIL, pynvml.NVML_GPM_METRIC_SM_OCCUPANCY,
-        pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL, pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL,
-    )  # fmt: skip
+        pynvml.NVML_GPM_METRIC_SM_UTIL,
+        pynvml.NVML_GPM_METRIC_SM_OCCUPANCY,
+        pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL,
+        pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL,
+    )
     assert (nvml.PERF_POLICY_POWER, nvml.PERF_POLICY_THERMAL) == (
-        pynvml.NVML_PERF_POLICY_POWER, pynvml.NVML_PERF_POLICY_THERMAL,
-    )  # fmt: skip
+        pynvml.NVML_PERF_POLICY_POWER,
+        pynvml.NVML_PERF_POLICY_THERMAL,
+    )
 
 
 # --- which loop asks what ----------------------------------------------------------
@@ -240,9 +259,12 @@ def test_fast_tick_makes_only_cheap_calls_and_slow_tick_only_expensive_ones() ->
         assert fast and fast <= FAST_CALLS, fast
         assert slow and slow <= SLOW_CALLS, slow
     assert {
-        "nvmlDeviceGetTotalEnergyConsumption", "nvmlDeviceGetFieldValues", "nvmlGpmSampleGet",
-        "nvmlGpmMetricsGet", "nvmlDeviceGetViolationStatus",
-    } <= slow  # fmt: skip
+        "nvmlDeviceGetTotalEnergyConsumption",
+        "nvmlDeviceGetFieldValues",
+        "nvmlGpmSampleGet",
+        "nvmlGpmMetricsGet",
+        "nvmlDeviceGetViolationStatus",
+    } <= slow
 
 
 def test_sampler_threads_split_the_calls_and_never_ask_pcie_throughput() -> None:
@@ -255,8 +277,7 @@ def test_sampler_threads_split_the_calls_and_never_ask_pcie_throughput() -> None
         slow_got.append(samples)
         enough.set()
 
-    sampler = GpuSampler(backend, hz=200, sink=lambda t, s: fast_got.append(s),
-                         slow_sink=slow_sink)  # fmt: skip
+    sampler = GpuSampler(backend, hz=200, sink=lambda t, s: fast_got.append(s), slow_sink=slow_sink)
     sampler.start()
     assert enough.wait(10)
     while len(fast_got) < 10:
@@ -358,8 +379,12 @@ def test_one_failing_query_never_aborts_a_sample_and_logs_once(
     for _ in range(3):
         s = backend.sample(dev)
         assert (s.util_pct, s.mem_used_bytes, s.power_mw, s.temp_c, s.sm_clock_mhz) == (
-            50.0, None, None, 55, None,
-        )  # fmt: skip
+            50.0,
+            None,
+            None,
+            55,
+            None,
+        )
         assert s.clock_event_reasons is None  # this pynvml has no reasons query at all
     msgs = sorted(r.getMessage() for r in caplog.records)
     assert len(msgs) == 2  # memory and sm_clock, once each; power is "not supported": silent
@@ -498,21 +523,40 @@ def test_a_nan_or_mistyped_reading_is_not_available_and_the_rest_of_the_sample_s
     s = backend.sample(dev)
     # the replay's memory query itself fails on a text "used" (free = total - used)
     assert (s.util_pct, s.mem_util_pct, s.mem_used_bytes, s.mem_total_bytes) == (
-        40.0, None, None, None,
-    )  # fmt: skip
+        40.0,
+        None,
+        None,
+        None,
+    )
     assert (s.power_mw, s.temp_c, s.sm_clock_mhz, s.clock_event_reasons) == (
-        None, None, 1500, None,
-    )  # fmt: skip
+        None,
+        None,
+        1500,
+        None,
+    )
 
 
 def test_a_nan_pcie_or_gpm_reading_costs_only_its_own_interval(tmp_path: Path) -> None:
     """One NaN PCIe rate once made the synthesized byte counters NaN for the
     whole replay (every later slow sample had no PCIe rate at all)."""
     trace = tmp_path / "t.jsonl"
-    rows = [{"t": float(t), "util_gpu": 50, "util_mem": 1, "pcie_rx_KBps": rx,
-             "pcie_tx_KBps": 1000.0, "gpm_sm_util": gpm}
-            for t, rx, gpm in ((0, 1e6, 10.0), (1, "NaN", "NaN"), (2, 2e6, 30.0), (3, 2e6, 30.0),
-                               (4, 2e6, 30.0))]  # fmt: skip
+    rows = [
+        {
+            "t": float(t),
+            "util_gpu": 50,
+            "util_mem": 1,
+            "pcie_rx_KBps": rx,
+            "pcie_tx_KBps": 1000.0,
+            "gpm_sm_util": gpm,
+        }
+        for t, rx, gpm in (
+            (0, 1e6, 10.0),
+            (1, "NaN", "NaN"),
+            (2, 2e6, 30.0),
+            (3, 2e6, 30.0),
+            (4, 2e6, 30.0),
+        )
+    ]
     trace.write_text("\n".join(json.dumps(r).replace('"NaN"', "NaN") for r in rows))
     clock = ReplayClock()
     backend = RealNvml(ReplayPynvml.from_file(trace, clock=clock), clock=clock)

@@ -66,8 +66,11 @@ def test_host_sampler_primes_then_averages_cores_and_rates_disk_reads() -> None:
     assert sampler.sample() is None  # priming call: psutil's first cpu_percent is meaningless
     s1 = sampler.sample()
     assert (s1.mono_ns, s1.cpu_pct, s1.cpu_count, s1.disk_read_bps) == (
-        500_000_000, 50.0, 4, 10_000.0,
-    )  # fmt: skip  # 5000 bytes in 0.5 s
+        500_000_000,
+        50.0,
+        4,
+        10_000.0,
+    )  #   # 5000 bytes in 0.5 s
     s2 = sampler.sample()
     assert (s2.cpu_pct, s2.disk_read_bps) == (100.0, 0.0)
     s3 = sampler.sample()
@@ -106,8 +109,11 @@ def test_host_readings_a_platform_lacks_are_none_not_zero() -> None:
     s = sampler.sample()
     assert s.disk_read_bps == 100.0
     assert (s.disk_read_iops, s.swap_in_bps, s.page_cache_bytes, s.mem_total_bytes) == (
-        None, None, None, None,
-    )  # fmt: skip
+        None,
+        None,
+        None,
+        None,
+    )
 
     class Windows(FakePsutil):
         WINDOWS = True  # psutil's swap sin is always 0 there: not a reading
@@ -211,8 +217,13 @@ def test_unsupported_or_failing_query_is_none_not_a_failed_sample() -> None:
     (dev,) = backend.devices()
     s = backend.sample(dev)
     assert (s.uuid, s.util_pct, s.mem_used_bytes, s.power_mw, s.temp_c, s.sm_clock_mhz) == (
-        "GPU-1234abcd", 87.0, 10 * 2**30, None, 61, None,
-    )  # fmt: skip
+        "GPU-1234abcd",
+        87.0,
+        10 * 2**30,
+        None,
+        61,
+        None,
+    )
     assert match_uuid([dev], "1234ABCD") == dev and match_uuid([dev], "ffff") is None
 
 
@@ -301,8 +312,10 @@ def test_process_tree_cpu_counts_workers_that_live_and_die_between_samples() -> 
 
         while time.monotonic() < deadline:  # until all three workers came and went
             time.sleep(0.5)
-            if (psutil.Process(proc.pid).cpu_times().children_user
-                    + psutil.Process(proc.pid).cpu_times().children_system) >= 0.85:
+            if (
+                psutil.Process(proc.pid).cpu_times().children_user
+                + psutil.Process(proc.pid).cpu_times().children_system
+            ) >= 0.85:
                 break
         time.sleep(0.3)
         cores = tree.sample({1: proc.pid})[1]
@@ -359,9 +372,12 @@ def run_fast_loop(costs_ms: Any, ticks: int, hz: float = 100) -> tuple[list[int]
     clock = FakeClock(max_waits=ticks)
     starts: list[int] = []
     sampler = GpuSampler(
-        CostlyBackend(clock, costs_ms), hz=hz, sink=lambda t, s: starts.append(t),
-        clock=clock, wait=clock.wait,
-    )  # fmt: skip
+        CostlyBackend(clock, costs_ms),
+        hz=hz,
+        sink=lambda t, s: starts.append(t),
+        clock=clock,
+        wait=clock.wait,
+    )
     sampler.fast.run()
     return starts, sampler.stats()["fast"]
 

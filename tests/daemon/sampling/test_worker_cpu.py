@@ -41,9 +41,13 @@ def start(procs: list[subprocess.Popen[bytes]], code: str) -> int:
 
 def workers_msg(pids: list[int], seq: int = 0, t_ns: int = 123) -> dict[str, Any]:
     return {
-        "v": 1, "type": "workers", "run_key": "k", "loader_seq": seq,
-        "workers": [{"worker_id": i, "pid": p} for i, p in enumerate(pids)], "t_ns": t_ns,
-    }  # fmt: skip
+        "v": 1,
+        "type": "workers",
+        "run_key": "k",
+        "loader_seq": seq,
+        "workers": [{"worker_id": i, "pid": p} for i, p in enumerate(pids)],
+        "t_ns": t_ns,
+    }
 
 
 def by_pid(readings: list[Any]) -> dict[int, Any]:
@@ -140,11 +144,15 @@ def test_only_descendants_of_the_runs_process_are_its_workers(procs) -> None:
     the parent of the training process, a pid reused by an unrelated process."""
     child = start(procs, SLEEP)
     grandchild_of = subprocess.Popen(
-        [sys.executable, "-c", "import subprocess, sys, time; "
-         "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); "
-         "print(p.pid, flush=True); time.sleep(120)"],
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys, time; "
+            "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); "
+            "print(p.pid, flush=True); time.sleep(120)",
+        ],
         stdout=subprocess.PIPE,
-    )  # fmt: skip
+    )
     procs.append(grandchild_of)
     assert grandchild_of.stdout is not None
     grandchild = int(grandchild_of.stdout.readline())
@@ -201,8 +209,9 @@ def test_the_daemon_stores_reported_workers_cpu_and_skips_foreign_namespaces(
         time.sleep(0.1)
     rows = h.query(db, "SELECT * FROM worker_cpu ORDER BY worker_id")
     assert [(r["run_id"], r["loader_seq"], r["worker_id"], r["pid"]) for r in rows] == [
-        (local["run_id"], 0, 0, busy), (local["run_id"], 0, 1, idle),
-    ]  # fmt: skip
+        (local["run_id"], 0, 0, busy),
+        (local["run_id"], 0, 1, idle),
+    ]
     assert rows[0]["cpu_s"] > 0.5 and rows[1]["cpu_s"] < 0.3
     assert all(r["first_mono_ns"] == t < r["last_mono_ns"] for r in rows)
     reply = client.ping()

@@ -39,15 +39,35 @@ async def open_store(url: str, drops: DropCounter | None = None) -> AsyncIterato
 
 
 def run_row(key: str = "k1", name: str = "exp") -> dict[str, Any]:
-    return {"run_key": key, "run_name": name, "status": "running", "host": "h", "pid": 1,
-            "rank": 0, "local_rank": 0, "world_size": 1, "auto": 1, "start_wall_ns": 1,
-            "start_mono_ns": 2, "options": {"flops_per_step": 5e12}, "cpu_count": 2}  # fmt: skip
+    return {
+        "run_key": key,
+        "run_name": name,
+        "status": "running",
+        "host": "h",
+        "pid": 1,
+        "rank": 0,
+        "local_rank": 0,
+        "world_size": 1,
+        "auto": 1,
+        "start_wall_ns": 1,
+        "start_mono_ns": 2,
+        "options": {"flops_per_step": 5e12},
+        "cpu_count": 2,
+    }
 
 
 def step_msg(i: int, **extra: Any) -> dict[str, Any]:
     t0 = 1_000_000_000 + i * 10_000_000
-    return {"i": i, "t0": t0, "t1": t0 + 9_000_000, "wait": 1_000_000, "explicit": False,
-            "micro": 1, "phases": dict(PHASES), **extra}  # fmt: skip
+    return {
+        "i": i,
+        "t0": t0,
+        "t1": t0 + 9_000_000,
+        "wait": 1_000_000,
+        "explicit": False,
+        "micro": 1,
+        "phases": dict(PHASES),
+        **extra,
+    }
 
 
 async def test_writes_read_back_the_same_on_each_backend(storage_url: str) -> None:
@@ -60,22 +80,40 @@ async def test_writes_read_back_the_same_on_each_backend(storage_url: str) -> No
             assert store.submit_nowait(runsdb.step_op(first, step_msg(i)))
         comm = [[0, 10, 20, 4096], [1, 15, 30, 8192]]
         assert store.submit_nowait(runsdb.step_op(first, step_msg(1000, comm=comm)))
-        kernels = {"t0": 5, "t1": 6, "source": "snapshot", "steps": [3],
-                   "rows": [["gemm", "kernel", "compute", 4, 4000, 4000, 1e9],
-                            ["nccl", "kernel", "comm", 1, 500, 500, 0.0]]}  # fmt: skip
+        kernels = {
+            "t0": 5,
+            "t1": 6,
+            "source": "snapshot",
+            "steps": [3],
+            "rows": [
+                ["gemm", "kernel", "compute", 4, 4000, 4000, 1e9],
+                ["nccl", "kernel", "comm", 1, 500, 500, 0.0],
+            ],
+        }
         assert store.submit_all_nowait(runsdb.kernels_ops(first, kernels))
         for cpu_s in (1.5, 2.5):  # an upsert: one row, the later reading
-            reading = type("W", (), {"run_id": first, "loader_seq": 0, "worker_id": 0,
-                                     "pid": 77, "first_mono_ns": 1, "last_mono_ns": 9,
-                                     "cpu_s": cpu_s})  # fmt: skip
+            reading = type(
+                "W",
+                (),
+                {
+                    "run_id": first,
+                    "loader_seq": 0,
+                    "worker_id": 0,
+                    "pid": 77,
+                    "first_mono_ns": 1,
+                    "last_mono_ns": 9,
+                    "cpu_s": cpu_s,
+                },
+            )
             assert store.submit_nowait(runsdb.worker_cpu_op(reading))
         await runsdb.add_drops(store, {"queue_full": 2})
         await runsdb.add_drops(store, {"queue_full": 3})
         await runsdb.update_run(store, first, status="finished", median_step_ms=9.0)
         await store.flush()
 
-        steps = await store.fetchall("SELECT step, t1_ns - t0_ns AS ns FROM steps "
-                                     "WHERE run_id = ? ORDER BY step", (first,))  # fmt: skip
+        steps = await store.fetchall(
+            "SELECT step, t1_ns - t0_ns AS ns FROM steps WHERE run_id = ? ORDER BY step", (first,)
+        )
         assert len(steps) == 1001 and steps[0]["ns"] == 9_000_000 and steps[-1]["step"] == 1000
         buckets = await store.fetchall(
             "SELECT bucket, bytes FROM comm_buckets WHERE run_id = ? AND step = ? ORDER BY bucket",
@@ -88,7 +126,9 @@ async def test_writes_read_back_the_same_on_each_backend(storage_url: str) -> No
             (first,),
         )
         assert [(r["name"], r["total_ns"], r["source"]) for r in stats] == [
-            ("gemm", 4000, "snapshot"), ("nccl", 500, "snapshot")]  # fmt: skip
+            ("gemm", 4000, "snapshot"),
+            ("nccl", 500, "snapshot"),
+        ]
         (worker,) = await store.fetchall("SELECT cpu_s FROM worker_cpu WHERE pid = 77")
         assert worker["cpu_s"] == 2.5
         (dropped,) = await store.fetchall("SELECT count FROM drops WHERE reason = 'queue_full'")
@@ -133,8 +173,7 @@ async def test_an_atomic_op_is_all_or_nothing(storage_url: str) -> None:
 async def test_json_options_merge_the_same_on_each_backend(storage_url: str) -> None:
     async with open_store(storage_url) as store:
         run = await runsdb.insert_run(store, run_row())
-        msg = {"dtype": "bf16", "dtype_source": "autocast", "flops_counted": 3e12,
-               "flops_step": 3}  # fmt: skip
+        msg = {"dtype": "bf16", "dtype_source": "autocast", "flops_counted": 3e12, "flops_step": 3}
         for op in runsdb.model_info_ops(run, msg, store.dialect):
             store.submit_nowait(op)
         # a second dtype never replaces the first
@@ -201,10 +240,19 @@ def test_a_password_is_never_shown() -> None:
 
 def test_a_daemon_on_a_down_postgres_says_so_in_one_line(tmp_path: Any) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "gpuprofd", "--storage-url",
-         "postgres://bob:s3cret@127.0.0.1:9/nothing", "--socket-dir", str(tmp_path / "s")],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "gpuprofd",
+            "--storage-url",
+            "postgres://bob:s3cret@127.0.0.1:9/nothing",
+            "--socket-dir",
+            str(tmp_path / "s"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1, out.stderr
@@ -294,9 +342,16 @@ async def test_retention_runs_the_same_on_each_backend(storage_url: str) -> None
             store.submit_nowait(runsdb.step_op(run, step_msg(i, comm=comm)))
         s = 1_000_000_000
         for w in range(60):  # a minute of 1 Hz continuous windows, long past the raw window
-            window = {"t0": w * s, "t1": w * s + s // 2, "source": "continuous", "steps": [w],
-                      "rows": [["gemm", "kernel", "compute", 2, 1000 + w, 1000 + w, 1e6],
-                               ["copy", "kernel", "memcpy", 1, 10, 10, 0.0]]}  # fmt: skip
+            window = {
+                "t0": w * s,
+                "t1": w * s + s // 2,
+                "source": "continuous",
+                "steps": [w],
+                "rows": [
+                    ["gemm", "kernel", "compute", 2, 1000 + w, 1000 + w, 1e6],
+                    ["copy", "kernel", "memcpy", 1, 10, 10, 0.0],
+                ],
+            }
             store.submit_all_nowait(runsdb.kernels_ops(run, window))
         await store.flush()
 
@@ -318,9 +373,13 @@ async def test_retention_runs_the_same_on_each_backend(storage_url: str) -> None
 
 @pytest.mark.parametrize(
     ("url", "path"),
-    [("sqlite:///tmp/a.db", "/tmp/a.db"), ("sqlite:////tmp/a.db", "/tmp/a.db"),
-     ("sqlite://rel/a.db", "rel/a.db"), ("plain/a.db", "plain/a.db")],
-)  # fmt: skip
+    [
+        ("sqlite:///tmp/a.db", "/tmp/a.db"),
+        ("sqlite:////tmp/a.db", "/tmp/a.db"),
+        ("sqlite://rel/a.db", "rel/a.db"),
+        ("plain/a.db", "plain/a.db"),
+    ],
+)
 def test_sqlite_urls_name_the_file(url: str, path: str) -> None:
     assert str(parse(url).path) == path
 

@@ -31,8 +31,10 @@ def _db(tmp_path: Path, runs: dict[int, tuple[str, int, int]], name: str = "c.db
     schema.prepare(db)
     conn = sqlite3.connect(db)
     for run_id, (status, n_steps, n_buckets) in runs.items():
-        conn.execute("INSERT INTO runs (id, run_key, run_name, status, options) "
-                     "VALUES (?, ?, 'r', ?, '{}')", (run_id, f"k{run_id}", status))  # fmt: skip
+        conn.execute(
+            "INSERT INTO runs (id, run_key, run_name, status, options) VALUES (?, ?, 'r', ?, '{}')",
+            (run_id, f"k{run_id}", status),
+        )
         _add_steps(conn, run_id, range(n_steps), n_buckets)
     conn.commit()
     conn.close()
@@ -47,15 +49,19 @@ def _add_steps(conn: sqlite3.Connection, run_id: int, steps: range, n_buckets: i
     )
     conn.executemany(
         "INSERT INTO comm_buckets VALUES (?, ?, ?, ?, ?, 100)",
-        [(run_id, i, b, i * 10 * MS + b, i * 10 * MS + b + 5) for i in steps
-         for b in range(n_buckets)],
-    )  # fmt: skip
+        [
+            (run_id, i, b, i * 10 * MS + b, i * 10 * MS + b + 5)
+            for i in steps
+            for b in range(n_buckets)
+        ],
+    )
 
 
 def _kept(db: Path, run_id: int) -> dict[int, int]:
     """step -> its bucket rows left."""
-    rows = h.query(db, "SELECT step, COUNT(*) FROM comm_buckets WHERE run_id = ? GROUP BY step",
-                   (run_id,))  # fmt: skip
+    rows = h.query(
+        db, "SELECT step, COUNT(*) FROM comm_buckets WHERE run_id = ? GROUP BY step", (run_id,)
+    )
     return {r[0]: r[1] for r in rows}
 
 
@@ -159,9 +165,15 @@ def test_the_daemon_prunes_a_running_run_and_keeps_its_window(tmp_path: Path) ->
         with pytest.MonkeyPatch.context() as mp:
             mp.delenv("GPUPROF_NVML", raising=False)
             _, client = daemons.start_ready(
-                sock_dir, db, "--raw-window", "1", "--comm-steps-kept", "20",
-                "--comm-keep-every", "7",
-            )  # fmt: skip
+                sock_dir,
+                db,
+                "--raw-window",
+                "1",
+                "--comm-steps-kept",
+                "20",
+                "--comm-keep-every",
+                "7",
+            )
             steps = group_steps(1, n_steps=130)[0]
             assert client.request(h.hello("r", os.getpid(), run_name="ddp"))["ok"]
             for s in steps[:100]:
@@ -193,8 +205,12 @@ async def test_the_group_rules_window_is_there_after_pruning(tmp_path: Path) -> 
     has the last GROUP_STEPS_MAX common steps, bucket timings over the last
     GROUP_BUCKET_STEPS. A rank lost early is compared on the steps it has;
     the other rank kept only every Nth step's buckets there."""
-    runs = {1: ("finished", 5000, 3), 2: ("finished", 5000, 3), 3: ("finished", 5000, 3),
-            4: ("lost", 250, 3)}  # fmt: skip
+    runs = {
+        1: ("finished", 5000, 3),
+        2: ("finished", 5000, 3),
+        3: ("finished", 5000, 3),
+        4: ("lost", 250, 3),
+    }
     db = _db(tmp_path, runs)
     conn = sqlite3.connect(db)
     conn.executemany(

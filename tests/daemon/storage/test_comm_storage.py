@@ -43,15 +43,32 @@ def _send_group(client: h.Client, pid: int, group: str) -> list[dict[str, Any]]:
         key = f"{group}-{r}"
         host = hosts.get(r, "node-a")
         on_host = [q for q in range(n) if hosts.get(q, "node-a") == host]
-        hello = h.hello(key, pid, run_name=group, rank=r, local_rank=on_host.index(r),
-                        world_size=n, group=group, local_world_size=len(on_host),
-                        host=host)  # fmt: skip
+        hello = h.hello(
+            key,
+            pid,
+            run_name=group,
+            rank=r,
+            local_rank=on_host.index(r),
+            world_size=n,
+            group=group,
+            local_world_size=len(on_host),
+            host=host,
+        )
         assert client.request(hello)["ok"]
         sent = 0
         if r in offsets:
-            client.push({"v": 1, "type": "clock", "run_key": key, "offset_ns": offsets[r],
-                         "uncertainty_ns": 50_000, "rtt_ns": 100_000, "round_trips": 64,
-                         "reference_rank": 0})  # fmt: skip
+            client.push(
+                {
+                    "v": 1,
+                    "type": "clock",
+                    "run_key": key,
+                    "offset_ns": offsets[r],
+                    "uncertainty_ns": 50_000,
+                    "rtt_ns": 100_000,
+                    "round_trips": 64,
+                    "reference_rank": 0,
+                }
+            )
             sent += 1
         for s in steps[r]:
             client.push({"v": 1, "type": "step", "run_key": key, **s})
@@ -96,18 +113,27 @@ def _group_json(capsys: pytest.CaptureFixture[str], db: Path, group: str) -> dic
 def test_buckets_and_clock_offsets_are_stored_with_their_run(comm_db) -> None:
     db, _ = comm_db
     (run,) = h.query(db, "SELECT id FROM runs WHERE run_key = 'offset-1'")
-    rows = h.query(db, "SELECT step, bucket, start_ns, end_ns, bytes FROM comm_buckets "
-                       "WHERE run_id = ? ORDER BY step, bucket", (run["id"],))  # fmt: skip
+    rows = h.query(
+        db,
+        "SELECT step, bucket, start_ns, end_ns, bytes FROM comm_buckets "
+        "WHERE run_id = ? ORDER BY step, bucket",
+        (run["id"],),
+    )
     sent = group_steps(2, n_steps=STEPS, clock_shift={1: 5 * SECOND})[1]
     assert [tuple(r) for r in rows] == [(s["i"], *row) for s in sent for row in s["comm"]]
-    (clock,) = h.query(db, "SELECT clock_offset_ns, clock_uncertainty_ns, clock_rtt_ns, "
-                           "clock_round_trips, clock_reference_rank FROM runs WHERE id = ?",
-                       (run["id"],))  # fmt: skip
+    (clock,) = h.query(
+        db,
+        "SELECT clock_offset_ns, clock_uncertainty_ns, clock_rtt_ns, "
+        "clock_round_trips, clock_reference_rank FROM runs WHERE id = ?",
+        (run["id"],),
+    )
     assert tuple(clock) == (5 * SECOND, 50_000, 100_000, 64, 0)
     (other,) = h.query(db, "SELECT clock_offset_ns FROM runs WHERE run_key = 'offset-0'")
     assert other[0] is None
-    n = h.query(db, "SELECT COUNT(*) FROM comm_buckets JOIN runs ON runs.id = run_id "
-                    "WHERE group_id = 'skew'")[0][0]  # fmt: skip
+    n = h.query(
+        db,
+        "SELECT COUNT(*) FROM comm_buckets JOIN runs ON runs.id = run_id WHERE group_id = 'skew'",
+    )[0][0]
     assert n == 4 * STEPS * N_BUCKETS
 
 
@@ -204,8 +230,9 @@ def test_ranks_on_two_hosts_are_aligned_by_their_offsets(
 def test_a_rank_that_never_reported_is_named(comm_db, capsys: pytest.CaptureFixture[str]) -> None:
     db, _ = comm_db
     data = _group_json(capsys, db, "missing")
-    message = ("rank 3 never reported: it did not run gpuprof.profile, "
-               "or ended before its first message")
+    message = (
+        "rank 3 never reported: it did not run gpuprof.profile, or ended before its first message"
+    )
     assert data["missing_ranks"] == [
         {"rank": 3, "local_rank": 3, "host": "node-a", "message": message}
     ]
@@ -246,10 +273,14 @@ def test_a_group_of_one_rank_with_one_bucket_reads_in_the_singular() -> None:
     from gpuprofd.commands.insights import format_group
     from gpuprofd.commands.runs import group_line
 
-    rank = {"rank": 0, "run_id": 1, "status": "finished", "median_step_ms": 5.0,
-            "summary": {"steps": 0, "run_name": "r"},
-            "comm": {"median_exposed_ms": 1.0, "buckets_per_step": 1,
-                     "bytes_per_step": 4000}}  # fmt: skip
+    rank = {
+        "rank": 0,
+        "run_id": 1,
+        "status": "finished",
+        "median_step_ms": 5.0,
+        "summary": {"steps": 0, "run_name": "r"},
+        "comm": {"median_exposed_ms": 1.0, "buckets_per_step": 1, "bytes_per_step": 4000},
+    }
     data = {"group": "g", "status": "finished", "counts": {"finished": 1}, "ranks": [rank]}
     lines = format_group(data).splitlines()
     assert lines[0] == "group g: finished (1 rank: 1 finished)"
@@ -273,8 +304,10 @@ def test_the_group_can_be_found_from_runs_and_from_the_summary(
     # rank 0's printed summary says how to see the whole group
     summary = out["straggler"][0]
     assert summary["group_id"] == "straggler"
-    assert (f"  Group report: gpuprofctl insights {db} --group straggler"
-            in format_summary(summary).splitlines())  # fmt: skip
+    assert (
+        f"  Group report: gpuprofctl insights {db} --group straggler"
+        in format_summary(summary).splitlines()
+    )
     # a --group that names no runs lists the groups there, newest first
     groups = "missing, offset, balanced, straggler, skew"
     for cmd in ("runs", "insights"):
@@ -286,10 +319,20 @@ def test_the_group_can_be_found_from_runs_and_from_the_summary(
 def test_a_long_group_name_is_shortened_in_the_runs_table() -> None:
     from gpuprofd.commands.runs import format_table
 
-    row = {"id": 7, "group": "3f2a9c1e-5b7d-4e21-9a4b-0c6d8e2f1a3b", "rank": 1, "run_name": "r",
-           "status": "finished", "steps": 3, "median_step_ms": 1.0,
-           "pct_of_iteration": dict.fromkeys(("loader_wait", "forward", "backward", "comm",
-                                              "optimizer", "other")),
-           "skipped_updates": 0, "eval_s": 0.0, "dropped_events": 0}  # fmt: skip
+    row = {
+        "id": 7,
+        "group": "3f2a9c1e-5b7d-4e21-9a4b-0c6d8e2f1a3b",
+        "rank": 1,
+        "run_name": "r",
+        "status": "finished",
+        "steps": 3,
+        "median_step_ms": 1.0,
+        "pct_of_iteration": dict.fromkeys(
+            ("loader_wait", "forward", "backward", "comm", "optimizer", "other")
+        ),
+        "skipped_updates": 0,
+        "eval_s": 0.0,
+        "dropped_events": 0,
+    }
     line = format_table([row], groups=True).splitlines()[1]
     assert line.split()[:3] == ["7", "3f2a9c1e-5b7…", "1"]

@@ -18,22 +18,46 @@ S = 1_000_000_000
 MINUTE = 60 * S
 
 
-def _kernels(run_key: str, t0: int, t1: int, rows: list[list[Any]], steps: list[int],
-             source: str) -> dict[str, Any]:  # fmt: skip
-    return {"v": 1, "type": "kernels", "run_key": run_key, "t0": t0, "t1": t1,
-            "source": source, "steps": steps, "rows": rows, "rows_dropped": 0}  # fmt: skip
+def _kernels(
+    run_key: str, t0: int, t1: int, rows: list[list[Any]], steps: list[int], source: str
+) -> dict[str, Any]:
+    return {
+        "v": 1,
+        "type": "kernels",
+        "run_key": run_key,
+        "t0": t0,
+        "t1": t1,
+        "source": source,
+        "steps": steps,
+        "rows": rows,
+        "rows_dropped": 0,
+    }
 
 
 def _rows(i: int) -> list[list[Any]]:
     """Window *i*'s rows: a GEMM growing by 1 µs a window, a steady AllReduce,
     an operator with FLOPs in even windows only."""
     return [
-        ["ampere_sgemm_128x64_tn", "kernel", "compute", 10, 4_000_000 + 1_000 * i,
-         4_000_000 + 1_000 * i, None],
-        ["ncclDevKernel_AllReduce_Sum_f32_RING_LL", "kernel", "comm", 2, 1_500_000 + i,
-         1_500_000 + i, None],
+        [
+            "ampere_sgemm_128x64_tn",
+            "kernel",
+            "compute",
+            10,
+            4_000_000 + 1_000 * i,
+            4_000_000 + 1_000 * i,
+            None,
+        ],
+        [
+            "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
+            "kernel",
+            "comm",
+            2,
+            1_500_000 + i,
+            1_500_000 + i,
+            None,
+        ],
         ["aten::mm", "op", "compute", 10, 4_200_000, 100, 3.2e12 if i % 2 == 0 else None],
-    ]  # fmt: skip
+    ]
 
 
 def test_daemon_compacts_continuous_windows_keeping_exact_totals(
@@ -63,8 +87,13 @@ def test_daemon_compacts_continuous_windows_keeping_exact_totals(
     snap_rows = [["flash_fwd_kernel", "kernel", "compute", 3, 900, 900, None]]
     client.push(_kernels("k-cont", start, start + S, snap_rows, [10], "snapshot"))
     # compaction runs every 2 s: one continuous window per minute slot is left
-    h.poll_db(db, "SELECT COUNT(*) FROM kernel_windows WHERE source = 'continuous'", (),
-              len(slots), timeout_s=30)  # fmt: skip
+    h.poll_db(
+        db,
+        "SELECT COUNT(*) FROM kernel_windows WHERE source = 'continuous'",
+        (),
+        len(slots),
+        timeout_s=30,
+    )
     h.poll_db(db, "SELECT COUNT(*) FROM kernel_windows WHERE source = 'snapshot'", (), 1)
 
     windows = h.query(db, queries.KERNEL_WINDOWS_SQL, (run_id,))

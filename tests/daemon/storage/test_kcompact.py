@@ -22,8 +22,14 @@ S = 1_000_000_000
 MS = 1_000_000
 
 
-def _agg(name: str, total_ns: int, count: int = 1, flops: float | None = None,
-         kind: str = "kernel", cls: str = "compute") -> KernelAgg:  # fmt: skip
+def _agg(
+    name: str,
+    total_ns: int,
+    count: int = 1,
+    flops: float | None = None,
+    kind: str = "kernel",
+    cls: str = "compute",
+) -> KernelAgg:
     return KernelAgg(name, kind, cls, count, total_ns, total_ns, flops)
 
 
@@ -32,9 +38,12 @@ def _agg(name: str, total_ns: int, count: int = 1, flops: float | None = None,
 
 def test_merge_rows_sums_per_name_kind_and_class() -> None:
     rows = [
-        _agg("gemm", 10, 2), _agg("gemm", 5, 1), _agg("gemm", 7, 1, kind="op"),
-        _agg("nccl", 3, 1, cls="comm"), _agg("nccl", 4, 2, cls="comm"),
-    ]  # fmt: skip
+        _agg("gemm", 10, 2),
+        _agg("gemm", 5, 1),
+        _agg("gemm", 7, 1, kind="op"),
+        _agg("nccl", 3, 1, cls="comm"),
+        _agg("nccl", 4, 2, cls="comm"),
+    ]
     merged, cut = merge_rows(rows)
     assert cut == 0
     got = {(r.name, r.kind): (r.count, r.total_ns, r.self_ns, r.cls) for r in merged}
@@ -67,10 +76,16 @@ def test_merge_rows_caps_rows_with_other_and_keeps_every_ns() -> None:
 def test_merge_steps_lists_the_union_then_a_counted_range() -> None:
     assert merge_steps([[3, 1], [2], [], None]) == [1, 2, 3]
     big = merge_steps([list(range(kcompact.STEPS_LIST_MAX)), [kcompact.STEPS_LIST_MAX + 5]])
-    assert big == {"n": kcompact.STEPS_LIST_MAX + 1, "first": 0,
-                   "last": kcompact.STEPS_LIST_MAX + 5}  # fmt: skip
-    assert merge_steps([big, [20_000, 20_001]]) == {"n": kcompact.STEPS_LIST_MAX + 3,
-                                                     "first": 0, "last": 20_001}  # fmt: skip
+    assert big == {
+        "n": kcompact.STEPS_LIST_MAX + 1,
+        "first": 0,
+        "last": kcompact.STEPS_LIST_MAX + 5,
+    }
+    assert merge_steps([big, [20_000, 20_001]]) == {
+        "n": kcompact.STEPS_LIST_MAX + 3,
+        "first": 0,
+        "last": 20_001,
+    }
     assert kcompact.step_count(big) == kcompact.STEPS_LIST_MAX + 1
     assert kcompact.step_count([4, 5]) == 2
 
@@ -79,14 +94,21 @@ def test_merge_windows_spans_first_t0_to_last_t1_and_adds_drops() -> None:
     parts = [StoredWindow(7, 1, 100, 150, [1], 2), StoredWindow(9, 1, 200, 260, [2], 0)]
     rows = {7: [_agg("gemm", 10)], 9: [_agg("gemm", 20), _agg("copy", 1, cls="memcpy")]}
     window, merged = merge_windows(parts, rows)
-    assert window == {"t0": 100, "t1": 260, "source": "continuous", "steps": [1, 2],
-                      "rows_dropped": 2}  # fmt: skip
+    assert window == {
+        "t0": 100,
+        "t1": 260,
+        "source": "continuous",
+        "steps": [1, 2],
+        "rows_dropped": 2,
+    }
     assert [(r.name, r.total_ns) for r in merged] == [("gemm", 30), ("copy", 1)]
 
 
 def test_reader_counts_steps_of_a_range_form_window() -> None:
-    windows = [(1, 0, 10, "continuous", orjson.dumps({"n": 12_000, "first": 0, "last": 11_999}),
-                0), (2, 10, 20, "continuous", orjson.dumps([5, 6]), 0)]  # fmt: skip
+    windows = [
+        (1, 0, 10, "continuous", orjson.dumps({"n": 12_000, "first": 0, "last": 11_999}), 0),
+        (2, 10, 20, "continuous", orjson.dumps([5, 6]), 0),
+    ]
     (w1, _), (w2, _) = queries.kernel_windows_from_rows(windows, [])
     assert (w1["steps"], w1["n_steps"]) == ([], 12_000)
     assert (w2["steps"], w2["n_steps"]) == ([5, 6], 2)
@@ -152,8 +174,9 @@ async def test_write_atomic_undoes_every_part_when_a_count_check_fails(tmp_path:
     await store.close()
 
 
-async def _put_window(store: Store, run_id: int, t0: int, t1: int, rows: list[KernelAgg],
-                      steps: list[int]) -> None:  # fmt: skip
+async def _put_window(
+    store: Store, run_id: int, t0: int, t1: int, rows: list[KernelAgg], steps: list[int]
+) -> None:
     window = {"t0": t0, "t1": t1, "source": "continuous", "steps": steps}
     for op in runsdb.kernel_window_ops(run_id, window, rows):
         await store.submit(op)
@@ -192,13 +215,22 @@ async def test_compact_once_keeps_exact_totals_and_is_idempotent(tmp_path: Path)
     # later: the last raw five join their minute's merged window (one merge of six parts)
     assert await kcompact.compact_once(store, 750 * S, raw_window_s=10) == 6
     assert _totals(db) == before
-    last = query(db, "SELECT t0_ns, t1_ns, steps FROM kernel_windows WHERE source = "
-                     "'continuous' ORDER BY t0_ns")[-1]  # fmt: skip
-    assert (last[0], last[1], orjson.loads(last[2])) == (720 * S, 729 * S + 20 * MS,
-                                                         list(range(120, 130)))  # fmt: skip
-    (gemm,) = query(db, "SELECT count, total_ns FROM kernel_stats WHERE name = 'gemm' AND "
-                        "window_id = (SELECT id FROM kernel_windows WHERE t0_ns = ? AND "
-                        "source = 'continuous')", (720 * S,))  # fmt: skip
+    last = query(
+        db,
+        "SELECT t0_ns, t1_ns, steps FROM kernel_windows WHERE source = 'continuous' ORDER BY t0_ns",
+    )[-1]
+    assert (last[0], last[1], orjson.loads(last[2])) == (
+        720 * S,
+        729 * S + 20 * MS,
+        list(range(120, 130)),
+    )
+    (gemm,) = query(
+        db,
+        "SELECT count, total_ns FROM kernel_stats WHERE name = 'gemm' AND "
+        "window_id = (SELECT id FROM kernel_windows WHERE t0_ns = ? AND "
+        "source = 'continuous')",
+        (720 * S,),
+    )
     assert tuple(gemm) == (20, sum(1000 + i for i in range(120, 130)))
     await store.close()
 
@@ -213,8 +245,18 @@ def _continuous_run(n: int, grows: bool) -> list[tuple[dict[str, Any], list[Kern
     for i in range(n):
         ar = 9 * MS if grows and i >= n // 2 else 5 * MS
         rows = [_agg("gemm", 10 * MS, 4), _agg("ncclDevKernel_AllReduce", ar, 1, cls="comm")]
-        out.append(({"id": i + 1, "t0": i * S, "t1": i * S + 30 * MS, "source": "continuous",
-                     "steps": [100 + i]}, rows))  # fmt: skip
+        out.append(
+            (
+                {
+                    "id": i + 1,
+                    "t0": i * S,
+                    "t1": i * S + 30 * MS,
+                    "source": "continuous",
+                    "steps": [100 + i],
+                },
+                rows,
+            )
+        )
     return out
 
 
@@ -222,8 +264,9 @@ def _ctx(stats: Any) -> RunContext:
     return RunContext(run_name="t", status="finished", step_ms=(), wait_ms=(), kernels=stats)
 
 
-def _compacted(windows: list[tuple[dict[str, Any], list[KernelAgg]]], now_ns: int,
-               raw_window_s: float) -> list[tuple[dict[str, Any], list[KernelAgg]]]:  # fmt: skip
+def _compacted(
+    windows: list[tuple[dict[str, Any], list[KernelAgg]]], now_ns: int, raw_window_s: float
+) -> list[tuple[dict[str, Any], list[KernelAgg]]]:
     """What the daemon would store after compacting *windows* at *now_ns*."""
     stored = [StoredWindow(w["id"], 1, w["t0"], w["t1"], w["steps"]) for w, _ in windows]
     rows = {w["id"]: r for w, r in windows}

@@ -197,8 +197,9 @@ async def test_a_schema_5_database_reads_with_no_comm_data(tmp_path: Path) -> No
         run_ctx = await reads.run_context(reader, await reads.get_run(reader, 1))
         assert (await reader.fetchone("SELECT COUNT(*) FROM comm_buckets"))[0] == 0
     assert [r.rank for r in ctx.ranks] == [0, 1]
-    assert all(len(r.step_ms) == 10 and r.comm_ms == () and r.bucket_start_ns == ()
-               for r in ctx.ranks)  # fmt: skip
+    assert all(
+        len(r.step_ms) == 10 and r.comm_ms == () and r.bucket_start_ns == () for r in ctx.ranks
+    )
     assert all(r["clock_offset_ns"] is None and r["agg"]["comm_steps"] == 0 for r in runs)
     assert reads.missing_ranks(runs) == []
     assert run_ctx.comm is None
@@ -213,8 +214,9 @@ def test_the_daemon_upgrades_schema_5_to_comm_timing(tmp_path: Path) -> None:
     try:
         version = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
         clock = conn.execute(f"SELECT {', '.join(schema._RUNS_6)} FROM runs").fetchall()
-        index = conn.execute("SELECT sql FROM sqlite_master WHERE name = "
-                             "'comm_buckets_run_step'").fetchone()  # fmt: skip
+        index = conn.execute(
+            "SELECT sql FROM sqlite_master WHERE name = 'comm_buckets_run_step'"
+        ).fetchone()
     finally:
         conn.close()
     assert version == (str(schema.SCHEMA_VERSION),) and clock == [(None,) * 5] * 2
@@ -232,9 +234,12 @@ def _schema_6_db(tmp_path: Path) -> Path:
     conn.execute("UPDATE meta SET value = '6' WHERE key = 'schema_version'")
     conn.executemany(
         "INSERT INTO comm_buckets VALUES (?, ?, 0, ?, ?, 1000)",
-        [(run, i, i * 10_000_000 + 8_000_000, i * 10_000_000 + 8_500_000)
-         for run in (1, 2) for i in range(10)],
-    )  # fmt: skip
+        [
+            (run, i, i * 10_000_000 + 8_000_000, i * 10_000_000 + 8_500_000)
+            for run in (1, 2)
+            for i in range(10)
+        ],
+    )
     conn.commit()
     conn.close()
     return path

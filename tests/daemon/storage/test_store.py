@@ -32,8 +32,10 @@ async def test_full_queue_drops_and_counts_then_writer_batches(tmp_path: Path) -
     store.start()
     await store.flush()
     assert query(db, "SELECT COUNT(*), MIN(mono_ns), MAX(mono_ns) FROM host_samples")[0][:] == (
-        1000, 0, 999,
-    )  # fmt: skip
+        1000,
+        0,
+        999,
+    )
     # 1000 queued ops in batches of BATCH_MAX_OPS, then the flush barrier
     assert store.commits == -(-1001 // BATCH_MAX_OPS)  # the flush closes the last batch
     await store.close()
@@ -99,14 +101,17 @@ async def test_kernel_windows_queue_all_or_none_and_rows_find_their_window(
     monkeypatch.setattr(store_mod, "BATCH_MAX_OPS", 500)
     store, drops, db = await _store(tmp_path, queue_size=600)
     # 3 windows of 200 rows: the second crosses the first batch's 500-op end
-    assert all(store.submit_all_nowait(runsdb.kernels_ops(1, _kernels_msg(t, 199)))
-               for t in (100, 200, 300))  # fmt: skip
+    assert all(
+        store.submit_all_nowait(runsdb.kernels_ops(1, _kernels_msg(t, 199)))
+        for t in (100, 200, 300)
+    )
     assert not store.submit_all_nowait(runsdb.kernels_ops(1, _kernels_msg(400, 5)))  # no room
     assert drops.snapshot() == {"store_backpressure": 1}
     store.start()
     await store.flush()
     got = query(
-        db, "SELECT w.t0_ns, COUNT(*), MIN(s.total_ns), MAX(s.total_ns) FROM kernel_windows w "
+        db,
+        "SELECT w.t0_ns, COUNT(*), MIN(s.total_ns), MAX(s.total_ns) FROM kernel_windows w "
         "JOIN kernel_stats s ON s.window_id = w.id GROUP BY w.id ORDER BY w.t0_ns",
     )
     assert [tuple(r) for r in got] == [(t, 199, 1000, 1198) for t in (100, 200, 300)]

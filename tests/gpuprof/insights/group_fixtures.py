@@ -64,9 +64,7 @@ def group_steps(
                     t += late_bucket[2]
                 starts.append(t)
             ready[r] = starts
-        done = [
-            max(ready[r][b] for r in range(n_ranks)) + ALLREDUCE_NS for b in range(N_BUCKETS)
-        ]
+        done = [max(ready[r][b] for r in range(n_ranks)) + ALLREDUCE_NS for b in range(N_BUCKETS)]
         t1_common = max(done) + OPT_NS
         for r in range(n_ranks):
             shift = clock_shift.get(r, 0)
@@ -78,14 +76,25 @@ def group_steps(
             comm = exposed_comm_ns(rows)
             own_t1 = max(max(ends) + OPT_NS, t1_common)
             backward = max(b.start_ns for b in rows) - (t0 + FWD_NS)
-            out[r].append({
-                "i": i, "t0": t0 + shift, "t1": own_t1 + shift, "wait": WAIT_NS,
-                "explicit": False, "micro": 1,
-                "phases": {"forward": FWD_NS, "backward": backward, "comm": comm,
-                           "optimizer": OPT_NS},
-                "comm": [[b.bucket, b.start_ns + shift, b.end_ns + shift, b.nbytes]
-                         for b in rows],
-            })  # fmt: skip
+            out[r].append(
+                {
+                    "i": i,
+                    "t0": t0 + shift,
+                    "t1": own_t1 + shift,
+                    "wait": WAIT_NS,
+                    "explicit": False,
+                    "micro": 1,
+                    "phases": {
+                        "forward": FWD_NS,
+                        "backward": backward,
+                        "comm": comm,
+                        "optimizer": OPT_NS,
+                    },
+                    "comm": [
+                        [b.bucket, b.start_ns + shift, b.end_ns + shift, b.nbytes] for b in rows
+                    ],
+                }
+            )
         t0 = t1_common + WAIT_NS
     return out
 
@@ -101,8 +110,16 @@ def rank_rows(
     return [
         RankRows(
             rank=r,
-            steps=[{"step": s["i"], "t0": s["t0"], "t1": s["t1"], "phases": s["phases"],
-                    "traced": bool(s.get("traced"))} for s in events],  # fmt: skip
+            steps=[
+                {
+                    "step": s["i"],
+                    "t0": s["t0"],
+                    "t1": s["t1"],
+                    "phases": s["phases"],
+                    "traced": bool(s.get("traced")),
+                }
+                for s in events
+            ],
             buckets=[(s["i"], *row) for s in events for row in s.get("comm", [])],
             host=hosts.get(r, "node-a"),
             clock_offset_ns=offsets.get(r),

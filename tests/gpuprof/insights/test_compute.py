@@ -36,8 +36,13 @@ def test_low_mfu_silent_on_h200_fused_sdpa(h200_steps):
 
 
 def test_low_mfu_high_below_ten_percent():
-    ctx = make_ctx([100.0] * 10, gpu_model="NVIDIA H100 80GB HBM3", gpu_count=1,
-                   flops_per_step=5e12, dtype="torch.bfloat16")
+    ctx = make_ctx(
+        [100.0] * 10,
+        gpu_model="NVIDIA H100 80GB HBM3",
+        gpu_count=1,
+        flops_per_step=5e12,
+        dtype="torch.bfloat16",
+    )
     assert run_mfu(ctx).mfu == pytest.approx(50 / 989.4, rel=1e-6)
     assert low_mfu(ctx).severity == "HIGH"
 
@@ -64,8 +69,7 @@ def test_mfu_unknown_is_silent_not_guessed(kw):
 
 def test_flops_mismatch_fires_on_a_wrong_tokens_per_step():
     # the fresh-user case: tokens_per_step 10x too large, one step counted
-    ctx = make_ctx([10.0] * 10, flops_per_step=2.164e10, flops_source="arch",
-                   flops_counted=2.01e9)  # fmt: skip
+    ctx = make_ctx([10.0] * 10, flops_per_step=2.164e10, flops_source="arch", flops_counted=2.01e9)
     ins = flops_mismatch(ctx)
     assert ins is not None and ins.evidence["off"] == pytest.approx(9.766, abs=1e-3)
     assert "tokens_per_step" in ins.fix
@@ -73,11 +77,13 @@ def test_flops_mismatch_fires_on_a_wrong_tokens_per_step():
 
 def test_flops_mismatch_silent_when_they_agree_or_nothing_was_declared():
     # the fixture GPT: arch 3.2985e12 vs FlopCounterMode 3.367e12 on SDPA (-2 %)
-    agree = make_ctx([10.0] * 10, flops_per_step=3.2985e12, flops_source="arch",
-                     flops_counted=3.367e12)  # fmt: skip
+    agree = make_ctx(
+        [10.0] * 10, flops_per_step=3.2985e12, flops_source="arch", flops_counted=3.367e12
+    )
     assert flops_mismatch(agree) is None
-    counted_only = make_ctx([10.0] * 10, flops_per_step=2.01e9, flops_source="counter",
-                            flops_counted=2.01e9)  # fmt: skip
+    counted_only = make_ctx(
+        [10.0] * 10, flops_per_step=2.01e9, flops_source="counter", flops_counted=2.01e9
+    )
     assert flops_mismatch(counted_only) is None
     never_counted = make_ctx([10.0] * 10, flops_per_step=2.0e10, flops_source="user")
     assert flops_mismatch(never_counted) is None

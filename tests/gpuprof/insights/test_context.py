@@ -6,18 +6,41 @@ from gpuprof.insights import build_context
 
 
 def test_build_context_aggregates_rows():
-    run = {"run_name": "r", "status": "finished", "start_mono_ns": 0, "end_mono_ns": 4_000_000_000,
-           "options": {"flops_per_step": 1e12, "dtype": "bf16"}, "gpu_model": None,
-           "gpu_count": None, "cpu_count": 2}
+    run = {
+        "run_name": "r",
+        "status": "finished",
+        "start_mono_ns": 0,
+        "end_mono_ns": 4_000_000_000,
+        "options": {"flops_per_step": 1e12, "dtype": "bf16"},
+        "gpu_model": None,
+        "gpu_count": None,
+        "cpu_count": 2,
+    }
     steps = [
-        {"t0": 10_000_000, "t1": 30_000_000, "wait": 10_000_000, "explicit": False, "micro": 2,
-         "phases": {"forward": 5_000_000, "backward": 10_000_000}},
-        {"t0": 40_000_000, "t1": 50_000_000, "wait": 10_000_000, "explicit": True, "micro": 1,
-         "phases": {"forward": 4_000_000, "data": 1_000_000}},
+        {
+            "t0": 10_000_000,
+            "t1": 30_000_000,
+            "wait": 10_000_000,
+            "explicit": False,
+            "micro": 2,
+            "phases": {"forward": 5_000_000, "backward": 10_000_000},
+        },
+        {
+            "t0": 40_000_000,
+            "t1": 50_000_000,
+            "wait": 10_000_000,
+            "explicit": True,
+            "micro": 1,
+            "phases": {"forward": 4_000_000, "data": 1_000_000},
+        },
     ]
-    ctx = build_context(run, steps, host=[{"cpu_pct": 50.0, "disk_read_bps": None},
-                                          {"cpu_pct": 100.0, "disk_read_bps": 10.0}],
-                        history_median_step_ms=[9.0], run_cpu=[{"cores": 1.0}, {"cores": 2.0}])
+    ctx = build_context(
+        run,
+        steps,
+        host=[{"cpu_pct": 50.0, "disk_read_bps": None}, {"cpu_pct": 100.0, "disk_read_bps": 10.0}],
+        history_median_step_ms=[9.0],
+        run_cpu=[{"cores": 1.0}, {"cores": 2.0}],
+    )
     assert ctx.step_ms == (20.0, 10.0)
     assert ctx.wait_ms == (10.0, 10.0)
     assert ctx.explicit_wait is True
@@ -38,8 +61,13 @@ def test_build_context_live_run_ends_at_last_step():
 
 
 def test_build_context_counts_skipped_updates_and_eval_including_trailing():
-    run = {"run_name": "r", "status": "finished", "start_mono_ns": 0, "end_mono_ns": 10**10,
-           "trailing_eval_ns": 250_000_000}  # fmt: skip
+    run = {
+        "run_name": "r",
+        "status": "finished",
+        "start_mono_ns": 0,
+        "end_mono_ns": 10**10,
+        "trailing_eval_ns": 250_000_000,
+    }
     steps = [
         {"t0": 0, "t1": 1, "wait": 0, "phases": {}},
         {"t0": 2, "t1": 3, "wait": 0, "phases": {}, "skipped": True, "eval": 0},
@@ -60,12 +88,19 @@ def test_gpuprofs_own_time_in_a_step_is_not_step_time():
 
 def test_build_context_sums_each_optimizers_updates_and_time():
     run = {"run_name": "r", "status": "finished", "start_mono_ns": 0, "end_mono_ns": 10**9}
-    opt = [{"name": "SGD#0", "updates": 1, "skipped": 0, "ns": 2_000_000},
-           {"name": "Adam#1", "updates": 1, "skipped": 0, "ns": 500_000}]  # fmt: skip
+    opt = [
+        {"name": "SGD#0", "updates": 1, "skipped": 0, "ns": 2_000_000},
+        {"name": "Adam#1", "updates": 1, "skipped": 0, "ns": 500_000},
+    ]
     steps = [
         {"t0": 0, "t1": 1, "wait": 0, "phases": {}, "optimizers": opt},
-        {"t0": 2, "t1": 3, "wait": 0, "phases": {},
-         "optimizers": [dict(opt[0], updates=0, skipped=1)]},  # fmt: skip
+        {
+            "t0": 2,
+            "t1": 3,
+            "wait": 0,
+            "phases": {},
+            "optimizers": [dict(opt[0], updates=0, skipped=1)],
+        },
         {"t0": 4, "t1": 5, "wait": 0, "phases": {}},
     ]
     assert build_context(run, steps).optimizers == (("SGD#0", 1, 1, 4.0), ("Adam#1", 1, 0, 0.5))
@@ -96,13 +131,24 @@ def test_traced_steps_are_left_out_of_the_timing_figures():
 
     def step(i: int, ms: int, traced: bool) -> dict:
         t0 = i * 100_000_000
-        s = {"t0": t0, "t1": t0 + ms * 1_000_000, "wait": (ms // 10) * 1_000_000,
-             "explicit": False, "micro": 1 + traced, "phases": {"forward": ms * 1_000_000}}
+        s = {
+            "t0": t0,
+            "t1": t0 + ms * 1_000_000,
+            "wait": (ms // 10) * 1_000_000,
+            "explicit": False,
+            "micro": 1 + traced,
+            "phases": {"forward": ms * 1_000_000},
+        }
         return {**s, "traced": True} if traced else s
 
     # a profiler snapshot made steps 0 and 3 five times slower
-    steps = [step(0, 50, True), step(1, 10, False), step(2, 12, False), step(3, 60, True),
-             step(4, 11, False)]
+    steps = [
+        step(0, 50, True),
+        step(1, 10, False),
+        step(2, 12, False),
+        step(3, 60, True),
+        step(4, 11, False),
+    ]
     ctx = build_context(run, steps)
     assert ctx.step_ms == (10.0, 12.0, 11.0)
     assert ctx.wait_ms == (1.0, 1.0, 1.0)

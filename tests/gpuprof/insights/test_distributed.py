@@ -255,11 +255,19 @@ def test_no_group_rule_speaks_on_too_few_common_steps():
     # a rank killed mid-run: 14 common steady steps; the straggler is plain in
     # them, but 14 steps are a guess
     def straggler(steps: int) -> GroupContext:
-        return group(*(
-            make_rank(r, seed=r, steps=steps, backward_ms=70.0 if r == 1 else 40.0,
-                      comm_ms=5.0 if r == 1 else 35.0, extra_step_ms=20.0 if r == 1 else 0.0)
-            for r in range(4)
-        ))  # fmt: skip
+        return group(
+            *(
+                make_rank(
+                    r,
+                    seed=r,
+                    steps=steps,
+                    backward_ms=70.0 if r == 1 else 40.0,
+                    comm_ms=5.0 if r == 1 else 35.0,
+                    extra_step_ms=20.0 if r == 1 else 0.0,
+                )
+                for r in range(4)
+            )
+        )
 
     short = straggler(14 + 3)
     assert all(fn(short) is None for fn in (straggler_rank, comm_dominant, bucket_skew, rank_skew))
@@ -295,10 +303,14 @@ def _bucket_pair(late_steps: int, steps: int = 63) -> GroupContext:
         shift = 2 * ms if i < late_steps else -ms // 2
         rows[0].append(tuple(t + (shift if k == 2 else 0) for k, t in enumerate(base)))
     ranks = [
-        RankStats(r, (30.0,) * steps, bucket_start_ns=tuple(rows[r]),
-                  bucket_end_ns=tuple(tuple(t + 2 * ms for t in row) for row in rows[r]))
+        RankStats(
+            r,
+            (30.0,) * steps,
+            bucket_start_ns=tuple(rows[r]),
+            bucket_end_ns=tuple(tuple(t + 2 * ms for t in row) for row in rows[r]),
+        )
         for r in (0, 1)
-    ]  # fmt: skip
+    ]
     return group(*ranks)
 
 
@@ -328,10 +340,12 @@ def test_balanced_groups_over_300_seeds_fire_nothing(n_ranks: int, noise_ms: flo
     # fired bucket_skew 24 times, rank_skew 17 and straggler_rank once in 300
     fired = {}
     for seed in range(300):
-        ctx = group(*(
-            make_rank(r, seed=1000 * seed + r, noise_ms=noise_ms, steps=steps, **FORTY_MS)
-            for r in range(n_ranks)
-        ))  # fmt: skip
+        ctx = group(
+            *(
+                make_rank(r, seed=1000 * seed + r, noise_ms=noise_ms, steps=steps, **FORTY_MS)
+                for r in range(n_ranks)
+            )
+        )
         for ins in group_rules(ctx):
             fired[ins.rule] = fired.get(ins.rule, 0) + 1
     assert fired == {}
@@ -342,10 +356,15 @@ def test_the_issue_scenarios_fire_under_heavy_noise():
     hits = {"straggler_rank": 0, "bucket_skew": 0}
     for seed in range(100):
         ranks = [
-            make_rank(r, seed=1000 * seed + r, noise_ms=1.5, backward_ms=70.0 if r == 1 else 40.0,
-                      comm_ms=5.0 if r == 1 else 35.0)
+            make_rank(
+                r,
+                seed=1000 * seed + r,
+                noise_ms=1.5,
+                backward_ms=70.0 if r == 1 else 40.0,
+                comm_ms=5.0 if r == 1 else 35.0,
+            )
             for r in range(4)
-        ]  # fmt: skip
+        ]
         hits["straggler_rank"] += any(
             i.rule == "straggler_rank" and i.evidence["rank"] == 1
             for i in group_rules(group(*ranks))
@@ -461,10 +480,13 @@ def test_a_single_bucket_skew_is_the_straggler_itself():
         make_rank(1, seed=31, backward_ms=40.0, comm_ms=35.0),
     ]
     one = [
-        replace(r, bucket_start_ns=tuple(b[-1:] for b in r.bucket_start_ns),
-                bucket_end_ns=tuple(b[-1:] for b in r.bucket_end_ns))
+        replace(
+            r,
+            bucket_start_ns=tuple(b[-1:] for b in r.bucket_start_ns),
+            bucket_end_ns=tuple(b[-1:] for b in r.bucket_end_ns),
+        )
         for r in ranks
-    ]  # fmt: skip
+    ]
     ctx = group(*one)
     assert bucket_skew(ctx) is not None and bucket_skew(ctx).evidence["buckets"] == 1
     assert [i.rule for i in group_rules(ctx)] == ["straggler_rank"]
@@ -501,8 +523,10 @@ def test_rank_skew_needs_a_millisecond():
     # 3 ms steps, rank 1 0.6 ms (20 %) slower on every step: under a scheduling tick
     def pair(fast: float, slow: float) -> GroupContext:
         jitter = [0.01 * (i % 7) for i in range(STEPS)]
-        return group(RankStats(0, tuple(fast + j for j in jitter)),
-                     RankStats(1, tuple(slow + j for j in jitter)))  # fmt: skip
+        return group(
+            RankStats(0, tuple(fast + j for j in jitter)),
+            RankStats(1, tuple(slow + j for j in jitter)),
+        )
 
     assert rank_skew(pair(3.0, 3.6)) is None
     ins = rank_skew(pair(6.0, 7.2))  # 1.2 ms, 20 %

@@ -62,8 +62,11 @@ def test_per_step_figures_come_from_the_phases():
     assert r0.comm_ms[2] == pytest.approx(12.0, abs=0.5)
     assert r1.comm_ms[2] == pytest.approx(2.0, abs=0.5)
     assert len(r0.bucket_start_ns) == 5 and len(r0.bucket_start_ns[0]) == N_BUCKETS
-    assert all(a <= b for s, e in zip(r0.bucket_start_ns, r0.bucket_end_ns, strict=True)
-               for a, b in zip(s, e, strict=True))  # fmt: skip
+    assert all(
+        a <= b
+        for s, e in zip(r0.bucket_start_ns, r0.bucket_end_ns, strict=True)
+        for a, b in zip(s, e, strict=True)
+    )
 
 
 def test_only_steps_every_rank_has_and_no_traced_step():
@@ -127,8 +130,11 @@ def test_a_rank_on_another_host_without_an_offset_is_not_compared():
     assert [bool(r.bucket_start_ns) for r in ctx.ranks] == [True, True, False]
     assert _rules(rows) == {}
     # a host's offset is its ranks' (one clock): rank 3 borrows rank 2's
-    rows = rank_rows(group_steps(4, clock_shift={2: 5 * SECOND, 3: 5 * SECOND}),
-                     hosts={0: "a", 1: "a", 2: "b", 3: "b"}, offsets={2: 5 * SECOND})  # fmt: skip
+    rows = rank_rows(
+        group_steps(4, clock_shift={2: 5 * SECOND, 3: 5 * SECOND}),
+        hosts={0: "a", 1: "a", 2: "b", 3: "b"},
+        offsets={2: 5 * SECOND},
+    )
     assert clock_shifts(rows) == {0: 0, 1: 0, 2: 5 * SECOND, 3: 5 * SECOND}
     assert _rules(rows) == {}
 

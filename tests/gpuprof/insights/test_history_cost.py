@@ -39,8 +39,14 @@ def test_cost_not_estimated_on_cpu_run():
 
 
 def test_cost_from_price_table_with_idle_share():
-    ctx = make_ctx([100.0] * 10, duration_s=2 * 3600, gpu_model="NVIDIA H100 80GB HBM3",
-                   gpu_count=1, flops_per_step=0.35 * 989.4e12 * 0.1, dtype="bf16")
+    ctx = make_ctx(
+        [100.0] * 10,
+        duration_s=2 * 3600,
+        gpu_model="NVIDIA H100 80GB HBM3",
+        gpu_count=1,
+        flops_per_step=0.35 * 989.4e12 * 0.1,
+        dtype="bf16",
+    )
     ins = estimated_cost(ctx)
     assert ins.evidence["usd"] == pytest.approx(24.58)
     assert "$24.58 (120 min · 1× GPU @ $12.29/h)" in ins.title
@@ -50,6 +56,7 @@ def test_cost_from_price_table_with_idle_share():
 def test_cost_override_and_unknown_price():
     no_price = make_ctx([1.0] * 3, duration_s=1800, gpu_model="NVIDIA H200", gpu_count=1)
     assert "no reference price for NVIDIA H200" in estimated_cost(no_price).title
-    rated = make_ctx([1.0] * 3, duration_s=1800, gpu_model="NVIDIA H200", gpu_count=1,
-                     gpu_rate_usd_per_hour=3.0)
+    rated = make_ctx(
+        [1.0] * 3, duration_s=1800, gpu_model="NVIDIA H200", gpu_count=1, gpu_rate_usd_per_hour=3.0
+    )
     assert estimated_cost(rated).evidence["usd"] == pytest.approx(1.5)

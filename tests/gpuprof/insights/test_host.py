@@ -66,9 +66,11 @@ def test_io_bound_silent_without_a_stall():
 
 def test_cold_cache_fires_when_reads_fall_off_and_iterations_speed_up():
     ctx = make_ctx(
-        [50] * 30, [50] * 10 + [20] * 10 + [5] * 10,
-        disk_read_bps_thirds=(600e6, 150e6), iteration_ms_thirds=(100.0, 55.0),
-    )  # fmt: skip
+        [50] * 30,
+        [50] * 10 + [20] * 10 + [5] * 10,
+        disk_read_bps_thirds=(600e6, 150e6),
+        iteration_ms_thirds=(100.0, 55.0),
+    )
     ins = cold_cache(ctx)
     assert ins is not None and ins.severity == "MED"
     assert "600 MB/s" in ins.title and "150 MB/s" in ins.title
@@ -97,8 +99,10 @@ def test_build_context_feeds_cold_cache_from_rows():
         steps.append({"t0": t + wait, "t1": t + wait + 40_000_000, "wait": wait, "phases": {}})
         t += wait + 40_000_000
     reads = (800e6, 700e6, 900e6, 0.0, 90e6, 10e6)
-    host = [{"mono_ns": 60_000_000 + k * 100_000_000, "cpu_pct": 20.0, "disk_read_bps": b}
-            for k, b in enumerate(reads)]  # fmt: skip
+    host = [
+        {"mono_ns": 60_000_000 + k * 100_000_000, "cpu_pct": 20.0, "disk_read_bps": b}
+        for k, b in enumerate(reads)
+    ]
     host.insert(0, {"mono_ns": 1, "cpu_pct": 90.0, "disk_read_bps": 3e9})  # model load: before
     run = {"run_name": "r", "status": "finished", "start_mono_ns": 0, "end_mono_ns": t}
     ctx = build_context(run, steps, host)
@@ -131,13 +135,25 @@ def test_cache_thrashing_silent_unless_both(kw):
 
 def test_build_context_page_cache_share_and_median_read():
     host = [
-        {"cpu_pct": 10.0, "disk_read_bps": 200e6, "page_cache_bytes": 24 * GIB,
-         "mem_total_bytes": 64 * GIB},
-        {"cpu_pct": 10.0, "disk_read_bps": 150e6, "page_cache_bytes": 40 * GIB,
-         "mem_total_bytes": 64 * GIB},
-        {"cpu_pct": 10.0, "disk_read_bps": 0.0, "page_cache_bytes": None,
-         "mem_total_bytes": 64 * GIB},  # platform without the figure: left out, not 0
-    ]  # fmt: skip
+        {
+            "cpu_pct": 10.0,
+            "disk_read_bps": 200e6,
+            "page_cache_bytes": 24 * GIB,
+            "mem_total_bytes": 64 * GIB,
+        },
+        {
+            "cpu_pct": 10.0,
+            "disk_read_bps": 150e6,
+            "page_cache_bytes": 40 * GIB,
+            "mem_total_bytes": 64 * GIB,
+        },
+        {
+            "cpu_pct": 10.0,
+            "disk_read_bps": 0.0,
+            "page_cache_bytes": None,
+            "mem_total_bytes": 64 * GIB,
+        },  # platform without the figure: left out, not 0
+    ]
     ctx = build_context({"run_name": "r", "status": "running"}, [], host)
     assert ctx.page_cache_fraction == pytest.approx(0.5)  # mean of 0.375 and 0.625
     assert ctx.host_disk_read_bps_median == 150e6
@@ -240,9 +256,12 @@ def test_build_context_groups_worker_rows_into_pools_by_loader_seq():
 
 def _contended(host_pct: float, run_cores: float | None, cpu_count: int = 16, stall: bool = True):
     return make_ctx(
-        [10.0] * 30, [8.0 if stall else 0.0] * 30, host_cpu_pct=host_pct,
-        run_cpu_cores=run_cores, cpu_count=cpu_count,
-    )  # fmt: skip
+        [10.0] * 30,
+        [8.0 if stall else 0.0] * 30,
+        host_cpu_pct=host_pct,
+        run_cpu_cores=run_cores,
+        cpu_count=cpu_count,
+    )
 
 
 def test_host_cpu_contention_fires_when_others_peg_the_host():
@@ -275,12 +294,23 @@ def test_host_cpu_contention_silent_when_the_run_is_the_hog_or_the_host_is_free(
 # --- a torchrun job's ranks on one host are the job's own CPU ----------------------
 
 
-def _job(host_pct: float, run_cores: float, job_cores: float, ranks: int, cpu_count: int,
-         stall: bool = True):  # fmt: skip
+def _job(
+    host_pct: float,
+    run_cores: float,
+    job_cores: float,
+    ranks: int,
+    cpu_count: int,
+    stall: bool = True,
+):
     return make_ctx(
-        [10.0] * 30, [8.0 if stall else 0.0] * 30, host_cpu_pct=host_pct,
-        run_cpu_cores=run_cores, job_cpu_cores=job_cores, job_ranks=ranks, cpu_count=cpu_count,
-    )  # fmt: skip
+        [10.0] * 30,
+        [8.0 if stall else 0.0] * 30,
+        host_cpu_pct=host_pct,
+        run_cpu_cores=run_cores,
+        job_cpu_cores=job_cores,
+        job_ranks=ranks,
+        cpu_count=cpu_count,
+    )
 
 
 def test_sibling_ranks_are_not_other_processes():

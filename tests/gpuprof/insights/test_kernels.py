@@ -30,8 +30,12 @@ from tests.gpuprof.trace_fixtures import A100, H200, load_trace
 from .conftest import make_ctx
 
 ALL_REDUCE = "ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)"
-KERNEL_RULES = ("sdpa_suboptimal", "kernel_drift", "kernel_launch_overhead",
-                "gradient_checkpointing_detected")  # fmt: skip
+KERNEL_RULES = (
+    "sdpa_suboptimal",
+    "kernel_drift",
+    "kernel_launch_overhead",
+    "gradient_checkpointing_detected",
+)
 
 
 def _stored(folder, name, window=None, steps=None, source="snapshot"):
@@ -112,16 +116,24 @@ def test_build_context_takes_kernel_windows_and_the_declared_arch():
     windows = _stored(A100, "dlrm8_baseline_rank3.json.gz", window="step")
     t0 = windows[0][0]["t0"]
     steps = [{"t0": w["t0"], "t1": w["t1"], "wait": 0, "phases": {}} for w, _ in windows]
-    run = {"run_name": "dlrm", "status": "finished", "start_mono_ns": t0,
-           "options": {"arch": {"checkpointing": True}}}  # fmt: skip
+    run = {
+        "run_name": "dlrm",
+        "status": "finished",
+        "start_mono_ns": t0,
+        "options": {"arch": {"checkpointing": True}},
+    }
     ctx = build_context(run, steps, kernel_windows=windows)
     assert ctx.kernels == kernel_stats(windows)
     assert ctx.kernels.windows == 6 and ctx.kernels.series_unit == "step"
     assert ctx.kernels.kernels_per_step == 1575
     assert ctx.checkpointing_declared is True
     assert build_context(run, steps).kernels is None
-    for options, declared in (({}, None), ({"arch": {}}, None), ({"arch": "gpt"}, None),
-                              ({"arch": {"checkpointing": False}}, False)):  # fmt: skip
+    for options, declared in (
+        ({}, None),
+        ({"arch": {}}, None),
+        ({"arch": "gpt"}, None),
+        ({"arch": {"checkpointing": False}}, False),
+    ):
         assert build_context(dict(run, options=options), steps).checkpointing_declared is declared
 
 
@@ -156,8 +168,14 @@ def test_sdpa_suboptimal_silent_on_the_sdpa_trace():
 
 def test_sdpa_suboptimal_silent_once_any_fused_attention_ran():
     ((window, rows),) = _stored(H200, "trace_math.json.gz")
-    flash = KernelAgg("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64>>",
-                      "kernel", "compute", 8, 1_000_000, 1_000_000)  # fmt: skip
+    flash = KernelAgg(
+        "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64>>",
+        "kernel",
+        "compute",
+        8,
+        1_000_000,
+        1_000_000,
+    )
     assert (
         sdpa_suboptimal(make_ctx([27.0], kernels=kernel_stats([(window, [*rows, flash])]))) is None
     )
@@ -168,16 +186,24 @@ def test_sdpa_suboptimal_silent_once_any_fused_attention_ran():
 def test_sdpa_suboptimal_needs_matmuls_beside_the_softmax():
     window = {"t0": 0, "t1": 10**7, "source": "snapshot", "steps": [1]}
     rows = [
-        KernelAgg("void (anonymous namespace)::softmax_warp_forward<float, float, float, 10, "
-                  "false, false>(float*)", "kernel", "compute", 1, 500, 500),
+        KernelAgg(
+            "void (anonymous namespace)::softmax_warp_forward<float, float, float, 10, "
+            "false, false>(float*)",
+            "kernel",
+            "compute",
+            1,
+            500,
+            500,
+        ),
         KernelAgg("elementwise_add", "kernel", "compute", 1, 9_500, 9_500),
-    ]  # fmt: skip
+    ]
     assert sdpa_suboptimal(make_ctx([1.0], kernels=kernel_stats([(window, rows)]))) is None
     rows.append(KernelAgg("sm90_xmma_gemm_bf16", "kernel", "compute", 1, 5_000, 5_000))
     assert sdpa_suboptimal(make_ctx([1.0], kernels=kernel_stats([(window, rows)]))) is not None
     # a log-softmax in softmax_warp_forward (5th template argument true) is not attention
-    rows[0] = KernelAgg(rows[0].name.replace("10, false", "10, true"), "kernel", "compute", 1,
-                        500, 500)  # fmt: skip
+    rows[0] = KernelAgg(
+        rows[0].name.replace("10, false", "10, true"), "kernel", "compute", 1, 500, 500
+    )
     assert sdpa_suboptimal(make_ctx([1.0], kernels=kernel_stats([(window, rows)]))) is None
 
 
@@ -260,10 +286,15 @@ def _tiny_kernel_windows(n_steps=6, kernels_per_step=400, kernel_ns=3_000, wall_
     for i in range(n_steps):
         t0 = i * wall_ns
         rows = [
-            KernelAgg("void at::native::vectorized_elementwise_kernel<4, AddFunctor>", "kernel",
-                      "compute", kernels_per_step, kernels_per_step * kernel_ns,
-                      kernels_per_step * kernel_ns),
-        ]  # fmt: skip
+            KernelAgg(
+                "void at::native::vectorized_elementwise_kernel<4, AddFunctor>",
+                "kernel",
+                "compute",
+                kernels_per_step,
+                kernels_per_step * kernel_ns,
+                kernels_per_step * kernel_ns,
+            ),
+        ]
         out.append(({"t0": t0, "t1": t0 + wall_ns, "source": "snapshot", "steps": [i]}, rows))
     return out
 
@@ -318,8 +349,10 @@ def test_launch_overhead_silent_when_the_gap_is_not_launches():
 
 def _phases(model: str) -> dict[str, float]:
     ph = _steps_json()[model]["phases"]
-    return {"forward": sum(p["forward_ms"] for p in ph),
-            "backward": sum(p["backward_ms"] for p in ph)}  # fmt: skip
+    return {
+        "forward": sum(p["forward_ms"] for p in ph),
+        "backward": sum(p["backward_ms"] for p in ph),
+    }
 
 
 def test_checkpointing_silent_on_the_h200_gpt_without_checkpointing():
@@ -342,8 +375,12 @@ def test_checkpointing_undeclared_recompute_fires():
     assert "3.0x" in insight.title and "checkpointing=True" in insight.fix
     # just under the bar: silent
     under = {"forward": 100.0, "backward": 100.0 * RECOMPUTE_RATIO_MIN - 1}
-    assert gradient_checkpointing_detected(
-        make_ctx([1.0], phase_ms=under, checkpointing_declared=False)) is None  # fmt: skip
+    assert (
+        gradient_checkpointing_detected(
+            make_ctx([1.0], phase_ms=under, checkpointing_declared=False)
+        )
+        is None
+    )
     # not declared either way: silent
     assert gradient_checkpointing_detected(make_ctx([11.0] * 20, phase_ms=recompute)) is None
 
@@ -361,15 +398,20 @@ def test_checkpointing_silent_when_collectives_fill_the_backward():
     A100 ResNet) the ratio says nothing."""
     st = _stats(A100, "ddp2_resnet_rank0.json.gz")
     assert st.class_share["comm"] == pytest.approx(0.2838, abs=0.001)
-    ctx = make_ctx([220.0] * 3, phase_ms={"forward": 100.0, "backward": 300.0},
-                   checkpointing_declared=False, kernels=st)  # fmt: skip
+    ctx = make_ctx(
+        [220.0] * 3,
+        phase_ms={"forward": 100.0, "backward": 300.0},
+        checkpointing_declared=False,
+        kernels=st,
+    )
     assert gradient_checkpointing_detected(ctx) is None
 
 
 def test_kernel_stats_per_step_figures_and_op_flops():
     gemm = KernelAgg("sm90_xmma_gemm", "kernel", "compute", 10, 800_000, 800_000)
-    nccl = KernelAgg("ncclDevKernel_AllReduce_Sum_f32_RING_LL(x)", "kernel", "comm", 2,
-                     200_000, 200_000)  # fmt: skip
+    nccl = KernelAgg(
+        "ncclDevKernel_AllReduce_Sum_f32_RING_LL(x)", "kernel", "comm", 2, 200_000, 200_000
+    )
     mm = KernelAgg("aten::mm", "op", "compute", 10, 800_000, 800_000, 3e12)
     ar = KernelAgg("c10d::allreduce_", "op", "comm", 2, 200_000, 200_000, None)
     windows = [
