@@ -110,6 +110,11 @@ def run_daemon(opts: DaemonOptions) -> int:
     if opts.storage is not None and not opts.storage.is_file:
         # Several daemons may share one Postgres database, and there is no file
         # to lock or to lose: the Postgres store creates its own tables.
+        log.info(
+            "storing in Postgres (%s): no database file to lock or to watch; other "
+            "gpuprofd may share the database",
+            opts.storage.display,
+        )
         try:
             return asyncio.run(Daemon(opts).serve())
         finally:

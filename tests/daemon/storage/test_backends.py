@@ -390,3 +390,17 @@ def test_an_unknown_scheme_is_refused_without_its_password() -> None:
     with pytest.raises(BadInputError, match=r"unknown storage URL scheme 'mysql'") as err:
         parse("mysql://u:pw@h/db")
     assert "pw" not in str(err.value)
+
+
+async def test_an_older_postgres_schema_is_upgraded_in_place(pg_url: str) -> None:
+    async with open_store(pg_url) as store:
+        run = await runsdb.insert_run(store, run_row())
+        await store.write("ALTER TABLE runs DROP COLUMN store_dropped_events")
+        await store.write("UPDATE meta SET value = '7' WHERE key = 'schema_version'")
+    async with open_store(pg_url) as store:
+        (version,) = await store.fetchall("SELECT value FROM meta WHERE key = 'schema_version'")
+        row = await store.fetchone(
+            "SELECT run_name, store_dropped_events FROM runs WHERE id = ?", (run,)
+        )
+    assert version["value"] == str(schema.SCHEMA_VERSION)
+    assert (row["run_name"], row["store_dropped_events"]) == ("exp", 0)
