@@ -6,7 +6,9 @@ for the room left in the queue is what gets dropped here."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import orjson
@@ -38,14 +40,13 @@ def _kernels(t0: int, rows: int) -> dict:
     }
 
 
-async def _busy_run(db: Path) -> None:
-    """A run through real ingest into a store whose writer stalls with 20
-    places in its queue: 12 steps queue, then a 30-row kernels window finds
-    no room for its 31 inserts; 3 events were lost in the training process."""
+@contextlib.asynccontextmanager
+async def _node(db: Path, **store_kw: int) -> AsyncIterator[tuple[Store, RunService, Ingest]]:
+    """A store (writing), the run service and real ingest, frames handed in."""
     schema.prepare(db)
-    drops = DropCounter()
-    store = Store(db, drops, queue_size=20)
-    await store.open()  # the writer is not started yet: the queue fills
+    store = Store(db, DropCounter(), **store_kw)
+    await store.open()
+    store.start()
     runs = RunService(
         store,
         RunRegistry(),
@@ -53,9 +54,19 @@ async def _busy_run(db: Path) -> None:
         [],
         pid_alive=lambda pid, _wall: True,
     )
-    ingest = Ingest(None, runs, store, drops)  # type: ignore[arg-type] - frames handed in
     try:
-        store.start()
+        yield store, runs, Ingest(None, runs, store, store.drops)  # type: ignore[arg-type]
+    finally:
+        await runs.close_tails()
+        await store.close()
+
+
+async def _busy_run(db: Path) -> None:
+    """A run through real ingest into a store whose writer stalls with 20
+    places in its queue: 12 steps queue, then a 30-row kernels window finds
+    no room for its 31 inserts; 3 events were lost in the training process."""
+    async with _node(db, queue_size=20) as (store, runs, ingest):
+        drops = store.drops
         live = await runs.hello(h.hello("k", os.getpid(), run_name="busy"))
         await store.flush()
         store._task.cancel()  # a writer that cannot keep up
@@ -67,8 +78,6 @@ async def _busy_run(db: Path) -> None:
         assert live.store_dropped == 1 and drops.snapshot()["store_backpressure"] == 1
         store.start()
         await runs.bye(h.bye("k", sent=13, dropped=3))
-    finally:
-        await store.close()
 
 
 def test_a_full_store_queue_counts_against_the_run(
@@ -95,20 +104,7 @@ async def _late_events(db: Path, monkeypatch: pytest.MonkeyPatch, rest: bool) ->
 
     monkeypatch.setattr(runservice, "BYE_WAIT_S", 0.1)
     monkeypatch.setattr(runservice, "TAIL_IDLE_S", 0.5)
-    schema.prepare(db)
-    drops = DropCounter()
-    store = Store(db, drops)
-    await store.open()
-    store.start()
-    runs = RunService(
-        store,
-        RunRegistry(),
-        InsightsRunner(store, str(db), None),
-        [],
-        pid_alive=lambda pid, _wall: True,
-    )
-    ingest = Ingest(None, runs, store, drops)  # type: ignore[arg-type] - frames handed in
-    try:
+    async with _node(db) as (store, runs, ingest):
         await runs.hello(h.hello("k", os.getpid(), run_name="late"))
         base = 1_000_000_000
         for i in range(5):
@@ -119,10 +115,7 @@ async def _late_events(db: Path, monkeypatch: pytest.MonkeyPatch, rest: bool) ->
                 await ingest.handle(orjson.dumps(h.step("k", i, base)))
         await asyncio.gather(*runs._tails)
         await ingest.handle(orjson.dumps(h.step("k", 10, base)))  # after the tail: refused
-    finally:
-        await runs.close_tails()
-        await store.close()
-    return {"summary": summary, "drops": drops.snapshot()}
+    return {"summary": summary, "drops": store.drops.snapshot()}
 
 
 def test_events_late_for_the_bye_are_stored_and_the_run_judged_again(
