@@ -110,11 +110,6 @@ def run_daemon(opts: DaemonOptions) -> int:
     if opts.storage is not None and not opts.storage.is_file:
         # Several daemons may share one Postgres database, and there is no file
         # to lock or to lose: the Postgres store creates its own tables.
-        log.info(
-            "storing in Postgres (%s): no database file to lock or to watch; other "
-            "gpuprofd may share the database",
-            opts.storage.display,
-        )
         try:
             return asyncio.run(Daemon(opts).serve())
         finally:
@@ -148,6 +143,12 @@ async def open_store(opts: DaemonOptions, drops: DropCounter) -> AsyncIterator[S
     that builds, opens and closes the store (and so picks its backend)."""
     store = Store(opts.storage or opts.db, drops)
     await store.open()
+    if store.path is None:
+        log.info(
+            "storing in Postgres (%s): no database file to lock or to watch; other gpuprofd "
+            "may share the database",
+            store.where,
+        )
     try:
         store.start()
         yield store
