@@ -12,7 +12,7 @@ This measures, in one run, the time per stored step row of:
 - SQLAlchemy Core 2 (``insert(table)`` executed with a list of rows, in one
   transaction), on the same table and rows.
 
-Needs SQLAlchemy, which gpuprof itself does not use: ``pip install sqlalchemy``.
+Needs SQLAlchemy, which gpuprof itself does not use: ``pip install "sqlalchemy[asyncio]"``.
 
     python bench/sql_layer.py [--rows 50000] [--postgres postgres://root@127.0.0.1:5432/test]
 
@@ -31,7 +31,7 @@ from pathlib import Path
 
 from gpuprofd.counters import DropCounter
 from gpuprofd.storage import runsdb, schema
-from gpuprofd.storage.store import Store
+from gpuprofd.storage.store import BATCH_MAX_OPS, Store
 from gpuprofd.storage.url import parse
 
 PHASES = {"forward": 3_000_000, "backward": 4_000_000, "optimizer": 2_000_000}
@@ -139,10 +139,10 @@ async def sqlalchemy_core(url: str, n: int) -> float:
     ]
     try:
         t = time.perf_counter()
-        # the same batches of 500 rows a transaction as gpuprof's writer
-        for k in range(0, n, 500):
+        # the same batches a transaction as gpuprof's writer
+        for k in range(0, n, BATCH_MAX_OPS):
             async with engine.begin() as conn:
-                await conn.execute(sa.insert(steps), rows[k : k + 500])
+                await conn.execute(sa.insert(steps), rows[k : k + BATCH_MAX_OPS])
         return time.perf_counter() - t
     finally:
         await engine.dispose()
@@ -170,9 +170,9 @@ def main() -> None:
         import sqlalchemy  # noqa: F401
     except ImportError:
         raise SystemExit(
-            "bench/sql_layer.py compares against SQLAlchemy: pip install sqlalchemy"
+            "bench/sql_layer.py compares against SQLAlchemy: pip install 'sqlalchemy[asyncio]'"
         ) from None
-    print(f"{a.rows:,} step rows, 500 a transaction; µs per row (best of 3)")
+    print(f"{a.rows:,} step rows, {BATCH_MAX_OPS:,} a transaction; µs per row (best of 3)")
     with tempfile.TemporaryDirectory() as tmp:
         for backend in ("sqlite", "postgres"):
             best: dict[str, float] = {}

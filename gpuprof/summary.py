@@ -344,6 +344,8 @@ def format_summary(summary: Mapping[str, Any], details: bool = False) -> str:
         lines.append(f"  Note: {note}")
     if summary.get("run_id") is not None and summary.get("db"):
         db = shlex.quote(str(summary["db"]))
+        if "://" in str(summary["db"]):  # a database URL (Postgres), not a file
+            db = f"--storage-url {db}"
         lines.append(f"  Full report: gpuprofctl insights {db} {summary['run_id']}")
         group = summary.get("group_id") or (summary.get("group") or {}).get("group")
         if group:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -73,7 +74,18 @@ def resolve_target(db: Path | None, storage_url: str | None) -> Path | str:
         if db is not None:
             raise click.UsageError("give DB or --storage-url, not both")
         return storage_url
-    return resolve_db(db)
+    url = _url_given_as_db(db)
+    return url if url is not None else resolve_db(db)
+
+
+def _url_given_as_db(db: Path | None) -> str | None:
+    """*db* as a storage URL when it is one (``gpuprofctl runs postgres://…``
+    works as ``--storage-url``); the path type has merged its ``//``."""
+    m = re.fullmatch(r"(sqlite|postgres|postgresql):/+(.*)", str(db or ""), re.S)
+    if m is None:
+        return None
+    scheme, rest = m.groups()
+    return f"{scheme}:///{rest}" if scheme == "sqlite" else f"{scheme}://{rest}"
 
 
 def read_with(target: Path | str, reads: Callable[[Reader], Awaitable[T]]) -> T:

@@ -33,21 +33,33 @@ _SCHEMA_LOCK_KEY = 0x677075_70726F66
 #: at once, not after the OS's TCP timeout.
 CONNECT_TIMEOUT_S = 5.0
 
-#: Errors that mean the server or the connection is gone (retry later), as
-#: opposed to a statement the server refused.
 if asyncpg is not None:
-    CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
-        OSError,
-        ConnectionError,
+    #: Every error of the driver and the server.
+    ERRORS: tuple[type[BaseException], ...] = (
+        asyncpg.PostgresError,
         asyncpg.InterfaceError,
-        asyncpg.PostgresConnectionError,
-        asyncpg.CannotConnectNowError,
+        OSError,
         TimeoutError,
     )
-    ERRORS: tuple[type[BaseException], ...] = (asyncpg.PostgresError, *CONNECTION_ERRORS)
+    _LOST: tuple[type[BaseException], ...] = (
+        OSError,
+        TimeoutError,
+        asyncpg.PostgresConnectionError,
+        asyncpg.CannotConnectNowError,
+        asyncpg.ConnectionDoesNotExistError,
+    )
 else:  # pragma: no cover - asyncpg missing
-    CONNECTION_ERRORS = (OSError, ConnectionError, TimeoutError)
-    ERRORS = CONNECTION_ERRORS
+    ERRORS = _LOST = (OSError, TimeoutError)
+
+
+def is_connection_error(exc: BaseException) -> bool:
+    """The server or the connection is gone (retry later), as opposed to a
+    statement or a value the server or the driver refused (a bad row)."""
+    if isinstance(exc, _LOST):
+        return True
+    # asyncpg says "connection is closed" with the base InterfaceError; its
+    # subclasses (DataError: a value of the wrong type) are about the statement.
+    return asyncpg is not None and type(exc) is asyncpg.InterfaceError
 
 
 def _need_asyncpg() -> None:
@@ -82,7 +94,7 @@ async def create_pool(url: StorageUrl, *, min_size: int = 1, max_size: int = 4) 
             init=_init,
             timeout=CONNECT_TIMEOUT_S,
         )
-    except (*CONNECTION_ERRORS, asyncpg.PostgresError) as exc:
+    except ERRORS as exc:
         raise DatabaseError(
             f"cannot connect to Postgres at {url.display} ({_reason(exc)}): "
             "check that the server is running and the URL's host, port, user and database"
@@ -105,15 +117,7 @@ async def prepare(pool: Any, url: StorageUrl) -> int:
         try:
             async with conn.transaction():
                 await conn.execute("SELECT pg_advisory_xact_lock($1)", _SCHEMA_LOCK_KEY)
-                target = await conn.fetchval("SELECT current_schemas(false)")
-                if not target:  # search_path names a schema that is not there yet
-                    first = await conn.fetchval("SELECT current_setting('search_path')")
-                    name = first.split(",")[0].strip().strip('"')
-                    if not name or name.startswith("$"):
-                        raise DatabaseError(
-                            f"{url.display}: no schema to create tables in (search_path {first!r})"
-                        )
-                    await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{name}"')
+                await _make_first_schema(conn, url)
                 version = await _version(conn, url)
                 await conn.execute(POSTGRES.ddl(schema.SCHEMA_SQL))
                 if version:
@@ -133,6 +137,50 @@ async def prepare(pool: Any, url: StorageUrl) -> int:
                 f"cannot create gpuprof's tables in {url.display} ({_reason(exc)})"
             ) from None
     return version
+
+
+async def _make_first_schema(conn: Any, url: StorageUrl) -> None:
+    """Create the first schema of the search path if it is missing, so the
+    tables go where the URL says (Postgres would put them in the next one
+    that exists, ``public`` as a rule).
+
+    Raises:
+        DatabaseError: the search path names no schema to create tables in.
+    """
+    path = await conn.fetchval("SELECT current_setting('search_path')")
+    first = _first_schema(path)
+    if first is None:  # "$user", public: Postgres's own choice
+        if await conn.fetchval("SELECT current_schema()") is None:
+            raise DatabaseError(
+                f"{url.display}: no schema to create tables in (search_path {path!r})"
+            )
+        return
+    quoted = '"' + first.replace('"', '""') + '"'
+    await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quoted}")
+    if await conn.fetchval("SELECT current_schema()") != first:
+        raise DatabaseError(
+            f"{url.display}: the tables would not go into schema {first!r} "
+            f"(search_path {path!r}); name one schema in search_path"
+        )
+
+
+def _first_schema(search_path: str) -> str | None:
+    """The first schema named in *search_path*, as Postgres reads it: a
+    quoted name as written, another folded to lower case; None for ``$user``."""
+    head = search_path.strip()
+    if head.startswith('"'):
+        end = 1
+        while True:
+            end = head.find('"', end)
+            if end < 0:
+                return None
+            if head[end + 1 : end + 2] == '"':
+                end += 2
+                continue
+            name = head[1:end].replace('""', '"')
+            return None if not name or name == "$user" else name
+    name = head.split(",", 1)[0].strip().lower()
+    return None if not name or name.startswith("$") else name
 
 
 async def _version(conn: Any, url: StorageUrl) -> int:
@@ -206,12 +254,12 @@ class PostgresWriter:
     #: A failed statement aborts a Postgres transaction: each lone one runs under a savepoint.
     statement_savepoints = True
     errors = ERRORS
-    connection_errors = CONNECTION_ERRORS
 
     def __init__(self, pool: Any) -> None:
         self.pool = pool
         self._conn: Any = None
-        self._types: dict[str, tuple[str, ...]] = {}
+        self._shapes: dict[str, _Shape] = {}
+        """Per statement: its parameter types and whether it returns rows."""
 
     async def begin(self) -> None:
         self._conn = await self.pool.acquire()
@@ -252,13 +300,21 @@ class PostgresWriter:
     async def rollback_to(self, name: str) -> None:
         await self._conn.execute(f"ROLLBACK TO SAVEPOINT {name}")
 
+    async def _shape(self, sql: str) -> _Shape:
+        shape = self._shapes.get(sql)
+        if shape is None:  # one Parse/Describe per statement for the writer's life
+            stmt = await self._conn.prepare(POSTGRES.sql(sql))
+            shape = _Shape(stmt.get_parameters(), bool(stmt.get_attributes()))
+            self._shapes[sql] = shape
+        return shape
+
     async def execute(self, sql: str, params: Sequence[Any]) -> tuple[int, Any]:
         """Run one statement; returns (rows changed, the first column of the
         first row a ``RETURNING`` gave, else None)."""
-        stmt = await self._conn.prepare(POSTGRES.sql(sql))
-        values = _coerce(params, stmt)
-        if stmt.get_attributes():  # RETURNING or SELECT
-            row = await stmt.fetchrow(*values)
+        shape = await self._shape(sql)
+        values = shape.coerce(params)
+        if shape.returns:  # RETURNING or SELECT
+            row = await self._conn.fetchrow(POSTGRES.sql(sql), *values)
             return (1 if row is not None else 0), (row[0] if row is not None else None)
         status = await self._conn.execute(POSTGRES.sql(sql), *values)
         return _rowcount(status), None
@@ -268,23 +324,26 @@ class PostgresWriter:
     ) -> int | None:
         """Run *sql* with each of *rows* (pipelined); with *count*, one by one
         to return the rows changed in all (asyncpg's executemany does not say)."""
-        stmt = await self._conn.prepare(POSTGRES.sql(sql))
-        values = [_coerce(r, stmt) for r in rows]
-        if not count:
-            plain = _PLAIN_INSERT.fullmatch(sql.strip())
-            if plain and len(values) >= COPY_MIN_ROWS:
-                # COPY: one round trip and no per-row statement (3-5x executemany here)
-                columns = [c.strip() for c in plain.group(2).split(",")]
+        shape = await self._shape(sql)
+        values = [shape.coerce(r) for r in rows]
+        if count:
+            total = 0
+            for v in values:
+                total += _rowcount(await self._conn.execute(POSTGRES.sql(sql), *v))
+            return total
+        plain = _PLAIN_INSERT.fullmatch(sql.strip())
+        if plain and len(values) >= COPY_MIN_ROWS:
+            # COPY: one round trip and no per-row statement
+            columns = [c.strip() for c in plain.group(2).split(",")]
+            try:
                 await self._conn.copy_records_to_table(
                     plain.group(1), records=values, columns=columns
                 )
-            else:
-                await stmt.executemany(values)
-            return None
-        total = 0
-        for v in values:
-            total += _rowcount(await self._conn.execute(POSTGRES.sql(sql), *v))
-        return total
+            except (TypeError, ValueError, OverflowError) as exc:  # a value COPY cannot encode
+                raise asyncpg.DataError(f"a row COPY cannot encode: {exc}") from exc
+        else:
+            await self._conn.executemany(POSTGRES.sql(sql), values)
+        return None
 
     async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         return await self.pool.fetch(POSTGRES.sql(sql), *params)
@@ -310,23 +369,36 @@ _INT_TYPES = frozenset({"int2", "int4", "int8"})
 _FLOAT_TYPES = frozenset({"float4", "float8", "numeric"})
 
 
-def _coerce(params: Sequence[Any], stmt: Any) -> tuple[Any, ...]:
-    """*params* as the statement's parameter types want them: SQLite stores
-    what it is given, asyncpg insists on the declared type (an ``int`` for a
-    BIGINT, a ``str`` for a TEXT)."""
-    types = stmt.get_parameters()
-    out = []
-    for value, t in zip(params, types, strict=False):
-        if value is None:
-            out.append(None)
-        elif t.name in _INT_TYPES and not isinstance(value, int):
-            out.append(round(value))
-        elif t.name in _INT_TYPES and isinstance(value, bool):
-            out.append(int(value))
-        elif t.name in _FLOAT_TYPES and not isinstance(value, float):
-            out.append(float(value))
-        elif t.name == "text" and not isinstance(value, str):
-            out.append(str(value))
-        else:
-            out.append(value)
-    return tuple(out)
+class _Shape:
+    """A statement's parameter types, and the values as asyncpg wants them:
+    SQLite stores what it is given, asyncpg insists on the declared type
+    (an ``int`` for a BIGINT, a ``str`` for a TEXT)."""
+
+    def __init__(self, types: Sequence[Any], returns: bool) -> None:
+        self.returns = returns
+        self.kinds = tuple(
+            "i" if t.name in _INT_TYPES else "f" if t.name in _FLOAT_TYPES else
+            "t" if t.name == "text" else ""
+            for t in types
+        )  # fmt: skip
+
+    def coerce(self, params: Sequence[Any]) -> tuple[Any, ...]:
+        out = tuple(params)
+        for j, (value, kind) in enumerate(zip(out, self.kinds, strict=False)):
+            if value is None or not kind:
+                continue
+            cls = type(value)
+            try:
+                if kind == "i" and cls is not int:
+                    fixed: Any = int(value) if cls is bool else round(value)
+                elif kind == "f" and cls is not float:
+                    fixed = float(value)
+                elif kind == "t" and cls is not str:
+                    fixed = str(value)
+                else:
+                    continue
+            except (TypeError, ValueError, OverflowError):
+                continue  # left as it is: asyncpg refuses the row (DataError), counted
+
+            out = (*out[:j], fixed, *out[j + 1 :])
+        return out

@@ -58,7 +58,7 @@ RETRY_MAX_S = 10.0
 RETRY_BUDGET_S = 30.0
 #: How long closing waits for the last commit (a lost server must not hold shutdown).
 CLOSE_FLUSH_S = 10.0
-SQLITE_ERRORS: tuple[type[BaseException], ...] = (sqlite3.Error,)
+SQLITE_ERRORS: tuple[type[BaseException], ...] = (sqlite3.Error,)  # AtomicCheckError too
 
 
 class AtomicCheckError(sqlite3.Error):
@@ -120,7 +120,8 @@ class Store:
         """The backend's writer: :class:`SqliteWriter` or
         :class:`gpuprofd.storage.postgres.PostgresWriter`; None when closed."""
         self._errors: tuple[type[BaseException], ...] = SQLITE_ERRORS
-        self._connection_errors: tuple[type[BaseException], ...] = ()
+        self._is_lost: Callable[[BaseException], bool] = lambda exc: False
+        """Is this error a lost server (retry the batch) rather than a bad statement?"""
         self._task: asyncio.Task[None] | None = None
         self._commit_lock = asyncio.Lock()
         """Held by each commit and by :meth:`reopen`, so no transaction spans two files."""
@@ -156,7 +157,7 @@ class Store:
             raise
         self._db = postgres.PostgresWriter(pool)
         self._errors = postgres.ERRORS + (AtomicCheckError,)
-        self._connection_errors = postgres.CONNECTION_ERRORS
+        self._is_lost = postgres.is_connection_error
 
     def file_state(self) -> str | None:
         """None while the path still names the open database file (and always
@@ -314,7 +315,14 @@ class Store:
                     break
             self._room.set()
             async with self._commit_lock:
-                await self._commit_retrying(batch)
+                try:
+                    await self._commit_retrying(batch)
+                except Exception as exc:  # noqa: BLE001 - the writer must outlive any batch
+                    log.exception("store: a batch failed unexpectedly; its ops are lost")
+                    with contextlib.suppress(Exception):
+                        if self._db is not None:
+                            await self._db.rollback()
+                    self._fail(batch, exc, reason="store_error")
 
     async def _commit_retrying(self, batch: list[Op]) -> None:
         """Commit *batch*; while the server is unreachable, retry it with
@@ -326,7 +334,7 @@ class Store:
             if exc is None:
                 self._retry.reset()
                 return
-            if not isinstance(exc, self._connection_errors):
+            if not self._is_lost(exc):
                 return
             delay = self._retry.next_delay()
             if asyncio.get_running_loop().time() + delay > budget_end:
@@ -355,7 +363,7 @@ class Store:
             with contextlib.suppress(Exception):
                 if db is not None:
                     await db.rollback()
-            if isinstance(exc, self._connection_errors) and not final:
+            if self._is_lost(exc) and not final:
                 return exc
             self._fail(batch, exc, reason="store_error")
             return exc
@@ -393,7 +401,9 @@ class Store:
                 await db.executemany(group[0].sql, [op.params for op in group])
                 await db.release("grp")
                 return [(op, None, None) for op in group]
-            except self._statement_errors():  # one bad row: redo one by one so the others are kept
+            except self._errors as exc:  # one bad row: redo one by one so the others are kept
+                if self._is_lost(exc):
+                    raise
                 await db.rollback_to("grp")
                 await db.release("grp")
         out: list[tuple[Op, int | None, BaseException | None]] = []
@@ -406,26 +416,15 @@ class Store:
                 if guard:
                     await db.release("one")
                 out.append((op, value, None))
-            except self._statement_errors() as exc:
+            except self._errors as exc:
+                if self._is_lost(exc):
+                    raise
                 if guard:
                     await db.rollback_to("one")
                     await db.release("one")
                 self.drops.add(op.drop_reason, str(exc)[:200])
                 out.append((op, None, exc))
         return out
-
-    def _statement_errors(self) -> tuple[type[BaseException], ...]:
-        """Errors of one statement (a bad row), as opposed to a lost connection,
-        which must undo the whole batch."""
-        return (
-            tuple(
-                e
-                for e in (sqlite3.Error, *self._errors)
-                if not issubclass(e, self._connection_errors)
-            )
-            if self._connection_errors
-            else (sqlite3.Error, *self._errors)
-        )
 
     async def _run_atomic(self, db: Any, op: Op) -> tuple[Op, int | None, BaseException | None]:
         """Run an atomic op's parts under a savepoint; undo them all on error."""
@@ -444,7 +443,9 @@ class Store:
                     )
             await db.release("atomic")
             return op, None, None
-        except self._statement_errors() as exc:
+        except self._errors as exc:
+            if self._is_lost(exc):
+                raise
             await db.rollback_to("atomic")
             await db.release("atomic")
             if op.future is None:  # queued without waiting (a step with its buckets): count it
@@ -463,7 +464,9 @@ class Store:
             raise DatabaseError(f"no database open at {self.where}")
         try:
             return await self._db.fetchall(sql, params)
-        except self._connection_errors as exc:
+        except self._errors as exc:
+            if not self._is_lost(exc):
+                raise
             raise DatabaseError(f"reading {self.where} failed ({exc})") from None
 
     async def fetchone(self, sql: str, params: Sequence[Any] = ()) -> Any | None:

@@ -404,3 +404,55 @@ async def test_an_older_postgres_schema_is_upgraded_in_place(pg_url: str) -> Non
         )
     assert version["value"] == str(schema.SCHEMA_VERSION)
     assert (row["run_name"], row["store_dropped_events"]) == ("exp", 0)
+
+
+@pytest.mark.parametrize(
+    ("path", "first"),
+    [
+        ("gp_a", "gp_a"),
+        ("gp_a, public", "gp_a"),
+        ("GP_Mixed", "gp_mixed"),
+        ('"GP_Mixed", public', "GP_Mixed"),
+        ('"a""b"', 'a"b'),
+        ('"$user", public', None),
+    ],
+)
+def test_the_schema_tables_go_into_is_read_as_postgres_reads_it(path: str, first: str) -> None:
+    from gpuprofd.storage.postgres import _first_schema
+
+    assert _first_schema(path) == first
+
+
+async def test_tables_go_into_the_first_schema_named_even_with_public_after_it(
+    pg_url: str,
+) -> None:
+    url = pg_url + ",public"
+    schema_name = pg_url.rsplit("=", 1)[1]
+    async with open_store(url) as store:
+        rows = await store.fetchall(
+            "SELECT table_schema FROM information_schema.tables WHERE table_name = 'runs'"
+        )
+    assert schema_name in {r["table_schema"] for r in rows}
+
+
+async def test_values_of_the_wrong_type_are_a_counted_bad_row_not_a_lost_server(
+    storage_url: str,
+) -> None:
+    """asyncpg refuses a value it cannot encode (DataError): that row is
+    dropped and counted, the rest stored, and no retry as if the server were gone."""
+    drops = DropCounter()
+    async with open_store(storage_url, drops) as store:
+        run = await runsdb.insert_run(store, run_row())
+        ops = [runsdb.host_sample_op(i, 50.0, 4, None) for i in range(10)]
+        ops[3] = Op(ops[3].sql, ("not a number", *ops[3].params[1:]))
+        ops[5] = Op(ops[5].sql, (float("nan"), *ops[5].params[1:]))
+        for op in ops:
+            store.submit_nowait(op)
+        await store.flush()
+        (n,) = await store.fetchall("SELECT COUNT(*) AS n FROM host_samples")
+        assert run == 1
+    # SQLite keeps what it is given; Postgres refuses both bad values
+    bad = 0 if storage_url.startswith("sqlite") else 2
+    assert n["n"] == 10 - bad
+    assert drops.snapshot().get("store_error", 0) == bad
+    assert "store_unavailable" not in drops.snapshot()
