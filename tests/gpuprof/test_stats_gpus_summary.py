@@ -52,6 +52,13 @@ def test_summary_block_matches_the_quickstart_shape():
     assert "Fix: fix it" in format_summary(make_summary(1, ctx, [ins.to_dict()], "/d"), True)
 
 
+def test_a_run_stored_in_postgres_names_its_report_by_url():
+    ctx = make_ctx([100.0, 80.0, 80.0], [10.0, 40.0, 40.0], run_name="r")
+    url = "postgres://gp:***@db/runs?search_path=team"
+    text = format_summary(make_summary(7, ctx, [], url))
+    assert f"  Full report: gpuprofctl insights --storage-url '{url}' 7" in text.splitlines()
+
+
 def test_failed_run_is_marked():
     ctx = make_ctx([], [], status="failed")
     assert "[FAILED]" in format_summary(make_summary(3, ctx, [], "/d"))

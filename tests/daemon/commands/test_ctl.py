@@ -319,6 +319,15 @@ def test_storage_url_reads_as_the_path_does(
     assert not missing.exists()
 
 
+def test_a_url_given_as_the_db_is_read_as_a_url(
+    real_db: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The summary's Full report line is copied with its URL as DB: it reads."""
+    by_path = _out(capsys, "runs", str(real_db), "--format", "json")
+    by_url = _out(capsys, "runs", f"sqlite://{real_db.absolute()}", "--format", "json")
+    assert by_path[0] == 0 and by_url == by_path
+
+
 def test_a_db_and_a_storage_url_together_are_refused(
     real_db: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
