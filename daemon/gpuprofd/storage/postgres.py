@@ -13,6 +13,8 @@ team that wants one), so no instance lock is taken on it.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -32,6 +34,13 @@ _SCHEMA_LOCK_KEY = 0x677075_70726F66
 #: How long a connection attempt may take, seconds: a down server must be said
 #: at once, not after the OS's TCP timeout.
 CONNECT_TIMEOUT_S = 5.0
+#: How long one statement may take, seconds: a server that stopped answering
+#: (a network partition, not a refused connection) is then a lost server, its
+#: batch retried and counted, instead of a writer waiting for ever. A batch of
+#: 2,000 rows takes ~30 ms on this machine.
+COMMAND_TIMEOUT_S = 30.0
+#: How long closing the pool waits for connections in use before cutting them.
+CLOSE_TIMEOUT_S = 5.0
 
 if asyncpg is not None:
     #: Every error of the driver and the server.
@@ -93,6 +102,7 @@ async def create_pool(url: StorageUrl, *, min_size: int = 1, max_size: int = 4) 
             max_size=max_size,
             init=_init,
             timeout=CONNECT_TIMEOUT_S,
+            command_timeout=COMMAND_TIMEOUT_S,
         )
     except ERRORS as exc:
         raise DatabaseError(
@@ -244,7 +254,16 @@ class PostgresReader:
         return rows[0] if rows else None
 
     async def close(self) -> None:
-        await self.pool.close()
+        await close_pool(self.pool)
+
+
+async def close_pool(pool: Any) -> None:
+    """Close *pool*, cutting connections still busy after :data:`CLOSE_TIMEOUT_S`
+    (a statement stuck on a silent server must not hold the daemon's exit)."""
+    try:
+        await asyncio.wait_for(pool.close(), CLOSE_TIMEOUT_S)
+    except (TimeoutError, *ERRORS):
+        pool.terminate()
 
 
 class PostgresWriter:
@@ -349,8 +368,9 @@ class PostgresWriter:
         return await self.pool.fetch(POSTGRES.sql(sql), *params)
 
     async def close(self) -> None:
-        await self._release()
-        await self.pool.close()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._release(), CLOSE_TIMEOUT_S)
+        await close_pool(self.pool)
 
 
 #: ``INSERT INTO t (a, b) VALUES (?, ?)`` with nothing else: rows that COPY can load.

@@ -66,6 +66,7 @@ def parse(url: str | Path) -> StorageUrl:
             rest = "/" + rest.lstrip("/")
         return StorageUrl(SQLITE, path=Path(rest))
     if scheme in _POSTGRES_SCHEMES:
+        _check_postgres(url)
         return StorageUrl(POSTGRES, dsn=url)
     raise BadInputError(
         f"unknown storage URL scheme {scheme!r} in {redact(url)!r}: "
@@ -73,16 +74,44 @@ def parse(url: str | Path) -> StorageUrl:
     )
 
 
+#: Query parameters whose values are secrets (libpq's and asyncpg's names).
+_SECRET_PARAMS = frozenset({"password", "sslpassword"})
+
+
 def redact(url: str) -> str:
-    """*url* with the password of its user info replaced by ``***``."""
+    """*url* with every password in it (``user:PASSWORD@`` and
+    ``?password=``) replaced by ``***``; an unreadable URL as a placeholder."""
     try:
         parts = urlsplit(url)
+        userinfo, at, hostport = parts.netloc.rpartition("@")
     except ValueError:
-        return "<unparseable URL>"
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    netloc = f"{parts.username or ''}:***@{host}"
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+        return "<unreadable URL>"
+    if at and ":" in userinfo:
+        userinfo = userinfo.split(":", 1)[0] + ":***"
+    netloc = f"{userinfo}@{hostport}" if at else hostport
+    query = "&".join(
+        f"{k}=***" if k.lower() in _SECRET_PARAMS else f"{k}={v}" if sep else k
+        for k, sep, v in (item.partition("=") for item in parts.query.split("&") if item)
+    )
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def _check_postgres(url: str) -> None:
+    """Refuse a Postgres URL that cannot be read, without repeating it (a
+    password with ``/``, ``#``, ``?`` or ``@`` splits it in odd places).
+
+    Raises:
+        BadInputError: no host, or a port that is not a number.
+    """
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError on a port that is no number
+        ok = bool(parts.hostname) or "host=" in parts.query
+    except ValueError:
+        ok = False
+    if not ok:
+        raise BadInputError(
+            "the postgres:// storage URL could not be read: write "
+            "postgres://user[:password]@host[:port]/database, with /, #, ?, @ and : in "
+            "the password percent-encoded (or keep the password in ~/.pgpass)"
+        )

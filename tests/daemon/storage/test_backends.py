@@ -271,6 +271,9 @@ class Proxy:
         self.server: asyncio.Server | None = None
         self.port = 0
         self.links: set[asyncio.StreamWriter] = set()
+        self.flowing = asyncio.Event()
+        """Cleared: bytes are held, connections stay open (a silent server)."""
+        self.flowing.set()
 
     async def start(self) -> None:
         self.server = await asyncio.start_server(self._link, "127.0.0.1", self.port)
@@ -291,6 +294,7 @@ class Proxy:
         async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
             with contextlib.suppress(Exception):
                 while data := await src.read(65536):
+                    await self.flowing.wait()
                     dst.write(data)
                     await dst.drain()
             dst.transport.abort()
@@ -456,3 +460,68 @@ async def test_values_of_the_wrong_type_are_a_counted_bad_row_not_a_lost_server(
     assert n["n"] == 10 - bad
     assert drops.snapshot().get("store_error", 0) == bad
     assert "store_unavailable" not in drops.snapshot()
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgres://root@127.0.0.1:5432/test?search_path=x&password=s3cret",
+        "postgres://root:s3cret@127.0.0.1:5432/test?sslpassword=s3cret",
+    ],
+)
+def test_a_password_in_the_query_is_hidden_too(url: str) -> None:
+    shown = parse(url).display
+    assert "s3cret" not in shown and "***" in shown and "127.0.0.1:5432" in shown
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgres://root:s3c/ret@127.0.0.1:1/test",
+        "postgres://root:s3c#ret@127.0.0.1:1/test",
+        "postgres://root@127.0.0.1:abc/test",
+        "postgres://root@127.0.0.1:99999/test",
+        "postgres://root@[::1/test",
+    ],
+)
+def test_an_unreadable_postgres_url_is_refused_without_repeating_it(url: str) -> None:
+    from gpuprofd.errors import BadInputError
+
+    with pytest.raises(BadInputError, match="could not be read") as err:
+        parse(url)
+    assert "s3c" not in str(err.value) and "ret" not in str(err.value).replace("write", "")
+
+
+async def test_a_postgres_that_stops_answering_is_a_lost_server_not_a_hang(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A partition (the server silent, connections open): each statement
+    times out, the batch is retried then counted, and closing ends in bounded time."""
+    from urllib.parse import urlsplit
+
+    from gpuprofd.storage import postgres
+
+    monkeypatch.setattr(postgres, "COMMAND_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(postgres, "CLOSE_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(store_mod, "RETRY_FIRST_S", 0.05)
+    monkeypatch.setattr(store_mod, "RETRY_MAX_S", 0.2)
+    monkeypatch.setattr(store_mod, "RETRY_BUDGET_S", 1.0)
+    monkeypatch.setattr(store_mod, "CLOSE_FLUSH_S", 1.0)
+    parts = urlsplit(pg_url)
+    proxy = Proxy(parts.port or 5432)
+    await proxy.start()
+    via = pg_url.replace(f"{parts.hostname}:{parts.port or 5432}", f"127.0.0.1:{proxy.port}")
+    drops = DropCounter()
+    loop = asyncio.get_running_loop()
+    async with open_store(via, drops) as store:
+        run = await runsdb.insert_run(store, run_row())
+        proxy.flowing.clear()
+        store.submit_nowait(runsdb.step_op(run, step_msg(0)))
+        deadline = loop.time() + 20
+        while "store_unavailable" not in drops.snapshot() and loop.time() < deadline:
+            await asyncio.sleep(0.1)
+        assert drops.snapshot().get("store_unavailable") == 1
+        closing = loop.time()
+    assert loop.time() - closing < 10  # the daemon can exit
+    proxy.flowing.set()
+    await proxy.cut()
