@@ -26,6 +26,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from dataclasses import dataclass
@@ -232,7 +233,14 @@ class Daemon:
         insights = InsightsRunner(
             store, store.where, opts.gpu_rate_usd_per_hour, notes, drops=drops
         )
-        runs = RunService(store, self.registry, insights, devices, boot_id=self.boot_id)
+        runs = RunService(
+            store,
+            self.registry,
+            insights,
+            devices,
+            boot_id=self.boot_id,
+            owner=f"{socket.gethostname()}:{opts.socket_dir}",
+        )
         # 4. (with the counters) stop storing ended runs' late events; they stay
         # open in the database and the next daemon takes them up
         stack.push_async_callback(runs.close_tails)

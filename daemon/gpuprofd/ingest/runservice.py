@@ -62,8 +62,12 @@ class RunService:
         mono_clock: Callable[[], int] = time.monotonic_ns,
         wall_clock: Callable[[], int] = time.time_ns,
         boot_id: str | None = None,
+        owner: str | None = None,
     ) -> None:
         self.store = store
+        self.owner = owner
+        """This daemon as stored with its runs (``host:socket dir``): on a
+        database several daemons share, each recovers only its own runs."""
         self.boot_id = boot_id
         """The node's boot (:mod:`gpuprofd.boot`), recorded on each new run."""
         self.registry = registry
@@ -132,6 +136,7 @@ class RunService:
                 "boot_id": self.boot_id,
                 "group_id": msg.get("group"),
                 "local_world_size": msg.get("local_world_size"),
+                "daemon": self.owner,
             }
             run_id = await runsdb.insert_run(self.store, row)
             live = LiveRun(
@@ -186,6 +191,8 @@ class RunService:
     async def _adopt(self, run: dict[str, Any]) -> LiveRun:
         """Track a stored run again (daemon restart), status back to running."""
         live = await self._live_from_row(run)
+        if run.get("daemon") != self.owner:
+            await runsdb.update_run(self.store, run["id"], daemon=self.owner)
         if run["status"] != "running":
             await runsdb.update_run(
                 self.store,
@@ -338,8 +345,11 @@ class RunService:
         return [r.run_id for r in dead]
 
     async def recover_at_startup(self) -> None:
-        """Runs left ``running`` by a previous daemon: adopt if alive, else lose."""
+        """Runs left ``running`` by a previous daemon of this node: adopt if
+        alive, else lose. Another daemon's runs (a shared database) are its own."""
         for run in await reads.runs_with_status(self.store, "running"):
+            if run.get("daemon") not in (None, self.owner):
+                continue
             if self._alive(run):
                 await self._adopt(run)
                 continue

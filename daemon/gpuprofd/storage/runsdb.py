@@ -84,6 +84,7 @@ _RUN_COLUMNS = (
     "boot_id",
     "group_id",
     "local_world_size",
+    "daemon",
 )
 
 

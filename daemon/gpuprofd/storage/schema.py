@@ -75,7 +75,13 @@ _ADDED_IN_6 = (
     ("runs", "clock_reference_rank", "INTEGER"),
 )
 #: ... and since schema 7: events gpuprofd received for a run but could not store.
-_ADDED_IN_8 = (("runs", "store_dropped_events", "INTEGER DEFAULT 0"),)
+#: ... and the daemon that tracks a run (several may share one Postgres database).
+_ADDED_IN_8 = (
+    ("runs", "store_dropped_events", "INTEGER DEFAULT 0"),
+    ("runs", "daemon", "TEXT"),
+)
+#: The runs columns of schema 8, as an older database read as it is shows them.
+_RUNS_8 = ", 0 AS store_dropped_events, NULL AS daemon"
 #: The runs columns of schema 6, NULL in an older database read as it is.
 _RUNS_6 = tuple(c for _, c, _ in _ADDED_IN_6)
 APP_NAME = "gpuprof"
@@ -162,7 +168,8 @@ CREATE TABLE IF NOT EXISTS runs (
                                      -- t - offset is t on that clock; NULL: not measured
     clock_uncertainty_ns INTEGER,    -- the offset is good to +/- this
     clock_rtt_ns INTEGER, clock_round_trips INTEGER, clock_reference_rank INTEGER,
-    store_dropped_events INTEGER DEFAULT 0  -- received by gpuprofd but not stored (busy, lost db)
+    store_dropped_events INTEGER DEFAULT 0,  -- received by gpuprofd but not stored (busy, lost db)
+    daemon TEXT                      -- the gpuprofd tracking it: "host:socket dir"; NULL: unknown
 );
 CREATE INDEX IF NOT EXISTS runs_name ON runs (run_name, id);
 CREATE INDEX IF NOT EXISTS runs_group ON runs (group_id, rank);
@@ -326,7 +333,7 @@ def shadow_old_tables(conn: sqlite3.Connection, version: int) -> None:
     """Let a read-only connection to an older database answer today's
     queries: TEMP views (searched before ``main``) add the missing columns
     with their defaults. Nothing is written to the file."""
-    runs6 = ", ".join(f"NULL AS {c}" for c in _RUNS_6) + ", 0 AS store_dropped_events"
+    runs6 = ", ".join(f"NULL AS {c}" for c in _RUNS_6) + _RUNS_8
     if version < 7:
         conn.execute(
             "CREATE TEMP TABLE group_insights (group_id TEXT, ranks INTEGER, rule TEXT, "
@@ -339,7 +346,7 @@ def shadow_old_tables(conn: sqlite3.Connection, version: int) -> None:
             "start_ns INTEGER, end_ns INTEGER, bytes INTEGER)"
         )
     if version in (6, 7):
-        conn.execute("CREATE TEMP VIEW runs AS SELECT *, 0 AS store_dropped_events FROM main.runs")
+        conn.execute(f"CREATE TEMP VIEW runs AS SELECT *{_RUNS_8} FROM main.runs")
     if version == 5:
         conn.execute(f"CREATE TEMP VIEW runs AS SELECT *, {runs6} FROM main.runs")
     if version < 5:

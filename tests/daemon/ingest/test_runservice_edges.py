@@ -99,3 +99,30 @@ async def test_store_close_releases_connections_when_the_final_flush_fails(tmp_p
     store.flush = broken_flush  # type: ignore[method-assign]
     await store.close()  # must return, not raise or hang on aiosqlite's threads
     assert store._write is None and store._read is None and store._task is None
+
+
+async def test_a_daemon_recovers_only_its_own_runs_from_a_shared_database(tmp_path):
+    """Several daemons on one (Postgres) database: one starting up leaves
+    another's live run alone, and still recovers runs of unknown owner."""
+    db = tmp_path / "shared.db"
+    schema.prepare(db)
+    store = Store(db, DropCounter())
+    await store.open()
+    store.start()
+
+    def service(owner: str | None) -> RunService:
+        runs = InsightsRunner(store, str(db), None)
+        return RunService(store, RunRegistry(), runs, [], pid_alive=lambda pid, w: False,
+                          owner=owner)  # fmt: skip
+
+    try:
+        a = service("node-a:/run/gpuprof")
+        live = await a.hello(h.hello("mine", 11))
+        old = await service(None).hello(h.hello("legacy", 12))  # stored with no owner
+        b = service("node-b:/run/gpuprof")
+        await b.recover_at_startup()  # pid 11 is "gone" to b: yet not b's to judge
+        rows = {r[0]: tuple(r[1:]) for r in query(db, "SELECT id, status, daemon FROM runs")}
+        assert rows[live.run_id] == ("running", "node-a:/run/gpuprof")
+        assert rows[old.run_id][0] == "lost"  # no owner: recovered as before
+    finally:
+        await store.close()
