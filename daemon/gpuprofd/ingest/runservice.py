@@ -239,6 +239,7 @@ class RunService:
         self.registry.mark_unknown(live.run_key, "run_ended")
 
     def _end_fields(self, live: LiveRun, msg: dict[str, Any]) -> dict[str, Any]:
+        live.store_dropped += self.store.take_lost(live.run_id)
         cuda_uuid = msg.get("cuda_uuid") or live.cuda_uuid
         gpu_model, gpu_count = self._gpu(cuda_uuid)
         return dict(
@@ -291,6 +292,7 @@ class RunService:
         log.info(
             "run %d: %d of %d events in after its end", live.run_id, live.received, msg["sent"]
         )
+        live.store_dropped += self.store.take_lost(live.run_id)
         await runsdb.update_run(
             self.store,
             live.run_id,
@@ -313,6 +315,7 @@ class RunService:
         finally:
             self.registry.remove(live.run_key)
             self.registry.mark_unknown(live.run_key, "run_ended")
+        live.store_dropped += self.store.take_lost(live.run_id)
         await runsdb.update_run(
             self.store,
             live.run_id,

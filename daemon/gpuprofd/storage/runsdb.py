@@ -116,13 +116,14 @@ def step_op(run_id: int, msg: Mapping[str, Any]) -> Op:
     )
     comm = msg.get("comm")
     if not comm:
-        return Op(_STEP_SQL, params, drop_reason="store_error")
+        return Op(_STEP_SQL, params, drop_reason="store_error", run_id=run_id)
     step = msg["i"]
     buckets = [(run_id, step, *row) for row in comm]
     return Op(
         "-- step with comm buckets",
         parts=(Part(_STEP_SQL, (params,)), Part(_COMM_SQL, buckets)),
         drop_reason="store_error",
+        run_id=run_id,
     )
 
 

@@ -22,6 +22,7 @@ between two commits, carrying across what the caller asks for.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import os
@@ -89,6 +90,8 @@ class Op:
     parts: Sequence[Part] = ()
     """Set by :meth:`Store.write_atomic`: statements run all-or-none in the
     batch's transaction (``sql`` is then only a label)."""
+    run_id: int | None = None
+    """The run whose event this op stores: a lost op is counted against it."""
 
     @property
     def urgent(self) -> bool:
@@ -126,6 +129,8 @@ class Store:
         self._commit_lock = asyncio.Lock()
         """Held by each commit and by :meth:`reopen`, so no transaction spans two files."""
         self._retry = Backoff()
+        self.lost_by_run: collections.Counter[int] = collections.Counter()
+        """Ops of each run that could not be stored (:meth:`take_lost`)."""
         self._room = asyncio.Event()
         """Set each time the writer takes ops off the queue (:meth:`wait_for_room`)."""
 
@@ -248,6 +253,14 @@ class Store:
             self.queue.put_nowait(op)
         return True
 
+    def take_lost(self, run_id: int) -> int:
+        """How many of *run_id*'s events could not be stored since the last call."""
+        return self.lost_by_run.pop(run_id, 0)
+
+    def _lost(self, op: Op) -> None:
+        if op.run_id is not None:
+            self.lost_by_run[op.run_id] += 1
+
     async def wait_for_room(self, n: int, backlog: int | None = None) -> None:
         """Return once the queue has room for *n* more ops and, with
         *backlog*, holds fewer than that many (at once when it does).
@@ -339,6 +352,7 @@ class Store:
             delay = self._retry.next_delay()
             if asyncio.get_running_loop().time() + delay > budget_end:
                 self._fail(batch, exc, reason="store_unavailable")
+                self._retry.reset()  # the next batch starts with a short pause again
                 return
             if self._retry.attempt in _LOG_AT:
                 log.warning(
@@ -386,6 +400,7 @@ class Store:
             )
         self.drops.add(reason, str(exc)[:200], n=len(batch))
         for op in batch:
+            self._lost(op)
             if op.future is not None and not op.future.done():
                 op.future.set_exception(exc)
 
@@ -423,6 +438,7 @@ class Store:
                     await db.rollback_to("one")
                     await db.release("one")
                 self.drops.add(op.drop_reason, str(exc)[:200])
+                self._lost(op)
                 out.append((op, None, exc))
         return out
 
@@ -450,6 +466,7 @@ class Store:
             await db.release("atomic")
             if op.future is None:  # queued without waiting (a step with its buckets): count it
                 self.drops.add(op.drop_reason, str(exc)[:200])
+                self._lost(op)
             return op, None, exc  # a caller who awaits it decides what it means
 
     # --- reading -------------------------------------------------------------

@@ -324,6 +324,7 @@ async def test_a_lost_postgres_is_retried_and_runs_resume_when_it_returns(
         store.submit_nowait(runsdb.step_op(run, step_msg(1)))
         await asyncio.sleep(1.6)
         assert drops.snapshot().get("store_unavailable") == 1
+        assert store.take_lost(run) == 1 and store.take_lost(run) == 0  # the run's, once
         # Lost briefly: the batch waits and lands once the server is back.
         store.submit_nowait(runsdb.step_op(run, step_msg(2)))
         await asyncio.sleep(0.3)
