@@ -205,7 +205,10 @@ def compare(a: KernelTable, b: KernelTable) -> dict[str, Any]:
     class totals on the same basis."""
     basis = "step" if a.steps and b.steps else "window"
     warnings = []
-    if a.source != b.source:
+    if a.source is None or b.source is None:
+        empty = "A" if a.source is None else "B"
+        warnings.append(f"run {empty} has no kernel data: its column is empty")
+    elif a.source != b.source:
         warnings.append(
             f"A's figures come from {a.source} windows, B's from {b.source} "
             "windows: not like for like"

@@ -54,3 +54,12 @@ def test_runs_are_compared_on_a_source_both_have():
     assert kerneltable.common_source(a, [_win("snapshot", [1], [_kernel("x", 1.0)])]) is None
     mixed = kerneltable.compare(kerneltable.build_table(a), kerneltable.build_table(b))
     assert "not like for like" in mixed["warnings"][0]  # continuous vs nsys, said so
+
+
+def test_a_comparison_with_a_run_without_kernels_says_so():
+    timed = kerneltable.build_table([_win("snapshot", [1], [_kernel("gemm", 2.0)])])
+    empty = kerneltable.build_table([])
+    assert empty.source is None
+    out = kerneltable.compare(timed, empty)
+    assert "run B has no kernel data: its column is empty" in out["warnings"]
+    assert not any("None" in w for w in out["warnings"])

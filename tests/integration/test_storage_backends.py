@@ -39,12 +39,14 @@ def _store_a_run(node: Node, url: str) -> dict:
     wait_for(lambda: ping(node.socket_dir), 20, "gpuprofd to answer ping")
     out = node.run_script(TRAIN, str(STEPS), "1", "0.02", "stall-run")
     assert out.returncode == 0, out.stderr
+    db_file = ping(node.socket_dir)["db_file"]
     node.stop_daemon()
     runs = node.ctl("runs", "--storage-url", url, "--format", "json")
     assert runs.returncode == 0, runs.stderr
     insights = node.ctl("insights", "--storage-url", url, "--format", "json")
     assert insights.returncode == 0, insights.stderr
     return {
+        "db_file": db_file,
         "stdout": out.stdout,
         "runs": json.loads(runs.stdout),
         "insights": json.loads(insights.stdout),
@@ -74,3 +76,4 @@ def test_a_run_reads_back_the_same_from_sqlite_and_postgres(tmp_path: Path, pg_u
     rules = {n: sorted(i["rule"] for i in d["insights"]["insights"]) for n, d in got.items()}
     assert rules["sqlite"] == rules["postgres"]
     assert "postgres://" in got["postgres"]["stdout"]  # the summary names where it went
+    assert (got["sqlite"]["db_file"], got["postgres"]["db_file"]) == ("ok", "none")

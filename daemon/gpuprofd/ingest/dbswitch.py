@@ -67,7 +67,10 @@ class DbSwitch:
         """The last database problem logged (logged once, not every second)."""
 
     def file_state(self) -> str:
-        """``ok``, or what happened to the file (``deleted``, ``replaced``)."""
+        """``ok``, what happened to the file (``deleted``, ``replaced``), or
+        ``none`` when the database is no file (Postgres)."""
+        if self.store.path is None:
+            return "none"
         return self.store.file_state() or "ok"
 
     async def check_periodic(self) -> None:
