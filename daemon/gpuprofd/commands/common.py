@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import re
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -25,7 +24,19 @@ format_option = click.option(
     help="Output format.",
 )
 
-db_argument = click.argument("db", type=click.Path(path_type=Path), required=False)
+
+class DbOrUrl(click.ParamType):
+    """A database file's path, or a storage URL given in its place (the
+    summary's ``Full report:`` line for a Postgres run), kept as written."""
+
+    name = "db"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        text = str(value)
+        return text if "://" in text else Path(text)
+
+
+db_argument = click.argument("db", type=DbOrUrl(), required=False)
 
 #: ``--storage-url URL``: the database as a storage URL, instead of DB.
 storage_url_option = click.option(
@@ -64,7 +75,7 @@ def resolve_db(db: Path | None) -> Path:
     return (db or config.db_path()).expanduser()
 
 
-def resolve_target(db: Path | None, storage_url: str | None) -> Path | str:
+def resolve_target(db: Path | str | None, storage_url: str | None) -> Path | str:
     """What to read: *storage_url*, else :func:`resolve_db` of *db*.
 
     Raises:
@@ -74,18 +85,9 @@ def resolve_target(db: Path | None, storage_url: str | None) -> Path | str:
         if db is not None:
             raise click.UsageError("give DB or --storage-url, not both")
         return storage_url
-    url = _url_given_as_db(db)
-    return url if url is not None else resolve_db(db)
-
-
-def _url_given_as_db(db: Path | None) -> str | None:
-    """*db* as a storage URL when it is one (``gpuprofctl runs postgres://…``
-    works as ``--storage-url``); the path type has merged its ``//``."""
-    m = re.fullmatch(r"(sqlite|postgres|postgresql):/+(.*)", str(db or ""), re.S)
-    if m is None:
-        return None
-    scheme, rest = m.groups()
-    return f"{scheme}:///{rest}" if scheme == "sqlite" else f"{scheme}://{rest}"
+    if isinstance(db, str):  # a storage URL given as DB
+        return db
+    return resolve_db(db)
 
 
 def read_with(target: Path | str, reads: Callable[[Reader], Awaitable[T]]) -> T:

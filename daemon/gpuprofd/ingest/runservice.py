@@ -223,6 +223,7 @@ class RunService:
             raise
         if not tail:
             self._close(live)
+        self._collect_lost(live)
         await runsdb.update_run(self.store, live.run_id, **self._end_fields(live, msg))
         log.info("run %d %r %s", live.run_id, live.run_name, msg["status"])
         if not tail:
@@ -238,8 +239,11 @@ class RunService:
         self.registry.remove(live.run_key)
         self.registry.mark_unknown(live.run_key, "run_ended")
 
-    def _end_fields(self, live: LiveRun, msg: dict[str, Any]) -> dict[str, Any]:
+    def _collect_lost(self, live: LiveRun) -> None:
+        """Add the events of *live* the store could not commit to its count."""
         live.store_dropped += self.store.take_lost(live.run_id)
+
+    def _end_fields(self, live: LiveRun, msg: dict[str, Any]) -> dict[str, Any]:
         cuda_uuid = msg.get("cuda_uuid") or live.cuda_uuid
         gpu_model, gpu_count = self._gpu(cuda_uuid)
         return dict(
@@ -292,7 +296,7 @@ class RunService:
         log.info(
             "run %d: %d of %d events in after its end", live.run_id, live.received, msg["sent"]
         )
-        live.store_dropped += self.store.take_lost(live.run_id)
+        self._collect_lost(live)
         await runsdb.update_run(
             self.store,
             live.run_id,
@@ -315,7 +319,7 @@ class RunService:
         finally:
             self.registry.remove(live.run_key)
             self.registry.mark_unknown(live.run_key, "run_ended")
-        live.store_dropped += self.store.take_lost(live.run_id)
+        self._collect_lost(live)
         await runsdb.update_run(
             self.store,
             live.run_id,

@@ -302,18 +302,25 @@ class Proxy:
         await asyncio.gather(pipe(r, uw), pipe(ur, w))
 
 
+async def _through_proxy(pg_url: str) -> tuple[Proxy, str]:
+    """A started :class:`Proxy` to the server of *pg_url*, and the URL through it."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(pg_url)
+    port = parts.port or 5432
+    proxy = Proxy(port)
+    await proxy.start()
+    return proxy, pg_url.replace(f"{parts.hostname}:{port}", f"127.0.0.1:{proxy.port}")
+
+
 async def test_a_lost_postgres_is_retried_and_runs_resume_when_it_returns(
     pg_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(store_mod, "RETRY_FIRST_S", 0.05)
     monkeypatch.setattr(store_mod, "RETRY_MAX_S", 0.2)
     monkeypatch.setattr(store_mod, "RETRY_BUDGET_S", 1.0)
-    from urllib.parse import urlsplit
 
-    parts = urlsplit(pg_url)
-    proxy = Proxy(parts.port or 5432)
-    await proxy.start()
-    via = pg_url.replace(f"{parts.hostname}:{parts.port or 5432}", f"127.0.0.1:{proxy.port}")
+    proxy, via = await _through_proxy(pg_url)
     drops = DropCounter()
     async with open_store(via, drops) as store:
         run = await runsdb.insert_run(store, run_row())
@@ -498,7 +505,6 @@ async def test_a_postgres_that_stops_answering_is_a_lost_server_not_a_hang(
 ) -> None:
     """A partition (the server silent, connections open): each statement
     times out, the batch is retried then counted, and closing ends in bounded time."""
-    from urllib.parse import urlsplit
 
     from gpuprofd.storage import postgres
 
@@ -508,10 +514,7 @@ async def test_a_postgres_that_stops_answering_is_a_lost_server_not_a_hang(
     monkeypatch.setattr(store_mod, "RETRY_MAX_S", 0.2)
     monkeypatch.setattr(store_mod, "RETRY_BUDGET_S", 1.0)
     monkeypatch.setattr(store_mod, "CLOSE_FLUSH_S", 1.0)
-    parts = urlsplit(pg_url)
-    proxy = Proxy(parts.port or 5432)
-    await proxy.start()
-    via = pg_url.replace(f"{parts.hostname}:{parts.port or 5432}", f"127.0.0.1:{proxy.port}")
+    proxy, via = await _through_proxy(pg_url)
     drops = DropCounter()
     loop = asyncio.get_running_loop()
     async with open_store(via, drops) as store:
