@@ -240,6 +240,7 @@ class Daemon:
             devices,
             boot_id=self.boot_id,
             owner=f"{socket.gethostname()}:{opts.socket_dir}",
+            default_gpu=devices[0] if opts.nvml_backend.startswith("replay:") and devices else None,
         )
         # 4. (with the counters) stop storing ended runs' late events; they stay
         # open in the database and the next daemon takes them up

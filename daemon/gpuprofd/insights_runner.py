@@ -65,6 +65,8 @@ class InsightsRunner:
         self._group_last: dict[str, tuple[int, dict[str, Any]]] = {}
         """Group -> (when its last read began, monotonic ns; its findings)."""
         self._group_tasks: set[asyncio.Task[Any]] = set()
+        self.latest: dict[int, tuple[Insight, ...]] = {}
+        """Run id -> the findings of its latest live pass, while it runs (``/metrics``)."""
 
     async def _compute(self, run: dict[str, Any]) -> tuple[list[Insight], RunContext]:
         """The run's context (a running run's host samples up to now) and its findings."""
@@ -129,6 +131,7 @@ class InsightsRunner:
         if run is None:
             return []
         insights, _ = await self._compute(run)
+        self.latest[run_id] = tuple(insights)
         await runsdb.replace_insights(self.store, run_id, insights)
         return insights
 
@@ -140,6 +143,7 @@ class InsightsRunner:
         run = await reads.find_run(self.store, run_id=run_id)
         if run is None:
             raise KeyError(run_id)
+        self.latest.pop(run_id, None)
         insights, ctx = await self._compute(run)
         summary = make_summary(
             run_id,

@@ -27,6 +27,8 @@ class LiveRun:
     """Events the daemon received but could not queue for storage."""
     persisted_received: int = 0
     last_t1_ns: int | None = None
+    last_step: dict[str, Any] | None = None
+    """The newest ``step`` message received (for ``/metrics``), None before one."""
     local_pid: bool = True
     """``pid`` is in this daemon's PID namespace; if not (a container), liveness
     is judged by silence instead of by the pid."""
@@ -44,6 +46,7 @@ class LiveRun:
         if msg["type"] == "step":
             self.steps += 1
             self.last_t1_ns = max(self.last_t1_ns or 0, msg["t1"])
+            self.last_step = msg
         self._arrivals.set()
 
     async def wait_received(self, target: int, timeout_s: float) -> bool:

@@ -63,8 +63,13 @@ class RunService:
         wall_clock: Callable[[], int] = time.time_ns,
         boot_id: str | None = None,
         owner: str | None = None,
+        default_gpu: GpuDevice | None = None,
     ) -> None:
         self.store = store
+        self.default_gpu = default_gpu
+        """The GPU a run that names no CUDA device is taken to use: the
+        replayed one under ``GPUPROF_NVML=replay:PATH`` (a CPU run stands in
+        for training on it); None on real and mock GPUs."""
         self.owner = owner
         """This daemon as stored with its runs (``host:socket dir``): on a
         database several daemons share, each recovers only its own runs."""
@@ -114,7 +119,9 @@ class RunService:
                 if existing["status"] in ("finished", "failed"):
                     raise UnknownRun(f"run {existing['id']} with this key has already ended")
                 return await self._adopt(existing)
-            gpu_model, gpu_count = self._gpu(msg.get("cuda_uuid"))
+            default = self.default_gpu.uuid if self.default_gpu else None
+            cuda_uuid = msg.get("cuda_uuid") or default
+            gpu_model, gpu_count = self._gpu(cuda_uuid)
             row = {
                 "run_key": msg["run_key"],
                 "run_name": clean_run_name(msg["run_name"]),
@@ -129,7 +136,7 @@ class RunService:
                 "start_wall_ns": msg["wall_ns"],
                 "start_mono_ns": msg["mono_ns"],
                 "options": msg["options"],
-                "cuda_uuid": msg.get("cuda_uuid"),
+                "cuda_uuid": cuda_uuid,
                 "gpu_model": gpu_model,
                 "gpu_count": gpu_count,
                 "cpu_count": self.cpu_count,
@@ -146,7 +153,7 @@ class RunService:
                 msg["pid"],
                 msg["wall_ns"],
                 msg["mono_ns"],
-                msg.get("cuda_uuid"),
+                cuda_uuid,
                 local_pid=self._local(msg.get("pid_ns")),
             )
             self.registry.add(live)
