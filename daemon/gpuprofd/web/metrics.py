@@ -25,6 +25,8 @@ the bound are summed under ``other``). No step number is ever a label.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -252,18 +254,42 @@ def bounded_reasons(counts: Mapping[str, int]) -> list[tuple[str, int]]:
     return [*keep, (OTHER_REASON, sum(n for _, n in items[MAX_DROP_REASONS - 1 :]))]
 
 
+def snapshot(sources: MetricsSources) -> MetricsSources:
+    """*sources* called once each, now, as sources that return those values
+    (a source that raised raises again when called: its section is left out)."""
+
+    def taken(source: Callable[[], Any]) -> Callable[[], Any]:
+        try:
+            value = source()
+        except Exception as exc:  # noqa: BLE001 - reported by the collector's section
+            failure = exc
+
+            def fail() -> Any:
+                raise failure
+
+            return fail
+        return lambda: value
+
+    return MetricsSources(
+        *(taken(getattr(sources, f.name)) for f in dataclasses.fields(MetricsSources))
+    )
+
+
 def add_routes(app: web.Application, sources: MetricsSources) -> None:
     """Add ``GET /metrics`` to *app*: Prometheus text (or OpenMetrics when the
     scraper's ``Accept`` asks for it, as prometheus_client negotiates).
 
-    Rendered on the event loop: the sources read loop-owned state, and the
-    bounds above keep a scrape to a few thousand lines."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(DaemonCollector(sources))
+    The sources are read on the event loop (they read loop-owned state), the
+    text is rendered in a worker thread: at the label bounds a scrape is
+    ~2,400 lines and ~100 ms of prometheus_client's formatting on a busy
+    2-core host (a run or two: a few ms)."""
 
     async def metrics(request: web.Request) -> web.Response:
         encode, content_type = choose_encoder(request.headers.get("Accept", ""))
-        return web.Response(body=encode(registry), headers={"Content-Type": content_type})
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(DaemonCollector(snapshot(sources)))
+        body = await asyncio.to_thread(encode, registry)
+        return web.Response(body=body, headers={"Content-Type": content_type})
 
     app.router.add_get("/metrics", metrics)
 
@@ -284,11 +310,6 @@ class _Registry(Protocol):
     def live(self) -> Mapping[str, _LiveRun]: ...
 
 
-class _Sinks(Protocol):
-    @property
-    def gpu_latest(self) -> Mapping[str, GpuSample]: ...
-
-
 class _Drops(Protocol):
     def snapshot(self) -> dict[str, int]: ...
 
@@ -306,17 +327,17 @@ class _Insights(Protocol):
 def metrics_sources(
     *,
     registry: _Registry,
-    sinks: _Sinks,
+    gpu_latest: Mapping[str, GpuSample],
     drops: _Drops,
     store: Store,
     ingest: _Ingest,
     insights: _Insights,
 ) -> MetricsSources:
     """The sources over a running daemon's parts: its run registry
-    (:class:`gpuprofd.ingest.registry.RunRegistry`), sample sinks
-    (:class:`gpuprofd.sinks.SampleSinks`), drop counter, store, ingest
-    (:class:`gpuprofd.ingest.data.Ingest`) and insights runner
-    (:class:`gpuprofd.insights_runner.InsightsRunner`)."""
+    (:class:`gpuprofd.ingest.registry.RunRegistry`), the newest GPU sample
+    by UUID (:attr:`gpuprofd.sinks.SampleSinks.gpu_latest`, read at each
+    scrape), drop counter, store, ingest (:class:`gpuprofd.ingest.data.Ingest`)
+    and insights runner (:class:`gpuprofd.insights_runner.InsightsRunner`)."""
 
     def runs() -> list[RunState]:
         return [
@@ -326,7 +347,7 @@ def metrics_sources(
         ]
 
     return MetricsSources(
-        gpus=lambda: tuple(sinks.gpu_latest.values()),
+        gpus=lambda: tuple(gpu_latest.values()),
         runs=runs,
         drops=drops.snapshot,
         events_received=lambda: ingest.received,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import threading
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -221,6 +222,38 @@ def test_a_failing_section_is_left_out_and_the_rest_served(caplog):
     assert "served without it" in caplog.text
 
 
+async def test_the_route_reads_the_sources_on_the_event_loop_once_each():
+    """The sources read loop-owned state: they are called on the loop's
+    thread (the text is rendered in a worker thread), once per scrape."""
+    calls: list[tuple[str, int]] = []
+    fake = Fake(runs=[RunState(1, "a", 3, 0.1)], received=5)
+    src = fake.sources()
+
+    def recorded(name: str, source: Any) -> Any:
+        def call() -> Any:
+            calls.append((name, threading.get_ident()))
+            return source()
+
+        return call
+
+    def broken() -> Sequence[GpuSample]:
+        calls.append(("gpus", threading.get_ident()))
+        raise RuntimeError("NVML state unreadable")
+
+    names = ("runs", "drops", "events_received", "store_queue_depth")
+    sources = MetricsSources(broken, *(recorded(n, getattr(src, n)) for n in names))
+    app = web.Application()
+    add_routes(app, sources)
+    async with TestClient(TestServer(app)) as client:
+        resp = await client.get("/metrics")
+        assert resp.status == 200
+        s = parse(await resp.text())
+    assert of(s, "gpuprof_events_received_total") == {(): 5}  # served without the GPUs
+    assert not of(s, "gpuprof_gpu_power_watts")
+    assert sorted(n for n, _ in calls) == sorted(["gpus", *names])
+    assert {t for _, t in calls} == {threading.get_ident()}
+
+
 # --- the real parts behind a real app -----------------------------------------
 
 
@@ -260,7 +293,7 @@ async def test_metrics_of_a_real_daemon_part_set(tmp_path: Path):
     async with _parts(tmp_path / "m.db", device) as p:
         sources = metrics_sources(
             registry=p["runs"].registry,
-            sinks=p["sinks"],
+            gpu_latest=p["sinks"].gpu_latest,
             drops=p["drops"],
             store=p["store"],
             ingest=p["ingest"],
