@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import re
 import threading
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
@@ -252,6 +253,15 @@ async def test_the_route_reads_the_sources_on_the_event_loop_once_each():
     assert not of(s, "gpuprof_gpu_power_watts")
     assert sorted(n for n, _ in calls) == sorted(["gpus", *names])
     assert {t for _, t in calls} == {threading.get_ident()}
+
+
+def test_docs_list_every_metric_served():
+    run = RunState(1, "a", 3, 0.1, metrics.step_phases_s(_step()), (("r", "HIGH", 1),))
+    fake = Fake(gpus=[gpu(0, "GPU-a")], runs=[run], drops={"not_json": 1})
+    served = {name for name, _ in scrape(fake)}
+    doc = (Path(__file__).resolve().parents[3] / "docs" / "metrics.md").read_text()
+    documented = set(re.findall(r"^\| `(gpuprof_[a-z_]+)` \|", doc, re.MULTILINE))  # table rows
+    assert documented == served
 
 
 # --- the real parts behind a real app -----------------------------------------
