@@ -122,8 +122,9 @@ def train(seconds: float, socket_dir: Path, db: Path) -> int:
     """Train until *seconds* have passed; return the steps taken."""
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU())
-    model.append(nn.Linear(512, 10))
+    model = nn.Sequential(
+        nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10)
+    )
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     loss_fn = nn.CrossEntropyLoss()
     held_out = torch.randn(256, 256)
@@ -163,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
             steps = train(args.seconds, socket_dir, db)
             if sys.stdin.isatty():
                 input(f"{steps} steps trained; the dashboard stays up until you press Enter. ")
+        except KeyboardInterrupt:
+            print("\ninterrupted")
         finally:
             stop_daemon(daemon)
     finally:
