@@ -51,6 +51,17 @@ export function alpha(color, a) {
 
 const live = new Set();
 
+// A drag on one chart is mirrored on every chart of its sync key, each firing
+// setSelect: one callback per drag, for the range of the first to fire.
+let pendingSelect = null;
+function selected(onSelect, from, to) {
+  if (pendingSelect) return;
+  pendingSelect = setTimeout(() => {
+    pendingSelect = null;
+    onSelect(from, to);
+  }, 0);
+}
+
 /** Destroy every chart made since the last call (a view is leaving). */
 export function destroyCharts() {
   for (const c of live) c.destroy();
@@ -135,7 +146,7 @@ export function chart(parent, spec) {
           const from = u.posToVal(u.select.left, "x");
           const to = u.posToVal(u.select.left + u.select.width, "x");
           u.setSelect({ left: 0, top: 0, width: 0, height: 0 }, false);
-          spec.onSelect(from, to);
+          selected(spec.onSelect, from, to);
         },
       ],
     },

@@ -4,6 +4,8 @@
 import { h, userText } from "../dom.js";
 
 const SEVERITY_ORDER = { HIGH: 0, MED: 1, LOW: 2 };
+/** The CSS class of a severity: the rules' HIGH / MED / LOW, other words mapped. */
+const SEVERITY_CLASS = { HIGH: "high", CRITICAL: "high", MED: "med", MEDIUM: "med", WARNING: "med", LOW: "low", INFO: "low" };
 
 /** A status word as a badge (running, finished, failed, lost, ...). */
 export function statusBadge(status) {
@@ -16,7 +18,7 @@ export function insightItem(ins) {
   const sev = String(ins.severity ?? "");
   return h(
     "li",
-    { class: `insight sev-${sev.toLowerCase().replace(/[^a-z]/g, "")}`, "data-rule": ins.rule },
+    { class: `insight sev-${SEVERITY_CLASS[sev.toUpperCase()] ?? "low"}`, "data-rule": ins.rule },
     h("div", { class: "insight-head" },
       h("span", { class: "sev" }, sev),
       h("span", { class: "insight-title" }, userText(ins.title)),
@@ -26,10 +28,12 @@ export function insightItem(ins) {
   );
 }
 
+const rank = (ins) => SEVERITY_ORDER[String(ins.severity).toUpperCase()] ?? SEVERITY_ORDER[SEVERITY_CLASS[String(ins.severity).toUpperCase()]?.toUpperCase()] ?? 9;
+
 /** The insights list, most severe first; `empty` said when there are none. */
 export function insightList(insights, notes = [], empty = "No findings: nothing here slows the run.") {
   const sorted = [...(insights || [])].sort(
-    (a, b) => (SEVERITY_ORDER[a.severity] ?? 9) - (SEVERITY_ORDER[b.severity] ?? 9),
+    (a, b) => rank(a) - rank(b),
   );
   return h(
     "div",
