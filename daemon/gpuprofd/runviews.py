@@ -83,6 +83,7 @@ def describe(
         "dropped_events": run.get("dropped_events") or 0,
         "store_dropped_events": run.get("store_dropped_events") or 0,
         "start_wall_ns": run.get("start_wall_ns"),
+        "end_wall_ns": run.get("end_wall_ns"),
         "torch_peak_allocated_bytes": agg.get("mem_peak_bytes"),
         "torch_peak_reserved_bytes": agg.get("mem_reserved_max_bytes"),
         "mfu": run.get("mfu") if run.get("mfu") is not None else compute.get("mfu"),
@@ -92,14 +93,30 @@ def describe(
     }
 
 
-async def list_runs(db: Reader, group: str | None = None) -> list[dict[str, Any]]:
-    """Every run, newest first; with *group*, that group's runs by rank.
+async def list_runs(
+    db: Reader,
+    group: str | None = None,
+    *,
+    name: str | None = None,
+    status: str | None = None,
+    limit: int | None = None,
+) -> list[dict[str, Any]]:
+    """Every run, newest first; with *group*, that group's runs by rank;
+    only those whose name contains *name* and whose status is *status*, the
+    first *limit* of them (a running run's median is computed only for the
+    runs listed).
 
     Raises:
         UnknownGroupError: *group* given and no run belongs to it.
     """
     out = []
     for run in await reads.runs_overview(db, group):
+        if (name is not None and name not in run["run_name"]) or (
+            status is not None and run["status"] != status
+        ):
+            continue
+        if limit is not None and len(out) >= limit:
+            break
         median_ms = run.get("median_step_ms")
         compute = None
         if median_ms is None and run["agg"]:  # still running: compute it now
@@ -108,9 +125,36 @@ async def list_runs(db: Reader, group: str | None = None) -> list[dict[str, Any]
             median_ms = round(median_ms, 3) if median_ms is not None else None
             compute = mfu_figures(ctx)
         out.append(describe(run, median_ms, compute))
-    if group is not None and not out:
+    if group is not None and not out and name is None and status is None:
         raise UnknownGroupError(await reads.unknown_group_message(db, group))
     return out
+
+
+def phase_means_ms(agg: dict[str, Any] | None) -> dict[str, float | None]:
+    """Mean ms per step of each phase over the steps :func:`iteration_shares`
+    covers (``steps_counted``), keyed as its shares are: ``loader_wait`` (wait
+    + the ``data`` phase), ``forward``, ``backward``, ``comm`` (None when the
+    run timed none), ``optimizer``, ``other`` (the rest of the step). All
+    None when no step is counted."""
+    agg = agg or {}
+    n = agg.get("counted_steps") or 0
+    if not n:
+        return {key: None for key, _ in COLUMNS}
+
+    def ms(ns: float) -> float:
+        return round(ns / n / 1e6, 4)
+
+    out: dict[str, float | None] = {
+        "loader_wait": ms((agg.get("wait_ns") or 0) + (agg.get("data_ns") or 0))
+    }
+    named = agg.get("data_ns") or 0
+    for phase in ("forward", "backward", "comm", "optimizer"):
+        named += agg.get(f"{phase}_ns") or 0
+        out[phase] = ms(agg.get(f"{phase}_ns") or 0)
+    if not agg.get("comm_steps"):
+        out["comm"] = None
+    out["other"] = ms(max((agg.get("step_ns") or 0) - named, 0))
+    return {key: out[key] for key, _ in COLUMNS}
 
 
 LIVE_NOTE = "run in progress: insights as of the daemon's last live update"
