@@ -27,6 +27,7 @@ from gpuprofd.storage.commprune import COMM_KEEP_EVERY, COMM_STEPS_KEPT
 from gpuprofd.storage.dialect import SQLITE
 from gpuprofd.storage.url import StorageUrl
 from gpuprofd.storage.url import parse as parse_storage_url
+from gpuprofd.web import address as http_address
 
 LOG_FORMAT = "%(asctime)s gpuprofd[%(process)d] %(levelname)s %(name)s: %(message)s"
 
@@ -113,6 +114,16 @@ def _setting(*decls: str, type: click.ParamType, default: float, help: str, **kw
     "time is kept).",
 )
 @click.option(
+    "--http",
+    "http",
+    metavar="HOST:PORT|off",
+    default=None,
+    help=f"Where the dashboard listens [default: {http_address.DEFAULT_HOST}:"
+    f"{http_address.DEFAULT_PORT}, or a free port when that one is taken]. Loopback only "
+    "(the dashboard has no login yet); a port given here that is taken is an error; "
+    "off: no dashboard.",
+)
+@click.option(
     "--log-level",
     type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
     default="info",
@@ -128,6 +139,7 @@ def cli(
     raw_window_s: float,
     comm_steps_kept: int,
     comm_keep_every: int,
+    http: str | None,
     log_level: str,
 ) -> int:
     """gpuprofd: the per-node gpuprof daemon (ingest, GPU/host sampling, storage, insights)."""
@@ -141,6 +153,7 @@ def cli(
         return EXIT_BAD_INPUT
     try:
         storage = _storage(db, storage_url)
+        http_at = http_address.parse(http)
     except GpuprofdError as exc:
         click.echo(f"gpuprofd: error: {exc}", err=True)
         return exc.exit_code
@@ -154,6 +167,7 @@ def cli(
         raw_window_s=raw_window_s,
         comm_steps_kept=comm_steps_kept,
         comm_keep_every=comm_keep_every,
+        http=http_at,
         nvml_backend=nvml,
         gpu_rate_usd_per_hour=rate,
         base_notes=notes,

@@ -58,6 +58,8 @@ from gpuprofd.sinks import SampleSinks
 from gpuprofd.storage import commprune, schema
 from gpuprofd.storage.store import Store
 from gpuprofd.storage.url import StorageUrl
+from gpuprofd.web import address as http_address
+from gpuprofd.web.address import HttpAddress
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +95,8 @@ class DaemonOptions:
     """Per-bucket comm rows kept for each run's last this-many steps ..."""
     comm_keep_every: int = commprune.COMM_KEEP_EVERY
     """... and for every this-many-th step (:mod:`gpuprofd.storage.commprune`)."""
+    http: HttpAddress | None = http_address.parse(None)
+    """Where the dashboard listens (:mod:`gpuprofd.web.address`); None: ``--http off``."""
 
 
 def run_daemon(opts: DaemonOptions) -> int:
@@ -278,6 +282,8 @@ class Daemon:
 
         pull, router = sockets.bind()
         ingest = Ingest(pull, runs, store, drops, self.touch, on_workers=host.workers.add)
+        # 0. (last in, first out) the dashboard: its live sockets closed with 1001
+        dashboard = await self._dashboard(stack, store, devices, ingest, sinks)
         handlers = ControlHandlers(
             db=store.where,
             socket_dir=opts.socket_dir,
@@ -292,6 +298,8 @@ class Daemon:
             ),
             request_stop=self.stop,
             started_wall_ns=self.started_wall_ns,
+            dashboard_url=dashboard.url,
+            dashboard_why_not=dashboard.why_not,
         )
         name = "stop-when-drained"
         await stack.enter_async_context(
@@ -306,3 +314,46 @@ class Daemon:
 
         stack.enter_context(stop_on_signals(self.stop))  # a second signal during shutdown kills
         stack.callback(log.info, "gpuprofd shutting down")
+
+    async def _dashboard(
+        self,
+        stack: contextlib.AsyncExitStack,
+        store: Store,
+        devices: list[Any],
+        ingest: Ingest,
+        sinks: SampleSinks,
+    ) -> Dashboard:
+        """Serve the web app on ``opts.http`` (on *stack*); what runs are told of it.
+
+        Raises:
+            BadInputError: the address given cannot be bound.
+        """
+        if self.opts.http is None:
+            return Dashboard(None, "gpuprofd was started with --http off")
+        from gpuprofd.web.app import WebState, build_app, serving
+
+        state = WebState(
+            reader=store,
+            devices=tuple(devices),
+            live_run_ids=lambda: {r.run_id for r in self.registry.live.values()},
+            boot_id=self.boot_id,
+        )
+        sources = {
+            "drops": self.drops,
+            "registry": self.registry,
+            "store": store,
+            "ingest": ingest,
+            "gpu_latest": sinks.gpu_latest,
+            "devices": tuple(devices),
+        }
+        served = await stack.enter_async_context(serving(build_app(state, sources), self.opts.http))
+        return Dashboard(served.url, None)
+
+
+@dataclass(frozen=True)
+class Dashboard:
+    """The dashboard's URL as told to runs (hello) and ``gpuprofctl status``
+    (ping), or why there is none."""
+
+    url: str | None
+    why_not: str | None = None

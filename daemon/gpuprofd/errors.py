@@ -43,3 +43,9 @@ class BadInputError(GpuprofdError):
     """An argument that cannot work (e.g. a socket path too long for Unix)."""
 
     exit_code = EXIT_BAD_INPUT
+
+
+class UnknownGroupError(GpuprofdError):
+    """A group name that no run in the database carries."""
+
+    exit_code = EXIT_BAD_INPUT

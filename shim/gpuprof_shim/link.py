@@ -41,6 +41,8 @@ class DaemonLink:
         #: What went wrong with the daemon, for the summary; None if nothing.
         self.problem: str | None = None
         self.run_id: int | None = None
+        #: The hello reply's dashboard fields (None: no reply).
+        self.hello_reply: dict[str, Any] | None = None
 
     def connect(self, hello: Callable[[], dict[str, Any]]) -> None:
         """Open the data socket and send ``hello`` (the message *hello*
@@ -81,12 +83,31 @@ class DaemonLink:
             log.warning("gpuprof: %s", self.problem)
         else:
             self.ok = True
+            self.hello_reply = reply
             self.run_id = reply["run_id"]
             self.db = reply["db"]
             if not self.sender.wait_connected(DATA_CONNECT_TIMEOUT_MS):
                 log.warning("gpuprof: the data socket is not connected yet; early steps may drop")
             for note in reply["notes"]:
                 log.info("gpuprof: %s", note)
+
+    def dashboard_line(self, run_id: int | None) -> str:
+        """``gpuprof dashboard: http://127.0.0.1:7311/#/run/3``, or
+        ``gpuprof dashboard: none (why)``: from the hello reply."""
+        reply = self.hello_reply
+        if reply is None:
+            return f"gpuprof dashboard: none ({self.problem or 'gpuprofd unreachable'})"
+        url = reply.get("dashboard_url")
+        if isinstance(url, str) and url.startswith("http"):
+            return f"gpuprof dashboard: {url}/#/run/{run_id}"
+        if "dashboard_url" not in reply:
+            pid = reply.get("daemon_pid")
+            return (
+                f"gpuprof dashboard: none (the running gpuprofd, pid {pid}, predates the "
+                "dashboard: gpuprofctl stop, and the next run starts a new one)"
+            )
+        why = reply.get("dashboard_why_not")
+        return f"gpuprof dashboard: none ({why if isinstance(why, str) else 'not served'})"
 
     def bye(self, msg: dict[str, Any]) -> dict[str, Any] | None:
         """Send the ``bye`` request *msg*; the daemon's summary, or None

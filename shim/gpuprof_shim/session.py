@@ -96,6 +96,9 @@ class Profiler:
         db: the database a started daemon uses (default ``GPUPROF_DB`` or
             ``./gpuprof.db``, made absolute against the current directory).
         autostart: start a gpuprofd if none answers.
+        dashboard: print the run's dashboard URL as the first line (where the
+            summary prints: rank 0 by default), or one line saying why there
+            is none; training goes on either way.
         trace_every_n_steps: a ``torch.profiler`` snapshot of one step every N
             steps, plus steps 0, 1 and 5 (see :mod:`gpuprof_shim.trace`).
         trace_range: ``(a, b)``: a snapshot of every step from a to b inclusive.
@@ -133,6 +136,7 @@ class Profiler:
         socket_dir: str | os.PathLike[str] | None = None,
         db: str | os.PathLike[str] | None = None,
         autostart: bool = True,
+        dashboard: bool = False,
         step_source: str = "optimizer",
         arch: Any = None,
         tokens_per_step: int | None = None,
@@ -172,6 +176,7 @@ class Profiler:
             Path(socket_dir).expanduser() if socket_dir else config.socket_dir(db=Path(self.db))
         )
         self.autostart = bool(autostart)
+        self.dashboard = bool(dashboard)
         self.run_key = uuid.uuid4().hex
         self.ranks = identity.read_ranks()
         self.print_summary = self.ranks.rank == 0 if print_summary is None else bool(print_summary)
@@ -241,6 +246,8 @@ class Profiler:
                 log.warning("gpuprof: could not reach gpuprofd", exc_info=True)
                 self.link.ok = False
                 self.link.problem = "gpuprofd unreachable (internal error)"
+            if self.dashboard and self.print_summary:
+                print(self.link.dashboard_line(self.run_id), flush=True)
             self._start_recording()
         except BaseException:
             self._teardown()

@@ -6,11 +6,8 @@ from pathlib import Path
 from typing import Any
 
 import click
-import orjson
 
-from gpuprof.comm import COMM_PHASE
-from gpuprof.summary import comm_medians, format_summary, insight_lines, make_summary, size_text
-from gpuprofd import kerneltable
+from gpuprof.summary import format_summary, insight_lines, size_text
 from gpuprofd.commands.common import (
     db_argument,
     echo_json,
@@ -19,61 +16,28 @@ from gpuprofd.commands.common import (
     resolve_target,
     storage_url_option,
 )
-from gpuprofd.storage import reads
-from gpuprofd.storage.reader import Reader
+from gpuprofd.runviews import (
+    LIVE_NOTE,
+    TOP_KERNELS,
+    add_kernels_and_mfu,
+    comm_missing,
+    has_comm,
+    load_group,
+    load_summary,
+    rank_comm,
+)
 
-LIVE_NOTE = "run in progress: insights as of the daemon's last live update"
-#: Kernels listed under the summary.
-TOP_KERNELS = 10
-
-
-async def load_summary(db: Reader, run_id: int | None) -> dict[str, Any]:
-    """The stored end-of-run summary, or one built from the stored insights,
-    with the run's top kernels and MFU added where it lacks them
-    (:func:`add_kernels_and_mfu`)."""
-    run = await reads.get_run(db, run_id)
-    summary: dict[str, Any] | None = None
-    if run.get("summary"):
-        try:
-            summary = orjson.loads(run["summary"])
-        except orjson.JSONDecodeError:
-            pass  # damaged: rebuild below
-    if not isinstance(summary, dict):
-        ctx = await reads.run_context(db, run)
-        notes = [LIVE_NOTE] if run["status"] == "running" else []
-        summary = make_summary(
-            run["id"],
-            ctx,
-            await reads.stored_insights(db, run["id"]),
-            db.where,
-            notes,
-            error=run.get("error"),
-        )
-        if run.get("group_id"):
-            summary["group_id"] = run["group_id"]
-    table = kerneltable.build_table(await reads.kernel_windows(db, run["id"]))
-    return add_kernels_and_mfu(summary, run, table)
-
-
-def add_kernels_and_mfu(
-    summary: dict[str, Any], run: dict[str, Any], table: kerneltable.KernelTable
-) -> dict[str, Any]:
-    """Set ``top_kernels`` (the run's :data:`TOP_KERNELS` kernels by device
-    time: name, class, share of device time 0-1, count, mean µs, ms per step
-    or window; ``kernels_source`` says which windows) and ``mfu`` (0-1) /
-    ``achieved_tflops`` (per GPU) from the run record, each only where the
-    summary does not carry it already."""
-    if "top_kernels" not in summary:
-        summary["top_kernels"] = table.to_dict(TOP_KERNELS)["kernels"] if table.lines else []
-        summary["kernels_source"] = (
-            {"source": table.source, "windows": table.windows, "steps": table.steps}
-            if table.lines
-            else None
-        )
-    for key in ("mfu", "achieved_tflops"):
-        if summary.get(key) is None:
-            summary[key] = run.get(key)
-    return summary
+__all__ = [
+    "LIVE_NOTE",
+    "TOP_KERNELS",
+    "add_kernels_and_mfu",
+    "comm_missing",
+    "format_group",
+    "has_comm",
+    "load_group",
+    "load_summary",
+    "rank_comm",
+]
 
 
 def format_kernels_and_mfu(summary: dict[str, Any], shown: str) -> list[str]:
@@ -98,101 +62,6 @@ def format_kernels_and_mfu(summary: dict[str, Any], shown: str) -> list[str]:
                 f"    {100 * k['share']:5.1f} %  {k['count']:>7}  {k['mean_us']:>9.1f} µs  {name}"
             )
     return lines
-
-
-async def rank_comm(db: Reader, run: dict[str, Any]) -> dict[str, Any] | None:
-    """One rank's collectives for the group report: ``median_exposed_ms`` (the
-    ``comm`` phase per step) and ``median_share_of_step`` (0-1, comm / step
-    time per step), medians over the steady steps of its last
-    :data:`gpuprofd.storage.reads.GROUP_STEPS_MAX` untraced steps
-    (:func:`gpuprof.summary.comm_medians`: the definition of its summary's
-    comm line and of ``comm_dominant``; None when it timed no collective),
-    ``buckets_per_step`` and ``bytes_per_step`` (gradient bytes; means over
-    its last :data:`gpuprofd.storage.reads.GROUP_BUCKET_STEPS` steps with timed
-    buckets; None without), ``clock_offset_ns`` / ``clock_uncertainty_ns``
-    (its clock against the reference rank's; None when not measured),
-    ``clock_reference_rank`` (the rank it was aligned to). None
-    when the run has none of these. Bounded reads, by index: a day-long run
-    costs what a short one does."""
-    top = await reads.max_step(db, run["id"])
-    tail = [] if top is None else await reads.group_tail(db, run["id"], top)
-    timed = [s for s in tail if not s["traced"] and s["t0"] is not None and s["t1"] is not None]
-    timed = timed[-reads.GROUP_STEPS_MAX :]
-    exposed = share = None
-    if any(COMM_PHASE in s["phases"] for s in timed):
-        exposed, share = comm_medians(
-            [(s["t1"] - s["t0"]) / 1e6 for s in timed],
-            [s["phases"].get(COMM_PHASE, 0) / 1e6 for s in timed],
-        )
-    span = None
-    if tail:
-        indices = sorted(s["step"] for s in tail)
-        span = (indices[-reads.GROUP_BUCKET_STEPS :][0], indices[-1])
-    totals = await reads.comm_totals(db, run["id"], span) if span else {"steps": 0}
-    n = totals.get("steps") or 0
-    out = {
-        "median_exposed_ms": round(exposed, 3) if exposed is not None else None,
-        "median_share_of_step": round(share, 4) if share is not None else None,
-        "buckets_per_step": round(totals["buckets"] / n, 2) if n else None,
-        "bytes_per_step": round(totals["bytes"] / n) if n else None,
-        "clock_offset_ns": run.get("clock_offset_ns"),
-        "clock_uncertainty_ns": run.get("clock_uncertainty_ns"),
-        "clock_reference_rank": run.get("clock_reference_rank"),
-    }
-    return out if any(v is not None for v in out.values()) else None
-
-
-async def load_group(db: Reader, group: str) -> dict[str, Any]:
-    """A group's status (:func:`gpuprofd.storage.reads.group_status`), its findings
-    (``insights``: those gpuprofd stored when the group ended, else
-    :func:`gpuprof.insights.distributed.group_rules` over
-    :func:`gpuprofd.storage.reads.group_context` now; ``insights_source`` says
-    ``stored`` or ``computed``), ``runs`` (the group's runs) and ``runs_note``
-    (:func:`gpuprofd.storage.reads.runs_note`: a rank has several runs, its latest
-    is the one shown and compared), the ranks that never
-    reported (``missing_ranks``, :func:`gpuprofd.storage.reads.missing_ranks`), the
-    ranks without collective timings (``comm_missing``, :func:`comm_missing`) and,
-    per rank (by rank, each rank's latest run), its run id, status, median step, collectives
-    (``comm``, :func:`rank_comm`) and summary (:func:`load_summary`).
-
-    Raises:
-        click.ClickException: no run belongs to *group*.
-    """
-    every = await reads.group_runs(db, group)
-    if not every:
-        raise click.ClickException(await reads.unknown_group_message(db, group))
-    runs = reads.latest_rank_runs(every)  # what the group rules compare
-    status = reads.group_status([r["status"] for r in runs])
-    found = await reads.stored_group_insights(db, group) if status["ended"] else []
-    source = "stored" if found else "computed"
-    if not found:
-        _, found = await reads.group_insights_now(db, group)
-    comm = {run["id"]: await rank_comm(db, run) for run in runs}
-    ranks = []
-    for run in runs:
-        summary = await load_summary(db, run["id"])
-        ranks.append(
-            {
-                "rank": run.get("rank"),
-                "run_id": run["id"],
-                "status": run["status"],
-                "host": run.get("host"),
-                "median_step_ms": summary.get("median_step_ms"),
-                "comm": comm[run["id"]],
-                "summary": summary,
-            }
-        )
-    return {
-        "group": group,
-        **status,
-        "insights": found,
-        "insights_source": source,
-        "runs": len(every),
-        "runs_note": reads.runs_note(every),
-        "missing_ranks": reads.missing_ranks(runs),
-        "comm_missing": comm_missing(ranks),
-        "ranks": ranks,
-    }
 
 
 def _comm_cell(comm: dict[str, Any] | None, rank: int | None = None) -> str:
@@ -222,30 +91,6 @@ def _comm_cell(comm: dict[str, Any] | None, rank: int | None = None) -> str:
         pm = f" ± {unc / 1e6:.3f}" if unc is not None else ""
         parts.append(f"clock {comm['clock_offset_ns'] / 1e6:+.3f}{pm} ms")
     return "  comm " + ", ".join(parts)
-
-
-def has_comm(comm: dict[str, Any] | None) -> bool:
-    """Whether :func:`rank_comm` found any collective timing (exposed comm or
-    timed buckets)."""
-    return bool(comm) and (
-        comm.get("median_exposed_ms") is not None or comm.get("buckets_per_step") is not None
-    )
-
-
-def comm_missing(ranks: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The ranks with no collective timings (:func:`has_comm`) and what that
-    leaves of the group rules: ``{"ranks": [...], "message": ...}``, None when
-    every rank has some."""
-    without = [r["rank"] for r in ranks if not has_comm(r.get("comm"))]
-    if not without:
-        return None
-    who = f"rank{'' if len(without) == 1 else 's'} {', '.join(map(str, without))}"
-    why = "(comm hook registered before gpuprof.profile, or time_comm=False)"
-    if len(without) == len(ranks):
-        what = "straggler_rank, bucket_skew and comm_dominant cannot run; rank_skew only"
-    else:
-        what = "straggler_rank, bucket_skew and comm_dominant compare the other ranks only"
-    return {"ranks": without, "message": f"no collective timings from {who} {why}: {what}"}
 
 
 def format_group(data: dict[str, Any]) -> str:

@@ -8,7 +8,6 @@ from typing import Any
 import click
 
 from gpuprof.insights.base import WARMUP_STEPS
-from gpuprof.summary import mfu_figures
 from gpuprofd.commands.common import (
     db_argument,
     echo_json,
@@ -17,103 +16,10 @@ from gpuprofd.commands.common import (
     resolve_target,
     storage_url_option,
 )
+from gpuprofd.runviews import COLUMNS, describe, iteration_shares, list_runs
 from gpuprofd.storage import reads
-from gpuprofd.storage.reader import Reader
 
-#: Keys of ``pct_of_iteration``, in table order, with their column headers.
-COLUMNS = (
-    ("loader_wait", "WAIT%"),
-    ("forward", "FWD%"),
-    ("backward", "BWD%"),
-    ("comm", "COMM%"),
-    ("optimizer", "OPT%"),
-    ("other", "OTHER%"),
-)
-
-
-def _pct(part: float, whole: float) -> float:
-    return round(100.0 * part / whole, 1)
-
-
-def iteration_shares(agg: dict[str, Any]) -> dict[str, float | None]:
-    """Shares (%) of iteration time, loader wait + step, over every step but
-    the first (its wait covers start-up, as the dataloader-stall rule has it).
-
-    ``loader_wait`` is the wait before each step plus the loader time inside
-    steps (the ``data`` phase, between micro-batches); ``comm`` is the
-    exposed collective time (the ``comm`` phase: DDP's gradient all-reduce not
-    hidden under backward), None when the run timed no collectives; ``other``
-    is the rest of the step (unlabelled time, custom phases), so the shares
-    add up to 100 (to rounding). All None when no step is counted.
-    """
-    wait_ns = (agg.get("wait_ns") or 0) + (agg.get("data_ns") or 0)
-    iteration_ns = (agg.get("wait_ns") or 0) + (agg.get("step_ns") or 0)
-    if iteration_ns <= 0:
-        return {key: None for key, _ in COLUMNS}
-    out: dict[str, float | None] = {"loader_wait": _pct(wait_ns, iteration_ns)}
-    for phase in ("forward", "backward", "optimizer"):
-        out[phase] = _pct(agg.get(f"{phase}_ns") or 0, iteration_ns)
-    out["comm"] = _pct(agg.get("comm_ns") or 0, iteration_ns) if agg.get("comm_steps") else None
-    known = sum(v for v in out.values() if v is not None)
-    out["other"] = round(max(100.0 - known, 0.0), 1)
-    return out
-
-
-def describe(
-    run: dict[str, Any], median_ms: float | None, compute: dict[str, Any] | None = None
-) -> dict[str, Any]:
-    """One run's row (see :func:`iteration_shares` for ``pct_of_iteration``).
-    ``mfu`` / ``achieved_tflops``: the run record's (set at its end), else
-    *compute*'s (:func:`gpuprof.summary.mfu_figures` of a live run)."""
-    agg = run["agg"] or {}
-    compute = compute or {}
-    return {
-        "id": run["id"],
-        "run_name": run["run_name"],
-        "status": run["status"],
-        "group": run.get("group_id"),
-        "rank": run.get("rank"),
-        "local_rank": run.get("local_rank"),
-        "world_size": run.get("world_size"),
-        "local_world_size": run.get("local_world_size"),
-        "host": run.get("host"),
-        "steps": agg.get("steps", 0),
-        "median_step_ms": median_ms,
-        "pct_of_iteration": iteration_shares(agg),
-        "steps_counted": agg.get("counted_steps") or 0,
-        "skipped_updates": int(agg.get("skipped_updates") or 0),
-        "eval_s": round(((agg.get("eval_ns") or 0) + (run.get("trailing_eval_ns") or 0)) / 1e9, 3),
-        "dropped_events": run.get("dropped_events") or 0,
-        "store_dropped_events": run.get("store_dropped_events") or 0,
-        "start_wall_ns": run.get("start_wall_ns"),
-        "torch_peak_allocated_bytes": agg.get("mem_peak_bytes"),
-        "torch_peak_reserved_bytes": agg.get("mem_reserved_max_bytes"),
-        "mfu": run.get("mfu") if run.get("mfu") is not None else compute.get("mfu"),
-        "achieved_tflops": run.get("achieved_tflops")
-        if run.get("achieved_tflops") is not None
-        else compute.get("achieved_tflops"),
-    }
-
-
-async def list_runs(db: Reader, group: str | None = None) -> list[dict[str, Any]]:
-    """Every run, newest first; with *group*, that group's runs by rank.
-
-    Raises:
-        click.ClickException: *group* given and no run belongs to it.
-    """
-    out = []
-    for run in await reads.runs_overview(db, group):
-        median_ms = run.get("median_step_ms")
-        compute = None
-        if median_ms is None and run["agg"]:  # still running: compute it now
-            ctx = await reads.run_context(db, run)
-            median_ms = ctx.median_step_ms
-            median_ms = round(median_ms, 3) if median_ms is not None else None
-            compute = mfu_figures(ctx)
-        out.append(describe(run, median_ms, compute))
-    if group is not None and not out:
-        raise click.ClickException(await reads.unknown_group_message(db, group))
-    return out
+__all__ = ["COLUMNS", "describe", "format_table", "group_line", "iteration_shares", "list_runs"]
 
 
 def _cell(v: float | None) -> str:

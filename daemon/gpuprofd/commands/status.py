@@ -30,6 +30,7 @@ def format_status(reply: dict[str, Any]) -> str:
         f"gpuprofd pid {reply['pid']}",
         f"  socket dir: {reply['socket_dir']}",
         f"  database:   {reply['db']}",
+        f"  dashboard:  {_dashboard(reply)}",
         *_log_line(reply),
         f"  received:   {reply.get('received', 0)} events",
     ]
@@ -52,6 +53,13 @@ def format_status(reply: dict[str, Any]) -> str:
     else:
         lines.append("  dropped:    none")
     return "\n".join(lines)
+
+
+def _dashboard(reply: dict[str, Any]) -> str:
+    """The dashboard's URL, or why there is none."""
+    if "dashboard_url" not in reply:
+        return "none (this gpuprofd predates the dashboard: gpuprofctl stop, then start it again)"
+    return reply["dashboard_url"] or "none (gpuprofd was started with --http off)"
 
 
 def _log_line(reply: dict[str, Any]) -> list[str]:
@@ -125,7 +133,7 @@ def status_cmd(socket_dir: Path | None, timeout_s: float, fmt: str) -> int:
         echo_json({"running": False, "socket_dir": str(where), "error": message})
         return EXIT_NO_DAEMON
     if fmt == "json":
-        echo_json({"running": True, **reply})
+        echo_json({"running": True, "dashboard_url": None, **reply})
     else:
         click.echo(format_status(reply))
     return EXIT_OK

@@ -47,6 +47,8 @@ class ControlHandlers:
         gpu_status: the GPU loops' rates, or why they are off (for ``ping``).
         request_stop: asks the daemon to shut down.
         started_wall_ns: when the daemon started, wall-clock nanoseconds.
+        dashboard_url: the dashboard's URL (told at hello and ping); None: none served ...
+        dashboard_why_not: ... and why (told at hello).
     """
 
     def __init__(
@@ -63,6 +65,8 @@ class ControlHandlers:
         gpu_status: Callable[[], dict[str, Any]],
         request_stop: Callable[[], None],
         started_wall_ns: int | None = None,
+        dashboard_url: str | None = None,
+        dashboard_why_not: str | None = None,
     ) -> None:
         self.db = db
         self.socket_dir = socket_dir
@@ -77,6 +81,8 @@ class ControlHandlers:
         self.started_wall_ns = time.time_ns() if started_wall_ns is None else started_wall_ns
         self.stopping = False
         """``gpuprofctl stop``: no new runs; exit once the open ones end."""
+        self.dashboard_url = dashboard_url
+        self.dashboard_why_not = dashboard_why_not
 
     def table(self) -> dict[str, Handler]:
         """Request type → handler, for :class:`gpuprofd.ingest.control.ControlServer`."""
@@ -100,6 +106,8 @@ class ControlHandlers:
             "db": str(self.db),
             "daemon_pid": os.getpid(),
             "notes": list(self.notes),
+            "dashboard_url": self.dashboard_url,
+            "dashboard_why_not": self.dashboard_why_not,
         }
 
     async def bye(self, msg: dict[str, Any]) -> dict[str, Any]:
@@ -124,6 +132,7 @@ class ControlHandlers:
             "db_file": self.db_switch.file_state(),
             "db_reopened": list(self.db_switch.events),
             "stopping": self.stopping,
+            "dashboard_url": self.dashboard_url,
         }
 
     async def stop(self, msg: dict[str, Any]) -> dict[str, Any]:

@@ -83,7 +83,7 @@ def _weighted(col: str, weight: str) -> str:
     )
 
 
-def _merge_expr(col: str) -> str:
+def merge_expr(col: str) -> str:
     """SQL that merges *col* over many rollup rows into one (see :data:`MERGED_SQL`)."""
     if col in ("sec_ns", "uuid", "boot_id"):
         return f"MIN({col})"
@@ -109,7 +109,7 @@ def _merge_expr(col: str) -> str:
 #: sample counts. A day of one GPU (86,400 rows) merges in ~0.1 s, where
 #: reading the rows into Python took seconds.
 MERGED_SQL = (
-    f"SELECT {', '.join(f'{_merge_expr(c)} AS {c}' for c in ROLLUP_COLUMNS)} "
+    f"SELECT {', '.join(f'{merge_expr(c)} AS {c}' for c in ROLLUP_COLUMNS)} "
     f"FROM gpu_rollups {_WHERE}"
 )
 

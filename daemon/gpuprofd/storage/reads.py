@@ -293,7 +293,7 @@ async def run_context(
 #: integers as numeric), ``counted_steps`` an integer. With *group*: over
 #: that group's runs only (one parameter, the group id).
 @functools.cache
-def overview_sql(d: Dialect, group: bool = False) -> str:
+def overview_sql(d: Dialect, group: bool = False, run: bool = False) -> str:
     def total(expr: str) -> str:
         return f"CAST(COALESCE(SUM({expr}), 0) AS DOUBLE PRECISION)"
 
@@ -301,6 +301,7 @@ def overview_sql(d: Dialect, group: bool = False) -> str:
         return total(f"c * COALESCE({d.json_num('phases', key)}, 0)")
 
     where = " WHERE run_id IN (SELECT id FROM runs WHERE group_id = ?)" if group else ""
+    where = " WHERE run_id = ?" if run else where
     comm_steps = f"CASE WHEN {d.json_num('phases', 'comm')} IS NOT NULL THEN c ELSE 0 END"
     return f"""
 WITH numbered AS (
@@ -351,6 +352,45 @@ async def runs_overview(db: Reader, group: str | None = None) -> list[dict[str, 
     for run in runs:
         run["agg"] = agg.get(run["id"])
     return runs
+
+
+async def run_overview(db: Reader, run_id: int) -> dict[str, Any]:
+    """Run *run_id* with its step aggregates (``agg``) as :func:`runs_overview`
+    gives each run.
+
+    Raises:
+        UnknownRunError: no such run.
+    """
+    run = await get_run(db, run_id)
+    row = await db.fetchone(overview_sql(db.dialect, run=True), (run_id,))
+    run["agg"] = dict(row) if row is not None else None
+    return run
+
+
+async def micro_batches(db: Reader, run_id: int) -> int | None:
+    """The most micro-batches any of the run's steps had (None: no steps)."""
+    row = await db.fetchone("SELECT MAX(micro) AS m FROM steps WHERE run_id = ?", (run_id,))
+    return None if row is None or row["m"] is None else int(row["m"])
+
+
+async def insights_computed_ns(db: Reader, run_id: int) -> int | None:
+    """When the run's stored findings were computed (wall ns); None: none stored."""
+    row = await db.fetchone(
+        "SELECT MAX(created_wall_ns) AS t FROM insights WHERE run_id = ?", (run_id,)
+    )
+    return None if row is None or row["t"] is None else int(row["t"])
+
+
+async def worst_iteration_ns(db: Reader, run_id: int, skip: int) -> int | None:
+    """The run's slowest iteration (loader wait + step, ns) among its
+    untraced steps after its first *skip* (by ``t0``); None without any."""
+    row = await db.fetchone(
+        "SELECT MAX(it) AS m FROM (SELECT COALESCE(wait_ns, 0) + t1_ns - t0_ns AS it "
+        "FROM steps WHERE run_id = ? AND COALESCE(traced, 0) = 0 AND t1_ns IS NOT NULL "
+        "ORDER BY t0_ns LIMIT ? OFFSET ?) AS s",
+        (run_id, 2**62, skip),
+    )
+    return None if row is None or row["m"] is None else int(row["m"])
 
 
 #: A group's rank statuses, in the order a group's own status picks them.

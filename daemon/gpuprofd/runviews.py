@@ -1,0 +1,330 @@
+"""What ``gpuprofctl`` and the HTTP API show of runs: the JSON builders both
+use (a run's row in the runs list, its summary with kernels and MFU, a
+group's report), over a :class:`~gpuprofd.storage.reader.Reader`. The
+commands format these for a terminal; the web app sends them as JSON. One
+definition of every figure."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from gpuprof.comm import COMM_PHASE
+from gpuprof.summary import comm_medians, make_summary, mfu_figures
+from gpuprofd import kerneltable
+from gpuprofd.errors import UnknownGroupError
+from gpuprofd.storage import reads
+from gpuprofd.storage.reader import Reader
+
+#: Keys of ``pct_of_iteration``, in table order, with their column headers.
+COLUMNS = (
+    ("loader_wait", "WAIT%"),
+    ("forward", "FWD%"),
+    ("backward", "BWD%"),
+    ("comm", "COMM%"),
+    ("optimizer", "OPT%"),
+    ("other", "OTHER%"),
+)
+
+
+def _pct(part: float, whole: float) -> float:
+    return round(100.0 * part / whole, 1)
+
+
+def iteration_shares(agg: dict[str, Any]) -> dict[str, float | None]:
+    """Shares (%) of iteration time, loader wait + step, over every step but
+    the first (its wait covers start-up, as the dataloader-stall rule has it).
+
+    ``loader_wait`` is the wait before each step plus the loader time inside
+    steps (the ``data`` phase, between micro-batches); ``comm`` is the
+    exposed collective time (the ``comm`` phase: DDP's gradient all-reduce not
+    hidden under backward), None when the run timed no collectives; ``other``
+    is the rest of the step (unlabelled time, custom phases), so the shares
+    add up to 100 (to rounding). All None when no step is counted.
+    """
+    wait_ns = (agg.get("wait_ns") or 0) + (agg.get("data_ns") or 0)
+    iteration_ns = (agg.get("wait_ns") or 0) + (agg.get("step_ns") or 0)
+    if iteration_ns <= 0:
+        return {key: None for key, _ in COLUMNS}
+    out: dict[str, float | None] = {"loader_wait": _pct(wait_ns, iteration_ns)}
+    for phase in ("forward", "backward", "optimizer"):
+        out[phase] = _pct(agg.get(f"{phase}_ns") or 0, iteration_ns)
+    out["comm"] = _pct(agg.get("comm_ns") or 0, iteration_ns) if agg.get("comm_steps") else None
+    known = sum(v for v in out.values() if v is not None)
+    out["other"] = round(max(100.0 - known, 0.0), 1)
+    return out
+
+
+def describe(
+    run: dict[str, Any], median_ms: float | None, compute: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """One run's row (see :func:`iteration_shares` for ``pct_of_iteration``).
+    ``mfu`` / ``achieved_tflops``: the run record's (set at its end), else
+    *compute*'s (:func:`gpuprof.summary.mfu_figures` of a live run)."""
+    agg = run["agg"] or {}
+    compute = compute or {}
+    return {
+        "id": run["id"],
+        "run_name": run["run_name"],
+        "status": run["status"],
+        "group": run.get("group_id"),
+        "rank": run.get("rank"),
+        "local_rank": run.get("local_rank"),
+        "world_size": run.get("world_size"),
+        "local_world_size": run.get("local_world_size"),
+        "host": run.get("host"),
+        "steps": agg.get("steps", 0),
+        "median_step_ms": median_ms,
+        "pct_of_iteration": iteration_shares(agg),
+        "steps_counted": agg.get("counted_steps") or 0,
+        "skipped_updates": int(agg.get("skipped_updates") or 0),
+        "eval_s": round(((agg.get("eval_ns") or 0) + (run.get("trailing_eval_ns") or 0)) / 1e9, 3),
+        "dropped_events": run.get("dropped_events") or 0,
+        "store_dropped_events": run.get("store_dropped_events") or 0,
+        "start_wall_ns": run.get("start_wall_ns"),
+        "end_wall_ns": run.get("end_wall_ns"),
+        "torch_peak_allocated_bytes": agg.get("mem_peak_bytes"),
+        "torch_peak_reserved_bytes": agg.get("mem_reserved_max_bytes"),
+        "mfu": run.get("mfu") if run.get("mfu") is not None else compute.get("mfu"),
+        "achieved_tflops": run.get("achieved_tflops")
+        if run.get("achieved_tflops") is not None
+        else compute.get("achieved_tflops"),
+    }
+
+
+async def list_runs(
+    db: Reader,
+    group: str | None = None,
+    *,
+    name: str | None = None,
+    status: str | None = None,
+    limit: int | None = None,
+) -> list[dict[str, Any]]:
+    """Every run, newest first; with *group*, that group's runs by rank;
+    only those whose name contains *name* and whose status is *status*, the
+    first *limit* of them (a running run's median is computed only for the
+    runs listed).
+
+    Raises:
+        UnknownGroupError: *group* given and no run belongs to it.
+    """
+    out = []
+    for run in await reads.runs_overview(db, group):
+        if (name is not None and name not in run["run_name"]) or (
+            status is not None and run["status"] != status
+        ):
+            continue
+        if limit is not None and len(out) >= limit:
+            break
+        median_ms = run.get("median_step_ms")
+        compute = None
+        if median_ms is None and run["agg"]:  # still running: compute it now
+            ctx = await reads.run_context(db, run)
+            median_ms = ctx.median_step_ms
+            median_ms = round(median_ms, 3) if median_ms is not None else None
+            compute = mfu_figures(ctx)
+        out.append(describe(run, median_ms, compute))
+    if group is not None and not out and name is None and status is None:
+        raise UnknownGroupError(await reads.unknown_group_message(db, group))
+    return out
+
+
+def phase_means_ms(agg: dict[str, Any] | None) -> dict[str, float | None]:
+    """Mean ms per step of each phase over the steps :func:`iteration_shares`
+    covers (``steps_counted``), keyed as its shares are: ``loader_wait`` (wait
+    + the ``data`` phase), ``forward``, ``backward``, ``comm`` (None when the
+    run timed none), ``optimizer``, ``other`` (the rest of the step). All
+    None when no step is counted."""
+    agg = agg or {}
+    n = agg.get("counted_steps") or 0
+    if not n:
+        return {key: None for key, _ in COLUMNS}
+
+    def ms(ns: float) -> float:
+        return round(ns / n / 1e6, 4)
+
+    out: dict[str, float | None] = {
+        "loader_wait": ms((agg.get("wait_ns") or 0) + (agg.get("data_ns") or 0))
+    }
+    named = agg.get("data_ns") or 0
+    for phase in ("forward", "backward", "comm", "optimizer"):
+        named += agg.get(f"{phase}_ns") or 0
+        out[phase] = ms(agg.get(f"{phase}_ns") or 0)
+    if not agg.get("comm_steps"):
+        out["comm"] = None
+    out["other"] = ms(max((agg.get("step_ns") or 0) - named, 0))
+    return {key: out[key] for key, _ in COLUMNS}
+
+
+LIVE_NOTE = "run in progress: insights as of the daemon's last live update"
+#: Kernels listed under the summary.
+TOP_KERNELS = 10
+
+
+async def load_summary(db: Reader, run_id: int | None) -> dict[str, Any]:
+    """The stored end-of-run summary, or one built from the stored insights,
+    with the run's top kernels and MFU added where it lacks them
+    (:func:`add_kernels_and_mfu`)."""
+    run = await reads.get_run(db, run_id)
+    summary: dict[str, Any] | None = None
+    if run.get("summary"):
+        try:
+            summary = orjson.loads(run["summary"])
+        except orjson.JSONDecodeError:
+            pass  # damaged: rebuild below
+    if not isinstance(summary, dict):
+        ctx = await reads.run_context(db, run)
+        notes = [LIVE_NOTE] if run["status"] == "running" else []
+        summary = make_summary(
+            run["id"],
+            ctx,
+            await reads.stored_insights(db, run["id"]),
+            db.where,
+            notes,
+            error=run.get("error"),
+        )
+        if run.get("group_id"):
+            summary["group_id"] = run["group_id"]
+    table = kerneltable.build_table(await reads.kernel_windows(db, run["id"]))
+    return add_kernels_and_mfu(summary, run, table)
+
+
+def add_kernels_and_mfu(
+    summary: dict[str, Any], run: dict[str, Any], table: kerneltable.KernelTable
+) -> dict[str, Any]:
+    """Set ``top_kernels`` (the run's :data:`TOP_KERNELS` kernels by device
+    time: name, class, share of device time 0-1, count, mean µs, ms per step
+    or window; ``kernels_source`` says which windows) and ``mfu`` (0-1) /
+    ``achieved_tflops`` (per GPU) from the run record, each only where the
+    summary does not carry it already."""
+    if "top_kernels" not in summary:
+        summary["top_kernels"] = table.to_dict(TOP_KERNELS)["kernels"] if table.lines else []
+        summary["kernels_source"] = (
+            {"source": table.source, "windows": table.windows, "steps": table.steps}
+            if table.lines
+            else None
+        )
+    for key in ("mfu", "achieved_tflops"):
+        if summary.get(key) is None:
+            summary[key] = run.get(key)
+    return summary
+
+
+async def rank_comm(db: Reader, run: dict[str, Any]) -> dict[str, Any] | None:
+    """One rank's collectives for the group report: ``median_exposed_ms`` (the
+    ``comm`` phase per step) and ``median_share_of_step`` (0-1, comm / step
+    time per step), medians over the steady steps of its last
+    :data:`gpuprofd.storage.reads.GROUP_STEPS_MAX` untraced steps
+    (:func:`gpuprof.summary.comm_medians`: the definition of its summary's
+    comm line and of ``comm_dominant``; None when it timed no collective),
+    ``buckets_per_step`` and ``bytes_per_step`` (gradient bytes; means over
+    its last :data:`gpuprofd.storage.reads.GROUP_BUCKET_STEPS` steps with timed
+    buckets; None without), ``clock_offset_ns`` / ``clock_uncertainty_ns``
+    (its clock against the reference rank's; None when not measured),
+    ``clock_reference_rank`` (the rank it was aligned to). None
+    when the run has none of these. Bounded reads, by index: a day-long run
+    costs what a short one does."""
+    top = await reads.max_step(db, run["id"])
+    tail = [] if top is None else await reads.group_tail(db, run["id"], top)
+    timed = [s for s in tail if not s["traced"] and s["t0"] is not None and s["t1"] is not None]
+    timed = timed[-reads.GROUP_STEPS_MAX :]
+    exposed = share = None
+    if any(COMM_PHASE in s["phases"] for s in timed):
+        exposed, share = comm_medians(
+            [(s["t1"] - s["t0"]) / 1e6 for s in timed],
+            [s["phases"].get(COMM_PHASE, 0) / 1e6 for s in timed],
+        )
+    span = None
+    if tail:
+        indices = sorted(s["step"] for s in tail)
+        span = (indices[-reads.GROUP_BUCKET_STEPS :][0], indices[-1])
+    totals = await reads.comm_totals(db, run["id"], span) if span else {"steps": 0}
+    n = totals.get("steps") or 0
+    out = {
+        "median_exposed_ms": round(exposed, 3) if exposed is not None else None,
+        "median_share_of_step": round(share, 4) if share is not None else None,
+        "buckets_per_step": round(totals["buckets"] / n, 2) if n else None,
+        "bytes_per_step": round(totals["bytes"] / n) if n else None,
+        "clock_offset_ns": run.get("clock_offset_ns"),
+        "clock_uncertainty_ns": run.get("clock_uncertainty_ns"),
+        "clock_reference_rank": run.get("clock_reference_rank"),
+    }
+    return out if any(v is not None for v in out.values()) else None
+
+
+async def load_group(db: Reader, group: str) -> dict[str, Any]:
+    """A group's status (:func:`gpuprofd.storage.reads.group_status`), its findings
+    (``insights``: those gpuprofd stored when the group ended, else
+    :func:`gpuprof.insights.distributed.group_rules` over
+    :func:`gpuprofd.storage.reads.group_context` now; ``insights_source`` says
+    ``stored`` or ``computed``), ``runs`` (the group's runs) and ``runs_note``
+    (:func:`gpuprofd.storage.reads.runs_note`: a rank has several runs, its latest
+    is the one shown and compared), the ranks that never
+    reported (``missing_ranks``, :func:`gpuprofd.storage.reads.missing_ranks`), the
+    ranks without collective timings (``comm_missing``, :func:`comm_missing`) and,
+    per rank (by rank, each rank's latest run), its run id, status, median step, collectives
+    (``comm``, :func:`rank_comm`) and summary (:func:`load_summary`).
+
+    Raises:
+        UnknownGroupError: no run belongs to *group*.
+    """
+    every = await reads.group_runs(db, group)
+    if not every:
+        raise UnknownGroupError(await reads.unknown_group_message(db, group))
+    runs = reads.latest_rank_runs(every)  # what the group rules compare
+    status = reads.group_status([r["status"] for r in runs])
+    found = await reads.stored_group_insights(db, group) if status["ended"] else []
+    source = "stored" if found else "computed"
+    if not found:
+        _, found = await reads.group_insights_now(db, group)
+    comm = {run["id"]: await rank_comm(db, run) for run in runs}
+    ranks = []
+    for run in runs:
+        summary = await load_summary(db, run["id"])
+        ranks.append(
+            {
+                "rank": run.get("rank"),
+                "run_id": run["id"],
+                "status": run["status"],
+                "host": run.get("host"),
+                "median_step_ms": summary.get("median_step_ms"),
+                "comm": comm[run["id"]],
+                "summary": summary,
+            }
+        )
+    return {
+        "group": group,
+        **status,
+        "insights": found,
+        "insights_source": source,
+        "runs": len(every),
+        "runs_note": reads.runs_note(every),
+        "missing_ranks": reads.missing_ranks(runs),
+        "comm_missing": comm_missing(ranks),
+        "ranks": ranks,
+    }
+
+
+def has_comm(comm: dict[str, Any] | None) -> bool:
+    """Whether :func:`rank_comm` found any collective timing (exposed comm or
+    timed buckets)."""
+    return bool(comm) and (
+        comm.get("median_exposed_ms") is not None or comm.get("buckets_per_step") is not None
+    )
+
+
+def comm_missing(ranks: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The ranks with no collective timings (:func:`has_comm`) and what that
+    leaves of the group rules: ``{"ranks": [...], "message": ...}``, None when
+    every rank has some."""
+    without = [r["rank"] for r in ranks if not has_comm(r.get("comm"))]
+    if not without:
+        return None
+    who = f"rank{'' if len(without) == 1 else 's'} {', '.join(map(str, without))}"
+    why = "(comm hook registered before gpuprof.profile, or time_comm=False)"
+    if len(without) == len(ranks):
+        what = "straggler_rank, bucket_skew and comm_dominant cannot run; rank_skew only"
+    else:
+        what = "straggler_rank, bucket_skew and comm_dominant compare the other ranks only"
+    return {"ranks": without, "message": f"no collective timings from {who} {why}: {what}"}

@@ -1,0 +1,308 @@
+"""A run's time series, reduced by the database: "this run's steps (its
+GPUs, its host) in this window, cut into buckets of *width_ns*", answered
+with one row per bucket that holds data: its first time and the minimum,
+mean and maximum of each reading. Nothing is sampled, so one step or one
+sample that stands out keeps its value in the bucket's minimum or maximum.
+
+And the live reads: rows newer than a cursor, bounded.
+
+Buckets are ``(t - lo) / width_ns`` in integer arithmetic (both engines
+divide integers to an integer); the shaping of rows into chart arrays is
+:mod:`gpuprofd.web.series`'s. The SQL is in the subset both engines run
+(:mod:`gpuprofd.storage.dialect`).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+from gpuprof.comm import COMM_PHASE
+from gpuprof.protocol import DATA_PHASE
+from gpuprofd.sampling import rollup
+from gpuprofd.storage import schema
+from gpuprofd.storage.dialect import Dialect
+from gpuprofd.storage.reader import Reader
+
+#: The phases a step's time splits into on the charts, with ``loader_wait``
+#: (the wait before the step plus the ``data`` phase) first and ``other``
+#: (the step's unlabelled rest) last: they stack to the iteration time.
+PHASES = ("forward", "backward", COMM_PHASE, "optimizer")
+
+_F = "CAST({} AS DOUBLE PRECISION)"
+
+
+def _avg(expr: str) -> str:
+    return f"CAST(AVG({_F.format(expr)}) AS DOUBLE PRECISION)"
+
+
+def _isum(expr: str) -> str:
+    return f"CAST(SUM({expr}) AS BIGINT)"
+
+
+def _phase(d: Dialect, key: str) -> str:
+    return f"COALESCE({d.json_num('phases', key)}, 0)"
+
+
+def _step_exprs(d: Dialect) -> dict[str, str]:
+    """Per-step SQL expressions (ns): the iteration, each chart phase, ``other``."""
+    step = "(t1_ns - t0_ns)"
+    named = " + ".join(_phase(d, p) for p in (*PHASES, DATA_PHASE))
+    return {
+        "iter": f"(COALESCE(wait_ns, 0) + {step})",
+        "loader_wait": f"(COALESCE(wait_ns, 0) + {_phase(d, DATA_PHASE)})",
+        **{p: _phase(d, p) for p in PHASES},
+        "other": f"CASE WHEN {step} > {named} THEN {step} - ({named}) ELSE 0 END",
+    }
+
+
+@functools.cache
+def steps_bucket_sql(d: Dialect) -> str:
+    """Steps of ``(lo, width_ns, run_id, lo, hi)`` bucketed by ``t0_ns``:
+    ``b``, ``t0``, ``first_step``, ``n``, ``iter_min|mean|max`` and the mean of
+    each phase (ns), ``eval_n``, ``skipped_n``, the maximum of torch's
+    allocated / reserved bytes."""
+    e = _step_exprs(d)
+    phases = ", ".join(f"{_avg(e[p])} AS {p}" for p in ("loader_wait", *PHASES, "other"))
+    return (
+        "SELECT (t0_ns - ?) / ? AS b, MIN(t0_ns) AS t0, MIN(step) AS first_step, "
+        f"CAST(COUNT(*) AS BIGINT) AS n, MIN({e['iter']}) AS iter_min, "
+        f"{_avg(e['iter'])} AS iter_mean, MAX({e['iter']}) AS iter_max, {phases}, "
+        f"{_isum('CASE WHEN COALESCE(eval_ns, 0) > 0 THEN 1 ELSE 0 END')} AS eval_n, "
+        f"{_isum('CASE WHEN COALESCE(skipped, 0) != 0 THEN 1 ELSE 0 END')} AS skipped_n, "
+        "MAX(mem_allocated_bytes) AS mem_alloc, MAX(mem_reserved_bytes) AS mem_reserved "
+        "FROM steps WHERE run_id = ? AND t0_ns >= ? AND t0_ns < ? AND t1_ns IS NOT NULL "
+        "GROUP BY b ORDER BY b"
+    )
+
+
+async def step_buckets(
+    db: Reader, run_id: int, lo_ns: int, hi_ns: int, width_ns: int
+) -> list[dict[str, Any]]:
+    """The run's steps starting in [*lo_ns*, *hi_ns*) (monotonic ns) bucketed
+    by *width_ns* (:func:`steps_bucket_sql`), by bucket."""
+    params = (lo_ns, width_ns, run_id, lo_ns, hi_ns)
+    return [dict(r) for r in await db.fetchall(steps_bucket_sql(db.dialect), params)]
+
+
+#: ``gpu_rollups`` columns a chart reads, each merged over a bucket's rows as
+#: :data:`gpuprofd.sampling.rollup.MERGED_SQL` merges a window's.
+GPU_CHART_COLUMNS = (
+    "util_min",
+    "util_mean",
+    "util_max",
+    "mem_used_min",
+    "mem_used_mean",
+    "mem_used_max",
+    "mem_total_bytes",
+    "power_min_mw",
+    "power_mean_mw",
+    "power_max_mw",
+    "temp_min_c",
+    "temp_mean_c",
+    "temp_max_c",
+    "sm_min_mhz",
+    "sm_mean_mhz",
+    "sm_max_mhz",
+    "pcie_rx_max_bps",
+    "pcie_tx_max_bps",
+    "gpm_sm_occupancy_mean",
+    "gpm_tensor_util_mean",
+    "gpm_dram_bw_util_mean",
+)
+GPU_ROLLUP_BUCKET_SQL = (
+    "SELECT (sec_ns - ?) / ? AS b, MIN(sec_ns) AS t, "
+    + ", ".join(f"{rollup.merge_expr(c)} AS {c}" for c in GPU_CHART_COLUMNS)
+    + " FROM gpu_rollups WHERE uuid = ? AND boot_id IS NOT DISTINCT FROM ? "
+    "AND sec_ns >= ? AND sec_ns < ? GROUP BY b ORDER BY b"
+)
+_NORM_UUID = schema._norm_uuid_sql("uuid")
+_FAST = (
+    ("util", "util_pct"),
+    ("mem_used", "mem_used_bytes"),
+    ("power", "power_mw"),
+    ("temp", "temp_c"),
+    ("sm", "sm_clock_mhz"),
+)
+_UNIT = {"power": "_mw", "temp": "_c", "sm": "_mhz"}
+
+
+def _fast_cols(name: str, col: str) -> str:
+    unit = _UNIT.get(name, "")
+    return (
+        f"MIN({col}) AS {name}_min{unit}, {_avg(col)} AS {name}_mean{unit}, "
+        f"MAX({col}) AS {name}_max{unit}"
+    )
+
+
+GPU_RAW_BUCKET_SQL = (
+    "SELECT (mono_ns - ?) / ? AS b, MIN(mono_ns) AS t, "
+    + ", ".join(_fast_cols(n, c) for n, c in _FAST)
+    + ", MAX(mem_total_bytes) AS mem_total_bytes FROM gpu_samples "
+    f"WHERE {_NORM_UUID} = ? AND mono_ns >= ? AND mono_ns < ? "
+    "GROUP BY b ORDER BY b"
+)
+GPU_SLOW_BUCKET_SQL = (
+    "SELECT (mono_ns - ?) / ? AS b, MAX(pcie_rx_bps) AS pcie_rx_max_bps, "
+    "MAX(pcie_tx_bps) AS pcie_tx_max_bps, "
+    f"{_avg('gpm_sm_occupancy_pct')} AS gpm_sm_occupancy_mean, "
+    f"{_avg('gpm_tensor_util_pct')} AS gpm_tensor_util_mean, "
+    f"{_avg('gpm_dram_bw_util_pct')} AS gpm_dram_bw_util_mean FROM gpu_slow_samples "
+    f"WHERE {_NORM_UUID} = ? AND mono_ns >= ? AND mono_ns < ? "
+    "GROUP BY b ORDER BY b"
+)
+#: The oldest raw fast-loop row of a GPU (raw rows are kept for a recent window).
+GPU_RAW_START_SQL = f"SELECT MIN(mono_ns) AS t FROM gpu_samples WHERE {_NORM_UUID} = ?"
+
+
+async def gpu_rollup_buckets(
+    db: Reader, uuid: str, boot_id: str | None, lo_ns: int, hi_ns: int, width_ns: int
+) -> list[dict[str, Any]]:
+    """GPU *uuid*'s (normalized) per-second rollups of boot *boot_id* in
+    [*lo_ns*, *hi_ns*) merged per bucket (:data:`GPU_ROLLUP_BUCKET_SQL`)."""
+    params = (lo_ns, width_ns, uuid, boot_id, lo_ns, hi_ns)
+    return [dict(r) for r in await db.fetchall(GPU_ROLLUP_BUCKET_SQL, params)]
+
+
+async def gpu_raw_start(db: Reader, uuid: str) -> int | None:
+    """The oldest raw fast-loop sample of GPU *uuid* still stored (monotonic ns)."""
+    row = await db.fetchone(GPU_RAW_START_SQL, (uuid,))
+    return None if row is None or row["t"] is None else int(row["t"])
+
+
+async def gpu_raw_buckets(
+    db: Reader, uuid: str, lo_ns: int, hi_ns: int, width_ns: int
+) -> list[dict[str, Any]]:
+    """GPU *uuid*'s raw fast and slow samples in [*lo_ns*, *hi_ns*) per
+    bucket, in the column names of :data:`GPU_ROLLUP_BUCKET_SQL` (the slow
+    loop's readings joined by bucket; None where a bucket has none)."""
+    params = (lo_ns, width_ns, uuid, lo_ns, hi_ns)
+    fast = [dict(r) for r in await db.fetchall(GPU_RAW_BUCKET_SQL, params)]
+    slow = {r["b"]: dict(r) for r in await db.fetchall(GPU_SLOW_BUCKET_SQL, params)}
+    empty = dict.fromkeys(GPU_CHART_COLUMNS[-5:])
+    return [{**empty, **f, **slow.get(f["b"], {}), "b": f["b"]} for f in fast]
+
+
+#: Host samples of a boot with the run's own CPU at the same tick (the host
+#: sampler samples each live run at its ``mono_ns``): ``run_cores``, and
+#: ``other_cores`` (the machine's busy cores less the run's).
+_HOST_ROW = (
+    "SELECT h.mono_ns AS mono_ns, h.cpu_count AS cpu_count, COALESCE(r.cores, 0) AS run_cores, "
+    "CAST(h.cpu_pct AS DOUBLE PRECISION) * h.cpu_count / 100.0 - COALESCE(r.cores, 0) "
+    "AS other_cores, "
+    "h.disk_read_bps AS disk_read_bps, h.page_cache_bytes AS page_cache_bytes "
+    "FROM host_samples h LEFT JOIN run_cpu_samples r ON r.mono_ns = h.mono_ns AND r.run_id = ? "
+    "WHERE h.boot_id IS NOT DISTINCT FROM ? AND h.mono_ns >= ? AND h.mono_ns < ?"
+)
+HOST_BUCKET_SQL = (
+    "SELECT (mono_ns - ?) / ? AS b, MIN(mono_ns) AS t, MAX(cpu_count) AS cpu_count, "
+    + ", ".join(
+        f"MIN({c}) AS {c}_min, {_avg(c)} AS {c}_mean, MAX({c}) AS {c}_max"
+        for c in ("run_cores", "other_cores", "disk_read_bps", "page_cache_bytes")
+    )
+    + f" FROM ({_HOST_ROW}) AS hs GROUP BY b ORDER BY b"
+)
+
+
+async def host_buckets(
+    db: Reader, run_id: int, boot_id: str | None, lo_ns: int, hi_ns: int, width_ns: int
+) -> list[dict[str, Any]]:
+    """The host's samples of boot *boot_id* in [*lo_ns*, *hi_ns*), with run
+    *run_id*'s CPU, per bucket (:data:`HOST_BUCKET_SQL`)."""
+    params = (lo_ns, width_ns, run_id, boot_id, lo_ns, hi_ns)
+    return [dict(r) for r in await db.fetchall(HOST_BUCKET_SQL, params)]
+
+
+# --- a run's GPUs ---------------------------------------------------------------
+
+RUN_GPUS_SQL = (
+    "SELECT uuid, MAX(mem_total_bytes) AS mem_total_bytes FROM gpu_rollups "
+    "WHERE boot_id IS NOT DISTINCT FROM ? AND sec_ns >= ? AND sec_ns <= ? GROUP BY uuid "
+    "ORDER BY uuid"
+)
+GPU_TOTAL_SQL = "SELECT MAX(mem_total_bytes) AS m FROM gpu_rollups WHERE uuid = ?"
+
+
+async def sampled_gpus(
+    db: Reader, boot_id: str | None, lo_ns: int, hi_ns: int
+) -> list[dict[str, Any]]:
+    """The GPUs (normalized UUID, memory) with rollups of boot *boot_id* in
+    [*lo_ns*, *hi_ns*]."""
+    return [dict(r) for r in await db.fetchall(RUN_GPUS_SQL, (boot_id, lo_ns, hi_ns))]
+
+
+async def gpu_mem_total(db: Reader, uuid: str) -> int | None:
+    """GPU *uuid*'s memory size (bytes) as its rollups recorded it."""
+    row = await db.fetchone(GPU_TOTAL_SQL, (uuid,))
+    return None if row is None or row["m"] is None else int(row["m"])
+
+
+# --- compare: step time by step index --------------------------------------------
+
+
+@functools.cache
+def step_index_bucket_sql(d: Dialect) -> str:
+    """Steps of ``(k, run_id)`` bucketed by ``step / k``: first step, the
+    iteration's mean, min and max (ns)."""
+    it = _step_exprs(d)["iter"]
+    return (
+        f"SELECT step / ? AS b, MIN(step) AS step, {_avg(it)} AS iter_mean, "
+        f"MIN({it}) AS iter_min, MAX({it}) AS iter_max FROM steps "
+        "WHERE run_id = ? AND t1_ns IS NOT NULL AND step >= 0 GROUP BY b ORDER BY b"
+    )
+
+
+async def step_index_buckets(db: Reader, run_id: int, per_bucket: int) -> list[dict[str, Any]]:
+    """The run's iteration times in buckets of *per_bucket* step indices."""
+    sql = step_index_bucket_sql(db.dialect)
+    return [dict(r) for r in await db.fetchall(sql, (per_bucket, run_id))]
+
+
+# --- live: rows newer than a cursor ---------------------------------------------
+
+
+@functools.cache
+def steps_after_sql(d: Dialect) -> str:
+    e = _step_exprs(d)
+    cols = ", ".join(f"{e[p]} AS {p}" for p in ("loader_wait", *PHASES, "other"))
+    return (
+        f"SELECT step, t0_ns, {e['iter']} AS iter, {cols}, eval_ns, skipped, "
+        "mem_allocated_bytes, mem_reserved_bytes FROM steps "
+        "WHERE run_id = ? AND step > ? AND t1_ns IS NOT NULL ORDER BY step LIMIT ?"
+    )
+
+
+async def steps_after(db: Reader, run_id: int, step: int, limit: int) -> list[dict[str, Any]]:
+    """The run's steps with index > *step*, by index, at most *limit*."""
+    sql = steps_after_sql(db.dialect)
+    return [dict(r) for r in await db.fetchall(sql, (run_id, step, limit))]
+
+
+def _in(n: int) -> str:
+    return ", ".join("?" * n)
+
+
+async def gpu_samples_after(
+    db: Reader, uuids: Sequence[str], mono_ns: int, limit: int
+) -> list[dict[str, Any]]:
+    """Raw fast-loop samples of the GPUs *uuids* (normalized) newer than
+    *mono_ns*, by time, at most *limit*."""
+    if not uuids:
+        return []
+    sql = (
+        f"SELECT mono_ns, {_NORM_UUID} AS uuid, util_pct, mem_used_bytes, power_mw, temp_c, "
+        f"sm_clock_mhz FROM gpu_samples WHERE mono_ns > ? AND {_NORM_UUID} IN ({_in(len(uuids))}) "
+        "ORDER BY mono_ns LIMIT ?"
+    )
+    return [dict(r) for r in await db.fetchall(sql, (mono_ns, *uuids, limit))]
+
+
+async def host_samples_after(
+    db: Reader, run_id: int, boot_id: str | None, mono_ns: int, limit: int
+) -> list[dict[str, Any]]:
+    """Host samples of boot *boot_id* newer than *mono_ns* with run *run_id*'s
+    CPU (:data:`_HOST_ROW`), by time, at most *limit*."""
+    sql = f"{_HOST_ROW} ORDER BY h.mono_ns LIMIT ?"
+    params = (run_id, boot_id, mono_ns + 1, 2**62, limit)
+    return [dict(r) for r in await db.fetchall(sql, params)]

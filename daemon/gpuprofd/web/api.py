@@ -1,0 +1,282 @@
+"""``/api/v1``: thin handlers. Each parses its request and calls the read
+functions ``gpuprofctl`` uses (:mod:`gpuprofd.runviews`,
+:mod:`gpuprofd.storage.reads`) or the bucketed series reads
+(:mod:`gpuprofd.storage.series`); the shapes are in ``docs/dashboard.md``."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from gpuprof.insights.base import WARMUP_STEPS
+from gpuprofd import kerneltable
+from gpuprofd.runviews import LIVE_NOTE, list_runs, load_group, phase_means_ms
+from gpuprofd.storage import reads, series
+from gpuprofd.web import runs as views
+from gpuprofd.web.app import STATE, ApiError, WebState, json_response
+from gpuprofd.web.series import (
+    DEFAULT_WIDTH,
+    MAX_WIDTH,
+    MIN_WIDTH,
+    NS_PER_S,
+    Buckets,
+    gpu_series,
+    host_series,
+    steps_series,
+)
+
+STATUSES = ("running", "finished", "failed", "lost")
+#: Runs listed when ``limit`` is not given, and the most a client may ask for.
+DEFAULT_LIMIT, MAX_LIMIT = 200, 10_000
+#: Kernels listed when ``top`` is not given, and the most.
+DEFAULT_TOP, MAX_TOP = 20, 500
+#: Runs one compare may hold: more do not fit side by side.
+MAX_COMPARE = 8
+#: Points per run of a compare's step-time curves.
+COMPARE_POINTS = 2000
+#: The largest id (SQLite's INTEGER PRIMARY KEY is 64-bit signed).
+MAX_ID = 2**63 - 1
+
+
+def _state(request: web.Request) -> WebState:
+    return request.app[STATE]
+
+
+def int_param(request: web.Request, name: str, default: int, lo: int, hi: int) -> int:
+    """Query parameter *name* as an int in [*lo*, *hi*].
+
+    Raises:
+        ApiError: 400, not an integer or out of range.
+    """
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ApiError(400, f"{name}={raw!r} is not an integer") from None
+    if not lo <= value <= hi:
+        raise ApiError(400, f"{name}={value} is out of range ({lo}-{hi})")
+    return value
+
+
+def float_param(request: web.Request, name: str) -> float | None:
+    """Query parameter *name* as a finite float, or None when absent."""
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ApiError(400, f"{name}={raw!r} is not a number (unix seconds)") from None
+    if not math.isfinite(value):
+        raise ApiError(400, f"{name}={raw!r} is not a finite number")
+    return value
+
+
+def parse_id(text: str, what: str = "run id") -> int:
+    """*text* as a positive run id.
+
+    Raises:
+        ApiError: 400 otherwise.
+    """
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= MAX_ID:
+        raise ApiError(400, f"{what} {text!r} is not a positive integer")
+    return int(text)
+
+
+def _run_id(request: web.Request) -> int:
+    return parse_id(request.match_info["id"])
+
+
+async def runs_list(request: web.Request) -> web.Response:
+    status = request.query.get("status") or None
+    if status is not None and status not in STATUSES:
+        raise ApiError(400, f"status={status!r}: give one of {', '.join(STATUSES)}")
+    limit = int_param(request, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
+    rows = await list_runs(
+        _state(request).reader, name=request.query.get("name") or None, status=status, limit=limit
+    )
+    return json_response({"runs": [views.with_times(r) for r in rows]})
+
+
+async def run_detail(request: web.Request) -> web.Response:
+    view, summary = await views.run_view(_state(request), _run_id(request))
+    return json_response({"run": view, "summary": summary})
+
+
+async def insights_payload(db: Any, run_id: int) -> dict[str, Any]:
+    """``/runs/{id}/insights``: the stored findings (a running run's: the
+    daemon's latest live pass), when computed, and the summary's notes."""
+    run = await reads.get_run(db, run_id)
+    found = await reads.stored_insights(db, run_id)
+    at = await reads.insights_computed_ns(db, run_id)
+    notes: list[str] = [LIVE_NOTE] if run["status"] == "running" else []
+    if run.get("summary"):
+        try:
+            stored = orjson.loads(run["summary"])
+            notes = [n for n in stored.get("notes") or [] if isinstance(n, str)]
+        except (orjson.JSONDecodeError, AttributeError):
+            pass
+    return {"insights": found, "notes": notes, "computed_s": None if at is None else at / NS_PER_S}
+
+
+async def run_insights(request: web.Request) -> web.Response:
+    return json_response(await insights_payload(_state(request).reader, _run_id(request)))
+
+
+async def run_series(request: web.Request) -> web.Response:
+    state = _state(request)
+    run_id = _run_id(request)
+    width = int_param(request, "width", DEFAULT_WIDTH, MIN_WIDTH, MAX_WIDTH)
+    start, end = float_param(request, "from"), float_param(request, "to")
+    run = await reads.get_run(state.reader, run_id)
+    clock = views.clock_of(run)
+    lo, hi = await views.window_of(state, run)
+    lo = clock.to_mono(start) if start is not None else lo
+    hi = clock.to_mono(end) if end is not None else hi
+    if hi <= lo:
+        raise ApiError(400, f"from={start} is not before to={end}")
+    return json_response(await series_payload(state, run, Buckets.for_width(lo, hi, width)))
+
+
+async def series_payload(state: WebState, run: dict[str, Any], b: Buckets) -> dict[str, Any]:
+    """``/runs/{id}/series`` of *run* over the buckets *b*."""
+    db, clock = state.reader, views.clock_of(run)
+    step_rows = await series.step_buckets(db, run["id"], b.lo_ns, b.hi_ns, b.width_ns)
+    gpus, gpu_tier = [], "rollup"
+    for gpu in await views.gpus_of(state, run, b.lo_ns, b.hi_ns):
+        raw_from = await series.gpu_raw_start(db, gpu.key) if b.span_s < b.count else None
+        if raw_from is not None and raw_from <= b.lo_ns:  # narrow, and raw rows cover it
+            rows = await series.gpu_raw_buckets(db, gpu.key, b.lo_ns, b.hi_ns, b.width_ns)
+            gpu_tier = "raw"
+        else:
+            rows = await series.gpu_rollup_buckets(
+                db, gpu.key, run.get("boot_id"), b.lo_ns, b.hi_ns, b.width_ns
+            )
+        gpus.append(gpu_series(rows, clock, gpu.info))
+    host_rows = await series.host_buckets(
+        db, run["id"], run.get("boot_id"), b.lo_ns, b.hi_ns, b.width_ns
+    )
+    return {
+        "window": {"from": clock.to_s(b.lo_ns), "to": clock.to_s(b.hi_ns)},
+        "buckets": b.count,
+        "tier": {"steps": "raw", "gpus": gpu_tier, "host": "raw"},
+        "steps": steps_series(step_rows, clock),
+        "gpus": gpus,
+        "host": host_series(host_rows, clock),
+    }
+
+
+async def run_kernels(request: web.Request) -> web.Response:
+    db = _state(request).reader
+    run_id = _run_id(request)
+    top = int_param(request, "top", DEFAULT_TOP, 1, MAX_TOP)
+    run = await reads.get_run(db, run_id)
+    table = kerneltable.build_table(await reads.kernel_windows(db, run_id))
+    data = table.to_dict(top)
+    kernels = [
+        {
+            "name": k["name"],
+            "cls": k["cls"],
+            "kind": table.kind,
+            "share": k["share"],
+            "ms_per_step": k["per_step_ms"],
+            "count": k["count"],
+            "mean_us": k["mean_us"],
+        }
+        for k in (data["kernels"] if table.lines else [])
+    ]
+    return json_response(
+        {
+            "kernels": kernels,
+            "source": table.source if table.lines else None,
+            "windows": table.windows if table.lines else 0,
+            "mfu": run.get("mfu"),
+            "achieved_tflops": run.get("achieved_tflops"),
+        }
+    )
+
+
+async def compare(request: web.Request) -> web.Response:
+    state = _state(request)
+    raw = request.query.get("ids") or ""
+    ids = [parse_id(part.strip()) for part in raw.split(",") if part.strip()]
+    if not 2 <= len(ids) <= MAX_COMPARE:
+        raise ApiError(400, f"ids={raw!r}: give 2 to {MAX_COMPARE} run ids, comma-separated")
+    runs, curves = [], []
+    for run_id in ids:
+        view, summary = await views.run_view(state, run_id)
+        agg = (await reads.run_overview(state.reader, run_id))["agg"]
+        runs.append(
+            {
+                "run": view,
+                "phases_ms": phase_means_ms(agg),
+                "insights": summary.get("insights") or [],
+            }
+        )
+        top = await reads.max_step(state.reader, run_id)
+        per = max(1, math.ceil(((top or 0) + 1) / COMPARE_POINTS))
+        rows = await series.step_index_buckets(state.reader, run_id, per)
+        curves.append(
+            {
+                "id": run_id,
+                "step": [r["step"] for r in rows],
+                "step_ms": [round(r["iter_mean"] / 1e6, 4) for r in rows],
+                "step_ms_min": [round(r["iter_min"] / 1e6, 4) for r in rows],
+                "step_ms_max": [round(r["iter_max"] / 1e6, 4) for r in rows],
+            }
+        )
+    return json_response({"runs": runs, "steps": curves})
+
+
+async def group(request: web.Request) -> web.Response:
+    db = _state(request).reader
+    data = await load_group(db, request.match_info["group"])
+    ranks = []
+    for r in data["ranks"]:
+        steps = r["summary"].get("steps") or 0
+        skip = WARMUP_STEPS if steps > 2 * WARMUP_STEPS else 0
+        worst = await reads.worst_iteration_ns(db, r["run_id"], skip)
+        comm = r.get("comm") or {}
+        offset = comm.get("clock_offset_ns")
+        ranks.append(
+            {
+                "rank": r["rank"],
+                "run_id": r["run_id"],
+                "host": r["host"],
+                "status": r["status"],
+                "median_step_ms": r["median_step_ms"],
+                "worst_step_ms": None if worst is None else round(worst / 1e6, 3),
+                "comm_ms": comm.get("median_exposed_ms"),
+                "grad_bytes": comm.get("bytes_per_step"),
+                "clock_offset_ms": None if offset is None else round(offset / 1e6, 3),
+            }
+        )
+    return json_response(
+        {
+            "group": data["group"],
+            "status": data["status"],
+            "counts": data["counts"],
+            "ranks": ranks,
+            "insights": data["insights"],
+            "missing": data["missing_ranks"],
+            "note": data["runs_note"],
+            "comm_missing": data["comm_missing"],
+        }
+    )
+
+
+def add_routes(app: web.Application) -> None:
+    """Mount every ``/api/v1`` JSON endpoint on *app*."""
+    r = app.router
+    r.add_get("/api/v1/runs", runs_list)
+    r.add_get("/api/v1/runs/{id}", run_detail)
+    r.add_get("/api/v1/runs/{id}/insights", run_insights)
+    r.add_get("/api/v1/runs/{id}/series", run_series)
+    r.add_get("/api/v1/runs/{id}/kernels", run_kernels)
+    r.add_get("/api/v1/compare", compare)
+    r.add_get("/api/v1/groups/{group}", group)

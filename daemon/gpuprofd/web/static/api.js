@@ -1,0 +1,50 @@
+// The /api/v1 client: one function per endpoint, JSON in, a thrown ApiError
+// carrying the server's own message out.
+
+export class ApiError extends Error {
+  constructor(message, status) {
+    super(message);
+    this.status = status;
+  }
+}
+
+const BASE = "/api/v1";
+
+async function get(path, params = {}) {
+  const q = new URLSearchParams();
+  for (const [k, v] of Object.entries(params)) {
+    if (v !== null && v !== undefined && v !== "") q.set(k, String(v));
+  }
+  const url = `${BASE}${path}${q.size ? `?${q}` : ""}`;
+  let resp;
+  try {
+    resp = await fetch(url, { headers: { Accept: "application/json" } });
+  } catch (err) {
+    throw new ApiError(`the daemon did not answer (${err.message}); is gpuprofd still running?`, 0);
+  }
+  let body = null;
+  try {
+    body = await resp.json();
+  } catch {
+    // not JSON: said below
+  }
+  if (!resp.ok) {
+    const said = body && typeof body.error === "string" ? body.error : `HTTP ${resp.status}`;
+    throw new ApiError(said, resp.status);
+  }
+  if (body === null) throw new ApiError(`${url} answered something that is not JSON`, resp.status);
+  return body;
+}
+
+const enc = encodeURIComponent;
+
+export const api = {
+  runs: ({ name, status, limit } = {}) => get("/runs", { name, status, limit }),
+  run: (id) => get(`/runs/${enc(id)}`),
+  insights: (id) => get(`/runs/${enc(id)}/insights`),
+  /** `from`/`to`: unix seconds (omit both for the whole run); `width`: px. */
+  series: (id, { from, to, width } = {}) => get(`/runs/${enc(id)}/series`, { from, to, width }),
+  kernels: (id, top = 20) => get(`/runs/${enc(id)}/kernels`, { top }),
+  compare: (ids) => get("/compare", { ids: ids.join(",") }),
+  group: (group) => get(`/groups/${enc(group)}`),
+};

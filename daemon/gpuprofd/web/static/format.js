@@ -1,0 +1,64 @@
+// Number and time formatting for tables, legends and axes.
+
+export const DASH = "–";
+
+export function num(v, digits = 1) {
+  if (v === null || v === undefined || Number.isNaN(v)) return DASH;
+  return Number(v).toFixed(digits);
+}
+
+export function int(v) {
+  if (v === null || v === undefined) return DASH;
+  return Math.round(v).toLocaleString("en-US");
+}
+
+export function pct(v, digits = 1) {
+  return v === null || v === undefined ? DASH : `${Number(v).toFixed(digits)}%`;
+}
+
+/** A ratio (0..1) as a percentage. */
+export function ratioPct(v, digits = 1) {
+  return v === null || v === undefined ? DASH : `${(100 * v).toFixed(digits)}%`;
+}
+
+const UNITS = ["B", "kB", "MB", "GB", "TB"];
+
+/** Bytes in powers of 1000 (as the CLI prints them). */
+export function bytes(v, digits = 1) {
+  if (v === null || v === undefined) return DASH;
+  let x = Math.abs(v);
+  let i = 0;
+  while (x >= 1000 && i < UNITS.length - 1) { x /= 1000; i++; }
+  return `${v < 0 ? "-" : ""}${x.toFixed(i === 0 ? 0 : digits)} ${UNITS[i]}`;
+}
+
+export function bps(v) {
+  return v === null || v === undefined ? DASH : `${bytes(v)}/s`;
+}
+
+export function ms(v) {
+  if (v === null || v === undefined) return DASH;
+  return v >= 100 ? `${v.toFixed(0)} ms` : `${v.toFixed(v >= 10 ? 1 : 2)} ms`;
+}
+
+/** Unix seconds as local date and time. */
+export function when(s) {
+  if (s === null || s === undefined) return DASH;
+  const d = new Date(s * 1000);
+  return d.toLocaleString(undefined, { year: "numeric", month: "short", day: "numeric",
+    hour: "2-digit", minute: "2-digit", second: "2-digit" });
+}
+
+export function clock(s) {
+  if (s === null || s === undefined) return DASH;
+  return new Date(s * 1000).toLocaleTimeString(undefined, { hour12: false });
+}
+
+/** A duration in seconds as "1 h 02 min", "3 min 05 s", "12 s". */
+export function duration(s) {
+  if (s === null || s === undefined || s < 0) return DASH;
+  if (s < 60) return `${s.toFixed(0)} s`;
+  const m = Math.floor(s / 60);
+  if (m < 60) return `${m} min ${String(Math.floor(s % 60)).padStart(2, "0")} s`;
+  return `${Math.floor(m / 60)} h ${String(m % 60).padStart(2, "0")} min`;
+}
