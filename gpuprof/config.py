@@ -9,6 +9,9 @@ GPUPROF_GPU_RATE    USD per GPU-hour for the cost estimate (default: price table
 GPUPROF_NVML        GPU sampler backend: ``real`` (default), ``mock``, or
                     ``replay:PATH`` (play a recorded NVML trace, e.g. the
                     H200 fixture's ``nvml_trace.jsonl``)
+GPUPROF_API_KEY     an API key for a team server's ingest (a node sends it;
+                    ``gpuprofd serve`` accepts it besides its key file)
+GPUPROF_API_KEY_FILE  a file of such keys, one a line (see ``api_keys``)
 ==================  ==========================================================
 
 Pure functions of an environment mapping, so tests pass their own.
@@ -25,6 +28,8 @@ ENV_SOCKET = "GPUPROF_SOCKET"
 ENV_DB = "GPUPROF_DB"
 ENV_GPU_RATE = "GPUPROF_GPU_RATE"
 ENV_NVML = "GPUPROF_NVML"
+ENV_API_KEY = "GPUPROF_API_KEY"
+ENV_API_KEY_FILE = "GPUPROF_API_KEY_FILE"
 
 DEFAULT_DB_NAME = "gpuprof.db"
 INGEST_SOCKET_NAME = "ingest.sock"
@@ -129,3 +134,15 @@ def ingest_endpoint(directory: Path) -> str:
 
 def control_endpoint(directory: Path) -> str:
     return endpoint(directory, CONTROL_SOCKET_NAME)
+
+
+def api_key(env: Mapping[str, str] | None = None) -> str | None:
+    """``GPUPROF_API_KEY`` (stripped), or None when unset or empty."""
+    raw = _env(env).get(ENV_API_KEY, "").strip()
+    return raw or None
+
+
+def api_key_file(env: Mapping[str, str] | None = None) -> Path | None:
+    """``GPUPROF_API_KEY_FILE`` (``~`` expanded), or None when unset or empty."""
+    raw = _env(env).get(ENV_API_KEY_FILE, "").strip()
+    return Path(raw).expanduser() if raw else None

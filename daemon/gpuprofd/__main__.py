@@ -142,7 +142,9 @@ def cli(
     http: str | None,
     log_level: str,
 ) -> int:
-    """gpuprofd: the per-node gpuprof daemon (ingest, GPU/host sampling, storage, insights)."""
+    """gpuprofd: the per-node gpuprof daemon (ingest, GPU/host sampling, storage, insights).
+
+    gpuprofd serve --help: the team server (every node's runs in one place)."""
     logging.basicConfig(level=log_level.upper(), format=LOG_FORMAT, stream=sys.stderr)
     logging.getLogger("aiosqlite").setLevel(logging.WARNING)  # one line per SQL call
     rate, notes = _gpu_rate()
@@ -209,7 +211,13 @@ def _default_socket_dir(storage: StorageUrl) -> Path:
 
 
 def main(args: list[str] | None = None) -> int:
-    """Run the daemon; return its exit code (the console script exits with it)."""
+    """Run the daemon; return its exit code (the console script exits with it).
+    ``gpuprofd serve ...`` runs the team server instead (:mod:`gpuprofd.server.cli`)."""
+    argv = sys.argv[1:] if args is None else args
+    if argv[:1] == ["serve"]:
+        from gpuprofd.server.cli import main as serve_main
+
+        return serve_main(argv[1:])
     try:
         rv = cli.main(args=args, prog_name="gpuprofd", standalone_mode=False)
     except click.ClickException as exc:

@@ -12,6 +12,7 @@ import asyncio
 import logging
 import os
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -144,6 +145,8 @@ class RunService:
                 "group_id": msg.get("group"),
                 "local_world_size": msg.get("local_world_size"),
                 "daemon": self.owner,
+                # the run across nodes: a team server keys it by this (docs/team-server.md)
+                "run_uuid": str(uuid.uuid4()),
             }
             run_id = await runsdb.insert_run(self.store, row)
             live = LiveRun(

@@ -129,13 +129,13 @@ async def prepare(pool: Any, url: StorageUrl) -> int:
                 await conn.execute("SELECT pg_advisory_xact_lock($1)", _SCHEMA_LOCK_KEY)
                 await _make_first_schema(conn, url)
                 version = await _version(conn, url)
-                await conn.execute(POSTGRES.ddl(schema.SCHEMA_SQL))
-                if version:
+                if version:  # columns first: the script's indexes may name new ones
                     for table, column, decl in schema.added_since(version):
                         await conn.execute(
-                            f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} "
+                            f"ALTER TABLE IF EXISTS {table} ADD COLUMN IF NOT EXISTS {column} "
                             f"{POSTGRES.column_decl(decl)}"
                         )
+                await conn.execute(POSTGRES.ddl(schema.SCHEMA_SQL))
                 if version < schema.SCHEMA_VERSION:
                     await conn.executemany(
                         "INSERT INTO meta (key, value) VALUES ($1, $2) "
@@ -337,6 +337,11 @@ class PostgresWriter:
             return (1 if row is not None else 0), (row[0] if row is not None else None)
         status = await self._conn.execute(POSTGRES.sql(sql), *values)
         return _rowcount(status), None
+
+    async def fetch_in_txn(self, sql: str, params: Sequence[Any]) -> list[Any]:
+        """Rows of *sql* on the transaction's connection."""
+        shape = await self._shape(sql)
+        return await self._conn.fetch(POSTGRES.sql(sql), *shape.coerce(params))
 
     async def executemany(
         self, sql: str, rows: Sequence[Sequence[Any]], *, count: bool = False

@@ -85,6 +85,7 @@ _RUN_COLUMNS = (
     "group_id",
     "local_world_size",
     "daemon",
+    "run_uuid",
 )
 
 

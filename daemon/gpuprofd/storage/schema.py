@@ -31,7 +31,7 @@ from gpuprof.insights.gpu import (
 )
 from gpuprofd.errors import DatabaseError
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 8  # 9 with the team server's tables: bumped last (see _ADDED_IN_9)
 #: Columns added since schema 1: (table, column, declaration).
 _ADDED_IN_2 = (
     ("steps", "skipped", "INTEGER DEFAULT 0"),
@@ -80,8 +80,17 @@ _ADDED_IN_8 = (
     ("runs", "store_dropped_events", "INTEGER DEFAULT 0"),
     ("runs", "daemon", "TEXT"),
 )
+#: ... and since schema 8: a run's identity across nodes (made at hello) and, on a
+#: team server, the node that forwarded it (ingest_nodes, login_limits and
+#: server_secrets are new tables).
+_ADDED_IN_9 = (
+    ("runs", "run_uuid", "TEXT"),
+    ("runs", "node_id", "TEXT"),
+)
+#: The runs columns of schema 9, as an older database read as it is shows them.
+_RUNS_9 = ", NULL AS run_uuid, NULL AS node_id"
 #: The runs columns of schema 8, as an older database read as it is shows them.
-_RUNS_8 = ", 0 AS store_dropped_events, NULL AS daemon"
+_RUNS_8 = ", 0 AS store_dropped_events, NULL AS daemon" + _RUNS_9
 #: The runs columns of schema 6, NULL in an older database read as it is.
 _RUNS_6 = tuple(c for _, c, _ in _ADDED_IN_6)
 APP_NAME = "gpuprof"
@@ -93,6 +102,7 @@ _ADDED = (
     (5, _ADDED_IN_5),
     (6, _ADDED_IN_6),
     (8, _ADDED_IN_8),
+    (9, _ADDED_IN_9),
 )
 
 
@@ -169,9 +179,12 @@ CREATE TABLE IF NOT EXISTS runs (
     clock_uncertainty_ns INTEGER,    -- the offset is good to +/- this
     clock_rtt_ns INTEGER, clock_round_trips INTEGER, clock_reference_rank INTEGER,
     store_dropped_events INTEGER DEFAULT 0,  -- received by gpuprofd but not stored (busy, lost db)
-    daemon TEXT                      -- the gpuprofd tracking it: "host:socket dir"; NULL: unknown
+    daemon TEXT,                     -- the gpuprofd tracking it: "host:socket dir"; NULL: unknown
+    run_uuid TEXT,                   -- schema 9: the run across nodes, made at hello (a UUID)
+    node_id TEXT                     -- team server: the node that forwarded it (ingest_nodes)
 );
 CREATE INDEX IF NOT EXISTS runs_name ON runs (run_name, id);
+CREATE UNIQUE INDEX IF NOT EXISTS runs_uuid ON runs (run_uuid);
 CREATE INDEX IF NOT EXISTS runs_group ON runs (group_id, rank);
 CREATE TABLE IF NOT EXISTS steps (
     run_id INTEGER NOT NULL, step INTEGER NOT NULL,
@@ -274,6 +287,22 @@ CREATE TABLE IF NOT EXISTS comm_buckets (  -- one DDP gradient bucket's all-redu
 );
 CREATE INDEX IF NOT EXISTS comm_buckets_run_step ON comm_buckets (run_id, step);
 CREATE TABLE IF NOT EXISTS drops (reason TEXT PRIMARY KEY, count INTEGER);
+CREATE TABLE IF NOT EXISTS ingest_nodes (  -- schema 9, team server: each forwarding node
+    node_id TEXT PRIMARY KEY,        -- made once by the node, stored in its database
+    last_seq INTEGER NOT NULL,       -- the highest event sequence applied (0: none yet)
+    host TEXT,                       -- the node's host name, as it last said
+    first_wall_ns INTEGER, last_wall_ns INTEGER,  -- its first and latest batch, wall ns
+    batches INTEGER DEFAULT 0,       -- batches received (resent ones included)
+    events INTEGER DEFAULT 0         -- events applied
+);
+CREATE TABLE IF NOT EXISTS login_limits (  -- schema 9: viewer logins per client address
+    client TEXT PRIMARY KEY,
+    attempts TEXT NOT NULL,          -- json: wall ns of the attempts within the last window
+    last_wall_ns INTEGER             -- the latest attempt (retention deletes old clients)
+);
+CREATE TABLE IF NOT EXISTS server_secrets (  -- schema 9: made once, shared by replicas
+    name TEXT PRIMARY KEY, value TEXT NOT NULL
+);
 """
 
 
@@ -345,6 +374,8 @@ def shadow_old_tables(conn: sqlite3.Connection, version: int) -> None:
             "CREATE TEMP TABLE comm_buckets (run_id INTEGER, step INTEGER, bucket INTEGER, "
             "start_ns INTEGER, end_ns INTEGER, bytes INTEGER)"
         )
+    if version == 8:
+        conn.execute(f"CREATE TEMP VIEW runs AS SELECT *{_RUNS_9} FROM main.runs")
     if version in (6, 7):
         conn.execute(f"CREATE TEMP VIEW runs AS SELECT *{_RUNS_8} FROM main.runs")
     if version == 5:

@@ -92,6 +92,9 @@ class Op:
     batch's transaction (``sql`` is then only a label)."""
     run_id: int | None = None
     """The run whose event this op stores: a lost op is counted against it."""
+    txn: Callable[[Txn], Awaitable[Any]] | None = None
+    """Set by :meth:`Store.transaction`: a function run inside the batch's
+    transaction (under a savepoint: all or none); its result is the op's."""
 
     @property
     def urgent(self) -> bool:
@@ -133,6 +136,15 @@ class Store:
         """Ops of each run that could not be stored (:meth:`take_lost`)."""
         self._room = asyncio.Event()
         """Set each time the writer takes ops off the queue (:meth:`wait_for_room`)."""
+
+    @property
+    def errors(self) -> tuple[type[BaseException], ...]:
+        """The errors a statement on this backend may raise (the driver's and the server's)."""
+        return self._errors
+
+    def is_lost(self, exc: BaseException) -> bool:
+        """Is *exc* a lost server (try again later) rather than a refused statement?"""
+        return self._is_lost(exc)
 
     @property
     def _write(self) -> aiosqlite.Connection | None:
@@ -303,6 +315,17 @@ class Store:
         await self.queue.put(Op(f"-- {label}", (), fut, parts=tuple(parts)))
         await fut
 
+    async def transaction(self, fn: Callable[[Txn], Awaitable[Any]], label: str = "txn") -> Any:
+        """Run *fn(txn)* inside one transaction and wait for its commit; return
+        what *fn* returned. *fn* reads and writes through the :class:`Txn`
+        (it sees its own writes); whatever it raises undoes everything it did
+        and is raised here. On a lost server *fn* runs again with the retried
+        batch, so it must decide from what it reads, not from earlier calls.
+        One queue item: the writer never splits it across two commits."""
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        await self.queue.put(Op(f"-- {label}", (), fut, txn=fn))
+        return await fut
+
     async def flush(self) -> None:
         """Barrier: return once every op queued before this call is committed."""
         await self.write("SELECT 1")
@@ -409,6 +432,8 @@ class Store:
     ) -> list[tuple[Op, int | None, BaseException | None]]:
         if group[0].parts:
             return [await self._run_atomic(db, group[0])]
+        if group[0].txn is not None:
+            return [await self._run_txn(db, group[0])]
         if len(group) > 1:
             # A savepoint undoes the rows executemany wrote before a bad one.
             await db.savepoint("grp")
@@ -469,6 +494,21 @@ class Store:
                 self._lost(op)
             return op, None, exc  # a caller who awaits it decides what it means
 
+    async def _run_txn(self, db: Any, op: Op) -> tuple[Op, Any, BaseException | None]:
+        """Run a transaction op's function under a savepoint; undo it on any error."""
+        assert op.txn is not None
+        await db.savepoint("txn")
+        try:
+            value = await op.txn(Txn(db))
+            await db.release("txn")
+            return op, value, None
+        except Exception as exc:  # noqa: BLE001 - the caller gets it; the batch goes on
+            if self._is_lost(exc):
+                raise
+            await db.rollback_to("txn")
+            await db.release("txn")
+            return op, None, exc
+
     # --- reading -------------------------------------------------------------
 
     async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
@@ -489,6 +529,29 @@ class Store:
     async def fetchone(self, sql: str, params: Sequence[Any] = ()) -> Any | None:
         rows = await self.fetchall(sql, params)
         return rows[0] if rows else None
+
+
+class Txn:
+    """What :meth:`Store.transaction`'s function is given: statements run in
+    the writer's open transaction (``?`` placeholders on both backends)."""
+
+    def __init__(self, db: Any) -> None:
+        self._db = db
+        self.dialect: Dialect = db.dialect
+
+    async def fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Sequence[Any]]:
+        """The rows of *sql* (a SELECT, or a statement with RETURNING), by position."""
+        return await self._db.fetch_in_txn(sql, params)
+
+    async def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
+        """Run one statement; returns the rows it changed."""
+        changed, _ = await self._db.execute(sql, params)
+        return changed
+
+    async def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        """Run *sql* with each of *rows* (a bulk insert: COPY on Postgres)."""
+        if rows:
+            await self._db.executemany(sql, rows)
 
 
 class SqliteWriter:
@@ -563,6 +626,11 @@ class SqliteWriter:
         cur = await self.write.executemany(sql, rows)
         return cur.rowcount
 
+    async def fetch_in_txn(self, sql: str, params: Sequence[Any]) -> list[Any]:
+        """Rows of *sql* on the writing connection (inside its transaction)."""
+        async with self.write.execute(sql, params) as cur:
+            return list(await cur.fetchall())
+
     async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         async with self.read.execute(sql, params) as cur:
             return list(await cur.fetchall())
@@ -597,6 +665,7 @@ def _groups(batch: list[Op]) -> list[list[Op]]:
             groups
             and not op.urgent
             and not op.parts  # an atomic op runs alone (_run_group runs one)
+            and op.txn is None
             and not groups[-1][-1].urgent
             and groups[-1][0].sql == op.sql
         ):

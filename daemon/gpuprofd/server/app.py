@@ -1,0 +1,49 @@
+"""The team server's aiohttp app: the dashboard's app (:func:`gpuprofd.web.app.build_app`,
+the same ``/api/v1`` reads and page a node serves) over the server's store,
+plus ``POST /api/v1/ingest``, all behind :mod:`gpuprofd.web.auth`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from gpuprofd.server import ingest_api
+from gpuprofd.server.ingest_api import AfterBatch, IngestLimits
+from gpuprofd.storage.store import Store
+from gpuprofd.web import auth
+from gpuprofd.web.app import WebState, build_app
+
+
+@dataclass(frozen=True)
+class ServerState:
+    store: Store
+    limits: IngestLimits
+    after: AfterBatch | None = None
+
+
+SERVER = web.AppKey("server", ServerState)
+
+
+async def _ingest(request: web.Request) -> web.Response:
+    state = request.app[SERVER]
+    return await ingest_api.handle(request, state.store, state.limits, state.after)
+
+
+def build_server_app(
+    store: Store,
+    guard: auth.Auth,
+    limits: IngestLimits | None = None,
+    after: AfterBatch | None = None,
+) -> web.Application:
+    """The server's app over *store*: ingest needs one of *guard*'s API keys,
+    everything else a viewer's session (:mod:`gpuprofd.web.auth`)."""
+    state = WebState(reader=store, now_mono_ns=None)  # no node clock: a run ends at its last row
+    app = build_app(state)
+    app[SERVER] = ServerState(store, limits or IngestLimits(), after)
+    app.router.add_post(INGEST_PATH, _ingest)
+    guard.install(app, api_key_paths=(INGEST_PATH,))
+    return app
+
+
+INGEST_PATH = "/api/v1/ingest"

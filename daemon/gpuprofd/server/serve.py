@@ -1,0 +1,168 @@
+"""``gpuprofd serve``'s process: the store, the app, insights when a run's
+end arrives, retention, until SIGTERM or SIGINT.
+
+Stateless beyond its database: the cookie secret and the login counts are
+in it too, so replicas on one Postgres serve the same data and sessions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from gpuprofd.counters import DropCounter
+from gpuprofd.errors import BadInputError
+from gpuprofd.insights_runner import InsightsRunner
+from gpuprofd.server.app import build_server_app
+from gpuprofd.server.ingest_api import IngestLimits
+from gpuprofd.storage import logins, retention, schema
+from gpuprofd.storage.ingest import Applied
+from gpuprofd.storage.store import Store
+from gpuprofd.storage.url import StorageUrl
+from gpuprofd.web.auth import Auth, AuthConfig
+
+log = logging.getLogger(__name__)
+
+#: How often retention runs, seconds (and once at start).
+RETENTION_EVERY_S = 600.0
+#: Login counts older than this are forgotten (well past the rate window), seconds.
+LOGINS_KEPT_S = 3600.0
+SHUTDOWN_TIMEOUT_S = 2.0
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """What ``gpuprofd serve`` was asked (see :mod:`gpuprofd.server.cli`)."""
+
+    storage: StorageUrl
+    host: str
+    port: int
+    auth: AuthConfig
+    keep_days: float | None = None
+    limits: IngestLimits = IngestLimits()
+    gpu_rate_usd_per_hour: float | None = None
+
+
+class Server:
+    """The running role: :meth:`run` until :meth:`stop`."""
+
+    def __init__(self, opts: ServeOptions) -> None:
+        self.opts = opts
+        self.drops = DropCounter()
+        self.store = Store(opts.storage, self.drops)
+        self.url: str | None = None
+        self._stop = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._ending: dict[int, asyncio.Lock] = {}
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def _after_batch(self, applied: Applied) -> None:
+        """A committed batch: each run whose end it carried gets its insights
+        and summary (in the background: the node's answer does not wait)."""
+        for run_id in applied.ended_run_ids:
+            task = asyncio.create_task(self._finalize(run_id))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _finalize(self, run_id: int) -> None:
+        lock = self._ending.setdefault(run_id, asyncio.Lock())
+        try:
+            async with lock:
+                await self.runner.finalize(run_id)
+            log.info("run %d ended: insights stored", run_id)
+        except Exception:  # noqa: BLE001 - one run's rules must not stop the server
+            log.exception("insights of run %d failed", run_id)
+            self.drops.add("insights_failed")
+        finally:
+            if not lock.locked():
+                self._ending.pop(run_id, None)
+
+    async def _retention(self) -> None:
+        while not self._stop.is_set():
+            try:
+                now = time.time_ns()
+                await logins.forget_old_logins(self.store, now - int(LOGINS_KEPT_S * 1e9))
+                if self.opts.keep_days is not None:
+                    cutoff = now - int(self.opts.keep_days * 86_400 * 1e9)
+                    runs, rows = await retention.apply_retention(self.store, cutoff)
+                    if runs:
+                        log.info(
+                            "retention: %d runs older than %g days deleted (and %d node rows)",
+                            runs,
+                            self.opts.keep_days,
+                            rows,
+                        )
+            except Exception:  # noqa: BLE001 - retry at the next round
+                log.exception("retention failed; trying again in %.0f s", RETENTION_EVERY_S)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), RETENTION_EVERY_S)
+
+    async def run(self, ready: Callable[[str], None] | None = None) -> None:
+        """Serve until stopped.
+
+        Raises:
+            DatabaseError: the database unreachable or not gpuprof's.
+            BadInputError: the address cannot be bound.
+        """
+        opts = self.opts
+        if opts.storage.path is not None:
+            await asyncio.to_thread(schema.prepare, opts.storage.path)
+        await self.store.open()
+        self.store.start()
+        runner: web.AppRunner | None = None
+        try:
+            self.runner = InsightsRunner(
+                self.store, opts.storage.display, opts.gpu_rate_usd_per_hour, drops=self.drops
+            )
+            guard = await Auth.create(opts.auth, self.store)
+            app = build_server_app(self.store, guard, opts.limits, self._after_batch)
+            # Bodies are inflated by the ingest handler itself, bounded (ingest_api).
+            runner = web.AppRunner(
+                app, access_log=None, auto_decompress=False, shutdown_timeout=SHUTDOWN_TIMEOUT_S
+            )
+            await runner.setup()
+            try:
+                await web.TCPSite(runner, opts.host, opts.port).start()
+            except OSError as exc:
+                raise BadInputError(
+                    f"cannot listen on {opts.host}:{opts.port} ({exc.strerror or exc}): "
+                    "pick another --http HOST:PORT"
+                ) from None
+            port = next(a[1] for a in runner.addresses if isinstance(a, tuple))
+            host = f"[{opts.host}]" if ":" in opts.host else opts.host
+            self.url = f"http://{host}:{port}"
+            log.info("team server on %s, storing in %s", self.url, opts.storage.display)
+            if ready is not None:
+                ready(self.url)
+            keeper = asyncio.create_task(self._retention())
+            await self._stop.wait()
+            keeper.cancel()
+            await asyncio.gather(keeper, return_exceptions=True)
+        finally:
+            if runner is not None:
+                await runner.cleanup()
+            if self._tasks:
+                await asyncio.gather(*self._tasks, return_exceptions=True)
+            await self.store.close()
+
+
+def run_server(opts: ServeOptions, ready: Callable[[str], None] | None = None) -> None:
+    """Run the team server in this process until SIGTERM or SIGINT."""
+
+    async def main() -> None:
+        server = Server(opts)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, server.stop)
+        await server.run(ready)
+
+    asyncio.run(main())

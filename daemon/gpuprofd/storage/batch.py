@@ -1,0 +1,370 @@
+"""The ingest batch: what a node sends a team server (``POST /api/v1/ingest``).
+
+Pure: no I/O. :func:`validate` checks a decoded batch and raises
+:class:`BatchError` naming the first bad field (``events[3].rows[0].t0_ns``);
+:mod:`gpuprofd.storage.ingest` applies a valid one. The format is documented
+for users in ``docs/team-server.md`` (version :data:`BATCH_VERSION`).
+
+A batch is ``{"v": 1, "node": NODE_ID, "host": HOST, "events": [EVENT, ...]}``.
+Each event has a per-node sequence number ``seq`` (strictly increasing
+within the batch, gaps allowed), a ``kind`` and, for the kinds about one
+run, ``run``: the run's UUID (made at ``hello``, ``runs.run_uuid``). Field
+names are the ``gpuprofd.storage.schema`` column names; times are the
+node's nanoseconds as stored there (monotonic ones with the ``boot_id``
+they belong to). Fields a kind does not know are ignored (a newer node
+talking to an older server), as in :mod:`gpuprof.protocol`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from gpuprof.kernels import SOURCES
+from gpuprof.protocol import (
+    MAX_DURATION_NS,
+    MAX_MEMORY_BYTES,
+    _kernel_row,
+    _optimizers,
+    _phases,
+    _window_steps,
+)
+from gpuprof.protocol import MAX_RUN_NAME_CHARS as _NAME_CHARS
+from gpuprofd.sampling.rollup import ROLLUP_COLUMNS
+
+BATCH_VERSION = 1
+#: Most events in one batch. The forwarder sends about a second of a node's
+#: events per batch (an 8-GPU node at 100 ms steps: ~90 rows), more while it
+#: catches up a backlog; 10,000 events keep one transaction short.
+MAX_EVENTS = 10_000
+#: Most rows in one event, and in the whole batch (one ``steps`` event of a
+#: catching-up node carries many steps; the batch bound keeps one
+#: transaction's work bounded whatever the event count).
+MAX_EVENT_ROWS = 10_000
+MAX_BATCH_ROWS = 100_000
+#: Longest free text kept (a run name, an error, an insight's detail), characters.
+MAX_TEXT_CHARS = 4000
+#: Largest JSON object field (``options``, ``summary``, an insight's ``evidence``), in keys.
+MAX_OBJECT_KEYS = 256
+#: Insights per ``insights`` event (the rule set has a few dozen rules).
+MAX_INSIGHTS = 200
+_INT64_MAX = 2**63 - 1
+_INT64_MIN = -(2**63)
+
+RUN_STATUSES = ("running", "finished", "failed", "lost")
+ENDED_STATUSES = ("finished", "failed", "lost")
+#: Kinds about one run (they carry ``run``) and kinds about the node
+#: (host samples, GPU rollups: keyed by ``boot_id`` and GPU UUID).
+RUN_KINDS = ("run", "end", "steps", "run_cpu", "worker_cpu", "kernels", "comm", "insights")
+NODE_KINDS = ("host_samples", "gpu_rollups")
+KINDS = RUN_KINDS + NODE_KINDS
+
+_NODE_RE = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
+_UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+
+
+class BatchError(ValueError):
+    """A batch that breaks the format: *field* names the first bad field
+    (``events[2].rows[7].t0_ns``, or ``v``/``node``/``events`` of the
+    envelope); the whole batch is refused."""
+
+    def __init__(self, field: str, detail: str) -> None:
+        super().__init__(f"{field}: {detail}")
+        self.field = field
+        self.detail = detail
+
+
+Check = Callable[[Any], bool]
+
+
+def _int(lo: int = 0, hi: int = _INT64_MAX) -> Check:
+    return lambda x: type(x) is int and lo <= x <= hi
+
+
+def _num(lo: float = 0.0, hi: float = 1e30) -> Check:
+    """A finite number in [lo, hi] (int or float; ``NaN`` fails both bounds)."""
+    return lambda x: type(x) in (int, float) and math.isfinite(x) and lo <= x <= hi
+
+
+def _text(max_chars: int = MAX_TEXT_CHARS) -> Check:
+    """Any string up to *max_chars*, stored as sent (SQL, HTML and bidi
+    characters included: they are parameters and JSON text, never code);
+    only NUL is refused (Postgres text cannot hold it)."""
+    return lambda x: type(x) is str and len(x) <= max_chars and "\x00" not in x
+
+
+def _flag(x: Any) -> bool:
+    """A boolean as JSON or as SQLite stores one (0/1)."""
+    return type(x) is bool or (type(x) is int and x in (0, 1))
+
+
+def _object(x: Any) -> bool:
+    return type(x) is dict and len(x) <= MAX_OBJECT_KEYS and all(type(k) is str for k in x)
+
+
+def _one_of(*values: str) -> Check:
+    return lambda x: type(x) is str and x in values
+
+
+_NS = _int(0)
+_COUNT = _int(0)
+_SMALL = _int(0, 1 << 20)
+_ID = _text(128)
+
+#: field -> (required, check). ``None`` is accepted for every field not required.
+Schema = Mapping[str, tuple[bool, Check]]
+
+RUN_FIELDS: Schema = {
+    "run_name": (True, _text(_NAME_CHARS)),
+    "status": (True, _one_of(*RUN_STATUSES)),
+    "start_wall_ns": (True, _NS),
+    "start_mono_ns": (True, _NS),
+    "host": (False, _text(255)),
+    "pid": (False, _int(1, 2**31)),
+    "pid_ns": (False, _text(64)),
+    "rank": (False, _SMALL),
+    "local_rank": (False, _SMALL),
+    "world_size": (False, _int(1, 1 << 20)),
+    "local_world_size": (False, _int(1, 1 << 20)),
+    "auto": (False, _flag),
+    "options": (False, _object),
+    "cuda_uuid": (False, _ID),
+    "gpu_model": (False, _ID),
+    "gpu_count": (False, _SMALL),
+    "cpu_count": (False, _SMALL),
+    "boot_id": (False, _ID),
+    "group_id": (False, _ID),
+    "clock_offset_ns": (False, _int(-(1 << 62), 1 << 62)),
+    "clock_uncertainty_ns": (False, _int(0, MAX_DURATION_NS)),
+    "clock_rtt_ns": (False, _int(0, MAX_DURATION_NS)),
+    "clock_round_trips": (False, _SMALL),
+    "clock_reference_rank": (False, _SMALL),
+    "dropped_events": (False, _COUNT),
+    "received_events": (False, _COUNT),
+    "sent_events": (False, _COUNT),
+    "store_dropped_events": (False, _COUNT),
+}
+END_FIELDS: Schema = {
+    "status": (True, _one_of(*ENDED_STATUSES)),
+    "end_wall_ns": (False, _NS),
+    "end_mono_ns": (False, _NS),
+    "error": (False, _text()),
+    "trailing_eval_ns": (False, _int(0, MAX_DURATION_NS)),
+    "dropped_events": (False, _COUNT),
+    "received_events": (False, _COUNT),
+    "sent_events": (False, _COUNT),
+    "store_dropped_events": (False, _COUNT),
+}
+_MEM = _int(0, MAX_MEMORY_BYTES)
+STEP_FIELDS: Schema = {
+    "step": (True, _int(0, 1 << 40)),
+    "t0_ns": (True, _NS),
+    "t1_ns": (True, _NS),
+    "wait_ns": (False, _int(0, MAX_DURATION_NS)),
+    "explicit": (False, _flag),
+    "micro": (False, _SMALL),
+    "phases": (False, _phases),
+    "skipped": (False, _flag),
+    "eval_ns": (False, _int(0, MAX_DURATION_NS)),
+    "optimizers": (False, _optimizers),
+    "mem_allocated_bytes": (False, _MEM),
+    "mem_reserved_bytes": (False, _MEM),
+    "mem_peak_bytes": (False, _MEM),
+    "traced": (False, _flag),
+}
+RUN_CPU_FIELDS: Schema = {"mono_ns": (True, _NS), "cores": (False, _num(0, 1 << 20))}
+WORKER_CPU_FIELDS: Schema = {
+    "loader_seq": (True, _int(0, 1 << 40)),
+    "pid": (True, _int(1, 2**31)),
+    "worker_id": (False, _int(0, 1 << 20)),
+    "first_mono_ns": (False, _NS),
+    "last_mono_ns": (False, _NS),
+    "cpu_s": (False, _num(0, 1e12)),
+}
+COMM_FIELDS: Schema = {
+    "step": (True, _int(0, 1 << 40)),
+    "bucket": (False, _int(0, 1 << 20)),
+    "start_ns": (False, _NS),
+    "end_ns": (False, _NS),
+    "bytes": (False, _int(0, 1 << 50)),
+}
+HOST_FIELDS: Schema = {
+    "mono_ns": (True, _NS),
+    "boot_id": (False, _ID),
+    "cpu_pct": (False, _num(0, 1e6)),
+    "cpu_count": (False, _SMALL),
+    "disk_read_bps": (False, _num()),
+    "disk_read_iops": (False, _num()),
+    "page_cache_bytes": (False, _int(0, 1 << 60)),
+    "mem_total_bytes": (False, _int(0, 1 << 60)),
+    "swap_in_bps": (False, _num()),
+}
+#: gpu_rollups: every column numeric but the GPU's UUID and the boot.
+ROLLUP_FIELDS: Schema = {
+    c: (
+        (True, _NS)
+        if c == "sec_ns"
+        else (True, _ID)
+        if c == "uuid"
+        else (False, _ID)
+        if c == "boot_id"
+        else (False, _num(-1e30, 1e30))
+    )
+    for c in ROLLUP_COLUMNS
+}
+KERNEL_WINDOW_FIELDS: Schema = {
+    "t0_ns": (True, _NS),
+    "t1_ns": (True, _NS),
+    "source": (True, _one_of(*SOURCES)),
+    # the step indices it covered, or (a window merged past its list limit,
+    # gpuprofd.storage.kcompact) {"n": count, "first": i, "last": j}
+    "steps": (False, lambda x: _window_steps(x) or _object(x)),
+    "rows_dropped": (False, _int(0, 1 << 40)),
+}
+_WINDOW_KEY_FIELDS: Schema = {k: KERNEL_WINDOW_FIELDS[k] for k in ("t0_ns", "t1_ns", "source")}
+INSIGHT_FIELDS: Schema = {
+    "rule": (True, _text(128)),
+    "severity": (True, _text(16)),
+    "title": (True, _text()),
+    "detail": (False, _text()),
+    "fix": (False, _text()),
+    "evidence": (False, _object),
+}
+
+
+def _fields(obj: Any, schema: Schema, where: str) -> dict[str, Any]:
+    """*obj* checked against *schema*: the known fields (None where absent)."""
+    if type(obj) is not dict:
+        raise BatchError(where, "not a JSON object")
+    out: dict[str, Any] = {}
+    for name, (required, check) in schema.items():
+        value = obj.get(name)
+        if value is None:
+            if required:
+                raise BatchError(f"{where}.{name}", "missing")
+            out[name] = None
+            continue
+        if not check(value):
+            raise BatchError(f"{where}.{name}", f"bad value {_show(value)}")
+        out[name] = value
+    return out
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _rows(ev: Mapping[str, Any], where: str, schema: Schema) -> list[dict[str, Any]]:
+    rows = ev.get("rows")
+    if type(rows) is not list or len(rows) > MAX_EVENT_ROWS:
+        raise BatchError(f"{where}.rows", f"not a list of at most {MAX_EVENT_ROWS} rows")
+    return [_fields(r, schema, f"{where}.rows[{j}]") for j, r in enumerate(rows)]
+
+
+def _check_span(row: Mapping[str, Any], t0: str, t1: str, where: str) -> None:
+    if not 0 <= row[t1] - row[t0] <= MAX_DURATION_NS:
+        raise BatchError(f"{where}.{t1}", f"before {t0} or more than 7 days after it")
+
+
+def _event(ev: Any, where: str) -> dict[str, Any]:
+    """One event checked; returns it normalized (known fields only)."""
+    if type(ev) is not dict:
+        raise BatchError(where, "not a JSON object")
+    seq = ev.get("seq")
+    if not _int(1)(seq):
+        raise BatchError(f"{where}.seq", f"not a positive integer: {_show(seq)}")
+    kind = ev.get("kind")
+    if kind not in KINDS:
+        raise BatchError(f"{where}.kind", f"{_show(kind)} is not one of {', '.join(KINDS)}")
+    out: dict[str, Any] = {"seq": seq, "kind": kind}
+    if kind in RUN_KINDS:
+        run = ev.get("run")
+        if type(run) is not str or not _UUID_RE.match(run):
+            raise BatchError(f"{where}.run", f"not a run UUID (lower-case hex): {_show(run)}")
+        out["run"] = run
+    if kind == "run":
+        out["fields"] = _fields(ev.get("fields"), RUN_FIELDS, f"{where}.fields")
+    elif kind == "end":
+        out["fields"] = _fields(ev.get("fields"), END_FIELDS, f"{where}.fields")
+    elif kind == "steps":
+        out["rows"] = _rows(ev, where, STEP_FIELDS)
+        for j, r in enumerate(out["rows"]):
+            _check_span(r, "t0_ns", "t1_ns", f"{where}.rows[{j}]")
+    elif kind == "comm":
+        out["rows"] = _rows(ev, where, COMM_FIELDS)
+    elif kind == "run_cpu":
+        out["rows"] = _rows(ev, where, RUN_CPU_FIELDS)
+    elif kind == "worker_cpu":
+        out["rows"] = _rows(ev, where, WORKER_CPU_FIELDS)
+    elif kind == "host_samples":
+        out["rows"] = _rows(ev, where, HOST_FIELDS)
+    elif kind == "gpu_rollups":
+        out["rows"] = _rows(ev, where, ROLLUP_FIELDS)
+    elif kind == "kernels":
+        out["window"] = _fields(ev.get("window"), KERNEL_WINDOW_FIELDS, f"{where}.window")
+        _check_span(out["window"], "t0_ns", "t1_ns", f"{where}.window")
+        rows = ev.get("rows")
+        if type(rows) is not list or len(rows) > MAX_EVENT_ROWS:
+            raise BatchError(f"{where}.rows", f"not a list of at most {MAX_EVENT_ROWS} rows")
+        for j, r in enumerate(rows):
+            if not _kernel_row(r):
+                raise BatchError(
+                    f"{where}.rows[{j}]",
+                    "not [name, kind, cls, count, total_ns, self_ns, flops] "
+                    f"(see gpuprof.kernels): {_show(r)}",
+                )
+        out["rows"] = rows
+        replaces = ev.get("replaces") or []
+        if type(replaces) is not list or len(replaces) > MAX_EVENT_ROWS:
+            raise BatchError(f"{where}.replaces", "not a list of windows")
+        out["replaces"] = [
+            _fields(w, _WINDOW_KEY_FIELDS, f"{where}.replaces[{j}]") for j, w in enumerate(replaces)
+        ]
+    elif kind == "insights":
+        items = ev.get("insights")
+        if type(items) is not list or len(items) > MAX_INSIGHTS:
+            raise BatchError(f"{where}.insights", f"not a list of at most {MAX_INSIGHTS}")
+        out["insights"] = [
+            _fields(i, INSIGHT_FIELDS, f"{where}.insights[{j}]") for j, i in enumerate(items)
+        ]
+    return out
+
+
+def validate(batch: Any) -> dict[str, Any]:
+    """Check a decoded batch; return it normalized: ``v``, ``node``, ``host``
+    and ``events`` (each with only the fields its kind knows, None where absent).
+
+    Raises:
+        BatchError: the first bad field, by its path in the batch.
+    """
+    if type(batch) is not dict:
+        raise BatchError("batch", "not a JSON object")
+    if batch.get("v") != BATCH_VERSION:
+        raise BatchError("v", f"version {_show(batch.get('v'))}; this server reads {BATCH_VERSION}")
+    node = batch.get("node")
+    if type(node) is not str or not _NODE_RE.match(node):
+        raise BatchError("node", f"not a node id (1-64 of A-Z a-z 0-9 . _ : -): {_show(node)}")
+    host = batch.get("host")
+    if host is not None and not _text(255)(host):
+        raise BatchError("host", f"bad value {_show(host)}")
+    events = batch.get("events")
+    if type(events) is not list or not 0 < len(events) <= MAX_EVENTS:
+        raise BatchError("events", f"not a list of 1-{MAX_EVENTS} events")
+    out: list[dict[str, Any]] = []
+    rows = 0
+    for i, ev in enumerate(events):
+        checked = _event(ev, f"events[{i}]")
+        if out and checked["seq"] <= out[-1]["seq"]:
+            raise BatchError(
+                f"events[{i}].seq",
+                f"{checked['seq']} does not follow {out[-1]['seq']}: sequence numbers "
+                "increase within a batch",
+            )
+        rows += len(checked.get("rows") or ())
+        if rows > MAX_BATCH_ROWS:
+            raise BatchError(f"events[{i}].rows", f"more than {MAX_BATCH_ROWS} rows in the batch")
+        out.append(checked)
+    return {"v": BATCH_VERSION, "node": node, "host": host, "events": out}

@@ -1,0 +1,312 @@
+"""Applying an ingest batch (:mod:`gpuprofd.storage.batch`) on a team server.
+
+One batch is one transaction (:meth:`Store.transaction`): all of it or none.
+It is idempotent, keyed by (node id, sequence number): the node's row in
+``ingest_nodes`` holds the highest sequence applied, and is locked first
+(an upsert), so two replicas given the same node's batches apply them one
+after the other. Then:
+
+- events at or below that sequence were applied before (a resent batch, an
+  acknowledgement the node never got): skipped, counted in ``skipped``;
+- the others are applied in order and the node's sequence moves to the
+  batch's last. Gaps are fine (a node that gave up events under its outbox
+  limit says so itself); events never go backwards within a batch
+  (:func:`~gpuprofd.storage.batch.validate` refuses that).
+
+Runs are keyed by their UUID (``runs.run_uuid``); a run belongs to the node
+that first sent it: an event of another node's run is refused
+(:class:`IngestConflict`) and nothing of the batch is stored.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from gpuprofd.sampling.rollup import INSERT_SQL as _ROLLUP_SQL
+from gpuprofd.sampling.rollup import ROLLUP_COLUMNS
+from gpuprofd.storage.batch import (
+    COMM_FIELDS,
+    END_FIELDS,
+    HOST_FIELDS,
+    RUN_CPU_FIELDS,
+    RUN_FIELDS,
+    STEP_FIELDS,
+    WORKER_CPU_FIELDS,
+    BatchError,
+)
+from gpuprofd.storage.runsdb import (
+    _COMM_SQL,
+    _HOST_SQL,
+    _RUN_CPU_SQL,
+    _STEP_SQL,
+    _WORKER_CPU_SQL,
+)
+from gpuprofd.storage.store import Store, Txn
+
+#: The ``daemon`` column of a forwarded run: no node daemon ever recovers it
+#: as its own (``gpuprofd.ingest.runservice``), even on a shared database.
+OWNER_PREFIX = "ingest:"
+
+_LOCK_NODE_SQL = (
+    "INSERT INTO ingest_nodes (node_id, last_seq, host, first_wall_ns, last_wall_ns, batches, "
+    "events) VALUES (?, 0, ?, ?, ?, 1, 0) ON CONFLICT (node_id) DO UPDATE SET "
+    "batches = ingest_nodes.batches + 1, last_wall_ns = excluded.last_wall_ns, "
+    "host = COALESCE(excluded.host, ingest_nodes.host)"
+)
+_NODE_SEQ_SQL = "SELECT last_seq FROM ingest_nodes WHERE node_id = ?"
+_SET_SEQ_SQL = "UPDATE ingest_nodes SET last_seq = ?, events = events + ? WHERE node_id = ?"
+_FIND_RUN_SQL = "SELECT id, node_id FROM runs WHERE run_uuid = ?"
+_RUN_SET = tuple(f for f in RUN_FIELDS)
+_INSERT_RUN_SQL = (
+    f"INSERT INTO runs (run_uuid, run_key, node_id, daemon, {', '.join(_RUN_SET)}) "
+    f"VALUES ({', '.join('?' * (4 + len(_RUN_SET)))}) RETURNING id"
+)
+_KERNEL_WINDOW_SQL = (
+    "INSERT INTO kernel_windows (run_id, t0_ns, t1_ns, source, steps, rows_dropped) "
+    "VALUES (?, ?, ?, ?, ?, ?) RETURNING id"
+)
+_KERNEL_STATS_SQL = (
+    "INSERT INTO kernel_stats (window_id, run_id, name, kind, cls, count, total_ns, self_ns, "
+    "flops) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+_DELETE_WINDOW_SQL = (
+    "DELETE FROM kernel_windows WHERE run_id = ? AND t0_ns = ? AND t1_ns = ? AND source = ?"
+)
+_ORPHAN_STATS_SQL = (
+    "DELETE FROM kernel_stats WHERE run_id = ? AND window_id NOT IN "
+    "(SELECT id FROM kernel_windows WHERE run_id = ?)"
+)
+_INSIGHT_SQL = (
+    "INSERT INTO insights (run_id, rule, severity, title, detail, fix, evidence, "
+    "created_wall_ns) VALUES (?,?,?,?,?,?,?,?)"
+)
+
+
+class IngestConflict(Exception):
+    """An event about a run another node sent first; nothing was stored."""
+
+    def __init__(self, field: str, detail: str) -> None:
+        super().__init__(f"{field}: {detail}")
+        self.field = field
+
+
+@dataclass
+class Applied:
+    """What one batch did: the node's highest sequence applied now
+    (``acked_seq``: the node may forget everything up to it), how many of the
+    batch's events were applied and how many skipped as sent before, the
+    server's ids of the runs it touched and of those whose end it carried."""
+
+    node: str
+    acked_seq: int
+    applied: int
+    skipped: int
+    run_ids: list[int] = field(default_factory=list)
+    ended_run_ids: list[int] = field(default_factory=list)
+
+
+async def apply_batch(store: Store, batch: Mapping[str, Any]) -> Applied:
+    """Apply a validated batch (:func:`gpuprofd.storage.batch.validate`) in one transaction.
+
+    Raises:
+        BatchError: an event that cannot be applied as sent (steps of a run
+            never announced); nothing was stored.
+        IngestConflict: an event about another node's run; nothing was stored.
+        Exception: the database refused a statement (the store's errors); nothing was stored.
+    """
+    now = time.time_ns()
+    return await store.transaction(lambda txn: _apply(txn, batch, now), "ingest batch")
+
+
+async def _apply(txn: Txn, batch: Mapping[str, Any], now: int) -> Applied:
+    node = batch["node"]
+    await txn.execute(_LOCK_NODE_SQL, (node, batch.get("host"), now, now))
+    rows = await txn.fetch(_NODE_SEQ_SQL, (node,))
+    last = int(rows[0][0])
+    events = [ev for ev in batch["events"] if ev["seq"] > last]
+    out = Applied(node, last, 0, len(batch["events"]) - len(events))
+    runs: dict[str, int] = {}
+    for i, ev in enumerate(batch["events"]):
+        if ev["seq"] <= last:
+            continue
+        await _event(txn, node, ev, f"events[{i}]", runs, out)
+    if events:
+        out.acked_seq = events[-1]["seq"]
+        out.applied = len(events)
+        await txn.execute(_SET_SEQ_SQL, (out.acked_seq, out.applied, node))
+    out.run_ids = sorted(set(runs.values()))
+    return out
+
+
+async def _run_id(
+    txn: Txn, node: str, ev: Mapping[str, Any], where: str, runs: dict[str, int]
+) -> int:
+    """The server's id of the event's run (announced by a ``run`` event, in
+    this batch or an earlier one)."""
+    uuid = ev["run"]
+    if uuid in runs:
+        return runs[uuid]
+    found = await txn.fetch(_FIND_RUN_SQL, (uuid,))
+    if not found:
+        raise BatchError(f"{where}.run", f"no run {uuid} here: send its run event first")
+    run_id, owner = int(found[0][0]), found[0][1]
+    if owner != node:
+        raise IngestConflict(f"{where}.run", f"run {uuid} was sent by another node")
+    runs[uuid] = run_id
+    return run_id
+
+
+def _json(value: Any) -> str | None:
+    return None if value is None else orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode()
+
+
+def _flag(value: Any, default: int = 0) -> int:
+    return default if value is None else int(value)
+
+
+async def _upsert_run(
+    txn: Txn, node: str, ev: Mapping[str, Any], where: str, runs: dict[str, int]
+) -> int:
+    fields = dict(ev["fields"])
+    fields["options"] = _json(fields["options"] or {})
+    if fields["auto"] is not None:
+        fields["auto"] = int(fields["auto"])
+    uuid = ev["run"]
+    found = await txn.fetch(_FIND_RUN_SQL, (uuid,))
+    if not found:
+        values = [uuid, uuid, node, OWNER_PREFIX + node, *(fields[f] for f in _RUN_SET)]
+        got = await txn.fetch(_INSERT_RUN_SQL, values)
+        run_id = int(got[0][0])
+    else:
+        run_id, owner = int(found[0][0]), found[0][1]
+        if owner != node:
+            raise IngestConflict(f"{where}.run", f"run {uuid} was sent by another node")
+        given = {k: v for k, v in fields.items() if v is not None}
+        sets = ", ".join(f"{k} = ?" for k in given)
+        await txn.execute(f"UPDATE runs SET {sets} WHERE id = ?", (*given.values(), run_id))
+    runs[uuid] = run_id
+    return run_id
+
+
+async def _end_run(
+    txn: Txn, node: str, ev: Mapping[str, Any], where: str, runs: dict[str, int]
+) -> int:
+    run_id = await _run_id(txn, node, ev, where, runs)
+    given = {k: v for k, v in ev["fields"].items() if v is not None and k in END_FIELDS}
+    sets = ", ".join(f"{k} = ?" for k in given)
+    await txn.execute(f"UPDATE runs SET {sets} WHERE id = ?", (*given.values(), run_id))
+    return run_id
+
+
+def _step_row(run_id: int, r: Mapping[str, Any]) -> tuple[Any, ...]:
+    """A steps row in :data:`gpuprofd.storage.runsdb._STEP_SQL`'s order."""
+    return (
+        run_id,
+        r["step"],
+        r["t0_ns"],
+        r["t1_ns"],
+        r["wait_ns"] or 0,
+        _flag(r["explicit"]),
+        r["micro"] if r["micro"] is not None else 1,
+        _json(r["phases"] or {}),
+        _flag(r["skipped"]),
+        r["eval_ns"] or 0,
+        _json(r["optimizers"]) if r["optimizers"] else None,
+        r["mem_allocated_bytes"],
+        r["mem_reserved_bytes"],
+        r["mem_peak_bytes"],
+        _flag(r["traced"]),
+    )
+
+
+def _in_order(run_id: int | None, rows: Sequence[Mapping[str, Any]], names: Sequence[str]) -> list:
+    head = () if run_id is None else (run_id,)
+    return [(*head, *(r[n] for n in names)) for r in rows]
+
+
+async def _event(
+    txn: Txn,
+    node: str,
+    ev: Mapping[str, Any],
+    where: str,
+    runs: dict[str, int],
+    out: Applied,
+) -> None:
+    kind = ev["kind"]
+    if kind == "run":
+        await _upsert_run(txn, node, ev, where, runs)
+        return
+    if kind == "end":
+        run_id = await _end_run(txn, node, ev, where, runs)
+        if run_id not in out.ended_run_ids:
+            out.ended_run_ids.append(run_id)
+        return
+    if kind == "host_samples":
+        names = ("mono_ns", "cpu_pct", "cpu_count", "disk_read_bps", "disk_read_iops")
+        names += ("page_cache_bytes", "mem_total_bytes", "swap_in_bps", "boot_id")
+        assert set(names) == set(HOST_FIELDS)
+        await txn.executemany(_HOST_SQL, _in_order(None, ev["rows"], names))
+        return
+    if kind == "gpu_rollups":
+        await txn.executemany(_ROLLUP_SQL, _in_order(None, ev["rows"], ROLLUP_COLUMNS))
+        return
+    run_id = await _run_id(txn, node, ev, where, runs)
+    if kind == "steps":
+        assert len(STEP_FIELDS) == 14
+        await txn.executemany(_STEP_SQL, [_step_row(run_id, r) for r in ev["rows"]])
+    elif kind == "comm":
+        names = ("step", "bucket", "start_ns", "end_ns", "bytes")
+        assert set(names) == set(COMM_FIELDS)
+        await txn.executemany(_COMM_SQL, _in_order(run_id, ev["rows"], names))
+    elif kind == "run_cpu":
+        names = ("mono_ns", "cores")
+        assert set(names) == set(RUN_CPU_FIELDS)
+        await txn.executemany(_RUN_CPU_SQL, _in_order(run_id, ev["rows"], names))
+    elif kind == "worker_cpu":
+        names = ("loader_seq", "worker_id", "pid", "first_mono_ns", "last_mono_ns", "cpu_s")
+        assert set(names) == set(WORKER_CPU_FIELDS)
+        for row in _in_order(run_id, ev["rows"], names):  # an upsert: one by one
+            await txn.execute(_WORKER_CPU_SQL, row)
+    elif kind == "kernels":
+        await _kernels(txn, run_id, ev)
+    elif kind == "insights":
+        await txn.execute("DELETE FROM insights WHERE run_id = ?", (run_id,))
+        now = time.time_ns()
+        await txn.executemany(
+            _INSIGHT_SQL,
+            [
+                (
+                    run_id,
+                    i["rule"],
+                    i["severity"],
+                    i["title"],
+                    i["detail"],
+                    i["fix"],
+                    _json(i["evidence"] or {}),
+                    now,
+                )
+                for i in ev["insights"]
+            ],
+        )
+
+
+async def _kernels(txn: Txn, run_id: int, ev: Mapping[str, Any]) -> None:
+    """One kernel window and its rows; the windows it ``replaces`` (merged
+    into it on the node) go first, their rows with them."""
+    for w in ev["replaces"]:
+        await txn.execute(_DELETE_WINDOW_SQL, (run_id, w["t0_ns"], w["t1_ns"], w["source"]))
+    if ev["replaces"]:
+        await txn.execute(_ORPHAN_STATS_SQL, (run_id, run_id))
+    w = ev["window"]
+    steps = _json(w["steps"] or [])
+    got = await txn.fetch(
+        _KERNEL_WINDOW_SQL,
+        (run_id, w["t0_ns"], w["t1_ns"], w["source"], steps, w["rows_dropped"] or 0),
+    )
+    window_id = int(got[0][0])
+    await txn.executemany(_KERNEL_STATS_SQL, [(window_id, run_id, *r) for r in ev["rows"]])

@@ -1,0 +1,141 @@
+"""``gpuprofd serve`` as users run it: one process, ingest with a key, the
+dashboard's API behind the login, insights when a run's end arrives, and
+one-line errors for what cannot work."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.daemon.batches import batch, end_event, new_uuid, run_event, steps_event
+from tests.daemon.server.conftest import (
+    KEY_TWO,
+    TeamServer,
+    db_rows,
+    login,
+)
+from tests.daemon.storage.test_ingest import doc_example
+
+
+def test_a_forwarded_run_is_served_with_its_insights(
+    tmp_path: Path, storage_url: str, team_servers: list[TeamServer]
+) -> None:
+    server = TeamServer(tmp_path, storage_url).start()
+    team_servers.append(server)
+    first = server.ingest(doc_example())
+    again = server.ingest(doc_example(), key=KEY_TWO)  # the key listed by its digest
+    assert first.status_code == 200, first.text
+    assert first.json() == {
+        "node": "5b0d6f43-9d7e-4f27-a0f3-41c9e2b1d8aa",
+        "acked_seq": 5,
+        "applied": 5,
+        "skipped": 0,
+    }
+    assert again.status_code == 200 and again.json()["skipped"] == 5
+    assert db_rows(storage_url, "SELECT COUNT(*) FROM steps") == [(2,)]
+    with server.client() as c:
+        assert login(c).status_code == 200
+        runs = c.get("/api/v1/runs").json()["runs"]
+        assert [(r["run_name"], r["status"], r["steps"]) for r in runs] == [
+            ("llama-7b-sft", "finished", 2)
+        ]
+        deadline = time.monotonic() + 30
+        summary = None
+        while summary is None and time.monotonic() < deadline:  # computed after the answer
+            summary = c.get(f"/api/v1/runs/{runs[0]['id']}").json()["summary"]
+            time.sleep(0.1)
+    assert summary is not None and summary["median_step_ms"] == 103.5  # wait + step, as a node says
+    assert "ended: insights stored" in server.log()
+
+
+def test_a_run_in_many_batches(
+    tmp_path: Path, storage_url: str, team_servers: list[TeamServer]
+) -> None:
+    server = TeamServer(tmp_path, storage_url).start()
+    team_servers.append(server)
+    run = new_uuid()
+    answers = [
+        server.ingest(batch("node-1", [run_event(1, run, name="many")])),
+        server.ingest(batch("node-1", [steps_event(2, run, 0, 50), steps_event(3, run, 50, 50)])),
+        server.ingest(batch("node-1", [steps_event(4, run, 100, 20), end_event(5, run)])),
+    ]
+    assert [a.json()["acked_seq"] for a in answers] == [1, 3, 5]
+    assert db_rows(storage_url, "SELECT COUNT(*), MAX(step) FROM steps") == [(120, 119)]
+    assert db_rows(storage_url, "SELECT status, node_id FROM runs") == [("finished", "node-1")]
+
+
+def _serve(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gpuprofd", "serve", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_what_cannot_work_is_one_line(tmp_path: Path) -> None:
+    pw = tmp_path / "viewer"
+    pw.write_text("pw\n")
+    keys = tmp_path / "keys"
+    keys.write_text("k\n")
+    db = f"sqlite:///{tmp_path / 's.db'}"
+    cases = {
+        "no key file": (
+            [
+                "--storage-url",
+                db,
+                "--api-key-file",
+                str(tmp_path / "nope"),
+                "--viewer-password-file",
+                str(pw),
+            ],
+            "cannot read the API key file",
+        ),
+        "no keys at all": (
+            ["--storage-url", db, "--viewer-password-file", str(pw)],
+            "no API keys",
+        ),
+        "no password file": (
+            [
+                "--storage-url",
+                db,
+                "--api-key-file",
+                str(keys),
+                "--viewer-password-file",
+                str(tmp_path / "nope"),
+            ],
+            "cannot read the viewer password file",
+        ),
+        "a down database": (
+            [
+                "--storage-url",
+                "postgres://root@127.0.0.1:1/test",
+                "--api-key-file",
+                str(keys),
+                "--viewer-password-file",
+                str(pw),
+            ],
+            "cannot connect to Postgres at postgres://root@127.0.0.1:1/test",
+        ),
+        "a bad address": (
+            [
+                "--storage-url",
+                db,
+                "--api-key-file",
+                str(keys),
+                "--viewer-password-file",
+                str(pw),
+                "--http",
+                "127.0.0.1:http",
+            ],
+            "--http '127.0.0.1:http'",
+        ),
+    }
+    for what, (args, said) in cases.items():
+        done = _serve(*args)
+        errors = [line for line in done.stderr.splitlines() if "error" in line.lower()]
+        assert done.returncode != 0, what
+        assert len(errors) == 1 and said in errors[0], (what, done.stderr)
+        assert "Traceback" not in done.stderr, what

@@ -1,0 +1,142 @@
+"""Applying ingest batches on each backend: one transaction, idempotent by
+(node, sequence), overlap and bad input handled as docs/team-server.md says."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from gpuprofd.storage import reads
+from gpuprofd.storage.batch import BatchError, validate
+from gpuprofd.storage.ingest import IngestConflict, apply_batch
+from tests.daemon.batches import batch, new_uuid, run_event, steps_event
+from tests.daemon.storage.test_backends import open_store
+
+DOC = Path(__file__).resolve().parents[3] / "docs" / "team-server.md"
+
+
+def doc_example() -> dict[str, Any]:
+    """The example batch of docs/team-server.md (its first JSON block)."""
+    text = DOC.read_text()
+    block = re.search(r"```json\n(.*?)```", text, re.S)
+    assert block is not None
+    return orjson.loads(block.group(1))
+
+
+async def counts(store: Any) -> dict[str, int]:
+    out = {}
+    for table in ("runs", "steps", "gpu_rollups", "host_samples", "kernel_stats", "insights"):
+        row = await store.fetchone(f"SELECT COUNT(*) FROM {table}")
+        out[table] = row[0]
+    return out
+
+
+async def test_the_documented_example_applies_once(storage_url: str) -> None:
+    example = validate(doc_example())
+    async with open_store(storage_url) as store:
+        first = await apply_batch(store, example)
+        again = await apply_batch(store, example)
+        got = await counts(store)
+        run = await reads.find_run(store, run_id=first.run_ids[0])
+    assert (first.acked_seq, first.applied, first.skipped) == (5, 5, 0)
+    assert (again.acked_seq, again.applied, again.skipped) == (5, 0, 5)
+    assert got["runs"] == 1 and got["steps"] == 2 and got["gpu_rollups"] == 1
+    assert got["host_samples"] == 1
+    assert first.ended_run_ids == first.run_ids
+    assert run["status"] == "finished" and run["run_name"] == "llama-7b-sft"
+    assert run["run_uuid"] == "0e6a3c1f-58f2-4c8e-9a43-f3d3c0b7d9e2"
+    assert run["node_id"] == "5b0d6f43-9d7e-4f27-a0f3-41c9e2b1d8aa"
+    assert run["options"] == {"dtype": "bfloat16"} and run["end_mono_ns"] == 65_000_000_000
+
+
+async def test_an_overlapping_batch_stores_only_its_new_events(storage_url: str) -> None:
+    run = new_uuid()
+    async with open_store(storage_url) as store:
+        await apply_batch(store, validate(batch("n1", [run_event(1, run), steps_event(2, run, 0)])))
+        # resent with one more event: seq 1-2 were applied, only 3 is new
+        overlap = [run_event(1, run), steps_event(2, run, 0), steps_event(3, run, 5)]
+        got = await apply_batch(store, validate(batch("n1", overlap)))
+        # a gap (4-9 never sent) is fine
+        gap = await apply_batch(store, validate(batch("n1", [steps_event(10, run, 10)])))
+        steps = (await store.fetchone("SELECT COUNT(*) FROM steps"))[0]
+        node = await store.fetchone("SELECT last_seq, batches, events FROM ingest_nodes")
+    assert (got.applied, got.skipped, got.acked_seq) == (1, 2, 3)
+    assert gap.acked_seq == 10 and steps == 15
+    assert tuple(node) == (10, 3, 4)
+
+
+async def test_nodes_have_their_own_sequences_and_runs(storage_url: str) -> None:
+    a, b = new_uuid(), new_uuid()
+    async with open_store(storage_url) as store:
+        await apply_batch(store, validate(batch("n1", [run_event(1, a)])))
+        other = await apply_batch(store, validate(batch("n2", [run_event(1, b)])))
+        with pytest.raises(IngestConflict, match=r"events\[1\]\.run: run .* another node"):
+            await apply_batch(store, validate(batch("n2", [steps_event(2, b), steps_event(3, a)])))
+        with pytest.raises(IngestConflict):  # nor may it rewrite the run itself
+            await apply_batch(store, validate(batch("n2", [run_event(4, a, name="stolen")])))
+        steps = (await store.fetchone("SELECT COUNT(*) FROM steps"))[0]
+        names = [r[0] for r in await store.fetchall("SELECT run_name FROM runs ORDER BY id")]
+        seq = (await store.fetchone("SELECT last_seq FROM ingest_nodes WHERE node_id = 'n2'"))[0]
+    assert other.acked_seq == 1 and other.applied == 1
+    assert steps == 0 and names == ["exp", "exp"] and seq == 1  # nothing of either batch
+
+
+async def test_steps_of_an_unknown_run_store_nothing(storage_url: str) -> None:
+    run = new_uuid()
+    async with open_store(storage_url) as store:
+        with pytest.raises(BatchError) as err:
+            await apply_batch(
+                store, validate(batch("n1", [run_event(1, new_uuid()), steps_event(2, run)]))
+            )
+        got = await counts(store)
+        nodes = await store.fetchall("SELECT last_seq FROM ingest_nodes")
+    assert err.value.field == "events[1].run" and "send its run event first" in str(err.value)
+    assert got["runs"] == 0 and got["steps"] == 0 and nodes == []
+
+
+def test_sequences_must_increase_within_a_batch() -> None:
+    run = new_uuid()
+    with pytest.raises(BatchError) as err:
+        validate(batch("n1", [run_event(5, run), steps_event(4, run)]))
+    assert err.value.field == "events[1].seq" and "increase" in err.value.detail
+    with pytest.raises(BatchError) as err:
+        validate(batch("n1", [run_event(5, run), steps_event(5, run)]))
+    assert err.value.field == "events[1].seq"
+
+
+@pytest.mark.parametrize(
+    ("mutate", "field"),
+    [
+        (lambda b: b.update(v=2), "v"),
+        (lambda b: b.update(node="a b"), "node"),
+        (lambda b: b.update(events=[]), "events"),
+        (lambda b: b["events"][0].update(run="not-a-uuid"), "events[0].run"),
+        (lambda b: b["events"][0].update(kind="drop_tables"), "events[0].kind"),
+        (lambda b: b["events"][0]["fields"].pop("run_name"), "events[0].fields.run_name"),
+        (lambda b: b["events"][0]["fields"].update(status="done"), "events[0].fields.status"),
+        (lambda b: b["events"][0]["fields"].update(pid=-1), "events[0].fields.pid"),
+        (lambda b: b["events"][0]["fields"].update(host="a\x00b"), "events[0].fields.host"),
+        (lambda b: b["events"][1]["rows"][3].update(t0_ns="1"), "events[1].rows[3].t0_ns"),
+        (lambda b: b["events"][1]["rows"][2].update(t1_ns=0), "events[1].rows[2].t1_ns"),
+        (lambda b: b["events"][1]["rows"][0].update(phases=[]), "events[1].rows[0].phases"),
+        (lambda b: b["events"][1].update(rows={}), "events[1].rows"),
+    ],
+)
+def test_the_first_bad_field_is_named(mutate: Any, field: str) -> None:
+    run = new_uuid()
+    b = batch("n1", [run_event(1, run), steps_event(2, run)])
+    validate(b)  # valid as built
+    mutate(b)
+    with pytest.raises(BatchError) as err:
+        validate(b)
+    assert err.value.field == field
+
+
+def test_hostile_strings_pass_as_they_are() -> None:
+    name = "x'); DROP TABLE runs;-- <script>alert(1)</script> \u202egnp.exe"
+    b = validate(batch("n1", [run_event(1, new_uuid(), name=name)]))
+    assert b["events"][0]["fields"]["run_name"] == name
