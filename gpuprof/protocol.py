@@ -1,7 +1,7 @@
 """The wire protocol between the shim (in the training process) and gpuprofd.
 
 Transport: ZeroMQ over ``ipc://``. Data events (``step``, ``mark``, ``workers``,
-``kernels``, ``model_info``, ``clock``) go shim
+``loaders``, ``kernels``, ``model_info``, ``clock``) go shim
 ``PUSH`` → daemon ``PULL``, alone or many of one run in one ``batch``
 message (see :func:`decode_events`); requests (``hello``, ``bye``, ``ping``; and
 ``stop`` from gpuprofctl) go ``REQ`` → daemon ``ROUTER`` and always get one
@@ -67,6 +67,11 @@ OWN_TIME_PHASE = "gpuprof"
 #: DataLoader worker processes listed per ``workers`` event (one loader
 #: iterator's pool); torch caps nothing, but no host has 1024 cores to feed.
 MAX_WORKERS = 1024
+#: DataLoader settings listed per ``loaders`` event (a train and an eval
+#: loader, a few more; later ones are not reported).
+MAX_LOADERS = 8
+#: Largest ``prefetch_factor`` accepted (torch's default is 2).
+MAX_PREFETCH_FACTOR = 1 << 16
 #: Largest pid accepted (Linux ``pid_max`` is at most 2**22; 2**31 as ``hello``).
 MAX_PID = 2**31
 
@@ -78,7 +83,7 @@ MAX_KERNEL_COUNT = 1 << 40
 #: Largest FLOP figure of one row (an exaFLOP/s machine for a week is ~6e23).
 MAX_ROW_FLOPS = 1e30
 
-DATA_TYPES = frozenset({"step", "mark", "workers", "kernels", "model_info", "clock"})
+DATA_TYPES = frozenset({"step", "mark", "workers", "loaders", "kernels", "model_info", "clock"})
 #: The data message that carries many data events of one run (a burst of
 #: steps): one ZeroMQ send and one decode instead of one per event.
 BATCH_TYPE = "batch"
@@ -242,6 +247,32 @@ def _workers(x: Any) -> bool:
     return len({w["worker_id"] for w in x}) == len(x) == len({w["pid"] for w in x})
 
 
+_LOADER_FIELDS = frozenset({"num_workers", "persistent_workers", "pin_memory", "prefetch_factor"})
+
+
+def _loaders(x: Any) -> bool:
+    """1..:data:`MAX_LOADERS` DataLoader settings, each exactly
+    ``{"num_workers": 0..MAX_WORKERS, "persistent_workers": bool,
+    "pin_memory": bool, "prefetch_factor": None | 1..MAX_PREFETCH_FACTOR}``
+    (None exactly when ``num_workers`` is 0, as torch has it)."""
+    if type(x) is not list or not 0 < len(x) <= MAX_LOADERS:
+        return False
+    workers_ok, prefetch_ok = _int(0, MAX_WORKERS), _int(1, MAX_PREFETCH_FACTOR)
+    return all(
+        type(d) is dict
+        and d.keys() == _LOADER_FIELDS
+        and workers_ok(d["num_workers"])
+        and type(d["persistent_workers"]) is bool
+        and type(d["pin_memory"]) is bool
+        and (
+            d["prefetch_factor"] is None
+            if d["num_workers"] == 0
+            else prefetch_ok(d["prefetch_factor"])
+        )
+        for d in x
+    )
+
+
 def _mem(x: Any) -> bool:
     """``[allocated, reserved, peak]``: three ints, 0..:data:`MAX_MEMORY_BYTES`.
     Their order (allocated ≤ peak, allocated ≤ reserved) is not checked: a
@@ -403,6 +434,12 @@ SCHEMAS: dict[str, dict[str, tuple[bool, Check]]] = {
         "loader_seq": (True, _int(0, 1 << 40)),
         "workers": (True, _workers),
         "t_ns": (True, _int()),
+    },
+    # the settings of the run's DataLoaders so far, in first-use order (sent
+    # again, whole, when a loader with new settings is first iterated)
+    "loaders": {
+        "run_key": (True, _RUN_KEY),
+        "loaders": (True, _loaders),
     },
     # one window's kernel / operator aggregates (gpuprof.kernels): t0/t1 the
     # window's monotonic ns, rows KernelAgg.to_wire() rows, the top ones by

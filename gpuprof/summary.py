@@ -5,6 +5,9 @@ A summary is a plain dict (it crosses the control socket as JSON)::
 
     {"run_id": 1, "run_name": "digits-mlp", "status": "finished",
      "steps": 200, "avg_step_ms": 121.3, "median_step_ms": 118.0,
+     "mean_iteration_ms": 119.5, "steps_per_s": 8.368,  # steady (warm-up excluded)
+     "measured_under_contention": None,  # or {"share_of_steps": 0.42,
+                                         #     "other_cores": 1.2, "cpu_count": 2}
      "db": "/abs/path/gpuprof.db",
      "memory": {"torch_peak_allocated_bytes": ..., ...},  # only what is known
      "mfu": 0.312, "achieved_tflops": 304.2,   # None when unknown (see mfu_figures)
@@ -31,6 +34,7 @@ from typing import Any
 from gpuprof.gpus import find_gpu, normalize_dtype, peak_tflops
 from gpuprof.insights.base import RunContext
 from gpuprof.insights.compute import run_mfu
+from gpuprof.insights.contention import measured_under_contention
 from gpuprof.insights.distributed import RankStats, _steady, comm_fraction
 from gpuprof.stats import mean, median
 
@@ -223,10 +227,19 @@ def make_summary(
     run (``"TypeName: message"``, as the shim reports it).
 
     ``avg_step_ms`` is the mean iteration time (loader wait + step, ms) over
-    all steps; ``median_step_ms`` the steady-state median (warm-up excluded).
+    all steps; ``median_step_ms`` the steady-state median (warm-up excluded);
+    ``mean_iteration_ms`` the steady-state mean and ``steps_per_s`` its
+    inverse (what throughput plans with: the mean holds when iteration times
+    are bimodal, the median jumps between the modes).
+    ``measured_under_contention``: None, or (when other processes held the
+    host's CPU during ≥ 10 % of the steps) ``{"share_of_steps": 0-1,
+    "other_cores": cores, "cpu_count": n}``
+    (:func:`gpuprof.insights.contention.measured_under_contention`).
     """
     iteration = ctx.iteration_ms
     median_ms = ctx.median_step_ms
+    steady = ctx.steady_iteration_ms
+    steady_mean = mean(steady) if steady else None
     compute = mfu_figures(ctx)
     return {
         "run_id": run_id,
@@ -235,6 +248,9 @@ def make_summary(
         "steps": ctx.steps + ctx.traced_steps,
         "avg_step_ms": round(mean(iteration), 3) if iteration else None,
         "median_step_ms": round(median_ms, 3) if median_ms is not None else None,
+        "mean_iteration_ms": round(steady_mean, 3) if steady_mean is not None else None,
+        "steps_per_s": round(1e3 / steady_mean, 3) if steady_mean else None,
+        "measured_under_contention": measured_under_contention(ctx),
         "skipped_updates": ctx.skipped_updates,
         "eval_s": round(ctx.eval_ms / 1e3, 3),
         "optimizers": [
@@ -294,22 +310,57 @@ def group_lines(group: Mapping[str, Any] | None, details: bool = False) -> list[
     ]
 
 
+#: Mean and median iteration differing by more than this share of the mean
+#: are both shown: bimodal steps (workers delivering batches in pairs) put the
+#: median on either mode from one run to the next.
+MEDIAN_SHOWN_BEYOND = 0.10
+
+
+def headline(summary: Mapping[str, Any]) -> str:
+    """``30 steps, 130.2 ms/iteration, 7.7 steps/s (median 98.8 ms)``: the
+    steady mean iteration time and throughput, the median beside them when
+    it differs by > :data:`MEDIAN_SHOWN_BEYOND`; a summary stored before the
+    mean shows its median (or the all-steps mean)."""
+    steps = summary.get("steps", 0)
+    mean_ms, median_ms = summary.get("mean_iteration_ms"), summary.get("median_step_ms")
+    text = f"{steps} steps"
+    if mean_ms:
+        text += f", {mean_ms:.1f} ms/iteration, {1e3 / mean_ms:.1f} steps/s"
+        if median_ms is not None and abs(median_ms - mean_ms) > MEDIAN_SHOWN_BEYOND * mean_ms:
+            text += f" (median {median_ms:.1f} ms)"
+    elif median_ms is not None:
+        text += f", median {median_ms:.1f} ms"
+    elif summary.get("avg_step_ms") is not None:
+        text += f", avg {summary['avg_step_ms']:.1f} ms"
+    return text
+
+
+def contention_line(contended: Mapping[str, Any] | None) -> str | None:
+    """``  Measured under contention: other processes held 1.2 of 2 cores
+    during 42% of the steps; ...`` from the summary's
+    ``measured_under_contention``; None when it is None."""
+    if not contended:
+        return None
+    others, n = contended.get("other_cores"), contended.get("cpu_count")
+    held = f"{others:.1f}" + (f" of {n}" if n else "") + " cores" if others is not None else "CPU"
+    return (
+        f"  Measured under contention: other processes held {held} during "
+        f"{contended['share_of_steps']:.0%} of the steps; its timings are slower "
+        "than on an idle host."
+    )
+
+
 def format_summary(summary: Mapping[str, Any], details: bool = False) -> str:
     """Render *summary* as the boxed text block; ``details`` adds each
     insight's detail and fix lines (``gpuprofctl insights`` does)."""
-    steps = summary.get("steps", 0)
-    # the steady-state median (warm-up excluded), as `gpuprofctl runs` and the
-    # regression rule use; the mean (warm-up included) only when no median exists
-    median_ms, avg = summary.get("median_step_ms"), summary.get("avg_step_ms")
-    head = f"gpuprof · {summary['run_name']}  ({steps} steps"
-    if median_ms is not None:
-        head += f", median {median_ms:.1f} ms)"
-    else:
-        head += f", avg {avg:.1f} ms)" if avg is not None else ")"
+    head = f"gpuprof · {summary['run_name']}  ({headline(summary)})"
     status = summary.get("status")
     if status and status not in ("finished", "running"):
         head += f"  [{status.upper()}]"
     lines = [RULE, head]
+    contended = contention_line(summary.get("measured_under_contention"))
+    if contended:
+        lines.append(contended)
     if summary.get("error"):  # what ended it, first line (a message may span several)
         first = str(summary["error"]).splitlines()[0] if str(summary["error"]).strip() else ""
         lines.append(f"  Ended by: {first[:ERROR_LINE_CHARS]}")

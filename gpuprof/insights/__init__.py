@@ -7,6 +7,8 @@ offline in ``gpuprofctl insights``.
 
 from __future__ import annotations
 
+import dataclasses
+
 from gpuprof.insights import compute, cost, gpu, history, host, kernels, steps  # noqa: F401  (registers)
 from gpuprof.insights.base import (
     SEVERITIES,
@@ -15,7 +17,25 @@ from gpuprof.insights.base import (
     drop_superseded,
     registered_rules,
 )
+from gpuprof.insights.contention import measured_under_contention
 from gpuprof.insights.context import build_context
+
+#: Findings derived from the run's timings: measured under contention, their
+#: figures are the contended host's, and their evidence says so.
+TIMING_RULES = frozenset(
+    {
+        "dataloader_stall",
+        "cpu_bound_dataloader",
+        "io_bound_dataloader",
+        "compilation_warmup",
+        "first_step_outlier",
+        "high_step_variance",
+        "regression",
+        "low_mfu",
+        "small_batch",
+        "kernel_launch_overhead",
+    }
+)
 
 __all__ = ["Insight", "RunContext", "SEVERITIES", "build_context", "registered_rules", "run_rules"]
 
@@ -24,7 +44,10 @@ def run_rules(ctx: RunContext) -> list[Insight]:
     """Run every registered rule on *ctx*; return the findings, most severe first.
 
     A rule that raises is a bug in gpuprof, not in the user's run: it is
-    skipped so the other findings still reach the user.
+    skipped so the other findings still reach the user. When the run was
+    measured under contention (:func:`measured_under_contention`), each
+    finding of :data:`TIMING_RULES` carries that dict in its evidence
+    (``measured_under_contention``).
     """
     found: list[Insight] = []
     for name, fn in registered_rules().items():
@@ -37,4 +60,12 @@ def run_rules(ctx: RunContext) -> list[Insight]:
             continue
         if insight is not None:
             found.append(insight)
+    contended = measured_under_contention(ctx)
+    if contended is not None:
+        found = [
+            dataclasses.replace(i, evidence={**i.evidence, "measured_under_contention": contended})
+            if i.rule in TIMING_RULES
+            else i
+            for i in found
+        ]
     return sorted(drop_superseded(found), key=lambda i: SEVERITIES.index(i.severity))

@@ -51,6 +51,25 @@ class WorkerPool(NamedTuple):
     """The training process's number for the pool, 0, 1, 2... in start order."""
     cpu_s: tuple[tuple[int, float], ...]
     """(worker id, user + system CPU seconds) per worker, by worker id."""
+    span_s: float | None = None
+    """Seconds from the pool's start to its workers' last CPU reading (None: unknown)."""
+
+    @property
+    def cores_per_worker(self) -> float | None:
+        """Mean cores each worker used over :attr:`span_s`; None when unknown."""
+        if not self.cpu_s or not self.span_s or self.span_s <= 0:
+            return None
+        return sum(c for _, c in self.cpu_s) / len(self.cpu_s) / self.span_s
+
+
+class LoaderConfig(NamedTuple):
+    """One DataLoader's settings as the shim read them from its iterator."""
+
+    num_workers: int
+    persistent_workers: bool
+    pin_memory: bool
+    prefetch_factor: int | None
+    """Batches each worker loads ahead; None with ``num_workers=0``."""
 
 
 class CommTotals(NamedTuple):
@@ -88,7 +107,9 @@ class RunContext:
     duration_s: float = 0.0
     """Run wall time, start to end (or last event), in seconds."""
     host_cpu_pct: float | None = None
-    """Mean host CPU use over the run, % of all cores (0-100); None if unsampled."""
+    """Mean host CPU use while the run was in its steps (its first loader wait
+    to its last step's end; over the whole run when no step is known), % of
+    all cores (0-100); None if unsampled."""
     host_disk_read_bps: float | None = None
     """Mean host disk read rate over the run, bytes/s; None if unsampled."""
     host_disk_read_bps_median: float | None = None
@@ -112,7 +133,20 @@ class RunContext:
     cpu_count: int | None = None
     run_cpu_cores: float | None = None
     """Mean CPU the run's own process tree (training process + DataLoader
-    workers) used, in cores (1.0 = one core busy); None if unsampled."""
+    workers) used while in its steps (as :attr:`host_cpu_pct`), in cores
+    (1.0 = one core busy); None if unsampled."""
+    step_host_pct: tuple[float | None, ...] = ()
+    """Per step (as ``step_ms``): host CPU use while its iteration (loader
+    wait + step) ran, % of all cores (:mod:`gpuprof.insights.hostcpu`);
+    None where no host sample covers it; empty when unsampled."""
+    step_own_cores: tuple[float | None, ...] = ()
+    """Per step: the run's own process tree's cores while it ran."""
+    step_other_cores: tuple[float | None, ...] = ()
+    """Per step: cores other processes used while it ran (host busy − the
+    run's tree − the job's other ranks here)."""
+    loaders: tuple[LoaderConfig, ...] = ()
+    """The run's DataLoaders' settings (reported by the shim), in first-use
+    order; empty when none was reported."""
     job_cpu_cores: float | None = None
     """Mean CPU of the run's job on this node, in cores: the process trees of
     its group's runs here (``runs.group_id``: the job's other ranks) summed

@@ -6,7 +6,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpuprof.comm import COMM_PHASE
-from gpuprof.insights.base import CommTotals, RunContext, WorkerPool
+from gpuprof.insights import hostcpu
+from gpuprof.insights.base import CommTotals, LoaderConfig, RunContext, WorkerPool
 from gpuprof.insights.gpu import GpuStats, gpu_stats
 from gpuprof.insights.kernels import kernel_stats
 from gpuprof.protocol import DATA_PHASE, OWN_TIME_PHASE
@@ -54,7 +55,6 @@ def _host_aggregates(
         if h.get("page_cache_bytes") is not None and h.get("mem_total_bytes")
     ]
     return {
-        "host_cpu_pct": _mean_or_none(_column(host, "cpu_pct")),
         "host_disk_read_bps": _mean_or_none(disk),
         "host_disk_read_bps_median": median(disk) if disk else None,
         "host_disk_read_iops": _mean_or_none(_column(host, "disk_read_iops")),
@@ -62,6 +62,65 @@ def _host_aggregates(
         "host_swap_in_bps": _mean_or_none(_column(host, "swap_in_bps")),
         "disk_read_bps_thirds": _thirds(_column(_during_steps(host, steps), "disk_read_bps"), mean),
     }
+
+
+def _cpu_figures(
+    host: Sequence[Mapping[str, Any]],
+    run_cpu: Sequence[Mapping[str, Any]],
+    timed: Sequence[Mapping[str, Any]],
+    cpu_count: int | None,
+    job_cores: float | None,
+    job_ranks: int,
+) -> dict[str, Any]:
+    """The :class:`RunContext` CPU fields: host CPU % and the run's own cores
+    while it was in its steps (time-weighted over the host samples that
+    overlap them), and the per-step figures (:func:`hostcpu.step_cpu`).
+    Without timed steps or sample times: plain means over the rows."""
+    spans = hostcpu.intervals(host, run_cpu)
+    own_rows = [c["cores"] for c in run_cpu if c.get("cores") is not None]
+    host_pct = _mean_or_none(_column(host, "cpu_pct"))
+    own = mean(own_rows) if own_rows else None
+    windows = [(s["t0"] - s["wait"], s["t1"]) for s in timed]
+    if not spans or not windows:
+        return {"host_cpu_pct": host_pct, "run_cpu_cores": own}
+    busy, mine = hostcpu.span_means(spans, windows[0][0], windows[-1][1])
+    count = cpu_count or int(host[-1].get("cpu_count") or 0) or None
+    if busy is not None and count:
+        host_pct = min(100.0, 100.0 * busy / count)
+    if mine is not None:
+        own = mine
+    siblings = max(0.0, job_cores - own) if job_ranks > 1 and job_cores and own else 0.0
+    per_step = hostcpu.step_cpu(windows, spans, count, siblings)
+    return {
+        "host_cpu_pct": host_pct,
+        "run_cpu_cores": own,
+        "step_host_pct": per_step.host_pct,
+        "step_own_cores": per_step.own_cores,
+        "step_other_cores": per_step.other_cores,
+    }
+
+
+#: DataLoader settings kept per run (a train and an eval loader, a few more).
+MAX_LOADERS = 8
+
+
+def _loaders(options: Mapping[str, Any]) -> tuple[LoaderConfig, ...]:
+    """``options["loaders"]`` (the shim's reports, validated by the protocol)
+    as :class:`LoaderConfig` tuples; entries of another shape are skipped."""
+    out = []
+    for d in options.get("loaders") or ():
+        try:
+            out.append(
+                LoaderConfig(
+                    int(d["num_workers"]),
+                    bool(d["persistent_workers"]),
+                    bool(d["pin_memory"]),
+                    None if d.get("prefetch_factor") is None else int(d["prefetch_factor"]),
+                )
+            )
+        except (KeyError, TypeError, ValueError):
+            continue
+    return tuple(out[:MAX_LOADERS])
 
 
 def _torch_memory(steps: Sequence[Mapping[str, Any]]) -> dict[str, int | None]:
@@ -78,12 +137,24 @@ def _worker_pools(rows: Sequence[Mapping[str, Any]]) -> tuple[WorkerPool, ...]:
     """Worker rows grouped into pools by ``loader_seq`` (ascending), each
     worker's ``cpu_s`` by worker id (a worker id seen twice in a pool: summed)."""
     pools: dict[int, dict[int, float]] = {}
+    spans: dict[int, list[int]] = {}
     for r in rows:
         if r.get("cpu_s") is None or r.get("loader_seq") is None or r.get("worker_id") is None:
             continue
-        pool = pools.setdefault(int(r["loader_seq"]), {})
+        seq = int(r["loader_seq"])
+        pool = pools.setdefault(seq, {})
         pool[int(r["worker_id"])] = pool.get(int(r["worker_id"]), 0.0) + float(r["cpu_s"])
-    return tuple(WorkerPool(seq, tuple(sorted(pools[seq].items()))) for seq in sorted(pools))
+        if r.get("first_mono_ns") is not None and r.get("last_mono_ns") is not None:
+            span = spans.setdefault(seq, [r["first_mono_ns"], r["last_mono_ns"]])
+            span[0], span[1] = min(span[0], r["first_mono_ns"]), max(span[1], r["last_mono_ns"])
+    return tuple(
+        WorkerPool(
+            seq,
+            tuple(sorted(pools[seq].items())),
+            (spans[seq][1] - spans[seq][0]) / 1e9 if seq in spans else None,
+        )
+        for seq in sorted(pools)
+    )
 
 
 def _optimizer_totals(
@@ -134,7 +205,8 @@ def build_context(
     Args:
         run: ``run_name``, ``status``, ``start_mono_ns``, ``end_mono_ns``
             (None while live), ``options`` (dict: ``flops_per_step`` FLOP,
-            ``flops_source``, ``flops_counted`` FLOP, ``dtype``, ``arch``), ``gpu_model``
+            ``flops_source``, ``flops_counted`` FLOP, ``dtype``, ``arch``,
+            ``loaders``: the shim's DataLoader settings), ``gpu_model``
             (None: no GPU), ``gpu_count``, ``cpu_count``.
         steps: in step order, each with ``t0``/``t1`` (monotonic ns),
             ``wait`` (ns), ``explicit`` (bool), ``micro``, ``phases``
@@ -150,12 +222,16 @@ def build_context(
             name, newest first.
         gpu_rate_usd_per_hour: the ``GPUPROF_GPU_RATE`` override, if any.
         run_cpu: samples of the run's own process tree (training process +
-            loader workers), each with ``cores`` (1.0 = one core busy).
+            loader workers), each with ``cores`` (1.0 = one core busy) and
+            ``mono_ns`` (the host sample it was taken with; rows without it
+            only give the mean). Host rows with ``mono_ns`` and ``cpu_count``
+            are aligned to the steps (:mod:`gpuprof.insights.hostcpu`).
         gpu_samples: the run's GPU's NVML samples while it was in steps, in
             :func:`gpuprof.insights.gpu.gpu_stats`' row shape.
         workers: one row per DataLoader worker process (``worker_cpu``
             rows), each with ``loader_seq`` (its pool), ``worker_id`` and
-            ``cpu_s`` (user + system CPU seconds).
+            ``cpu_s`` (user + system CPU seconds) and optionally
+            ``first_mono_ns``/``last_mono_ns`` (pool start, last reading).
         gpu: the same, already aggregated (from stored per-second rollups);
             wins over *gpu_samples*.
         kernel_windows: the run's kernel windows as ``(window, rows)`` pairs
@@ -187,8 +263,9 @@ def build_context(
     start = run.get("start_mono_ns")
     end = run.get("end_mono_ns") or (steps[-1]["t1"] if steps else None)
     duration_s = (end - start) / 1e9 if start is not None and end is not None else 0.0
-    run_cores = [c["cores"] for c in run_cpu if c.get("cores") is not None]
     job = [c for c in job_cpu if c.get("cores") is not None]
+    job_cores = mean([c["cores"] for c in job]) if job else None
+    job_ranks = max((int(c.get("ranks") or 1) for c in job), default=1)
     options = run.get("options") or {}
     wait_ms = tuple(s["wait"] / _NS_PER_MS for s in timed)
     step_ms = tuple(
@@ -214,9 +291,10 @@ def build_context(
         duration_s=max(duration_s, 0.0),
         **_host_aggregates(host, steps),
         iteration_ms_thirds=_thirds(iteration_ms, median),
-        run_cpu_cores=mean(run_cores) if run_cores else None,
-        job_cpu_cores=mean([c["cores"] for c in job]) if job else None,
-        job_ranks=max((int(c.get("ranks") or 1) for c in job), default=1),
+        **_cpu_figures(host, run_cpu, timed, run.get("cpu_count"), job_cores, job_ranks),
+        job_cpu_cores=job_cores,
+        job_ranks=job_ranks,
+        loaders=_loaders(options),
         worker_pools=_worker_pools(workers),
         cpu_count=run.get("cpu_count"),
         gpu_model=run.get("gpu_model"),

@@ -226,9 +226,10 @@ CONTENTION_MIN_RUN_CORES = 0.25
 CONTENTION_HIGH_SHARE = 0.5
 
 
-# Contention slows everything unevenly: the stall and the erratic steps it
-# causes are its symptoms, and "raise num_workers" would make it worse.
-@rule("host_cpu_contention", supersedes=("dataloader_stall", "high_step_variance"))
+# Contention is a cause, not a replacement: the stall and the erratic steps
+# stay findings of their own (each says when contention explains it; a
+# CPU-bound stall starved by others carries this finding and replaces it).
+@rule("host_cpu_contention")
 def host_cpu_contention(ctx: RunContext) -> Insight | None:
     """Fires when host CPU averages > :data:`CPU_BOUND_PCT` while the run's own
     process tree — with the job's other ranks on this host, whose CPU is the

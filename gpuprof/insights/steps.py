@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from gpuprof.insights import contention, loading, pattern
 from gpuprof.insights.base import WARMUP_STEPS, Insight, RunContext, rule
 from gpuprof.stats import median, percentile
 
@@ -64,13 +65,23 @@ def _wait_kind(ctx: RunContext) -> str:
 
 @rule("dataloader_stall")
 def dataloader_stall(ctx: RunContext) -> Insight | None:
-    """Fires when the loader wait is > :data:`STALL_FRACTION` of iteration time."""
+    """Fires when the loader wait is > :data:`STALL_FRACTION` of iteration time.
+    The fix fits what was seen: the DataLoader's settings (never what it
+    already does) and whether its workers burned CPU or sat idle
+    (:func:`gpuprof.insights.loading.loader_cpu`)."""
     frac = stall_fraction(ctx)
     if frac is None or frac <= STALL_FRACTION:
         return None
     mean_wait = sum(ctx.loader_ms[1:]) / (ctx.steps - 1)
     severity = "HIGH" if frac > STALL_FRACTION_HIGH else "MED"
-    evidence = {"stall_fraction": round(frac, 4), "mean_wait_ms": round(mean_wait, 3)}
+    cpu = loading.loader_cpu(ctx, frac)
+    evidence = {
+        "stall_fraction": round(frac, 4),
+        "mean_wait_ms": round(mean_wait, 3),
+        "loader_busy": cpu.busy,
+        "loader_cores": None if cpu.cores is None else round(cpu.cores, 3),
+        **loading.config_evidence(ctx),
+    }
     if not ctx.explicit_wait:  # no timed DataLoader: whatever ran between the steps
         return Insight(
             rule="dataloader_stall",
@@ -84,54 +95,141 @@ def dataloader_stall(ctx: RunContext) -> Insight | None:
             "prof.wrap_dataloader() so gpuprof can time it.",
             evidence=evidence,
         )
+    detail = (
+        f"The training loop waited {mean_wait:.1f} ms per step on average for "
+        "the next batch; the model sat idle meanwhile."
+    )
+    settings = loading.setting_fixes(ctx, cpu)
+    if cpu.busy is False and cpu.workers:
+        detail += (
+            f" Its {cpu.workers} worker(s) sat idle meanwhile ({cpu.cores:.2f} core each): "
+            "the loading waits (storage or network latency, a lock, a sleep) rather than "
+            "computes, so more workers of the same kind will not make the source faster."
+        )
+        fix = (
+            "Find what __getitem__ or collate_fn waits on (py-spy dump --pid of a worker), "
+            "then cache the data locally or read it asynchronously"
+        )
+    elif cpu.busy is False:
+        detail += " The loading burned no CPU meanwhile: it waits (I/O, a lock, a sleep)."
+        fix = "Find what the loading waits on (storage or network latency, a sleep)"
+    else:
+        fix = "Make loading keep up with the step"
+        if not settings:
+            settings = ["move augmentations to the GPU or precompute them"]
+    fix = (fix + ": " + "; ".join(settings) + ".") if settings else fix + "."
     return Insight(
         rule="dataloader_stall",
         severity=severity,
         title=f"{frac:.0%} of step time waiting on the loader ({_wait_kind(ctx)})",
-        detail=f"The training loop waited {mean_wait:.1f} ms per step on average for "
-        "the next batch; the model sat idle meanwhile.",
-        fix="Raise DataLoader num_workers and prefetch_factor, set pin_memory=True and "
-        "persistent_workers=True, or move augmentations to the GPU.",
+        detail=detail,
+        fix=fix,
         evidence=evidence,
     )
 
 
-# CPU-bound workers also slow the training process's own compute unevenly,
-# so they explain an erratic step time too.
-@rule("cpu_bound_dataloader", supersedes=("dataloader_stall", "high_step_variance"))
+def _loader_starved(ctx: RunContext) -> tuple[float, float | None] | None:
+    """(cores other processes held, share of steps contended or None) when
+    others starve the run: host CPU during the steps > :data:`CPU_BOUND_PCT`,
+    others hold ≥ :data:`gpuprof.insights.contention.CONTENDED_OTHER_CORES`
+    and the run's own processes (:func:`own_cpu_cores`) less than
+    :data:`RUN_SHARE_OF_BUSY_CPU` of the busy cores; else None."""
+    host, n = ctx.host_cpu_pct, ctx.cpu_count
+    own, _ = own_cpu_cores(ctx)
+    if host is None or own is None or not n or host <= CPU_BOUND_PCT:
+        return None
+    busy = host / 100.0 * n
+    others = max(0.0, busy - own)
+    if others < contention.CONTENDED_OTHER_CORES or own >= RUN_SHARE_OF_BUSY_CPU * busy:
+        return None
+    return others, contention.contended_share(ctx, 1)
+
+
+# A CPU-bound stall is also a stall; when others starve the workers, it is the
+# stall with contention as its cause, so it also carries host_cpu_contention.
+@rule("cpu_bound_dataloader", supersedes=("dataloader_stall", "host_cpu_contention"))
 def cpu_bound_dataloader(ctx: RunContext) -> Insight | None:
-    """Fires on a stall while host CPU averages > :data:`CPU_BOUND_PCT`, the
-    run's own processes (with the job's other ranks on this host:
-    :func:`own_cpu_cores`) use ≥ :data:`RUN_SHARE_OF_BUSY_CPU` of the busy
-    cores (when measured), and the disk is not the busy part (<
-    :data:`DISK_BUSY_BPS` read, or unmeasured)."""
+    """Fires on a stall (> :data:`STALL_FRACTION`) whose loading burns CPU
+    (:func:`gpuprof.insights.loading.loader_cpu`; unmeasured, e.g. a run in
+    another PID namespace: host CPU > :data:`CPU_BOUND_PCT`) while the disk is not the
+    busy part (< :data:`DISK_BUSY_BPS` read, or unmeasured). The cause named:
+    other processes hold the CPU while the run's own use is the smaller part
+    (:func:`_loader_starved`): the workers are starved; else the
+    host is pegged (> :data:`CPU_BOUND_PCT`) by the run itself: the loading's
+    work is too much for the cores; else cores sat idle: more workers help."""
     frac = stall_fraction(ctx)
-    cpu = ctx.host_cpu_pct
-    if frac is None or frac <= STALL_FRACTION or cpu is None or cpu <= CPU_BOUND_PCT:
+    if frac is None or frac <= STALL_FRACTION:
         return None
     if ctx.host_disk_read_bps is not None and ctx.host_disk_read_bps > DISK_BUSY_BPS:
         return None
+    cpu = loading.loader_cpu(ctx, frac)
+    host = ctx.host_cpu_pct
+    if cpu.busy is False:
+        return None
+    if cpu.busy is None and (host is None or host <= CPU_BOUND_PCT):
+        return None  # the loading's CPU unmeasured: the seed rule's pegged host, or nothing
     own, ranks = own_cpu_cores(ctx)
-    if own is not None and ctx.cpu_count:
-        busy_cores = cpu / 100.0 * ctx.cpu_count
-        if own < RUN_SHARE_OF_BUSY_CPU * busy_cores:
-            return None
-    cores = f" across {ctx.cpu_count} cores" if ctx.cpu_count else ""
+    n = ctx.cpu_count
+    of = f" of {n}" if n else ""
+    starved = _loader_starved(ctx)
+    settings = loading.setting_fixes(ctx, cpu)
+    head = f"{frac:.0%} of step time waiting on the loader"
+    if starved is not None:
+        others, share = starved
+        title = (
+            f"{head}; the workers are starved of CPU: other processes hold {others:.1f}{of} cores"
+        )
+        during = f" during {share:.0%} of the steps" if share is not None else ""
+        detail = (
+            f"The loading burns CPU, and other processes kept the host busy{during} "
+            f"(host CPU {host:.0f}%, this run {own:.1f} cores): the loader gets a fraction "
+            "of the cores it asks for, so the loop waits. This run's timings are slower "
+            "than on an idle host."
+        )
+        fix = (
+            "Run on an idle node or reserve cores for the job (Slurm --exclusive, cgroup "
+            "cpusets, taskset); find the other processes with top. More DataLoader "
+            "workers compete for the same cores and won't help."
+        )
+    elif host is not None and host > CPU_BOUND_PCT:
+        across = f" across {n} cores" if n else ""
+        title = f"{head}; the workers are CPU-bound (host CPU {host:.0f}%{across})"
+        detail = (
+            "The loop waits on batches while every core is busy with the run's own "
+            "loading: its Python work (decoding, augmentation) is the bottleneck."
+        )
+        fix = (
+            "Move augmentations to the GPU (torchvision.transforms.v2 on CUDA tensors, "
+            "kornia) or precompute them; more workers won't help on cores already busy."
+        )
+    else:
+        idle = f" with {100 - host:.0f}% of the host idle" if host is not None else ""
+        title = f"{head}; the loading is CPU-bound{idle}"
+        detail = (
+            "The loading computes (decoding, augmentation) and does not keep up, while "
+            "the host still has cores to spare."
+        )
+        fix = (
+            "Spread the loading over the idle cores"
+            + (": " + "; ".join(settings) if settings else "")
+            + "; or move augmentations to the GPU or precompute them."
+        )
     return Insight(
         rule="cpu_bound_dataloader",
         severity="HIGH",
-        title=f"Dataloader stall + CPU pegged ({cpu:.0f}% avg{cores}) — workers are "
-        f"CPU-bound ({frac:.0%} of step time waiting)",
-        detail="The loop waits on batches while every core is busy: the loader's "
-        "Python work (decoding, augmentation) is the bottleneck.",
-        fix="Move augmentations to the GPU (torchvision.transforms.v2 on CUDA tensors, "
-        "kornia) or precompute them; num_workers won't help.",
+        title=title,
+        detail=detail,
+        fix=fix,
         evidence={
             "stall_fraction": round(frac, 4),
-            "host_cpu_pct": round(cpu, 1),
+            "host_cpu_pct": None if host is None else round(host, 1),
             "run_cpu_cores": None if ctx.run_cpu_cores is None else round(ctx.run_cpu_cores, 2),
             "own_cpu_cores": None if own is None else round(own, 2),
             "job_ranks": ranks,
+            "loader_cores": None if cpu.cores is None else round(cpu.cores, 3),
+            "cause": "contention" if starved else "own",
+            "other_cores": None if starved is None else round(starved[0], 2),
+            **loading.config_evidence(ctx),
         },
     )
 
@@ -145,6 +243,31 @@ def _warmup_excess(ctx: RunContext, reference_ms: float) -> tuple[int, float]:
     return slow, sum(s - reference_ms for s in ctx.step_ms[:slow])
 
 
+#: A later step at least this share of step 0's time means the slowness recurs:
+#: step 0 was not one-off work (a loop whose later steps reach 420 ms from CPU
+#: competition is not warming up at 86 ms); a 3.2 s torch.compile step 0 is
+#: never approached by a 200 ms checkpoint step.
+WARMUP_RECUR_FRACTION = 0.5
+#: Share of the slow first steps that ran contended, above that of the steady
+#: steps, at which they were slowed by other processes, not by one-off work.
+WARMUP_CONTENDED_EXCESS = 0.3
+
+
+def _one_off(ctx: RunContext, slow: int) -> bool:
+    """True when the first *slow* steps' slowness is one-off: no later step
+    comes within :data:`WARMUP_RECUR_FRACTION` of step 0, and the slow steps
+    were not contended much more than the rest (:mod:`gpuprof.insights.contention`)."""
+    first = ctx.step_ms[0]
+    if any(s >= WARMUP_RECUR_FRACTION * first for s in ctx.step_ms[max(slow, 1) :]):
+        return False
+    flags = contention.contended(ctx)
+    lead = [f for f in flags[:slow] if f is not None]
+    rest = [f for f in flags[slow:] if f is not None]
+    if lead and rest:
+        return sum(lead) / len(lead) - sum(rest) / len(rest) < WARMUP_CONTENDED_EXCESS
+    return True
+
+
 def _exclude(slow: int) -> str:
     return "step 0" if slow <= 1 else f"steps 0–{slow - 1}"
 
@@ -152,8 +275,10 @@ def _exclude(slow: int) -> str:
 @rule("compilation_warmup")
 def compilation_warmup(ctx: RunContext) -> Insight | None:
     """Fires when step 0's compute takes > :data:`WARMUP_RATIO` × the
-    steady-state median (steps after the first :data:`WARMUP_STEPS`) and the
-    slow first steps cost ≥ :data:`MIN_WARMUP_EXCESS_MS` beyond it."""
+    steady-state median (steps after the first :data:`WARMUP_STEPS`), the
+    slow first steps cost ≥ :data:`MIN_WARMUP_EXCESS_MS` beyond it, and the
+    slowness is one-off (:func:`_one_off`: it does not recur later and was
+    not contention)."""
     if ctx.steps <= 2 * WARMUP_STEPS:
         return None
     steady = median(ctx.step_ms[WARMUP_STEPS:])
@@ -161,7 +286,7 @@ def compilation_warmup(ctx: RunContext) -> Insight | None:
     if steady <= 0 or first <= WARMUP_RATIO * steady:
         return None
     slow, excess = _warmup_excess(ctx, steady)
-    if excess < MIN_WARMUP_EXCESS_MS:
+    if excess < MIN_WARMUP_EXCESS_MS or not _one_off(ctx, slow):
         return None
     return Insight(
         rule="compilation_warmup",
@@ -185,7 +310,8 @@ def compilation_warmup(ctx: RunContext) -> Insight | None:
 def first_step_outlier(ctx: RunContext) -> Insight | None:
     """Fires when step 0's compute takes > :data:`FIRST_STEP_OUTLIER_RATIO` ×
     the median of all later steps, with the same ≥ :data:`MIN_WARMUP_EXCESS_MS`
-    of one-off time as :func:`compilation_warmup` (which it then replaces)."""
+    of one-off time as :func:`compilation_warmup` (which it then replaces),
+    one-off as there (:func:`_one_off`)."""
     if ctx.steps < 3:
         return None
     rest = median(ctx.step_ms[1:])
@@ -193,7 +319,7 @@ def first_step_outlier(ctx: RunContext) -> Insight | None:
     if rest <= 0 or first <= FIRST_STEP_OUTLIER_RATIO * rest:
         return None
     slow, excess = _warmup_excess(ctx, rest)
-    if excess < MIN_WARMUP_EXCESS_MS:
+    if excess < MIN_WARMUP_EXCESS_MS or not _one_off(ctx, slow):
         return None
     return Insight(
         rule="first_step_outlier",
@@ -213,36 +339,105 @@ def first_step_outlier(ctx: RunContext) -> Insight | None:
     )
 
 
+#: Share of the slow steps that must run contended, with others' cores on
+#: them above the rest's by :data:`VARIANCE_CONTENTION_EXCESS_CORES`, for the
+#: spread to coincide with other processes' CPU.
+VARIANCE_CONTENDED_SHARE = 0.6
+VARIANCE_CONTENTION_EXCESS_CORES = 0.3
+
+
+def _coincide(ctx: RunContext, slow: list[int]) -> tuple[float, float] | None:
+    """(others' cores on the slow steps, on the rest) when the slow steps
+    coincide with other processes' CPU; None otherwise or unsampled."""
+    flags = contention.contended(ctx)
+    on_slow = [flags[i] for i in slow if i < len(flags) and flags[i] is not None]
+    if not on_slow or sum(on_slow) < VARIANCE_CONTENDED_SHARE * len(on_slow):
+        return None
+    slow_set = set(slow)
+    rest = [i for i in range(WARMUP_STEPS, ctx.steps) if i not in slow_set]
+    during, other = contention.others_on(ctx, slow), contention.others_on(ctx, rest)
+    if during is None or other is None or during - other < VARIANCE_CONTENTION_EXCESS_CORES:
+        return None
+    return during, other
+
+
 @rule("high_step_variance")
 def high_step_variance(ctx: RunContext) -> Insight | None:
     """Fires when steady-state p99/p50 of step compute time (loader wait
     excluded: that is the stall rules' job) > :data:`VARIANCE_RATIO` (needs
     :data:`VARIANCE_MIN_STEPS` steady steps, of which at least
     :data:`VARIANCE_MIN_SLOW_STEPS` are that slow, losing
-    ≥ :data:`VARIANCE_MIN_EXCESS_MS` in all)."""
+    ≥ :data:`VARIANCE_MIN_EXCESS_MS` in all). Says "every N steps" only when
+    the slow steps recur at a regular interval (:func:`gpuprof.insights.pattern.period`),
+    else names the bursts; and says when they coincide with other
+    processes' CPU (:func:`_coincide`)."""
     steady = ctx.step_ms[WARMUP_STEPS:]
     if len(steady) < VARIANCE_MIN_STEPS:
         return None
     p50, p99 = percentile(steady, 50), percentile(steady, 99)
     if p50 <= 0 or p99 <= VARIANCE_RATIO * p50:
         return None
-    slow_ms = [ms for ms in steady if ms > VARIANCE_RATIO * p50]
-    slow = len(slow_ms)
-    excess_ms = sum(ms - p50 for ms in slow_ms)
+    slow_idx = [WARMUP_STEPS + i for i, ms in enumerate(steady) if ms > VARIANCE_RATIO * p50]
+    slow = len(slow_idx)
+    excess_ms = sum(ctx.step_ms[i] - p50 for i in slow_idx)
     if slow < VARIANCE_MIN_SLOW_STEPS or excess_ms < VARIANCE_MIN_EXCESS_MS:
         return None
+    every = pattern.period(slow_idx)
+    runs = pattern.bursts(slow_idx)
+    together = _coincide(ctx, slow_idx)
+    head = (
+        f"Step compute time is erratic: p99 {p99:.1f} ms is {p99 / p50:.1f}× the "
+        f"median ({p50:.1f} ms)"
+    )
+    if every is not None:
+        title = f"{head}; slow every {every} steps"
+        detail = (
+            f"{slow} steps ran over {VARIANCE_RATIO:g}× the median, one every {every} "
+            "steps: periodic work inside the loop."
+        )
+        fix = (
+            f"Look for what runs every {every} steps: logging, checkpointing, evaluation "
+            "or .item() syncs; make it rarer or asynchronous."
+        )
+    elif together is not None:
+        during, rest = together
+        at = pattern.bursts_text(runs)
+        title = f"{head}; slow steps at {at} coincide with other processes' CPU"
+        detail = (
+            f"{slow} steps ran over {VARIANCE_RATIO:g}× the median, and other processes "
+            f"used {during:.2f} cores during them against {rest:.2f} in the rest of the run: "
+            "the spread is the host's, not the training code's."
+        )
+        fix = (
+            "Measure on an idle node or reserve cores (Slurm --exclusive, cgroup cpusets, "
+            "taskset); find the other processes with top."
+        )
+    else:
+        title = f"{head}; slow in bursts at steps {pattern.bursts_text(runs)}"
+        detail = (
+            f"{slow} steps ran over {VARIANCE_RATIO:g}× the median, in irregular bursts "
+            "(no regular interval), and not while other processes held the CPU."
+        )
+        fix = (
+            "Profile a slow burst (torch.profiler with a schedule around those steps); "
+            "look for GC pauses (gc.freeze() after setup), memory growth or a "
+            "background thread."
+        )
     return Insight(
         rule="high_step_variance",
         severity="MED",
-        title=f"Step compute time is erratic: p99 {p99:.1f} ms is {p99 / p50:.1f}× the "
-        f"median ({p50:.1f} ms)",
-        detail="Some steps take far longer than the rest: periodic work inside the loop.",
-        fix="Look for logging, checkpointing or .item() syncs every N steps, and GC pauses "
-        "(gc.freeze() after setup).",
+        title=title,
+        detail=detail,
+        fix=fix,
         evidence={
             "p50_ms": round(p50, 3),
             "p99_ms": round(p99, 3),
             "slow_steps": slow,
             "excess_ms": round(excess_ms, 1),
+            "slow_step_numbers": slow_idx[:64],
+            "period_steps": every,
+            "bursts": [list(r) for r in runs[:32]],
+            "other_cores_slow": None if together is None else round(together[0], 2),
+            "other_cores_rest": None if together is None else round(together[1], 2),
         },
     )

@@ -243,6 +243,18 @@ def workers(
     }
 
 
+def loaders(run_key: str, configs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The ``loaders`` data event: the settings of the run's DataLoaders so far
+    (each ``num_workers``, ``persistent_workers``, ``pin_memory``,
+    ``prefetch_factor``; at most ``MAX_LOADERS``), in first-use order."""
+    return {
+        "v": PROTOCOL_VERSION,
+        "type": "loaders",
+        "run_key": run_key,
+        "loaders": [dict(c) for c in configs],
+    }
+
+
 def normalize_options(
     flops_per_step: object,
     dtype: object,

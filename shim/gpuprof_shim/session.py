@@ -35,6 +35,7 @@ from gpuprof_shim.batcher import StepBatcher
 from gpuprof_shim.comm import CommTimer
 from gpuprof_shim.link import DaemonLink
 from gpuprof_shim.loader import TimedLoader
+from gpuprof_shim.loaders import LoaderReporter
 from gpuprof_shim.manual import ManualRecorder, NullStep, Step
 from gpuprof_shim.notes import add_notes
 from gpuprof_shim.probes import ModelProbes
@@ -201,6 +202,8 @@ class Profiler:
         self._patches: Any = None
         #: Reports DataLoader worker pids (``workers`` events) while open.
         self._workers: WorkerReporter | None = None
+        #: Reports the DataLoaders' settings (``loaders`` events) while open.
+        self._loaders: LoaderReporter | None = None
         self._warned_step = False
         self._batcher: StepBatcher | None = None
         self.time_comm = bool(time_comm)
@@ -380,6 +383,7 @@ class Profiler:
         sender = self.sender
         if sender is not None:
             self._workers = WorkerReporter(self.run_key, sender.send, self.clock)
+            self._loaders = LoaderReporter(self.run_key, sender.send)
         self._clock_sync = ClockSync(
             self.run_key,
             sender.send if sender is not None else None,
@@ -476,8 +480,10 @@ class Profiler:
             self._waits.mark_explicit()
 
     def _loader_iterator(self, it: object) -> None:
-        """A new loader iterator: report its worker processes, if it has any."""
-        workers = self._workers
+        """A new loader iterator: report its settings and worker processes."""
+        workers, loaders = self._workers, self._loaders
+        if self._open and loaders is not None:
+            loaders.on_iterator(it)
         if self._open and workers is not None:
             workers.on_iterator(it)
 

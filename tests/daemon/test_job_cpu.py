@@ -92,7 +92,12 @@ async def test_a_job_sharing_the_host_with_another_load_is_still_contended(tmp_p
     db = _db(tmp_path, rank_cores=1.0, other_load_cores=13.0, cpu_count=16, with_outsider=True)
     ctx, fired = await _rules(db)
     assert (ctx.job_cpu_cores, ctx.job_ranks) == (2.0, 2)  # the other job is not summed in
-    assert "host_cpu_contention" in fired and "cpu_bound_dataloader" not in fired
+    # the stall stays the finding, with the other job's CPU as its cause
+    found = {i.rule: i for i in run_rules(ctx)}
+    stall = found["cpu_bound_dataloader"]
+    assert (stall.evidence["cause"], stall.evidence["own_cpu_cores"]) == ("contention", 2.0)
+    assert "other processes hold 13.0 of 16 cores" in stall.title
+    assert "host_cpu_contention" not in fired  # carried by the stall finding
 
 
 async def test_the_daemons_reader_sums_the_group_too(tmp_path: Path) -> None:

@@ -483,3 +483,49 @@ def test_a_batch_belongs_on_the_data_channel_only():
     assert reason(batch_of([inner()]), "control") == "wrong_channel"
     msg = decode(batch_of([inner()]), "data")  # the envelope alone passes decode
     assert msg["type"] == "batch" and len(msg["events"]) == 1
+
+
+# --- loaders -----------------------------------------------------------------------
+
+
+def _cfg(**kw):
+    cfg = {"num_workers": 2, "persistent_workers": True, "pin_memory": False, "prefetch_factor": 2}
+    cfg.update(kw)
+    return cfg
+
+
+def loaders(**kw):
+    msg = {"v": PROTOCOL_VERSION, "type": "loaders", "run_key": "abc123", "loaders": [_cfg()]}
+    msg.update(kw)
+    return msg
+
+
+def test_valid_loaders_round_trip_on_the_data_channel():
+    assert decode(encode(loaders()), "data") == loaders()
+    in_process = _cfg(num_workers=0, persistent_workers=False, prefetch_factor=None)
+    assert decode(encode(loaders(loaders=[in_process] * 8)), "data")["loaders"][0] == in_process
+    assert reason(encode(loaders()), "control") == "wrong_channel"
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        [],  # no loader is not a message
+        [_cfg()] * 9,  # more than MAX_LOADERS
+        {"num_workers": 2},
+        [_cfg(num_workers=-1)],
+        [_cfg(num_workers=MAX_WORKERS + 1)],
+        [_cfg(num_workers=True)],
+        [_cfg(num_workers=2.0)],
+        [_cfg(persistent_workers=1)],
+        [_cfg(pin_memory="yes")],
+        [_cfg(prefetch_factor=0)],
+        [_cfg(prefetch_factor=None)],  # workers prefetch: torch always has a factor
+        [_cfg(num_workers=0, prefetch_factor=2)],  # no workers: no factor
+        [_cfg(prefetch_factor=(1 << 16) + 1)],
+        [{**_cfg(), "batch_size": 32}],  # unknown key
+        [{k: v for k, v in _cfg().items() if k != "pin_memory"}],
+    ],
+)
+def test_bad_loaders_are_rejected(bad):
+    assert reason(encode(loaders(loaders=bad))) == "bad_field:loaders"

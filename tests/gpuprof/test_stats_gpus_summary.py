@@ -46,7 +46,8 @@ def test_summary_block_matches_the_quickstart_shape():
     ins = Insight("dataloader_stall", "HIGH", "33% of step time waiting", "d", "fix it")
     text = format_summary(make_summary(1, ctx, [ins.to_dict()], "/data/my runs/gpuprof.db"))
     lines = text.splitlines()
-    assert lines[1] == "gpuprof · digits-mlp  (3 steps, median 120.0 ms)"
+    # iterations 110, 120, 120 ms: the mean and the median agree within 10 %
+    assert lines[1] == "gpuprof · digits-mlp  (3 steps, 116.7 ms/iteration, 8.6 steps/s)"
     assert lines[3] == "  [HIGH] 33% of step time waiting"
     assert lines[4] == "  Full report: gpuprofctl insights '/data/my runs/gpuprof.db' 1"
     assert "Fix: fix it" in format_summary(make_summary(1, ctx, [ins.to_dict()], "/d"), True)

@@ -106,6 +106,11 @@ class Ingest:
             ops = runsdb.model_info_ops(live.run_id, msg, self.store.dialect)
             if not self.store.submit_all_nowait(ops):
                 live.store_dropped += 1
+        elif msg["type"] == "loaders":
+            if not self.store.submit_nowait(
+                runsdb.loaders_op(live.run_id, msg, self.store.dialect)
+            ):
+                live.store_dropped += 1
         elif msg["type"] == "workers":
             if live.local_pid:
                 self.on_workers(live.run_id, msg)

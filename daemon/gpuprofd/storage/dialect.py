@@ -55,9 +55,15 @@ class Dialect:
         _check_key(key)
         return f"json_extract({column}, '$.{key}')"
 
+    def json_param(self) -> str:
+        """SQL for a ``?`` parameter holding JSON text, as a JSON value (an
+        array or object) for :meth:`json_merge`."""
+        return "json(?)"
+
     def json_merge(self, column: str, pairs: dict[str, str]) -> str:
         """SQL for the JSON text in *column* (NULL: ``{}``) with each key of
-        *pairs* set to the SQL expression given (a number or text)."""
+        *pairs* set to the SQL expression given (a number, text or
+        :meth:`json_param`)."""
         args = ", ".join(f"'$.{_check_key(k)}', {v}" for k, v in pairs.items())
         return f"json_set(COALESCE({column}, '{{}}'), {args})"
 
@@ -95,6 +101,9 @@ class PostgresDialect(Dialect):
     def json_text(self, column: str, key: str) -> str:
         _check_key(key)
         return f"(CAST({column} AS jsonb) ->> '{key}')"
+
+    def json_param(self) -> str:
+        return "CAST(? AS jsonb)"
 
     def json_merge(self, column: str, pairs: dict[str, str]) -> str:
         args = ", ".join(f"'{_check_key(k)}', {v}" for k, v in pairs.items())

@@ -32,11 +32,13 @@ HOST_SQL = (
     "mem_total_bytes, swap_in_bps FROM host_samples "
     "WHERE mono_ns BETWEEN ? AND ? AND boot_id IS NOT DISTINCT FROM ? ORDER BY mono_ns"
 )
-#: A run's process-tree CPU as one row: its mean ``cores`` over the samples
-#: (all :func:`build_context` reads of them; a day is 172,800 rows at 2 Hz).
+#: A run's process-tree CPU samples (``mono_ns``, ``cores``), in time order:
+#: :func:`build_context` aligns them with the host samples taken at the same
+#: ``mono_ns`` to each step (a day is 172,800 rows at 2 Hz, as many as the
+#: host samples it reads anyway).
 RUN_CPU_SQL = (
-    "SELECT CAST(AVG(cores) AS DOUBLE PRECISION) AS cores FROM run_cpu_samples "
-    "WHERE run_id = ? AND cores IS NOT NULL HAVING COUNT(*) > 0"
+    "SELECT mono_ns, cores FROM run_cpu_samples "
+    "WHERE run_id = ? AND cores IS NOT NULL ORDER BY mono_ns"
 )
 #: The CPU of a run's job on this node as one row: at each of the run's own
 #: sample times, the cores of its group's runs here (the job's ranks: the

@@ -175,8 +175,8 @@ async def history_medians(db: Reader, run_id: int, run_name: str) -> list[float]
 
 
 async def run_cpu(db: Reader, run_id: int) -> list[dict[str, Any]]:
-    """The run's process-tree CPU as one ``cores`` row (its mean; see
-    :data:`queries.RUN_CPU_SQL`), or none without samples."""
+    """The run's process-tree CPU samples, ``mono_ns`` and ``cores`` each, in
+    time order (:data:`queries.RUN_CPU_SQL`); none without samples."""
     return [dict(r) for r in await db.fetchall(queries.RUN_CPU_SQL, (run_id,))]
 
 

@@ -287,6 +287,14 @@ def model_info_ops(run_id: int, msg: Mapping[str, Any], dialect: Dialect) -> lis
     return ops
 
 
+def loaders_op(run_id: int, msg: Mapping[str, Any], dialect: Dialect) -> Op:
+    """The update of ``runs.options["loaders"]`` for one validated ``loaders``
+    event (the shim sends the whole list each time: it replaces the last)."""
+    merged = dialect.json_merge("options", {"loaders": dialect.json_param()})
+    params = (orjson.dumps(msg["loaders"]).decode(), run_id)
+    return Op(f"UPDATE runs SET options = {merged} WHERE id = ?", params, drop_reason="store_error")
+
+
 async def insert_run(store: Store, row: Mapping[str, Any]) -> int:
     """Create a run row (``status`` running); return its id."""
     values = [row.get(c) for c in _RUN_COLUMNS]

@@ -529,3 +529,32 @@ async def test_a_postgres_that_stops_answering_is_a_lost_server_not_a_hang(
     assert loop.time() - closing < 10  # the daemon can exit
     proxy.flowing.set()
     await proxy.cut()
+
+
+async def test_loader_settings_are_stored_the_same_on_each_backend(storage_url: str) -> None:
+    async with open_store(storage_url) as store:
+        run = await runsdb.insert_run(store, run_row())
+        first = [
+            {
+                "num_workers": 0,
+                "persistent_workers": False,
+                "pin_memory": False,
+                "prefetch_factor": None,
+            }
+        ]
+        both = [
+            *first,
+            {
+                "num_workers": 4,
+                "persistent_workers": True,
+                "pin_memory": True,
+                "prefetch_factor": 2,
+            },
+        ]
+        for configs in (first, both):  # the shim sends the whole list each time
+            store.submit_nowait(runsdb.loaders_op(run, {"loaders": configs}, store.dialect))
+        await store.flush()
+        row = await store.fetchone("SELECT options FROM runs WHERE id = ?", (run,))
+        opts = orjson.loads(row["options"])
+        assert opts["loaders"] == both
+        assert opts["flops_per_step"] == 5e12  # the rest of the options kept

@@ -159,3 +159,13 @@ def test_traced_steps_are_left_out_of_the_timing_figures():
     assert ctx.median_step_ms == untraced.median_step_ms < 14  # the run's median, MFU, baseline
     # every step traced (trace_range over the whole run): better those than nothing
     assert build_context(run, [step(0, 50, True), step(1, 60, True)]).step_ms == (50.0, 60.0)
+
+
+def test_loader_settings_from_the_options_reach_the_context():
+    from gpuprof.insights.base import LoaderConfig
+
+    cfg = {"num_workers": 2, "persistent_workers": True, "pin_memory": False, "prefetch_factor": 2}
+    run = {"run_name": "r", "status": "finished", "options": {"loaders": [cfg, {"bad": 1}]}}
+    ctx = build_context(run, [])
+    assert ctx.loaders == (LoaderConfig(2, True, False, 2),)  # the malformed entry skipped
+    assert build_context({"run_name": "r", "status": "finished"}, []).loaders == ()

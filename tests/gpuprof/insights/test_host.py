@@ -269,10 +269,16 @@ def test_host_cpu_contention_fires_when_others_peg_the_host():
     ins = host_cpu_contention(ctx)
     assert ins is not None and ins.severity == "HIGH"  # 13.2 of 16 cores are others'
     assert ins.evidence["other_cores"] == 13.2
-    fired = {i.rule for i in run_rules(ctx)}
-    # the stall is a symptom: "raise num_workers" would be wrong advice
-    assert "host_cpu_contention" in fired and "dataloader_stall" not in fired
-    assert "cpu_bound_dataloader" not in fired
+    fired = {i.rule: i for i in run_rules(ctx)}
+    # the stall stays the headline, with contention as its cause and fix
+    # ("raise num_workers" would be wrong advice); it carries the contention finding
+    stall = fired["cpu_bound_dataloader"]
+    assert stall.title == (
+        "44% of step time waiting on the loader; the workers are starved of CPU: "
+        "other processes hold 13.2 of 16 cores"
+    )
+    assert stall.evidence["cause"] == "contention" and "won't help" in stall.fix
+    assert "host_cpu_contention" not in fired and "dataloader_stall" not in fired
 
 
 def test_host_cpu_contention_silent_when_the_run_is_the_hog_or_the_host_is_free():

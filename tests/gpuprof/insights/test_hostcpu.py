@@ -1,0 +1,77 @@
+"""Host CPU aligned to steps: each iteration gets the samples it overlaps."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuprof.insights import build_context
+from gpuprof.insights.hostcpu import intervals, step_cpu
+
+MS = 1_000_000
+RUN = {"run_name": "r", "status": "finished", "start_mono_ns": 0, "cpu_count": 2}
+
+
+def _host(*pcts: float, every_ms: int = 500):
+    """Host samples every *every_ms* from t = every_ms, with these cpu_pct."""
+    return [
+        {"mono_ns": (i + 1) * every_ms * MS, "cpu_pct": p, "cpu_count": 2}
+        for i, p in enumerate(pcts)
+    ]
+
+
+def _own(*cores: float, every_ms: int = 500):
+    return [{"mono_ns": (i + 1) * every_ms * MS, "cores": c} for i, c in enumerate(cores)]
+
+
+def test_each_step_gets_the_samples_its_iteration_overlaps():
+    spans = intervals(_host(50.0, 100.0), _own(0.5, 0.8))
+    # sample 1 covers (0, 500] ms, sample 2 (500, 1000] ms
+    windows = [(100 * MS, 200 * MS), (400 * MS, 600 * MS), (700 * MS, 900 * MS)]
+    cpu = step_cpu(windows, spans, 2)
+    assert cpu.host_pct == pytest.approx((50.0, 75.0, 100.0))
+    assert cpu.own_cores == pytest.approx((0.5, 0.65, 0.8))
+    # others: busy cores − own: 1.0 − 0.5; half of each sample; 2.0 − 0.8
+    assert cpu.other_cores == pytest.approx((0.5, 0.85, 1.2))
+
+
+def test_steps_outside_every_sample_or_unsampled_runs_read_none():
+    spans = intervals(_host(50.0), _own(0.5))
+    cpu = step_cpu([(2_000 * MS, 2_100 * MS)], spans, 2)
+    assert cpu == ((None,), (None,), (None,))
+    assert step_cpu([(0, 1)], [], 2) == ((), (), ())
+    # a host sample without the run's own figure: host known, others unknown
+    cpu = step_cpu([(100 * MS, 200 * MS)], intervals(_host(50.0), []), 2)
+    assert cpu.host_pct == (50.0,) and cpu.other_cores == (None,)
+
+
+def test_the_job_s_other_ranks_are_not_other_processes():
+    spans = intervals(_host(100.0), _own(0.8))
+    cpu = step_cpu([(100 * MS, 200 * MS)], spans, 2, sibling_cores=0.8)
+    assert cpu.other_cores == pytest.approx((0.4,))
+
+
+def _steps(n: int, every_ms: int = 100):
+    return [
+        {
+            "t0": i * every_ms * MS + 10 * MS,
+            "t1": (i + 1) * every_ms * MS,
+            "wait": 10 * MS,
+            "explicit": True,
+            "micro": 1,
+            "phases": {},
+        }
+        for i in range(n)
+    ]
+
+
+def test_build_context_takes_the_host_cpu_during_the_steps_only():
+    # 2 s of steps from t = 0; a busy sample long after the last step is left out
+    host = _host(90.0, 90.0, 90.0, 90.0) + [{"mono_ns": 9_000 * MS, "cpu_pct": 0.0, "cpu_count": 2}]
+    ctx = build_context(RUN, _steps(20), host, run_cpu=_own(1.8, 1.8, 1.8, 1.8))
+    assert ctx.host_cpu_pct == pytest.approx(90.0)
+    assert ctx.run_cpu_cores == pytest.approx(1.8)
+    assert len(ctx.step_other_cores) == 20
+    assert ctx.step_other_cores[0] == pytest.approx(0.0)
+    # rows without times (an older reader): plain means, no per-step figures
+    flat = build_context(RUN, _steps(20), [{"cpu_pct": 40.0}], run_cpu=[{"cores": 1.0}])
+    assert (flat.host_cpu_pct, flat.run_cpu_cores, flat.step_other_cores) == (40.0, 1.0, ())
