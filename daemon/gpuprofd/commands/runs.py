@@ -182,6 +182,11 @@ def format_table(rows: list[dict[str, Any]], ranks: bool = False, groups: bool =
 
 
 RUNS_HELP = f"""List the runs in DB (default: GPUPROF_DB or ./gpuprof.db), newest first.
+
+\b
+Example:
+  gpuprofctl runs gpuprof.db
+
 --storage-url URL reads sqlite:///path.db or postgres://user@host/db instead.
 
 \b
@@ -252,7 +257,9 @@ def group_line(group: str, rows: list[dict[str, Any]]) -> str:
     return "; ".join([line, *([note] if note else []), *missing])
 
 
-@click.command("runs", help=RUNS_HELP)
+@click.command(
+    "runs", help=RUNS_HELP, short_help="Every run: steps, median step, phase split, loader wait."
+)
 @db_argument
 @click.option(
     "--group",
