@@ -59,6 +59,13 @@ def iteration_shares(agg: dict[str, Any]) -> dict[str, float | None]:
     return out
 
 
+def micro_per_step(agg: dict[str, Any]) -> float | None:
+    """Mean micro-batches per step over the counted steps (every step but the
+    first and the traced ones, as the shares), to 0.01; None when none is counted."""
+    counted = agg.get("counted_steps") or 0
+    return round((agg.get("micro") or 0) / counted, 2) if counted else None
+
+
 def describe(
     run: dict[str, Any], median_ms: float | None, compute: dict[str, Any] | None = None
 ) -> dict[str, Any]:
@@ -81,6 +88,7 @@ def describe(
         "median_step_ms": median_ms,
         "pct_of_iteration": iteration_shares(agg),
         "steps_counted": agg.get("counted_steps") or 0,
+        "micro_batches_per_step": micro_per_step(agg),
         "skipped_updates": int(agg.get("skipped_updates") or 0),
         "eval_s": round(((agg.get("eval_ns") or 0) + (run.get("trailing_eval_ns") or 0)) / 1e9, 3),
         "dropped_events": run.get("dropped_events") or 0,
@@ -141,6 +149,7 @@ def format_table(rows: list[dict[str, Any]], ranks: bool = False, groups: bool =
         "NAME",
         "STATUS",
         "STEPS",
+        "MICRO",
         "MEDIAN_STEP_MS",
         *(h for _, h in COLUMNS),
         "SKIPPED",
@@ -162,6 +171,7 @@ def format_table(rows: list[dict[str, Any]], ranks: bool = False, groups: bool =
                 r["run_name"][:40],
                 r["status"],
                 str(r["steps"]),
+                "-" if r["micro_batches_per_step"] is None else f"{r['micro_batches_per_step']:g}",
                 _cell(r["median_step_ms"]),
                 *(_cell(pct[key]) for key, _ in COLUMNS),
                 str(r["skipped_updates"]),
@@ -195,6 +205,9 @@ GROUP RANK      only when a listed run has a group: torchrun's run id or
                 longer (give --group the whole name: --format json has
                 it), - for a run of no group; the run's global rank
 STEPS           every step recorded
+MICRO           micro-batches per step (gradient accumulation: forward and
+                backward passes per optimizer update), the mean over the
+                steps the shares cover; - when none is counted
 MEDIAN_STEP_MS  steady-state median iteration time: median of loader
                 wait + step, warm-up steps excluded (the first {WARMUP_STEPS}
                 when the run has more than {2 * WARMUP_STEPS})
@@ -220,7 +233,8 @@ DROPPED         events lost: the training process could not send them,
 \b
 --format json gives the same per run: steps, median_step_ms,
 pct_of_iteration {{loader_wait, forward, backward, comm, optimizer, other}},
-steps_counted (the steps those shares cover), skipped_updates, eval_s,
+steps_counted (the steps those shares cover), micro_batches_per_step
+(MICRO; null when no step is counted), skipped_updates, eval_s,
 dropped_events (not sent by the training process), store_dropped_events
 (received by gpuprofd, not stored), and torch_peak_allocated_bytes / torch_peak_reserved_bytes
 (the highest torch.cuda.max_memory_allocated / memory_reserved the steps
