@@ -8,4 +8,5 @@ if command -v pg_isready >/dev/null && ! pg_isready -h 127.0.0.1 -p 5432 -q; the
 fi
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
+.venv/bin/mypy  # the public API (pyproject.toml [tool.mypy])
 .venv/bin/python -m pytest "$@"
