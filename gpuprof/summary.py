@@ -215,6 +215,23 @@ def comm_line(comm: Mapping[str, Any] | None) -> str | None:
     )
 
 
+def micro_batches_per_step(ctx: RunContext) -> float | None:
+    """Mean micro-batches (forward/backward passes per optimizer update:
+    gradient accumulation) over the run's timed steps but the first, as
+    ``gpuprofctl runs`` counts them; None without steps. Rounded to 0.01."""
+    micro = ctx.micro_batches[1:] if len(ctx.micro_batches) > 1 else ctx.micro_batches
+    return round(mean(micro), 2) if micro else None
+
+
+def micro_line(summary: Mapping[str, Any]) -> str | None:
+    """``  Micro-batches per step: 4 (gradient accumulation)`` when the
+    summary's ``micro_batches_per_step`` is above 1, else None."""
+    micro = summary.get("micro_batches_per_step")
+    if micro is None or micro <= 1:
+        return None
+    return f"  Micro-batches per step: {micro:g} (gradient accumulation)"
+
+
 def make_summary(
     run_id: int | None,
     ctx: RunContext,
@@ -235,6 +252,10 @@ def make_summary(
     host's CPU during ≥ 10 % of the steps) ``{"share_of_steps": 0-1,
     "other_cores": cores, "cpu_count": n}``
     (:func:`gpuprof.insights.contention.measured_under_contention`).
+    ``micro_batches_per_step`` see :func:`micro_batches_per_step`. Each of
+    ``optimizers`` has ``updates`` and ``skipped`` (``step()`` calls over
+    the run), ``total_ms`` (time inside its ``step()`` over the run) and
+    ``step_ms`` (that per step it stepped in, ms).
     """
     iteration = ctx.iteration_ms
     median_ms = ctx.median_step_ms
@@ -253,8 +274,16 @@ def make_summary(
         "measured_under_contention": measured_under_contention(ctx),
         "skipped_updates": ctx.skipped_updates,
         "eval_s": round(ctx.eval_ms / 1e3, 3),
+        "micro_batches_per_step": micro_batches_per_step(ctx),
         "optimizers": [
-            {"name": n, "updates": u, "skipped": k, "step_ms": ms} for n, u, k, ms in ctx.optimizers
+            {
+                "name": name,
+                "updates": updates,
+                "skipped": skipped,
+                "step_ms": round(total_ms / steps, 3) if steps else None,
+                "total_ms": total_ms,
+            }
+            for name, updates, skipped, total_ms, steps in ctx.optimizers
         ],
         "db": db,
         "memory": memory_peaks(ctx),
@@ -371,10 +400,14 @@ def format_summary(summary: Mapping[str, Any], details: bool = False) -> str:
         extra.append(f"{summary['eval_s']:.1f} s in evaluation, outside steps")
     if extra:
         lines.append("  " + "; ".join(extra))
+    micro = micro_line(summary)
+    if micro:
+        lines.append(micro)
     optimizers = summary.get("optimizers") or []
     if len(optimizers) > 1:  # one optimizer says nothing the step count does not
-        parts = [
-            f"{o['name']} {o['updates']} updates, {o['step_ms'] / 1e3:.2f} s in step()"
+        parts = [  # a summary stored before total_ms had the total as step_ms
+            f"{o['name']} {o['updates']} updates, "
+            f"{o.get('total_ms', o['step_ms']) / 1e3:.2f} s in step()"
             for o in optimizers
         ]
         lines.append("  Optimizers: " + "; ".join(parts))

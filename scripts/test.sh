@@ -13,4 +13,5 @@ if [ ! -x /usr/bin/chromium ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/
 fi
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
+.venv/bin/mypy  # the public API (pyproject.toml [tool.mypy])
 .venv/bin/python -m pytest "$@"

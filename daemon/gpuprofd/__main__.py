@@ -1,4 +1,5 @@
-"""``gpuprofd`` / ``python -m gpuprofd``: the node daemon's entry point.
+"""``gpuprofd`` / ``python -m gpuprofd``: the daemon's entry point (one per
+database when auto-started, or one per node under systemd).
 
 The only place the daemon configures logging (to stderr). Expected failures
 (a bad database, an unusable socket directory) print one line and exit 2.

@@ -1,4 +1,5 @@
-"""``gpuprofctl``: read gpuprof databases and talk to the node daemon.
+"""``gpuprofctl``: read gpuprof databases and talk to their gpuprofd (one per
+database, or a node-wide one under systemd).
 
 :func:`main` maps every expected error to a one-line message and an exit
 code, here and only here (0 ok, 1 unexpected, 2 bad input / database,
@@ -27,13 +28,26 @@ from gpuprofd.errors import EXIT_FAILURE, EXIT_OK, GpuprofdError
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def cli() -> None:
-    """gpuprof's command line: insights, runs, daemon status and stop."""
+    """gpuprof's command line: read the runs in a gpuprof database and talk
+    to its gpuprofd. Every command takes --format json.
+
+    \b
+    Example:
+      gpuprofctl insights          # the latest run in ./gpuprof.db
+
+    `gpuprofctl COMMAND --help` says more about each.
+    """
 
 
-@cli.command("version")
+@cli.command("version", short_help="gpuprof's version (json: Python's, the protocol's).")
 @format_option
 def version_cmd(fmt: str) -> None:
-    """Print gpuprof's version (json: also Python's and the wire protocol's)."""
+    """Print gpuprof's version (json: also Python's and the wire protocol's).
+
+    \b
+    Example:
+      gpuprofctl version --format json
+    """
     if fmt == "json":
         echo_json(
             {

@@ -56,6 +56,13 @@ def iteration_shares(agg: dict[str, Any]) -> dict[str, float | None]:
     return out
 
 
+def micro_per_step(agg: dict[str, Any]) -> float | None:
+    """Mean micro-batches per step over the counted steps (every step but the
+    first and the traced ones, as the shares), to 0.01; None when none is counted."""
+    counted = agg.get("counted_steps") or 0
+    return round((agg.get("micro") or 0) / counted, 2) if counted else None
+
+
 def describe(
     run: dict[str, Any], median_ms: float | None, compute: dict[str, Any] | None = None
 ) -> dict[str, Any]:
@@ -78,6 +85,7 @@ def describe(
         "median_step_ms": median_ms,
         "pct_of_iteration": iteration_shares(agg),
         "steps_counted": agg.get("counted_steps") or 0,
+        "micro_batches_per_step": micro_per_step(agg),
         "skipped_updates": int(agg.get("skipped_updates") or 0),
         "eval_s": round(((agg.get("eval_ns") or 0) + (run.get("trailing_eval_ns") or 0)) / 1e9, 3),
         "dropped_events": run.get("dropped_events") or 0,

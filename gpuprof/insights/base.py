@@ -102,6 +102,7 @@ class RunContext:
     """Loader time inside each step (between micro-batches; the ``data``
     phase); empty when no step had any."""
     micro_batches: tuple[int, ...] = ()
+    """Micro-batches (forward/backward passes before the update) of each step."""
     phase_ms: Mapping[str, float] = field(default_factory=dict)
     """Total time per phase over the run (forward, backward, optimizer, ...)."""
     duration_s: float = 0.0
@@ -176,9 +177,9 @@ class RunContext:
     """``GPUPROF_GPU_RATE`` override; None uses the price table."""
     skipped_updates: int = 0
     """Steps whose optimizer update was skipped (GradScaler found inf/NaN)."""
-    optimizers: tuple[tuple[str, int, int, float], ...] = ()
+    optimizers: tuple[tuple[str, int, int, float, int], ...] = ()
     """Per optimizer over the run, in order of first step: (name, updates,
-    skipped updates, time inside ``step()`` in ms)."""
+    skipped updates, time inside ``step()`` in ms, steps it stepped in)."""
     eval_ms: float = 0.0
     """Evaluation (no-grad forwards between steps and after the last) over the
     run, ms; not part of any step or loader wait."""

@@ -159,16 +159,19 @@ def _worker_pools(rows: Sequence[Mapping[str, Any]]) -> tuple[WorkerPool, ...]:
 
 def _optimizer_totals(
     steps: Sequence[Mapping[str, Any]],
-) -> tuple[tuple[str, int, int, float], ...]:
-    """(name, updates, skipped, ms) per optimizer, in order of first use."""
+) -> tuple[tuple[str, int, int, float, int], ...]:
+    """(name, updates, skipped, ms, steps) per optimizer, in order of first use."""
     totals: dict[str, list[float]] = {}
     for s in steps:
         for o in s.get("optimizers") or ():
-            t = totals.setdefault(o["name"], [0, 0, 0.0])
+            t = totals.setdefault(o["name"], [0, 0, 0.0, 0])
             t[0] += o["updates"]
             t[1] += o["skipped"]
             t[2] += o["ns"] / _NS_PER_MS
-    return tuple((name, int(u), int(k), round(ms, 3)) for name, (u, k, ms) in totals.items())
+            t[3] += 1
+    return tuple(
+        (name, int(u), int(k), round(ms, 3), int(n)) for name, (u, k, ms, n) in totals.items()
+    )
 
 
 def _checkpointing_declared(options: Mapping[str, Any]) -> bool | None:

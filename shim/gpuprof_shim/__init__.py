@@ -1,5 +1,6 @@
 """gpuprof's in-process shim: patches torch, times steps and phases, and
-pushes small messages to the node's gpuprofd.
+pushes small messages to gpuprofd (the daemon of the run's database, or a
+node-wide one).
 
 Nothing here runs at import: ``gpuprof.profile()`` builds a
 :class:`gpuprof_shim.session.Profiler`, whose ``__enter__`` connects and

@@ -164,3 +164,20 @@ def cuda_uuid() -> str | None:
     if not uuid:
         return None
     return uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
+
+
+def cuda_name() -> str | None:
+    """The current CUDA device's name (``"NVIDIA H200"``), under the same
+    conditions as :func:`cuda_uuid` (torch imported, CUDA initialized by
+    the user); else None."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    try:
+        cuda = torch.cuda
+        if not (cuda.is_initialized() and cuda.is_available()):
+            return None
+        return str(cuda.get_device_name(cuda.current_device())) or None
+    except Exception:
+        log.debug("gpuprof: could not read the CUDA device name", exc_info=True)
+        return None

@@ -9,7 +9,8 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from gpuprof_shim import messages
+from gpuprof.gpus import peak_tflops
+from gpuprof_shim import identity, messages
 from gpuprof_shim.auto import StepMachine
 from gpuprof_shim.flops import DtypeProbe, StepFlopCounter, cuda_in_use, on_mfu_device
 
@@ -97,6 +98,24 @@ class ModelProbes:
             self._sent_flops = True
             fields["flops_counted"], fields["flops_step"] = counter.flops, counter.step
         return messages.model_info(run_key, **fields) if fields else None
+
+    def mfu_inputs(self) -> tuple[float, float] | None:
+        """(FLOP per step, the GPU's dense peak FLOP/s for the training
+        dtype, :func:`gpuprof.gpus.peak_tflops`) once both are known: the
+        FLOP declared or counted, the dtype given or probed, a CUDA device
+        in the peak table. None before, and on a CPU."""
+        flops = self.options.get("flops_per_step")
+        counter = self.flop_counter
+        if flops is None and counter is not None:
+            flops = counter.flops
+        dtype = self.options.get("dtype")
+        probe = self.dtype_probe
+        if dtype is None and probe is not None and probe.result is not None:
+            dtype = probe.result[0]
+        if not flops or dtype is None:
+            return None
+        peak = peak_tflops(identity.cuda_name(), dtype)
+        return (float(flops), peak * 1e12) if peak else None
 
     def abandon(self) -> None:
         """Profile exit: a FLOP count still running is given up."""

@@ -71,3 +71,27 @@ def print_summary(summary: Mapping[str, Any], out: TextIO | None = None) -> bool
     except Exception:
         log.debug("gpuprof: could not print the summary", exc_info=True)
     return True
+
+
+#: The summary block's line that gives the full report's command.
+FULL_REPORT = "  Full report: "
+
+
+def summary_lines(summary: Mapping[str, Any]) -> list[str]:
+    """The summary block's lines without its two rules (``format_summary``);
+    empty if it cannot be formatted. Never raises."""
+    try:
+        lines = format_summary(summary).splitlines()
+    except Exception:
+        log.debug("gpuprof: could not format the summary", exc_info=True)
+        return []
+    return [ln for ln in lines if not ln.startswith("─")]
+
+
+def report_command(summary: Mapping[str, Any]) -> str | None:
+    """The ``gpuprofctl insights ...`` command of the summary block's
+    ``Full report:`` line; None when the block has none (no run id)."""
+    for line in summary_lines(summary):
+        if line.startswith(FULL_REPORT):
+            return line[len(FULL_REPORT) :]
+    return None

@@ -28,8 +28,11 @@ from types import TracebackType
 from typing import Any
 
 from gpuprof import config
+from gpuprof.flops import TransformerArch
+from gpuprof.keywords import check_keywords
 from gpuprof.protocol import clean_run_name, clean_text
 from gpuprof_shim import identity, messages
+from gpuprof_shim import webhook as webhooks
 from gpuprof_shim.auto import StepMachine
 from gpuprof_shim.batcher import StepBatcher
 from gpuprof_shim.comm import CommTimer
@@ -44,6 +47,7 @@ from gpuprof_shim.sender import Sender
 from gpuprof_shim.sidecars import ClockSync, TraceWindows
 from gpuprof_shim.steps import StepRecord, WaitTracker
 from gpuprof_shim.trace import DEFAULT_TRACE_DIR_MAX_MB, TraceOptions, Tracer
+from gpuprof_shim.wandb_sink import WandbSink
 from gpuprof_shim.workers import WorkerReporter
 
 log = logging.getLogger("gpuprof.shim")
@@ -69,63 +73,33 @@ def active_profiler() -> Profiler | None:
 
 
 class Profiler:
-    """Profile the training loop run inside ``with``; see the module docstring.
+    """One profiled run: what :func:`gpuprof.profile` returns (its
+    ``help()`` lists every option, each documented there once).
 
-    Args:
-        run_name: shown everywhere; control characters removed, cut to 200 chars.
-        auto: patch torch to find steps and phases by itself (needs torch);
-            False: the manual API (``prof.step``, ``s.phase``), no torch needed.
-        flops_per_step: model FLOP per optimizer step on this rank, for MFU.
-        dtype: training dtype name (or a ``torch.dtype``), for MFU; default:
-            read in the first training forward (autocast's dtype if autocast
-            is on, else the parameters').
-        arch: a :class:`gpuprof.TransformerArch`: ``flops_per_step`` is then
-            its analytic training FLOP for ``tokens_per_step`` tokens.
-        tokens_per_step: tokens per optimizer step on this rank (batch ×
-            seq_len × micro-batches), with ``arch``.
-        count_flops: count one step's FLOP with FlopCounterMode (auto mode;
-            see :mod:`gpuprof_shim.flops`). None (default): only when neither
-            ``flops_per_step`` nor ``arch`` is given; True: also then (the
-            count is kept beside the declared figure); False: never.
-        print_summary: print the summary block to stdout at exit. Default
-            (None): on global rank 0 only (every process outside torchrun),
-            so a job of 8 ranks prints one block, not 8 interleaved ones;
-            every rank's run is stored all the same (``gpuprofctl insights
-            --group``).
-        socket_dir: gpuprofd's socket directory (default ``GPUPROF_SOCKET`` or
-            the per-user runtime dir).
-        db: the database a started daemon uses (default ``GPUPROF_DB`` or
-            ``./gpuprof.db``, made absolute against the current directory).
-        autostart: start a gpuprofd if none answers.
-        dashboard: print the run's dashboard URL as the first line (where the
-            summary prints: rank 0 by default), or one line saying why there
-            is none; training goes on either way.
-        trace_every_n_steps: a ``torch.profiler`` snapshot of one step every N
-            steps, plus steps 0, 1 and 5 (see :mod:`gpuprof_shim.trace`).
-        trace_range: ``(a, b)``: a snapshot of every step from a to b inclusive.
-        continuous_traces_hz: a one-step kernel window every ``1/f`` seconds
-            for the whole run (at most one step in 10; f <= 10).
-        group: the distributed group this rank belongs to; default: torchrun's
-            ``TORCHELASTIC_RUN_ID`` (``gpuprofctl runs --group``); outside
-            torchrun a run is its own group.
-        trace_dir: also write each window's chrome trace (gzip) here; never
-            by default. ``trace_dir_max_mb`` caps their total size (MB).
-        step_source: ``"optimizer"`` (auto mode finds steps: one cycle of the
-            first optimizer that steps) or ``"external"`` (a framework adapter
-            ends each step with :meth:`mark_step_end`; phases are still timed).
-        time_comm: auto mode: time each DDP gradient bucket's all-reduce (a
-            comm hook on every ``DistributedDataParallel`` the loop uses; see
-            :mod:`gpuprof_shim.comm`): steps gain per-bucket ``comm`` rows and
-            a ``comm`` phase (exposed comm, out of ``backward``). False: no
-            comm hook is registered.
-        clock: monotonic nanoseconds for every timestamp the profile takes
-            (injected for tests, as the samplers' clocks are).
+    Use it as the ``with`` block's context manager, or call :meth:`start`
+    and :meth:`stop` (framework callbacks). While it is open:
+    :meth:`step` (``auto=False``: ``with prof.step(i) as s:`` and
+    ``s.phase(name)``), :meth:`wrap_dataloader` (time each batch's loader
+    wait), :meth:`nsys_capture` (bracket a region for Nsight Systems),
+    :meth:`mark_step_end` (``step_source="external"``). After it:
+    :attr:`summary` (the printed summary as a dict, the shape of
+    ``gpuprofctl insights --format json``), :attr:`run_id` and :attr:`db`
+    (where ``gpuprofctl`` finds the run).
+
+    Entering it refuses a second active profile in the process
+    (RuntimeError naming the active run), connects to gpuprofd (starting
+    one if none answers) and, in auto mode, patches torch. Leaving it
+    removes every patch and hook first, sends what is left, prints the
+    summary, then logs to W&B and posts the webhook when asked. The
+    training loop's own exception always propagates unchanged; gpuprof's
+    own problems are logged, never raised.
 
     Raises:
-        ValueError: an invalid ``flops_per_step``, ``dtype``, ``arch``,
-            ``tokens_per_step``, ``count_flops``, ``step_source`` or trace option.
+        TypeError: an unknown option (naming the closest valid one).
+        ValueError: an invalid option value (see :func:`gpuprof.profile`).
     """
 
+    @check_keywords("gpuprof.Profiler")
     def __init__(
         self,
         run_name: str,
@@ -137,9 +111,8 @@ class Profiler:
         socket_dir: str | os.PathLike[str] | None = None,
         db: str | os.PathLike[str] | None = None,
         autostart: bool = True,
-        dashboard: bool = False,
         step_source: str = "optimizer",
-        arch: Any = None,
+        arch: TransformerArch | None = None,
         tokens_per_step: int | None = None,
         count_flops: bool | None = None,
         trace_every_n_steps: int | None = None,
@@ -149,12 +122,19 @@ class Profiler:
         trace_dir_max_mb: float = DEFAULT_TRACE_DIR_MAX_MB,
         group: str | None = None,
         time_comm: bool = True,
+        dashboard: bool = False,
+        wandb: bool = False,
+        webhook: str | None = None,
+        webhook_format: str = "slack",
         clock: Callable[[], int] = time.monotonic_ns,
     ) -> None:
+        """See :func:`gpuprof.profile` for every option; *clock* (monotonic
+        ns for every timestamp) is injected by tests, as the samplers' are."""
         if step_source not in ("optimizer", "external"):
             raise ValueError(
                 f"gpuprof: step_source must be 'optimizer' or 'external', got {step_source!r}"
             )
+        webhooks.check(webhook, webhook_format)
         self.step_source = step_source
         self.run_name = clean_run_name(run_name)
         self.auto = bool(auto)
@@ -177,7 +157,6 @@ class Profiler:
             Path(socket_dir).expanduser() if socket_dir else config.socket_dir(db=Path(self.db))
         )
         self.autostart = bool(autostart)
-        self.dashboard = bool(dashboard)
         self.run_key = uuid.uuid4().hex
         self.ranks = identity.read_ranks()
         self.print_summary = self.ranks.rank == 0 if print_summary is None else bool(print_summary)
@@ -211,6 +190,14 @@ class Profiler:
         self._comm: CommTimer | None = None
         #: Clock alignment against rank 0 (started once, in a process group).
         self._clock_sync: ClockSync | None = None
+        #: Show the run on gpuprofd's live dashboard.
+        self.dashboard = bool(dashboard)
+        #: Log to the active W&B run (:mod:`gpuprof_shim.wandb_sink`), and its sink.
+        self.wandb = bool(wandb)
+        self._wandb: WandbSink | None = None
+        #: Where and how the summary is posted at the end (:mod:`gpuprof_shim.webhook`).
+        self.webhook = webhook
+        self.webhook_format = webhook_format
 
     # --- lifecycle ---------------------------------------------------------
 
@@ -422,6 +409,8 @@ class Profiler:
                 clock=self.clock,
             )
             self._windows.attach(self.machine, self._recorder)
+        if self.wandb:
+            self._wandb = WandbSink.open(mfu_inputs=self.probes.mfu_inputs)
         self._open = True
         # in a process group: align the clocks now (else at the first DDP)
         self._clock_sync.start_if_distributed(sys.modules.get("torch.distributed"))
@@ -468,6 +457,9 @@ class Profiler:
             batcher = self._batcher
             if batcher is not None:
                 batcher.add(rec)
+            sink = self._wandb
+            if sink is not None:
+                sink.add(rec)
         except Exception:
             log.debug("gpuprof: could not emit step %s", rec.i, exc_info=True)
 
@@ -539,6 +531,16 @@ class Profiler:
         self.summary = summary
         if self.print_summary:
             print_summary(summary)
+        self._report(summary)
+
+    def _report(self, summary: dict[str, Any]) -> None:
+        """The end of the run for W&B and the webhook (global rank 0 only);
+        each failure is one logged line."""
+        sink, self._wandb = self._wandb, None
+        if sink is not None:
+            sink.finish(summary)
+        if self.webhook is not None and self.ranks.rank == 0:
+            webhooks.send(self.webhook, self.webhook_format, summary)
 
     def _bye(self, exc: BaseException | None) -> dict[str, Any] | None:
         assert self.sender is not None
@@ -559,6 +561,9 @@ class Profiler:
         global _active
         self._open = False
         try:
+            sink, self._wandb = self._wandb, None
+            if sink is not None:  # the run never finished: stop its thread
+                sink.finish(None)
             self._unpatch()
             self._close_aligner()
             if self._comm is not None:

@@ -87,16 +87,36 @@ def test_skipped_updates_and_eval_time_get_one_line_only_when_present():
 
 
 def test_two_optimizers_get_a_line_with_their_updates_and_time():
-    ctx = make_ctx([10.0] * 4, optimizers=(("Adam#0", 4, 1, 1234.5), ("SGD#1", 4, 0, 20.0)))
+    ctx = make_ctx([10.0] * 4, optimizers=(("Adam#0", 4, 1, 1234.5, 5), ("SGD#1", 8, 0, 20.0, 4)))
     summary = make_summary(1, ctx, [], "/d")
-    assert summary["optimizers"] == [
-        {"name": "Adam#0", "updates": 4, "skipped": 1, "step_ms": 1234.5},
-        {"name": "SGD#1", "updates": 4, "skipped": 0, "step_ms": 20.0},
+    assert summary["optimizers"] == [  # step_ms: per step it stepped in; total_ms: the run's
+        {"name": "Adam#0", "updates": 4, "skipped": 1, "step_ms": 246.9, "total_ms": 1234.5},
+        {"name": "SGD#1", "updates": 8, "skipped": 0, "step_ms": 5.0, "total_ms": 20.0},
     ]
-    line = "  Optimizers: Adam#0 4 updates, 1.23 s in step(); SGD#1 4 updates, 0.02 s in step()"
+    line = "  Optimizers: Adam#0 4 updates, 1.23 s in step(); SGD#1 8 updates, 0.02 s in step()"
     assert line in format_summary(summary).splitlines()
-    one = make_ctx([10.0] * 4, optimizers=(("Adam#0", 4, 0, 5.0),))
+    one = make_ctx([10.0] * 4, optimizers=(("Adam#0", 4, 0, 5.0, 4),))
     assert "Optimizers:" not in format_summary(make_summary(1, one, [], "/d"))
+    # a summary stored before total_ms: its step_ms was the run's total
+    old = {
+        **summary,
+        "optimizers": [{**o, "step_ms": o["total_ms"]} for o in summary["optimizers"]],
+    }
+    for o in old["optimizers"]:
+        del o["total_ms"]
+    assert line in format_summary(old).splitlines()
+
+
+def test_micro_batches_line_only_above_one():
+    accum = make_summary(1, make_ctx([10.0] * 4, micro_batches=(1, 4, 4, 4)), [], "/d")
+    assert accum["micro_batches_per_step"] == 4.0  # the first step is start-up, as in runs
+    assert "  Micro-batches per step: 4 (gradient accumulation)" in format_summary(accum)
+    uneven = make_summary(1, make_ctx([10.0] * 4, micro_batches=(4, 4, 4, 3)), [], "/d")
+    assert "  Micro-batches per step: 3.67 (gradient accumulation)" in format_summary(uneven)
+    plain = make_summary(1, make_ctx([10.0] * 4, micro_batches=(1, 1, 1, 1)), [], "/d")
+    assert plain["micro_batches_per_step"] == 1.0
+    assert "Micro-batches" not in format_summary(plain)
+    assert make_summary(1, make_ctx([]), [], "/d")["micro_batches_per_step"] is None
 
 
 def test_memory_line_shows_torch_peaks_beside_nvml_used():

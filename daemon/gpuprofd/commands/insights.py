@@ -134,7 +134,7 @@ def split_args(db: Path | None, run_id: int | None) -> tuple[Path | None, int | 
     return db, run_id
 
 
-@click.command("insights")
+@click.command("insights", short_help="A run's summary, each finding with detail and fix.")
 @db_argument
 @click.argument("run_id", type=click.IntRange(1, 2**63 - 1), required=False)
 @click.option(
@@ -152,6 +152,10 @@ def insights_cmd(
     db: Path | None, run_id: int | None, group: str | None, storage_url: str | None, fmt: str
 ) -> None:
     """Show a run's insights (default: the latest run in DB).
+
+    \b
+    Example:
+      gpuprofctl insights gpuprof.db 3
 
     DB defaults to GPUPROF_DB or ./gpuprof.db; --storage-url URL reads
     sqlite:///path.db or postgres://user@host/db instead. A lone all-digits

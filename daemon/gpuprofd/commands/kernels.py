@@ -62,6 +62,10 @@ KERNELS_HELP = """Show a run's kernel table (default: the latest run in DB), or 
 two runs' tables with --compare OTHER_RUN.
 
 \b
+Example:
+  gpuprofctl kernels 3 --compare 4
+
+\b
 The table sums the run's kernel windows of one source (snapshot,
 continuous or nsys; default: continuous, else nsys, else snapshot):
 SHARE% of device time, COUNT launches, MEAN_US per launch, and ms per
@@ -75,7 +79,9 @@ argument that is not an existing file is RUN_ID.
 """
 
 
-@click.command("kernels", help=KERNELS_HELP)
+@click.command(
+    "kernels", help=KERNELS_HELP, short_help="A run's kernel table, or two runs' compared."
+)
 @db_argument
 @click.argument("run_id", type=_RUN_ID, required=False)
 @click.option(

@@ -83,6 +83,10 @@ def _progress(done: int, total: int) -> None:
 NSYS_HELP = """Attach the per-kernel aggregates of an Nsight Systems report to a run.
 
 \b
+Example:
+  gpuprofctl nsys-import report.sqlite --run 3
+
+\b
 REPORT.sqlite is what `nsys export --type sqlite REPORT.nsys-rep` writes
 (read read-only). Kernels, copies and fills are summed per name and classed
 (compute, comm = NCCL, memcpy, memset), one window per step of the run
@@ -95,7 +99,11 @@ device activity attaches nothing and exits 0. See them with
 """
 
 
-@click.command("nsys-import", help=NSYS_HELP)
+@click.command(
+    "nsys-import",
+    help=NSYS_HELP,
+    short_help="Attach an Nsight Systems export's kernels to a run.",
+)
 @click.argument("report", type=click.Path(path_type=Path))
 @click.option(
     "--db",

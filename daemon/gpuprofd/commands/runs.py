@@ -47,6 +47,7 @@ def format_table(rows: list[dict[str, Any]], ranks: bool = False, groups: bool =
         "NAME",
         "STATUS",
         "STEPS",
+        "MICRO",
         "MEDIAN_STEP_MS",
         *(h for _, h in COLUMNS),
         "SKIPPED",
@@ -68,6 +69,7 @@ def format_table(rows: list[dict[str, Any]], ranks: bool = False, groups: bool =
                 r["run_name"][:40],
                 r["status"],
                 str(r["steps"]),
+                "-" if r["micro_batches_per_step"] is None else f"{r['micro_batches_per_step']:g}",
                 _cell(r["median_step_ms"]),
                 *(_cell(pct[key]) for key, _ in COLUMNS),
                 str(r["skipped_updates"]),
@@ -88,6 +90,11 @@ def format_table(rows: list[dict[str, Any]], ranks: bool = False, groups: bool =
 
 
 RUNS_HELP = f"""List the runs in DB (default: GPUPROF_DB or ./gpuprof.db), newest first.
+
+\b
+Example:
+  gpuprofctl runs gpuprof.db
+
 --storage-url URL reads sqlite:///path.db or postgres://user@host/db instead.
 
 \b
@@ -96,6 +103,9 @@ GROUP RANK      only when a listed run has a group: torchrun's run id or
                 longer (give --group the whole name: --format json has
                 it), - for a run of no group; the run's global rank
 STEPS           every step recorded
+MICRO           micro-batches per step (gradient accumulation: forward and
+                backward passes per optimizer update), the mean over the
+                steps the shares cover; - when none is counted
 MEDIAN_STEP_MS  steady-state median iteration time: median of loader
                 wait + step, warm-up steps excluded (the first {WARMUP_STEPS}
                 when the run has more than {2 * WARMUP_STEPS})
@@ -121,7 +131,8 @@ DROPPED         events lost: the training process could not send them,
 \b
 --format json gives the same per run: steps, median_step_ms,
 pct_of_iteration {{loader_wait, forward, backward, comm, optimizer, other}},
-steps_counted (the steps those shares cover), skipped_updates, eval_s,
+steps_counted (the steps those shares cover), micro_batches_per_step
+(MICRO; null when no step is counted), skipped_updates, eval_s,
 dropped_events (not sent by the training process), store_dropped_events
 (received by gpuprofd, not stored), and torch_peak_allocated_bytes / torch_peak_reserved_bytes
 (the highest torch.cuda.max_memory_allocated / memory_reserved the steps
@@ -158,7 +169,9 @@ def group_line(group: str, rows: list[dict[str, Any]]) -> str:
     return "; ".join([line, *([note] if note else []), *missing])
 
 
-@click.command("runs", help=RUNS_HELP)
+@click.command(
+    "runs", help=RUNS_HELP, short_help="Every run: steps, median step, phase split, loader wait."
+)
 @db_argument
 @click.option(
     "--group",

@@ -108,12 +108,24 @@ def no_daemon_message(socket_dir: Path, timeout_s: float) -> str:
     )
 
 
-@click.command("status")
-@socket_dir_option("The daemon's socket directory [default: GPUPROF_SOCKET, ...].")
+@click.command("status", short_help="Is this database's gpuprofd running? Its live runs.")
+@socket_dir_option(
+    "The daemon's socket directory [default: GPUPROF_SOCKET, or the per-user "
+    "daemon of GPUPROF_DB / ./gpuprof.db]."
+)
 @timeout_option
 @format_option
 def status_cmd(socket_dir: Path | None, timeout_s: float, fmt: str) -> int:
-    """Ping the node's gpuprofd (exit 3 if none answers).
+    """Ping the gpuprofd of this database (exit 3 if none answers): its pid,
+    socket directory, database, live runs, GPU sampling and drops.
+
+    \b
+    Example:
+      gpuprofctl status
+
+    The daemon asked is the one of GPUPROF_DB or ./gpuprof.db (each database
+    gets its own auto-started daemon), or the one on --socket-dir DIR or
+    GPUPROF_SOCKET (a node-wide daemon under systemd: /run/gpuprof).
 
     With --format json and no daemon, prints {"running": false, "socket_dir":
     ..., "error": ...} and still exits 3.

@@ -23,7 +23,7 @@ from gpuprofd.errors import EXIT_OK, GpuprofdError, NoDaemonError
 EXIT_WAIT_S = 10.0
 
 
-@click.command("stop")
+@click.command("stop", short_help="Stop this database's gpuprofd once its runs end.")
 @socket_dir_option(
     "The daemon's socket directory [default: GPUPROF_SOCKET, or the per-user "
     "daemon of GPUPROF_DB / ./gpuprof.db]."
@@ -38,6 +38,10 @@ EXIT_WAIT_S = 10.0
 @format_option
 def stop_cmd(socket_dir: Path | None, now: bool, timeout_s: float, fmt: str) -> int:
     """Stop the gpuprofd of this database (exit 3 if none answers).
+
+    \b
+    Example:
+      gpuprofctl stop --now
 
     With no open run it exits at once. Otherwise it takes no new runs (their
     gpuprof.profile() runs unprofiled and says why) and exits when its open

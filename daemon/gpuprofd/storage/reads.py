@@ -287,8 +287,9 @@ async def run_context(
 #: (every step). ``data_ns`` is loader time inside steps
 #: (the ``data`` phase, between micro-batches); ``comm_ns`` the exposed
 #: collective time (the ``comm`` phase), ``comm_steps`` the counted steps that
-#: carry one (0: the run timed no collectives). ``mem_peak_bytes`` and
-#: ``mem_reserved_max_bytes``: the highest torch allocator figures any step
+#: carry one (0: the run timed no collectives); ``micro`` the micro-batches
+#: of the counted steps (a step stored without a count is 1). ``mem_peak_bytes``
+#: and ``mem_reserved_max_bytes``: the highest torch allocator figures any step
 #: reported (NULL: none did). Sums are DOUBLE PRECISION (Postgres sums
 #: integers as numeric), ``counted_steps`` an integer. With *group*: over
 #: that group's runs only (one parameter, the group id).
@@ -305,7 +306,7 @@ def overview_sql(d: Dialect, group: bool = False, run: bool = False) -> str:
     comm_steps = f"CASE WHEN {d.json_num('phases', 'comm')} IS NOT NULL THEN c ELSE 0 END"
     return f"""
 WITH numbered AS (
-    SELECT run_id, t0_ns, t1_ns, wait_ns, phases, skipped, eval_ns, mem_peak_bytes,
+    SELECT run_id, t0_ns, t1_ns, wait_ns, micro, phases, skipped, eval_ns, mem_peak_bytes,
            mem_reserved_bytes,
            CASE WHEN ROW_NUMBER() OVER (PARTITION BY run_id ORDER BY t0_ns, rowid) > 1
                      AND COALESCE(traced, 0) = 0
@@ -319,6 +320,7 @@ SELECT run_id,
        CAST(SUM(c) AS BIGINT) AS counted_steps,
        {total("c * wait_ns")} AS wait_ns,
        {total("c * (t1_ns - t0_ns)")} AS step_ns,
+       {total("c * COALESCE(micro, 1)")} AS micro,
        {phase("forward")} AS forward_ns,
        {phase("backward")} AS backward_ns,
        {phase("optimizer")} AS optimizer_ns,

@@ -22,12 +22,17 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from transformers import TrainerCallback
-
 from gpuprof_shim.adapters._run import AdapterRun, EndsRunOnExit
 from gpuprof_shim.session import Profiler
 
 log = logging.getLogger("gpuprof.shim")
+
+try:
+    from transformers import TrainerCallback
+except ImportError as exc:
+    raise ImportError(
+        "gpuprof.HFTrainerCallback needs Hugging Face transformers: pip install 'gpuprof[hf]'"
+    ) from exc
 
 
 class HFTrainerCallback(EndsRunOnExit, TrainerCallback):

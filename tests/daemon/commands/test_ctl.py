@@ -82,12 +82,12 @@ def test_runs_json_has_exact_breakdown(real_db: Path, capsys: pytest.CaptureFixt
 def test_runs_text_table(real_db: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["runs", str(real_db)]) == 0
     assert capsys.readouterr().out.splitlines() == [
-        "ID  NAME      STATUS    STEPS  MEDIAN_STEP_MS  WAIT%  FWD%  BWD%  COMM%  OPT%  OTHER%"
-        "  SKIPPED  EVAL_S  DROPPED",
-        "2   ongoing   running       3            18.0   44.4  16.7  22.2      -  11.1     5.6"
-        "        0     0.0        0",
-        "1   baseline  finished     12            18.0   44.4  16.7  22.2      -  11.1     5.6"
-        "        0     0.0        2",
+        "ID  NAME      STATUS    STEPS  MICRO  MEDIAN_STEP_MS  WAIT%  FWD%  BWD%  COMM%  OPT%"
+        "  OTHER%  SKIPPED  EVAL_S  DROPPED",
+        "2   ongoing   running       3      1            18.0   44.4  16.7  22.2      -  11.1"
+        "     5.6        0     0.0        0",
+        "1   baseline  finished     12      1            18.0   44.4  16.7  22.2      -  11.1"
+        "     5.6        0     0.0        2",
     ]
 
 
@@ -151,6 +151,8 @@ def test_runs_shares_skip_step_0_and_fold_the_data_phase_into_wait(
         "other": 16.7,
     }
     assert (accum["steps"], accum["steps_counted"], accum["median_step_ms"]) == (9, 7, 12.0)
+    # 2 micro-batches in steps 1-7; step 0 (start-up) and the traced step 8 have 1
+    assert (accum["micro_batches_per_step"], one["micro_batches_per_step"]) == (2.0, None)
     assert (accum["skipped_updates"], accum["eval_s"], one["skipped_updates"]) == (1, 1.5, 0)
     # the highest figures any step reported: peak from step 2, reserved from step 6
     assert (accum["torch_peak_allocated_bytes"], accum["torch_peak_reserved_bytes"]) == (
@@ -166,13 +168,20 @@ def test_runs_shares_skip_step_0_and_fold_the_data_phase_into_wait(
 
     assert main(["runs", str(db)]) == 0
     assert capsys.readouterr().out.splitlines() == [
-        "ID  NAME      STATUS    STEPS  MEDIAN_STEP_MS  WAIT%  FWD%  BWD%  COMM%  OPT%  OTHER%"
-        "  SKIPPED  EVAL_S  DROPPED",
-        "2   one-step  finished      1            15.0      -     -     -      -     -       -"
-        "        0     0.0        0",
-        "1   accum     finished      9            12.0   33.3  16.7  25.0      -   8.3    16.7"
-        "        1     1.5        0",
+        "ID  NAME      STATUS    STEPS  MICRO  MEDIAN_STEP_MS  WAIT%  FWD%  BWD%  COMM%  OPT%"
+        "  OTHER%  SKIPPED  EVAL_S  DROPPED",
+        "2   one-step  finished      1      -            15.0      -     -     -      -     -"
+        "       -        0     0.0        0",
+        "1   accum     finished      9      2            12.0   33.3  16.7  25.0      -   8.3"
+        "    16.7        1     1.5        0",
     ]
+    # the summary has them too: its JSON, and a line in the text (not for one micro-batch)
+    assert main(["insights", str(db), "1", "--format", "json"]) == 0
+    assert orjson.loads(capsys.readouterr().out)["micro_batches_per_step"] == 2.0
+    assert main(["insights", str(db), "1"]) == 0
+    assert "  Micro-batches per step: 2 (gradient accumulation)" in capsys.readouterr().out
+    assert main(["insights", str(db), "2"]) == 0
+    assert "Micro-batches" not in capsys.readouterr().out
 
 
 def test_runs_help_explains_the_columns(capsys: pytest.CaptureFixture[str]) -> None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 import pytest
 
 from gpuprof.insights import build_context
+from gpuprof.insights.context import _optimizer_totals
 
 
 def test_build_context_aggregates_rows():
@@ -103,7 +104,10 @@ def test_build_context_sums_each_optimizers_updates_and_time():
         },
         {"t0": 4, "t1": 5, "wait": 0, "phases": {}},
     ]
-    assert build_context(run, steps).optimizers == (("SGD#0", 1, 1, 4.0), ("Adam#1", 1, 0, 0.5))
+    assert build_context(run, steps).optimizers == (
+        ("SGD#0", 1, 1, 4.0, 2),  # stepped in 2 steps (one update skipped)
+        ("Adam#1", 1, 0, 0.5, 1),
+    )
 
 
 def test_build_context_takes_torch_memory_peaks_from_steps_that_report_them():
@@ -169,3 +173,13 @@ def test_loader_settings_from_the_options_reach_the_context():
     ctx = build_context(run, [])
     assert ctx.loaders == (LoaderConfig(2, True, False, 2),)  # the malformed entry skipped
     assert build_context({"run_name": "r", "status": "finished"}, []).loaders == ()
+def test_optimizer_totals_count_the_steps_each_stepped_in():
+    def opt(name, ns, updates=1):
+        return {"name": name, "updates": updates, "skipped": 0, "ns": ns}
+
+    steps = [  # a critic stepping 5 times a step, a generator once, the last step critic only
+        {"optimizers": [opt("critic", 5_000_000, 5), opt("gen", 2_000_000)]},
+        {"optimizers": [opt("critic", 5_000_000, 5), opt("gen", 2_000_000)]},
+        {"optimizers": [opt("critic", 5_000_000, 5)]},
+    ]
+    assert _optimizer_totals(steps) == (("critic", 15, 0, 15.0, 3), ("gen", 2, 0, 4.0, 2))

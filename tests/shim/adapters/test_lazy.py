@@ -52,3 +52,33 @@ def test_facade_names():
     assert {"LightningCallback", "HFTrainerCallback", "wrap_deepspeed_engine"} <= set(dir(gpuprof))
     with pytest.raises(AttributeError, match="no_such_adapter"):
         gpuprof.no_such_adapter  # noqa: B018
+
+
+MISSING = """
+import sys
+for name in {blocked!r}:
+    sys.modules[name] = None  # `import name` now raises ImportError, as when not installed
+import gpuprof
+try:
+    getattr(gpuprof, {adapter!r})
+except ImportError as exc:
+    print(exc)
+else:
+    print("imported")
+"""
+
+
+@pytest.mark.parametrize(
+    ("adapter", "blocked", "extra"),
+    [
+        ("HFTrainerCallback", ("transformers",), "hf"),
+        ("LightningCallback", ("lightning", "pytorch_lightning"), "lightning"),
+    ],
+)
+def test_adapter_without_its_framework_names_the_extra(adapter, blocked, extra):
+    script = MISSING.format(blocked=blocked, adapter=adapter)
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.strip().endswith(f"pip install 'gpuprof[{extra}]'"), out.stdout
+    assert out.stdout.startswith(f"gpuprof.{adapter} needs ")

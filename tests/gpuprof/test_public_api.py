@@ -1,0 +1,103 @@
+"""``gpuprof.profile``'s public signature: every option a typed keyword
+with a default, documented, the same as the profiler's own; a misspelled
+option names the closest valid one; ``import gpuprof`` stays light."""
+
+from __future__ import annotations
+
+import inspect
+import pydoc
+import subprocess
+import sys
+
+import pytest
+
+import gpuprof
+from gpuprof_shim.session import Profiler
+
+#: The profiler's injection point for tests, not a user option.
+INTERNAL = {"clock"}
+
+
+def params(func: object) -> list[tuple[str, object, object, object]]:
+    return [
+        (p.name, p.kind, p.annotation, p.default)
+        for p in inspect.signature(func).parameters.values()
+    ]
+
+
+def test_every_option_is_a_typed_keyword_with_a_default():
+    first, *options = inspect.signature(gpuprof.profile).parameters.values()
+    assert (first.name, first.kind, first.annotation) == (
+        "run_name",
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        "str",
+    )
+    assert len(options) >= 20
+    for p in options:
+        assert p.kind is inspect.Parameter.KEYWORD_ONLY, p.name
+        assert p.annotation is not inspect.Parameter.empty, p.name
+        assert p.default is not inspect.Parameter.empty, p.name
+    named = {p.name: (p.annotation, p.default) for p in options}
+    assert named["dashboard"] == ("bool", False)
+    assert named["wandb"] == ("bool", False)
+    assert named["webhook"] == ("str | None", None)
+    assert named["webhook_format"] == ("str", "slack")
+    assert inspect.signature(gpuprof.profile).return_annotation == "Profiler"
+
+
+def test_the_facade_and_the_profiler_take_the_same_options():
+    shim = [p for p in params(Profiler) if p[0] not in INTERNAL]
+    assert params(gpuprof.profile) == shim
+
+
+def test_the_docstring_lists_every_option_and_help_shows_them():
+    doc = inspect.getdoc(gpuprof.profile) or ""
+    args = doc.split("Args:\n", 1)[1].split("\n\nReturns:", 1)[0]
+    documented = [line.split(":")[0].strip() for line in args.splitlines() if line[4:5] != " "]
+    assert documented == list(inspect.signature(gpuprof.profile).parameters)
+    text = pydoc.render_doc(gpuprof.profile, renderer=pydoc.plaintext)
+    assert "trace_every_n_steps: 'int | None' = None" in text
+    assert "webhook_format: 'str' = 'slack'" in text
+    assert "gpuprof_shim" not in text
+
+
+def test_profiler_is_public_with_its_own_docstring(tmp_path):
+    assert gpuprof.Profiler is Profiler
+    assert "Profiler" in gpuprof.__all__ and "Profiler" in dir(gpuprof)
+    doc = inspect.getdoc(gpuprof.Profiler) or ""
+    assert doc.startswith("One profiled run: what :func:`gpuprof.profile` returns")
+    prof = gpuprof.profile("r", auto=False, autostart=False, socket_dir=tmp_path)
+    assert isinstance(prof, gpuprof.Profiler) and prof.run_name == "r"
+
+
+@pytest.mark.parametrize("make", [gpuprof.profile, Profiler], ids=["profile", "Profiler"])
+def test_a_misspelled_option_names_the_closest(make):
+    with pytest.raises(TypeError) as err:
+        make("r", trace_evry_n_steps=50)
+    name = "gpuprof.profile" if make is gpuprof.profile else "gpuprof.Profiler"
+    assert str(err.value) == (
+        f"{name}() got an unexpected keyword argument 'trace_evry_n_steps'; "
+        "did you mean 'trace_every_n_steps'?"
+    )
+    with pytest.raises(TypeError, match="'webhok'; did you mean 'webhook'"):
+        make("r", webhok="http://x")
+    with pytest.raises(TypeError, match=r"'zzz'; its options are auto, flops_per_step, dtype"):
+        make("r", zzz=1)
+
+
+def test_bad_webhook_values_fail_before_the_run():
+    with pytest.raises(ValueError, match="webhook_format must be 'slack' or 'json'"):
+        gpuprof.profile("r", webhook="http://127.0.0.1:9/x", webhook_format="teams")
+    with pytest.raises(ValueError, match="webhook must be an http:// or https:// URL"):
+        gpuprof.profile("r", webhook="ftp://example.org/hook")
+
+
+def test_import_and_signature_do_not_import_the_profiler():
+    probe = (
+        "import inspect, sys, gpuprof; inspect.signature(gpuprof.profile); "
+        "print('gpuprof_shim' in sys.modules, 'torch' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert out.stdout.split() == ["False", "False"]
