@@ -173,6 +173,8 @@ def test_loader_settings_from_the_options_reach_the_context():
     ctx = build_context(run, [])
     assert ctx.loaders == (LoaderConfig(2, True, False, 2),)  # the malformed entry skipped
     assert build_context({"run_name": "r", "status": "finished"}, []).loaders == ()
+
+
 def test_optimizer_totals_count_the_steps_each_stepped_in():
     def opt(name, ns, updates=1):
         return {"name": name, "updates": updates, "skipped": 0, "ns": ns}
