@@ -181,6 +181,7 @@ export function render(root, { id }) {
       xRange,
     });
     drawWindowBar();
+    if (!performance.getEntriesByName("gpuprof:first-chart").length) performance.mark("gpuprof:first-chart");
     document.body.dataset.seriesLoaded = String(Number(document.body.dataset.seriesLoaded || 0) + 1);
     const cursors = cursorsOf(model);
     if (following()) {
