@@ -7,6 +7,7 @@ Screenshots of each view go to a temporary directory, or to
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import time
@@ -287,3 +288,48 @@ def test_every_view_renders_without_errors_and_screenshots(
     page = w.open(f"{dash.url}/#/run/999999")
     assert "no run 999999" in page.locator(".error").text_content()
     assert [e for e in w.errors if "404" not in e] == []
+
+
+def test_live_reconnects_from_its_cursors_and_reset_refetches(dash: Dash, runs: dict, pages):
+    """The page's socket cut: it reconnects by itself and resends the cursors
+    it holds; a server's reset: it re-fetches /series and sends new cursors."""
+    proc = dash.train(600, 0.05, "web-resume")
+    row = dash.wait_run("web-resume", lambda r: r["status"] == "running" and r["steps"] > 5, "run")
+    w = pages()
+    hellos: list[tuple[int, dict]] = []
+    routes: list[Any] = []
+
+    def route(ws: Any) -> None:
+        server = ws.connect_to_server()
+        n = len(routes)
+        routes.append(ws)
+
+        def from_page(message: str | bytes) -> None:
+            hellos.append((n, json.loads(message)))
+            server.send(message)
+
+        ws.on_message(from_page)
+
+    w.page.route_web_socket("**/api/v1/live", route)
+    page = w.open(f"{dash.url}/#/run/{row['id']}")
+    steps = "Number(document.querySelector('#run-steps').dataset.steps)"
+    page.wait_for_function(f"{steps} >= {page.evaluate(steps) + 5}", timeout=60_000)
+    assert [n for n, _ in hellos] == [0]
+    routes[0].close()  # the socket drops
+    held = page.evaluate(steps) - 1
+    page.wait_for_function("document.body.dataset.live === 'open'", timeout=15_000)
+    page.wait_for_function(f"{steps} >= {held + 6}", timeout=60_000)  # steps flow again
+    again = [h for n, h in hellos if n == 1]
+    assert again and again[0]["run"] == row["id"]
+    assert again[0]["cursors"]["step"] == held  # resumed where it was, nothing repeated
+    # a reset from the server: the window is fetched again, then new cursors go out
+    sent = len(hellos)
+    with page.expect_request(lambda r: "/series" in r.url):
+        routes[1].send(json.dumps({"type": "reset"}))
+    page.wait_for_function("Number(document.body.dataset.seriesLoaded) === 2")
+    page.wait_for_function(f"{steps} >= {page.evaluate(steps) + 3}", timeout=60_000)
+    after = [h for _, h in hellos[sent:]]
+    assert after and after[0]["cursors"]["step"] >= held
+    proc.kill()
+    proc.communicate(timeout=30)
+    assert w.errors == []

@@ -266,7 +266,13 @@ export function render(root, { id }) {
       state.run = { ...state.run, ...run };
       drawHead();
       if (was === "running" && run.status && run.status !== "running") {
+        // ended: its final headline, findings and kernels, from the store
         live.stop();
+        api.run(id).then((r) => {
+          if (state.gone) return;
+          state.run = r.run;
+          drawHead();
+        }, () => {});
         loadInsights();
         loadKernels();
       }
