@@ -49,6 +49,12 @@ export function alpha(color, a) {
   return `rgba(${(n >> 16) & 255},${(n >> 8) & 255},${n & 255},${a})`;
 }
 
+/** Decimals that tell a y axis' ticks apart (40 and 40.5 °C, not 40 and 40). */
+function tickDigits(splits) {
+  const step = splits.length > 1 ? Math.abs(splits[1] - splits[0]) : 0;
+  return step > 0 ? Math.max(0, Math.min(3, -Math.floor(Math.log10(step)))) : 0;
+}
+
 const live = new Set();
 
 // A drag on one chart is mirrored on every chart of its sync key, each firing
@@ -72,7 +78,8 @@ export function destroyCharts() {
  * A chart in a new element appended to `parent`.
  *
  * spec: {title, series: [{label, color, width, fill, dash, points, paths,
- * value(v, i) -> legend text, raw}], data: [xs, ys...], fmt(v) -> y text,
+ * value(v, i) -> legend text, raw}], data: [xs, ys...], fmt(v, digits?) -> y text
+ * (digits: what the axis' ticks need),
  * syncKey, onSelect(from, to) (x units), xRange: [from, to] or (dataMin,
  * dataMax) -> [from, to],
  * time: x is unix seconds (default true), height (px), bands, yRange,
@@ -131,7 +138,7 @@ export function chart(parent, spec) {
     },
     axes: [
       { ...axis, ...(spec.xAxis || {}) },
-      { ...axis, size: spec.axisSize || 64, values: (u, splits) => splits.map((v) => fmt(v)) },
+      { ...axis, size: spec.axisSize || 64, values: (u, splits) => splits.map((v) => fmt(v, tickDigits(splits))) },
     ],
     cursor: {
       sync: spec.syncKey ? { key: spec.syncKey, setSeries: false } : undefined,

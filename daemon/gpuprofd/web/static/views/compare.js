@@ -66,7 +66,7 @@ export function render(root, { ids }) {
         runs.map((r) => {
           const v = r.phases_ms?.[k];
           return h("td", { class: "num bar-cell" },
-            h("span", { class: "bar", style: { width: `${(100 * (v ?? 0)) / maxPhase}%`, background: pal.phase[k] } }),
+            h("span", { class: "bar", style: { width: `${(70 * (v ?? 0)) / maxPhase}%`, background: pal.phase[k] } }),
             h("span", { class: "bar-value" }, v === null || v === undefined ? DASH : num(v, 2)));
         })))));
     const chartBox = h("div", { class: "chart-row wide", id: "compare-chart" });

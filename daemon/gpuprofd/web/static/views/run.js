@@ -181,6 +181,7 @@ export function render(root, { id }) {
       xRange,
     });
     drawWindowBar();
+    if (!performance.getEntriesByName("gpuprof:first-chart").length) performance.mark("gpuprof:first-chart");
     document.body.dataset.seriesLoaded = String(Number(document.body.dataset.seriesLoaded || 0) + 1);
     const cursors = cursorsOf(model);
     if (following()) {
@@ -265,7 +266,13 @@ export function render(root, { id }) {
       state.run = { ...state.run, ...run };
       drawHead();
       if (was === "running" && run.status && run.status !== "running") {
+        // ended: its final headline, findings and kernels, from the store
         live.stop();
+        api.run(id).then((r) => {
+          if (state.gone) return;
+          state.run = r.run;
+          drawHead();
+        }, () => {});
         loadInsights();
         loadKernels();
       }

@@ -14,13 +14,13 @@ export const PHASES = [
   ["other", "other"],
 ];
 
-const fmtMs = (v) => (v === null || v === undefined ? DASH : `${num(v, v >= 100 ? 0 : 1)} ms`);
-const fmtPct = (v) => (v === null || v === undefined ? DASH : `${num(v, 0)}%`);
-const fmtW = (v) => (v === null || v === undefined ? DASH : `${num(v, 0)} W`);
-const fmtC = (v) => (v === null || v === undefined ? DASH : `${num(v, 0)} °C`);
-const fmtMHz = (v) => (v === null || v === undefined ? DASH : `${int(v)} MHz`);
+const fmtMs = (v, d) => (v === null || v === undefined ? DASH : `${num(v, d ?? (v >= 100 ? 0 : 1))} ms`);
+const fmtPct = (v, d) => (v === null || v === undefined ? DASH : `${num(v, d ?? 0)}%`);
+const fmtW = (v, d) => (v === null || v === undefined ? DASH : `${num(v, d ?? 0)} W`);
+const fmtC = (v, d) => (v === null || v === undefined ? DASH : `${num(v, d ?? 0)} °C`);
+const fmtMHz = (v, d) => (v === null || v === undefined ? DASH : d ? `${num(v, d)} MHz` : `${int(v)} MHz`);
 const fmtBytes = (v) => bytes(v, v >= 1e9 ? 1 : 0);
-const fmtCores = (v) => (v === null || v === undefined ? DASH : num(v, 1));
+const fmtCores = (v, d) => (v === null || v === undefined ? DASH : num(v, d ?? 1));
 
 const col = (xs) => (xs === null || xs === undefined ? null : xs);
 const constant = (ts, v) => ts.map(() => v ?? null);

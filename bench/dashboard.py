@@ -1,0 +1,330 @@
+"""The dashboard on a long run: time to first chart, bytes per live update,
+and how big a whole-day series is.
+
+On the database ``bench/storage.py`` builds (a 24-hour run of 8 ranks on 8
+GPUs: per-second GPU rollups, host samples, every step of every rank), a
+real ``gpuprofd --http`` serves the dashboard, and this measures:
+
+- time to first chart for one rank's whole-run view: the API alone (GET
+  ``/api/v1/runs/1/series`` at the page's width, cold and best of 3), and
+  the page in headless Chromium (``/usr/bin/chromium``): navigation start to
+  the page's ``gpuprof:first-chart`` mark (its charts built from the
+  response), cold and best of 3 reloads;
+- the API response for the whole day vs one hour of it at the same width,
+  and at two widths: bounded by the width, not by the run's length;
+- bytes per live update at step 100 and at step 100,000: a sender (the
+  manual API, ``prof.step(i)``) runs on the same daemon; a WebSocket client
+  holds cursors at its latest step while it sends one 500 ms step at a time,
+  and counts what the server pushes; then the sender bursts on to step
+  100,000 and the same is counted again.
+
+    python bench/dashboard.py [--hours 24] [--gpus 8] [--step-ms 500] [--width 1400]
+                              [--live-steps 100000]
+
+Prints the figures and their ratios from one run; not a test (these
+machines are shared and noisy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib.util
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+    "--disable-sync",
+]
+
+#: A live run: commands on stdin ("burst N": steps up to index N-1 as fast as
+#: they go; "slow N": N steps of 500 ms), "done <steps>" on stdout after each.
+SENDER = r"""
+import sys, time
+import gpuprof
+with gpuprof.profile(sys.argv[1], auto=False, print_summary=False) as prof:
+    i = 0
+    print("done", i, flush=True)
+    for line in sys.stdin:
+        cmd, n = line.split()
+        if cmd == "burst":
+            while i < int(n):
+                with prof.step(i):
+                    pass
+                i += 1
+        else:
+            for _ in range(int(n)):
+                with prof.step(i):
+                    time.sleep(0.5)
+                i += 1
+        print("done", i, flush=True)
+"""
+
+
+def _storage_bench() -> Any:
+    spec = importlib.util.spec_from_file_location("bench_storage", ROOT / "bench" / "storage.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _env(sock: Path, db: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(GPUPROF_SOCKET=str(sock), GPUPROF_DB=str(db), PYTHONUNBUFFERED="1")
+    env.pop("GPUPROF_NVML", None)
+    paths = [str(ROOT), str(ROOT / "shim"), str(ROOT / "daemon")]
+    env["PYTHONPATH"] = os.pathsep.join(paths + [env.get("PYTHONPATH", "")])
+    return env
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get(url: str) -> tuple[bytes, float]:
+    """The body of GET *url* and the seconds it took."""
+    t = time.perf_counter()
+    with urllib.request.urlopen(url, timeout=120) as resp:
+        body = resp.read()
+    return body, time.perf_counter() - t
+
+
+@contextlib.contextmanager
+def daemon(db: Path, work: Path) -> Iterator[tuple[str, dict[str, str]]]:
+    """A real gpuprofd on *db* serving HTTP; yields (base URL, env for senders)."""
+    sock = work / "s"
+    port = _free_port()
+    env = _env(sock, db)
+    log = (work / "gpuprofd.log").open("wb")
+    cmd = [sys.executable, "-m", "gpuprofd", "--socket-dir", str(sock), "--db", str(db)]
+    cmd += ["--idle-exit", "0", "--http", f"127.0.0.1:{port}"]
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"gpuprofd did not serve: {(work / 'gpuprofd.log').read_text()}")
+            try:
+                get(f"{base}/api/v1/runs?limit=1")
+                break
+            except OSError:
+                time.sleep(0.1)
+        yield base, env
+    finally:
+        proc.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(30)
+        proc.kill()
+        log.close()
+
+
+def api_case(base: str, width: int, run: dict[str, Any]) -> None:
+    url = f"{base}/api/v1/runs/1/series?width={width}"
+    body, cold = get(url)
+    warm = min(get(url)[1] for _ in range(3))
+    data = json.loads(body)
+    print(
+        f"API whole-run series, width {width}: cold {cold * 1e3:.0f} ms, best of 3 "
+        f"{warm * 1e3:.0f} ms; {len(body) / 1e3:.0f} kB, {data['buckets']} buckets, "
+        f"{len(data['steps']['t'])} step points for {run['steps']:,} steps, tier {data['tier']}"
+    )
+    hour_from = run["end_s"] - 3600
+    hour, _ = get(f"{url}&from={hour_from}&to={run['end_s']}")
+    half, _ = get(f"{base}/api/v1/runs/1/series?width={width // 2}")
+    length = (run["end_s"] - run["start_s"]) / 3600
+    print(
+        f"API response size at width {width}: whole run ({length:.1f} h) {len(body) / 1e3:.0f} kB "
+        f"vs its last hour {len(hour) / 1e3:.0f} kB (x{len(body) / len(hour):.2f} for "
+        f"x{length:.1f} the time); width {width // 2}: {len(half) / 1e3:.0f} kB "
+        f"(x{len(body) / len(half):.2f} for x2 the width)"
+    )
+
+
+def page_case(base: str, width: int) -> None:
+    if not CHROMIUM.exists():
+        print(f"page load: skipped, no Chromium at {CHROMIUM}")
+        return
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": width, "height": 900})
+        mark = "performance.getEntriesByName('gpuprof:first-chart')[0]?.startTime ?? null"
+        times = []
+        for i in range(4):
+            if i == 0:
+                page.goto(f"{base}/#/run/1")
+            else:
+                page.reload()
+            page.wait_for_function(f"{mark} !== null", timeout=120_000)
+            times.append(page.evaluate(mark))
+        charts = page.evaluate("document.querySelectorAll('.chart').length")
+        browser.close()
+    print(
+        f"page load to first chart (Chromium, {width} px, {charts} charts): cold "
+        f"{times[0]:.0f} ms, best of 3 reloads {min(times[1:]):.0f} ms"
+    )
+
+
+class Sender:
+    def __init__(self, env: dict[str, str], work: Path, name: str) -> None:
+        script = work / "sender.py"
+        script.write_text(SENDER)
+        self.proc = subprocess.Popen(
+            [sys.executable, str(script), name],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.wait()
+
+    def wait(self) -> int:
+        line = self.proc.stdout.readline()
+        if not line.startswith("done"):
+            raise SystemExit(f"sender: {line!r}")
+        return int(line.split()[1])
+
+    def send(self, cmd: str, n: int) -> int:
+        self.proc.stdin.write(f"{cmd} {n}\n")
+        self.proc.stdin.flush()
+        return self.wait()
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(60)
+
+
+def _wait_steps(base: str, rid: int, n: int, timeout_s: float = 600) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        run = json.loads(get(f"{base}/api/v1/runs/{rid}")[0])["run"]
+        if run["steps"] >= n:
+            return
+        time.sleep(0.5)
+    raise SystemExit(f"the daemon did not store {n} steps of run {rid} in {timeout_s:.0f} s")
+
+
+async def _listen(base: str, rid: int, step: int, sender: Sender, slow: int) -> dict[str, list]:
+    """Message sizes by type while *sender* sends *slow* 500 ms steps."""
+    sizes: dict[str, list[int]] = {}
+    async with aiohttp.ClientSession() as s, s.ws_connect(f"{base}/api/v1/live") as ws:
+        await ws.send_json({"run": rid, "cursors": {"step": step, "t": time.time()}})
+        send = asyncio.create_task(asyncio.to_thread(sender.send, "slow", slow))
+        loop = asyncio.get_running_loop()
+        end = None
+        while True:
+            if send.done() and end is None:
+                end = loop.time() + 1.5  # what the last step brings
+            timeout = 0.5 if end is None else max(0.01, end - loop.time())
+            if end is not None and loop.time() >= end:
+                break
+            try:
+                msg = await ws.receive(timeout=timeout)
+            except asyncio.TimeoutError:
+                continue
+            if msg.type != aiohttp.WSMsgType.TEXT:
+                break
+            kind = json.loads(msg.data).get("type", "?")
+            sizes.setdefault(kind, []).append(len(msg.data.encode()))
+        await send
+    return sizes
+
+
+def live_case(base: str, env: dict[str, str], work: Path, far: int) -> None:
+    sender = Sender(env, work, "bench-live")
+    try:
+        # a burst's last steps leave the shim with the next step: one slow step sends them
+        sender.send("burst", 100)
+        at = sender.send("slow", 1)
+        rid = json.loads(get(f"{base}/api/v1/runs?name=bench-live")[0])["runs"][0]["id"]
+        _wait_steps(base, rid, at)
+        near = asyncio.run(_listen(base, rid, at - 1, sender, 6))
+        t = time.perf_counter()
+        sender.send("burst", far)
+        at = sender.send("slow", 1)
+        _wait_steps(base, rid, at)
+        print(f"sender burst to step {at:,}: stored in {time.perf_counter() - t:.0f} s")
+        farther = asyncio.run(_listen(base, rid, at - 1, sender, 6))
+    finally:
+        sender.close()
+
+    def per(sizes: dict[str, list[int]], kind: str) -> float:
+        xs = sizes.get(kind) or [0]
+        return sum(xs) / len(xs)
+
+    kinds = sorted(set(near) | set(farther))
+    print("live messages while one 500 ms step at a time arrives (mean bytes per message):")
+    print(f"  {'type':<10}{'at step 100':>14}{f'at step {at - 1:,}':>18}{'ratio':>8}")
+    for k in kinds:
+        a, b = per(near, k), per(farther, k)
+        ratio = f"{b / a:.2f}" if a else "-"
+        n = f"(n={len(near.get(k, []))}/{len(farther.get(k, []))})"
+        print(f"  {k:<10}{a:>14.0f}{b:>18.0f}{ratio:>8}  {n}")
+
+    def update(sizes: dict[str, list[int]]) -> float:
+        """Bytes pushed per steps message, all but insights (sent when they change)."""
+        pushed = sum(sum(v) for k, v in sizes.items() if k != "insights")
+        return pushed / max(1, len(sizes.get("steps", [])))
+
+    a, b = update(near), update(farther)
+    print(
+        f"  bytes per live update (steps, samples and run state per steps message): {a:.0f} "
+        f"at step 100, {b:.0f} at step {at - 1:,} (x{b / a if a else float('nan'):.2f})"
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--hours", type=float, default=24.0)
+    ap.add_argument("--gpus", type=int, default=8)
+    ap.add_argument("--step-ms", type=float, default=500.0)
+    ap.add_argument("--width", type=int, default=1400, help="the page's width (px)")
+    ap.add_argument("--live-steps", type=int, default=100_000)
+    args = ap.parse_args()
+    storage = _storage_bench()
+    work = Path(tempfile.mkdtemp(prefix="gpd", dir="/tmp"))
+    try:
+        db = work / "day.db"
+        t = time.perf_counter()
+        counts = storage.build(db, args.hours, args.gpus, args.step_ms)
+        print(
+            f"built the {args.hours:g} h, {args.gpus}-GPU database in "
+            f"{time.perf_counter() - t:.0f} s: {counts['steps']:,} steps, "
+            f"{counts['gpu_rollups']:,} GPU rollups, {db.stat().st_size / 1e6:.0f} MB"
+        )
+        with daemon(db, work) as (base, env):
+            run = json.loads(get(f"{base}/api/v1/runs/1")[0])["run"]
+            api_case(base, args.width, run)
+            page_case(base, args.width)
+            live_case(base, env, work, args.live_steps)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

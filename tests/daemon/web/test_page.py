@@ -1,0 +1,335 @@
+"""The dashboard page in headless Chromium against a real gpuprofd with real
+CPU torch runs (the recorded H200 trace replayed as the node's GPU).
+
+Screenshots of each view go to a temporary directory, or to
+``$GPUPROF_SCREENSHOTS`` (the docs' images: ``GPUPROF_SCREENSHOTS=docs/img``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, quote, urlparse
+
+import pytest
+
+from tests.daemon.web.conftest import Dash
+
+pytestmark = pytest.mark.timeout(300)
+
+#: What a run name can hold once it reaches the page from a database: markup,
+#: quotes, an entity, bidi overrides and isolates, 10 kB.
+HOSTILE = (
+    '<script>window.__pwned=1</script><img src=x onerror="window.__pwned=2">'
+    "\"quoted\" 'single' &amp; \u202eevil\u202c \u2067rtl\u2069 "
+) + "x" * 10_000
+GROUP = "ddp-web-ü/1"
+
+
+@pytest.fixture(scope="module")
+def runs(dash: Dash) -> dict[str, Any]:
+    """Ended runs: a plain one, one waiting on its loader, a hostile-named one
+    (stored as the shim cleans it, then overwritten in the database with the
+    whole hostile string), and a two-rank group."""
+    started = {
+        "plain": dash.train(40, 0.0, "web-plain"),
+        "stall": dash.train(40, 0.03, "web-stall"),
+        "hostile": dash.train(15, 0.0, HOSTILE),
+    }
+    rows = {
+        key: dash.finish(p, n)
+        for key, p, n in (
+            ("plain", started["plain"], "web-plain"),
+            ("stall", started["stall"], "web-stall"),
+        )
+    }
+    _, err = started["hostile"].communicate(timeout=120)
+    assert started["hostile"].returncode == 0, err
+    hostile = _wait_prefix(dash, "<script>")
+    with closing(sqlite3.connect(dash.db)) as db, db:
+        sql = "UPDATE runs SET run_name = ?, error = ? WHERE id = ?"
+        db.execute(sql, (HOSTILE, HOSTILE, hostile["id"]))
+    rows["hostile"] = hostile
+    ranks = [
+        dash.train(20, 0.0, f"web-rank{r}", GROUP, env={"RANK": str(r), "WORLD_SIZE": "2"})
+        for r in (0, 1)
+    ]
+    rows["rank0"] = dash.finish(ranks[0], "web-rank0")
+    rows["rank1"] = dash.finish(ranks[1], "web-rank1")
+    return rows
+
+
+def _wait_prefix(dash: Dash, prefix: str) -> dict[str, Any]:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        for row in dash.get("/api/v1/runs")["runs"]:
+            if row["run_name"].startswith(prefix) and row["status"] != "running":
+                return row
+        time.sleep(0.2)
+    raise AssertionError(f"no ended run named {prefix}…: {dash.log()[-3000:]}")
+
+
+@pytest.fixture
+def shots(tmp_path: Path) -> Path:
+    d = Path(os.environ.get("GPUPROF_SCREENSHOTS") or tmp_path)
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def chart_cursors(page: Any) -> list[dict[str, Any]]:
+    """Every chart on the page: its title, the time under its cursor (unix s,
+    None when its cursor is off), one x unit per pixel, its legend's x text."""
+    return page.evaluate(
+        """[...document.querySelectorAll('.chart')].map(e => {
+             const u = e.uplot;
+             const on = u.cursor.left !== null && u.cursor.left >= 0;
+             return {title: e.dataset.title, x: on ? u.posToVal(u.cursor.left, 'x') : null,
+                     px: (u.scales.x.max - u.scales.x.min) / u.bbox.width * devicePixelRatio,
+                     legend: e.querySelector('.u-legend .u-value').textContent};
+           })"""
+    )
+
+
+def test_live_page_gains_steps_without_a_reload(dash: Dash, runs: dict, pages, shots: Path):
+    proc = dash.train(400, 0.05, "web-live")
+    row = dash.wait_run("web-live", lambda r: r["status"] == "running" and r["steps"] > 5, "live")
+    w = pages()
+    page = w.open(f"{dash.url}/#/run/{row['id']}")
+    page.evaluate("window.__sameDocument = true")
+    page.wait_for_function("document.body.dataset.live === 'open'", timeout=15_000)
+    steps_chart = "document.querySelector('#steps .chart').uplot.data[0].length"
+    first_points = page.evaluate(steps_chart)
+    first_steps = int(page.get_attribute("#run-steps", "data-steps"))
+    # more steps arrive over the WebSocket: in the headline and in the chart
+    page.wait_for_function(
+        f"Number(document.querySelector('#run-steps').dataset.steps) >= {first_steps + 20}",
+        timeout=60_000,
+    )
+    page.wait_for_function(f"{steps_chart} > {first_points}", timeout=30_000)
+    assert page.evaluate("window.__sameDocument") is True  # never reloaded
+    assert page.evaluate("Number(document.body.dataset.seriesLoaded)") == 1  # nor re-fetched
+    page.screenshot(path=str(shots / "run-live.png"), full_page=False)
+    proc.kill()
+    proc.communicate(timeout=30)
+    assert w.errors == []
+
+
+def test_insights_panel_shows_the_runs_findings(dash: Dash, runs: dict, pages):
+    rid = runs["stall"]["id"]
+    found = dash.get(f"/api/v1/runs/{rid}/insights")["insights"]
+    assert found, "a run waiting 30 ms a step on its loader has a finding"
+    w = pages()
+    page = w.open(f"{dash.url}/#/run/{rid}")
+    items = page.locator("#insights li.insight")
+    assert items.count() == len(found)
+    shown = {items.nth(i).get_attribute("data-rule"): items.nth(i) for i in range(items.count())}
+    for ins in found:
+        item = shown[ins["rule"]]
+        assert item.locator(".sev").text_content() == ins["severity"]
+        assert item.locator(".insight-title").text_content() == ins["title"]
+        if ins["fix"]:
+            assert item.locator(".insight-fix").text_content() == f"Fix: {ins['fix']}"
+    # the insights come before every chart
+    assert page.evaluate(
+        "document.querySelector('#insights').compareDocumentPosition("
+        "document.querySelector('.chart')) & Node.DOCUMENT_POSITION_FOLLOWING"
+    )
+    assert w.errors == []
+
+
+def test_one_crosshair_moves_on_every_chart(dash: Dash, runs: dict, pages):
+    w = pages()
+    page = w.open(f"{dash.url}/#/run/{runs['plain']['id']}")
+    before = chart_cursors(page)
+    titles = [c["title"] for c in before]
+    assert any("utilization" in t for t in titles), titles  # GPU rows are there (replay)
+    assert any("CPU cores" in t for t in titles), titles
+    assert len(before) >= 8
+    over = page.locator("#steps .chart .u-over").first.bounding_box()
+    page.mouse.move(over["x"] + over["width"] * 0.6, over["y"] + over["height"] / 2)
+    page.wait_for_timeout(100)
+    after = chart_cursors(page)
+    source = after[0]["x"]
+    assert source is not None
+    for c in after:
+        assert c["x"] is not None, f"{c['title']}: cursor did not move"
+        assert abs(c["x"] - source) <= 2 * c["px"], (c, source)
+        assert c["legend"] not in ("", "–"), c  # the hover value is in its legend
+    # somewhere else: every chart follows again
+    page.mouse.move(over["x"] + over["width"] * 0.2, over["y"] + over["height"] / 2)
+    page.wait_for_timeout(100)
+    moved = chart_cursors(page)
+    assert all(abs(c["x"] - moved[0]["x"]) <= 2 * c["px"] for c in moved)
+    assert moved[0]["x"] < source
+    assert w.errors == []
+
+
+def _window_of(url: str) -> tuple[float, float]:
+    q = parse_qs(urlparse(url).query)
+    return float(q["from"][0]), float(q["to"][0])
+
+
+def test_window_selector_refetches_the_window(dash: Dash, runs: dict, pages):
+    run = dash.get(f"/api/v1/runs/{runs['plain']['id']}")["run"]
+    w = pages()
+    page = w.open(f"{dash.url}/#/run/{run['id']}")
+    with page.expect_request(lambda r: "/series?" in r.url and "from=" in r.url) as req:
+        page.click("button[data-window='5m']")
+    frm, to = _window_of(req.value.url)
+    assert to == pytest.approx(run["end_s"], abs=1e-3)
+    assert frm == pytest.approx(max(run["start_s"], run["end_s"] - 300), abs=1e-3)
+    page.wait_for_selector("button[data-window='5m'][aria-pressed='true']")
+    page.wait_for_function("Number(document.body.dataset.seriesLoaded) === 2")
+    # a dragged range: the time under each end of the drag, asked for again
+    over = page.locator("#steps .chart .u-over").first.bounding_box()
+    x0, x1 = over["x"] + over["width"] * 0.25, over["x"] + over["width"] * 0.75
+    y = over["y"] + over["height"] / 2
+    want = page.evaluate(
+        """([a, b]) => { const u = document.querySelector('#steps .chart').uplot;
+             const o = u.over.getBoundingClientRect();
+             return [u.posToVal(a - o.left, 'x'), u.posToVal(b - o.left, 'x'),
+                     (u.scales.x.max - u.scales.x.min) / u.bbox.width * devicePixelRatio]; }""",
+        [x0, x1],
+    )
+    with page.expect_request(lambda r: "/series?" in r.url and "from=" in r.url) as req:
+        page.mouse.move(x0, y)
+        page.mouse.down()
+        page.mouse.move(x1, y, steps=8)
+        page.mouse.up()
+    frm, to = _window_of(req.value.url)
+    assert frm == pytest.approx(want[0], abs=2 * want[2])
+    assert to == pytest.approx(want[1], abs=2 * want[2])
+    page.wait_for_selector(".window-bar .range")
+    page.wait_for_function("Number(document.body.dataset.seriesLoaded) === 3")
+    xs = page.evaluate("document.querySelector('#steps .chart').uplot.data[0]")
+    assert xs and all(frm - 1e-6 <= x <= to + 1e-6 for x in xs)  # only the window came back
+    with page.expect_request(lambda r: "/series?" in r.url and "from=" not in r.url):
+        page.click("button[data-window='whole']")
+    assert w.errors == []
+
+
+def test_compare_view(dash: Dash, runs: dict, pages):
+    a, b = runs["plain"], runs["stall"]
+    w = pages()
+    page = w.open(f"{dash.url}/#/compare/{a['id']},{b['id']}")
+    heads = page.locator("#compare-figures thead th[scope=col]").all_text_contents()
+    assert heads == [f"#{a['id']} web-plain", f"#{b['id']} web-stall"]
+    assert page.locator("#compare-phases tbody tr").count() == 6
+    u = page.evaluate(
+        "(() => { const u = document.querySelector('#compare-chart .chart').uplot;"
+        " return {series: u.series.length - 1,"
+        " filled: u.data.slice(1).map(ys => ys.filter(v => v !== null).length)}; })()"
+    )
+    assert u["series"] == 2
+    assert all(n >= 30 for n in u["filled"]), u  # each run's steps drawn
+    assert w.errors == []
+
+
+def test_group_view(dash: Dash, runs: dict, pages):
+    w = pages()
+    page = w.open(f"{dash.url}/#/group/{quote(GROUP, safe='')}")
+    assert page.locator("h1").text_content() == f"Group {GROUP}"
+    rows = page.locator("#group-ranks tbody tr")
+    assert rows.count() == 2
+    links = [rows.nth(i).locator("a").get_attribute("href") for i in range(2)]
+    assert links == [f"#/run/{runs['rank0']['id']}", f"#/run/{runs['rank1']['id']}"]
+    group = dash.get(f"/api/v1/groups/{quote(GROUP, safe='')}")
+    assert page.locator("#insights li.insight").count() == len(group["insights"])
+    assert w.errors == []
+
+
+def test_hostile_run_name_is_text(dash: Dash, runs: dict, pages):
+    rid = runs["hostile"]["id"]
+    for view in ("#/runs", f"#/run/{rid}", f"#/compare/{rid},{runs['plain']['id']}"):
+        w = pages()
+        page = w.open(f"{dash.url}/{view}")
+        texts = page.evaluate(
+            "[...document.querySelectorAll('bdi')].map(e => e.textContent)"
+            ".filter(t => t.startsWith('<script>'))"
+        )
+        assert HOSTILE in texts, view
+        assert page.evaluate("window.__pwned") is None, view
+        assert page.locator("main script, main img").count() == 0, view
+        assert w.errors == [], view
+    # the run's own page: its name heads it and the error line says it, as text
+    page = pages().open(f"{dash.url}/#/run/{rid}")
+    assert page.locator("h1.run-name bdi").text_content() == HOSTILE
+    assert page.locator("#run-head .error bdi").text_content() == HOSTILE
+    # a 10 kB name stays inside the page's width
+    assert page.evaluate("document.documentElement.scrollWidth <= innerWidth")
+
+
+def test_every_view_renders_without_errors_and_screenshots(
+    dash: Dash, runs: dict, pages, shots: Path
+):
+    views = {
+        "runs": "#/runs",
+        "run": f"#/run/{runs['stall']['id']}",
+        "compare": f"#/compare/{runs['plain']['id']},{runs['stall']['id']}",
+        "group": f"#/group/{quote(GROUP, safe='')}",
+    }
+    for name, view in views.items():
+        for scheme in ("light", "dark") if name == "run" else ("light",):
+            w = pages(color_scheme=scheme)
+            page = w.open(f"{dash.url}/{view}")
+            page.wait_for_timeout(300)  # the charts' first frame
+            suffix = "-dark" if scheme == "dark" else ""
+            path = shots / f"{name}{suffix}.png"
+            page.screenshot(path=str(path), full_page=True)
+            assert path.stat().st_size > 10_000
+            assert w.errors == [], (name, scheme)
+    # an unknown run: the daemon's own message, and still no console error
+    w = pages()
+    page = w.open(f"{dash.url}/#/run/999999")
+    assert "no run 999999" in page.locator(".error").text_content()
+    assert [e for e in w.errors if "404" not in e] == []
+
+
+def test_live_reconnects_from_its_cursors_and_reset_refetches(dash: Dash, runs: dict, pages):
+    """The page's socket cut: it reconnects by itself and resends the cursors
+    it holds; a server's reset: it re-fetches /series and sends new cursors."""
+    proc = dash.train(600, 0.05, "web-resume")
+    row = dash.wait_run("web-resume", lambda r: r["status"] == "running" and r["steps"] > 5, "run")
+    w = pages()
+    hellos: list[tuple[int, dict]] = []
+    routes: list[Any] = []
+
+    def route(ws: Any) -> None:
+        server = ws.connect_to_server()
+        n = len(routes)
+        routes.append(ws)
+
+        def from_page(message: str | bytes) -> None:
+            hellos.append((n, json.loads(message)))
+            server.send(message)
+
+        ws.on_message(from_page)
+
+    w.page.route_web_socket("**/api/v1/live", route)
+    page = w.open(f"{dash.url}/#/run/{row['id']}")
+    steps = "Number(document.querySelector('#run-steps').dataset.steps)"
+    page.wait_for_function(f"{steps} >= {page.evaluate(steps) + 5}", timeout=60_000)
+    assert [n for n, _ in hellos] == [0]
+    routes[0].close()  # the socket drops
+    held = page.evaluate(steps) - 1
+    page.wait_for_function("document.body.dataset.live === 'open'", timeout=15_000)
+    page.wait_for_function(f"{steps} >= {held + 6}", timeout=60_000)  # steps flow again
+    again = [h for n, h in hellos if n == 1]
+    assert again and again[0]["run"] == row["id"]
+    assert again[0]["cursors"]["step"] == held  # resumed where it was, nothing repeated
+    # a reset from the server: the window is fetched again, then new cursors go out
+    sent = len(hellos)
+    with page.expect_request(lambda r: "/series" in r.url):
+        routes[1].send(json.dumps({"type": "reset"}))
+    page.wait_for_function("Number(document.body.dataset.seriesLoaded) === 2")
+    page.wait_for_function(f"{steps} >= {page.evaluate(steps) + 3}", timeout=60_000)
+    after = [h for _, h in hellos[sent:]]
+    assert after and after[0]["cursors"]["step"] >= held
+    proc.kill()
+    proc.communicate(timeout=30)
+    assert w.errors == []
