@@ -23,6 +23,8 @@ class ServerState:
 
 
 SERVER = web.AppKey("server", ServerState)
+#: The runs changed by any replica (:class:`gpuprofd.server.notify.RunChanges`).
+CHANGES = web.AppKey("changes", object)
 
 
 async def _ingest(request: web.Request) -> web.Response:

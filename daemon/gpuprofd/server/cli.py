@@ -120,6 +120,7 @@ def serve_cli(
 ) -> int:
     """gpuprofd serve: the team server (every node's runs in one place, behind a login)."""
     logging.basicConfig(level=log_level.upper(), format=LOG_FORMAT, stream=sys.stderr)
+    logging.getLogger("aiosqlite").setLevel(logging.WARNING)  # one line per SQL call
     try:
         storage = parse_storage_url(storage_url)
         if storage.path is not None:

@@ -20,8 +20,9 @@ from aiohttp import web
 from gpuprofd.counters import DropCounter
 from gpuprofd.errors import BadInputError
 from gpuprofd.insights_runner import InsightsRunner
-from gpuprofd.server.app import build_server_app
+from gpuprofd.server.app import CHANGES, build_server_app
 from gpuprofd.server.ingest_api import IngestLimits
+from gpuprofd.server.notify import Listener, RunChanges
 from gpuprofd.storage import logins, retention, schema
 from gpuprofd.storage.ingest import Applied
 from gpuprofd.storage.store import Store
@@ -61,13 +62,20 @@ class Server:
         self._stop = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._ending: dict[int, asyncio.Lock] = {}
+        self.changes = RunChanges()
+        """Runs changed by any replica's ingest (Postgres ``LISTEN``; this one's on SQLite)."""
+        self._listener: Listener | None = None
 
     def stop(self) -> None:
         self._stop.set()
 
     async def _after_batch(self, applied: Applied) -> None:
         """A committed batch: each run whose end it carried gets its insights
-        and summary (in the background: the node's answer does not wait)."""
+        and summary (in the background: the node's answer does not wait).
+        On SQLite (one process) its runs are told to the watchers here; on
+        Postgres the batch's NOTIFY reaches every replica's listener."""
+        if self._listener is None:
+            self.changes.tell(set(applied.run_ids))
         for run_id in applied.ended_run_ids:
             task = asyncio.create_task(self._finalize(run_id))
             self._tasks.add(task)
@@ -119,12 +127,16 @@ class Server:
         await self.store.open()
         self.store.start()
         runner: web.AppRunner | None = None
+        if opts.storage.dsn is not None:
+            self._listener = Listener(opts.storage, self.changes)
+            self._listener.start()
         try:
             self.runner = InsightsRunner(
                 self.store, opts.storage.display, opts.gpu_rate_usd_per_hour, drops=self.drops
             )
             guard = await Auth.create(opts.auth, self.store)
             app = build_server_app(self.store, guard, opts.limits, self._after_batch)
+            app[CHANGES] = self.changes
             # Bodies are inflated by the ingest handler itself, bounded (ingest_api).
             runner = web.AppRunner(
                 app, access_log=None, auto_decompress=False, shutdown_timeout=SHUTDOWN_TIMEOUT_S
@@ -152,6 +164,8 @@ class Server:
                 await runner.cleanup()
             if self._tasks:
                 await asyncio.gather(*self._tasks, return_exceptions=True)
+            if self._listener is not None:
+                await self._listener.close()
             await self.store.close()
 
 

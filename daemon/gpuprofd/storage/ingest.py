@@ -16,6 +16,9 @@ after the other. Then:
 Runs are keyed by their UUID (``runs.run_uuid``); a run belongs to the node
 that first sent it: an event of another node's run is refused
 (:class:`IngestConflict`) and nothing of the batch is stored.
+
+On Postgres the batch's transaction also ``NOTIFY``s :data:`NOTIFY_CHANNEL`
+with the ids of the runs it touched (delivered only if it commits).
 """
 
 from __future__ import annotations
@@ -48,6 +51,12 @@ from gpuprofd.storage.runsdb import (
 )
 from gpuprofd.storage.store import Store, Txn
 
+#: The Postgres channel a committed batch notifies with the ids of the runs it
+#: touched (ids only: a listener re-reads what it needs), so every replica's
+#: live pages hear of a run ingested through another.
+NOTIFY_CHANNEL = "gpuprof_runs"
+#: Postgres refuses payloads of 8,000 bytes or more.
+NOTIFY_MAX_BYTES = 7900
 #: The ``daemon`` column of a forwarded run: no node daemon ever recovers it
 #: as its own (``gpuprofd.ingest.runservice``), even on a shared database.
 OWNER_PREFIX = "ingest:"
@@ -140,6 +149,27 @@ async def _apply(txn: Txn, batch: Mapping[str, Any], now: int) -> Applied:
         out.applied = len(events)
         await txn.execute(_SET_SEQ_SQL, (out.acked_seq, out.applied, node))
     out.run_ids = sorted(set(runs.values()))
+    if out.run_ids and txn.dialect.name == "postgres":  # delivered when the batch commits
+        for payload in notify_payloads(out.run_ids):
+            await txn.fetch("SELECT pg_notify(?, ?)", (NOTIFY_CHANNEL, payload))
+    return out
+
+
+def notify_payloads(run_ids: Sequence[int]) -> list[str]:
+    """*run_ids* as ``NOTIFY`` payloads: ids only, comma-separated, each
+    under Postgres's 8,000-byte payload limit."""
+    out: list[str] = []
+    current: list[str] = []
+    size = 0
+    for run_id in run_ids:
+        text = str(run_id)
+        if current and size + len(text) + 1 > NOTIFY_MAX_BYTES:
+            out.append(",".join(current))
+            current, size = [], 0
+        current.append(text)
+        size += len(text) + 1
+    if current:
+        out.append(",".join(current))
     return out
 
 

@@ -288,6 +288,7 @@ class Auth:
         *api_key_paths* need an API key instead of a session (and no CSRF token)."""
         self._api_key_paths = frozenset(api_key_paths)
         app.middlewares.insert(0, self._middleware)
+        app.on_response_prepare.append(_security_headers)
         app.router.add_get(LOGIN_PATH, self._login_page)
         app.router.add_post(API_LOGIN, self._login)
         app.router.add_post(API_LOGOUT, self._logout)
@@ -483,6 +484,13 @@ class Auth:
         resp = web.json_response({"ok": True}, dumps=_dumps)
         resp.del_cookie(SESSION_COOKIE, path="/")
         return resp
+
+
+async def _security_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """Every answer: never sniffed as another type (JSON stays JSON text),
+    never framed by another site."""
+    response.headers.setdefault("X-Content-Type-Options", "nosniff")
+    response.headers.setdefault("X-Frame-Options", "DENY")
 
 
 def _verify(hashed: str, password: str) -> bool:

@@ -12,6 +12,7 @@ from pathlib import Path
 from tests.daemon.batches import batch, end_event, new_uuid, run_event, steps_event
 from tests.daemon.server.conftest import (
     KEY_TWO,
+    PASSWORD,
     TeamServer,
     db_rows,
     login,
@@ -22,6 +23,7 @@ from tests.daemon.storage.test_ingest import doc_example
 def test_a_forwarded_run_is_served_with_its_insights(
     tmp_path: Path, storage_url: str, team_servers: list[TeamServer]
 ) -> None:
+    (tmp_path / "viewer").write_text(PASSWORD + "\n")  # a plain password, hashed at start
     server = TeamServer(tmp_path, storage_url).start()
     team_servers.append(server)
     first = server.ingest(doc_example())
