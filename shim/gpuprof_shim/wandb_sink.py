@@ -5,7 +5,8 @@ Everything goes under ``gpuprof/`` with gpuprof's own step axis
 ``step=``, so the user's own ``wandb.log`` calls and their steps are left
 alone. Per step: ``gpuprof/step_ms`` (the step, first forward to optimizer
 step end), ``gpuprof/loader_wait_ms``, ``gpuprof/<phase>_ms`` for each
-timed phase (forward, backward, optimizer, comm, data, ...),
+timed phase (forward, backward, optimizer, comm, data, ...; gpuprof's own
+time in the step as ``gpuprof/gpuprof_overhead_ms``),
 ``gpuprof/micro_batches``, ``gpuprof/traced`` (1 when a profiler window or
 the FLOP count ran in it), and ``gpuprof/mfu`` (0-1) when the step's FLOP
 and the GPU's dense datasheet peak are known (:mod:`gpuprof.gpus`). At the
@@ -28,7 +29,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from gpuprof.protocol import clean_text
+from gpuprof.protocol import OWN_TIME_PHASE, clean_text
 from gpuprof_shim.report import report_command
 from gpuprof_shim.steps import StepRecord
 
@@ -60,6 +61,8 @@ SUMMARY_KEYS = (
 )
 
 _PHASE_NAME = re.compile(r"[^A-Za-z0-9_.-]+")
+#: Phases logged under another name than their own.
+_PHASE_KEYS = {OWN_TIME_PHASE: "gpuprof_overhead"}
 
 
 def step_row(rec: StepRecord, mfu_inputs: tuple[float, float] | None) -> dict[str, Any]:
@@ -74,7 +77,7 @@ def step_row(rec: StepRecord, mfu_inputs: tuple[float, float] | None) -> dict[st
         PREFIX + "traced": int(rec.traced),
     }
     for phase, ns in rec.phases.items():
-        name = _PHASE_NAME.sub("_", str(phase))[:40]
+        name = _PHASE_KEYS.get(phase) or _PHASE_NAME.sub("_", str(phase))[:40]
         row[f"{PREFIX}{name}_ms"] = ns / 1e6
     iteration_s = (rec.t1 - rec.t0 + rec.wait) / 1e9
     if mfu_inputs is not None and iteration_s > 0 and not rec.traced:

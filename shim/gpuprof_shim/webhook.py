@@ -136,16 +136,25 @@ def post(url: str, body: Mapping[str, Any], timeout_s: float = TIMEOUT_S) -> str
         return None
     except urllib.error.HTTPError as exc:
         return f"HTTP {exc.code} {clean_text(str(exc.reason), 80)}"
+    except TimeoutError:
+        return no_answer(timeout_s)
     except urllib.error.URLError as exc:
+        if isinstance(exc.reason, TimeoutError):
+            return no_answer(timeout_s)
         return clean_text(str(exc.reason), 200)
     except Exception as exc:
         return clean_text(f"{type(exc).__name__}: {exc}", 200)
 
 
-def send(url: str, fmt: str, summary: Mapping[str, Any], timeout_s: float = TIMEOUT_S) -> bool:
+def no_answer(timeout_s: float) -> str:
+    return f"no answer within {timeout_s:g} s"
+
+
+def send(url: str, fmt: str, summary: Mapping[str, Any], timeout_s: float | None = None) -> bool:
     """Post *summary* (:func:`body_for`) to *url* from a background thread,
-    waiting at most *timeout_s*; True if it was answered with a 2xx. A
-    failure is one logged warning. Never raises."""
+    waiting at most *timeout_s* (default :data:`TIMEOUT_S`); True if it was
+    answered with a 2xx. A failure is one logged warning. Never raises."""
+    timeout_s = TIMEOUT_S if timeout_s is None else timeout_s
     result: list[str | None] = []
     try:
         body = body_for(summary, fmt)
@@ -159,7 +168,7 @@ def send(url: str, fmt: str, summary: Mapping[str, Any], timeout_s: float = TIME
     except Exception as exc:
         result = [clean_text(f"{type(exc).__name__}: {exc}", 200)]
     if not result:
-        why = f"no answer within {timeout_s:g} s"
+        why = no_answer(timeout_s)
     elif result[0] is None:
         return True
     else:

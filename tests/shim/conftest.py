@@ -37,7 +37,8 @@ class FakeDaemon:
     events in :attr:`data`, and counts one in :attr:`frames`); anything that
     fails lands in :attr:`errors`. ``bye`` is answered only once
     ``sent`` data messages have arrived (as the real daemon does), or after
-    ``bye_wait_s``.
+    ``bye_wait_s``. *summary_extra* is merged into the summary it answers
+    ``bye`` with (findings, figures a test needs).
     """
 
     def __init__(
@@ -47,6 +48,7 @@ class FakeDaemon:
         hello_reply: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None,
         answer_bye: bool = True,
         bye_wait_s: float = 5.0,
+        summary_extra: dict[str, Any] | None = None,
     ) -> None:
         self.ctx = zmq.Context()
         self.router = self.ctx.socket(zmq.ROUTER)
@@ -58,6 +60,7 @@ class FakeDaemon:
         self.hello_reply = hello_reply
         self.answer_bye = answer_bye
         self.bye_wait_s = bye_wait_s
+        self.summary_extra = summary_extra or {}
         self.control: list[dict[str, Any]] = []
         self.data: list[dict[str, Any]] = []
         #: Data frames (ZeroMQ messages) received.
@@ -136,6 +139,7 @@ class FakeDaemon:
             "db": self.db,
             "insights": [],
             "notes": ["from the fake daemon"],
+            **self.summary_extra,
         }
         self._reply(envelope, {"ok": True, "summary": summary})
 

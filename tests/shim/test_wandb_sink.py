@@ -1,0 +1,170 @@
+"""``profile(wandb=True)`` against the real wandb package in offline mode:
+what it wrote is read back from the run's record log (``wandb_records``)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import gpuprof
+from gpuprof_shim.steps import StepRecord
+from gpuprof_shim.wandb_sink import WandbSink
+
+from .training import train
+from .wandb_records import read_run
+
+wandb = pytest.importorskip("wandb")
+
+FINDINGS = [
+    {
+        "rule": "dataloader_stall",
+        "severity": "HIGH",
+        "title": "Dataloader stall — 62% of step time waiting",
+        "detail": "loader wait 31 ms of 50 ms",
+        "fix": "num_workers=4",
+        "evidence": {},
+    },
+    {
+        "rule": "cost_estimate",
+        "severity": "LOW",
+        "title": "Estimated cost: not estimated",
+        "detail": "",
+        "fix": "",
+        "evidence": {},
+    },
+]
+
+
+@pytest.fixture
+def offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """wandb in offline mode, writing under tmp_path; a run a test left
+    open is finished after it."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_DISABLE_GIT", "true")
+    yield tmp_path
+    if wandb.run is not None:
+        wandb.run.finish()
+
+
+def gpuprof_rows(history: list[dict]) -> list[dict]:
+    return [row for row in history if "gpuprof/step_ms" in row]
+
+
+def test_steps_findings_and_summary_go_to_the_active_run(offline, make_daemon, socket_dir):
+    make_daemon(summary_extra={"insights": FINDINGS, "micro_batches_per_step": 2.0})
+    run = wandb.init(project="gpuprof-test", dir=offline)
+    try:
+        with gpuprof.profile("wb", wandb=True, socket_dir=socket_dir, autostart=False):
+            train(6, accum=2, on_step=lambda i: wandb.log({"loss": 1.0 / (i + 1)}))
+    finally:
+        run.finish()
+    got = read_run(offline)
+    # the user's own rows are untouched: one per step, with their loss
+    assert [row["loss"] for row in got.history if "loss" in row] == [
+        1.0 / (i + 1) for i in range(6)
+    ]
+    # gpuprof's rows on its own step axis, one per step, with the breakdown
+    rows = gpuprof_rows(got.history)
+    assert [row["gpuprof/step"] for row in rows] == list(range(6))
+    for row in rows:
+        assert row["gpuprof/micro_batches"] == 2
+        assert row["gpuprof/step_ms"] > 0 and row["gpuprof/loader_wait_ms"] >= 0
+        assert row["gpuprof/forward_ms"] > 0 and row["gpuprof/backward_ms"] > 0
+        assert row["gpuprof/optimizer_ms"] > 0
+        assert "gpuprof/gpuprof_ms" not in row  # gpuprof's own time has its own name
+        assert "gpuprof/mfu" not in row  # a CPU run: no GPU peak to compare with
+    assert {"name": "", "glob_name": "gpuprof/*", "step_metric": "gpuprof/step"} in got.metrics
+    # the findings as a table, the summary's figures in the run summary
+    table = got.table("gpuprof/insights")
+    assert table["columns"] == ["severity", "rule", "title", "detail", "fix"]
+    assert table["data"] == [
+        [
+            "HIGH",
+            "dataloader_stall",
+            FINDINGS[0]["title"],
+            "loader wait 31 ms of 50 ms",
+            "num_workers=4",
+        ],
+        ["LOW", "cost_estimate", "Estimated cost: not estimated", "", ""],
+    ]
+    s = got.summary
+    assert (s["gpuprof/steps"], s["gpuprof/median_step_ms"], s["gpuprof/run_id"]) == (6, 12.0, 7)
+    assert (s["gpuprof/findings"], s["gpuprof/micro_batches_per_step"]) == (2, 2.0)
+    assert s["gpuprof/full_report"] == f"gpuprofctl insights {socket_dir / 'fake.db'} 7"
+
+
+def test_mfu_per_step_when_the_flop_and_the_peak_are_known(offline):
+    run = wandb.init(project="gpuprof-test", dir=offline)
+    ms = 1_000_000
+    sink = WandbSink(run, wandb, mfu_inputs=lambda: (2e12, 100e12), interval_s=3600)
+    for i in range(3):  # 40 ms steps after 10 ms of loader wait: 2e12 FLOP / 0.05 s / 1e14
+        t0 = 100 * ms * i
+        rec = StepRecord(i=i, t0=t0, t1=t0 + 40 * ms, wait=10 * ms, explicit=True, micro=1)
+        rec.traced = i == 2  # a traced step's time says nothing of MFU
+        sink.add(rec)
+    sink.finish({"run_name": "m", "steps": 3, "insights": [], "mfu": 0.4})
+    run.finish()
+    got = read_run(offline)
+    rows = gpuprof_rows(got.history)
+    assert [row.get("gpuprof/mfu") for row in rows] == [pytest.approx(0.4)] * 2 + [None]
+    assert [row["gpuprof/traced"] for row in rows] == [0, 0, 1]
+    assert got.summary["gpuprof/mfu"] == 0.4
+    assert got.table("gpuprof/insights")["data"] == []
+
+
+def test_no_active_run_is_a_noop_with_one_notice(offline, fake_daemon, socket_dir, caplog):
+    assert wandb.run is None
+    with caplog.at_level(logging.WARNING, logger="gpuprof.shim"):
+        with gpuprof.profile("nowb", wandb=True, socket_dir=socket_dir, autostart=False) as prof:
+            train(3)
+    said = [r.getMessage() for r in caplog.records if "W&B" in r.getMessage()]
+    assert said == [
+        "gpuprof: wandb=True but no W&B run is active (call wandb.init() before "
+        "gpuprof.profile()); not logging to W&B"
+    ]
+    assert prof.summary is not None and prof.summary["steps"] == 3
+    assert not (offline / "wandb").exists()
+
+
+def test_a_run_finished_midway_is_one_line_and_training_goes_on(
+    offline, fake_daemon, socket_dir, caplog
+):
+    run = wandb.init(project="gpuprof-test", dir=offline)
+
+    def finish_early(i: int) -> None:
+        if i == 2:
+            run.finish()  # the user's code ends the W&B run while training goes on
+
+    with caplog.at_level(logging.WARNING, logger="gpuprof.shim"):
+        with gpuprof.profile("early", wandb=True, socket_dir=socket_dir, autostart=False) as prof:
+            train(5, on_step=finish_early)
+    said = [r.getMessage() for r in caplog.records if "W&B" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("gpuprof: logging to W&B failed, stopped: ")
+    assert "is finished" in said[0]
+    assert prof.summary is not None and prof.summary["steps"] == 5
+
+
+def test_wandb_is_imported_only_when_asked(fake_daemon, socket_dir):
+    sys.modules.pop("wandb", None)
+    try:
+        with gpuprof.profile("plain", socket_dir=socket_dir, autostart=False):
+            train(2)
+        assert "wandb" not in sys.modules
+    finally:
+        import wandb as _  # noqa: F401 - restore the module for the other tests
+
+
+def test_wandb_not_installed_is_one_line(fake_daemon, socket_dir, caplog, monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` raises ImportError
+    with caplog.at_level(logging.WARNING, logger="gpuprof.shim"):
+        with gpuprof.profile("nowb", wandb=True, socket_dir=socket_dir, autostart=False) as prof:
+            train(2)
+    said = [r.getMessage() for r in caplog.records if "wandb" in r.getMessage()]
+    assert said == ["gpuprof: wandb=True but wandb is not installed (pip install wandb)"]
+    assert prof.summary is not None and prof.summary["steps"] == 2
