@@ -284,25 +284,31 @@ def _in(n: int) -> str:
 
 
 async def gpu_samples_after(
-    db: Reader, uuids: Sequence[str], mono_ns: int, limit: int
+    db: Reader, uuids: Sequence[str], mono_ns: int, limit: int, until_ns: int | None = None
 ) -> list[dict[str, Any]]:
     """Raw fast-loop samples of the GPUs *uuids* (normalized) newer than
-    *mono_ns*, by time, at most *limit*."""
+    *mono_ns* (and not after *until_ns*: an ended run's end), by time, at most *limit*."""
     if not uuids:
         return []
     sql = (
         f"SELECT mono_ns, {_NORM_UUID} AS uuid, util_pct, mem_used_bytes, power_mw, temp_c, "
-        f"sm_clock_mhz FROM gpu_samples WHERE mono_ns > ? AND {_NORM_UUID} IN ({_in(len(uuids))}) "
-        "ORDER BY mono_ns LIMIT ?"
+        f"sm_clock_mhz FROM gpu_samples WHERE mono_ns > ? AND mono_ns <= ? "
+        f"AND {_NORM_UUID} IN ({_in(len(uuids))}) ORDER BY mono_ns LIMIT ?"
     )
-    return [dict(r) for r in await db.fetchall(sql, (mono_ns, *uuids, limit))]
+    params = (mono_ns, until_ns or 2**62, *uuids, limit)
+    return [dict(r) for r in await db.fetchall(sql, params)]
 
 
 async def host_samples_after(
-    db: Reader, run_id: int, boot_id: str | None, mono_ns: int, limit: int
+    db: Reader,
+    run_id: int,
+    boot_id: str | None,
+    mono_ns: int,
+    limit: int,
+    until_ns: int | None = None,
 ) -> list[dict[str, Any]]:
-    """Host samples of boot *boot_id* newer than *mono_ns* with run *run_id*'s
-    CPU (:data:`_HOST_ROW`), by time, at most *limit*."""
+    """Host samples of boot *boot_id* newer than *mono_ns* (not after
+    *until_ns*) with run *run_id*'s CPU (:data:`_HOST_ROW`), by time, at most *limit*."""
     sql = f"{_HOST_ROW} ORDER BY h.mono_ns LIMIT ?"
-    params = (run_id, boot_id, mono_ns + 1, 2**62, limit)
+    params = (run_id, boot_id, mono_ns + 1, (until_ns or 2**62) + 1, limit)
     return [dict(r) for r in await db.fetchall(sql, params)]
