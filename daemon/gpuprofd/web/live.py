@@ -27,7 +27,7 @@ from gpuprofd.storage import reads, series
 from gpuprofd.web import runs as views
 from gpuprofd.web.api import MAX_ID, insights_payload
 from gpuprofd.web.app import SOCKETS, STATE, WebState
-from gpuprofd.web.series import RunClock, live_gpu, live_host, live_step
+from gpuprofd.web.series import T_HALF_ULP_NS, RunClock, live_gpu, live_host, live_step
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ class Subscription:
         self.gpus = await views.gpus_of(self.state, run, lo, hi)
         self.step = step
         start = run.get("start_mono_ns") or 0
-        held = self.clock.to_mono(t) if t > 0 else start - 1
+        held = self.clock.to_mono(t) + T_HALF_ULP_NS if t > 0 else start - 1
         self.gpu_ns = self.host_ns = held
         self._sent_insights = self._sent_run = None
         self._next_slow = 0.0
@@ -127,6 +127,9 @@ class Subscription:
             await self.send({"type": "host", "samples": [live_host(r, clock) for r in host]})
 
     async def _slow(self, run_id: int) -> None:
+        if not self.gpus and self.run is not None:  # a run just started: its GPUs' first rows
+            lo, hi = await views.window_of(self.state, self.run)
+            self.gpus = await views.gpus_of(self.state, self.run, lo, hi)
         state = await views.live_view(self.state, run_id)
         if state != self._sent_run:
             self._sent_run = state

@@ -83,7 +83,7 @@ class Node:
             text=True,
         )
 
-    def live_run_id(self, name: str, min_steps: int, timeout_s: float = 60) -> int:
+    def live_run_id(self, name: str, min_steps: int, timeout_s: float = 300) -> int:
         """The id of live run *name* once it has *min_steps* steps (by ping)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

@@ -10,12 +10,14 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
+import aiohttp
+import orjson
 import pytest
 from aiohttp import test_utils
 
 from gpuprofd.sampling import rollup
 from gpuprofd.sampling.nvml import GpuDevice
-from gpuprofd.storage import runsdb
+from gpuprofd.storage import runsdb, steprollup
 from gpuprofd.storage.store import Op, Store
 from gpuprofd.web.app import WebState, build_app
 from tests.daemon.storage.test_backends import open_store
@@ -188,3 +190,90 @@ async def test_bad_requests_get_a_json_error(storage_url: str) -> None:
         for path, status, says in BAD:
             got = await _json(client, path, status)
             assert set(got) == {"error"} and says in got["error"], (path, got)
+
+
+async def _subscribe(ws: Any, msg: Any, until: str = "steps") -> list[dict[str, Any]]:
+    """Send *msg*; the messages that follow, up to the first of type *until*
+    (or a reset or an error)."""
+    await ws.send_str(msg if isinstance(msg, str) else orjson.dumps(msg).decode())
+    got = []
+    while True:
+        m = await ws.receive(timeout=30)
+        assert m.type == aiohttp.WSMsgType.TEXT, m
+        got.append(orjson.loads(m.data))
+        if got[-1]["type"] in (until, "reset", "error"):
+            return got
+
+
+async def test_live_socket_bounds_what_it_sends(storage_url: str) -> None:
+    async with open_store(storage_url) as store:
+        run_id = await _write_run(store)
+        state = WebState(reader=store, now_mono_ns=None, live_poll_s=0.05)
+        server = test_utils.TestServer(build_app(state))
+        await server.start_server()
+        try:
+            async with aiohttp.ClientSession() as session:
+                ws = await session.ws_connect(server.make_url("/api/v1/live"))
+                # 20,000 steps behind: told to re-fetch, nothing else of the rows
+                got = await _subscribe(ws, {"run": run_id, "cursors": {"step": -1, "t": 0}})
+                assert [m["type"] for m in got][-1] == "reset"
+                assert {m["type"] for m in got} <= {"run", "insights", "reset"}
+                # near the end: only the newer rows, the run's state first
+                t_end = (START_WALL + SECONDS * rollup.NS_PER_S) / 1e9
+                sub = {"run": run_id, "cursors": {"step": STEPS - 5, "t": t_end - 2}}
+                got = await _subscribe(ws, sub)
+                kinds = [m["type"] for m in got]
+                assert kinds[:2] == ["run", "insights"] and kinds[-1] == "steps"
+                assert got[0]["run"]["status"] == "finished" and got[0]["run"]["name"] == HOSTILE
+                assert [r["step"] for r in got[-1]["rows"]] == list(range(STEPS - 4, STEPS))
+                for bad, says in (
+                    ("not json", "not a subscribe message"),
+                    ({"run": "1"}, "run must be a positive integer"),
+                    ({"run": 1, "cursors": {"step": "x"}}, "cursors.step must be an integer"),
+                    ({"run": 424242}, "no run 424242 in"),
+                ):
+                    *before, err = await _subscribe(ws, bad, "error")
+                    assert err["type"] == "error" and says in err["error"]
+                    assert {m["type"] for m in before} <= {"gpus", "host"}  # the last round's
+                await server.close()  # the daemon shutting down
+                closed = await ws.receive(timeout=30)
+                assert closed.type == aiohttp.WSMsgType.CLOSE
+                assert closed.data == aiohttp.WSCloseCode.GOING_AWAY
+        finally:
+            await server.close()
+
+
+async def test_the_step_rollup_tier_keeps_the_spike_and_every_step(storage_url: str) -> None:
+    async with open_store(storage_url) as store:
+        run_id = await _write_run(store)
+        # a run rolled up to step 15,000 (a live one's tier lags); the rest raw
+        await runsdb.update_run(store, run_id, status="running")
+        await store.submit(Op("DELETE FROM steps WHERE run_id = ? AND step > 15050", (run_id,)))
+        await store.flush()
+        assert await steprollup.roll_pass(store) == 150  # complete blocks only
+        assert await steprollup.roll_pass(store) == 0
+        for i in range(15051, STEPS):
+            await store.submit(runsdb.step_op(run_id, _step(i)))
+        await runsdb.update_run(store, run_id, status="finished")
+        await store.flush()
+        state = WebState(reader=store, now_mono_ns=None)
+        async with test_utils.TestClient(test_utils.TestServer(build_app(state))) as client:
+            whole = await _json(client, f"/api/v1/runs/{run_id}/series?width=100")
+            t = (START_WALL + SPIKE_STEP * (STEP_NS + WAIT_NS)) / 1e9
+            zoom = await _json(client, f"/api/v1/runs/{run_id}/series?from={t - 3}&to={t + 3}")
+        assert await steprollup.roll_pass(store) == 50  # the ended run's blocks after it
+        n = await store.fetchone("SELECT COUNT(*) AS n, SUM(n) AS s FROM step_rollups")
+        assert (n["n"], n["s"]) == (200, STEPS)
+    assert whole["tier"]["steps"] == "rollup" and zoom["tier"]["steps"] == "raw"
+    steps = whole["steps"]
+    assert sum(steps["n"]) == STEPS  # 150 blocks and the raw steps after them
+    spike_ms = (SPIKE_STEP_NS + WAIT_NS) / 1e6
+    assert max(steps["step_ms"]["max"]) == pytest.approx(spike_ms)
+    assert sorted(steps["step_ms"]["max"])[-2] == pytest.approx((STEP_NS + WAIT_NS) / 1e6)
+    mean_all = sum(m * k for m, k in zip(steps["step_ms"]["mean"], steps["n"], strict=True)) / STEPS
+    assert mean_all == pytest.approx(
+        (STEP_NS + WAIT_NS) / 1e6 + (SPIKE_STEP_NS - STEP_NS) / 1e6 / STEPS
+    )
+    stacked = sum(steps["phases_ms"][p][-1] for p in steps["phases_ms"])
+    assert stacked == pytest.approx(steps["step_ms"]["mean"][-1], rel=1e-3)
+    assert max(zoom["steps"]["step_ms"]["max"]) == pytest.approx(spike_ms)
