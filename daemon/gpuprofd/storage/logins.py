@@ -1,6 +1,6 @@
 """What a team server's login needs to share between replicas: the viewer
 logins per client address (the rate limit) and the secret that signs
-session cookies, both in the database (schema 9: ``login_limits``,
+session cookies, both in the database (schema 10: ``login_limits``,
 ``server_secrets``).
 """
 

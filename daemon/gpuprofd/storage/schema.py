@@ -31,7 +31,7 @@ from gpuprof.insights.gpu import (
 )
 from gpuprofd.errors import DatabaseError
 
-SCHEMA_VERSION = 8  # 9 with the team server's tables: bumped last (see _ADDED_IN_9)
+SCHEMA_VERSION = 10
 #: Columns added since schema 1: (table, column, declaration).
 _ADDED_IN_2 = (
     ("steps", "skipped", "INTEGER DEFAULT 0"),
@@ -80,17 +80,17 @@ _ADDED_IN_8 = (
     ("runs", "store_dropped_events", "INTEGER DEFAULT 0"),
     ("runs", "daemon", "TEXT"),
 )
-#: ... and since schema 8: a run's identity across nodes (made at hello) and, on a
+#: ... and since schema 9: a run's identity across nodes (made at hello) and, on a
 #: team server, the node that forwarded it (ingest_nodes, login_limits and
 #: server_secrets are new tables).
-_ADDED_IN_9 = (
+_ADDED_IN_10 = (
     ("runs", "run_uuid", "TEXT"),
     ("runs", "node_id", "TEXT"),
 )
-#: The runs columns of schema 9, as an older database read as it is shows them.
-_RUNS_9 = ", NULL AS run_uuid, NULL AS node_id"
+#: The runs columns of schema 10, as an older database read as it is shows them.
+_RUNS_10 = ", NULL AS run_uuid, NULL AS node_id"
 #: The runs columns of schema 8, as an older database read as it is shows them.
-_RUNS_8 = ", 0 AS store_dropped_events, NULL AS daemon" + _RUNS_9
+_RUNS_8 = ", 0 AS store_dropped_events, NULL AS daemon" + _RUNS_10
 #: The runs columns of schema 6, NULL in an older database read as it is.
 _RUNS_6 = tuple(c for _, c, _ in _ADDED_IN_6)
 APP_NAME = "gpuprof"
@@ -102,7 +102,7 @@ _ADDED = (
     (5, _ADDED_IN_5),
     (6, _ADDED_IN_6),
     (8, _ADDED_IN_8),
-    (9, _ADDED_IN_9),
+    (10, _ADDED_IN_10),
 )
 
 
@@ -180,7 +180,7 @@ CREATE TABLE IF NOT EXISTS runs (
     clock_rtt_ns INTEGER, clock_round_trips INTEGER, clock_reference_rank INTEGER,
     store_dropped_events INTEGER DEFAULT 0,  -- received by gpuprofd but not stored (busy, lost db)
     daemon TEXT,                     -- the gpuprofd tracking it: "host:socket dir"; NULL: unknown
-    run_uuid TEXT,                   -- schema 9: the run across nodes, made at hello (a UUID)
+    run_uuid TEXT,                   -- schema 10: the run across nodes, made at hello (a UUID)
     node_id TEXT                     -- team server: the node that forwarded it (ingest_nodes)
 );
 CREATE INDEX IF NOT EXISTS runs_name ON runs (run_name, id);
@@ -287,7 +287,20 @@ CREATE TABLE IF NOT EXISTS comm_buckets (  -- one DDP gradient bucket's all-redu
 );
 CREATE INDEX IF NOT EXISTS comm_buckets_run_step ON comm_buckets (run_id, step);
 CREATE TABLE IF NOT EXISTS drops (reason TEXT PRIMARY KEY, count INTEGER);
-CREATE TABLE IF NOT EXISTS ingest_nodes (  -- schema 9, team server: each forwarding node
+CREATE TABLE IF NOT EXISTS step_rollups (  -- schema 9: one row per block of a run's steps
+    -- (by index: block = step / STEP_BLOCK, gpuprofd.storage.steprollup), the whole run
+    run_id INTEGER NOT NULL, block INTEGER NOT NULL,
+    first_step INTEGER, last_step INTEGER, t0_ns INTEGER, t1_ns INTEGER,  -- first t0, last t1
+    n INTEGER,                       -- steps in the block
+    iter_min_ns INTEGER, iter_max_ns INTEGER, iter_sum_ns REAL,  -- iteration: wait + step
+    loader_wait_sum_ns REAL, forward_sum_ns REAL, backward_sum_ns REAL, comm_sum_ns REAL,
+    optimizer_sum_ns REAL, other_sum_ns REAL,  -- phase sums (ns), stacking to iter_sum_ns
+    eval_n INTEGER, skipped_n INTEGER,  -- steps with evaluation before / a skipped update
+    mem_alloc_max INTEGER, mem_reserved_max INTEGER,  -- torch's allocator, bytes; NULL: none
+    PRIMARY KEY (run_id, block)
+);
+CREATE INDEX IF NOT EXISTS step_rollups_run_t0 ON step_rollups (run_id, t0_ns);
+CREATE TABLE IF NOT EXISTS ingest_nodes (  -- schema 10, team server: each forwarding node
     node_id TEXT PRIMARY KEY,        -- made once by the node, stored in its database
     last_seq INTEGER NOT NULL,       -- the highest event sequence applied (0: none yet)
     host TEXT,                       -- the node's host name, as it last said
@@ -295,15 +308,25 @@ CREATE TABLE IF NOT EXISTS ingest_nodes (  -- schema 9, team server: each forwar
     batches INTEGER DEFAULT 0,       -- batches received (resent ones included)
     events INTEGER DEFAULT 0         -- events applied
 );
-CREATE TABLE IF NOT EXISTS login_limits (  -- schema 9: viewer logins per client address
+CREATE TABLE IF NOT EXISTS login_limits (  -- schema 10: viewer logins per client address
     client TEXT PRIMARY KEY,
     attempts TEXT NOT NULL,          -- json: wall ns of the attempts within the last window
     last_wall_ns INTEGER             -- the latest attempt (retention deletes old clients)
 );
-CREATE TABLE IF NOT EXISTS server_secrets (  -- schema 9: made once, shared by replicas
+CREATE TABLE IF NOT EXISTS server_secrets (  -- schema 10: made once, shared by replicas
     name TEXT PRIMARY KEY, value TEXT NOT NULL
 );
 """
+
+#: The ``step_rollups`` table for a read-only connection to a database older
+#: than schema 9 (empty: readers then use the steps themselves).
+_STEP_ROLLUPS_TEMP = (
+    "CREATE TEMP TABLE step_rollups (run_id INTEGER, block INTEGER, first_step INTEGER, "
+    "last_step INTEGER, t0_ns INTEGER, t1_ns INTEGER, n INTEGER, iter_min_ns INTEGER, "
+    "iter_max_ns INTEGER, iter_sum_ns REAL, loader_wait_sum_ns REAL, forward_sum_ns REAL, "
+    "backward_sum_ns REAL, comm_sum_ns REAL, optimizer_sum_ns REAL, other_sum_ns REAL, "
+    "eval_n INTEGER, skipped_n INTEGER, mem_alloc_max INTEGER, mem_reserved_max INTEGER)"
+)
 
 
 def check_connection(conn: sqlite3.Connection, path: Path) -> int:
@@ -363,6 +386,8 @@ def shadow_old_tables(conn: sqlite3.Connection, version: int) -> None:
     queries: TEMP views (searched before ``main``) add the missing columns
     with their defaults. Nothing is written to the file."""
     runs6 = ", ".join(f"NULL AS {c}" for c in _RUNS_6) + _RUNS_8
+    if version < 9:
+        conn.execute(_STEP_ROLLUPS_TEMP)
     if version < 7:
         conn.execute(
             "CREATE TEMP TABLE group_insights (group_id TEXT, ranks INTEGER, rule TEXT, "
@@ -374,8 +399,8 @@ def shadow_old_tables(conn: sqlite3.Connection, version: int) -> None:
             "CREATE TEMP TABLE comm_buckets (run_id INTEGER, step INTEGER, bucket INTEGER, "
             "start_ns INTEGER, end_ns INTEGER, bytes INTEGER)"
         )
-    if version == 8:
-        conn.execute(f"CREATE TEMP VIEW runs AS SELECT *{_RUNS_9} FROM main.runs")
+    if version in (8, 9):
+        conn.execute(f"CREATE TEMP VIEW runs AS SELECT *{_RUNS_10} FROM main.runs")
     if version in (6, 7):
         conn.execute(f"CREATE TEMP VIEW runs AS SELECT *{_RUNS_8} FROM main.runs")
     if version == 5:

@@ -18,7 +18,7 @@ from urllib.parse import parse_qs, quote, urlparse
 
 import pytest
 
-from tests.daemon.web.conftest import Dash
+from tests.daemon.web.browser_fixtures import Dash
 
 pytestmark = pytest.mark.timeout(300)
 
