@@ -311,7 +311,7 @@ def test_the_group_can_be_found_from_runs_and_from_the_summary(
     # a --group that names no runs lists the groups there, newest first
     groups = "missing, offset, balanced, straggler, skew"
     for cmd in ("runs", "insights"):
-        assert main([cmd, str(db), "--group", "stragler"]) == 1
+        assert main([cmd, str(db), "--group", "stragler"]) == 2  # bad input
         err = capsys.readouterr().err
         assert f"no runs in group 'stragler'; groups here, newest first: {groups}" in err
 
@@ -326,6 +326,7 @@ def test_a_long_group_name_is_shortened_in_the_runs_table() -> None:
         "run_name": "r",
         "status": "finished",
         "steps": 3,
+        "micro_batches_per_step": 1.0,
         "median_step_ms": 1.0,
         "pct_of_iteration": dict.fromkeys(
             ("loader_wait", "forward", "backward", "comm", "optimizer", "other")
