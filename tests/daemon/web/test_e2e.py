@@ -209,5 +209,5 @@ def test_live_socket_sends_only_new_rows_and_resumes(node: Node, tmp_path: Path)
             check_shape(docs[f"live_{kind}"], _of(first + again, kind)[-1], f"live_{kind}")
     finally:
         stop.touch()
-        proc.wait(timeout=60)
-    assert proc.returncode == 0, proc.stderr.read() if proc.stderr else ""
+        _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
