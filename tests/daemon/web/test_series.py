@@ -1,11 +1,17 @@
 """The pure parts of the series: clocks, bucket geometry, merging step
-rollups, which blocks a pass rolls."""
+rollups, which blocks a pass rolls; a database from before the rollups."""
 
 from __future__ import annotations
 
+import sqlite3
+from pathlib import Path
+
 import pytest
 
+from gpuprofd.storage import schema
+from gpuprofd.storage.reader import open_reader
 from gpuprofd.storage.steprollup import MAX_BLOCKS_PER_PASS, STEP_BLOCK, blocks_to_roll
+from gpuprofd.web.api import step_buckets
 from gpuprofd.web.series import (
     CHART_PHASES,
     T_HALF_ULP_NS,
@@ -86,3 +92,23 @@ def test_blocks_a_pass_rolls(
     status: str, rolled: int | None, top: int | None, want: tuple[int, int] | None
 ) -> None:
     assert blocks_to_roll(status, rolled, top) == want
+
+
+async def test_a_database_from_before_the_tier_reads_its_steps_raw(tmp_path: Path) -> None:
+    db = tmp_path / "old.db"
+    schema.prepare(db)
+    conn = sqlite3.connect(db)
+    conn.execute("DROP TABLE step_rollups")  # as schema 8 had it
+    conn.execute("UPDATE meta SET value = '8' WHERE key = 'schema_version'")
+    conn.execute(
+        "INSERT INTO runs (id, run_key, run_name, status) VALUES (1, 'k', 'r', 'finished')"
+    )
+    conn.executemany(
+        "INSERT INTO steps (run_id, step, t0_ns, t1_ns, wait_ns) VALUES (1, ?, ?, ?, 0)",
+        [(i, i * 1000, i * 1000 + 900) for i in range(50)],
+    )
+    conn.commit()
+    conn.close()
+    async with open_reader(db) as reader:
+        rows, tier = await step_buckets(reader, 1, Buckets.for_width(0, 50_000, 10))
+    assert tier == "raw" and sum(r["n"] for r in rows) == 50
