@@ -38,23 +38,51 @@ def _step(i: int) -> dict[str, Any]:
     t0 = START_MONO + i * (STEP_NS + WAIT_NS) + WAIT_NS
     dur = SPIKE_STEP_NS if i == SPIKE_STEP else STEP_NS
     phases = {"forward": dur // 4, "backward": dur // 2, "optimizer": dur // 8}
-    return {"i": i, "t0": t0, "t1": t0 + dur, "wait": WAIT_NS, "explicit": False, "micro": 1,
-            "phases": phases}  # fmt: skip
+    return {
+        "i": i,
+        "t0": t0,
+        "t1": t0 + dur,
+        "wait": WAIT_NS,
+        "explicit": False,
+        "micro": 1,
+        "phases": phases,
+    }
 
 
 def _rollup(sec: int) -> tuple[Any, ...]:
     row = dict.fromkeys(rollup.ROLLUP_COLUMNS)
     power = SPIKE_POWER_MW if sec == SPIKE_SECOND else 300_000
     row.update(
-        sec_ns=START_MONO + sec * rollup.NS_PER_S, uuid="11111111-2222-3333-4444-555555555555",
-        n=100, util_min=90.0, util_mean=95.0, util_max=99.0, idle_n=0,
-        mem_used_min=10**9, mem_used_mean=1.1e9, mem_used_max=1.2 * 10**9,
-        mem_total_bytes=150 * 10**9, power_min_mw=power, power_mean_mw=power,
-        power_max_mw=power, temp_min_c=40.0, temp_mean_c=41.0, temp_max_c=42.0,
-        sm_min_mhz=1900.0, sm_mean_mhz=1950.0, sm_max_mhz=1980.0, reasons_n=0,
-        reasons_any=0, capped_n=0, thermal_n=0, slow_n=1, pcie_rx_max_bps=1e9,
-        pcie_tx_max_bps=2e8, gpm_sm_occupancy_mean=40.0, boot_id=BOOT,
-    )  # fmt: skip
+        sec_ns=START_MONO + sec * rollup.NS_PER_S,
+        uuid="11111111-2222-3333-4444-555555555555",
+        n=100,
+        util_min=90.0,
+        util_mean=95.0,
+        util_max=99.0,
+        idle_n=0,
+        mem_used_min=10**9,
+        mem_used_mean=1.1e9,
+        mem_used_max=1.2 * 10**9,
+        mem_total_bytes=150 * 10**9,
+        power_min_mw=power,
+        power_mean_mw=power,
+        power_max_mw=power,
+        temp_min_c=40.0,
+        temp_mean_c=41.0,
+        temp_max_c=42.0,
+        sm_min_mhz=1900.0,
+        sm_mean_mhz=1950.0,
+        sm_max_mhz=1980.0,
+        reasons_n=0,
+        reasons_any=0,
+        capped_n=0,
+        thermal_n=0,
+        slow_n=1,
+        pcie_rx_max_bps=1e9,
+        pcie_tx_max_bps=2e8,
+        gpm_sm_occupancy_mean=40.0,
+        boot_id=BOOT,
+    )
     row["mem_used_max"] = int(row["mem_used_max"])
     return tuple(row[c] for c in rollup.ROLLUP_COLUMNS)
 
@@ -63,12 +91,24 @@ async def _write_run(store: Store) -> int:
     run_id = await runsdb.insert_run(
         store,
         {
-            "run_key": "k-long", "run_name": HOSTILE, "status": "running", "host": "h",
-            "pid": 1, "rank": 0, "local_rank": 0, "world_size": 1, "auto": 1,
-            "start_wall_ns": START_WALL, "start_mono_ns": START_MONO, "options": {},
-            "cpu_count": 4, "cuda_uuid": UUID, "boot_id": BOOT, "gpu_model": "NVIDIA H200",
+            "run_key": "k-long",
+            "run_name": HOSTILE,
+            "status": "running",
+            "host": "h",
+            "pid": 1,
+            "rank": 0,
+            "local_rank": 0,
+            "world_size": 1,
+            "auto": 1,
+            "start_wall_ns": START_WALL,
+            "start_mono_ns": START_MONO,
+            "options": {},
+            "cpu_count": 4,
+            "cuda_uuid": UUID,
+            "boot_id": BOOT,
+            "gpu_model": "NVIDIA H200",
         },
-    )  # fmt: skip
+    )
     for i in range(STEPS):
         await store.submit(runsdb.step_op(run_id, _step(i)))
     for sec in range(SECONDS):
@@ -78,12 +118,15 @@ async def _write_run(store: Store) -> int:
         await store.submit(
             runsdb.host_sample_op(mono, 50.0, 4, 1e6, None, 8 * 10**9, None, None, BOOT)
         )
-        await store.submit(runsdb.run_cpu_op(run_id, mono, 1.5))  # fmt: skip
+        await store.submit(runsdb.run_cpu_op(run_id, mono, 1.5))
     end = START_MONO + SECONDS * rollup.NS_PER_S
     await runsdb.update_run(
-        store, run_id, status="finished", end_mono_ns=end,
+        store,
+        run_id,
+        status="finished",
+        end_mono_ns=end,
         end_wall_ns=START_WALL + SECONDS * rollup.NS_PER_S,
-    )  # fmt: skip
+    )
     await store.flush()
     return run_id
 
