@@ -230,27 +230,35 @@ def _wait_steps(base: str, rid: int, n: int, timeout_s: float = 600) -> None:
 
 
 async def _listen(base: str, rid: int, step: int, sender: Sender, slow: int) -> dict[str, list]:
-    """Message sizes by type while *sender* sends *slow* 500 ms steps."""
-    sizes: dict[str, list[int]] = {}
+    """Message sizes by type while *sender* sends *slow* 500 ms steps (and until
+    a steps message came, at most 60 s); ``"first_s"``: seconds to the first."""
+    sizes: dict[str, list] = {}
     async with aiohttp.ClientSession() as s, s.ws_connect(f"{base}/api/v1/live") as ws:
         await ws.send_json({"run": rid, "cursors": {"step": step, "t": time.time()}})
         send = asyncio.create_task(asyncio.to_thread(sender.send, "slow", slow))
         loop = asyncio.get_running_loop()
+        start = loop.time()
         end = None
-        while True:
+        while end is None or loop.time() < end:
             if send.done() and end is None:
-                end = loop.time() + 1.5  # what the last step brings
-            timeout = 0.5 if end is None else max(0.01, end - loop.time())
-            if end is not None and loop.time() >= end:
-                break
+                # what the last step brings; longer while no steps came
+                end = loop.time() + (1.5 if "steps" in sizes else 60)
             try:
-                msg = await ws.receive(timeout=timeout)
+                msg = await ws.receive(timeout=0.5)
             except asyncio.TimeoutError:
                 continue
             if msg.type != aiohttp.WSMsgType.TEXT:
+                print(f"  the socket ended: {msg.type.name} {msg.data} {msg.extra or ''}")
                 break
-            kind = json.loads(msg.data).get("type", "?")
+            body = json.loads(msg.data)
+            kind = body.get("type", "?")
             sizes.setdefault(kind, []).append(len(msg.data.encode()))
+            if kind == "steps":
+                rows = max(1, len(body.get("rows") or []))
+                sizes.setdefault("steps/row", []).append(len(msg.data.encode()) / rows)
+                sizes.setdefault("first_s", [loop.time() - start])
+                if end is not None:
+                    end = min(end, loop.time() + 1.5)
         await send
     return sizes
 
@@ -277,7 +285,9 @@ def live_case(base: str, env: dict[str, str], work: Path, far: int) -> None:
         xs = sizes.get(kind) or [0]
         return sum(xs) / len(xs)
 
-    kinds = sorted(set(near) | set(farther))
+    first = [f"{x['first_s'][0]:.1f} s" if x.get("first_s") else "none" for x in (near, farther)]
+    print(f"first steps message after the client's hello: {first[0]} at step 100, {first[1]} after")
+    kinds = sorted((set(near) | set(farther)) - {"first_s"})
     print("live messages while one 500 ms step at a time arrives (mean bytes per message):")
     print(f"  {'type':<10}{'at step 100':>14}{f'at step {at - 1:,}':>18}{'ratio':>8}")
     for k in kinds:
@@ -288,7 +298,8 @@ def live_case(base: str, env: dict[str, str], work: Path, far: int) -> None:
 
     def update(sizes: dict[str, list[int]]) -> float:
         """Bytes pushed per steps message, all but insights (sent when they change)."""
-        pushed = sum(sum(v) for k, v in sizes.items() if k != "insights")
+        skip = ("insights", "first_s", "steps/row")
+        pushed = sum(sum(v) for k, v in sizes.items() if k not in skip)
         return pushed / max(1, len(sizes.get("steps", [])))
 
     a, b = update(near), update(farther)
