@@ -18,7 +18,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import NoReturn
 
-from gpuprofd.storage import commprune, kcompact, runsdb
+from gpuprofd.storage import commprune, kcompact, runsdb, steprollup
 from gpuprofd.storage.store import Store
 
 log = logging.getLogger(__name__)
@@ -88,6 +88,10 @@ class Retention:
     async def compact_kernels(self) -> None:
         """Merge continuous kernel windows older than the raw window into coarser ones."""
         await kcompact.compact_once(self.store, self._clock(), self.raw_window_s)
+
+    async def roll_steps(self) -> None:
+        """Write the step rollups each run has pending (:mod:`gpuprofd.storage.steprollup`)."""
+        await steprollup.roll_pass(self.store)
 
     async def prune_comm(self) -> None:
         """Delete per-bucket comm rows outside each run's kept steps."""

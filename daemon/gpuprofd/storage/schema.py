@@ -31,7 +31,7 @@ from gpuprof.insights.gpu import (
 )
 from gpuprofd.errors import DatabaseError
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 #: Columns added since schema 1: (table, column, declaration).
 _ADDED_IN_2 = (
     ("steps", "skipped", "INTEGER DEFAULT 0"),
@@ -274,7 +274,30 @@ CREATE TABLE IF NOT EXISTS comm_buckets (  -- one DDP gradient bucket's all-redu
 );
 CREATE INDEX IF NOT EXISTS comm_buckets_run_step ON comm_buckets (run_id, step);
 CREATE TABLE IF NOT EXISTS drops (reason TEXT PRIMARY KEY, count INTEGER);
+CREATE TABLE IF NOT EXISTS step_rollups (  -- schema 9: one row per block of a run's steps
+    -- (by index: block = step / STEP_BLOCK, gpuprofd.storage.steprollup), the whole run
+    run_id INTEGER NOT NULL, block INTEGER NOT NULL,
+    first_step INTEGER, last_step INTEGER, t0_ns INTEGER, t1_ns INTEGER,  -- first t0, last t1
+    n INTEGER,                       -- steps in the block
+    iter_min_ns INTEGER, iter_max_ns INTEGER, iter_sum_ns REAL,  -- iteration: wait + step
+    loader_wait_sum_ns REAL, forward_sum_ns REAL, backward_sum_ns REAL, comm_sum_ns REAL,
+    optimizer_sum_ns REAL, other_sum_ns REAL,  -- phase sums (ns), stacking to iter_sum_ns
+    eval_n INTEGER, skipped_n INTEGER,  -- steps with evaluation before / a skipped update
+    mem_alloc_max INTEGER, mem_reserved_max INTEGER,  -- torch's allocator, bytes; NULL: none
+    PRIMARY KEY (run_id, block)
+);
+CREATE INDEX IF NOT EXISTS step_rollups_run_t0 ON step_rollups (run_id, t0_ns);
 """
+
+#: The ``step_rollups`` table for a read-only connection to a database older
+#: than schema 9 (empty: readers then use the steps themselves).
+_STEP_ROLLUPS_TEMP = (
+    "CREATE TEMP TABLE step_rollups (run_id INTEGER, block INTEGER, first_step INTEGER, "
+    "last_step INTEGER, t0_ns INTEGER, t1_ns INTEGER, n INTEGER, iter_min_ns INTEGER, "
+    "iter_max_ns INTEGER, iter_sum_ns REAL, loader_wait_sum_ns REAL, forward_sum_ns REAL, "
+    "backward_sum_ns REAL, comm_sum_ns REAL, optimizer_sum_ns REAL, other_sum_ns REAL, "
+    "eval_n INTEGER, skipped_n INTEGER, mem_alloc_max INTEGER, mem_reserved_max INTEGER)"
+)
 
 
 def check_connection(conn: sqlite3.Connection, path: Path) -> int:
@@ -334,6 +357,8 @@ def shadow_old_tables(conn: sqlite3.Connection, version: int) -> None:
     queries: TEMP views (searched before ``main``) add the missing columns
     with their defaults. Nothing is written to the file."""
     runs6 = ", ".join(f"NULL AS {c}" for c in _RUNS_6) + _RUNS_8
+    if version < 9:
+        conn.execute(_STEP_ROLLUPS_TEMP)
     if version < 7:
         conn.execute(
             "CREATE TEMP TABLE group_insights (group_id TEXT, ranks INTEGER, rule TEXT, "

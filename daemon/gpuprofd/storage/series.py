@@ -45,7 +45,7 @@ def _phase(d: Dialect, key: str) -> str:
     return f"COALESCE({d.json_num('phases', key)}, 0)"
 
 
-def _step_exprs(d: Dialect) -> dict[str, str]:
+def step_exprs(d: Dialect) -> dict[str, str]:
     """Per-step SQL expressions (ns): the iteration, each chart phase, ``other``."""
     step = "(t1_ns - t0_ns)"
     named = " + ".join(_phase(d, p) for p in (*PHASES, DATA_PHASE))
@@ -63,7 +63,7 @@ def steps_bucket_sql(d: Dialect) -> str:
     ``b``, ``t0``, ``first_step``, ``n``, ``iter_min|mean|max`` and the mean of
     each phase (ns), ``eval_n``, ``skipped_n``, the maximum of torch's
     allocated / reserved bytes."""
-    e = _step_exprs(d)
+    e = step_exprs(d)
     phases = ", ".join(f"{_avg(e[p])} AS {p}" for p in ("loader_wait", *PHASES, "other"))
     return (
         "SELECT (t0_ns - ?) / ? AS b, MIN(t0_ns) AS t0, MIN(step) AS first_step, "
@@ -73,16 +73,16 @@ def steps_bucket_sql(d: Dialect) -> str:
         f"{_isum('CASE WHEN COALESCE(skipped, 0) != 0 THEN 1 ELSE 0 END')} AS skipped_n, "
         "MAX(mem_allocated_bytes) AS mem_alloc, MAX(mem_reserved_bytes) AS mem_reserved "
         "FROM steps WHERE run_id = ? AND t0_ns >= ? AND t0_ns < ? AND t1_ns IS NOT NULL "
-        "GROUP BY b ORDER BY b"
+        "AND step > ? GROUP BY b ORDER BY b"
     )
 
 
 async def step_buckets(
-    db: Reader, run_id: int, lo_ns: int, hi_ns: int, width_ns: int
+    db: Reader, run_id: int, lo_ns: int, hi_ns: int, width_ns: int, after_step: int = -(2**62)
 ) -> list[dict[str, Any]]:
-    """The run's steps starting in [*lo_ns*, *hi_ns*) (monotonic ns) bucketed
-    by *width_ns* (:func:`steps_bucket_sql`), by bucket."""
-    params = (lo_ns, width_ns, run_id, lo_ns, hi_ns)
+    """The run's steps starting in [*lo_ns*, *hi_ns*) (monotonic ns), with an
+    index above *after_step*, bucketed by *width_ns* (:func:`steps_bucket_sql`), by bucket."""
+    params = (lo_ns, width_ns, run_id, lo_ns, hi_ns, after_step)
     return [dict(r) for r in await db.fetchall(steps_bucket_sql(db.dialect), params)]
 
 
@@ -245,7 +245,7 @@ async def gpu_mem_total(db: Reader, uuid: str) -> int | None:
 def step_index_bucket_sql(d: Dialect) -> str:
     """Steps of ``(k, run_id)`` bucketed by ``step / k``: first step, the
     iteration's mean, min and max (ns)."""
-    it = _step_exprs(d)["iter"]
+    it = step_exprs(d)["iter"]
     return (
         f"SELECT step / ? AS b, MIN(step) AS step, {_avg(it)} AS iter_mean, "
         f"MIN({it}) AS iter_min, MAX({it}) AS iter_max FROM steps "
@@ -264,7 +264,7 @@ async def step_index_buckets(db: Reader, run_id: int, per_bucket: int) -> list[d
 
 @functools.cache
 def steps_after_sql(d: Dialect) -> str:
-    e = _step_exprs(d)
+    e = step_exprs(d)
     cols = ", ".join(f"{e[p]} AS {p}" for p in ("loader_wait", *PHASES, "other"))
     return (
         f"SELECT step, t0_ns, {e['iter']} AS iter, {cols}, eval_ns, skipped, "
@@ -284,25 +284,31 @@ def _in(n: int) -> str:
 
 
 async def gpu_samples_after(
-    db: Reader, uuids: Sequence[str], mono_ns: int, limit: int
+    db: Reader, uuids: Sequence[str], mono_ns: int, limit: int, until_ns: int | None = None
 ) -> list[dict[str, Any]]:
     """Raw fast-loop samples of the GPUs *uuids* (normalized) newer than
-    *mono_ns*, by time, at most *limit*."""
+    *mono_ns* (and not after *until_ns*: an ended run's end), by time, at most *limit*."""
     if not uuids:
         return []
     sql = (
         f"SELECT mono_ns, {_NORM_UUID} AS uuid, util_pct, mem_used_bytes, power_mw, temp_c, "
-        f"sm_clock_mhz FROM gpu_samples WHERE mono_ns > ? AND {_NORM_UUID} IN ({_in(len(uuids))}) "
-        "ORDER BY mono_ns LIMIT ?"
+        f"sm_clock_mhz FROM gpu_samples WHERE mono_ns > ? AND mono_ns <= ? "
+        f"AND {_NORM_UUID} IN ({_in(len(uuids))}) ORDER BY mono_ns LIMIT ?"
     )
-    return [dict(r) for r in await db.fetchall(sql, (mono_ns, *uuids, limit))]
+    params = (mono_ns, until_ns or 2**62, *uuids, limit)
+    return [dict(r) for r in await db.fetchall(sql, params)]
 
 
 async def host_samples_after(
-    db: Reader, run_id: int, boot_id: str | None, mono_ns: int, limit: int
+    db: Reader,
+    run_id: int,
+    boot_id: str | None,
+    mono_ns: int,
+    limit: int,
+    until_ns: int | None = None,
 ) -> list[dict[str, Any]]:
-    """Host samples of boot *boot_id* newer than *mono_ns* with run *run_id*'s
-    CPU (:data:`_HOST_ROW`), by time, at most *limit*."""
+    """Host samples of boot *boot_id* newer than *mono_ns* (not after
+    *until_ns*) with run *run_id*'s CPU (:data:`_HOST_ROW`), by time, at most *limit*."""
     sql = f"{_HOST_ROW} ORDER BY h.mono_ns LIMIT ?"
-    params = (run_id, boot_id, mono_ns + 1, 2**62, limit)
+    params = (run_id, boot_id, mono_ns + 1, (until_ns or 2**62) + 1, limit)
     return [dict(r) for r in await db.fetchall(sql, params)]

@@ -14,7 +14,7 @@ from aiohttp import web
 from gpuprof.insights.base import WARMUP_STEPS
 from gpuprofd import kerneltable
 from gpuprofd.runviews import LIVE_NOTE, list_runs, load_group, phase_means_ms
-from gpuprofd.storage import reads, series
+from gpuprofd.storage import reads, series, steprollup
 from gpuprofd.web import runs as views
 from gpuprofd.web.app import STATE, ApiError, WebState, json_response
 from gpuprofd.web.series import (
@@ -23,8 +23,10 @@ from gpuprofd.web.series import (
     MIN_WIDTH,
     NS_PER_S,
     Buckets,
+    bucket_as_rollup,
     gpu_series,
     host_series,
+    merge_step_rollups,
     steps_series,
 )
 
@@ -146,7 +148,7 @@ async def run_series(request: web.Request) -> web.Response:
 async def series_payload(state: WebState, run: dict[str, Any], b: Buckets) -> dict[str, Any]:
     """``/runs/{id}/series`` of *run* over the buckets *b*."""
     db, clock = state.reader, views.clock_of(run)
-    step_rows = await series.step_buckets(db, run["id"], b.lo_ns, b.hi_ns, b.width_ns)
+    step_rows, step_tier = await step_buckets(db, run["id"], b)
     gpus, gpu_tier = [], "rollup"
     for gpu in await views.gpus_of(state, run, b.lo_ns, b.hi_ns):
         raw_from = await series.gpu_raw_start(db, gpu.key) if b.span_s < b.count else None
@@ -164,11 +166,29 @@ async def series_payload(state: WebState, run: dict[str, Any], b: Buckets) -> di
     return {
         "window": {"from": clock.to_s(b.lo_ns), "to": clock.to_s(b.hi_ns)},
         "buckets": b.count,
-        "tier": {"steps": "raw", "gpus": gpu_tier, "host": "raw"},
+        "tier": {"steps": step_tier, "gpus": gpu_tier, "host": "raw"},
         "steps": steps_series(step_rows, clock),
         "gpus": gpus,
         "host": host_series(host_rows, clock),
     }
+
+
+#: Rollup blocks per bucket from which a window reads the step rollup tier
+#: (below it, the raw steps: a zoomed window at full resolution).
+ROLLUP_BLOCKS_PER_BUCKET = 0.25
+
+
+async def step_buckets(db: Any, run_id: int, b: Buckets) -> tuple[list[dict[str, Any]], str]:
+    """The run's steps in the buckets *b* and the tier they came from: the
+    step rollups (one row per :data:`gpuprofd.storage.steprollup.STEP_BLOCK`
+    steps) with the raw steps after the last rolled block, when the window
+    holds enough blocks; else the raw steps."""
+    rolled = await steprollup.rollup_rows(db, run_id, b.lo_ns, b.hi_ns)
+    if len(rolled) < ROLLUP_BLOCKS_PER_BUCKET * b.count:
+        return await series.step_buckets(db, run_id, b.lo_ns, b.hi_ns, b.width_ns), "raw"
+    last = max(r["last_step"] for r in rolled)
+    tail = await series.step_buckets(db, run_id, b.lo_ns, b.hi_ns, b.width_ns, after_step=last)
+    return merge_step_rollups([*rolled, *map(bucket_as_rollup, tail)], b), "rollup"
 
 
 async def run_kernels(request: web.Request) -> web.Response:

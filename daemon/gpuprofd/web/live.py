@@ -27,7 +27,7 @@ from gpuprofd.storage import reads, series
 from gpuprofd.web import runs as views
 from gpuprofd.web.api import MAX_ID, insights_payload
 from gpuprofd.web.app import SOCKETS, STATE, WebState
-from gpuprofd.web.series import RunClock, live_gpu, live_host, live_step
+from gpuprofd.web.series import T_HALF_ULP_NS, RunClock, live_gpu, live_host, live_step
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ class Subscription:
         self.gpus = await views.gpus_of(self.state, run, lo, hi)
         self.step = step
         start = run.get("start_mono_ns") or 0
-        held = self.clock.to_mono(t) if t > 0 else start - 1
+        held = self.clock.to_mono(t) + T_HALF_ULP_NS if t > 0 else start - 1
         self.gpu_ns = self.host_ns = held
         self._sent_insights = self._sent_run = None
         self._next_slow = 0.0
@@ -101,11 +101,16 @@ class Subscription:
         run's state and insights when their time has come and they changed."""
         assert self.run is not None and self.clock is not None
         db, run_id, clock = self.state.reader, self.run["id"], self.clock
+        now = time.monotonic()
+        if now >= self._next_slow:
+            self._next_slow = now + self.state.insights_poll_s
+            await self._slow(run_id)
         steps = await series.steps_after(db, run_id, self.step, MAX_ROWS + 1)
         keys = {g.key: g.info["uuid"] for g in self.gpus}
-        gpu = await series.gpu_samples_after(db, list(keys), self.gpu_ns, MAX_ROWS + 1)
+        end = self.run.get("end_mono_ns")
+        gpu = await series.gpu_samples_after(db, list(keys), self.gpu_ns, MAX_ROWS + 1, end)
         boot = self.run.get("boot_id")
-        host = await series.host_samples_after(db, run_id, boot, self.host_ns, MAX_ROWS + 1)
+        host = await series.host_samples_after(db, run_id, boot, self.host_ns, MAX_ROWS + 1, end)
         if max(len(steps), len(gpu), len(host)) > MAX_ROWS:
             self.paused = True
             await self.send({"type": "reset"})
@@ -120,16 +125,17 @@ class Subscription:
         if host:
             self.host_ns = host[-1]["mono_ns"]
             await self.send({"type": "host", "samples": [live_host(r, clock) for r in host]})
-        now = time.monotonic()
-        if now >= self._next_slow:
-            self._next_slow = now + self.state.insights_poll_s
-            await self._slow(run_id)
 
     async def _slow(self, run_id: int) -> None:
+        if not self.gpus and self.run is not None:  # a run just started: its GPUs' first rows
+            lo, hi = await views.window_of(self.state, self.run)
+            self.gpus = await views.gpus_of(self.state, self.run, lo, hi)
         state = await views.live_view(self.state, run_id)
         if state != self._sent_run:
             self._sent_run = state
             await self.send({"type": "run", "run": state})
+            if state["status"] != "running" and self.run is not None:  # ended: bound the reads
+                self.run = await reads.get_run(self.state.reader, run_id)
         found = await insights_payload(self.state.reader, run_id)
         key = orjson.dumps(found["insights"], option=orjson.OPT_NON_STR_KEYS)
         if key != self._sent_insights:

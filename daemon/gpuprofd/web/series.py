@@ -23,6 +23,10 @@ BUCKETS_PER_PX = 2
 MIN_WIDTH, DEFAULT_WIDTH, MAX_WIDTH = 10, 1000, 4000
 NS_PER_S = 1_000_000_000
 NS_PER_MS = 1_000_000
+#: Decimals of a time on the wire (0.1 ms), and half its last digit in ns: a
+#: cursor time ``t`` covers every sample whose ``t`` rounded to it.
+T_DECIMALS = 4
+T_HALF_ULP_NS = NS_PER_S // 10**T_DECIMALS // 2
 #: The chart phases in stacking order (loader wait first, the rest last).
 CHART_PHASES = ("loader_wait", *PHASES, "other")
 
@@ -66,6 +70,10 @@ class Buckets:
         return (self.hi_ns - self.lo_ns) / NS_PER_S
 
 
+def _t(unix_s: float) -> float:
+    return round(unix_s, T_DECIMALS)
+
+
 def _ms(ns: float | None) -> float | None:
     return None if ns is None else round(ns / NS_PER_MS, 4)
 
@@ -86,7 +94,7 @@ def steps_series(rows: Sequence[Mapping[str, Any]], clock: RunClock) -> dict[str
     """Bucketed step rows (:func:`gpuprofd.storage.series.step_buckets`, or
     step rollups merged by :func:`merge_step_rollups`) as the ``steps`` object."""
     return {
-        "t": [round(clock.to_s(r["t0"]), 4) for r in rows],
+        "t": [_t(clock.to_s(r["t0"])) for r in rows],
         "first_step": [r["first_step"] for r in rows],
         "n": [int(r["n"]) for r in rows],
         "step_ms": {
@@ -119,7 +127,7 @@ def gpu_series(
         "index": gpu.get("index"),
         "uuid": gpu.get("uuid"),
         "name": gpu.get("name"),
-        "t": [round(clock.to_s(r["t"]), 4) for r in rows],
+        "t": [_t(clock.to_s(r["t"])) for r in rows],
         "util_pct": _mmm(rows, "util", nd=2),
         "mem_used_bytes": _mmm(rows, "mem_used", nd=0),
         "mem_total_bytes": max(totals) if totals else gpu.get("mem_total_bytes"),
@@ -139,7 +147,7 @@ def host_series(rows: Sequence[Mapping[str, Any]], clock: RunClock) -> dict[str,
     """Bucketed host rows (:func:`gpuprofd.storage.series.host_buckets`) as the ``host`` object."""
     counts = [r["cpu_count"] for r in rows if r.get("cpu_count") is not None]
     return {
-        "t": [round(clock.to_s(r["t"]), 4) for r in rows],
+        "t": [_t(clock.to_s(r["t"])) for r in rows],
         "cpu_count": max(counts) if counts else None,
         "run_cores": _mmm(rows, "run_cores"),
         "other_cores": _mmm(rows, "other_cores"),
@@ -195,6 +203,26 @@ def merge_step_rollups(rows: Iterable[Mapping[str, Any]], buckets: Buckets) -> l
     return merged
 
 
+def bucket_as_rollup(r: Mapping[str, Any]) -> dict[str, Any]:
+    """A bucketed raw-steps row (:func:`gpuprofd.storage.series.step_buckets`)
+    as a ``step_rollups`` row (means back to sums), to merge with rollup rows
+    (the steps after the last rolled block)."""
+    n = int(r["n"])
+    return {
+        "t0_ns": r["t0"],
+        "first_step": r["first_step"],
+        "n": n,
+        "iter_min_ns": r["iter_min"],
+        "iter_max_ns": r["iter_max"],
+        "iter_sum_ns": (r["iter_mean"] or 0) * n,
+        **{f"{p}_sum_ns": (r[p] or 0) * n for p in CHART_PHASES},
+        "eval_n": r["eval_n"],
+        "skipped_n": r["skipped_n"],
+        "mem_alloc_max": r["mem_alloc"],
+        "mem_reserved_max": r["mem_reserved"],
+    }
+
+
 def _pick(f: Any, a: Any, b: Any) -> Any:
     if a is None:
         return b
@@ -208,7 +236,7 @@ def live_step(r: Mapping[str, Any], clock: RunClock) -> dict[str, Any]:
     """One row of :func:`gpuprofd.storage.series.steps_after` as a live ``steps`` row."""
     return {
         "step": r["step"],
-        "t": round(clock.to_s(r["t0_ns"]), 4),
+        "t": _t(clock.to_s(r["t0_ns"])),
         "step_ms": _ms(r["iter"]),
         "phases_ms": {p: _ms(r[p]) for p in CHART_PHASES},
         "eval": bool(r["eval_ns"]),
@@ -223,7 +251,7 @@ def live_gpu(r: Mapping[str, Any], clock: RunClock, uuid: str) -> dict[str, Any]
     as a live ``gpus`` sample, under the GPU's UUID as the page knows it."""
     return {
         "uuid": uuid,
-        "t": round(clock.to_s(r["mono_ns"]), 4),
+        "t": _t(clock.to_s(r["mono_ns"])),
         "util_pct": _num(r["util_pct"], nd=2),
         "mem_used_bytes": r["mem_used_bytes"],
         "power_w": _num(r["power_mw"], scale=1e-3),
@@ -235,7 +263,7 @@ def live_gpu(r: Mapping[str, Any], clock: RunClock, uuid: str) -> dict[str, Any]
 def live_host(r: Mapping[str, Any], clock: RunClock) -> dict[str, Any]:
     """One host sample (:func:`gpuprofd.storage.series.host_samples_after`) as a live sample."""
     return {
-        "t": round(clock.to_s(r["mono_ns"]), 4),
+        "t": _t(clock.to_s(r["mono_ns"])),
         "run_cores": _num(r["run_cores"]),
         "other_cores": _num(r["other_cores"]),
         "disk_read_bps": _num(r["disk_read_bps"], nd=0),

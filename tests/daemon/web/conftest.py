@@ -1,260 +1,118 @@
-"""The dashboard in a real headless Chromium (Debian's, driven by Playwright)
-against a real gpuprofd serving HTTP, with real CPU torch runs in it."""
+"""A real gpuprofd (subprocess) serving the dashboard on a free loopback
+port, the recorded H200 trace replayed as its GPU, and real CPU torch
+training runs against it (subprocesses), for the end-to-end API tests."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.daemon.h200_replay import trace_path
+from tests.daemon.helpers import Client, Daemons
 
-CHROMIUM = Path("/usr/bin/chromium")
-#: No sandbox (tests may run as root in a container), no GPU, and nothing that
-#: reaches the network or updates itself while a test runs.
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--no-first-run",
-    "--disable-sync",
-]
-
-#: One CPU training loop under the shim: argv steps, loader sleep (s), name,
-#: group ("" for none); RANK/WORLD_SIZE from the environment for a group.
+#: A CPU training loop under gpuprof.profile(dashboard=True): argv NAME STEPS
+#: SOCKET_DIR DB [STOP_FILE]; with a STOP_FILE it trains until that file exists.
 TRAIN = r"""
-import sys, time
-import torch
-from torch import nn
-import gpuprof
-
-STEPS = int(sys.argv[1]); SLEEP = float(sys.argv[2]); NAME = sys.argv[3]
-GROUP = sys.argv[4] or None
+import sys, time, pathlib
+import torch, gpuprof
+name, steps, sock, db = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+stop = pathlib.Path(sys.argv[5]) if len(sys.argv) > 5 else None
 torch.manual_seed(0)
-torch.set_num_threads(1)
-model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
+model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
-loss_fn = nn.CrossEntropyLoss()
-
-def batches():
-    while True:
-        time.sleep(SLEEP)  # the input pipeline
-        yield torch.randn(16, 32), torch.randint(0, 4, (16,))
-
-with gpuprof.profile(NAME, group=GROUP):
-    it = batches()
-    for step in range(STEPS):
-        x, y = next(it)
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        opt.step()
+x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
+with gpuprof.profile(name, socket_dir=sock, db=db, dashboard=True, autostart=False,
+                     group=name + "-group", print_summary=True):
+    i = 0
+    while (stop is None and i < steps) or (stop is not None and not stop.exists()):
         opt.zero_grad()
-print("TRAINED", STEPS)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        time.sleep(0.01)
+        i += 1
 """
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+HOSTILE_NAME = "<img src=x onerror=alert(1)> \"'\u202eeman\u202c"
 
 
 @dataclass
-class Dash:
-    """One node: a gpuprofd serving the dashboard, its database, its runs."""
+class Node:
+    """The daemon, its dashboard URL, and how to run training against it."""
 
-    socket_dir: Path
+    daemons: Daemons
+    proc: subprocess.Popen[bytes]
+    client: Client
+    sock_dir: Path
     db: Path
-    workdir: Path
-    port: int
-    procs: list[subprocess.Popen] = field(default_factory=list)
+    url: str
+    script: Path
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def env(self) -> dict[str, str]:
-        env = dict(os.environ)
-        env.update(
-            GPUPROF_SOCKET=str(self.socket_dir),
-            GPUPROF_DB=str(self.db),
-            PYTHONUNBUFFERED="1",
-            OMP_NUM_THREADS="1",
+    def train(self, name: str, steps: int) -> subprocess.CompletedProcess[str]:
+        """Train *steps* steps as run *name*, to the end."""
+        return subprocess.run(
+            [sys.executable, str(self.script), name, str(steps), str(self.sock_dir), str(self.db)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
         )
-        for k in ("GPUPROF_NVML", "RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID"):
-            env.pop(k, None)
-        return env
 
-    def get(self, path: str) -> Any:
-        """GET *path* (``/api/v1/...``) as JSON."""
-        with urllib.request.urlopen(self.url + path, timeout=10) as resp:
-            return json.loads(resp.read())
-
-    def start_daemon(self) -> None:
-        env = {**self.env, "GPUPROF_NVML": f"replay:{trace_path()}"}
-        log = (self.workdir / "gpuprofd.log").open("ab")
-        proc = subprocess.Popen(
+    def start_training(self, name: str, stop: Path) -> subprocess.Popen[str]:
+        """Train as run *name* until *stop* exists."""
+        return subprocess.Popen(
             [
                 sys.executable,
-                "-m",
-                "gpuprofd",
-                "--socket-dir",
-                str(self.socket_dir),
-                "--db",
-                str(self.db),
-                "--idle-exit",
+                str(self.script),
+                name,
                 "0",
-                "--http",
-                f"127.0.0.1:{self.port}",
+                str(self.sock_dir),
+                str(self.db),
+                str(stop),
             ],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        log.close()
-        self.procs.append(proc)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise AssertionError(f"gpuprofd exited {proc.returncode}: {self.log()}")
-            try:
-                self.get("/api/v1/runs")
-                return
-            except (urllib.error.URLError, ConnectionError, OSError):
-                time.sleep(0.1)
-        raise AssertionError(f"gpuprofd never served http: {self.log()}")
-
-    def log(self) -> str:
-        return (self.workdir / "gpuprofd.log").read_text(errors="replace")
-
-    def train(
-        self, steps: int, sleep_s: float, name: str, group: str = "", env: dict | None = None
-    ) -> subprocess.Popen:
-        """Start the training loop; returns its process (see :meth:`finish`)."""
-        script = self.workdir / "train.py"
-        script.write_text(TRAIN)
-        proc = subprocess.Popen(
-            [sys.executable, str(script), str(steps), str(sleep_s), name, group],
-            env={**self.env, **(env or {})},
-            cwd=self.workdir,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
-        self.procs.append(proc)
-        return proc
 
-    def finish(self, proc: subprocess.Popen, name: str) -> dict[str, Any]:
-        """Wait for *proc* to train and its run to end; its /runs row."""
-        out, err = proc.communicate(timeout=120)
-        assert proc.returncode == 0 and "TRAINED" in out, (out, err)
-        return self.wait_run(name, lambda r: r["status"] != "running", "its run to end")
-
-    def wait_run(self, name: str, ok, what: str, timeout_s: float = 60) -> dict[str, Any]:
-        """The /runs row named exactly *name* once ``ok(row)``."""
+    def live_run_id(self, name: str, min_steps: int, timeout_s: float = 300) -> int:
+        """The id of live run *name* once it has *min_steps* steps (by ping)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            for row in self.get("/api/v1/runs")["runs"]:
-                if row["run_name"] == name and ok(row):
-                    return row
-            time.sleep(0.2)
-        raise AssertionError(f"timed out waiting for {what} ({name[:40]!r}): {self.log()[-3000:]}")
+            for r in (self.client.ping(1.0) or {}).get("live_runs") or []:
+                if r["run_name"] == name and r["steps"] >= min_steps:
+                    return int(r["run_id"])
+            time.sleep(0.1)
+        raise AssertionError(f"run {name!r} not live with {min_steps} steps: {self.log()}")
 
-    def stop(self) -> None:
-        for proc in reversed(self.procs):
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(10)
-            for pipe in (proc.stdout, proc.stderr):
-                if pipe is not None:
-                    pipe.close()
+    def log(self) -> str:
+        return self.daemons.log(self.proc)
 
 
 @pytest.fixture(scope="module")
-def dash(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dash]:
-    """A gpuprofd with the recorded H200 trace as its GPU, serving HTTP."""
-    socket_dir = Path(tempfile.mkdtemp(prefix="gp", dir="/tmp"))  # ipc paths < 107 bytes
-    work = tmp_path_factory.mktemp("dash")
-    d = Dash(socket_dir=socket_dir, db=work / "gpuprof.db", workdir=work, port=free_port())
-    d.start_daemon()
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
+    tmp = tmp_path_factory.mktemp("web")
+    sock_dir = Path(tempfile.mkdtemp(prefix="gp", dir="/tmp"))
+    script = tmp / "train.py"
+    script.write_text(TRAIN)
+    daemons = Daemons(tmp)
+    env = {"GPUPROF_NVML": f"replay:{trace_path()}", "GPUPROF_GPU_RATE": ""}
+    env = {**{k: v for k, v in os.environ.items() if k != "GPUPROF_GPU_RATE"}, **env}
     try:
-        yield d
-    finally:
-        d.stop()
-        shutil.rmtree(socket_dir, ignore_errors=True)
-
-
-@pytest.fixture(scope="session")
-def browser() -> Iterator[Any]:
-    if not CHROMIUM.exists():
-        reason = f"no Chromium at {CHROMIUM} (apt-get install chromium; scripts/test.sh does)"
-        print(f"\ngpuprof: browser tests skipped: {reason}", file=sys.stderr)
-        pytest.skip(reason)
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        reason = "the playwright package is not installed (pip install -r requirements-dev.txt)"
-        print(f"\ngpuprof: browser tests skipped: {reason}", file=sys.stderr)
-        pytest.skip(reason)
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
-
-
-class Watched:
-    """A page with its console errors and uncaught exceptions collected."""
-
-    def __init__(self, page: Any) -> None:
-        self.page = page
-        self.errors: list[str] = []
-        page.on("console", self._console)
-        page.on("pageerror", lambda e: self.errors.append(f"pageerror: {e}"))
-
-    def _console(self, msg: Any) -> None:
-        if msg.type == "error":
-            self.errors.append(f"console: {msg.text}")
-
-    def open(self, url: str) -> Any:
-        """Go to *url* and wait for its view to have drawn (body[data-ready=1])."""
-        self.page.goto(url)
-        self.page.wait_for_selector("body[data-ready='1']", timeout=30_000)
-        return self.page
-
-
-@pytest.fixture
-def pages(browser: Any) -> Iterator[Any]:
-    """new(color_scheme="light", width=1440) -> Watched; contexts closed after."""
-    contexts = []
-
-    def new(color_scheme: str = "light", width: int = 1440, height: int = 900) -> Watched:
-        ctx = browser.new_context(
-            viewport={"width": width, "height": height}, color_scheme=color_scheme
+        proc, client = daemons.start_ready(
+            sock_dir, tmp / "gpuprof.db", "--http", "127.0.0.1:0", env=env
         )
-        contexts.append(ctx)
-        return Watched(ctx.new_page())
-
-    yield new
-    for ctx in contexts:
-        ctx.close()
+        url = client.ping(2.0)["dashboard_url"]
+        assert url.startswith("http://127.0.0.1:"), url
+        yield Node(daemons, proc, client, sock_dir, tmp / "gpuprof.db", url, script)
+    finally:
+        daemons.kill_all()
+        shutil.rmtree(sock_dir, ignore_errors=True)

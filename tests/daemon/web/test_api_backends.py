@@ -1,0 +1,279 @@
+"""The API over each storage backend (a SQLite file, the real Postgres), in
+process: one long run written through the store (steps, per-second GPU
+rollups, host samples), read back by aiohttp's test client. A single-step
+and a single-second spike survive the whole-run zoom; a hostile run name
+comes back verbatim; bad ids and parameters are JSON 400/404."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+from aiohttp import test_utils
+
+from gpuprofd.sampling import rollup
+from gpuprofd.sampling.nvml import GpuDevice
+from gpuprofd.storage import runsdb, steprollup
+from gpuprofd.storage.store import Op, Store
+from gpuprofd.web.app import WebState, build_app
+from tests.daemon.storage.test_backends import open_store
+
+HOSTILE = "<script>alert('x')</script> \"q\" \u202eevil\u202c " + "é" * 5000
+START_MONO = 5_000_000_000_000
+START_WALL = 1_796_000_000_000_000_000
+STEP_NS, WAIT_NS = 20_000_000, 10_000_000  # 30 ms an iteration
+STEPS = 20_000  # 600 s
+SPIKE_STEP, SPIKE_STEP_NS = 12_345, 900_000_000
+SECONDS = 600
+SPIKE_SECOND, SPIKE_POWER_MW = 321, 700_000
+UUID = "GPU-11111111-2222-3333-4444-555555555555"
+BOOT = "boot-a"
+
+
+def _step(i: int) -> dict[str, Any]:
+    t0 = START_MONO + i * (STEP_NS + WAIT_NS) + WAIT_NS
+    dur = SPIKE_STEP_NS if i == SPIKE_STEP else STEP_NS
+    phases = {"forward": dur // 4, "backward": dur // 2, "optimizer": dur // 8}
+    return {"i": i, "t0": t0, "t1": t0 + dur, "wait": WAIT_NS, "explicit": False, "micro": 1,
+            "phases": phases}  # fmt: skip
+
+
+def _rollup(sec: int) -> tuple[Any, ...]:
+    row = dict.fromkeys(rollup.ROLLUP_COLUMNS)
+    power = SPIKE_POWER_MW if sec == SPIKE_SECOND else 300_000
+    row.update(
+        sec_ns=START_MONO + sec * rollup.NS_PER_S, uuid="11111111-2222-3333-4444-555555555555",
+        n=100, util_min=90.0, util_mean=95.0, util_max=99.0, idle_n=0,
+        mem_used_min=10**9, mem_used_mean=1.1e9, mem_used_max=1.2 * 10**9,
+        mem_total_bytes=150 * 10**9, power_min_mw=power, power_mean_mw=power,
+        power_max_mw=power, temp_min_c=40.0, temp_mean_c=41.0, temp_max_c=42.0,
+        sm_min_mhz=1900.0, sm_mean_mhz=1950.0, sm_max_mhz=1980.0, reasons_n=0,
+        reasons_any=0, capped_n=0, thermal_n=0, slow_n=1, pcie_rx_max_bps=1e9,
+        pcie_tx_max_bps=2e8, gpm_sm_occupancy_mean=40.0, boot_id=BOOT,
+    )  # fmt: skip
+    row["mem_used_max"] = int(row["mem_used_max"])
+    return tuple(row[c] for c in rollup.ROLLUP_COLUMNS)
+
+
+async def _write_run(store: Store) -> int:
+    run_id = await runsdb.insert_run(
+        store,
+        {
+            "run_key": "k-long", "run_name": HOSTILE, "status": "running", "host": "h",
+            "pid": 1, "rank": 0, "local_rank": 0, "world_size": 1, "auto": 1,
+            "start_wall_ns": START_WALL, "start_mono_ns": START_MONO, "options": {},
+            "cpu_count": 4, "cuda_uuid": UUID, "boot_id": BOOT, "gpu_model": "NVIDIA H200",
+        },
+    )  # fmt: skip
+    for i in range(STEPS):
+        await store.submit(runsdb.step_op(run_id, _step(i)))
+    for sec in range(SECONDS):
+        await store.submit(Op(rollup.INSERT_SQL, _rollup(sec)))
+    for k in range(2 * SECONDS):
+        mono = START_MONO + k * 500_000_000
+        await store.submit(
+            runsdb.host_sample_op(mono, 50.0, 4, 1e6, None, 8 * 10**9, None, None, BOOT)
+        )
+        await store.submit(runsdb.run_cpu_op(run_id, mono, 1.5))  # fmt: skip
+    end = START_MONO + SECONDS * rollup.NS_PER_S
+    await runsdb.update_run(
+        store, run_id, status="finished", end_mono_ns=end,
+        end_wall_ns=START_WALL + SECONDS * rollup.NS_PER_S,
+    )  # fmt: skip
+    await store.flush()
+    return run_id
+
+
+@contextlib.asynccontextmanager
+async def api(storage_url: str) -> AsyncIterator[tuple[test_utils.TestClient, int]]:
+    async with open_store(storage_url) as store:
+        run_id = await _write_run(store)
+        device = GpuDevice(index=3, uuid=UUID, name="NVIDIA H200")
+        state = WebState(reader=store, devices=(device,), now_mono_ns=None)
+        async with test_utils.TestClient(test_utils.TestServer(build_app(state))) as client:
+            yield client, run_id
+
+
+async def _json(client: test_utils.TestClient, path: str, status: int = 200) -> Any:
+    resp = await client.get(path)
+    assert resp.status == status, await resp.text()
+    assert resp.content_type == "application/json"
+    return await resp.json()
+
+
+async def test_whole_run_series_keeps_one_step_and_one_second_spikes(storage_url: str) -> None:
+    async with api(storage_url) as (client, run_id):
+        got = await _json(client, f"/api/v1/runs/{run_id}/series?width=100")
+    assert got["buckets"] == 200
+    steps = got["steps"]
+    assert sum(steps["n"]) == STEPS and len(steps["t"]) <= 200
+    spike_ms = (SPIKE_STEP_NS + WAIT_NS) / 1e6
+    maxes = steps["step_ms"]["max"]
+    assert max(maxes) == pytest.approx(spike_ms)
+    assert sorted(maxes)[-2] == pytest.approx((STEP_NS + WAIT_NS) / 1e6)  # only one bucket has it
+    at = maxes.index(max(maxes))
+    assert steps["first_step"][at] <= SPIKE_STEP < steps["first_step"][at] + steps["n"][at]
+    # the bucket's mean is diluted by its ~100 steps, its min untouched
+    assert steps["step_ms"]["min"][at] == pytest.approx((STEP_NS + WAIT_NS) / 1e6)
+    assert steps["step_ms"]["mean"][at] < spike_ms / 10
+    # phases stack to the mean
+    stacked = sum(steps["phases_ms"][p][0] for p in steps["phases_ms"])
+    assert stacked == pytest.approx(steps["step_ms"]["mean"][0], rel=1e-3)
+
+    (gpu,) = got["gpus"]
+    assert (gpu["index"], gpu["uuid"], gpu["name"]) == (3, UUID, "NVIDIA H200")
+    assert got["tier"]["gpus"] == "rollup"
+    assert sum(1 for w in gpu["power_w"]["max"] if w == 700.0) == 1
+    assert max(gpu["power_w"]["mean"]) < 700.0  # the mean of its bucket is diluted
+    assert set(gpu["power_w"]["min"]) == {300.0}
+    assert gpu["pcie_rx_bps"][0] == 1e9 and gpu["gpm_tensor_util_pct"] is None
+    host = got["host"]
+    assert host["cpu_count"] == 4
+    assert host["run_cores"]["mean"][0] == pytest.approx(1.5)
+    assert host["other_cores"]["mean"][0] == pytest.approx(0.5)  # 50 % of 4 cores, less 1.5
+
+
+async def test_a_zoomed_window_has_every_step(storage_url: str) -> None:
+    async with api(storage_url) as (client, run_id):
+        t_spike = (START_WALL + SPIKE_STEP * (STEP_NS + WAIT_NS)) / 1e9
+        got = await _json(
+            client, f"/api/v1/runs/{run_id}/series?from={t_spike - 3}&to={t_spike + 3}&width=1000"
+        )
+    steps = got["steps"]
+    assert set(steps["n"]) == {1}  # 200 steps in 2,000 buckets: one each
+    assert len(steps["t"]) == 200
+    i = steps["first_step"].index(SPIKE_STEP)
+    assert steps["step_ms"]["max"][i] == pytest.approx((SPIKE_STEP_NS + WAIT_NS) / 1e6)
+    assert steps["t"][i] == pytest.approx(t_spike + WAIT_NS / 1e9, abs=1e-3)
+
+
+async def test_a_hostile_name_comes_back_verbatim(storage_url: str) -> None:
+    async with api(storage_url) as (client, run_id):
+        listed = await _json(client, "/api/v1/runs?name=%3Cscript%3E")
+        none = await _json(client, "/api/v1/runs?name=absent&status=finished")
+        one = await _json(client, f"/api/v1/runs/{run_id}")
+    assert [r["name"] for r in listed["runs"]] == [HOSTILE]
+    assert listed["runs"][0]["run_name"] == HOSTILE
+    assert none == {"runs": []}
+    assert one["run"]["name"] == HOSTILE and one["summary"]["run_name"] == HOSTILE
+    assert one["run"]["steps"] == STEPS
+    assert one["run"]["start_s"] == pytest.approx(START_WALL / 1e9)
+
+
+BAD = [
+    ("/api/v1/runs/abc", 400, "run id 'abc' is not a positive integer"),
+    ("/api/v1/runs/0", 400, "not a positive integer"),
+    ("/api/v1/runs/-3/series", 400, "not a positive integer"),
+    ("/api/v1/runs/99", 404, "no run 99 in"),
+    ("/api/v1/runs/99/series", 404, "no run 99 in"),
+    ("/api/v1/runs/1/series?width=5", 400, "width=5 is out of range (10-4000)"),
+    ("/api/v1/runs/1/series?from=yesterday", 400, "from='yesterday' is not a number"),
+    ("/api/v1/runs/1/series?from=nan", 400, "not a finite number"),
+    ("/api/v1/runs/1/series?from=2000000000&to=1000000000", 400, "is not before"),
+    ("/api/v1/runs/1/kernels?top=0", 400, "top=0 is out of range"),
+    ("/api/v1/runs?status=done", 400, "give one of running, finished, failed, lost"),
+    ("/api/v1/runs?limit=many", 400, "limit='many' is not an integer"),
+    ("/api/v1/compare?ids=1", 400, "give 2 to 8 run ids"),
+    ("/api/v1/compare?ids=1,x", 400, "run id 'x' is not a positive integer"),
+    ("/api/v1/compare?ids=1,77", 404, "no run 77 in"),
+    ("/api/v1/groups/nope", 404, "no runs in group 'nope'"),
+    ("/api/v1/nothing", 404, "no such API path"),
+]
+
+
+async def test_bad_requests_get_a_json_error(storage_url: str) -> None:
+    async with api(storage_url) as (client, _):
+        for path, status, says in BAD:
+            got = await _json(client, path, status)
+            assert set(got) == {"error"} and says in got["error"], (path, got)
+
+
+async def _subscribe(ws: Any, msg: Any, until: str = "steps") -> list[dict[str, Any]]:
+    """Send *msg*; the messages that follow, up to the first of type *until*
+    (or a reset or an error)."""
+    await ws.send_str(msg if isinstance(msg, str) else orjson.dumps(msg).decode())
+    got = []
+    while True:
+        m = await ws.receive(timeout=30)
+        assert m.type == aiohttp.WSMsgType.TEXT, m
+        got.append(orjson.loads(m.data))
+        if got[-1]["type"] in (until, "reset", "error"):
+            return got
+
+
+async def test_live_socket_bounds_what_it_sends(storage_url: str) -> None:
+    async with open_store(storage_url) as store:
+        run_id = await _write_run(store)
+        state = WebState(reader=store, now_mono_ns=None, live_poll_s=0.05)
+        server = test_utils.TestServer(build_app(state))
+        await server.start_server()
+        try:
+            async with aiohttp.ClientSession() as session:
+                ws = await session.ws_connect(server.make_url("/api/v1/live"))
+                # 20,000 steps behind: told to re-fetch, nothing else of the rows
+                got = await _subscribe(ws, {"run": run_id, "cursors": {"step": -1, "t": 0}})
+                assert [m["type"] for m in got][-1] == "reset"
+                assert {m["type"] for m in got} <= {"run", "insights", "reset"}
+                # near the end: only the newer rows, the run's state first
+                t_end = (START_WALL + SECONDS * rollup.NS_PER_S) / 1e9
+                sub = {"run": run_id, "cursors": {"step": STEPS - 5, "t": t_end - 2}}
+                got = await _subscribe(ws, sub)
+                kinds = [m["type"] for m in got]
+                assert kinds[:2] == ["run", "insights"] and kinds[-1] == "steps"
+                assert got[0]["run"]["status"] == "finished" and got[0]["run"]["name"] == HOSTILE
+                assert [r["step"] for r in got[-1]["rows"]] == list(range(STEPS - 4, STEPS))
+                for bad, says in (
+                    ("not json", "not a subscribe message"),
+                    ({"run": "1"}, "run must be a positive integer"),
+                    ({"run": 1, "cursors": {"step": "x"}}, "cursors.step must be an integer"),
+                    ({"run": 424242}, "no run 424242 in"),
+                ):
+                    *before, err = await _subscribe(ws, bad, "error")
+                    assert err["type"] == "error" and says in err["error"]
+                    assert {m["type"] for m in before} <= {"gpus", "host"}  # the last round's
+                await server.close()  # the daemon shutting down
+                closed = await ws.receive(timeout=30)
+                assert closed.type == aiohttp.WSMsgType.CLOSE
+                assert closed.data == aiohttp.WSCloseCode.GOING_AWAY
+        finally:
+            await server.close()
+
+
+async def test_the_step_rollup_tier_keeps_the_spike_and_every_step(storage_url: str) -> None:
+    async with open_store(storage_url) as store:
+        run_id = await _write_run(store)
+        # a run rolled up to step 15,000 (a live one's tier lags); the rest raw
+        await runsdb.update_run(store, run_id, status="running")
+        await store.submit(Op("DELETE FROM steps WHERE run_id = ? AND step > 15050", (run_id,)))
+        await store.flush()
+        assert await steprollup.roll_pass(store) == 150  # complete blocks only
+        assert await steprollup.roll_pass(store) == 0
+        for i in range(15051, STEPS):
+            await store.submit(runsdb.step_op(run_id, _step(i)))
+        await runsdb.update_run(store, run_id, status="finished")
+        await store.flush()
+        state = WebState(reader=store, now_mono_ns=None)
+        async with test_utils.TestClient(test_utils.TestServer(build_app(state))) as client:
+            whole = await _json(client, f"/api/v1/runs/{run_id}/series?width=100")
+            t = (START_WALL + SPIKE_STEP * (STEP_NS + WAIT_NS)) / 1e9
+            zoom = await _json(client, f"/api/v1/runs/{run_id}/series?from={t - 3}&to={t + 3}")
+        assert await steprollup.roll_pass(store) == 50  # the ended run's blocks after it
+        n = await store.fetchone("SELECT COUNT(*) AS n, SUM(n) AS s FROM step_rollups")
+        assert (n["n"], n["s"]) == (200, STEPS)
+    assert whole["tier"]["steps"] == "rollup" and zoom["tier"]["steps"] == "raw"
+    steps = whole["steps"]
+    assert sum(steps["n"]) == STEPS  # 150 blocks and the raw steps after them
+    spike_ms = (SPIKE_STEP_NS + WAIT_NS) / 1e6
+    assert max(steps["step_ms"]["max"]) == pytest.approx(spike_ms)
+    assert sorted(steps["step_ms"]["max"])[-2] == pytest.approx((STEP_NS + WAIT_NS) / 1e6)
+    mean_all = sum(m * k for m, k in zip(steps["step_ms"]["mean"], steps["n"], strict=True)) / STEPS
+    assert mean_all == pytest.approx(
+        (STEP_NS + WAIT_NS) / 1e6 + (SPIKE_STEP_NS - STEP_NS) / 1e6 / STEPS
+    )
+    stacked = sum(steps["phases_ms"][p][-1] for p in steps["phases_ms"])
+    assert stacked == pytest.approx(steps["step_ms"]["mean"][-1], rel=1e-3)
+    assert max(zoom["steps"]["step_ms"]["max"]) == pytest.approx(spike_ms)
