@@ -35,6 +35,7 @@ import json
 import os
 import shutil
 import socket
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -152,16 +153,15 @@ def api_case(base: str, width: int, run: dict[str, Any]) -> None:
         f"{warm * 1e3:.0f} ms; {len(body) / 1e3:.0f} kB, {data['buckets']} buckets, "
         f"{len(data['steps']['t'])} step points for {run['steps']:,} steps, tier {data['tier']}"
     )
-    hour_from = run["end_s"] - 3600
-    hour, _ = get(f"{url}&from={hour_from}&to={run['end_s']}")
     half, _ = get(f"{base}/api/v1/runs/1/series?width={width // 2}")
     length = (run["end_s"] - run["start_s"]) / 3600
-    print(
-        f"API response size at width {width}: whole run ({length:.1f} h) {len(body) / 1e3:.0f} kB "
-        f"vs its last hour {len(hour) / 1e3:.0f} kB (x{len(body) / len(hour):.2f} for "
-        f"x{length:.1f} the time); width {width // 2}: {len(half) / 1e3:.0f} kB "
-        f"(x{len(body) / len(half):.2f} for x2 the width)"
-    )
+    line = f"API response size at width {width}: whole run ({length:.1f} h) {len(body) / 1e3:.0f}"
+    line += " kB"
+    if length >= 2:  # against one hour of it
+        hour, _ = get(f"{url}&from={run['end_s'] - 3600}&to={run['end_s']}")
+        line += f" vs its last hour {len(hour) / 1e3:.0f} kB (x{len(body) / len(hour):.2f}"
+        line += f" for x{length:.1f} the time)"
+    print(f"{line}; width {width // 2}: {len(half) / 1e3:.0f} kB (x{len(body) / len(half):.2f})")
 
 
 def page_case(base: str, width: int) -> None:
@@ -309,6 +309,29 @@ def live_case(base: str, env: dict[str, str], work: Path, far: int) -> None:
     )
 
 
+def _wait_rollups(db: Path, steps: int, timeout_s: float = 900) -> None:
+    """Wait for the daemon's step rollup passes to cover run 1's *steps*
+    (:mod:`gpuprofd.storage.steprollup`: the whole-run series reads them)."""
+    from gpuprofd.storage.steprollup import STEP_BLOCK
+
+    want = steps // STEP_BLOCK
+    t = time.perf_counter()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
+            try:
+                (have,) = conn.execute(
+                    "SELECT COUNT(*) FROM step_rollups WHERE run_id = 1"
+                ).fetchone()
+            except sqlite3.OperationalError:  # the table not made yet
+                have = 0
+        if have >= want:
+            print(f"step rollups: {have:,} blocks of run 1, in {time.perf_counter() - t:.0f} s")
+            return
+        time.sleep(1)
+    raise SystemExit(f"the daemon's step rollups did not cover run 1 in {timeout_s:.0f} s")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--hours", type=float, default=24.0)
@@ -329,6 +352,7 @@ def main() -> None:
             f"{counts['gpu_rollups']:,} GPU rollups, {db.stat().st_size / 1e6:.0f} MB"
         )
         with daemon(db, work) as (base, env):
+            _wait_rollups(db, counts["steps"] // args.gpus)
             run = json.loads(get(f"{base}/api/v1/runs/1")[0])["run"]
             api_case(base, args.width, run)
             page_case(base, args.width)
