@@ -35,6 +35,7 @@ import json
 import os
 import shutil
 import socket
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -152,16 +153,15 @@ def api_case(base: str, width: int, run: dict[str, Any]) -> None:
         f"{warm * 1e3:.0f} ms; {len(body) / 1e3:.0f} kB, {data['buckets']} buckets, "
         f"{len(data['steps']['t'])} step points for {run['steps']:,} steps, tier {data['tier']}"
     )
-    hour_from = run["end_s"] - 3600
-    hour, _ = get(f"{url}&from={hour_from}&to={run['end_s']}")
     half, _ = get(f"{base}/api/v1/runs/1/series?width={width // 2}")
     length = (run["end_s"] - run["start_s"]) / 3600
-    print(
-        f"API response size at width {width}: whole run ({length:.1f} h) {len(body) / 1e3:.0f} kB "
-        f"vs its last hour {len(hour) / 1e3:.0f} kB (x{len(body) / len(hour):.2f} for "
-        f"x{length:.1f} the time); width {width // 2}: {len(half) / 1e3:.0f} kB "
-        f"(x{len(body) / len(half):.2f} for x2 the width)"
-    )
+    line = f"API response size at width {width}: whole run ({length:.1f} h) {len(body) / 1e3:.0f}"
+    line += " kB"
+    if length >= 2:  # against one hour of it
+        hour, _ = get(f"{url}&from={run['end_s'] - 3600}&to={run['end_s']}")
+        line += f" vs its last hour {len(hour) / 1e3:.0f} kB (x{len(body) / len(hour):.2f}"
+        line += f" for x{length:.1f} the time)"
+    print(f"{line}; width {width // 2}: {len(half) / 1e3:.0f} kB (x{len(body) / len(half):.2f})")
 
 
 def page_case(base: str, width: int) -> None:
@@ -230,27 +230,35 @@ def _wait_steps(base: str, rid: int, n: int, timeout_s: float = 600) -> None:
 
 
 async def _listen(base: str, rid: int, step: int, sender: Sender, slow: int) -> dict[str, list]:
-    """Message sizes by type while *sender* sends *slow* 500 ms steps."""
-    sizes: dict[str, list[int]] = {}
+    """Message sizes by type while *sender* sends *slow* 500 ms steps (and until
+    a steps message came, at most 60 s); ``"first_s"``: seconds to the first."""
+    sizes: dict[str, list] = {}
     async with aiohttp.ClientSession() as s, s.ws_connect(f"{base}/api/v1/live") as ws:
         await ws.send_json({"run": rid, "cursors": {"step": step, "t": time.time()}})
         send = asyncio.create_task(asyncio.to_thread(sender.send, "slow", slow))
         loop = asyncio.get_running_loop()
+        start = loop.time()
         end = None
-        while True:
+        while end is None or loop.time() < end:
             if send.done() and end is None:
-                end = loop.time() + 1.5  # what the last step brings
-            timeout = 0.5 if end is None else max(0.01, end - loop.time())
-            if end is not None and loop.time() >= end:
-                break
+                # what the last step brings; longer while no steps came
+                end = loop.time() + (1.5 if "steps" in sizes else 60)
             try:
-                msg = await ws.receive(timeout=timeout)
+                msg = await ws.receive(timeout=0.5)
             except asyncio.TimeoutError:
                 continue
             if msg.type != aiohttp.WSMsgType.TEXT:
+                print(f"  the socket ended: {msg.type.name} {msg.data} {msg.extra or ''}")
                 break
-            kind = json.loads(msg.data).get("type", "?")
+            body = json.loads(msg.data)
+            kind = body.get("type", "?")
             sizes.setdefault(kind, []).append(len(msg.data.encode()))
+            if kind == "steps":
+                rows = max(1, len(body.get("rows") or []))
+                sizes.setdefault("steps/row", []).append(len(msg.data.encode()) / rows)
+                sizes.setdefault("first_s", [loop.time() - start])
+                if end is not None:
+                    end = min(end, loop.time() + 1.5)
         await send
     return sizes
 
@@ -277,7 +285,9 @@ def live_case(base: str, env: dict[str, str], work: Path, far: int) -> None:
         xs = sizes.get(kind) or [0]
         return sum(xs) / len(xs)
 
-    kinds = sorted(set(near) | set(farther))
+    first = [f"{x['first_s'][0]:.1f} s" if x.get("first_s") else "none" for x in (near, farther)]
+    print(f"first steps message after the client's hello: {first[0]} at step 100, {first[1]} after")
+    kinds = sorted((set(near) | set(farther)) - {"first_s"})
     print("live messages while one 500 ms step at a time arrives (mean bytes per message):")
     print(f"  {'type':<10}{'at step 100':>14}{f'at step {at - 1:,}':>18}{'ratio':>8}")
     for k in kinds:
@@ -288,7 +298,8 @@ def live_case(base: str, env: dict[str, str], work: Path, far: int) -> None:
 
     def update(sizes: dict[str, list[int]]) -> float:
         """Bytes pushed per steps message, all but insights (sent when they change)."""
-        pushed = sum(sum(v) for k, v in sizes.items() if k != "insights")
+        skip = ("insights", "first_s", "steps/row")
+        pushed = sum(sum(v) for k, v in sizes.items() if k not in skip)
         return pushed / max(1, len(sizes.get("steps", [])))
 
     a, b = update(near), update(farther)
@@ -296,6 +307,29 @@ def live_case(base: str, env: dict[str, str], work: Path, far: int) -> None:
         f"  bytes per live update (steps, samples and run state per steps message): {a:.0f} "
         f"at step 100, {b:.0f} at step {at - 1:,} (x{b / a if a else float('nan'):.2f})"
     )
+
+
+def _wait_rollups(db: Path, steps: int, timeout_s: float = 900) -> None:
+    """Wait for the daemon's step rollup passes to cover run 1's *steps*
+    (:mod:`gpuprofd.storage.steprollup`: the whole-run series reads them)."""
+    from gpuprofd.storage.steprollup import STEP_BLOCK
+
+    want = steps // STEP_BLOCK
+    t = time.perf_counter()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
+            try:
+                (have,) = conn.execute(
+                    "SELECT COUNT(*) FROM step_rollups WHERE run_id = 1"
+                ).fetchone()
+            except sqlite3.OperationalError:  # the table not made yet
+                have = 0
+        if have >= want:
+            print(f"step rollups: {have:,} blocks of run 1, in {time.perf_counter() - t:.0f} s")
+            return
+        time.sleep(1)
+    raise SystemExit(f"the daemon's step rollups did not cover run 1 in {timeout_s:.0f} s")
 
 
 def main() -> None:
@@ -318,6 +352,7 @@ def main() -> None:
             f"{counts['gpu_rollups']:,} GPU rollups, {db.stat().st_size / 1e6:.0f} MB"
         )
         with daemon(db, work) as (base, env):
+            _wait_rollups(db, counts["steps"] // args.gpus)
             run = json.loads(get(f"{base}/api/v1/runs/1")[0])["run"]
             api_case(base, args.width, run)
             page_case(base, args.width)

@@ -18,7 +18,6 @@ import pytest
 
 from tests.daemon.h200_replay import trace_path
 from tests.daemon.helpers import Client, Daemons
-from tests.daemon.web.browser_fixtures import browser, dash, pages  # noqa: F401 - the page tests' fixtures
 
 #: A CPU training loop under gpuprof.profile(dashboard=True): argv NAME STEPS
 #: SOCKET_DIR DB [STOP_FILE]; with a STOP_FILE it trains until that file exists.

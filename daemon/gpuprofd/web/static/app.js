@@ -8,6 +8,7 @@ import * as group from "./views/group.js";
 import * as run from "./views/run.js";
 import * as runs from "./views/runs.js";
 
+const VIEWS = { runs, run, compare, group };
 const root = document.getElementById("view");
 let cleanup = null;
 
@@ -17,7 +18,7 @@ function notFound(what) {
   return null;
 }
 
-/** Parse location.hash into [view module, params], or a message. */
+/** Parse location.hash into [view name, params], or a message saying what is wrong. */
 export function parse(hash) {
   const [path, qs = ""] = hash.replace(/^#\/?/, "").split("?");
   const parts = path.split("/");
@@ -25,21 +26,21 @@ export function parse(hash) {
   switch (parts[0]) {
     case "":
     case "runs":
-      return [runs, { query }];
+      return ["runs", { query }];
     case "run": {
       const id = Number(parts[1]);
-      return Number.isInteger(id) && id >= 0 ? [run, { id }] : `"${parts[1] ?? ""}" is not a run id.`;
+      return Number.isInteger(id) && id >= 0 ? ["run", { id }] : `"${parts[1] ?? ""}" is not a run id.`;
     }
     case "compare": {
       const ids = (parts[1] || "").split(",").filter(Boolean).map(Number);
       if (ids.length < 2 || !ids.every((i) => Number.isInteger(i) && i >= 0)) {
         return "Compare needs two or more run ids: #/compare/1,2.";
       }
-      return [compare, { ids }];
+      return ["compare", { ids }];
     }
     case "group": {
       const g = decodeURIComponent(parts.slice(1).join("/"));
-      return g ? [group, { group: g }] : "Which group? #/group/<group id>.";
+      return g ? ["group", { group: g }] : "Which group? #/group/<group id>.";
     }
     default:
       return `No page "${parts[0]}".`;
@@ -55,15 +56,13 @@ function route() {
     notFound(target);
     return;
   }
-  const [view, params] = target;
-  document.body.dataset.view = Object.keys({ runs, run, compare, group }).find(
-    (k) => ({ runs, run, compare, group })[k] === view,
-  );
+  const [name, params] = target;
+  document.body.dataset.view = name;
   for (const a of document.querySelectorAll("nav a")) {
     a.setAttribute("aria-current", a.dataset.nav === document.body.dataset.view ? "page" : "false");
   }
   window.scrollTo(0, 0);
-  cleanup = view.render(root, params) || null;
+  cleanup = VIEWS[name].render(root, params) || null;
 }
 
 window.addEventListener("hashchange", route);

@@ -93,11 +93,13 @@ export function chart(parent, spec) {
   const time = spec.time !== false;
   const el = h("div", { class: "chart", "data-title": spec.title || null });
   parent.append(el);
+  // sizes follow the page's type (larger on a 4K screen): 1 at 14 px
+  const scale = (parseFloat(getComputedStyle(document.documentElement).fontSize) || 14) / 14;
   const axis = {
     stroke: pal.muted,
     grid: { stroke: pal.grid, width: 1 },
     ticks: { stroke: pal.grid, width: 1 },
-    font: "11px system-ui, sans-serif",
+    font: `${Math.round(11 * scale)}px system-ui, sans-serif`,
   };
   const series = [
     {
@@ -124,7 +126,7 @@ export function chart(parent, spec) {
   const opts = {
     title: spec.title,
     width: Math.max(el.clientWidth || parent.clientWidth || 300, 200),
-    height: spec.height || 160,
+    height: Math.round((spec.height || 160) * scale),
     series,
     bands: spec.bands,
     scales: {
@@ -137,13 +139,13 @@ export function chart(parent, spec) {
       y: { range: spec.yRange },
     },
     axes: [
-      { ...axis, ...(spec.xAxis || {}) },
-      { ...axis, size: spec.axisSize || 64, values: (u, splits) => splits.map((v) => fmt(v, tickDigits(splits))) },
+      { ...axis, size: Math.round(50 * scale), ...(spec.xAxis || {}) },
+      { ...axis, size: Math.round((spec.axisSize || 64) * scale), values: (u, splits) => splits.map((v) => fmt(v, tickDigits(splits))) },
     ],
     cursor: {
       sync: spec.syncKey ? { key: spec.syncKey, setSeries: false } : undefined,
       drag: { x: !!spec.onSelect, y: false, setScale: false },
-      points: { size: 6 },
+      points: { size: Math.round(6 * scale) },
     },
     legend: { live: true },
     hooks: {

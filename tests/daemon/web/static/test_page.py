@@ -18,7 +18,7 @@ from urllib.parse import parse_qs, quote, urlparse
 
 import pytest
 
-from tests.daemon.web.browser_fixtures import Dash
+from tests.daemon.web.static.conftest import Dash
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -38,7 +38,8 @@ def runs(dash: Dash) -> dict[str, Any]:
     whole hostile string), and a two-rank group."""
     started = {
         "plain": dash.train(40, 0.0, "web-plain"),
-        "stall": dash.train(40, 0.03, "web-stall"),
+        # long enough (150 x 30 ms) for the daemon's GPU (10 Hz) and host (2 Hz) samples
+        "stall": dash.train(150, 0.03, "web-stall"),
         "hostile": dash.train(15, 0.0, HOSTILE),
     }
     rows = {
@@ -143,8 +144,11 @@ def test_insights_panel_shows_the_runs_findings(dash: Dash, runs: dict, pages):
 
 
 def test_one_crosshair_moves_on_every_chart(dash: Dash, runs: dict, pages):
+    rid = runs["stall"]["id"]
+    series = dash.get(f"/api/v1/runs/{rid}/series")
+    assert series["gpus"] and (series["host"] or {}).get("t"), "GPU and host samples to chart"
     w = pages()
-    page = w.open(f"{dash.url}/#/run/{runs['plain']['id']}")
+    page = w.open(f"{dash.url}/#/run/{rid}")
     before = chart_cursors(page)
     titles = [c["title"] for c in before]
     assert any("utilization" in t for t in titles), titles  # GPU rows are there (replay)

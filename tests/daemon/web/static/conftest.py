@@ -1,5 +1,6 @@
-"""The dashboard page in a real headless Chromium (Debian's, driven by Playwright)
-against a real gpuprofd serving HTTP, with real CPU torch runs in it."""
+"""Fixtures for the page's tests: a real headless Chromium (Debian's, driven by
+Playwright) against a real gpuprofd serving HTTP, with real CPU torch runs in
+it (the page is ``gpuprofd/web/static/``)."""
 
 from __future__ import annotations
 
