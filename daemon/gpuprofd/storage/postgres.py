@@ -285,6 +285,14 @@ class PostgresWriter:
         self._shapes: dict[str, _Shape] = {}
         """Per statement: its parameter types and whether it returns rows."""
 
+    def bound(self, conn: Any) -> PostgresWriter:
+        """A writer over *conn* (a connection in a transaction the caller
+        holds), sharing this one's statement shapes."""
+        other = PostgresWriter(self.pool)
+        other._conn = conn
+        other._shapes = self._shapes
+        return other
+
     async def begin(self) -> None:
         self._conn = await self.pool.acquire()
         try:
