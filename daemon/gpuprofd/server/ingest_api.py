@@ -136,6 +136,15 @@ async def handle(
     except store.errors as exc:  # a statement the database refused: the batch as a whole
         if store.is_lost(exc):
             return error_response(503, "the database is unreachable: send the batch again")
+        if "runs_uuid" in str(exc) or "runs.run_uuid" in str(exc):  # another node, just now
+            return json_response(
+                {
+                    "error": "a run of this batch was just sent by another node; "
+                    "nothing of the batch was stored",
+                    "field": "events",
+                },
+                409,
+            )
         log.warning(
             "ingest: a batch of node %s was refused by the database: %s", batch["node"], exc
         )

@@ -36,6 +36,9 @@ RETENTION_EVERY_S = 600.0
 #: Login counts older than this are forgotten (well past the rate window), seconds.
 LOGINS_KEPT_S = 3600.0
 SHUTDOWN_TIMEOUT_S = 2.0
+#: Postgres connections of one replica (besides its listener): the ingest
+#: transactions of several nodes run at once, each on its own.
+POOL_SIZE = 8
 
 
 @dataclass(frozen=True)
@@ -57,7 +60,8 @@ class Server:
     def __init__(self, opts: ServeOptions) -> None:
         self.opts = opts
         self.drops = DropCounter()
-        self.store = Store(opts.storage, self.drops)
+        # Postgres: the writer, reads, and up to ~6 batches applied at once
+        self.store = Store(opts.storage, self.drops, pool_size=POOL_SIZE)
         self.url: str | None = None
         self._stop = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()

@@ -92,6 +92,7 @@ async def write_live_runs(new: aiosqlite.Connection, snap: Snapshot) -> dict[int
     await new.execute("BEGIN IMMEDIATE")
     try:
         i_id, i_key = cols.index("id"), cols.index("run_key")
+        i_uuid = cols.index("run_uuid") if "run_uuid" in cols else None
         for row in runs:
             # the same run already there (the old file copied back in place):
             # the old file's rows are a superset, so they replace it
@@ -99,6 +100,12 @@ async def write_live_runs(new: aiosqlite.Connection, snap: Snapshot) -> dict[int
                 same = await c.fetchone()
             if same is not None:
                 await _delete_run(new, same[0])
+            if i_uuid is not None and row[i_uuid] is not None:
+                # a copy of this database made while the run was open holds its
+                # UUID too: the live run keeps it (a team server knows it by it)
+                await new.execute(
+                    "UPDATE runs SET run_uuid = NULL WHERE run_uuid = ?", (row[i_uuid],)
+                )
             async with new.execute("SELECT 1 FROM runs WHERE id = ?", (row[i_id],)) as c:
                 taken = await c.fetchone() is not None
             if taken:

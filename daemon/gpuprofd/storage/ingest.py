@@ -69,7 +69,6 @@ _LOCK_NODE_SQL = (
 )
 _NODE_SEQ_SQL = "SELECT last_seq FROM ingest_nodes WHERE node_id = ?"
 _SET_SEQ_SQL = "UPDATE ingest_nodes SET last_seq = ?, events = events + ? WHERE node_id = ?"
-_FIND_RUN_SQL = "SELECT id, node_id FROM runs WHERE run_uuid = ?"
 _RUN_SET = tuple(f for f in RUN_FIELDS)
 _INSERT_RUN_SQL = (
     f"INSERT INTO runs (run_uuid, run_key, node_id, daemon, {', '.join(_RUN_SET)}) "
@@ -139,16 +138,19 @@ async def _apply(txn: Txn, batch: Mapping[str, Any], now: int) -> Applied:
     last = int(rows[0][0])
     events = [ev for ev in batch["events"] if ev["seq"] > last]
     out = Applied(node, last, 0, len(batch["events"]) - len(events))
-    runs: dict[str, int] = {}
+    runs = await _known_runs(txn, {ev["run"] for ev in events if "run" in ev})
+    rows: dict[str, list[tuple[Any, ...]]] = {}
     for i, ev in enumerate(batch["events"]):
         if ev["seq"] <= last:
             continue
-        await _event(txn, node, ev, f"events[{i}]", runs, out)
+        await _event(txn, node, ev, f"events[{i}]", runs, out, rows)
+    for sql, values in rows.items():  # one bulk insert per table (COPY on Postgres)
+        await txn.executemany(sql, values)
     if events:
         out.acked_seq = events[-1]["seq"]
         out.applied = len(events)
         await txn.execute(_SET_SEQ_SQL, (out.acked_seq, out.applied, node))
-    out.run_ids = sorted(set(runs.values()))
+    out.run_ids = sorted(out_ids(runs, events))
     if out.run_ids and txn.dialect.name == "postgres":  # delivered when the batch commits
         for payload in notify_payloads(out.run_ids):
             await txn.fetch("SELECT pg_notify(?, ?)", (NOTIFY_CHANNEL, payload))
@@ -173,21 +175,37 @@ def notify_payloads(run_ids: Sequence[int]) -> list[str]:
     return out
 
 
-async def _run_id(
-    txn: Txn, node: str, ev: Mapping[str, Any], where: str, runs: dict[str, int]
-) -> int:
+#: Known runs of a batch: run UUID -> (the server's id, the node that sent it).
+Runs = dict[str, tuple[int, str | None]]
+
+
+async def _known_runs(txn: Txn, uuids: set[str]) -> Runs:
+    """The batch's runs already stored, found in one query per 500."""
+    out: Runs = {}
+    listed = sorted(uuids)
+    for first in range(0, len(listed), 500):
+        part = listed[first : first + 500]
+        marks = ", ".join("?" * len(part))
+        sql = f"SELECT run_uuid, id, node_id FROM runs WHERE run_uuid IN ({marks})"
+        for uuid, run_id, owner in await txn.fetch(sql, part):
+            out[uuid] = (int(run_id), owner)
+    return out
+
+
+def out_ids(runs: Runs, events: Sequence[Mapping[str, Any]]) -> set[int]:
+    """The server's ids of the runs *events* are about."""
+    return {runs[ev["run"]][0] for ev in events if "run" in ev and ev["run"] in runs}
+
+
+async def _run_id(txn: Txn, node: str, ev: Mapping[str, Any], where: str, runs: Runs) -> int:
     """The server's id of the event's run (announced by a ``run`` event, in
     this batch or an earlier one)."""
     uuid = ev["run"]
-    if uuid in runs:
-        return runs[uuid]
-    found = await txn.fetch(_FIND_RUN_SQL, (uuid,))
-    if not found:
+    if uuid not in runs:
         raise BatchError(f"{where}.run", f"no run {uuid} here: send its run event first")
-    run_id, owner = int(found[0][0]), found[0][1]
+    run_id, owner = runs[uuid]
     if owner != node:
         raise IngestConflict(f"{where}.run", f"run {uuid} was sent by another node")
-    runs[uuid] = run_id
     return run_id
 
 
@@ -199,33 +217,25 @@ def _flag(value: Any, default: int = 0) -> int:
     return default if value is None else int(value)
 
 
-async def _upsert_run(
-    txn: Txn, node: str, ev: Mapping[str, Any], where: str, runs: dict[str, int]
-) -> int:
+async def _upsert_run(txn: Txn, node: str, ev: Mapping[str, Any], where: str, runs: Runs) -> int:
     fields = dict(ev["fields"])
     fields["options"] = _json(fields["options"] or {})
     if fields["auto"] is not None:
         fields["auto"] = int(fields["auto"])
     uuid = ev["run"]
-    found = await txn.fetch(_FIND_RUN_SQL, (uuid,))
-    if not found:
+    if uuid not in runs:
         values = [uuid, uuid, node, OWNER_PREFIX + node, *(fields[f] for f in _RUN_SET)]
         got = await txn.fetch(_INSERT_RUN_SQL, values)
-        run_id = int(got[0][0])
-    else:
-        run_id, owner = int(found[0][0]), found[0][1]
-        if owner != node:
-            raise IngestConflict(f"{where}.run", f"run {uuid} was sent by another node")
-        given = {k: v for k, v in fields.items() if v is not None}
-        sets = ", ".join(f"{k} = ?" for k in given)
-        await txn.execute(f"UPDATE runs SET {sets} WHERE id = ?", (*given.values(), run_id))
-    runs[uuid] = run_id
+        runs[uuid] = (int(got[0][0]), node)
+        return runs[uuid][0]
+    run_id = await _run_id(txn, node, ev, where, runs)
+    given = {k: v for k, v in fields.items() if v is not None}
+    sets = ", ".join(f"{k} = ?" for k in given)
+    await txn.execute(f"UPDATE runs SET {sets} WHERE id = ?", (*given.values(), run_id))
     return run_id
 
 
-async def _end_run(
-    txn: Txn, node: str, ev: Mapping[str, Any], where: str, runs: dict[str, int]
-) -> int:
+async def _end_run(txn: Txn, node: str, ev: Mapping[str, Any], where: str, runs: Runs) -> int:
     run_id = await _run_id(txn, node, ev, where, runs)
     given = {k: v for k, v in ev["fields"].items() if v is not None and k in END_FIELDS}
     sets = ", ".join(f"{k} = ?" for k in given)
@@ -264,9 +274,12 @@ async def _event(
     node: str,
     ev: Mapping[str, Any],
     where: str,
-    runs: dict[str, int],
+    runs: Runs,
     out: Applied,
+    rows: dict[str, list[tuple[Any, ...]]],
 ) -> None:
+    """Apply one event; rows that are only appended go into *rows* (by
+    statement), inserted together after the batch's last event."""
     kind = ev["kind"]
     if kind == "run":
         await _upsert_run(txn, node, ev, where, runs)
@@ -280,23 +293,23 @@ async def _event(
         names = ("mono_ns", "cpu_pct", "cpu_count", "disk_read_bps", "disk_read_iops")
         names += ("page_cache_bytes", "mem_total_bytes", "swap_in_bps", "boot_id")
         assert set(names) == set(HOST_FIELDS)
-        await txn.executemany(_HOST_SQL, _in_order(None, ev["rows"], names))
+        rows.setdefault(_HOST_SQL, []).extend(_in_order(None, ev["rows"], names))
         return
     if kind == "gpu_rollups":
-        await txn.executemany(_ROLLUP_SQL, _in_order(None, ev["rows"], ROLLUP_COLUMNS))
+        rows.setdefault(_ROLLUP_SQL, []).extend(_in_order(None, ev["rows"], ROLLUP_COLUMNS))
         return
     run_id = await _run_id(txn, node, ev, where, runs)
     if kind == "steps":
         assert len(STEP_FIELDS) == 14
-        await txn.executemany(_STEP_SQL, [_step_row(run_id, r) for r in ev["rows"]])
+        rows.setdefault(_STEP_SQL, []).extend(_step_row(run_id, r) for r in ev["rows"])
     elif kind == "comm":
         names = ("step", "bucket", "start_ns", "end_ns", "bytes")
         assert set(names) == set(COMM_FIELDS)
-        await txn.executemany(_COMM_SQL, _in_order(run_id, ev["rows"], names))
+        rows.setdefault(_COMM_SQL, []).extend(_in_order(run_id, ev["rows"], names))
     elif kind == "run_cpu":
         names = ("mono_ns", "cores")
         assert set(names) == set(RUN_CPU_FIELDS)
-        await txn.executemany(_RUN_CPU_SQL, _in_order(run_id, ev["rows"], names))
+        rows.setdefault(_RUN_CPU_SQL, []).extend(_in_order(run_id, ev["rows"], names))
     elif kind == "worker_cpu":
         names = ("loader_seq", "worker_id", "pid", "first_mono_ns", "last_mono_ns", "cpu_s")
         assert set(names) == set(WORKER_CPU_FIELDS)

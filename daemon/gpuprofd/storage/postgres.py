@@ -39,6 +39,9 @@ CONNECT_TIMEOUT_S = 5.0
 #: batch retried and counted, instead of a writer waiting for ever. A batch of
 #: 2,000 rows takes ~30 ms on this machine.
 COMMAND_TIMEOUT_S = 30.0
+#: How long creating or upgrading the schema may take, seconds: once per start,
+#: possibly waiting for another daemon or replica that is creating it.
+SCHEMA_TIMEOUT_S = 60.0
 #: How long closing the pool waits for connections in use before cutting them.
 CLOSE_TIMEOUT_S = 5.0
 
@@ -126,7 +129,9 @@ async def prepare(pool: Any, url: StorageUrl) -> int:
     async with pool.acquire() as conn:
         try:
             async with conn.transaction():
-                await conn.execute("SELECT pg_advisory_xact_lock($1)", _SCHEMA_LOCK_KEY)
+                await conn.execute(
+                    "SELECT pg_advisory_xact_lock($1)", _SCHEMA_LOCK_KEY, timeout=SCHEMA_TIMEOUT_S
+                )
                 await _make_first_schema(conn, url)
                 version = await _version(conn, url)
                 if version:  # columns first: the script's indexes may name new ones
@@ -135,7 +140,7 @@ async def prepare(pool: Any, url: StorageUrl) -> int:
                             f"ALTER TABLE IF EXISTS {table} ADD COLUMN IF NOT EXISTS {column} "
                             f"{POSTGRES.column_decl(decl)}"
                         )
-                await conn.execute(POSTGRES.ddl(schema.SCHEMA_SQL))
+                await conn.execute(POSTGRES.ddl(schema.SCHEMA_SQL), timeout=SCHEMA_TIMEOUT_S)
                 if version < schema.SCHEMA_VERSION:
                     await conn.executemany(
                         "INSERT INTO meta (key, value) VALUES ($1, $2) "
@@ -279,6 +284,14 @@ class PostgresWriter:
         self._conn: Any = None
         self._shapes: dict[str, _Shape] = {}
         """Per statement: its parameter types and whether it returns rows."""
+
+    def bound(self, conn: Any) -> PostgresWriter:
+        """A writer over *conn* (a connection in a transaction the caller
+        holds), sharing this one's statement shapes."""
+        other = PostgresWriter(self.pool)
+        other._conn = conn
+        other._shapes = self._shapes
+        return other
 
     async def begin(self) -> None:
         self._conn = await self.pool.acquire()

@@ -111,7 +111,10 @@ class Store:
         target: Path | StorageUrl,
         drops: DropCounter,
         queue_size: int = DEFAULT_QUEUE_SIZE,
+        pool_size: int = 4,
     ) -> None:
+        self.pool_size = pool_size
+        """Postgres: connections at most (the writer's, reads', :meth:`transaction` s')."""
         self.url = target if isinstance(target, StorageUrl) else StorageUrl(SQLITE, path=target)
         self.path: Path | None = self.url.path
         """The database file (None on Postgres)."""
@@ -166,7 +169,7 @@ class Store:
             return
         from gpuprofd.storage import postgres
 
-        pool = await postgres.create_pool(self.url)
+        pool = await postgres.create_pool(self.url, max_size=self.pool_size)
         try:
             await postgres.prepare(pool, self.url)
         except BaseException:
@@ -319,9 +322,24 @@ class Store:
         """Run *fn(txn)* inside one transaction and wait for its commit; return
         what *fn* returned. *fn* reads and writes through the :class:`Txn`
         (it sees its own writes); whatever it raises undoes everything it did
-        and is raised here. On a lost server *fn* runs again with the retried
-        batch, so it must decide from what it reads, not from earlier calls.
-        One queue item: the writer never splits it across two commits."""
+        and is raised here.
+
+        On SQLite it is one item of the writer's queue (the one writer: the
+        writer never splits it across two commits). On Postgres it runs at once on a
+        connection of its own, beside the writer and other transactions (so
+        a team server applies several nodes' batches together); a lost server
+        is raised (:meth:`is_lost` says so), not retried.
+
+        Raises:
+            DatabaseError: no database open.
+        """
+        if isinstance(self._db, SqliteWriter) or self._db is None:
+            return await self._queued_transaction(fn, label)
+        async with self._db.pool.acquire() as conn:
+            async with conn.transaction():
+                return await fn(Txn(self._db.bound(conn)))
+
+    async def _queued_transaction(self, fn: Callable[[Txn], Awaitable[Any]], label: str) -> Any:
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         await self.queue.put(Op(f"-- {label}", (), fut, txn=fn))
         return await fut

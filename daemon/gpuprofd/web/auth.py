@@ -430,7 +430,10 @@ class Auth:
     async def _login_page(self, request: web.Request) -> web.Response:
         token = self._csrf_for(request)
         resp = web.Response(
-            text=_LOGIN_HTML.format(csrf=html.escape(token, quote=True)),
+            text=_LOGIN_HTML.format(
+                csrf=html.escape(token, quote=True),
+                failed=_FAILED_HTML if "failed" in request.query else "",
+            ),
             content_type="text/html",
             headers={"Cache-Control": "no-store", "X-Frame-Options": "DENY"},
         )
@@ -466,11 +469,13 @@ class Auth:
         password = await self._password(request)
         if password is None:
             return _error(400, "give the viewer password in a JSON or form field 'password'")
+        form = request.content_type != "application/json"
         if not await asyncio.to_thread(_verify, cfg.viewer_hash, password):
+            if form:  # the login page's form: back to it, saying so
+                return web.Response(status=303, headers={hdrs.LOCATION: LOGIN_PATH + "?failed=1"})
             return _error(401, "wrong password")
         token = self._new_csrf()
         session = self._sessions.dumps({"v": 1, "csrf": token})
-        form = request.content_type != "application/json"
         resp = (
             web.Response(status=303, headers={hdrs.LOCATION: "/"})
             if form
@@ -521,13 +526,14 @@ def env_keys(env: Mapping[str, str] | None = None) -> list[str]:
     return [key] if key else []
 
 
+_FAILED_HTML = '<p role="alert">Wrong password: try again.</p>'
 _LOGIN_HTML = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>gpuprof: log in</title>
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <style>body{{font:16px system-ui,sans-serif;display:grid;place-items:center;height:90vh}}
 form{{display:grid;gap:.6em;min-width:16em}}input,button{{font:inherit;padding:.4em}}</style>
 </head><body><form method="post" action="/api/v1/login">
-<h1>gpuprof</h1><label for="password">Viewer password</label>
+<h1>gpuprof</h1>{failed}<label for="password">Viewer password</label>
 <input id="password" name="password" type="password" autocomplete="current-password" required
 autofocus><input type="hidden" name="csrf" value="{csrf}"><button type="submit">Log in</button>
 </form></body></html>

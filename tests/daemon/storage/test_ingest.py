@@ -140,3 +140,35 @@ def test_hostile_strings_pass_as_they_are() -> None:
     name = "x'); DROP TABLE runs;-- <script>alert(1)</script> \u202egnp.exe"
     b = validate(batch("n1", [run_event(1, new_uuid(), name=name)]))
     assert b["events"][0]["fields"]["run_name"] == name
+
+
+async def _to_schema_9(store: Any) -> None:
+    """Take today's tables back to schema 9 (before the team server's)."""
+    await store.write("DROP INDEX runs_uuid")
+    for column in ("run_uuid", "node_id"):
+        await store.write(f"ALTER TABLE runs DROP COLUMN {column}")
+    for table in ("ingest_nodes", "login_limits", "server_secrets"):
+        await store.write(f"DROP TABLE {table}")
+    await store.write("UPDATE meta SET value = '9' WHERE key = 'schema_version'")
+
+
+async def test_a_schema_9_database_is_upgraded_and_takes_batches(storage_url: str) -> None:
+    from gpuprofd.storage import runsdb, schema
+
+    async with open_store(storage_url) as store:
+        old = await runsdb.insert_run(store, {"run_key": "k", "run_name": "before", "status": "x"})
+        await _to_schema_9(store)
+    if storage_url.startswith("sqlite"):  # gpuprofctl reads a schema-9 file as it is
+        conn = reads.open_ro(Path(storage_url.removeprefix("sqlite:///")))
+        try:
+            row = conn.execute("SELECT run_name, run_uuid, node_id FROM runs").fetchone()
+        finally:
+            conn.close()
+        assert tuple(row) == ("before", None, None)
+    async with open_store(storage_url) as store:
+        version = (await store.fetchone("SELECT value FROM meta WHERE key = 'schema_version'"))[0]
+        got = await apply_batch(store, validate(batch("n1", [run_event(1, new_uuid())])))
+        uuids = await store.fetchall("SELECT id, run_uuid FROM runs ORDER BY id")
+    assert version == str(schema.SCHEMA_VERSION)
+    assert got.applied == 1 and [u[1] is None for u in uuids] == [True, False]
+    assert uuids[0][0] == old
