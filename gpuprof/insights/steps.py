@@ -227,7 +227,8 @@ def cpu_bound_dataloader(ctx: RunContext) -> Insight | None:
             "own_cpu_cores": None if own is None else round(own, 2),
             "job_ranks": ranks,
             "loader_cores": None if cpu.cores is None else round(cpu.cores, 3),
-            "cause": "contention" if starved else "own",
+            # the run's own CPU unmeasured: the host is pegged, by whom is not known
+            "cause": "contention" if starved else "own" if own is not None else None,
             "other_cores": None if starved is None else round(starved[0], 2),
             **loading.config_evidence(ctx),
         },
@@ -382,7 +383,7 @@ def high_step_variance(ctx: RunContext) -> Insight | None:
     excess_ms = sum(ctx.step_ms[i] - p50 for i in slow_idx)
     if slow < VARIANCE_MIN_SLOW_STEPS or excess_ms < VARIANCE_MIN_EXCESS_MS:
         return None
-    every = pattern.period(slow_idx)
+    every = pattern.period(slow_idx, [ctx.step_ms[i] - p50 for i in slow_idx])
     runs = pattern.bursts(slow_idx)
     together = _coincide(ctx, slow_idx)
     head = (
@@ -414,9 +415,15 @@ def high_step_variance(ctx: RunContext) -> Insight | None:
         )
     else:
         title = f"{head}; slow in bursts at steps {pattern.bursts_text(runs)}"
+        on_slow = contention.others_on(ctx, slow_idx)
+        quiet = (
+            ", while other processes held little CPU"
+            if on_slow is not None and on_slow < contention.CONTENDED_OTHER_CORES
+            else ""
+        )
         detail = (
             f"{slow} steps ran over {VARIANCE_RATIO:g}× the median, in irregular bursts "
-            "(no regular interval), and not while other processes held the CPU."
+            f"(no regular interval){quiet}."
         )
         fix = (
             "Profile a slow burst (torch.profiler with a schedule around those steps); "

@@ -31,7 +31,7 @@ from gpuprof.insights.gpu import (
 )
 from gpuprofd.errors import DatabaseError
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 #: Columns added since schema 1: (table, column, declaration).
 _ADDED_IN_2 = (
     ("steps", "skipped", "INTEGER DEFAULT 0"),
@@ -80,6 +80,14 @@ _ADDED_IN_8 = (
     ("runs", "store_dropped_events", "INTEGER DEFAULT 0"),
     ("runs", "daemon", "TEXT"),
 )
+#: ... and since schema 8: each DataLoader worker's context switches (voluntary:
+#: it slept or blocked; involuntary: it was preempted, i.e. wanted the CPU).
+_ADDED_IN_9 = (
+    ("worker_cpu", "ctx_voluntary", "INTEGER"),
+    ("worker_cpu", "ctx_involuntary", "INTEGER"),
+)
+#: The worker_cpu columns of schema 9, NULL in an older database read as it is.
+_WORKER_CPU_9 = ", NULL AS ctx_voluntary, NULL AS ctx_involuntary"
 #: The runs columns of schema 8, as an older database read as it is shows them.
 _RUNS_8 = ", 0 AS store_dropped_events, NULL AS daemon"
 #: The runs columns of schema 6, NULL in an older database read as it is.
@@ -93,6 +101,7 @@ _ADDED = (
     (5, _ADDED_IN_5),
     (6, _ADDED_IN_6),
     (8, _ADDED_IN_8),
+    (9, _ADDED_IN_9),
 )
 
 
@@ -248,6 +257,8 @@ CREATE TABLE IF NOT EXISTS worker_cpu (  -- DataLoader workers' CPU, one row per
     run_id INTEGER NOT NULL, loader_seq INTEGER, worker_id INTEGER, pid INTEGER,
     first_mono_ns INTEGER, last_mono_ns INTEGER,
     cpu_s REAL,                      -- user + system CPU seconds since the worker started
+    ctx_voluntary INTEGER,           -- context switches since it started: slept or blocked
+    ctx_involuntary INTEGER,         -- ... preempted while it wanted the CPU (NULL: unknown)
     PRIMARY KEY (run_id, pid, loader_seq)
 );
 CREATE INDEX IF NOT EXISTS gpu_slow_samples_t ON gpu_slow_samples (mono_ns);
@@ -383,11 +394,13 @@ def shadow_old_tables(conn: sqlite3.Connection, version: int) -> None:
             "CREATE TEMP TABLE kernel_stats (window_id INTEGER, run_id INTEGER, name TEXT, "
             "kind TEXT, cls TEXT, count INTEGER, total_ns INTEGER, self_ns INTEGER, flops REAL)"
         )
+    if 4 <= version < 9:
+        conn.execute(f"CREATE TEMP VIEW worker_cpu AS SELECT *{_WORKER_CPU_9} FROM main.worker_cpu")
     if version < 4:
         conn.execute(
             "CREATE TEMP TABLE worker_cpu (run_id INTEGER, loader_seq INTEGER, "
             "worker_id INTEGER, pid INTEGER, first_mono_ns INTEGER, last_mono_ns INTEGER, "
-            "cpu_s REAL)"
+            "cpu_s REAL, ctx_voluntary INTEGER, ctx_involuntary INTEGER)"
         )
         conn.execute(f"CREATE TEMP VIEW gpu_rollups AS {_RAW_AS_ROLLUPS_SQL}")
     if version < 3:
