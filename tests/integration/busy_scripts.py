@@ -34,8 +34,9 @@ def stop_hogs(pids):
 """
 
 # argv: run name, "cpu" (each sample costs 4 ms of CPU time) or "sleep" (4 ms
-# asleep: I/O-like), seconds per run, runs (one profile() after another,
-# named NAME-0, NAME-1, ... when more than one), and busy processes per core
+# asleep: I/O-like), seconds of steps per run (from the first batch), runs
+# (one profile() after another, named NAME-0, NAME-1, ... when more than one),
+# and busy processes per core
 # to start as a competing load once torch is imported (killed at the end)
 LOADER = (
     HOGS
@@ -70,8 +71,9 @@ try:
         loader = DataLoader(Source(), batch_size=8, num_workers=2, persistent_workers=True,
                             multiprocessing_context="fork")
         with gpuprof.profile(f"{NAME}-{run}" if RUNS > 1 else NAME):
-            t_end = time.monotonic() + SECONDS
+            t_end = None  # SECONDS of steps from the first batch (workers start slowly)
             for x, y in loader:
+                t_end = t_end or time.monotonic() + SECONDS
                 nn.functional.cross_entropy(model(x), y).backward()
                 opt.step()
                 opt.zero_grad()

@@ -147,15 +147,13 @@ def test_a_sleep_every_20th_step_is_periodic(node: Node):
     assert "every 20 steps" in out.stdout
 
 
-@pytest.mark.parametrize("batch", range(5))
-def test_a_one_second_cpu_bound_loader_run_gets_the_same_finding_ten_times(node: Node, batch):
-    # 10 runs in all: 2 per test (each subprocess pays a torch import; 120 s a test)
-    out = node.run_script(LOADER, f"short{batch}", "cpu", "1", "2", timeout=110)
+@pytest.mark.parametrize("attempt", range(10))
+def test_a_one_second_cpu_bound_loader_run_gets_the_same_finding_ten_times(node: Node, attempt):
+    # one 1-second run per test (each pays a torch import in its subprocess; 120 s a
+    # test): the same finding, whatever the host's load, all ten times
+    out = node.run_script(LOADER, f"short{attempt}", "cpu", "1", "1", timeout=110)
     assert out.returncode == 0, out.stderr
-    verdicts = []
-    for run_id in (1, 2):
-        found = _rules(_summary(node, run_id))
-        verdicts.append(
-            sorted(r for r in found if r in {"dataloader_stall", "cpu_bound_dataloader"})
-        )
-    assert verdicts == [["cpu_bound_dataloader"]] * 2, verdicts
+    found = _rules(_summary(node, 1))
+    title = found["cpu_bound_dataloader"]["title"]
+    assert re.match(r"\d+% of step time waiting on the loader; ", title), title
+    assert "dataloader_stall" not in found
