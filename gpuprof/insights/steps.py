@@ -75,12 +75,9 @@ def dataloader_stall(ctx: RunContext) -> Insight | None:
     mean_wait = sum(ctx.loader_ms[1:]) / (ctx.steps - 1)
     severity = "HIGH" if frac > STALL_FRACTION_HIGH else "MED"
     cpu = loading.loader_cpu(ctx, frac)
-    evidence = {
+    evidence: dict[str, object] = {
         "stall_fraction": round(frac, 4),
         "mean_wait_ms": round(mean_wait, 3),
-        "loader_busy": cpu.busy,
-        "loader_cores": None if cpu.cores is None else round(cpu.cores, 3),
-        **loading.config_evidence(ctx),
     }
     if not ctx.explicit_wait:  # no timed DataLoader: whatever ran between the steps
         return Insight(
@@ -95,6 +92,9 @@ def dataloader_stall(ctx: RunContext) -> Insight | None:
             "prof.wrap_dataloader() so gpuprof can time it.",
             evidence=evidence,
         )
+    evidence["loader_busy"] = cpu.busy
+    evidence["loader_cores"] = None if cpu.cores is None else round(cpu.cores, 3)
+    evidence.update(loading.config_evidence(ctx))
     detail = (
         f"The training loop waited {mean_wait:.1f} ms per step on average for "
         "the next batch; the model sat idle meanwhile."
