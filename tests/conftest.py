@@ -7,6 +7,7 @@ inspected if a test imported it."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
@@ -83,11 +84,39 @@ def _no_torch_patch_leaks():
     assert not leaks, f"torch left patched: {leaks}"
 
 
-def pytest_report_header(config: pytest.Config) -> str:
-    """Say up front whether the storage tests also run on Postgres."""
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--hog",
+        action="store_true",
+        default=False,
+        help="run the tests beside a competing CPU load: one busy process per core "
+        "for the whole session (a shared, busy host)",
+    )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_hog(request: pytest.FixtureRequest):
+    """With ``--hog``: one busy process per core from the first test to the last."""
+    if not request.config.getoption("hog"):
+        yield None
+        return
+    from tests.integration.hog import Hog
+
+    with Hog() as hog:
+        yield hog
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """Say up front whether the storage tests also run on Postgres, and
+    whether a CPU hog competes with the tests."""
     from tests.backends import PG_URL, postgres_missing
 
     reason = postgres_missing()
-    if reason:
-        return f"gpuprof storage tests: SQLite only; Postgres cases skipped: {reason}"
-    return f"gpuprof storage tests: SQLite and Postgres ({PG_URL})"
+    lines = [
+        f"gpuprof storage tests: SQLite only; Postgres cases skipped: {reason}"
+        if reason
+        else f"gpuprof storage tests: SQLite and Postgres ({PG_URL})"
+    ]
+    if config.getoption("hog"):
+        lines.append(f"--hog: {os.cpu_count()} busy processes compete for the CPU")
+    return lines

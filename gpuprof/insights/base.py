@@ -53,6 +53,9 @@ class WorkerPool(NamedTuple):
     """(worker id, user + system CPU seconds) per worker, by worker id."""
     span_s: float | None = None
     """Seconds from the pool's start to its workers' last CPU reading (None: unknown)."""
+    involuntary_share: float | None = None
+    """Share (0-1) of the workers' context switches that were preemptions
+    (they wanted the CPU) rather than sleeps or waits; None when unknown."""
 
     @property
     def cores_per_worker(self) -> float | None:

@@ -138,6 +138,7 @@ def _worker_pools(rows: Sequence[Mapping[str, Any]]) -> tuple[WorkerPool, ...]:
     worker's ``cpu_s`` by worker id (a worker id seen twice in a pool: summed)."""
     pools: dict[int, dict[int, float]] = {}
     spans: dict[int, list[int]] = {}
+    switches: dict[int, list[int]] = {}  # seq -> [voluntary, involuntary]
     for r in rows:
         if r.get("cpu_s") is None or r.get("loader_seq") is None or r.get("worker_id") is None:
             continue
@@ -147,11 +148,21 @@ def _worker_pools(rows: Sequence[Mapping[str, Any]]) -> tuple[WorkerPool, ...]:
         if r.get("first_mono_ns") is not None and r.get("last_mono_ns") is not None:
             span = spans.setdefault(seq, [r["first_mono_ns"], r["last_mono_ns"]])
             span[0], span[1] = min(span[0], r["first_mono_ns"]), max(span[1], r["last_mono_ns"])
+        if r.get("ctx_voluntary") is not None and r.get("ctx_involuntary") is not None:
+            sw = switches.setdefault(seq, [0, 0])
+            sw[0] += int(r["ctx_voluntary"])
+            sw[1] += int(r["ctx_involuntary"])
+
+    def share(seq: int) -> float | None:
+        vol, invol = switches.get(seq, (0, 0))
+        return invol / (vol + invol) if vol + invol else None
+
     return tuple(
         WorkerPool(
             seq,
             tuple(sorted(pools[seq].items())),
             (spans[seq][1] - spans[seq][0]) / 1e9 if seq in spans else None,
+            share(seq),
         )
         for seq in sorted(pools)
     )
@@ -234,7 +245,8 @@ def build_context(
         workers: one row per DataLoader worker process (``worker_cpu``
             rows), each with ``loader_seq`` (its pool), ``worker_id`` and
             ``cpu_s`` (user + system CPU seconds) and optionally
-            ``first_mono_ns``/``last_mono_ns`` (pool start, last reading).
+            ``first_mono_ns``/``last_mono_ns`` (pool start, last reading) and
+            ``ctx_voluntary``/``ctx_involuntary`` (context switches so far).
         gpu: the same, already aggregated (from stored per-second rollups);
             wins over *gpu_samples*.
         kernel_windows: the run's kernel windows as ``(window, rows)`` pairs

@@ -14,11 +14,16 @@ from typing import NamedTuple
 
 from gpuprof.insights.base import LoaderConfig, RunContext
 
-#: Mean cores per DataLoader worker below which the workers sit idle while
-#: the loop waits (sleeping, blocked on I/O or a lock): a worker decoding or
-#: augmenting uses a whole core alone, and still ~0.2 core starved on a
-#: 2-core host shared with ~8 runnable processes; a worker sleeping in
-#: ``time.sleep`` or a read uses ~0.01.
+#: Share of a pool's context switches that are preemptions at or above which
+#: its workers want the CPU (computing, starved or not): a worker that
+#: sleeps or reads switches voluntarily at every wait (the busy-host tests:
+#: sleeping workers beside a hog ~0.05-0.2, CPU-bound ones ~0.9).
+WORKER_STARVED_SWITCH_SHARE = 0.5
+#: Mean cores per DataLoader worker at or above which its workers compute,
+#: whatever their switches say: a worker decoding or augmenting uses a whole
+#: core alone, a sleeping one ~0.01-0.1 (start-up and per-batch overhead).
+WORKER_BUSY_CORES = 0.5
+#: ... and below which workers of unknown switches (an older gpuprofd) sit idle.
 WORKER_IDLE_CORES = 0.1
 #: Without worker figures (``num_workers=0``, or unmeasured), the run's own
 #: cores beyond the share of wall time its steps took (a step's compute keeps
@@ -41,13 +46,21 @@ class LoaderCpu(NamedTuple):
 
 
 def loader_cpu(ctx: RunContext, stall: float) -> LoaderCpu:
-    """Judge the loading's CPU use: by the workers' cores (the most recent
-    pools with a known span) when measured, else by the run's own cores
-    beyond ``1 - stall`` (its compute share). *stall*: the stall fraction 0-1."""
+    """Judge the loading's CPU use: by the workers when measured (busy at ≥
+    :data:`WORKER_BUSY_CORES` each; below, busy when ≥
+    :data:`WORKER_STARVED_SWITCH_SHARE` of their context switches were
+    preemptions, or without switch counts at ≥ :data:`WORKER_IDLE_CORES`),
+    else by the run's own cores beyond ``1 - stall`` (its compute share).
+    *stall*: the stall fraction 0-1."""
     pools = [p for p in ctx.worker_pools if p.cores_per_worker is not None]
     if pools:
         n = sum(len(p.cpu_s) for p in pools)
         per = sum(p.cores_per_worker * len(p.cpu_s) for p in pools) / n  # type: ignore[operator]
+        shares = [p.involuntary_share for p in pools if p.involuntary_share is not None]
+        if per >= WORKER_BUSY_CORES:
+            return LoaderCpu(True, per, n)
+        if shares:  # preempted while wanting the CPU: starved, not idle
+            return LoaderCpu(max(shares) >= WORKER_STARVED_SWITCH_SHARE, per, n)
         return LoaderCpu(per >= WORKER_IDLE_CORES, per, n)
     own = ctx.run_cpu_cores
     if own is None:

@@ -75,12 +75,9 @@ def dataloader_stall(ctx: RunContext) -> Insight | None:
     mean_wait = sum(ctx.loader_ms[1:]) / (ctx.steps - 1)
     severity = "HIGH" if frac > STALL_FRACTION_HIGH else "MED"
     cpu = loading.loader_cpu(ctx, frac)
-    evidence = {
+    evidence: dict[str, object] = {
         "stall_fraction": round(frac, 4),
         "mean_wait_ms": round(mean_wait, 3),
-        "loader_busy": cpu.busy,
-        "loader_cores": None if cpu.cores is None else round(cpu.cores, 3),
-        **loading.config_evidence(ctx),
     }
     if not ctx.explicit_wait:  # no timed DataLoader: whatever ran between the steps
         return Insight(
@@ -95,6 +92,9 @@ def dataloader_stall(ctx: RunContext) -> Insight | None:
             "prof.wrap_dataloader() so gpuprof can time it.",
             evidence=evidence,
         )
+    evidence["loader_busy"] = cpu.busy
+    evidence["loader_cores"] = None if cpu.cores is None else round(cpu.cores, 3)
+    evidence.update(loading.config_evidence(ctx))
     detail = (
         f"The training loop waited {mean_wait:.1f} ms per step on average for "
         "the next batch; the model sat idle meanwhile."
@@ -227,7 +227,8 @@ def cpu_bound_dataloader(ctx: RunContext) -> Insight | None:
             "own_cpu_cores": None if own is None else round(own, 2),
             "job_ranks": ranks,
             "loader_cores": None if cpu.cores is None else round(cpu.cores, 3),
-            "cause": "contention" if starved else "own",
+            # the run's own CPU unmeasured: the host is pegged, by whom is not known
+            "cause": "contention" if starved else "own" if own is not None else None,
             "other_cores": None if starved is None else round(starved[0], 2),
             **loading.config_evidence(ctx),
         },
@@ -382,7 +383,7 @@ def high_step_variance(ctx: RunContext) -> Insight | None:
     excess_ms = sum(ctx.step_ms[i] - p50 for i in slow_idx)
     if slow < VARIANCE_MIN_SLOW_STEPS or excess_ms < VARIANCE_MIN_EXCESS_MS:
         return None
-    every = pattern.period(slow_idx)
+    every = pattern.period(slow_idx, [ctx.step_ms[i] - p50 for i in slow_idx])
     runs = pattern.bursts(slow_idx)
     together = _coincide(ctx, slow_idx)
     head = (
@@ -414,9 +415,15 @@ def high_step_variance(ctx: RunContext) -> Insight | None:
         )
     else:
         title = f"{head}; slow in bursts at steps {pattern.bursts_text(runs)}"
+        on_slow = contention.others_on(ctx, slow_idx)
+        quiet = (
+            ", while other processes held little CPU"
+            if on_slow is not None and on_slow < contention.CONTENDED_OTHER_CORES
+            else ""
+        )
         detail = (
             f"{slow} steps ran over {VARIANCE_RATIO:g}× the median, in irregular bursts "
-            "(no regular interval), and not while other processes held the CPU."
+            f"(no regular interval){quiet}."
         )
         fix = (
             "Profile a slow burst (torch.profiler with a schedule around those steps); "

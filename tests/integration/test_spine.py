@@ -34,9 +34,12 @@ def test_autostarted_daemon_records_run_and_prints_stall(node: Node):
     out = node.run_script(TRAIN, "30", "1", "0.02", "stall-run")
     assert out.returncode == 0, out.stderr
     assert "TRAINED 30" in out.stdout
-    assert "gpuprof · stall-run  (30 steps, median" in out.stdout
+    assert re.search(
+        r"gpuprof · stall-run  \(30 steps, [\d.]+ ms/iteration, [\d.]+ steps/s", out.stdout
+    ), out.stdout
     # a sleeping collate is a plain stall, not a CPU-bound one, however busy the host is
-    # with other work: the run's own process tree is measured
+    # with other work: the run's own process tree is measured, and a cause found on a
+    # busy host (contention) explains a stall, never hides it
     # (a torch DataLoader: its next() calls are timed)
     assert re.search(
         r"\[HIGH\] \d+% of step time waiting on the loader \(timed next\(\) calls\)", out.stdout
@@ -177,8 +180,10 @@ def test_digits_example(node: Node, augment: bool):
     )
     assert out.returncode == 0, out.stderr
     assert "gpuprof · digits-mlp  (60 steps" in out.stdout
-    stalled = "waiting on the loader" in out.stdout or "Dataloader stall" in out.stdout
-    assert stalled is augment, out.stdout
+    # the augmented run stalls on its loader however busy the host is: another
+    # tenant's CPU is named as the stall's cause, never in its place
+    stalled = re.search(r"\[(?:HIGH|MED)\]\s+\d+% of step time waiting on the loader", out.stdout)
+    assert bool(stalled) is augment, out.stdout
 
 
 def test_dead_daemon_pid_is_not_left_running(node: Node):

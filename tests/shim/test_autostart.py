@@ -32,6 +32,9 @@ FAKE_DAEMON = textwrap.dedent(
     sock.setsockopt(zmq.LINGER, 0)
     time.sleep(float(os.environ.get("FAKE_DAEMON_DELAY", "0")))
     sock.bind(control_endpoint(socket_dir))
+    # after the bye: serve on a while (the test's teardown kills it). Exiting at
+    # once would drop the reply on a loaded host: close() lingers 2 s at most
+    # for the reply to go out, and a starved I/O thread may not send it in time
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if not sock.poll(100):
@@ -47,8 +50,8 @@ FAKE_DAEMON = textwrap.dedent(
                      "db": db, "insights": [], "notes": ["spawned fake"]}}
         sock.send_multipart([*frames[:-1], orjson.dumps(reply)])
         if msg["type"] == "bye":
-            break
-    sock.close(linger=2000)  # let the last reply out before exiting
+            deadline = min(deadline, time.monotonic() + 10)
+    sock.close(linger=2000)
     ctx.term()
     """
 )

@@ -87,6 +87,12 @@ class WorkerCpuReading:
     """When :attr:`cpu_s` was read."""
     cpu_s: float
     """User + system CPU seconds the worker process used since it started."""
+    ctx_voluntary: int | None = None
+    """Context switches since it started where it gave up the CPU (slept,
+    blocked on I/O or a queue); None where the platform does not say."""
+    ctx_involuntary: int | None = None
+    """... where it was preempted while it wanted the CPU: many of these
+    mean a worker starved of CPU, not one waiting on something."""
 
 
 def _int_or_none(value: Any) -> int | None:
@@ -269,12 +275,33 @@ class WorkerCpu:
             if cpu_s == w.cpu_s:
                 continue
             w.cpu_s = cpu_s
+            vol, invol = _switches(w.proc)
             out.append(
                 WorkerCpuReading(
-                    w.run_id, w.loader_seq, w.worker_id, key[1], w.first_mono_ns, now_ns, cpu_s
+                    w.run_id,
+                    w.loader_seq,
+                    w.worker_id,
+                    key[1],
+                    w.first_mono_ns,
+                    now_ns,
+                    cpu_s,
+                    vol,
+                    invol,
                 )
             )
         return out
+
+
+def _switches(proc: Any) -> tuple[int | None, int | None]:
+    """(voluntary, involuntary) context switches of *proc* since it started;
+    (None, None) where not offered or the process is gone."""
+    try:
+        c = proc.num_ctx_switches()
+    except (*_GONE, AttributeError, NotImplementedError, OSError):
+        return None, None
+    return _int_or_none(getattr(c, "voluntary", None)), _int_or_none(
+        getattr(c, "involuntary", None)
+    )
 
 
 class HostSampler:

@@ -65,7 +65,8 @@ def job_cpu_params(run: Mapping[str, Any]) -> tuple[Any, ...] | None:
 #: A run's DataLoader workers: one row per worker process, ``cpu_s`` its CPU
 #: seconds so far; grouped by ``loader_seq`` (one loader iterator's pool).
 WORKER_CPU_SQL = (
-    "SELECT loader_seq, worker_id, pid, first_mono_ns, last_mono_ns, cpu_s FROM worker_cpu "
+    "SELECT loader_seq, worker_id, pid, first_mono_ns, last_mono_ns, cpu_s, ctx_voluntary, "
+    "ctx_involuntary FROM worker_cpu "
     "WHERE run_id = ? ORDER BY loader_seq, worker_id"
 )
 HISTORY_SQL = (

@@ -50,8 +50,10 @@ _RUN_CPU_SQL = "INSERT INTO run_cpu_samples (run_id, mono_ns, cores) VALUES (?,?
 #: One row per worker process, rewritten as its cumulative CPU grows.
 _WORKER_CPU_SQL = (
     "INSERT INTO worker_cpu (run_id, loader_seq, worker_id, pid, first_mono_ns, last_mono_ns, "
-    "cpu_s) VALUES (?,?,?,?,?,?,?) ON CONFLICT (run_id, pid, loader_seq) DO UPDATE SET "
-    "last_mono_ns = excluded.last_mono_ns, cpu_s = excluded.cpu_s"
+    "cpu_s, ctx_voluntary, ctx_involuntary) VALUES (?,?,?,?,?,?,?,?,?) "
+    "ON CONFLICT (run_id, pid, loader_seq) DO UPDATE SET "
+    "last_mono_ns = excluded.last_mono_ns, cpu_s = excluded.cpu_s, "
+    "ctx_voluntary = excluded.ctx_voluntary, ctx_involuntary = excluded.ctx_involuntary"
 )
 _GPU_SQL = (
     "INSERT INTO gpu_samples (mono_ns, gpu_index, uuid, util_pct, mem_used_bytes, "
@@ -200,7 +202,17 @@ def worker_cpu_op(r: Any) -> Op:
     """The upsert of one :class:`gpuprofd.sampling.host_sampler.WorkerCpuReading`: a
     DataLoader worker's CPU seconds so far (cumulative, so a dropped write is
     made good by the next)."""
-    params = (r.run_id, r.loader_seq, r.worker_id, r.pid, r.first_mono_ns, r.last_mono_ns, r.cpu_s)
+    params = (
+        r.run_id,
+        r.loader_seq,
+        r.worker_id,
+        r.pid,
+        r.first_mono_ns,
+        r.last_mono_ns,
+        r.cpu_s,
+        r.ctx_voluntary,
+        r.ctx_involuntary,
+    )
     return Op(_WORKER_CPU_SQL, params)
 
 

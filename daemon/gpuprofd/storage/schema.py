@@ -31,7 +31,7 @@ from gpuprof.insights.gpu import (
 )
 from gpuprofd.errors import DatabaseError
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 #: Columns added since schema 1: (table, column, declaration).
 _ADDED_IN_2 = (
     ("steps", "skipped", "INTEGER DEFAULT 0"),
@@ -89,6 +89,14 @@ _ADDED_IN_10 = (
 )
 #: The runs columns of schema 10, as an older database read as it is shows them.
 _RUNS_10 = ", NULL AS run_uuid, NULL AS node_id"
+#: ... and since schema 10: each DataLoader worker's context switches (voluntary:
+#: it slept or blocked; involuntary: it was preempted, i.e. wanted the CPU).
+_ADDED_IN_11 = (
+    ("worker_cpu", "ctx_voluntary", "INTEGER"),
+    ("worker_cpu", "ctx_involuntary", "INTEGER"),
+)
+#: The worker_cpu columns of schema 11, NULL in an older database read as it is.
+_WORKER_CPU_11 = ", NULL AS ctx_voluntary, NULL AS ctx_involuntary"
 #: The runs columns of schema 8, as an older database read as it is shows them.
 _RUNS_8 = ", 0 AS store_dropped_events, NULL AS daemon" + _RUNS_10
 #: The runs columns of schema 6, NULL in an older database read as it is.
@@ -103,6 +111,7 @@ _ADDED = (
     (6, _ADDED_IN_6),
     (8, _ADDED_IN_8),
     (10, _ADDED_IN_10),
+    (11, _ADDED_IN_11),
 )
 
 
@@ -261,6 +270,8 @@ CREATE TABLE IF NOT EXISTS worker_cpu (  -- DataLoader workers' CPU, one row per
     run_id INTEGER NOT NULL, loader_seq INTEGER, worker_id INTEGER, pid INTEGER,
     first_mono_ns INTEGER, last_mono_ns INTEGER,
     cpu_s REAL,                      -- user + system CPU seconds since the worker started
+    ctx_voluntary INTEGER,           -- context switches since it started: slept or blocked
+    ctx_involuntary INTEGER,         -- ... preempted while it wanted the CPU (NULL: unknown)
     PRIMARY KEY (run_id, pid, loader_seq)
 );
 CREATE INDEX IF NOT EXISTS gpu_slow_samples_t ON gpu_slow_samples (mono_ns);
@@ -439,11 +450,15 @@ def shadow_old_tables(conn: sqlite3.Connection, version: int) -> None:
             "CREATE TEMP TABLE kernel_stats (window_id INTEGER, run_id INTEGER, name TEXT, "
             "kind TEXT, cls TEXT, count INTEGER, total_ns INTEGER, self_ns INTEGER, flops REAL)"
         )
+    if 4 <= version < 11:
+        conn.execute(
+            f"CREATE TEMP VIEW worker_cpu AS SELECT *{_WORKER_CPU_11} FROM main.worker_cpu"
+        )
     if version < 4:
         conn.execute(
             "CREATE TEMP TABLE worker_cpu (run_id INTEGER, loader_seq INTEGER, "
             "worker_id INTEGER, pid INTEGER, first_mono_ns INTEGER, last_mono_ns INTEGER, "
-            "cpu_s REAL)"
+            "cpu_s REAL, ctx_voluntary INTEGER, ctx_involuntary INTEGER)"
         )
         conn.execute(f"CREATE TEMP VIEW gpu_rollups AS {_RAW_AS_ROLLUPS_SQL}")
     if version < 3:

@@ -56,7 +56,13 @@ def by_pid(readings: list[Any]) -> dict[int, Any]:
 
 def test_a_busy_worker_accumulates_cpu_seconds_and_idle_ones_do_not(procs) -> None:
     pids = [start(procs, SPIN), start(procs, SLEEP), start(procs, SLEEP)]
-    time.sleep(0.3)  # the sleepers are past their start-up
+    import psutil
+
+    deadline = time.monotonic() + 30  # the sleepers past their start-up, however slow
+    while time.monotonic() < deadline and not all(
+        psutil.Process(p).status() == psutil.STATUS_SLEEPING for p in pids[1:]
+    ):
+        time.sleep(0.05)
     wc = WorkerCpu()
     wc.add(7, workers_msg(pids, seq=3, t_ns=555))
     first = by_pid(wc.sample({7: ME}, now_ns=1_000))
@@ -68,8 +74,11 @@ def test_a_busy_worker_accumulates_cpu_seconds_and_idle_ones_do_not(procs) -> No
     time.sleep(1.0)
     second = by_pid(wc.sample({7: ME}, now_ns=2_000))
     busy = second[pids[0]]
-    # ~1 CPU-s of spinning on a free box, a third of it on a loaded 2-core one
-    assert busy.cpu_s - first[pids[0]].cpu_s > 0.2
+    # ~1 CPU-s of spinning on a free box, a sliver of it on a busy one: it grew,
+    # and the spinner was preempted, not asleep (its switches are involuntary)
+    assert busy.cpu_s > first[pids[0]].cpu_s
+    assert busy.ctx_involuntary is not None and busy.ctx_voluntary is not None
+    assert busy.ctx_involuntary >= busy.ctx_voluntary
     assert busy.last_mono_ns == 2_000 and busy.first_mono_ns == 555
     assert set(second) == {pids[0]}  # idle workers' CPU seconds did not change: no rewrite
     assert wc.followed == 3

@@ -103,6 +103,8 @@ async def test_writes_read_back_the_same_on_each_backend(storage_url: str) -> No
                     "first_mono_ns": 1,
                     "last_mono_ns": 9,
                     "cpu_s": cpu_s,
+                    "ctx_voluntary": 10,
+                    "ctx_involuntary": int(cpu_s * 100),
                 },
             )
             assert store.submit_nowait(runsdb.worker_cpu_op(reading))
@@ -129,8 +131,14 @@ async def test_writes_read_back_the_same_on_each_backend(storage_url: str) -> No
             ("gemm", 4000, "snapshot"),
             ("nccl", 500, "snapshot"),
         ]
-        (worker,) = await store.fetchall("SELECT cpu_s FROM worker_cpu WHERE pid = 77")
-        assert worker["cpu_s"] == 2.5
+        (worker,) = await store.fetchall(
+            "SELECT cpu_s, ctx_voluntary, ctx_involuntary FROM worker_cpu WHERE pid = 77"
+        )
+        assert (worker["cpu_s"], worker["ctx_voluntary"], worker["ctx_involuntary"]) == (
+            2.5,
+            10,
+            250,
+        )
         (dropped,) = await store.fetchall("SELECT count FROM drops WHERE reason = 'queue_full'")
         assert dropped["count"] == 5
         run = await store.fetchone("SELECT status, median_step_ms FROM runs WHERE id = ?", (first,))
