@@ -131,7 +131,11 @@ def cli(
     comm_keep_every: int,
     log_level: str,
 ) -> int:
-    """gpuprofd: the per-node gpuprof daemon (ingest, GPU/host sampling, storage, insights)."""
+    """gpuprofd: the gpuprof daemon (ingest, GPU/host sampling, storage, insights).
+
+    gpuprof.profile() starts one per database when none answers; under
+    systemd one serves the whole node (systemd/gpuprofd.service).
+    """
     logging.basicConfig(level=log_level.upper(), format=LOG_FORMAT, stream=sys.stderr)
     logging.getLogger("aiosqlite").setLevel(logging.WARNING)  # one line per SQL call
     rate, notes = _gpu_rate()
