@@ -118,7 +118,7 @@ def add_out_option(ap: argparse.ArgumentParser, default_out: Path, temporary_for
         type=Path,
         default=None,
         help=f"report folder (default: {default_out.relative_to(ROOT)} for a live "
-        f"run, to commit; a temporary folder for {temporary_for})",
+        f"run; a temporary folder for {temporary_for})",
     )
 
 

@@ -143,9 +143,12 @@ def cli(
     http: str | None,
     log_level: str,
 ) -> int:
-    """gpuprofd: the per-node gpuprof daemon (ingest, GPU/host sampling, storage, insights).
+    """gpuprofd: the gpuprof daemon (ingest, GPU/host sampling, storage, insights).
 
-    gpuprofd serve --help: the team server (every node's runs in one place)."""
+    gpuprof.profile() starts one per database when none answers; under
+    systemd one serves the whole node (systemd/gpuprofd.service).
+    gpuprofd serve --help: the team server (every node's runs in one place).
+    """
     logging.basicConfig(level=log_level.upper(), format=LOG_FORMAT, stream=sys.stderr)
     logging.getLogger("aiosqlite").setLevel(logging.WARNING)  # one line per SQL call
     rate, notes = _gpu_rate()

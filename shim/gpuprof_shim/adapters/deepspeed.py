@@ -108,7 +108,7 @@ def wrap_deepspeed_engine(engine: Any, run_name: str, **profile_options: Any) ->
     Args:
         engine: the engine from ``deepspeed.initialize``.
         run_name: the run's name, as for :func:`gpuprof.profile`.
-        **profile_options: other :class:`~gpuprof_shim.session.Profiler`
+        **profile_options: other :func:`gpuprof.profile`
             options; not ``auto`` or ``step_source``, which the wrapper sets.
 
     Raises:

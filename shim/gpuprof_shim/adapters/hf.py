@@ -52,7 +52,7 @@ class HFTrainerCallback(EndsRunOnExit, TrainerCallback):
 
     Args:
         run_name: the run's name, as for :func:`gpuprof.profile`.
-        **profile_options: other :class:`~gpuprof_shim.session.Profiler`
+        **profile_options: other :func:`gpuprof.profile`
             options (``flops_per_step``, ``dtype``, ``socket_dir``, ...);
             not ``auto`` or ``step_source``, which the callback sets.
 

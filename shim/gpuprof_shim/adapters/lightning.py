@@ -51,7 +51,7 @@ class LightningCallback(*_callback_bases()):  # type: ignore[misc]
 
     Args:
         run_name: the run's name, as for :func:`gpuprof.profile`.
-        **profile_options: other :class:`~gpuprof_shim.session.Profiler`
+        **profile_options: other :func:`gpuprof.profile`
             options (``flops_per_step``, ``dtype``, ``socket_dir``, ...);
             not ``auto`` or ``step_source``, which the callback sets.
 

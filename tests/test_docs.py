@@ -1,0 +1,107 @@
+"""The README and docs/ hold together: every relative link resolves (a file,
+and a heading for a ``#anchor``), and every command of the README's
+quickstart runs (its ``--help``, with this environment's executables; its
+Python blocks compile)."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+BIN = Path(sys.executable).parent
+
+_FENCE = re.compile(r"^```[^\n]*\n.*?^```[ \t]*$", re.M | re.S)
+_LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+
+
+def prose(text: str) -> str:
+    """*text* without its fenced code blocks (links there are code)."""
+    return _FENCE.sub("", text)
+
+
+def slug(heading: str) -> str:
+    """A heading's anchor as GitHub makes it."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    return {slug(m) for m in re.findall(r"^#+ (.+)$", prose(page.read_text()), re.M)}
+
+
+def relative_links(page: Path) -> list[str]:
+    return [
+        target
+        for target in _LINK.findall(prose(page.read_text()))
+        if not re.match(r"[a-z][a-z+.-]*:", target)  # http:, https:, mailto:
+    ]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
+def test_every_relative_link_resolves(page: Path):
+    broken = []
+    for target in relative_links(page):
+        path, _, anchor = target.partition("#")
+        dest = (page.parent / path).resolve() if path else page
+        if not dest.exists():
+            broken.append(f"{target}: no {dest.relative_to(ROOT)}")
+        elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+            broken.append(f"{target}: no heading #{anchor}")
+    assert broken == [], f"{page.relative_to(ROOT)}: broken links"
+
+
+def test_the_readme_links_every_docs_page():
+    linked = {(ROOT / t.partition("#")[0]).resolve() for t in relative_links(ROOT / "README.md")}
+    assert [p.name for p in PAGES[1:] if p not in linked] == []
+
+
+def quickstart_blocks() -> list[tuple[str, str]]:
+    """(language, body) of each fenced block in the README's Quickstart."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("\n## Quickstart\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"^```(\w*)\n(.*?)^```", section, re.M | re.S)
+
+
+def commands() -> list[list[str]]:
+    """Each shell line of the quickstart, as argv, its comment cut."""
+    out = []
+    for lang, body in quickstart_blocks():
+        if lang != "python":
+            for line in body.splitlines():
+                argv = shlex.split(line, comments=True)
+                if argv:
+                    out.append(argv)
+    return out
+
+
+def test_the_quickstart_has_commands_and_code():
+    assert len(commands()) >= 5
+    assert any(lang == "python" for lang, _ in quickstart_blocks())
+
+
+@pytest.mark.parametrize("body", [b for lang, b in quickstart_blocks() if lang == "python"])
+def test_quickstart_python_compiles(body: str):
+    compile(body, "README.md quickstart", "exec")
+
+
+@pytest.mark.parametrize("argv", commands(), ids=[" ".join(a) for a in commands()])
+def test_quickstart_command_runs(argv: list[str]):
+    exe = BIN / argv[0]
+    assert exe.exists(), f"{argv[0]} is not installed in {BIN}"
+    words = [argv[0]]
+    for arg in argv[1:]:  # the command and its subcommands: what --help is asked of
+        if not re.fullmatch(r"[a-z][a-z-]*", arg):
+            break
+        words.append(arg)
+    done = subprocess.run(
+        [str(exe), *words[1:], "--help"], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"Usage: {' '.join(words)} "), done.stdout[:200]
