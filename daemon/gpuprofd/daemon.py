@@ -285,7 +285,7 @@ class Daemon:
         pull, router = sockets.bind()
         ingest = Ingest(pull, runs, store, drops, self.touch, on_workers=host.workers.add)
         # 2b. close the dashboard (after the control requests drained): live sockets get 1001
-        dashboard = await self._dashboard(stack, store, devices, ingest, sinks)
+        dashboard = await self._dashboard(stack, store, devices, ingest, sinks, insights)
         handlers = ControlHandlers(
             db=store.where,
             socket_dir=opts.socket_dir,
@@ -324,6 +324,7 @@ class Daemon:
         devices: list[Any],
         ingest: Ingest,
         sinks: SampleSinks,
+        insights: InsightsRunner,
     ) -> Dashboard:
         """Serve the web app on ``opts.http`` (on *stack*); what runs are told of it.
 
@@ -333,6 +334,7 @@ class Daemon:
         if self.opts.http is None:
             return Dashboard(None, "gpuprofd was started with --http off")
         from gpuprofd.web.app import WebState, build_app, serving
+        from gpuprofd.web.metrics import metrics_sources
 
         state = WebState(
             reader=store,
@@ -340,14 +342,14 @@ class Daemon:
             live_run_ids=lambda: {r.run_id for r in self.registry.live.values()},
             boot_id=self.boot_id,
         )
-        sources = {
-            "drops": self.drops,
-            "registry": self.registry,
-            "store": store,
-            "ingest": ingest,
-            "gpu_latest": sinks.gpu_latest,
-            "devices": tuple(devices),
-        }
+        sources = metrics_sources(
+            registry=self.registry,
+            gpu_latest=sinks.gpu_latest,
+            drops=self.drops,
+            store=store,
+            ingest=ingest,
+            insights=insights,
+        )
         served = await stack.enter_async_context(serving(build_app(state, sources), self.opts.http))
         return Dashboard(served.url, None)
 

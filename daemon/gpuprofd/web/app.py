@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import importlib.util
 import logging
 import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from aiohttp import WSCloseCode, web
@@ -27,6 +26,9 @@ from gpuprofd.errors import BadInputError, DatabaseError, UnknownGroupError, Unk
 from gpuprofd.sampling.nvml import GpuDevice
 from gpuprofd.storage.reader import Reader
 from gpuprofd.web.address import HttpAddress
+
+if TYPE_CHECKING:
+    from gpuprofd.web.metrics import MetricsSources
 
 log = logging.getLogger(__name__)
 
@@ -142,11 +144,10 @@ async def _close_sockets(app: web.Application) -> None:
         await ws.close(code=WSCloseCode.GOING_AWAY, message=b"gpuprofd is shutting down")
 
 
-def build_app(state: WebState, metrics_sources: Any = None) -> web.Application:
-    """The dashboard app over *state*. With *metrics_sources* and the
-    ``gpuprofd.web.metrics`` module, ``/metrics`` is mounted by its
-    ``add_routes(app, metrics_sources)``."""
-    from gpuprofd.web import api, live
+def build_app(state: WebState, metrics_sources: MetricsSources | None = None) -> web.Application:
+    """The dashboard app over *state*; with *metrics_sources*, also
+    Prometheus ``/metrics`` (:mod:`gpuprofd.web.metrics`)."""
+    from gpuprofd.web import api, live, metrics
 
     app = web.Application(middlewares=[_errors])
     app[STATE] = state
@@ -158,9 +159,7 @@ def build_app(state: WebState, metrics_sources: Any = None) -> web.Application:
     app.router.add_get("/", _index)
     if STATIC_DIR.is_dir():
         app.router.add_static("/static/", STATIC_DIR, append_version=False)
-    if metrics_sources is not None and importlib.util.find_spec("gpuprofd.web.metrics"):
-        from gpuprofd.web import metrics  # the metrics module, when installed
-
+    if metrics_sources is not None:
         metrics.add_routes(app, metrics_sources)
     return app
 

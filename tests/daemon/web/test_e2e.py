@@ -92,6 +92,22 @@ def test_profile_prints_the_runs_dashboard_url_first(node: Node, finished: tuple
     assert first == f"gpuprof dashboard: {node.url}/#/run/{hostile_id}"
 
 
+def test_the_daemon_serves_metrics_of_its_replayed_gpu(node: Node, finished: tuple) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async def scrape() -> tuple[int, str]:
+        async with aiohttp.ClientSession() as s, s.get(f"{node.url}/metrics") as resp:
+            return resp.status, await resp.text()
+
+    status, text = asyncio.run(scrape())
+    assert status == 200
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    (util,) = families["gpuprof_gpu_utilization_ratio"].samples  # the trace's one GPU
+    assert util.labels["uuid"].startswith("GPU-") and 0.0 <= util.value <= 1.0
+    (received,) = families["gpuprof_events_received"].samples
+    assert received.value >= 70  # the two finished runs' steps at least (40 + 30)
+
+
 def test_status_prints_the_url(node: Node) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "gpuprofd.ctl", "status", "--socket-dir", str(node.sock_dir)],
