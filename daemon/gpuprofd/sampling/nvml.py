@@ -101,6 +101,9 @@ class GpuDevice:
     max_sm_mhz: int | None = None
     """Max SM clock, MHz (``nvmlDeviceGetMaxClockInfo``; ~1.4 ms a call on the
     H200, so read once): the reference the clock-throttling rules measure from."""
+    power_limit_mw: int | None = None
+    """The power limit the driver enforces, mW (``nvmlDeviceGetEnforcedPowerLimit``,
+    read once; 700,000 on the H200 probe): what the dashboard draws power against."""
 
 
 @dataclass(frozen=True)
@@ -270,8 +273,18 @@ class RealNvml:
                     h,
                     nv.NVML_CLOCK_SM,
                 )
+            limit = self._query(
+                "power_limit", getattr(nv, "nvmlDeviceGetEnforcedPowerLimit", None), h
+            )
             out.append(
-                GpuDevice(i, uuid, name, self._mig_uuids(h), int(max_sm) if max_sm else None)
+                GpuDevice(
+                    i,
+                    uuid,
+                    name,
+                    self._mig_uuids(h),
+                    int(max_sm) if max_sm else None,
+                    int(limit) if limit else None,
+                )
             )
         return out
 

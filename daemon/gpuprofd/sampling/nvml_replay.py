@@ -170,10 +170,14 @@ class ReplayPynvml:
         name: str = REPLAY_NAME,
         cost: Callable[[str], None] | None = None,
         max_sm_mhz: int | None = None,
+        power_limit_mw: int | None = None,
     ) -> None:
         self.trace = trace
         self.max_sm_mhz = max_sm_mhz
         """Max SM clock, MHz (probe.json's ``max_clock_sm_MHz``); None: not supported."""
+        self.power_limit_mw = power_limit_mw
+        """Enforced power limit, mW (probe.json's ``enforced_power_limit_mW``); None: not
+        supported."""
         self.clock = clock
         self.device_uuid, self.device_name = uuid, name
         self.calls: deque[tuple[str, str]] = deque(maxlen=CALLS_KEPT)
@@ -201,6 +205,8 @@ class ReplayPynvml:
         kwargs.setdefault("name", probe.get("name", REPLAY_NAME))
         if "max_clock_sm_MHz" in probe:
             kwargs.setdefault("max_sm_mhz", int(probe["max_clock_sm_MHz"]))
+        if "enforced_power_limit_mW" in probe:
+            kwargs.setdefault("power_limit_mw", int(probe["enforced_power_limit_mW"]))
         return cls(Trace.load(path), **kwargs)
 
     # --- the replay clock ---------------------------------------------------
@@ -287,6 +293,13 @@ class ReplayPynvml:
         if clock_type != pynvml.NVML_CLOCK_SM:
             raise pynvml.NVMLError_NotSupported(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return int(self._value("sm_MHz"))
+
+    @_recorded
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: _Handle) -> int:
+        """The enforced power limit, mW, as the probe recorded it."""
+        if self.power_limit_mw is None:
+            raise pynvml.NVMLError_NotSupported(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return self.power_limit_mw
 
     @_recorded
     def nvmlDeviceGetMaxClockInfo(self, handle: _Handle, clock_type: int) -> int:
@@ -418,11 +431,11 @@ def _integrate(rows: list[dict[str, Any]], col: str) -> Callable[[float], float]
 
 
 def _probe_identity(path: Path) -> Mapping[str, str]:
-    """``{"uuid": …, "name": …, "max_clock_sm_MHz": …}`` from a probe.json (what
-    it holds of them), or ``{}``."""
+    """``{"uuid": …, "name": …, "max_clock_sm_MHz": …, "enforced_power_limit_mW": …}``
+    from a probe.json (what it holds of them), or ``{}``."""
     try:
         calls = json.loads(path.read_text())["calls"]
-        keys = ("uuid", "name", "max_clock_sm_MHz")
+        keys = ("uuid", "name", "max_clock_sm_MHz", "enforced_power_limit_mW")
         return {k: str(calls[k]["value"]) for k in keys if "value" in calls.get(k, {})}
     except (OSError, ValueError, KeyError, TypeError):
         return {}

@@ -68,7 +68,11 @@ async def gpus_of(state: WebState, run: dict[str, Any], lo: int, hi: int) -> lis
                     "uuid": dev.uuid if dev is not None else key,
                     "name": name,
                     "mem_total_bytes": row.get("mem_total_bytes"),
-                    "power_limit_w": None,
+                    "power_limit_w": (
+                        dev.power_limit_mw / 1e3
+                        if dev is not None and dev.power_limit_mw is not None
+                        else None
+                    ),
                 },
             )
         )

@@ -200,6 +200,15 @@ def test_replay_copy_without_probe_gets_the_named_replay_uuid(tmp_path: Path) ->
     assert note is None and backend is not None and backend.name == "replay"
     (dev,) = backend.devices()
     assert (dev.uuid, dev.name) == (REPLAY_UUID, "Replay GPU")
+    assert dev.power_limit_mw is None  # no probe.json: no limit known, never a made-up one
+    backend.close()
+
+
+def test_replay_reads_the_probes_enforced_power_limit() -> None:
+    backend, _ = open_backend(f"replay:{TRACE}")
+    assert backend is not None
+    (dev,) = backend.devices()
+    assert dev.power_limit_mw == 700_000  # probe.json: enforced_power_limit_mW
     backend.close()
 
 

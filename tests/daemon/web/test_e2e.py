@@ -156,6 +156,7 @@ def test_documented_examples_have_the_real_shapes(node: Node, finished: tuple) -
     assert gpu["mem_total_bytes"] > 100 * 2**30 and len(gpu["t"]) > 0
     assert all(u is not None for u in gpu["util_pct"]["max"])
     assert real["run"]["run"]["gpus"][0]["uuid"] == gpu["uuid"]
+    assert real["run"]["run"]["gpus"][0]["power_limit_w"] == 700.0  # the probe's limit
     steps = real["series"]["steps"]
     assert sum(steps["n"]) == 40 == real["run"]["run"]["steps"]
     assert real["compare"]["steps"][1]["step"][:3] == [0, 1, 2]
