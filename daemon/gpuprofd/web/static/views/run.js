@@ -133,8 +133,8 @@ export function render(root, { id }) {
     if (w.kind === "range") return { from: w.from, to: w.to, width };
     const secs = WINDOWS.find(([k]) => k === w.kind)?.[2];
     if (!secs) return { width };
-    const end = state.run.end_s ?? Math.max(state.latest, Date.now() / 1000);
-    return { from: Math.max(state.run.start_s, end - secs), to: end, width };
+    const end = state.run?.end_s ?? Math.max(state.latest, Date.now() / 1000);
+    return { from: Math.max(state.run?.start_s ?? 0, end - secs), to: end, width };
   }
 
   function xRange(lo, hi) {
@@ -143,7 +143,7 @@ export function render(root, { id }) {
     const win = state.model.window;
     const to = Math.max(win.to ?? hi, state.latest);
     const secs = WINDOWS.find(([k]) => k === w.kind)?.[2];
-    const from = secs ? Math.max(to - secs, state.run.start_s ?? to - secs) : (win.from ?? lo);
+    const from = secs ? Math.max(to - secs, state.run?.start_s ?? to - secs) : (win.from ?? lo);
     return from < to ? [from, to] : [lo, hi];
   }
 
@@ -157,7 +157,8 @@ export function render(root, { id }) {
     return state.run?.status === "running" && state.window.kind !== "range";
   }
 
-  async function loadSeries() {
+  /** Fetch the window's series and redraw; returns the cursors it leaves. */
+  async function loadSeries(fromReset = false) {
     state.fetching = true;
     let model;
     try {
@@ -184,11 +185,15 @@ export function render(root, { id }) {
     if (!performance.getEntriesByName("gpuprof:first-chart").length) performance.mark("gpuprof:first-chart");
     document.body.dataset.seriesLoaded = String(Number(document.body.dataset.seriesLoaded || 0) + 1);
     const cursors = cursorsOf(model);
-    if (following()) {
-      if (live.run === id) live.setCursors(cursors), live.hello();
-      else live.watch(id, cursors, handlers);
+    if (following() && !fromReset) {
+      if (live.run === id) {
+        live.setCursors(cursors);
+        live.hello();
+      } else {
+        live.watch(id, cursors, handlers);
+      }
     }
-    return cursors;
+    return cursors; // after a reset, live.js sends these itself
   }
 
   // -- live updates: appended to the model in place, charts redrawn
@@ -277,7 +282,7 @@ export function render(root, { id }) {
         loadKernels();
       }
     },
-    reset: () => loadSeries(),
+    reset: () => loadSeries(true),
   };
 
   async function loadInsights() {
@@ -325,14 +330,17 @@ export function render(root, { id }) {
   }
 
   (async () => {
+    // every request at once: the whole-run series needs nothing from the
+    // headline, so the first chart does not wait for it
+    const asked = api.run(id);
+    const rest = Promise.all([loadInsights(), loadSeries(), loadKernels()]);
     let r;
     try {
-      r = await api.run(id);
+      r = await asked;
     } catch (err) {
+      if (state.gone) return;
       replace(head, h("div", { class: "crumbs" }, h("a", { href: "#/runs" }, "Runs")), errorBox(err));
-      insights.remove();
-      windowBar.remove();
-      kernels.remove();
+      for (const el of [insights, windowBar, chartsBox, kernels]) el.remove();
       document.body.dataset.ready = "1";
       return;
     }
@@ -340,8 +348,10 @@ export function render(root, { id }) {
     state.run = r.run;
     drawHead();
     drawWindowBar();
-    await Promise.all([loadInsights(), loadSeries(), loadKernels()]);
-    if (!state.gone) document.body.dataset.ready = "1";
+    await rest;
+    if (state.gone) return;
+    if (following() && state.model && live.run !== id) live.watch(id, cursorsOf(state.model), handlers);
+    document.body.dataset.ready = "1";
   })();
 
   return () => {
