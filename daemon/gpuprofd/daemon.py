@@ -350,7 +350,9 @@ class Daemon:
             ingest=ingest,
             insights=insights,
         )
-        served = await stack.enter_async_context(serving(build_app(state, sources), self.opts.http))
+        served = await stack.enter_async_context(
+            serving(build_app(state, sources, loopback_only=True), self.opts.http)
+        )
         return Dashboard(served.url, None)
 
 

@@ -144,12 +144,20 @@ async def _close_sockets(app: web.Application) -> None:
         await ws.close(code=WSCloseCode.GOING_AWAY, message=b"gpuprofd is shutting down")
 
 
-def build_app(state: WebState, metrics_sources: MetricsSources | None = None) -> web.Application:
+def build_app(
+    state: WebState,
+    metrics_sources: MetricsSources | None = None,
+    *,
+    loopback_only: bool = False,
+) -> web.Application:
     """The dashboard app over *state*; with *metrics_sources*, also
-    Prometheus ``/metrics`` (:mod:`gpuprofd.web.metrics`)."""
-    from gpuprofd.web import api, live, metrics
+    Prometheus ``/metrics`` (:mod:`gpuprofd.web.metrics`). *loopback_only*
+    (a node's dashboard, which has no login): only loopback host names and
+    this dashboard's own pages are answered (:mod:`gpuprofd.web.origin`)."""
+    from gpuprofd.web import api, live, metrics, origin
 
-    app = web.Application(middlewares=[_errors])
+    guards = [origin.loopback_only] if loopback_only else []
+    app = web.Application(middlewares=[*guards, _errors])
     app[STATE] = state
     app.cleanup_ctx.append(_sockets)
     app.on_shutdown.append(_close_sockets)

@@ -48,6 +48,7 @@ from gpuprof import config
 from gpuprofd.errors import BadInputError
 from gpuprofd.storage import logins
 from gpuprofd.storage.store import Store
+from gpuprofd.web.origin import same_origin
 
 log = logging.getLogger(__name__)
 
@@ -407,7 +408,7 @@ class Auth:
                 f"missing or wrong CSRF token: send the {CSRF_COOKIE} cookie's value "
                 f"in an {CSRF_HEADER} header",
             )
-        if request.headers.get(hdrs.UPGRADE, "").lower() == "websocket" and not _same_origin(
+        if request.headers.get(hdrs.UPGRADE, "").lower() == "websocket" and not same_origin(
             request
         ):
             return _error(403, "a live socket from another site's page is refused")
@@ -505,15 +506,6 @@ def _verify(hashed: str, password: str) -> bool:
         return False
     except argon2.exceptions.InvalidHashError:
         return False
-
-
-def _same_origin(request: web.Request) -> bool:
-    """A browser's WebSocket handshake names the page's origin: it must be this host."""
-    origin = request.headers.get(hdrs.ORIGIN)
-    if origin is None:  # not a browser (a script holding the cookie is the viewer)
-        return True
-    _, _, rest = origin.partition("://")
-    return rest.rstrip("/") == request.host
 
 
 def _dumps(data: Any) -> str:
