@@ -65,6 +65,11 @@ def int_param(request: web.Request, name: str, default: int, lo: int, hi: int) -
     return value
 
 
+#: The latest time a window may name, unix seconds (the year 2096): past it,
+#: nanoseconds no longer fit the database's 64-bit integers.
+MAX_UNIX_S = 4e9
+
+
 def float_param(request: web.Request, name: str) -> float | None:
     """Query parameter *name* as a finite float, or None when absent."""
     raw = request.query.get(name)
@@ -135,13 +140,21 @@ async def run_series(request: web.Request) -> web.Response:
     run_id = _run_id(request)
     width = int_param(request, "width", DEFAULT_WIDTH, MIN_WIDTH, MAX_WIDTH)
     start, end = float_param(request, "from"), float_param(request, "to")
+    for name, value in (("from", start), ("to", end)):
+        if value is not None and not 0 <= value <= MAX_UNIX_S:
+            raise ApiError(
+                400, f"{name}={value:g} is not a time in unix seconds (0-{MAX_UNIX_S:g})"
+            )
     run = await reads.get_run(state.reader, run_id)
     clock = views.clock_of(run)
     lo, hi = await views.window_of(state, run)
-    lo = clock.to_mono(start) if start is not None else lo
-    hi = clock.to_mono(end) if end is not None else hi
-    if hi <= lo:
+    if start is not None and end is not None and end <= start:
         raise ApiError(400, f"from={start} is not before to={end}")
+    # a window reaching past the run reads what the run has (nothing lies outside it)
+    lo = max(lo, clock.to_mono(start)) if start is not None else lo
+    hi = min(hi, clock.to_mono(end)) if end is not None else hi
+    if hi <= lo:
+        raise ApiError(400, f"the window from={start} to={end} holds none of the run")
     return json_response(await series_payload(state, run, Buckets.for_width(lo, hi, width)))
 
 
