@@ -4,7 +4,8 @@ The daemon is spawned detached (its own session, stdin closed, output
 appended to ``<socket dir>/gpuprofd.log``) and exits by itself after being
 idle. If two training processes race, both may spawn one; the daemon's file
 lock leaves one running, so this module only spawns and retries ``hello``.
-The whole wait is bounded (~5 s): training never fails for want of a daemon.
+The whole wait is bounded (~15 s, cut short when the spawned daemon exits):
+training never fails for want of a daemon.
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ from gpuprof.config import CONTROL_SOCKET_NAME, LOG_NAME
 
 log = logging.getLogger("gpuprof.shim")
 
-#: How long to keep retrying ``hello`` after spawning, seconds.
-WAIT_S = 5.0
+#: How long to keep retrying ``hello`` after spawning, seconds: a daemon's
+#: start (Python, aiohttp, the database) took over 5 s on a 2-core box at a
+#: load average of 15 (2026-12-01), and a run that misses it records nothing.
+WAIT_S = 15.0
 #: Pause between ``hello`` retries, seconds.
 RETRY_INTERVAL_S = 0.15
 #: After the spawned process exits (it lost the lock race, or crashed), how
