@@ -2,10 +2,11 @@
 
 Order at startup: socket dir (0700) → single-instance lock (a loser exits 0)
 → database check → store opened → stale sockets unlinked → ``PULL``/``ROUTER``
-bound → tasks. At shutdown (SIGTERM/SIGINT/idle/``gpuprofctl stop``): stop
-accepting → let in-flight requests finish → stop samplers → persist counters
-→ flush the store → remove socket files → release the lock. Live runs stay
-``running`` so the next daemon re-adopts them.
+bound → the dashboard (HTTP, :mod:`gpuprofd.web`) → tasks. At shutdown
+(SIGTERM/SIGINT/idle/``gpuprofctl stop``): stop accepting → let in-flight
+requests finish → close the dashboard (its live sockets with 1001) → stop
+samplers → persist counters → flush the store → remove socket files →
+release the lock. Live runs stay ``running`` so the next daemon re-adopts them.
 
 Every step after the lock is a context on one :class:`contextlib.AsyncExitStack`
 (:meth:`Daemon._start`). The stack unwinds last in, first out, so the steps
@@ -282,7 +283,7 @@ class Daemon:
 
         pull, router = sockets.bind()
         ingest = Ingest(pull, runs, store, drops, self.touch, on_workers=host.workers.add)
-        # 0. (last in, first out) the dashboard: its live sockets closed with 1001
+        # 2b. close the dashboard (after the control requests drained): live sockets get 1001
         dashboard = await self._dashboard(stack, store, devices, ingest, sinks)
         handlers = ControlHandlers(
             db=store.where,

@@ -187,7 +187,10 @@ async def step_buckets(db: Any, run_id: int, b: Buckets) -> tuple[list[dict[str,
     if len(rolled) < ROLLUP_BLOCKS_PER_BUCKET * b.count:
         return await series.step_buckets(db, run_id, b.lo_ns, b.hi_ns, b.width_ns), "raw"
     last = max(r["last_step"] for r in rolled)
-    tail = await series.step_buckets(db, run_id, b.lo_ns, b.hi_ns, b.width_ns, after_step=last)
+    since = max(r["t0_ns"] for r in rolled)  # the last block's start: the tail starts later
+    tail = await series.step_buckets(
+        db, run_id, b.lo_ns, b.hi_ns, b.width_ns, after_step=last, from_ns=since
+    )
     return merge_step_rollups([*rolled, *map(bucket_as_rollup, tail)], b), "rollup"
 
 

@@ -106,6 +106,11 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
         if request.path.startswith("/api/"):
             return error_response(405, f"{request.method} is not allowed here ({exc.reason})")
         raise
+    except web.HTTPException:
+        raise
+    except Exception:  # a bug: said as JSON, logged with its traceback, the daemon goes on
+        log.exception("dashboard request %s failed", request.path_qs)
+        return error_response(500, "gpuprofd failed to answer this request; see its log")
 
 
 async def _index(request: web.Request) -> web.StreamResponse:

@@ -172,9 +172,12 @@ def test_live_socket_sends_only_new_rows_and_resumes(node: Node, tmp_path: Path)
     try:
         run_id = node.live_run_id("live-run", 5)
         first = asyncio.run(
-            _live(node.url, {"run": run_id, "cursors": {"step": -1, "t": 0}},
-                  lambda ms: _steps_seen(ms) >= 30 and any(m["type"] == "gpus" for m in ms))
-        )  # fmt: skip
+            _live(
+                node.url,
+                {"run": run_id, "cursors": {"step": -1, "t": 0}},
+                lambda ms: _steps_seen(ms) >= 30 and any(m["type"] == "gpus" for m in ms),
+            )
+        )
         rows = [r for m in _of(first, "steps") for r in m["rows"]]
         indices = [r["step"] for r in rows]
         assert indices == sorted(set(indices)) and indices[0] == 0  # each step once, in order
@@ -183,9 +186,12 @@ def test_live_socket_sends_only_new_rows_and_resumes(node: Node, tmp_path: Path)
 
         # a reconnect with cursors gets only newer rows
         again = asyncio.run(
-            _live(node.url, {"run": run_id, "cursors": {"step": last_step, "t": last_t}},
-                  lambda ms: _steps_seen(ms) >= 1 and any(m["type"] == "gpus" for m in ms))
-        )  # fmt: skip
+            _live(
+                node.url,
+                {"run": run_id, "cursors": {"step": last_step, "t": last_t}},
+                lambda ms: _steps_seen(ms) >= 1 and any(m["type"] == "gpus" for m in ms),
+            )
+        )
         assert all(r["step"] > last_step for m in _of(again, "steps") for r in m["rows"])
         assert all(s["t"] > last_t for m in _of(again, "gpus") for s in m["samples"])
 
@@ -195,9 +201,12 @@ def test_live_socket_sends_only_new_rows_and_resumes(node: Node, tmp_path: Path)
         top = node.client.ping(1.0)["live_runs"]
         total = next(r["steps"] for r in top if r["run_id"] == run_id)
         late = asyncio.run(
-            _live(node.url, {"run": run_id, "cursors": {"step": total - 1, "t": last_t}},
-                  lambda ms: sum(m["type"] == "steps" for m in ms) >= 3)
-        )  # fmt: skip
+            _live(
+                node.url,
+                {"run": run_id, "cursors": {"step": total - 1, "t": last_t}},
+                lambda ms: sum(m["type"] == "steps" for m in ms) >= 3,
+            )
+        )
         late_steps = [m for m in late if b'"steps"' in m[:20]][1:]  # the first catches up
         per_row = [len(m) / len(orjson.loads(m)["rows"]) for m in (early[-1], late_steps[-1])]
         assert per_row[1] < 1.5 * per_row[0]  # a row costs the same early and late
@@ -209,5 +218,5 @@ def test_live_socket_sends_only_new_rows_and_resumes(node: Node, tmp_path: Path)
             check_shape(docs[f"live_{kind}"], _of(first + again, kind)[-1], f"live_{kind}")
     finally:
         stop.touch()
-        proc.wait(timeout=60)
-    assert proc.returncode == 0, proc.stderr.read() if proc.stderr else ""
+        _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
