@@ -145,6 +145,7 @@ export function chart(parent, spec) {
     cursor: {
       sync: spec.syncKey ? { key: spec.syncKey, setSeries: false } : undefined,
       drag: { x: !!spec.onSelect, y: false, setScale: false },
+      y: false, // a y line means nothing on the other charts: time only
       points: { size: Math.round(6 * scale) },
     },
     legend: { live: true },

@@ -62,3 +62,10 @@ export function duration(s) {
   if (m < 60) return `${m} min ${String(Math.floor(s % 60)).padStart(2, "0")} s`;
   return `${Math.floor(m / 60)} h ${String(m % 60).padStart(2, "0")} min`;
 }
+
+/** Unix seconds as a short local date and time ("Dec 2, 01:00"), for tables. */
+export function shortWhen(s) {
+  if (s === null || s === undefined) return DASH;
+  return new Date(s * 1000).toLocaleString(undefined, { month: "short", day: "numeric",
+    hour: "2-digit", minute: "2-digit", hour12: false });
+}

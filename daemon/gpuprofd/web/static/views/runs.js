@@ -3,7 +3,7 @@
 
 import { api } from "../api.js";
 import { h, replace, userText } from "../dom.js";
-import { duration, int, num, when } from "../format.js";
+import { duration, int, num, shortWhen, when } from "../format.js";
 import { errorBox, statusBadge } from "./panels.js";
 
 const REFRESH_MS = 5000;
@@ -73,7 +73,7 @@ export function render(root, { query }) {
       h("td", { class: "num" }, int(r.skipped_updates ?? 0)),
       h("td", { class: "num" }, num(r.eval_s, 1)),
       h("td", { class: "num" }, int((r.dropped_events ?? 0) + (r.store_dropped_events ?? 0))),
-      h("td", { class: "when" }, when(r.start_s)),
+      h("td", { class: "when", title: when(r.start_s) }, shortWhen(r.start_s)),
       h("td", { class: "num" }, r.start_s && end ? duration(end - r.start_s) : "–"),
     );
   }
