@@ -12,6 +12,7 @@ silent.
 from __future__ import annotations
 
 from gpuprof.insights.base import Insight, RunContext, WorkerPool, rule
+from gpuprof.insights.loading import loader_cpu
 from gpuprof.insights.steps import (
     CPU_BOUND_PCT,
     DISK_BUSY_BPS,
@@ -238,18 +239,29 @@ def host_cpu_contention(ctx: RunContext) -> Insight | None:
     :data:`CONTENTION_MIN_OTHER_CORES` busy. Silent when the run's own CPU was
     not measured (another PID namespace) or is under
     :data:`CONTENTION_MIN_RUN_CORES` (a run that needs no CPU is not slowed by
-    its lack)."""
+    its lack), or when it waits > :data:`STALL_FRACTION_HIGH` of the time on a
+    loader whose measured workers sat idle (:func:`gpuprof.insights.loading.loader_cpu`:
+    its pace is its loader's waits, and the stall is reported plainly)."""
     cpu, cores = ctx.host_cpu_pct, ctx.cpu_count
     run, ranks = own_cpu_cores(ctx)
     if cpu is None or run is None or not cores or cpu <= CPU_BOUND_PCT:
         return None
     if run < CONTENTION_MIN_RUN_CORES:
         return None
+    stall = stall_fraction(ctx)
+    idle = loader_cpu(ctx, stall) if stall is not None else None
+    if (
+        stall is not None
+        and stall > STALL_FRACTION_HIGH
+        and idle
+        and idle.workers
+        and idle.busy is False
+    ):
+        return None  # the loop's pace is its idle (sleeping, I/O-bound) workers', not the CPU's
     busy = cpu / 100.0 * cores
     others = max(0.0, busy - run)
     if run >= RUN_SHARE_OF_BUSY_CPU * busy or others < CONTENTION_MIN_OTHER_CORES:
         return None
-    stall = stall_fraction(ctx)
     waiting = f"; {stall:.0%} of step time waiting on the loader" if stall else ""
     who = f"this job's {ranks} ranks here" if ranks > 1 else "this run"
     return Insight(

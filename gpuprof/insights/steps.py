@@ -150,8 +150,8 @@ def _loader_starved(ctx: RunContext) -> tuple[float, float | None] | None:
 @rule("cpu_bound_dataloader", supersedes=("dataloader_stall", "host_cpu_contention"))
 def cpu_bound_dataloader(ctx: RunContext) -> Insight | None:
     """Fires on a stall (> :data:`STALL_FRACTION`) whose loading burns CPU
-    (:func:`gpuprof.insights.loading.loader_cpu`; unmeasured, e.g. a run in
-    another PID namespace: host CPU > :data:`CPU_BOUND_PCT`) while the disk is not the
+    (:func:`gpuprof.insights.loading.loader_cpu`; silent when that is
+    unmeasured: a pegged host alone does not say whose CPU it is) while the disk is not the
     busy part (< :data:`DISK_BUSY_BPS` read, or unmeasured). The cause named:
     other processes hold the CPU while the run's own use is the smaller part
     (:func:`_loader_starved`): the workers are starved; else the
@@ -164,10 +164,8 @@ def cpu_bound_dataloader(ctx: RunContext) -> Insight | None:
         return None
     cpu = loading.loader_cpu(ctx, frac)
     host = ctx.host_cpu_pct
-    if cpu.busy is False:
+    if not cpu.busy:  # idle, or unmeasured: a pegged host alone does not say whose CPU
         return None
-    if cpu.busy is None and (host is None or host <= CPU_BOUND_PCT):
-        return None  # the loading's CPU unmeasured: the seed rule's pegged host, or nothing
     own, ranks = own_cpu_cores(ctx)
     n = ctx.cpu_count
     of = f" of {n}" if n else ""

@@ -3,12 +3,15 @@
 # Busy processes started through a launcher that exits at once: orphaned,
 # they are not the training process's descendants, so gpuprof counts them as
 # other processes (as a neighbour's job would be), not as the run's own CPU.
+# Each spins for 5 minutes at most: a script killed before it stops them
+# leaves nothing running for long.
 HOGS = r"""
 import os, signal, subprocess, sys
 
 _LAUNCH = (
     "import subprocess, sys\n"
-    "ps = [subprocess.Popen([sys.executable, '-c', 'while True: pass'], "
+    "spin = 'import time\\nend = time.monotonic() + 300\\nwhile time.monotonic() < end: pass'\n"
+    "ps = [subprocess.Popen([sys.executable, '-c', spin], "
     "start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, "
     "stderr=subprocess.DEVNULL) for _ in range(int(sys.argv[1]))]\n"
     "print(' '.join(str(p.pid) for p in ps))\n"

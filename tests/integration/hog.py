@@ -6,8 +6,9 @@ import os
 import subprocess
 import sys
 
-#: The busy loop each hog process runs (pure Python: one core each, no I/O).
-SPIN = "while True:\n    pass\n"
+#: The busy loop each hog process runs (pure Python: one core each, no I/O);
+#: it ends when its parent (the test run) is gone, killed or not.
+SPIN = "import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n    pass\n"
 
 
 class Hog:

@@ -349,3 +349,16 @@ def test_build_context_reads_the_jobs_cpu():
     assert (ctx.run_cpu_cores, ctx.job_cpu_cores, ctx.job_ranks) == (0.9, 1.8, 2)
     alone = build_context(run, [], run_cpu=[{"cores": 0.9}])
     assert (alone.job_cpu_cores, alone.job_ranks) == (None, 1)
+
+
+def test_host_cpu_contention_silent_when_the_loop_waits_on_idle_workers():
+    from gpuprof.insights.base import WorkerPool
+
+    idle = (WorkerPool(0, ((0, 0.5), (1, 0.5)), 10.0, 0.1),)  # 0.05 core each, mostly asleep
+    kw = {"host_cpu_pct": 94.0, "run_cpu_cores": 0.3, "cpu_count": 2, "explicit_wait": True}
+    sleeping = make_ctx([10.0] * 30, [60.0] * 30, worker_pools=idle, **kw)
+    assert host_cpu_contention(sleeping) is None
+    fired = {i.rule for i in run_rules(sleeping)}
+    assert "dataloader_stall" in fired and "cpu_bound_dataloader" not in fired
+    # the same host and run CPU without that idle loader: contention is named
+    assert host_cpu_contention(make_ctx([10.0] * 30, [60.0] * 30, **kw)) is not None

@@ -43,7 +43,7 @@ def test_dataloader_stall_silent_at_10_percent():
 
 
 def test_cpu_bound_fires_with_pegged_cpu_and_hides_plain_stall():
-    ctx = make_ctx([60] * 10, [40] * 10, host_cpu_pct=95.0, cpu_count=16)
+    ctx = make_ctx([60] * 10, [40] * 10, host_cpu_pct=95.0, cpu_count=16, run_cpu_cores=15.0)
     ins = cpu_bound_dataloader(ctx)
     assert ins is not None and ins.severity == "HIGH"
     assert "host CPU 95% across 16 cores" in ins.title
@@ -171,9 +171,15 @@ def test_first_step_outlier_and_warmup_agree_on_excess():
 def test_cpu_bound_stall_leaves_erratic_steps_their_own_finding():
     steady = [10.0] * 30
     steady[10] = steady[20] = steady[29] = 40.0
-    ctx = make_ctx([10, 10, 10] + steady, [20.0] * 33, host_cpu_pct=97.0, cpu_count=2)
+    ctx = make_ctx(
+        [10, 10, 10] + steady, [20.0] * 33, host_cpu_pct=97.0, cpu_count=2, run_cpu_cores=1.9
+    )
     rules = {i.rule for i in run_rules(ctx)}
     assert {"cpu_bound_dataloader", "high_step_variance"} <= rules
+    # a pegged host, the run's own CPU unmeasured: whose CPU it is is unknown
+    unknown = make_ctx([60] * 10, [40] * 10, host_cpu_pct=99.0, cpu_count=2)
+    assert cpu_bound_dataloader(unknown) is None
+    assert "dataloader_stall" in {i.rule for i in run_rules(unknown)}
 
 
 def test_high_step_variance_needs_the_slow_steps_to_cost_something():
