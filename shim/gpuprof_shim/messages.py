@@ -171,8 +171,11 @@ def step(run_key: str, rec: StepRecord) -> dict[str, Any]:
 def step_event(rec: StepRecord) -> dict[str, Any]:
     """The ``step`` event for *rec* as it goes in a ``batch`` (no ``v`` and
     ``run_key``: the batch's apply); ``skipped``, ``eval``, ``optimizers``
-    and ``mem`` (torch allocator bytes) only when they say something."""
+    and ``mem`` (torch allocator bytes) only when they say something. Runs
+    once per step: a :attr:`~StepRecord.clean` record's phases go as they
+    are (unless DDP buckets were attached, which rewrote them)."""
     t0, t1, wait = rec.t0, rec.t1, rec.wait
+    comm = rec.comm
     msg: dict[str, Any] = {
         "type": "step",
         "i": rec.i,
@@ -181,24 +184,34 @@ def step_event(rec: StepRecord) -> dict[str, Any]:
         "wait": wait if wait > 0 else 0,
         "explicit": rec.explicit,
         "micro": rec.micro,
-        "phases": clean_phases(rec.phases),
+        "phases": rec.phases if rec.clean and not comm else clean_phases(rec.phases),
     }
     if rec.skipped:
         msg["skipped"] = True
-    if rec.eval_ns > 0:
-        msg["eval"] = min(rec.eval_ns, MAX_DURATION_NS)
+    eval_ns = rec.eval_ns
+    if eval_ns > 0:
+        msg["eval"] = eval_ns if eval_ns <= MAX_DURATION_NS else MAX_DURATION_NS
     optimizers = rec.optimizers
     if optimizers:
-        if len(optimizers) == 1:  # the common case, without a comprehension's frame
-            msg["optimizers"] = [_optimizer_use(optimizers[0])]
+        if len(optimizers) == 1:  # the common case, _optimizer_use inlined
+            o = optimizers[0]
+            name, ns = o.name, o.ns
+            msg["optimizers"] = [
+                {
+                    "name": _clean_names.get(name) or _cached_phase_name(name),
+                    "updates": o.updates,
+                    "skipped": o.skipped,
+                    "ns": ns if 0 <= ns <= MAX_DURATION_NS else min(max(0, ns), MAX_DURATION_NS),
+                }
+            ]
         else:
             msg["optimizers"] = [_optimizer_use(o) for o in optimizers[:MAX_OPTIMIZERS]]
     if rec.mem is not None:
         msg["mem"] = list(rec.mem)
     if rec.traced:
         msg["traced"] = True
-    if rec.comm:
-        msg["comm"] = [b.to_wire() for b in rec.comm[:MAX_BUCKETS_PER_STEP]]
+    if comm:
+        msg["comm"] = [b.to_wire() for b in comm[:MAX_BUCKETS_PER_STEP]]
     return msg
 
 

@@ -52,6 +52,9 @@ class StepRecord:
         comm: the DDP gradient buckets' collectives timed in this step
             (:class:`gpuprof.comm.BucketTiming`), in launch order; empty
             when none were timed.
+        clean: ``phases`` already holds what the protocol accepts (the
+            auto-mode machine's own names, int ns within bounds), so the
+            step's event takes it as it is; not compared.
     """
 
     i: int
@@ -67,6 +70,7 @@ class StepRecord:
     mem: tuple[int, int, int] | None = None
     traced: bool = False
     comm: list[BucketTiming] = field(default_factory=list)
+    clean: bool = field(default=False, compare=False)
 
     @property
     def duration_ns(self) -> int:

@@ -81,7 +81,8 @@ class Wrappers:
         wrappers = self
         machine = self.machine
         clock = machine.clock
-        on_backward = self.forwards.on_backward
+        forwards = self.forwards
+        on_backward = forwards.on_backward
         on_start, on_end = machine.on_backward_start, machine.on_backward_end
 
         def backward(*args: Any, **kwargs: Any) -> Any:
@@ -92,7 +93,10 @@ class Wrappers:
             counted = False
             try:
                 try:
-                    on_backward()
+                    if forwards._forward_seen and forwards.enabled and not forwards._patched:
+                        forwards._forward_seen = False  # on_backward()'s steady state, inlined
+                    else:
+                        on_backward()
                 except Exception:
                     wrappers.internal_error()
                 try:
