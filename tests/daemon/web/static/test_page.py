@@ -20,7 +20,7 @@ import pytest
 
 from tests.daemon.web.static.conftest import Dash
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(600)
 
 #: What a run name can hold once it reaches the page from a database: markup,
 #: quotes, an entity, bidi overrides and isolates, 10 kB.
@@ -66,7 +66,7 @@ def runs(dash: Dash) -> dict[str, Any]:
 
 
 def _wait_prefix(dash: Dash, prefix: str) -> dict[str, Any]:
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         for row in dash.get("/api/v1/runs")["runs"]:
             if row["run_name"].startswith(prefix) and row["status"] != "running":
