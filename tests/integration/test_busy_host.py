@@ -45,6 +45,7 @@ def _rules(summary: dict) -> dict[str, dict]:
 
 
 def test_cpu_heavy_loader_beside_a_hog_is_a_stall_caused_by_contention(node: Node):
+    node.start_daemon()  # up before the load: auto-start would race the hog
     # the script starts 2 busy processes per core once torch is loaded: others
     # then hold most of the host
     out = node.run_script(LOADER, "cpu-hog", "cpu", "3", "1", "2", timeout=110)
@@ -66,6 +67,7 @@ def test_cpu_heavy_loader_beside_a_hog_is_a_stall_caused_by_contention(node: Nod
 
 
 def test_sleeping_loader_beside_a_hog_is_a_plain_stall(node: Node):
+    node.start_daemon()  # up before the load: auto-start would race the hog
     out = node.run_script(LOADER, "sleep-hog", "sleep", "3", "1", "2", timeout=110)
     assert out.returncode == 0, out.stderr
     summary = _summary(node, 1)
