@@ -204,8 +204,8 @@ def dash(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dash]:
         shutil.rmtree(socket_dir, ignore_errors=True)
 
 
-@pytest.fixture(scope="session")
-def browser() -> Iterator[Any]:
+@pytest.fixture(scope="module")  # not the session: Playwright's sync API holds an event
+def browser() -> Iterator[Any]:  # loop open, and later asyncio tests could not run their own
     if not CHROMIUM.exists():
         reason = f"no Chromium at {CHROMIUM} (apt-get install chromium; scripts/test.sh does)"
         print(f"\ngpuprof: browser tests skipped: {reason}", file=sys.stderr)
