@@ -268,8 +268,8 @@ def test_forked_dataloader_workers_send_nothing_and_steps_stay_right(socket_dir,
     assert sent_flags == [0] * 8  # a worker's send is refused...
     assert all(d >= 1 for d in child_drops)  # ...and counted in the worker only
     assert [s["i"] for s in fake_daemon.steps] == [0, 1, 2, 3]
-    # no worker's mark: the parent's steps and its report of the worker pool
-    assert [m["type"] for m in fake_daemon.data] == ["workers"] + ["step"] * 4
+    # no worker's mark: the parent's steps and its reports of the loader and its workers
+    assert [m["type"] for m in fake_daemon.data] == ["loaders", "workers"] + ["step"] * 4
     (bye,) = fake_daemon.of_type("bye")
-    assert (bye["sent"], bye["dropped"]) == (5, 0)
+    assert (bye["sent"], bye["dropped"]) == (6, 0)
     assert prof.sender.dropped == 0

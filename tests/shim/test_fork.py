@@ -104,14 +104,16 @@ def _assert_exact_steps(fake_daemon, prof, n: int, pools: list[set[int]]) -> Non
     steps = fake_daemon.steps
     assert [s["i"] for s in steps] == list(range(n))
     assert [s["micro"] for s in steps] == [1] * n
-    others = [m for m in fake_daemon.data if m["type"] != "step"]
+    others = [m for m in fake_daemon.data if m["type"] not in ("step", "loaders")]
     assert [m["type"] for m in others] == ["workers"] * len(pools)  # no worker's mark
     assert [m["loader_seq"] for m in others] == list(range(len(pools)))
     assert [{w["pid"] for w in m["workers"]} for m in others] == pools
     for m in others:
         assert sorted(w["worker_id"] for w in m["workers"]) == list(range(len(m["workers"])))
     (bye,) = fake_daemon.of_type("bye")
-    sent = n + len(pools)
+    loaders = [m for m in fake_daemon.data if m["type"] == "loaders"]
+    assert len(loaders) <= 1  # a DataLoader's settings are reported once
+    sent = n + len(pools) + len(loaders)
     assert (bye["sent"], bye["dropped"]) == (sent, 0)
     assert (prof.sender.sent, prof.sender.dropped) == (sent, 0)
 
@@ -344,8 +346,9 @@ def test_gpuprof_adds_well_under_a_second_to_process_exit(socket_dir, fake_daemo
     # no thread left behind that the interpreter would have to join at exit
     assert [r["threads_left"] for r in plain + shim] == [[]] * 4
     byes = fake_daemon.of_type("bye")
-    # 8 steps + one workers event: the persistent pool is reported once, not per epoch
-    assert [(b["sent"], b["dropped"], b["status"]) for b in byes] == [(9, 0, "finished")] * 2
+    # 8 steps + one workers and one loaders event: the persistent pool and its
+    # settings are reported once, not per epoch
+    assert [(b["sent"], b["dropped"], b["status"]) for b in byes] == [(10, 0, "finished")] * 2
     for bye in byes:
         steps = [s["i"] for s in fake_daemon.steps if s["run_key"] == bye["run_key"]]
         assert steps == list(range(8))

@@ -131,7 +131,7 @@ def test_automatic_optimization_one_step_per_batch(socket_dir, fake_daemon):
     (hello,) = fake_daemon.of_type("hello")
     assert hello["run_name"] == "lit"
     (bye,) = fake_daemon.of_type("bye")
-    assert (bye["status"], bye["sent"]) == ("finished", 10)
+    assert (bye["status"], bye["sent"]) == ("finished", 11)  # + the loader's settings
     assert gpuprof_inactive()
 
 
