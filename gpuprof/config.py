@@ -30,6 +30,7 @@ ENV_GPU_RATE = "GPUPROF_GPU_RATE"
 ENV_NVML = "GPUPROF_NVML"
 ENV_API_KEY = "GPUPROF_API_KEY"
 ENV_API_KEY_FILE = "GPUPROF_API_KEY_FILE"
+ENV_SERVER = "GPUPROF_SERVER"
 
 DEFAULT_DB_NAME = "gpuprof.db"
 INGEST_SOCKET_NAME = "ingest.sock"
@@ -146,3 +147,10 @@ def api_key_file(env: Mapping[str, str] | None = None) -> Path | None:
     """``GPUPROF_API_KEY_FILE`` (``~`` expanded), or None when unset or empty."""
     raw = _env(env).get(ENV_API_KEY_FILE, "").strip()
     return Path(raw).expanduser() if raw else None
+
+
+def server_url(env: Mapping[str, str] | None = None) -> str | None:
+    """``GPUPROF_SERVER`` (stripped, no trailing ``/``): the team server a
+    node daemon forwards runs to; None when unset or empty."""
+    raw = _env(env).get(ENV_SERVER, "").strip().rstrip("/")
+    return raw or None

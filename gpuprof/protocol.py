@@ -371,6 +371,9 @@ SCHEMAS: dict[str, dict[str, tuple[bool, Check]]] = {
         # the training process's PID namespace (``/proc/self/ns/pid`` link):
         # its pid means nothing to a daemon in another namespace (containers)
         "pid_ns": (False, _optional(_printable(64))),
+        # the team server the run asks to be forwarded to (GPUPROF_SERVER,
+        # profile(server=)): the daemon says in the summary when it does not
+        "server": (False, _optional(_printable(1000))),
     },
     "step": {
         "run_key": (True, _RUN_KEY),

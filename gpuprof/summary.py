@@ -22,7 +22,8 @@ A summary is a plain dict (it crosses the control socket as JSON)::
                                "message": "rank 1 lost at step ~20", ...}],  # others
                "missing_ranks": [...], "runs_note": None},  # (gpuprofd.storage.reads)
      "notes": ["no NVIDIA GPU found: GPU metrics skipped", ...],
-     "group_id": "job-7"}                     # a run of a group: "Group report:" line
+     "group_id": "job-7",                     # a run of a group: "Group report:" line
+     "team_url": "https://server/runs/<uuid>"}  # a forwarding node: the run there
 """
 
 from __future__ import annotations
@@ -436,5 +437,7 @@ def format_summary(summary: Mapping[str, Any], details: bool = False) -> str:
             lines.append(
                 f"  Group report: gpuprofctl insights {db} --group {shlex.quote(str(group))}"
             )
+    if summary.get("team_url"):
+        lines.append(f"  Team server: {summary['team_url']}")
     lines.append(RULE)
     return "\n".join(lines)

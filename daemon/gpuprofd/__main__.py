@@ -22,6 +22,8 @@ from gpuprofd import __version__
 from gpuprofd.commands.common import socket_dir_option
 from gpuprofd.daemon import DaemonOptions, run_daemon
 from gpuprofd.errors import EXIT_BAD_INPUT, BadInputError, GpuprofdError
+from gpuprofd.forward.config import DEFAULT_MAX_MB
+from gpuprofd.forward.config import resolve as resolve_forward
 from gpuprofd.maintenance import DEFAULT_RAW_WINDOW_S
 from gpuprofd.sampling.gpu_sampler import DEFAULT_SAMPLE_HZ
 from gpuprofd.storage.commprune import COMM_KEEP_EVERY, COMM_STEPS_KEPT
@@ -125,6 +127,31 @@ def _setting(*decls: str, type: click.ParamType, default: float, help: str, **kw
     "off: no dashboard.",
 )
 @click.option(
+    "--server",
+    metavar="URL",
+    default=None,
+    help="Forward every run to this team server (gpuprofd serve), e.g. "
+    "https://gpuprof.example:8000. The database keeps what the server has not "
+    "acknowledged: an outage loses nothing. [also GPUPROF_SERVER]",
+)
+@click.option(
+    "--api-key-file",
+    metavar="FILE",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="The API key to forward with (its first line; read again when it changes). "
+    "[also GPUPROF_API_KEY_FILE, or the key itself in GPUPROF_API_KEY]",
+)
+@click.option(
+    "--forward-max-mb",
+    type=click.FloatRange(min=1),
+    default=DEFAULT_MAX_MB,
+    show_default=True,
+    metavar="MB",
+    help="Most MiB kept for the team server while it is unreachable; past it the oldest "
+    "raw samples go first (then rollups, insights, steps), counted in gpuprofctl status.",
+)
+@click.option(
     "--log-level",
     type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
     default="info",
@@ -141,6 +168,9 @@ def cli(
     comm_steps_kept: int,
     comm_keep_every: int,
     http: str | None,
+    server: str | None,
+    api_key_file: Path | None,
+    forward_max_mb: float,
     log_level: str,
 ) -> int:
     """gpuprofd: the gpuprof daemon (ingest, GPU/host sampling, storage, insights).
@@ -160,6 +190,7 @@ def cli(
     try:
         storage = _storage(db, storage_url)
         http_at = http_address.parse(http)
+        forward = resolve_forward(server, api_key_file, forward_max_mb)
     except GpuprofdError as exc:
         click.echo(f"gpuprofd: error: {exc}", err=True)
         return exc.exit_code
@@ -174,6 +205,7 @@ def cli(
         comm_steps_kept=comm_steps_kept,
         comm_keep_every=comm_keep_every,
         http=http_at,
+        forward=forward,
         nvml_backend=nvml,
         gpu_rate_usd_per_hour=rate,
         base_notes=notes,

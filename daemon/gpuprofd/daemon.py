@@ -33,12 +33,13 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuprof import config
 from gpuprofd.boot import boot_id
 from gpuprofd.counters import DropCounter
 from gpuprofd.errors import EXIT_OK, DatabaseError, GpuprofdError
+from gpuprofd.forward.config import ForwardConfig
 from gpuprofd.ingest.control import ControlServer
 from gpuprofd.ingest.data import Ingest
 from gpuprofd.ingest.dbswitch import DB_CHECK_S, DbSwitch
@@ -62,10 +63,17 @@ from gpuprofd.storage.url import StorageUrl
 from gpuprofd.web import address as http_address
 from gpuprofd.web.address import HttpAddress
 
+if TYPE_CHECKING:
+    from gpuprofd.forward.forwarder import Forwarder
+
 log = logging.getLogger(__name__)
 
 #: How long shutdown waits for in-flight control requests (a bye) to finish, seconds.
 DRAIN_S = 3.0
+#: How long shutdown spends sending what the outbox still holds, seconds.
+LAST_SEND_S = 3.0
+#: How often the outbox is held to its bound (``--forward-max-mb``), seconds.
+FORWARD_LIMIT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -98,6 +106,8 @@ class DaemonOptions:
     """... and for every this-many-th step (:mod:`gpuprofd.storage.commprune`)."""
     http: HttpAddress | None = http_address.parse(None)
     """Where the dashboard listens (:mod:`gpuprofd.web.address`); None: ``--http off``."""
+    forward: ForwardConfig | None = None
+    """The team server runs are forwarded to (``--server``); None: none."""
 
 
 def run_daemon(opts: DaemonOptions) -> int:
@@ -235,8 +245,14 @@ class Daemon:
         notes = [*opts.base_notes, *([gpu_note] if gpu_note else [])]
         devices = backend.devices() if backend else []
         self._where = store.where
+        forwarder = await self._forwarding(stack, store)
         insights = InsightsRunner(
-            store, store.where, opts.gpu_rate_usd_per_hour, notes, drops=drops
+            store,
+            store.where,
+            opts.gpu_rate_usd_per_hour,
+            notes,
+            drops=drops,
+            team_url=opts.forward.run_url if opts.forward is not None else None,
         )
         runs = RunService(
             store,
@@ -302,6 +318,8 @@ class Daemon:
             started_wall_ns=self.started_wall_ns,
             dashboard_url=dashboard.url,
             dashboard_why_not=dashboard.why_not,
+            forward_status=forwarder.describe if forwarder is not None else None,
+            forward_server=opts.forward.server if opts.forward is not None else None,
         )
         name = "stop-when-drained"
         await stack.enter_async_context(
@@ -316,6 +334,28 @@ class Daemon:
 
         stack.enter_context(stop_on_signals(self.stop))  # a second signal during shutdown kills
         stack.callback(log.info, "gpuprofd shutting down")
+
+    async def _forwarding(self, stack: contextlib.AsyncExitStack, store: Store) -> Forwarder | None:
+        """With ``--server``: every op stored also goes to the outbox, and the
+        forwarder sends it (on *stack*: it stops before the store's last
+        flush, then sends what that flush left for a few seconds)."""
+        cfg = self.opts.forward
+        if cfg is None:
+            return None
+        from gpuprofd.forward.forwarder import Forwarder
+
+        store.forwarding = True
+        forwarder = Forwarder(store, cfg, self.drops)
+        # 5a. after the last flush: a short last send (the rest waits for the
+        # next daemon or gpuprofctl drain)
+        stack.push_async_callback(forwarder.last_send, LAST_SEND_S)
+        await stack.enter_async_context(task("forward", forwarder.run()))
+        name = "forward-limit"
+        await stack.enter_async_context(
+            task(name, every(FORWARD_LIMIT_S, forwarder.enforce_limit, name))
+        )
+        log.info("forwarding runs to %s", cfg.server)
+        return forwarder
 
     async def _dashboard(
         self,

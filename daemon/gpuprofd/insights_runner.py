@@ -29,7 +29,7 @@ import orjson
 from gpuprof.insights import Insight, RunContext, run_rules
 from gpuprof.summary import make_summary
 from gpuprofd.counters import DropCounter
-from gpuprofd.storage import reads, runsdb
+from gpuprofd.storage import outbox, reads, runsdb
 from gpuprofd.storage.store import Store
 
 log = logging.getLogger(__name__)
@@ -52,8 +52,11 @@ class InsightsRunner:
         base_notes: Sequence[str] = (),
         clock: Callable[[], int] = time.monotonic_ns,
         drops: DropCounter | None = None,
+        team_url: Callable[[str], str] | None = None,
     ) -> None:
         self.store = store
+        self.team_url = team_url
+        """A forwarding node: the URL of a run's page on the team server, by run UUID."""
         self.db_path = db_path
         self.gpu_rate = gpu_rate_usd_per_hour
         self.base_notes = list(base_notes)
@@ -135,15 +138,27 @@ class InsightsRunner:
         await runsdb.replace_insights(self.store, run_id, insights)
         return insights
 
-    async def finalize(self, run_id: int, notes: Sequence[str] = ()) -> dict[str, Any]:
+    async def finalize(
+        self, run_id: int, notes: Sequence[str] = (), *, keep_sent: bool = False
+    ) -> dict[str, Any]:
         """Compute the final insights of an ended run, store them with its
         median step time (steady-state iteration, as the history rule compares),
         MFU and achieved TFLOP/s (NULL when unknown) and summary; return the
-        summary dict."""
+        summary dict.
+
+        *keep_sent* (a team server): a run whose node sent its own summary
+        (and so its insights) keeps them; only its group's findings are
+        made here, over every node's ranks."""
         run = await reads.find_run(self.store, run_id=run_id)
         if run is None:
             raise KeyError(run_id)
         self.latest.pop(run_id, None)
+        if keep_sent and run.get("summary"):
+            sent = run["summary"]
+            sent = orjson.loads(sent) if isinstance(sent, str | bytes) else sent
+            if run.get("group_id"):
+                await self._group(run["group_id"])
+            return sent if isinstance(sent, dict) else {}
         insights, ctx = await self._compute(run)
         summary = make_summary(
             run_id,
@@ -153,6 +168,14 @@ class InsightsRunner:
             [*notes, *self.base_notes],
             error=run.get("error"),
         )
+        if self.team_url is not None and run.get("run_uuid"):
+            summary["team_url"] = self.team_url(run["run_uuid"])
+            given_up = await outbox.given_up_for_run(self.store, run_id)
+            if given_up:
+                summary["notes"].append(
+                    f"{given_up} events of this run were not forwarded to the team server "
+                    "(the outbox was full during an outage; raw samples go first)"
+                )
         if run.get("group_id"):
             summary["group_id"] = run["group_id"]  # the summary's "Group report:" line
             group, note = await self._group(run["group_id"])
@@ -165,6 +188,7 @@ class InsightsRunner:
         await runsdb.update_run(
             self.store,
             run_id,
+            ended=True,
             median_step_ms=summary["median_step_ms"],
             mfu=summary["mfu"],
             achieved_tflops=summary["achieved_tflops"],

@@ -21,13 +21,12 @@ from collections import deque
 from typing import Any
 
 from gpuprofd.counters import DropCounter
-from gpuprofd.sampling import rollup
 from gpuprofd.sampling.gpu_sampler import Sink, SlowSink
 from gpuprofd.sampling.host_sampler import HostSample, WorkerCpu
 from gpuprofd.sampling.nvml import GpuSample, GpuSlowSample
 from gpuprofd.sampling.rollup import SecondRollups
 from gpuprofd.storage import runsdb
-from gpuprofd.storage.store import Op, Store
+from gpuprofd.storage.store import Store
 
 #: Raw GPU fast-loop rows stored per second per GPU, for the recent window
 #: only: enough to zoom into the last minutes; every sample still feeds the rollups.
@@ -98,10 +97,10 @@ class SampleSinks:
         backlog (the oldest lost and counted once it is full) instead of being dropped."""
         backlog, queue = self.backlog, self.store.queue
         while backlog and not queue.full():
-            self.store.submit_nowait(Op(rollup.INSERT_SQL, backlog.popleft()))
+            self.store.submit_nowait(runsdb.rollup_op(backlog.popleft()))
         for row in rows:
             if not backlog and not queue.full():
-                self.store.submit_nowait(Op(rollup.INSERT_SQL, row))
+                self.store.submit_nowait(runsdb.rollup_op(row))
                 continue
             if len(backlog) == backlog.maxlen:
                 self.drops.add("rollup_backlog_full")  # the oldest row goes
@@ -117,7 +116,7 @@ class SampleSinks:
         the whole backlog, waiting for queue room (the writer still runs)."""
         self.flush_rollups()
         while self.backlog:
-            await self.store.submit(Op(rollup.INSERT_SQL, self.backlog.popleft()))
+            await self.store.submit(runsdb.rollup_op(self.backlog.popleft()))
 
     def gpu_sink(self) -> Sink:
         """The fast loop's sink; call on the event loop, which it hands samples to."""

@@ -14,7 +14,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,8 @@ class ControlHandlers:
         started_wall_ns: when the daemon started, wall-clock nanoseconds.
         dashboard_url: the dashboard's URL (told at hello and ping); None: none served ...
         dashboard_why_not: ... and why (told at hello).
+        forward_status: the forwarder's state and outbox (for ``ping``); None: no ``--server``.
+        forward_server: the team server runs are forwarded to (told at hello); None: none.
     """
 
     def __init__(
@@ -67,6 +69,8 @@ class ControlHandlers:
         started_wall_ns: int | None = None,
         dashboard_url: str | None = None,
         dashboard_why_not: str | None = None,
+        forward_status: Callable[[], Awaitable[dict[str, Any]]] | None = None,
+        forward_server: str | None = None,
     ) -> None:
         self.db = db
         self.socket_dir = socket_dir
@@ -83,6 +87,8 @@ class ControlHandlers:
         """``gpuprofctl stop``: no new runs; exit once the open ones end."""
         self.dashboard_url = dashboard_url
         self.dashboard_why_not = dashboard_why_not
+        self.forward_status = forward_status
+        self.forward_server = forward_server
 
     def table(self) -> dict[str, Handler]:
         """Request type → handler, for :class:`gpuprofd.ingest.control.ControlServer`."""
@@ -100,15 +106,38 @@ class ControlHandlers:
             }
         await self.db_switch.check(for_hello=True)
         live = await self.runs.hello(msg)
+        note = self._forward_note(msg.get("server"))
+        if note is not None and note not in live.notes:
+            live.notes.append(note)  # in the run's summary
         return {
             "ok": True,
             "run_id": live.run_id,
             "db": str(self.db),
             "daemon_pid": os.getpid(),
-            "notes": list(self.notes),
+            "notes": [*self.notes, *([note] if note else [])],
             "dashboard_url": self.dashboard_url,
             "dashboard_why_not": self.dashboard_why_not,
+            "forward_server": self.forward_server,
         }
+
+    def _forward_note(self, wanted: Any) -> str | None:
+        """Why a run that asks for team server *wanted* (``GPUPROF_SERVER``,
+        ``profile(server=)``) is not forwarded there; None when it is, or asks none."""
+        if not isinstance(wanted, str) or not wanted:
+            return None
+        wanted = wanted.rstrip("/")
+        if wanted == self.forward_server:
+            return None
+        now = (
+            f"forwards to {self.forward_server}"
+            if self.forward_server
+            else "forwards to no team server"
+        )
+        return (
+            f"not forwarded to {wanted}: this node's gpuprofd (pid {os.getpid()}) {now}; "
+            f"start it with --server {wanted}, or gpuprofctl stop and the next run starts one "
+            "that does"
+        )
 
     async def bye(self, msg: dict[str, Any]) -> dict[str, Any]:
         """End a run; the reply carries its summary."""
@@ -133,6 +162,7 @@ class ControlHandlers:
             "db_reopened": list(self.db_switch.events),
             "stopping": self.stopping,
             "dashboard_url": self.dashboard_url,
+            "forward": await self.forward_status() if self.forward_status is not None else None,
         }
 
     async def stop(self, msg: dict[str, Any]) -> dict[str, Any]:

@@ -4,6 +4,7 @@ plus ``POST /api/v1/ingest``, all behind :mod:`gpuprofd.web.auth`."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -27,6 +28,22 @@ SERVER = web.AppKey("server", ServerState)
 CHANGES = web.AppKey("changes", object)
 
 
+async def _run_by_uuid(request: web.Request) -> web.Response:
+    """``/runs/{uuid}``: a node's link to a run it forwarded (the summary's
+    "Team server:" line), redirected to the run's page here."""
+    uuid = request.match_info["uuid"].lower()
+    store = request.app[SERVER].store
+    if _UUID_RE.match(uuid):
+        row = await store.fetchone("SELECT id FROM runs WHERE run_uuid = ?", (uuid,))
+        if row is not None:
+            raise web.HTTPFound(f"/#/run/{int(row[0])}")
+    raise web.HTTPNotFound(
+        text="no such run here (yet): a node forwards a run within seconds of its steps; "
+        "runs are listed at /",
+        content_type="text/plain",
+    )
+
+
 async def _ingest(request: web.Request) -> web.Response:
     state = request.app[SERVER]
     return await ingest_api.handle(request, state.store, state.limits, state.after)
@@ -44,8 +61,10 @@ def build_server_app(
     app = build_app(state)
     app[SERVER] = ServerState(store, limits or IngestLimits(), after)
     app.router.add_post(INGEST_PATH, _ingest)
+    app.router.add_get("/runs/{uuid}", _run_by_uuid)
     guard.install(app, api_key_paths=(INGEST_PATH,))
     return app
 
 
 INGEST_PATH = "/api/v1/ingest"
+_UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")

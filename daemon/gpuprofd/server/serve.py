@@ -89,7 +89,7 @@ class Server:
         lock = self._ending.setdefault(run_id, asyncio.Lock())
         try:
             async with lock:
-                await self.runner.finalize(run_id)
+                await self.runner.finalize(run_id, keep_sent=True)
             log.info("run %d ended: insights stored", run_id)
         except Exception:  # noqa: BLE001 - one run's rules must not stop the server
             log.exception("insights of run %d failed", run_id)

@@ -156,6 +156,12 @@ END_FIELDS: Schema = {
     "received_events": (False, _COUNT),
     "sent_events": (False, _COUNT),
     "store_dropped_events": (False, _COUNT),
+    # the node's own end of the run (a gpuprofd node sends them): stored as
+    # sent, and the server then keeps the node's insights instead of its own
+    "summary": (False, _object),
+    "median_step_ms": (False, _num(0, 1e12)),
+    "mfu": (False, _num(0, 1e3)),
+    "achieved_tflops": (False, _num(0, 1e9)),
 }
 _MEM = _int(0, MAX_MEMORY_BYTES)
 STEP_FIELDS: Schema = {
@@ -182,6 +188,8 @@ WORKER_CPU_FIELDS: Schema = {
     "first_mono_ns": (False, _NS),
     "last_mono_ns": (False, _NS),
     "cpu_s": (False, _num(0, 1e12)),
+    "ctx_voluntary": (False, _COUNT),
+    "ctx_involuntary": (False, _COUNT),
 }
 COMM_FIELDS: Schema = {
     "step": (True, _int(0, 1 << 40)),

@@ -238,6 +238,8 @@ async def _upsert_run(txn: Txn, node: str, ev: Mapping[str, Any], where: str, ru
 async def _end_run(txn: Txn, node: str, ev: Mapping[str, Any], where: str, runs: Runs) -> int:
     run_id = await _run_id(txn, node, ev, where, runs)
     given = {k: v for k, v in ev["fields"].items() if v is not None and k in END_FIELDS}
+    if "summary" in given:
+        given["summary"] = _json(given["summary"])
     sets = ", ".join(f"{k} = ?" for k in given)
     await txn.execute(f"UPDATE runs SET {sets} WHERE id = ?", (*given.values(), run_id))
     return run_id
@@ -312,6 +314,7 @@ async def _event(
         rows.setdefault(_RUN_CPU_SQL, []).extend(_in_order(run_id, ev["rows"], names))
     elif kind == "worker_cpu":
         names = ("loader_seq", "worker_id", "pid", "first_mono_ns", "last_mono_ns", "cpu_s")
+        names += ("ctx_voluntary", "ctx_involuntary")
         assert set(names) == set(WORKER_CPU_FIELDS)
         for row in _in_order(run_id, ev["rows"], names):  # an upsert: one by one
             await txn.execute(_WORKER_CPU_SQL, row)

@@ -13,6 +13,8 @@ from typing import Any
 import orjson
 
 from gpuprof.insights import Insight
+from gpuprofd.sampling import rollup
+from gpuprofd.storage import outbox
 from gpuprofd.storage.dialect import Dialect
 from gpuprofd.storage.store import Op, Part, Store
 
@@ -119,7 +121,9 @@ def step_op(run_id: int, msg: Mapping[str, Any]) -> Op:
     )
     comm = msg.get("comm")
     if not comm:
-        return Op(_STEP_SQL, params, drop_reason="store_error", run_id=run_id)
+        return Op(
+            _STEP_SQL, params, drop_reason="store_error", run_id=run_id, forward=(outbox.STEPS,)
+        )
     step = msg["i"]
     buckets = [(run_id, step, *row) for row in comm]
     return Op(
@@ -127,6 +131,7 @@ def step_op(run_id: int, msg: Mapping[str, Any]) -> Op:
         parts=(Part(_STEP_SQL, (params,)), Part(_COMM_SQL, buckets)),
         drop_reason="store_error",
         run_id=run_id,
+        forward=(outbox.STEPS, outbox.COMM),
     )
 
 
@@ -141,7 +146,7 @@ def clock_op(run_id: int, msg: Mapping[str, Any]) -> Op:
         msg["reference_rank"],
         run_id,
     )
-    return Op(_CLOCK_SQL, params, drop_reason="store_error")
+    return Op(_CLOCK_SQL, params, drop_reason="store_error", run_id=run_id, forward=(outbox.RUN,))
 
 
 def kernels_ops(run_id: int, msg: Mapping[str, Any]) -> list[Op]:
@@ -154,6 +159,7 @@ def kernels_ops(run_id: int, msg: Mapping[str, Any]) -> list[Op]:
     window = Op(
         _KERNEL_WINDOW_SQL,
         (run_id, t0, t1, source, orjson.dumps(msg["steps"]).decode(), msg.get("rows_dropped", 0)),
+        forward=(outbox.kernels(run_id, msg),),
     )
     return [window] + [Op(_KERNEL_STAT_SQL, (run_id, t0, t1, source, *row)) for row in msg["rows"]]
 
@@ -190,12 +196,12 @@ def host_sample_op(
         swap_in_bps,
         boot_id,
     )
-    return Op(_HOST_SQL, params)
+    return Op(_HOST_SQL, params, forward=(outbox.HOST,))
 
 
 def run_cpu_op(run_id: int, mono_ns: int, cores: float) -> Op:
     """One sample of a run's process-tree CPU use, in cores."""
-    return Op(_RUN_CPU_SQL, (run_id, mono_ns, cores))
+    return Op(_RUN_CPU_SQL, (run_id, mono_ns, cores), forward=(outbox.RUN_CPU,))
 
 
 def worker_cpu_op(r: Any) -> Op:
@@ -213,7 +219,7 @@ def worker_cpu_op(r: Any) -> Op:
         r.ctx_voluntary,
         r.ctx_involuntary,
     )
-    return Op(_WORKER_CPU_SQL, params)
+    return Op(_WORKER_CPU_SQL, params, forward=(outbox.WORKER_CPU,))
 
 
 def gpu_sample_op(mono_ns: int, s: Any) -> Op:
@@ -292,10 +298,10 @@ def model_info_ops(run_id: int, msg: Mapping[str, Any], dialect: Dialect) -> lis
     ops = []
     if "dtype" in msg:
         params = (msg["dtype"], msg.get("dtype_source"), run_id)
-        ops.append(Op(model_dtype_sql(dialect), params, drop_reason="store_error"))
+        ops.append(Op(model_dtype_sql(dialect), params, run_id=run_id, forward=(outbox.RUN,)))
     if "flops_counted" in msg:
         params = (msg["flops_counted"], msg.get("flops_step"), run_id)
-        ops.append(Op(model_flops_sql(dialect), params, drop_reason="store_error"))
+        ops.append(Op(model_flops_sql(dialect), params, run_id=run_id, forward=(outbox.RUN,)))
     return ops
 
 
@@ -304,7 +310,8 @@ def loaders_op(run_id: int, msg: Mapping[str, Any], dialect: Dialect) -> Op:
     event (the shim sends the whole list each time: it replaces the last)."""
     merged = dialect.json_merge("options", {"loaders": dialect.json_param()})
     params = (orjson.dumps(msg["loaders"]).decode(), run_id)
-    return Op(f"UPDATE runs SET options = {merged} WHERE id = ?", params, drop_reason="store_error")
+    sql = f"UPDATE runs SET options = {merged} WHERE id = ?"
+    return Op(sql, params, drop_reason="store_error", run_id=run_id, forward=(outbox.RUN,))
 
 
 async def insert_run(store: Store, row: Mapping[str, Any]) -> int:
@@ -313,17 +320,27 @@ async def insert_run(store: Store, row: Mapping[str, Any]) -> int:
     values[_RUN_COLUMNS.index("options")] = orjson.dumps(row.get("options") or {}).decode()
     marks = ", ".join("?" * len(values))
     sql = f"INSERT INTO runs ({', '.join(_RUN_COLUMNS)}) VALUES ({marks}) RETURNING id"
-    run_id = await store.write(sql, values)
+    run_id = await store.write(sql, values, forward=(outbox.RUN,))
     assert run_id is not None
     return run_id
 
 
-async def update_run(store: Store, run_id: int, **fields: Any) -> None:
-    """Set columns of one run and wait for the commit."""
+async def update_run(store: Store, run_id: int, *, ended: bool = False, **fields: Any) -> None:
+    """Set columns of one run and wait for the commit. *ended*: this is the
+    run's last write (its insights and summary are stored): a forwarding
+    node sends its ``end`` event with it."""
     if not fields:
         return
     sets = ", ".join(f"{k} = ?" for k in fields)
-    await store.write(f"UPDATE runs SET {sets} WHERE id = ?", (*fields.values(), run_id))
+    forward = (outbox.END,) if ended else (outbox.RUN,)
+    sql = f"UPDATE runs SET {sets} WHERE id = ?"
+    await store.write(sql, (*fields.values(), run_id), forward=forward, run_id=run_id)
+
+
+def rollup_op(row: Sequence[Any]) -> Op:
+    """The insert of one per-second GPU rollup row (in
+    :data:`gpuprofd.sampling.rollup.ROLLUP_COLUMNS` order)."""
+    return Op(rollup.INSERT_SQL, row, forward=(outbox.ROLLUP,))
 
 
 def prune_raw_gpu_ops(cutoff_mono_ns: int) -> list[Op]:
@@ -338,7 +355,19 @@ def prune_raw_gpu_ops(cutoff_mono_ns: int) -> list[Op]:
 async def replace_insights(store: Store, run_id: int, insights: Sequence[Insight]) -> None:
     """Replace the run's stored insights with *insights*; wait for the commit."""
     now = time.time_ns()
-    await store.submit(Op("DELETE FROM insights WHERE run_id = ?", (run_id,)))
+    found = [
+        {
+            "rule": i.rule,
+            "severity": i.severity,
+            "title": i.title,
+            "detail": i.detail,
+            "fix": i.fix,
+            "evidence": orjson.loads(orjson.dumps(dict(i.evidence), default=str)),
+        }
+        for i in insights
+    ]
+    forward = (outbox.insights(run_id, found),)
+    await store.submit(Op("DELETE FROM insights WHERE run_id = ?", (run_id,), forward=forward))
     for ins in insights:
         await store.submit(
             Op(

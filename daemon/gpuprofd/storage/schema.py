@@ -31,7 +31,7 @@ from gpuprof.insights.gpu import (
 )
 from gpuprofd.errors import DatabaseError
 
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 #: Columns added since schema 1: (table, column, declaration).
 _ADDED_IN_2 = (
     ("steps", "skipped", "INTEGER DEFAULT 0"),
@@ -326,6 +326,30 @@ CREATE TABLE IF NOT EXISTS login_limits (  -- schema 10: viewer logins per clien
 );
 CREATE TABLE IF NOT EXISTS server_secrets (  -- schema 10: made once, shared by replicas
     name TEXT PRIMARY KEY, value TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS outbox (  -- schema 12, a forwarding node: events not yet
+    -- acknowledged by the team server (gpuprofd.storage.outbox); seq is the node's sequence
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    kind TEXT NOT NULL,              -- a batch event kind (gpuprofd.storage.batch.KINDS)
+    run_id INTEGER,                  -- runs.id for the kinds about a run
+    priority INTEGER NOT NULL,       -- what a full outbox gives up first: 0 (raw) .. 4 (run, end)
+    body TEXT,                       -- json: the event's rows/fields; NULL: read from runs at send
+    n_rows INTEGER NOT NULL,         -- rows in body (batches are bounded in rows)
+    bytes INTEGER NOT NULL,          -- length of body (the outbox is bounded in bytes)
+    wall_ns INTEGER NOT NULL         -- when it was stored
+);
+CREATE INDEX IF NOT EXISTS outbox_priority ON outbox (priority, seq);
+CREATE TABLE IF NOT EXISTS outbox_dead (  -- schema 12: events the team server refused for good
+    seq INTEGER PRIMARY KEY, kind TEXT NOT NULL, run_id INTEGER, priority INTEGER,
+    body TEXT, n_rows INTEGER, bytes INTEGER, wall_ns INTEGER,
+    status INTEGER,                  -- the server's HTTP status (400, 409, 413, ...)
+    reason TEXT,                     -- the server's answer
+    dead_wall_ns INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS forward_given_up (  -- schema 12: events a full outbox dropped
+    run_id INTEGER NOT NULL,         -- 0: the node's own (host samples, GPU rollups)
+    kind TEXT NOT NULL, events INTEGER NOT NULL, bytes INTEGER NOT NULL,
+    PRIMARY KEY (run_id, kind)
 );
 """
 

@@ -28,12 +28,14 @@ import logging
 import os
 import random
 import sqlite3
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiosqlite
+import orjson
 
 from gpuprofd.counters import DropCounter
 from gpuprofd.errors import DatabaseError
@@ -78,6 +80,30 @@ class Part:
     expect_rows: int | None = None
 
 
+@dataclass(frozen=True)
+class Forward:
+    """What of an op a forwarding node also writes to its outbox, in the op's
+    transaction (:mod:`gpuprofd.storage.outbox`): an event of *kind* (a
+    ``gpuprofd.storage.batch`` kind) that a full outbox gives up in
+    *priority* order (lowest first). *encode(op, value)* gives the event's
+    run id (None: about the node), its body (a JSON-able object with its
+    ``rows``/``fields``, or None: read from ``runs`` when sent) and its row
+    count; *value* is what the op's statement returned (a new run's id)."""
+
+    kind: str
+    priority: int
+    encode: Callable[[Op, Any], tuple[int | None, Any, int]]
+
+
+OUTBOX_INSERT_SQL = (
+    "INSERT INTO outbox (kind, run_id, priority, body, n_rows, bytes, wall_ns) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
+#: Bytes an outbox row costs beyond its body (its other columns, the index
+#: entry and SQLite's page overhead, roughly): what the outbox bound counts.
+OUTBOX_ROW_BYTES = 64
+
+
 @dataclass
 class Op:
     """One SQL statement to write. ``future`` (if any) gets the cursor's
@@ -95,6 +121,10 @@ class Op:
     txn: Callable[[Txn], Awaitable[Any]] | None = None
     """Set by :meth:`Store.transaction`: a function run inside the batch's
     transaction (under a savepoint: all or none); its result is the op's."""
+    forward: tuple[Forward, ...] = ()
+    """Events this op also puts in the outbox when the store forwards
+    (:attr:`Store.forwarding`): written in the same transaction, and only if
+    the op itself was stored."""
 
     @property
     def urgent(self) -> bool:
@@ -138,6 +168,12 @@ class Store:
         self.lost_by_run: collections.Counter[int] = collections.Counter()
         """Ops of each run that could not be stored (:meth:`take_lost`)."""
         self._room = asyncio.Event()
+        self.forwarding = False
+        """Write each op's :attr:`Op.forward` events to the outbox (a node with a team server)."""
+        self.outbox_written = 0
+        """Outbox events written since start (a forwarder waits on :attr:`outbox_event`)."""
+        self.outbox_event = asyncio.Event()
+        """Set after each commit that wrote outbox events."""
         """Set each time the writer takes ops off the queue (:meth:`wait_for_room`)."""
 
     @property
@@ -302,11 +338,19 @@ class Store:
         """Queue *op*, waiting for space (for ops that must not be dropped)."""
         await self.queue.put(op)
 
-    async def write(self, sql: str, params: Sequence[Any] = ()) -> int | None:
+    async def write(
+        self,
+        sql: str,
+        params: Sequence[Any] = (),
+        *,
+        forward: tuple[Forward, ...] = (),
+        run_id: int | None = None,
+    ) -> int | None:
         """Queue one statement, wait for its commit; return the first column
-        its ``RETURNING`` gave (or, on SQLite, ``lastrowid``)."""
+        its ``RETURNING`` gave (or, on SQLite, ``lastrowid``). *forward*: its
+        outbox events (:attr:`Op.forward`), about *run_id*."""
         fut: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
-        await self.queue.put(Op(sql, params, fut))
+        await self.queue.put(Op(sql, params, fut, run_id=run_id, forward=forward))
         return await fut
 
     async def write_atomic(self, parts: Sequence[Part], label: str = "atomic") -> None:
@@ -412,8 +456,14 @@ class Store:
             await db.begin()
             for group in _groups(batch):
                 results.extend(await self._run_group(db, group))
+            outbox = self._outbox_rows(results) if self.forwarding else []
+            if outbox:
+                await db.executemany(OUTBOX_INSERT_SQL, outbox)
             await db.commit()
             self.commits += 1
+            if outbox:
+                self.outbox_written += len(outbox)
+                self.outbox_event.set()
         except (sqlite3.Error, *self._errors) as exc:
             with contextlib.suppress(Exception):
                 if db is not None:
@@ -429,6 +479,26 @@ class Store:
                 else:
                     op.future.set_exception(err)
         return None
+
+    def _outbox_rows(self, results: Sequence[tuple[Op, Any, BaseException | None]]) -> list[Any]:
+        """The outbox rows of the ops of *results* that were stored, in order.
+        An event that cannot be encoded is counted (``forward_encode``), never
+        a reason to lose the op itself."""
+        rows: list[tuple[Any, ...]] = []
+        now = time.time_ns()
+        for op, value, err in results:
+            if err is not None or not op.forward:
+                continue
+            for fwd in op.forward:
+                try:
+                    run_id, body, n_rows = fwd.encode(op, value)
+                    text = None if body is None else orjson.dumps(body).decode()
+                except Exception as exc:  # noqa: BLE001 - a bug here must not lose the op
+                    self.drops.add("forward_encode", f"{fwd.kind}: {exc}"[:200])
+                    continue
+                size = OUTBOX_ROW_BYTES + (len(text) if text is not None else 0)
+                rows.append((fwd.kind, run_id, fwd.priority, text, n_rows, size, now))
+        return rows
 
     def _fail(self, batch: list[Op], exc: BaseException, *, reason: str) -> None:
         self._commit_failures += 1

@@ -1,0 +1,300 @@
+"""The forwarder: sends the outbox (:mod:`gpuprofd.storage.outbox`) to the
+team server, in sequence order, a batch about once a second (at once while
+a backlog lasts), and forgets what the server acknowledged.
+
+Failures (:mod:`gpuprofd.forward.client`): no answer, 5xx and 429 are
+retried with capped, jittered exponential backoff (``Retry-After`` honoured);
+a refused key, a wrong URL or an unknown batch format pause forwarding (one
+log line, ``gpuprofctl status``, a retry every 30 s, the outbox kept); any
+other refusal moves the named event (or the whole batch when none is named)
+to the dead-letter table, logged once, never sent again. A 413 halves the
+batch first. The same code serves the daemon (:meth:`Forwarder.run`) and
+``gpuprofctl drain`` (:meth:`Forwarder.drain`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_never
+from tenacity.stop import StopBaseT, stop_after_delay
+from tenacity.wait import wait_random_exponential
+
+from gpuprofd.counters import DropCounter
+from gpuprofd.errors import BadInputError
+from gpuprofd.forward.client import Acked, Paused, Refused, Retry, compress, post
+from gpuprofd.forward.config import ForwardConfig
+from gpuprofd.storage import outbox
+from gpuprofd.storage.store import Store
+
+log = logging.getLogger(__name__)
+
+#: About how often a batch goes while the node keeps up, seconds.
+BATCH_INTERVAL_S = 1.0
+#: Backoff between retries: random in [0, min(cap, base * 2^attempt)] seconds
+#: ("full jitter": nodes that lost the server together do not return together).
+BACKOFF_BASE_S = 0.5
+BACKOFF_CAP_S = 60.0
+#: The longest ``Retry-After`` obeyed, seconds.
+MAX_RETRY_AFTER_S = 600.0
+
+
+def _wait(base: Callable[[RetryCallState], float]) -> Callable[[RetryCallState], float]:
+    """*base*, or the server's ``Retry-After`` (capped) when it gave one."""
+
+    def wait(state: RetryCallState) -> float:
+        exc = state.outcome.exception() if state.outcome is not None else None
+        after = getattr(exc, "retry_after_s", None)
+        if after is not None:
+            return min(float(after), MAX_RETRY_AFTER_S)
+        return base(state)
+
+    return wait
+
+
+@dataclass
+class ForwardState:
+    """What ``gpuprofctl status`` shows of the forwarder (wall ns; None: never)."""
+
+    server: str
+    node: str | None = None
+    state: str = "starting"
+    """``starting``, ``ok``, ``retrying`` (no answer, 5xx, 429) or ``paused``
+    (the key, the URL or the format refused: someone must act)."""
+    last_error: str | None = None
+    last_error_wall_ns: int | None = None
+    last_ack_wall_ns: int | None = None
+    acked_seq: int = 0
+    sent_events: int = 0
+    sent_batches: int = 0
+    dead_batches: int = 0
+    retries: int = 0
+    _logged: set[str] = field(default_factory=set, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
+
+
+class Forwarder:
+    """Sends one database's outbox to one team server (see the module doc).
+
+    Args:
+        store: the database whose outbox is sent (open, its writer started).
+        cfg: the server, key and outbox bound.
+        drops: counts ``forward_dead`` and ``forward_given_up`` events.
+        host: this node's host name, sent with each batch.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        cfg: ForwardConfig,
+        drops: DropCounter | None = None,
+        host: str | None = None,
+        clock: Callable[[], int] = time.time_ns,
+    ) -> None:
+        self.store = store
+        self.cfg = cfg
+        self.drops = drops if drops is not None else DropCounter()
+        self.host = host or socket.gethostname()
+        self.clock = clock
+        self.status = ForwardState(cfg.server)
+        self._max_events = outbox.MAX_EVENTS
+
+    # --- one batch ------------------------------------------------------------
+
+    def _note(self, state: str, message: str) -> None:
+        self.status.state = state
+        self.status.last_error = message
+        self.status.last_error_wall_ns = self.clock()
+        if message not in self.status._logged:  # once per distinct error
+            self.status._logged.add(message)
+            (log.error if state == "paused" else log.warning)("forwarding: %s", message)
+
+    def _before_sleep(self, state: RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome is not None else None
+        self.status.retries += 1
+        self._note("paused" if isinstance(exc, Paused) else "retrying", str(exc))
+
+    def _retrying(self, stop: StopBaseT) -> AsyncRetrying:
+        return AsyncRetrying(
+            retry=retry_if_exception_type(Retry),
+            wait=_wait(wait_random_exponential(multiplier=BACKOFF_BASE_S, max=BACKOFF_CAP_S)),
+            stop=stop,
+            before_sleep=self._before_sleep,
+            reraise=True,
+        )
+
+    async def _post(self, session: aiohttp.ClientSession, body: bytes, stop: StopBaseT) -> Acked:
+        gz = await compress(body)
+        async for attempt in self._retrying(stop):
+            with attempt:
+                try:
+                    key = self.cfg.key.get()
+                except BadInputError as exc:
+                    raise Paused(str(exc)) from None
+                return await post(session, self.cfg.ingest_url, key, gz)
+        raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
+
+    async def send_once(self, session: aiohttp.ClientSession, stop: StopBaseT = stop_never) -> int:
+        """Send the oldest batch of the outbox until it is acknowledged or
+        refused; return how many outbox events it settled (0: the outbox is empty).
+
+        Raises:
+            Retry: *stop* ended the retries (``gpuprofctl drain``'s time limit).
+        """
+        if self.status.node is None:
+            self.status.node = await outbox.node_id(self.store)
+        rows = await outbox.waiting(self.store, max_events=self._max_events)
+        if not rows:
+            return 0
+        batch = await outbox.load_batch(self.store, self.status.node, self.host, rows)
+        if batch.gone:  # events of runs deleted from this database meanwhile
+            await outbox.give_up(self.store, batch.gone)
+            self.drops.add("forward_run_gone", n=len(batch.gone))
+        if batch.body is None:
+            return len(rows)
+        try:
+            acked = await self._post(session, batch.body, stop)
+        except Refused as exc:
+            if exc.status == 413 and len(batch.rows) > 1:  # too large: halve and send again
+                self._max_events = max(1, len(batch.rows) // 2)
+                log.warning("forwarding: %s; sending smaller batches", exc)
+                return await self.send_once(session, stop)
+            return await self._refused(batch, exc)
+        await outbox.ack(self.store, acked.acked_seq)
+        self._max_events = outbox.MAX_EVENTS
+        s = self.status
+        if s.state != "ok" and s.last_error is not None and s.state != "starting":
+            log.info("forwarding to %s again (%d events waited)", self.cfg.server, len(rows))
+            s._logged.clear()
+        s.state = "ok"
+        s.acked_seq = max(s.acked_seq, acked.acked_seq)
+        s.last_ack_wall_ns = self.clock()
+        s.sent_events += batch.events
+        s.sent_batches += 1
+        return len(rows)
+
+    async def _refused(self, batch: outbox.Batch, exc: Refused) -> int:
+        """Dead-letter the event the server named, or the whole batch."""
+        sent = [w for w in batch.rows if w not in batch.gone]
+        if exc.event is not None and 0 <= exc.event < len(sent) and exc.status != 413:
+            dead = [sent[exc.event].seq]
+        else:
+            dead = [w.seq for w in sent]
+        await outbox.dead_letter(self.store, dead, exc.status, str(exc), self.clock())
+        self.status.dead_batches += 1
+        self.drops.add("forward_dead", str(exc)[:200], n=len(dead))
+        log.error(
+            "forwarding: the team server refused %d event(s) for good (%s); kept in the "
+            "dead-letter table, not sent again (gpuprofctl status)",
+            len(dead),
+            exc,
+        )
+        self._note("ok", f"refused for good: {exc}")
+        self.status.state = "ok"
+        return len(dead)
+
+    # --- the daemon's loop ----------------------------------------------------
+
+    async def run(self) -> None:
+        """Forward until cancelled: a batch about once a second while the
+        node keeps up, back to back while a backlog lasts."""
+        loop = asyncio.get_running_loop()
+        await outbox.remember_server(self.store, self.cfg.server)
+        async with aiohttp.ClientSession() as session:
+            while True:
+                started = loop.time()
+                self.store.outbox_event.clear()
+                try:
+                    settled = await self.send_once(session)
+                except Exception as exc:  # noqa: BLE001 - a bad moment must not end forwarding
+                    self._note("retrying", f"reading the outbox failed: {exc}")
+                    await asyncio.sleep(BACKOFF_CAP_S / 4)
+                    continue
+                if settled >= self._max_events:
+                    continue  # a backlog: the next batch at once
+                await asyncio.sleep(max(0.0, BATCH_INTERVAL_S - (loop.time() - started)))
+                if settled == 0:
+                    await self.store.outbox_event.wait()
+
+    async def enforce_limit(self) -> None:
+        """Give up what is over the outbox bound (the daemon runs this every few seconds)."""
+        given = await outbox.enforce_limit(self.store, self.cfg.max_bytes)
+        if given:
+            self.drops.add("forward_given_up", n=given)
+            log.warning(
+                "forwarding: the outbox is over %d MiB; %d events given up (oldest raw "
+                "samples first), counted in gpuprofctl status",
+                self.cfg.max_bytes // (1024 * 1024),
+                given,
+            )
+
+    async def describe(self) -> dict[str, Any]:
+        """The forwarder and its outbox, for ``ping`` (``gpuprofctl status``)."""
+        out = self.status.to_dict()
+        try:
+            out["outbox"] = (await outbox.state(self.store)).to_dict()
+        except Exception as exc:  # noqa: BLE001 - status must answer whatever the database does
+            out["outbox"] = None
+            out["outbox_error"] = str(exc)
+        out["max_bytes"] = self.cfg.max_bytes
+        return out
+
+    async def last_send(self, timeout_s: float) -> None:
+        """At shutdown: store what is queued, then send the outbox for up to
+        *timeout_s* (what is left waits for the next daemon or ``gpuprofctl drain``)."""
+        try:
+            await asyncio.wait_for(self._last_send(), timeout_s)
+        except (TimeoutError, Retry):
+            pass
+        except Exception:  # noqa: BLE001 - shutdown goes on; the outbox keeps the rest
+            log.exception("forwarding: the last send at shutdown failed")
+        try:
+            left = await outbox.state(self.store)
+        except Exception:  # noqa: BLE001
+            return
+        if left.events:
+            log.info(
+                "forwarding: %d events (%d bytes) wait in the outbox for the next gpuprofd "
+                "or gpuprofctl drain",
+                left.events,
+                left.bytes,
+            )
+
+    async def _last_send(self) -> None:
+        await self.store.flush()
+        async with aiohttp.ClientSession() as session:
+            while await self.send_once(session, stop_after_delay(0)):
+                pass
+
+    # --- gpuprofctl drain -----------------------------------------------------
+
+    async def drain(
+        self,
+        progress: Callable[[int], None] | None = None,
+        give_up_after_s: float = 120.0,
+    ) -> int:
+        """Send the whole outbox; call *progress(events settled)* after each
+        batch. Returns the events settled.
+
+        Raises:
+            Retry: the server could not be reached for *give_up_after_s*
+                (what is left stays in the outbox; a later drain resumes).
+        """
+        total = 0
+        async with aiohttp.ClientSession() as session:
+            while True:
+                settled = await self.send_once(session, stop_after_delay(give_up_after_s))
+                if settled == 0:
+                    return total
+                total += settled
+                if progress is not None:
+                    progress(settled)
