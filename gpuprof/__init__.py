@@ -65,6 +65,7 @@ def profile(
     wandb: bool = False,
     webhook: str | None = None,
     webhook_format: str = "slack",
+    server: str | None = None,
 ) -> Profiler:
     """Profile the training loop inside ``with gpuprof.profile(run_name):``.
 
@@ -148,6 +149,13 @@ def profile(
             (``text`` and blocks: the header, each finding with its
             severity, the full-report command). ``"json"``: the summary
             itself (``{"event": "gpuprof.run_end", "summary": {...}}``).
+        server: the team server to forward this run to (``https://host:8000``,
+            what ``gpuprofd serve`` prints), with the key in
+            ``GPUPROF_API_KEY`` or ``GPUPROF_API_KEY_FILE``. Default None:
+            ``GPUPROF_SERVER``, else none. An auto-started gpuprofd forwards
+            there; the summary ends with the run's URL on it, or says why
+            the node's gpuprofd does not forward there. Training never waits
+            for the server: while it is down the node keeps what it sends later.
 
     Returns:
         A :class:`Profiler`: use it as the ``with`` block's context manager
@@ -158,7 +166,7 @@ def profile(
         TypeError: an unknown option (naming the closest valid one).
         ValueError: an invalid value (``flops_per_step``, ``dtype``,
             ``arch``, ``tokens_per_step``, ``count_flops``, ``step_source``,
-            a trace option, ``webhook`` or ``webhook_format``).
+            a trace option, ``webhook``, ``webhook_format`` or ``server``).
         RuntimeError: on entering, another profile is active in this process.
         ImportError: on entering with ``auto=True``, torch is not installed.
     """

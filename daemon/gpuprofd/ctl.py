@@ -17,6 +17,7 @@ import click
 from gpuprof.protocol import PROTOCOL_VERSION
 from gpuprofd import __version__
 from gpuprofd.commands.common import echo_json, format_option
+from gpuprofd.commands.drain import drain_cmd
 from gpuprofd.commands.insights import insights_cmd
 from gpuprofd.commands.kernels import kernels_cmd
 from gpuprofd.commands.nsys import nsys_import_cmd
@@ -60,6 +61,7 @@ def version_cmd(fmt: str) -> None:
         click.echo(f"gpuprof {__version__}")
 
 
+cli.add_command(drain_cmd)
 cli.add_command(insights_cmd)
 cli.add_command(kernels_cmd)
 cli.add_command(nsys_import_cmd)

@@ -40,9 +40,10 @@ IDLE_EXIT_S = 300
 _spawned: list[subprocess.Popen[bytes]] = []
 
 
-def daemon_argv(socket_dir: Path, db: Path) -> list[str]:
-    """The command that starts gpuprofd for *socket_dir* and *db*."""
-    return [
+def daemon_argv(socket_dir: Path, db: Path, server: str | None = None) -> list[str]:
+    """The command that starts gpuprofd for *socket_dir* and *db*, forwarding
+    to team server *server* if given (its key: the environment's)."""
+    argv = [
         sys.executable,
         "-m",
         "gpuprofd",
@@ -53,6 +54,7 @@ def daemon_argv(socket_dir: Path, db: Path) -> list[str]:
         "--idle-exit",
         str(IDLE_EXIT_S),
     ]
+    return [*argv, "--server", server] if server else argv
 
 
 def spawned_processes() -> list[subprocess.Popen[bytes]]:

@@ -27,12 +27,18 @@ class DaemonLink:
         socket_dir: gpuprofd's socket directory.
         db: the database a daemon started here would use.
         autostart: start a gpuprofd if none answers ``hello``.
+        server: the team server such a gpuprofd forwards to (its key from
+            this process's ``GPUPROF_API_KEY``/``GPUPROF_API_KEY_FILE``).
     """
 
-    def __init__(self, socket_dir: Path, db: str, autostart: bool) -> None:
+    def __init__(
+        self, socket_dir: Path, db: str, autostart: bool, server: str | None = None
+    ) -> None:
         self.socket_dir = socket_dir
         self.db = db
         self.autostart = autostart
+        #: The team server a daemon started here forwards to (``--server``).
+        self.server = server
         self.sender: Sender | None = None
         #: The control endpoint (set by :meth:`connect`).
         self.control: str | None = None
@@ -66,7 +72,7 @@ class DaemonLink:
         control_path = self.socket_dir / config.CONTROL_SOCKET_NAME
         reply = request() if control_path.exists() else None
         if reply is None and self.autostart:
-            argv = autostart.daemon_argv(self.socket_dir, Path(self.db))
+            argv = autostart.daemon_argv(self.socket_dir, Path(self.db), self.server)
             reply = autostart.start_and_hello(request, self.socket_dir, argv)
         if reply is None:
             self.problem = f"gpuprofd unreachable at {self.socket_dir}"

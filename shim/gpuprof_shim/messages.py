@@ -91,6 +91,7 @@ def hello(
     argv: str | None,
     pid_ns: str | None = None,
     group: str | None = None,
+    server: str | None = None,
 ) -> dict[str, Any]:
     """The ``hello`` request; ``options`` entries that are None are left out;
     ``group``: the torchrun group id (:func:`identity.group_id`), if any."""
@@ -118,7 +119,27 @@ def hello(
         msg["pid_ns"] = pid_ns
     if group:
         msg["group"] = group
+    if server:
+        msg["server"] = server
     return msg
+
+
+def server_url(url: str | None) -> str | None:
+    """A team server URL as ``profile(server=)`` or ``GPUPROF_SERVER`` gave
+    it, without a trailing ``/``; None for none.
+
+    Raises:
+        ValueError: not an ``http(s)://`` URL (said how to fix).
+    """
+    if url is None or not str(url).strip():
+        return None
+    url = str(url).strip().rstrip("/")
+    if not url.startswith(("http://", "https://")) or len(url) > 1000 or "\n" in url:
+        raise ValueError(
+            f"gpuprof: server must be the team server's http(s):// URL (what gpuprofd serve "
+            f"prints), got {url[:80]!r}"
+        )
+    return url
 
 
 def error_text(exc: BaseException) -> str:

@@ -126,6 +126,7 @@ class Profiler:
         wandb: bool = False,
         webhook: str | None = None,
         webhook_format: str = "slack",
+        server: str | None = None,
         clock: Callable[[], int] = time.monotonic_ns,
     ) -> None:
         """See :func:`gpuprof.profile` for every option; *clock* (monotonic
@@ -135,6 +136,14 @@ class Profiler:
                 f"gpuprof: step_source must be 'optimizer' or 'external', got {step_source!r}"
             )
         webhooks.check(webhook, webhook_format)
+        #: The team server this run asks to be forwarded to (None: none asked).
+        try:
+            self.server = messages.server_url(server if server is not None else config.server_url())
+        except ValueError as exc:
+            if server is not None:
+                raise
+            log.warning("%s; GPUPROF_SERVER ignored", exc)
+            self.server = None
         self.step_source = step_source
         self.run_name = clean_run_name(run_name)
         self.auto = bool(auto)
@@ -173,7 +182,7 @@ class Profiler:
         self._pid = os.getpid()
         self._open = False
         #: The link to gpuprofd (data socket, hello, bye).
-        self.link = DaemonLink(self.socket_dir, self.db, self.autostart)
+        self.link = DaemonLink(self.socket_dir, self.db, self.autostart, self.server)
         #: Where timed loader ``next()`` calls go: the step machine (auto
         #: mode) or the manual recorder's wait tracker.
         self._waits: WaitTracker | StepMachine | None = None
@@ -363,6 +372,7 @@ class Profiler:
             argv=identity.argv_text(),
             pid_ns=identity.pid_namespace(),
             group=self.group,
+            server=self.server,
         )
         return msg
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -47,12 +48,64 @@ def format_status(reply: dict[str, Any]) -> str:
         )
     elif gpu:
         lines.append(f"  GPU sampling: off ({gpu.get('why')})")
+    lines.extend(forward_lines(reply.get("forward")))
     dropped = reply.get("dropped") or {}
     if dropped:
         lines.append("  dropped:    " + ", ".join(f"{k}={v}" for k, v in sorted(dropped.items())))
     else:
         lines.append("  dropped:    none")
     return "\n".join(lines)
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 1024:.1f} KiB"
+
+
+def _age(wall_ns: int | None, now_ns: int) -> str:
+    if wall_ns is None:
+        return "-"
+    s = max(0.0, (now_ns - wall_ns) / 1e9)
+    return f"{s:.0f} s" if s < 120 else f"{s / 60:.0f} min" if s < 7200 else f"{s / 3600:.1f} h"
+
+
+def forward_lines(fwd: dict[str, Any] | None, now_ns: int | None = None) -> list[str]:
+    """The forwarding lines of ``gpuprofctl status``: the server, the backlog
+    (events, bytes, oldest age), the last error, dead letters and what a full
+    outbox gave up; nothing when the daemon does not forward."""
+    if not fwd:
+        return ["  forwarding: off (gpuprofd --server URL, or GPUPROF_SERVER)"]
+    now_ns = time.time_ns() if now_ns is None else now_ns
+    state = fwd.get("state", "?")
+    lines = [f"  forwarding: to {fwd.get('server')} ({state})"]
+    box = fwd.get("outbox")
+    if box is None:
+        lines.append(f"    backlog:  unknown ({fwd.get('outbox_error')})")
+    else:
+        lines.append(
+            f"    backlog:  {box['events']} events, {_size(box['bytes'])}, oldest "
+            f"{_age(box['oldest_wall_ns'], now_ns)} old (bound {_size(fwd.get('max_bytes', 0))})"
+        )
+    acked = fwd.get("last_ack_wall_ns")
+    lines.append(
+        f"    sent:     {fwd.get('sent_events', 0)} events in {fwd.get('sent_batches', 0)} "
+        "batches, "
+        + (f"last acknowledged {_age(acked, now_ns)} ago" if acked else "none acknowledged yet")
+    )
+    if fwd.get("last_error") and state != "ok":
+        lines.append(
+            f"    error:    {fwd['last_error']} ({_age(fwd.get('last_error_wall_ns'), now_ns)} ago)"
+        )
+    if box is not None and box["dead_events"]:
+        lines.append(
+            f"    refused:  {box['dead_events']} events dead-lettered (not sent again); "
+            f"latest: {box['dead_reason']}"
+        )
+    if box is not None and box["given_up_events"]:
+        lines.append(
+            f"    given up: {box['given_up_events']} events ({_size(box['given_up_bytes'])}) "
+            "over the outbox bound (--forward-max-mb), not forwarded"
+        )
+    return lines
 
 
 def _dashboard(reply: dict[str, Any]) -> str:

@@ -23,7 +23,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_never
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception_type,
+    retry_if_not_exception_type,
+    stop_never,
+)
 from tenacity.stop import StopBaseT, stop_after_delay
 from tenacity.wait import wait_random_exponential
 
@@ -123,18 +129,23 @@ class Forwarder:
         self.status.retries += 1
         self._note("paused" if isinstance(exc, Paused) else "retrying", str(exc))
 
-    def _retrying(self, stop: StopBaseT) -> AsyncRetrying:
+    def _retrying(self, stop: StopBaseT, retry_paused: bool) -> AsyncRetrying:
+        retry = retry_if_exception_type(Retry)
+        if not retry_paused:  # gpuprofctl drain: a refused key is said at once
+            retry = retry & retry_if_not_exception_type(Paused)
         return AsyncRetrying(
-            retry=retry_if_exception_type(Retry),
+            retry=retry,
             wait=_wait(wait_random_exponential(multiplier=BACKOFF_BASE_S, max=BACKOFF_CAP_S)),
             stop=stop,
             before_sleep=self._before_sleep,
             reraise=True,
         )
 
-    async def _post(self, session: aiohttp.ClientSession, body: bytes, stop: StopBaseT) -> Acked:
+    async def _post(
+        self, session: aiohttp.ClientSession, body: bytes, stop: StopBaseT, retry_paused: bool
+    ) -> Acked:
         gz = await compress(body)
-        async for attempt in self._retrying(stop):
+        async for attempt in self._retrying(stop, retry_paused):
             with attempt:
                 try:
                     key = self.cfg.key.get()
@@ -143,12 +154,18 @@ class Forwarder:
                 return await post(session, self.cfg.ingest_url, key, gz)
         raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
 
-    async def send_once(self, session: aiohttp.ClientSession, stop: StopBaseT = stop_never) -> int:
+    async def send_once(
+        self,
+        session: aiohttp.ClientSession,
+        stop: StopBaseT = stop_never,
+        retry_paused: bool = True,
+    ) -> int:
         """Send the oldest batch of the outbox until it is acknowledged or
         refused; return how many outbox events it settled (0: the outbox is empty).
 
         Raises:
             Retry: *stop* ended the retries (``gpuprofctl drain``'s time limit).
+            Paused: without *retry_paused*, at once.
         """
         if self.status.node is None:
             self.status.node = await outbox.node_id(self.store)
@@ -162,12 +179,12 @@ class Forwarder:
         if batch.body is None:
             return len(rows)
         try:
-            acked = await self._post(session, batch.body, stop)
+            acked = await self._post(session, batch.body, stop, retry_paused)
         except Refused as exc:
             if exc.status == 413 and len(batch.rows) > 1:  # too large: halve and send again
                 self._max_events = max(1, len(batch.rows) // 2)
                 log.warning("forwarding: %s; sending smaller batches", exc)
-                return await self.send_once(session, stop)
+                return await self.send_once(session, stop, retry_paused)
             return await self._refused(batch, exc)
         await outbox.ack(self.store, acked.acked_seq)
         self._max_events = outbox.MAX_EVENTS
@@ -288,11 +305,13 @@ class Forwarder:
         Raises:
             Retry: the server could not be reached for *give_up_after_s*
                 (what is left stays in the outbox; a later drain resumes).
+            Paused: the key, the URL or the batch format was refused.
         """
         total = 0
         async with aiohttp.ClientSession() as session:
             while True:
-                settled = await self.send_once(session, stop_after_delay(give_up_after_s))
+                stop = stop_after_delay(give_up_after_s)
+                settled = await self.send_once(session, stop, retry_paused=False)
                 if settled == 0:
                     return total
                 total += settled

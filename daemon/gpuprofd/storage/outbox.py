@@ -298,7 +298,10 @@ def _event(w: Waiting, runs: Mapping[int, dict[str, Any]]) -> dict[str, Any] | N
             ev["fields"] = _run_fields(run)
             return ev
         if w.kind == "end":
-            ev["fields"] = {f: run[f] for f in END_FIELDS}
+            fields = {f: run[f] for f in END_FIELDS}
+            if isinstance(fields["summary"], str):
+                fields["summary"] = orjson.loads(fields["summary"])
+            ev["fields"] = fields
             return ev
     if w.body is not None:
         ev.update(orjson.loads(w.body))

@@ -232,7 +232,7 @@ def test_live_socket_sends_only_new_rows_and_resumes(node: Node, tmp_path: Path)
         late_rows = [[r["step"] for r in m["rows"]] for m in _of(late, "steps")]
         late_rows = [r for r in late_rows if r]
         assert late_rows[0][0] >= total  # the cursor said: after step total - 1
-        for before, after in zip(late_rows, late_rows[1:]):
+        for before, after in zip(late_rows, late_rows[1:], strict=False):
             assert after[0] == before[-1] + 1, (before[-3:], after[:3])
         assert max(map(len, late_steps)) < 64 * 1024
 

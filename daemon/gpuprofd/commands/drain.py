@@ -1,0 +1,166 @@
+"""``gpuprofctl drain``: send what a stopped daemon left in a database's
+outbox to the team server, with progress; exit 0 only when everything was
+acknowledged. A later drain resumes where one stopped (the outbox keeps
+whatever was not acknowledged)."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from gpuprofd.commands.common import echo_json, format_option, resolve_db
+from gpuprofd.counters import DropCounter
+from gpuprofd.errors import EXIT_FAILURE, EXIT_OK, BadInputError
+from gpuprofd.forward.client import Paused, Retry
+from gpuprofd.forward.config import resolve
+from gpuprofd.forward.forwarder import Forwarder
+from gpuprofd.lock import InstanceLock
+from gpuprofd.storage import outbox, schema
+from gpuprofd.storage.store import Store
+
+DRAIN_HELP = """Send what a stopped gpuprofd left for the team server.
+
+A node daemon with --server keeps what the server has not acknowledged in
+its database (the outbox); one that stopped with a backlog (an auto-started
+daemon idles out) sends it when it starts again, or now with this command.
+It refuses while a daemon serves DB (that daemon forwards by itself:
+gpuprofctl status shows its backlog). Exit 0: everything was acknowledged;
+1: something is left (run it again) or was refused.
+
+DB: the database (default: GPUPROF_DB or ./gpuprof.db).
+"""
+
+
+@click.command("drain", help=DRAIN_HELP, short_help="Send a stopped daemon's outbox.")
+@click.argument("db", type=click.Path(path_type=Path), required=False)
+@click.option(
+    "--server",
+    metavar="URL",
+    default=None,
+    help="The team server (default: GPUPROF_SERVER, else the one DB last forwarded to).",
+)
+@click.option(
+    "--api-key-file",
+    metavar="FILE",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="The API key (default: GPUPROF_API_KEY_FILE or GPUPROF_API_KEY).",
+)
+@click.option(
+    "--give-up-after",
+    "give_up_after_s",
+    type=click.FloatRange(min=0),
+    default=120.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Stop when the server has not answered for this long (what is left stays).",
+)
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+@format_option
+def drain_cmd(
+    db: Path | None,
+    server: str | None,
+    api_key_file: Path | None,
+    give_up_after_s: float,
+    quiet: bool,
+    fmt: str,
+) -> None:
+    path = resolve_db(db)
+    if not path.is_file():
+        raise BadInputError(f"no database at {path}: give the node's DB (gpuprofctl status)")
+    lock = InstanceLock(path, write_pid=False)
+    if not lock.acquire():
+        raise BadInputError(
+            f"{path} is served by a running gpuprofd, which forwards its outbox itself "
+            "(gpuprofctl status shows the backlog); to drain by hand, stop it first "
+            "(gpuprofctl stop)"
+        )
+    try:
+        schema.prepare(path)
+        out = asyncio.run(_drain(path, server, api_key_file, give_up_after_s, quiet, fmt))
+    finally:
+        lock.release()
+    if fmt == "json":
+        echo_json(out)
+    else:
+        click.echo(_text(out))
+    sys.exit(EXIT_OK if out["ok"] else EXIT_FAILURE)
+
+
+async def _drain(
+    path: Path,
+    server: str | None,
+    api_key_file: Path | None,
+    give_up_after_s: float,
+    quiet: bool,
+    fmt: str,
+) -> dict[str, Any]:
+    store = Store(path, DropCounter())
+    await store.open()
+    store.start()
+    try:
+        server = server or await outbox.remembered_server(store)
+        cfg = resolve(server, api_key_file)
+        if cfg is None:
+            raise BadInputError(
+                f"no team server known for {path}: pass --server URL (or set GPUPROF_SERVER)"
+            )
+        cfg.key.get()  # no key: said before anything is read
+        before = await outbox.state(store)
+        out: dict[str, Any] = {"db": str(path), "server": cfg.server, "sent": 0, "error": None}
+        if before.events:
+            forwarder = Forwarder(store, cfg)
+            show = not quiet and fmt == "text"
+            with click.progressbar(
+                length=before.events,
+                label=f"sending {before.events} events to {cfg.server}",
+                file=sys.stderr if show else _Null(),
+                show_pos=True,
+            ) as bar:
+                try:
+                    out["sent"] = await forwarder.drain(bar.update, give_up_after_s)
+                except Paused as exc:
+                    out["error"] = str(exc)
+                except Retry as exc:
+                    out["error"] = f"{exc} (gave up after {give_up_after_s:g} s)"
+        after = await outbox.state(store)
+        out["left"] = after.events
+        out["refused"] = after.dead_events - before.dead_events
+        out["refused_reason"] = after.dead_reason if out["refused"] else None
+        out["ok"] = after.events == 0 and out["refused"] == 0 and out["error"] is None
+        return out
+    finally:
+        await store.close()
+
+
+class _Null:
+    """A progress bar's file that shows nothing (``--quiet``, ``--format json``)."""
+
+    def write(self, _text: str) -> int:
+        return 0
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+
+def _text(out: dict[str, Any]) -> str:
+    lines = [f"{out['db']} -> {out['server']}: {out['sent']} events sent"]
+    if out["refused"]:
+        lines.append(
+            f"  {out['refused']} events refused by the server (dead-lettered, not sent "
+            f"again): {out['refused_reason']}"
+        )
+    if out["error"]:
+        lines.append(f"  stopped: {out['error']}")
+    if out["left"]:
+        lines.append(f"  {out['left']} events left in the outbox: run gpuprofctl drain again")
+    elif out["ok"]:
+        lines.append("  everything was acknowledged")
+    return "\n".join(lines)
