@@ -42,6 +42,7 @@ def test_every_option_is_a_typed_keyword_with_a_default():
     assert named["wandb"] == ("bool", False)
     assert named["webhook"] == ("str | None", None)
     assert named["webhook_format"] == ("str", "slack")
+    assert named["server"] == ("str | None", None)
     assert inspect.signature(gpuprof.profile).return_annotation == "Profiler"
 
 
@@ -83,6 +84,20 @@ def test_a_misspelled_option_names_the_closest(make):
         make("r", webhok="http://x")
     with pytest.raises(TypeError, match=r"'zzz'; its options are auto, flops_per_step, dtype"):
         make("r", zzz=1)
+
+
+def test_a_bad_server_fails_before_the_run_and_a_bad_environment_one_is_ignored(
+    monkeypatch, caplog
+):
+    with pytest.raises(ValueError, match="server must be the team server's http"):
+        gpuprof.profile("r", server="gpuprof.example:8000")
+    monkeypatch.setenv("GPUPROF_SERVER", "ftp://nowhere")
+    with caplog.at_level("WARNING", logger="gpuprof.shim"):
+        prof = gpuprof.profile("r")
+    assert prof.server is None and "GPUPROF_SERVER ignored" in caplog.text
+    monkeypatch.setenv("GPUPROF_SERVER", "https://team.example:8000/")
+    assert gpuprof.profile("r").server == "https://team.example:8000"
+    assert gpuprof.profile("r", server="http://other:1").server == "http://other:1"
 
 
 def test_bad_webhook_values_fail_before_the_run():

@@ -62,7 +62,7 @@ def fake_daemon_argv(tmp_path: Path):
     script = tmp_path / "fake_gpuprofd.py"
     script.write_text(FAKE_DAEMON)
 
-    def argv(socket_dir: Path, db: Path) -> list[str]:
+    def argv(socket_dir: Path, db: Path, server: str | None = None) -> list[str]:
         return [sys.executable, str(script), "--socket-dir", str(socket_dir), "--db", str(db)]
 
     yield argv
@@ -152,6 +152,12 @@ def test_default_command_runs_gpuprofd_module_with_socket_db_and_idle_exit(tmp_p
     ]
 
 
+def test_a_run_that_asks_for_a_team_server_starts_a_daemon_that_forwards_there(tmp_path):
+    plain = autostart.daemon_argv(tmp_path / "s", tmp_path / "d.db")
+    argv = autostart.daemon_argv(tmp_path / "s", tmp_path / "d.db", "https://team:8000")
+    assert argv == [*plain, "--server", "https://team:8000"] and "--server" not in plain
+
+
 def test_profile_autostarts_a_daemon_when_none_answers(
     socket_dir, fake_daemon_argv, monkeypatch, capsys
 ):
@@ -169,7 +175,9 @@ def test_profile_autostarts_a_daemon_when_none_answers(
 def test_a_daemon_that_exits_at_start_says_why_in_the_summary(socket_dir, monkeypatch, capsys):
     error = "gpuprofd: error: /x/gpuprof.db is already served by another gpuprofd; point ..."
     script = f"import sys; print('starting'); print({error!r}); sys.exit(2)"
-    monkeypatch.setattr(autostart, "daemon_argv", lambda sock, db: [sys.executable, "-c", script])
+    monkeypatch.setattr(
+        autostart, "daemon_argv", lambda sock, db, server=None: [sys.executable, "-c", script]
+    )
     monkeypatch.setattr(autostart, "EXIT_GRACE_S", 0.2)
     with gpuprof.profile("why", auto=False, socket_dir=socket_dir) as prof:
         pass

@@ -22,6 +22,7 @@ def typed_usage(loader: list[int]) -> float | None:
         webhook="https://hooks.slack.com/services/T/B/X",
         webhook_format="json",
         dashboard=False,
+        server="https://gpuprof.example:8000",
     )
     with prof as p:
         for i, _batch in enumerate(p.wrap_dataloader(loader)):

@@ -167,8 +167,8 @@ class Forwarder:
             Retry: *stop* ended the retries (``gpuprofctl drain``'s time limit).
             Paused: without *retry_paused*, at once.
         """
-        if self.status.node is None:
-            self.status.node = await outbox.node_id(self.store)
+        # read each time: a database replaced under the daemon is a new node
+        self.status.node = await outbox.node_id(self.store)
         rows = await outbox.waiting(self.store, max_events=self._max_events)
         if not rows:
             return 0

@@ -173,6 +173,9 @@ async def node_id(store: Store) -> str:
     """This database's node id (made once, a UUID, kept in ``meta``): the
     server keys the node's sequence numbers by it, so a database that starts
     over is a new node."""
+    row = await store.fetchone("SELECT value FROM meta WHERE key = 'node_id'")
+    if row is not None:
+        return str(row[0])
     await store.write(
         "INSERT INTO meta (key, value) VALUES ('node_id', ?) ON CONFLICT (key) DO NOTHING",
         (str(uuid.uuid4()),),
