@@ -301,7 +301,7 @@ class Daemon:
         pull, router = sockets.bind()
         ingest = Ingest(pull, runs, store, drops, self.touch, on_workers=host.workers.add)
         # 2b. close the dashboard (after the control requests drained): live sockets get 1001
-        dashboard = await self._dashboard(stack, store, devices, ingest, sinks, insights)
+        dashboard = await self._dashboard(stack, store, devices, ingest, sinks, insights, forwarder)
         handlers = ControlHandlers(
             db=store.where,
             socket_dir=opts.socket_dir,
@@ -365,6 +365,7 @@ class Daemon:
         ingest: Ingest,
         sinks: SampleSinks,
         insights: InsightsRunner,
+        forwarder: Forwarder | None = None,
     ) -> Dashboard:
         """Serve the web app on ``opts.http`` (on *stack*); what runs are told of it.
 
@@ -374,7 +375,11 @@ class Daemon:
         if self.opts.http is None:
             return Dashboard(None, "gpuprofd was started with --http off")
         from gpuprofd.web.app import WebState, build_app, serving
-        from gpuprofd.web.metrics import metrics_sources
+        from gpuprofd.web.metrics import ForwardGauges, metrics_sources
+
+        def forward() -> ForwardGauges | None:
+            got = forwarder.gauges() if forwarder is not None else None
+            return None if got is None else ForwardGauges(**got)
 
         state = WebState(
             reader=store,
@@ -389,6 +394,7 @@ class Daemon:
             store=store,
             ingest=ingest,
             insights=insights,
+            forward=forward,
         )
         served = await stack.enter_async_context(
             serving(build_app(state, sources, loopback_only=True), self.opts.http)

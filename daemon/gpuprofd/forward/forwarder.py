@@ -112,6 +112,8 @@ class Forwarder:
         self.host = host or socket.gethostname()
         self.clock = clock
         self.status = ForwardState(cfg.server)
+        self.last_state: outbox.OutboxState | None = None
+        """The outbox as :meth:`enforce_limit` last counted it (``/metrics`` reads it)."""
         self._max_events = outbox.MAX_EVENTS
 
     # --- one batch ------------------------------------------------------------
@@ -243,8 +245,10 @@ class Forwarder:
                     await self.store.outbox_event.wait()
 
     async def enforce_limit(self) -> None:
-        """Give up what is over the outbox bound (the daemon runs this every few seconds)."""
+        """Give up what is over the outbox bound, then count the outbox
+        (:attr:`last_state`; the daemon runs this every few seconds)."""
         given = await outbox.enforce_limit(self.store, self.cfg.max_bytes)
+        self.last_state = await outbox.state(self.store)
         if given:
             self.drops.add("forward_given_up", n=given)
             log.warning(
@@ -253,6 +257,25 @@ class Forwarder:
                 self.cfg.max_bytes // (1024 * 1024),
                 given,
             )
+
+    def gauges(self) -> dict[str, Any] | None:
+        """``/metrics``' forwarding figures (:class:`gpuprofd.web.metrics.ForwardGauges`
+        fields), from :attr:`last_state`; None before the outbox was first counted."""
+        box = self.last_state
+        if box is None:
+            return None
+        age = None
+        if box.oldest_wall_ns is not None:
+            age = max(0.0, (self.clock() - box.oldest_wall_ns) / 1e9)
+        return {
+            "up": self.status.state == "ok",
+            "backlog_events": box.events,
+            "backlog_bytes": box.bytes,
+            "oldest_age_s": age,
+            "sent_events": self.status.sent_events,
+            "dead_events": box.dead_events,
+            "given_up_events": box.given_up_events,
+        }
 
     async def describe(self) -> dict[str, Any]:
         """The forwarder and its outbox, for ``ping`` (``gpuprofctl status``)."""

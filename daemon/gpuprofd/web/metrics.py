@@ -14,7 +14,9 @@ Series (``docs/metrics.md`` lists each with its type and unit):
 - per live run, labelled ``run_name`` and ``run_id``: its last step's
   seconds and phase seconds (``phase``), steps received, current insights
   (``rule``, ``severity``); a run leaves the output when it ends;
-- the daemon's health: events received, dropped by ``reason``, store queue depth.
+- the daemon's health: events received, dropped by ``reason``, store queue
+  depth, and on a forwarding node the team server's backlog (events, bytes,
+  oldest age), events sent, refused and given up.
 
 Labels are bounded: at most :data:`MAX_GPUS` GPUs, the newest
 :data:`MAX_RUNS` live runs (``gpuprof_runs_live`` counts them all), the six
@@ -90,6 +92,22 @@ class MetricsSources:
     """Valid events accepted for a known run since the daemon started."""
     store_queue_depth: Callable[[], int]
     """Writes waiting in the store's queue."""
+    forward: Callable[[], ForwardGauges | None] = lambda: None
+    """The forwarder's figures; None: the daemon does not forward."""
+
+
+@dataclass(frozen=True)
+class ForwardGauges:
+    """A forwarding node's figures (the outbox as last counted, every few seconds)."""
+
+    up: bool
+    """The last batch was acknowledged (state ``ok``)."""
+    backlog_events: int
+    backlog_bytes: int
+    oldest_age_s: float | None
+    sent_events: int
+    dead_events: int
+    given_up_events: int
 
 
 def step_phases_s(step: Mapping[str, Any]) -> tuple[tuple[str, float], ...]:
@@ -242,6 +260,47 @@ class DaemonCollector:
             "Writes waiting in the store's queue.",
             value=self.sources.store_queue_depth(),
         )
+        fwd = self.sources.forward()
+        if fwd is None:
+            return
+        yield GaugeMetricFamily(
+            "gpuprof_forward_up",
+            "1 when the team server acknowledged the last batch, else 0.",
+            value=1 if fwd.up else 0,
+        )
+        yield GaugeMetricFamily(
+            "gpuprof_forward_backlog_events",
+            "Events waiting for the team server.",
+            value=fwd.backlog_events,
+        )
+        yield GaugeMetricFamily(
+            "gpuprof_forward_backlog_bytes",
+            "Bytes waiting for the team server (the outbox; bounded by --forward-max-mb).",
+            value=fwd.backlog_bytes,
+            unit="bytes",
+        )
+        if fwd.oldest_age_s is not None:
+            yield GaugeMetricFamily(
+                "gpuprof_forward_oldest_age_seconds",
+                "Age of the oldest event waiting for the team server, seconds.",
+                value=fwd.oldest_age_s,
+                unit="seconds",
+            )
+        yield CounterMetricFamily(
+            "gpuprof_forward_sent_events",
+            "Events the team server acknowledged since the daemon started.",
+            value=fwd.sent_events,
+        )
+        yield GaugeMetricFamily(
+            "gpuprof_forward_dead_events",
+            "Events the team server refused for good (the node's dead-letter table).",
+            value=fwd.dead_events,
+        )
+        yield GaugeMetricFamily(
+            "gpuprof_forward_given_up_events",
+            "Events given up over the outbox bound, never forwarded.",
+            value=fwd.given_up_events,
+        )
 
 
 def bounded_reasons(counts: Mapping[str, int]) -> list[tuple[str, int]]:
@@ -332,6 +391,7 @@ def metrics_sources(
     store: Store,
     ingest: _Ingest,
     insights: _Insights,
+    forward: Callable[[], ForwardGauges | None] | None = None,
 ) -> MetricsSources:
     """The sources over a running daemon's parts: its run registry
     (:class:`gpuprofd.ingest.registry.RunRegistry`), the newest GPU sample
@@ -352,6 +412,7 @@ def metrics_sources(
         drops=drops.snapshot,
         events_received=lambda: ingest.received,
         store_queue_depth=store.queue.qsize,
+        forward=forward or (lambda: None),
     )
 
 

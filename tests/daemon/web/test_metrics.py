@@ -5,6 +5,7 @@ aiohttp app, fed real frames and the recorded H200 trace."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import os
 import re
@@ -258,7 +259,10 @@ async def test_the_route_reads_the_sources_on_the_event_loop_once_each():
 def test_docs_list_every_metric_served():
     run = RunState(1, "a", 3, 0.1, metrics.step_phases_s(_step()), (("r", "HIGH", 1),))
     fake = Fake(gpus=[gpu(0, "GPU-a")], runs=[run], drops={"not_json": 1})
-    served = {name for name, _ in scrape(fake)}
+    forwarding = metrics.ForwardGauges(True, 5, 500, 1.0, 10, 1, 1)
+    served = {
+        name for name, _ in scrape(dataclasses.replace(fake.sources(), forward=lambda: forwarding))
+    }
     doc = (Path(__file__).resolve().parents[3] / "docs" / "metrics.md").read_text()
     documented = set(re.findall(r"^\| `(gpuprof_[a-z_]+)` \|", doc, re.MULTILINE))  # table rows
     assert documented == served
@@ -365,3 +369,30 @@ async def test_metrics_of_a_real_daemon_part_set(tmp_path: Path):
             assert not of(after, "gpuprof_run_steps_total")
             assert of(after, "gpuprof_runs_live") == {(): 0}
             assert of(after, "gpuprof_gpu_power_watts") == {g: last.power_mw / 1000}
+
+
+def test_a_forwarding_node_exports_its_backlog_and_a_node_that_does_not_exports_none():
+    fake = Fake(received=1)
+    plain = scrape(fake)
+    assert not [name for name in plain if name.startswith("gpuprof_forward")]
+    gauges = metrics.ForwardGauges(
+        up=False,
+        backlog_events=1200,
+        backlog_bytes=345_678,
+        oldest_age_s=61.5,
+        sent_events=9000,
+        dead_events=2,
+        given_up_events=0,
+    )
+    src = fake.sources()
+    s = scrape(dataclasses.replace(src, forward=lambda: gauges))
+    assert of(s, "gpuprof_forward_up") == {(): 0}
+    assert of(s, "gpuprof_forward_backlog_events") == {(): 1200}
+    assert of(s, "gpuprof_forward_backlog_bytes") == {(): 345_678}
+    assert of(s, "gpuprof_forward_oldest_age_seconds") == {(): 61.5}
+    assert of(s, "gpuprof_forward_sent_events_total") == {(): 9000}
+    assert of(s, "gpuprof_forward_dead_events") == {(): 2}
+    caught_up = dataclasses.replace(gauges, up=True, backlog_events=0, oldest_age_s=None)
+    s = scrape(dataclasses.replace(src, forward=lambda: caught_up))
+    assert of(s, "gpuprof_forward_up") == {(): 1}
+    assert not of(s, "gpuprof_forward_oldest_age_seconds")
