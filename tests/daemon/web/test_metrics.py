@@ -374,7 +374,7 @@ async def test_metrics_of_a_real_daemon_part_set(tmp_path: Path):
 def test_a_forwarding_node_exports_its_backlog_and_a_node_that_does_not_exports_none():
     fake = Fake(received=1)
     plain = scrape(fake)
-    assert not [name for name in plain if name.startswith("gpuprof_forward")]
+    assert not [name for name, _ in plain if name.startswith("gpuprof_forward")]
     gauges = metrics.ForwardGauges(
         up=False,
         backlog_events=1200,
