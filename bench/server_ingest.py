@@ -146,7 +146,7 @@ async def _node(url: str, n: int, seconds: float, out: dict[str, list[Any]]) -> 
             await asyncio.sleep(max(0.0, tick - time.monotonic()))
 
 
-def _start(storage: str, tmp: Path) -> tuple[subprocess.Popen[bytes], str, Path]:
+def start_server(storage: str, tmp: Path) -> tuple[subprocess.Popen[bytes], str, Path]:
     (tmp / "keys").write_text(KEY + "\n")
     (tmp / "viewer").write_text(PASSWORD + "\n")
     log = tmp / "serve.log"
@@ -253,7 +253,7 @@ def main() -> None:
             if args.storage == "postgres"
             else f"sqlite:///{tmp / 'team.db'}"
         )
-        proc, url, _log = _start(storage, tmp)
+        proc, url, _log = start_server(storage, tmp)
         try:
             ps = psutil.Process(proc.pid)
             out: dict[str, list[Any]] = {"latency": [], "rows": [], "late": []}
