@@ -60,9 +60,18 @@ class Snapshot:
     """Per-run tables, kernel_windows, kernel_stats and the node tables."""
 
 
+#: A forwarding node's spool (:mod:`gpuprofd.storage.outbox`), carried whole:
+#: what the team server has not acknowledged must not go with the old file.
+SPOOL_TABLES = ("outbox", "outbox_dead", "forward_given_up")
+SPOOL_META = ("node_id", "forward_server")
+
+
 async def read_live_runs(old: aiosqlite.Connection, run_ids: Sequence[int]) -> Snapshot:
-    """The rows of *run_ids* in *old*, and the node samples since the earliest started."""
+    """The rows of *run_ids* in *old*, the node samples since the earliest
+    started, and the forwarding spool (the outbox, its dead letters, what was
+    given up, the node's id and its sequence so far)."""
     snap = Snapshot()
+    await _read_spool(old, snap)
     if not run_ids:
         return snap
     marks = ", ".join("?" * len(run_ids))
@@ -83,14 +92,79 @@ async def read_live_runs(old: aiosqlite.Connection, run_ids: Sequence[int]) -> S
     return snap
 
 
+async def _read_spool(old: aiosqlite.Connection, snap: Snapshot) -> None:
+    tables = {r[0] for r in (await _rows(old, "SELECT name FROM sqlite_master"))[1]}
+    if "outbox" not in tables:  # a database older than forwarding
+        return
+    for table in SPOOL_TABLES:
+        snap.tables[table] = await _rows(old, f"SELECT * FROM {table}")
+    marks = ", ".join("?" * len(SPOOL_META))
+    snap.tables["meta"] = await _rows(
+        old, f"SELECT key, value FROM meta WHERE key IN ({marks})", SPOOL_META
+    )
+    if "sqlite_sequence" in tables:
+        snap.tables["sqlite_sequence"] = await _rows(
+            old, "SELECT name, seq FROM sqlite_sequence WHERE name = 'outbox'"
+        )
+
+
+async def _write_spool(new: aiosqlite.Connection, snap: Snapshot, ids: dict[int, int]) -> None:
+    """The old file's spool into *new*. A fresh file takes the node's id and
+    goes on with its sequence (the server has seen those numbers); a file
+    that is already another node's keeps its id, and the events waiting are
+    queued in it again as its own. Run ids follow *ids*; an event of a run
+    not carried over stays as it was (the forwarder counts it gone)."""
+    meta = dict(snap.tables.get("meta", ([], []))[1])
+    if not snap.tables.get("outbox") and not meta:
+        return
+    async with new.execute("SELECT value FROM meta WHERE key = 'node_id'") as c:
+        own = await c.fetchone()
+    fresh = own is None or own[0] == meta.get("node_id")
+    for key, value in meta.items():
+        if fresh or key != "node_id":
+            await new.execute(
+                "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE "
+                "SET value = excluded.value",
+                (key, value),
+            )
+    for table in SPOOL_TABLES:
+        tcols, trows = snap.tables.get(table, ([], []))
+        if not trows:
+            continue
+        r = tcols.index("run_id")
+        rows = [(*t[:r], ids.get(t[r], t[r]) if t[r] else t[r], *t[r + 1 :]) for t in trows]
+        if table == "outbox" and not fresh:  # new numbers, after the file's own
+            cols = [c for c in tcols if c != "seq"]
+            i = tcols.index("seq")
+            rows = [(*t[:i], *t[i + 1 :]) for t in rows]
+        else:
+            cols = list(tcols)
+        verb = "INSERT OR IGNORE" if table == "outbox_dead" else "INSERT"
+        if table == "forward_given_up":
+            verb = "INSERT OR REPLACE"
+        await new.executemany(_insert_sql(table, cols).replace("INSERT", verb, 1), rows)
+    seq = snap.tables.get("sqlite_sequence", ([], []))[1]
+    if fresh and seq:  # nothing waiting: the next event still follows the last one sent
+        await new.execute(
+            "UPDATE sqlite_sequence SET seq = MAX(seq, ?) WHERE name = 'outbox'", (seq[0][1],)
+        )
+        await new.execute(
+            "INSERT INTO sqlite_sequence (name, seq) SELECT 'outbox', ? WHERE NOT EXISTS "
+            "(SELECT 1 FROM sqlite_sequence WHERE name = 'outbox')",
+            (seq[0][1],),
+        )
+
+
 async def write_live_runs(new: aiosqlite.Connection, snap: Snapshot) -> dict[int, int]:
     """Write *snap* into *new* in one transaction; return old run id → id in *new*."""
     cols, runs = snap.runs
-    if not runs:
-        return {}
     ids: dict[int, int] = {}
     await new.execute("BEGIN IMMEDIATE")
     try:
+        if not runs:
+            await _write_spool(new, snap, ids)
+            await new.execute("COMMIT")
+            return ids
         i_id, i_key = cols.index("id"), cols.index("run_key")
         i_uuid = cols.index("run_uuid") if "run_uuid" in cols else None
         for row in runs:
@@ -123,6 +197,7 @@ async def write_live_runs(new: aiosqlite.Connection, snap: Snapshot) -> dict[int
                     _insert_sql(table, tcols), [(*t[:r], ids[t[r]], *t[r + 1 :]) for t in trows]
                 )
         await _write_kernels(new, snap, ids)
+        await _write_spool(new, snap, ids)
         for table, _ in NODE_TABLES:
             tcols, trows = snap.tables.get(table, ([], []))
             if trows:

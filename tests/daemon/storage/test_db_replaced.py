@@ -164,3 +164,33 @@ def test_gpuprofctl_stop_waits_for_open_runs_or_exits_now(
     assert proc.wait(timeout=20) == 0
     status = h.query(db, "SELECT status FROM runs WHERE run_name = 'open2'")[0][0]
     assert status == "running"  # left for the next daemon to re-adopt
+
+
+def test_a_forwarding_nodes_outbox_survives_its_database_being_deleted(
+    daemons, sock_dir: Path, tmp_path: Path, my_pid: int
+) -> None:
+    """What the team server has not acknowledged goes into the fresh file
+    with the node's id and sequence: nothing is lost, no number is reused."""
+    db = tmp_path / "gpuprof.db"
+    # a server that never answers (nothing listens on port 9): the outbox only grows
+    env = {"GPUPROF_API_KEY": "k"}
+    proc, client = daemons.start_ready(sock_dir, db, "--server", "http://127.0.0.1:9", env=env)
+    _run(client, "old", "old", my_pid, 3)  # finished before the rm: its run row goes
+    run_id = client.request(h.hello("live", my_pid, run_name="live"))["run_id"]
+    base = time.monotonic_ns()
+    for i in range(5):
+        client.push(h.step("live", i, base))
+    h.poll_db(db, "SELECT COUNT(*) FROM outbox WHERE kind = 'steps' AND run_id = ?", (run_id,), 5)
+    (node_id,) = h.query(db, "SELECT value FROM meta WHERE key = 'node_id'")[0]
+    waiting = [tuple(r) for r in h.query(db, "SELECT seq, kind, run_id FROM outbox ORDER BY seq")]
+    _rm_db(db)
+    client.wait_for(lambda r: r["db_reopened"], timeout_s=10)
+    client.push(h.step("live", 5, base))
+    h.poll_db(db, "SELECT COUNT(*) FROM steps WHERE run_id = ?", (run_id,), 6)
+    assert h.query(db, "SELECT value FROM meta WHERE key = 'node_id'")[0][0] == node_id
+    now = [tuple(r) for r in h.query(db, "SELECT seq, kind, run_id FROM outbox ORDER BY seq")]
+    assert now[: len(waiting)] == waiting  # every event still waiting, same numbers
+    later = now[len(waiting) :]
+    assert later and all(seq > waiting[-1][0] for seq, _, _ in later)
+    assert ("steps", run_id) in {(k, r) for _, k, r in later}
+    assert client.ping()["forward"]["outbox"]["events"] >= len(now)
