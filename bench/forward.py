@@ -162,9 +162,12 @@ def _server_steps(storage: str) -> tuple[int, int]:
             return int(n), int(distinct)
     import asyncpg
 
+    dsn, schema_name = storage.split("?search_path=")
+
     async def read() -> tuple[int, int]:
-        conn = await asyncpg.connect(storage)
+        conn = await asyncpg.connect(dsn)
         try:
+            await conn.execute(f'SET search_path TO "{schema_name}"')
             row = await conn.fetchrow(sql)
             return int(row[0]), int(row[1])
         finally:
@@ -192,20 +195,11 @@ def main() -> None:
             f"{off_per_10k * 1e3:.0f} ms without: the outbox adds "
             f"{(on_per_10k - off_per_10k) * 1e3:.0f} ms ({on_per_10k / off_per_10k:.2f}x)"
         )
-        if args.storage == "postgres":
-            schema_name = f"bench_fwd_{uuid.uuid4().hex[:8]}"
-            storage = f"{args.postgres}?options=-csearch_path%3D{schema_name}"
-            import asyncpg
-
-            async def make() -> None:
-                conn = await asyncpg.connect(args.postgres)
-                await conn.execute(f"CREATE SCHEMA {schema_name}")
-                await conn.close()
-
-            asyncio.run(make())
+        if args.storage == "postgres":  # a schema of its own (the server makes it)
+            storage = f"{args.postgres}?search_path=bench_fwd_{uuid.uuid4().hex[:8]}"
         else:
             storage = f"sqlite:///{tmp / 'team.db'}"
-        proc, url, log = start_server(storage, tmp)
+        proc, url, _log = start_server(storage, tmp)
         try:
             got = asyncio.run(_catch_up(tmp / "node.db", url))
         finally:
@@ -223,7 +217,7 @@ def main() -> None:
             f"{rate:,.0f} events/s end to end ({rate / EVENTS_PER_S:.0f}x the node's rate); "
             f"node CPU {got['cpu_s'] / got['settled'] * 1e4 * 1e3:.0f} ms per 10k events"
         )
-        steps, distinct = _server_steps(storage if args.storage == "postgres" else storage)
+        steps, distinct = _server_steps(storage)
         expected = seconds * RANKS * STEPS_PER_S
         print(
             f"  server: {steps} steps stored ({distinct} distinct, {expected} sent); "

@@ -24,12 +24,17 @@ from gpuprofd.storage.store import Store
 
 DRAIN_HELP = """Send what a stopped gpuprofd left for the team server.
 
-A node daemon with --server keeps what the server has not acknowledged in
-its database (the outbox); one that stopped with a backlog (an auto-started
-daemon idles out) sends it when it starts again, or now with this command.
-It refuses while a daemon serves DB (that daemon forwards by itself:
-gpuprofctl status shows its backlog). Exit 0: everything was acknowledged;
-1: something is left (run it again) or was refused.
+\b
+Example:
+  gpuprofctl drain /var/lib/gpuprof/gpuprof.db --server https://gpuprof.example:8000
+
+A gpuprofd started with --server keeps what the team server has not
+acknowledged in its database (the outbox); one that stopped with a backlog
+(an auto-started one idles out) sends it when it starts again, or now with
+this command, which resumes where an earlier drain stopped. It refuses while
+a gpuprofd serves DB (that one forwards by itself: gpuprofctl status shows
+its backlog). Exit 0: everything was acknowledged; 1: something is left
+(run it again) or was refused.
 
 DB: the database (default: GPUPROF_DB or ./gpuprof.db).
 """
