@@ -195,17 +195,17 @@ class TraceOptions:
             if not isinstance(trace_dir, (str, os.PathLike)) or not os.fspath(trace_dir):
                 raise ValueError(f"gpuprof: trace_dir must be a directory path, got {trace_dir!r}")
             path = Path(trace_dir).expanduser()
+            if every_n is None and rng is None and hz is None:  # said before the disk is looked at
+                raise ValueError(
+                    "gpuprof: trace_dir needs a trace mode (trace_every_n_steps, trace_range "
+                    "or continuous_traces_hz)"
+                )
             if path.exists() and not path.is_dir():
                 raise ValueError(f"gpuprof: trace_dir {str(path)!r} exists and is not a directory")
         ok = type(trace_dir_max_mb) in (int, float) and math.isfinite(trace_dir_max_mb)  # type: ignore[arg-type]
         if not ok or not trace_dir_max_mb > 0:  # type: ignore[operator]
             raise ValueError(
                 f"gpuprof: trace_dir_max_mb must be a positive number, got {trace_dir_max_mb!r}"
-            )
-        if path is not None and every_n is None and rng is None and hz is None:
-            raise ValueError(
-                "gpuprof: trace_dir needs a trace mode (trace_every_n_steps, trace_range "
-                "or continuous_traces_hz)"
             )
         return cls(every_n, rng, hz, path, int(trace_dir_max_mb * 1e6))  # type: ignore[operator]
 
