@@ -113,6 +113,8 @@ class Forwarder:
         self.clock = clock
         self.status = ForwardState(cfg.server)
         self.last_state: outbox.OutboxState | None = None
+        self._in_flight_seq = 0
+        """The last sequence of the batch being sent (kept by the bound: it is on its way)."""
         """The outbox as :meth:`enforce_limit` last counted it (``/metrics`` reads it)."""
         self._max_events = outbox.MAX_EVENTS
 
@@ -180,14 +182,19 @@ class Forwarder:
             self.drops.add("forward_run_gone", n=len(batch.gone))
         if batch.body is None:
             return len(rows)
+        self._in_flight_seq = batch.last_seq
         try:
             acked = await self._post(session, batch.body, stop, retry_paused)
         except Refused as exc:
+            self._in_flight_seq = 0
             if exc.status == 413 and len(batch.rows) > 1:  # too large: halve and send again
                 self._max_events = max(1, len(batch.rows) // 2)
                 log.warning("forwarding: %s; sending smaller batches", exc)
                 return await self.send_once(session, stop, retry_paused)
             return await self._refused(batch, exc)
+        finally:
+            if self._in_flight_seq == batch.last_seq:
+                self._in_flight_seq = 0
         await outbox.ack(self.store, acked.acked_seq)
         self._max_events = outbox.MAX_EVENTS
         s = self.status
@@ -247,7 +254,9 @@ class Forwarder:
     async def enforce_limit(self) -> None:
         """Give up what is over the outbox bound, then count the outbox
         (:attr:`last_state`; the daemon runs this every few seconds)."""
-        given = await outbox.enforce_limit(self.store, self.cfg.max_bytes)
+        given = await outbox.enforce_limit(
+            self.store, self.cfg.max_bytes, after_seq=self._in_flight_seq
+        )
         self.last_state = await outbox.state(self.store)
         if given:
             self.drops.add("forward_given_up", n=given)

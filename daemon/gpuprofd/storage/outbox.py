@@ -387,18 +387,18 @@ async def total_bytes(store: Any) -> int:
     return int(row[0]) if row is not None else 0
 
 
-async def enforce_limit(store: Store, max_bytes: int, chunk: int = 5000) -> int:
+async def enforce_limit(store: Store, max_bytes: int, chunk: int = 5000, after_seq: int = 0) -> int:
     """Give up the oldest events of the lowest priority until the outbox
-    holds at most *max_bytes* (run and end events are kept). Returns the
-    events given up."""
+    holds at most *max_bytes* (run and end events are kept), leaving those
+    up to *after_seq* alone (the batch being sent). Returns the events given up."""
     over = await total_bytes(store) - max_bytes
     given = 0
     for priority in range(PRIORITY_RUN):
         while over > 0:
             rows = await store.fetchall(
-                "SELECT seq, kind, run_id, bytes FROM outbox WHERE priority = ? "
+                "SELECT seq, kind, run_id, bytes FROM outbox WHERE priority = ? AND seq > ? "
                 "ORDER BY seq LIMIT ?",
-                (priority, chunk),
+                (priority, after_seq, chunk),
             )
             if not rows:
                 break
