@@ -1,8 +1,9 @@
 """``gpuprofd serve``'s process: the store, the app, insights when a run's
 end arrives, retention, until SIGTERM or SIGINT.
 
-Stateless beyond its database: the cookie secret and the login counts are
-in it too, so replicas on one Postgres serve the same data and sessions.
+Stateless beyond its database: the cookie secret, the login counts and the
+viewers' sessions are in it too, so replicas on one Postgres serve the same
+data and sessions (a logout on one ends the session on all).
 """
 
 from __future__ import annotations
@@ -103,6 +104,7 @@ class Server:
             try:
                 now = time.time_ns()
                 await logins.forget_old_logins(self.store, now - int(LOGINS_KEPT_S * 1e9))
+                await logins.forget_ended_sessions(self.store, now)
                 if self.opts.keep_days is not None:
                     cutoff = now - int(self.opts.keep_days * 86_400 * 1e9)
                     runs, rows = await retention.apply_retention(self.store, cutoff)

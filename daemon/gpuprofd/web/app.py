@@ -65,6 +65,8 @@ class WebState:
 
 STATE = web.AppKey("state", WebState)
 SOCKETS = web.AppKey("sockets", weakref.WeakSet)
+#: A live socket's request holds its socket here (a login's end closes it: gpuprofd.web.auth).
+LIVE_SOCKET = web.RequestKey("live_socket", web.WebSocketResponse)
 
 
 class ApiError(Exception):

@@ -173,6 +173,38 @@ def db_rows(storage_url: str, sql: str, params: tuple[Any, ...] = ()) -> list[tu
     return asyncio.run(read())
 
 
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--no-first-run",
+]
+
+
+@pytest.fixture(scope="module")  # not the session: Playwright's sync API holds an event
+def browser() -> Iterator[Any]:  # loop open, and later asyncio tests could not run their own
+    """Headless Chromium (Debian's), or the test skipped saying why."""
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.skip("the playwright package is not installed")
+    if not CHROMIUM.exists():
+        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium; scripts/test.sh does)")
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def log_in_page(page: Any, password: str = PASSWORD) -> None:
+    """Type *password* into the login form *page* shows, and send it."""
+    page.fill("#password", password)
+    page.click("button[type=submit]")
+
+
 @pytest.fixture
 def team_servers(tmp_path: Path) -> Iterator[list[TeamServer]]:
     """Servers a test starts (``TeamServer(...).start()``, appended here) are stopped after it."""

@@ -312,22 +312,52 @@ def _session_cookie(secret: str, age_s: float = 0.0, payload: Any = None) -> str
     return signed.dumps(payload or {"v": 1, "csrf": "t"})
 
 
+def _sid_of(server: TeamServer, cookie: str) -> str:
+    secret = db_rows(server.storage_url, "SELECT value FROM server_secrets")[0][0]
+    data = itsdangerous.URLSafeTimedSerializer(secret, salt="gpuprof-session").loads(cookie)
+    return str(data["sid"])
+
+
 def test_forged_and_expired_cookies(server: TeamServer) -> None:
     assert server.ingest(one_run(name="secret-run")).status_code == 200
+    with server.client() as viewer:  # a real login: its session id is recorded
+        assert login(viewer).status_code == 200
+        sid = _sid_of(server, viewer.cookies["gpuprof_session"])
     secret = db_rows(server.storage_url, "SELECT value FROM server_secrets")[0][0]
+    real = {"v": 2, "sid": sid, "csrf": "t"}
     cookies = {
-        "forged": _session_cookie("not-the-secret"),
-        "expired": _session_cookie(secret, age_s=13 * 3600),
-        "tampered": _session_cookie(secret)[:-3] + "abc",
+        "forged": _session_cookie("not-the-secret", payload=real),
+        "expired": _session_cookie(secret, age_s=13 * 3600, payload=real),
+        "tampered": _session_cookie(secret, payload=real)[:-3] + "abc",
         "garbage": "eyJ2IjoxfQ",
+        "signed, but a session never made": _session_cookie(
+            secret, payload={"v": 2, "sid": "made-up", "csrf": "t"}
+        ),
+        "signed, of the format before sessions were recorded": _session_cookie(
+            secret, payload={"v": 1, "csrf": "t"}
+        ),
     }
     for what, cookie in cookies.items():
         with server.client(cookies={"gpuprof_session": cookie}) as c:
             r = c.get("/api/v1/runs")
             assert r.status_code == 401, what
             assert "secret-run" not in r.text
-    with server.client(cookies={"gpuprof_session": _session_cookie(secret)}) as c:
-        assert c.get("/api/v1/runs").status_code == 200  # the same cookie, fresh and signed: in
+    with server.client(cookies={"gpuprof_session": _session_cookie(secret, payload=real)}) as c:
+        assert c.get("/api/v1/runs").status_code == 200  # fresh, signed, recorded: in
+
+
+def test_a_logout_ends_a_copied_cookie_too(server: TeamServer) -> None:
+    with server.client() as viewer:
+        assert login(viewer).status_code == 200
+        copied = dict(viewer.cookies)
+        with server.client(cookies=copied) as thief:
+            assert thief.get("/api/v1/runs").status_code == 200
+            assert viewer.post("/api/v1/logout", headers=csrf(viewer)).status_code == 200
+            r = thief.get("/api/v1/runs")
+            assert r.status_code == 401 and "log in" in r.json()["error"]
+            assert thief.get("/api/v1/session").json() == {"logged_in": False}
+            assert thief.get("/", follow_redirects=False).status_code == 303
+    assert db_rows(server.storage_url, "SELECT COUNT(*) FROM viewer_sessions") == [(0,)]
 
 
 TRAVERSALS = (

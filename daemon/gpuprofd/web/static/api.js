@@ -10,6 +10,12 @@ export class ApiError extends Error {
 
 const BASE = "/api/v1";
 
+/** A team server's page whose session ended (logged out, expired): to the
+ * login, which brings the viewer back to this view (its #/... hash). */
+export function toLogin() {
+  location.assign(`/login${location.hash}`);
+}
+
 async function get(path, params = {}) {
   const q = new URLSearchParams();
   for (const [k, v] of Object.entries(params)) {
@@ -28,6 +34,7 @@ async function get(path, params = {}) {
   } catch {
     // not JSON: said below
   }
+  if (resp.status === 401) toLogin(); // only a team server asks for a login
   if (!resp.ok) {
     const said = body && typeof body.error === "string" ? body.error : `HTTP ${resp.status}`;
     throw new ApiError(said, resp.status);
