@@ -46,7 +46,9 @@ async function get(path, params = {}) {
 const enc = encodeURIComponent;
 
 export const api = {
-  runs: ({ name, status, limit } = {}) => get("/runs", { name, status, limit }),
+  /** `node`: a node id or host name; `from`/`to`: unix s (runs that ran in between). */
+  runs: ({ name, status, node, from, to, limit } = {}) => get("/runs", { name, status, node, from, to, limit }),
+  nodes: () => get("/nodes"),
   run: (id) => get(`/runs/${enc(id)}`),
   insights: (id) => get(`/runs/${enc(id)}/insights`),
   /** `from`/`to`: unix seconds (omit both for the whole run); `width`: px. */
