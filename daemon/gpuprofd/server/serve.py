@@ -29,6 +29,7 @@ from gpuprofd.storage.ingest import Applied
 from gpuprofd.storage.store import Store
 from gpuprofd.storage.url import StorageUrl
 from gpuprofd.web.auth import Auth, AuthConfig
+from gpuprofd.web.httplog import one_line_bad_requests
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +144,7 @@ class Server:
             guard = await Auth.create(opts.auth, self.store)
             app = build_server_app(self.store, guard, opts.limits, self._after_batch)
             app[CHANGES] = self.changes
+            one_line_bad_requests()
             # Bodies are inflated by the ingest handler itself, bounded (ingest_api).
             runner = web.AppRunner(
                 app, access_log=None, auto_decompress=False, shutdown_timeout=SHUTDOWN_TIMEOUT_S

@@ -195,6 +195,9 @@ async def serving(app: web.Application, address: HttpAddress) -> AsyncIterator[S
         BadInputError: the address cannot be bound (taken without
             ``fallback``, or not an address of this machine).
     """
+    from gpuprofd.web.httplog import one_line_bad_requests
+
+    one_line_bad_requests()
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
     await runner.setup()
     note = None

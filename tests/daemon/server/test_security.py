@@ -385,3 +385,29 @@ def test_path_traversal_reaches_nothing(server: TeamServer) -> None:
             assert r.status_code in (200, 400, 403, 404), (path, r.status_code)
             if r.status_code == 200:  # a search that found nothing
                 assert r.json() == {"runs": []}, path
+
+
+UNPARSABLE = (
+    b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n",  # a 9 kB header
+    b"GET / HTTP/1.1\r\nHost: x\r\nBad\x01Header: 1\r\n\r\n",
+    b"GET /" + b"p" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+)
+
+
+def test_an_unparsable_request_is_one_line_in_the_log(server: TeamServer) -> None:
+    host, port = server.url.removeprefix("http://").rsplit(":", 1)
+    for raw in UNPARSABLE:
+        with socket.create_connection((host, int(port)), timeout=30) as conn:
+            conn.sendall(raw)
+            assert conn.recv(64).startswith(b"HTTP/1.0 400 Bad Request")
+    with server.client() as c:  # the server goes on
+        assert c.get("/api/v1/session").status_code == 200
+    deadline = time.monotonic() + 30
+    while server.log().count("bad HTTP request from 127.0.0.1: 400") < 3:
+        assert time.monotonic() < deadline, server.log()
+        time.sleep(0.1)
+    log = server.log()
+    assert "Traceback" not in log and "a" * 200 not in log
+    lines = [line for line in log.splitlines() if "bad HTTP request" in line]
+    assert len(lines) == 3 and all(len(line) < 400 for line in lines)
+    assert "Invalid header token: b'Bad\\x01Header: 1'" in lines[1]
