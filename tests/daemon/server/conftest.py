@@ -45,9 +45,17 @@ def key_file_text(*plain: str, hashed: tuple[str, ...] = ()) -> str:
 class TeamServer:
     """One ``gpuprofd serve`` child on a free loopback port."""
 
-    def __init__(self, tmp: Path, storage_url: str, *args: str, env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        tmp: Path,
+        storage_url: str,
+        *args: str,
+        env: dict[str, str] | None = None,
+        url_file: Path | None = None,
+    ):
         self.tmp = tmp
         self.storage_url = storage_url
+        self.url_file = url_file
         self.keys = tmp / "api-keys"
         if not self.keys.exists():
             self.keys.write_text(key_file_text(KEY_ONE, hashed=(KEY_TWO,)))
@@ -61,13 +69,16 @@ class TeamServer:
         self.url = ""
 
     def command(self, *extra: str) -> list[str]:
+        where = ["--storage-url", self.storage_url]
+        if self.url_file is not None:  # the URL in a file, off the command line
+            self.url_file.write_text(f"# the team's database\n{self.storage_url}\n")
+            where = ["--storage-url-file", str(self.url_file)]
         return [
             sys.executable,
             "-m",
             "gpuprofd",
             "serve",
-            "--storage-url",
-            self.storage_url,
+            *where,
             "--http",
             "127.0.0.1:0",
             "--api-key-file",
