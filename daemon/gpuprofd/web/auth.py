@@ -568,6 +568,9 @@ class Auth:
         token = self._new_csrf()
         sid = secrets.token_urlsafe(32)
         await logins.open_session(self.store, sid, time.time_ns(), cfg.session_s, client)
+        before = self.signed_session(request)
+        if before is not None:  # a new login replaces this browser's session: the old one ends
+            await logins.end_session(self.store, before["sid"])
         session = self._sessions.dumps({"v": SESSION_VERSION, "sid": sid, "csrf": token})
         resp = (
             web.Response(status=303, headers={hdrs.LOCATION: "/" + back})

@@ -360,6 +360,20 @@ def test_a_logout_ends_a_copied_cookie_too(server: TeamServer) -> None:
     assert db_rows(server.storage_url, "SELECT COUNT(*) FROM viewer_sessions") == [(0,)]
 
 
+def test_a_new_login_ends_the_browsers_session_before(server: TeamServer) -> None:
+    with server.client() as viewer:
+        assert login(viewer).status_code == 200
+        old = dict(viewer.cookies)
+        assert login(viewer).status_code == 200  # again, in the same browser
+        assert viewer.get("/api/v1/runs").status_code == 200
+        with server.client(cookies=old) as copy:
+            assert copy.get("/api/v1/runs").status_code == 401
+        with server.client() as other:  # another browser's login is its own
+            assert login(other).status_code == 200
+            assert viewer.get("/api/v1/runs").status_code == 200
+    assert db_rows(server.storage_url, "SELECT COUNT(*) FROM viewer_sessions") == [(2,)]
+
+
 TRAVERSALS = (
     "/static/../../../../etc/passwd",
     "/static/%2e%2e/%2e%2e/%2e%2e/etc/passwd",
