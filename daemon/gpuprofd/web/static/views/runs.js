@@ -36,6 +36,7 @@ export function render(root, { query }) {
     within: WITHIN.some(([k]) => k === query.get("within")) ? query.get("within") : "",
     picked: new Set(),
     gone: false,
+    nodesDrawn: "",
   };
   const nameInput = h("input", {
     type: "search", id: "filter-name", placeholder: "name contains…", value: state.name,
@@ -85,6 +86,9 @@ export function render(root, { query }) {
     const value = (n) => n.node ?? n.host ?? "";
     const choices = nodes.filter((n) => value(n));
     const known = choices.some((n) => value(n) === state.node);
+    const drawn = JSON.stringify([state.node, choices]);
+    if (drawn === state.nodesDrawn) return; // unchanged: an open list stays open
+    state.nodesDrawn = drawn;
     replace(nodeSelect,
       h("option", { value: "" }, "any node"),
       choices.map((n) => h("option", { value: value(n), selected: value(n) === state.node, title: n.node },
@@ -141,6 +145,7 @@ export function render(root, { query }) {
     clearTimeout(timer);
     let data;
     remember();
+    loadNodes(); // beside the list: a node that starts sending shows up in the filter
     const seconds = WITHIN.find(([k]) => k === state.within)?.[2];
     try {
       data = await api.runs({
@@ -170,7 +175,6 @@ export function render(root, { query }) {
     document.body.dataset.ready = "1";
     timer = setTimeout(load, REFRESH_MS);
   }
-  loadNodes();
   load();
 
   return () => {
