@@ -200,6 +200,7 @@ def test_hostile_strings_are_stored_and_returned_as_text(server: TeamServer) -> 
 
 VIEWER_PATHS = (
     "/api/v1/runs",
+    "/api/v1/nodes",
     "/api/v1/runs/1",
     "/api/v1/runs/1/insights",
     "/api/v1/runs/1/series",
@@ -385,6 +386,7 @@ TRAVERSALS = (
     "/api/v1/groups/%2e%2e",
     "/api/v1/compare?ids=../../etc/passwd",
     "/api/v1/runs?name=../../../etc/passwd",
+    "/api/v1/runs?node=../../../etc/passwd",
     "/api/v1/runs/1/series?from=../../etc/passwd",
     "/..%2f..%2fetc/passwd",
 )
