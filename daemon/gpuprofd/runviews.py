@@ -6,6 +6,7 @@ definition of every figure."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import orjson
@@ -81,6 +82,7 @@ def describe(
         "world_size": run.get("world_size"),
         "local_world_size": run.get("local_world_size"),
         "host": run.get("host"),
+        "node": run.get("node_id"),
         "steps": agg.get("steps", 0),
         "median_step_ms": median_ms,
         "pct_of_iteration": iteration_shares(agg),
@@ -101,26 +103,65 @@ def describe(
     }
 
 
+def run_matches(
+    run: dict[str, Any],
+    *,
+    name: str | None = None,
+    status: str | None = None,
+    node: str | None = None,
+    from_ns: int | None = None,
+    to_ns: int | None = None,
+    now_ns: int = 0,
+) -> bool:
+    """Does *run* (a runs row) pass every filter given (None: any)?
+
+    *name*: a substring of its name (case-sensitive); *status*: its status;
+    *node*: the node it came from, by its id (a team server's ``node_id``)
+    or its host name, exactly; *from_ns* / *to_ns* (wall ns): it ran at some
+    moment between them, from its start to its end (a running run: to
+    *now_ns*; one that ended without an end time: its start). A run with no
+    start time passes no time filter."""
+    if name is not None and name not in run["run_name"]:
+        return False
+    if status is not None and run["status"] != status:
+        return False
+    if node is not None and node not in (run.get("node_id"), run.get("host")):
+        return False
+    if from_ns is None and to_ns is None:
+        return True
+    start = run.get("start_wall_ns")
+    if start is None:
+        return False
+    end = run.get("end_wall_ns")
+    if end is None:
+        end = max(now_ns, start) if run["status"] == "running" else start
+    return (to_ns is None or start <= to_ns) and (from_ns is None or end >= from_ns)
+
+
 async def list_runs(
     db: Reader,
     group: str | None = None,
     *,
     name: str | None = None,
     status: str | None = None,
+    node: str | None = None,
+    from_ns: int | None = None,
+    to_ns: int | None = None,
     limit: int | None = None,
 ) -> list[dict[str, Any]]:
     """Every run, newest first; with *group*, that group's runs by rank;
-    only those whose name contains *name* and whose status is *status*, the
-    first *limit* of them (a running run's median is computed only for the
-    runs listed).
+    only those that pass the filters (:func:`run_matches`), the first
+    *limit* of them (a running run's median is computed only for the runs
+    listed).
 
     Raises:
         UnknownGroupError: *group* given and no run belongs to it.
     """
     out = []
+    now = time.time_ns()
     for run in await reads.runs_overview(db, group):
-        if (name is not None and name not in run["run_name"]) or (
-            status is not None and run["status"] != status
+        if not run_matches(
+            run, name=name, status=status, node=node, from_ns=from_ns, to_ns=to_ns, now_ns=now
         ):
             continue
         if limit is not None and len(out) >= limit:
@@ -133,7 +174,8 @@ async def list_runs(
             median_ms = round(median_ms, 3) if median_ms is not None else None
             compute = mfu_figures(ctx)
         out.append(describe(run, median_ms, compute))
-    if group is not None and not out and name is None and status is None:
+    unfiltered = all(v is None for v in (name, status, node, from_ns, to_ns))
+    if group is not None and not out and unfiltered:
         raise UnknownGroupError(await reads.unknown_group_message(db, group))
     return out
 

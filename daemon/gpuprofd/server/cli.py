@@ -17,11 +17,54 @@ from gpuprof import config
 from gpuprofd.errors import EXIT_BAD_INPUT, BadInputError, GpuprofdError
 from gpuprofd.server.ingest_api import DEFAULT_MAX_BODY_BYTES, MIB, IngestLimits
 from gpuprofd.server.serve import ServeOptions, run_server
+from gpuprofd.storage.url import has_password
 from gpuprofd.storage.url import parse as parse_storage_url
 from gpuprofd.web import auth
 
 LOG_FORMAT = "%(asctime)s gpuprofd-serve[%(process)d] %(levelname)s %(name)s: %(message)s"
 DEFAULT_HTTP = "127.0.0.1:8000"
+
+
+def read_url_file(path: Path) -> str:
+    """The storage URL in file *path*: its first line that is not blank or a ``#`` comment.
+
+    Raises:
+        BadInputError: the file missing, unreadable, or holding no URL.
+    """
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise BadInputError(
+            f"cannot read the storage URL file {path} ({exc.strerror or exc})"
+        ) from None
+    for line in text.splitlines():
+        if line.strip() and not line.strip().startswith("#"):
+            return line.strip()
+    raise BadInputError(f"the storage URL file {path} holds no URL")
+
+
+def storage_url_of(url: str | None, url_file: Path | None) -> str:
+    """The storage URL given as ``--storage-url`` or in ``--storage-url-file``
+    (one of the two); a password given on the command line is warned of.
+
+    Raises:
+        BadInputError: neither given, or both.
+    """
+    if (url is None) == (url_file is None):
+        raise BadInputError(
+            "give the database as --storage-url URL or --storage-url-file FILE (one of the two)"
+        )
+    if url_file is not None:
+        return read_url_file(url_file)
+    assert url is not None
+    if has_password(url):
+        click.echo(
+            "gpuprofd serve: warning: the database password is on the command line, where "
+            "ps shows it: put the URL in --storage-url-file, or the password in PGPASSWORD "
+            "or ~/.pgpass",
+            err=True,
+        )
+    return url
 
 
 def parse_listen(value: str) -> tuple[str, int]:
@@ -46,9 +89,17 @@ def parse_listen(value: str) -> tuple[str, int]:
 @click.option(
     "--storage-url",
     metavar="URL",
-    required=True,
+    default=None,
     help="Where the team's runs live: postgres://user@host/db or sqlite:///path.db "
-    "(a password in it is never printed).",
+    "(a password in it is never printed; keep it out of the command line: "
+    "--storage-url-file, PGPASSWORD or ~/.pgpass).",
+)
+@click.option(
+    "--storage-url-file",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="File holding the storage URL (its first line), instead of --storage-url: a "
+    "password in it stays out of ps.",
 )
 @click.option(
     "--http",
@@ -108,7 +159,8 @@ def parse_listen(value: str) -> tuple[str, int]:
     show_default=True,
 )
 def serve_cli(
-    storage_url: str,
+    storage_url: str | None,
+    storage_url_file: Path | None,
     listen: str,
     key_files: tuple[Path, ...],
     viewer_password_file: Path,
@@ -122,7 +174,7 @@ def serve_cli(
     logging.basicConfig(level=log_level.upper(), format=LOG_FORMAT, stream=sys.stderr)
     logging.getLogger("aiosqlite").setLevel(logging.WARNING)  # one line per SQL call
     try:
-        storage = parse_storage_url(storage_url)
+        storage = parse_storage_url(storage_url_of(storage_url, storage_url_file))
         if storage.path is not None:
             storage = type(storage)(storage.dialect, path=storage.path.expanduser().resolve())
         host, port = parse_listen(listen)

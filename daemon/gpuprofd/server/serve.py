@@ -1,8 +1,9 @@
 """``gpuprofd serve``'s process: the store, the app, insights when a run's
 end arrives, retention, until SIGTERM or SIGINT.
 
-Stateless beyond its database: the cookie secret and the login counts are
-in it too, so replicas on one Postgres serve the same data and sessions.
+Stateless beyond its database: the cookie secret, the login counts and the
+viewers' sessions are in it too, so replicas on one Postgres serve the same
+data and sessions (a logout on one ends the session on all).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from gpuprofd.storage.ingest import Applied
 from gpuprofd.storage.store import Store
 from gpuprofd.storage.url import StorageUrl
 from gpuprofd.web.auth import Auth, AuthConfig
+from gpuprofd.web.httplog import one_line_bad_requests
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +105,7 @@ class Server:
             try:
                 now = time.time_ns()
                 await logins.forget_old_logins(self.store, now - int(LOGINS_KEPT_S * 1e9))
+                await logins.forget_ended_sessions(self.store, now)
                 if self.opts.keep_days is not None:
                     cutoff = now - int(self.opts.keep_days * 86_400 * 1e9)
                     runs, rows = await retention.apply_retention(self.store, cutoff)
@@ -141,6 +144,7 @@ class Server:
             guard = await Auth.create(opts.auth, self.store)
             app = build_server_app(self.store, guard, opts.limits, self._after_batch)
             app[CHANGES] = self.changes
+            one_line_bad_requests()
             # Bodies are inflated by the ingest handler itself, bounded (ingest_api).
             runner = web.AppRunner(
                 app, access_log=None, auto_decompress=False, shutdown_timeout=SHUTDOWN_TIMEOUT_S

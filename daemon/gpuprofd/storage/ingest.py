@@ -13,6 +13,13 @@ after the other. Then:
   limit says so itself); events never go backwards within a batch
   (:func:`~gpuprofd.storage.batch.validate` refuses that).
 
+A step is its run, its index and its start (``step``, ``t0_ns``): a step
+sent again under a new sequence number (stored before, or earlier in the
+same batch) is dropped, the first kept; a step with a stored index but
+another start (a manual loop numbering its steps again) is a step of its
+own, stored as the node stored it. DDP buckets likewise, by (``step``,
+``bucket``, ``start_ns``).
+
 Runs are keyed by their UUID (``runs.run_uuid``); a run belongs to the node
 that first sent it: an event of another node's run is refused
 (:class:`IngestConflict`) and nothing of the batch is stored.
@@ -140,10 +147,11 @@ async def _apply(txn: Txn, batch: Mapping[str, Any], now: int) -> Applied:
     out = Applied(node, last, 0, len(batch["events"]) - len(events))
     runs = await _known_runs(txn, {ev["run"] for ev in events if "run" in ev})
     rows: dict[str, list[tuple[Any, ...]]] = {}
+    seen: Seen = {}
     for i, ev in enumerate(batch["events"]):
         if ev["seq"] <= last:
             continue
-        await _event(txn, node, ev, f"events[{i}]", runs, out, rows)
+        await _event(txn, node, ev, f"events[{i}]", runs, out, rows, seen)
     for sql, values in rows.items():  # one bulk insert per table (COPY on Postgres)
         await txn.executemany(sql, values)
     if events:
@@ -266,6 +274,52 @@ def _step_row(run_id: int, r: Mapping[str, Any]) -> tuple[Any, ...]:
     )
 
 
+#: Rows of this batch already taken, by (table, run id): their keys (see the module doc).
+Seen = dict[tuple[str, int], set[tuple[Any, ...]]]
+#: Of a steps row and of a comm bucket: the columns that identify it, and the
+#: one its query's range is also bounded by (so a resend is found in its
+#: own stretch of the run, however often a manual loop reused the indices).
+_STEP_KEY = ("step", "t0_ns")
+_COMM_KEY = ("step", "bucket", "start_ns")
+_STORED_SQL = {
+    "steps": "SELECT step, t0_ns FROM steps WHERE run_id = ? AND step BETWEEN ? AND ? "
+    "AND t0_ns BETWEEN ? AND ?",
+    "comm_buckets": "SELECT step, bucket, start_ns FROM comm_buckets WHERE run_id = ? "
+    "AND step BETWEEN ? AND ? AND COALESCE(start_ns, 0) BETWEEN ? AND ?",
+}
+
+
+async def _not_sent_before(
+    txn: Txn,
+    table: str,
+    run_id: int,
+    rows: Sequence[Mapping[str, Any]],
+    key: Sequence[str],
+    seen: Seen,
+) -> list[Mapping[str, Any]]:
+    """*rows* (of *table*, of run *run_id*) less those stored before or
+    taken earlier in this batch, by *key*; the first of repeats within *rows*.
+    A row whose key is incomplete (a bucket without its index or start)
+    cannot be told from another: it is kept."""
+    if not rows:
+        return []
+    taken = seen.setdefault((table, run_id), set())
+    steps = [r["step"] for r in rows]
+    times = [r[key[-1]] or 0 for r in rows]
+    stored = await txn.fetch(
+        _STORED_SQL[table], (run_id, min(steps), max(steps), min(times), max(times))
+    )
+    have = {tuple(r) for r in stored}
+    out = []
+    for r in rows:
+        k = tuple(r[c] for c in key)
+        if None not in k and (k in have or k in taken):
+            continue
+        taken.add(k)
+        out.append(r)
+    return out
+
+
 def _in_order(run_id: int | None, rows: Sequence[Mapping[str, Any]], names: Sequence[str]) -> list:
     head = () if run_id is None else (run_id,)
     return [(*head, *(r[n] for n in names)) for r in rows]
@@ -279,9 +333,11 @@ async def _event(
     runs: Runs,
     out: Applied,
     rows: dict[str, list[tuple[Any, ...]]],
+    seen: Seen,
 ) -> None:
     """Apply one event; rows that are only appended go into *rows* (by
-    statement), inserted together after the batch's last event."""
+    statement), inserted together after the batch's last event (steps and
+    buckets sent before left out: *seen*)."""
     kind = ev["kind"]
     if kind == "run":
         await _upsert_run(txn, node, ev, where, runs)
@@ -303,11 +359,13 @@ async def _event(
     run_id = await _run_id(txn, node, ev, where, runs)
     if kind == "steps":
         assert len(STEP_FIELDS) == 14
-        rows.setdefault(_STEP_SQL, []).extend(_step_row(run_id, r) for r in ev["rows"])
+        fresh = await _not_sent_before(txn, "steps", run_id, ev["rows"], _STEP_KEY, seen)
+        rows.setdefault(_STEP_SQL, []).extend(_step_row(run_id, r) for r in fresh)
     elif kind == "comm":
         names = ("step", "bucket", "start_ns", "end_ns", "bytes")
         assert set(names) == set(COMM_FIELDS)
-        rows.setdefault(_COMM_SQL, []).extend(_in_order(run_id, ev["rows"], names))
+        fresh = await _not_sent_before(txn, "comm_buckets", run_id, ev["rows"], _COMM_KEY, seen)
+        rows.setdefault(_COMM_SQL, []).extend(_in_order(run_id, fresh, names))
     elif kind == "run_cpu":
         names = ("mono_ns", "cores")
         assert set(names) == set(RUN_CPU_FIELDS)

@@ -1,11 +1,16 @@
 """What a team server's login needs to share between replicas: the viewer
-logins per client address (the rate limit) and the secret that signs
-session cookies, both in the database (schema 10: ``login_limits``,
-``server_secrets``).
+logins per client address (the rate limit), the secret that signs
+session cookies (schema 10: ``login_limits``, ``server_secrets``), and the
+sessions themselves (schema 13: ``viewer_sessions``), so that a logout on
+one replica ends the session on all of them.
+
+A session id is a random token the (signed) session cookie carries; the
+database holds only its SHA-256 digest, with the session's expiry.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import secrets
 from collections.abc import Sequence
@@ -73,3 +78,57 @@ async def shared_secret(store: Store, name: str, nbytes: int = 32) -> str:
         return rows[0][0]
 
     return await store.transaction(get, "shared secret")
+
+
+def sid_digest(sid: str) -> str:
+    """The SHA-256 (hex) of session id *sid*: what ``viewer_sessions`` keys it by."""
+    return hashlib.sha256(sid.encode()).hexdigest()
+
+
+async def open_session(
+    store: Store, sid: str, now_ns: int, lasts_s: float, client: str | None = None
+) -> None:
+    """Record a new session *sid*, valid for *lasts_s* seconds from *now_ns* (wall ns)."""
+    row = (sid_digest(sid), now_ns, now_ns + int(lasts_s * _NS_PER_S), client)
+    await store.transaction(
+        lambda txn: txn.execute(
+            "INSERT INTO viewer_sessions (sid_digest, created_wall_ns, expires_wall_ns, client) "
+            "VALUES (?, ?, ?, ?)",
+            row,
+        ),
+        "new session",
+    )
+
+
+async def session_alive(store: Store, sid: str, now_ns: int) -> bool:
+    """Is session *sid* recorded, not ended and not expired at *now_ns* (wall ns)?
+
+    Raises:
+        DatabaseError: the database is unreachable.
+    """
+    row = await store.fetchone(
+        "SELECT 1 FROM viewer_sessions WHERE sid_digest = ? AND expires_wall_ns > ?",
+        (sid_digest(sid), now_ns),
+    )
+    return row is not None
+
+
+async def end_session(store: Store, sid: str) -> bool:
+    """End session *sid* (a logout) on every replica; True if it was recorded."""
+    digest = sid_digest(sid)
+    deleted = await store.transaction(
+        lambda txn: txn.execute("DELETE FROM viewer_sessions WHERE sid_digest = ?", (digest,)),
+        "end session",
+    )
+    return bool(deleted)
+
+
+async def forget_ended_sessions(store: Store, now_ns: int) -> int:
+    """Delete the sessions expired at *now_ns* (wall ns); returns how many."""
+    deleted = await store.transaction(
+        lambda txn: txn.execute(
+            "DELETE FROM viewer_sessions WHERE expires_wall_ns <= ?", (now_ns,)
+        ),
+        "expired sessions",
+    )
+    return int(deleted or 0)

@@ -334,6 +334,17 @@ GROUP BY run_id
 """
 
 
+async def run_nodes(db: Reader) -> list[dict[str, Any]]:
+    """The nodes runs came from, by host name: ``node`` (a team server's
+    ``node_id``; None on a node's own database), ``host``, ``runs`` (how
+    many) and ``last_start_wall_ns`` (its latest run's start)."""
+    rows = await db.fetchall(
+        "SELECT node_id AS node, host, COUNT(*) AS runs, MAX(start_wall_ns) AS last_start_wall_ns "
+        "FROM runs GROUP BY node_id, host ORDER BY host, node_id"
+    )
+    return [dict(r) for r in rows]
+
+
 async def group_runs(db: Reader, group: str) -> list[dict[str, Any]]:
     """*group*'s runs (``group_id``), by rank, without step aggregates."""
     rows = await db.fetchall("SELECT * FROM runs WHERE group_id = ? ORDER BY rank, id", (group,))

@@ -31,7 +31,7 @@ from gpuprof.insights.gpu import (
 )
 from gpuprofd.errors import DatabaseError
 
-SCHEMA_VERSION = 12
+SCHEMA_VERSION = 13
 #: Columns added since schema 1: (table, column, declaration).
 _ADDED_IN_2 = (
     ("steps", "skipped", "INTEGER DEFAULT 0"),
@@ -95,6 +95,7 @@ _ADDED_IN_11 = (
     ("worker_cpu", "ctx_voluntary", "INTEGER"),
     ("worker_cpu", "ctx_involuntary", "INTEGER"),
 )
+#: Schema 13 adds a table only (viewer_sessions: the team server's logins), made by SCHEMA_SQL.
 #: The worker_cpu columns of schema 11, NULL in an older database read as it is.
 _WORKER_CPU_11 = ", NULL AS ctx_voluntary, NULL AS ctx_involuntary"
 #: The runs columns of schema 8, as an older database read as it is shows them.
@@ -351,6 +352,14 @@ CREATE TABLE IF NOT EXISTS forward_given_up (  -- schema 12: events a full outbo
     kind TEXT NOT NULL, events INTEGER NOT NULL, bytes INTEGER NOT NULL,
     PRIMARY KEY (run_id, kind)
 );
+CREATE TABLE IF NOT EXISTS viewer_sessions (  -- schema 13: a viewer's login, shared by
+    -- replicas: a session cookie is valid while its row is here and unexpired (logout deletes it)
+    sid_digest TEXT PRIMARY KEY,     -- SHA-256 (hex) of the session id the cookie carries
+    created_wall_ns INTEGER NOT NULL,
+    expires_wall_ns INTEGER NOT NULL,  -- the login's end (--session-hours after it)
+    client TEXT                      -- the address it logged in from
+);
+CREATE INDEX IF NOT EXISTS viewer_sessions_expires ON viewer_sessions (expires_wall_ns);
 """
 
 #: The ``step_rollups`` table for a read-only connection to a database older

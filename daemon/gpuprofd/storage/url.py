@@ -96,6 +96,11 @@ def redact(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
+def has_password(url: str) -> bool:
+    """Does *url* carry a password (``user:PASSWORD@`` or ``?password=``)?"""
+    return redact(url) != url
+
+
 def _check_postgres(url: str) -> None:
     """Refuse a Postgres URL that cannot be read, without repeating it (a
     password with ``/``, ``#``, ``?`` or ``@`` splits it in odd places).

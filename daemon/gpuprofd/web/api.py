@@ -99,15 +99,52 @@ def _run_id(request: web.Request) -> int:
     return parse_id(request.match_info["id"])
 
 
+def time_param(request: web.Request, name: str) -> int | None:
+    """Query parameter *name* as unix seconds, returned as wall ns (None: absent).
+
+    Raises:
+        ApiError: 400, not a number or outside 0-:data:`MAX_UNIX_S`.
+    """
+    value = float_param(request, name)
+    if value is not None and not 0 <= value <= MAX_UNIX_S:
+        raise ApiError(400, f"{name}={value:g} is not a time in unix seconds (0-{MAX_UNIX_S:g})")
+    return None if value is None else int(value * NS_PER_S)
+
+
 async def runs_list(request: web.Request) -> web.Response:
     status = request.query.get("status") or None
     if status is not None and status not in STATUSES:
         raise ApiError(400, f"status={status!r}: give one of {', '.join(STATUSES)}")
     limit = int_param(request, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
+    start, end = time_param(request, "from"), time_param(request, "to")
+    if start is not None and end is not None and end < start:
+        raise ApiError(400, f"from={start / NS_PER_S:g} is after to={end / NS_PER_S:g}")
     rows = await list_runs(
-        _state(request).reader, name=request.query.get("name") or None, status=status, limit=limit
+        _state(request).reader,
+        name=request.query.get("name") or None,
+        status=status,
+        node=request.query.get("node") or None,
+        from_ns=start,
+        to_ns=end,
+        limit=limit,
     )
     return json_response({"runs": [views.with_times(r) for r in rows]})
+
+
+async def nodes_list(request: web.Request) -> web.Response:
+    rows = await reads.run_nodes(_state(request).reader)
+    nodes = [
+        {
+            "node": r["node"],
+            "host": r["host"],
+            "runs": int(r["runs"]),
+            "last_start_s": None
+            if r["last_start_wall_ns"] is None
+            else round(r["last_start_wall_ns"] / NS_PER_S, 3),
+        }
+        for r in rows
+    ]
+    return json_response({"nodes": nodes})
 
 
 async def run_detail(request: web.Request) -> web.Response:
@@ -310,6 +347,7 @@ def add_routes(app: web.Application) -> None:
     """Mount every ``/api/v1`` JSON endpoint on *app*."""
     r = app.router
     r.add_get("/api/v1/runs", runs_list)
+    r.add_get("/api/v1/nodes", nodes_list)
     r.add_get("/api/v1/runs/{id}", run_detail)
     r.add_get("/api/v1/runs/{id}/insights", run_insights)
     r.add_get("/api/v1/runs/{id}/series", run_series)

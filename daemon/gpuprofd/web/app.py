@@ -65,6 +65,8 @@ class WebState:
 
 STATE = web.AppKey("state", WebState)
 SOCKETS = web.AppKey("sockets", weakref.WeakSet)
+#: A live socket's request holds its socket here (a login's end closes it: gpuprofd.web.auth).
+LIVE_SOCKET = web.RequestKey("live_socket", web.WebSocketResponse)
 
 
 class ApiError(Exception):
@@ -193,6 +195,9 @@ async def serving(app: web.Application, address: HttpAddress) -> AsyncIterator[S
         BadInputError: the address cannot be bound (taken without
             ``fallback``, or not an address of this machine).
     """
+    from gpuprofd.web.httplog import one_line_bad_requests
+
+    one_line_bad_requests()
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
     await runner.setup()
     note = None

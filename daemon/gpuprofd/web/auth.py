@@ -10,8 +10,12 @@
   a session cookie signed and dated by itsdangerous (``HttpOnly``,
   ``SameSite=Lax``, ``Secure`` over https or when a trusted proxy says
   ``X-Forwarded-Proto: https``), valid for :attr:`AuthConfig.session_s`.
-  ``POST /api/v1/logout`` drops it. The signing secret lives in the
-  database, made once, so every replica accepts every replica's cookies.
+  The cookie carries a random session id, recorded in the database
+  (:mod:`gpuprofd.storage.logins`) and looked up on every request:
+  ``POST /api/v1/logout`` deletes it, which ends the session on every
+  replica, a copied cookie included (a live socket of it is closed within
+  :data:`SESSION_RECHECK_S`). The signing secret lives in the database too,
+  made once, so every replica accepts every replica's cookies.
 - **CSRF**: every state-changing request (login and logout included;
   ingest, which carries an API key and no cookie, excepted) carries the
   ``gpuprof_csrf`` cookie's value back in an ``X-CSRF-Token`` header (or a
@@ -27,11 +31,13 @@ redirects to ``/login``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import hmac
 import html
 import ipaddress
 import logging
+import re
 import secrets
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -45,9 +51,10 @@ import orjson
 from aiohttp import hdrs, web
 
 from gpuprof import config
-from gpuprofd.errors import BadInputError
+from gpuprofd.errors import BadInputError, DatabaseError
 from gpuprofd.storage import logins
 from gpuprofd.storage.store import Store
+from gpuprofd.web.app import LIVE_SOCKET
 from gpuprofd.web.origin import same_origin
 
 log = logging.getLogger(__name__)
@@ -60,6 +67,17 @@ LOGIN_LIMIT = 10
 LOGIN_WINDOW_S = 60.0
 #: How long a session lasts, seconds: a working day, so a viewer logs in once a day.
 DEFAULT_SESSION_S = 12 * 3600
+#: The session cookie's format: ``{"v": 2, "sid": session id, "csrf": token}``
+#: (1, before sessions were recorded, is refused: such a viewer logs in again).
+SESSION_VERSION = 2
+#: How often an open live socket's session is looked up again, seconds: a
+#: logout (on any replica) closes the sockets of its session within this.
+SESSION_RECHECK_S = 5.0
+#: The WebSocket close code of a socket whose session ended (policy violation).
+WS_SESSION_ENDED = 1008
+#: Where a login may send the viewer back to: one of the page's own views
+#: (``#/run/12``, ``#/runs?name=x``), never another site (it follows ``/``).
+_NEXT_RE = re.compile(r"^#/[A-Za-z0-9/_,.~%=&?:+-]{0,500}$")
 #: How often a key file is looked at for changes, seconds.
 KEY_FILE_CHECK_S = 1.0
 #: The name of the cookie-signing secret in ``server_secrets``.
@@ -254,6 +272,21 @@ def parse_proxies(values: Iterable[str]) -> tuple[Any, ...]:
     return tuple(out)
 
 
+@dataclass(frozen=True)
+class _Looked:
+    """A request's session as looked up once (None: none valid)."""
+
+    session: dict[str, Any] | None
+
+
+_SESSION = web.RequestKey("session", _Looked)
+
+
+def safe_next(value: Any) -> str:
+    """*value* if it names one of the page's views (``#/run/12``), else ``""``."""
+    return value if isinstance(value, str) and _NEXT_RE.match(value) else ""
+
+
 def _error(status: int, message: str, **headers: str) -> web.Response:
     body = orjson.dumps({"error": message})
     return web.Response(body=body, status=status, content_type="application/json", headers=headers)
@@ -321,8 +354,9 @@ class Auth:
         proto = request.headers.get("X-Forwarded-Proto", "").split(",")[-1].strip().lower()
         return proto == "https" and self._trusted_peer(request)
 
-    def session(self, request: web.Request) -> dict[str, Any] | None:
-        """The request's valid, unexpired session, or None."""
+    def signed_session(self, request: web.Request) -> dict[str, Any] | None:
+        """The request's session cookie if it is ours, unexpired and of this
+        format (whether it was logged out is :meth:`session`'s question)."""
         cookie = request.cookies.get(SESSION_COOKIE)
         if not cookie:
             return None
@@ -330,7 +364,27 @@ class Auth:
             data = self._sessions.loads(cookie, max_age=self.config.session_s)
         except itsdangerous.BadData:
             return None
-        return data if isinstance(data, dict) and data.get("v") == 1 else None
+        if not isinstance(data, dict) or data.get("v") != SESSION_VERSION:
+            return None
+        return data if isinstance(data.get("sid"), str) and data["sid"] else None
+
+    async def session(self, request: web.Request) -> dict[str, Any] | None:
+        """The request's session: a signed, unexpired cookie whose session is
+        still recorded (not logged out on any replica); None otherwise.
+        Looked up once per request.
+
+        Raises:
+            DatabaseError: the database is unreachable.
+        """
+        looked = request.get(_SESSION)
+        if looked is None:
+            data = self.signed_session(request)
+            if data is not None and not await logins.session_alive(
+                self.store, data["sid"], time.time_ns()
+            ):
+                data = None
+            looked = request[_SESSION] = _Looked(data)
+        return looked.session
 
     def _valid_csrf(self, token: str | None) -> bool:
         return token is not None and self._csrf.validate(token.encode())
@@ -395,7 +449,11 @@ class Auth:
                     **{"WWW-Authenticate": 'Bearer realm="gpuprof"'},
                 )
             return await handler(request)
-        session = self.session(request)
+        try:
+            session = await self.session(request)
+        except DatabaseError as exc:
+            log.warning("session lookup failed: %s", exc)
+            return _error(503, "the database is unreachable: try again shortly")
         if path not in self.public_paths and session is None:
             if path == "/metrics" and self.config.keys.accepts(presented_key(request)):
                 return await handler(request)
@@ -408,21 +466,48 @@ class Auth:
                 f"missing or wrong CSRF token: send the {CSRF_COOKIE} cookie's value "
                 f"in an {CSRF_HEADER} header",
             )
-        if request.headers.get(hdrs.UPGRADE, "").lower() == "websocket" and not same_origin(
-            request
-        ):
-            return _error(403, "a live socket from another site's page is refused")
+        if request.headers.get(hdrs.UPGRADE, "").lower() == "websocket":
+            if not same_origin(request):
+                return _error(403, "a live socket from another site's page is refused")
+            if session is not None:
+                return await self._live(request, handler, session["sid"])
         resp = await handler(request)
         if CSRF_COOKIE not in request.cookies and not resp.prepared:
             if CSRF_COOKIE not in resp.cookies:
                 self._set_cookie(request, resp, CSRF_COOKIE, self._new_csrf(), http_only=False)
         return resp
 
+    async def _live(self, request: web.Request, handler: Any, sid: str) -> web.StreamResponse:
+        """A live socket of session *sid*: served while the session lasts;
+        closed (:data:`WS_SESSION_ENDED`) once it was logged out or expired."""
+        watcher = asyncio.create_task(self._end_with_session(request, sid), name="live-session")
+        try:
+            return await handler(request)  # returns when the socket closes
+        finally:
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
+
+    async def _end_with_session(self, request: web.Request, sid: str) -> None:
+        while True:
+            await asyncio.sleep(SESSION_RECHECK_S)
+            try:
+                alive = await logins.session_alive(self.store, sid, time.time_ns())
+            except DatabaseError:
+                continue  # unknown: asked again at the next round
+            if not alive:
+                break
+        ws = request.get(LIVE_SOCKET)
+        if ws is not None and not ws.closed:
+            log.info("live socket closed: its session ended")
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                await ws.close(code=WS_SESSION_ENDED, message=b"logged out")
+
     # --- the routes ------------------------------------------------------------
 
     async def _session_info(self, request: web.Request) -> web.Response:
         """``GET /api/v1/session``: ``{"logged_in": bool}`` (and sets the CSRF cookie)."""
-        resp = web.json_response({"logged_in": self.session(request) is not None}, dumps=_dumps)
+        logged_in = await self.session(request) is not None
+        resp = web.json_response({"logged_in": logged_in}, dumps=_dumps)
         token = self._csrf_for(request)
         if request.cookies.get(CSRF_COOKIE) != token:
             self._set_cookie(request, resp, CSRF_COOKIE, token, http_only=False)
@@ -442,16 +527,20 @@ class Auth:
             self._set_cookie(request, resp, CSRF_COOKIE, token, http_only=False)
         return resp
 
-    async def _password(self, request: web.Request) -> str | None:
+    async def _fields(self, request: web.Request) -> tuple[str | None, str]:
+        """The login's password (None: not given) and the view to go back to
+        (:func:`safe_next`; the login form's ``next`` field)."""
         if request.content_type == "application/json":
             try:
                 body = orjson.loads(await request.read())
             except orjson.JSONDecodeError:
-                return None
+                return None, ""
             value = body.get("password") if isinstance(body, dict) else None
+            back = ""
         else:
-            value = (await request.post()).get("password")
-        return value if isinstance(value, str) and value else None
+            form = await request.post()
+            value, back = form.get("password"), safe_next(form.get("next"))
+        return (value if isinstance(value, str) and value else None), back
 
     async def _login(self, request: web.Request) -> web.StreamResponse:
         cfg = self.config
@@ -467,18 +556,24 @@ class Auth:
                 f"try again in {wait:.0f} s",
                 **{"Retry-After": f"{wait:.0f}"},
             )
-        password = await self._password(request)
+        password, back = await self._fields(request)
         if password is None:
             return _error(400, "give the viewer password in a JSON or form field 'password'")
         form = request.content_type != "application/json"
         if not await asyncio.to_thread(_verify, cfg.viewer_hash, password):
-            if form:  # the login page's form: back to it, saying so
-                return web.Response(status=303, headers={hdrs.LOCATION: LOGIN_PATH + "?failed=1"})
+            if form:  # the login page's form: back to it, saying so (and where it was going)
+                where = LOGIN_PATH + "?failed=1" + back
+                return web.Response(status=303, headers={hdrs.LOCATION: where})
             return _error(401, "wrong password")
         token = self._new_csrf()
-        session = self._sessions.dumps({"v": 1, "csrf": token})
+        sid = secrets.token_urlsafe(32)
+        await logins.open_session(self.store, sid, time.time_ns(), cfg.session_s, client)
+        before = self.signed_session(request)
+        if before is not None:  # a new login replaces this browser's session: the old one ends
+            await logins.end_session(self.store, before["sid"])
+        session = self._sessions.dumps({"v": SESSION_VERSION, "sid": sid, "csrf": token})
         resp = (
-            web.Response(status=303, headers={hdrs.LOCATION: "/"})
+            web.Response(status=303, headers={hdrs.LOCATION: "/" + back})
             if form
             else web.json_response({"ok": True, "csrf": token}, dumps=_dumps)
         )
@@ -487,6 +582,11 @@ class Auth:
         return resp
 
     async def _logout(self, request: web.Request) -> web.Response:
+        """``POST /api/v1/logout``: the session ends everywhere (its record
+        deleted), and this browser's cookie with it."""
+        session = await self.session(request)
+        if session is not None:
+            await logins.end_session(self.store, session["sid"])
         resp = web.json_response({"ok": True}, dumps=_dumps)
         resp.del_cookie(SESSION_COOKIE, path="/")
         return resp
@@ -527,6 +627,7 @@ form{{display:grid;gap:.6em;min-width:16em}}input,button{{font:inherit;padding:.
 </head><body><form method="post" action="/api/v1/login">
 <h1>gpuprof</h1>{failed}<label for="password">Viewer password</label>
 <input id="password" name="password" type="password" autocomplete="current-password" required
-autofocus><input type="hidden" name="csrf" value="{csrf}"><button type="submit">Log in</button>
-</form></body></html>
+autofocus><input type="hidden" name="csrf" value="{csrf}">
+<input type="hidden" name="next" id="next" value=""><button type="submit">Log in</button>
+</form><script>document.getElementById("next").value = location.hash;</script></body></html>
 """

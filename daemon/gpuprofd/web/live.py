@@ -26,7 +26,7 @@ from gpuprofd.errors import DatabaseError, UnknownRunError
 from gpuprofd.storage import reads, series
 from gpuprofd.web import runs as views
 from gpuprofd.web.api import MAX_ID, insights_payload
-from gpuprofd.web.app import SOCKETS, STATE, WebState
+from gpuprofd.web.app import LIVE_SOCKET, SOCKETS, STATE, WebState
 from gpuprofd.web.series import T_HALF_ULP_NS, RunClock, live_gpu, live_host, live_step
 
 log = logging.getLogger(__name__)
@@ -176,6 +176,7 @@ async def handler(request: web.Request) -> web.WebSocketResponse:
     ws = web.WebSocketResponse(heartbeat=30.0, max_msg_size=MAX_CLIENT_MESSAGE)
     await ws.prepare(request)
     request.app[SOCKETS].add(ws)
+    request[LIVE_SOCKET] = ws
     sub = Subscription(request.app[STATE], ws)
     pusher = asyncio.create_task(sub.push_loop(), name="live-push")
     try:

@@ -45,12 +45,15 @@ class RunGpu:
 async def gpus_of(state: WebState, run: dict[str, Any], lo: int, hi: int) -> list[RunGpu]:
     """The run's GPU (the CUDA device it reported), or every GPU the node
     sampled in [*lo*, *hi*] when it reported none; each labelled from this
-    node's devices where known (index, ``GPU-…`` UUID, name)."""
+    node's devices where known (index, ``GPU-…`` UUID, name), else (a team
+    server, which has only what was ingested) from the run: its device's
+    UUID as reported and its model, the index unknown (None)."""
     devices: dict[str, Any] = {}
     for d in state.devices:
         for u in (d.uuid, *d.mig_uuids):
             devices[normalize_uuid(u) or u] = d
-    want = normalize_uuid(run.get("cuda_uuid"))
+    reported = (run.get("cuda_uuid") or "").strip()
+    want = normalize_uuid(reported or None)
     if want is not None:
         found = [{"uuid": want, "mem_total_bytes": await series.gpu_mem_total(state.reader, want)}]
     else:
@@ -65,7 +68,7 @@ async def gpus_of(state: WebState, run: dict[str, Any], lo: int, hi: int) -> lis
                 key,
                 {
                     "index": dev.index if dev is not None else None,
-                    "uuid": dev.uuid if dev is not None else key,
+                    "uuid": dev.uuid if dev is not None else (reported if key == want else key),
                     "name": name,
                     "mem_total_bytes": row.get("mem_total_bytes"),
                     "power_limit_w": (

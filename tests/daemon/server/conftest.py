@@ -45,9 +45,17 @@ def key_file_text(*plain: str, hashed: tuple[str, ...] = ()) -> str:
 class TeamServer:
     """One ``gpuprofd serve`` child on a free loopback port."""
 
-    def __init__(self, tmp: Path, storage_url: str, *args: str, env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        tmp: Path,
+        storage_url: str,
+        *args: str,
+        env: dict[str, str] | None = None,
+        url_file: Path | None = None,
+    ):
         self.tmp = tmp
         self.storage_url = storage_url
+        self.url_file = url_file
         self.keys = tmp / "api-keys"
         if not self.keys.exists():
             self.keys.write_text(key_file_text(KEY_ONE, hashed=(KEY_TWO,)))
@@ -61,13 +69,16 @@ class TeamServer:
         self.url = ""
 
     def command(self, *extra: str) -> list[str]:
+        where = ["--storage-url", self.storage_url]
+        if self.url_file is not None:  # the URL in a file, off the command line
+            self.url_file.write_text(f"# the team's database\n{self.storage_url}\n")
+            where = ["--storage-url-file", str(self.url_file)]
         return [
             sys.executable,
             "-m",
             "gpuprofd",
             "serve",
-            "--storage-url",
-            self.storage_url,
+            *where,
             "--http",
             "127.0.0.1:0",
             "--api-key-file",
@@ -171,6 +182,38 @@ def db_rows(storage_url: str, sql: str, params: tuple[Any, ...] = ()) -> list[tu
             await conn.close()
 
     return asyncio.run(read())
+
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--no-first-run",
+]
+
+
+@pytest.fixture(scope="module")  # not the session: Playwright's sync API holds an event
+def browser() -> Iterator[Any]:  # loop open, and later asyncio tests could not run their own
+    """Headless Chromium (Debian's), or the test skipped saying why."""
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.skip("the playwright package is not installed")
+    if not CHROMIUM.exists():
+        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium; scripts/test.sh does)")
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def log_in_page(page: Any, password: str = PASSWORD) -> None:
+    """Type *password* into the login form *page* shows, and send it."""
+    page.fill("#password", password)
+    page.click("button[type=submit]")
 
 
 @pytest.fixture

@@ -1,37 +1,23 @@
 """The login in a real browser (headless Chromium): the page sends a
 visitor without a session to the login form, a wrong password back to it,
 the right one to the dashboard with an HttpOnly, SameSite=Lax session
-cookie; the page's own requests then read the API, and logging out ends it."""
+cookie, and to the view the visitor was going to (``#/run/N``); the page's
+own requests then read the API, and logging out ends it, in this browser
+and in one holding a copy of its cookie."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from tests.daemon.batches import batch, new_uuid, run_event, steps_event
-from tests.daemon.server.conftest import PASSWORD, TeamServer
+from tests.daemon.server.conftest import TeamServer, log_in_page
 
-CHROMIUM = Path("/usr/bin/chromium")
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run"]
-
-
-@pytest.fixture
-def browser() -> Iterator[Any]:
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        pytest.skip("the playwright package is not installed")
-    if not CHROMIUM.exists():
-        pytest.skip(f"no Chromium at {CHROMIUM}")
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
+LOGOUT = """() => {
+    const token = document.cookie.split('; ').find(c => c.startsWith('gpuprof_csrf='));
+    return fetch('/api/v1/logout', {method: 'POST',
+        headers: {'X-CSRF-Token': token.slice('gpuprof_csrf='.length)}}).then(r => r.status);
+}"""
 
 
 def test_login_and_logout_in_a_browser(
@@ -41,29 +27,72 @@ def test_login_and_logout_in_a_browser(
     team_servers.append(server)
     run = new_uuid()
     assert server.ingest(batch("n1", [run_event(1, run, name="<b>seen</b>"), steps_event(2, run)]))
-    page = browser.new_page()
+    ctx = browser.new_context()
+    page = ctx.new_page()
     page.goto(server.url + "/")
     assert page.url == server.url + "/login"
-    page.fill("#password", "not it")
-    page.click("button[type=submit]")
+    log_in_page(page, "not it")
     page.wait_for_url("**/login?failed=1")
     assert page.get_by_role("alert").inner_text().startswith("Wrong password")
-    page.fill("#password", PASSWORD)
-    page.click("button[type=submit]")
+    log_in_page(page)
     page.wait_for_url(server.url + "/")
-    cookies = {c["name"]: c for c in page.context.cookies()}
+    cookies = {c["name"]: c for c in ctx.cookies()}
     session = cookies["gpuprof_session"]
     assert session["httpOnly"] and session["sameSite"] == "Lax" and not session["secure"]
     assert not cookies["gpuprof_csrf"]["httpOnly"]  # the page reads it to send it back
     assert page.evaluate("document.cookie").count("gpuprof_session") == 0
     runs = page.evaluate("fetch('/api/v1/runs').then(r => r.json())")
     assert [r["run_name"] for r in runs["runs"]] == ["<b>seen</b>"]
-    logout = """() => {
-        const token = document.cookie.split('; ').find(c => c.startsWith('gpuprof_csrf='));
-        return fetch('/api/v1/logout', {method: 'POST',
-            headers: {'X-CSRF-Token': token.slice('gpuprof_csrf='.length)}}).then(r => r.status);
-    }"""
-    assert page.evaluate(logout) == 200
+    assert page.evaluate(LOGOUT) == 200
     assert page.evaluate("fetch('/api/v1/runs').then(r => r.status)") == 401
     page.goto(server.url + "/")
     assert page.url == server.url + "/login"
+    ctx.close()
+
+
+def test_the_login_brings_the_viewer_back_to_the_view_asked_for(
+    tmp_path: Path, browser: Any, team_servers: list[TeamServer]
+) -> None:
+    server = TeamServer(tmp_path, f"sqlite:///{tmp_path / 'team.db'}").start()
+    team_servers.append(server)
+    run = new_uuid()
+    assert server.ingest(batch("n1", [run_event(1, run, name="asked-for"), steps_event(2, run)]))
+    ctx = browser.new_context()
+    page = ctx.new_page()
+    page.goto(server.url + "/#/run/1")
+    page.wait_for_url(server.url + "/login#/run/1")
+    log_in_page(page, "not it")  # a wrong password keeps where it was going
+    page.wait_for_url(server.url + "/login?failed=1#/run/1")
+    log_in_page(page)
+    page.wait_for_url(server.url + "/#/run/1")
+    page.wait_for_selector("body[data-ready='1']", timeout=30_000)
+    assert page.locator("h1.run-name").inner_text().startswith("asked-for")
+
+    # a copy of the cookie in another browser: logging out here ends it there,
+    # and that page, at its next request, goes to the login, keeping its view
+    other = browser.new_context()
+    other.add_cookies(ctx.cookies())
+    copy = other.new_page()
+    copy.goto(server.url + "/#/runs?name=asked")
+    copy.wait_for_selector("body[data-ready='1']", timeout=30_000)
+    assert copy.locator("#runs a.run-link").all_inner_texts() == ["asked-for"]
+    assert page.evaluate(LOGOUT) == 200
+    copy.wait_for_url(server.url + "/login#/runs?name=asked", timeout=30_000)
+    ctx.close()
+    other.close()
+
+
+def test_a_login_never_sends_the_viewer_off_the_site(
+    tmp_path: Path, browser: Any, team_servers: list[TeamServer]
+) -> None:
+    server = TeamServer(tmp_path, f"sqlite:///{tmp_path / 'team.db'}").start()
+    team_servers.append(server)
+    ctx = browser.new_context()
+    page = ctx.new_page()
+    page.goto(server.url + "/login")
+    for hostile in ("//evil.example/", "https://evil.example/", "#/x\r\nSet-Cookie: a=b"):
+        page.evaluate("v => { document.getElementById('next').value = v; }", hostile)
+        log_in_page(page)
+        page.wait_for_url(server.url + "/", timeout=30_000)  # the next field ignored
+        page.goto(server.url + "/login")
+    ctx.close()

@@ -75,6 +75,41 @@ def test_two_replicas_share_one_database(
         assert r.status_code == 429
 
 
+async def _closed_with(b: TeamServer, cookies: dict[str, str], logout) -> int | None:  # noqa: ANN001
+    """Open a live socket on *b*, call *logout* (on the other replica); the
+    close code *b* sends (None: not closed within 30 s)."""
+    async with aiohttp.ClientSession(cookies=cookies) as http:
+        async with http.ws_connect(f"{b.url}/api/v1/live") as ws:
+            await asyncio.to_thread(logout)
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                msg = await ws.receive(timeout=30)
+                if msg.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED):
+                    return ws.close_code
+    return None
+
+
+def test_a_logout_on_one_replica_ends_the_session_on_the_other(
+    tmp_path: Path, pg_url: str, team_servers: list[TeamServer]
+) -> None:
+    a = TeamServer(tmp_path, pg_url).start()
+    b = TeamServer(tmp_path, pg_url).start()
+    team_servers += [a, b]
+    with a.client() as ca:
+        assert login(ca).status_code == 200
+        cookies = dict(ca.cookies)
+        with b.client(cookies=cookies) as on_b:
+            assert on_b.get("/api/v1/runs").status_code == 200
+
+            def logout() -> None:
+                assert ca.post("/api/v1/logout", headers=csrf(ca)).status_code == 200
+
+            code = asyncio.run(_closed_with(b, cookies, logout))
+            assert code == 1008  # the live socket on B, closed: its session ended
+            assert on_b.get("/api/v1/runs").status_code == 401
+    assert "live socket closed: its session ended" in b.log()
+
+
 def test_a_lost_listener_comes_back(
     tmp_path: Path, pg_url: str, team_servers: list[TeamServer]
 ) -> None:

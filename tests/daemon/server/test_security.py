@@ -200,6 +200,7 @@ def test_hostile_strings_are_stored_and_returned_as_text(server: TeamServer) -> 
 
 VIEWER_PATHS = (
     "/api/v1/runs",
+    "/api/v1/nodes",
     "/api/v1/runs/1",
     "/api/v1/runs/1/insights",
     "/api/v1/runs/1/series",
@@ -312,22 +313,66 @@ def _session_cookie(secret: str, age_s: float = 0.0, payload: Any = None) -> str
     return signed.dumps(payload or {"v": 1, "csrf": "t"})
 
 
+def _sid_of(server: TeamServer, cookie: str) -> str:
+    secret = db_rows(server.storage_url, "SELECT value FROM server_secrets")[0][0]
+    data = itsdangerous.URLSafeTimedSerializer(secret, salt="gpuprof-session").loads(cookie)
+    return str(data["sid"])
+
+
 def test_forged_and_expired_cookies(server: TeamServer) -> None:
     assert server.ingest(one_run(name="secret-run")).status_code == 200
+    with server.client() as viewer:  # a real login: its session id is recorded
+        assert login(viewer).status_code == 200
+        sid = _sid_of(server, viewer.cookies["gpuprof_session"])
     secret = db_rows(server.storage_url, "SELECT value FROM server_secrets")[0][0]
+    real = {"v": 2, "sid": sid, "csrf": "t"}
     cookies = {
-        "forged": _session_cookie("not-the-secret"),
-        "expired": _session_cookie(secret, age_s=13 * 3600),
-        "tampered": _session_cookie(secret)[:-3] + "abc",
+        "forged": _session_cookie("not-the-secret", payload=real),
+        "expired": _session_cookie(secret, age_s=13 * 3600, payload=real),
+        "tampered": _session_cookie(secret, payload=real)[:-3] + "abc",
         "garbage": "eyJ2IjoxfQ",
+        "signed, but a session never made": _session_cookie(
+            secret, payload={"v": 2, "sid": "made-up", "csrf": "t"}
+        ),
+        "signed, of the format before sessions were recorded": _session_cookie(
+            secret, payload={"v": 1, "csrf": "t"}
+        ),
     }
     for what, cookie in cookies.items():
         with server.client(cookies={"gpuprof_session": cookie}) as c:
             r = c.get("/api/v1/runs")
             assert r.status_code == 401, what
             assert "secret-run" not in r.text
-    with server.client(cookies={"gpuprof_session": _session_cookie(secret)}) as c:
-        assert c.get("/api/v1/runs").status_code == 200  # the same cookie, fresh and signed: in
+    with server.client(cookies={"gpuprof_session": _session_cookie(secret, payload=real)}) as c:
+        assert c.get("/api/v1/runs").status_code == 200  # fresh, signed, recorded: in
+
+
+def test_a_logout_ends_a_copied_cookie_too(server: TeamServer) -> None:
+    with server.client() as viewer:
+        assert login(viewer).status_code == 200
+        copied = dict(viewer.cookies)
+        with server.client(cookies=copied) as thief:
+            assert thief.get("/api/v1/runs").status_code == 200
+            assert viewer.post("/api/v1/logout", headers=csrf(viewer)).status_code == 200
+            r = thief.get("/api/v1/runs")
+            assert r.status_code == 401 and "log in" in r.json()["error"]
+            assert thief.get("/api/v1/session").json() == {"logged_in": False}
+            assert thief.get("/", follow_redirects=False).status_code == 303
+    assert db_rows(server.storage_url, "SELECT COUNT(*) FROM viewer_sessions") == [(0,)]
+
+
+def test_a_new_login_ends_the_browsers_session_before(server: TeamServer) -> None:
+    with server.client() as viewer:
+        assert login(viewer).status_code == 200
+        old = dict(viewer.cookies)
+        assert login(viewer).status_code == 200  # again, in the same browser
+        assert viewer.get("/api/v1/runs").status_code == 200
+        with server.client(cookies=old) as copy:
+            assert copy.get("/api/v1/runs").status_code == 401
+        with server.client() as other:  # another browser's login is its own
+            assert login(other).status_code == 200
+            assert viewer.get("/api/v1/runs").status_code == 200
+    assert db_rows(server.storage_url, "SELECT COUNT(*) FROM viewer_sessions") == [(2,)]
 
 
 TRAVERSALS = (
@@ -341,6 +386,7 @@ TRAVERSALS = (
     "/api/v1/groups/%2e%2e",
     "/api/v1/compare?ids=../../etc/passwd",
     "/api/v1/runs?name=../../../etc/passwd",
+    "/api/v1/runs?node=../../../etc/passwd",
     "/api/v1/runs/1/series?from=../../etc/passwd",
     "/..%2f..%2fetc/passwd",
 )
@@ -355,3 +401,29 @@ def test_path_traversal_reaches_nothing(server: TeamServer) -> None:
             assert r.status_code in (200, 400, 403, 404), (path, r.status_code)
             if r.status_code == 200:  # a search that found nothing
                 assert r.json() == {"runs": []}, path
+
+
+UNPARSABLE = (
+    b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n",  # a 9 kB header
+    b"GET / HTTP/1.1\r\nHost: x\r\nBad\x01Header: 1\r\n\r\n",
+    b"GET /" + b"p" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+)
+
+
+def test_an_unparsable_request_is_one_line_in_the_log(server: TeamServer) -> None:
+    host, port = server.url.removeprefix("http://").rsplit(":", 1)
+    for raw in UNPARSABLE:
+        with socket.create_connection((host, int(port)), timeout=30) as conn:
+            conn.sendall(raw)
+            assert conn.recv(64).startswith(b"HTTP/1.0 400 Bad Request")
+    with server.client() as c:  # the server goes on
+        assert c.get("/api/v1/session").status_code == 200
+    deadline = time.monotonic() + 30
+    while server.log().count("bad HTTP request from 127.0.0.1: 400") < 3:
+        assert time.monotonic() < deadline, server.log()
+        time.sleep(0.1)
+    log = server.log()
+    assert "Traceback" not in log and "a" * 200 not in log
+    lines = [line for line in log.splitlines() if "bad HTTP request" in line]
+    assert len(lines) == 3 and all(len(line) < 400 for line in lines)
+    assert "Invalid header token: b'Bad\\x01Header: 1'" in lines[1]

@@ -83,6 +83,8 @@ def test_what_cannot_work_is_one_line(tmp_path: Path) -> None:
     keys = tmp_path / "keys"
     keys.write_text("k\n")
     db = f"sqlite:///{tmp_path / 's.db'}"
+    empty = tmp_path / "empty-url"
+    empty.write_text("# nothing yet\n\n")
     cases = {
         "no key file": (
             [
@@ -121,6 +123,43 @@ def test_what_cannot_work_is_one_line(tmp_path: Path) -> None:
             ],
             "cannot connect to Postgres at postgres://root@127.0.0.1:1/test",
         ),
+        "no database": (
+            ["--api-key-file", str(keys), "--viewer-password-file", str(pw)],
+            "give the database as --storage-url URL or --storage-url-file FILE",
+        ),
+        "two databases": (
+            [
+                "--storage-url",
+                db,
+                "--storage-url-file",
+                str(keys),
+                "--viewer-password-file",
+                str(pw),
+            ],
+            "(one of the two)",
+        ),
+        "no storage URL file": (
+            [
+                "--storage-url-file",
+                str(tmp_path / "nope"),
+                "--api-key-file",
+                str(keys),
+                "--viewer-password-file",
+                str(pw),
+            ],
+            "cannot read the storage URL file",
+        ),
+        "an empty storage URL file": (
+            [
+                "--storage-url-file",
+                str(empty),
+                "--api-key-file",
+                str(keys),
+                "--viewer-password-file",
+                str(pw),
+            ],
+            "holds no URL",
+        ),
         "a bad address": (
             [
                 "--storage-url",
@@ -141,3 +180,32 @@ def test_what_cannot_work_is_one_line(tmp_path: Path) -> None:
         assert done.returncode != 0, what
         assert len(errors) == 1 and said in errors[0], (what, done.stderr)
         assert "Traceback" not in done.stderr, what
+
+
+def test_the_database_password_stays_out_of_ps(
+    tmp_path: Path, pg_url: str, team_servers: list[TeamServer]
+) -> None:
+    # this Postgres trusts local connections: a password in the URL is sent and ignored
+    with_password = pg_url.replace("://root@", "://root:s3cret-pw@")
+    assert "s3cret-pw" in with_password
+    server = TeamServer(tmp_path, with_password, url_file=tmp_path / "storage-url").start()
+    team_servers.append(server)
+    assert server.proc is not None
+    cmdline = Path(f"/proc/{server.proc.pid}/cmdline").read_bytes().decode()
+    assert "--storage-url-file" in cmdline and "s3cret-pw" not in cmdline
+    assert "127.0.0.1:5432" not in cmdline  # the whole URL is off the command line
+    assert server.ingest(batch("n1", [run_event(1, new_uuid(), name="via-file")])).is_success
+    assert db_rows(pg_url, "SELECT run_name FROM runs") == [("via-file",)]
+    assert "s3cret-pw" not in server.log() and "root:***@" in server.log()
+    # on the command line it works too, said with a warning, the password never printed
+    down = _serve(
+        "--storage-url",
+        "postgres://root:s3cret-pw@127.0.0.1:1/test",
+        "--api-key-file",
+        str(server.keys),
+        "--viewer-password-file",
+        str(server.password),
+    )
+    assert down.returncode != 0
+    assert "where ps shows it: put the URL in --storage-url-file" in down.stderr
+    assert "s3cret-pw" not in down.stderr

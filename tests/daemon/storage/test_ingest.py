@@ -85,6 +85,66 @@ async def test_nodes_have_their_own_sequences_and_runs(storage_url: str) -> None
     assert steps == 0 and names == ["exp", "exp"] and seq == 1  # nothing of either batch
 
 
+async def test_a_step_sent_again_under_a_new_seq_is_stored_once(storage_url: str) -> None:
+    run = new_uuid()
+    async with open_store(storage_url) as store:
+        await apply_batch(store, validate(batch("n1", [run_event(1, run), steps_event(2, run, 0)])))
+        # steps 3-4 again (seq 3), then 3-7 (seq 4: 5-7 new), in one batch
+        again = [steps_event(3, run, 3, n=2), steps_event(4, run, 3, n=5)]
+        got = await apply_batch(store, validate(batch("n1", again)))
+        # a step sent twice in one event: the first is kept
+        twice = steps_event(5, run, 8, n=1)
+        twice["rows"].append({**twice["rows"][0], "wait_ns": 1})
+        await apply_batch(store, validate(batch("n1", [twice])))
+        steps = await store.fetchall("SELECT step, wait_ns FROM steps ORDER BY step, t0_ns")
+        acked = (await store.fetchone("SELECT last_seq FROM ingest_nodes"))[0]
+    assert (got.applied, got.skipped, got.acked_seq, acked) == (2, 0, 4, 5)  # events applied
+    assert [r[0] for r in steps] == list(range(9))  # each step once
+    assert steps[8][1] == 10_000_000  # the first of the two step 8s (wait_ns 1 dropped)
+
+
+async def test_a_reused_step_index_with_another_start_is_its_own_step(storage_url: str) -> None:
+    """A manual loop numbering its steps again (prof.step(i) per epoch): the
+    node stores both, so the server does too; only a resend is dropped."""
+    run = new_uuid()
+    epoch2 = steps_event(3, run, 0, n=3)
+    for r in epoch2["rows"]:  # the same indices 0-2, 10 s later
+        r["t0_ns"] += 10_000_000_000
+        r["t1_ns"] += 10_000_000_000
+    async with open_store(storage_url) as store:
+        first = [run_event(1, run), steps_event(2, run, 0, n=3), epoch2]
+        await apply_batch(store, validate(batch("n1", first)))
+        resent = dict(epoch2, seq=4)  # epoch 2 sent again
+        await apply_batch(store, validate(batch("n1", [resent])))
+        steps = await store.fetchall("SELECT step, t0_ns FROM steps ORDER BY t0_ns")
+    assert [r[0] for r in steps] == [0, 1, 2, 0, 1, 2]
+    assert steps[3][1] - steps[0][1] == 10_000_000_000
+
+
+def _comm_event(seq: int, run: str, step: int, buckets: int) -> dict[str, Any]:
+    rows = [
+        {"step": step, "bucket": b, "start_ns": 1_000 + b, "end_ns": 2_000 + b, "bytes": 4096}
+        for b in range(buckets)
+    ]
+    return {"seq": seq, "kind": "comm", "run": run, "rows": rows}
+
+
+async def test_comm_buckets_sent_again_are_stored_once(storage_url: str) -> None:
+    run = new_uuid()
+    async with open_store(storage_url) as store:
+        events = [run_event(1, run), _comm_event(2, run, 0, 3), _comm_event(3, run, 0, 4)]
+        await apply_batch(store, validate(batch("n1", events)))
+        await apply_batch(store, validate(batch("n1", [_comm_event(4, run, 0, 4)])))
+        # buckets without their index or start cannot be told apart: kept, each
+        loose = _comm_event(5, run, 1, 2)
+        for r in loose["rows"]:
+            r["bucket"] = None
+        await apply_batch(store, validate(batch("n1", [loose])))
+        rows = await store.fetchall("SELECT step, bucket FROM comm_buckets ORDER BY step, bucket")
+    assert [tuple(r) for r in rows[:4]] == [(0, 0), (0, 1), (0, 2), (0, 3)]
+    assert len(rows) == 6 and [r[1] for r in rows[4:]] == [None, None]
+
+
 async def test_steps_of_an_unknown_run_store_nothing(storage_url: str) -> None:
     run = new_uuid()
     async with open_store(storage_url) as store:

@@ -79,3 +79,19 @@ def test_proxies_are_addresses_or_networks() -> None:
     assert [str(n) for n in nets] == ["127.0.0.1/32", "10.0.0.0/8", "::1/128"]
     with pytest.raises(BadInputError, match="--trust-proxy 'proxy.local'"):
         auth.parse_proxies(["proxy.local"])
+
+
+def test_a_login_goes_back_only_to_a_view_of_the_page() -> None:
+    for view in ("#/run/12", "#/runs?name=x&status=running", "#/compare/1,2", "#/group/g%2F1", ""):
+        assert auth.safe_next(view) == view
+    for hostile in (
+        "//evil.example/",
+        "https://evil.example/",
+        "/\\evil.example",
+        "#/x\r\nSet-Cookie: a=b",
+        "#/" + "x" * 501,
+        "#notaview",
+        None,
+        ["#/run/1"],
+    ):
+        assert auth.safe_next(hostile) == ""

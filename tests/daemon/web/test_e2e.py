@@ -133,6 +133,7 @@ def test_documented_examples_have_the_real_shapes(node: Node, finished: tuple) -
     group = quote(group_name, safe="")
     paths = {
         "runs": "/runs",
+        "nodes": "/nodes",
         "run": f"/runs/{hostile_id}",
         "insights": f"/runs/{hostile_id}/insights",
         "series": f"/runs/{hostile_id}/series?width=300",

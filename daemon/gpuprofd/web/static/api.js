@@ -10,6 +10,12 @@ export class ApiError extends Error {
 
 const BASE = "/api/v1";
 
+/** A team server's page whose session ended (logged out, expired): to the
+ * login, which brings the viewer back to this view (its #/... hash). */
+export function toLogin() {
+  location.assign(`/login${location.hash}`);
+}
+
 async function get(path, params = {}) {
   const q = new URLSearchParams();
   for (const [k, v] of Object.entries(params)) {
@@ -28,6 +34,7 @@ async function get(path, params = {}) {
   } catch {
     // not JSON: said below
   }
+  if (resp.status === 401) toLogin(); // only a team server asks for a login
   if (!resp.ok) {
     const said = body && typeof body.error === "string" ? body.error : `HTTP ${resp.status}`;
     throw new ApiError(said, resp.status);
@@ -39,7 +46,9 @@ async function get(path, params = {}) {
 const enc = encodeURIComponent;
 
 export const api = {
-  runs: ({ name, status, limit } = {}) => get("/runs", { name, status, limit }),
+  /** `node`: a node id or host name; `from`/`to`: unix s (runs that ran in between). */
+  runs: ({ name, status, node, from, to, limit } = {}) => get("/runs", { name, status, node, from, to, limit }),
+  nodes: () => get("/nodes"),
   run: (id) => get(`/runs/${enc(id)}`),
   insights: (id) => get(`/runs/${enc(id)}/insights`),
   /** `from`/`to`: unix seconds (omit both for the whole run); `width`: px. */

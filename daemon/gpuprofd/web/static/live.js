@@ -7,7 +7,11 @@
 // server "reset" asks the view to re-fetch (handlers.reset() resolves to new
 // cursors) before it resumes.
 
+import { toLogin } from "./api.js";
+
 const BACKOFF_MIN_MS = 500;
+// The close code of a socket whose login ended (a team server's logout).
+const SESSION_ENDED = 1008;
 const BACKOFF_MAX_MS = 10_000;
 
 class Live {
@@ -84,10 +88,14 @@ class Live {
       this.dispatch(msg);
     };
     ws.onerror = () => {}; // onclose follows and reconnects
-    ws.onclose = () => {
+    ws.onclose = (ev) => {
       if (gen !== this.generation) return;
       this.ws = null;
       this.setState("closed");
+      if (ev.code === SESSION_ENDED) {
+        toLogin();
+        return;
+      }
       const wait = this.backoff * (0.75 + Math.random() * 0.5);
       this.backoff = Math.min(this.backoff * 2, BACKOFF_MAX_MS);
       this.timer = setTimeout(() => this.connect(), wait);

@@ -22,6 +22,9 @@ const fmtMHz = (v, d) => (v === null || v === undefined ? DASH : d ? `${num(v, d
 const fmtBytes = (v) => bytes(v, v >= 1e9 ? 1 : 0);
 const fmtCores = (v, d) => (v === null || v === undefined ? DASH : num(v, d ?? 1));
 
+/** A GPU known by its UUID only (a team server has no device index): its
+ * first 8 hex digits, as nvidia-smi -L users recognise them. */
+const shortUuid = (uuid) => String(uuid ?? "?").replace(/^(mig-)?(gpu-)?/i, "").slice(0, 8);
 const col = (xs) => (xs === null || xs === undefined ? null : xs);
 const constant = (ts, v) => ts.map(() => v ?? null);
 const mean = (m) => (m && !Array.isArray(m) ? m.mean : m) || [];
@@ -104,9 +107,10 @@ export function buildRunCharts(root, model, ctx) {
   root.append(gpus);
   if (!model.gpus?.length) gpus.append(h("p", { class: "muted" }, "No GPU samples in this window."));
   for (const g of model.gpus || []) {
-    const row = h("div", { class: "gpu-row", "data-gpu": g.index });
+    const known = g.index !== null && g.index !== undefined;
+    const row = h("div", { class: "gpu-row", "data-gpu": known ? g.index : g.uuid });
     const label = h("div", { class: "gpu-label" },
-      h("div", { class: "gpu-index" }, `GPU ${g.index}`),
+      h("div", { class: "gpu-index" }, known ? `GPU ${g.index}` : `GPU ${shortUuid(g.uuid)}`),
       h("div", { class: "muted small" }, userText(g.name)),
       h("div", { class: "muted small mono" }, userText(g.uuid)));
     const charts = h("div", { class: "chart-row gpu-charts" });

@@ -1,5 +1,8 @@
-// #/runs: the node's runs, newest first, filtered by name and status; the
-// columns of `gpuprofctl runs`. Tick two or more to compare them.
+// #/runs: the runs, newest first, filtered by name, status, node (shown once
+// runs came from more than one: a team server) and time; the columns of
+// `gpuprofctl runs`. Tick two or more to compare them. The filters live in
+// the hash (#/runs?name=x&status=running&node=n&within=24h), so a filtered
+// list can be bookmarked and a login comes back to it.
 
 import { api } from "../api.js";
 import { h, replace, userText } from "../dom.js";
@@ -16,20 +19,39 @@ const SHARES = [
   ["other", "OTHER%"],
 ];
 const STATUSES = ["", "running", "finished", "failed", "lost"];
+/** The time filter: runs that ran within the last ... (seconds). */
+const WITHIN = [
+  ["", "any time"],
+  ["1h", "the last hour", 3600],
+  ["24h", "the last 24 hours", 86400],
+  ["7d", "the last 7 days", 7 * 86400],
+  ["30d", "the last 30 days", 30 * 86400],
+];
 
 export function render(root, { query }) {
-  const state = { name: query.get("name") || "", status: query.get("status") || "", picked: new Set(), gone: false };
+  const state = {
+    name: query.get("name") || "",
+    status: query.get("status") || "",
+    node: query.get("node") || "",
+    within: WITHIN.some(([k]) => k === query.get("within")) ? query.get("within") : "",
+    picked: new Set(),
+    gone: false,
+    nodesDrawn: "",
+  };
   const nameInput = h("input", {
     type: "search", id: "filter-name", placeholder: "name contains…", value: state.name,
     "aria-label": "Filter by name",
   });
   const statusSelect = h("select", { id: "filter-status", "aria-label": "Filter by status" },
     STATUSES.map((s) => h("option", { value: s, selected: s === state.status }, s || "any status")));
+  const nodeSelect = h("select", { id: "filter-node", "aria-label": "Filter by node", hidden: true });
+  const withinSelect = h("select", { id: "filter-time", "aria-label": "Filter by time" },
+    WITHIN.map(([k, label]) => h("option", { value: k, selected: k === state.within }, k ? `ran in ${label}` : label)));
   const compareBtn = h("button", { type: "button", id: "compare", disabled: true }, "Compare selected");
   const tableBox = h("div", { class: "table-wrap", id: "runs" });
   replace(root,
     h("header", { class: "run-head" }, h("h1", {}, "Runs")),
-    h("div", { class: "filters" }, nameInput, statusSelect, compareBtn),
+    h("div", { class: "filters" }, nameInput, statusSelect, nodeSelect, withinSelect, compareBtn),
     tableBox);
   document.title = "Runs · gpuprof";
 
@@ -40,6 +62,47 @@ export function render(root, { query }) {
     debounce = setTimeout(() => { state.name = nameInput.value; load(); }, 250);
   });
   statusSelect.addEventListener("change", () => { state.status = statusSelect.value; load(); });
+  nodeSelect.addEventListener("change", () => { state.node = nodeSelect.value; load(); });
+  withinSelect.addEventListener("change", () => { state.within = withinSelect.value; load(); });
+
+  /** The filters into the hash (no reload: replaceState fires no hashchange). */
+  function remember() {
+    const q = new URLSearchParams();
+    for (const k of ["name", "status", "node", "within"]) if (state[k]) q.set(k, state[k]);
+    const hash = `#/runs${q.size ? `?${q}` : ""}`;
+    if (location.hash !== hash && !(location.hash === "" && hash === "#/runs")) history.replaceState(null, "", hash);
+  }
+
+  /** The node filter's choices: shown once runs came from more than one node
+   * (or one is picked); each by its host name, its value the node's id. */
+  async function loadNodes() {
+    let nodes;
+    try {
+      nodes = (await api.nodes()).nodes || [];
+    } catch {
+      return; // the list says why, if the server is down
+    }
+    if (state.gone) return;
+    const value = (n) => n.node ?? n.host ?? "";
+    const choices = nodes.filter((n) => value(n));
+    const known = choices.some((n) => value(n) === state.node);
+    const drawn = JSON.stringify([state.node, choices]);
+    if (drawn === state.nodesDrawn) return; // unchanged: an open list stays open
+    state.nodesDrawn = drawn;
+    replace(nodeSelect,
+      h("option", { value: "" }, "any node"),
+      choices.map((n) => h("option", { value: value(n), selected: value(n) === state.node, title: n.node },
+        `${n.host ?? n.node} (${n.runs})`)), // text nodes: an option holds no markup
+      state.node && !known ? h("option", { value: state.node, selected: true }, state.node) : null);
+    nodeSelect.hidden = choices.length < 2 && !state.node;
+  }
+
+  function nodeOf(r) {
+    const key = r.node ?? r.host;
+    if (!key) return "–";
+    return h("a", { href: `#/runs?node=${encodeURIComponent(key)}`, class: "node-link", title: r.node ? `node ${r.node}` : null },
+      userText(r.host ?? r.node));
+  }
   compareBtn.addEventListener("click", () => {
     location.hash = `#/compare/${[...state.picked].sort((a, b) => a - b).join(",")}`;
   });
@@ -66,7 +129,7 @@ export function render(root, { query }) {
       h("td", {}, statusBadge(r.status)),
       h("td", { class: "group" }, r.group ? h("a", { href: `#/group/${encodeURIComponent(r.group)}` }, userText(r.group)) : "–"),
       h("td", { class: "num" }, r.group && r.rank !== null && r.rank !== undefined ? String(r.rank) : "–"),
-      h("td", {}, userText(r.host ?? "–")),
+      h("td", { class: "node" }, nodeOf(r)),
       h("td", { class: "num" }, int(r.steps)),
       h("td", { class: "num" }, num(r.median_step_ms, 1)),
       SHARES.map(([k]) => h("td", { class: "num" }, num(pct[k], 1))),
@@ -81,8 +144,16 @@ export function render(root, { query }) {
   async function load() {
     clearTimeout(timer);
     let data;
+    remember();
+    loadNodes(); // beside the list: a node that starts sending shows up in the filter
+    const seconds = WITHIN.find(([k]) => k === state.within)?.[2];
     try {
-      data = await api.runs({ name: state.name, status: state.status });
+      data = await api.runs({
+        name: state.name,
+        status: state.status,
+        node: state.node,
+        from: seconds ? Math.floor(Date.now() / 1000 - seconds) : null,
+      });
     } catch (err) {
       if (!state.gone) replace(tableBox, errorBox(err));
       timer = setTimeout(load, REFRESH_MS);
@@ -90,7 +161,7 @@ export function render(root, { query }) {
     }
     if (state.gone) return;
     const runs = data.runs || [];
-    const heads = ["", "ID", "NAME", "STATUS", "GROUP", "RANK", "HOST", "STEPS", "MEDIAN_STEP_MS",
+    const heads = ["", "ID", "NAME", "STATUS", "GROUP", "RANK", "NODE", "STEPS", "MEDIAN_STEP_MS",
       ...SHARES.map(([, c]) => c), "SKIPPED", "EVAL_S", "DROPPED", "STARTED", "DURATION"];
     const numeric = new Set(["ID", "RANK", "STEPS", "MEDIAN_STEP_MS", ...SHARES.map(([, c]) => c), "SKIPPED", "EVAL_S", "DROPPED", "DURATION"]);
     replace(tableBox,
@@ -98,7 +169,7 @@ export function render(root, { query }) {
         ? h("table", { class: "runs" },
           h("thead", {}, h("tr", {}, heads.map((c) => h("th", { class: numeric.has(c) ? "num" : null }, c)))),
           h("tbody", {}, runs.map(row)))
-        : h("p", { class: "muted" }, state.name || state.status
+        : h("p", { class: "muted" }, state.name || state.status || state.node || state.within
           ? "No run matches these filters."
           : "No runs yet: wrap a training loop in gpuprof.profile(\"name\") and it shows here."));
     document.body.dataset.ready = "1";
