@@ -143,6 +143,19 @@ def test_insights_panel_shows_the_runs_findings(dash: Dash, runs: dict, pages):
     assert w.errors == []
 
 
+#: True once every chart's cursor is on and at the first chart's time (within
+#: 2 px), and, given a time, before it: the charts follow one crosshair.
+_CURSORS_FOLLOW = """(before) => {
+    const us = [...document.querySelectorAll('.chart')].map(e => e.uplot);
+    const xs = us.map(u => u.cursor.left !== null && u.cursor.left >= 0
+                           ? u.posToVal(u.cursor.left, 'x') : null);
+    if (!us.length || xs.some(x => x === null)) return false;
+    const px = us.map(u => (u.scales.x.max - u.scales.x.min) / u.bbox.width * devicePixelRatio);
+    const together = xs.every((x, i) => Math.abs(x - xs[0]) <= 2 * px[i]);
+    return together && (before === null || xs[0] < before);
+}"""
+
+
 def test_one_crosshair_moves_on_every_chart(dash: Dash, runs: dict, pages):
     rid = runs["stall"]["id"]
     series = dash.get(f"/api/v1/runs/{rid}/series")
@@ -156,7 +169,7 @@ def test_one_crosshair_moves_on_every_chart(dash: Dash, runs: dict, pages):
     assert len(before) >= 8
     over = page.locator("#steps .chart .u-over").first.bounding_box()
     page.mouse.move(over["x"] + over["width"] * 0.6, over["y"] + over["height"] / 2)
-    page.wait_for_timeout(100)
+    page.wait_for_function(_CURSORS_FOLLOW, arg=None, timeout=15_000)  # however busy the box
     after = chart_cursors(page)
     source = after[0]["x"]
     assert source is not None
@@ -166,7 +179,7 @@ def test_one_crosshair_moves_on_every_chart(dash: Dash, runs: dict, pages):
         assert c["legend"] not in ("", "–"), c  # the hover value is in its legend
     # somewhere else: every chart follows again
     page.mouse.move(over["x"] + over["width"] * 0.2, over["y"] + over["height"] / 2)
-    page.wait_for_timeout(100)
+    page.wait_for_function(_CURSORS_FOLLOW, arg=source, timeout=15_000)
     moved = chart_cursors(page)
     assert all(abs(c["x"] - moved[0]["x"]) <= 2 * c["px"] for c in moved)
     assert moved[0]["x"] < source
