@@ -11,6 +11,7 @@ from aiohttp import web
 
 from gpuprofd.server import ingest_api
 from gpuprofd.server.ingest_api import AfterBatch, IngestLimits
+from gpuprofd.server.notify import RunChanges
 from gpuprofd.storage.store import Store
 from gpuprofd.web import auth
 from gpuprofd.web.app import WebState, build_app
@@ -54,10 +55,18 @@ def build_server_app(
     guard: auth.Auth,
     limits: IngestLimits | None = None,
     after: AfterBatch | None = None,
+    changes: RunChanges | None = None,
 ) -> web.Application:
     """The server's app over *store*: ingest needs one of *guard*'s API keys,
-    everything else a viewer's session (:mod:`gpuprofd.web.auth`)."""
-    state = WebState(reader=store, now_mono_ns=None)  # no node clock: a run ends at its last row
+    everything else a viewer's session (:mod:`gpuprofd.web.auth`). With
+    *changes*, live pages look as soon as their run is ingested (by any
+    replica), and every :data:`SAFETY_POLL_S` otherwise."""
+    state = WebState(
+        reader=store,
+        now_mono_ns=None,  # no node clock: a run ends at its last row
+        watch_runs=changes.watch if changes is not None else None,
+        live_poll_s=SAFETY_POLL_S if changes is not None else 1.0,
+    )
     app = build_app(state)
     app[SERVER] = ServerState(store, limits or IngestLimits(), after)
     app.router.add_post(INGEST_PATH, _ingest)
@@ -67,4 +76,7 @@ def build_server_app(
 
 
 INGEST_PATH = "/api/v1/ingest"
+#: With NOTIFY wake-ups, how often a live page still looks, seconds (a lost
+#: notification shows within this; the listener's reconnect tells every page).
+SAFETY_POLL_S = 5.0
 _UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")

@@ -142,7 +142,7 @@ class Server:
                 self.store, opts.storage.display, opts.gpu_rate_usd_per_hour, drops=self.drops
             )
             guard = await Auth.create(opts.auth, self.store)
-            app = build_server_app(self.store, guard, opts.limits, self._after_batch)
+            app = build_server_app(self.store, guard, opts.limits, self._after_batch, self.changes)
             app[CHANGES] = self.changes
             one_line_bad_requests()
             # Bodies are inflated by the ingest handler itself, bounded (ingest_api).

@@ -52,6 +52,11 @@ class WebState:
         now_mono_ns: this node's monotonic clock, ns.
         live_poll_s: how often a live socket looks for new rows, seconds.
         insights_poll_s: how often it looks for new insights and run state, seconds.
+        watch_runs: where runs that changed are told (a team server: every
+            replica's ingest, through Postgres ``NOTIFY``): a live socket then
+            looks as soon as its run changes, and every *live_poll_s* only as a
+            safety net. ``watch_runs(watcher)`` returns the function that stops
+            it; the watcher gets the ids that changed, or None (anything may have).
     """
 
     reader: Reader
@@ -61,6 +66,7 @@ class WebState:
     now_mono_ns: Callable[[], int] | None = time.monotonic_ns
     live_poll_s: float = 1.0
     insights_poll_s: float = 3.0
+    watch_runs: Callable[[Callable[[set[int] | None], None]], Callable[[], None]] | None = None
 
 
 STATE = web.AppKey("state", WebState)

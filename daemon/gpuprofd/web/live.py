@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 MAX_ROWS = 2000
 #: Longest client message read, bytes (a subscribe is ~60).
 MAX_CLIENT_MESSAGE = 4096
+#: With ``watch_runs``: the shortest time between two looks of one socket, seconds.
+MIN_GAP_S = 0.25
 
 
 class Subscription:
@@ -84,15 +86,24 @@ class Subscription:
         self.paused = False
         self._wake.set()
 
+    def changed(self, run_ids: set[int] | None) -> None:
+        """Runs changed (a team server's ingest): look now if this one did."""
+        if self.run is not None and (run_ids is None or self.run["id"] in run_ids):
+            self._wake.set()
+
     async def push_loop(self) -> None:
-        """Push what is new every ``live_poll_s`` until cancelled (or the socket closes)."""
+        """Push what is new every ``live_poll_s``, and at once when the run
+        changed (``watch_runs``; at most every :data:`MIN_GAP_S`), until
+        cancelled (or the socket closes)."""
         while not self.ws.closed:
+            self._wake.clear()
             if not self.paused:
                 try:
                     await self.tick()
                 except DatabaseError as exc:
                     await self.send({"type": "error", "error": str(exc)})
-            self._wake.clear()
+            if self.state.watch_runs is not None:
+                await asyncio.sleep(MIN_GAP_S)  # a node's batches every second: one look each
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.state.live_poll_s)
 
@@ -177,7 +188,9 @@ async def handler(request: web.Request) -> web.WebSocketResponse:
     await ws.prepare(request)
     request.app[SOCKETS].add(ws)
     request[LIVE_SOCKET] = ws
-    sub = Subscription(request.app[STATE], ws)
+    state = request.app[STATE]
+    sub = Subscription(state, ws)
+    unwatch = state.watch_runs(sub.changed) if state.watch_runs is not None else None
     pusher = asyncio.create_task(sub.push_loop(), name="live-push")
     try:
         async for msg in ws:
@@ -188,6 +201,8 @@ async def handler(request: web.Request) -> web.WebSocketResponse:
     except (ConnectionResetError, DatabaseError) as exc:
         log.debug("live socket ended: %s", exc)
     finally:
+        if unwatch is not None:
+            unwatch()
         pusher.cancel()
         await asyncio.gather(pusher, return_exceptions=True)
     return ws

@@ -6,6 +6,7 @@ comes back verbatim; bad ids and parameters are JSON 400/404."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
@@ -17,6 +18,7 @@ from aiohttp import test_utils
 
 from gpuprofd.sampling import rollup
 from gpuprofd.sampling.nvml import GpuDevice
+from gpuprofd.server.notify import RunChanges
 from gpuprofd.storage import runsdb, steprollup
 from gpuprofd.storage.store import Op, Store
 from gpuprofd.web.app import WebState, build_app
@@ -323,3 +325,47 @@ async def test_the_step_rollup_tier_keeps_the_spike_and_every_step(storage_url: 
     stacked = sum(steps["phases_ms"][p][-1] for p in steps["phases_ms"])
     assert stacked == pytest.approx(steps["step_ms"]["mean"][-1], rel=1e-3)
     assert max(zoom["steps"]["step_ms"]["max"]) == pytest.approx(spike_ms)
+
+
+async def test_a_live_socket_looks_when_its_run_changes_not_only_when_it_polls(
+    storage_url: str,
+) -> None:
+    """A team server's live page: the poll is an hour here, so only the
+    change notice can bring the new step; a notice about another run does not."""
+    changes = RunChanges()
+    async with open_store(storage_url) as store:
+        run_id = await _write_run(store)
+        state = WebState(
+            reader=store, now_mono_ns=None, live_poll_s=3600.0, watch_runs=changes.watch
+        )
+        server = test_utils.TestServer(build_app(state))
+        await server.start_server()
+        try:
+            async with aiohttp.ClientSession() as session:
+                ws = await session.ws_connect(server.make_url("/api/v1/live"))
+                t_end = (START_WALL + SECONDS * rollup.NS_PER_S) / 1e9
+                sub = {"run": run_id, "cursors": {"step": STEPS - 1, "t": t_end}}
+                await ws.send_str(orjson.dumps(sub).decode())
+                first = await ws.receive(timeout=30)  # the subscribe's own round: the run
+                assert orjson.loads(first.data)["type"] == "run"
+                while (m := await ws.receive(timeout=30)) and orjson.loads(m.data)["type"] != (
+                    "insights"
+                ):
+                    pass
+                await store.submit(runsdb.step_op(run_id, _step(STEPS)))
+                await store.flush()
+                changes.tell({run_id + 1})  # another run: nothing to look for
+                with contextlib.suppress(TimeoutError):
+                    quiet = await ws.receive(timeout=1.0)
+                    raise AssertionError(f"pushed without a change of its run: {quiet.data}")
+                changes.tell({run_id})
+                got = orjson.loads((await ws.receive(timeout=30)).data)
+                assert got["type"] == "steps" and [r["step"] for r in got["rows"]] == [STEPS]
+                await ws.close()
+            for _ in range(300):  # the server's side of the socket ends after the close
+                if not changes._watchers:
+                    break
+                await asyncio.sleep(0.1)
+            assert not changes._watchers  # the closed socket stopped watching
+        finally:
+            await server.close()
