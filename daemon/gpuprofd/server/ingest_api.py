@@ -3,7 +3,8 @@ inflated), checked (:func:`gpuprofd.storage.batch.validate`) and applied in
 one transaction (:func:`gpuprofd.storage.ingest.apply_batch`). The answers
 are in ``docs/team-server.md``.
 
-The body is read in chunks and never held past the limits: a body larger
+The body may be gzip or zstd (``Content-Encoding``). It is read in chunks
+and never held past the limits: a body larger
 than :attr:`IngestLimits.max_body_bytes` as sent, or one that inflates past
 :attr:`IngestLimits.max_inflated_bytes` (a zip bomb), is refused with 413
 as soon as the limit is passed, without inflating the rest (what is left of
@@ -21,6 +22,11 @@ from dataclasses import dataclass
 import orjson
 from aiohttp import web
 
+try:  # Python 3.14+: the standard library's; before, its backport
+    from compression.zstd import ZstdDecompressor, ZstdError
+except ImportError:  # pragma: no cover - by Python version
+    from backports.zstd import ZstdDecompressor, ZstdError
+
 from gpuprofd.errors import DatabaseError
 from gpuprofd.storage.batch import BatchError, validate
 from gpuprofd.storage.ingest import Applied, IngestConflict, apply_batch
@@ -37,7 +43,7 @@ DEFAULT_MAX_BODY_BYTES = 16 * MIB
 #: limit, ~300 bytes each) is ~30 MiB.
 DEFAULT_MAX_INFLATED_BYTES = 64 * MIB
 _CHUNK = 64 * 1024
-_ENCODINGS = ("identity", "gzip", "x-gzip")
+_ENCODINGS = ("identity", "gzip", "x-gzip", "zstd")
 
 
 @dataclass(frozen=True)
@@ -67,14 +73,20 @@ async def read_body(request: web.Request, limits: IngestLimits) -> bytes:
     """
     encoding = request.headers.get("Content-Encoding", "identity").strip().lower() or "identity"
     if encoding not in _ENCODINGS:
-        raise BodyError(415, f"Content-Encoding {encoding!r} is not taken: send gzip or identity")
+        raise BodyError(
+            415, f"Content-Encoding {encoding!r} is not taken: send gzip, zstd or identity"
+        )
     too_big = (
         f"the body is larger than this server takes ({_mib(limits.max_body_bytes)} as sent, "
         f"{_mib(limits.max_inflated_bytes)} decompressed): send smaller batches"
     )
     if request.content_length is not None and request.content_length > limits.max_body_bytes:
         raise BodyError(413, too_big)
-    inflater = zlib.decompressobj(wbits=31) if encoding != "identity" else None
+    inflater: _Inflater | None = None
+    if encoding == "zstd":
+        inflater = _Zstd()
+    elif encoding != "identity":
+        inflater = _Gzip()
     parts: list[bytes] = []
     sent = inflated = 0
     try:
@@ -86,21 +98,49 @@ async def read_body(request: web.Request, limits: IngestLimits) -> bytes:
                 parts.append(chunk)
                 continue
             data = chunk
-            while data:
+            while data is not None and not inflater.eof:
                 room = limits.max_inflated_bytes - inflated + 1
-                out = inflater.decompress(data, room)
+                out, data = inflater.inflate(data, room)
                 inflated += len(out)
                 if inflated > limits.max_inflated_bytes:
                     raise BodyError(413, too_big)
                 parts.append(out)
-                data = inflater.unconsumed_tail
-                if inflater.eof:
-                    break
-    except zlib.error as exc:
-        raise BodyError(400, f"the body is not valid gzip ({exc})") from None
+    except (zlib.error, ZstdError) as exc:
+        raise BodyError(400, f"the body is not valid {encoding} ({exc})") from None
     if inflater is not None and not inflater.eof:
-        raise BodyError(400, "the gzip body ends early (truncated): nothing was stored")
+        raise BodyError(400, f"the {encoding} body ends early (truncated): nothing was stored")
     return b"".join(parts)
+
+
+class _Inflater:
+    """A bounded decompressor: :meth:`inflate` gives at most *room* bytes
+    and what of its input is left to feed again (None: all taken)."""
+
+    eof = False
+
+    def inflate(self, data: bytes, room: int) -> tuple[bytes, bytes | None]:
+        raise NotImplementedError
+
+
+class _Gzip(_Inflater):
+    def __init__(self) -> None:
+        self._z = zlib.decompressobj(wbits=31)
+
+    def inflate(self, data: bytes, room: int) -> tuple[bytes, bytes | None]:
+        out = self._z.decompress(data, room)
+        self.eof = self._z.eof
+        return out, self._z.unconsumed_tail or None
+
+
+class _Zstd(_Inflater):
+    def __init__(self) -> None:
+        self._z = ZstdDecompressor()
+
+    def inflate(self, data: bytes, room: int) -> tuple[bytes, bytes | None]:
+        out = self._z.decompress(data, room)
+        self.eof = self._z.eof
+        # output held back at the bound: ask again with no new input
+        return out, (None if self._z.needs_input or self.eof else b"")
 
 
 #: Called after a batch was committed (insights of ended runs, live fan-out).

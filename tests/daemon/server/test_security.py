@@ -16,6 +16,11 @@ import itsdangerous
 import orjson
 import pytest
 
+try:  # Python 3.14+: the standard library's; before, its backport
+    from compression import zstd
+except ImportError:  # pragma: no cover - by Python version
+    from backports import zstd
+
 from tests.daemon.batches import batch, end_event, new_uuid, run_event, steps_event
 from tests.daemon.server.conftest import (
     KEY_ONE,
@@ -151,6 +156,24 @@ def test_a_zip_bomb_is_refused_without_inflating_it(server: TeamServer) -> None:
     r = server.ingest(b"{}", compress=False, headers={"Content-Encoding": "br"})
     assert r.status_code == 415
     assert stored(server) == NOTHING
+
+
+def test_zstd_bodies_are_taken_bounded_like_gzip(server: TeamServer) -> None:
+    body = orjson.dumps(one_run())
+    r = server.ingest(zstd.compress(body), compress=False, headers={"Content-Encoding": "zstd"})
+    assert r.status_code == 200 and r.json()["applied"] == len(one_run()["events"]), r.text
+    bomb = zstd.compress(b" " * (256 * 1024 * 1024))  # 256 MiB of spaces
+    assert len(bomb) < 1024 * 1024
+    r = server.ingest(bomb, compress=False, headers={"Content-Encoding": "zstd"})
+    assert r.status_code == 413 and "64 MiB decompressed" in r.json()["error"]
+    cut = zstd.compress(orjson.dumps(batch("n2", [run_event(1, new_uuid())])))[:-6]
+    r = server.ingest(cut, compress=False, headers={"Content-Encoding": "zstd"})
+    assert r.status_code == 400 and "ends early" in r.json()["error"], r.text
+    r = server.ingest(b"\x28\xb5 garbage", compress=False, headers={"Content-Encoding": "zstd"})
+    assert r.status_code == 400 and "not valid zstd" in r.json()["error"]
+    assert db_rows(
+        server.storage_url, "SELECT COUNT(*) FROM ingest_nodes WHERE node_id = 'n2'"
+    ) == [(0,)]
 
 
 def test_sequences_going_backwards(server: TeamServer) -> None:
