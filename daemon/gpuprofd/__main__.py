@@ -13,7 +13,7 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -31,6 +31,9 @@ from gpuprofd.storage.dialect import SQLITE
 from gpuprofd.storage.url import StorageUrl
 from gpuprofd.storage.url import parse as parse_storage_url
 from gpuprofd.web import address as http_address
+
+if TYPE_CHECKING:
+    from gpuprofd.web.auth import AuthConfig
 
 LOG_FORMAT = "%(asctime)s gpuprofd[%(process)d] %(levelname)s %(name)s: %(message)s"
 
@@ -123,8 +126,25 @@ def _setting(*decls: str, type: click.ParamType, default: float, help: str, **kw
     default=None,
     help=f"Where the dashboard listens [default: {http_address.DEFAULT_HOST}:"
     f"{http_address.DEFAULT_PORT}, or a free port when that one is taken]. Loopback only "
-    "(the dashboard has no login yet); a port given here that is taken is an error; "
+    "unless --viewer-password-file gives it a login; a port given here that is taken is an "
+    "error; "
     "off: no dashboard.",
+)
+@click.option(
+    "--viewer-password-file",
+    metavar="FILE",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Put the dashboard behind the viewer login (the team server's): FILE holds an "
+    "argon2 hash or the password itself. Needed for an --http address beyond loopback.",
+)
+@click.option(
+    "--metrics-key-file",
+    metavar="FILE",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="With the login: API keys (one a line) a scraper may send as 'Authorization: "
+    "Bearer KEY' to read /metrics without a session.",
 )
 @click.option(
     "--server",
@@ -168,6 +188,8 @@ def cli(
     comm_steps_kept: int,
     comm_keep_every: int,
     http: str | None,
+    viewer_password_file: Path | None,
+    metrics_key_file: Path | None,
     server: str | None,
     api_key_file: Path | None,
     forward_max_mb: float,
@@ -189,7 +211,8 @@ def cli(
         return EXIT_BAD_INPUT
     try:
         storage = _storage(db, storage_url)
-        http_at = http_address.parse(http)
+        http_at = http_address.parse(http, login=viewer_password_file is not None)
+        viewers = _viewer_login(viewer_password_file, metrics_key_file)
         forward = resolve_forward(server, api_key_file, forward_max_mb)
     except GpuprofdError as exc:
         click.echo(f"gpuprofd: error: {exc}", err=True)
@@ -205,6 +228,7 @@ def cli(
         comm_steps_kept=comm_steps_kept,
         comm_keep_every=comm_keep_every,
         http=http_at,
+        viewers=viewers,
         forward=forward,
         nvml_backend=nvml,
         gpu_rate_usd_per_hour=rate,
@@ -218,6 +242,25 @@ def cli(
     except ValueError as exc:  # e.g. a socket path too long for a Unix socket
         click.echo(f"gpuprofd: error: {exc}", err=True)
         return EXIT_BAD_INPUT
+
+
+def _viewer_login(password_file: Path | None, metrics_keys: Path | None) -> AuthConfig | None:
+    """The dashboard's login (``--viewer-password-file``), or None.
+
+    Raises:
+        BadInputError: an unreadable password or key file, or a key file without the login.
+    """
+    if password_file is None:
+        if metrics_keys is not None:
+            raise BadInputError(
+                "--metrics-key-file needs --viewer-password-file (without a login, /metrics "
+                "is open on loopback)"
+            )
+        return None
+    from gpuprofd.web import auth
+
+    keys = auth.ApiKeys([metrics_keys] if metrics_keys else [], required=False)
+    return auth.AuthConfig(keys=keys, viewer_hash=auth.viewer_hash(password_file))
 
 
 def _storage(db: Path | None, storage_url: str | None) -> StorageUrl:

@@ -65,6 +65,7 @@ from gpuprofd.web.address import HttpAddress
 
 if TYPE_CHECKING:
     from gpuprofd.forward.forwarder import Forwarder
+    from gpuprofd.web.auth import AuthConfig
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +109,8 @@ class DaemonOptions:
     """Where the dashboard listens (:mod:`gpuprofd.web.address`); None: ``--http off``."""
     forward: ForwardConfig | None = None
     """The team server runs are forwarded to (``--server``); None: none."""
+    viewers: AuthConfig | None = None
+    """The dashboard's viewer login (``--viewer-password-file``); None: loopback, no login."""
 
 
 def run_daemon(opts: DaemonOptions) -> int:
@@ -396,9 +399,15 @@ class Daemon:
             insights=insights,
             forward=forward,
         )
-        served = await stack.enter_async_context(
-            serving(build_app(state, sources, loopback_only=True), self.opts.http)
-        )
+        if self.opts.viewers is None:
+            app = build_app(state, sources, loopback_only=True)
+        else:  # the team server's login: sessions, CSRF, login limits in this database
+            from gpuprofd.web.auth import Auth
+
+            app = build_app(state, sources)
+            guard = await Auth.create(self.opts.viewers, store)
+            guard.install(app, api_key_paths=("/metrics",))
+        served = await stack.enter_async_context(serving(app, self.opts.http))
         return Dashboard(served.url, None)
 
 

@@ -9,6 +9,7 @@ who can reach the port.
 from __future__ import annotations
 
 import ipaddress
+import socket
 from dataclasses import dataclass
 
 from gpuprofd.errors import BadInputError
@@ -20,9 +21,10 @@ DEFAULT_HOST = "127.0.0.1"
 OFF = "off"
 #: Why a non-loopback address is refused (one line, what to do instead).
 NOT_LOOPBACK = (
-    "the dashboard has no login yet, so it listens on loopback only "
-    "(127.0.0.1, ::1, localhost); the viewer login comes with the team server "
-    "(gpuprofd serve). From another machine: ssh -L {port}:127.0.0.1:{port} this-host"
+    "without a login the dashboard listens on loopback only (127.0.0.1, ::1, "
+    "localhost): add --viewer-password-file FILE (an argon2 hash or the password, "
+    "the same viewer login as the team server's), or from another machine: "
+    "ssh -L {port}:127.0.0.1:{port} this-host"
 )
 
 
@@ -39,8 +41,9 @@ class HttpAddress:
     fallback: bool = False
 
     def url(self, port: int | None = None) -> str:
-        """``http://HOST:PORT`` (IPv6 hosts bracketed)."""
-        host = f"[{self.host}]" if ":" in self.host else self.host
+        """``http://HOST:PORT`` (IPv6 hosts bracketed; every address: this host's name)."""
+        host = socket.gethostname() if self.host in ("0.0.0.0", "::") else self.host
+        host = f"[{host}]" if ":" in host else host
         return f"http://{host}:{self.port if port is None else port}"
 
 
@@ -54,13 +57,14 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def parse(value: str | None) -> HttpAddress | None:
+def parse(value: str | None, login: bool = False) -> HttpAddress | None:
     """``--http``'s value: None (not given) → the default address with
     fallback; ``off`` → None; ``HOST:PORT``, ``:PORT`` (loopback),
-    ``[::1]:PORT`` or ``PORT``; port 0: a free port, picked at start.
+    ``[::1]:PORT`` or ``PORT``; port 0: a free port, picked at start. Any
+    host only with *login* (the viewers' password is set).
 
     Raises:
-        BadInputError: malformed, a port outside 0-65535, or not loopback.
+        BadInputError: malformed, a port outside 0-65535, or not loopback without *login*.
     """
     if value is None:
         return HttpAddress(DEFAULT_HOST, DEFAULT_PORT, fallback=True)
@@ -79,6 +83,6 @@ def parse(value: str | None) -> HttpAddress | None:
         ) from None
     if not 0 <= port <= 65535:
         raise BadInputError(f"--http {value!r}: the port must be 0-65535 (0: a free one)")
-    if not is_loopback(host):
+    if not is_loopback(host) and not login:
         raise BadInputError(f"--http {value!r} refused: " + NOT_LOOPBACK.format(port=port))
     return HttpAddress(host, port)

@@ -127,14 +127,16 @@ class ApiKeys:
     """The accepted API keys: from key files (read again when they change)
     and given keys (``GPUPROF_API_KEY``)."""
 
-    def __init__(self, files: Sequence[Path] = (), keys: Iterable[str] = ()) -> None:
+    def __init__(
+        self, files: Sequence[Path] = (), keys: Iterable[str] = (), required: bool = True
+    ) -> None:
         self.files = [Path(f) for f in files]
         self._given = [key_digest(k) for k in keys]
         self._stamp: list[tuple[int, int] | None] = []
         self._from_files: list[bytes] = []
         self._checked = 0.0
         self.load()
-        if not self.digests():
+        if required and not self.digests():
             raise BadInputError(
                 "no API keys: put one or more in the --api-key-file (one a line, or "
                 "sha256:<hex digest>), or set GPUPROF_API_KEY"

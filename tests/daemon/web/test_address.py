@@ -38,7 +38,7 @@ def test_http_values(value: str | None, want: HttpAddress | None) -> None:
 @pytest.mark.parametrize(
     ("value", "says"),
     [
-        ("0.0.0.0:7311", "viewer login comes with the team server"),
+        ("0.0.0.0:7311", "add --viewer-password-file"),
         ("192.168.1.4:80", "listens on loopback only"),
         ("[::]:7311", "listens on loopback only"),
         ("example.com:80", "listens on loopback only"),
@@ -49,6 +49,14 @@ def test_http_values(value: str | None, want: HttpAddress | None) -> None:
 def test_bad_http_values_are_refused(value: str, says: str) -> None:
     with pytest.raises(BadInputError, match=says):
         address.parse(value)
+
+
+def test_any_host_is_taken_with_a_login() -> None:
+    assert address.parse("0.0.0.0:7311", login=True) == HttpAddress("0.0.0.0", 7311)
+    assert address.parse("192.168.1.4:80", login=True) == HttpAddress("192.168.1.4", 80)
+    with pytest.raises(BadInputError, match="the port must be 0-65535"):
+        address.parse("0.0.0.0:70000", login=True)
+    assert HttpAddress("0.0.0.0", 7311).url() == f"http://{socket.gethostname()}:7311"
 
 
 def test_url_brackets_ipv6() -> None:
