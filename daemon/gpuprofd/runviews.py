@@ -159,13 +159,17 @@ async def list_runs(
     """
     out = []
     now = time.time_ns()
-    for run in await reads.runs_overview(db, group):
+    shown = []
+    for run in await reads.runs_rows(db, group):
         if not run_matches(
             run, name=name, status=status, node=node, from_ns=from_ns, to_ns=to_ns, now_ns=now
         ):
             continue
-        if limit is not None and len(out) >= limit:
+        if limit is not None and len(shown) >= limit:
             break
+        shown.append(run)
+    await reads.add_step_aggregates(db, shown)  # only the shown runs' steps are read
+    for run in shown:
         median_ms = run.get("median_step_ms")
         compute = None
         if median_ms is None and run["agg"]:  # still running: compute it now

@@ -294,7 +294,7 @@ async def run_context(
 #: integers as numeric), ``counted_steps`` an integer. With *group*: over
 #: that group's runs only (one parameter, the group id).
 @functools.cache
-def overview_sql(d: Dialect, group: bool = False, run: bool = False) -> str:
+def overview_sql(d: Dialect, group: bool = False, run: bool = False, run_ids: int = 0) -> str:
     def total(expr: str) -> str:
         return f"CAST(COALESCE(SUM({expr}), 0) AS DOUBLE PRECISION)"
 
@@ -303,6 +303,8 @@ def overview_sql(d: Dialect, group: bool = False, run: bool = False) -> str:
 
     where = " WHERE run_id IN (SELECT id FROM runs WHERE group_id = ?)" if group else ""
     where = " WHERE run_id = ?" if run else where
+    if run_ids:
+        where = f" WHERE run_id IN ({', '.join('?' * run_ids)})"
     comm_steps = f"CASE WHEN {d.json_num('phases', 'comm')} IS NOT NULL THEN c ELSE 0 END"
     return f"""
 WITH numbered AS (
@@ -354,17 +356,35 @@ async def group_runs(db: Reader, group: str) -> list[dict[str, Any]]:
 async def runs_overview(db: Reader, group: str | None = None) -> list[dict[str, Any]]:
     """Every run with its step aggregates (``agg``, :func:`overview_sql`),
     newest first; with *group*, only that group's runs (``group_id``), by rank."""
-    if group is None:
-        agg = {r["run_id"]: dict(r) for r in await db.fetchall(overview_sql(db.dialect))}
-        rows = await db.fetchall("SELECT * FROM runs ORDER BY id DESC")
-        runs = [queries.run_from_row(r) for r in rows]
-    else:
-        sql = overview_sql(db.dialect, group=True)
-        agg = {r["run_id"]: dict(r) for r in await db.fetchall(sql, (group,))}
-        runs = await group_runs(db, group)
+    runs = await runs_rows(db, group)
+    await add_step_aggregates(db, runs)
+    return runs
+
+
+async def runs_rows(db: Reader, group: str | None = None) -> list[dict[str, Any]]:
+    """Every run row, newest first (with *group*: its runs, by rank), without
+    their step aggregates (:func:`add_step_aggregates` adds them to those shown)."""
+    if group is not None:
+        return await group_runs(db, group)
+    rows = await db.fetchall("SELECT * FROM runs ORDER BY id DESC")
+    return [queries.run_from_row(r) for r in rows]
+
+
+#: Runs whose steps one aggregate query reads (a page of the runs list is 100).
+_AGG_CHUNK = 200
+
+
+async def add_step_aggregates(db: Reader, runs: list[dict[str, Any]]) -> None:
+    """Set each of *runs*' ``agg`` (:func:`overview_sql`; None: no steps),
+    reading only those runs' steps (by the steps index)."""
+    ids = [r["id"] for r in runs]
+    agg: dict[int, dict[str, Any]] = {}
+    for first in range(0, len(ids), _AGG_CHUNK):
+        part = ids[first : first + _AGG_CHUNK]
+        sql = overview_sql(db.dialect, run_ids=len(part))
+        agg.update((r["run_id"], dict(r)) for r in await db.fetchall(sql, part))
     for run in runs:
         run["agg"] = agg.get(run["id"])
-    return runs
 
 
 async def run_overview(db: Reader, run_id: int) -> dict[str, Any]:
