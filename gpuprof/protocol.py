@@ -374,6 +374,8 @@ SCHEMAS: dict[str, dict[str, tuple[bool, Check]]] = {
         # the team server the run asks to be forwarded to (GPUPROF_SERVER,
         # profile(server=)): the daemon says in the summary when it does not
         "server": (False, _optional(_printable(1000))),
+        # who trains (the login name), for the team server's user filter
+        "user": (False, _optional(_printable(64))),
     },
     "step": {
         "run_key": (True, _RUN_KEY),

@@ -83,6 +83,7 @@ def describe(
         "local_world_size": run.get("local_world_size"),
         "host": run.get("host"),
         "node": run.get("node_id"),
+        "user": run.get("user_name"),
         "steps": agg.get("steps", 0),
         "median_step_ms": median_ms,
         "pct_of_iteration": iteration_shares(agg),
@@ -109,6 +110,7 @@ def run_matches(
     name: str | None = None,
     status: str | None = None,
     node: str | None = None,
+    user: str | None = None,
     from_ns: int | None = None,
     to_ns: int | None = None,
     now_ns: int = 0,
@@ -117,7 +119,8 @@ def run_matches(
 
     *name*: a substring of its name (case-sensitive); *status*: its status;
     *node*: the node it came from, by its id (a team server's ``node_id``)
-    or its host name, exactly; *from_ns* / *to_ns* (wall ns): it ran at some
+    or its host name, exactly; *user*: who trained (the login name the
+    shim sent), exactly; *from_ns* / *to_ns* (wall ns): it ran at some
     moment between them, from its start to its end (a running run: to
     *now_ns*; one that ended without an end time: its start). A run with no
     start time passes no time filter."""
@@ -126,6 +129,8 @@ def run_matches(
     if status is not None and run["status"] != status:
         return False
     if node is not None and node not in (run.get("node_id"), run.get("host")):
+        return False
+    if user is not None and run.get("user_name") != user:
         return False
     if from_ns is None and to_ns is None:
         return True
@@ -145,6 +150,7 @@ async def list_runs(
     name: str | None = None,
     status: str | None = None,
     node: str | None = None,
+    user: str | None = None,
     from_ns: int | None = None,
     to_ns: int | None = None,
     limit: int | None = None,
@@ -162,7 +168,14 @@ async def list_runs(
     shown = []
     for run in await reads.runs_rows(db, group):
         if not run_matches(
-            run, name=name, status=status, node=node, from_ns=from_ns, to_ns=to_ns, now_ns=now
+            run,
+            name=name,
+            status=status,
+            node=node,
+            user=user,
+            from_ns=from_ns,
+            to_ns=to_ns,
+            now_ns=now,
         ):
             continue
         if limit is not None and len(shown) >= limit:
@@ -178,7 +191,7 @@ async def list_runs(
             median_ms = round(median_ms, 3) if median_ms is not None else None
             compute = mfu_figures(ctx)
         out.append(describe(run, median_ms, compute))
-    unfiltered = all(v is None for v in (name, status, node, from_ns, to_ns))
+    unfiltered = all(v is None for v in (name, status, node, user, from_ns, to_ns))
     if group is not None and not out and unfiltered:
         raise UnknownGroupError(await reads.unknown_group_message(db, group))
     return out

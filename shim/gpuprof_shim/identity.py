@@ -123,6 +123,18 @@ def host_name() -> str:
     return name or "unknown"
 
 
+def user_name() -> str | None:
+    """Who runs the training (the login name, printable, at most 64
+    characters), or None when the system cannot say (no passwd entry)."""
+    try:
+        import getpass
+
+        name = getpass.getuser()
+    except Exception:  # noqa: BLE001 - KeyError/OSError in a container without a user
+        return None
+    return "".join(c for c in name if c.isprintable())[:64] or None
+
+
 def argv_text() -> str | None:
     """The command line, shell-quoted and cut to 1000 characters; None if empty."""
     try:

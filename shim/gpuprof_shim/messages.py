@@ -92,6 +92,7 @@ def hello(
     pid_ns: str | None = None,
     group: str | None = None,
     server: str | None = None,
+    user: str | None = None,
 ) -> dict[str, Any]:
     """The ``hello`` request; ``options`` entries that are None are left out;
     ``group``: the torchrun group id (:func:`identity.group_id`), if any."""
@@ -121,6 +122,8 @@ def hello(
         msg["group"] = group
     if server:
         msg["server"] = server
+    if user:
+        msg["user"] = user
     return msg
 
 

@@ -373,6 +373,7 @@ class Profiler:
             pid_ns=identity.pid_namespace(),
             group=self.group,
             server=self.server,
+            user=identity.user_name(),
         )
         return msg
 

@@ -36,3 +36,16 @@ def test_process_group_ranks_reads_an_initialized_group(tmp_path: Path, monkeypa
         assert identity.read_ranks() == identity.Ranks()
     finally:
         dist.destroy_process_group()
+
+
+def test_the_user_is_the_login_name_printable_or_none(monkeypatch) -> None:
+    import getpass
+
+    monkeypatch.setattr(getpass, "getuser", lambda: "al\x1bice" + "x" * 100)
+    assert identity.user_name() == ("alice" + "x" * 100)[:64]
+
+    def no_user() -> str:
+        raise KeyError("getpwuid(): uid not found: 1234")
+
+    monkeypatch.setattr(getpass, "getuser", no_user)
+    assert identity.user_name() is None

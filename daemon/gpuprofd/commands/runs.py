@@ -141,8 +141,9 @@ reported; null when CUDA was not in use), mfu (model FLOPs utilization,
 per GPU): null when unknown (no FLOPs declared or counted, or a GPU or
 dtype without a peak). Each row also has group (torchrun's run id or
 profile(group=...); null: its own group), rank, local_rank, world_size,
-local_world_size, host, and node (the id of the node a team server got
-the run from; null in a node's own database).
+local_world_size, host, node (the id of the node a team server got
+the run from; null in a node's own database) and user (who trained: the
+training process's login name; null when unknown).
 
 \b
 --group NAME    only that group's runs, by rank, with a RANK column and a

@@ -130,6 +130,7 @@ class RunService:
                 "host": msg["host"],
                 "pid": msg["pid"],
                 "pid_ns": msg.get("pid_ns"),
+                "user_name": msg.get("user"),
                 "rank": msg["rank"],
                 "local_rank": msg["local_rank"],
                 "world_size": msg["world_size"],

@@ -122,6 +122,7 @@ RUN_FIELDS: Schema = {
     "start_wall_ns": (True, _NS),
     "start_mono_ns": (True, _NS),
     "host": (False, _text(255)),
+    "user_name": (False, _text(64)),
     "pid": (False, _int(1, 2**31)),
     "pid_ns": (False, _text(64)),
     "rank": (False, _SMALL),

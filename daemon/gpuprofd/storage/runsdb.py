@@ -90,6 +90,7 @@ _RUN_COLUMNS = (
     "local_world_size",
     "daemon",
     "run_uuid",
+    "user_name",
 )
 
 

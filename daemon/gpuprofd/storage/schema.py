@@ -31,7 +31,7 @@ from gpuprof.insights.gpu import (
 )
 from gpuprofd.errors import DatabaseError
 
-SCHEMA_VERSION = 13
+SCHEMA_VERSION = 14
 #: Columns added since schema 1: (table, column, declaration).
 _ADDED_IN_2 = (
     ("steps", "skipped", "INTEGER DEFAULT 0"),
@@ -87,8 +87,12 @@ _ADDED_IN_10 = (
     ("runs", "run_uuid", "TEXT"),
     ("runs", "node_id", "TEXT"),
 )
+#: ... and since schema 13: who trained (the login name the shim sends at hello).
+_ADDED_IN_14 = (("runs", "user_name", "TEXT"),)
+#: The runs columns of schema 14, NULL in an older database read as it is.
+_RUNS_14 = ", NULL AS user_name"
 #: The runs columns of schema 10, as an older database read as it is shows them.
-_RUNS_10 = ", NULL AS run_uuid, NULL AS node_id"
+_RUNS_10 = ", NULL AS run_uuid, NULL AS node_id" + _RUNS_14
 #: ... and since schema 10: each DataLoader worker's context switches (voluntary:
 #: it slept or blocked; involuntary: it was preempted, i.e. wanted the CPU).
 _ADDED_IN_11 = (
@@ -113,6 +117,7 @@ _ADDED = (
     (8, _ADDED_IN_8),
     (10, _ADDED_IN_10),
     (11, _ADDED_IN_11),
+    (14, _ADDED_IN_14),
 )
 
 
@@ -191,7 +196,8 @@ CREATE TABLE IF NOT EXISTS runs (
     store_dropped_events INTEGER DEFAULT 0,  -- received by gpuprofd but not stored (busy, lost db)
     daemon TEXT,                     -- the gpuprofd tracking it: "host:socket dir"; NULL: unknown
     run_uuid TEXT,                   -- schema 10: the run across nodes, made at hello (a UUID)
-    node_id TEXT                     -- team server: the node that forwarded it (ingest_nodes)
+    node_id TEXT,                    -- team server: the node that forwarded it (ingest_nodes)
+    user_name TEXT                   -- schema 14: who trained (the login name); NULL: unknown
 );
 CREATE INDEX IF NOT EXISTS runs_name ON runs (run_name, id);
 CREATE UNIQUE INDEX IF NOT EXISTS runs_uuid ON runs (run_uuid);
@@ -443,6 +449,8 @@ def shadow_old_tables(conn: sqlite3.Connection, version: int) -> None:
             "CREATE TEMP TABLE comm_buckets (run_id INTEGER, step INTEGER, bucket INTEGER, "
             "start_ns INTEGER, end_ns INTEGER, bytes INTEGER)"
         )
+    if 10 <= version < 14:
+        conn.execute(f"CREATE TEMP VIEW runs AS SELECT *{_RUNS_14} FROM main.runs")
     if version in (8, 9):
         conn.execute(f"CREATE TEMP VIEW runs AS SELECT *{_RUNS_10} FROM main.runs")
     if version in (6, 7):

@@ -124,6 +124,7 @@ async def runs_list(request: web.Request) -> web.Response:
         name=request.query.get("name") or None,
         status=status,
         node=request.query.get("node") or None,
+        user=request.query.get("user") or None,
         from_ns=start,
         to_ns=end,
         limit=limit,

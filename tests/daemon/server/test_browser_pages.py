@@ -28,7 +28,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TeamServer]:
         now = time.time_ns()
         old, sft, pre = new_uuid(), new_uuid(), new_uuid()
         a = [
-            run_event(1, old, name="sft-old", start_wall_ns=now - 2 * 86400 * NS),
+            run_event(1, old, name="sft-old", start_wall_ns=now - 2 * 86400 * NS, user_name="bob"),
             ended(2, old, now - 2 * 86400 * NS + 60 * NS),
         ]
         assert s.ingest(batch("n1", a)).status_code == 200
@@ -41,10 +41,18 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TeamServer]:
                 start_wall_ns=now - 600 * NS,
                 cuda_uuid=f"GPU-{GPU}",
                 gpu_model="NVIDIA H200",
+                user_name="alice",
             ),
             steps_event(2, sft, n=5),
             rollups_event(3, [rollup_row(1)]),
-            run_event(4, pre, name="pretrain", host="node-b", start_wall_ns=now - 300 * NS),
+            run_event(
+                4,
+                pre,
+                name="pretrain",
+                host="node-b",
+                start_wall_ns=now - 300 * NS,
+                user_name="<b>bob</b>",
+            ),
             ended(5, pre, now - 200 * NS),
         ]
         assert s.ingest(batch("n2", b, host="node-b")).status_code == 200
@@ -118,6 +126,23 @@ def test_the_runs_list_has_a_node_column_and_filters(page: Any, server: TeamServ
     page.locator("#runs a.node-link", has_text="node-a").click()
     _shows(page, ["sft-old"])
     assert page.input_value("#filter-node") == "n1"
+    assert page.errors == []
+
+
+def test_the_runs_list_shows_who_trained_and_filters_by_user(page: Any, server: TeamServer) -> None:
+    heads = page.locator("table.runs thead th").all_inner_texts()
+    col = heads.index("USER")
+    cells = page.locator(f"table.runs tbody tr td:nth-child({col + 1})").all_inner_texts()
+    assert cells == ["<b>bob</b>", "alice", "bob"]  # a user name is text, never markup
+    assert page.locator("table.runs tbody b").count() == 0
+    page.fill("#filter-user", "bob")
+    _shows(page, ["sft-old"])  # exactly "bob", not "<b>bob</b>"
+    assert page.evaluate("location.hash") == "#/runs?user=bob"
+    page.goto(server.url + "/#/runs")
+    _shows(page, ["pretrain", "sft-new", "sft-old"])
+    page.locator("#runs a.user-link", has_text="alice").click()
+    _shows(page, ["sft-new"])
+    assert page.input_value("#filter-user") == "alice"
     assert page.errors == []
 
 

@@ -1,8 +1,8 @@
 // #/runs: the runs, newest first, filtered by name, status, node (shown once
-// runs came from more than one: a team server) and time; the columns of
+// runs came from more than one: a team server), user and time; the columns of
 // `gpuprofctl runs`. Tick two or more to compare them. The filters live in
-// the hash (#/runs?name=x&status=running&node=n&within=24h), so a filtered
-// list can be bookmarked and a login comes back to it.
+// the hash (#/runs?name=x&status=running&node=n&user=u&within=24h), so a
+// filtered list can be bookmarked and a login comes back to it.
 
 import { api } from "../api.js";
 import { h, replace, userText } from "../dom.js";
@@ -33,6 +33,7 @@ export function render(root, { query }) {
     name: query.get("name") || "",
     status: query.get("status") || "",
     node: query.get("node") || "",
+    user: query.get("user") || "",
     within: WITHIN.some(([k]) => k === query.get("within")) ? query.get("within") : "",
     picked: new Set(),
     gone: false,
@@ -45,13 +46,17 @@ export function render(root, { query }) {
   const statusSelect = h("select", { id: "filter-status", "aria-label": "Filter by status" },
     STATUSES.map((s) => h("option", { value: s, selected: s === state.status }, s || "any status")));
   const nodeSelect = h("select", { id: "filter-node", "aria-label": "Filter by node", hidden: true });
+  const userInput = h("input", {
+    type: "search", id: "filter-user", placeholder: "user", value: state.user,
+    "aria-label": "Filter by user", size: 10,
+  });
   const withinSelect = h("select", { id: "filter-time", "aria-label": "Filter by time" },
     WITHIN.map(([k, label]) => h("option", { value: k, selected: k === state.within }, k ? `ran in ${label}` : label)));
   const compareBtn = h("button", { type: "button", id: "compare", disabled: true }, "Compare selected");
   const tableBox = h("div", { class: "table-wrap", id: "runs" });
   replace(root,
     h("header", { class: "run-head" }, h("h1", {}, "Runs")),
-    h("div", { class: "filters" }, nameInput, statusSelect, nodeSelect, withinSelect, compareBtn),
+    h("div", { class: "filters" }, nameInput, statusSelect, nodeSelect, userInput, withinSelect, compareBtn),
     tableBox);
   document.title = "Runs · gpuprof";
 
@@ -61,6 +66,10 @@ export function render(root, { query }) {
     clearTimeout(debounce);
     debounce = setTimeout(() => { state.name = nameInput.value; load(); }, 250);
   });
+  userInput.addEventListener("input", () => {
+    clearTimeout(debounce);
+    debounce = setTimeout(() => { state.user = userInput.value.trim(); load(); }, 250);
+  });
   statusSelect.addEventListener("change", () => { state.status = statusSelect.value; load(); });
   nodeSelect.addEventListener("change", () => { state.node = nodeSelect.value; load(); });
   withinSelect.addEventListener("change", () => { state.within = withinSelect.value; load(); });
@@ -68,7 +77,7 @@ export function render(root, { query }) {
   /** The filters into the hash (no reload: replaceState fires no hashchange). */
   function remember() {
     const q = new URLSearchParams();
-    for (const k of ["name", "status", "node", "within"]) if (state[k]) q.set(k, state[k]);
+    for (const k of ["name", "status", "node", "user", "within"]) if (state[k]) q.set(k, state[k]);
     const hash = `#/runs${q.size ? `?${q}` : ""}`;
     if (location.hash !== hash && !(location.hash === "" && hash === "#/runs")) history.replaceState(null, "", hash);
   }
@@ -103,6 +112,10 @@ export function render(root, { query }) {
     return h("a", { href: `#/runs?node=${encodeURIComponent(key)}`, class: "node-link", title: r.node ? `node ${r.node}` : null },
       userText(r.host ?? r.node));
   }
+  function userOf(r) {
+    if (!r.user) return "–";
+    return h("a", { href: `#/runs?user=${encodeURIComponent(r.user)}`, class: "user-link" }, userText(r.user));
+  }
   compareBtn.addEventListener("click", () => {
     location.hash = `#/compare/${[...state.picked].sort((a, b) => a - b).join(",")}`;
   });
@@ -130,6 +143,7 @@ export function render(root, { query }) {
       h("td", { class: "group" }, r.group ? h("a", { href: `#/group/${encodeURIComponent(r.group)}` }, userText(r.group)) : "–"),
       h("td", { class: "num" }, r.group && r.rank !== null && r.rank !== undefined ? String(r.rank) : "–"),
       h("td", { class: "node" }, nodeOf(r)),
+      h("td", { class: "user" }, userOf(r)),
       h("td", { class: "num" }, int(r.steps)),
       h("td", { class: "num" }, num(r.median_step_ms, 1)),
       SHARES.map(([k]) => h("td", { class: "num" }, num(pct[k], 1))),
@@ -152,6 +166,7 @@ export function render(root, { query }) {
         name: state.name,
         status: state.status,
         node: state.node,
+        user: state.user,
         from: seconds ? Math.floor(Date.now() / 1000 - seconds) : null,
       });
     } catch (err) {
@@ -161,7 +176,7 @@ export function render(root, { query }) {
     }
     if (state.gone) return;
     const runs = data.runs || [];
-    const heads = ["", "ID", "NAME", "STATUS", "GROUP", "RANK", "NODE", "STEPS", "MEDIAN_STEP_MS",
+    const heads = ["", "ID", "NAME", "STATUS", "GROUP", "RANK", "NODE", "USER", "STEPS", "MEDIAN_STEP_MS",
       ...SHARES.map(([, c]) => c), "SKIPPED", "EVAL_S", "DROPPED", "STARTED", "DURATION"];
     const numeric = new Set(["ID", "RANK", "STEPS", "MEDIAN_STEP_MS", ...SHARES.map(([, c]) => c), "SKIPPED", "EVAL_S", "DROPPED", "DURATION"]);
     replace(tableBox,
@@ -169,7 +184,7 @@ export function render(root, { query }) {
         ? h("table", { class: "runs" },
           h("thead", {}, h("tr", {}, heads.map((c) => h("th", { class: numeric.has(c) ? "num" : null }, c)))),
           h("tbody", {}, runs.map(row)))
-        : h("p", { class: "muted" }, state.name || state.status || state.node || state.within
+        : h("p", { class: "muted" }, state.name || state.status || state.node || state.user || state.within
           ? "No run matches these filters."
           : "No runs yet: wrap a training loop in gpuprof.profile(\"name\") and it shows here."));
     document.body.dataset.ready = "1";
