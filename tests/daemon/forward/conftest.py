@@ -250,6 +250,13 @@ def server_steps(storage: str, run_uuid: str) -> list[int]:
     ]
 
 
+def node_ledger(storage: str) -> list[tuple[int, int, int]]:
+    """The server's ``ingest_nodes``: (last seq applied, events applied,
+    batches received) of each node, by node id."""
+    rows = db_rows(storage, "SELECT last_seq, events, batches FROM ingest_nodes ORDER BY node_id")
+    return [(int(a), int(b), int(c)) for a, b, c in rows]
+
+
 def ended_on_server(storage: str, run_uuid: str) -> bool:
     run = server_run(storage, run_uuid)
     return run is not None and run["status"] != "running" and run["summary"] is not None
@@ -281,6 +288,8 @@ class Tap:
 
     upstream: str
     fault: Fault | None = None
+    port: int = 0
+    """Where it listens (0: a free port)."""
     posts: list[Posted] = field(default_factory=list)
     url: str = ""
     _loop: asyncio.AbstractEventLoop | None = None
@@ -293,7 +302,10 @@ class Tap:
         def main() -> None:
             loop = asyncio.new_event_loop()
             self._loop = loop
-            loop.run_until_complete(self._serve(ready))
+            try:
+                loop.run_until_complete(self._serve(ready))
+            finally:
+                loop.close()
 
         self._thread = threading.Thread(target=main, daemon=True)
         self._thread.start()
@@ -305,7 +317,7 @@ class Tap:
         app.router.add_post("/api/v1/ingest", self._ingest)
         runner = web.AppRunner(app, access_log=None, auto_decompress=False)
         await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
+        site = web.TCPSite(runner, "127.0.0.1", self.port)
         await site.start()
         port = next(a[1] for a in runner.addresses if isinstance(a, tuple))
         self.url = f"http://127.0.0.1:{port}"
