@@ -50,6 +50,11 @@ BACKOFF_BASE_S = 0.5
 BACKOFF_CAP_S = 60.0
 #: The longest ``Retry-After`` obeyed, seconds.
 MAX_RETRY_AFTER_S = 600.0
+#: Events that announce a run to the server. A batch refused as a whole
+#: keeps them in the outbox, once (they hold no data of their own: their
+#: fields are read from ``runs`` when sent), since without its ``run`` event
+#: the server refuses every later event of that run; refused again, they go.
+_ANNOUNCING = ("run", "end")
 
 
 def _wait(base: Callable[[RetryCallState], float]) -> Callable[[RetryCallState], float]:
@@ -113,6 +118,8 @@ class Forwarder:
         self.clock = clock
         self.status = ForwardState(cfg.server)
         self._max_events = outbox.MAX_EVENTS
+        self._kept: set[int] = set()
+        """Sequence numbers of run and end events kept once from a refused batch."""
 
     # --- one batch ------------------------------------------------------------
 
@@ -200,12 +207,17 @@ class Forwarder:
         return len(rows)
 
     async def _refused(self, batch: outbox.Batch, exc: Refused) -> int:
-        """Dead-letter the event the server named, or the whole batch."""
+        """Dead-letter the event the server named, or the whole batch but its
+        run and end events (see :data:`_ANNOUNCING`)."""
         sent = [w for w in batch.rows if w not in batch.gone]
         if exc.event is not None and 0 <= exc.event < len(sent) and exc.status != 413:
             dead = [sent[exc.event].seq]
         else:
-            dead = [w.seq for w in sent]
+            keep = [w for w in sent if w.kind in _ANNOUNCING and w.seq not in self._kept]
+            if len(keep) == len(sent):  # nothing else to blame
+                keep = []
+            self._kept.update(w.seq for w in keep)
+            dead = [w.seq for w in sent if w not in keep]
         await outbox.dead_letter(self.store, dead, exc.status, str(exc), self.clock())
         self.status.dead_batches += 1
         self.drops.add("forward_dead", str(exc)[:200], n=len(dead))
