@@ -329,6 +329,12 @@ async def load_batch(store: Store, node: str, host: str | None, rows: list[Waiti
 # --- acknowledged, refused, given up ------------------------------------------
 
 
+async def run_seqs(store: Any, run_id: int) -> list[int]:
+    """The sequence numbers of every event of run *run_id* waiting in the outbox, in order."""
+    rows = await store.fetchall("SELECT seq FROM outbox WHERE run_id = ? ORDER BY seq", (run_id,))
+    return [int(r[0]) for r in rows]
+
+
 async def ack(store: Store, acked_seq: int) -> None:
     """Forget every event up to *acked_seq* (the server applied them)."""
     await store.write("DELETE FROM outbox WHERE seq <= ?", (acked_seq,))
