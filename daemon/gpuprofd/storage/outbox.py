@@ -37,7 +37,7 @@ from gpuprofd.storage.batch import (
     RUN_FIELDS,
     RUN_KINDS,
 )
-from gpuprofd.storage.store import Forward, Op, Part, Store
+from gpuprofd.storage.store import Forward, Op, Part, Store, Txn
 
 #: What a full outbox gives up first (lowest first): raw samples, then the
 #: per-second GPU rollups and kernel windows, then insights (a later event
@@ -366,23 +366,28 @@ _GIVEN_UP_SQL = (
 )
 
 
-async def give_up(store: Store, rows: Sequence[Waiting | tuple[int, str, int | None, int]]) -> None:
-    """Delete outbox *rows* that will not be sent, counted per run and kind."""
-    counts: dict[tuple[int, str], list[int]] = {}
-    seqs = []
-    for r in rows:
-        seq, kind, run_id, size = (
-            (r.seq, r.kind, r.run_id, r.bytes) if isinstance(r, Waiting) else r
-        )
-        seqs.append((seq,))
-        c = counts.setdefault((run_id or 0, kind), [0, 0])
-        c[0] += 1
-        c[1] += size
-    parts = (
-        Part("DELETE FROM outbox WHERE seq = ?", seqs),
-        Part(_GIVEN_UP_SQL, [(run, kind, n, b) for (run, kind), (n, b) in counts.items()]),
-    )
-    await store.write_atomic(parts, "outbox given up")
+async def give_up(store: Store, rows: Sequence[Waiting | tuple[int, str, int | None, int]]) -> int:
+    """Delete outbox *rows* that will not be sent, counted per run and kind;
+    return how many were given up. Rows no longer there (acknowledged or
+    dead-lettered since they were read) are not counted: they were not lost."""
+    seqs = sorted({r.seq if isinstance(r, Waiting) else r[0] for r in rows})
+
+    async def delete(txn: Txn) -> int:
+        counts: dict[tuple[int, str], list[int]] = {}
+        for first in range(0, len(seqs), 500):
+            part = seqs[first : first + 500]
+            marks = ", ".join("?" * len(part))
+            sql = f"DELETE FROM outbox WHERE seq IN ({marks}) RETURNING kind, run_id, bytes"
+            for kind, run_id, size in await txn.fetch(sql, part):
+                c = counts.setdefault((run_id or 0, str(kind)), [0, 0])
+                c[0] += 1
+                c[1] += int(size)
+        values = [(run, kind, n, b) for (run, kind), (n, b) in counts.items()]
+        for value in values:
+            await txn.execute(_GIVEN_UP_SQL, value)
+        return sum(n for n, _ in counts.values())
+
+    return int(await store.transaction(delete, "outbox given up"))
 
 
 async def total_bytes(store: Any) -> int:
@@ -411,8 +416,7 @@ async def enforce_limit(store: Store, max_bytes: int, chunk: int = 5000) -> int:
                     break
                 take.append((int(seq), str(kind), run_id, int(size)))
                 over -= int(size)
-            await give_up(store, take)
-            given += len(take)
+            given += await give_up(store, take)
     return given
 
 
