@@ -131,11 +131,13 @@ class Forwarder:
 
     # --- one batch ------------------------------------------------------------
 
-    def _note(self, state: str, message: str) -> None:
+    def _note(self, state: str, message: str, logged: bool = False) -> None:
+        """Say *message* in status and, once per distinct message, in the log
+        (unless the caller *logged* it already)."""
         self.status.state = state
         self.status.last_error = message
         self.status.last_error_wall_ns = self.clock()
-        if message not in self.status._logged:  # once per distinct error
+        if not logged and message not in self.status._logged:  # once per distinct error
             self.status._logged.add(message)
             (log.error if state == "paused" else log.warning)("forwarding: %s", message)
 
@@ -257,7 +259,7 @@ class Forwarder:
             len(dead),
             exc,
         )
-        self._note("ok", f"refused for good: {exc}")
+        self._note("ok", f"refused for good: {exc}", logged=True)
         self.status.state = "ok"
         return len(dead)
 
@@ -277,7 +279,7 @@ class Forwarder:
             exc,
             len(dead),
         )
-        self._note("ok", f"refused for good: {exc}")
+        self._note("ok", f"refused for good: {exc}", logged=True)
         self.status.state = "ok"
         return len(dead)
 
