@@ -112,6 +112,8 @@ def test_a_batch_answered_400_is_dead_lettered_and_the_rest_flows(
     log = node.log()
     assert log.count("refused 1 event(s) for good") == 1, log
     assert log.count(f"refused {len(want) - 1} event(s) for good") == 1, log
+    said = [ln for ln in log.splitlines() if "gpuprofd.forward" in ln and "for the test" in ln]
+    assert len(said) == 2, said  # each refusal once
 
 
 #: A paused forwarder tries again every 30 s; 2 s here, so that a few tries
