@@ -60,12 +60,14 @@ class Paused(Retry):
 
 class Refused(Exception):
     """The server refused the batch for good (*status*); *event*: the index
-    of the event it named, if it named one."""
+    of the event it named, if it named one; *field*: what it named
+    (``events[3].run``: that event's run, not the event itself, is refused)."""
 
-    def __init__(self, status: int, message: str, event: int | None) -> None:
+    def __init__(self, status: int, message: str, event: int | None, field: str = "") -> None:
         super().__init__(message)
         self.status = status
         self.event = event
+        self.field = field
 
 
 def _retry_after(value: str | None) -> float | None:
@@ -139,4 +141,4 @@ async def post(session: aiohttp.ClientSession, url: str, key: str, body_gz: byte
     if status == 400 and field == "v":
         raise Paused(f"the team server does not take this node's batch format: {said}")
     m = _EVENT_RE.match(field)
-    raise Refused(status, f"{status}: {said}", int(m.group(1)) if m else None)
+    raise Refused(status, f"{status}: {said}", int(m.group(1)) if m else None, field)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import socket
 import time
 from collections.abc import Callable
@@ -38,6 +39,7 @@ from gpuprofd.errors import BadInputError
 from gpuprofd.forward.client import Acked, Paused, Refused, Retry, compress, post
 from gpuprofd.forward.config import ForwardConfig
 from gpuprofd.storage import outbox
+from gpuprofd.storage.batch import RUN_KINDS
 from gpuprofd.storage.store import Store
 
 log = logging.getLogger(__name__)
@@ -50,6 +52,14 @@ BACKOFF_BASE_S = 0.5
 BACKOFF_CAP_S = 60.0
 #: The longest ``Retry-After`` obeyed, seconds.
 MAX_RETRY_AFTER_S = 600.0
+#: Events that announce a run to the server. A batch refused as a whole
+#: keeps them in the outbox, once (they hold no data of their own: their
+#: fields are read from ``runs`` when sent), since without its ``run`` event
+#: the server refuses every later event of that run; refused again, they go.
+_ANNOUNCING = ("run", "end")
+#: A refusal naming an event's run (``events[3].run``: a run the server does
+#: not know, or knows as another node's): it refuses every event of that run.
+_RUN_FIELD_RE = re.compile(r"^events\[\d+\]\.run$")
 
 
 def _wait(base: Callable[[RetryCallState], float]) -> Callable[[RetryCallState], float]:
@@ -117,14 +127,21 @@ class Forwarder:
         """The last sequence of the batch being sent (kept by the bound: it is on its way)."""
         """The outbox as :meth:`enforce_limit` last counted it (``/metrics`` reads it)."""
         self._max_events = outbox.MAX_EVENTS
+        self._kept: set[int] = set()
+        """Sequence numbers of run and end events kept once from a refused batch."""
+        self._refused_runs: dict[int, tuple[int, str]] = {}
+        """Runs the server refuses (run id -> its status and reason): their
+        events go to the dead-letter table without being sent."""
 
     # --- one batch ------------------------------------------------------------
 
-    def _note(self, state: str, message: str) -> None:
+    def _note(self, state: str, message: str, logged: bool = False) -> None:
+        """Say *message* in status and, once per distinct message, in the log
+        (unless the caller *logged* it already)."""
         self.status.state = state
         self.status.last_error = message
         self.status.last_error_wall_ns = self.clock()
-        if message not in self.status._logged:  # once per distinct error
+        if not logged and message not in self.status._logged:  # once per distinct error
             self.status._logged.add(message)
             (log.error if state == "paused" else log.warning)("forwarding: %s", message)
 
@@ -176,6 +193,12 @@ class Forwarder:
         rows = await outbox.waiting(self.store, max_events=self._max_events)
         if not rows:
             return 0
+        refused = await self._of_refused_runs(rows)
+        if refused:
+            rows = [w for w in rows if w.seq not in refused]
+            if not rows:
+                return len(refused)
+            return len(refused) + await self.send_once(session, stop, retry_paused)
         batch = await outbox.load_batch(self.store, self.status.node, self.host, rows)
         if batch.gone:  # events of runs deleted from this database meanwhile
             await outbox.give_up(self.store, batch.gone)
@@ -208,13 +231,34 @@ class Forwarder:
         s.sent_batches += 1
         return len(rows)
 
+    async def _of_refused_runs(self, rows: list[outbox.Waiting]) -> set[int]:
+        """Dead-letter, unsent, the events of *rows* whose run the server refuses."""
+        out: set[int] = set()
+        for run_id, (status, reason) in self._refused_runs.items():
+            seqs = [w.seq for w in rows if w.run_id == run_id and w.kind in RUN_KINDS]
+            if seqs:
+                await outbox.dead_letter(self.store, seqs, status, reason, self.clock())
+                self.drops.add("forward_dead", reason[:200], n=len(seqs))
+                out.update(seqs)
+        return out
+
     async def _refused(self, batch: outbox.Batch, exc: Refused) -> int:
-        """Dead-letter the event the server named, or the whole batch."""
+        """Dead-letter the event the server named (all of its run's, when it
+        named the run), or the whole batch but its run and end events (see
+        :data:`_ANNOUNCING`)."""
         sent = [w for w in batch.rows if w not in batch.gone]
-        if exc.event is not None and 0 <= exc.event < len(sent) and exc.status != 413:
-            dead = [sent[exc.event].seq]
+        named = sent[exc.event] if exc.event is not None and 0 <= exc.event < len(sent) else None
+        if named is not None and exc.status != 413 and _RUN_FIELD_RE.match(exc.field):
+            if named.run_id is not None and named.kind in RUN_KINDS:
+                return await self._refused_run(named.run_id, exc)
+        if named is not None and exc.status != 413:
+            dead = [named.seq]
         else:
-            dead = [w.seq for w in sent]
+            keep = [w for w in sent if w.kind in _ANNOUNCING and w.seq not in self._kept]
+            if len(keep) == len(sent):  # nothing else to blame
+                keep = []
+            self._kept.update(w.seq for w in keep)
+            dead = [w.seq for w in sent if w not in keep]
         await outbox.dead_letter(self.store, dead, exc.status, str(exc), self.clock())
         self.status.dead_batches += 1
         self.drops.add("forward_dead", str(exc)[:200], n=len(dead))
@@ -224,7 +268,27 @@ class Forwarder:
             len(dead),
             exc,
         )
-        self._note("ok", f"refused for good: {exc}")
+        self._note("ok", f"refused for good: {exc}", logged=True)
+        self.status.state = "ok"
+        return len(dead)
+
+    async def _refused_run(self, run_id: int, exc: Refused) -> int:
+        """The server refuses run *run_id* itself: every event of it waiting
+        goes to the dead-letter table, and so will later ones, unsent (each
+        would be refused alone: one post and one log line per event)."""
+        self._refused_runs[run_id] = (exc.status, str(exc))
+        dead = await outbox.run_seqs(self.store, run_id)
+        await outbox.dead_letter(self.store, dead, exc.status, str(exc), self.clock())
+        self.status.dead_batches += 1
+        self.drops.add("forward_dead", str(exc)[:200], n=len(dead))
+        log.error(
+            "forwarding: the team server refuses run %d (%s); its %d waiting events and any "
+            "later ones go to the dead-letter table, not sent (gpuprofctl status)",
+            run_id,
+            exc,
+            len(dead),
+        )
+        self._note("ok", f"refused for good: {exc}", logged=True)
         self.status.state = "ok"
         return len(dead)
 

@@ -37,7 +37,7 @@ from gpuprofd.storage.batch import (
     RUN_FIELDS,
     RUN_KINDS,
 )
-from gpuprofd.storage.store import Forward, Op, Part, Store
+from gpuprofd.storage.store import Forward, Op, Part, Store, Txn
 
 #: What a full outbox gives up first (lowest first): raw samples, then the
 #: per-second GPU rollups and kernel windows, then insights (a later event
@@ -332,6 +332,12 @@ async def load_batch(store: Store, node: str, host: str | None, rows: list[Waiti
 # --- acknowledged, refused, given up ------------------------------------------
 
 
+async def run_seqs(store: Any, run_id: int) -> list[int]:
+    """The sequence numbers of every event of run *run_id* waiting in the outbox, in order."""
+    rows = await store.fetchall("SELECT seq FROM outbox WHERE run_id = ? ORDER BY seq", (run_id,))
+    return [int(r[0]) for r in rows]
+
+
 async def ack(store: Store, acked_seq: int) -> None:
     """Forget every event up to *acked_seq* (the server applied them)."""
     await store.write("DELETE FROM outbox WHERE seq <= ?", (acked_seq,))
@@ -363,23 +369,28 @@ _GIVEN_UP_SQL = (
 )
 
 
-async def give_up(store: Store, rows: Sequence[Waiting | tuple[int, str, int | None, int]]) -> None:
-    """Delete outbox *rows* that will not be sent, counted per run and kind."""
-    counts: dict[tuple[int, str], list[int]] = {}
-    seqs = []
-    for r in rows:
-        seq, kind, run_id, size = (
-            (r.seq, r.kind, r.run_id, r.bytes) if isinstance(r, Waiting) else r
-        )
-        seqs.append((seq,))
-        c = counts.setdefault((run_id or 0, kind), [0, 0])
-        c[0] += 1
-        c[1] += size
-    parts = (
-        Part("DELETE FROM outbox WHERE seq = ?", seqs),
-        Part(_GIVEN_UP_SQL, [(run, kind, n, b) for (run, kind), (n, b) in counts.items()]),
-    )
-    await store.write_atomic(parts, "outbox given up")
+async def give_up(store: Store, rows: Sequence[Waiting | tuple[int, str, int | None, int]]) -> int:
+    """Delete outbox *rows* that will not be sent, counted per run and kind;
+    return how many were given up. Rows no longer there (acknowledged or
+    dead-lettered since they were read) are not counted: they were not lost."""
+    seqs = sorted({r.seq if isinstance(r, Waiting) else r[0] for r in rows})
+
+    async def delete(txn: Txn) -> int:
+        counts: dict[tuple[int, str], list[int]] = {}
+        for first in range(0, len(seqs), 500):
+            part = seqs[first : first + 500]
+            marks = ", ".join("?" * len(part))
+            sql = f"DELETE FROM outbox WHERE seq IN ({marks}) RETURNING kind, run_id, bytes"
+            for kind, run_id, size in await txn.fetch(sql, part):
+                c = counts.setdefault((run_id or 0, str(kind)), [0, 0])
+                c[0] += 1
+                c[1] += int(size)
+        values = [(run, kind, n, b) for (run, kind), (n, b) in counts.items()]
+        for value in values:
+            await txn.execute(_GIVEN_UP_SQL, value)
+        return sum(n for n, _ in counts.values())
+
+    return int(await store.transaction(delete, "outbox given up"))
 
 
 async def total_bytes(store: Any) -> int:
@@ -408,8 +419,7 @@ async def enforce_limit(store: Store, max_bytes: int, chunk: int = 5000, after_s
                     break
                 take.append((int(seq), str(kind), run_id, int(size)))
                 over -= int(size)
-            await give_up(store, take)
-            given += len(take)
+            given += await give_up(store, take)
     return given
 
 
