@@ -284,6 +284,20 @@ class _Looked:
 _SESSION = web.RequestKey("session", _Looked)
 
 
+_RUN_UUID_PATH_RE = re.compile(
+    r"^/runs/([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})$"
+)
+
+
+def _back_to(path: str) -> str:
+    """Where a page asked for before the login goes after it, as the login
+    page's hash (its form sends it back as ``next``): a run's link by UUID
+    (``/runs/<uuid>``, the summary's "Team server:" line) comes back to
+    that run; other pages carry their own hash already."""
+    m = _RUN_UUID_PATH_RE.match(path)
+    return f"#/run-uuid/{m.group(1)}" if m else ""
+
+
 def safe_next(value: Any) -> str:
     """*value* if it names one of the page's views (``#/run/12``), else ``""``."""
     return value if isinstance(value, str) and _NEXT_RE.match(value) else ""
@@ -461,7 +475,7 @@ class Auth:
                 return await handler(request)
             if path.startswith("/api/") or request.method not in _SAFE_METHODS:
                 return _error(401, "log in first: POST /api/v1/login with the viewer password")
-            raise web.HTTPSeeOther(LOGIN_PATH)
+            raise web.HTTPSeeOther(LOGIN_PATH + _back_to(path))
         if request.method not in _SAFE_METHODS and not await self._csrf_ok(request, session):
             return _error(
                 403,

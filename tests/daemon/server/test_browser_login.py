@@ -82,6 +82,29 @@ def test_the_login_brings_the_viewer_back_to_the_view_asked_for(
     other.close()
 
 
+def test_a_summarys_team_link_comes_back_to_its_run_after_the_login(
+    tmp_path: Path, browser: Any, team_servers: list[TeamServer]
+) -> None:
+    """The summary's "Team server: URL/runs/<uuid>" opened without a session."""
+    server = TeamServer(tmp_path, f"sqlite:///{tmp_path / 'team.db'}").start()
+    team_servers.append(server)
+    other, run = new_uuid(), new_uuid()
+    events = [run_event(1, other, name="not-this"), run_event(2, run, name="linked")]
+    assert server.ingest(batch("n1", [*events, steps_event(3, run)])).is_success
+    ctx = browser.new_context()
+    page = ctx.new_page()
+    page.goto(f"{server.url}/runs/{run}")
+    page.wait_for_url(f"{server.url}/login#/run-uuid/{run}")
+    log_in_page(page)
+    page.wait_for_url(server.url + "/#/run/2", timeout=30_000)
+    page.wait_for_selector("body[data-ready='1']", timeout=30_000)
+    assert page.locator("h1.run-name").inner_text().startswith("linked")
+    page.goto(f"{server.url}/#/run-uuid/{new_uuid()}")  # a run not here (yet): said in words
+    page.wait_for_url(f"{server.url}/runs/*", timeout=30_000)
+    assert "no such run here" in page.locator("body").inner_text()
+    ctx.close()
+
+
 def test_a_login_never_sends_the_viewer_off_the_site(
     tmp_path: Path, browser: Any, team_servers: list[TeamServer]
 ) -> None:

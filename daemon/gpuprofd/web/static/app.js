@@ -42,6 +42,8 @@ export function parse(hash) {
       const g = decodeURIComponent(parts.slice(1).join("/"));
       return g ? ["group", { group: g }] : "Which group? #/group/<group id>.";
     }
+    case "run-uuid": // a node's link to a forwarded run, back from the login: the server resolves it
+      return /^[0-9a-f-]{36}$/.test(parts[1] || "") ? ["run-uuid", { uuid: parts[1] }] : `"${parts[1] ?? ""}" is not a run's UUID.`;
     default:
       return `No page "${parts[0]}".`;
   }
@@ -57,6 +59,10 @@ function route() {
     return;
   }
   const [name, params] = target;
+  if (name === "run-uuid") {
+    location.replace(`/runs/${params.uuid}`); // the team server redirects to the run's page
+    return;
+  }
   document.body.dataset.view = name;
   for (const a of document.querySelectorAll("nav a")) {
     a.setAttribute("aria-current", a.dataset.nav === document.body.dataset.view ? "page" : "false");
