@@ -214,6 +214,11 @@ def cli(
         http_at = http_address.parse(http, login=viewer_password_file is not None)
         viewers = _viewer_login(viewer_password_file, metrics_key_file)
         forward = resolve_forward(server, api_key_file, forward_max_mb)
+        if forward is not None and storage.path is None:
+            raise BadInputError(
+                "--server forwards a node's own database; runs stored in Postgres are "
+                "shared already: point gpuprofd serve --storage-url at that database instead"
+            )
     except GpuprofdError as exc:
         click.echo(f"gpuprofd: error: {exc}", err=True)
         return exc.exit_code

@@ -219,7 +219,8 @@ class Forwarder:
             if self._in_flight_seq == batch.last_seq:
                 self._in_flight_seq = 0
         await outbox.ack(self.store, acked.acked_seq)
-        self._max_events = outbox.MAX_EVENTS
+        # a batch size halved after a 413 stays (a proxy's body limit in front of
+        # the server does not change): a catch-up does not hit it with every batch
         s = self.status
         if s.state != "ok" and s.last_error is not None and s.state != "starting":
             log.info("forwarding to %s again (%d events waited)", self.cfg.server, len(rows))

@@ -239,6 +239,9 @@ async def test_413_halves_the_batch_until_it_is_taken(tmp_path: Path) -> None:
         taken = [seqs for seqs, status in ingest.posts if status == 200]
         assert [s for seqs in taken for s in seqs] == list(range(1, 31))  # in order, once
         assert all(len(seqs) <= 8 for seqs in taken)
+        refused = [seqs for seqs, status in ingest.posts if status == 413]
+        assert len(refused) == 2  # 30 -> 15 -> 7, and the size then stays: no 413 after
+        assert ingest.posts.index((refused[-1], 413)) < ingest.posts.index((taken[0], 200))
 
 
 async def test_a_single_event_too_large_is_dead_lettered(tmp_path: Path) -> None:
