@@ -24,7 +24,7 @@ from gpuprofd.insights_runner import InsightsRunner
 from gpuprofd.server.app import CHANGES, build_server_app
 from gpuprofd.server.ingest_api import IngestLimits
 from gpuprofd.server.notify import Listener, RunChanges
-from gpuprofd.storage import logins, retention, schema
+from gpuprofd.storage import logins, retention, schema, steprollup
 from gpuprofd.storage.ingest import Applied
 from gpuprofd.storage.store import Store
 from gpuprofd.storage.url import StorageUrl
@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 
 #: How often retention runs, seconds (and once at start).
 RETENTION_EVERY_S = 600.0
+#: How often ingested runs' steps are rolled into blocks, seconds (a node's pace).
+ROLL_EVERY_S = steprollup.ROLL_INTERVAL_S
 #: Login counts older than this are forgotten (well past the rate window), seconds.
 LOGINS_KEPT_S = 3600.0
 SHUTDOWN_TIMEOUT_S = 2.0
@@ -100,6 +102,19 @@ class Server:
             if not lock.locked():
                 self._ending.pop(run_id, None)
 
+    async def _roll_steps(self) -> None:
+        """The step rollup tier of ingested runs, as a node keeps its own
+        (:mod:`gpuprofd.storage.steprollup`): whole-run charts of long runs
+        read blocks, not every step. Replicas may both roll: a block is
+        written once (its key)."""
+        while not self._stop.is_set():
+            try:
+                await steprollup.roll_pass(self.store)
+            except Exception:  # noqa: BLE001 - retry at the next round
+                log.exception("step rollups failed; trying again in %.0f s", ROLL_EVERY_S)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), ROLL_EVERY_S)
+
     async def _retention(self) -> None:
         while not self._stop.is_set():
             try:
@@ -164,9 +179,11 @@ class Server:
             if ready is not None:
                 ready(self.url)
             keeper = asyncio.create_task(self._retention())
+            roller = asyncio.create_task(self._roll_steps())
             await self._stop.wait()
             keeper.cancel()
-            await asyncio.gather(keeper, return_exceptions=True)
+            roller.cancel()
+            await asyncio.gather(keeper, roller, return_exceptions=True)
         finally:
             if runner is not None:
                 await runner.cleanup()

@@ -66,6 +66,12 @@ def test_a_run_in_many_batches(
     assert [a.json()["acked_seq"] for a in answers] == [1, 3, 5]
     assert db_rows(storage_url, "SELECT COUNT(*), MAX(step) FROM steps") == [(120, 119)]
     assert db_rows(storage_url, "SELECT status, node_id FROM runs") == [("finished", "node-1")]
+    # the server rolls the steps into blocks as a node does: the ended run's last block too
+    blocks = "SELECT block, first_step, last_step, n FROM step_rollups ORDER BY block"
+    deadline = time.monotonic() + 120
+    while len(db_rows(storage_url, blocks)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert db_rows(storage_url, blocks) == [(0, 0, 99, 100), (1, 100, 119, 20)]
 
 
 def _serve(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
