@@ -19,7 +19,10 @@ real ``gpuprofd --http`` serves the dashboard, and this measures:
   100,000 and the same is counted again.
 
     python bench/dashboard.py [--hours 24] [--gpus 8] [--step-ms 500] [--width 1400]
-                              [--live-steps 100000]
+                              [--live-steps 100000] [--db DAY.db]
+
+``--db`` uses a database ``bench/storage.py`` built before (a copy of it:
+the daemon writes to what it serves) instead of building one.
 
 Prints the figures and their ratios from one run; not a test (these
 machines are shared and noisy).
@@ -332,6 +335,15 @@ def _wait_rollups(db: Path, steps: int, timeout_s: float = 900) -> None:
     raise SystemExit(f"the daemon's step rollups did not cover run 1 in {timeout_s:.0f} s")
 
 
+def _counts(db: Path) -> dict[str, int]:
+    """Rows by table of a database built before (what :func:`build` returns)."""
+    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
+        return {
+            t: conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0]
+            for t in ("steps", "gpu_rollups")
+        }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--hours", type=float, default=24.0)
@@ -339,16 +351,22 @@ def main() -> None:
     ap.add_argument("--step-ms", type=float, default=500.0)
     ap.add_argument("--width", type=int, default=1400, help="the page's width (px)")
     ap.add_argument("--live-steps", type=int, default=100_000)
+    ap.add_argument("--db", type=Path, help="a database bench/storage.py built (copied)")
     args = ap.parse_args()
     storage = _storage_bench()
     work = Path(tempfile.mkdtemp(prefix="gpd", dir="/tmp"))
     try:
         db = work / "day.db"
         t = time.perf_counter()
-        counts = storage.build(db, args.hours, args.gpus, args.step_ms)
+        if args.db is not None:
+            shutil.copyfile(args.db, db)
+            counts = _counts(db)
+            how = f"copied {args.db}"
+        else:
+            counts = storage.build(db, args.hours, args.gpus, args.step_ms)
+            how = f"built the {args.hours:g} h, {args.gpus}-GPU database"
         print(
-            f"built the {args.hours:g} h, {args.gpus}-GPU database in "
-            f"{time.perf_counter() - t:.0f} s: {counts['steps']:,} steps, "
+            f"{how} in {time.perf_counter() - t:.0f} s: {counts['steps']:,} steps, "
             f"{counts['gpu_rollups']:,} GPU rollups, {db.stat().st_size / 1e6:.0f} MB"
         )
         with daemon(db, work) as (base, env):

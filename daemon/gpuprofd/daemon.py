@@ -57,7 +57,7 @@ from gpuprofd.sampling.host_sampler import HostSampler
 from gpuprofd.sampling.nvml import open_backend
 from gpuprofd.sampling.rollup import SecondRollups
 from gpuprofd.sinks import SampleSinks
-from gpuprofd.storage import commprune, schema, steprollup
+from gpuprofd.storage import commprune, hostrollup, schema, steprollup
 from gpuprofd.storage.store import Store
 from gpuprofd.storage.url import StorageUrl
 from gpuprofd.web import address as http_address
@@ -297,6 +297,7 @@ class Daemon:
             ("compact-kernels", retention.interval_s, retention.compact_kernels),
             ("prune-comm", retention.interval_s, retention.prune_comm),
             ("roll-steps", steprollup.ROLL_INTERVAL_S, retention.roll_steps),
+            ("roll-host", hostrollup.ROLL_INTERVAL_S, retention.roll_hosts),
             ("watch-db", DB_CHECK_S, db_switch.check_periodic),
         ):
             await stack.enter_async_context(task(name, every(interval_s, job, name)))

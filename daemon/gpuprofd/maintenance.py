@@ -18,7 +18,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import NoReturn
 
-from gpuprofd.storage import commprune, kcompact, runsdb, steprollup
+from gpuprofd.storage import commprune, hostrollup, kcompact, runsdb, steprollup
 from gpuprofd.storage.store import Store
 
 log = logging.getLogger(__name__)
@@ -92,6 +92,10 @@ class Retention:
     async def roll_steps(self) -> None:
         """Write the step rollups each run has pending (:mod:`gpuprofd.storage.steprollup`)."""
         await steprollup.roll_pass(self.store)
+
+    async def roll_hosts(self) -> None:
+        """Write the host rollups each run has pending (:mod:`gpuprofd.storage.hostrollup`)."""
+        await hostrollup.roll_pass(self.store)
 
     async def prune_comm(self) -> None:
         """Delete per-bucket comm rows outside each run's kept steps."""

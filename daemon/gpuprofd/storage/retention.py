@@ -15,6 +15,8 @@ ROWS_PER_PASS = 20_000
 #: Tables holding a run's rows (``run_id``), deleted with it.
 RUN_TABLES = (
     "steps",
+    "step_rollups",
+    "host_rollups",
     "comm_buckets",
     "kernel_stats",
     "kernel_windows",

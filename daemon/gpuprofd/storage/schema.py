@@ -7,7 +7,9 @@ power ``*_mw`` (milliwatts).
 
 Tiering (what a long run leaves behind, see ``bench/storage.py``): raw GPU
 samples for the daemon's raw window only, per-second ``gpu_rollups`` for the
-whole run; continuous kernel windows merged as they age (``gpuprofd.storage.kcompact``);
+whole run; every host sample, and per run ``host_rollups`` of them (10 s
+blocks, ``gpuprofd.storage.hostrollup``) for the whole-run charts;
+continuous kernel windows merged as they age (``gpuprofd.storage.kcompact``);
 every step row kept. ``comm_buckets`` (one row per DDP bucket per step: a day
 of 500 ms steps with 280 buckets is ~48 M rows per rank) keeps, per run, the
 steps whose index is within ``COMM_STEPS_KEPT`` of the run's latest step
@@ -31,7 +33,7 @@ from gpuprof.insights.gpu import (
 )
 from gpuprofd.errors import DatabaseError
 
-SCHEMA_VERSION = 14
+SCHEMA_VERSION = 15
 #: Columns added since schema 1: (table, column, declaration).
 _ADDED_IN_2 = (
     ("steps", "skipped", "INTEGER DEFAULT 0"),
@@ -334,6 +336,23 @@ CREATE TABLE IF NOT EXISTS login_limits (  -- schema 10: viewer logins per clien
 CREATE TABLE IF NOT EXISTS server_secrets (  -- schema 10: made once, shared by replicas
     name TEXT PRIMARY KEY, value TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS host_rollups (  -- schema 15: one row per run per block of the
+    -- node's host samples with the run's own CPU (gpuprofd.storage.hostrollup), the whole run
+    run_id INTEGER NOT NULL,
+    block INTEGER NOT NULL,          -- mono_ns / HOST_BLOCK_NS (10 s) on the run's boot's clock
+    t0_ns INTEGER, t1_ns INTEGER,    -- its first and last sample's mono_ns
+    n INTEGER,                       -- host samples in it
+    cpu_count INTEGER,               -- the most logical CPUs a sample counted
+    -- per reading (the run's cores, the other cores busy, disk read bytes/s, page cache
+    -- bytes): minimum, maximum, sum and count of the samples that had it (mean = sum / n)
+    run_cores_min REAL, run_cores_max REAL, run_cores_sum REAL, run_cores_n INTEGER,
+    other_cores_min REAL, other_cores_max REAL, other_cores_sum REAL, other_cores_n INTEGER,
+    disk_read_bps_min REAL, disk_read_bps_max REAL, disk_read_bps_sum REAL,
+    disk_read_bps_n INTEGER,
+    page_cache_bytes_min INTEGER, page_cache_bytes_max INTEGER, page_cache_bytes_sum REAL,
+    page_cache_bytes_n INTEGER,
+    PRIMARY KEY (run_id, block)
+);
 CREATE TABLE IF NOT EXISTS outbox (  -- schema 12, a forwarding node: events not yet
     -- acknowledged by the team server (gpuprofd.storage.outbox); seq is the node's sequence
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -376,6 +395,19 @@ _STEP_ROLLUPS_TEMP = (
     "iter_max_ns INTEGER, iter_sum_ns REAL, loader_wait_sum_ns REAL, forward_sum_ns REAL, "
     "backward_sum_ns REAL, comm_sum_ns REAL, optimizer_sum_ns REAL, other_sum_ns REAL, "
     "eval_n INTEGER, skipped_n INTEGER, mem_alloc_max INTEGER, mem_reserved_max INTEGER)"
+)
+
+
+#: ... and the ``host_rollups`` table for one older than schema 15 (empty: the
+#: host series then reads the samples themselves).
+_HOST_ROLLUPS_TEMP = (
+    "CREATE TEMP TABLE host_rollups (run_id INTEGER, block INTEGER, t0_ns INTEGER, "
+    "t1_ns INTEGER, n INTEGER, cpu_count INTEGER, "
+    + ", ".join(
+        f"{m}_min REAL, {m}_max REAL, {m}_sum REAL, {m}_n INTEGER"
+        for m in ("run_cores", "other_cores", "disk_read_bps", "page_cache_bytes")
+    )
+    + ")"
 )
 
 
@@ -436,6 +468,8 @@ def shadow_old_tables(conn: sqlite3.Connection, version: int) -> None:
     queries: TEMP views (searched before ``main``) add the missing columns
     with their defaults. Nothing is written to the file."""
     runs6 = ", ".join(f"NULL AS {c}" for c in _RUNS_6) + _RUNS_8
+    if version < 15:
+        conn.execute(_HOST_ROLLUPS_TEMP)
     if version < 9:
         conn.execute(_STEP_ROLLUPS_TEMP)
     if version < 7:

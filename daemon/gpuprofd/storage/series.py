@@ -195,8 +195,9 @@ async def gpu_raw_buckets(
 
 #: Host samples of a boot with the run's own CPU at the same tick (the host
 #: sampler samples each live run at its ``mono_ns``): ``run_cores``, and
-#: ``other_cores`` (the machine's busy cores less the run's).
-_HOST_ROW = (
+#: ``other_cores`` (the machine's busy cores less the run's). Params: the run,
+#: the boot, the window's start and end (monotonic ns, end excluded).
+HOST_ROW_SQL = (
     "SELECT h.mono_ns AS mono_ns, h.cpu_count AS cpu_count, COALESCE(r.cores, 0) AS run_cores, "
     "CAST(h.cpu_pct AS DOUBLE PRECISION) * h.cpu_count / 100.0 - COALESCE(r.cores, 0) "
     "AS other_cores, "
@@ -204,22 +205,42 @@ _HOST_ROW = (
     "FROM host_samples h LEFT JOIN run_cpu_samples r ON r.mono_ns = h.mono_ns AND r.run_id = ? "
     "WHERE h.boot_id IS NOT DISTINCT FROM ? AND h.mono_ns >= ? AND h.mono_ns < ?"
 )
+#: The host readings a chart shows (:data:`HOST_ROW_SQL`'s names).
+HOST_METRICS = ("run_cores", "other_cores", "disk_read_bps", "page_cache_bytes")
+
+
+def host_stats_sql(col: str) -> str:
+    """``{col}_min``, ``_max``, ``_sum`` and ``_n`` (the samples that had it) of
+    *col* over a group of rows: what buckets and blocks of host samples keep
+    (a mean is sum / n, so blocks merge exactly)."""
+    return (
+        f"MIN({col}) AS {col}_min, MAX({col}) AS {col}_max, "
+        f"CAST(SUM({_F.format(col)}) AS DOUBLE PRECISION) AS {col}_sum, "
+        f"CAST(COUNT({col}) AS BIGINT) AS {col}_n"
+    )
+
+
 HOST_BUCKET_SQL = (
     "SELECT (mono_ns - ?) / ? AS b, MIN(mono_ns) AS t, MAX(cpu_count) AS cpu_count, "
-    + ", ".join(
-        f"MIN({c}) AS {c}_min, {_avg(c)} AS {c}_mean, MAX({c}) AS {c}_max"
-        for c in ("run_cores", "other_cores", "disk_read_bps", "page_cache_bytes")
-    )
-    + f" FROM ({_HOST_ROW}) AS hs GROUP BY b ORDER BY b"
+    "CAST(COUNT(*) AS BIGINT) AS n, "
+    + ", ".join(host_stats_sql(c) for c in HOST_METRICS)
+    + f" FROM ({HOST_ROW_SQL}) AS hs GROUP BY b ORDER BY b"
 )
 
 
 async def host_buckets(
-    db: Reader, run_id: int, boot_id: str | None, lo_ns: int, hi_ns: int, width_ns: int
+    db: Reader,
+    run_id: int,
+    boot_id: str | None,
+    lo_ns: int,
+    width_ns: int,
+    start_ns: int,
+    end_ns: int,
 ) -> list[dict[str, Any]]:
-    """The host's samples of boot *boot_id* in [*lo_ns*, *hi_ns*), with run
-    *run_id*'s CPU, per bucket (:data:`HOST_BUCKET_SQL`)."""
-    params = (lo_ns, width_ns, run_id, boot_id, lo_ns, hi_ns)
+    """The host's samples of boot *boot_id* in [*start_ns*, *end_ns*), with
+    run *run_id*'s CPU, in buckets of *width_ns* from *lo_ns*
+    (:data:`HOST_BUCKET_SQL`: per reading its min, max, sum and count)."""
+    params = (lo_ns, width_ns, run_id, boot_id, start_ns, end_ns)
     return [dict(r) for r in await db.fetchall(HOST_BUCKET_SQL, params)]
 
 
@@ -317,7 +338,7 @@ async def host_samples_after(
     until_ns: int | None = None,
 ) -> list[dict[str, Any]]:
     """Host samples of boot *boot_id* newer than *mono_ns* (not after
-    *until_ns*) with run *run_id*'s CPU (:data:`_HOST_ROW`), by time, at most *limit*."""
-    sql = f"{_HOST_ROW} ORDER BY h.mono_ns LIMIT ?"
+    *until_ns*) with run *run_id*'s CPU (:data:`HOST_ROW_SQL`), by time, at most *limit*."""
+    sql = f"{HOST_ROW_SQL} ORDER BY h.mono_ns LIMIT ?"
     params = (run_id, boot_id, mono_ns + 1, (until_ns or 2**62) + 1, limit)
     return [dict(r) for r in await db.fetchall(sql, params)]

@@ -14,7 +14,7 @@ from aiohttp import web
 from gpuprof.insights.base import WARMUP_STEPS
 from gpuprofd import kerneltable
 from gpuprofd.runviews import LIVE_NOTE, list_runs, load_group, phase_means_ms
-from gpuprofd.storage import reads, series, steprollup
+from gpuprofd.storage import hostrollup, reads, series, steprollup
 from gpuprofd.web import runs as views
 from gpuprofd.web.app import STATE, ApiError, WebState, json_response
 from gpuprofd.web.series import (
@@ -26,6 +26,7 @@ from gpuprofd.web.series import (
     bucket_as_rollup,
     gpu_series,
     host_series,
+    merge_host_buckets,
     merge_step_rollups,
     steps_series,
 )
@@ -173,10 +174,33 @@ async def run_insights(request: web.Request) -> web.Response:
     return json_response(await insights_payload(_state(request).reader, _run_id(request)))
 
 
+#: The parts of a run's series, in the order a response lists them.
+SERIES_PARTS = ("steps", "gpus", "host")
+
+
+def parts_param(request: web.Request) -> tuple[str, ...]:
+    """Query parameter ``parts``: which of :data:`SERIES_PARTS` to read
+    (comma-separated; default all), in their order.
+
+    Raises:
+        ApiError: 400, a part that is not one of them, or none.
+    """
+    raw = request.query.get("parts")
+    if raw is None:
+        return SERIES_PARTS
+    asked = {p.strip() for p in raw.split(",") if p.strip()}
+    unknown = sorted(asked - set(SERIES_PARTS))
+    if unknown or not asked:
+        said = ", ".join(map(repr, unknown)) if unknown else "nothing"
+        raise ApiError(400, f"parts={raw!r} names {said}: give some of {', '.join(SERIES_PARTS)}")
+    return tuple(p for p in SERIES_PARTS if p in asked)
+
+
 async def run_series(request: web.Request) -> web.Response:
     state = _state(request)
     run_id = _run_id(request)
     width = int_param(request, "width", DEFAULT_WIDTH, MIN_WIDTH, MAX_WIDTH)
+    parts = parts_param(request)
     start, end = float_param(request, "from"), float_param(request, "to")
     for name, value in (("from", start), ("to", end)):
         if value is not None and not 0 <= value <= MAX_UNIX_S:
@@ -193,35 +217,76 @@ async def run_series(request: web.Request) -> web.Response:
     hi = min(hi, clock.to_mono(end)) if end is not None else hi
     if hi <= lo:
         raise ApiError(400, f"the window from={start} to={end} holds none of the run")
-    return json_response(await series_payload(state, run, Buckets.for_width(lo, hi, width)))
+    b = Buckets.for_width(lo, hi, width)
+    return json_response(await series_payload(state, run, b, parts))
 
 
-async def series_payload(state: WebState, run: dict[str, Any], b: Buckets) -> dict[str, Any]:
-    """``/runs/{id}/series`` of *run* over the buckets *b*."""
+async def series_payload(
+    state: WebState, run: dict[str, Any], b: Buckets, parts: tuple[str, ...] = SERIES_PARTS
+) -> dict[str, Any]:
+    """``/runs/{id}/series`` of *run* over the buckets *b*: the *parts* asked
+    for (:data:`SERIES_PARTS`), each with its tier."""
     db, clock = state.reader, views.clock_of(run)
-    step_rows, step_tier = await step_buckets(db, run["id"], b)
-    gpus, gpu_tier = [], "rollup"
+    out: dict[str, Any] = {
+        "window": {"from": clock.to_s(b.lo_ns), "to": clock.to_s(b.hi_ns)},
+        "buckets": b.count,
+        "tier": {},
+    }
+    if "steps" in parts:
+        step_rows, out["tier"]["steps"] = await step_buckets(db, run["id"], b)
+        out["steps"] = steps_series(step_rows, clock)
+    if "gpus" in parts:
+        gpus, out["tier"]["gpus"] = await gpu_buckets(state, run, b)
+        out["gpus"] = gpus
+    if "host" in parts:
+        host_rows, out["tier"]["host"] = await host_buckets(db, run, b)
+        out["host"] = host_series(host_rows, clock)
+    return out
+
+
+async def gpu_buckets(
+    state: WebState, run: dict[str, Any], b: Buckets
+) -> tuple[list[dict[str, Any]], str]:
+    """One ``gpus`` entry per GPU of the run over the buckets *b*, and the
+    tier read: the raw samples when the window is narrower than one second
+    per bucket and raw rows still cover it, else the per-second rollups."""
+    db, clock = state.reader, views.clock_of(run)
+    gpus, tier = [], "rollup"
     for gpu in await views.gpus_of(state, run, b.lo_ns, b.hi_ns):
         raw_from = await series.gpu_raw_start(db, gpu.key) if b.span_s < b.count else None
         if raw_from is not None and raw_from <= b.lo_ns:  # narrow, and raw rows cover it
             rows = await series.gpu_raw_buckets(db, gpu.key, b.lo_ns, b.hi_ns, b.width_ns)
-            gpu_tier = "raw"
+            tier = "raw"
         else:
             rows = await series.gpu_rollup_buckets(
                 db, gpu.key, run.get("boot_id"), b.lo_ns, b.hi_ns, b.width_ns
             )
         gpus.append(gpu_series(rows, clock, gpu.info))
-    host_rows = await series.host_buckets(
-        db, run["id"], run.get("boot_id"), b.lo_ns, b.hi_ns, b.width_ns
-    )
-    return {
-        "window": {"from": clock.to_s(b.lo_ns), "to": clock.to_s(b.hi_ns)},
-        "buckets": b.count,
-        "tier": {"steps": step_tier, "gpus": gpu_tier, "host": "raw"},
-        "steps": steps_series(step_rows, clock),
-        "gpus": gpus,
-        "host": host_series(host_rows, clock),
-    }
+    return gpus, tier
+
+
+async def host_buckets(
+    db: Any, run: dict[str, Any], b: Buckets
+) -> tuple[list[dict[str, Any]], str]:
+    """The host's readings over the buckets *b* and the tier they came from:
+    with buckets at least one :data:`gpuprofd.storage.hostrollup.HOST_BLOCK_NS`
+    wide, the run's host rollups with the samples outside the rolled blocks
+    (the window's edges, a live run's newest seconds); else the samples."""
+    run_id, boot = run["id"], run.get("boot_id")
+
+    def raw(start: int, end: int) -> Any:
+        return series.host_buckets(db, run_id, boot, b.lo_ns, b.width_ns, start, end)
+
+    rolled = []
+    if b.width_ns >= hostrollup.HOST_BLOCK_NS:
+        rolled = await hostrollup.rollup_buckets(db, run_id, b.lo_ns, b.hi_ns, b.width_ns)
+    if not rolled:
+        return await raw(b.lo_ns, b.hi_ns), "raw"
+    first = min(r["first_block"] for r in rolled) * hostrollup.HOST_BLOCK_NS
+    end = (max(r["last_block"] for r in rolled) + 1) * hostrollup.HOST_BLOCK_NS
+    head = await raw(b.lo_ns, first) if b.lo_ns < first else []
+    tail = await raw(end, b.hi_ns) if end < b.hi_ns else []
+    return merge_host_buckets(head, rolled, tail), "rollup"
 
 
 #: Rollup blocks per bucket from which a window reads the step rollup tier

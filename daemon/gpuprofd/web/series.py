@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpuprofd.storage.series import PHASES
+from gpuprofd.storage.series import HOST_METRICS, PHASES
 
 #: Buckets per pixel of the requested width: two, so a one-pixel feature is
 #: never split into one half-empty column (the min/max envelope stays closed).
@@ -143,17 +143,50 @@ def gpu_series(
     }
 
 
+def _host_stat(rows: Sequence[Mapping[str, Any]], m: str, nd: int) -> dict[str, list]:
+    """min/mean/max of reading *m* from rows holding its min, max, sum and count."""
+    return {
+        "min": [_num(r[f"{m}_min"], nd=nd) for r in rows],
+        "mean": [_num(r[f"{m}_sum"] / r[f"{m}_n"], nd=nd) if r[f"{m}_n"] else None for r in rows],
+        "max": [_num(r[f"{m}_max"], nd=nd) for r in rows],
+    }
+
+
 def host_series(rows: Sequence[Mapping[str, Any]], clock: RunClock) -> dict[str, Any]:
-    """Bucketed host rows (:func:`gpuprofd.storage.series.host_buckets`) as the ``host`` object."""
+    """Bucketed host rows (:func:`gpuprofd.storage.series.host_buckets`,
+    ``hostrollup.rollup_buckets``, or both merged by :func:`merge_host_buckets`)
+    as the ``host`` object."""
     counts = [r["cpu_count"] for r in rows if r.get("cpu_count") is not None]
     return {
         "t": [_t(clock.to_s(r["t"])) for r in rows],
         "cpu_count": max(counts) if counts else None,
-        "run_cores": _mmm(rows, "run_cores"),
-        "other_cores": _mmm(rows, "other_cores"),
-        "disk_read_bps": _mmm(rows, "disk_read_bps", nd=0),
-        "page_cache_bytes": _mmm(rows, "page_cache_bytes", nd=0),
+        "run_cores": _host_stat(rows, "run_cores", 3),
+        "other_cores": _host_stat(rows, "other_cores", 3),
+        "disk_read_bps": _host_stat(rows, "disk_read_bps", 0),
+        "page_cache_bytes": _host_stat(rows, "page_cache_bytes", 0),
     }
+
+
+def merge_host_buckets(*parts: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Bucketed host rows from several reads of one window's buckets (the
+    rollup tier's and the samples' around it) merged by bucket ``b``, by
+    bucket: first time, sample count, minima, maxima, sums and counts combined."""
+    out: dict[int, dict[str, Any]] = {}
+    for rows in parts:
+        for r in rows:
+            cur = out.get(r["b"])
+            if cur is None:
+                out[r["b"]] = dict(r)
+                continue
+            cur["t"] = min(cur["t"], r["t"])
+            cur["n"] = (cur["n"] or 0) + (r["n"] or 0)
+            cur["cpu_count"] = _pick(max, cur["cpu_count"], r["cpu_count"])
+            for m in HOST_METRICS:
+                cur[f"{m}_min"] = _pick(min, cur[f"{m}_min"], r[f"{m}_min"])
+                cur[f"{m}_max"] = _pick(max, cur[f"{m}_max"], r[f"{m}_max"])
+                cur[f"{m}_sum"] = (cur[f"{m}_sum"] or 0) + (r[f"{m}_sum"] or 0)
+                cur[f"{m}_n"] = (cur[f"{m}_n"] or 0) + (r[f"{m}_n"] or 0)
+    return [out[b] for b in sorted(out)]
 
 
 def merge_step_rollups(rows: Iterable[Mapping[str, Any]], buckets: Buckets) -> list[dict[str, Any]]:

@@ -19,7 +19,7 @@ from aiohttp import test_utils
 from gpuprofd.sampling import rollup
 from gpuprofd.sampling.nvml import GpuDevice
 from gpuprofd.server.notify import RunChanges
-from gpuprofd.storage import runsdb, steprollup
+from gpuprofd.storage import hostrollup, runsdb, steprollup
 from gpuprofd.storage.store import Op, Store
 from gpuprofd.web.app import WebState, build_app
 from tests.daemon.storage.test_backends import open_store
@@ -32,6 +32,7 @@ STEPS = 10_000  # 300 s
 SPIKE_STEP, SPIKE_STEP_NS = 6_345, 900_000_000
 SECONDS = 300
 SPIKE_SECOND, SPIKE_POWER_MW = 221, 700_000
+HOST_SPIKE_SAMPLE, HOST_SPIKE_BPS = 333, 9e8  # one 2 Hz sample's disk reads
 UUID = "GPU-11111111-2222-3333-4444-555555555555"
 BOOT = "boot-a"
 
@@ -117,10 +118,11 @@ async def _write_run(store: Store) -> int:
         await store.submit(Op(rollup.INSERT_SQL, _rollup(sec)))
     for k in range(2 * SECONDS):
         mono = START_MONO + k * 500_000_000
+        disk = HOST_SPIKE_BPS if k == HOST_SPIKE_SAMPLE else 1e6
         await store.submit(
-            runsdb.host_sample_op(mono, 50.0, 4, 1e6, None, 8 * 10**9, None, None, BOOT)
+            runsdb.host_sample_op(mono, 50.0, 4, disk, None, 8 * 10**9, None, None, BOOT)
         )
-        await store.submit(runsdb.run_cpu_op(run_id, mono, 1.5))
+        await store.submit(runsdb.run_cpu_op(run_id, mono, 1.0 if k % 2 else 2.0))
     end = START_MONO + SECONDS * rollup.NS_PER_S
     await runsdb.update_run(
         store,
@@ -369,3 +371,47 @@ async def test_a_live_socket_looks_when_its_run_changes_not_only_when_it_polls(
             assert not changes._watchers  # the closed socket stopped watching
         finally:
             await server.close()
+async def test_the_host_rollup_tier_keeps_the_spike_and_the_means(storage_url: str) -> None:
+    async with open_store(storage_url) as store:
+        run_id = await _write_run(store)
+        # 300 s of samples: blocks 500-528 are whole and complete (529 has no later sample)
+        assert await hostrollup.roll_pass(store) == 29
+        assert await hostrollup.roll_pass(store) == 0
+        n = await store.fetchone("SELECT COUNT(*) AS k, SUM(n) AS n FROM host_rollups")
+        assert (n["k"], n["n"]) == (29, 29 * 20)
+        state = WebState(reader=store, now_mono_ns=None)
+        async with test_utils.TestClient(test_utils.TestServer(build_app(state))) as client:
+            whole = await _json(client, f"/api/v1/runs/{run_id}/series?width=10")
+            t0 = START_WALL / 1e9
+            inner = await _json(
+                client, f"/api/v1/runs/{run_id}/series?width=10&from={t0 + 5}&to={t0 + 295}"
+            )
+            zoom = await _json(client, f"/api/v1/runs/{run_id}/series?width=1000")
+    assert whole["tier"]["host"] == "rollup" and inner["tier"]["host"] == "rollup"
+    assert zoom["tier"]["host"] == "raw"  # 0.15 s buckets: the samples themselves
+    for got, first in ((whole, t0), (inner, t0 + 5)):
+        host = got["host"]
+        assert len(host["t"]) == 20 and host["t"][0] == pytest.approx(first)
+        assert set(host["run_cores"]["min"]) == {1.0} and set(host["run_cores"]["max"]) == {2.0}
+        assert host["run_cores"]["mean"] == pytest.approx([1.5] * 20)  # sums / counts, exact
+        assert host["other_cores"]["mean"] == pytest.approx([0.5] * 20)
+        disk = host["disk_read_bps"]["max"]
+        assert disk.count(HOST_SPIKE_BPS) == 1 and set(disk) == {1e6, HOST_SPIKE_BPS}
+        assert 1e6 < max(host["disk_read_bps"]["mean"]) < HOST_SPIKE_BPS / 10
+        assert host["cpu_count"] == 4 and set(host["page_cache_bytes"]["mean"]) == {8e9}
+    assert zoom["host"]["disk_read_bps"]["max"].count(HOST_SPIKE_BPS) == 1
+    assert len(zoom["host"]["t"]) == 2 * SECONDS  # one sample per bucket
+
+
+async def test_series_parts_reads_only_those_asked(storage_url: str) -> None:
+    async with api(storage_url) as (client, run_id):
+        steps = await _json(client, f"/api/v1/runs/{run_id}/series?width=50&parts=steps")
+        rest = await _json(client, f"/api/v1/runs/{run_id}/series?width=50&parts=host,gpus")
+        whole = await _json(client, f"/api/v1/runs/{run_id}/series?width=50")
+        bad = await _json(client, f"/api/v1/runs/{run_id}/series?parts=steps,kernels", 400)
+    assert set(steps) == {"window", "buckets", "tier", "steps"} and set(steps["tier"]) == {"steps"}
+    assert set(rest) == {"window", "buckets", "tier", "gpus", "host"}
+    assert list(rest["tier"]) == ["gpus", "host"]
+    assert steps["steps"] == whole["steps"] and rest["host"] == whole["host"]
+    assert rest["gpus"] == whole["gpus"] and steps["window"] == rest["window"]
+    assert bad == {"error": "parts='steps,kernels' names 'kernels': give some of steps, gpus, host"}

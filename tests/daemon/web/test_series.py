@@ -1,5 +1,6 @@
 """The pure parts of the series: clocks, bucket geometry, merging step
-rollups, which blocks a pass rolls; a database from before the rollups."""
+rollups and host buckets, which blocks a pass rolls; a database from before
+the rollups."""
 
 from __future__ import annotations
 
@@ -8,15 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from gpuprofd.storage import schema
+from gpuprofd.storage import hostrollup, schema
 from gpuprofd.storage.reader import open_reader
 from gpuprofd.storage.steprollup import MAX_BLOCKS_PER_PASS, STEP_BLOCK, blocks_to_roll
-from gpuprofd.web.api import step_buckets
+from gpuprofd.web.api import host_buckets, step_buckets
 from gpuprofd.web.series import (
     CHART_PHASES,
     T_HALF_ULP_NS,
     Buckets,
     RunClock,
+    host_series,
+    merge_host_buckets,
     merge_step_rollups,
     steps_series,
 )
@@ -112,3 +115,69 @@ async def test_a_database_from_before_the_tier_reads_its_steps_raw(tmp_path: Pat
     async with open_reader(db) as reader:
         rows, tier = await step_buckets(reader, 1, Buckets.for_width(0, 50_000, 10))
     assert tier == "raw" and sum(r["n"] for r in rows) == 50
+
+
+B = hostrollup.HOST_BLOCK_NS
+
+
+@pytest.mark.parametrize(
+    ("status", "start", "end", "newest", "rolled", "want"),
+    [
+        ("running", None, None, 50 * B, None, None),  # no start: nothing to place blocks in
+        ("running", 10 * B, None, None, None, None),  # no host samples of its boot
+        ("running", 10 * B + 1, None, 12 * B, None, (11, 12)),  # whole blocks inside the run
+        ("running", 10 * B, None, 12 * B - 1, None, (10, 11)),  # block 11 not complete
+        ("running", 10 * B, None, 12 * B, 11, None),
+        ("finished", 10 * B, 13 * B + 5, 99 * B, 10, (11, 13)),  # not its partial last block
+        ("finished", 10 * B, 13 * B, 12 * B + 3, 10, (11, 12)),  # samples still to come
+        ("lost", 0, None, 10**6 * B, None, (0, hostrollup.MAX_BLOCKS_PER_PASS)),  # bounded
+    ],
+)
+def test_host_blocks_a_pass_rolls(
+    status: str,
+    start: int | None,
+    end: int | None,
+    newest: int | None,
+    rolled: int | None,
+    want: tuple[int, int] | None,
+) -> None:
+    assert hostrollup.blocks_to_roll(status, start, end, newest, rolled) == want
+
+
+def _host(b: int, t: int, n: int, lo: float, hi: float, total: float, k: int | None = None) -> dict:
+    row = {"b": b, "t": t, "n": n, "cpu_count": 8}
+    for m in ("run_cores", "other_cores", "disk_read_bps", "page_cache_bytes"):
+        row.update({f"{m}_min": lo, f"{m}_max": hi, f"{m}_sum": total, f"{m}_n": n if k is None else k})
+    return row
+
+
+def test_merging_host_buckets_keeps_extremes_and_exact_means() -> None:
+    rollups = [_host(0, 100, 20, 1.0, 2.0, 30.0), _host(1, 300, 20, 1.0, 1.0, 20.0)]
+    head = [_host(0, 50, 4, 0.5, 1.0, 3.0)]  # samples before the first block
+    tail = [_host(2, 500, 2, 7.0, 9.0, 16.0), _host(1, 390, 1, None, None, 0.0, 0)]  # nulls
+    merged = merge_host_buckets(head, rollups, tail)
+    assert [(m["b"], m["t"], m["n"]) for m in merged] == [(0, 50, 24), (1, 300, 21), (2, 500, 2)]
+    out = host_series(merged, RunClock(0, 0))
+    assert out["run_cores"]["min"] == [0.5, 1.0, 7.0]
+    assert out["run_cores"]["max"] == [2.0, 1.0, 9.0]
+    assert out["run_cores"]["mean"] == pytest.approx([33.0 / 24, 1.0, 8.0])  # by samples
+    empty = host_series([_host(0, 0, 3, None, None, 0.0, 0)], RunClock(0, 0))
+    assert empty["disk_read_bps"] == {"min": [None], "mean": [None], "max": [None]}
+
+
+async def test_a_database_from_before_the_host_tier_reads_its_samples(tmp_path: Path) -> None:
+    db = tmp_path / "old.db"
+    schema.prepare(db)
+    conn = sqlite3.connect(db)
+    conn.execute("DROP TABLE host_rollups")  # as schema 14 had it
+    conn.execute("UPDATE meta SET value = '14' WHERE key = 'schema_version'")
+    conn.executemany(
+        "INSERT INTO host_samples (mono_ns, cpu_pct, cpu_count) VALUES (?, 50.0, 2)",
+        [(k * B // 4,) for k in range(400)],
+    )
+    conn.commit()
+    conn.close()
+    run = {"id": 1, "boot_id": None}
+    async with open_reader(db) as reader:
+        rows, tier = await host_buckets(reader, run, Buckets.for_width(0, 100 * B, 10))
+    assert tier == "raw" and sum(r["n"] for r in rows) == 400
