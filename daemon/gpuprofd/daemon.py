@@ -390,6 +390,7 @@ class Daemon:
             devices=tuple(devices),
             live_run_ids=lambda: {r.run_id for r in self.registry.live.values()},
             boot_id=self.boot_id,
+            live_summary=insights.live_summary,
         )
         sources = metrics_sources(
             registry=self.registry,

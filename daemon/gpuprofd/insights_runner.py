@@ -29,6 +29,7 @@ import orjson
 from gpuprof.insights import Insight, RunContext, run_rules
 from gpuprof.summary import make_summary
 from gpuprofd.counters import DropCounter
+from gpuprofd.runviews import LIVE_NOTE
 from gpuprofd.storage import outbox, reads, runsdb
 from gpuprofd.storage.store import Store
 
@@ -70,6 +71,9 @@ class InsightsRunner:
         self._group_tasks: set[asyncio.Task[Any]] = set()
         self.latest: dict[int, tuple[Insight, ...]] = {}
         """Run id -> the findings of its latest live pass, while it runs (``/metrics``)."""
+        self.live_summaries: dict[int, dict[str, Any]] = {}
+        """Run id -> the summary of its latest live pass, while it runs (the
+        dashboard's ``/runs/{id}``: a day-long run's context takes seconds to build)."""
 
     async def _compute(self, run: dict[str, Any]) -> tuple[list[Insight], RunContext]:
         """The run's context (a running run's host samples up to now) and its findings."""
@@ -133,10 +137,26 @@ class InsightsRunner:
         run = await reads.find_run(self.store, run_id=run_id)
         if run is None:
             return []
-        insights, _ = await self._compute(run)
+        insights, ctx = await self._compute(run)
         self.latest[run_id] = tuple(insights)
         await runsdb.replace_insights(self.store, run_id, insights)
+        self.live_summaries[run_id] = make_summary(
+            run_id,
+            ctx,
+            [i.to_dict() for i in insights],
+            self.db_path,
+            [LIVE_NOTE, *self.base_notes],
+            error=run.get("error"),
+        )
+        if run.get("group_id"):
+            self.live_summaries[run_id]["group_id"] = run["group_id"]
         return insights
+
+    def live_summary(self, run_id: int) -> dict[str, Any] | None:
+        """The summary of run *run_id*'s latest live pass (a copy); None when it
+        has had none or has ended."""
+        got = self.live_summaries.get(run_id)
+        return None if got is None else orjson.loads(orjson.dumps(got, default=str))
 
     async def finalize(
         self, run_id: int, notes: Sequence[str] = (), *, keep_sent: bool = False
@@ -153,6 +173,7 @@ class InsightsRunner:
         if run is None:
             raise KeyError(run_id)
         self.latest.pop(run_id, None)
+        self.live_summaries.pop(run_id, None)
         if keep_sent and run.get("summary"):
             sent = run["summary"]
             sent = orjson.loads(sent) if isinstance(sent, str | bytes) else sent

@@ -7,6 +7,7 @@ definition of every figure."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -229,10 +230,14 @@ LIVE_NOTE = "run in progress: insights as of the daemon's last live update"
 TOP_KERNELS = 10
 
 
-async def load_summary(db: Reader, run_id: int | None) -> dict[str, Any]:
-    """The stored end-of-run summary, or one built from the stored insights,
-    with the run's top kernels and MFU added where it lacks them
-    (:func:`add_kernels_and_mfu`)."""
+async def load_summary(
+    db: Reader, run_id: int | None, live: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The stored end-of-run summary; for a run without one, *live* (the
+    summary of the daemon's latest live pass over a running run) or else one
+    built now from the stored rows and insights (a whole-run pass: seconds
+    on a day-long run); with the run's top kernels and MFU added where it
+    lacks them (:func:`add_kernels_and_mfu`)."""
     run = await reads.get_run(db, run_id)
     summary: dict[str, Any] | None = None
     if run.get("summary"):
@@ -240,6 +245,8 @@ async def load_summary(db: Reader, run_id: int | None) -> dict[str, Any]:
             summary = orjson.loads(run["summary"])
         except orjson.JSONDecodeError:
             pass  # damaged: rebuild below
+    elif live is not None and run["status"] == "running":
+        summary = live
     if not isinstance(summary, dict):
         ctx = await reads.run_context(db, run)
         notes = [LIVE_NOTE] if run["status"] == "running" else []
@@ -320,7 +327,9 @@ async def rank_comm(db: Reader, run: dict[str, Any]) -> dict[str, Any] | None:
     return out if any(v is not None for v in out.values()) else None
 
 
-async def load_group(db: Reader, group: str) -> dict[str, Any]:
+async def load_group(
+    db: Reader, group: str, live: Callable[[int], dict[str, Any] | None] | None = None
+) -> dict[str, Any]:
     """A group's status (:func:`gpuprofd.storage.reads.group_status`), its findings
     (``insights``: those gpuprofd stored when the group ended, else
     :func:`gpuprof.insights.distributed.group_rules` over
@@ -331,7 +340,8 @@ async def load_group(db: Reader, group: str) -> dict[str, Any]:
     reported (``missing_ranks``, :func:`gpuprofd.storage.reads.missing_ranks`), the
     ranks without collective timings (``comm_missing``, :func:`comm_missing`) and,
     per rank (by rank, each rank's latest run), its run id, status, median step, collectives
-    (``comm``, :func:`rank_comm`) and summary (:func:`load_summary`).
+    (``comm``, :func:`rank_comm`) and summary (:func:`load_summary`; *live*: a
+    running run's summary of the daemon's latest live pass, by run id).
 
     Raises:
         UnknownGroupError: no run belongs to *group*.
@@ -348,7 +358,7 @@ async def load_group(db: Reader, group: str) -> dict[str, Any]:
     comm = {run["id"]: await rank_comm(db, run) for run in runs}
     ranks = []
     for run in runs:
-        summary = await load_summary(db, run["id"])
+        summary = await load_summary(db, run["id"], live(run["id"]) if live else None)
         ranks.append(
             {
                 "rank": run.get("rank"),

@@ -373,8 +373,9 @@ async def compare(request: web.Request) -> web.Response:
 
 
 async def group(request: web.Request) -> web.Response:
-    db = _state(request).reader
-    data = await load_group(db, request.match_info["group"])
+    state = _state(request)
+    db = state.reader
+    data = await load_group(db, request.match_info["group"], state.live_summary)
     ranks = []
     for r in data["ranks"]:
         steps = r["summary"].get("steps") or 0

@@ -57,6 +57,9 @@ class WebState:
             looks as soon as its run changes, and every *live_poll_s* only as a
             safety net. ``watch_runs(watcher)`` returns the function that stops
             it; the watcher gets the ids that changed, or None (anything may have).
+        live_summary: a running run's summary as of the daemon's latest live
+            insights pass (None: none yet), so that ``/runs/{id}`` need not
+            build it again from the whole run; a server has none.
     """
 
     reader: Reader
@@ -67,6 +70,7 @@ class WebState:
     live_poll_s: float = 1.0
     insights_poll_s: float = 3.0
     watch_runs: Callable[[Callable[[set[int] | None], None]], Callable[[], None]] | None = None
+    live_summary: Callable[[int], dict[str, Any] | None] = field(default=lambda _: None)
 
 
 STATE = web.AppKey("state", WebState)

@@ -94,7 +94,7 @@ async def run_view(state: WebState, run_id: int) -> tuple[dict[str, Any], dict[s
     """
     db = state.reader
     run = await reads.run_overview(db, run_id)
-    summary = await load_summary(db, run_id)
+    summary = await load_summary(db, run_id, state.live_summary(run_id))
     median = run.get("median_step_ms")
     row = describe(run, median if median is not None else summary.get("median_step_ms"), summary)
     lo, hi = await window_of(state, run)

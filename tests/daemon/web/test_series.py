@@ -147,7 +147,9 @@ def test_host_blocks_a_pass_rolls(
 def _host(b: int, t: int, n: int, lo: float, hi: float, total: float, k: int | None = None) -> dict:
     row = {"b": b, "t": t, "n": n, "cpu_count": 8}
     for m in ("run_cores", "other_cores", "disk_read_bps", "page_cache_bytes"):
-        row.update({f"{m}_min": lo, f"{m}_max": hi, f"{m}_sum": total, f"{m}_n": n if k is None else k})
+        row.update(
+            {f"{m}_min": lo, f"{m}_max": hi, f"{m}_sum": total, f"{m}_n": n if k is None else k}
+        )
     return row
 
 

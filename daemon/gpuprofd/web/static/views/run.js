@@ -157,32 +157,57 @@ export function render(root, { id }) {
     return state.run?.status === "running" && state.window.kind !== "range";
   }
 
-  /** Fetch the window's series and redraw; returns the cursors it leaves. */
-  async function loadSeries(fromReset = false) {
+  /** Fetch the window's series and redraw, the step chart first (the
+   * cheapest read: step rollups), then the GPUs and the host over the same
+   * window; `onSteps()` once the step chart is drawn (or could not be).
+   * Returns the cursors it leaves (null when another fetch superseded it). */
+  async function loadSeries(fromReset = false, onSteps = () => {}) {
     state.fetching = true;
+    const params = windowParams();
     let model;
     try {
-      model = await api.series(id, windowParams());
+      model = await api.series(id, { ...params, parts: "steps" });
     } catch (err) {
       if (!state.gone) replace(chartsBox, errorBox(err));
       state.fetching = false;
+      onSteps();
       return null;
     }
-    state.fetching = false;
     if (state.gone) return null;
     state.model = model;
     state.appended = 0;
-    const ends = [last(model.steps.t), ...(model.gpus || []).map((g) => last(g.t)), last(model.host?.t)];
-    state.latest = Math.max(0, ...ends.filter((t) => t !== null && t !== undefined));
+    state.latest = Math.max(0, last(model.steps.t) ?? 0);
     destroyCharts();
     chartsBox.replaceChildren();
-    state.charts = buildRunCharts(chartsBox, model, {
+    const charts = buildRunCharts(chartsBox, model, {
       syncKey: newSyncKey(),
       onSelect: (from, to) => setWindow({ kind: "range", from, to }),
       xRange,
     });
+    state.charts = charts;
     drawWindowBar();
     if (!performance.getEntriesByName("gpuprof:first-chart").length) performance.mark("gpuprof:first-chart");
+    onSteps();
+    // the same window's GPUs and host (its end fixed: a running run's moves on)
+    let rest;
+    try {
+      rest = await api.series(id, { from: model.window.from, to: model.window.to, width: params.width, parts: "gpus,host" });
+    } catch (err) {
+      if (state.model === model && !state.gone) {
+        for (const part of ["gpus", "host"]) charts.failed(part, errorBox(err));
+        state.fetching = false;
+      }
+      return null;
+    }
+    if (state.gone || state.model !== model) return null; // a newer fetch owns the page
+    model.gpus = rest.gpus;
+    model.host = rest.host;
+    model.tier = { ...model.tier, ...rest.tier };
+    charts.fill(model);
+    state.fetching = false;
+    const ends = [...(model.gpus || []).map((g) => last(g.t)), last(model.host?.t)];
+    state.latest = Math.max(state.latest, ...ends.filter((t) => t !== null && t !== undefined));
+    drawWindowBar();
     document.body.dataset.seriesLoaded = String(Number(document.body.dataset.seriesLoaded || 0) + 1);
     const cursors = cursorsOf(model);
     if (following() && !fromReset) {
@@ -330,10 +355,15 @@ export function render(root, { id }) {
   }
 
   (async () => {
-    // every request at once: the whole-run series needs nothing from the
-    // headline, so the first chart does not wait for it
+    // the step chart's read first (it needs nothing from the headline, and
+    // the daemon answers reads one at a time), everything else once it is drawn
+    let stepsDone;
+    const drawn = new Promise((resolve) => { stepsDone = resolve; });
+    const series = loadSeries(false, () => stepsDone());
+    await drawn;
+    if (state.gone) return;
     const asked = api.run(id);
-    const rest = Promise.all([loadInsights(), loadSeries(), loadKernels()]);
+    const rest = Promise.all([loadInsights(), series, loadKernels()]);
     let r;
     try {
       r = await asked;
