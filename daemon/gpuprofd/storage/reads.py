@@ -28,7 +28,7 @@ from gpuprof.insights.gpu import GpuStats
 from gpuprof.insights.group_context import RankRows, build_group_context, common_steps
 from gpuprofd.errors import DatabaseError, UnknownRunError
 from gpuprofd.sampling import rollup
-from gpuprofd.storage import queries, schema
+from gpuprofd.storage import queries, schema, steptotals
 from gpuprofd.storage.dialect import Dialect
 from gpuprofd.storage.reader import Reader
 from gpuprofd.storage.readonly import connect_ro
@@ -279,61 +279,53 @@ async def run_context(
 # --- every run ------------------------------------------------------------------
 
 
-#: Per-run step aggregates for ``gpuprofctl runs``. ``steps`` counts every
-#: step; every other sum skips each run's first step (by t0), whose wait
-#: covers start-up, as the dataloader-stall rule does, and the traced steps
-#: (a profiler snapshot or FLOP count slowed them) (``counted_steps`` says
-#: how many steps the sums cover), except ``skipped_updates`` and ``eval_ns``
-#: (every step). ``data_ns`` is loader time inside steps
-#: (the ``data`` phase, between micro-batches); ``comm_ns`` the exposed
-#: collective time (the ``comm`` phase), ``comm_steps`` the counted steps that
-#: carry one (0: the run timed no collectives); ``micro`` the micro-batches
-#: of the counted steps (a step stored without a count is 1). ``mem_peak_bytes``
-#: and ``mem_reserved_max_bytes``: the highest torch allocator figures any step
-#: reported (NULL: none did). Sums are DOUBLE PRECISION (Postgres sums
-#: integers as numeric), ``counted_steps`` an integer. With *group*: over
-#: that group's runs only (one parameter, the group id).
+#: Per-run step aggregates for ``gpuprofctl runs``: see
+#: :mod:`gpuprofd.storage.steptotals` for what each is. ``data_ns`` is loader
+#: time inside steps (the ``data`` phase, between micro-batches); ``comm_ns``
+#: the exposed collective time (the ``comm`` phase), ``comm_steps`` the counted
+#: steps that carry one (0: the run timed no collectives); ``micro`` the
+#: micro-batches of the counted steps (a step stored without a count is 1).
+#: *where* picks the runs (whole runs: ``WHERE run_id ...``).
 @functools.cache
-def overview_sql(d: Dialect, group: bool = False, run: bool = False, run_ids: int = 0) -> str:
-    def total(expr: str) -> str:
-        return f"CAST(COALESCE(SUM({expr}), 0) AS DOUBLE PRECISION)"
+def overview_sql(d: Dialect, where: str = "") -> str:
+    numbered = steptotals.numbered_sql(where)
+    return (
+        f"WITH numbered AS ({numbered}) SELECT run_id, {steptotals.aggregates_sql(d)} "
+        "FROM numbered GROUP BY run_id"
+    )
 
-    def phase(key: str) -> str:
-        return total(f"c * COALESCE({d.json_num('phases', key)}, 0)")
 
-    where = " WHERE run_id IN (SELECT id FROM runs WHERE group_id = ?)" if group else ""
-    where = " WHERE run_id = ?" if run else where
-    if run_ids:
-        where = f" WHERE run_id IN ({', '.join('?' * run_ids)})"
-    comm_steps = f"CASE WHEN {d.json_num('phases', 'comm')} IS NOT NULL THEN c ELSE 0 END"
-    return f"""
-WITH numbered AS (
-    SELECT run_id, t0_ns, t1_ns, wait_ns, micro, phases, skipped, eval_ns, mem_peak_bytes,
-           mem_reserved_bytes,
-           CASE WHEN ROW_NUMBER() OVER (PARTITION BY run_id ORDER BY t0_ns, rowid) > 1
-                     AND COALESCE(traced, 0) = 0
-                THEN 1 ELSE 0 END AS c
-    FROM steps{where}
-)
-SELECT run_id,
-       COUNT(*) AS steps,
-       {total("skipped")} AS skipped_updates,
-       {total("eval_ns")} AS eval_ns,
-       CAST(SUM(c) AS BIGINT) AS counted_steps,
-       {total("c * wait_ns")} AS wait_ns,
-       {total("c * (t1_ns - t0_ns)")} AS step_ns,
-       {total("c * COALESCE(micro, 1)")} AS micro,
-       {phase("forward")} AS forward_ns,
-       {phase("backward")} AS backward_ns,
-       {phase("optimizer")} AS optimizer_ns,
-       {phase("data")} AS data_ns,
-       {phase("comm")} AS comm_ns,
-       {total(comm_steps)} AS comm_steps,
-       MAX(mem_peak_bytes) AS mem_peak_bytes,
-       MAX(mem_reserved_bytes) AS mem_reserved_max_bytes
-FROM numbered
-GROUP BY run_id
-"""
+#: Runs whose steps one aggregate query reads (a page of the runs list is 100).
+_AGG_CHUNK = 200
+
+
+def _ids_in(n: int) -> str:
+    return f"WHERE run_id IN ({', '.join('?' * n)})"
+
+
+async def step_aggregates(db: Reader, run_ids: Sequence[int]) -> dict[int, dict[str, Any]]:
+    """Run id -> its step aggregates (:func:`overview_sql`'s columns) for the
+    runs *run_ids*; runs without steps are left out. Each is the sum of its
+    ``step_totals`` blocks and of its steps after them
+    (:mod:`gpuprofd.storage.steptotals`), or, for a run without blocks (a
+    running run's first block still filling, a database not rolled yet),
+    computed from its steps (by the steps index: only these runs' steps)."""
+    out: dict[int, dict[str, Any]] = {}
+    tail_sql = steptotals.tail_sql(db.dialect)
+    for first in range(0, len(run_ids), _AGG_CHUNK):
+        part = list(run_ids[first : first + _AGG_CHUNK])
+        blocks = await db.fetchall(steptotals.sum_sql(_ids_in(len(part))), part)
+        rolled = {b["run_id"] for b in blocks}
+        rest = [i for i in part if i not in rolled]
+        if rest:
+            sql = overview_sql(db.dialect, _ids_in(len(rest)))
+            out.update((r["run_id"], dict(r)) for r in await db.fetchall(sql, rest))
+        for b in blocks:
+            head = await db.fetchone(steptotals.FIRST_SQL, (b["run_id"],))
+            end = (b["last_block"] + 1) * steptotals.STEP_BLOCK
+            tail = await db.fetchone(tail_sql, (head["r"], b["run_id"], end))
+            out[b["run_id"]] = steptotals.combine(b, tail)
+    return out
 
 
 async def run_nodes(db: Reader) -> list[dict[str, Any]]:
@@ -370,19 +362,10 @@ async def runs_rows(db: Reader, group: str | None = None) -> list[dict[str, Any]
     return [queries.run_from_row(r) for r in rows]
 
 
-#: Runs whose steps one aggregate query reads (a page of the runs list is 100).
-_AGG_CHUNK = 200
-
-
 async def add_step_aggregates(db: Reader, runs: list[dict[str, Any]]) -> None:
-    """Set each of *runs*' ``agg`` (:func:`overview_sql`; None: no steps),
-    reading only those runs' steps (by the steps index)."""
-    ids = [r["id"] for r in runs]
-    agg: dict[int, dict[str, Any]] = {}
-    for first in range(0, len(ids), _AGG_CHUNK):
-        part = ids[first : first + _AGG_CHUNK]
-        sql = overview_sql(db.dialect, run_ids=len(part))
-        agg.update((r["run_id"], dict(r)) for r in await db.fetchall(sql, part))
+    """Set each of *runs*' ``agg`` (:func:`step_aggregates`; None: no steps),
+    reading only those runs' rows."""
+    agg = await step_aggregates(db, [r["id"] for r in runs])
     for run in runs:
         run["agg"] = agg.get(run["id"])
 
@@ -395,8 +378,7 @@ async def run_overview(db: Reader, run_id: int) -> dict[str, Any]:
         UnknownRunError: no such run.
     """
     run = await get_run(db, run_id)
-    row = await db.fetchone(overview_sql(db.dialect, run=True), (run_id,))
-    run["agg"] = dict(row) if row is not None else None
+    run["agg"] = (await step_aggregates(db, [run_id])).get(run_id)
     return run
 
 

@@ -16,6 +16,7 @@ ROWS_PER_PASS = 20_000
 RUN_TABLES = (
     "steps",
     "step_rollups",
+    "step_totals",
     "host_rollups",
     "comm_buckets",
     "kernel_stats",

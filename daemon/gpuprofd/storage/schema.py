@@ -10,7 +10,9 @@ samples for the daemon's raw window only, per-second ``gpu_rollups`` for the
 whole run; every host sample, and per run ``host_rollups`` of them (10 s
 blocks, ``gpuprofd.storage.hostrollup``) for the whole-run charts;
 continuous kernel windows merged as they age (``gpuprofd.storage.kcompact``);
-every step row kept. ``comm_buckets`` (one row per DDP bucket per step: a day
+every step row kept, and per block of 100 steps the figures ``gpuprofctl runs``
+shows (``step_totals``, ``gpuprofd.storage.steptotals``) and the step chart's
+(``step_rollups``). ``comm_buckets`` (one row per DDP bucket per step: a day
 of 500 ms steps with 280 buckets is ~48 M rows per rank) keeps, per run, the
 steps whose index is within ``COMM_STEPS_KEPT`` of the run's latest step
 (the window the group rules read, ``gpuprofd.storage.reads.GROUP_STEPS_MAX``) and
@@ -336,6 +338,19 @@ CREATE TABLE IF NOT EXISTS login_limits (  -- schema 10: viewer logins per clien
 CREATE TABLE IF NOT EXISTS server_secrets (  -- schema 10: made once, shared by replicas
     name TEXT PRIMARY KEY, value TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS step_totals (  -- schema 15: per block of a run's steps (as
+    -- step_rollups), the aggregates gpuprofctl runs shows (gpuprofd.storage.steptotals)
+    run_id INTEGER NOT NULL, block INTEGER NOT NULL,
+    steps INTEGER,                   -- every step of the block
+    skipped_updates REAL, eval_ns REAL,  -- over every step
+    counted_steps INTEGER,           -- the steps the sums below cover: not traced, not the
+                                     -- run's first (by t0)
+    wait_ns REAL, step_ns REAL, micro REAL, forward_ns REAL, backward_ns REAL,
+    optimizer_ns REAL, data_ns REAL, comm_ns REAL,
+    comm_steps REAL,                 -- counted steps that carry a comm phase
+    mem_peak_bytes INTEGER, mem_reserved_max_bytes INTEGER,  -- torch's maxima; NULL: none
+    PRIMARY KEY (run_id, block)
+);
 CREATE TABLE IF NOT EXISTS host_rollups (  -- schema 15: one row per run per block of the
     -- node's host samples with the run's own CPU (gpuprofd.storage.hostrollup), the whole run
     run_id INTEGER NOT NULL,
@@ -411,6 +426,16 @@ _HOST_ROLLUPS_TEMP = (
 )
 
 
+#: ... and the ``step_totals`` table for one older than schema 15 (empty: a
+#: run's figures then come from its steps).
+_STEP_TOTALS_TEMP = (
+    "CREATE TEMP TABLE step_totals (run_id INTEGER, block INTEGER, steps INTEGER, "
+    "skipped_updates REAL, eval_ns REAL, counted_steps INTEGER, wait_ns REAL, step_ns REAL, "
+    "micro REAL, forward_ns REAL, backward_ns REAL, optimizer_ns REAL, data_ns REAL, "
+    "comm_ns REAL, comm_steps REAL, mem_peak_bytes INTEGER, mem_reserved_max_bytes INTEGER)"
+)
+
+
 def check_connection(conn: sqlite3.Connection, path: Path) -> int:
     """Check that *conn* is a gpuprof database this code can read.
 
@@ -470,6 +495,7 @@ def shadow_old_tables(conn: sqlite3.Connection, version: int) -> None:
     runs6 = ", ".join(f"NULL AS {c}" for c in _RUNS_6) + _RUNS_8
     if version < 15:
         conn.execute(_HOST_ROLLUPS_TEMP)
+        conn.execute(_STEP_TOTALS_TEMP)
     if version < 9:
         conn.execute(_STEP_ROLLUPS_TEMP)
     if version < 7:

@@ -251,7 +251,12 @@ RUN_GPUS_SQL = (
     "WHERE boot_id IS NOT DISTINCT FROM ? AND sec_ns >= ? AND sec_ns <= ? GROUP BY uuid "
     "ORDER BY uuid"
 )
-GPU_TOTAL_SQL = "SELECT MAX(mem_total_bytes) AS m FROM gpu_rollups WHERE uuid = ?"
+#: A GPU's memory size as its latest rollup says it (the index finds it: a
+#: maximum over a day's rollups reads 86,400 rows).
+GPU_TOTAL_SQL = (
+    "SELECT mem_total_bytes AS m FROM gpu_rollups WHERE uuid = ? "
+    "AND mem_total_bytes IS NOT NULL ORDER BY sec_ns DESC LIMIT 1"
+)
 
 
 async def sampled_gpus(
@@ -263,7 +268,7 @@ async def sampled_gpus(
 
 
 async def gpu_mem_total(db: Reader, uuid: str) -> int | None:
-    """GPU *uuid*'s memory size (bytes) as its rollups recorded it."""
+    """GPU *uuid*'s memory size (bytes) as its latest rollup recorded it."""
     row = await db.fetchone(GPU_TOTAL_SQL, (uuid,))
     return None if row is None or row["m"] is None else int(row["m"])
 

@@ -1,6 +1,7 @@
 """The step rollup tier: one ``step_rollups`` row per block of
 :data:`STEP_BLOCK` steps of a run (by index), so a whole-run chart of a day
-of 500 ms steps reads ~1,700 rows instead of 172,800 steps.
+of 500 ms steps reads ~1,700 rows instead of 172,800 steps; and, block by
+block, the run's figures (:mod:`gpuprofd.storage.steptotals`).
 
 Each row holds the block's count, the minimum and maximum iteration time
 (so one slow step keeps its value at any zoom), the sums of the iteration
@@ -20,14 +21,12 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from gpuprofd.storage import series
+from gpuprofd.storage import series, steptotals
 from gpuprofd.storage.dialect import Dialect
 from gpuprofd.storage.reader import Reader
+from gpuprofd.storage.steptotals import STEP_BLOCK
 from gpuprofd.storage.store import Store
 
-#: Steps per rollup row: a day of 500 ms steps is 1,728 rows; a chart of
-#: 1,000 px (2,000 buckets) then holds about one block per bucket.
-STEP_BLOCK = 100
 #: Seconds between passes: a live chart's tier lags by at most this (the raw
 #: steps after the last block fill the rest).
 ROLL_INTERVAL_S = 10.0
@@ -63,10 +62,13 @@ def roll_sql(d: Dialect) -> str:
     )
 
 
-#: Each run's status, its last rolled block and its highest step index.
+#: Each run's status, whether its summary is stored, its last rolled block
+#: of each tier and its highest step index.
 PENDING_SQL = (
     "SELECT r.id AS id, r.status AS status, "
+    "CASE WHEN r.summary IS NULL THEN 0 ELSE 1 END AS summarized, "
     "(SELECT MAX(block) FROM step_rollups WHERE run_id = r.id) AS rolled, "
+    "(SELECT MAX(block) FROM step_totals WHERE run_id = r.id) AS totalled, "
     "(SELECT MAX(step) FROM steps WHERE run_id = r.id) AS top FROM runs r ORDER BY r.id"
 )
 
@@ -85,16 +87,25 @@ def blocks_to_roll(status: str, rolled: int | None, top: int | None) -> tuple[in
 
 
 async def roll_pass(store: Store) -> int:
-    """Roll what each run has pending (:func:`blocks_to_roll`); the blocks written."""
+    """Roll what each run has pending (:func:`blocks_to_roll`) into the step
+    rollups, and into the step totals (:mod:`gpuprofd.storage.steptotals`;
+    an ended run's last partial block once its summary is stored, so every
+    late event is in); the step rollup blocks written."""
     written = 0
     for r in await store.fetchall(PENDING_SQL):
         span = blocks_to_roll(r["status"], r["rolled"], r["top"])
-        if span is None:
-            continue
-        first, end = span
-        params = (r["id"], first * STEP_BLOCK, end * STEP_BLOCK)
-        await store.write(roll_sql(store.dialect), params)
-        written += end - first
+        if span is not None:
+            first, end = span
+            params = (r["id"], first * STEP_BLOCK, end * STEP_BLOCK)
+            await store.write(roll_sql(store.dialect), params)
+            written += end - first
+        settled = "running" if not r["summarized"] else r["status"]
+        span = blocks_to_roll(settled, r["totalled"], r["top"])
+        if span is not None:
+            first, end = span
+            row = await store.fetchone(steptotals.FIRST_SQL, (r["id"],))
+            params = (row["r"], r["id"], first * STEP_BLOCK, end * STEP_BLOCK)
+            await store.write(steptotals.roll_sql(store.dialect), params)
     return written
 
 

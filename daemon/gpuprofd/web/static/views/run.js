@@ -204,6 +204,7 @@ export function render(root, { id }) {
     model.host = rest.host;
     model.tier = { ...model.tier, ...rest.tier };
     charts.fill(model);
+    if (!performance.getEntriesByName("gpuprof:all-charts").length) performance.mark("gpuprof:all-charts");
     state.fetching = false;
     const ends = [...(model.gpus || []).map((g) => last(g.t)), last(model.host?.t)];
     state.latest = Math.max(state.latest, ...ends.filter((t) => t !== null && t !== undefined));
