@@ -335,13 +335,15 @@ def live_case(base: str, env: dict[str, str], work: Path, far: int) -> None:
 def _wait_rollups(db: Path, steps: int, seconds: float, timeout_s: float = 900) -> None:
     """Wait for the daemon's rollup passes to cover run 1's *steps* and its
     *seconds* of host samples (:mod:`gpuprofd.storage.steprollup`,
-    :mod:`gpuprofd.storage.hostrollup`: the whole-run series reads them; the
-    run's last host block has no later sample, so it stays raw)."""
+    :mod:`gpuprofd.storage.steptotals`, :mod:`gpuprofd.storage.hostrollup`:
+    the whole-run series and the run's figures read them; the run's last
+    host block has no later sample, so it stays raw)."""
     from gpuprofd.storage.hostrollup import HOST_BLOCK_NS
     from gpuprofd.storage.steprollup import STEP_BLOCK
 
     want = {
         "step_rollups": steps // STEP_BLOCK,
+        "step_totals": steps // STEP_BLOCK,
         "host_rollups": int(seconds * 1e9) // HOST_BLOCK_NS - 1,
     }
     t = time.perf_counter()
@@ -357,7 +359,7 @@ def _wait_rollups(db: Path, steps: int, seconds: float, timeout_s: float = 900) 
                     have[table] = 0
         if all(have[k] >= n for k, n in want.items()):
             print(
-                f"rollups of run 1: {have['step_rollups']:,} step blocks, "
+                f"rollups of run 1: {have['step_rollups']:,} step blocks (and their totals), "
                 f"{have['host_rollups']:,} host blocks, in {time.perf_counter() - t:.0f} s"
             )
             return

@@ -51,8 +51,10 @@ export const api = {
   nodes: () => get("/nodes"),
   run: (id) => get(`/runs/${enc(id)}`),
   insights: (id) => get(`/runs/${enc(id)}/insights`),
-  /** `from`/`to`: unix seconds (omit both for the whole run); `width`: px. */
-  series: (id, { from, to, width } = {}) => get(`/runs/${enc(id)}/series`, { from, to, width }),
+  /** `from`/`to`: unix seconds (omit both for the whole run); `width`: px;
+   * `parts`: "steps", "gpus", "host", comma-separated (omit: all). */
+  series: (id, { from, to, width, parts } = {}) =>
+    get(`/runs/${enc(id)}/series`, { from, to, width, parts }),
   kernels: (id, top = 20) => get(`/runs/${enc(id)}/kernels`, { top }),
   compare: (ids) => get("/compare", { ids: ids.join(",") }),
   group: (group) => get(`/groups/${enc(group)}`),
