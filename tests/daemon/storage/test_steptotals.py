@@ -1,8 +1,8 @@
 """A run's step aggregates from the ``step_totals`` tier (its blocks added up
-and its steps outside them) equal those computed from every step, on each
-backend: traced steps, a first step that is not index 0 by time, collectives, torch memory, evaluation and skipped updates; a running
-run's complete blocks only; an ended run's last block once its summary is
-stored."""
+and its steps after them) equal those computed from every step, on each
+backend: traced steps, a first step that is not index 0 by time,
+collectives, torch memory, evaluation and skipped updates; a running run's
+complete blocks only; an ended run's last block once its summary is stored."""
 
 from __future__ import annotations
 
@@ -104,7 +104,7 @@ async def test_the_runs_list_mixes_rolled_and_unrolled_runs(storage_url: str) ->
             for r in (rolled, short):
                 _same(got[r], want[r])
             assert got.get(empty) is None
-        agg = await reads.step_aggregates(store, run_id=short)
+        agg = await reads.step_aggregates(store, [short, empty])
         assert set(agg) == {short}
         _same(agg[short], want[short])
 

@@ -371,6 +371,8 @@ async def test_a_live_socket_looks_when_its_run_changes_not_only_when_it_polls(
             assert not changes._watchers  # the closed socket stopped watching
         finally:
             await server.close()
+
+
 async def test_the_host_rollup_tier_keeps_the_spike_and_the_means(storage_url: str) -> None:
     async with open_store(storage_url) as store:
         run_id = await _write_run(store)
