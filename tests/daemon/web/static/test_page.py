@@ -247,6 +247,44 @@ def test_compare_view(dash: Dash, runs: dict, pages):
     assert w.errors == []
 
 
+def _compared(page: Any) -> list[str]:
+    page.wait_for_selector("body[data-ready='1']", timeout=30_000)
+    return page.locator("#compare-figures thead th[scope=col] a.run-link").all_text_contents()
+
+
+def test_the_compare_views_address_carries_its_runs(dash: Dash, runs: dict, pages):
+    a, b, c = (runs[k]["id"] for k in ("plain", "stall", "rank0"))
+    names = {a: f"#{a} web-plain", b: f"#{b} web-stall", c: f"#{c} web-rank0"}
+    w = pages()
+    page = w.open(f"{dash.url}/#/compare/{a},{b},{a},{c}")  # a repeat is dropped
+    assert page.evaluate("location.hash") == f"#/compare/{a},{b},{c}"
+    assert _compared(page) == [names[a], names[b], names[c]]
+    page.click(f"button[data-remove='{b}']")  # the address follows
+    page.wait_for_function(f"location.hash === '#/compare/{a},{c}'")
+    assert _compared(page) == [names[a], names[c]]
+    assert page.locator("button[data-remove]").count() == 0  # a compare needs two
+    page.fill("#compare-add", str(b))
+    page.press("#compare-add", "Enter")
+    page.wait_for_function(f"location.hash === '#/compare/{a},{c},{b}'")
+    assert _compared(page) == [names[a], names[c], names[b]]
+    page.fill("#compare-add", "424242")  # no such run: said, and the address kept
+    page.press("#compare-add", "Enter")
+    page.wait_for_selector("#compare-add-error:not(:empty)")
+    assert "no run 424242" in page.locator("#compare-add-error").text_content()
+    assert page.evaluate("location.hash") == f"#/compare/{a},{c},{b}"
+    # bookmarked: a new page at the address shows the same runs; back gives the last set
+    other = pages().open(f"{dash.url}/#/compare/{a},{c},{b}")
+    assert _compared(other) == [names[a], names[c], names[b]]
+    page.go_back()
+    page.wait_for_function(f"location.hash === '#/compare/{a},{c}'")
+    assert _compared(page) == [names[a], names[c]]
+    # the only error: the browser's own line for the 404 that said "no run 424242"
+    assert w.errors == [f"console: {NOT_FOUND}"]
+
+
+NOT_FOUND = "Failed to load resource: the server responded with a status of 404 (Not Found)"
+
+
 def test_group_view(dash: Dash, runs: dict, pages):
     w = pages()
     page = w.open(f"{dash.url}/#/group/{quote(GROUP, safe='')}")

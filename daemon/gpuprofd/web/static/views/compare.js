@@ -1,5 +1,8 @@
 // #/compare/<id>,<id>[,...]: two or more runs side by side: headline
 // figures, the phase breakdown, each run's insights, step time overlaid.
+// The address is the view's state: runs added or removed here change it (a
+// new history entry each, so Back gives the last set), and a bookmark of it
+// opens the same compare.
 
 import { api } from "../api.js";
 import { chart, destroyCharts, newSyncKey, palette } from "../charts.js";
@@ -20,13 +23,58 @@ export function overlay(curves) {
   return [xs, ...ys];
 }
 
-export function render(root, { ids }) {
+/** The most runs one compare holds (the API's limit). */
+const MAX_RUNS = 8;
+
+/** The address of a compare of `ids`. */
+export const compareHash = (ids) => `#/compare/${ids.join(",")}`;
+
+export function render(root, { ids: asked }) {
   let gone = false;
+  const ids = [...new Set(asked)];
+  if (ids.length !== asked.length) {
+    // one address per compare: the repeat dropped, without a history entry
+    history.replaceState(null, "", compareHash(ids));
+  }
+  const addInput = h("input", {
+    type: "text", id: "compare-add", inputmode: "numeric", placeholder: "run id",
+    "aria-label": "Add a run to the compare by its id", size: 8,
+  });
+  const addError = h("span", { class: "error-text", id: "compare-add-error", role: "status" });
+  const addForm = h("form", { class: "filters compare-add" },
+    h("label", { for: "compare-add" }, "Add run "), addInput,
+    h("button", { type: "submit" }, "Add"), addError);
+  addForm.addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    const text = addInput.value.trim();
+    const id = Number(text);
+    addError.textContent = "";
+    if (!text || !Number.isInteger(id) || id <= 0) {
+      addError.textContent = `"${text}" is not a run id.`;
+      return;
+    }
+    if (ids.includes(id)) {
+      addError.textContent = `Run ${id} is compared already.`;
+      return;
+    }
+    if (ids.length >= MAX_RUNS) {
+      addError.textContent = `A compare holds ${MAX_RUNS} runs at most: remove one first.`;
+      return;
+    }
+    try {
+      await api.run(id); // said here, not as the whole view's error
+    } catch (err) {
+      if (!gone) addError.textContent = err.message;
+      return;
+    }
+    if (!gone) location.hash = compareHash([...ids, id]);
+  });
   const body = h("div", {}, h("p", { class: "muted" }, "Loading…"));
   replace(root,
     h("header", { class: "run-head" },
       h("div", { class: "crumbs" }, h("a", { href: "#/runs" }, "Runs"), " / compare"),
-      h("h1", {}, `Compare ${ids.length} runs`)),
+      h("h1", {}, `Compare ${ids.length} runs`),
+      addForm),
     body);
   document.title = "Compare · gpuprof";
 
@@ -43,8 +91,17 @@ export function render(root, { ids }) {
     const pal = palette();
     const runs = data.runs || [];
     const nameOf = (r) => r.run.name ?? r.run.run_name;
-    const headCells = runs.map((r) => h("th", { scope: "col" },
-      h("a", { href: `#/run/${r.run.id}` }, `#${r.run.id} `, userText(nameOf(r)))));
+    const removable = ids.length > 2;
+    const headCell = (r, remove) => h("th", { scope: "col" },
+      h("a", { href: `#/run/${r.run.id}`, class: "run-link" }, `#${r.run.id} `, userText(nameOf(r))),
+      remove && removable
+        ? h("button", {
+          type: "button", class: "remove", "data-remove": r.run.id,
+          title: `Remove run ${r.run.id} from the compare`, "aria-label": `remove run ${r.run.id}`,
+          onclick: () => { location.hash = compareHash(ids.filter((i) => i !== r.run.id)); },
+        }, "×")
+        : null);
+    const headCells = runs.map((r) => headCell(r, true));
     const line = (label, f) => h("tr", {}, h("th", { scope: "row" }, label), runs.map((r) => h("td", { class: "num" }, f(r))));
     const figures = h("table", { class: "compare", id: "compare-figures" },
       h("thead", {}, h("tr", {}, h("th", {}, ""), headCells)),
@@ -60,7 +117,7 @@ export function render(root, { ids }) {
       ));
     const maxPhase = Math.max(1e-9, ...runs.flatMap((r) => PHASES.map(([k]) => r.phases_ms?.[k] ?? 0)));
     const phases = h("table", { class: "compare", id: "compare-phases" },
-      h("thead", {}, h("tr", {}, h("th", {}, "median ms per step"), headCells.map((c) => c.cloneNode(true)))),
+      h("thead", {}, h("tr", {}, h("th", {}, "median ms per step"), runs.map((r) => headCell(r, false)))),
       h("tbody", {}, PHASES.map(([k, label]) => h("tr", {},
         h("th", { scope: "row" }, h("span", { class: "swatch", style: { background: pal.phase[k] } }), label),
         runs.map((r) => {
