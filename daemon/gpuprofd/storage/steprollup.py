@@ -103,9 +103,9 @@ async def roll_pass(store: Store) -> int:
         span = blocks_to_roll(settled, r["totalled"], r["top"])
         if span is not None:
             first, end = span
-            row = await store.fetchone(steptotals.FIRST_SQL, (r["id"],))
-            params = (row["r"], r["id"], first * STEP_BLOCK, end * STEP_BLOCK)
-            await store.write(steptotals.roll_sql(store.dialect), params)
+            head = await store.fetchone(steptotals.FIRST_SQL, (r["id"],))
+            totals = (head["r"], r["id"], first * STEP_BLOCK, end * STEP_BLOCK)
+            await store.write(steptotals.roll_sql(store.dialect), totals)
     return written
 
 

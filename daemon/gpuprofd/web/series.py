@@ -143,7 +143,7 @@ def gpu_series(
     }
 
 
-def _host_stat(rows: Sequence[Mapping[str, Any]], m: str, nd: int) -> dict[str, list]:
+def _host_stat(rows: Sequence[Mapping[str, Any]], m: str, nd: int) -> dict[str, list[float | None]]:
     """min/mean/max of reading *m* from rows holding its min, max, sum and count."""
     return {
         "min": [_num(r[f"{m}_min"], nd=nd) for r in rows],
