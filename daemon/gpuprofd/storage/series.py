@@ -246,10 +246,17 @@ async def host_buckets(
 
 # --- a run's GPUs ---------------------------------------------------------------
 
+#: The GPUs (normalized UUIDs) with rollups of a boot in [lo, hi]: each GPU
+#: of the table found by the ``(uuid, sec_ns)`` index (a walk from one UUID to
+#: the next), then whether it has a row in the window (a range of the same
+#: index), so the work grows with the GPUs, not with a day of their rows.
 RUN_GPUS_SQL = (
-    "SELECT uuid, MAX(mem_total_bytes) AS mem_total_bytes FROM gpu_rollups "
-    "WHERE boot_id IS NOT DISTINCT FROM ? AND sec_ns >= ? AND sec_ns <= ? GROUP BY uuid "
-    "ORDER BY uuid"
+    "WITH RECURSIVE g(uuid) AS (SELECT MIN(uuid) FROM gpu_rollups UNION ALL "
+    "SELECT (SELECT MIN(r.uuid) FROM gpu_rollups r WHERE r.uuid > g.uuid) FROM g "
+    "WHERE g.uuid IS NOT NULL) "
+    "SELECT uuid FROM g WHERE uuid IS NOT NULL AND EXISTS (SELECT 1 FROM gpu_rollups r "
+    "WHERE r.uuid = g.uuid AND r.sec_ns >= ? AND r.sec_ns <= ? "
+    "AND r.boot_id IS NOT DISTINCT FROM ?) ORDER BY uuid"
 )
 #: A GPU's memory size as its latest rollup says it (the index finds it: a
 #: maximum over a day's rollups reads 86,400 rows).
@@ -262,9 +269,12 @@ GPU_TOTAL_SQL = (
 async def sampled_gpus(
     db: Reader, boot_id: str | None, lo_ns: int, hi_ns: int
 ) -> list[dict[str, Any]]:
-    """The GPUs (normalized UUID, memory) with rollups of boot *boot_id* in
-    [*lo_ns*, *hi_ns*]."""
-    return [dict(r) for r in await db.fetchall(RUN_GPUS_SQL, (boot_id, lo_ns, hi_ns))]
+    """The GPUs (normalized ``uuid``, ``mem_total_bytes``) with rollups of
+    boot *boot_id* in [*lo_ns*, *hi_ns*], by UUID."""
+    rows = await db.fetchall(RUN_GPUS_SQL, (lo_ns, hi_ns, boot_id))
+    return [
+        {"uuid": r["uuid"], "mem_total_bytes": await gpu_mem_total(db, r["uuid"])} for r in rows
+    ]
 
 
 async def gpu_mem_total(db: Reader, uuid: str) -> int | None:

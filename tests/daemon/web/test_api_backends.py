@@ -417,3 +417,32 @@ async def test_series_parts_reads_only_those_asked(storage_url: str) -> None:
     assert steps["steps"] == whole["steps"] and rest["host"] == whole["host"]
     assert rest["gpus"] == whole["gpus"] and steps["window"] == rest["window"]
     assert bad == {"error": "parts='steps,kernels' names 'kernels': give some of steps, gpus, host"}
+
+
+async def test_a_run_without_a_device_shows_the_gpus_sampled_while_it_ran(
+    storage_url: str,
+) -> None:
+    async with open_store(storage_url) as store:
+        run_id = await _write_run(store)
+        await runsdb.update_run(store, run_id, cuda_uuid=None)
+        outside = "22222222-0000-0000-0000-000000000000"  # sampled before and after it only
+        during = "33333333-0000-0000-0000-000000000000"
+        other_boot = "44444444-0000-0000-0000-000000000000"
+        for sec, uuid, boot in (
+            (-5, outside, BOOT),
+            (SECONDS + 5, outside, BOOT),
+            (10, during, BOOT),
+            (20, other_boot, "boot-b"),  # the same clock values, another boot's
+        ):
+            row = dict(zip(rollup.ROLLUP_COLUMNS, _rollup(0), strict=True))
+            row.update(sec_ns=START_MONO + sec * rollup.NS_PER_S, uuid=uuid, boot_id=boot)
+            await store.submit(Op(rollup.INSERT_SQL, tuple(row.values())))
+        await store.flush()
+        state = WebState(reader=store, now_mono_ns=None)
+        async with test_utils.TestClient(test_utils.TestServer(build_app(state))) as client:
+            run = (await _json(client, f"/api/v1/runs/{run_id}"))["run"]
+            got = await _json(client, f"/api/v1/runs/{run_id}/series?width=10&parts=gpus")
+    want = ["11111111-2222-3333-4444-555555555555", during]
+    assert [g["uuid"] for g in run["gpus"]] == want
+    assert [g["mem_total_bytes"] for g in run["gpus"]] == [150 * 10**9] * 2
+    assert [g["uuid"] for g in got["gpus"]] == want
