@@ -382,12 +382,6 @@ async def run_overview(db: Reader, run_id: int) -> dict[str, Any]:
     return run
 
 
-async def micro_batches(db: Reader, run_id: int) -> int | None:
-    """The most micro-batches any of the run's steps had (None: no steps)."""
-    row = await db.fetchone("SELECT MAX(micro) AS m FROM steps WHERE run_id = ?", (run_id,))
-    return None if row is None or row["m"] is None else int(row["m"])
-
-
 async def insights_computed_ns(db: Reader, run_id: int) -> int | None:
     """When the run's stored findings were computed (wall ns); None: none stored."""
     row = await db.fetchone(

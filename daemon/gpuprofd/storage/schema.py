@@ -349,6 +349,7 @@ CREATE TABLE IF NOT EXISTS step_totals (  -- schema 15: per block of a run's ste
     optimizer_ns REAL, data_ns REAL, comm_ns REAL,
     comm_steps REAL,                 -- counted steps that carry a comm phase
     mem_peak_bytes INTEGER, mem_reserved_max_bytes INTEGER,  -- torch's maxima; NULL: none
+    micro_max INTEGER,               -- the most micro-batches a step had
     PRIMARY KEY (run_id, block)
 );
 CREATE TABLE IF NOT EXISTS host_rollups (  -- schema 15: one row per run per block of the
@@ -432,7 +433,8 @@ _STEP_TOTALS_TEMP = (
     "CREATE TEMP TABLE step_totals (run_id INTEGER, block INTEGER, steps INTEGER, "
     "skipped_updates REAL, eval_ns REAL, counted_steps INTEGER, wait_ns REAL, step_ns REAL, "
     "micro REAL, forward_ns REAL, backward_ns REAL, optimizer_ns REAL, data_ns REAL, "
-    "comm_ns REAL, comm_steps REAL, mem_peak_bytes INTEGER, mem_reserved_max_bytes INTEGER)"
+    "comm_ns REAL, comm_steps REAL, mem_peak_bytes INTEGER, mem_reserved_max_bytes INTEGER, "
+    "micro_max INTEGER)"
 )
 
 

@@ -10,7 +10,8 @@ The definition is the one :func:`aggregates_sql` gives, whatever the rows:
 ``t0``, then insertion order), whose wait covers start-up, and the traced
 steps (a profiler snapshot or FLOP count slowed them), ``counted_steps``
 saying how many the sums cover; ``skipped_updates`` and ``eval_ns`` cover
-every step; the memory figures are maxima. Sums are DOUBLE PRECISION
+every step; the memory figures and ``micro_max`` (the most micro-batches a
+step had) are maxima over every step. Sums are DOUBLE PRECISION
 (Postgres sums integers as numeric), the counts integers.
 
 A run's figures are its blocks' rows added up (:data:`SUM_SQL`) plus the
@@ -52,9 +53,10 @@ COLUMNS = (
     "comm_steps",
     "mem_peak_bytes",
     "mem_reserved_max_bytes",
+    "micro_max",
 )
 #: Those that are maxima (the rest add up), and those that are integers.
-MAXED = ("mem_peak_bytes", "mem_reserved_max_bytes")
+MAXED = ("mem_peak_bytes", "mem_reserved_max_bytes", "micro_max")
 INTEGERS = ("steps", "counted_steps")
 #: A step's columns the aggregates read.
 _STEP_COLUMNS = (
@@ -91,6 +93,7 @@ def aggregates_sql(d: Dialect) -> str:
         "comm_steps": total(comm_steps),
         "mem_peak_bytes": "MAX(mem_peak_bytes)",
         "mem_reserved_max_bytes": "MAX(mem_reserved_bytes)",
+        "micro_max": "MAX(micro)",
     }
     return ", ".join(f"{exprs[c]} AS {c}" for c in COLUMNS)
 

@@ -115,7 +115,7 @@ async def run_view(state: WebState, run_id: int) -> tuple[dict[str, Any], dict[s
         "median_step_ms": row["median_step_ms"],
         "mean_step_ms": mean,
         "steps_per_s": round(1000.0 / mean, 3) if mean else None,
-        "micro_batches": await reads.micro_batches(db, run_id),
+        "micro_batches": (run["agg"] or {}).get("micro_max"),
         "mfu": row["mfu"],
         "achieved_tflops": row["achieved_tflops"],
         "pct_of_iteration": row["pct_of_iteration"],
