@@ -24,7 +24,7 @@ from gpuprofd.insights_runner import InsightsRunner
 from gpuprofd.server.app import CHANGES, build_server_app
 from gpuprofd.server.ingest_api import IngestLimits
 from gpuprofd.server.notify import Listener, RunChanges
-from gpuprofd.storage import logins, retention, schema, steprollup
+from gpuprofd.storage import hostrollup, logins, retention, schema, steprollup
 from gpuprofd.storage.ingest import Applied
 from gpuprofd.storage.store import Store
 from gpuprofd.storage.url import StorageUrl
@@ -103,13 +103,14 @@ class Server:
                 self._ending.pop(run_id, None)
 
     async def _roll_steps(self) -> None:
-        """The step rollup tier of ingested runs, as a node keeps its own
-        (:mod:`gpuprofd.storage.steprollup`): whole-run charts of long runs
-        read blocks, not every step. Replicas may both roll: a block is
-        written once (its key)."""
+        """The step and host rollup tiers of ingested runs, as a node keeps
+        its own (:mod:`gpuprofd.storage.steprollup`, :mod:`~gpuprofd.storage.hostrollup`):
+        whole-run charts of long runs read blocks, not every step or sample.
+        Replicas may both roll: a block is written once (its key)."""
         while not self._stop.is_set():
             try:
                 await steprollup.roll_pass(self.store)
+                await hostrollup.roll_pass(self.store)
             except Exception:  # noqa: BLE001 - retry at the next round
                 log.exception("step rollups failed; trying again in %.0f s", ROLL_EVERY_S)
             with contextlib.suppress(TimeoutError):

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.daemon.batches import batch, end_event, new_uuid, run_event, steps_event
+from tests.daemon.batches import BOOT, batch, end_event, new_uuid, run_event, steps_event
 from tests.daemon.server.conftest import (
     KEY_TWO,
     PASSWORD,
@@ -62,8 +62,9 @@ def test_a_run_in_many_batches(
         server.ingest(batch("node-1", [run_event(1, run, name="many")])),
         server.ingest(batch("node-1", [steps_event(2, run, 0, 50), steps_event(3, run, 50, 50)])),
         server.ingest(batch("node-1", [steps_event(4, run, 100, 20), end_event(5, run)])),
+        server.ingest(batch("node-1", [host_event(6)])),
     ]
-    assert [a.json()["acked_seq"] for a in answers] == [1, 3, 5]
+    assert [a.json()["acked_seq"] for a in answers] == [1, 3, 5, 6]
     assert db_rows(storage_url, "SELECT COUNT(*), MAX(step) FROM steps") == [(120, 119)]
     assert db_rows(storage_url, "SELECT status, node_id FROM runs") == [("finished", "node-1")]
     # the server rolls the steps into blocks as a node does: the ended run's last block too
@@ -72,6 +73,26 @@ def test_a_run_in_many_batches(
     while len(db_rows(storage_url, blocks)) < 2 and time.monotonic() < deadline:
         time.sleep(0.5)
     assert db_rows(storage_url, blocks) == [(0, 0, 99, 100), (1, 100, 119, 20)]
+    # and the host samples of the run's boot into 10 s blocks of the run
+    hosts = "SELECT COALESCE(SUM(n), 0) FROM host_rollups"
+    while db_rows(storage_url, hosts) == [(0,)] and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert db_rows(storage_url, hosts)[0][0] > 0
+
+
+def host_event(seq: int) -> dict:
+    """Host samples of the run's boot every 0.5 s for 25 s (a 10 s block is
+    rolled once a sample after it is stored)."""
+    rows = [
+        {
+            "mono_ns": 1_000_000_000 + k * 500_000_000,
+            "boot_id": BOOT,
+            "cpu_pct": 40.0,
+            "cpu_count": 8,
+        }
+        for k in range(50)
+    ]
+    return {"seq": seq, "kind": "host_samples", "rows": rows}
 
 
 def _serve(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
