@@ -338,23 +338,34 @@ def first_step_outlier(ctx: RunContext) -> Insight | None:
     )
 
 
-#: Share of the slow steps that must run contended, with others' cores on
-#: them above the rest's by :data:`VARIANCE_CONTENTION_EXCESS_CORES`, for the
-#: spread to coincide with other processes' CPU.
+#: Share of the time the slow steps lost that must be lost on contended
+#: steps, with others' cores on them (weighted by that time) above the
+#: rest's by :data:`VARIANCE_CONTENTION_EXCESS_CORES`, for the spread to
+#: coincide with other processes' CPU. Weighted by lost time, as
+#: :func:`gpuprof.insights.pattern.period` is: on a busy host a loaded
+#: scheduler leaves many short slow steps all through the run, and they must
+#: not outvote the few bursts that lost most of the time.
 VARIANCE_CONTENDED_SHARE = 0.6
 VARIANCE_CONTENTION_EXCESS_CORES = 0.3
 
 
-def _coincide(ctx: RunContext, slow: list[int]) -> tuple[float, float] | None:
-    """(others' cores on the slow steps, on the rest) when the slow steps
-    coincide with other processes' CPU; None otherwise or unsampled."""
+def _coincide(ctx: RunContext, slow: list[int], excess: list[float]) -> tuple[float, float] | None:
+    """(others' cores on the slow steps, weighted by the ms each lost
+    (*excess*); on the rest) when the slow steps coincide with other
+    processes' CPU; None otherwise or unsampled."""
     flags = contention.contended(ctx)
-    on_slow = [flags[i] for i in slow if i < len(flags) and flags[i] is not None]
-    if not on_slow or sum(on_slow) < VARIANCE_CONTENDED_SHARE * len(on_slow):
+    sampled = [
+        (flags[i], w)
+        for i, w in zip(slow, excess, strict=True)
+        if i < len(flags) and flags[i] is not None
+    ]
+    lost = sum(w for _, w in sampled)
+    if lost <= 0 or sum(w for f, w in sampled if f) < VARIANCE_CONTENDED_SHARE * lost:
         return None
     slow_set = set(slow)
     rest = [i for i in range(WARMUP_STEPS, ctx.steps) if i not in slow_set]
-    during, other = contention.others_on(ctx, slow), contention.others_on(ctx, rest)
+    during = contention.others_on(ctx, slow, excess)
+    other = contention.others_on(ctx, rest)
     if during is None or other is None or during - other < VARIANCE_CONTENTION_EXCESS_CORES:
         return None
     return during, other
@@ -368,8 +379,9 @@ def high_step_variance(ctx: RunContext) -> Insight | None:
     :data:`VARIANCE_MIN_SLOW_STEPS` are that slow, losing
     ≥ :data:`VARIANCE_MIN_EXCESS_MS` in all). Says "every N steps" only when
     the slow steps recur at a regular interval (:func:`gpuprof.insights.pattern.period`),
-    else names the bursts; and says when they coincide with other
-    processes' CPU (:func:`_coincide`)."""
+    else names the bursts (:func:`gpuprof.insights.pattern.bursts`; the ones
+    that lost the most time when there are many); and says when they
+    coincide with other processes' CPU (:func:`_coincide`)."""
     steady = ctx.step_ms[WARMUP_STEPS:]
     if len(steady) < VARIANCE_MIN_STEPS:
         return None
@@ -381,9 +393,12 @@ def high_step_variance(ctx: RunContext) -> Insight | None:
     excess_ms = sum(ctx.step_ms[i] - p50 for i in slow_idx)
     if slow < VARIANCE_MIN_SLOW_STEPS or excess_ms < VARIANCE_MIN_EXCESS_MS:
         return None
-    every = pattern.period(slow_idx, [ctx.step_ms[i] - p50 for i in slow_idx])
+    excess = [ctx.step_ms[i] - p50 for i in slow_idx]
+    every = pattern.period(slow_idx, excess)
     runs = pattern.bursts(slow_idx)
-    together = _coincide(ctx, slow_idx)
+    lost = pattern.burst_loss(runs, slow_idx, excess)
+    at = pattern.bursts_text(runs, lost)
+    together = _coincide(ctx, slow_idx, excess)
     head = (
         f"Step compute time is erratic: p99 {p99:.1f} ms is {p99 / p50:.1f}× the "
         f"median ({p50:.1f} ms)"
@@ -400,7 +415,6 @@ def high_step_variance(ctx: RunContext) -> Insight | None:
         )
     elif together is not None:
         during, rest = together
-        at = pattern.bursts_text(runs)
         title = f"{head}; slow steps at {at} coincide with other processes' CPU"
         detail = (
             f"{slow} steps ran over {VARIANCE_RATIO:g}× the median, and other processes "
@@ -412,7 +426,7 @@ def high_step_variance(ctx: RunContext) -> Insight | None:
             "taskset); find the other processes with top."
         )
     else:
-        title = f"{head}; slow in bursts at steps {pattern.bursts_text(runs)}"
+        title = f"{head}; slow in bursts at steps {at}"
         on_slow = contention.others_on(ctx, slow_idx)
         quiet = (
             ", while other processes held little CPU"
@@ -441,7 +455,9 @@ def high_step_variance(ctx: RunContext) -> Insight | None:
             "excess_ms": round(excess_ms, 1),
             "slow_step_numbers": slow_idx[:64],
             "period_steps": every,
-            "bursts": [list(r) for r in runs[:32]],
+            # the heaviest (by time lost), in step order; burst_count: all of them
+            "bursts": [list(r) for r in pattern.heaviest(runs, lost, 32)],
+            "burst_count": len(runs),
             "other_cores_slow": None if together is None else round(together[0], 2),
             "other_cores_rest": None if together is None else round(together[1], 2),
         },

@@ -239,6 +239,36 @@ def test_variance_ties_bursts_to_other_processes_cpu_when_they_coincide():
     assert "coincide" not in high_step_variance(flat).title
 
 
+def test_variance_weighs_the_tie_to_others_cpu_by_the_time_the_slow_steps_lost():
+    # one heavy burst while others held the host, and many short slow steps
+    # (a loaded scheduler's jitter) while they did not: most slow steps ran
+    # uncontended, but the burst lost most of the time
+    n, burst = 200, list(range(60, 70))
+    jitter = [7, 19, 27, 35, 44, 88, 97, 105, 118, 126, 134, 141, 151, 157, 163, 171, 177, 183]
+    step_ms = [200.0 if i in burst else 25.0 if i in jitter else 10.0 for i in range(n)]
+    ctx = make_ctx(
+        step_ms,
+        step_other_cores=tuple(1.6 if i in burst else 0.2 for i in range(n)),
+        step_host_pct=tuple(100.0 if i in burst else 50.0 for i in range(n)),
+        cpu_count=2,
+        step_own_cores=(0.4,) * n,
+    )
+    ins = high_step_variance(ctx)
+    assert ins.evidence["slow_steps"] == len(burst) + len(jitter)
+    assert "coincide with other processes' CPU" in ins.title, ins.title
+    assert "60–69" in ins.title and ins.evidence["burst_count"] == len(jitter) + 1
+    assert ins.evidence["other_cores_slow"] == round((1900 * 1.6 + 18 * 15 * 0.2) / 2170, 2)
+    # the same jitter with the burst on a quiet host: nothing coincides
+    quiet = make_ctx(
+        step_ms,
+        step_other_cores=(0.2,) * n,
+        step_host_pct=(50.0,) * n,
+        cpu_count=2,
+        step_own_cores=(0.4,) * n,
+    )
+    assert "coincide" not in high_step_variance(quiet).title
+
+
 # --- warm-up only when one-off -----------------------------------------------------
 
 
