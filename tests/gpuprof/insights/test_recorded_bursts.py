@@ -79,7 +79,10 @@ def test_the_same_steps_with_others_as_busy_throughout_name_the_bursts_without_t
     found = high_step_variance(ctx)
     assert found is not None
     assert "coincide" not in found.title and "every" not in found.title, found.title
+    # the host had cores to spare during the bursts (others 0.9, the run 0.3):
+    # not contended, so the loop's own causes are worth a look
     assert found.title.split("; ")[-1].startswith("slow in bursts at steps ")
+    assert "busy with other processes" not in found.title
     assert len(_named_bursts(found.title)) == 3, found.title
     # others held most of a core on the slow steps: not called quiet
     assert "held little CPU" not in found.detail

@@ -228,7 +228,13 @@ def test_variance_ties_bursts_to_other_processes_cpu_when_they_coincide():
     assert ins.title.endswith("; slow steps at 22, 29–32, 38 coincide with other processes' CPU")
     assert "0.85 cores during them against 0.10 in the rest" in ins.detail
     assert "periodic" not in ins.detail + ins.title
-    # others just as busy on every step: the slow ones do not coincide with anything
+    assert ins.evidence["contended_loss_share"] == 1.0
+
+
+def test_variance_on_a_host_busy_throughout_names_no_cause_in_the_loop():
+    # others just as busy on every step: the slow ones coincide with nothing in
+    # particular, and the host's share cannot be told apart from the loop's causes
+    slow = [22, 29, 30, 31, 32, 38]
     flat = make_ctx(
         _slow_at(60, slow),
         step_other_cores=(0.85,) * 60,
@@ -236,7 +242,25 @@ def test_variance_ties_bursts_to_other_processes_cpu_when_they_coincide():
         cpu_count=2,
         step_own_cores=(0.9,) * 60,
     )
-    assert "coincide" not in high_step_variance(flat).title
+    ins = high_step_variance(flat)
+    assert ins.title.endswith(
+        "; slow in bursts at steps 22, 29–32, 38, on a host busy with other processes"
+    )
+    assert "coincide" not in ins.title
+    assert "0.85 cores during them, 0.85 on the other steps" in ins.detail
+    assert ins.fix.startswith("Measure on an idle node") and "GC" not in ins.fix
+    assert ins.evidence["contended_loss_share"] == 1.0
+    # the same steps on a host with cores to spare: the cause is the loop's own
+    spare = make_ctx(
+        _slow_at(60, slow),
+        step_other_cores=(0.85,) * 60,
+        step_host_pct=(70.0,) * 60,
+        cpu_count=2,
+        step_own_cores=(0.5,) * 60,
+    )
+    plain = high_step_variance(spare)
+    assert plain.title.endswith("; slow in bursts at steps 22, 29–32, 38")
+    assert "GC pauses" in plain.fix and plain.evidence["contended_loss_share"] == 0.0
 
 
 def test_variance_weighs_the_tie_to_others_cpu_by_the_time_the_slow_steps_lost():
