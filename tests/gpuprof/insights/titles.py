@@ -8,11 +8,11 @@ import re
 def named_ranges(title: str) -> list[tuple[int, int]]:
     """The step ranges a high_step_variance title names, ``(first, last)``
     each: "slow steps at 752–859, 2472 coincide ..." → [(752, 859), (2472, 2472)]."""
-    listed = re.search(r" at (?:steps )?(\d[\d–, ]*)", title)
+    listed = re.search(r" at (?:steps )?(\d+(?:–\d+)?(?:, \d+(?:–\d+)?)*)", title)
     assert listed, title
     out = []
-    for part in listed.group(1).split(","):
-        first, _, last = part.strip().partition("–")
+    for part in listed.group(1).split(", "):
+        first, _, last = part.partition("–")
         out.append((int(first), int(last or first)))
     return out
 
