@@ -10,6 +10,7 @@ idle host. Pure.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from gpuprof.insights.base import RunContext
@@ -46,12 +47,23 @@ def contended_share(ctx: RunContext, first: int = 0) -> float | None:
     return sum(flags) / len(flags) if flags else None
 
 
-def others_on(ctx: RunContext, steps: list[int]) -> float | None:
+def others_on(
+    ctx: RunContext, steps: list[int], weights: Sequence[float] | None = None
+) -> float | None:
     """Mean cores other processes used during the steps at indices *steps*
-    (those sampled); None when none was."""
-    vals = [ctx.step_other_cores[i] for i in steps if i < len(ctx.step_other_cores)]
-    known = [v for v in vals if v is not None]
-    return mean(known) if known else None
+    (those sampled), weighted by *weights* (one per step, e.g. the ms each
+    lost) when given; None when none was sampled (or all weights are 0)."""
+    ws = [1.0] * len(steps) if weights is None else [float(w) for w in weights]
+    cores = ctx.step_other_cores
+    known = [
+        (v, w)
+        for i, w in zip(steps, ws, strict=True)
+        if i < len(cores) and (v := cores[i]) is not None
+    ]
+    if weights is None:
+        return mean([v for v, _ in known]) if known else None
+    total = sum(w for _, w in known)
+    return sum(v * w for v, w in known) / total if total > 0 else None
 
 
 def measured_under_contention(ctx: RunContext) -> dict[str, Any] | None:

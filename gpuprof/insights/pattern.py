@@ -20,6 +20,13 @@ PERIODIC_SLOW_SHARE = 0.5
 PERIODIC_MIN_SLOW = 3
 #: Bursts named in a finding's title; more are counted, not listed.
 MAX_BURSTS_NAMED = 6
+#: Fast steps between two slow ones that still leave them one burst. Within
+#: a burst of load a busy host's scheduler lets some steps run a whole time
+#: slice unpreempted: 3 busy processes per core over 2 ms steps left runs of
+#: 2-3 fast steps between the slow ones, and one burst read as dozens.
+#: Five or more fast steps apart, slow steps are separate bursts
+#: (the issue's GPT run: 22, 29–32, 38).
+BURST_JOIN_FAST_STEPS = 4
 
 
 def _gaps(steps: Sequence[int]) -> set[int]:
@@ -74,19 +81,48 @@ def period(slow: Sequence[int], excess: Sequence[float] | None = None) -> int | 
 
 def bursts(slow: Sequence[int]) -> list[tuple[int, int]]:
     """The sorted step numbers *slow* as runs of consecutive steps, each
-    ``(first, last)``; steps one apart (a fast step between two slow ones)
-    join one burst."""
+    ``(first, last)``; slow steps with at most :data:`BURST_JOIN_FAST_STEPS`
+    fast steps between them join one burst."""
     out: list[list[int]] = []
     for s in slow:
-        if out and s - out[-1][1] <= 2:
+        if out and s - out[-1][1] <= BURST_JOIN_FAST_STEPS + 1:
             out[-1][1] = s
         else:
             out.append([s, s])
     return [(a, b) for a, b in out]
 
 
-def bursts_text(runs: Sequence[tuple[int, int]]) -> str:
-    """``22, 29–32, 38`` (at most :data:`MAX_BURSTS_NAMED`, then ``and N more``)."""
-    named = [f"{a}" if a == b else f"{a}–{b}" for a, b in runs[:MAX_BURSTS_NAMED]]
-    more = len(runs) - MAX_BURSTS_NAMED
-    return ", ".join(named) + (f" and {more} more" if more > 0 else "")
+def burst_loss(
+    runs: Sequence[tuple[int, int]], slow: Sequence[int], excess: Sequence[float]
+) -> list[float]:
+    """Per burst of *runs* (:func:`bursts` of the sorted *slow*), the time its
+    slow steps lost: the sum of their *excess* (ms each, one per slow step)."""
+    lost = [0.0] * len(runs)
+    k = 0
+    for s, w in zip(slow, excess, strict=True):
+        while runs[k][1] < s:
+            k += 1
+        lost[k] += float(w)
+    return lost
+
+
+def heaviest(
+    runs: Sequence[tuple[int, int]], lost: Sequence[float], n: int
+) -> list[tuple[int, int]]:
+    """The *n* bursts of *runs* that lost the most time (*lost*, one per burst;
+    ties to the earlier), in step order."""
+    top = sorted(range(len(runs)), key=lambda i: (-lost[i], i))[:n]
+    return [runs[i] for i in sorted(top)]
+
+
+def bursts_text(runs: Sequence[tuple[int, int]], lost: Sequence[float] | None = None) -> str:
+    """``22, 29–32, 38``: at most :data:`MAX_BURSTS_NAMED`, in step order. With
+    *lost* (the time each burst lost, :func:`burst_loss`) the heaviest are
+    named, then ``and N smaller``; without, the first, then ``and N more``."""
+    if lost is None:
+        named, tail = list(runs[:MAX_BURSTS_NAMED]), "more"
+    else:
+        named, tail = heaviest(runs, lost, MAX_BURSTS_NAMED), "smaller"
+    words = [f"{a}" if a == b else f"{a}–{b}" for a, b in named]
+    left = len(runs) - len(named)
+    return ", ".join(words) + (f" and {left} {tail}" if left > 0 else "")

@@ -338,26 +338,53 @@ def first_step_outlier(ctx: RunContext) -> Insight | None:
     )
 
 
-#: Share of the slow steps that must run contended, with others' cores on
-#: them above the rest's by :data:`VARIANCE_CONTENTION_EXCESS_CORES`, for the
-#: spread to coincide with other processes' CPU.
+#: Share of the time the slow steps lost that must be lost on contended
+#: steps, with others' cores on them (weighted by that time) above the
+#: rest's by :data:`VARIANCE_CONTENTION_EXCESS_CORES`, for the spread to
+#: coincide with other processes' CPU. Weighted by lost time, as
+#: :func:`gpuprof.insights.pattern.period` is: on a busy host a loaded
+#: scheduler leaves many short slow steps all through the run, and they must
+#: not outvote the few bursts that lost most of the time.
 VARIANCE_CONTENDED_SHARE = 0.6
 VARIANCE_CONTENTION_EXCESS_CORES = 0.3
 
 
-def _coincide(ctx: RunContext, slow: list[int]) -> tuple[float, float] | None:
-    """(others' cores on the slow steps, on the rest) when the slow steps
-    coincide with other processes' CPU; None otherwise or unsampled."""
+def _contended_loss(ctx: RunContext, slow: list[int], excess: list[float]) -> float | None:
+    """Share (0-1) of the time the slow steps at *slow* lost (*excess*, ms
+    each) that was lost on contended steps (:func:`gpuprof.insights.contention.contended`),
+    among those sampled; None when none was."""
     flags = contention.contended(ctx)
-    on_slow = [flags[i] for i in slow if i < len(flags) and flags[i] is not None]
-    if not on_slow or sum(on_slow) < VARIANCE_CONTENDED_SHARE * len(on_slow):
-        return None
+    sampled = [
+        (flags[i], w)
+        for i, w in zip(slow, excess, strict=True)
+        if i < len(flags) and flags[i] is not None
+    ]
+    lost = sum(w for _, w in sampled)
+    return sum(w for f, w in sampled if f) / lost if lost > 0 else None
+
+
+def _others_slow_rest(
+    ctx: RunContext, slow: list[int], excess: list[float]
+) -> tuple[float | None, float | None]:
+    """(others' cores on the slow steps, weighted by the ms each lost; their
+    mean on the other steady steps); None where unsampled."""
     slow_set = set(slow)
     rest = [i for i in range(WARMUP_STEPS, ctx.steps) if i not in slow_set]
-    during, other = contention.others_on(ctx, slow), contention.others_on(ctx, rest)
-    if during is None or other is None or during - other < VARIANCE_CONTENTION_EXCESS_CORES:
-        return None
-    return during, other
+    return contention.others_on(ctx, slow, excess), contention.others_on(ctx, rest)
+
+
+def _coincide(share: float | None, during: float | None, rest: float | None) -> bool:
+    """True when the slow steps coincide with other processes' CPU: at least
+    :data:`VARIANCE_CONTENDED_SHARE` of their lost time (*share*,
+    :func:`_contended_loss`) on contended steps, and others' cores on them
+    (*during*) above those on the *rest* by :data:`VARIANCE_CONTENTION_EXCESS_CORES`."""
+    return (
+        share is not None
+        and share >= VARIANCE_CONTENDED_SHARE
+        and during is not None
+        and rest is not None
+        and during - rest >= VARIANCE_CONTENTION_EXCESS_CORES
+    )
 
 
 @rule("high_step_variance")
@@ -368,8 +395,11 @@ def high_step_variance(ctx: RunContext) -> Insight | None:
     :data:`VARIANCE_MIN_SLOW_STEPS` are that slow, losing
     ≥ :data:`VARIANCE_MIN_EXCESS_MS` in all). Says "every N steps" only when
     the slow steps recur at a regular interval (:func:`gpuprof.insights.pattern.period`),
-    else names the bursts; and says when they coincide with other
-    processes' CPU (:func:`_coincide`)."""
+    else names the bursts (:func:`gpuprof.insights.pattern.bursts`; the ones
+    that lost the most time when there are many); and says when they
+    coincide with other processes' CPU (:func:`_coincide`), or ran while
+    others held the host as much as in the rest of the run (then it names no
+    cause in the loop)."""
     steady = ctx.step_ms[WARMUP_STEPS:]
     if len(steady) < VARIANCE_MIN_STEPS:
         return None
@@ -381,48 +411,60 @@ def high_step_variance(ctx: RunContext) -> Insight | None:
     excess_ms = sum(ctx.step_ms[i] - p50 for i in slow_idx)
     if slow < VARIANCE_MIN_SLOW_STEPS or excess_ms < VARIANCE_MIN_EXCESS_MS:
         return None
-    every = pattern.period(slow_idx, [ctx.step_ms[i] - p50 for i in slow_idx])
+    excess = [ctx.step_ms[i] - p50 for i in slow_idx]
+    every = pattern.period(slow_idx, excess)
     runs = pattern.bursts(slow_idx)
-    together = _coincide(ctx, slow_idx)
+    lost = pattern.burst_loss(runs, slow_idx, excess)
+    at = pattern.bursts_text(runs, lost)
+    share = _contended_loss(ctx, slow_idx, excess)
+    during, rest = _others_slow_rest(ctx, slow_idx, excess)
     head = (
         f"Step compute time is erratic: p99 {p99:.1f} ms is {p99 / p50:.1f}× the "
         f"median ({p50:.1f} ms)"
     )
+    ran = f"{slow} steps ran over {VARIANCE_RATIO:g}× the median"
     if every is not None:
         title = f"{head}; slow every {every} steps"
-        detail = (
-            f"{slow} steps ran over {VARIANCE_RATIO:g}× the median, one every {every} "
-            "steps: periodic work inside the loop."
-        )
+        detail = f"{ran}, one every {every} steps: periodic work inside the loop."
         fix = (
             f"Look for what runs every {every} steps: logging, checkpointing, evaluation "
             "or .item() syncs; make it rarer or asynchronous."
         )
-    elif together is not None:
-        during, rest = together
-        at = pattern.bursts_text(runs)
+    elif _coincide(share, during, rest):
         title = f"{head}; slow steps at {at} coincide with other processes' CPU"
         detail = (
-            f"{slow} steps ran over {VARIANCE_RATIO:g}× the median, and other processes "
-            f"used {during:.2f} cores during them against {rest:.2f} in the rest of the run: "
-            "the spread is the host's, not the training code's."
+            f"{ran}, and other processes used {during:.2f} cores during them against "
+            f"{rest:.2f} in the rest of the run: the spread is the host's, not the "
+            "training code's."
         )
         fix = (
             "Measure on an idle node or reserve cores (Slurm --exclusive, cgroup cpusets, "
             "taskset); find the other processes with top."
         )
+    elif share is not None and share >= VARIANCE_CONTENDED_SHARE and during is not None:
+        # contended, and so was the rest: the host's share and the loop's own
+        # causes cannot be told apart, so no cause in the loop is named
+        elsewhere = f", {rest:.2f} on the other steps" if rest is not None else ""
+        title = f"{head}; slow in bursts at steps {at}, on a host busy with other processes"
+        detail = (
+            f"{ran}, in irregular bursts (no regular interval), while other processes "
+            f"held the host ({during:.2f} cores during them{elsewhere}): on a host this "
+            "busy the CPU the loop gets comes and goes, and the spread cannot be told "
+            "apart from the host's."
+        )
+        fix = (
+            "Measure on an idle node or reserve cores (Slurm --exclusive, cgroup cpusets, "
+            "taskset) first; if the bursts remain, profile one (torch.profiler with a "
+            "schedule around those steps)."
+        )
     else:
-        title = f"{head}; slow in bursts at steps {pattern.bursts_text(runs)}"
-        on_slow = contention.others_on(ctx, slow_idx)
+        title = f"{head}; slow in bursts at steps {at}"
         quiet = (
             ", while other processes held little CPU"
-            if on_slow is not None and on_slow < contention.CONTENDED_OTHER_CORES
+            if during is not None and during < contention.CONTENDED_OTHER_CORES
             else ""
         )
-        detail = (
-            f"{slow} steps ran over {VARIANCE_RATIO:g}× the median, in irregular bursts "
-            f"(no regular interval){quiet}."
-        )
+        detail = f"{ran}, in irregular bursts (no regular interval){quiet}."
         fix = (
             "Profile a slow burst (torch.profiler with a schedule around those steps); "
             "look for GC pauses (gc.freeze() after setup), memory growth or a "
@@ -441,8 +483,13 @@ def high_step_variance(ctx: RunContext) -> Insight | None:
             "excess_ms": round(excess_ms, 1),
             "slow_step_numbers": slow_idx[:64],
             "period_steps": every,
-            "bursts": [list(r) for r in runs[:32]],
-            "other_cores_slow": None if together is None else round(together[0], 2),
-            "other_cores_rest": None if together is None else round(together[1], 2),
+            # the heaviest (by time lost), in step order; burst_count: all of them
+            "bursts": [list(r) for r in pattern.heaviest(runs, lost, 32)],
+            "burst_count": len(runs),
+            # others' cores on the slow steps (weighted by the time each lost), on
+            # the rest; the share of the lost time lost on contended steps
+            "other_cores_slow": None if during is None else round(during, 2),
+            "other_cores_rest": None if rest is None else round(rest, 2),
+            "contended_loss_share": None if share is None else round(share, 3),
         },
     )

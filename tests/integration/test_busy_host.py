@@ -12,11 +12,14 @@ import re
 
 import pytest
 
-from gpuprof.insights import RunContext, build_context
-from gpuprof.insights.contention import contended
-from gpuprof.insights.steps import high_step_variance
-from gpuprofd.storage import queries, reads
+from gpuprof.insights import RunContext
+from gpuprof.insights.base import WARMUP_STEPS
+from gpuprof.insights.contention import contended, others_on
+from gpuprof.insights.steps import VARIANCE_RATIO
+from gpuprof.stats import percentile
+from gpuprofd.storage import reads
 from gpuprofd.storage.reader import open_reader
+from tests.gpuprof.insights.titles import overlapped
 
 from .busy_scripts import BURSTS, EVERY_20, LOADER
 from .conftest import Node
@@ -61,6 +64,9 @@ def test_cpu_heavy_loader_beside_a_hog_is_a_stall_caused_by_contention(node: Nod
     ), first["title"]
     assert first["evidence"]["cause"] == "contention"
     assert "won't help" in first["fix"]
+    # one finding: the stall carries its cause, neither is repeated on its own
+    found = _rules(summary)
+    assert "dataloader_stall" not in found and "host_cpu_contention" not in found, found
     assert summary["measured_under_contention"]["share_of_steps"] > 0.5
     assert "Measured under contention" in out.stdout
     assert out.stdout.count("Measured under contention") == 1
@@ -78,66 +84,51 @@ def test_sleeping_loader_beside_a_hog_is_a_plain_stall(node: Node):
     assert stall["evidence"]["loader_busy"] is False, stall
     assert "num_workers" not in stall["fix"] and "persistent_workers" not in stall["fix"]
     assert "cpu_bound_dataloader" not in found
-    # the run needs next to no CPU: other processes' CPU did not slow its steps
+    # the run needs next to no CPU: other processes' CPU did not slow its steps,
+    # and the stall does not blame them
     assert "host_cpu_contention" not in found
-
-
-def _others_on(ctx: RunContext, steps: list[int]) -> float | None:
-    vals = [ctx.step_other_cores[i] for i in steps if ctx.step_other_cores[i] is not None]
-    return sum(vals) / len(vals) if vals else None
-
-
-def _injected_host(ctx_run: dict, bursts: list[tuple[int, int, int, int]], cores: int):
-    """Host and run-CPU samples every 0.5 s over the run, as a host would have
-    read them had nothing but the bursts competed: the host full and others
-    holding all but 0.4 core during a burst, half idle outside."""
-    host, own = [], []
-    t, end = ctx_run["start_mono_ns"], ctx_run["end_mono_ns"]
-    while t <= end + 500_000_000:
-        t += 500_000_000
-        busy = any(b[2] < t - 250_000_000 < b[3] for b in bursts)
-        host.append({"mono_ns": t, "cpu_pct": 100.0 if busy else 50.0, "cpu_count": cores})
-        own.append({"mono_ns": t, "cores": 0.4 if busy else 1.0})
-    return host, own
+    assert "other processes" not in stall["title"] + stall["detail"] + stall["fix"], stall
 
 
 def test_a_clean_loop_with_three_bursts_of_load_names_the_bursts(node: Node):
+    # Asserts what holds whatever else the host is doing; the verdict on fixed
+    # inputs (this script's run, recorded) is tests/gpuprof/insights/test_recorded_bursts.py
     out = node.run_script(BURSTS, "bursts", timeout=110)
     assert out.returncode == 0, out.stderr
     bursts = [tuple(map(int, m)) for m in re.findall(r"BURST (\d+) (\d+) (\d+) (\d+)", out.stdout)]
     assert len(bursts) == 3
     summary = _summary(node, 1)
-    for ins in summary["insights"]:  # nothing here recurs at a regular interval
+    # nothing here recurs at a regular interval: neither the bursts nor a busy
+    # host's own jitter
+    for ins in summary["insights"]:
         assert "periodic" not in ins["detail"] and "every" not in ins["title"], ins
+    # 3 more busy processes per core slow the steps whatever the host's load
     var = _rules(summary)["high_step_variance"]
-    slow = var["evidence"]["slow_step_numbers"]
-    # the hog's bursts are named: at least two of the three hold named slow steps
-    hit = [b for b in bursts if any(b[0] <= s <= b[1] for s in slow)]
-    assert len(hit) >= 2, (slow, bursts)
-    # tied to other processes' CPU exactly when the samples the rule was given
-    # show it (a host already full of other work leaves the bursts no contrast)
-    ctx = _context(node)
-    rest = [i for i in range(3, ctx.steps) if i not in set(slow)]
-    during, other = _others_on(ctx, slow), _others_on(ctx, rest)
-    flags = contended(ctx)
-    contrast = (
-        during is not None
-        and other is not None
-        and during - other >= 0.3
-        and sum(1 for s in slow if flags[s]) >= 0.6 * len(slow)
-    )
-    assert ("coincide with other processes' CPU" in var["title"]) is contrast, (var, during, other)
+    assert var["evidence"]["period_steps"] is None
+    # and they lose the most time: at least two of the three are among the
+    # bursts named (a busy host adds bursts of its own; the heaviest are named)
+    spans = [(first, last) for first, last, _, _ in bursts]
+    assert len(overlapped(spans, var["title"])) >= 2, (var["title"], bursts)
 
-    # the same steps with the host samples of a host the bursts alone made
-    # busy: the bursts are tied to other processes' CPU
-    (run,) = node.query("SELECT * FROM runs")
-    steps = [queries.step_from_row(r) for r in node.query(queries.STEPS_SQL, run["id"])]
-    host, own = _injected_host(dict(run), bursts, CORES)
-    replay = build_context(dict(run) | {"options": {}}, steps, host, run_cpu=own)
-    found = high_step_variance(replay)
-    assert found is not None
-    assert "coincide with other processes' CPU" in found.title, found.title
-    assert "every" not in found.title and "periodic" not in found.detail
+    # tied to other processes' CPU only as far as the samples the rule was
+    # given show it; and always on a host otherwise quiet
+    ctx = _context(node)
+    p50 = percentile(ctx.step_ms[WARMUP_STEPS:], 50)
+    slow = [i for i in range(WARMUP_STEPS, ctx.steps) if ctx.step_ms[i] > VARIANCE_RATIO * p50]
+    assert len(slow) == var["evidence"]["slow_steps"]
+    rest = [i for i in range(WARMUP_STEPS, ctx.steps) if i not in set(slow)]
+    others_rest = others_on(ctx, rest)
+    ev = var["evidence"]
+    assert ev["other_cores_rest"] == (None if others_rest is None else round(others_rest, 2))
+    share, during, rest = ev["contended_loss_share"], ev["other_cores_slow"], ev["other_cores_rest"]
+    if "coincide with other processes' CPU" in var["title"]:
+        assert share >= 0.6 and during - rest >= 0.3 - 0.01, ev
+        assert any(contended(ctx)[i] for i in slow), ev
+    else:
+        untied = share is None or share < 0.6 or during is None or rest is None
+        assert untied or during - rest < 0.3 + 0.01, ev
+    if others_rest is not None and others_rest < 0.3:  # nothing else competed
+        assert "coincide with other processes' CPU" in var["title"], (var, others_rest)
 
 
 def test_a_sleep_every_20th_step_is_periodic(node: Node):

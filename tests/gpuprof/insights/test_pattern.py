@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuprof.insights.pattern import bursts, bursts_text, period
+from gpuprof.insights.pattern import burst_loss, bursts, bursts_text, heaviest, period
 
 
 def test_a_regular_interval_is_found_despite_a_few_extra_slow_steps():
@@ -28,9 +28,29 @@ def test_bursts_and_scattered_steps_are_not_periodic():
     assert period([20, 40]) is None  # two are not a pattern
 
 
-def test_bursts_join_steps_one_fast_step_apart_and_are_named_in_short():
+def test_bursts_join_steps_up_to_four_fast_steps_apart_and_are_named_in_short():
     assert bursts([22, 29, 30, 31, 32, 38]) == [(22, 22), (29, 32), (38, 38)]
     assert bursts([10, 12, 13]) == [(10, 13)]
+    # a loaded scheduler leaves a few unpreempted steps inside a burst of load
+    assert bursts([10, 13, 14, 19, 20]) == [(10, 20)]
+    assert bursts([10, 16]) == [(10, 10), (16, 16)]  # five fast steps between: two
     assert bursts_text(bursts([22, 29, 30, 31, 32, 38])) == "22, 29–32, 38"
     many = [(i * 10, i * 10) for i in range(8)]
     assert bursts_text(many) == "0, 10, 20, 30, 40, 50 and 2 more"
+
+
+def test_many_bursts_are_named_by_the_time_they_lost_in_step_order():
+    slow = [3, 9, 20, 21, 22, 30, 41, 50, 51, 60, 70, 80]
+    runs = bursts(slow)
+    assert runs == [(3, 3), (9, 9), (20, 22), (30, 30), (41, 41), (50, 51)] + [
+        (60, 60),
+        (70, 70),
+        (80, 80),
+    ]
+    excess = [5.0, 5.0, 90.0, 80.0, 70.0, 5.0, 5.0, 100.0, 100.0, 6.0, 5.0, 5.0]
+    lost = burst_loss(runs, slow, excess)
+    assert lost == [5.0, 5.0, 240.0, 5.0, 5.0, 200.0, 6.0, 5.0, 5.0]
+    assert heaviest(runs, lost, 2) == [(20, 22), (50, 51)]
+    # the heaviest six, in step order (ties to the earlier); the rest counted
+    assert bursts_text(runs, lost) == "3, 9, 20–22, 30, 50–51, 60 and 3 smaller"
+    assert bursts_text(runs[:3], lost[:3]) == "3, 9, 20–22"

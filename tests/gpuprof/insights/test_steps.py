@@ -228,7 +228,13 @@ def test_variance_ties_bursts_to_other_processes_cpu_when_they_coincide():
     assert ins.title.endswith("; slow steps at 22, 29–32, 38 coincide with other processes' CPU")
     assert "0.85 cores during them against 0.10 in the rest" in ins.detail
     assert "periodic" not in ins.detail + ins.title
-    # others just as busy on every step: the slow ones do not coincide with anything
+    assert ins.evidence["contended_loss_share"] == 1.0
+
+
+def test_variance_on_a_host_busy_throughout_names_no_cause_in_the_loop():
+    # others just as busy on every step: the slow ones coincide with nothing in
+    # particular, and the host's share cannot be told apart from the loop's causes
+    slow = [22, 29, 30, 31, 32, 38]
     flat = make_ctx(
         _slow_at(60, slow),
         step_other_cores=(0.85,) * 60,
@@ -236,7 +242,55 @@ def test_variance_ties_bursts_to_other_processes_cpu_when_they_coincide():
         cpu_count=2,
         step_own_cores=(0.9,) * 60,
     )
-    assert "coincide" not in high_step_variance(flat).title
+    ins = high_step_variance(flat)
+    assert ins.title.endswith(
+        "; slow in bursts at steps 22, 29–32, 38, on a host busy with other processes"
+    )
+    assert "coincide" not in ins.title
+    assert "0.85 cores during them, 0.85 on the other steps" in ins.detail
+    assert ins.fix.startswith("Measure on an idle node") and "GC" not in ins.fix
+    assert ins.evidence["contended_loss_share"] == 1.0
+    # the same steps on a host with cores to spare: the cause is the loop's own
+    spare = make_ctx(
+        _slow_at(60, slow),
+        step_other_cores=(0.85,) * 60,
+        step_host_pct=(70.0,) * 60,
+        cpu_count=2,
+        step_own_cores=(0.5,) * 60,
+    )
+    plain = high_step_variance(spare)
+    assert plain.title.endswith("; slow in bursts at steps 22, 29–32, 38")
+    assert "GC pauses" in plain.fix and plain.evidence["contended_loss_share"] == 0.0
+
+
+def test_variance_weighs_the_tie_to_others_cpu_by_the_time_the_slow_steps_lost():
+    # one heavy burst while others held the host, and many short slow steps
+    # (a loaded scheduler's jitter) while they did not: most slow steps ran
+    # uncontended, but the burst lost most of the time
+    n, burst = 200, list(range(60, 70))
+    jitter = [7, 19, 27, 35, 44, 88, 97, 105, 118, 126, 134, 141, 151, 157, 163, 171, 177, 183]
+    step_ms = [200.0 if i in burst else 25.0 if i in jitter else 10.0 for i in range(n)]
+    ctx = make_ctx(
+        step_ms,
+        step_other_cores=tuple(1.6 if i in burst else 0.2 for i in range(n)),
+        step_host_pct=tuple(100.0 if i in burst else 50.0 for i in range(n)),
+        cpu_count=2,
+        step_own_cores=(0.4,) * n,
+    )
+    ins = high_step_variance(ctx)
+    assert ins.evidence["slow_steps"] == len(burst) + len(jitter)
+    assert "coincide with other processes' CPU" in ins.title, ins.title
+    assert "60–69" in ins.title and ins.evidence["burst_count"] == len(jitter) + 1
+    assert ins.evidence["other_cores_slow"] == round((1900 * 1.6 + 18 * 15 * 0.2) / 2170, 2)
+    # the same jitter with the burst on a quiet host: nothing coincides
+    quiet = make_ctx(
+        step_ms,
+        step_other_cores=(0.2,) * n,
+        step_host_pct=(50.0,) * n,
+        cpu_count=2,
+        step_own_cores=(0.4,) * n,
+    )
+    assert "coincide" not in high_step_variance(quiet).title
 
 
 # --- warm-up only when one-off -----------------------------------------------------
