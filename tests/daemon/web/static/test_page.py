@@ -338,6 +338,22 @@ def test_every_view_renders_without_errors_and_screenshots(
             page.screenshot(path=str(path), full_page=True)
             assert path.stat().st_size > 10_000
             assert w.errors == [], (name, scheme)
+    # a laptop screen and a 4K one: the run page fits the width, every chart drawn
+    for label, (width, height) in {"laptop": (1366, 768), "4k": (3840, 2160)}.items():
+        w = pages(width=width, height=height)
+        page = w.open(f"{dash.url}/{views['run']}")
+        page.wait_for_timeout(300)
+        fit = page.evaluate(
+            """() => ({over: document.documentElement.scrollWidth - innerWidth,
+                       widths: [...document.querySelectorAll('.chart')].map(e => e.uplot.width)})"""
+        )
+        assert fit["over"] <= 0, (label, fit)  # nothing wider than the screen
+        # the step chart spans the page; every other chart is a readable size
+        assert fit["widths"] and fit["widths"][0] >= 0.5 * width, (label, fit)
+        assert min(fit["widths"]) >= 200, (label, fit)
+        path = shots / f"run-{label}.png"
+        page.screenshot(path=str(path), full_page=False)
+        assert path.stat().st_size > 10_000 and w.errors == [], label
     # an unknown run: the daemon's own message, and still no console error
     w = pages()
     page = w.open(f"{dash.url}/#/run/999999")
