@@ -139,7 +139,8 @@ export function chart(parent, spec) {
       y: { range: spec.yRange },
     },
     axes: [
-      { ...axis, size: Math.round(50 * scale), ...(spec.xAxis || {}) },
+      // time labels (":38.100") are ~60 px wide: ticks at least 100 px apart never touch
+      { ...axis, size: Math.round(50 * scale), space: Math.round(100 * scale), ...(spec.xAxis || {}) },
       { ...axis, size: Math.round((spec.axisSize || 64) * scale), values: (u, splits) => splits.map((v) => fmt(v, tickDigits(splits))) },
     ],
     cursor: {
