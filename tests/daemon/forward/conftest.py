@@ -8,6 +8,7 @@ answers itself, e.g. a 400)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import json
 import shutil
@@ -81,6 +82,25 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+@dataclass
+class Training:
+    """A training process of :meth:`ForwardNode.training` and its stop file."""
+
+    proc: Any
+    stop: Path
+
+    def finish(self, timeout_s: float = 120) -> str:
+        """Ask it to stop, wait for it; its stdout (the summary).
+
+        Raises:
+            AssertionError: it failed (its stderr said).
+        """
+        self.stop.touch()
+        out, err = self.proc.communicate(timeout=timeout_s)
+        assert self.proc.returncode == 0, err
+        return str(out)
 
 
 class ForwardNode(Node):
@@ -169,6 +189,18 @@ class ForwardNode(Node):
         """A training process (:data:`TRAIN`) on this node."""
         args = [name, str(max_steps), str(sleep_s)] + ([str(stop)] if stop else [])
         return self.spawn_script(TRAIN, *args)
+
+    @contextlib.contextmanager
+    def training(self, name: str, max_steps: int, sleep_s: float) -> Iterator[Training]:
+        """A training process that trains until :meth:`Training.finish`
+        (at most *max_steps*); killed if the block leaves without it."""
+        stop = self.workdir / f"stop-{name}"
+        run = Training(self.train(name, max_steps, sleep_s, stop), stop)
+        try:
+            yield run
+        finally:
+            if run.proc.poll() is None:
+                run.proc.kill()
 
     def status(self) -> dict[str, Any]:
         out = self.ctl("status", "--socket-dir", str(self.socket_dir), "--format", "json")

@@ -42,22 +42,15 @@ def test_a_full_outbox_gives_up_in_order_and_says_so(
     url = f"http://127.0.0.1:{tap_port}"  # nothing answers there: a long outage
     node = nodes("node-a")
     daemon = node.start(url, "--forward-max-mb", "1")
-    stop = node.workdir / "stop"
     # at most 250 steps/s (~540 KiB of outbox per 5 s pass of the bound, well
     # under the bound itself): a pass never has to give up every step
-    proc = node.train("bounded", 1_000_000, 0.004, stop)
-    try:
+    with node.training("bounded", 1_000_000, 0.004) as run:
         wait_until(
             lambda: node.count("SELECT COUNT(*) FROM forward_given_up WHERE kind = 'steps'"),
             240,
             "the bound to reach the steps",
         )
-        stop.touch()
-        out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, err
+        out = run.finish()
     # the run's summary says what of it the server will not get
     assert re.search(r"\d+ events of this run were not forwarded to the team server", out), out
     (run_uuid, run_id) = node.rows("SELECT run_uuid, id FROM runs")[0]

@@ -75,9 +75,7 @@ def test_a_run_forwarded_while_it_trains_is_the_same_on_the_server(
     team_servers.append(server)
     node = nodes("node-a")
     node.start(server.url)
-    stop = node.workdir / "stop"
-    proc = node.train("forwarded", 100_000, 0.01, stop)
-    try:
+    with node.training("forwarded", 100_000, 0.01) as run:
         run_uuid = wait_until(
             lambda: (r := node.rows("SELECT run_uuid FROM runs")) and r[0][0], 60, "the run"
         )
@@ -86,13 +84,8 @@ def test_a_run_forwarded_while_it_trains_is_the_same_on_the_server(
         # ... and its process tree's CPU samples, a few GPU rollups (something to compare)
         wait_until(lambda: node.count("SELECT COUNT(*) FROM run_cpu_samples") >= 2, 60, "CPU")
         wait_until(lambda: node.count("SELECT COUNT(*) FROM gpu_rollups") >= 2, 60, "rollups")
-        assert proc.poll() is None, "the run ended before its steps were forwarded"
-        stop.touch()
-        out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, err
+        assert run.proc.poll() is None, "the run ended before its steps were forwarded"
+        out = run.finish()
     assert f"  Team server: {server.url}/runs/{run_uuid}" in out, out
     trained = int(re.search(r"TRAINED (\d+)", out).group(1))  # type: ignore[union-attr]
     wait_until(lambda: ended_on_server(storage_url, run_uuid), 60, "the run's end on the server")

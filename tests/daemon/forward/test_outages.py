@@ -72,9 +72,7 @@ def test_the_server_killed_mid_run_and_back_10_s_later(
     team_servers.append(server)
     node = nodes("node-a")
     node.start(server.url)
-    stop = node.workdir / "stop"
-    proc = node.train("outage", 100_000, 0.01, stop)
-    try:
+    with node.training("outage", 100_000, 0.01) as run:
         run_uuid = _run_uuid(node)
         wait_until(lambda: len(server_steps(pg_url, run_uuid)) >= 20, 90, "steps forwarded")
         kill_server(server)
@@ -82,7 +80,7 @@ def test_the_server_killed_mid_run_and_back_10_s_later(
         time.sleep(OUTAGE_S)
         # training went on: its steps kept reaching the node while the server was gone
         at_restart = len(_node_steps(node, run_uuid))
-        assert proc.poll() is None and at_restart > at_kill, (at_kill, at_restart)
+        assert run.proc.poll() is None and at_restart > at_kill, (at_kill, at_restart)
         fwd = node.status()["forward"]
         assert fwd["state"] == "retrying" and "no answer from" in fwd["last_error"], fwd
         assert fwd["outbox"]["events"] > 0  # kept for the server's return
@@ -92,12 +90,7 @@ def test_the_server_killed_mid_run_and_back_10_s_later(
         wait_until(
             lambda: len(server_steps(pg_url, run_uuid)) >= at_restart, 120, "the backlog sent"
         )
-        stop.touch()
-        out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, err
+        out = run.finish()
     wait_until(lambda: ended_on_server(pg_url, run_uuid), 120, "the run's end on the server")
     cutoff = _acked_up_to_now(node)
 
@@ -119,19 +112,12 @@ def test_a_node_daemon_killed_with_a_backlog_resumes_it_in_order_once(
     url = f"http://127.0.0.1:{tap_port}"  # nothing answers there yet: a backlog builds
     node = nodes("node-a")
     daemon = node.start(url)
-    stop = node.workdir / "stop"
-    proc = node.train("crashed", 100_000, 0.01, stop)
-    try:
+    with node.training("crashed", 100_000, 0.01) as run:
         run_uuid = _run_uuid(node)
         wait_until(lambda: len(_node_steps(node, run_uuid)) >= 40, 90, "steps on the node")
         node.kill(daemon)
         backlog = node.rows("SELECT seq, kind FROM outbox ORDER BY seq")
-        stop.touch()
-        out, err = proc.communicate(timeout=120)  # training outlives its daemon
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, err
+        out = run.finish()  # training outlives its daemon
     kinds = {k for _, k in backlog}
     assert {"run", "steps", "host_samples", "gpu_rollups"} <= kinds, kinds
     stored = _node_steps(node, run_uuid)

@@ -61,20 +61,13 @@ def test_a_batch_answered_400_is_dead_lettered_and_the_rest_flows(
     taps.append(tap)
     node = nodes("node-a")
     node.start(tap.url)
-    stop = node.workdir / "stop"
-    proc = node.train("refused", 100_000, 0.01, stop)
-    try:
+    with node.training("refused", 100_000, 0.01) as run:
         run_uuid = _run_uuid(node)
         wait_until(lambda: "event" in refused, 90, "both refusals")
         # the rest flows: steps after the refusals reach the server
         after = max(_steps_of([e for p in tap.snapshot() for e in p.events]))
         wait_until(lambda: max(server_steps(pg_url, run_uuid) or [0]) > after, 90, "more steps")
-        stop.touch()
-        out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, err
+        run.finish()
     wait_until(lambda: ended_on_server(pg_url, run_uuid), 120, "the run's end on the server")
 
     dead = node.rows("SELECT seq, kind, body, status, reason FROM outbox_dead ORDER BY seq")
@@ -129,9 +122,7 @@ def test_a_wrong_api_key_pauses_with_one_error_and_a_fixed_key_resumes(
     node = nodes("node-a")
     node.key_file.write_text("not-a-key-of-this-server\n")
     node.start(server.url, prelude=_QUICK_PAUSE)
-    stop = node.workdir / "stop"
-    proc = node.train("wrong-key", 100_000, 0.01, stop)
-    try:
+    with node.training("wrong-key", 100_000, 0.01) as run:
         run_uuid = _run_uuid(node)
         fwd = wait_until(
             lambda: (f := node.status()["forward"])["retries"] >= 3 and f, 90, "a few tries"
@@ -155,12 +146,7 @@ def test_a_wrong_api_key_pauses_with_one_error_and_a_fixed_key_resumes(
         node.key_file.write_text(KEY_ONE + "\n")  # fixed: read again at the next try
         stored = node.count("SELECT COUNT(*) FROM steps")
         wait_until(lambda: len(server_steps(pg_url, run_uuid)) >= stored, 90, "the backlog sent")
-        stop.touch()
-        out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, err
+        run.finish()
     wait_until(lambda: ended_on_server(pg_url, run_uuid), 120, "the run's end on the server")
     node_steps = [int(r[0]) for r in node.rows("SELECT step FROM steps ORDER BY step")]
     assert server_steps(pg_url, run_uuid) == node_steps
