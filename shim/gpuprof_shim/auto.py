@@ -70,7 +70,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuprof.protocol import MAX_DURATION_NS
-from gpuprof_shim.steps import LOADER_PHASE, OWN_PHASE, OptimizerUse, StepRecord
+from gpuprof_shim.messages import phase_name
+from gpuprof_shim.steps import LOADER_PHASE, OWN_PHASE, OptimizerUse, StepRecord, new_step
 
 log = logging.getLogger("gpuprof.shim")
 
@@ -126,6 +127,15 @@ class _Segment:
     @property
     def started(self) -> bool:
         return self.t0 != 0
+
+    def reset(self) -> None:
+        """Back to a fresh segment's zeros (cheaper than making one)."""
+        self.t0 = self.last_ns = self.end_ns = 0
+        self.forward_ns = self.backward_ns = self.optimizer_ns = self.between_ns = 0
+        self.loader_ns = self.loader_in_forward_ns = self.own_ns = self.gap_own_ns = 0
+        self.wait_ns = self.eval_ns = self.micro = self.closure_micro = 0
+        self.primary_done = self.skipped = False
+        self.optim.clear()
 
     def absorb(self, tail: _Segment) -> None:
         """Take *tail*'s work into this step (another optimizer's turn):
@@ -238,7 +248,9 @@ class StepMachine:
 
     Args:
         emit: called with each finished :class:`StepRecord` (the session's
-            emitter swallows its own errors).
+            emitter swallows its own errors); returns the ns it spent sending
+            a burst of events, if it sent one (gpuprof's own time), else 0
+            or None.
         start_ns: the profile start (the first step's loader gap begins here).
         clock: monotonic nanoseconds; the torch wrappers read it, the
             machine itself only receives timestamps.
@@ -246,9 +258,50 @@ class StepMachine:
             not at optimizer cycles.
     """
 
+    # slots: the hot path reads and writes these attributes on every event
+    __slots__ = (
+        "_closure_ns",
+        "_closure_start",
+        "_closure_state",
+        "_companion_max",
+        "_gap",
+        "_in_scaler_step",
+        "_inner_steps",
+        "_last_index",
+        "_last_optimizer",
+        "_names",
+        "_open",
+        "_opt_depth",
+        "_opt_index",
+        "_opt_outer",
+        "_opt_pre_ns",
+        "_optimizers",
+        "_own_ns",
+        "_phase_start",
+        "_pre_step_gap",
+        "_prev_end",
+        "_primary",
+        "_seg",
+        "_spare",
+        "_tails",
+        "_train_thread",
+        "boundary",
+        "clock",
+        "emit",
+        "explicit",
+        "external",
+        "next_index",
+        "on_boundary",
+        "on_forward_probe",
+        "state",
+        "trailing_eval_ns",
+        "unfinished_micro",
+        "__weakref__",
+    )
+
     def __init__(
         self,
-        emit: Callable[[StepRecord], None],
+        emit: Callable[[StepRecord], int | None],
         start_ns: int = 0,
         clock: Callable[[], int] = time.monotonic_ns,
         *,
@@ -266,6 +319,7 @@ class StepMachine:
         self.unfinished_micro = 0
         self._prev_end = start_ns
         self._seg = _Segment()
+        self._spare: _Segment | None = None  # an emitted segment, reset, for the next one
         self._open: _Segment | None = None  # primary stepped, not yet emitted
         # other optimizers' turns since: (index, segment, skipped)
         self._tails: list[tuple[int, _Segment, bool]] = []
@@ -555,7 +609,12 @@ class StepMachine:
                 seg.skipped = skipped
         if seg.primary_done:
             self._open = seg
-            self._seg = _Segment()
+            spare = self._spare  # _new_segment(), inlined
+            if spare is not None:
+                self._spare = None
+                self._seg = spare
+            else:
+                self._seg = _Segment()
             self.state = IDLE
             if self.boundary is not None or self.on_boundary is not None:
                 self._at_boundary(self.next_index + 1)  # every earlier step is emitted by now
@@ -563,7 +622,7 @@ class StepMachine:
             # another optimizer's turn after the primary's: kept apart until
             # the primary steps again (then it joins the open step)
             self._tails.append((idx, seg, skipped))
-            self._seg = _Segment()
+            self._seg = self._new_segment()
             self.state = IDLE
         else:
             # the step goes on (external mode, or an optimizer before the
@@ -602,7 +661,7 @@ class StepMachine:
             seg.micro, seg.closure_micro = micro, 0
         seg.end_ns = max(seg.end_ns, t)
         self.state = IDLE
-        self._seg = _Segment()
+        self._seg = self._new_segment()
         self._emit_segment(seg, seg.end_ns)
         self._seg.gap_own_ns, self._own_ns = self._own_ns, 0  # sent between steps
         self._at_boundary(self.next_index)
@@ -774,6 +833,8 @@ class StepMachine:
         )
 
     def _emit_segment(self, seg: _Segment, t1: int) -> None:
+        """Emit *seg*, ended at *t1*, as the next step; *seg* is reset and
+        reused (it must not be referenced afterwards)."""
         t0 = seg.t0
         if t1 < t0:
             t1 = t0
@@ -798,14 +859,24 @@ class StepMachine:
             phases[OWN_PHASE] = own
         optim = seg.optim
         names = self._names
+        optimizers: list[OptimizerUse]
         if len(optim) == 1:
             for idx, (updates, skips, ns) in optim.items():
-                optimizers = [OptimizerUse(names[idx], updates, skips, ns)]
+                optimizers = [{"name": names[idx], "updates": updates, "skipped": skips, "ns": ns}]
         else:
-            optimizers = [OptimizerUse(names[idx], *optim[idx]) for idx in sorted(optim)]
+            optimizers = [
+                {"name": names[idx], "updates": u, "skipped": k, "ns": ns}
+                for idx, (u, k, ns) in sorted(optim.items())
+            ]
         i = self.next_index
         self.next_index = i + 1
-        rec = StepRecord(
+        # Every phase (and each optimizer's ns) is a sum of non-negative clock
+        # deltas, so a total within the protocol's bound puts each within it:
+        # the step's event takes them as they are (one sum, not a check per
+        # phase at each burst); the optimizers' names were made valid when
+        # first seen.
+        clean = type(t0) is int and forward + backward + optimizer + inside + own <= MAX_DURATION_NS
+        rec = new_step(
             i,
             t0,
             t1,
@@ -816,18 +887,21 @@ class StepMachine:
             seg.skipped,
             seg.eval_ns,
             optimizers,
+            clean,
         )
-        # Every phase is a sum of non-negative clock deltas, so a total within
-        # the protocol's bound puts each within it: the step's event takes the
-        # phases as they are (one sum, not a check per phase at each burst).
-        if type(t0) is int and forward + backward + optimizer + inside + own <= MAX_DURATION_NS:
-            rec.clean = True
-        clock = self.clock
-        t_emit = clock()
-        self.emit(rec)  # may send a burst of events: gpuprof's own time, kept apart
-        spent = clock() - t_emit
-        if spent > 0:
+        seg.reset()  # nothing refers to it any more: the next segment reuses it
+        self._spare = seg
+        spent = self.emit(rec)  # a burst sent now is gpuprof's own time, kept apart
+        if spent:
             self._own_ns += spent
+
+    def _new_segment(self) -> _Segment:
+        """A fresh segment: the last emitted one, reset, if there is one."""
+        spare = self._spare
+        if spare is None:
+            return _Segment()
+        self._spare = None
+        return spare
 
     def _index_of(self, optimizer: Any) -> int:
         if optimizer is self._last_optimizer and optimizer is not None:
@@ -845,7 +919,7 @@ class StepMachine:
             idx = MAX_OPTIMIZERS - 1
             self._names[idx] = "other"
         else:
-            self._names.append(f"{type(optimizer).__name__}#{idx}")
+            self._names.append(phase_name(f"{type(optimizer).__name__}#{idx}"))
         self._optimizers[id(optimizer)] = (_ref(optimizer), idx)
         return idx
 

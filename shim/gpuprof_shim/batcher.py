@@ -11,6 +11,7 @@ view lags by at most that long plus one step and nothing is left unsent.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -43,6 +44,7 @@ class StepBatcher:
         every_steps: most steps per burst (default :data:`SEND_EVERY_STEPS`).
         every_ns: longest time between bursts, ns, checked as steps end
             (default :data:`SEND_EVERY_NS`).
+        clock: monotonic ns, read around a burst sent by :meth:`add`.
     """
 
     def __init__(
@@ -55,6 +57,7 @@ class StepBatcher:
         read_memory: Callable[[], tuple[int, int, int] | None] = memory.cuda_memory,
         every_steps: int | None = None,
         every_ns: int | None = None,
+        clock: Callable[[], int] = time.monotonic_ns,
     ) -> None:
         self.sender = sender
         self.run_key = run_key
@@ -64,6 +67,7 @@ class StepBatcher:
         # read here, not bound at import: tests set the module's figures
         self.every_steps = SEND_EVERY_STEPS if every_steps is None else every_steps
         self.every_ns = SEND_EVERY_NS if every_ns is None else every_ns
+        self.clock = clock
         self._pending: list[StepRecord] = []
         self._sent_at = 0
 
@@ -72,12 +76,19 @@ class StepBatcher:
         """Steps queued, not yet sent."""
         return len(self._pending)
 
-    def add(self, rec: StepRecord) -> None:
-        """Queue one finished step; send the burst if it is full or due."""
+    def add(self, rec: StepRecord) -> int:
+        """Queue one finished step; send the burst if it is full or due.
+
+        Returns:
+            the ns spent sending a burst (gpuprof's own time), 0 if none went out.
+        """
         pending = self._pending
         pending.append(rec)
         if len(pending) >= self.every_steps or rec.t1 - self._sent_at >= self.every_ns:
+            t = self.clock()
             self.flush(rec.t1)
+            return max(0, self.clock() - t)
+        return 0
 
     def flush(self, now_ns: int, final: bool = False) -> None:
         """Send the queued steps now (*final*: at exit, nothing may stay).
@@ -90,7 +101,9 @@ class StepBatcher:
         pending, self._pending = self._pending, []
         self._sent_at = now_ns
         if pending:
-            pending[-1].mem = self.read_memory()
+            mem = self.read_memory()
+            if mem is not None:
+                pending[-1] = pending[-1]._replace(mem=mem)
             if self.comm is not None:
                 ready = self.comm.attach(pending, now_ns=now_ns, final=final)
                 pending, self._pending = pending[:ready], pending[ready:]

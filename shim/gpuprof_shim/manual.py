@@ -17,7 +17,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
-from gpuprof_shim.steps import LOADER_PHASE, StepRecord, WaitTracker
+from gpuprof_shim.steps import LOADER_PHASE, StepRecord, WaitTracker, new_step
 
 log = logging.getLogger("gpuprof.shim")
 
@@ -153,7 +153,7 @@ class ManualRecorder:
 
     def __init__(
         self,
-        emit: Callable[[StepRecord], None],
+        emit: Callable[[StepRecord], object],
         waits: WaitTracker,
         clock: Callable[[], int] = time.monotonic_ns,
     ) -> None:
@@ -201,7 +201,7 @@ class ManualRecorder:
         if loader_ns:
             phases[LOADER_PHASE] = phases.get(LOADER_PHASE, 0) + loader_ns
         self._next_index = step.i + 1
-        self.emit(StepRecord(step.i, t0, t1, wait, explicit, 1, phases))
+        self.emit(new_step(step.i, t0, t1, wait, explicit, 1, phases, False, 0, (), False))
         after = self.after_step
         if after is not None:
             t = self.clock()

@@ -193,10 +193,12 @@ def step_event(rec: StepRecord) -> dict[str, Any]:
     """The ``step`` event for *rec* as it goes in a ``batch`` (no ``v`` and
     ``run_key``: the batch's apply); ``skipped``, ``eval``, ``optimizers``
     and ``mem`` (torch allocator bytes) only when they say something. Runs
-    once per step: a :attr:`~StepRecord.clean` record's phases go as they
-    are (unless DDP buckets were attached, which rewrote them)."""
+    once per step: a :attr:`~StepRecord.clean` record's phases and
+    optimizers (:class:`OptimizerUse` dicts) go as they are (unless DDP
+    buckets were attached, which rewrote the phases)."""
     t0, t1, wait = rec.t0, rec.t1, rec.wait
     comm = rec.comm
+    clean = rec.clean and not comm
     msg: dict[str, Any] = {
         "type": "step",
         "i": rec.i,
@@ -205,7 +207,7 @@ def step_event(rec: StepRecord) -> dict[str, Any]:
         "wait": wait if wait > 0 else 0,
         "explicit": rec.explicit,
         "micro": rec.micro,
-        "phases": rec.phases if rec.clean and not comm else clean_phases(rec.phases),
+        "phases": rec.phases if clean else clean_phases(rec.phases),
     }
     if rec.skipped:
         msg["skipped"] = True
@@ -214,17 +216,8 @@ def step_event(rec: StepRecord) -> dict[str, Any]:
         msg["eval"] = eval_ns if eval_ns <= MAX_DURATION_NS else MAX_DURATION_NS
     optimizers = rec.optimizers
     if optimizers:
-        if len(optimizers) == 1:  # the common case, _optimizer_use inlined
-            o = optimizers[0]
-            name, ns = o.name, o.ns
-            msg["optimizers"] = [
-                {
-                    "name": _clean_names.get(name) or _cached_phase_name(name),
-                    "updates": o.updates,
-                    "skipped": o.skipped,
-                    "ns": ns if 0 <= ns <= MAX_DURATION_NS else min(max(0, ns), MAX_DURATION_NS),
-                }
-            ]
+        if rec.clean:
+            msg["optimizers"] = optimizers  # valid as they are
         else:
             msg["optimizers"] = [_optimizer_use(o) for o in optimizers[:MAX_OPTIMIZERS]]
     if rec.mem is not None:
@@ -237,11 +230,11 @@ def step_event(rec: StepRecord) -> dict[str, Any]:
 
 
 def _optimizer_use(o: OptimizerUse) -> dict[str, Any]:
-    ns = o.ns
+    ns, name = o["ns"], o["name"]
     return {
-        "name": _clean_names.get(o.name) or _cached_phase_name(o.name),
-        "updates": o.updates,
-        "skipped": o.skipped,
+        "name": _clean_names.get(name) or _cached_phase_name(name),
+        "updates": o["updates"],
+        "skipped": o["skipped"],
         "ns": ns if 0 <= ns <= MAX_DURATION_NS else min(max(0, ns), MAX_DURATION_NS),
     }
 

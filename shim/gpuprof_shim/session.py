@@ -408,7 +408,7 @@ class Profiler:
             self._recorder = ManualRecorder(self._emit, waits, self.clock)
         if self.sender is not None:
             self._batcher = StepBatcher(
-                self.sender, self.run_key, comm=self._comm, extra=self._model_info
+                self.sender, self.run_key, comm=self._comm, extra=self._model_info, clock=self.clock
             )
         if self.trace_options.enabled:
             self._windows = TraceWindows(
@@ -452,26 +452,28 @@ class Profiler:
     def _model_info(self) -> dict[str, Any] | None:
         return self.probes.model_info(self.run_key)
 
-    def _emit(self, rec: StepRecord) -> None:
+    def _emit(self, rec: StepRecord) -> int:
         """Count a finished step and queue its event for the next burst
         (:class:`~gpuprof_shim.batcher.StepBatcher`). A step whose FLOPs
-        were counted, or that a torch.profiler window ran in, is ``traced``."""
+        were counted, or that a torch.profiler window ran in, is ``traced``.
+        Returns the ns spent sending a burst now (gpuprof's own time), else 0."""
         try:
             traced = self.probes.traced
-            if traced and rec.i in traced:
-                rec.traced = True
             windows = self._windows
-            if windows is not None and windows.traced(rec.t0, rec.t1):
-                rec.traced = True  # a torch.profiler window ran during it
+            if (traced and rec.i in traced) or (
+                windows is not None and windows.traced(rec.t0, rec.t1)  # a torch.profiler window
+            ):
+                rec = rec._replace(traced=True)
             self.counter.add(rec.t1 - rec.t0 + rec.wait)
             batcher = self._batcher
-            if batcher is not None:
-                batcher.add(rec)
+            spent = batcher.add(rec) if batcher is not None else 0
             sink = self._wandb
             if sink is not None:
                 sink.add(rec)
+            return spent
         except Exception:
             log.debug("gpuprof: could not emit step %s", rec.i, exc_info=True)
+        return 0
 
     def _send_pending(self, now_ns: int, final: bool = False) -> None:
         if self._batcher is not None:
