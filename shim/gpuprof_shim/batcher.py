@@ -69,7 +69,7 @@ class StepBatcher:
         self.every_ns = SEND_EVERY_NS if every_ns is None else every_ns
         self.clock = clock
         self._pending: list[StepRecord] = []
-        self._sent_at = 0
+        self._due_ns = 0  # a step ending from then on sends the burst
 
     @property
     def pending(self) -> int:
@@ -84,7 +84,7 @@ class StepBatcher:
         """
         pending = self._pending
         pending.append(rec)
-        if len(pending) >= self.every_steps or rec.t1 - self._sent_at >= self.every_ns:
+        if len(pending) >= self.every_steps or rec.t1 >= self._due_ns:
             t = self.clock()
             self.flush(rec.t1)
             return max(0, self.clock() - t)
@@ -99,7 +99,7 @@ class StepBatcher:
         for the next burst (:meth:`gpuprof_shim.comm.CommTimer.attach`).
         """
         pending, self._pending = self._pending, []
-        self._sent_at = now_ns
+        self._due_ns = now_ns + self.every_ns
         if pending:
             mem = self.read_memory()
             if mem is not None:

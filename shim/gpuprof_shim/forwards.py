@@ -50,7 +50,7 @@ import sys
 import threading
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from gpuprof_shim.auto import AFTER_BACKWARD as _AFTER_BACKWARD
 from gpuprof_shim.auto import IDLE as _IDLE
@@ -142,6 +142,32 @@ def _contains_compiled(module: Any) -> bool:
         return True
 
 
+class _NoFlags:
+    """Stands in for ``torch.compiler`` where it has no ``_is_compiling_flag``."""
+
+    _is_compiling_flag = False
+
+
+class Tracing(NamedTuple):
+    """How the wrappers that run every step ask whether torch.compile (or
+    export) is tracing them: ``dynamo() or flags._is_compiling_flag``, what
+    ``torch.compiler.is_compiling()`` answers (dynamo takes
+    ``is_dynamo_compiling()`` as True while it traces, as it takes
+    ``is_compiling()``), in one Python frame instead of two."""
+
+    dynamo: Callable[[], bool]
+    flags: Any
+
+    @classmethod
+    def of(cls, compiler: Any) -> Tracing:
+        """The check for the module ``torch.compiler``: its
+        ``is_compiling`` alone where it lacks what the faster check reads."""
+        dynamo = getattr(compiler, "is_dynamo_compiling", None)
+        if dynamo is None or not hasattr(compiler, "_is_compiling_flag"):
+            return cls(compiler.is_compiling, _NoFlags)
+        return cls(dynamo, compiler)
+
+
 class ForwardDetector:
     """Discovery patch and per-root wrappers for one session; see the module doc.
 
@@ -151,6 +177,8 @@ class ForwardDetector:
         module_cls: ``torch.nn.Module``.
         is_grad_enabled: ``torch.is_grad_enabled``.
         is_compiling: ``torch.compiler.is_compiling``.
+        tracing: the same question, asked faster by the root wrappers
+            (default: *is_compiling* itself).
     """
 
     def __init__(
@@ -160,12 +188,14 @@ class ForwardDetector:
         module_cls: Any,
         is_grad_enabled: Callable[[], bool],
         is_compiling: Callable[[], bool],
+        tracing: Tracing | None = None,
     ) -> None:
         self.machine = machine
         self.internal_error = internal_error
         self.module_cls = module_cls
         self.is_grad_enabled = is_grad_enabled
         self.is_compiling = is_compiling
+        self.tracing = tracing if tracing is not None else Tracing(is_compiling, _NoFlags)
         self.enabled = False
         self.depth = _Depth()
         self.orig_call: Callable[..., Any] = vars(module_cls)["__call__"]
@@ -389,13 +419,13 @@ class ForwardDetector:
         machine = self.machine
         clock = machine.clock
         depth = self.depth
-        is_compiling = self.is_compiling
+        dynamo, flags = self.tracing
         is_grad_enabled = self.is_grad_enabled
         idle, after_backward, optimizer = _IDLE, _AFTER_BACKWARD, _OPTIMIZER
 
         def root_call(*args: Any, **kwargs: Any) -> Any:
             # traced (a compiled caller), nested in another root, or removed
-            if is_compiling() or depth.n or not detector.enabled:
+            if dynamo() or flags._is_compiling_flag or depth.n or not detector.enabled:
                 return inner(*args, **kwargs)
             depth.n = 1
             kind = _NONE

@@ -35,6 +35,7 @@ from typing import Any
 
 from gpuprof_shim.auto import StepMachine
 from gpuprof_shim.comm import CommTimer
+from gpuprof_shim.forwards import Tracing
 from gpuprof_shim.wrappers import Wrappers
 
 log = logging.getLogger("gpuprof.shim")
@@ -190,6 +191,7 @@ class TorchPatches:
             orig_autograd_backward=_raw(autograd, "backward"),
             is_grad_enabled=torch.is_grad_enabled,
             is_compiling=torch.compiler.is_compiling,
+            tracing=Tracing.of(torch.compiler),
             on_loader_iterator=self.on_loader_iterator,
         )
         self.wrappers = w

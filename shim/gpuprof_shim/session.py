@@ -458,13 +458,14 @@ class Profiler:
         were counted, or that a torch.profiler window ran in, is ``traced``.
         Returns the ns spent sending a burst now (gpuprof's own time), else 0."""
         try:
+            i, t0, t1, wait = rec[:4]
             traced = self.probes.traced
             windows = self._windows
-            if (traced and rec.i in traced) or (
-                windows is not None and windows.traced(rec.t0, rec.t1)  # a torch.profiler window
+            if (traced and i in traced) or (
+                windows is not None and windows.traced(t0, t1)  # a torch.profiler window
             ):
                 rec = rec._replace(traced=True)
-            self.counter.add(rec.t1 - rec.t0 + rec.wait)
+            self.counter.add(t1 - t0 + wait)
             batcher = self._batcher
             spent = batcher.add(rec) if batcher is not None else 0
             sink = self._wandb

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpuprof_shim.auto import StepMachine
-from gpuprof_shim.forwards import ForwardDetector
+from gpuprof_shim.forwards import ForwardDetector, Tracing
 
 log = logging.getLogger("gpuprof.shim")
 
@@ -41,6 +41,9 @@ class Wrappers:
         orig_autograd_backward: the original ``torch.autograd.backward``.
         is_grad_enabled: ``torch.is_grad_enabled``.
         is_compiling: ``torch.compiler.is_compiling``.
+        tracing: the same question, asked faster by the wrappers that run
+            every step (:class:`~gpuprof_shim.forwards.Tracing`; default:
+            *is_compiling* itself).
         on_loader_iterator: called with each iterator ``DataLoader.__iter__``
             returns (to report its worker processes); must not raise.
     """
@@ -53,6 +56,7 @@ class Wrappers:
         orig_autograd_backward: Callable[..., Any],
         is_grad_enabled: Callable[[], bool],
         is_compiling: Callable[[], bool],
+        tracing: Tracing | None = None,
         on_loader_iterator: Callable[[Any], None] | None = None,
     ) -> None:
         self.machine = machine
@@ -62,7 +66,7 @@ class Wrappers:
         self._errors = 0
         depth = _Depth()
         self.forwards = ForwardDetector(
-            machine, self.internal_error, module_cls, is_grad_enabled, is_compiling
+            machine, self.internal_error, module_cls, is_grad_enabled, is_compiling, tracing
         )
         self.tensor_backward = self._make_backward(orig_tensor_backward, depth)
         self.autograd_backward = self._make_backward(orig_autograd_backward, depth)
@@ -204,18 +208,18 @@ class Wrappers:
         wrappers = self
         machine = self.machine
         clock = machine.clock
-        is_compiling = self.is_compiling
+        dynamo, flags = self.forwards.tracing
         on_pre, on_post = machine.on_optimizer_pre, machine.on_optimizer_post
 
         def optimizer_pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
-            if wrappers.enabled and not is_compiling():
+            if wrappers.enabled and not (dynamo() or flags._is_compiling_flag):
                 try:
                     on_pre(clock(), optimizer)
                 except Exception:
                     wrappers.internal_error()
 
         def optimizer_post_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
-            if wrappers.enabled and not is_compiling():
+            if wrappers.enabled and not (dynamo() or flags._is_compiling_flag):
                 try:
                     on_post(clock(), optimizer)
                 except Exception:

@@ -73,8 +73,12 @@ def test_wrappers_are_transparent_for_results_and_errors():
 
 def test_someone_patching_on_top_keeps_their_patch_and_ours_goes_quiet():
     events = []
-    m = machine()
-    m.on_forward = lambda t: events.append(t)  # type: ignore[method-assign]
+
+    class Spy(StepMachine):
+        def on_forward(self, t: int) -> None:
+            events.append(t)
+
+    m = Spy(lambda rec: None, 0)
     p = patches.TorchPatches(m)
     p.install()
     ours = vars(nn.Module)["__call__"]

@@ -195,3 +195,36 @@ def test_wrappers_are_removed_even_if_the_loop_raises(socket_dir, fake_daemon):
             raise ValueError("boom")
     assert "_compiled_call_impl" not in vars(model)
     assert fw.live_detectors() == []
+
+
+def test_the_fast_tracing_check_answers_as_is_compiling(monkeypatch):
+    tracing = fw.Tracing.of(torch.compiler)
+    assert tracing.dynamo is torch.compiler.is_dynamo_compiling
+    check = lambda: tracing.dynamo() or tracing.flags._is_compiling_flag  # noqa: E731
+    assert check() is torch.compiler.is_compiling() is False
+    monkeypatch.setattr(torch.compiler, "_is_compiling_flag", True)  # export, a compile session
+    assert check() is torch.compiler.is_compiling() is True
+
+
+def test_the_fast_tracing_check_is_true_while_dynamo_traces_with_no_graph_break():
+    dynamo, flags = fw.Tracing.of(torch.compiler)
+
+    @torch.compile(backend="eager", fullgraph=True)  # a graph break would raise
+    def traced(x: torch.Tensor) -> torch.Tensor:
+        return x + 1 if dynamo() or flags._is_compiling_flag else x - 1
+
+    try:
+        assert traced(torch.zeros(1)).item() == 1
+    finally:
+        torch._dynamo.reset()
+
+
+def test_a_torch_without_the_fast_check_keeps_is_compiling():
+    class OldCompiler:
+        @staticmethod
+        def is_compiling() -> bool:
+            return True
+
+    tracing = fw.Tracing.of(OldCompiler)
+    assert tracing.dynamo is OldCompiler.is_compiling
+    assert tracing.flags._is_compiling_flag is False
