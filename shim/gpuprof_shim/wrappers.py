@@ -3,9 +3,10 @@
 
 Forwards (module calls) are found by :class:`~gpuprof_shim.forwards.ForwardDetector`:
 a short discovery window patches ``Module.__call__``, then only the root
-modules carry hooks. Backward calls are the patched ``Tensor.backward`` and
-``torch.autograd.backward``; each outermost one also tells the detector (a
-backward with no forward seen sends it looking for an unknown root).
+modules carry a wrapper. Backward calls are the patched
+``torch.autograd.backward`` (``Tensor.backward`` calls it, looked up at each
+call); each outermost one also tells the detector (a backward with no
+forward seen sends it looking for an unknown root).
 
 Every call into the machine is guarded: an internal error is logged once
 and the user's call goes on. Once :attr:`Wrappers.enabled` is False the
@@ -37,7 +38,6 @@ class Wrappers:
     Args:
         machine: receives the events.
         module_cls: ``torch.nn.Module`` (its ``__call__`` as found is the original).
-        orig_tensor_backward: the original ``torch.Tensor.backward``.
         orig_autograd_backward: the original ``torch.autograd.backward``.
         is_grad_enabled: ``torch.is_grad_enabled``.
         is_compiling: ``torch.compiler.is_compiling``.
@@ -52,7 +52,6 @@ class Wrappers:
         self,
         machine: StepMachine,
         module_cls: Any,
-        orig_tensor_backward: Callable[..., Any],
         orig_autograd_backward: Callable[..., Any],
         is_grad_enabled: Callable[[], bool],
         is_compiling: Callable[[], bool],
@@ -68,7 +67,6 @@ class Wrappers:
         self.forwards = ForwardDetector(
             machine, self.internal_error, module_cls, is_grad_enabled, is_compiling, tracing
         )
-        self.tensor_backward = self._make_backward(orig_tensor_backward, depth)
         self.autograd_backward = self._make_backward(orig_autograd_backward, depth)
         #: Global ``register_optimizer_step_pre_hook``/``post_hook`` callbacks.
         self.optimizer_pre_hook, self.optimizer_post_hook = self._make_optimizer_hooks()
@@ -90,7 +88,8 @@ class Wrappers:
         on_start, on_end = machine.on_backward_start, machine.on_backward_end
 
         def backward(*args: Any, **kwargs: Any) -> Any:
-            # Tensor.backward calls torch.autograd.backward: count the pair once.
+            # a reentrant backward (activation checkpointing's, from inside
+            # the engine) is part of the outer one: counted once
             if depth.backward or not wrappers.enabled:
                 return orig(*args, **kwargs)
             depth.backward = 1
