@@ -53,6 +53,18 @@ def _cached_phase_name(name: object) -> str:
 _valid_names: set[str] = set()
 
 
+def phases_ok(phases: Mapping[str, int]) -> bool:
+    """True if *phases*, non-negative int ns by construction (the manual
+    API's), pass the protocol as they are: not too many, every name seen
+    valid before (by :func:`clean_phases`), their total (so each) within
+    bounds. Three checks done in C, once per step."""
+    return (
+        len(phases) < MAX_PHASES
+        and _valid_names.issuperset(phases)
+        and sum(phases.values()) <= MAX_DURATION_NS
+    )
+
+
 def clean_phases(phases: Mapping[str, int]) -> dict[str, int]:
     """Clamp durations to 0..``MAX_DURATION_NS`` and keep at most
     ``MAX_PHASES`` names (the rest are summed into ``"other"``). Runs once per

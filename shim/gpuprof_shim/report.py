@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
 from gpuprof.summary import format_summary
+from gpuprof_shim.steps import StepRecord
 
 log = logging.getLogger("gpuprof.shim")
 
@@ -25,6 +26,11 @@ class StepCounter:
         self.steps += 1
         if iteration_ns > 0:
             self.total_iteration_ns += iteration_ns
+
+    def add_steps(self, steps: Sequence[StepRecord]) -> None:
+        """Count a burst of finished steps."""
+        self.steps += len(steps)
+        self.total_iteration_ns += sum(max(0, r.t1 - r.t0 + r.wait) for r in steps)
 
     @property
     def avg_step_ms(self) -> float | None:
