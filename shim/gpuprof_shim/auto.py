@@ -122,7 +122,8 @@ class _Segment:
     closure_micro: int = 0
     primary_done: bool = False
     skipped: bool = False
-    optim: dict[int, list[int]] = field(default_factory=dict)
+    # optimizer index -> its share of the step, as the event carries it
+    optim: dict[int, OptimizerUse] = field(default_factory=dict)
 
     @property
     def started(self) -> bool:
@@ -150,10 +151,15 @@ class _Segment:
         self.own_ns += tail.own_ns + tail.gap_own_ns
         self.eval_ns += tail.eval_ns
         self.last_ns = max(self.last_ns, tail.last_ns)
-        for idx, counts in tail.optim.items():
-            mine = self.optim.setdefault(idx, [0, 0, 0])
-            for k in range(3):
-                mine[k] += counts[k]
+        optim = self.optim
+        for idx, use in tail.optim.items():
+            mine = optim.get(idx)
+            if mine is None:
+                optim[idx] = use  # the tail is dropped after: its entry moves here
+            else:
+                mine["updates"] += use["updates"]
+                mine["skipped"] += use["skipped"]
+                mine["ns"] += use["ns"]
 
 
 class _Gap:
@@ -518,7 +524,6 @@ class StepMachine:
             self._inner_steps += 1
             return
         self._opt_outer = optimizer
-        self._opt_pre_ns = t
         self._inner_steps = 0
         self._closure_state = IDLE
         self._closure_ns = 0
@@ -550,7 +555,6 @@ class StepMachine:
                         self._open = None
                         self._emit_segment(seg, seg.end_ns)
         seg = self._seg
-        own, self._own_ns = self._own_ns, 0
         state = self.state
         last = seg.last_ns
         if not seg.t0:
@@ -561,13 +565,16 @@ class StepMachine:
         # after a backward, the time up to this step() is loading only if a
         # closure then runs the next micro-batch (Lightning fetches it first)
         self._pre_step_gap = t - last if state is AFTER_BACKWARD and t > last else 0
-        if idx not in seg.optim:
-            seg.optim[idx] = [0, 0, 0]
+        optim = seg.optim
+        if idx not in optim:
+            optim[idx] = {"name": self._names[idx], "updates": 0, "skipped": 0, "ns": 0}
         self.state = OPTIMIZER
-        # events sent just now are gpuprof's time, not the optimizer's
-        seg.own_ns += own
-        self._opt_pre_ns = t + own
-        self._phase_start = t + own
+        own = self._own_ns
+        if own:  # events sent just now are gpuprof's time, not the optimizer's
+            self._own_ns = 0
+            seg.own_ns += own
+            t += own
+        self._opt_pre_ns = self._phase_start = t
 
     def on_optimizer_post(self, t: int, optimizer: Any = None, skipped: bool = False) -> None:
         """``optimizer.step()`` ended at *t*; ``skipped``: it did not update."""
@@ -592,11 +599,11 @@ class StepMachine:
             spent = 0
         seg.optimizer_ns += spent
         idx = self._opt_index
-        counts = seg.optim.get(idx)
-        if counts is None:
-            counts = seg.optim[idx] = [0, 0, 0]
-        counts[1 if skipped else 0] += 1
-        counts[2] += spent
+        use = seg.optim.get(idx)
+        if use is None:
+            use = seg.optim[idx] = {"name": self._names[idx], "updates": 0, "skipped": 0, "ns": 0}
+        use["skipped" if skipped else "updates"] += 1
+        use["ns"] += spent
         if t > seg.last_ns:
             seg.last_ns = t
         seg.end_ns = t
@@ -858,16 +865,9 @@ class StepMachine:
         if own:
             phases[OWN_PHASE] = own
         optim = seg.optim
-        names = self._names
-        optimizers: list[OptimizerUse]
-        if len(optim) == 1:
-            for idx, (updates, skips, ns) in optim.items():
-                optimizers = [{"name": names[idx], "updates": updates, "skipped": skips, "ns": ns}]
-        else:
-            optimizers = [
-                {"name": names[idx], "updates": u, "skipped": k, "ns": ns}
-                for idx, (u, k, ns) in sorted(optim.items())
-            ]
+        optimizers = (
+            list(optim.values()) if len(optim) < 2 else [optim[idx] for idx in sorted(optim)]
+        )
         i = self.next_index
         self.next_index = i + 1
         # Every phase (and each optimizer's ns) is a sum of non-negative clock
@@ -918,6 +918,11 @@ class StepMachine:
         if idx >= MAX_OPTIMIZERS:  # more optimizers than the protocol lists: share the last slot
             idx = MAX_OPTIMIZERS - 1
             self._names[idx] = "other"
+            segments = [self._seg, self._open, *(tail for _, tail, _ in self._tails)]
+            for seg in segments:  # the shared slot's entries in steps not yet emitted
+                use = seg.optim.get(idx) if seg is not None else None
+                if use is not None:
+                    use["name"] = "other"
         else:
             self._names.append(phase_name(f"{type(optimizer).__name__}#{idx}"))
         self._optimizers[id(optimizer)] = (_ref(optimizer), idx)

@@ -429,7 +429,6 @@ class ForwardDetector:
                 return inner(*args, **kwargs)
             depth.n = 1
             kind = _NONE
-            t_start = 0
             try:
                 if is_grad_enabled():
                     kind = _TRAIN
@@ -448,10 +447,10 @@ class ForwardDetector:
                 depth.n = 0
                 if kind != _NONE:
                     try:
-                        if kind == _EVAL:
-                            machine.on_eval_call(t_start, clock())
-                        else:
+                        if kind == _TRAIN:
                             machine.on_forward_end(clock())
+                        else:
+                            machine.on_eval_call(t_start, clock())
                     except Exception:
                         detector.internal_error()
 

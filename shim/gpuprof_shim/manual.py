@@ -207,7 +207,7 @@ class ManualRecorder:
         self._next_index = step.i + 1
         # every phase is a non-negative sum of clock deltas: names seen valid
         # and a total within bounds let the step's event take them as they are
-        clean = type(t0) is int and phases_ok(phases)
+        clean = type(t0) is int and t1 >= t0 and phases_ok(phases)
         self.emit(new_step(step.i, t0, t1, wait, explicit, 1, phases, False, 0, (), clean))
         after = self.after_step
         if after is not None:

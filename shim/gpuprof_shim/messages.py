@@ -212,16 +212,29 @@ def step_event(rec: StepRecord) -> dict[str, Any]:
         rec[:13]  # one unpack: cheaper than thirteen attribute reads
     )
     clean = rec.clean
-    msg: dict[str, Any] = {
-        "type": "step",
-        "i": i,
-        "t0": t0,
-        "t1": t1 if t1 > t0 else t0,
-        "wait": wait if wait > 0 else 0,
-        "explicit": explicit,
-        "micro": micro,
-        "phases": phases if clean and not comm else clean_phases(phases),
-    }
+    msg: dict[str, Any]
+    if clean and not comm:  # also t1 >= t0 and wait >= 0, by construction
+        msg = {
+            "type": "step",
+            "i": i,
+            "t0": t0,
+            "t1": t1,
+            "wait": wait,
+            "explicit": explicit,
+            "micro": micro,
+            "phases": phases,
+        }
+    else:
+        msg = {
+            "type": "step",
+            "i": i,
+            "t0": t0,
+            "t1": t1 if t1 > t0 else t0,
+            "wait": wait if wait > 0 else 0,
+            "explicit": explicit,
+            "micro": micro,
+            "phases": clean_phases(phases),
+        }
     if optimizers:
         if clean:
             msg["optimizers"] = optimizers  # valid as they are

@@ -58,8 +58,8 @@ class StepRecord(NamedTuple):
             (:class:`gpuprof.comm.BucketTiming`), in launch order; empty
             when none were timed.
         clean: ``phases`` and ``optimizers`` already hold what the protocol
-            accepts (the auto-mode machine's own names, int ns within
-            bounds), so the step's event takes them as they are.
+            accepts (names seen valid, int ns within bounds), ``t1 >= t0``
+            and ``wait >= 0``, so the step's event takes them as they are.
     """
 
     i: int

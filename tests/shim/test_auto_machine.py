@@ -557,3 +557,18 @@ def test_a_reset_segment_is_a_fresh_one():
         assert getattr(seg, f.name) != getattr(_Segment(), f.name), f.name
     seg.reset()
     assert seg == _Segment()
+
+
+def test_optimizers_past_the_protocols_sixteen_share_the_last_slot_as_other():
+    m, out = make()
+    opts = [SGD() for _ in range(17)]
+    for base in (10_000, 20_000):
+        micro(m, fwd=base, bwd=base + 100, bwd_end=base + 200)
+        for k, opt in enumerate(opts):  # the first is the primary; the others are its tails
+            opt_step(m, opt, base + 300 + 10 * k, base + 305 + 10 * k)
+    m.flush(10**6)
+    assert len(out) == 2
+    for step in out:
+        names = [o["name"] for o in step.optimizers]
+        assert names == [f"SGD#{k}" for k in range(15)] + ["other"]
+        assert step.optimizers[-1]["updates"] == 2  # the 16th and the 17th
