@@ -846,36 +846,40 @@ class StepMachine:
         if t1 < t0:
             t1 = t0
         # timed fetches that are this step's loading (an eval loop's are not)
-        explicit = self.explicit or seg.wait_ns > 0 or seg.loader_ns > 0
+        wait, loader_ns = seg.wait_ns, seg.loader_ns  # both >= 0
+        explicit = bool(self.explicit or wait or loader_ns)
         if explicit:
-            wait = seg.wait_ns
+            inside = loader_ns
         else:
             wait = t0 - self._prev_end - seg.eval_ns - seg.gap_own_ns
             if wait < 0:
                 wait = 0
+            inside = seg.between_ns
         self._prev_end = t1
         forward = seg.forward_ns - seg.loader_in_forward_ns
         if forward < 0:
             forward = 0
-        backward, optimizer, own = seg.backward_ns, seg.optimizer_ns, seg.own_ns
+        backward, optimizer = seg.backward_ns, seg.optimizer_ns
         phases = {"forward": forward, "backward": backward, "optimizer": optimizer}
-        inside = seg.loader_ns if explicit else seg.between_ns
+        # Every phase (and each optimizer's ns) is a sum of non-negative clock
+        # deltas, so a total within the protocol's bound puts each within it:
+        # the step's event takes them as they are (one sum, not a check per
+        # phase at each burst); the optimizers' names were made valid when
+        # first seen.
+        total = forward + backward + optimizer
         if inside:
             phases[LOADER_PHASE] = inside
+            total += inside
+        own = seg.own_ns
         if own:
             phases[OWN_PHASE] = own
+            total += own
         optim = seg.optim
         optimizers = (
             list(optim.values()) if len(optim) < 2 else [optim[idx] for idx in sorted(optim)]
         )
         i = self.next_index
         self.next_index = i + 1
-        # Every phase (and each optimizer's ns) is a sum of non-negative clock
-        # deltas, so a total within the protocol's bound puts each within it:
-        # the step's event takes them as they are (one sum, not a check per
-        # phase at each burst); the optimizers' names were made valid when
-        # first seen.
-        clean = type(t0) is int and forward + backward + optimizer + inside + own <= MAX_DURATION_NS
         rec = new_step(
             i,
             t0,
@@ -887,7 +891,7 @@ class StepMachine:
             seg.skipped,
             seg.eval_ns,
             optimizers,
-            clean,
+            type(t0) is int and total <= MAX_DURATION_NS,
         )
         seg.reset()  # nothing refers to it any more: the next segment reuses it
         self._spare = seg
