@@ -16,7 +16,6 @@ wrappers are pure pass-throughs (for a patch someone else stacked on ours).
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -24,12 +23,6 @@ from gpuprof_shim.auto import StepMachine
 from gpuprof_shim.forwards import ForwardDetector, Tracing
 
 log = logging.getLogger("gpuprof.shim")
-
-
-class _Depth(threading.local):
-    """Per-thread nesting depth of backward calls."""
-
-    backward = 0
 
 
 class Wrappers:
@@ -63,11 +56,14 @@ class Wrappers:
         self.is_compiling = is_compiling
         self.enabled = True
         self._errors = 0
-        depth = _Depth()
+        #: A backward call is in progress (any thread): one inside it (a
+        #: reentrant checkpoint's, run by the engine, maybe on its device
+        #: thread) is part of it. The machine counts one backward at a time.
+        self.in_backward = False
         self.forwards = ForwardDetector(
             machine, self.internal_error, module_cls, is_grad_enabled, is_compiling, tracing
         )
-        self.autograd_backward = self._make_backward(orig_autograd_backward, depth)
+        self.autograd_backward = self._make_backward(orig_autograd_backward)
         #: Global ``register_optimizer_step_pre_hook``/``post_hook`` callbacks.
         self.optimizer_pre_hook, self.optimizer_post_hook = self._make_optimizer_hooks()
 
@@ -79,7 +75,7 @@ class Wrappers:
         else:
             log.debug("gpuprof: internal error", exc_info=True)
 
-    def _make_backward(self, orig: Callable[..., Any], depth: _Depth) -> Callable[..., Any]:
+    def _make_backward(self, orig: Callable[..., Any]) -> Callable[..., Any]:
         wrappers = self
         machine = self.machine
         clock = machine.clock
@@ -90,9 +86,9 @@ class Wrappers:
         def backward(*args: Any, **kwargs: Any) -> Any:
             # a reentrant backward (activation checkpointing's, from inside
             # the engine) is part of the outer one: counted once
-            if depth.backward or not wrappers.enabled:
+            if wrappers.in_backward or not wrappers.enabled:
                 return orig(*args, **kwargs)
-            depth.backward = 1
+            wrappers.in_backward = True
             counted = False
             try:
                 try:
@@ -108,7 +104,7 @@ class Wrappers:
                     wrappers.internal_error()
                 return orig(*args, **kwargs)
             finally:
-                depth.backward = 0
+                wrappers.in_backward = False
                 if counted:
                     try:
                         on_end(clock())
