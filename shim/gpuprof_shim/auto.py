@@ -512,17 +512,15 @@ class StepMachine:
 
     def on_optimizer_pre(self, t: int, optimizer: Any = None) -> None:
         """``optimizer.step()`` (or ``GradScaler.step(optimizer)``) began at *t*."""
-        if (
-            self._opt_depth
-            and optimizer is not None
-            and optimizer is self._opt_outer
-            and not self._in_scaler_step
-        ):
-            self._abandon_step()  # its last step() raised: no post hook came
-        self._opt_depth += 1
-        if self._opt_depth != 1:
-            self._inner_steps += 1
-            return
+        depth = self._opt_depth
+        if depth:
+            if optimizer is not None and optimizer is self._opt_outer and not self._in_scaler_step:
+                self._abandon_step()  # its last step() raised: no post hook came
+            else:  # a step() inside a step() (GradScaler.step calls it)
+                self._opt_depth = depth + 1
+                self._inner_steps += 1
+                return
+        self._opt_depth = 1
         self._opt_outer = optimizer
         self._inner_steps = 0
         self._closure_state = IDLE
@@ -578,11 +576,12 @@ class StepMachine:
 
     def on_optimizer_post(self, t: int, optimizer: Any = None, skipped: bool = False) -> None:
         """``optimizer.step()`` ended at *t*; ``skipped``: it did not update."""
-        if self._opt_depth == 0:
-            return  # a post without its pre (attached mid-step): ignore
-        self._opt_depth -= 1
-        if self._opt_depth > 0:
+        depth = self._opt_depth
+        if depth != 1:  # 0: a post without its pre (attached mid-step): ignore
+            if depth:
+                self._opt_depth = depth - 1  # an inner step() ended
             return
+        self._opt_depth = 0
         seg = self._seg
         if self.state is not OPTIMIZER:
             return
