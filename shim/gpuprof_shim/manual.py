@@ -101,11 +101,12 @@ class Step:
         self._entries += 1
         if self._entries == 1 and self._t0 is None and not self._ignored:
             rec = self._rec
-            if rec._begin(self):
+            if not rec.closed and rec._current is None:  # no other step in progress
+                rec._current = self
                 if rec.before_step is not None:
                     rec._before(self.i)
                 self._t0 = self._clock()
-                rec.waits.step_started()
+                rec.waits.in_step = True  # waits.step_started(), inlined
                 return self
             self._ignored = True
         log.warning("gpuprof: step %s re-entered or inside another step; not recorded", self.i)
@@ -188,12 +189,6 @@ class ManualRecorder:
                 log.warning("gpuprof: step index %r is not a non-negative int", i)
             index = self._next_index
         return Step(self, index)
-
-    def _begin(self, step: Step) -> bool:
-        if self.closed or self._current is not None:
-            return False
-        self._current = step
-        return True
 
     def _end(self, step: Step, t0: int, t1: int) -> None:
         if self._current is step:
