@@ -3,7 +3,7 @@ small modules, and what ``import gpuprof`` adds to ``import torch``.
 
 Prints, from one run on this machine:
 - a model of >= 500 small modules: the forward time plain, with gpuprof in
-  its steady state (``Module.__call__`` restored, hooks on the root only),
+  its steady state (``Module.__call__`` restored, a wrapper on the root only),
   and during a discovery window (``Module.__call__`` patched); the extra µs
   per forward and ns per module call of each (medians of interleaved blocks);
 - ``import gpuprof`` after ``import torch``, in fresh interpreters (ms,

@@ -7,7 +7,7 @@ Prints, from one run on this machine:
   the manual API: µs of the training thread's CPU and of wall time a
   profiled step takes beyond a plain one (target: < 20 µs of thread CPU);
 - the extra cost of one nested ``Module.__call__`` (ns) while discovering
-  (patched) and in the steady state (torch's own, hooks on the root);
+  (patched) and in the steady state (torch's own, a wrapper on the root);
 - the cost of one step-event send to a live daemon (µs).
 
     python bench/shim_overhead.py [--blocks 12] [--steps 60] [--pairs 15] [--fixed-only]

@@ -70,7 +70,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuprof.protocol import MAX_DURATION_NS
-from gpuprof_shim.steps import LOADER_PHASE, OWN_PHASE, OptimizerUse, StepRecord
+from gpuprof_shim.messages import phase_name
+from gpuprof_shim.steps import LOADER_PHASE, OWN_PHASE, OptimizerUse, StepRecord, new_step
 
 log = logging.getLogger("gpuprof.shim")
 
@@ -121,11 +122,21 @@ class _Segment:
     closure_micro: int = 0
     primary_done: bool = False
     skipped: bool = False
-    optim: dict[int, list[int]] = field(default_factory=dict)
+    # optimizer index -> its share of the step, as the event carries it
+    optim: dict[int, OptimizerUse] = field(default_factory=dict)
 
     @property
     def started(self) -> bool:
         return self.t0 != 0
+
+    def reset(self) -> None:
+        """Back to a fresh segment's zeros (cheaper than making one)."""
+        self.t0 = self.last_ns = self.end_ns = 0
+        self.forward_ns = self.backward_ns = self.optimizer_ns = self.between_ns = 0
+        self.loader_ns = self.loader_in_forward_ns = self.own_ns = self.gap_own_ns = 0
+        self.wait_ns = self.eval_ns = self.micro = self.closure_micro = 0
+        self.primary_done = self.skipped = False
+        self.optim.clear()
 
     def absorb(self, tail: _Segment) -> None:
         """Take *tail*'s work into this step (another optimizer's turn):
@@ -140,10 +151,15 @@ class _Segment:
         self.own_ns += tail.own_ns + tail.gap_own_ns
         self.eval_ns += tail.eval_ns
         self.last_ns = max(self.last_ns, tail.last_ns)
-        for idx, counts in tail.optim.items():
-            mine = self.optim.setdefault(idx, [0, 0, 0])
-            for k in range(3):
-                mine[k] += counts[k]
+        optim = self.optim
+        for idx, use in tail.optim.items():
+            mine = optim.get(idx)
+            if mine is None:
+                optim[idx] = use  # the tail is dropped after: its entry moves here
+            else:
+                mine["updates"] += use["updates"]
+                mine["skipped"] += use["skipped"]
+                mine["ns"] += use["ns"]
 
 
 class _Gap:
@@ -238,7 +254,9 @@ class StepMachine:
 
     Args:
         emit: called with each finished :class:`StepRecord` (the session's
-            emitter swallows its own errors).
+            emitter swallows its own errors); returns the ns it spent sending
+            a burst of events, if it sent one (gpuprof's own time), else 0
+            or None.
         start_ns: the profile start (the first step's loader gap begins here).
         clock: monotonic nanoseconds; the torch wrappers read it, the
             machine itself only receives timestamps.
@@ -246,9 +264,50 @@ class StepMachine:
             not at optimizer cycles.
     """
 
+    # slots: the hot path reads and writes these attributes on every event
+    __slots__ = (
+        "_closure_ns",
+        "_closure_start",
+        "_closure_state",
+        "_companion_max",
+        "_gap",
+        "_in_scaler_step",
+        "_inner_steps",
+        "_last_index",
+        "_last_optimizer",
+        "_names",
+        "_open",
+        "_opt_depth",
+        "_opt_index",
+        "_opt_outer",
+        "_opt_pre_ns",
+        "_optimizers",
+        "_own_ns",
+        "_phase_start",
+        "_pre_step_gap",
+        "_prev_end",
+        "_primary",
+        "_seg",
+        "_spare",
+        "_tails",
+        "_train_thread",
+        "boundary",
+        "clock",
+        "emit",
+        "explicit",
+        "external",
+        "next_index",
+        "on_boundary",
+        "on_forward_probe",
+        "state",
+        "trailing_eval_ns",
+        "unfinished_micro",
+        "__weakref__",
+    )
+
     def __init__(
         self,
-        emit: Callable[[StepRecord], None],
+        emit: Callable[[StepRecord], int | None],
         start_ns: int = 0,
         clock: Callable[[], int] = time.monotonic_ns,
         *,
@@ -266,6 +325,7 @@ class StepMachine:
         self.unfinished_micro = 0
         self._prev_end = start_ns
         self._seg = _Segment()
+        self._spare: _Segment | None = None  # an emitted segment, reset, for the next one
         self._open: _Segment | None = None  # primary stepped, not yet emitted
         # other optimizers' turns since: (index, segment, skipped)
         self._tails: list[tuple[int, _Segment, bool]] = []
@@ -452,19 +512,16 @@ class StepMachine:
 
     def on_optimizer_pre(self, t: int, optimizer: Any = None) -> None:
         """``optimizer.step()`` (or ``GradScaler.step(optimizer)``) began at *t*."""
-        if (
-            self._opt_depth
-            and optimizer is not None
-            and optimizer is self._opt_outer
-            and not self._in_scaler_step
-        ):
-            self._abandon_step()  # its last step() raised: no post hook came
-        self._opt_depth += 1
-        if self._opt_depth != 1:
-            self._inner_steps += 1
-            return
+        depth = self._opt_depth
+        if depth:
+            if optimizer is not None and optimizer is self._opt_outer and not self._in_scaler_step:
+                self._abandon_step()  # its last step() raised: no post hook came
+            else:  # a step() inside a step() (GradScaler.step calls it)
+                self._opt_depth = depth + 1
+                self._inner_steps += 1
+                return
+        self._opt_depth = 1
         self._opt_outer = optimizer
-        self._opt_pre_ns = t
         self._inner_steps = 0
         self._closure_state = IDLE
         self._closure_ns = 0
@@ -496,7 +553,6 @@ class StepMachine:
                         self._open = None
                         self._emit_segment(seg, seg.end_ns)
         seg = self._seg
-        own, self._own_ns = self._own_ns, 0
         state = self.state
         last = seg.last_ns
         if not seg.t0:
@@ -507,21 +563,25 @@ class StepMachine:
         # after a backward, the time up to this step() is loading only if a
         # closure then runs the next micro-batch (Lightning fetches it first)
         self._pre_step_gap = t - last if state is AFTER_BACKWARD and t > last else 0
-        if idx not in seg.optim:
-            seg.optim[idx] = [0, 0, 0]
+        optim = seg.optim
+        if idx not in optim:
+            optim[idx] = {"name": self._names[idx], "updates": 0, "skipped": 0, "ns": 0}
         self.state = OPTIMIZER
-        # events sent just now are gpuprof's time, not the optimizer's
-        seg.own_ns += own
-        self._opt_pre_ns = t + own
-        self._phase_start = t + own
+        own = self._own_ns
+        if own:  # events sent just now are gpuprof's time, not the optimizer's
+            self._own_ns = 0
+            seg.own_ns += own
+            t += own
+        self._opt_pre_ns = self._phase_start = t
 
     def on_optimizer_post(self, t: int, optimizer: Any = None, skipped: bool = False) -> None:
         """``optimizer.step()`` ended at *t*; ``skipped``: it did not update."""
-        if self._opt_depth == 0:
-            return  # a post without its pre (attached mid-step): ignore
-        self._opt_depth -= 1
-        if self._opt_depth > 0:
+        depth = self._opt_depth
+        if depth != 1:  # 0: a post without its pre (attached mid-step): ignore
+            if depth:
+                self._opt_depth = depth - 1  # an inner step() ended
             return
+        self._opt_depth = 0
         seg = self._seg
         if self.state is not OPTIMIZER:
             return
@@ -538,11 +598,11 @@ class StepMachine:
             spent = 0
         seg.optimizer_ns += spent
         idx = self._opt_index
-        counts = seg.optim.get(idx)
-        if counts is None:
-            counts = seg.optim[idx] = [0, 0, 0]
-        counts[1 if skipped else 0] += 1
-        counts[2] += spent
+        use = seg.optim.get(idx)
+        if use is None:
+            use = seg.optim[idx] = {"name": self._names[idx], "updates": 0, "skipped": 0, "ns": 0}
+        use["skipped" if skipped else "updates"] += 1
+        use["ns"] += spent
         if t > seg.last_ns:
             seg.last_ns = t
         seg.end_ns = t
@@ -555,7 +615,12 @@ class StepMachine:
                 seg.skipped = skipped
         if seg.primary_done:
             self._open = seg
-            self._seg = _Segment()
+            spare = self._spare  # _new_segment(), inlined
+            if spare is not None:
+                self._spare = None
+                self._seg = spare
+            else:
+                self._seg = _Segment()
             self.state = IDLE
             if self.boundary is not None or self.on_boundary is not None:
                 self._at_boundary(self.next_index + 1)  # every earlier step is emitted by now
@@ -563,7 +628,7 @@ class StepMachine:
             # another optimizer's turn after the primary's: kept apart until
             # the primary steps again (then it joins the open step)
             self._tails.append((idx, seg, skipped))
-            self._seg = _Segment()
+            self._seg = self._new_segment()
             self.state = IDLE
         else:
             # the step goes on (external mode, or an optimizer before the
@@ -602,7 +667,7 @@ class StepMachine:
             seg.micro, seg.closure_micro = micro, 0
         seg.end_ns = max(seg.end_ns, t)
         self.state = IDLE
-        self._seg = _Segment()
+        self._seg = self._new_segment()
         self._emit_segment(seg, seg.end_ns)
         self._seg.gap_own_ns, self._own_ns = self._own_ns, 0  # sent between steps
         self._at_boundary(self.next_index)
@@ -774,38 +839,47 @@ class StepMachine:
         )
 
     def _emit_segment(self, seg: _Segment, t1: int) -> None:
+        """Emit *seg*, ended at *t1*, as the next step; *seg* is reset and
+        reused (it must not be referenced afterwards)."""
         t0 = seg.t0
         if t1 < t0:
             t1 = t0
         # timed fetches that are this step's loading (an eval loop's are not)
-        explicit = self.explicit or seg.wait_ns > 0 or seg.loader_ns > 0
+        wait, loader_ns = seg.wait_ns, seg.loader_ns  # both >= 0
+        explicit = bool(self.explicit or wait or loader_ns)
         if explicit:
-            wait = seg.wait_ns
+            inside = loader_ns
         else:
             wait = t0 - self._prev_end - seg.eval_ns - seg.gap_own_ns
             if wait < 0:
                 wait = 0
+            inside = seg.between_ns
         self._prev_end = t1
         forward = seg.forward_ns - seg.loader_in_forward_ns
         if forward < 0:
             forward = 0
-        backward, optimizer, own = seg.backward_ns, seg.optimizer_ns, seg.own_ns
+        backward, optimizer = seg.backward_ns, seg.optimizer_ns
         phases = {"forward": forward, "backward": backward, "optimizer": optimizer}
-        inside = seg.loader_ns if explicit else seg.between_ns
+        # Every phase (and each optimizer's ns) is a sum of non-negative clock
+        # deltas, so a total within the protocol's bound puts each within it:
+        # the step's event takes them as they are (one sum, not a check per
+        # phase at each burst); the optimizers' names were made valid when
+        # first seen.
+        total = forward + backward + optimizer
         if inside:
             phases[LOADER_PHASE] = inside
+            total += inside
+        own = seg.own_ns
         if own:
             phases[OWN_PHASE] = own
+            total += own
         optim = seg.optim
-        names = self._names
-        if len(optim) == 1:
-            for idx, (updates, skips, ns) in optim.items():
-                optimizers = [OptimizerUse(names[idx], updates, skips, ns)]
-        else:
-            optimizers = [OptimizerUse(names[idx], *optim[idx]) for idx in sorted(optim)]
+        optimizers = (
+            list(optim.values()) if len(optim) < 2 else [optim[idx] for idx in sorted(optim)]
+        )
         i = self.next_index
         self.next_index = i + 1
-        rec = StepRecord(
+        rec = new_step(
             i,
             t0,
             t1,
@@ -816,18 +890,21 @@ class StepMachine:
             seg.skipped,
             seg.eval_ns,
             optimizers,
+            type(t0) is int and total <= MAX_DURATION_NS,
         )
-        # Every phase is a sum of non-negative clock deltas, so a total within
-        # the protocol's bound puts each within it: the step's event takes the
-        # phases as they are (one sum, not a check per phase at each burst).
-        if type(t0) is int and forward + backward + optimizer + inside + own <= MAX_DURATION_NS:
-            rec.clean = True
-        clock = self.clock
-        t_emit = clock()
-        self.emit(rec)  # may send a burst of events: gpuprof's own time, kept apart
-        spent = clock() - t_emit
-        if spent > 0:
+        seg.reset()  # nothing refers to it any more: the next segment reuses it
+        self._spare = seg
+        spent = self.emit(rec)  # a burst sent now is gpuprof's own time, kept apart
+        if spent:
             self._own_ns += spent
+
+    def _new_segment(self) -> _Segment:
+        """A fresh segment: the last emitted one, reset, if there is one."""
+        spare = self._spare
+        if spare is None:
+            return _Segment()
+        self._spare = None
+        return spare
 
     def _index_of(self, optimizer: Any) -> int:
         if optimizer is self._last_optimizer and optimizer is not None:
@@ -844,8 +921,13 @@ class StepMachine:
         if idx >= MAX_OPTIMIZERS:  # more optimizers than the protocol lists: share the last slot
             idx = MAX_OPTIMIZERS - 1
             self._names[idx] = "other"
+            segments = [self._seg, self._open, *(tail for _, tail, _ in self._tails)]
+            for seg in segments:  # the shared slot's entries in steps not yet emitted
+                use = seg.optim.get(idx) if seg is not None else None
+                if use is not None:
+                    use["name"] = "other"
         else:
-            self._names.append(f"{type(optimizer).__name__}#{idx}")
+            self._names.append(phase_name(f"{type(optimizer).__name__}#{idx}"))
         self._optimizers[id(optimizer)] = (_ref(optimizer), idx)
         return idx
 

@@ -11,6 +11,7 @@ view lags by at most that long plus one step and nothing is left unsent.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -29,10 +30,13 @@ SEND_EVERY_NS = 50_000_000
 
 
 class StepBatcher:
-    """Queues finished steps and sends them as ``batch`` messages.
+    """Queues finished steps and sends them as ``batch`` messages: what both
+    modes' step recorders emit each finished step to (:meth:`add`), so the
+    work per step is an append and everything else is done once per burst.
 
     Args:
-        sender: the data channel (its counts are per event).
+        sender: the data channel (its counts are per event); None without a
+            daemon (the bursts still go to *on_burst*).
         run_key: the run the steps belong to.
         comm: the DDP bucket timer, whose timings join the steps at each
             burst (its CUDA events had time to finish by then), if any.
@@ -43,11 +47,16 @@ class StepBatcher:
         every_steps: most steps per burst (default :data:`SEND_EVERY_STEPS`).
         every_ns: longest time between bursts, ns, checked as steps end
             (default :data:`SEND_EVERY_NS`).
+        clock: monotonic ns, read around a burst sent by :meth:`add`; None:
+            bursts are not timed.
+        on_burst: gets each burst's steps, in order, before they are sent
+            (the session marks traced steps, counts them, feeds W&B) and
+            returns them as they are to be sent.
     """
 
     def __init__(
         self,
-        sender: Sender,
+        sender: Sender | None,
         run_key: str,
         *,
         comm: CommTimer | None = None,
@@ -55,6 +64,8 @@ class StepBatcher:
         read_memory: Callable[[], tuple[int, int, int] | None] = memory.cuda_memory,
         every_steps: int | None = None,
         every_ns: int | None = None,
+        clock: Callable[[], int] | None = time.monotonic_ns,
+        on_burst: Callable[[list[StepRecord]], list[StepRecord]] = lambda steps: steps,
     ) -> None:
         self.sender = sender
         self.run_key = run_key
@@ -64,20 +75,35 @@ class StepBatcher:
         # read here, not bound at import: tests set the module's figures
         self.every_steps = SEND_EVERY_STEPS if every_steps is None else every_steps
         self.every_ns = SEND_EVERY_NS if every_ns is None else every_ns
+        self.clock = clock
+        self.on_burst = on_burst
         self._pending: list[StepRecord] = []
-        self._sent_at = 0
+        self._due_ns = self.every_ns  # a step ending from then on sends the burst (as if sent at 0)
 
     @property
     def pending(self) -> int:
         """Steps queued, not yet sent."""
         return len(self._pending)
 
-    def add(self, rec: StepRecord) -> None:
-        """Queue one finished step; send the burst if it is full or due."""
+    def add(self, rec: StepRecord) -> int:
+        """Queue one finished step; send the burst if it is full or due.
+        Never raises (gpuprof's own problems are logged).
+
+        Returns:
+            the ns spent sending a burst (gpuprof's own time), 0 if none went
+            out or bursts are not timed.
+        """
         pending = self._pending
         pending.append(rec)
-        if len(pending) >= self.every_steps or rec.t1 - self._sent_at >= self.every_ns:
+        if len(pending) < self.every_steps and rec.t1 < self._due_ns:
+            return 0
+        clock = self.clock
+        t = clock() if clock is not None else 0
+        try:
             self.flush(rec.t1)
+        except Exception:
+            log.debug("gpuprof: could not send a burst of steps", exc_info=True)
+        return max(0, clock() - t) if clock is not None else 0
 
     def flush(self, now_ns: int, final: bool = False) -> None:
         """Send the queued steps now (*final*: at exit, nothing may stay).
@@ -88,15 +114,22 @@ class StepBatcher:
         for the next burst (:meth:`gpuprof_shim.comm.CommTimer.attach`).
         """
         pending, self._pending = self._pending, []
-        self._sent_at = now_ns
+        self._due_ns = now_ns + self.every_ns
+        sender = self.sender
         if pending:
-            pending[-1].mem = self.read_memory()
+            if sender is not None:
+                mem = self.read_memory()
+                if mem is not None:
+                    pending[-1] = pending[-1]._replace(mem=mem)
             if self.comm is not None:
                 ready = self.comm.attach(pending, now_ns=now_ns, final=final)
                 pending, self._pending = pending[:ready], pending[ready:]
+            pending = self.on_burst(pending)
+        if sender is None:
+            return
         events = [messages.step_event(rec) for rec in pending]
         info = self.extra()
         if info is not None:
             events.append(info)
         if events:
-            self.sender.send_batch(self.run_key, events)
+            sender.send_batch(self.run_key, events)

@@ -63,7 +63,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from gpuprof.comm import MAX_BUCKET_BYTES, MAX_BUCKETS_PER_STEP, BucketTiming, split_backward
@@ -460,9 +460,9 @@ class CommTimer:
         return done
 
     def attach(
-        self, steps: Sequence[StepRecord], *, now_ns: int | None = None, final: bool = False
+        self, steps: list[StepRecord], *, now_ns: int | None = None, final: bool = False
     ) -> int:
-        """Give each step (in order) the buckets launched within its
+        """Give each step (in order, replaced in *steps*) the buckets launched within its
         ``[t0, t1]`` and its ``comm`` phase; drop (and count) older records
         outside every step; keep those launched after the last step.
 
@@ -503,9 +503,9 @@ class CommTimer:
                 return k
             self.unresolved += len(late)
             if timings:
-                step.comm = timings[:MAX_BUCKETS_PER_STEP]
-                step.phases = split_backward(step.phases, step.comm)
-                self.attached += len(step.comm)
+                timings = timings[:MAX_BUCKETS_PER_STEP]
+                steps[k] = step._replace(comm=timings, phases=split_backward(step.phases, timings))
+                self.attached += len(timings)
         return len(steps)
 
     def settle(self, timeout_s: float = SETTLE_S) -> None:

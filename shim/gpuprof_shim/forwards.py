@@ -11,12 +11,15 @@ a ``DistributedDataParallel``, an ``OptimizedModule``...).
 
 *Hooked*: once a discovery window has seen :data:`DISCOVERY_BACKWARDS`
 backward calls (or a compiled root is about to run), ``Module.__call__`` is
-restored and each root gets a forward pre hook (prepended, so it times a
-wrapper's own pre hooks, e.g. FSDP's all-gather) and a forward hook with
-``always_call=True`` (runs even when the forward raises). Other modules run
-at torch's full speed. A root compiled in place (``module.compile()``,
-whose ``_call_impl`` dynamo traces, hooks included) has its
-``_compiled_call_impl`` wrapped instead, so no hook lands in a graph.
+restored and each root's ``_compiled_call_impl`` (the attribute torch's
+``Module.__call__`` calls in place of ``_call_impl`` when set) becomes a
+wrapper that times the outermost call around the root's own ``_call_impl``
+(its hooks included, e.g. FSDP's all-gather) and that runs even when the
+forward raises. No forward hook is added, so every module, the root too,
+keeps torch's hook-free fast path. A root compiled in place
+(``module.compile()``) has its compiled call wrapped the same way, so
+nothing of ours lands in a graph. torch drops the attribute when a module
+is pickled or copied: a checkpoint holds nothing of gpuprof.
 
 A new DataLoader iterator (an epoch or a validation pass begins) or a
 ``Module.train()``/``eval()`` call also starts a window (:meth:`ForwardDetector.rediscover`):
@@ -42,14 +45,12 @@ Every call into the machine is guarded: an internal error is logged once
 
 from __future__ import annotations
 
-import functools
-import gc
 import logging
 import sys
 import threading
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from gpuprof_shim.auto import AFTER_BACKWARD as _AFTER_BACKWARD
 from gpuprof_shim.auto import IDLE as _IDLE
@@ -76,6 +77,8 @@ MAX_ROOTS = 64
 _NONE, _TRAIN, _EVAL, _LOSS = 0, 1, 2, 3
 # Root flags, cached per module during discovery.
 _NOT_ROOT, _ROOT, _COMPILED_ROOT = 0, 1, 2
+#: A root's ``_compiled_call_impl`` was not in its ``__dict__`` (torch's class default).
+_ABSENT = object()
 
 #: torch's own ``Module.__call__`` as first found, for calls made while
 #: dynamo traces the patch. A module global, not a closure cell: dynamo
@@ -119,8 +122,10 @@ def _is_script_module(module: Any) -> bool:
 def _is_compiled(module: Any) -> bool:
     """True if calling *module* enters dynamo: an ``OptimizedModule``
     (``torch.compile(module)``) or a module compiled in place."""
-    if vars(module).get("_compiled_call_impl") is not None:
-        return True
+    call = vars(module).get("_compiled_call_impl")
+    if call is not None:
+        # our root wrapper around torch's own _call_impl is not compiled
+        return bool(getattr(call, "_gpuprof_compiled", True))
     eval_frame = sys.modules.get("torch._dynamo.eval_frame")
     optimized = getattr(eval_frame, "OptimizedModule", None)
     return optimized is not None and isinstance(module, optimized)
@@ -137,42 +142,34 @@ def _contains_compiled(module: Any) -> bool:
         return True
 
 
-#: What a pickled :class:`_Hook` becomes: a no-op made of the standard
-#: library only, so a model saved whole while profiled loads where gpuprof is
-#: not installed. ``Logger.log`` at level 1 returns None (a hook that returns
-#: None changes nothing) and logs nothing unless a logger is set below DEBUG.
-INERT_LOGGER = "gpuprof.inert_hook"
+class _NoFlags:
+    """Stands in for ``torch.compiler`` where it has no ``_is_compiling_flag``."""
+
+    _is_compiling_flag = False
 
 
-class _Hook(functools.partial):  # type: ignore[type-arg]
-    """A root's forward hook: calls *fn*; pickles as a no-op of the standard
-    library (see :data:`INERT_LOGGER`), and deep-copies as itself (an EMA copy
-    of a root is a root too; :meth:`ForwardDetector.remove` takes it off the
-    copies as well). A ``functools.partial``: torch calls it at C speed,
-    without a Python ``__call__`` frame before *fn*'s own."""
+class Tracing(NamedTuple):
+    """How the wrappers that run every step ask whether torch.compile (or
+    export) is tracing them: ``dynamo() or flags._is_compiling_flag``, what
+    ``torch.compiler.is_compiling()`` answers (dynamo takes
+    ``is_dynamo_compiling()`` as True while it traces, as it takes
+    ``is_compiling()``), in one Python frame instead of two."""
 
-    __slots__ = ("kind", "detector")
+    dynamo: Callable[[], bool]
+    flags: Any
 
-    def __new__(cls, fn: Callable[..., None], kind: str, detector: ForwardDetector) -> _Hook:
-        self = super().__new__(cls, fn)
-        self.kind = kind
-        self.detector = detector
-        return self
-
-    @property
-    def fn(self) -> Callable[..., None]:
-        return self.func
-
-    def __reduce__(self) -> Any:
-        return (functools.partial, (logging.getLogger(INERT_LOGGER).log, 1))
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> _Hook:
-        self.detector.copied = True
-        return self
+    @classmethod
+    def of(cls, compiler: Any) -> Tracing:
+        """The check for the module ``torch.compiler``: its
+        ``is_compiling`` alone where it lacks what the faster check reads."""
+        dynamo = getattr(compiler, "is_dynamo_compiling", None)
+        if dynamo is None or not hasattr(compiler, "_is_compiling_flag"):
+            return cls(compiler.is_compiling, _NoFlags)
+        return cls(dynamo, compiler)
 
 
 class ForwardDetector:
-    """Discovery patch and per-root hooks for one session; see the module doc.
+    """Discovery patch and per-root wrappers for one session; see the module doc.
 
     Args:
         machine: receives the events.
@@ -180,6 +177,8 @@ class ForwardDetector:
         module_cls: ``torch.nn.Module``.
         is_grad_enabled: ``torch.is_grad_enabled``.
         is_compiling: ``torch.compiler.is_compiling``.
+        tracing: the same question, asked faster by the root wrappers
+            (default: *is_compiling* itself).
     """
 
     def __init__(
@@ -189,12 +188,14 @@ class ForwardDetector:
         module_cls: Any,
         is_grad_enabled: Callable[[], bool],
         is_compiling: Callable[[], bool],
+        tracing: Tracing | None = None,
     ) -> None:
         self.machine = machine
         self.internal_error = internal_error
         self.module_cls = module_cls
         self.is_grad_enabled = is_grad_enabled
         self.is_compiling = is_compiling
+        self.tracing = tracing if tracing is not None else Tracing(is_compiling, _NoFlags)
         self.enabled = False
         self.depth = _Depth()
         self.orig_call: Callable[..., Any] = vars(module_cls)["__call__"]
@@ -209,10 +210,6 @@ class ForwardDetector:
         self._window_new_roots = 0
         self._fruitless = 0
         self._forward_seen = False
-        #: Hooks handed out (to find them on deep copies at exit), and whether
-        #: any was deep-copied.
-        self._hook_objects: list[_Hook] = []
-        self.copied = False
         #: Called with each new root when discovery first sees it (before
         #: its call runs; the DDP comm timer looks for DDPs there). Must not raise.
         self.on_new_root: Callable[[Any], None] | None = None
@@ -225,7 +222,7 @@ class ForwardDetector:
         return self._patched
 
     def hooked_roots(self) -> list[Any]:
-        """The modules that carry our hooks now."""
+        """The modules that carry our wrapper now."""
         return list(self._hooked.keys())
 
     def install(self) -> None:
@@ -238,16 +235,14 @@ class ForwardDetector:
         self._start_discovery()
 
     def remove(self) -> None:
-        """Restore ``Module.__call__``, remove every hook and compiled-call
-        wrapper; never raises. Afterwards every wrapper is a pass-through."""
+        """Restore ``Module.__call__`` and every root's ``_compiled_call_impl``;
+        never raises. Afterwards every wrapper is a pass-through."""
         self.enabled = False
         if self._patched:
             self._unpatch()
         for module, undo in list(self._hooked.items()):
             self._unhook(module, undo)
         self._hooked.clear()
-        if self.copied:
-            self._unhook_copies()
         self._roots.clear()
         _live.discard(self)
 
@@ -309,6 +304,9 @@ class ForwardDetector:
         else:
             self._fruitless += 1
         for module in list(self._roots.keys()):
+            undo = self._hooked.get(module)
+            if undo is not None and undo[0] == "call" and not self._still_hooked(module, undo):
+                del self._hooked[module]  # compiled in place since (module.compile()): hook again
             if module not in self._hooked and len(self._hooked) < MAX_ROOTS:
                 if _is_script_module(module):
                     # TorchScript modules take no Python hooks: their forwards
@@ -374,7 +372,7 @@ class ForwardDetector:
         finally:
             self._exit()
 
-    # --- roots: shared by the patch, the hooks and compiled-call wrappers ------
+    # --- roots: shared by the discovery patch and the root wrappers -------------
 
     def _enter(self) -> None:
         """An outermost root call starts (depth already set to 1)."""
@@ -404,127 +402,85 @@ class ForwardDetector:
         except Exception:
             self.internal_error()
 
-    def _make_hooks(self) -> tuple[Callable[..., None], Callable[..., None]]:
-        """A root's forward pre hook and forward hook: :meth:`_enter` and
-        :meth:`_exit` for an outermost call, inlined (they run every step)."""
+    def _make_root_call(self, inner: Callable[..., Any], compiled: bool) -> Callable[..., Any]:
+        """A root's ``_compiled_call_impl``: :meth:`_enter` and :meth:`_exit`
+        around *inner* (the root's own ``_call_impl``, or the call that
+        ``module.compile()`` made) for an outermost call, inlined (it runs
+        every micro-batch); nested and traced calls go straight to *inner*.
+
+        ``Module._wrapped_call_impl`` calls it in place of ``_call_impl``, so
+        the root keeps torch's fast path (no hook makes torch build its hook
+        lists), and its own hooks (FSDP's all-gather) run inside the timed
+        span. torch leaves it out when the module is pickled or copied
+        (``Module.__getstate__``): a checkpoint saved while profiled holds
+        nothing of gpuprof, and a copy (an EMA model) is a model of its own
+        that discovery finds like any other."""
         detector = self
         machine = self.machine
         clock = machine.clock
         depth = self.depth
-        is_compiling = self.is_compiling
+        dynamo, flags = self.tracing
         is_grad_enabled = self.is_grad_enabled
         idle, after_backward, optimizer = _IDLE, _AFTER_BACKWARD, _OPTIMIZER
 
-        def pre_hook(module: Any, args: Any) -> None:
-            if is_compiling():  # traced (a compiled caller): leave no trace
-                return
-            n = depth.n
-            if n:
-                depth.n = n + 1
-                return
-            if not detector.enabled:
-                return
+        def root_call(*args: Any, **kwargs: Any) -> Any:
+            # traced (a compiled caller), nested in another root, or removed
+            if dynamo() or flags._is_compiling_flag or depth.n or not detector.enabled:
+                return inner(*args, **kwargs)
             depth.n = 1
+            kind = _NONE
             try:
                 if is_grad_enabled():
-                    depth.kind = _TRAIN
+                    kind = _TRAIN
                     detector._forward_seen = True
                     state = machine.state  # machine.accepts_forward(), inlined
                     if state is idle or state is after_backward or state is optimizer:
                         machine.on_forward(clock())
                 elif machine.state is idle:  # machine.wants_eval(), inlined
-                    depth.kind = _EVAL
-                    depth.t_start_ns = clock()
+                    kind = _EVAL
+                    t_start = clock()
             except Exception:
                 detector.internal_error()
-
-        def post_hook(module: Any, args: Any, output: Any) -> None:
-            if is_compiling():
-                return
-            n = depth.n
-            if n > 1:
-                depth.n = n - 1
-            elif n == 1:
+            try:
+                return inner(*args, **kwargs)
+            finally:
                 depth.n = 0
-                kind = depth.kind
-                if kind == _NONE:
-                    return
-                depth.kind = _NONE
-                try:
-                    if kind == _EVAL:
-                        machine.on_eval_call(depth.t_start_ns, clock())
-                    else:
-                        machine.on_forward_end(clock())
-                except Exception:
-                    detector.internal_error()
+                if kind != _NONE:
+                    try:
+                        if kind == _TRAIN:
+                            machine.on_forward_end(clock())
+                        else:
+                            machine.on_eval_call(t_start, clock())
+                    except Exception:
+                        detector.internal_error()
 
-        return pre_hook, post_hook
+        root_call.__wrapped__ = inner  # type: ignore[attr-defined]
+        root_call._gpuprof_compiled = compiled  # type: ignore[attr-defined]
+        return root_call
 
     def _hook(self, module: Any) -> tuple[Any, ...]:
         """Attach to a root; returns what :meth:`_unhook` needs."""
-        compiled = vars(module).get("_compiled_call_impl")
-        if compiled is not None:
-            wrapper = self._wrap_compiled_call(compiled)
-            module._compiled_call_impl = wrapper
-            return ("compiled", compiled, wrapper)
-        pre_fn, post_fn = self._make_hooks()
-        pre, post = _Hook(pre_fn, "pre", self), _Hook(post_fn, "post", self)
-        self._hook_objects += (pre, post)
-        h_pre = module.register_forward_pre_hook(pre, prepend=True)
-        try:
-            h_post = module.register_forward_hook(post, always_call=True)
-        except BaseException:
-            h_pre.remove()
-            raise
-        return ("hooks", h_pre, h_post)
+        found = vars(module).get("_compiled_call_impl", _ABSENT)
+        compiled = found is not None and found is not _ABSENT
+        wrapper = self._make_root_call(found if compiled else module._call_impl, compiled)
+        vars(module)["_compiled_call_impl"] = wrapper
+        return ("call", found, wrapper)
 
-    def _unhook_copies(self) -> None:
-        """Deep copies of hooked roots (an EMA model) share our hook objects:
-        take them out of every hook dict that still holds one. One scan of
-        the heap, only when a copy was made."""
-        ours = {id(h) for h in self._hook_objects}
-        try:
-            for holder in gc.get_referrers(*self._hook_objects):
-                if isinstance(holder, dict):
-                    for key in [k for k, v in holder.items() if id(v) in ours]:
-                        del holder[key]
-        except Exception:
-            log.warning("gpuprof: could not remove hooks from copied models", exc_info=True)
-        self._hook_objects = []
-
-    def _wrap_compiled_call(self, compiled: Callable[..., Any]) -> Callable[..., Any]:
-        depth = self.depth
-
-        def compiled_call(*args: Any, **kwargs: Any) -> Any:
-            if depth.n or not self.enabled:
-                return compiled(*args, **kwargs)
-            depth.n = 1
-            depth.kind = _NONE
-            try:
-                try:
-                    self._enter()
-                except Exception:
-                    self.internal_error()
-                return compiled(*args, **kwargs)
-            finally:
-                self._exit()
-
-        compiled_call.__wrapped__ = compiled  # type: ignore[attr-defined]
-        return compiled_call
+    @staticmethod
+    def _still_hooked(module: Any, undo: tuple[Any, ...]) -> bool:
+        return vars(module).get("_compiled_call_impl") is undo[2]
 
     def _unhook(self, module: Any, undo: tuple[Any, ...]) -> None:
         try:
-            if undo[0] == "none":
-                return
-            if undo[0] == "compiled":
-                _, compiled, wrapper = undo
-                if vars(module).get("_compiled_call_impl") is wrapper:
-                    module._compiled_call_impl = compiled
+            if undo[0] == "none" or not self._still_hooked(module, undo):
+                return  # TorchScript, or replaced since (module.compile()): not ours
+            found = undo[1]
+            if found is _ABSENT:
+                del vars(module)["_compiled_call_impl"]
             else:
-                undo[1].remove()
-                undo[2].remove()
+                vars(module)["_compiled_call_impl"] = found
         except Exception:
-            log.warning("gpuprof: could not remove a forward hook", exc_info=True)
+            log.warning("gpuprof: could not unhook a root module", exc_info=True)
 
 
 #: Detectors installed and not yet removed (the test suite's leak check reads it).

@@ -17,50 +17,69 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
-from gpuprof_shim.steps import LOADER_PHASE, StepRecord, WaitTracker
+from gpuprof_shim.messages import phases_ok
+from gpuprof_shim.steps import LOADER_PHASE, StepRecord, WaitTracker, new_step
 
 log = logging.getLogger("gpuprof.shim")
 
 _MAX_INDEX = 1 << 40
 
 
-class Phase:
-    """``with s.phase(name):`` — adds its duration (ns) to the step's phase."""
+class Phase(tuple):  # type: ignore[type-arg]
+    """``with s.phase(name):`` — adds its duration (ns) to the step's phase.
 
-    __slots__ = ("_step", "_name", "_t")
+    A ``(step, name)`` tuple, made without an ``__init__`` frame (one per
+    phase and step); the step keeps when its open phases started.
+    """
 
-    def __init__(self, step: Step, name: str) -> None:
-        self._step = step
-        self._name = name
-        self._t = 0
+    __slots__ = ()
 
     def __enter__(self) -> Phase:
-        # Step._phase_enter, inlined (three phases a step)
-        step, name = self._step, self._name
+        step, name = self
         open_ = step._open
-        depth = open_.get(name, 0)
-        open_[name] = depth + 1
-        self._t = step._clock() if depth == 0 else 0
+        if name in open_:  # nested in a phase of the same name: counted once
+            nested = step._nested
+            if nested is None:
+                nested = step._nested = {}
+            nested[name] = nested.get(name, 0) + 1
+        else:
+            open_[name] = step._clock()
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        # Step._phase_exit, inlined
-        step, name = self._step, self._name
-        open_ = step._open
-        depth = open_.get(name, 0) - 1
-        if depth < 0:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        step, name = self
+        nested = step._nested
+        if nested and nested.get(name):
+            nested[name] -= 1
             return
-        open_[name] = depth
-        if depth == 0 and not step._done:
-            ns = step._clock() - self._t
-            phases = step.phases
-            phases[name] = phases.get(name, 0) + (ns if ns > 0 else 0)
+        t = step._open.pop(name, None)
+        if t is None or step._done:
+            return  # never entered, or the step is over
+        ns = step._clock() - t
+        phases = step.phases
+        phases[name] = phases.get(name, 0) + (ns if ns > 0 else 0)
 
 
 class Step:
     """One manual step; use as a context manager. See the module docstring."""
 
-    __slots__ = ("i", "_rec", "_clock", "_t0", "_entries", "_ignored", "_done", "phases", "_open")
+    __slots__ = (
+        "i",
+        "_rec",
+        "_clock",
+        "_t0",
+        "_entries",
+        "_ignored",
+        "_done",
+        "phases",
+        "_open",
+        "_nested",
+    )
 
     def __init__(self, recorder: ManualRecorder, i: int) -> None:
         self.i = i
@@ -71,38 +90,23 @@ class Step:
         self._ignored = False
         self._done = False
         self.phases: dict[str, int] = {}
-        self._open: dict[str, int] = {}
+        self._open: dict[str, int] = {}  # open phase -> its start, ns
+        self._nested: dict[str, int] | None = None  # same-name phases inside them
 
     def phase(self, name: str) -> Phase:
         """A context manager timing phase *name* (any string) inside this step."""
-        return Phase(self, name if type(name) is str else str(name))
-
-    def _phase_enter(self, name: str) -> int:
-        open_ = self._open
-        depth = open_.get(name, 0)
-        open_[name] = depth + 1
-        return self._clock() if depth == 0 else 0
-
-    def _phase_exit(self, name: str, t: int) -> None:
-        open_ = self._open
-        depth = open_.get(name, 0) - 1
-        if depth < 0:
-            return
-        open_[name] = depth
-        if depth == 0 and not self._done:
-            ns = self._clock() - t
-            phases = self.phases
-            phases[name] = phases.get(name, 0) + (ns if ns > 0 else 0)
+        return Phase((self, name if type(name) is str else str(name)))
 
     def __enter__(self) -> Step:
         self._entries += 1
         if self._entries == 1 and self._t0 is None and not self._ignored:
             rec = self._rec
-            if rec._begin(self):
+            if not rec.closed and rec._current is None:  # no other step in progress
+                rec._current = self
                 if rec.before_step is not None:
                     rec._before(self.i)
                 self._t0 = self._clock()
-                rec.waits.step_started()
+                rec.waits.in_step = True  # waits.step_started(), inlined
                 return self
             self._ignored = True
         log.warning("gpuprof: step %s re-entered or inside another step; not recorded", self.i)
@@ -134,6 +138,7 @@ class NullStep(Step):
         self._done = True
         self.phases = {}
         self._open = {}
+        self._nested = None
 
     def __enter__(self) -> Step:
         return self
@@ -153,7 +158,7 @@ class ManualRecorder:
 
     def __init__(
         self,
-        emit: Callable[[StepRecord], None],
+        emit: Callable[[StepRecord], object],
         waits: WaitTracker,
         clock: Callable[[], int] = time.monotonic_ns,
     ) -> None:
@@ -185,12 +190,6 @@ class ManualRecorder:
             index = self._next_index
         return Step(self, index)
 
-    def _begin(self, step: Step) -> bool:
-        if self.closed or self._current is not None:
-            return False
-        self._current = step
-        return True
-
     def _end(self, step: Step, t0: int, t1: int) -> None:
         if self._current is step:
             self._current = None
@@ -201,7 +200,10 @@ class ManualRecorder:
         if loader_ns:
             phases[LOADER_PHASE] = phases.get(LOADER_PHASE, 0) + loader_ns
         self._next_index = step.i + 1
-        self.emit(StepRecord(step.i, t0, t1, wait, explicit, 1, phases))
+        # every phase is a non-negative sum of clock deltas: names seen valid
+        # and a total within bounds let the step's event take them as they are
+        clean = type(t0) is int and t1 >= t0 and phases_ok(phases)
+        self.emit(new_step(step.i, t0, t1, wait, explicit, 1, phases, False, 0, (), clean))
         after = self.after_step
         if after is not None:
             t = self.clock()

@@ -1,13 +1,13 @@
 """The one owner of gpuprof's global changes to torch.
 
-Auto mode replaces ``torch.Tensor.backward``, ``torch.autograd.backward``,
+Auto mode replaces ``torch.autograd.backward`` (which ``Tensor.backward`` calls),
 ``torch.amp.GradScaler.step``, ``torch.nn.Module.train`` and
 ``torch.utils.data.DataLoader.__iter__`` (to open a forward-discovery
 window), the DataLoader iterators' ``__next__`` (to time each fetch);
 registers torch's global optimizer step pre/post hooks (removable handles;
 ``Optimizer.step`` itself is untouched); and starts the forward detector
 (:mod:`gpuprof_shim.forwards`: ``torch.nn.Module.__call__`` patched for a
-short discovery window, then hooks on the root modules only).
+short discovery window, then a wrapper on the root modules only).
 With a DDP comm timer (:mod:`gpuprof_shim.comm`), new roots are shown to it
 and ``DistributedDataParallel.register_comm_hook`` is replaced (a user's
 hook registered inside the profile is wrapped, so it is timed), and so is
@@ -35,6 +35,7 @@ from typing import Any
 
 from gpuprof_shim.auto import StepMachine
 from gpuprof_shim.comm import CommTimer
+from gpuprof_shim.forwards import Tracing
 from gpuprof_shim.wrappers import Wrappers
 
 log = logging.getLogger("gpuprof.shim")
@@ -182,14 +183,14 @@ class TorchPatches:
             register_optimizer_step_pre_hook,
         )
 
-        module_cls, tensor_cls, autograd = torch.nn.Module, torch.Tensor, torch.autograd
+        module_cls, autograd = torch.nn.Module, torch.autograd
         w = Wrappers(
             self.machine,
             module_cls=module_cls,
-            orig_tensor_backward=_raw(tensor_cls, "backward"),
             orig_autograd_backward=_raw(autograd, "backward"),
             is_grad_enabled=torch.is_grad_enabled,
             is_compiling=torch.compiler.is_compiling,
+            tracing=Tracing.of(torch.compiler),
             on_loader_iterator=self.on_loader_iterator,
         )
         self.wrappers = w
@@ -212,7 +213,6 @@ class TorchPatches:
                 "train",
                 w.make_rediscover(_raw(module_cls, "train"), on_mode_change=True),
             ),
-            (tensor_cls, "backward", w.tensor_backward),
             (autograd, "backward", w.autograd_backward),
             (scaler_cls, "step", w.make_scaler_step(_raw(scaler_cls, "step"))),
         ):

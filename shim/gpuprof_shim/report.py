@@ -4,13 +4,17 @@ answered ``bye``, else a reduced one built from the shim's own counters."""
 from __future__ import annotations
 
 import logging
+import operator
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
 from gpuprof.summary import format_summary
+from gpuprof_shim.steps import StepRecord
 
 log = logging.getLogger("gpuprof.shim")
+
+_T0, _T1, _WAIT, _CLEAN = (operator.attrgetter(f) for f in ("t0", "t1", "wait", "clean"))
 
 
 class StepCounter:
@@ -25,6 +29,15 @@ class StepCounter:
         self.steps += 1
         if iteration_ns > 0:
             self.total_iteration_ns += iteration_ns
+
+    def add_steps(self, steps: Sequence[StepRecord]) -> None:
+        """Count a burst of finished steps."""
+        self.steps += len(steps)
+        if all(map(_CLEAN, steps)):  # t1 >= t0 and wait >= 0: three sums in C
+            total = sum(map(_T1, steps)) - sum(map(_T0, steps)) + sum(map(_WAIT, steps))
+        else:
+            total = sum(max(0, r.t1 - r.t0 + r.wait) for r in steps)
+        self.total_iteration_ns += total
 
     @property
     def avg_step_ms(self) -> float | None:

@@ -388,15 +388,26 @@ class Profiler:
             lambda: self._open,
             enabled=self.time_comm,
         )
+        if self.auto and sender is not None:
+            self._comm = CommTimer(enabled=self.time_comm, on_ddp=self._clock_sync.start)
+        # every finished step goes to the batcher, with or without a daemon
+        batcher = self._batcher = StepBatcher(
+            sender,
+            self.run_key,
+            comm=self._comm,
+            extra=self._model_info,
+            # auto mode keeps a burst's send apart as gpuprof's own time; the
+            # manual API's gap wait includes it, as it always has
+            clock=self.clock if self.auto else None,
+            on_burst=self._burst,
+        )
         if self.auto:
             from gpuprof_shim.patches import TorchPatches
 
             self.machine = StepMachine(
-                self._emit, self.clock(), self.clock, external=self.step_source == "external"
+                batcher.add, self.clock(), self.clock, external=self.step_source == "external"
             )
             self._waits = self.machine
-            if self.sender is not None:
-                self._comm = CommTimer(enabled=self.time_comm, on_ddp=self._clock_sync.start)
             self._patches = TorchPatches(self.machine, self._loader_iterator, self._comm)
             self.probes.start(self.machine)
             try:
@@ -406,11 +417,7 @@ class Profiler:
         else:
             waits = WaitTracker(self.clock())
             self._waits = waits
-            self._recorder = ManualRecorder(self._emit, waits, self.clock)
-        if self.sender is not None:
-            self._batcher = StepBatcher(
-                self.sender, self.run_key, comm=self._comm, extra=self._model_info
-            )
+            self._recorder = ManualRecorder(batcher.add, waits, self.clock)
         if self.trace_options.enabled:
             self._windows = TraceWindows(
                 self.trace_options,
@@ -453,26 +460,28 @@ class Profiler:
     def _model_info(self) -> dict[str, Any] | None:
         return self.probes.model_info(self.run_key)
 
-    def _emit(self, rec: StepRecord) -> None:
-        """Count a finished step and queue its event for the next burst
-        (:class:`~gpuprof_shim.batcher.StepBatcher`). A step whose FLOPs
-        were counted, or that a torch.profiler window ran in, is ``traced``."""
+    def _burst(self, steps: list[StepRecord]) -> list[StepRecord]:
+        """A burst of finished steps on its way out
+        (:class:`~gpuprof_shim.batcher.StepBatcher`): count them, mark those
+        whose FLOPs were counted or that a torch.profiler window ran in as
+        ``traced``, give them to W&B. Returns them as they are to be sent."""
         try:
-            traced = self.probes.traced
-            if traced and rec.i in traced:
-                rec.traced = True
-            windows = self._windows
-            if windows is not None and windows.traced(rec.t0, rec.t1):
-                rec.traced = True  # a torch.profiler window ran during it
-            self.counter.add(rec.t1 - rec.t0 + rec.wait)
-            batcher = self._batcher
-            if batcher is not None:
-                batcher.add(rec)
+            traced, windows = self.probes.traced, self._windows
+            if traced or windows is not None:
+                steps = [
+                    rec._replace(traced=True)
+                    if rec.i in traced or (windows is not None and windows.traced(rec.t0, rec.t1))
+                    else rec
+                    for rec in steps
+                ]
+            self.counter.add_steps(steps)
             sink = self._wandb
             if sink is not None:
-                sink.add(rec)
+                for rec in steps:
+                    sink.add(rec)
         except Exception:
-            log.debug("gpuprof: could not emit step %s", rec.i, exc_info=True)
+            log.debug("gpuprof: could not count a burst of steps", exc_info=True)
+        return steps
 
     def _send_pending(self, now_ns: int, final: bool = False) -> None:
         if self._batcher is not None:

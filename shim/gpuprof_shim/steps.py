@@ -4,17 +4,20 @@ bookkeeping that decides each step's ``wait``. All times are
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
+from typing import NamedTuple, TypedDict
 
 from gpuprof.comm import BucketTiming
 from gpuprof.protocol import DATA_PHASE, OWN_TIME_PHASE
 
 
-@dataclass(slots=True)
-class OptimizerUse:
-    """One optimizer's share of a step.
+class OptimizerUse(TypedDict):
+    """One optimizer's share of a step: a plain dict, as the ``step`` event's
+    ``optimizers`` entry carries it (made once per step and optimizer, sent
+    as it is).
 
-    Attributes:
+    Keys:
         name: class name and order of first step in the run, e.g. ``"Adam#0"``.
         updates: ``step()`` calls that updated the parameters.
         skipped: ``step()`` calls skipped (``GradScaler`` found inf/NaN gradients).
@@ -27,9 +30,11 @@ class OptimizerUse:
     ns: int
 
 
-@dataclass(slots=True)
-class StepRecord:
-    """One training step, ready to become a ``step`` message.
+class StepRecord(NamedTuple):
+    """One training step, ready to become a ``step`` message. A tuple (the
+    shim makes one per step, and a tuple is several times cheaper to make
+    and free than an object); what changes later (the burst's memory
+    figures, DDP buckets, ``traced``) is set with ``_replace``.
 
     Attributes:
         i: step index, from 0.
@@ -39,7 +44,7 @@ class StepRecord:
         explicit: True if ``wait`` is timed ``next()`` calls, False if it is
             the gap since the previous step ended.
         micro: micro-batches (backward calls) in the step.
-        phases: phase name -> summed duration, ns.
+        phases: phase name -> summed duration, ns (never changed in place).
         skipped: the primary optimizer's update was skipped (inf/NaN gradients).
         eval_ns: evaluation (no-grad forwards) in the gap before the step, ns;
             not part of ``wait``.
@@ -52,9 +57,9 @@ class StepRecord:
         comm: the DDP gradient buckets' collectives timed in this step
             (:class:`gpuprof.comm.BucketTiming`), in launch order; empty
             when none were timed.
-        clean: ``phases`` already holds what the protocol accepts (the
-            auto-mode machine's own names, int ns within bounds), so the
-            step's event takes it as it is; not compared.
+        clean: ``phases`` and ``optimizers`` already hold what the protocol
+            accepts (names seen valid, int ns within bounds), ``t1 >= t0``
+            and ``wait >= 0``, so the step's event takes them as they are.
     """
 
     i: int
@@ -63,18 +68,58 @@ class StepRecord:
     wait: int
     explicit: bool
     micro: int
-    phases: dict[str, int] = field(default_factory=dict)
+    phases: Mapping[str, int] = MappingProxyType({})
     skipped: bool = False
     eval_ns: int = 0
-    optimizers: list[OptimizerUse] = field(default_factory=list)
+    optimizers: Sequence[OptimizerUse] = ()
     mem: tuple[int, int, int] | None = None
     traced: bool = False
-    comm: list[BucketTiming] = field(default_factory=list)
-    clean: bool = field(default=False, compare=False)
+    comm: Sequence[BucketTiming] = ()
+    clean: bool = False
 
     @property
     def duration_ns(self) -> int:
         return self.t1 - self.t0
+
+
+_tuple_new = tuple.__new__
+
+
+def new_step(
+    i: int,
+    t0: int,
+    t1: int,
+    wait: int,
+    explicit: bool,
+    micro: int,
+    phases: Mapping[str, int],
+    skipped: bool,
+    eval_ns: int,
+    optimizers: Sequence[OptimizerUse],
+    clean: bool,
+) -> StepRecord:
+    """``StepRecord(...)`` with no ``mem``, ``traced`` or ``comm``, made by
+    ``tuple.__new__`` directly: the class's own ``__new__`` is a Python frame
+    entered from C, about twice the cost, and this runs once per step."""
+    return _tuple_new(  # type: ignore[no-any-return]
+        StepRecord,
+        (
+            i,
+            t0,
+            t1,
+            wait,
+            explicit,
+            micro,
+            phases,
+            skipped,
+            eval_ns,
+            optimizers,
+            None,
+            False,
+            (),
+            clean,
+        ),
+    )
 
 
 #: Phase that receives loader time spent *inside* a step (a micro-batch

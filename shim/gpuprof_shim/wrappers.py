@@ -3,9 +3,10 @@
 
 Forwards (module calls) are found by :class:`~gpuprof_shim.forwards.ForwardDetector`:
 a short discovery window patches ``Module.__call__``, then only the root
-modules carry hooks. Backward calls are the patched ``Tensor.backward`` and
-``torch.autograd.backward``; each outermost one also tells the detector (a
-backward with no forward seen sends it looking for an unknown root).
+modules carry a wrapper. Backward calls are the patched
+``torch.autograd.backward`` (``Tensor.backward`` calls it, looked up at each
+call); each outermost one also tells the detector (a backward with no
+forward seen sends it looking for an unknown root).
 
 Every call into the machine is guarded: an internal error is logged once
 and the user's call goes on. Once :attr:`Wrappers.enabled` is False the
@@ -15,20 +16,13 @@ wrappers are pure pass-throughs (for a patch someone else stacked on ours).
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from typing import Any
 
 from gpuprof_shim.auto import StepMachine
-from gpuprof_shim.forwards import ForwardDetector
+from gpuprof_shim.forwards import ForwardDetector, Tracing
 
 log = logging.getLogger("gpuprof.shim")
-
-
-class _Depth(threading.local):
-    """Per-thread nesting depth of backward calls."""
-
-    backward = 0
 
 
 class Wrappers:
@@ -37,10 +31,12 @@ class Wrappers:
     Args:
         machine: receives the events.
         module_cls: ``torch.nn.Module`` (its ``__call__`` as found is the original).
-        orig_tensor_backward: the original ``torch.Tensor.backward``.
         orig_autograd_backward: the original ``torch.autograd.backward``.
         is_grad_enabled: ``torch.is_grad_enabled``.
         is_compiling: ``torch.compiler.is_compiling``.
+        tracing: the same question, asked faster by the wrappers that run
+            every step (:class:`~gpuprof_shim.forwards.Tracing`; default:
+            *is_compiling* itself).
         on_loader_iterator: called with each iterator ``DataLoader.__iter__``
             returns (to report its worker processes); must not raise.
     """
@@ -49,10 +45,10 @@ class Wrappers:
         self,
         machine: StepMachine,
         module_cls: Any,
-        orig_tensor_backward: Callable[..., Any],
         orig_autograd_backward: Callable[..., Any],
         is_grad_enabled: Callable[[], bool],
         is_compiling: Callable[[], bool],
+        tracing: Tracing | None = None,
         on_loader_iterator: Callable[[Any], None] | None = None,
     ) -> None:
         self.machine = machine
@@ -60,12 +56,14 @@ class Wrappers:
         self.is_compiling = is_compiling
         self.enabled = True
         self._errors = 0
-        depth = _Depth()
+        #: A backward call is in progress (any thread): one inside it (a
+        #: reentrant checkpoint's, run by the engine, maybe on its device
+        #: thread) is part of it. The machine counts one backward at a time.
+        self.in_backward = False
         self.forwards = ForwardDetector(
-            machine, self.internal_error, module_cls, is_grad_enabled, is_compiling
+            machine, self.internal_error, module_cls, is_grad_enabled, is_compiling, tracing
         )
-        self.tensor_backward = self._make_backward(orig_tensor_backward, depth)
-        self.autograd_backward = self._make_backward(orig_autograd_backward, depth)
+        self.autograd_backward = self._make_backward(orig_autograd_backward)
         #: Global ``register_optimizer_step_pre_hook``/``post_hook`` callbacks.
         self.optimizer_pre_hook, self.optimizer_post_hook = self._make_optimizer_hooks()
 
@@ -77,7 +75,7 @@ class Wrappers:
         else:
             log.debug("gpuprof: internal error", exc_info=True)
 
-    def _make_backward(self, orig: Callable[..., Any], depth: _Depth) -> Callable[..., Any]:
+    def _make_backward(self, orig: Callable[..., Any]) -> Callable[..., Any]:
         wrappers = self
         machine = self.machine
         clock = machine.clock
@@ -86,10 +84,11 @@ class Wrappers:
         on_start, on_end = machine.on_backward_start, machine.on_backward_end
 
         def backward(*args: Any, **kwargs: Any) -> Any:
-            # Tensor.backward calls torch.autograd.backward: count the pair once.
-            if depth.backward or not wrappers.enabled:
+            # a reentrant backward (activation checkpointing's, from inside
+            # the engine) is part of the outer one: counted once
+            if wrappers.in_backward or not wrappers.enabled:
                 return orig(*args, **kwargs)
-            depth.backward = 1
+            wrappers.in_backward = True
             counted = False
             try:
                 try:
@@ -105,7 +104,7 @@ class Wrappers:
                     wrappers.internal_error()
                 return orig(*args, **kwargs)
             finally:
-                depth.backward = 0
+                wrappers.in_backward = False
                 if counted:
                     try:
                         on_end(clock())
@@ -204,18 +203,18 @@ class Wrappers:
         wrappers = self
         machine = self.machine
         clock = machine.clock
-        is_compiling = self.is_compiling
+        dynamo, flags = self.forwards.tracing
         on_pre, on_post = machine.on_optimizer_pre, machine.on_optimizer_post
 
         def optimizer_pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
-            if wrappers.enabled and not is_compiling():
+            if wrappers.enabled and not (dynamo() or flags._is_compiling_flag):
                 try:
                     on_pre(clock(), optimizer)
                 except Exception:
                     wrappers.internal_error()
 
         def optimizer_post_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
-            if wrappers.enabled and not is_compiling():
+            if wrappers.enabled and not (dynamo() or flags._is_compiling_flag):
                 try:
                     on_post(clock(), optimizer)
                 except Exception:

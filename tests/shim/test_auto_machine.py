@@ -3,11 +3,12 @@ and stand-in optimizer objects."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 
 import pytest
 
-from gpuprof_shim.auto import ADJACENT_NS, IDLE, StepMachine
+from gpuprof_shim.auto import ADJACENT_NS, IDLE, StepMachine, _Segment
 from gpuprof_shim.steps import OptimizerUse, StepRecord
 
 
@@ -56,7 +57,8 @@ def test_one_step_boundaries_phases_and_gap_wait():
             explicit=False,
             micro=1,
             phases={"forward": 300, "backward": 400, "optimizer": 150},
-            optimizers=[OptimizerUse("SGD#0", updates=1, skipped=0, ns=150)],
+            optimizers=[OptimizerUse(name="SGD#0", updates=1, skipped=0, ns=150)],
+            clean=True,  # its event takes the phases and optimizers as they are
         )
     ]
     assert m.state is IDLE
@@ -164,8 +166,8 @@ def test_gan_two_optimizers_make_one_step_per_iteration():
         assert (s.t0, s.t1, s.micro) == (base, base + 1_000, 1)
         assert s.phases == {"forward": 200, "backward": 200, "optimizer": 300}
         assert s.optimizers == [
-            OptimizerUse("Adam#0", 1, 0, 100),
-            OptimizerUse("SGD#1", 1, 0, 200),
+            OptimizerUse(name="Adam#0", updates=1, skipped=0, ns=100),
+            OptimizerUse(name="SGD#1", updates=1, skipped=0, ns=200),
         ]
     assert out[1].wait == 20_000 - 11_000
 
@@ -182,8 +184,8 @@ def test_skipped_update_ends_the_step_and_is_marked():
         m.on_scaler_step_end(base + 450, opt)
     m.flush(9_000)
     assert [(s.i, s.micro, s.skipped) for s in out] == [(0, 1, False), (1, 1, True), (2, 1, False)]
-    assert out[1].optimizers == [OptimizerUse("SGD#0", 0, 1, 150)]
-    assert out[0].optimizers == [OptimizerUse("SGD#0", 1, 0, 150)]
+    assert out[1].optimizers == [OptimizerUse(name="SGD#0", updates=0, skipped=1, ns=150)]
+    assert out[0].optimizers == [OptimizerUse(name="SGD#0", updates=1, skipped=0, ns=150)]
 
 
 def test_nested_optimizer_steps_count_once():
@@ -196,7 +198,7 @@ def test_nested_optimizer_steps_count_once():
     m.flush(1_000)
     (step,) = out
     assert step.phases["optimizer"] == 100 and step.t1 == 400
-    assert [o.name for o in step.optimizers] == ["Opt#0"]
+    assert [o["name"] for o in step.optimizers] == ["Opt#0"]
 
 
 def test_backward_without_seen_forward_starts_the_step():
@@ -495,7 +497,9 @@ def test_a_second_stage_optimizer_takes_over_while_the_first_is_still_referenced
         _iteration(m, full_opt, 10_000 + 1_000 * k)
     m.flush(10**9)
     assert [s.i for s in out] == list(range(4 + stage2))
-    assert [[o.name for o in s.optimizers] for s in out] == [["SGD#0"]] * 4 + [["Adam#1"]] * stage2
+    assert [[o["name"] for o in s.optimizers] for s in out] == [["SGD#0"]] * 4 + [
+        ["Adam#1"]
+    ] * stage2
     assert all(s.micro == 1 for s in out)
     for a, b in zip(out, out[1:], strict=False):
         assert b.t0 >= a.t1
@@ -513,7 +517,7 @@ def test_wgan_generator_first_with_five_critic_updates_is_one_step_per_generator
         base += 1_000
     m.flush(10**9)
     assert len(out) == 4
-    assert [[(o.name, o.updates) for o in s.optimizers] for s in out] == [
+    assert [[(o["name"], o["updates"]) for o in s.optimizers] for s in out] == [
         [("Adam#0", 1), ("SGD#1", 5)]
     ] * 4
     assert all(s.micro == 1 for s in out)  # the critic's backward calls are not micro-batches
@@ -523,10 +527,12 @@ def test_time_spent_sending_events_is_its_own_phase_not_the_optimizers():
     clock = iter(range(0, 10**9, 1))
     sends = []
 
-    def slow_emit(rec):  # a burst of sends takes 500 ns of the clock
+    def slow_emit(rec):  # a burst of sends takes 500 ns of the clock, and says so
         sends.append(rec)
+        t = next(clock)
         for _ in range(500):
             next(clock)
+        return next(clock) - t
 
     m = StepMachine(slow_emit, 0, clock=lambda: next(clock))
     opt = SGD()
@@ -536,3 +542,33 @@ def test_time_spent_sending_events_is_its_own_phase_not_the_optimizers():
     m.flush(10**6)
     assert sends[1].phases["optimizer"] == 1_000 - 501  # the step's own 1000 ns, less the send
     assert 500 <= sends[1].phases["gpuprof"] <= 502
+
+
+def test_a_reset_segment_is_a_fresh_one():
+    seg = _Segment()
+    for f in dataclasses.fields(_Segment):  # every field away from its default
+        default = getattr(seg, f.name)
+        if isinstance(default, bool):
+            setattr(seg, f.name, True)
+        elif isinstance(default, int):
+            setattr(seg, f.name, 7)
+        else:
+            default[0] = [1, 2, 3]
+        assert getattr(seg, f.name) != getattr(_Segment(), f.name), f.name
+    seg.reset()
+    assert seg == _Segment()
+
+
+def test_optimizers_past_the_protocols_sixteen_share_the_last_slot_as_other():
+    m, out = make()
+    opts = [SGD() for _ in range(17)]
+    for base in (10_000, 20_000):
+        micro(m, fwd=base, bwd=base + 100, bwd_end=base + 200)
+        for k, opt in enumerate(opts):  # the first is the primary; the others are its tails
+            opt_step(m, opt, base + 300 + 10 * k, base + 305 + 10 * k)
+    m.flush(10**6)
+    assert len(out) == 2
+    for step in out:
+        names = [o["name"] for o in step.optimizers]
+        assert names == [f"SGD#{k}" for k in range(15)] + ["other"]
+        assert step.optimizers[-1]["updates"] == 2  # the 16th and the 17th

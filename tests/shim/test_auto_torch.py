@@ -155,6 +155,36 @@ def test_direct_autograd_backward_and_tensor_backward_count_once(socket_dir, fak
     assert [s["micro"] for s in fake_daemon.steps] == [1, 1]
 
 
+def test_reentrant_checkpointing_backward_inside_backward_counts_once(socket_dir, fake_daemon):
+    """``checkpoint(use_reentrant=True)`` calls ``torch.autograd.backward`` from
+    inside the engine for each checkpointed block: part of the one backward."""
+    from torch.utils.checkpoint import checkpoint
+
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    calls = []
+    original = torch.autograd.backward
+    with profile(socket_dir):
+        patched = torch.autograd.backward
+
+        def spy(*a, **kw):  # on top of ours: every call, the reentrant ones too
+            calls.append(1)
+            return patched(*a, **kw)
+
+        torch.autograd.backward = spy
+        try:
+            for _ in range(3):
+                x = torch.randn(2, 8, requires_grad=True)
+                h = checkpoint(model.body, x, use_reentrant=True)
+                model.head(h).sum().backward()
+                opt.step()
+        finally:
+            torch.autograd.backward = patched
+    assert torch.autograd.backward is original
+    assert len(calls) == 6  # each step: the loop's backward and the checkpoint's inside it
+    assert [s["micro"] for s in fake_daemon.steps] == [1, 1, 1]
+
+
 def test_a_micro_batch_never_stepped_is_not_a_step_but_a_note(socket_dir, fake_daemon, capsys):
     model = MLP()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -409,12 +409,13 @@ def _cuda_timer() -> tuple[CommTimer, Clock, list[FakeEvent], list[Any]]:
 
 def test_a_step_waits_for_its_cuda_events_then_goes_with_them():
     timer, _, events, _ = _cuda_timer()
-    s, later = step(0, 1_000, 2_000), step(1, 2_100, 2_900)
+    steps = [step(0, 1_000, 2_000), step(1, 2_100, 2_900)]
     # the second bucket's GPU work is still running: neither step is ready
-    assert timer.attach([s, later], now_ns=3_000) == 0
-    assert s.comm == [] and timer.pending() == 2 and timer.unresolved == 0
+    assert timer.attach(steps, now_ns=3_000) == 0
+    assert steps[0].comm == () and timer.pending() == 2 and timer.unresolved == 0
     events[3].done = True  # the GPU caught up by the next send
-    assert timer.attach([s, later], now_ns=4_000) == 2
+    assert timer.attach(steps, now_ns=4_000) == 2
+    s = steps[0]  # given its buckets and comm phase
     # start + GPU time between the events: (0.5 - 0) ms and (0.75 - 0.25) ms
     assert s.comm == [
         BucketTiming(1, 1_100, 1_100 + 500_000, 40),
@@ -427,9 +428,9 @@ def test_a_step_waits_for_its_cuda_events_then_goes_with_them():
 def test_cuda_events_still_running_after_the_hold_or_at_the_end_are_counted():
     for kwargs in ({"now_ns": 2_000 + HOLD_NS}, {"now_ns": 3_000, "final": True}):
         timer, *_ = _cuda_timer()
-        s = step(0, 1_000, 2_000)
-        assert timer.attach([s], **kwargs) == 1
-        assert s.comm == [BucketTiming(1, 1_100, 1_100 + 500_000, 40)]
+        steps = [step(0, 1_000, 2_000)]
+        assert timer.attach(steps, **kwargs) == 1
+        assert steps[0].comm == [BucketTiming(1, 1_100, 1_100 + 500_000, 40)]
         assert timer.unresolved == 1 and timer.pending() == 0
         assert any("left out" in n for n in timer.summary_notes())
 
@@ -456,16 +457,17 @@ def test_wall_clock_records_attach_to_their_steps_and_drop_outside():
         timer.done_callback(rec, first=True)(FakeFuture([None]))
     # bounded: the oldest record went
     assert timer.dropped == 1 and timer.pending() == 4
-    a, b = step(0, 1_000, 2_000), step(1, 2_100, 2_400)
-    timer.attach([a, b])
-    assert [t.bucket for t in a.comm] == [1, 2] and b.comm == []
+    steps = [step(0, 1_000, 2_000), step(1, 2_100, 2_400)]
+    timer.attach(steps)
+    a, b = steps
+    assert [t.bucket for t in a.comm] == [1, 2] and b.comm == ()
     assert a.phases[COMM_PHASE] == 1_300 - 1_200 and a.phases["backward"] == 400
     assert COMM_PHASE not in b.phases
     # launched after the last step sent: they wait for the next one
     assert timer.dropped == 1 and timer.pending() == 2
-    c = step(2, 3_000, 3_500)
-    timer.attach([c])
-    assert [t.bucket for t in c.comm] == [4]
+    steps = [step(2, 3_000, 3_500)]
+    timer.attach(steps)
+    assert [t.bucket for t in steps[0].comm] == [4]
     assert timer.dropped == 2 and timer.pending() == 0  # 2500: between steps
 
 

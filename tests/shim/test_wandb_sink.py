@@ -105,8 +105,8 @@ def test_mfu_per_step_when_the_flop_and_the_peak_are_known(offline):
     sink = WandbSink(run, wandb, mfu_inputs=lambda: (2e12, 100e12), interval_s=3600)
     for i in range(3):  # 40 ms steps after 10 ms of loader wait: 2e12 FLOP / 0.05 s / 1e14
         t0 = 100 * ms * i
-        rec = StepRecord(i=i, t0=t0, t1=t0 + 40 * ms, wait=10 * ms, explicit=True, micro=1)
-        rec.traced = i == 2  # a traced step's time says nothing of MFU
+        # a traced step's time says nothing of MFU
+        rec = StepRecord(i, t0, t0 + 40 * ms, 10 * ms, explicit=True, micro=1, traced=i == 2)
         sink.add(rec)
     sink.finish({"run_name": "m", "steps": 3, "insights": [], "mfu": 0.4})
     run.finish()

@@ -63,9 +63,10 @@ def test_steady_state_is_torch_own_call_with_hooks_on_the_root(socket_dir, fake_
         assert vars(nn.Module)["__call__"] is nn.Module._wrapped_call_impl
         assert det.hooked_roots() == [model]
         assert det.windows == 1
-        assert not model.head._forward_pre_hooks and not model.head._forward_hooks
-    assert not model._forward_pre_hooks and not model._forward_hooks
-    assert not model._forward_hooks_always_called
+        assert vars(model)["_compiled_call_impl"].__wrapped__ == model._call_impl
+        assert "_compiled_call_impl" not in vars(model.head)
+        assert not model._forward_pre_hooks and not model._forward_hooks  # torch's fast path
+    assert "_compiled_call_impl" not in vars(model)  # as it was found
     assert [s["micro"] for s in fake_daemon.steps] == [2, 2, 2]
     assert len(forwards) == 6
 
@@ -86,11 +87,13 @@ def test_fsdp2_is_one_forward_per_micro_batch(socket_dir, fake_daemon, forwards,
 
     model = MLP()
     fully_shard(model.body)
-    fully_shard(model)  # the root's pre hook all-gathers: ours runs before it
+    fully_shard(model)  # the root's pre hook all-gathers: inside our span
+    hooks = (dict(model._forward_pre_hooks), dict(model._forward_hooks))
     with profile(socket_dir) as prof:
         run(model, steps=3, accum=2)
         assert detector(prof).hooked_roots() == [model]
-        assert next(iter(model._forward_pre_hooks.values())).__class__ is fw._Hook
+        assert vars(model)["_compiled_call_impl"].__wrapped__ == model._call_impl
+        assert (dict(model._forward_pre_hooks), dict(model._forward_hooks)) == hooks
     assert [s["micro"] for s in fake_daemon.steps] == [2, 2, 2]
     assert len(forwards) == 6
 
@@ -163,14 +166,15 @@ def test_a_hooked_model_can_be_pickled_and_copied(socket_dir, fake_daemon, forwa
         buf = io.BytesIO()
         torch.save(model, buf)  # a whole-module checkpoint inside the loop
         twin = copy.deepcopy(model)  # e.g. an EMA copy
-    assert not model._forward_pre_hooks  # removed at exit
-    assert not twin._forward_pre_hooks and not twin._forward_hooks  # ... from the copy too
+    assert "_compiled_call_impl" not in vars(model)  # removed at exit
+    assert "_compiled_call_impl" not in vars(twin)  # torch copies it not
     assert torch.equal(twin(torch.ones(1, 8)), model(torch.ones(1, 8)))
-    # the checkpoint loads where gpuprof is not installed: its hooks are stdlib no-ops
+    # the checkpoint loads where gpuprof is not installed: nothing of gpuprof in it
     script = (
         "import sys, io, torch; sys.modules['gpuprof'] = sys.modules['gpuprof_shim'] = None\n"
         "m = torch.load(io.BytesIO(sys.stdin.buffer.read()), weights_only=False)\n"
-        "print(m(torch.ones(1, 8)).tolist(), [type(h).__name__ for h in m._forward_hooks.values()])"
+        "print(m(torch.ones(1, 8)).tolist(), sorted(k for k in vars(m) if 'compiled' in k),"
+        " len(m._forward_hooks) + len(m._forward_pre_hooks))"
     )
     out = subprocess.run(
         [sys.executable, "-c", script],
@@ -180,7 +184,7 @@ def test_a_hooked_model_can_be_pickled_and_copied(socket_dir, fake_daemon, forwa
         cwd=str(Path(__file__).resolve().parents[2]),  # the repo: tests.shim.training.MLP
     )
     assert out.returncode == 0, out.stderr.decode()[-800:]
-    assert out.stdout.decode().strip() == f"{model(torch.ones(1, 8)).tolist()} ['partial']"
+    assert out.stdout.decode().strip() == f"{model(torch.ones(1, 8)).tolist()} [] 0"
 
 
 def test_wrappers_are_removed_even_if_the_loop_raises(socket_dir, fake_daemon):
@@ -189,5 +193,38 @@ def test_wrappers_are_removed_even_if_the_loop_raises(socket_dir, fake_daemon):
         with profile(socket_dir):
             run(model, steps=2, accum=1)
             raise ValueError("boom")
-    assert not model._forward_pre_hooks and not model._forward_hooks
+    assert "_compiled_call_impl" not in vars(model)
     assert fw.live_detectors() == []
+
+
+def test_the_fast_tracing_check_answers_as_is_compiling(monkeypatch):
+    tracing = fw.Tracing.of(torch.compiler)
+    assert tracing.dynamo is torch.compiler.is_dynamo_compiling
+    check = lambda: tracing.dynamo() or tracing.flags._is_compiling_flag  # noqa: E731
+    assert check() is torch.compiler.is_compiling() is False
+    monkeypatch.setattr(torch.compiler, "_is_compiling_flag", True)  # export, a compile session
+    assert check() is torch.compiler.is_compiling() is True
+
+
+def test_the_fast_tracing_check_is_true_while_dynamo_traces_with_no_graph_break():
+    dynamo, flags = fw.Tracing.of(torch.compiler)
+
+    @torch.compile(backend="eager", fullgraph=True)  # a graph break would raise
+    def traced(x: torch.Tensor) -> torch.Tensor:
+        return x + 1 if dynamo() or flags._is_compiling_flag else x - 1
+
+    try:
+        assert traced(torch.zeros(1)).item() == 1
+    finally:
+        torch._dynamo.reset()
+
+
+def test_a_torch_without_the_fast_check_keeps_is_compiling():
+    class OldCompiler:
+        @staticmethod
+        def is_compiling() -> bool:
+            return True
+
+    tracing = fw.Tracing.of(OldCompiler)
+    assert tracing.dynamo is OldCompiler.is_compiling
+    assert tracing.flags._is_compiling_flag is False
