@@ -18,7 +18,7 @@ from gpuprof import config
 from gpuprofd.errors import BadInputError
 
 #: The outbox bound by default, MiB: an 8-GPU node at 100 ms steps writes
-#: ~150 MiB an hour (bench/forward.py), so this holds a ~6-hour outage.
+#: 139 MiB an hour (bench/forward.py, 2026-12-02), so this holds a ~7-hour outage.
 DEFAULT_MAX_MB = 1024
 
 
