@@ -222,7 +222,11 @@ def test_live_socket_sends_only_new_rows_and_resumes(node: Node, tmp_path: Path)
             _live(
                 node.url,
                 {"run": run_id, "cursors": {"step": total - 1, "t": last_t}},
-                lambda ms: sum(m["type"] == "steps" for m in ms) >= 3,
+                # three rounds of steps, and the host's samples (2 Hz) among them
+                lambda ms: (
+                    sum(m["type"] == "steps" for m in ms) >= 3
+                    and any(m["type"] == "host" for m in ms)
+                ),
             )
         )
         late_steps = [m for m in late if b'"steps"' in m[:20]][1:]  # the first catches up
@@ -239,7 +243,9 @@ def test_live_socket_sends_only_new_rows_and_resumes(node: Node, tmp_path: Path)
 
         docs = documented_examples()
         for kind in ("steps", "gpus", "host", "insights", "run"):
-            check_shape(docs[f"live_{kind}"], _of(first + again, kind)[-1], f"live_{kind}")
+            seen = _of(first + again + late, kind)
+            assert seen, f"no {kind} message on any of the three sockets"
+            check_shape(docs[f"live_{kind}"], seen[-1], f"live_{kind}")
     finally:
         stop.touch()
         _, err = proc.communicate(timeout=120)
