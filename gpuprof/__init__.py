@@ -154,8 +154,9 @@ def profile(
             ``GPUPROF_API_KEY`` or ``GPUPROF_API_KEY_FILE``. Default None:
             ``GPUPROF_SERVER``, else none. An auto-started gpuprofd forwards
             there; the summary ends with the run's URL on it, or says why
-            the node's gpuprofd does not forward there. Training never waits
-            for the server: while it is down the node keeps what it sends later.
+            the running gpuprofd of this database does not forward there.
+            Training never waits for the server: while it is down the
+            gpuprofd keeps in its database what it sends later.
 
     Returns:
         A :class:`Profiler`: use it as the ``with`` block's context manager

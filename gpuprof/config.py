@@ -57,7 +57,7 @@ def socket_base_dir(env: Mapping[str, str] | None = None) -> Path:
 def socket_dir(env: Mapping[str, str] | None = None, db: Path | None = None) -> Path:
     """The directory of gpuprofd's sockets, lock and log (not created here).
 
-    ``GPUPROF_SOCKET`` if set (e.g. the node daemon's ``/run/gpuprof``);
+    ``GPUPROF_SOCKET`` if set (e.g. ``/run/gpuprof``, a node-wide daemon's under systemd);
     otherwise a directory under :func:`socket_base_dir` named by a hash of
     the database path (*db*, default :func:`db_path`), so scripts writing to
     different databases get their own daemons and never each other's runs.
@@ -150,7 +150,7 @@ def api_key_file(env: Mapping[str, str] | None = None) -> Path | None:
 
 
 def server_url(env: Mapping[str, str] | None = None) -> str | None:
-    """``GPUPROF_SERVER`` (stripped, no trailing ``/``): the team server a
-    node daemon forwards runs to; None when unset or empty."""
+    """``GPUPROF_SERVER`` (stripped, no trailing ``/``): the team server an
+    auto-started gpuprofd forwards runs to; None when unset or empty."""
     raw = _env(env).get(ENV_SERVER, "").strip().rstrip("/")
     return raw or None

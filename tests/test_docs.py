@@ -44,6 +44,44 @@ def relative_links(page: Path) -> list[str]:
     ]
 
 
+#: Wording that gives each node one gpuprofd: there is one per database (or
+#: ``--socket-dir``), and only a daemon under systemd serves a whole node.
+NODE_DAEMON = re.compile(r"\bnode(?:'s)? (?:gpuprofd|daemon)", re.I)
+
+
+def user_texts() -> dict[str, str]:
+    """What a user reads: the README, docs/, ``help()`` of the public API and
+    gpuprofd's own ``--help`` (gpuprofctl's: tests/daemon/commands/test_help.py)."""
+    import pydoc
+
+    import gpuprof
+
+    texts = {str(p.relative_to(ROOT)): p.read_text() for p in PAGES}
+    for name in ("profile", "Profiler", "LightningCallback", "HFTrainerCallback"):
+        try:
+            obj = getattr(gpuprof, name)
+        except ImportError:  # an adapter whose framework is not installed here
+            continue
+        texts[f"help(gpuprof.{name})"] = pydoc.render_doc(obj, renderer=pydoc.plaintext)
+    for argv in (["--help"], ["serve", "--help"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "gpuprofd", *argv], capture_output=True, text=True, timeout=60
+        )
+        texts[" ".join(["gpuprofd", *argv])] = done.stdout
+    return texts
+
+
+def test_no_text_gives_a_node_one_gpuprofd():
+    texts = user_texts()
+    assert len(texts) > len(PAGES) + 3 and all(texts.values())
+    found = [
+        (where, m.string[m.start() - 30 : m.end() + 30])
+        for where, text in texts.items()
+        for m in NODE_DAEMON.finditer(" ".join(text.split()))
+    ]
+    assert found == []
+
+
 @pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
 def test_every_relative_link_resolves(page: Path):
     broken = []

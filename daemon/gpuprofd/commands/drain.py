@@ -76,7 +76,9 @@ def drain_cmd(
 ) -> None:
     path = resolve_db(db)
     if not path.is_file():
-        raise BadInputError(f"no database at {path}: give the node's DB (gpuprofctl status)")
+        raise BadInputError(
+            f"no database at {path}: give the database file to drain (a run's prof.db names it)"
+        )
     lock = InstanceLock(path, write_pid=False)
     if not lock.acquire():
         raise BadInputError(

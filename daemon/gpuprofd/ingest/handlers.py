@@ -134,9 +134,9 @@ class ControlHandlers:
             else "forwards to no team server"
         )
         return (
-            f"not forwarded to {wanted}: this node's gpuprofd (pid {os.getpid()}) {now}; "
-            f"start it with --server {wanted}, or gpuprofctl stop and the next run starts one "
-            "that does"
+            f"not forwarded to {wanted}: the running gpuprofd of this database "
+            f"(pid {os.getpid()}) {now}; start it with --server {wanted}, or gpuprofctl stop "
+            "and the next run starts one that does"
         )
 
     async def bye(self, msg: dict[str, Any]) -> dict[str, Any]:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 import orjson
 
 from gpuprofd.counters import DropCounter
 from gpuprofd.ingest.control import ControlServer
+from gpuprofd.ingest.handlers import ControlHandlers
 from gpuprofd.ingest.registry import RunRegistry
 
 
@@ -50,3 +53,26 @@ def test_drop_counter_hands_out_each_count_once_for_persisting() -> None:
     drops.add("x", n=3)
     assert drops.take_unpersisted() == {"x": 3}
     assert drops.snapshot() == {"x": 5}
+
+
+def test_a_run_asking_for_another_server_hears_which_gpuprofd_forwards_where() -> None:
+    handlers = ControlHandlers(
+        db="runs.db",
+        socket_dir=Path("sock"),
+        runs=None,  # type: ignore[arg-type] - the note reads none of these
+        ingest=None,  # type: ignore[arg-type]
+        db_switch=None,  # type: ignore[arg-type]
+        drops=DropCounter(),
+        notes=(),
+        flush_rollups=lambda: None,
+        gpu_status=dict,
+        request_stop=lambda: None,
+        forward_server="https://a:8000",
+    )
+    assert handlers._forward_note(None) is None
+    assert handlers._forward_note("https://a:8000/") is None
+    assert handlers._forward_note("https://b:8000") == (
+        "not forwarded to https://b:8000: the running gpuprofd of this database "
+        f"(pid {os.getpid()}) forwards to https://a:8000; start it with --server "
+        "https://b:8000, or gpuprofctl stop and the next run starts one that does"
+    )
