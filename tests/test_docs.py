@@ -143,3 +143,25 @@ def test_quickstart_command_runs(argv: list[str]):
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"Usage: {' '.join(words)} "), done.stdout[:200]
+
+
+#: An extra as a message or a page names it: ``install_hint("hf")`` in code,
+#: ``gpuprof[hf]`` or ``.[hf]`` in a command.
+EXTRA_NAMED = re.compile(r"""install_hint\(["'](\w[\w-]*)["']\)|(?:gpuprof|\.)\[([\w,-]+)\]""")
+
+
+def test_every_extra_a_message_or_a_page_names_exists():
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    sources = [*PAGES, *sorted(ROOT.glob("*/**/*.py"))]
+    named: dict[str, set[str]] = {}
+    for path in sources:
+        if ".venv" in path.parts:
+            continue
+        for m in EXTRA_NAMED.finditer(path.read_text()):
+            for extra in (m.group(1) or m.group(2)).split(","):
+                named.setdefault(extra, set()).add(str(path.relative_to(ROOT)))
+    assert {"lightning", "hf", "wandb", "postgres"} <= set(named)
+    assert {e: sorted(where) for e, where in named.items() if e not in extras} == {}

@@ -29,6 +29,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from gpuprof.extras import install_hint
 from gpuprof.protocol import OWN_TIME_PHASE, clean_text
 from gpuprof_shim.report import report_command
 from gpuprof_shim.steps import StepRecord
@@ -149,7 +150,7 @@ class WandbSink:
         try:
             import wandb
         except ImportError:
-            log.warning("gpuprof: wandb=True but wandb is not installed (pip install wandb)")
+            log.warning("gpuprof: wandb=True but wandb is not installed: %s", install_hint("wandb"))
             return None
         run = getattr(wandb, "run", None)
         if run is None:

@@ -166,5 +166,8 @@ def test_wandb_not_installed_is_one_line(fake_daemon, socket_dir, caplog, monkey
         with gpuprof.profile("nowb", wandb=True, socket_dir=socket_dir, autostart=False) as prof:
             train(2)
     said = [r.getMessage() for r in caplog.records if "wandb" in r.getMessage()]
-    assert said == ["gpuprof: wandb=True but wandb is not installed (pip install wandb)"]
+    assert said == [
+        "gpuprof: wandb=True but wandb is not installed: pip install 'gpuprof[wandb]' "
+        "(from a checkout: pip install -e '.[wandb]')"
+    ]
     assert prof.summary is not None and prof.summary["steps"] == 2

@@ -19,6 +19,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from gpuprof.extras import install_hint
 from gpuprofd.errors import DatabaseError
 from gpuprofd.storage import schema
 from gpuprofd.storage.dialect import POSTGRES, Dialect
@@ -76,9 +77,7 @@ def is_connection_error(exc: BaseException) -> bool:
 
 def _need_asyncpg() -> None:
     if asyncpg is None:
-        raise DatabaseError(
-            "a postgres:// storage URL needs asyncpg: pip install 'gpuprof[postgres]'"
-        )
+        raise DatabaseError("a postgres:// storage URL needs asyncpg: " + install_hint("postgres"))
 
 
 async def _init(conn: Any) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from gpuprof.extras import install_hint
 from gpuprof_shim.adapters._run import AdapterRun, EndsRunOnExit
 from gpuprof_shim.session import Profiler
 
@@ -31,7 +32,7 @@ try:
     from transformers import TrainerCallback
 except ImportError as exc:
     raise ImportError(
-        "gpuprof.HFTrainerCallback needs Hugging Face transformers: pip install 'gpuprof[hf]'"
+        "gpuprof.HFTrainerCallback needs Hugging Face transformers: " + install_hint("hf")
     ) from exc
 
 

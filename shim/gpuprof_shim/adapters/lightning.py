@@ -22,6 +22,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from gpuprof.extras import install_hint
 from gpuprof_shim.adapters._run import AdapterRun
 from gpuprof_shim.session import Profiler
 
@@ -35,7 +36,7 @@ def _callback_bases() -> tuple[type, ...]:
             continue
     if not bases:
         raise ImportError(
-            "gpuprof.LightningCallback needs PyTorch Lightning: pip install 'gpuprof[lightning]'"
+            "gpuprof.LightningCallback needs PyTorch Lightning: " + install_hint("lightning")
         )
     return tuple(dict.fromkeys(bases))  # one class if both names are the same package
 

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 import gpuprof
+from gpuprof.extras import install_hint
+
+PYPROJECT = Path(__file__).resolve().parents[3] / "pyproject.toml"
 
 FRAMEWORKS = ("lightning", "pytorch_lightning", "transformers", "accelerate", "deepspeed", "torch")
 
@@ -80,5 +84,8 @@ def test_adapter_without_its_framework_names_the_extra(adapter, blocked, extra):
     out = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
     )
-    assert out.stdout.strip().endswith(f"pip install 'gpuprof[{extra}]'"), out.stdout
+    assert out.stdout.strip().endswith(": " + install_hint(extra)), out.stdout
     assert out.stdout.startswith(f"gpuprof.{adapter} needs ")
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    extras = tomllib.loads(PYPROJECT.read_text())["project"]["optional-dependencies"]
+    assert extra in extras
