@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import importlib
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from gpuprof.flops import TransformerArch
 from gpuprof.keywords import check_keywords
@@ -25,6 +25,8 @@ from gpuprof.keywords import check_keywords
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
+    import torch  # noqa: TID251 - for dtype's type only, never imported here
+
     from gpuprof_shim.adapters.deepspeed import wrap_deepspeed_engine  # noqa: TID251
     from gpuprof_shim.adapters.hf import HFTrainerCallback  # noqa: TID251
     from gpuprof_shim.adapters.lightning import LightningCallback  # noqa: TID251
@@ -45,12 +47,12 @@ def profile(
     *,
     auto: bool = True,
     flops_per_step: float | None = None,
-    dtype: Any = None,
+    dtype: torch.dtype | str | None = None,
     print_summary: bool | None = None,
     socket_dir: str | os.PathLike[str] | None = None,
     db: str | os.PathLike[str] | None = None,
     autostart: bool = True,
-    step_source: str = "optimizer",
+    step_source: Literal["optimizer", "external"] = "optimizer",
     arch: TransformerArch | None = None,
     tokens_per_step: int | None = None,
     count_flops: bool | None = None,
@@ -64,7 +66,7 @@ def profile(
     dashboard: bool = False,
     wandb: bool = False,
     webhook: str | None = None,
-    webhook_format: str = "slack",
+    webhook_format: Literal["slack", "json"] = "slack",
     server: str | None = None,
 ) -> Profiler:
     """Profile the training loop inside ``with gpuprof.profile(run_name):``.

@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from gpuprof import config
 from gpuprof.flops import TransformerArch
@@ -49,6 +49,9 @@ from gpuprof_shim.steps import StepRecord, WaitTracker
 from gpuprof_shim.trace import DEFAULT_TRACE_DIR_MAX_MB, TraceOptions, Tracer
 from gpuprof_shim.wandb_sink import WandbSink
 from gpuprof_shim.workers import WorkerReporter
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger("gpuprof.shim")
 
@@ -106,12 +109,12 @@ class Profiler:
         *,
         auto: bool = True,
         flops_per_step: float | None = None,
-        dtype: Any = None,
+        dtype: torch.dtype | str | None = None,
         print_summary: bool | None = None,
         socket_dir: str | os.PathLike[str] | None = None,
         db: str | os.PathLike[str] | None = None,
         autostart: bool = True,
-        step_source: str = "optimizer",
+        step_source: Literal["optimizer", "external"] = "optimizer",
         arch: TransformerArch | None = None,
         tokens_per_step: int | None = None,
         count_flops: bool | None = None,
@@ -125,7 +128,7 @@ class Profiler:
         dashboard: bool = False,
         wandb: bool = False,
         webhook: str | None = None,
-        webhook_format: str = "slack",
+        webhook_format: Literal["slack", "json"] = "slack",
         server: str | None = None,
         clock: Callable[[], int] = time.monotonic_ns,
     ) -> None:
@@ -593,6 +596,11 @@ class Profiler:
             with _active_lock:
                 if _active is self:
                     _active = None
+
+
+#: Its public name: ``help(gpuprof.Profiler)`` and reprs say ``gpuprof.Profiler``,
+#: and the class pickles by that name (``gpuprof`` resolves it lazily).
+Profiler.__module__ = "gpuprof"
 
 
 def _import_torch() -> None:

@@ -5,6 +5,7 @@ option names the closest valid one; ``import gpuprof`` stays light."""
 from __future__ import annotations
 
 import inspect
+import pickle
 import pydoc
 import subprocess
 import sys
@@ -41,7 +42,9 @@ def test_every_option_is_a_typed_keyword_with_a_default():
     assert named["dashboard"] == ("bool", False)
     assert named["wandb"] == ("bool", False)
     assert named["webhook"] == ("str | None", None)
-    assert named["webhook_format"] == ("str", "slack")
+    assert named["webhook_format"] == ("Literal['slack', 'json']", "slack")
+    assert named["step_source"] == ("Literal['optimizer', 'external']", "optimizer")
+    assert named["dtype"] == ("torch.dtype | str | None", None)
     assert named["server"] == ("str | None", None)
     assert inspect.signature(gpuprof.profile).return_annotation == "Profiler"
 
@@ -58,7 +61,7 @@ def test_the_docstring_lists_every_option_and_help_shows_them():
     assert documented == list(inspect.signature(gpuprof.profile).parameters)
     text = pydoc.render_doc(gpuprof.profile, renderer=pydoc.plaintext)
     assert "trace_every_n_steps: 'int | None' = None" in text
-    assert "webhook_format: 'str' = 'slack'" in text
+    assert """webhook_format: "Literal['slack', 'json']" = 'slack'""" in text
     assert "gpuprof_shim" not in text
 
 
@@ -69,6 +72,16 @@ def test_profiler_is_public_with_its_own_docstring(tmp_path):
     assert doc.startswith("One profiled run: what :func:`gpuprof.profile` returns")
     prof = gpuprof.profile("r", auto=False, autostart=False, socket_dir=tmp_path)
     assert isinstance(prof, gpuprof.Profiler) and prof.run_name == "r"
+
+
+def test_profiler_presents_itself_as_gpuprof_profiler(tmp_path):
+    assert gpuprof.Profiler.__module__ == "gpuprof"
+    text = pydoc.render_doc(gpuprof.Profiler, renderer=pydoc.plaintext)
+    assert text.splitlines()[0] == "Python Library Documentation: class Profiler in module gpuprof"
+    assert "gpuprof_shim" not in text
+    prof = gpuprof.profile("r", auto=False, autostart=False, socket_dir=tmp_path)
+    assert repr(prof).startswith("<gpuprof.Profiler object at ")
+    assert pickle.loads(pickle.dumps(gpuprof.Profiler)) is Profiler  # by its public name
 
 
 @pytest.mark.parametrize("make", [gpuprof.profile, Profiler], ids=["profile", "Profiler"])
