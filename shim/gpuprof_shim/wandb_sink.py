@@ -178,11 +178,15 @@ class WandbSink:
             self._drain()
 
     def _drain(self, deadline: float | None = None) -> None:
-        """Log what is queued (until *deadline*, ``time.monotonic()``)."""
+        """Log what is queued (until *deadline*, ``time.monotonic()``). The
+        background thread's round (no deadline) stops once the run ended, so
+        that :meth:`finish` logs the rest within its own deadline."""
         with self._lock:
             queue = self._queue
             mfu_inputs = self.mfu_inputs() if queue else None
             while queue and not self._failed:
+                if deadline is None and self._stop.is_set():
+                    return
                 if deadline is not None and time.monotonic() > deadline:
                     self.dropped += len(queue)
                     queue.clear()
@@ -195,12 +199,14 @@ class WandbSink:
                     self._fail(exc)
 
     def finish(self, summary: Mapping[str, Any] | None) -> None:
-        """The run ended: log what is left (at most :data:`FINISH_S`), the
-        findings table and the summary figures. Never raises."""
+        """The run ended: log what is left (:data:`FINISH_S` at most, the
+        background thread's last call included), the findings table and the
+        summary figures. Never raises."""
         self._stop.set()
+        deadline = time.monotonic() + FINISH_S
         try:
             self._thread.join(timeout=FINISH_S)
-            self._drain(deadline=time.monotonic() + FINISH_S)
+            self._drain(deadline=deadline)
             if summary is None or self._failed:
                 return
             table = self.wandb.Table(columns=list(INSIGHT_COLUMNS), data=insight_rows(summary))

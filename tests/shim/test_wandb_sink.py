@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import gpuprof
+from gpuprof_shim import wandb_sink
 from gpuprof_shim.steps import StepRecord
 from gpuprof_shim.wandb_sink import WandbSink
 
@@ -171,3 +174,46 @@ def test_wandb_not_installed_is_one_line(fake_daemon, socket_dir, caplog, monkey
         "(from a checkout: pip install -e '.[wandb]')"
     ]
     assert prof.summary is not None and prof.summary["steps"] == 2
+
+
+class SlowRun:
+    """A W&B run whose ``log`` takes *call_s* seconds: W&B behind training."""
+
+    def __init__(self, call_s: float) -> None:
+        self.call_s = call_s
+        self.rows: list[dict] = []
+        self.summary: dict = {}
+        self.first_row = threading.Event()
+
+    def define_metric(self, *args: object, **kwargs: object) -> None:
+        pass
+
+    def log(self, row: dict) -> None:
+        time.sleep(self.call_s)
+        self.rows.append(row)
+        self.first_row.set()
+
+
+class FakeWandb:
+    @staticmethod
+    def Table(columns: list[str], data: list[list[str]]) -> dict:  # noqa: N802 - wandb's name
+        return {"columns": columns, "data": data}
+
+
+def test_the_end_of_the_run_waits_at_most_finish_s_even_with_a_backlog(monkeypatch):
+    monkeypatch.setattr(wandb_sink, "FINISH_S", 0.3)
+    run = SlowRun(call_s=0.005)
+    sink = WandbSink(run, FakeWandb, interval_s=0.01)
+    for i in range(2000):  # 10 s of logging queued: the background round is in it
+        sink.add(StepRecord(i, i, i + 1, 0, explicit=True, micro=1))
+    assert run.first_row.wait(10)
+    t = time.monotonic()
+    sink.finish({"run_name": "slow", "steps": 2000, "insights": []})
+    waited = time.monotonic() - t
+    assert waited < 2.0  # 0.3 s and one call, not the 10 s of the whole backlog
+    assert sink.logged == len(run.rows) - 1  # the findings table is the one more row
+    assert sink.logged + sink.dropped == 2000 and sink.dropped > 0
+    assert run.rows[-1] == {
+        "gpuprof/insights": {"columns": list(wandb_sink.INSIGHT_COLUMNS), "data": []}
+    }
+    assert run.summary["gpuprof/steps"] == 2000
