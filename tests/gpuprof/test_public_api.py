@@ -7,6 +7,7 @@ from __future__ import annotations
 import inspect
 import pickle
 import pydoc
+import re
 import subprocess
 import sys
 
@@ -63,6 +64,32 @@ def test_the_docstring_lists_every_option_and_help_shows_them():
     assert "trace_every_n_steps: 'int | None' = None" in text
     assert """webhook_format: "Literal['slack', 'json']" = 'slack'""" in text
     assert "gpuprof_shim" not in text
+
+
+def option_paragraphs() -> dict[str, str]:
+    """Each option's paragraph under ``Args:`` in ``help(gpuprof.profile)``."""
+    doc = inspect.getdoc(gpuprof.profile) or ""
+    args = doc.split("Args:\n", 1)[1].split("\n\nReturns:", 1)[0]
+    out: dict[str, str] = {}
+    for line in args.splitlines():
+        if line[4:5] != " ":
+            name, _, line = line.strip().partition(":")
+            out[name] = ""
+        out[name] += " " + line.strip()
+    return out
+
+
+#: How a paragraph states what an option costs: the word, a time, a slowdown.
+_COST = re.compile(r"\bcosts?\b|\d ?(µs|ms|s|seconds)\b|\bwaits\b|\d×", re.I)
+
+
+def test_every_option_says_its_default_and_its_cost():
+    paragraphs = option_paragraphs()
+    assert list(paragraphs) == list(inspect.signature(gpuprof.profile).parameters)
+    del paragraphs["run_name"]  # the run's name, not an option
+    no_default = [n for n, text in paragraphs.items() if "default" not in text.lower()]
+    no_cost = [n for n, text in paragraphs.items() if not _COST.search(text)]
+    assert (no_default, no_cost) == ([], [])
 
 
 def test_profiler_is_public_with_its_own_docstring(tmp_path):
