@@ -71,11 +71,12 @@ from typing import Any
 
 from gpuprof.protocol import MAX_DURATION_NS
 from gpuprof_shim.messages import phase_name
-from gpuprof_shim.steps import LOADER_PHASE, OWN_PHASE, OptimizerUse, StepRecord, new_step
+from gpuprof_shim.steps import LOADER_PHASE, OWN_PHASE, OptimizerUse, StepRecord
 
 log = logging.getLogger("gpuprof.shim")
 
 _get_ident = threading.get_ident
+_tuple_new = tuple.__new__
 
 IDLE = "idle"
 FORWARD = "forward"
@@ -128,15 +129,6 @@ class _Segment:
     @property
     def started(self) -> bool:
         return self.t0 != 0
-
-    def reset(self) -> None:
-        """Back to a fresh segment's zeros (cheaper than making one)."""
-        self.t0 = self.last_ns = self.end_ns = 0
-        self.forward_ns = self.backward_ns = self.optimizer_ns = self.between_ns = 0
-        self.loader_ns = self.loader_in_forward_ns = self.own_ns = self.gap_own_ns = 0
-        self.wait_ns = self.eval_ns = self.micro = self.closure_micro = 0
-        self.primary_done = self.skipped = False
-        self.optim.clear()
 
     def absorb(self, tail: _Segment) -> None:
         """Take *tail*'s work into this step (another optimizer's turn):
@@ -280,6 +272,7 @@ class StepMachine:
         "_opt_depth",
         "_opt_index",
         "_opt_outer",
+        "_outer_is_primary",
         "_opt_pre_ns",
         "_optimizers",
         "_own_ns",
@@ -288,6 +281,7 @@ class StepMachine:
         "_prev_end",
         "_primary",
         "_seg",
+        "_several",
         "_spare",
         "_tails",
         "_train_thread",
@@ -337,6 +331,7 @@ class StepMachine:
         self._opt_depth = 0
         self._in_scaler_step = False
         self._opt_outer: Any = None
+        self._outer_is_primary = False  # the outer step()'s optimizer is the primary
         self._opt_pre_ns = 0
         self._inner_steps = 0
         self._closure_state = IDLE
@@ -347,6 +342,7 @@ class StepMachine:
         self._primary: Any = None  # weakref to the primary optimizer (or a strong ref)
         self._optimizers: dict[int, tuple[Any, int]] = {}  # id(optimizer) -> (ref, index)
         self._names: list[str] = []  # index -> "Adam#0"
+        self._several = False  # more than one optimizer has stepped
         # a strong reference for one step: fine, the optimizer lives as long anyway
         self._last_optimizer: Any = None
         self._last_index = 0
@@ -425,8 +421,9 @@ class StepMachine:
         and however close the next training forward follows."""
         self._gap.sealed = self._gap.calls
 
-    def on_forward(self, t: int) -> None:
-        """An outermost module call (grad enabled, with parameters) started at *t*."""
+    def on_forward(self, t: int, thread: int = 0) -> None:
+        """An outermost module call (grad enabled, with parameters) started at
+        *t* on the thread whose ident is *thread* (read here if 0)."""
         if self.on_forward_probe is not None:
             self.on_forward_probe()
         state = self.state
@@ -436,7 +433,7 @@ class StepMachine:
                 self._start_segment(t)
             else:  # _start_segment's common case (no no-grad calls before), inlined
                 seg = self._seg
-                self._train_thread = _get_ident()
+                self._train_thread = thread or _get_ident()
                 seg.t0 = seg.last_ns = self._phase_start = t
                 seg.wait_ns = gap.after_ns
                 gap.after_ns = gap.iter_ns = gap.after_iter_ns = 0
@@ -535,8 +532,8 @@ class StepMachine:
             if primary is None:
                 self._set_primary(optimizer)
                 primary = self._primary
+            is_primary = primary() is optimizer
             if self._open is not None:
-                is_primary = primary() is optimizer
                 if (
                     not is_primary
                     and self._tails
@@ -552,6 +549,7 @@ class StepMachine:
                         seg = self._open
                         self._open = None
                         self._emit_segment(seg, seg.end_ns)
+            self._outer_is_primary = is_primary
         seg = self._seg
         state = self.state
         last = seg.last_ns
@@ -585,7 +583,6 @@ class StepMachine:
         seg = self._seg
         if self.state is not OPTIMIZER:
             return
-        outer = self._opt_outer
         self._opt_outer = None
         if self._closure_state is FORWARD:  # a closure forward with no backward
             closure_fwd = seg.last_ns - self._closure_start
@@ -598,8 +595,9 @@ class StepMachine:
             spent = 0
         seg.optimizer_ns += spent
         idx = self._opt_index
-        use = seg.optim.get(idx)
-        if use is None:
+        try:
+            use = seg.optim[idx]  # made by on_optimizer_pre
+        except KeyError:
             use = seg.optim[idx] = {"name": self._names[idx], "updates": 0, "skipped": 0, "ns": 0}
         use["skipped" if skipped else "updates"] += 1
         use["ns"] += spent
@@ -609,8 +607,7 @@ class StepMachine:
         if self.external:
             seg.skipped = seg.skipped or skipped
         else:
-            primary = self._primary
-            if primary is not None and primary() is outer:
+            if self._outer_is_primary:  # as on_optimizer_pre found it
                 seg.primary_done = True
                 seg.skipped = skipped
         if seg.primary_done:
@@ -846,10 +843,11 @@ class StepMachine:
             t1 = t0
         # timed fetches that are this step's loading (an eval loop's are not)
         wait, loader_ns = seg.wait_ns, seg.loader_ns  # both >= 0
-        explicit = bool(self.explicit or wait or loader_ns)
-        if explicit:
+        if self.explicit or wait or loader_ns:
+            explicit = True
             inside = loader_ns
         else:
+            explicit = False
             wait = t0 - self._prev_end - seg.eval_ns - seg.gap_own_ns
             if wait < 0:
                 wait = 0
@@ -874,25 +872,37 @@ class StepMachine:
             phases[OWN_PHASE] = own
             total += own
         optim = seg.optim
-        optimizers = (
-            list(optim.values()) if len(optim) < 2 else [optim[idx] for idx in sorted(optim)]
-        )
+        # in order of the optimizers' indexes (one optimizer: as it is)
+        optimizers = [optim[idx] for idx in sorted(optim)] if self._several else [*optim.values()]
         i = self.next_index
         self.next_index = i + 1
-        rec = new_step(
-            i,
-            t0,
-            t1,
-            wait,
-            explicit,
-            seg.micro + seg.closure_micro,
-            phases,
-            seg.skipped,
-            seg.eval_ns,
-            optimizers,
-            type(t0) is int and total <= MAX_DURATION_NS,
+        # new_step(), inlined: this runs once per step
+        rec = _tuple_new(
+            StepRecord,
+            (
+                i,
+                t0,
+                t1,
+                wait,
+                explicit,
+                seg.micro + seg.closure_micro,
+                phases,
+                seg.skipped,
+                seg.eval_ns,
+                optimizers,
+                None,
+                False,
+                (),
+                t0.__class__ is int and total <= MAX_DURATION_NS,
+            ),
         )
-        seg.reset()  # nothing refers to it any more: the next segment reuses it
+        # nothing refers to seg any more: reset, it is the next segment
+        seg.t0 = seg.last_ns = seg.end_ns = 0
+        seg.forward_ns = seg.backward_ns = seg.optimizer_ns = seg.between_ns = 0
+        seg.loader_ns = seg.loader_in_forward_ns = seg.own_ns = seg.gap_own_ns = 0
+        seg.wait_ns = seg.eval_ns = seg.micro = seg.closure_micro = 0
+        seg.primary_done = seg.skipped = False
+        optim.clear()
         self._spare = seg
         spent = self.emit(rec)  # a burst sent now is gpuprof's own time, kept apart
         if spent:
@@ -928,6 +938,7 @@ class StepMachine:
                     use["name"] = "other"
         else:
             self._names.append(phase_name(f"{type(optimizer).__name__}#{idx}"))
+            self._several = idx > 0
         self._optimizers[id(optimizer)] = (_ref(optimizer), idx)
         return idx
 

@@ -78,6 +78,7 @@ class StepBatcher:
         self.clock = clock
         self.on_burst = on_burst
         self._pending: list[StepRecord] = []
+        self._room = self.every_steps  # steps that still fit in the burst
         self._due_ns = self.every_ns  # a step ending from then on sends the burst (as if sent at 0)
 
     @property
@@ -93,9 +94,10 @@ class StepBatcher:
             the ns spent sending a burst (gpuprof's own time), 0 if none went
             out or bursts are not timed.
         """
-        pending = self._pending
-        pending.append(rec)
-        if len(pending) < self.every_steps and rec.t1 < self._due_ns:
+        self._pending.append(rec)
+        room = self._room - 1
+        self._room = room
+        if room > 0 and rec.t1 < self._due_ns:
             return 0
         clock = self.clock
         t = clock() if clock is not None else 0
@@ -114,6 +116,7 @@ class StepBatcher:
         for the next burst (:meth:`gpuprof_shim.comm.CommTimer.attach`).
         """
         pending, self._pending = self._pending, []
+        self._room = self.every_steps
         self._due_ns = now_ns + self.every_ns
         sender = self.sender
         if pending:
@@ -124,10 +127,11 @@ class StepBatcher:
             if self.comm is not None:
                 ready = self.comm.attach(pending, now_ns=now_ns, final=final)
                 pending, self._pending = pending[:ready], pending[ready:]
+                self._room = self.every_steps - len(self._pending)
             pending = self.on_burst(pending)
         if sender is None:
             return
-        events = [messages.step_event(rec) for rec in pending]
+        events = messages.step_events(pending)
         info = self.extra()
         if info is not None:
             events.append(info)

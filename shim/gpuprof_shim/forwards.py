@@ -89,12 +89,16 @@ _traced_call: Callable[..., Any] | None = None
 
 
 class _Depth(threading.local):
-    """Per-thread state of root calls: nesting depth, what the outermost
-    call does (``_TRAIN``, ``_EVAL``...), and when an eval call started (ns)."""
+    """Per-thread state of root calls: nesting depth (only while another
+    thread holds :attr:`ForwardDetector.owner`), what the outermost call
+    does (``_TRAIN``, ``_EVAL``...), and when an eval call started (ns)."""
 
     n = 0
     kind = _NONE
     t_start_ns = 0
+
+
+_get_ident = threading.get_ident
 
 
 def _has_parameters(module: Any) -> bool:
@@ -197,6 +201,14 @@ class ForwardDetector:
         self.is_compiling = is_compiling
         self.tracing = tracing if tracing is not None else Tracing(is_compiling, _NoFlags)
         self.enabled = False
+        # Which threads are inside an outermost call. One thread at a time
+        # holds ``owner`` (its ident; 0: none): a plain attribute, read and
+        # written for every root call, costs a fifth of a thread-local's.
+        # Another thread that enters meanwhile is marked in ``depth.n`` (its
+        # own), and ``others`` counts such threads.
+        self.owner = 0
+        self.others = 0
+        self._others_lock = threading.Lock()
         self.depth = _Depth()
         self.orig_call: Callable[..., Any] = vars(module_cls)["__call__"]
         self.module_call = self._make_module_call()
@@ -334,7 +346,6 @@ class ForwardDetector:
 
     def _make_module_call(self) -> Callable[..., Any]:
         orig = self.orig_call
-        depth = self.depth
         is_compiling = self.is_compiling
         detector = self
 
@@ -345,7 +356,7 @@ class ForwardDetector:
         def module_call(self: Any, *args: Any, **kwargs: Any) -> Any:
             if is_compiling():  # dynamo traces this: stay out of its way (module doc)
                 return _traced_call(self, *args, **kwargs)  # type: ignore[misc]
-            if depth.n or not detector.enabled:  # nested submodule call: the fast path
+            if not detector.enabled or detector.inside():  # a nested submodule call
                 return orig(self, *args, **kwargs)
             return detector._outermost(self, args, kwargs)
 
@@ -354,9 +365,8 @@ class ForwardDetector:
 
     def _outermost(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """An outermost module call seen by the discovery patch."""
-        depth = self.depth
-        depth.n = 1
-        depth.kind = _NONE
+        held = self.claim()
+        self.depth.kind = _NONE
         try:
             try:
                 flags = self._root_flags(module)
@@ -365,17 +375,55 @@ class ForwardDetector:
                 if flags != _NOT_ROOT:
                     self._enter()
                 elif self.is_grad_enabled():
-                    depth.kind = _LOSS  # e.g. a loss module: extends the forward
+                    self.depth.kind = _LOSS  # e.g. a loss module: extends the forward
             except Exception:
                 self.internal_error()
             return self.orig_call(module, *args, **kwargs)
         finally:
+            self.release(held)
             self._exit()
+
+    # --- which threads are inside an outermost call -----------------------------
+
+    def inside(self) -> bool:
+        """True if this thread is inside an outermost module call."""
+        owner = self.owner
+        if owner and owner == _get_ident():
+            return True
+        return bool(self.others) and self.depth.n == 1
+
+    def claim(self, me: int = 0) -> int:
+        """Mark this thread (ident *me*, read if 0) inside an outermost call;
+        it must not be inside one already.
+
+        Returns:
+            the token :meth:`release` takes: 1 if it holds :attr:`owner`,
+            2 if another thread does (this one is marked in its ``depth``).
+        """
+        me = me or _get_ident()
+        # no call between the test and the store: the GIL changes hands only
+        # at calls and backward jumps, so no other thread claims in between
+        if not self.owner:
+            self.owner = me
+            return 1
+        with self._others_lock:
+            self.others += 1
+        self.depth.n = 1
+        return 2
+
+    def release(self, held: int) -> None:
+        """This thread's outermost call ended; *held* is :meth:`claim`'s token."""
+        if held == 1:
+            self.owner = 0
+        else:
+            self.depth.n = 0
+            with self._others_lock:
+                self.others -= 1
 
     # --- roots: shared by the discovery patch and the root wrappers -------------
 
     def _enter(self) -> None:
-        """An outermost root call starts (depth already set to 1)."""
+        """An outermost root call starts (this thread already claimed)."""
         machine = self.machine
         if self.is_grad_enabled():
             self.depth.kind = _TRAIN
@@ -389,7 +437,6 @@ class ForwardDetector:
     def _exit(self) -> None:
         """The outermost call ends (returned or raised)."""
         depth = self.depth
-        depth.n = 0
         kind, depth.kind = depth.kind, _NONE
         if kind == _NONE:
             return
@@ -418,16 +465,25 @@ class ForwardDetector:
         detector = self
         machine = self.machine
         clock = machine.clock
-        depth = self.depth
         dynamo, flags = self.tracing
         is_grad_enabled = self.is_grad_enabled
         idle, after_backward, optimizer = _IDLE, _AFTER_BACKWARD, _OPTIMIZER
 
         def root_call(*args: Any, **kwargs: Any) -> Any:
-            # traced (a compiled caller), nested in another root, or removed
-            if dynamo() or flags._is_compiling_flag or depth.n or not detector.enabled:
+            # traced (a compiled caller), or removed
+            if dynamo() or flags._is_compiling_flag or not detector.enabled:
                 return inner(*args, **kwargs)
-            depth.n = 1
+            me = _get_ident()
+            owner = detector.owner
+            if owner == me:  # nested in another root
+                return inner(*args, **kwargs)
+            if not owner and not detector.others:  # claim(), inlined
+                detector.owner = me
+                held = 1
+            elif detector.others and detector.depth.n:  # nested, on another thread
+                return inner(*args, **kwargs)
+            else:
+                held = detector.claim(me)
             kind = _NONE
             try:
                 if is_grad_enabled():
@@ -435,7 +491,7 @@ class ForwardDetector:
                     detector._forward_seen = True
                     state = machine.state  # machine.accepts_forward(), inlined
                     if state is idle or state is after_backward or state is optimizer:
-                        machine.on_forward(clock())
+                        machine.on_forward(clock(), me)
                 elif machine.state is idle:  # machine.wants_eval(), inlined
                     kind = _EVAL
                     t_start = clock()
@@ -444,7 +500,10 @@ class ForwardDetector:
             try:
                 return inner(*args, **kwargs)
             finally:
-                depth.n = 0
+                if held == 1:
+                    detector.owner = 0
+                else:
+                    detector.release(held)
                 if kind != _NONE:
                     try:
                         if kind == _TRAIN:

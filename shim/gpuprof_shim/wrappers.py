@@ -15,6 +15,7 @@ wrappers are pure pass-throughs (for a patch someone else stacked on ours).
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -76,6 +77,10 @@ class Wrappers:
             log.debug("gpuprof: internal error", exc_info=True)
 
     def _make_backward(self, orig: Callable[..., Any]) -> Callable[..., Any]:
+        """The stand-in for ``torch.autograd.backward``: with torch's own
+        parameters when *orig* has the ones expected (``Tensor.backward``
+        passes ``inputs=`` by keyword, and a ``*args, **kwargs`` pass-through
+        costs more than the timing itself), else ``*args, **kwargs``."""
         wrappers = self
         machine = self.machine
         clock = machine.clock
@@ -83,33 +88,63 @@ class Wrappers:
         on_backward = forwards.on_backward
         on_start, on_end = machine.on_backward_start, machine.on_backward_end
 
-        def backward(*args: Any, **kwargs: Any) -> Any:
+        def begin() -> int:
+            """A backward call starts: 0 to pass it through (reentrant, or
+            disabled), 1 entered, 2 entered and counted by the machine."""
             # a reentrant backward (activation checkpointing's, from inside
             # the engine) is part of the outer one: counted once
             if wrappers.in_backward or not wrappers.enabled:
-                return orig(*args, **kwargs)
+                return 0
             wrappers.in_backward = True
-            counted = False
             try:
-                try:
-                    if forwards._forward_seen and forwards.enabled and not forwards._patched:
-                        forwards._forward_seen = False  # on_backward()'s steady state, inlined
-                    else:
-                        on_backward()
-                except Exception:
-                    wrappers.internal_error()
-                try:
-                    counted = on_start(clock())
-                except Exception:
-                    wrappers.internal_error()
-                return orig(*args, **kwargs)
-            finally:
+                if forwards._forward_seen and forwards.enabled and not forwards._patched:
+                    forwards._forward_seen = False  # on_backward()'s steady state, inlined
+                else:
+                    on_backward()
+            except Exception:
+                wrappers.internal_error()
+            try:
+                return 2 if on_start(clock()) else 1
+            except Exception:
+                wrappers.internal_error()
+                return 1
+
+        def end(entered: int) -> None:
+            """The call that :func:`begin` answered *entered* returned or raised."""
+            if entered:
                 wrappers.in_backward = False
-                if counted:
+                if entered == 2:
                     try:
                         on_end(clock())
                     except Exception:
                         wrappers.internal_error()
+
+        if _parameters(orig) == _AUTOGRAD_BACKWARD_PARAMETERS:
+
+            def backward(
+                tensors: Any,
+                grad_tensors: Any = None,
+                retain_graph: Any = None,
+                create_graph: Any = False,
+                grad_variables: Any = None,
+                inputs: Any = None,
+            ) -> Any:
+                entered = begin()
+                try:
+                    return orig(
+                        tensors, grad_tensors, retain_graph, create_graph, grad_variables, inputs
+                    )
+                finally:
+                    end(entered)
+
+        else:
+
+            def backward(*args: Any, **kwargs: Any) -> Any:  # type: ignore[misc]
+                entered = begin()
+                try:
+                    return orig(*args, **kwargs)
+                finally:
+                    end(entered)
 
         backward.__wrapped__ = orig  # type: ignore[attr-defined]
         backward.__doc__ = getattr(orig, "__doc__", None)
@@ -248,6 +283,29 @@ class Wrappers:
         scaler_step.__name__ = "step"
         scaler_step.__qualname__ = getattr(orig, "__qualname__", "step")
         return scaler_step
+
+
+#: ``torch.autograd.backward``'s parameters (name, default) in torch 2.x.
+_AUTOGRAD_BACKWARD_PARAMETERS = (
+    ("tensors", inspect.Parameter.empty),
+    ("grad_tensors", None),
+    ("retain_graph", None),
+    ("create_graph", False),
+    ("grad_variables", None),
+    ("inputs", None),
+)
+
+
+def _parameters(fn: Callable[..., Any]) -> tuple[tuple[str, Any], ...] | None:
+    """*fn*'s parameters as ``(name, default)`` if all are plain
+    positional-or-keyword ones, else (or if unreadable) None."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params):
+        return None
+    return tuple((p.name, p.default) for p in params)
 
 
 def _stand_in(fn: Callable[..., Any], orig: Callable[..., Any]) -> Callable[..., Any]:

@@ -185,9 +185,9 @@ def forwards(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     seen: list[int] = []
     original = StepMachine.on_forward
 
-    def spy(self: StepMachine, t: int) -> None:
+    def spy(self: StepMachine, t: int, thread: int = 0) -> None:
         seen.append(t)
-        original(self, t)
+        original(self, t, thread)
 
     monkeypatch.setattr(StepMachine, "on_forward", spy)
     return seen

@@ -544,7 +544,8 @@ def test_time_spent_sending_events_is_its_own_phase_not_the_optimizers():
     assert 500 <= sends[1].phases["gpuprof"] <= 502
 
 
-def test_a_reset_segment_is_a_fresh_one():
+def test_an_emitted_segment_is_reset_to_a_fresh_one():
+    m, out = make()
     seg = _Segment()
     for f in dataclasses.fields(_Segment):  # every field away from its default
         default = getattr(seg, f.name)
@@ -553,10 +554,11 @@ def test_a_reset_segment_is_a_fresh_one():
         elif isinstance(default, int):
             setattr(seg, f.name, 7)
         else:
-            default[0] = [1, 2, 3]
+            default[0] = {"name": "SGD#0", "updates": 1, "skipped": 0, "ns": 7}
         assert getattr(seg, f.name) != getattr(_Segment(), f.name), f.name
-    seg.reset()
-    assert seg == _Segment()
+    m._emit_segment(seg, 9)
+    assert len(out) == 1 and out[0].t0 == 7
+    assert seg == _Segment()  # reused as the next segment: nothing of the step left
 
 
 def test_optimizers_past_the_protocols_sixteen_share_the_last_slot_as_other():

@@ -72,7 +72,7 @@ def test_someone_patching_on_top_keeps_their_patch_and_ours_goes_quiet():
     events = []
 
     class Spy(StepMachine):
-        def on_forward(self, t: int) -> None:
+        def on_forward(self, t: int, thread: int = 0) -> None:
             events.append(t)
 
     m = Spy(lambda rec: None, 0)

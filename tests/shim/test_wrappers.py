@@ -105,7 +105,7 @@ def test_a_raising_forward_leaves_the_hooks_balanced(socket_dir, fake_daemon, fo
         assert not detector(prof).discovering
         with pytest.raises(RuntimeError, match="shape"):
             model(torch.randn(4, 5))  # wrong width: raises inside the forward
-        assert detector(prof).depth.n == 0
+        assert (detector(prof).owner, detector(prof).others, detector(prof).depth.n) == (0, 0, 0)
         run(model, steps=2, accum=1)
     assert [s["micro"] for s in fake_daemon.steps] == [1, 1, 1, 1]
     # the raising call started the third step's forward (the machine then
