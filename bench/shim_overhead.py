@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 from statistics import median, quantiles
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -142,21 +142,42 @@ def _manual_loop(
                 opt.step()
 
 
-def fixed_cost_us(
-    manual: bool, pairs: int = 15, steps: int = 500
-) -> tuple[tuple[float, float], tuple[float, float]]:
-    """The shim's fixed cost per step of a tiny (1-module) training step:
-    ``((thread_cpu_plain, thread_cpu_extra), (wall_plain, wall_extra))`` in
+class FixedCost(NamedTuple):
+    """The shim's fixed cost per step of one mode, µs of thread CPU.
+
+    Attributes:
+        plain: the best plain block's µs per step.
+        median: median over the interleaved pairs of (profiled - plain).
+        q1, q3: that difference's quartiles.
+        best: best profiled block minus best plain block.
+        wall_best: the same for wall time.
+    """
+
+    plain: float
+    median: float
+    q1: float
+    q3: float
+    best: float
+    wall_best: float
+
+
+def fixed_cost_us(manual: bool, pairs: int = 15, steps: int = 500) -> FixedCost:
+    """The shim's fixed cost per step of a tiny (1-module) training step, in
     µs per step, from *pairs* interleaved plain/profiled blocks of *steps*
-    steps (auto mode, or the manual API if *manual*): the best block of
-    each kind (other work on the machine only ever adds time, so the best
-    is the least disturbed), the extra their difference.
+    steps (auto mode, or the manual API if *manual*).
+
+    Two readings: the median of each pair's difference (a pair's two blocks
+    run back to back, so a load that lasts longer than a pair cancels), and
+    the best profiled block less the best plain one (other work on the
+    machine only ever adds time). On a quiet machine they agree; when they
+    do not, the median is the one to read.
     Thread CPU (``time.thread_time_ns``) is the training thread's own work,
     immune to other processes but not to a busy hyper-thread sibling; wall
     also has what the daemon and others take from the thread's cores."""
     model, x, opt = _tiny()
     _auto_loop(model, x, opt, 200)  # warm-up
     best: dict[bool, list[float]] = {False: [1e30, 1e30], True: [1e30, 1e30]}
+    diffs: list[float] = []
 
     def block(prof: Any) -> tuple[float, float]:
         c, w = time.thread_time_ns(), time.perf_counter_ns()
@@ -175,20 +196,23 @@ def fixed_cost_us(
                     figures[True] = block(p)
             else:
                 figures[False] = block(None)
+        diffs.append(figures[True][0] - figures[False][0])
         for kind, (cpu, wall) in figures.items():
             best[kind] = [min(best[kind][0], cpu), min(best[kind][1], wall)]
     (cpu_p, wall_p), (cpu_q, wall_q) = best[False], best[True]
-    return (cpu_p, cpu_q - cpu_p), (wall_p, wall_q - wall_p)
+    q1, q2, q3 = quantiles(diffs, n=4) if len(diffs) > 1 else (diffs[0],) * 3
+    return FixedCost(cpu_p, q2, q1, q3, cpu_q - cpu_p, wall_q - wall_p)
 
 
 def print_fixed_cost(pairs: int) -> None:
     """One line per mode: the fixed cost per step (see :func:`fixed_cost_us`)."""
     for label, manual in (("auto", False), ("manual API", True)):
-        (cpu_p, cpu_x), (wall_p, wall_x) = fixed_cost_us(manual, pairs=pairs)
+        f = fixed_cost_us(manual, pairs=pairs)
         print(
-            f"fixed cost per step, {label:>10} (1-module model, best of {pairs} interleaved "
-            f"block pairs): thread CPU extra {cpu_x:5.1f} µs on {cpu_p:.1f} (target < 20); "
-            f"wall extra {wall_x:5.1f} µs on {wall_p:.1f}"
+            f"fixed cost per step, {label:>10} (1-module model, {pairs} interleaved block pairs): "
+            f"thread CPU extra {f.median:5.1f} µs median (IQR {f.q1:.1f}-{f.q3:.1f}), "
+            f"best-block {f.best:5.1f} µs, on {f.plain:.1f} (target < 20); "
+            f"wall extra {f.wall_best:5.1f} µs best-block"
         )
 
 
