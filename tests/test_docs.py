@@ -165,3 +165,18 @@ def test_every_extra_a_message_or_a_page_names_exists():
                 named.setdefault(extra, set()).add(str(path.relative_to(ROOT)))
     assert {"lightning", "hf", "wandb", "postgres"} <= set(named)
     assert {e: sorted(where) for e, where in named.items() if e not in extras} == {}
+
+
+#: Installing gpuprof from PyPI: ``gpuprof`` there is another project.
+FROM_PYPI = re.compile(r"""pip install (?:-U |--upgrade )?["']?gpuprof\b""")
+
+
+def test_no_page_or_message_installs_gpuprof_from_pypi():
+    sources = [*PAGES, *sorted(ROOT.glob("*/**/*.py"))]
+    found = [
+        f"{path.relative_to(ROOT)}: {m.group(0)}"
+        for path in sources
+        if ".venv" not in path.parts
+        for m in FROM_PYPI.finditer(path.read_text())
+    ]
+    assert found == []
