@@ -130,10 +130,8 @@ class Profiler:
         webhook: str | None = None,
         webhook_format: Literal["slack", "json"] = "slack",
         server: str | None = None,
-        clock: Callable[[], int] = time.monotonic_ns,
     ) -> None:
-        """See :func:`gpuprof.profile` for every option; *clock* (monotonic
-        ns for every timestamp) is injected by tests, as the samplers' are."""
+        """See :func:`gpuprof.profile` for every option."""
         if step_source not in ("optimizer", "external"):
             raise ValueError(
                 f"gpuprof: step_source must be 'optimizer' or 'external', got {step_source!r}"
@@ -177,7 +175,8 @@ class Profiler:
         self.run_id: int | None = None
         #: The summary dict printed at exit (the daemon's, or a local one).
         self.summary: dict[str, Any] | None = None
-        self.clock = clock
+        #: Monotonic ns for every timestamp (tests replace it before start()).
+        self.clock: Callable[[], int] = time.monotonic_ns
         self.sender: Sender | None = None
         self.machine: StepMachine | None = None
         self.counter = StepCounter()
