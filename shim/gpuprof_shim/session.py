@@ -40,7 +40,7 @@ from gpuprof_shim.link import DaemonLink
 from gpuprof_shim.loader import TimedLoader
 from gpuprof_shim.loaders import LoaderReporter
 from gpuprof_shim.manual import ManualRecorder, NullStep, Step
-from gpuprof_shim.notes import add_notes
+from gpuprof_shim.notes import add_notes, no_steps_note
 from gpuprof_shim.probes import ModelProbes
 from gpuprof_shim.report import StepCounter, local_summary, print_summary
 from gpuprof_shim.sender import Sender
@@ -542,6 +542,12 @@ class Profiler:
             )
         add_notes(
             summary,
+            no_steps=no_steps_note(
+                auto=self.auto,
+                step_source=self.step_source,
+                steps=self.counter.steps,
+                failed=exc is not None,
+            ),
             flop_note=self.probes.note(),
             tracer=self._tracer,
             comm=self._comm,
