@@ -121,6 +121,34 @@ def test_the_quickstart_has_commands_and_code():
     assert any(lang == "python" for lang, _ in quickstart_blocks())
 
 
+def test_the_quickstart_commands_work_right_after_the_demo():
+    """The demo makes one run per ``digits_mlp.py`` line (IDs 1, 2, ...), none
+    traced: the quickstart names no other run and no kernel table."""
+    demo = (ROOT / "scripts" / "demo.sh").read_text()
+    demo_runs = len(re.findall(r"^\S*python examples/digits_mlp\.py\b", demo, re.M))
+    assert demo_runs == 2
+    assert "trace_" not in (ROOT / "examples" / "digits_mlp.py").read_text()
+    ctl = [argv for argv in commands() if argv[0] == "gpuprofctl"]
+    ids = [int(arg) for argv in ctl for arg in argv[1:] if arg.isdigit()]
+    assert ids and max(ids) <= demo_runs
+    assert [argv for argv in ctl if argv[1] == "kernels"] == []
+
+
+def manual_api_snippet(page: Path) -> str:
+    (body,) = [
+        b
+        for b in re.findall(r"^```python\n(.*?)^```", page.read_text(), re.M | re.S)
+        if "auto=False) as prof:" in b
+    ]
+    return body
+
+
+def test_the_readme_and_the_options_page_show_the_same_manual_api():
+    readme = manual_api_snippet(ROOT / "README.md")
+    assert readme == manual_api_snippet(ROOT / "docs" / "usage.md")
+    assert 's.phase("optimizer")' in readme
+
+
 @pytest.mark.parametrize("body", [b for lang, b in quickstart_blocks() if lang == "python"])
 def test_quickstart_python_compiles(body: str):
     compile(body, "README.md quickstart", "exec")
