@@ -205,3 +205,23 @@ def test_no_page_or_message_installs_gpuprof_from_pypi():
         for m in FROM_PYPI.finditer(path.read_text())
     ]
     assert found == []
+
+
+def test_the_docs_give_the_gpu_sampling_and_storage_rates_gpuprofd_uses():
+    """gpuprofd samples each GPU at ``--sample-hz`` (every sample feeds the
+    per-second rollups) and stores raw rows at most STORED_GPU_HZ a second."""
+    from gpuprofd.sampling.gpu_sampler import DEFAULT_SAMPLE_HZ
+    from gpuprofd.sinks import STORED_GPU_HZ
+
+    text = " ".join(" ".join(p.read_text().split()) for p in PAGES)
+    stored = re.findall(r"at most (\d+) a second", text)
+    sampled = re.findall(r"(\d+) (?:times a second|a second gpuprofd takes|Hz by default)", text)
+    assert len(stored) >= 4 and {float(n) for n in stored} == {STORED_GPU_HZ}
+    assert len(sampled) >= 4 and {float(n) for n in sampled} == {DEFAULT_SAMPLE_HZ}
+    assert re.findall(r"raw GPU samples \(\d+", text) == []  # the old "(10 a second)"
+    done = subprocess.run(
+        [sys.executable, "-m", "gpuprofd", "--help"], capture_output=True, text=True, timeout=60
+    )
+    help_text = " ".join(done.stdout.split())
+    assert f"raw rows are stored at most {STORED_GPU_HZ:g} a second" in help_text
+    assert f"[default: {DEFAULT_SAMPLE_HZ}; 0.1<=x<=1000]" in help_text
