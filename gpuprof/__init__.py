@@ -208,9 +208,11 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *_LAZY])
+    """The public names (``__all__``), sorted: not the imports behind them."""
+    return sorted(set(__all__))
 
 
+#: The public API: what ``from gpuprof import *`` and ``dir(gpuprof)`` give.
 __all__ = [
     "HFTrainerCallback",
     "LightningCallback",

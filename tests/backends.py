@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from gpuprof.extras import install_hint
+
 PG_URL = os.environ.get("GPUPROF_TEST_POSTGRES", "postgres://root@127.0.0.1:5432/test")
 BACKENDS = ("sqlite", "postgres")
 
@@ -37,7 +39,7 @@ def postgres_missing() -> str | None:
     try:
         import asyncpg  # noqa: F401
     except ImportError:
-        return "asyncpg is not installed (pip install 'gpuprof[postgres]')"
+        return f"asyncpg is not installed ({install_hint('postgres')})"
     try:
         asyncio.run(_admin("SELECT 1"))
     except Exception as exc:  # noqa: BLE001 - any failure means no server to test against

@@ -26,6 +26,7 @@ from gpuprofd.forward.config import DEFAULT_MAX_MB
 from gpuprofd.forward.config import resolve as resolve_forward
 from gpuprofd.maintenance import DEFAULT_RAW_WINDOW_S
 from gpuprofd.sampling.gpu_sampler import DEFAULT_SAMPLE_HZ
+from gpuprofd.sinks import STORED_GPU_HZ
 from gpuprofd.storage.commprune import COMM_KEEP_EVERY, COMM_STEPS_KEPT
 from gpuprofd.storage.dialect import SQLITE
 from gpuprofd.storage.url import StorageUrl
@@ -93,14 +94,17 @@ def _setting(*decls: str, type: click.ParamType, default: float, help: str, **kw
     type=FiniteRange(min=0.1, max=1000),
     default=DEFAULT_SAMPLE_HZ,
     help="GPU fast-loop sampling rate (per GPU): utilization, memory, power, "
-    "temperature, clocks. Energy, PCIe bytes and GPM metrics are read once a second.",
+    "temperature, clocks. Every sample feeds the per-second rollups; raw rows are stored "
+    f"at most {STORED_GPU_HZ:g} a second. Energy, PCIe bytes and GPM metrics are read "
+    "once a second.",
 )
 @_setting(
     "--raw-window",
     "raw_window_s",
     type=FiniteRange(min=1),
     default=DEFAULT_RAW_WINDOW_S,
-    help="Seconds of raw GPU samples to keep; older ones live on as per-second rollups "
+    help=f"Seconds of raw GPU samples (at most {STORED_GPU_HZ:g} a second per GPU) to keep; "
+    "older ones live on as per-second rollups "
     "(min/mean/max) for the whole run.",
 )
 @_setting(

@@ -40,7 +40,7 @@ from gpuprof_shim.link import DaemonLink
 from gpuprof_shim.loader import TimedLoader
 from gpuprof_shim.loaders import LoaderReporter
 from gpuprof_shim.manual import ManualRecorder, NullStep, Step
-from gpuprof_shim.notes import add_notes
+from gpuprof_shim.notes import add_notes, no_steps_note
 from gpuprof_shim.probes import ModelProbes
 from gpuprof_shim.report import StepCounter, local_summary, print_summary
 from gpuprof_shim.sender import Sender
@@ -130,10 +130,8 @@ class Profiler:
         webhook: str | None = None,
         webhook_format: Literal["slack", "json"] = "slack",
         server: str | None = None,
-        clock: Callable[[], int] = time.monotonic_ns,
     ) -> None:
-        """See :func:`gpuprof.profile` for every option; *clock* (monotonic
-        ns for every timestamp) is injected by tests, as the samplers' are."""
+        """See :func:`gpuprof.profile` for every option."""
         if step_source not in ("optimizer", "external"):
             raise ValueError(
                 f"gpuprof: step_source must be 'optimizer' or 'external', got {step_source!r}"
@@ -177,7 +175,8 @@ class Profiler:
         self.run_id: int | None = None
         #: The summary dict printed at exit (the daemon's, or a local one).
         self.summary: dict[str, Any] | None = None
-        self.clock = clock
+        #: Monotonic ns for every timestamp (tests replace it before start()).
+        self.clock: Callable[[], int] = time.monotonic_ns
         self.sender: Sender | None = None
         self.machine: StepMachine | None = None
         self.counter = StepCounter()
@@ -543,6 +542,12 @@ class Profiler:
             )
         add_notes(
             summary,
+            no_steps=no_steps_note(
+                auto=self.auto,
+                step_source=self.step_source,
+                steps=self.counter.steps,
+                failed=exc is not None,
+            ),
             flop_note=self.probes.note(),
             tracer=self._tracer,
             comm=self._comm,

@@ -16,9 +16,6 @@ import pytest
 import gpuprof
 from gpuprof_shim.session import Profiler
 
-#: The profiler's injection point for tests, not a user option.
-INTERNAL = {"clock"}
-
 
 def params(func: object) -> list[tuple[str, object, object, object]]:
     return [
@@ -51,8 +48,25 @@ def test_every_option_is_a_typed_keyword_with_a_default():
 
 
 def test_the_facade_and_the_profiler_take_the_same_options():
-    shim = [p for p in params(Profiler) if p[0] not in INTERNAL]
-    assert params(gpuprof.profile) == shim
+    assert params(gpuprof.Profiler) == params(gpuprof.profile)
+    text = str(inspect.signature(gpuprof.Profiler))
+    assert "clock" not in text and "<built-in" not in text
+
+
+def test_dir_lists_the_public_names_only():
+    public = [
+        "HFTrainerCallback",
+        "LightningCallback",
+        "Profiler",
+        "TransformerArch",
+        "__version__",
+        "profile",
+        "wrap_deepspeed_engine",
+    ]
+    assert sorted(gpuprof.__all__) == public
+    gpuprof.Profiler  # noqa: B018 - a lazy name, once looked up, is in globals() too
+    assert dir(gpuprof) == public
+    assert all(hasattr(gpuprof, name) for name in dir(gpuprof))
 
 
 def test_the_docstring_lists_every_option_and_help_shows_them():

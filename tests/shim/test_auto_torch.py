@@ -199,6 +199,42 @@ def test_a_micro_batch_never_stepped_is_not_a_step_but_a_note(socket_dir, fake_d
     )
 
 
+NO_STEPS_NOTE = (
+    "  Note: 0 steps: auto mode counts a step at each optimizer.step() (or a framework "
+    "callback's step end) and this run made none; for inference or a custom loop, use "
+    "gpuprof.profile(..., auto=False) and `with prof.step(i):` around each iteration\n"
+)
+
+
+def test_an_inference_loop_in_auto_mode_says_why_it_has_no_steps(socket_dir, fake_daemon, capsys):
+    model = MLP().eval()
+    with profile(socket_dir, "infer-auto") as prof, torch.no_grad():
+        for _ in range(20):
+            model(torch.randn(4, 8))
+    assert fake_daemon.steps == [] and prof.summary is not None
+    out = capsys.readouterr().out
+    assert "gpuprof · infer-auto  (0 steps" in out
+    assert out.count(NO_STEPS_NOTE) == 1
+    assert out.index(NO_STEPS_NOTE) < out.index("Note: from the fake daemon")
+    # the same loop, as the note says: auto=False and prof.step(i)
+    with profile(socket_dir, "infer-manual", auto=False) as prof, torch.no_grad():
+        for i in range(3):
+            with prof.step(i):
+                model(torch.randn(4, 8))
+    assert len(fake_daemon.steps) == 3
+    assert "0 steps:" not in capsys.readouterr().out
+
+
+def test_no_steps_note_only_for_an_auto_run_that_ended_normally(socket_dir, fake_daemon, capsys):
+    with profile(socket_dir, "trains"):
+        train(steps=2)
+    with profile(socket_dir, "manual-empty", auto=False):
+        pass
+    with pytest.raises(ValueError), profile(socket_dir, "fails-first"):
+        raise ValueError("before any step")
+    assert "0 steps:" not in capsys.readouterr().out
+
+
 def test_second_optimizer_does_not_add_steps_or_crash(socket_dir, fake_daemon):
     model = MLP()
     opt_a = torch.optim.SGD(model.body.parameters(), lr=0.1)

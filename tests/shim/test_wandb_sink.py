@@ -170,8 +170,8 @@ def test_wandb_not_installed_is_one_line(fake_daemon, socket_dir, caplog, monkey
             train(2)
     said = [r.getMessage() for r in caplog.records if "wandb" in r.getMessage()]
     assert said == [
-        "gpuprof: wandb=True but wandb is not installed: pip install 'gpuprof[wandb]' "
-        "(from a checkout: pip install -e '.[wandb]')"
+        "gpuprof: wandb=True but wandb is not installed: pip install -e "
+        f"'{Path(gpuprof.__file__).resolve().parents[1]}[wandb]'"
     ]
     assert prof.summary is not None and prof.summary["steps"] == 2
 

@@ -112,15 +112,46 @@ def wrap_deepspeed_engine(engine: Any, run_name: str, **profile_options: Any) ->
             options; not ``auto`` or ``step_source``, which the wrapper sets.
 
     Raises:
-        TypeError: ``auto`` or ``step_source`` was passed.
+        TypeError: *engine* is not a DeepSpeed engine (see
+            :func:`check_engine`), or ``auto`` or ``step_source`` was passed.
         ValueError: an invalid profile option.
     """
+    check_engine(engine)
     run = AdapterRun(
         "wrap_deepspeed_engine", run_name, profile_options, {"step_source": "external"}
     )
     proxy = ProfiledEngine(engine, run)
     run.start()
     return proxy
+
+
+#: What the wrapper needs of an engine, as its TypeError says it.
+EXPECTED = (
+    "a DeepSpeed engine (the first value deepspeed.initialize returns): callable "
+    "(the forward), with step() and global_steps or is_gradient_accumulation_boundary()"
+)
+
+
+def check_engine(engine: Any) -> None:
+    """Raise TypeError unless *engine* has what the wrapper uses: it is
+    called (the forward), its ``step()`` is called, and a step ends when
+    ``global_steps`` grows or ``is_gradient_accumulation_boundary()`` says so.
+    Duck-typed: DeepSpeed itself is not imported."""
+    has = {
+        "__call__": callable(engine),
+        "step()": callable(getattr(engine, "step", None)),
+        "global_steps/is_gradient_accumulation_boundary()": hasattr(engine, "global_steps")
+        or callable(getattr(engine, "is_gradient_accumulation_boundary", None)),
+    }
+    missing = [name for name, ok in has.items() if not ok]
+    if missing:
+        shown = repr(engine)
+        shown = shown if len(shown) <= 80 else shown[:77] + "..."
+        lacks = " and ".join([", ".join(missing[:-1]), missing[-1]] if missing[:-1] else missing)
+        raise TypeError(
+            f"gpuprof.wrap_deepspeed_engine expects {EXPECTED}; got {type(engine).__qualname__} "
+            f"{shown}, which lacks {lacks}"
+        )
 
 
 def _counters(engine: Any) -> tuple[int | None, int | None, bool]:

@@ -15,6 +15,9 @@ profile running is ignored, a second ``train()`` starts a new run, and a
 ``train()`` that raised (the Trainer has no exception callback) is stopped,
 marked failed, when the next one begins, or at once if the callback is used
 as a context manager around ``train()``.
+
+Without transformers this module still imports (so ``help(gpuprof)`` works);
+making a callback then raises ImportError naming the ``hf`` extra.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from gpuprof.extras import install_hint
+from gpuprof_shim.adapters._missing import framework_missing
 from gpuprof_shim.adapters._run import AdapterRun, EndsRunOnExit
 from gpuprof_shim.session import Profiler
 
@@ -30,10 +33,8 @@ log = logging.getLogger("gpuprof.shim")
 
 try:
     from transformers import TrainerCallback
-except ImportError as exc:
-    raise ImportError(
-        "gpuprof.HFTrainerCallback needs Hugging Face transformers: " + install_hint("hf")
-    ) from exc
+except ImportError as exc:  # the callback still exists; making one raises
+    TrainerCallback = framework_missing("HFTrainerCallback", "Hugging Face transformers", "hf", exc)
 
 
 class HFTrainerCallback(EndsRunOnExit, TrainerCallback):

@@ -14,7 +14,9 @@ teacher's forward.
 
 Imports ``lightning.pytorch`` (or ``pytorch_lightning`` if only that is
 installed). The callback subclasses the ``Callback`` of every one of the two
-that is installed, so either package's ``Trainer`` accepts it.
+that is installed, so either package's ``Trainer`` accepts it. With neither,
+this module still imports (so ``help(gpuprof)`` works); making a callback
+then raises ImportError naming the ``lightning`` extra.
 """
 
 from __future__ import annotations
@@ -22,22 +24,21 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from gpuprof.extras import install_hint
+from gpuprof_shim.adapters._missing import framework_missing
 from gpuprof_shim.adapters._run import AdapterRun
 from gpuprof_shim.session import Profiler
 
 
 def _callback_bases() -> tuple[type, ...]:
     bases = []
+    missing: ImportError | None = None
     for name in ("lightning.pytorch", "pytorch_lightning"):
         try:
             bases.append(importlib.import_module(name).Callback)
-        except ImportError:
-            continue
-    if not bases:
-        raise ImportError(
-            "gpuprof.LightningCallback needs PyTorch Lightning: " + install_hint("lightning")
-        )
+        except ImportError as exc:
+            missing = missing or exc
+    if not bases:  # the callback still exists; making one raises
+        return (framework_missing("LightningCallback", "PyTorch Lightning", "lightning", missing),)
     return tuple(dict.fromkeys(bases))  # one class if both names are the same package
 
 
