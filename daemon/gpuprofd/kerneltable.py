@@ -213,6 +213,11 @@ def compare(a: KernelTable, b: KernelTable) -> dict[str, Any]:
             f"A's figures come from {a.source} windows, B's from {b.source} "
             "windows: not like for like"
         )
+    for side, t in (("A", a), ("B", b)):
+        if t.lines and not t.total_ns:
+            warnings.append(
+                f"run {side}'s {t.kind}s have no device time (a CPU-only run): its column is 0"
+            )
     if basis == "window" and (a.steps or b.steps):
         warnings.append(
             "one run's windows are steps and the other's are not (a whole "
@@ -283,31 +288,77 @@ def _short(name: str, width: int) -> str:
     return name if len(name) <= width else name[: width - 1] + "…"
 
 
-def format_table(t: KernelTable, top: int = DEFAULT_TOP, name_width: int = 60) -> str:
-    """Text: one line per name (share %, count, mean µs, ms per step or window)."""
-    if not t.lines:
-        return "no kernel data for this run"
-    per = "MS/STEP" if t.steps else "MS/WINDOW"
-    rows = [("NAME", "CLASS", "SHARE%", "COUNT", "MEAN_US", per)]
-    for k in t.lines[:top]:
-        v = t.per_step_ms(k.total_ns) if t.steps else t.per_window_ms(k.total_ns)
-        rows.append(
-            (
-                _short(k.name, name_width),
-                k.cls,
-                f"{100 * k.share:.1f}",
-                str(k.count),
-                f"{k.mean_us:.1f}",
-                f"{v or 0.0:.3f}",
-            )
+def _si(v: float) -> str:
+    """``35328.0`` -> ``"35.3k"``, ``3.2985e12`` -> ``"3.3T"``."""
+    for prefix in ("", "k", "M", "G", "T"):
+        if abs(v) < 999.5:
+            return f"{v:.3g}{prefix}"
+        v /= 1000
+    return f"{v:.3g}P"
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def empty_reason(windows: Windows, t: KernelTable) -> str:
+    """Why *t* (built from the run's *windows*) has no rows, and what to ask
+    for instead: a CPU-only run's windows hold operators, not kernels."""
+    if not windows:
+        return (
+            "no trace windows in this run (profile with trace_every_n_steps, trace_range or "
+            "continuous_traces_hz, or attach an Nsight Systems report with gpuprofctl nsys-import)"
         )
+    mine = [rows for w, rows in windows if w["source"] == t.source]
+    if not mine:
+        have = sorted({w["source"] for w, _ in windows})
+        return f"no {t.source} windows in this run (it has {', '.join(have)}: see --source)"
+    kinds = {r.kind for rows in mine for r in rows}
+    where = f"its {_plural(len(mine), f'{t.source} window')}"
+    if t.kind == "kernel" and "op" in kinds:
+        return (
+            f"no GPU kernels in {where}, only operators (a CPU-only run): "
+            "see --kind op for their FLOPs"
+        )
+    if t.kind == "op" and "kernel" in kinds:
+        return f"no operators in {where}, only kernels: see --kind kernel"
+    return f"no {t.kind} rows in {where}"
+
+
+def format_table(t: KernelTable, top: int = DEFAULT_TOP, name_width: int = 60) -> str:
+    """Text: one line per name (share %, count, mean µs, ms per step or
+    window; operators also FLOP per step or window). Without device time (a
+    CPU-only run's operators) only the counts and FLOPs, most FLOPs first."""
+    if not t.lines:
+        return f"no {t.kind} data for this run"
+    per = "STEP" if t.steps else "WINDOW"
+    timed = t.total_ns > 0
+    flops = t.kind == "op" and any(k.flops for k in t.lines)
+    head_row = ["NAME", "CLASS"]
+    head_row += ["SHARE%", "COUNT", "MEAN_US", f"MS/{per}"] if timed else ["COUNT"]
+    head_row += [f"FLOP/{per}"] if flops else []
+    rows = [tuple(head_row)]
+    lines = t.lines if timed else sorted(t.lines, key=lambda k: (-(k.flops or 0.0), k.name))
+    for k in lines[:top]:
+        row = [_short(k.name, name_width), k.cls]
+        if timed:
+            v = t.per_step_ms(k.total_ns) if t.steps else t.per_window_ms(k.total_ns)
+            row += [f"{100 * k.share:.1f}", str(k.count), f"{k.mean_us:.1f}", f"{v or 0.0:.3f}"]
+        else:
+            row.append(str(k.count))
+        if flops:
+            row.append("-" if k.flops is None else _si(k.flops / (t.steps or t.windows)))
+        rows.append(tuple(row))
     covered = f"{t.steps} steps" if t.steps else "steps unknown"
-    head = (
-        f"{t.kind}s from {t.windows} {t.source} window(s), {covered}, "
-        f"{t.total_ns / _NS_PER_MS:.3f} ms device time"
-    )
-    shares = ", ".join(f"{c} {100 * v:.1f}%" for c, v in t.class_shares().items())
+    head = f"{t.kind}s from {t.windows} {t.source} window(s), {covered}, "
     more = f"\n({len(t.lines) - top} more; --top N or --format json)" if len(t.lines) > top else ""
+    if not timed:
+        return (
+            f"{head}no device time (a CPU-only run: gpuprof times GPU work; it keeps the "
+            f"operators' calls and FLOPs, not their CPU time)\n{_grid(rows)}{more}"
+        )
+    head += f"{t.total_ns / _NS_PER_MS:.3f} ms device time"
+    shares = ", ".join(f"{c} {100 * v:.1f}%" for c, v in t.class_shares().items())
     return f"{head}\nby class: {shares}\n{_grid(rows)}{more}"
 
 

@@ -62,6 +62,18 @@ The user's own profiler
     ranges entered during a window and still open when it stops (the
     optimizer's own) are ended first: see :class:`_TorchGuard`.
 
+Kineto's messages
+    Kineto (torch's profiler library) prints ``USDT: ... profiler_start`` /
+    ``profiler_stop`` to stderr at every start and stop: a line a window. It
+    reads its log threshold once per process, from ``KINETO_LOG_LEVEL``, when
+    the first profiler starts. If that variable is unset, gpuprof's first
+    window sets it to :data:`KINETO_QUIET_LEVEL` for the start only (then
+    removes it again, so child processes do not inherit it): Kineto then stays
+    silent for the rest of the process, its warnings and errors included. A
+    ``KINETO_LOG_LEVEL`` the user set is left alone (``5`` shows the
+    start/stop lines, ``3`` errors as well). A profiler that started before gpuprof's first
+    window fixed the threshold already.
+
 Failures
     Any error from the profiler disables tracing for the rest of the run,
     with a note in the summary; nothing is raised into training.
@@ -70,13 +82,14 @@ Failures
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import math
 import operator
 import os
 import re
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -104,6 +117,10 @@ MAX_CONTINUOUS_HZ = 10.0
 MAX_STEP = 1 << 40
 #: Default total size of chrome traces written to ``trace_dir``, MB.
 DEFAULT_TRACE_DIR_MAX_MB = 1024.0
+#: ``KINETO_LOG_LEVEL`` while gpuprof's first window starts, when the user set
+#: none: one above Kineto's highest severity (USDT = 5, the start/stop lines),
+#: so Kineto prints nothing.
+KINETO_QUIET_LEVEL = "6"
 #: Names torch's own ``key_averages()`` leaves out (profiler bookkeeping).
 _SKIPPED_NAMES = frozenset(
     {
@@ -529,7 +546,8 @@ class Tracer:
             if self._guard is not None:
                 self._guard.ours_starting = True
             try:
-                prof.start()
+                with _quiet_kineto():
+                    prof.start()
             finally:
                 if self._guard is not None:
                     self._guard.ours_starting = False
@@ -708,6 +726,27 @@ class Tracer:
                 self._stop(prof)
             except Exception:
                 log.debug("gpuprof: could not stop the profiler %s", when, exc_info=True)
+
+
+_kineto_level_chosen = False
+
+
+@contextlib.contextmanager
+def _quiet_kineto() -> Iterator[None]:
+    """Around the process's first window start: ``KINETO_LOG_LEVEL`` is
+    :data:`KINETO_QUIET_LEVEL` unless the user set it (see the module
+    docstring), and unset again afterwards."""
+    global _kineto_level_chosen
+    if _kineto_level_chosen or "KINETO_LOG_LEVEL" in os.environ:
+        _kineto_level_chosen = True
+        yield
+        return
+    _kineto_level_chosen = True
+    os.environ["KINETO_LOG_LEVEL"] = KINETO_QUIET_LEVEL
+    try:
+        yield
+    finally:
+        os.environ.pop("KINETO_LOG_LEVEL", None)
 
 
 def _range_ender(torch: Any) -> Callable[[Any], None]:

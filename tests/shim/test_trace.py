@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import sqlite3
 import subprocess
 import sys
@@ -296,6 +297,54 @@ def test_windows_ended_inside_the_optimizers_range_do_not_corrupt_memory(socket_
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "DONE" in proc.stdout
+
+
+QUIET_SCRIPT = """
+import os
+import sys
+import gpuprof
+sys.path.insert(0, sys.argv[2])
+from training import train
+
+with gpuprof.profile("quiet", socket_dir=sys.argv[1], autostart=False, print_summary=False,
+                     count_flops=False, trace_every_n_steps=8) as prof:
+    train(steps=32)
+print("WINDOWS", prof._tracer.windows)
+print("LEVEL", os.environ.get("KINETO_LOG_LEVEL"))
+"""
+
+
+def _run_quiet_script(socket_dir: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if k != "KINETO_LOG_LEVEL"}
+    return subprocess.run(
+        [sys.executable, "-c", QUIET_SCRIPT, str(socket_dir), str(Path(__file__).parent)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**base, **env},
+    )
+
+
+def test_trace_windows_keep_kinetos_start_stop_lines_off_stderr(socket_dir, fake_daemon):
+    # torch prints "USDT:... SyncActivityProfilerHandler.cpp:52] profiler_start"
+    # and a profiler_stop line for every window unless KINETO_LOG_LEVEL is set
+    proc = _run_quiet_script(socket_dir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "WINDOWS 6" in proc.stdout  # steps 0, 1, 5, 8, 16, 24
+    assert "profiler_start" not in proc.stderr
+    assert "profiler_stop" not in proc.stderr
+    assert "USDT" not in proc.stderr
+    # set for the first start only: the user's environment and children never see it
+    assert "LEVEL None" in proc.stdout
+
+
+def test_a_kineto_log_level_the_user_set_wins(socket_dir, fake_daemon):
+    proc = _run_quiet_script(socket_dir, KINETO_LOG_LEVEL="5")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # the 6 windows sent and the one opened for step 32, dropped at exit
+    assert proc.stderr.count("profiler_start") == 7
+    assert proc.stderr.count("profiler_stop") == 7
+    assert "LEVEL 5" in proc.stdout
 
 
 def test_loop_that_raises_inside_a_window_leaves_nothing_behind(socket_dir, fake_daemon):

@@ -3,6 +3,7 @@ table, or two runs' tables side by side."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,37 +26,56 @@ from gpuprofd.storage.reader import Reader
 _RUN_ID = click.IntRange(1, 2**63 - 1)
 
 
-async def load_table(
-    db: Reader, run: dict[str, Any], source: str | None, kind: str
-) -> kerneltable.KernelTable:
-    return kerneltable.build_table(await reads.kernel_windows(db, run["id"]), source, kind)
+@dataclass(frozen=True)
+class Side:
+    """One run of the command: the run, its kernel windows, the table shown."""
+
+    run: dict[str, Any]
+    windows: kerneltable.Windows
+    table: kerneltable.KernelTable
+
+    @property
+    def label(self) -> str:
+        return f"run {self.run['id']} ({self.run['run_name']})"
 
 
 async def load_tables(
     db: Reader, run_id: int | None, other: int | None, source: str | None, kind: str
-) -> tuple[
-    dict[str, Any], kerneltable.KernelTable, dict[str, Any] | None, kerneltable.KernelTable | None
-]:
-    """RUN's table and, with *other*, OTHER's: (run, table, run_b, table_b);
-    without *source*, both of a source both runs have."""
+) -> tuple[Side, Side | None]:
+    """RUN's table and, with *other*, OTHER's; without *source*, both of a
+    source both runs have."""
     run = await reads.get_run(db, run_id)
-    table = await load_table(db, run, source, kind)
+    wa = await reads.kernel_windows(db, run["id"])
+    a = Side(run, wa, kerneltable.build_table(wa, source, kind))
     if other is None:
-        return run, table, None, None
+        return a, None
     run_b = await reads.get_run(db, other)
+    wb = await reads.kernel_windows(db, run_b["id"])
     if source is None:  # compare like with like: a source both runs have
-        wa = await reads.kernel_windows(db, run["id"])
-        wb = await reads.kernel_windows(db, run_b["id"])
         shared = kerneltable.common_source(wa, wb, kind)
-        table = kerneltable.build_table(wa, shared, kind) if shared else table
-        table_b = kerneltable.build_table(wb, shared, kind)
-    else:
-        table_b = await load_table(db, run_b, source, kind)
-    return run, table, run_b, table_b
+        if shared:
+            a = Side(run, wa, kerneltable.build_table(wa, shared, kind))
+        return a, Side(run_b, wb, kerneltable.build_table(wb, shared, kind))
+    return a, Side(run_b, wb, kerneltable.build_table(wb, source, kind))
 
 
-def _label(run: dict[str, Any]) -> str:
-    return f"run {run['id']} ({run['run_name']})"
+def _no_data(a: Side, b: Side) -> str | None:
+    """The text when two runs have nothing to compare (None: they have)."""
+    if a.table.total_ns or b.table.total_ns:
+        return None
+    head = f"no {a.table.kind} data in {a.label} or {b.label}"
+    if a.table.lines or b.table.lines:
+        head = f"no device time in {a.label} or {b.label}: nothing to compare"
+    lines = [head]
+    for side in (a, b):
+        if side.table.lines:
+            lines.append(
+                f"{side.label}: {side.table.kind}s without device time (a CPU-only run); "
+                f"their FLOPs: gpuprofctl kernels {side.run['id']} --kind {side.table.kind}"
+            )
+        else:
+            lines.append(f"{side.label}: {kerneltable.empty_reason(side.windows, side.table)}")
+    return "\n".join(lines)
 
 
 KERNELS_HELP = """Show a run's kernel table (default: the latest run in DB), or compare
@@ -125,21 +145,19 @@ def kernels_cmd(
 ) -> None:
     db, run_id = split_args(db, run_id)
     target = resolve_target(db, storage_url)
-    run, table, run_b, table_b = read_with(
-        target, lambda reader: load_tables(reader, run_id, other, source, kind)
-    )
-    if run_b is None or table_b is None:
+    a, b = read_with(target, lambda reader: load_tables(reader, run_id, other, source, kind))
+    if b is None:
         if fmt == "json":
-            echo_json({"run_id": run["id"], "run_name": run["run_name"], **table.to_dict()})
+            echo_json({"run_id": a.run["id"], "run_name": a.run["run_name"], **a.table.to_dict()})
+        elif a.table.lines:
+            click.echo(f"{a.label}: " + kerneltable.format_table(a.table, top))
         else:
-            click.echo(f"{_label(run)}: " + kerneltable.format_table(table, top))
+            click.echo(f"{a.label}: " + kerneltable.empty_reason(a.windows, a.table))
         return
-    cmp = kerneltable.compare(table, table_b)
-    cmp["a"].update(run_id=run["id"], run_name=run["run_name"])
-    cmp["b"].update(run_id=run_b["id"], run_name=run_b["run_name"])
+    cmp = kerneltable.compare(a.table, b.table)
+    cmp["a"].update(run_id=a.run["id"], run_name=a.run["run_name"])
+    cmp["b"].update(run_id=b.run["id"], run_name=b.run["run_name"])
     if fmt == "json":
         echo_json(cmp)
-    elif not table.lines and not table_b.lines:
-        click.echo(f"no kernel data in {_label(run)} or {_label(run_b)}")
     else:
-        click.echo(kerneltable.format_compare(cmp, _label(run), _label(run_b), top))
+        click.echo(_no_data(a, b) or kerneltable.format_compare(cmp, a.label, b.label, top))

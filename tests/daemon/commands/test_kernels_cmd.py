@@ -118,11 +118,83 @@ def test_latest_run_default_and_no_kernels(tmp_path: Path, capsys) -> None:
     conn.commit()
     conn.close()
     assert main(["kernels", str(db)]) == 0
-    assert capsys.readouterr().out.strip() == "run 1 (empty): no kernel data for this run"
+    out = capsys.readouterr().out.strip()
+    assert out.startswith("run 1 (empty): no trace windows in this run (profile with ")
+    assert "trace_every_n_steps" in out and "gpuprofctl nsys-import" in out
     assert main(["kernels", str(db), "--compare", "1"]) == 0
     assert "no kernel data in run 1 (empty) or run 1 (empty)" in capsys.readouterr().out
     assert main(["kernels", str(db), "7"]) == 2
     assert "no run 7" in capsys.readouterr().err
+
+
+def _cpu_windows(flops_mm: float) -> list:
+    """Snapshot windows as a CPU-only traced run sends them: operator rows with
+    FLOPs and no device time, no kernel rows (tests/shim/test_trace.py)."""
+    return [
+        _w(
+            "snapshot",
+            [i],
+            [
+                KernelAgg("aten::mm", "op", "compute", 5, 0, 0, flops_mm),
+                KernelAgg("aten::addmm", "op", "compute", 3, 0, 0, 3456.0),
+            ],
+            t0=i * 100,
+        )
+        for i in (0, 1, 5)
+    ]
+
+
+@pytest.fixture
+def cpu_db(tmp_path: Path) -> Path:
+    db = tmp_path / "g.db"
+    schema.prepare(db)
+    conn = sqlite3.connect(db)
+    store_run(conn, 1, "cpu-a", _cpu_windows(5888.0))
+    store_run(conn, 2, "cpu-b", _cpu_windows(11776.0))
+    conn.commit()
+    conn.close()
+    return db
+
+
+def test_a_cpu_only_run_says_it_has_operators_and_names_kind_op(cpu_db: Path, capsys) -> None:
+    assert main(["kernels", str(cpu_db)]) == 0
+    assert capsys.readouterr().out.strip() == (
+        "run 2 (cpu-b): no GPU kernels in its 3 snapshot windows, only operators "
+        "(a CPU-only run): see --kind op for their FLOPs"
+    )
+    assert main(["kernels", str(cpu_db), "1", "--compare", "2"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0] == "no kernel data in run 1 (cpu-a) or run 2 (cpu-b)"
+    assert lines[1].startswith("run 1 (cpu-a): no GPU kernels in its 3 snapshot windows")
+    assert all("see --kind op" in line for line in lines[1:])
+
+
+def test_a_cpu_only_runs_operators_show_flops_not_zero_times(cpu_db: Path, capsys) -> None:
+    assert main(["kernels", str(cpu_db), "2", "--kind", "op"]) == 0
+    out = capsys.readouterr().out
+    head, cols, mm, addmm = out.strip().splitlines()
+    assert head.startswith("run 2 (cpu-b): ops from 3 snapshot window(s), 3 steps, no device time")
+    assert cols.split() == ["NAME", "CLASS", "COUNT", "FLOP/STEP"]
+    # 15 calls of 11776 FLOP each window over 3 steps: 11.8k FLOP per step
+    assert mm.split() == ["aten::mm", "compute", "15", "11.8k"]
+    assert addmm.split() == ["aten::addmm", "compute", "9", "3.46k"]
+    assert "0.000" not in out
+    assert main(["kernels", str(cpu_db), "1", "--compare", "2", "--kind", "op"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0] == "no device time in run 1 (cpu-a) or run 2 (cpu-b): nothing to compare"
+    assert lines[2] == (
+        "run 2 (cpu-b): ops without device time (a CPU-only run); "
+        "their FLOPs: gpuprofctl kernels 2 --kind op"
+    )
+
+
+def test_a_gpu_runs_operators_show_their_flops_beside_device_time() -> None:
+    mm = KernelAgg("aten::mm", "op", "compute", 4, 9_000_000, 8_000_000, 2e12)
+    table = kerneltable.build_table([_w("snapshot", [1, 2], [mm])], kind="op")
+    text = kerneltable.format_table(table)
+    cols, row = text.splitlines()[2:4]
+    assert cols.split() == ["NAME", "CLASS", "SHARE%", "COUNT", "MEAN_US", "MS/STEP", "FLOP/STEP"]
+    assert row.split() == ["aten::mm", "compute", "100.0", "4", "2000.0", "4.000", "1T"]
 
 
 def _w(source: str, steps: list[int], rows: list[KernelAgg], t0: int = 0):
