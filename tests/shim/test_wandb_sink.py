@@ -127,7 +127,7 @@ def test_the_docs_list_every_key_logged():
         | wandb_sink.step_row(rec, (1e12, 1e15)).keys()
     )
     gpu = SimpleNamespace(mem_used_max_bytes=7 << 30, mem_total_bytes=8 << 30)
-    memory = memory_peaks(  # type: ignore[arg-type] - only its memory figures are read
+    memory = memory_peaks(  # only its memory figures are read
         SimpleNamespace(gpu=gpu, torch_peak_allocated_bytes=1, torch_peak_reserved_bytes=2)
     )
     summary = {
