@@ -4,15 +4,19 @@ what it wrote is read back from the run's record log (``wandb_records``)."""
 from __future__ import annotations
 
 import logging
+import re
 import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 import gpuprof
+from gpuprof.protocol import DATA_PHASE, OWN_TIME_PHASE
+from gpuprof.summary import memory_peaks
 from gpuprof_shim import wandb_sink
 from gpuprof_shim.steps import StepRecord
 from gpuprof_shim.wandb_sink import WandbSink
@@ -100,6 +104,42 @@ def test_steps_findings_and_summary_go_to_the_active_run(offline, make_daemon, s
     assert (s["gpuprof/steps"], s["gpuprof/median_step_ms"], s["gpuprof/run_id"]) == (6, 12.0, 7)
     assert (s["gpuprof/findings"], s["gpuprof/micro_batches_per_step"]) == (2, 2.0)
     assert s["gpuprof/full_report"] == f"gpuprofctl insights {socket_dir / 'fake.db'} 7"
+    logged = {k for row in got.history for k in row} | set(s)
+    # the table's own fields (gpuprof/insights/path, ...) are the table's
+    logged = {"/".join(k.split("/")[:2]) for k in logged if k.startswith("gpuprof/")}
+    assert "gpuprof/insights" in logged and logged <= documented_keys()
+
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "integrations.md"
+
+
+def documented_keys() -> set[str]:
+    """Every ``gpuprof/...`` key docs/integrations.md's W&B section names."""
+    section = DOCS.read_text().split("## Weights & Biases", 1)[1].split("\n## ", 1)[0]
+    return set(re.findall(r"`(gpuprof/[a-z_]+)`", section))
+
+
+def test_the_docs_list_every_key_logged():
+    phases = ("forward", "backward", "optimizer", "comm", DATA_PHASE, OWN_TIME_PHASE)
+    rec = StepRecord(0, 0, 10**7, 10**6, False, 2, dict.fromkeys(phases, 10**6))
+    per_step = (
+        wandb_sink.step_row(rec._replace(traced=True), None).keys()
+        | wandb_sink.step_row(rec, (1e12, 1e15)).keys()
+    )
+    gpu = SimpleNamespace(mem_used_max_bytes=7 << 30, mem_total_bytes=8 << 30)
+    memory = memory_peaks(  # only its memory figures are read
+        SimpleNamespace(gpu=gpu, torch_peak_allocated_bytes=1, torch_peak_reserved_bytes=2)
+    )
+    summary = {
+        **dict.fromkeys(wandb_sink.SUMMARY_KEYS, 1),
+        "insights": FINDINGS,
+        "memory": memory,
+        "run_name": "r",
+        "db": "/tmp/gpuprof.db",
+    }
+    at_end = wandb_sink.summary_figures(summary).keys()
+    assert "gpuprof/gpuprof_overhead_ms" in per_step and "gpuprof/full_report" in at_end
+    assert {*per_step, *at_end, wandb_sink.PREFIX + "insights"} == documented_keys()
 
 
 def test_mfu_per_step_when_the_flop_and_the_peak_are_known(offline):
