@@ -210,6 +210,14 @@ class RunContext:
     traced_steps: int = 0
     """Steps a profiler snapshot ran in, left out of ``step_ms`` and the other
     per-step figures (so ``steps + traced_steps`` is the run's step count)."""
+    step_numbers: tuple[int, ...] = ()
+    """Per step (as ``step_ms``): its number in the run, the index it was
+    recorded with. Steps left out (traced) or lost on the way (dropped
+    events) leave gaps, so these are not the positions 0, 1, 2...; empty when
+    unknown (:attr:`numbers` then gives the positions)."""
+    traced_step_numbers: tuple[int, ...] = ()
+    """The numbers (as :attr:`step_numbers`) of the steps a profiler snapshot
+    of gpuprof's ran in (its trace windows), ascending; empty when none."""
     comm: CommTotals | None = None
     """The run's timed gradient buckets (DDP comm hook), summed; None when it
     timed none. The exposed comm time itself is the ``comm`` phase."""
@@ -221,6 +229,11 @@ class RunContext:
     def steps(self) -> int:
         """Steps in the timing figures (traced steps excluded)."""
         return len(self.step_ms)
+
+    @property
+    def numbers(self) -> tuple[int, ...]:
+        """:attr:`step_numbers`, or the positions 0, 1, 2... when unknown."""
+        return self.step_numbers or tuple(range(self.steps))
 
     @property
     def loader_ms(self) -> tuple[float, ...]:

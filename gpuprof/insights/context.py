@@ -32,6 +32,17 @@ def _thirds(values: Sequence[float], agg: Any) -> tuple[float, float] | None:
     return (agg(values[:n]), agg(values[-n:])) if n else None
 
 
+def _step_numbers(steps: Sequence[Mapping[str, Any]]) -> list[int]:
+    """Each step's number in the run: the index it was recorded with
+    (``step``) when every step has one and they rise in time order; else its
+    position among all the steps, traced ones included (a manual loop that
+    numbers each epoch's steps from 0 again has no run-wide number)."""
+    got = [s.get("step") for s in steps]
+    if all(type(n) is int for n in got) and all(a < b for a, b in zip(got, got[1:], strict=False)):
+        return got  # type: ignore[return-value]
+    return list(range(len(steps)))
+
+
 def _during_steps(
     host: Sequence[Mapping[str, Any]], steps: Sequence[Mapping[str, Any]]
 ) -> Sequence[Mapping[str, Any]]:
@@ -224,7 +235,10 @@ def build_context(
             (None: no GPU), ``gpu_count``, ``cpu_count``.
         steps: in step order, each with ``t0``/``t1`` (monotonic ns),
             ``wait`` (ns), ``explicit`` (bool), ``micro``, ``phases``
-            (phase name → ns), optional ``skipped`` (bool), ``eval`` (ns),
+            (phase name → ns), optional ``step`` (int: the index it was
+            recorded with, its number in ``RunContext.step_numbers``; without
+            it, or if the indices do not rise, the steps' positions stand in),
+            ``skipped`` (bool), ``eval`` (ns),
             ``mem`` (torch allocator ``[allocated, reserved, peak]`` bytes) and
             ``traced`` (bool: a profiler snapshot ran in it; such steps are
             left out of the timing figures unless every step is traced).
@@ -270,7 +284,10 @@ def build_context(
     # steps a profiler snapshot ran in (``traced``) are not representative:
     # left out of every timing figure (step, wait, phase medians and thirds,
     # hence MFU and the regression baseline), unless every step was traced
+    numbers = _step_numbers(steps)
+    untraced = [n for n, s in zip(numbers, steps, strict=True) if not s.get("traced")]
     timed = [s for s in steps if not s.get("traced")] or list(steps)
+    timed_numbers = untraced if untraced else numbers
     phase_totals: dict[str, float] = {}
     for s in timed:
         for name, ns in (s.get("phases") or {}).items():
@@ -328,6 +345,8 @@ def build_context(
         kernels=kernel_stats(kernel_windows) if kernel_windows else None,
         checkpointing_declared=_checkpointing_declared(options),
         traced_steps=len(steps) - len(timed),
+        step_numbers=tuple(timed_numbers),
+        traced_step_numbers=tuple(sorted(set(numbers) - set(timed_numbers))),
         comm=_comm_totals(comm),
         eval_ms=(sum(s.get("eval") or 0 for s in steps) + (run.get("trailing_eval_ns") or 0))
         / _NS_PER_MS,

@@ -24,7 +24,7 @@ HISTORY_RUNS = 3
 
 STEPS_SQL = (
     "SELECT t0_ns, t1_ns, wait_ns, explicit, micro, phases, skipped, eval_ns, optimizers, "
-    "mem_allocated_bytes, mem_reserved_bytes, mem_peak_bytes, traced FROM steps "
+    "mem_allocated_bytes, mem_reserved_bytes, mem_peak_bytes, traced, step FROM steps "
     "WHERE run_id = ? ORDER BY t0_ns"
 )
 HOST_SQL = (
@@ -197,8 +197,9 @@ def step_from_row(r: Sequence[Any]) -> dict[str, Any]:
 
     Unpacked by position: a day of 500 ms steps is 172,800 rows, and lookups
     by column name cost more than the rest of the conversion."""
-    t0, t1, wait, explicit, micro, phases, skipped, eval_ns, opts, alloc, reserved, peak, traced = r
+    t0, t1, wait, explicit, micro, phases, skipped, eval_ns, opts, alloc, resv, peak, traced, i = r
     step = {
+        "step": i,
         "t0": t0,
         "t1": t1,
         "wait": wait,
@@ -210,7 +211,7 @@ def step_from_row(r: Sequence[Any]) -> dict[str, Any]:
         "optimizers": _loads(opts) if opts else [],
     }
     if alloc is not None:
-        step["mem"] = [alloc, reserved, peak]
+        step["mem"] = [alloc, resv, peak]
     if traced:
         step["traced"] = True
     return step

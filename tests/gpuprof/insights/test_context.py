@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuprof.insights import build_context
+from gpuprof.insights import RunContext, build_context
 from gpuprof.insights.context import _optimizer_totals
 
 
@@ -163,6 +163,31 @@ def test_traced_steps_are_left_out_of_the_timing_figures():
     assert ctx.median_step_ms == untraced.median_step_ms < 14  # the run's median, MFU, baseline
     # every step traced (trace_range over the whole run): better those than nothing
     assert build_context(run, [step(0, 50, True), step(1, 60, True)]).step_ms == (50.0, 60.0)
+
+
+def test_steps_keep_their_numbers_in_the_run_with_steps_traced_or_lost():
+    run = {"run_name": "r", "status": "finished", "start_mono_ns": 0, "end_mono_ns": 10**9}
+
+    def step(i: int, traced: bool = False) -> dict:
+        s = {"step": i, "t0": i * 1_000_000, "t1": i * 1_000_000 + 500_000, "wait": 0}
+        return {**s, "traced": True} if traced else s
+
+    # step 2 traced, steps 4-5 lost on the way
+    ctx = build_context(run, [step(0), step(1), step(2, True), step(3), step(6), step(7)])
+    assert ctx.step_numbers == (0, 1, 3, 6, 7) == ctx.numbers
+    assert ctx.traced_step_numbers == (2,)
+    # a manual loop numbering each epoch from 0 again: positions among all steps
+    epochs = [step(0), step(1, True), step(2), step(0), step(1), step(2)]
+    again = build_context(run, [dict(s, t0=k, t1=k + 1) for k, s in enumerate(epochs)])
+    assert again.step_numbers == (0, 2, 3, 4, 5) and again.traced_step_numbers == (1,)
+    # no numbers stored: the positions, traced steps counted
+    bare = [{k: v for k, v in step(i, i == 1).items() if k != "step"} for i in range(4)]
+    assert build_context(run, bare).step_numbers == (0, 2, 3)
+    # a context built without them numbers its steps by position
+    assert RunContext(run_name="r", status="x", step_ms=(1.0, 2.0), wait_ms=(0, 0)).numbers == (
+        0,
+        1,
+    )
 
 
 def test_loader_settings_from_the_options_reach_the_context():
