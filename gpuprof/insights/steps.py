@@ -387,19 +387,43 @@ def _coincide(share: float | None, during: float | None, rest: float | None) -> 
     )
 
 
+#: Repetitions the interval needs when other processes contended the host
+#: during the run (:func:`_host_contended`) instead of
+#: :data:`gpuprof.insights.pattern.PERIODIC_MIN_REPEATS`: a busy host's
+#: scheduler leaves short slow steps all through the run and in episodes of
+#: load, and among so many, four to nine that fall N apart over a short run
+#: are chance often enough; ten in a row, across the run, are not.
+VARIANCE_PERIOD_MIN_REPEATS_CONTENDED = 10
+
+
+def _host_contended(ctx: RunContext, during: float | None) -> bool:
+    """True when other processes contended the host during the steady run: at
+    least :data:`gpuprof.insights.contention.MEASURED_UNDER_CONTENTION_SHARE`
+    of its sampled steps were contended, or others held ≥
+    :data:`gpuprof.insights.contention.CONTENDED_OTHER_CORES` on the slow
+    steps (*during*: weighted by the time each lost)."""
+    share = contention.contended_share(ctx, WARMUP_STEPS)
+    return (share is not None and share >= contention.MEASURED_UNDER_CONTENTION_SHARE) or (
+        during is not None and during >= contention.CONTENDED_OTHER_CORES
+    )
+
+
 @rule("high_step_variance")
 def high_step_variance(ctx: RunContext) -> Insight | None:
     """Fires when steady-state p99/p50 of step compute time (loader wait
     excluded: that is the stall rules' job) > :data:`VARIANCE_RATIO` (needs
     :data:`VARIANCE_MIN_STEPS` steady steps, of which at least
     :data:`VARIANCE_MIN_SLOW_STEPS` are that slow, losing
-    ≥ :data:`VARIANCE_MIN_EXCESS_MS` in all). Says "every N steps" only when
-    the slow steps recur at a regular interval (:func:`gpuprof.insights.pattern.period`),
-    else names the bursts (:func:`gpuprof.insights.pattern.bursts`; the ones
-    that lost the most time when there are many); and says when they
-    coincide with other processes' CPU (:func:`_coincide`), or ran while
-    others held the host as much as in the rest of the run (then it names no
-    cause in the loop)."""
+    ≥ :data:`VARIANCE_MIN_EXCESS_MS` in all). Steps are named by their
+    numbers in the run (:attr:`RunContext.numbers`). Says "every N steps"
+    only when the slow steps recur at a regular interval through the whole
+    steady run (:func:`gpuprof.insights.pattern.period`; at least
+    :data:`VARIANCE_PERIOD_MIN_REPEATS_CONTENDED` times on a host other
+    processes contended, :func:`_host_contended`), else names the bursts
+    (:func:`gpuprof.insights.pattern.bursts`; the ones that lost the most
+    time when there are many); and says when they coincide with other
+    processes' CPU (:func:`_coincide`), or ran while others held the host as
+    much as in the rest of the run (then it names no cause in the loop)."""
     steady = ctx.step_ms[WARMUP_STEPS:]
     if len(steady) < VARIANCE_MIN_STEPS:
         return None
@@ -412,20 +436,30 @@ def high_step_variance(ctx: RunContext) -> Insight | None:
     if slow < VARIANCE_MIN_SLOW_STEPS or excess_ms < VARIANCE_MIN_EXCESS_MS:
         return None
     excess = [ctx.step_ms[i] - p50 for i in slow_idx]
-    every = pattern.period(slow_idx, excess)
-    runs = pattern.bursts(slow_idx)
-    lost = pattern.burst_loss(runs, slow_idx, excess)
-    at = pattern.bursts_text(runs, lost)
+    numbers = ctx.numbers
+    slow_at = [numbers[i] for i in slow_idx]
     share = _contended_loss(ctx, slow_idx, excess)
     during, rest = _others_slow_rest(ctx, slow_idx, excess)
+    busy = _host_contended(ctx, during)
+    repeats = VARIANCE_PERIOD_MIN_REPEATS_CONTENDED if busy else pattern.PERIODIC_MIN_REPEATS
+    found = pattern.period(slow_at, numbers[WARMUP_STEPS:], excess, repeats)
+    every = found.every if found is not None else None
+    runs = pattern.bursts(slow_at)
+    lost = pattern.burst_loss(runs, slow_at, excess)
+    at = pattern.bursts_text(runs, lost)
     head = (
         f"Step compute time is erratic: p99 {p99:.1f} ms is {p99 / p50:.1f}× the "
         f"median ({p50:.1f} ms)"
     )
     ran = f"{slow} steps ran over {VARIANCE_RATIO:g}× the median"
-    if every is not None:
+    if found is not None:
         title = f"{head}; slow every {every} steps"
-        detail = f"{ran}, one every {every} steps: periodic work inside the loop."
+        on = [n for n in slow_at if n % found.every == found.phase]
+        detail = (
+            f"{ran}, one every {every} steps through the whole steady run (steps "
+            f"{on[0]} to {on[-1]}, slow {found.repeats} of the {found.lattice} times): "
+            "periodic work inside the loop."
+        )
         fix = (
             f"Look for what runs every {every} steps: logging, checkpointing, evaluation "
             "or .item() syncs; make it rarer or asynchronous."
@@ -481,8 +515,14 @@ def high_step_variance(ctx: RunContext) -> Insight | None:
             "p99_ms": round(p99, 3),
             "slow_steps": slow,
             "excess_ms": round(excess_ms, 1),
-            "slow_step_numbers": slow_idx[:64],
+            "slow_step_numbers": slow_at[:64],
             "period_steps": every,
+            # slow steps on the interval's lattice, the lattice's steps over the
+            # steady run, the repetitions it needed (more on a contended host)
+            "period_repeats": None if found is None else found.repeats,
+            "period_lattice_steps": None if found is None else found.lattice,
+            "period_min_repeats": repeats,
+            "host_contended": busy,
             # the heaviest (by time lost), in step order; burst_count: all of them
             "bursts": [list(r) for r in pattern.heaviest(runs, lost, 32)],
             "burst_count": len(runs),

@@ -391,3 +391,90 @@ def test_busy_workers_on_an_idle_host_are_told_to_spread_with_the_numbers():
     )
     fix = cpu_bound_dataloader(pinned).fix
     assert "persistent_workers=True" in fix and "pin_memory" not in fix
+
+
+# --- high_step_variance: "every N steps" only through the whole steady run -------
+
+
+def _contended_around(n: int, first: int, last: int, others: float = 1.2) -> dict:
+    """Per-step host figures of a 2-core host that other processes held from
+    step *first* to *last* (``others`` cores, host pegged) and left alone otherwise."""
+    busy = range(first, last + 1)
+    return {
+        "step_other_cores": tuple(others if i in busy else 0.1 for i in range(n)),
+        "step_host_pct": tuple(100.0 if i in busy else 50.0 for i in range(n)),
+        "step_own_cores": (0.8,) * n,
+        "cpu_count": 2,
+    }
+
+
+def test_slow_steps_n_apart_in_a_busy_host_episode_are_not_periodic():
+    # a busy-host episode: five slow steps 5 apart, in the middle of 200 steps
+    episode = [100, 105, 110, 115, 120]
+    ctx = make_ctx(_slow_at(200, episode), **_contended_around(200, 95, 125))
+    ins = high_step_variance(ctx)
+    assert ins.title.endswith("; slow steps at 100–120 coincide with other processes' CPU")
+    assert ins.evidence["period_steps"] is None and ins.evidence["period_repeats"] is None
+    assert ins.evidence["slow_step_numbers"] == episode
+    assert "every" not in ins.title + ins.fix and "periodic" not in ins.detail
+    # on a quiet host too: slow steps 3 apart in one stretch are a burst
+    quiet = high_step_variance(make_ctx(_slow_at(200, [60, 63, 66, 69, 72])))
+    assert quiet.title.endswith("; slow in bursts at steps 60–72")
+    assert quiet.evidence["period_steps"] is None
+    # the same interval through the whole run is periodic
+    whole = high_step_variance(make_ctx(_slow_at(200, list(range(5, 200, 5)))))
+    assert whole.title.endswith("; slow every 5 steps")
+    assert (whole.evidence["period_repeats"], whole.evidence["period_lattice_steps"]) == (39, 39)
+
+
+def _contended_throughout(n: int) -> dict:
+    """Per-step host figures of a 2-core host other processes held all run long."""
+    return {
+        "step_other_cores": (0.85,) * n,
+        "step_host_pct": (100.0,) * n,
+        "step_own_cores": (0.9,) * n,
+        "cpu_count": 2,
+    }
+
+
+def test_every_n_steps_on_a_contended_host_needs_ten_repeats():
+    nine = list(range(20, 200, 20))  # a 200-step run: 20, 40 ... 180
+    ctx = make_ctx(_slow_at(200, nine), **_contended_throughout(200))
+    ins = high_step_variance(ctx)
+    assert ins.evidence["host_contended"] is True
+    assert ins.evidence["period_min_repeats"] == 10
+    assert ins.evidence["period_steps"] is None and "every" not in ins.title
+    assert ins.title.endswith(", on a host busy with other processes")
+    # eleven times over 240 steps: periodic, on the busy host too
+    eleven_at = list(range(20, 240, 20))
+    eleven = high_step_variance(make_ctx(_slow_at(240, eleven_at), **_contended_throughout(240)))
+    assert eleven.title.endswith("; slow every 20 steps"), eleven.title
+    assert (eleven.evidence["period_repeats"], eleven.evidence["period_lattice_steps"]) == (11, 11)
+    assert "(steps 20 to 220, slow 11 of the 11 times)" in eleven.detail
+    # nine times on a quiet host: four are enough there
+    quiet = high_step_variance(make_ctx(_slow_at(200, nine)))
+    assert quiet.title.endswith("; slow every 20 steps")
+    assert quiet.evidence["host_contended"] is False
+    assert (quiet.evidence["period_repeats"], quiet.evidence["period_min_repeats"]) == (9, 4)
+
+
+def test_three_slow_steps_n_apart_are_not_every_n_steps():
+    steady = [10.0] * 30
+    steady[10] = steady[20] = steady[29] = 40.0  # 13, 23, 32: three, could be chance
+    ins = high_step_variance(make_ctx([10, 10, 10] + steady))
+    assert ins.evidence["period_steps"] is None
+    assert ins.title.endswith("; slow in bursts at steps 13, 23, 32")
+
+
+def test_the_interval_is_counted_in_the_runs_step_numbers():
+    # a checkpoint every 25 steps; steps 90-129 were lost on the way (dropped
+    # events): the positions of the steps kept are not their numbers
+    kept = [n for n in range(300) if not 90 <= n < 130]
+    step_ms = [60.0 if n % 25 == 0 and n else 10.0 for n in kept]
+    ins = high_step_variance(make_ctx(step_ms, step_numbers=tuple(kept)))
+    assert ins.title.endswith("; slow every 25 steps"), ins.title
+    assert ins.evidence["slow_step_numbers"] == [25, 50, 75, 150, 175, 200, 225, 250, 275]
+    assert (ins.evidence["period_repeats"], ins.evidence["period_lattice_steps"]) == (9, 9)
+    # read by position, the same steps would not recur at one interval
+    by_position = high_step_variance(make_ctx(step_ms))
+    assert by_position.evidence["period_steps"] is None
