@@ -394,6 +394,11 @@ def _coincide(share: float | None, during: float | None, rest: float | None) -> 
 #: load, and among so many, four to nine that fall N apart over a short run
 #: are chance often enough; ten in a row, across the run, are not.
 VARIANCE_PERIOD_MIN_REPEATS_CONTENDED = 10
+#: Share of the time the slow steps lost that must be lost on steps right
+#: after one gpuprof profiled (its trace windows, its FLOP count: left out of
+#: the timing figures) for the spread to be put on gpuprof's tracing, as
+#: :data:`VARIANCE_CONTENDED_SHARE` puts it on other processes.
+VARIANCE_AFTER_TRACE_SHARE = 0.6
 
 
 def _host_contended(ctx: RunContext, during: float | None) -> bool:
@@ -408,6 +413,16 @@ def _host_contended(ctx: RunContext, during: float | None) -> bool:
     )
 
 
+def _after_trace(ctx: RunContext, slow: list[int], excess: list[float]) -> tuple[int, float]:
+    """(how many of the slow steps numbered *slow* ran right after a step
+    gpuprof profiled, the share (0-1) of the time they lost, *excess* ms each,
+    that those lost)."""
+    traced = set(ctx.traced_step_numbers)
+    hit = [w for n, w in zip(slow, excess, strict=True) if n - 1 in traced]
+    total = sum(excess)
+    return len(hit), sum(hit) / total if total > 0 else 0.0
+
+
 @rule("high_step_variance")
 def high_step_variance(ctx: RunContext) -> Insight | None:
     """Fires when steady-state p99/p50 of step compute time (loader wait
@@ -415,9 +430,12 @@ def high_step_variance(ctx: RunContext) -> Insight | None:
     :data:`VARIANCE_MIN_STEPS` steady steps, of which at least
     :data:`VARIANCE_MIN_SLOW_STEPS` are that slow, losing
     ≥ :data:`VARIANCE_MIN_EXCESS_MS` in all). Steps are named by their
-    numbers in the run (:attr:`RunContext.numbers`). Says "every N steps"
-    only when the slow steps recur at a regular interval through the whole
-    steady run (:func:`gpuprof.insights.pattern.period`; at least
+    numbers in the run (:attr:`RunContext.numbers`). Says the slow steps
+    follow gpuprof's own trace windows when they lost ≥
+    :data:`VARIANCE_AFTER_TRACE_SHARE` of the time right after them
+    (:func:`_after_trace`); says "every N steps" only when the slow steps
+    recur at a regular interval through the whole steady run
+    (:func:`gpuprof.insights.pattern.period`; at least
     :data:`VARIANCE_PERIOD_MIN_REPEATS_CONTENDED` times on a host other
     processes contended, :func:`_host_contended`), else names the bursts
     (:func:`gpuprof.insights.pattern.bursts`; the ones that lost the most
@@ -447,12 +465,27 @@ def high_step_variance(ctx: RunContext) -> Insight | None:
     runs = pattern.bursts(slow_at)
     lost = pattern.burst_loss(runs, slow_at, excess)
     at = pattern.bursts_text(runs, lost)
+    traced, traced_share = _after_trace(ctx, slow_at, excess)
     head = (
         f"Step compute time is erratic: p99 {p99:.1f} ms is {p99 / p50:.1f}× the "
         f"median ({p50:.1f} ms)"
     )
     ran = f"{slow} steps ran over {VARIANCE_RATIO:g}× the median"
-    if found is not None:
+    if traced_share >= VARIANCE_AFTER_TRACE_SHARE:
+        where = f"every {every} steps," if every is not None else f"steps at {at}"
+        title = f"{head}; slow {where} right after gpuprof's own trace windows"
+        detail = (
+            f"{ran}; {traced} of them ran right after a step gpuprof profiled (a trace "
+            f"window or its FLOP count, left out of the timing figures) and lost "
+            f"{traced_share:.0%} of the time: the slowdown follows gpuprof's tracing, "
+            "not your training loop."
+        )
+        fix = (
+            "Trace less often (a larger trace_every_n_steps, a lower continuous_traces_hz) "
+            "or not at all while you time the run; if steps stay slow without tracing, "
+            "profile one of them (torch.profiler with a schedule around it)."
+        )
+    elif found is not None:
         title = f"{head}; slow every {every} steps"
         on = [n for n in slow_at if n % found.every == found.phase]
         detail = (
@@ -523,6 +556,9 @@ def high_step_variance(ctx: RunContext) -> Insight | None:
             "period_lattice_steps": None if found is None else found.lattice,
             "period_min_repeats": repeats,
             "host_contended": busy,
+            # slow steps right after a step gpuprof profiled, the share of the time they lost
+            "after_trace_steps": traced,
+            "after_trace_loss_share": round(traced_share, 3),
             # the heaviest (by time lost), in step order; burst_count: all of them
             "bursts": [list(r) for r in pattern.heaviest(runs, lost, 32)],
             "burst_count": len(runs),

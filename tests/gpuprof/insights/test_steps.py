@@ -478,3 +478,52 @@ def test_the_interval_is_counted_in_the_runs_step_numbers():
     # read by position, the same steps would not recur at one interval
     by_position = high_step_variance(make_ctx(step_ms))
     assert by_position.evidence["period_steps"] is None
+
+
+def _traced_run(n: int, traced: set[int], slow: set[int]) -> dict:
+    """make_ctx arguments for an *n*-step run whose steps *traced* gpuprof
+    profiled (left out) and whose steps *slow* took 60 ms (10 ms the rest)."""
+    kept = [i for i in range(n) if i not in traced]
+    return {
+        "step_ms": [60.0 if i in slow else 10.0 for i in kept],
+        "step_numbers": tuple(kept),
+        "traced_step_numbers": tuple(sorted(traced)),
+        "traced_steps": len(traced),
+    }
+
+
+def test_slow_steps_right_after_gpuprofs_trace_windows_are_put_on_the_tracing():
+    # trace_every_n_steps=50 (and the warm-up snapshots 0, 1, 5): each step
+    # after a window is slow
+    traced = {0, 1, 5, 50, 100, 150, 200, 250}
+    after = {51, 101, 151, 201, 251}
+    ins = high_step_variance(make_ctx(**_traced_run(300, traced, after)))
+    assert ins.title.endswith("; slow every 50 steps, right after gpuprof's own trace windows")
+    assert ins.evidence["period_steps"] == 50
+    assert (ins.evidence["after_trace_steps"], ins.evidence["after_trace_loss_share"]) == (5, 1.0)
+    assert "periodic work" not in ins.detail and "not your training loop" in ins.detail
+    assert "trace_every_n_steps" in ins.fix and "checkpointing" not in ins.fix
+    # sampled windows at no fixed interval: the slow steps after them, named
+    sampled = {37, 90, 151, 230}
+    found = high_step_variance(make_ctx(**_traced_run(300, sampled, {38, 91, 152, 231})))
+    assert found.title.endswith(
+        "; slow steps at 38, 91, 152, 231 right after gpuprof's own trace windows"
+    ), found.title
+    assert found.evidence["period_steps"] is None
+
+
+def test_slow_steps_away_from_the_trace_windows_are_the_loops():
+    # the same slow steps every 50, the windows elsewhere: the loop's own work
+    traced = {0, 1, 5, 30, 80, 130, 180, 230}
+    after = {51, 101, 151, 201, 251}
+    ins = high_step_variance(make_ctx(**_traced_run(300, traced, after)))
+    assert ins.title.endswith("; slow every 50 steps")
+    assert (ins.evidence["after_trace_steps"], ins.evidence["after_trace_loss_share"]) == (0, 0.0)
+    assert "periodic work inside the loop" in ins.detail and "gpuprof" not in ins.title
+    # slow just before each window is not the tracing's either
+    before = {49, 99, 149, 199, 249}
+    prior = high_step_variance(
+        make_ctx(**_traced_run(300, {0, 1, 5, 50, 100, 150, 200, 250}, before))
+    )
+    assert prior.title.endswith("; slow every 50 steps")
+    assert prior.evidence["after_trace_steps"] == 0
