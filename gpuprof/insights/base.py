@@ -134,6 +134,10 @@ class RunContext:
     """Median iteration time (loader wait + step, ms) of the first and the last
     third of the steps; None with fewer than 3 steps. Iterations, not step
     compute: a cold cache slows the loader wait, not the step."""
+    loader_ms_thirds: tuple[float, float] | None = None
+    """Median loader time (:attr:`loader_ms`: the wait before the step plus its
+    ``data`` phase, ms) of the first and the last third of the steps, as
+    :attr:`iteration_ms_thirds`; None with fewer than 3 steps."""
     cpu_count: int | None = None
     run_cpu_cores: float | None = None
     """Mean CPU the run's own process tree (training process + DataLoader

@@ -16,6 +16,11 @@ from gpuprof.stats import mean, median
 _NS_PER_MS = 1e6
 
 
+def _loader_ms(timed: Sequence[Mapping[str, Any]]) -> list[float]:
+    """Per step, the loader time (ms): its wait plus its ``data`` phase."""
+    return [(s["wait"] + (s.get("phases") or {}).get(DATA_PHASE, 0)) / _NS_PER_MS for s in timed]
+
+
 def _column(rows: Sequence[Mapping[str, Any]], key: str) -> list[float]:
     """The non-None values of *key* in *rows* (missing or None: not available)."""
     return [r[key] for r in rows if r.get(key) is not None]
@@ -323,6 +328,7 @@ def build_context(
         duration_s=max(duration_s, 0.0),
         **_host_aggregates(host, steps),
         iteration_ms_thirds=_thirds(iteration_ms, median),
+        loader_ms_thirds=_thirds(_loader_ms(timed), median),
         **_cpu_figures(host, run_cpu, timed, run.get("cpu_count"), job_cores, job_ranks),
         job_cpu_cores=job_cores,
         job_ranks=job_ranks,

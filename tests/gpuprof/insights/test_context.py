@@ -190,6 +190,24 @@ def test_steps_keep_their_numbers_in_the_run_with_steps_traced_or_lost():
     )
 
 
+def test_loader_thirds_are_the_median_wait_plus_data_phase_of_the_first_and_last_third():
+    run = {"run_name": "r", "status": "finished", "start_mono_ns": 0, "end_mono_ns": 10**9}
+    waits = [40, 30, 50, 20, 20, 20, 3, 5, 4]  # ms
+    steps = [
+        {
+            "t0": k * 100_000_000,
+            "t1": k * 100_000_000 + 50_000_000,
+            "wait": w * 1_000_000,
+            "phases": {"data": 2_000_000},
+        }
+        for k, w in enumerate(waits)
+    ]
+    ctx = build_context(run, steps)
+    assert ctx.loader_ms_thirds == (42.0, 6.0)
+    assert ctx.iteration_ms_thirds == (90.0, 54.0)
+    assert build_context(run, steps[:2]).loader_ms_thirds is None
+
+
 def test_loader_settings_from_the_options_reach_the_context():
     from gpuprof.insights.base import LoaderConfig
 

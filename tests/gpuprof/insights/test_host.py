@@ -70,45 +70,99 @@ def test_cold_cache_fires_when_reads_fall_off_and_iterations_speed_up():
         [50] * 10 + [20] * 10 + [5] * 10,
         disk_read_bps_thirds=(600e6, 150e6),
         iteration_ms_thirds=(100.0, 55.0),
+        loader_ms_thirds=(50.0, 5.0),
     )
     ins = cold_cache(ctx)
     assert ins is not None and ins.severity == "MED"
     assert "600 MB/s" in ins.title and "150 MB/s" in ins.title
+    assert "the loader wait fell 50.0 → 5.0 ms per step" in ins.title
     assert ins.evidence["last_third_iteration_ms"] == 55.0
+    assert ins.evidence["first_third_loader_share"] == 0.5
+    assert (ins.evidence["first_third_loader_ms"], ins.evidence["last_third_loader_ms"]) == (
+        50.0,
+        5.0,
+    )
+    assert "50% of each iteration" in ins.detail
+
+
+_FELL = {"disk_read_bps_thirds": (600e6, 150e6), "iteration_ms_thirds": (100.0, 55.0)}
 
 
 @pytest.mark.parametrize(
     "kw",
     [
-        {"disk_read_bps_thirds": (600e6, 250e6), "iteration_ms_thirds": (100.0, 55.0)},  # 2.4x
-        {"disk_read_bps_thirds": (600e6, 150e6), "iteration_ms_thirds": (100.0, 100.0)},  # flat
-        {"disk_read_bps_thirds": (30e6, 1e6), "iteration_ms_thirds": (100.0, 55.0)},  # tiny reads
-        {"disk_read_bps_thirds": None, "iteration_ms_thirds": (100.0, 55.0)},  # unsampled
+        {**_FELL, "disk_read_bps_thirds": (600e6, 250e6)},  # 2.4x
+        {**_FELL, "iteration_ms_thirds": (100.0, 100.0)},  # flat
+        {**_FELL, "disk_read_bps_thirds": (30e6, 1e6)},  # tiny reads
+        {**_FELL, "disk_read_bps_thirds": None},  # unsampled
+        {**_FELL, "loader_ms_thirds": None},  # loader unknown
     ],
 )
 def test_cold_cache_silent_without_both_the_read_drop_and_the_speed_up(kw):
-    assert cold_cache(make_ctx([50] * 30, **kw)) is None
+    assert cold_cache(make_ctx([50] * 30, **{"loader_ms_thirds": (50.0, 5.0), **kw})) is None
+
+
+@pytest.mark.parametrize(
+    "loader",
+    [
+        (5.0, 4.0),  # 5 % of the iteration: the steps sped up (warm-up, a host quieting)
+        (14.0, 2.0),  # just under the stall line
+        (40.0, 40.0),  # the loader held the loop back, but no less at the end
+        (30.0, 35.0),  # ... or more
+    ],
+)
+def test_cold_cache_silent_when_the_loader_was_not_the_bottleneck_that_eased(loader):
+    ctx = make_ctx([50] * 30, **_FELL, loader_ms_thirds=loader)
+    assert cold_cache(ctx) is None
+    # at the stall line (15 % of the first third's iteration) and falling: it is
+    assert cold_cache(make_ctx([50] * 30, **_FELL, loader_ms_thirds=(15.0, 2.0))) is not None
+
+
+def _rows(waits_ms: list[int], steps_ms: list[int]) -> tuple[list[dict], int]:
+    steps, t = [], 0
+    for wait_ms, step_ms in zip(waits_ms, steps_ms, strict=True):
+        wait, step = wait_ms * 1_000_000, step_ms * 1_000_000
+        steps.append({"t0": t + wait, "t1": t + wait + step, "wait": wait, "phases": {}})
+        t += wait + step
+    return steps, t
+
+
+def _disk(reads: tuple[float, ...], start_ns: int, every_ns: int) -> list[dict]:
+    host = [
+        {"mono_ns": start_ns + k * every_ns, "cpu_pct": 20.0, "disk_read_bps": b}
+        for k, b in enumerate(reads)
+    ]
+    host.insert(0, {"mono_ns": 1, "cpu_pct": 90.0, "disk_read_bps": 3e9})  # model load: before
+    return host
 
 
 def test_build_context_feeds_cold_cache_from_rows():
     """Host rows and steps → thirds → the rule, end to end (pure)."""
-    steps = []
-    t = 0
-    for i in range(9):
-        wait = 60_000_000 if i < 3 else 5_000_000  # the loader waits on disk at first
-        steps.append({"t0": t + wait, "t1": t + wait + 40_000_000, "wait": wait, "phases": {}})
-        t += wait + 40_000_000
-    reads = (800e6, 700e6, 900e6, 0.0, 90e6, 10e6)
-    host = [
-        {"mono_ns": 60_000_000 + k * 100_000_000, "cpu_pct": 20.0, "disk_read_bps": b}
-        for k, b in enumerate(reads)
-    ]
-    host.insert(0, {"mono_ns": 1, "cpu_pct": 90.0, "disk_read_bps": 3e9})  # model load: before
+    # the loader waits on disk at first
+    steps, t = _rows([60] * 3 + [5] * 6, [40] * 9)
+    host = _disk((800e6, 700e6, 900e6, 0.0, 90e6, 10e6), 60_000_000, 100_000_000)
     run = {"run_name": "r", "status": "finished", "start_mono_ns": 0, "end_mono_ns": t}
     ctx = build_context(run, steps, host)
     assert ctx.disk_read_bps_thirds == (750e6, 50e6)  # first two, last two samples in steps
     assert ctx.iteration_ms_thirds == (100.0, 45.0)
+    assert ctx.loader_ms_thirds == (60.0, 5.0)
     assert "cold_cache" in [i.rule for i in run_rules(ctx)]
+
+
+def test_build_context_keeps_cold_cache_silent_when_the_steps_sped_up_not_the_loader():
+    # the same reads, the same speed-up, but from the steps (warm-up, a host
+    # quieting): the loader waited 5 ms throughout
+    steps, t = _rows([5] * 9, [95] * 3 + [40] * 6)
+    host = _disk((800e6, 700e6, 900e6, 0.0, 90e6, 10e6), 60_000_000, 100_000_000)
+    run = {"run_name": "r", "status": "finished", "start_mono_ns": 0, "end_mono_ns": t}
+    ctx = build_context(run, steps, host)
+    assert ctx.iteration_ms_thirds == (100.0, 45.0)
+    assert ctx.loader_ms_thirds == (5.0, 5.0)
+    assert (
+        ctx.disk_read_bps_thirds is not None
+        and ctx.disk_read_bps_thirds[0] >= 3 * (ctx.disk_read_bps_thirds[1])
+    )
+    assert "cold_cache" not in [i.rule for i in run_rules(ctx)]
 
 
 # --- cache_thrashing ---------------------------------------------------------------
