@@ -480,7 +480,54 @@ def test_status_points_to_daemons_of_other_databases(tmp_path, monkeypatch, caps
     monkeypatch.setenv("GPUPROF_DB", str(tmp_path / "here.db"))
     other = tmp_path / "gpuprof" / "0123456789ab"
     other.mkdir(parents=True)
-    (other / "control.sock").touch()  # another project's daemon
+    (other / "control.sock").touch()  # another project's daemon, gone without a word
     assert main(["status"]) == 3
     err = capsys.readouterr().err
-    assert "no gpuprofd for this database" in err and str(other) in err
+    assert "no gpuprofd for this database" in err
+    assert f"a daemon not answering (--socket-dir {other})" in err
+
+
+def test_status_names_each_other_daemon_by_its_database(
+    daemons, sock_dir: Path, tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """Which daemon is which: each by the database it serves, not its socket hash."""
+    from gpuprof import config
+
+    monkeypatch.delenv("GPUPROF_SOCKET", raising=False)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(sock_dir))  # short: ipc paths < 107 bytes
+    monkeypatch.setenv("GPUPROF_DB", str(tmp_path / "here.db"))
+    theirs = tmp_path / "theirs.db"
+    their_dir = config.socket_dir(db=theirs)
+    their_dir.mkdir(parents=True)
+    daemons.start_ready(their_dir, theirs)
+    assert main(["status", "--timeout", "2"]) == 3
+    err = capsys.readouterr().err
+    assert f"daemons of other databases: {theirs.resolve()} (--socket-dir {their_dir})" in err
+    assert main(["stop"]) == 3  # stop points to them the same way
+    assert f"{theirs.resolve()} (--socket-dir {their_dir})" in capsys.readouterr().err
+
+
+def test_other_daemons_storage_urls_are_said_without_their_password(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    from gpuprofd.commands import status
+    from gpuprofd.errors import NoDaemonError
+
+    monkeypatch.delenv("GPUPROF_SOCKET", raising=False)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    monkeypatch.setenv("GPUPROF_DB", str(tmp_path / "here.db"))
+    other = tmp_path / "gpuprof" / "0123456789ab"
+    other.mkdir(parents=True)
+    (other / "control.sock").touch()
+    url = "postgres://gp:s3cret@db.internal/gpuprof?password=s3cret"
+
+    def ping(where: Path, timeout_s: float) -> dict[str, Any]:
+        if where != other:
+            raise NoDaemonError(f"no gpuprofd answering on {where}")
+        return {"db": url}  # as a daemon that did not mask it would say it
+
+    monkeypatch.setattr(status, "ping", ping)
+    assert main(["status"]) == 3
+    err = capsys.readouterr().err
+    assert "s3cret" not in err
+    assert f"postgres://gp:***@db.internal/gpuprof?password=*** (--socket-dir {other})" in err
