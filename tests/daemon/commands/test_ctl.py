@@ -184,15 +184,75 @@ def test_runs_shares_skip_step_0_and_fold_the_data_phase_into_wait(
     assert "Micro-batches" not in capsys.readouterr().out
 
 
-def test_runs_help_explains_the_columns(capsys: pytest.CaptureFixture[str]) -> None:
+#: Where the runs' columns and every JSON field are explained in full.
+COMMANDS_PAGE = Path(__file__).resolve().parents[3] / "docs" / "gpuprofctl.md"
+
+
+def _page_section(heading: str) -> str:
+    """The text under *heading* on the commands page, to the next heading of its level."""
+    text = COMMANDS_PAGE.read_text()
+    level = heading.split(" ", 1)[0]
+    body = text.split(f"\n{heading}\n", 1)[1]
+    return body.split(f"\n{level} ", 1)[0]
+
+
+def _table_rows(section: str) -> dict[str, str]:
+    """A markdown table's rows: first cell -> second cell."""
+    rows = [line.strip("|").split("|") for line in section.splitlines() if line.startswith("|")]
+    return {cells[0].strip(): cells[1].strip() for cells in rows[2:]}
+
+
+def test_runs_help_lists_each_column_on_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    from gpuprofd.commands.runs import format_table
+
     assert main(["runs", "--help"]) == 0
-    help_text = " ".join(capsys.readouterr().out.split())
-    assert (
-        "MEDIAN_STEP_MS steady-state median iteration time: median of loader wait + step, "
-        "warm-up steps excluded" in help_text
+    out = capsys.readouterr().out
+    assert len(out.splitlines()) <= 40  # usage, options and the columns: no JSON reference
+    assert "docs/gpuprofctl.md" in out and COMMANDS_PAGE.is_file()
+    block = out.split("Columns (", 1)[1].split("\n\n", 1)[0].splitlines()[1:]
+    named = {w for line in block for w in line.strip().split("  ")[0].split()}
+    heads = format_table([], groups=True).split()
+    assert set(heads) - {"WAIT%", "FWD%", "BWD%", "COMM%", "OPT%", "OTHER%"} <= named
+    assert {"WAIT%", "FWD%", "BWD%", "COMM%", "OPT%", "OTHER%"} <= named
+    assert all(len(line) <= 80 for line in block)  # one line each, as printed
+    assert "pct_of_iteration" not in out and "torch_peak_allocated_bytes" not in out
+
+
+def test_the_commands_page_explains_the_runs_columns() -> None:
+    from gpuprof.insights.base import WARMUP_STEPS
+    from gpuprofd.commands.runs import GROUP_CHARS
+
+    columns = _table_rows(_page_section("### Columns"))
+    assert columns["MEDIAN_STEP_MS"].startswith(
+        "steady-state median iteration time: median of loader wait + step, "
+        f"warm-up steps excluded (the first {WARMUP_STEPS} when the run has more than "
+        f"{2 * WARMUP_STEPS})"
     )
-    assert "WAIT% + FWD% + BWD% + COMM% + OPT% + OTHER% = 100" in help_text
-    assert "(the data phase, between micro-batches) folded in" in help_text
+    assert "WAIT% + FWD% + BWD% + COMM% + OPT% + OTHER% = 100" in columns["WAIT%..OTHER%"]
+    assert "(the data phase, between micro-batches) folded in" in columns["WAIT%"]
+    assert f"its first {GROUP_CHARS} characters" in columns["GROUP, RANK"]
+
+
+def test_the_commands_page_names_every_runs_json_field(
+    real_db: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["runs", str(real_db), "--format", "json"]) == 0
+    row = orjson.loads(capsys.readouterr().out)[0]
+    section = _page_section("### --format json")
+    assert [k for k in row if f"`{k}`" not in section] == []
+    shares = " ".join(section.split()).split("`pct_of_iteration` `{", 1)[1].split("}`")[0]
+    assert sorted(shares.split(", ")) == sorted(row["pct_of_iteration"])
+
+
+def test_insights_help_points_to_the_commands_page(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["insights", "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "Every field of --format json, one run's or a group's: docs/gpuprofctl.md" in out
+    assert "clock_reference_rank" not in out  # the group's JSON is on the page
+    section = " ".join(_page_section("### --group NAME, --format json").split())
+    for key in ("insights_source", "runs_note", "missing_ranks", "comm_missing", "ranks"):
+        assert f"`{key}`" in section, key
+    assert "clock_reference_rank" in section and "not bytes on the wire" in section
 
 
 def test_insights_prints_the_stored_summary(
