@@ -14,6 +14,7 @@ from gpuprofd.commands.common import (
     format_option,
     read_with,
     resolve_target,
+    run_id_type,
     storage_url_option,
 )
 from gpuprofd.runviews import (
@@ -136,7 +137,7 @@ def split_args(db: Path | None, run_id: int | None) -> tuple[Path | None, int | 
 
 @click.command("insights", short_help="A run's summary, each finding with detail and fix.")
 @db_argument
-@click.argument("run_id", type=click.IntRange(1, 2**63 - 1), required=False)
+@click.argument("run_id", type=run_id_type, required=False)
 @click.option(
     "--group",
     "group",
