@@ -86,3 +86,18 @@ def test_a_bad_run_id_is_a_usage_error_that_says_what_a_run_id_is(argv, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "is not a run id: a whole number from 1 (gpuprofctl runs lists them)" in err
+
+
+def test_drain_help_says_what_it_does_and_when_without_jargon(capsys):
+    assert main(["drain", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for word in ("outbox", "acknowledg", "dead-letter", "backlog"):  # how it works inside
+        assert word not in text.lower(), word
+    for said in (
+        "Upload what a stopped gpuprofd had not yet sent to the team server.",
+        "started with --server, or with GPUPROF_SERVER set",  # which daemons leave any
+        "Run drain to send it now: before you delete or move the file",  # when to use it
+        "drain refuses while one runs; stop it first (gpuprofctl stop)",
+        "Exit 0: the server confirmed everything. Exit 1: something is left",
+    ):
+        assert said in text, said
