@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from gpuprof.summary import seconds_text
 from gpuprofd.commands.common import (
     db_argument,
     echo_json,
@@ -50,7 +51,7 @@ def format_table(rows: list[dict[str, Any]], ranks: bool = False, groups: bool =
         "MEDIAN_STEP_MS",
         *(h for _, h in COLUMNS),
         "SKIPPED",
-        "EVAL_S",
+        "EVAL",
         "DROPPED",
     )
     lines = [header]
@@ -72,7 +73,7 @@ def format_table(rows: list[dict[str, Any]], ranks: bool = False, groups: bool =
                 _cell(r["median_step_ms"]),
                 *(_cell(pct[key]) for key, _ in COLUMNS),
                 str(r["skipped_updates"]),
-                _cell(r["eval_s"]),
+                seconds_text(r["eval_s"]) if r["eval_s"] else "-",
                 str(r["dropped_events"] + r.get("store_dropped_events", 0)),
             )
         )
@@ -113,7 +114,7 @@ Columns (each in full, and every --format json field: {DOCS_PAGE}):
   COMM%           collectives not hidden under backward
   OTHER%          the rest of the step
   SKIPPED         optimizer updates skipped (inf/NaN gradients)
-  EVAL_S          seconds of evaluation outside steps
+  EVAL            time in evaluation outside steps (ms below 1 s)
   DROPPED         events lost (not sent, or not stored)
 """
 

@@ -83,12 +83,25 @@ def test_runs_text_table(real_db: Path, capsys: pytest.CaptureFixture[str]) -> N
     assert main(["runs", str(real_db)]) == 0
     assert capsys.readouterr().out.splitlines() == [
         "ID  NAME      STATUS    STEPS  MICRO  MEDIAN_STEP_MS  WAIT%  FWD%  BWD%  COMM%  OPT%"
-        "  OTHER%  SKIPPED  EVAL_S  DROPPED",
+        "  OTHER%  SKIPPED  EVAL  DROPPED",
         "2   ongoing   running       3      1            18.0   44.4  16.7  22.2      -  11.1"
-        "     5.6        0     0.0        0",
+        "     5.6        0     -        0",
         "1   baseline  finished     12      1            18.0   44.4  16.7  22.2      -  11.1"
-        "     5.6        0     0.0        2",
+        "     5.6        0     -        2",
     ]
+
+
+def test_runs_table_says_a_short_evaluation_in_ms(
+    real_db: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gpuprofd.commands.runs import format_table
+
+    assert main(["runs", str(real_db), "--format", "json"]) == 0
+    rows = orjson.loads(capsys.readouterr().out)
+    rows[0]["eval_s"], rows[1]["eval_s"] = 0.004, 12.345  # as the JSON keeps them: seconds
+    lines = format_table(rows).splitlines()
+    assert lines[0].split()[-2:] == ["EVAL", "DROPPED"]
+    assert lines[1].endswith("0    4 ms        0") and lines[2].endswith("0  12.3 s        2")
 
 
 def _iteration(
@@ -169,11 +182,11 @@ def test_runs_shares_skip_step_0_and_fold_the_data_phase_into_wait(
     assert main(["runs", str(db)]) == 0
     assert capsys.readouterr().out.splitlines() == [
         "ID  NAME      STATUS    STEPS  MICRO  MEDIAN_STEP_MS  WAIT%  FWD%  BWD%  COMM%  OPT%"
-        "  OTHER%  SKIPPED  EVAL_S  DROPPED",
+        "  OTHER%  SKIPPED   EVAL  DROPPED",
         "2   one-step  finished      1      -            15.0      -     -     -      -     -"
-        "       -        0     0.0        0",
+        "       -        0      -        0",
         "1   accum     finished      9      2            12.0   33.3  16.7  25.0      -   8.3"
-        "    16.7        1     1.5        0",
+        "    16.7        1  1.5 s        0",
     ]
     # the summary has them too: its JSON, and a line in the text (not for one micro-batch)
     assert main(["insights", str(db), "1", "--format", "json"]) == 0
