@@ -191,6 +191,14 @@ def size_text(nbytes: float) -> str:
     return f"{nbytes:.0f} B"
 
 
+def seconds_text(seconds: float) -> str:
+    """A time said in the unit that shows it: ``4 ms`` below a second (so a
+    few milliseconds never read ``0.0 s``), else ``12.3 s``."""
+    if seconds < 0.9995:  # what would round to 1000 ms reads 1.0 s
+        return f"{seconds * 1e3:.0f} ms"
+    return f"{seconds:.1f} s"
+
+
 def comm_line(comm: Mapping[str, Any] | None) -> str | None:
     """``  Comm (median of steady steps): 12.3 ms/step exposed, 18 % of step;
     4 buckets, gradient bytes 25.1 MB/step`` from :func:`comm_figures` (the
@@ -398,7 +406,7 @@ def format_summary(summary: Mapping[str, Any], details: bool = False) -> str:
     if summary.get("skipped_updates"):
         extra.append(f"{summary['skipped_updates']} skipped updates (inf/NaN gradients)")
     if summary.get("eval_s"):
-        extra.append(f"{summary['eval_s']:.1f} s in evaluation, outside steps")
+        extra.append(f"{seconds_text(summary['eval_s'])} in evaluation, outside steps")
     if extra:
         lines.append("  " + "; ".join(extra))
     micro = micro_line(summary)

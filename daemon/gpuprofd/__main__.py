@@ -93,6 +93,7 @@ def _setting(*decls: str, type: click.ParamType, default: float, help: str, **kw
     "--sample-hz",
     type=FiniteRange(min=0.1, max=1000),
     default=DEFAULT_SAMPLE_HZ,
+    metavar="HZ",
     help="GPU fast-loop sampling rate (per GPU): utilization, memory, power, "
     "temperature, clocks. Every sample feeds the per-second rollups; raw rows are stored "
     f"at most {STORED_GPU_HZ:g} a second. Energy, PCIe bytes and GPM metrics are read "
@@ -103,6 +104,7 @@ def _setting(*decls: str, type: click.ParamType, default: float, help: str, **kw
     "raw_window_s",
     type=FiniteRange(min=1),
     default=DEFAULT_RAW_WINDOW_S,
+    metavar="SECONDS",
     help=f"Seconds of raw GPU samples (at most {STORED_GPU_HZ:g} a second per GPU) to keep; "
     "older ones live on as per-second rollups "
     "(min/mean/max) for the whole run.",

@@ -305,9 +305,13 @@ def empty_reason(windows: Windows, t: KernelTable) -> str:
     """Why *t* (built from the run's *windows*) has no rows, and what to ask
     for instead: a CPU-only run's windows hold operators, not kernels."""
     if not windows:
+        what = "kernels" if t.kind == "kernel" else "operators"
         return (
-            "no trace windows in this run (profile with trace_every_n_steps, trace_range or "
-            "continuous_traces_hz, or attach an Nsight Systems report with gpuprofctl nsys-import)"
+            f"no trace windows in this run: gpuprof records {what} only while tracing is on, "
+            "and this run was not traced. Turn it on with "
+            "gpuprof.profile(..., trace_every_n_steps=N) (a torch.profiler window of one step "
+            "every N steps; or trace_range=(a, b), continuous_traces_hz=f), or attach an "
+            "Nsight Systems report with gpuprofctl nsys-import"
         )
     mine = [rows for w, rows in windows if w["source"] == t.source]
     if not mine:

@@ -86,6 +86,16 @@ def test_skipped_updates_and_eval_time_get_one_line_only_when_present():
     assert plain[2] == "  Insights (0):"
 
 
+@pytest.mark.parametrize(
+    ("eval_ms", "said"),
+    [(4.0, "4 ms"), (0.6, "1 ms"), (999.0, "999 ms"), (999.6, "1.0 s"), (1_500.0, "1.5 s")],
+)
+def test_a_short_evaluation_is_said_in_ms_not_as_0_s(eval_ms: float, said: str):
+    summary = make_summary(1, make_ctx([10.0] * 4, eval_ms=eval_ms), [], "/d")
+    assert summary["eval_s"] == round(eval_ms / 1e3, 3)  # the JSON keeps seconds
+    assert f"  {said} in evaluation, outside steps" in format_summary(summary).splitlines()
+
+
 def test_two_optimizers_get_a_line_with_their_updates_and_time():
     ctx = make_ctx([10.0] * 4, optimizers=(("Adam#0", 4, 1, 1234.5, 5), ("SGD#1", 8, 0, 20.0, 4)))
     summary = make_summary(1, ctx, [], "/d")

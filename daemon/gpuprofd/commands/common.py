@@ -36,6 +36,36 @@ class DbOrUrl(click.ParamType):
         return text if "://" in text else Path(text)
 
 
+#: The largest run id: SQLite's (and Postgres' BIGINT's) largest integer.
+MAX_RUN_ID = 2**63 - 1
+
+
+class RunId(click.ParamType):
+    """A run's id (``gpuprofctl runs`` lists them): a whole number from 1,
+    shown as ``RUN_ID`` in help (not click's ``[1<=x<=9223372036854775807]``)."""
+
+    name = "run_id"
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context) -> str:
+        return "RUN_ID"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, int):
+            number = value
+        else:
+            text = str(value).strip()
+            number = int(text) if text.isascii() and text.isdigit() else 0
+        if not 1 <= number <= MAX_RUN_ID:
+            self.fail(
+                f"{value!r} is not a run id: a whole number from 1 (gpuprofctl runs lists them)",
+                param,
+                ctx,
+            )
+        return number
+
+
+run_id_type = RunId()
+
 db_argument = click.argument("db", type=DbOrUrl(), required=False)
 
 #: ``--storage-url URL``: the database as a storage URL, instead of DB.
@@ -59,6 +89,7 @@ timeout_option = click.option(
     "--timeout",
     "timeout_s",
     type=click.FloatRange(min=0.05),
+    metavar="SECONDS",
     default=1.0,
     show_default=True,
     help="Seconds to wait for the daemon's answer.",

@@ -22,25 +22,41 @@ from gpuprofd.lock import InstanceLock
 from gpuprofd.storage import outbox, schema
 from gpuprofd.storage.store import Store
 
-DRAIN_HELP = """Send what a stopped gpuprofd left for the team server.
+DRAIN_HELP = """Upload what a stopped gpuprofd had not yet sent to the team server.
 
 \b
 Example:
   gpuprofctl drain /var/lib/gpuprof/gpuprof.db --server https://gpuprof.example:8000
 
-A gpuprofd started with --server keeps what the team server has not
-acknowledged in its database (the outbox); one that stopped with a backlog
-(an auto-started one idles out) sends it when it starts again, or now with
-this command, which resumes where an earlier drain stopped. It refuses while
-a gpuprofd serves DB (that one forwards by itself: gpuprofctl status shows
-its backlog). Exit 0: everything was acknowledged; 1: something is left
-(run it again) or was refused.
+A gpuprofd that forwards runs to a team server (started with --server, or
+with GPUPROF_SERVER set) keeps in its database file whatever the server has
+not yet confirmed, and sends it in the background. When that daemon stops
+before everything is sent (the server was down, or an auto-started daemon
+exited 5 minutes after its last run), the rest waits in the file until a
+forwarding daemon starts on it again. Run drain to send it now: before you
+delete or move the file, or when no more runs will start on that node. It
+shows progress, and a second drain picks up where one stopped.
 
-DB: the database (default: GPUPROF_DB or ./gpuprof.db).
+Only for a database no gpuprofd is using: a running daemon sends the
+rest itself (gpuprofctl status shows how much is left), so drain refuses
+while one runs; stop it first (gpuprofctl stop) to drain by hand.
+
+The server is --server, else GPUPROF_SERVER, else the one the file last
+forwarded to; its API key is --api-key-file, else GPUPROF_API_KEY_FILE or
+GPUPROF_API_KEY.
+
+Exit 0: the server confirmed everything. Exit 1: something is left (the
+server did not answer for --give-up-after seconds: run drain again), or the
+server refused part of it (set aside, never sent again; the output says
+why).
+
+DB: the database file (default: GPUPROF_DB or ./gpuprof.db).
 """
 
 
-@click.command("drain", help=DRAIN_HELP, short_help="Send a stopped daemon's outbox.")
+@click.command(
+    "drain", help=DRAIN_HELP, short_help="Upload a stopped daemon's unsent runs to the team server."
+)
 @click.argument("db", type=click.Path(path_type=Path), required=False)
 @click.option(
     "--server",

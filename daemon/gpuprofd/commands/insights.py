@@ -14,6 +14,7 @@ from gpuprofd.commands.common import (
     format_option,
     read_with,
     resolve_target,
+    run_id_type,
     storage_url_option,
 )
 from gpuprofd.runviews import (
@@ -136,7 +137,7 @@ def split_args(db: Path | None, run_id: int | None) -> tuple[Path | None, int | 
 
 @click.command("insights", short_help="A run's summary, each finding with detail and fix.")
 @db_argument
-@click.argument("run_id", type=click.IntRange(1, 2**63 - 1), required=False)
+@click.argument("run_id", type=run_id_type, required=False)
 @click.option(
     "--group",
     "group",
@@ -160,19 +161,8 @@ def insights_cmd(
     DB defaults to GPUPROF_DB or ./gpuprof.db; --storage-url URL reads
     sqlite:///path.db or postgres://user@host/db instead. A lone all-digits
     argument that is not an existing file is RUN_ID: `gpuprofctl insights 3`.
-    `--group NAME`: every rank of a torchrun group (JSON: group, status,
-    ended, counts, insights [the group's findings: stored when the group
-    ended, else computed now], insights_source [stored | computed], runs [the
-    group's runs], runs_note ["4 runs of 2 ranks: each rank's latest run is
-    compared; pass a new group= per launch", or null], missing_ranks [{rank,
-    local_rank, host, message}], comm_missing [{ranks, message}: the ranks
-    with no collective timings and which group rules that rules out, or
-    null], ranks [{rank, run_id, status, host,
-    median_step_ms, comm {median_exposed_ms, median_share_of_step [medians
-    over steady steps, as comm_dominant], buckets_per_step, bytes_per_step
-    [gradient bytes: the buckets' sizes, not bytes on the wire],
-    clock_offset_ns, clock_uncertainty_ns, clock_reference_rank} or null,
-    summary}]).
+
+    Every field of --format json, one run's or a group's: docs/gpuprofctl.md.
     """
     db, run_id = split_args(db, run_id)
     target = resolve_target(db, storage_url)

@@ -17,13 +17,12 @@ from gpuprofd.commands.common import (
     format_option,
     read_with,
     resolve_target,
+    run_id_type,
     storage_url_option,
 )
 from gpuprofd.commands.insights import split_args
 from gpuprofd.storage import reads
 from gpuprofd.storage.reader import Reader
-
-_RUN_ID = click.IntRange(1, 2**63 - 1)
 
 
 @dataclass(frozen=True)
@@ -103,11 +102,11 @@ argument that is not an existing file is RUN_ID.
     "kernels", help=KERNELS_HELP, short_help="A run's kernel table, or two runs' compared."
 )
 @db_argument
-@click.argument("run_id", type=_RUN_ID, required=False)
+@click.argument("run_id", type=run_id_type, required=False)
 @click.option(
     "--compare",
     "other",
-    type=_RUN_ID,
+    type=run_id_type,
     metavar="OTHER_RUN",
     help="Compare RUN (A) with this run (B).",
 )
@@ -127,6 +126,7 @@ argument that is not an existing file is RUN_ID.
 @click.option(
     "--top",
     type=click.IntRange(1),
+    metavar="N",
     default=kerneltable.DEFAULT_TOP,
     show_default=True,
     help="Rows in text output (json: all).",

@@ -10,7 +10,13 @@ from typing import Any
 import click
 
 from gpuprofd import nsys
-from gpuprofd.commands.common import echo_json, format_option, read_with, resolve_db
+from gpuprofd.commands.common import (
+    echo_json,
+    format_option,
+    read_with,
+    resolve_db,
+    run_id_type,
+)
 from gpuprofd.errors import DatabaseError
 from gpuprofd.storage import reads, runsdb, schema
 from gpuprofd.storage.reader import Reader
@@ -114,13 +120,14 @@ device activity attaches nothing and exits 0. See them with
 @click.option(
     "--run",
     "run_id",
-    type=click.IntRange(1, 2**63 - 1),
+    type=run_id_type,
     default=None,
     help="Run id (default: the latest run).",
 )
 @click.option(
     "--device",
     type=click.IntRange(0),
+    metavar="INDEX",
     default=None,
     help="Only this CUDA device's activity (a report of several GPUs).",
 )

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from gpuprof.insights.base import WARMUP_STEPS
+from gpuprof.summary import seconds_text
 from gpuprofd.commands.common import (
     db_argument,
     echo_json,
@@ -51,7 +51,7 @@ def format_table(rows: list[dict[str, Any]], ranks: bool = False, groups: bool =
         "MEDIAN_STEP_MS",
         *(h for _, h in COLUMNS),
         "SKIPPED",
-        "EVAL_S",
+        "EVAL",
         "DROPPED",
     )
     lines = [header]
@@ -73,7 +73,7 @@ def format_table(rows: list[dict[str, Any]], ranks: bool = False, groups: bool =
                 _cell(r["median_step_ms"]),
                 *(_cell(pct[key]) for key, _ in COLUMNS),
                 str(r["skipped_updates"]),
-                _cell(r["eval_s"]),
+                seconds_text(r["eval_s"]) if r["eval_s"] else "-",
                 str(r["dropped_events"] + r.get("store_dropped_events", 0)),
             )
         )
@@ -89,69 +89,33 @@ def format_table(rows: list[dict[str, Any]], ranks: bool = False, groups: bool =
     return "\n".join(fmt(line).rstrip() for line in lines)
 
 
+#: Where the columns and every ``--format json`` field are explained in full.
+DOCS_PAGE = "docs/gpuprofctl.md"
+
 RUNS_HELP = f"""List the runs in DB (default: GPUPROF_DB or ./gpuprof.db), newest first.
 
 \b
 Example:
   gpuprofctl runs gpuprof.db
 
---storage-url URL reads sqlite:///path.db or postgres://user@host/db instead.
+--storage-url URL reads sqlite:///path.db or postgres://user@host/db
+instead. --group NAME lists one group's runs by rank, the group's status
+first.
 
 \b
-GROUP RANK      only when a listed run has a group: torchrun's run id or
-                profile(group=...), its first {GROUP_CHARS} characters and "…" when
-                longer (give --group the whole name: --format json has
-                it), - for a run of no group; the run's global rank
-STEPS           every step recorded
-MICRO           micro-batches per step (gradient accumulation: forward and
-                backward passes per optimizer update), the mean over the
-                steps the shares cover; - when none is counted
-MEDIAN_STEP_MS  steady-state median iteration time: median of loader
-                wait + step, warm-up steps excluded (the first {WARMUP_STEPS}
-                when the run has more than {2 * WARMUP_STEPS})
-WAIT%..OTHER%   shares of iteration time (loader wait + step) over every
-                step but step 0, whose wait covers start-up:
-                WAIT% + FWD% + BWD% + COMM% + OPT% + OTHER% = 100 (to rounding)
-WAIT%           loader wait before each step, with loader time inside
-                steps (the data phase, between micro-batches) folded in
-FWD% BWD% OPT%  forward, backward, optimizer
-COMM%           collectives not hidden under backward (DDP's gradient
-                all-reduce, waits for other ranks included; taken out of
-                backward); - when the run timed none. A share of the total
-                (summed) iteration time, like the other columns: not the
-                median per-step share of the summary's comm line, insights
-                --group and comm_dominant (> 20 %), which a few slow steps
-                do not move
-OTHER%          the rest of the step: unlabelled time, custom phases
-SKIPPED         steps whose optimizer update was skipped (inf/NaN gradients)
-EVAL_S          seconds of evaluation (no-grad forwards) outside steps
-DROPPED         events lost: the training process could not send them,
-                or gpuprofd received them but could not store them
-
-\b
---format json gives the same per run: steps, median_step_ms,
-pct_of_iteration {{loader_wait, forward, backward, comm, optimizer, other}},
-steps_counted (the steps those shares cover), micro_batches_per_step
-(MICRO; null when no step is counted), skipped_updates, eval_s,
-dropped_events (not sent by the training process), store_dropped_events
-(received by gpuprofd, not stored), and torch_peak_allocated_bytes / torch_peak_reserved_bytes
-(the highest torch.cuda.max_memory_allocated / memory_reserved the steps
-reported; null when CUDA was not in use), mfu (model FLOPs utilization,
-0-1, against the dtype's dense datasheet peak) and achieved_tflops (TFLOP/s
-per GPU): null when unknown (no FLOPs declared or counted, or a GPU or
-dtype without a peak). Each row also has group (torchrun's run id or
-profile(group=...); null: its own group), rank, local_rank, world_size,
-local_world_size, host, node (the id of the node a team server got
-the run from; null in a node's own database) and user (who trained: the
-training process's login name; null when unknown).
-
-\b
---group NAME    only that group's runs, by rank, with a RANK column and a
-                first line giving the group's status over each rank's latest
-                run: running while any rank runs; then failed, lost or
-                finished; "4 runs of 2 ranks: ..." when a group name was
-                reused (each rank's latest run is compared); and the ranks
-                that never reported (LOCAL_WORLD_SIZE ranks expected)
+Columns (each in full, and every --format json field: {DOCS_PAGE}):
+  ID NAME STATUS  the run's id (for insights and kernels), name and status
+  GROUP RANK      a run's group (first {GROUP_CHARS} characters) and global rank
+  STEPS           steps recorded
+  MICRO           micro-batches per step (gradient accumulation)
+  MEDIAN_STEP_MS  median of loader wait + step, warm-up steps excluded
+  WAIT%           loader wait: the shares of iteration time add up to 100
+  FWD% BWD% OPT%  forward, backward, optimizer
+  COMM%           collectives not hidden under backward
+  OTHER%          the rest of the step
+  SKIPPED         optimizer updates skipped (inf/NaN gradients)
+  EVAL            time in evaluation outside steps (ms below 1 s)
+  DROPPED         events lost (not sent, or not stored)
 """
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from gpuprofd.errors import (
     BadInputError,
     NoDaemonError,
 )
+from gpuprofd.storage.url import redact
 
 
 def format_status(reply: dict[str, Any]) -> str:
@@ -127,6 +129,11 @@ def _hz(loop: dict[str, Any]) -> str:
     return f"{got} of {loop.get('requested_hz', 0):g} Hz"
 
 
+#: How long ``status`` and ``stop`` wait for each other daemon to say which
+#: database it serves (all are asked at once), seconds.
+OTHER_DAEMON_TIMEOUT_S = 0.5
+
+
 def other_daemons(socket_dir: Path) -> list[str]:
     """Socket directories of other per-user daemons (other databases) beside
     *socket_dir* that hold a control socket."""
@@ -140,14 +147,42 @@ def other_daemons(socket_dir: Path) -> list[str]:
     )
 
 
+def _database_of(socket_dir: str, timeout_s: float) -> str | None:
+    """The database the daemon on *socket_dir* serves, as its ping says it
+    (a storage URL's password masked); None when it does not answer."""
+    try:
+        db = ping(Path(socket_dir), timeout_s).get("db")
+    except (NoDaemonError, BadInputError):
+        return None
+    if not isinstance(db, str) or not db:
+        return None
+    return redact(db) if "://" in db else db  # the daemon masks it; an older one may not
+
+
+def describe_other_daemons(socket_dir: Path, timeout_s: float) -> list[str]:
+    """Each of :func:`other_daemons` as ``DATABASE (--socket-dir DIR)``, its
+    database asked of it (all at once, waiting at most *timeout_s*);
+    ``a daemon not answering (--socket-dir DIR)`` for one that does not say."""
+    dirs = other_daemons(socket_dir)
+    if not dirs:
+        return []
+    wait_s = min(timeout_s, OTHER_DAEMON_TIMEOUT_S)
+    with ThreadPoolExecutor(max_workers=min(len(dirs), 8)) as pool:
+        dbs = list(pool.map(lambda d: _database_of(d, wait_s), dirs))
+    return [
+        f"{db or 'a daemon not answering'} (--socket-dir {d})"
+        for d, db in zip(dirs, dbs, strict=True)
+    ]
+
+
 def no_daemon_message(socket_dir: Path, timeout_s: float) -> str:
     """Why no daemon answered on *socket_dir*, and what to do about it."""
-    others = other_daemons(socket_dir)
+    others = describe_other_daemons(socket_dir, timeout_s)
     if others:
         return (
             f"no gpuprofd for this database (GPUPROF_DB or ./gpuprof.db) on {socket_dir}; "
-            f"daemons of other databases: {', '.join(others)} "
-            "(see one with --socket-dir DIR)"
+            f"daemons of other databases: {'; '.join(others)} "
+            "(see one with its --socket-dir DIR)"
         )
     if (socket_dir / config.CONTROL_SOCKET_NAME).exists():
         return (

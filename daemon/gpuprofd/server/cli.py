@@ -127,6 +127,7 @@ def parse_listen(value: str) -> tuple[str, int]:
 @click.option(
     "--keep-days",
     type=click.FloatRange(min=0, min_open=True),
+    metavar="DAYS",
     default=None,
     help="Delete runs that ended more than this many days ago (checked every 10 minutes).",
 )
@@ -141,6 +142,7 @@ def parse_listen(value: str) -> tuple[str, int]:
 @click.option(
     "--session-hours",
     type=click.FloatRange(min=0, min_open=True),
+    metavar="HOURS",
     default=auth.DEFAULT_SESSION_S / 3600,
     show_default=True,
     help="How long a viewer's login lasts.",
@@ -148,6 +150,7 @@ def parse_listen(value: str) -> tuple[str, int]:
 @click.option(
     "--max-body-mb",
     type=click.FloatRange(min=0.01),
+    metavar="MB",
     default=DEFAULT_MAX_BODY_BYTES / MIB,
     show_default=True,
     help="Largest ingest body accepted as sent (4x that once decompressed).",

@@ -83,12 +83,25 @@ def test_runs_text_table(real_db: Path, capsys: pytest.CaptureFixture[str]) -> N
     assert main(["runs", str(real_db)]) == 0
     assert capsys.readouterr().out.splitlines() == [
         "ID  NAME      STATUS    STEPS  MICRO  MEDIAN_STEP_MS  WAIT%  FWD%  BWD%  COMM%  OPT%"
-        "  OTHER%  SKIPPED  EVAL_S  DROPPED",
+        "  OTHER%  SKIPPED  EVAL  DROPPED",
         "2   ongoing   running       3      1            18.0   44.4  16.7  22.2      -  11.1"
-        "     5.6        0     0.0        0",
+        "     5.6        0     -        0",
         "1   baseline  finished     12      1            18.0   44.4  16.7  22.2      -  11.1"
-        "     5.6        0     0.0        2",
+        "     5.6        0     -        2",
     ]
+
+
+def test_runs_table_says_a_short_evaluation_in_ms(
+    real_db: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gpuprofd.commands.runs import format_table
+
+    assert main(["runs", str(real_db), "--format", "json"]) == 0
+    rows = orjson.loads(capsys.readouterr().out)
+    rows[0]["eval_s"], rows[1]["eval_s"] = 0.004, 12.345  # as the JSON keeps them: seconds
+    lines = format_table(rows).splitlines()
+    assert lines[0].split()[-2:] == ["EVAL", "DROPPED"]
+    assert lines[1].endswith("0    4 ms        0") and lines[2].endswith("0  12.3 s        2")
 
 
 def _iteration(
@@ -169,11 +182,11 @@ def test_runs_shares_skip_step_0_and_fold_the_data_phase_into_wait(
     assert main(["runs", str(db)]) == 0
     assert capsys.readouterr().out.splitlines() == [
         "ID  NAME      STATUS    STEPS  MICRO  MEDIAN_STEP_MS  WAIT%  FWD%  BWD%  COMM%  OPT%"
-        "  OTHER%  SKIPPED  EVAL_S  DROPPED",
+        "  OTHER%  SKIPPED   EVAL  DROPPED",
         "2   one-step  finished      1      -            15.0      -     -     -      -     -"
-        "       -        0     0.0        0",
+        "       -        0      -        0",
         "1   accum     finished      9      2            12.0   33.3  16.7  25.0      -   8.3"
-        "    16.7        1     1.5        0",
+        "    16.7        1  1.5 s        0",
     ]
     # the summary has them too: its JSON, and a line in the text (not for one micro-batch)
     assert main(["insights", str(db), "1", "--format", "json"]) == 0
@@ -184,15 +197,75 @@ def test_runs_shares_skip_step_0_and_fold_the_data_phase_into_wait(
     assert "Micro-batches" not in capsys.readouterr().out
 
 
-def test_runs_help_explains_the_columns(capsys: pytest.CaptureFixture[str]) -> None:
+#: Where the runs' columns and every JSON field are explained in full.
+COMMANDS_PAGE = Path(__file__).resolve().parents[3] / "docs" / "gpuprofctl.md"
+
+
+def _page_section(heading: str) -> str:
+    """The text under *heading* on the commands page, to the next heading of its level."""
+    text = COMMANDS_PAGE.read_text()
+    level = heading.split(" ", 1)[0]
+    body = text.split(f"\n{heading}\n", 1)[1]
+    return body.split(f"\n{level} ", 1)[0]
+
+
+def _table_rows(section: str) -> dict[str, str]:
+    """A markdown table's rows: first cell -> second cell."""
+    rows = [line.strip("|").split("|") for line in section.splitlines() if line.startswith("|")]
+    return {cells[0].strip(): cells[1].strip() for cells in rows[2:]}
+
+
+def test_runs_help_lists_each_column_on_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    from gpuprofd.commands.runs import format_table
+
     assert main(["runs", "--help"]) == 0
-    help_text = " ".join(capsys.readouterr().out.split())
-    assert (
-        "MEDIAN_STEP_MS steady-state median iteration time: median of loader wait + step, "
-        "warm-up steps excluded" in help_text
+    out = capsys.readouterr().out
+    assert len(out.splitlines()) <= 40  # usage, options and the columns: no JSON reference
+    assert "docs/gpuprofctl.md" in out and COMMANDS_PAGE.is_file()
+    block = out.split("Columns (", 1)[1].split("\n\n", 1)[0].splitlines()[1:]
+    named = {w for line in block for w in line.strip().split("  ")[0].split()}
+    heads = format_table([], groups=True).split()
+    assert set(heads) - {"WAIT%", "FWD%", "BWD%", "COMM%", "OPT%", "OTHER%"} <= named
+    assert {"WAIT%", "FWD%", "BWD%", "COMM%", "OPT%", "OTHER%"} <= named
+    assert all(len(line) <= 80 for line in block)  # one line each, as printed
+    assert "pct_of_iteration" not in out and "torch_peak_allocated_bytes" not in out
+
+
+def test_the_commands_page_explains_the_runs_columns() -> None:
+    from gpuprof.insights.base import WARMUP_STEPS
+    from gpuprofd.commands.runs import GROUP_CHARS
+
+    columns = _table_rows(_page_section("### Columns"))
+    assert columns["MEDIAN_STEP_MS"].startswith(
+        "steady-state median iteration time: median of loader wait + step, "
+        f"warm-up steps excluded (the first {WARMUP_STEPS} when the run has more than "
+        f"{2 * WARMUP_STEPS})"
     )
-    assert "WAIT% + FWD% + BWD% + COMM% + OPT% + OTHER% = 100" in help_text
-    assert "(the data phase, between micro-batches) folded in" in help_text
+    assert "WAIT% + FWD% + BWD% + COMM% + OPT% + OTHER% = 100" in columns["WAIT%..OTHER%"]
+    assert "(the data phase, between micro-batches) folded in" in columns["WAIT%"]
+    assert f"its first {GROUP_CHARS} characters" in columns["GROUP, RANK"]
+
+
+def test_the_commands_page_names_every_runs_json_field(
+    real_db: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["runs", str(real_db), "--format", "json"]) == 0
+    row = orjson.loads(capsys.readouterr().out)[0]
+    section = _page_section("### --format json")
+    assert [k for k in row if f"`{k}`" not in section] == []
+    shares = " ".join(section.split()).split("`pct_of_iteration` `{", 1)[1].split("}`")[0]
+    assert sorted(shares.split(", ")) == sorted(row["pct_of_iteration"])
+
+
+def test_insights_help_points_to_the_commands_page(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["insights", "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "Every field of --format json, one run's or a group's: docs/gpuprofctl.md" in out
+    assert "clock_reference_rank" not in out  # the group's JSON is on the page
+    section = " ".join(_page_section("### --group NAME, --format json").split())
+    for key in ("insights_source", "runs_note", "missing_ranks", "comm_missing", "ranks"):
+        assert f"`{key}`" in section, key
+    assert "clock_reference_rank" in section and "not bytes on the wire" in section
 
 
 def test_insights_prints_the_stored_summary(
@@ -480,7 +553,54 @@ def test_status_points_to_daemons_of_other_databases(tmp_path, monkeypatch, caps
     monkeypatch.setenv("GPUPROF_DB", str(tmp_path / "here.db"))
     other = tmp_path / "gpuprof" / "0123456789ab"
     other.mkdir(parents=True)
-    (other / "control.sock").touch()  # another project's daemon
+    (other / "control.sock").touch()  # another project's daemon, gone without a word
     assert main(["status"]) == 3
     err = capsys.readouterr().err
-    assert "no gpuprofd for this database" in err and str(other) in err
+    assert "no gpuprofd for this database" in err
+    assert f"a daemon not answering (--socket-dir {other})" in err
+
+
+def test_status_names_each_other_daemon_by_its_database(
+    daemons, sock_dir: Path, tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """Which daemon is which: each by the database it serves, not its socket hash."""
+    from gpuprof import config
+
+    monkeypatch.delenv("GPUPROF_SOCKET", raising=False)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(sock_dir))  # short: ipc paths < 107 bytes
+    monkeypatch.setenv("GPUPROF_DB", str(tmp_path / "here.db"))
+    theirs = tmp_path / "theirs.db"
+    their_dir = config.socket_dir(db=theirs)
+    their_dir.mkdir(parents=True)
+    daemons.start_ready(their_dir, theirs)
+    assert main(["status", "--timeout", "2"]) == 3
+    err = capsys.readouterr().err
+    assert f"daemons of other databases: {theirs.resolve()} (--socket-dir {their_dir})" in err
+    assert main(["stop"]) == 3  # stop points to them the same way
+    assert f"{theirs.resolve()} (--socket-dir {their_dir})" in capsys.readouterr().err
+
+
+def test_other_daemons_storage_urls_are_said_without_their_password(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    from gpuprofd.commands import status
+    from gpuprofd.errors import NoDaemonError
+
+    monkeypatch.delenv("GPUPROF_SOCKET", raising=False)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    monkeypatch.setenv("GPUPROF_DB", str(tmp_path / "here.db"))
+    other = tmp_path / "gpuprof" / "0123456789ab"
+    other.mkdir(parents=True)
+    (other / "control.sock").touch()
+    url = "postgres://gp:s3cret@db.internal/gpuprof?password=s3cret"
+
+    def ping(where: Path, timeout_s: float) -> dict[str, Any]:
+        if where != other:
+            raise NoDaemonError(f"no gpuprofd answering on {where}")
+        return {"db": url}  # as a daemon that did not mask it would say it
+
+    monkeypatch.setattr(status, "ping", ping)
+    assert main(["status"]) == 3
+    err = capsys.readouterr().err
+    assert "s3cret" not in err
+    assert f"postgres://gp:***@db.internal/gpuprof?password=*** (--socket-dir {other})" in err

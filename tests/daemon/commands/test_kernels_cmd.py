@@ -119,8 +119,13 @@ def test_latest_run_default_and_no_kernels(tmp_path: Path, capsys) -> None:
     conn.close()
     assert main(["kernels", str(db)]) == 0
     out = capsys.readouterr().out.strip()
-    assert out.startswith("run 1 (empty): no trace windows in this run (profile with ")
-    assert "trace_every_n_steps" in out and "gpuprofctl nsys-import" in out
+    assert out.startswith("run 1 (empty): no trace windows in this run: ")
+    # why there are none, and the profile() option that records them
+    assert "gpuprof records kernels only while tracing is on, and this run was not traced" in out
+    assert "Turn it on with gpuprof.profile(..., trace_every_n_steps=N)" in out
+    assert "gpuprofctl nsys-import" in out
+    assert main(["kernels", str(db), "--kind", "op"]) == 0
+    assert "records operators only while tracing is on" in capsys.readouterr().out
     assert main(["kernels", str(db), "--compare", "1"]) == 0
     assert "no kernel data in run 1 (empty) or run 1 (empty)" in capsys.readouterr().out
     assert main(["kernels", str(db), "7"]) == 2

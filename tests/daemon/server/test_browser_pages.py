@@ -95,7 +95,7 @@ def _shows(page: Any, names: list[str]) -> None:
 def test_the_runs_list_has_a_node_column_and_filters(page: Any, server: TeamServer) -> None:
     assert _names(page) == ["pretrain", "sft-new", "sft-old"]
     heads = page.locator("table.runs thead th").all_inner_texts()
-    col = heads.index("NODE")
+    col = heads.index("Node")
     cells = page.locator(f"table.runs tbody tr td:nth-child({col + 1})").all_inner_texts()
     assert cells == ["node-b", "node-b", "node-a"]
     node = page.locator("#filter-node")
@@ -131,7 +131,7 @@ def test_the_runs_list_has_a_node_column_and_filters(page: Any, server: TeamServ
 
 def test_the_runs_list_shows_who_trained_and_filters_by_user(page: Any, server: TeamServer) -> None:
     heads = page.locator("table.runs thead th").all_inner_texts()
-    col = heads.index("USER")
+    col = heads.index("User")
     cells = page.locator(f"table.runs tbody tr td:nth-child({col + 1})").all_inner_texts()
     assert cells == ["<b>bob</b>", "alice", "bob"]  # a user name is text, never markup
     assert page.locator("table.runs tbody b").count() == 0
@@ -156,3 +156,20 @@ def test_a_run_page_names_an_ingested_gpu_by_its_uuid(page: Any, server: TeamSer
     assert "null" not in page.locator("#gpus").inner_text()
     assert page.locator("#gpus .gpu-row").get_attribute("data-gpu") == f"GPU-{GPU}"
     assert page.errors == []
+
+
+def test_the_runs_list_fits_a_1400px_screen(browser: Any, server: TeamServer) -> None:
+    ctx = browser.new_context(viewport={"width": 1400, "height": 900})
+    try:
+        p = ctx.new_page()
+        p.goto(server.url + "/")
+        log_in_page(p)
+        p.wait_for_selector("body[data-ready='1'] table.runs", timeout=30_000)
+        fit = p.evaluate(
+            """() => { const box = document.querySelector('#runs');
+                       return {table: box.querySelector('table.runs').scrollWidth,
+                               box: box.clientWidth}; }"""
+        )
+        assert fit["table"] <= fit["box"], fit  # the node and user columns too: no scrolling
+    finally:
+        ctx.close()

@@ -41,6 +41,13 @@ export function ms(v) {
   return v >= 100 ? `${v.toFixed(0)} ms` : `${v.toFixed(v >= 10 ? 1 : 2)} ms`;
 }
 
+/** A time in seconds in the unit that shows it: "4 ms" below a second (never
+ * "0.0"), else "12.3 s" (as the CLI's summary and runs table say it). */
+export function seconds(v) {
+  if (v === null || v === undefined || Number.isNaN(v)) return DASH;
+  return v < 0.9995 ? `${(v * 1000).toFixed(0)} ms` : `${v.toFixed(1)} s`;
+}
+
 /** Unix seconds as local date and time. */
 export function when(s) {
   if (s === null || s === undefined) return DASH;

@@ -298,6 +298,48 @@ def test_group_view(dash: Dash, runs: dict, pages):
     assert w.errors == []
 
 
+#: The runs table's headers: words, not gpuprofctl's column names.
+RUNS_HEADERS = [
+    "", "ID", "Name", "Status", "Group", "Rank", "Node", "User", "Steps", "Median step (ms)",
+    "Wait %", "Fwd %", "Bwd %", "Comm %", "Opt %", "Other %", "Skipped", "Eval", "Dropped",
+    "Started", "Duration",
+]  # fmt: skip
+
+
+def runs_table_fit(page: Any) -> dict[str, int]:
+    """The runs table's width and its box's: the table fits when it is no wider."""
+    return page.evaluate(
+        """() => { const box = document.querySelector('#runs');
+                   return {table: box.querySelector('table.runs').scrollWidth,
+                           box: box.clientWidth, page: document.documentElement.scrollWidth,
+                           viewport: innerWidth}; }"""
+    )
+
+
+def test_the_runs_table_has_readable_headers_and_fits_1400px(dash: Dash, runs: dict, pages):
+    rid = runs["plain"]["id"]
+    with closing(sqlite3.connect(dash.db)) as db, db:  # 4 ms of evaluation after its last step
+        db.execute("UPDATE runs SET trailing_eval_ns = 4000000 WHERE id = ?", (rid,))
+    try:
+        w = pages(width=1400, height=900)
+        page = w.open(f"{dash.url}/#/runs")
+        heads = page.locator("table.runs thead th").all_inner_texts()
+        assert [" ".join(t.split()) for t in heads] == RUNS_HEADERS  # a header may wrap
+        row = page.locator(f"table.runs tbody tr[data-run='{rid}']")
+        cells = row.locator("td").all_inner_texts()
+        assert cells[RUNS_HEADERS.index("Eval")] == "4 ms"  # not "0.0"
+        api = next(r for r in dash.get("/api/v1/runs")["runs"] if r["id"] == rid)
+        assert api["eval_s"] == 0.004  # the data stays in seconds
+        assert cells[RUNS_HEADERS.index("Median step (ms)")] == f"{api['median_step_ms']:.1f}"
+        # a 10 kB hostile name and a group among the rows, and still no sideways scroll
+        fit = runs_table_fit(page)
+        assert fit["table"] <= fit["box"] and fit["page"] <= fit["viewport"], fit
+        assert w.errors == []
+    finally:
+        with closing(sqlite3.connect(dash.db)) as db, db:
+            db.execute("UPDATE runs SET trailing_eval_ns = 0 WHERE id = ?", (rid,))
+
+
 def test_hostile_run_name_is_text(dash: Dash, runs: dict, pages):
     rid = runs["hostile"]["id"]
     for view in ("#/runs", f"#/run/{rid}", f"#/compare/{rid},{runs['plain']['id']}"):

@@ -6,17 +6,37 @@
 
 import { api } from "../api.js";
 import { h, replace, userText } from "../dom.js";
-import { duration, int, num, shortWhen, when } from "../format.js";
+import { duration, int, num, seconds, shortWhen, when } from "../format.js";
 import { errorBox, statusBadge } from "./panels.js";
 
 const REFRESH_MS = 5000;
+/** The shares of iteration time: their key, header and what they are. */
 const SHARES = [
-  ["loader_wait", "WAIT%"],
-  ["forward", "FWD%"],
-  ["backward", "BWD%"],
-  ["comm", "COMM%"],
-  ["optimizer", "OPT%"],
-  ["other", "OTHER%"],
+  ["loader_wait", "Wait %", "Loader wait: time waiting on the data loader"],
+  ["forward", "Fwd %", "Forward"],
+  ["backward", "Bwd %", "Backward (collectives not hidden under it are Comm %)"],
+  ["comm", "Comm %", "Collectives not hidden under backward (DDP's all-reduce)"],
+  ["optimizer", "Opt %", "Optimizer step"],
+  ["other", "Other %", "The rest of the step: unlabelled time, custom phases"],
+];
+/** The columns (`gpuprofctl runs`' in words, with node, user, start and duration): header, tooltip, numeric. */
+const COLUMNS = [
+  ["", null, false],
+  ["ID", "The run's id (gpuprofctl insights DB ID)", true],
+  ["Name", null, false],
+  ["Status", null, false],
+  ["Group", "torchrun's run id or profile(group=...)", false],
+  ["Rank", "The run's global rank in its group", true],
+  ["Node", null, false],
+  ["User", "Who trained", false],
+  ["Steps", "Every step recorded", true],
+  ["Median step (ms)", "Steady-state median of loader wait + step, warm-up steps excluded", true],
+  ...SHARES.map(([, head, tip]) => [head, `${tip}: share of iteration time (loader wait + step)`, true]),
+  ["Skipped", "Steps whose optimizer update was skipped (inf/NaN gradients)", true],
+  ["Eval", "Time in evaluation (no-grad forwards) outside steps", true],
+  ["Dropped", "Events lost: not sent by the training process, or not stored", true],
+  ["Started", null, false],
+  ["Duration", null, true],
 ];
 const STATUSES = ["", "running", "finished", "failed", "lost"];
 /** The time filter: runs that ran within the last ... (seconds). */
@@ -148,7 +168,7 @@ export function render(root, { query }) {
       h("td", { class: "num" }, num(r.median_step_ms, 1)),
       SHARES.map(([k]) => h("td", { class: "num" }, num(pct[k], 1))),
       h("td", { class: "num" }, int(r.skipped_updates ?? 0)),
-      h("td", { class: "num" }, num(r.eval_s, 1)),
+      h("td", { class: "num" }, r.eval_s ? seconds(r.eval_s) : "–"),
       h("td", { class: "num" }, int((r.dropped_events ?? 0) + (r.store_dropped_events ?? 0))),
       h("td", { class: "when", title: when(r.start_s) }, shortWhen(r.start_s)),
       h("td", { class: "num" }, r.start_s && end ? duration(end - r.start_s) : "–"),
@@ -176,13 +196,11 @@ export function render(root, { query }) {
     }
     if (state.gone) return;
     const runs = data.runs || [];
-    const heads = ["", "ID", "NAME", "STATUS", "GROUP", "RANK", "NODE", "USER", "STEPS", "MEDIAN_STEP_MS",
-      ...SHARES.map(([, c]) => c), "SKIPPED", "EVAL_S", "DROPPED", "STARTED", "DURATION"];
-    const numeric = new Set(["ID", "RANK", "STEPS", "MEDIAN_STEP_MS", ...SHARES.map(([, c]) => c), "SKIPPED", "EVAL_S", "DROPPED", "DURATION"]);
     replace(tableBox,
       runs.length
         ? h("table", { class: "runs" },
-          h("thead", {}, h("tr", {}, heads.map((c) => h("th", { class: numeric.has(c) ? "num" : null }, c)))),
+          h("thead", {}, h("tr", {}, COLUMNS.map(([c, tip, numeric]) =>
+            h("th", { class: numeric ? "num" : null, title: tip, scope: "col" }, c)))),
           h("tbody", {}, runs.map(row)))
         : h("p", { class: "muted" }, state.name || state.status || state.node || state.user || state.within
           ? "No run matches these filters."
