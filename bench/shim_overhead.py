@@ -10,9 +10,12 @@ Prints, from one run on this machine:
   (patched) and in the steady state (torch's own, a wrapper on the root);
 - the cost of one step-event send to a live daemon (µs).
 
-    python bench/shim_overhead.py [--blocks 12] [--steps 60] [--pairs 15] [--fixed-only]
+    python bench/shim_overhead.py [--blocks 12] [--steps 60] [--pairs 15] [--fixed-only] [--where]
 
-``--fixed-only`` prints the fixed cost alone (about 15 s).
+``--fixed-only`` prints the fixed cost alone (about 30 s); ``--where`` adds
+where it goes: the opcodes gpuprof's functions run per step, and the Python
+and C calls a profiled step makes beyond a plain one (counts, the same on a
+busy machine).
 
 A real gpuprofd is started in a temporary socket directory for the run and
 stopped at the end. Not a test: these machines are noisy, so read the ratio.
@@ -220,6 +223,95 @@ def print_fixed_cost(pairs: int, steps: int) -> None:
         )
 
 
+class Where(NamedTuple):
+    """Where a profiled step's extra work goes, per step (counted, not timed).
+
+    Attributes:
+        opcodes: bytecode instructions gpuprof's own functions ran, by
+            ``(file, function)``, most first.
+        frames: Python calls beyond a plain step's.
+        c_calls: calls into C functions beyond a plain step's.
+    """
+
+    opcodes: list[tuple[tuple[str, str], float]]
+    frames: float
+    c_calls: float
+
+
+def where_it_goes(manual: bool, steps: int = 640) -> Where:
+    """Count what the shim adds to each of *steps* steady steps of the
+    1-module model (auto mode, or the manual API): ``sys.settrace`` counts
+    the opcodes run in gpuprof's files (and torch's ``is_dynamo_compiling``,
+    which the hooks call), ``sys.setprofile`` the Python and C calls of a
+    profiled loop against the same plain loop. Counts do not depend on how
+    busy the machine is; the step runs ~50x slower while traced."""
+    model, x, opt = _tiny()
+    _auto_loop(model, x, opt, 200)
+
+    def calls(run: Any) -> tuple[int, int]:
+        n = {"call": 0, "c_call": 0}
+
+        def count(frame: Any, event: str, arg: Any) -> None:
+            if event in n:
+                n[event] += 1
+
+        sys.setprofile(count)
+        try:
+            run()
+        finally:
+            sys.setprofile(None)
+        return n["call"], n["c_call"]
+
+    plain = calls(lambda: _auto_loop(model, x, opt, steps))
+    ops: dict[tuple[str, str], int] = {}
+
+    def trace(frame: Any, event: str, arg: Any) -> Any:
+        code = frame.f_code
+        if "gpuprof" not in code.co_filename and code.co_name != "is_dynamo_compiling":
+            return None
+        key = (Path(code.co_filename).name, code.co_name)
+        frame.f_trace_opcodes, frame.f_trace_lines = True, False
+
+        def local(frame: Any, event: str, arg: Any) -> Any:
+            if event == "opcode":
+                ops[key] = ops.get(key, 0) + 1
+            return local
+
+        return local
+
+    with gpuprof.profile("bench-where", print_summary=False, auto=not manual) as p:
+
+        def loop() -> None:
+            if manual:
+                _manual_loop(p, model, x, opt, steps)
+            else:
+                _auto_loop(model, x, opt, steps)
+
+        loop()  # discovery, first sends: not the steady state
+        profiled = calls(loop)
+        sys.settrace(trace)
+        try:
+            loop()
+        finally:
+            sys.settrace(None)
+    ranked = sorted(((k, v / steps) for k, v in ops.items()), key=lambda kv: -kv[1])
+    return Where(ranked, (profiled[0] - plain[0]) / steps, (profiled[1] - plain[1]) / steps)
+
+
+def print_where(top: int = 8) -> None:
+    """Per mode: opcodes per step in gpuprof's code, the extra calls, and the
+    functions that run the most of them (see :func:`where_it_goes`)."""
+    for label, manual in (("auto", False), ("manual API", True)):
+        w = where_it_goes(manual)
+        total = sum(v for _, v in w.opcodes)
+        print(
+            f"where it goes, {label:>10}: {total:.0f} opcodes per step in gpuprof's code, "
+            f"{w.frames:.1f} Python calls and {w.c_calls:.1f} C calls beyond a plain step"
+        )
+        for (file, fn), v in w.opcodes[:top]:
+            print(f"    {v:6.1f}  {file}:{fn}")
+
+
 def send_us(socket_dir: Path, n: int = 20000) -> float:
     from gpuprof_shim.sender import Sender
 
@@ -258,6 +350,9 @@ def main() -> None:
         "--fixed-steps", type=int, default=3000, help="steps per block for the fixed cost"
     )
     ap.add_argument("--fixed-only", action="store_true", help="only the fixed cost per step")
+    ap.add_argument(
+        "--where", action="store_true", help="also count where the fixed cost goes (opcodes, calls)"
+    )
     args = ap.parse_args()
 
     torch.manual_seed(0)
@@ -289,6 +384,8 @@ def main() -> None:
 
         if args.fixed_only:
             print_fixed_cost(args.pairs, args.fixed_steps)
+            if args.where:
+                print_where()
             return
         model = build_model()
         n_modules = sum(1 for _ in model.modules())
@@ -322,6 +419,8 @@ def main() -> None:
                 f"ratio {q / p:.4f} (target <= 1.01); per-pair ratios IQR {lo:.4f}-{hi:.4f}"
             )
         print_fixed_cost(args.pairs, args.fixed_steps)
+        if args.where:
+            print_where()
         plain_ns, patched_ns, steady_ns = nested_call_ns()
         print(
             f"nested Module.__call__: plain {plain_ns:.0f} ns; discovering {patched_ns:.0f} ns "
