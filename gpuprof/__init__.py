@@ -82,8 +82,8 @@ def profile(
             control characters removed, cut to 200 characters.
         auto: True (default): find steps, micro-batches and the forward /
             backward / optimizer phases by patching torch (needs torch;
-            about 25 µs of CPU per step). False: the manual API
-            (``prof.step(i)``, ``s.phase(name)``; about 20 µs per step), for
+            about 15 µs of CPU per step). False: the manual API
+            (``prof.step(i)``, ``s.phase(name)``; about 15 µs per step), for
             loops without an optimizer, or without torch.
         flops_per_step: model FLOP per optimizer step on this rank, for MFU
             (a float, FLOP). Default None: from ``arch``, else counted once
