@@ -15,7 +15,12 @@ from gpuprofd.storage import runsdb
 log = logging.getLogger(__name__)
 
 TICK_S = 1.0
+#: Seconds between live insights passes over the running runs ...
 LIVE_INSIGHTS_S = 10.0
+#: ... or more: a pass takes at most this share of the time between passes,
+#: so the daemon's CPU stays small beside training on a long run (a pass
+#: over a run of 1M steps can take seconds on a 2-core box).
+LIVE_INSIGHTS_MAX_SHARE = 0.05
 
 
 class Lifecycle:
@@ -51,9 +56,11 @@ class Lifecycle:
         await self.persist()
         now = self._clock()
         if now >= self._next_live:
-            self._next_live = now + self.live_insights_s
+            self._next_live = now + self.live_insights_s  # kept if a pass raises
             for live in list(self.runs.registry.live.values()):
                 await self.runs.insights.live(live.run_id)
+            spent = self._clock() - now
+            self._next_live = now + max(self.live_insights_s, spent / LIVE_INSIGHTS_MAX_SHARE)
         idle_s = now - self.last_activity()
         if self.idle_exit_s > 0 and not self.runs.registry.live and idle_s >= self.idle_exit_s:
             log.info("idle for %.0f s with no live runs: exiting", idle_s)

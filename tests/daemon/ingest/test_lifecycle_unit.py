@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+
 from gpuprofd.counters import DropCounter
 from gpuprofd.ingest.lifecycle import Lifecycle
 from gpuprofd.ingest.registry import RunRegistry
@@ -70,3 +72,52 @@ async def _scenario(store: Store, drops: DropCounter, db: Path) -> None:
     await cycle.tick()
     assert query(db, "SELECT status FROM runs WHERE id = ?", (live.run_id,))[0][0] == "lost"
     assert stopped == [True]  # no live runs and idle for 40 s >= 30 s
+
+
+async def test_live_passes_that_take_long_come_less_often(tmp_path: Path) -> None:
+    """A pass taking 3 s (a run of a million steps) is followed by the next
+    only after 3 s / LIVE_INSIGHTS_MAX_SHARE = 60 s, not 10 s; quick passes
+    keep the 10 s interval."""
+    from gpuprofd.ingest.lifecycle import LIVE_INSIGHTS_MAX_SHARE
+
+    db = tmp_path / "slow.db"
+    schema.prepare(db)
+    drops = DropCounter()
+    store = Store(db, drops)
+    await store.open()
+    store.start()
+    try:
+        runs = RunService(
+            store, RunRegistry(), InsightsRunner(store, str(db), None), [],
+            pid_alive=lambda pid, _wall: True,
+        )  # fmt: skip
+        await runs.hello(h.hello("u", 101))
+        now = [1000.0]
+        pass_s = [3.0]
+        passes: list[float] = []
+
+        async def live(run_id: int) -> list:
+            passes.append(now[0])
+            now[0] += pass_s[0]  # the pass's own time, on the injected clock
+            return []
+
+        runs.insights.live = live  # type: ignore[method-assign]
+        cycle = Lifecycle(
+            runs, drops, idle_exit_s=0, last_activity=lambda: now[0],
+            request_stop=lambda: None, live_insights_s=10, clock=lambda: now[0],
+        )  # fmt: skip
+        for _ in range(200):  # ticks every second, 200 s of them
+            await cycle.tick()
+            now[0] += 1.0
+            if now[0] >= 1130:
+                pass_s[0] = 0.1  # the run's passes got quick again
+    finally:
+        await store.close()
+    gaps = [b - a for a, b in zip(passes, passes[1:], strict=False)]
+    slow_gap = 3.0 / LIVE_INSIGHTS_MAX_SHARE
+    assert passes[0] == 1010.0  # the first pass after live_insights_s
+    assert gaps[:2] == [slow_gap, slow_gap]  # 60 s from each 3 s pass's start
+    # from 1130 the passes take 0.1 s: every 10 s again (the first tick after)
+    assert passes[2] == 1130.0
+    assert gaps[2:] == pytest.approx([10.1] * (len(passes) - 3))
+    assert len(passes) >= 8
