@@ -78,8 +78,11 @@ def _fit(
     for s, w in zip(slow, weights, strict=True):
         by_residue[s % gap] = by_residue.get(s % gap, 0.0) + w
     residue = max(by_residue, key=lambda r: (by_residue[r], -r))
-    first = steps[0] + (residue - steps[0]) % gap
-    lattice = [s for s in range(first, steps[-1] + 1, gap) if s in known]
+    if (steps[-1] - steps[0]) // gap <= len(known):
+        first = steps[0] + (residue - steps[0]) % gap
+        lattice = [s for s in range(first, steps[-1] + 1, gap) if s in known]
+    else:  # numbers far apart (a jump, a stride): walk the steps, not the span
+        lattice = sorted(s for s in known if s % gap == residue)
     on = {s for s in slow if s % gap == residue} & known
     if not lattice or len(on) < PERIODIC_LATTICE_SHARE * len(lattice):
         return None

@@ -77,6 +77,18 @@ def test_the_interval_is_counted_in_step_numbers_with_steps_missing():
     assert period(slow, ran) == Period(25, 0, 9, 9)
 
 
+def test_a_jump_in_the_step_numbers_costs_its_steps_not_its_span():
+    # a manual loop that numbered one step 2**40 (the shim's largest index):
+    # the lattice is walked over the steps that ran, not the 2**40 numbers between
+    import time
+
+    every_25 = list(range(25, 300, 25))
+    started = time.perf_counter()
+    assert period(every_25, [*range(3, 300), 1 << 40]) == Period(25, 0, 11, 11)
+    assert period([10, 12, 14, 16, 500, 502, 504, 506], [*range(1000), 1 << 40]) is None
+    assert time.perf_counter() - started < 1.0
+
+
 def test_bursts_join_steps_up_to_four_fast_steps_apart_and_are_named_in_short():
     assert bursts([22, 29, 30, 31, 32, 38]) == [(22, 22), (29, 32), (38, 38)]
     assert bursts([10, 12, 13]) == [(10, 13)]
