@@ -54,10 +54,13 @@ class RunId(click.ParamType):
             number = value
         else:
             text = str(value).strip()
-            number = int(text) if text.isascii() and text.isdigit() else 0
+            # at most 19 digits: int() refuses over 4300 (ValueError), and none is an id
+            digits = text.isascii() and text.isdigit() and len(text.lstrip("0")) <= 19
+            number = int(text) if digits else 0
         if not 1 <= number <= MAX_RUN_ID:
+            shown = repr(value) if len(repr(value)) <= 40 else f"{repr(value)[:37]}..."
             self.fail(
-                f"{value!r} is not a run id: a whole number from 1 (gpuprofctl runs lists them)",
+                f"{shown} is not a run id: a whole number from 1 (gpuprofctl runs lists them)",
                 param,
                 ctx,
             )
