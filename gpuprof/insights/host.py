@@ -35,6 +35,10 @@ COLD_CACHE_READ_RATIO = 3.0
 #: First-third reads below this (bytes/s) are too little to slow a loader:
 #: a 3× drop from 3 MB/s of log and checkpoint traffic is not a cold cache.
 COLD_CACHE_MIN_READ_BPS = 50 * _MB
+#: Share of the iterations' speed-up (first third's median - last third's)
+#: the loader wait's own drop must make: a wait easing 16 -> 15.9 ms while
+#: iterations halve is warm-up or a quieter host, not the page cache.
+COLD_CACHE_LOADER_SHARE_OF_SPEEDUP = 0.25
 #: Seed rule table: page cache at ≥ 40 % of RAM is a cache that has filled
 #: what the host could spare it (the rest is processes, pinned buffers).
 CACHE_FULL_FRACTION = 0.40
@@ -96,9 +100,10 @@ def cold_cache(ctx: RunContext) -> Insight | None:
     × the last third's disk bytes/s (and ≥ :data:`COLD_CACHE_MIN_READ_BPS`),
     the iterations sped up (last third's median < the first third's), and the
     loader was what held them back: its median wait ≥ :data:`STALL_FRACTION`
-    of the median iteration in the first third, and lower in the last
-    (iterations also speed up as a run warms up or a busy host quiets; a
-    cold cache slows the loader)."""
+    of the median iteration in the first third, and lower in the last by at
+    least :data:`COLD_CACHE_LOADER_SHARE_OF_SPEEDUP` of the iterations'
+    speed-up (iterations also speed up as a run warms up or a busy host
+    quiets; a cold cache slows the loader)."""
     disk, iters, loader = ctx.disk_read_bps_thirds, ctx.iteration_ms_thirds, ctx.loader_ms_thirds
     if disk is None or iters is None or loader is None:
         return None
@@ -109,6 +114,8 @@ def cold_cache(ctx: RunContext) -> Insight | None:
         return None
     share = first_wait / first_ms
     if share < STALL_FRACTION or last_wait >= first_wait:
+        return None
+    if first_wait - last_wait < COLD_CACHE_LOADER_SHARE_OF_SPEEDUP * (first_ms - last_ms):
         return None
     return Insight(
         rule="cold_cache",

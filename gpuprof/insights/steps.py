@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import bisect
+
 from gpuprof.insights import contention, loading, pattern
 from gpuprof.insights.base import WARMUP_STEPS, Insight, RunContext, rule
 from gpuprof.stats import median, percentile
@@ -418,7 +420,16 @@ def _after_trace(ctx: RunContext, slow: list[int], excess: list[float]) -> tuple
     gpuprof profiled, the share (0-1) of the time they lost, *excess* ms each,
     that those lost)."""
     traced = set(ctx.traced_step_numbers)
-    hit = [w for n, w in zip(slow, excess, strict=True) if n - 1 in traced]
+    if not traced:
+        return 0, 0.0
+    # the step before n is the one recorded last before it, timed or traced:
+    # n - 1 only when the loop numbers its steps 0, 1, 2 (prof.step(i * 32) does not)
+    recorded = sorted(traced.union(ctx.numbers))
+    hit = [
+        w
+        for n, w in zip(slow, excess, strict=True)
+        if (k := bisect.bisect_left(recorded, n)) and recorded[k - 1] in traced
+    ]
     total = sum(excess)
     return len(hit), sum(hit) / total if total > 0 else 0.0
 

@@ -109,6 +109,8 @@ def test_cold_cache_silent_without_both_the_read_drop_and_the_speed_up(kw):
         (14.0, 2.0),  # just under the stall line
         (40.0, 40.0),  # the loader held the loop back, but no less at the end
         (30.0, 35.0),  # ... or more
+        (16.0, 15.9),  # eased a little while the iterations sped up 45 ms: not the cache's
+        (40.0, 29.0),  # 11 ms of the 45 ms speed-up: under a quarter of it
     ],
 )
 def test_cold_cache_silent_when_the_loader_was_not_the_bottleneck_that_eased(loader):
@@ -116,6 +118,8 @@ def test_cold_cache_silent_when_the_loader_was_not_the_bottleneck_that_eased(loa
     assert cold_cache(ctx) is None
     # at the stall line (15 % of the first third's iteration) and falling: it is
     assert cold_cache(make_ctx([50] * 30, **_FELL, loader_ms_thirds=(15.0, 2.0))) is not None
+    # a quarter of the speed-up (11.25 of 45 ms) or more is the loader's: it is
+    assert cold_cache(make_ctx([50] * 30, **_FELL, loader_ms_thirds=(40.0, 28.0))) is not None
 
 
 def _rows(waits_ms: list[int], steps_ms: list[int]) -> tuple[list[dict], int]:

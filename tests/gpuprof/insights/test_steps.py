@@ -512,6 +512,20 @@ def test_slow_steps_right_after_gpuprofs_trace_windows_are_put_on_the_tracing():
     assert found.evidence["period_steps"] is None
 
 
+def test_trace_windows_are_found_when_the_loop_numbers_its_steps_with_a_stride():
+    # prof.step(i * 32): the step before 51 * 32 is 50 * 32, not 51 * 32 - 1
+    traced = {0, 1, 5, 50, 100, 150, 200, 250}
+    after = {51, 101, 151, 201, 251}
+    args = _traced_run(300, traced, after)
+    args["step_numbers"] = tuple(32 * n for n in args["step_numbers"])
+    args["traced_step_numbers"] = tuple(32 * n for n in args["traced_step_numbers"])
+    ins = high_step_variance(make_ctx(**args))
+    assert ins.title.endswith("; slow every 1600 steps, right after gpuprof's own trace windows"), (
+        ins.title
+    )
+    assert (ins.evidence["after_trace_steps"], ins.evidence["after_trace_loss_share"]) == (5, 1.0)
+
+
 def test_slow_steps_away_from_the_trace_windows_are_the_loops():
     # the same slow steps every 50, the windows elsewhere: the loop's own work
     traced = {0, 1, 5, 30, 80, 130, 180, 230}
