@@ -6,12 +6,14 @@ whatever was not acknowledged)."""
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 import click
 
+from gpuprof import config
 from gpuprofd.commands.common import echo_json, format_option, resolve_db
 from gpuprofd.counters import DropCounter
 from gpuprofd.errors import EXIT_FAILURE, EXIT_OK, BadInputError
@@ -126,7 +128,8 @@ async def _drain(
     await store.open()
     store.start()
     try:
-        server = server or await outbox.remembered_server(store)
+        # --server, else GPUPROF_SERVER, else the server the file last forwarded to
+        server = server or config.server_url(os.environ) or await outbox.remembered_server(store)
         cfg = resolve(server, api_key_file)
         if cfg is None:
             raise BadInputError(

@@ -167,7 +167,7 @@ def describe_other_daemons(socket_dir: Path, timeout_s: float) -> list[str]:
     if not dirs:
         return []
     wait_s = min(timeout_s, OTHER_DAEMON_TIMEOUT_S)
-    with ThreadPoolExecutor(max_workers=min(len(dirs), 8)) as pool:
+    with ThreadPoolExecutor(max_workers=min(len(dirs), 32)) as pool:  # stale ones wait it out
         dbs = list(pool.map(lambda d: _database_of(d, wait_s), dirs))
     return [
         f"{db or 'a daemon not answering'} (--socket-dir {d})"

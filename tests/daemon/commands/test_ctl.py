@@ -604,3 +604,37 @@ def test_other_daemons_storage_urls_are_said_without_their_password(
     err = capsys.readouterr().err
     assert "s3cret" not in err
     assert f"postgres://gp:***@db.internal/gpuprof?password=*** (--socket-dir {other})" in err
+
+
+@pytest.mark.parametrize(
+    ("env_server", "expected"),
+    [
+        ("http://new-server.example:8000", "http://new-server.example:8000"),
+        (None, "http://old-server.example:8000"),  # no GPUPROF_SERVER: the remembered one
+    ],
+)
+def test_drain_takes_gpuprof_server_before_the_server_the_file_remembers(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    env_server: str | None,
+    expected: str,
+) -> None:
+    """--server, else GPUPROF_SERVER, else the server the file last forwarded
+    to, as drain --help says (an empty outbox: nothing is posted)."""
+    db = tmp_path / "d.db"
+    schema.prepare(db)
+    with sqlite3.connect(db) as conn:
+        conn.execute(
+            "INSERT INTO meta (key, value) VALUES ('forward_server', ?)",
+            ("http://old-server.example:8000",),
+        )
+    monkeypatch.setenv("GPUPROF_API_KEY", "k")
+    if env_server is None:
+        monkeypatch.delenv("GPUPROF_SERVER", raising=False)
+    else:
+        monkeypatch.setenv("GPUPROF_SERVER", env_server)
+    with pytest.raises(SystemExit) as exited:  # drain exits with its verdict
+        main(["drain", str(db), "--format", "json"])
+    assert exited.value.code == 0
+    assert json.loads(capsys.readouterr().out)["server"] == expected
