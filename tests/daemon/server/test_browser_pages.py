@@ -15,6 +15,7 @@ import pytest
 from tests.daemon.batches import GPU, batch, new_uuid, run_event, steps_event
 from tests.daemon.server.conftest import TeamServer, log_in_page
 from tests.daemon.server.test_views import ended, rollup_row, rollups_event
+from tests.daemon.web.static import runs_table as rt
 
 NS = 1_000_000_000
 
@@ -173,3 +174,33 @@ def test_the_runs_list_fits_a_1400px_screen(browser: Any, server: TeamServer) ->
         assert fit["table"] <= fit["box"], fit  # the node and user columns too: no scrolling
     finally:
         ctx.close()
+
+
+def test_the_runs_list_fits_1400px_with_realistic_long_values(browser: Any, tmp_path: Any) -> None:
+    """A sweep's two runs from two nodes of a cluster, name, group, host and
+    user long at once: no sideways scroll, every cut value whole in its
+    tooltip, the two nodes read differently."""
+    s = TeamServer(tmp_path, f"sqlite:///{tmp_path / 'team.db'}").start()
+    ctx = browser.new_context(viewport={"width": 1400, "height": 900})
+    try:
+        now = time.time_ns()
+        for i, (host, user) in enumerate(zip(rt.HOSTS, rt.USERS, strict=True)):
+            ev = run_event(
+                1, new_uuid(), name=rt.NAME, host=host, group_id=rt.GROUP, user_name=user,
+                start_wall_ns=now - (600 - i) * NS,
+            )  # fmt: skip
+            assert s.ingest(batch(f"n{17 + i}", [ev], host=host)).status_code == 200
+        p = ctx.new_page()
+        p.goto(s.url + "/")
+        log_in_page(p)
+        p.wait_for_selector("body[data-ready='1'] table.runs", timeout=30_000)
+        seen = rt.runs_table(p)
+        ids = sorted(seen["rows"], key=int)
+        full = {
+            rid: {"name": rt.NAME, "group": rt.GROUP, "node": host, "user": user}
+            for rid, host, user in zip(ids, rt.HOSTS, rt.USERS, strict=True)
+        }
+        rt.assert_fits_and_tells_apart(seen, full)
+    finally:
+        ctx.close()
+        s.stop()

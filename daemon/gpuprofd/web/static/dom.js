@@ -33,10 +33,17 @@ export function replace(el, ...children) {
   return append(el, children);
 }
 
+/** The longest tooltip a run-supplied string gets (a 10 kB name's is cut). */
+const TITLE_CHARS = 2000;
+
 /** A run-supplied string, isolated for bidi (a right-to-left override in a
  * run name cannot reorder the text around it) and with its full value as a
- * tooltip when shown shortened. */
-export function userText(s, cls = "") {
+ * tooltip when it may be shown shortened: past 60 characters, or always with
+ * `tip` (a table cell that cuts it to its column's width). The tooltip is the
+ * `title` property: text, never markup. */
+export function userText(s, cls = "", tip = false) {
   const str = s === null || s === undefined ? "" : String(s);
-  return h("bdi", { class: cls || null, title: str.length > 60 ? str.slice(0, 2000) : null }, str);
+  const el = h("bdi", { class: cls || null }, str);
+  if (tip || str.length > 60) el.title = str.slice(0, TITLE_CHARS);
+  return el;
 }

@@ -18,6 +18,7 @@ from urllib.parse import parse_qs, quote, urlparse
 
 import pytest
 
+from tests.daemon.web.static import runs_table as rt
 from tests.daemon.web.static.conftest import Dash
 
 pytestmark = pytest.mark.timeout(600)
@@ -338,6 +339,32 @@ def test_the_runs_table_has_readable_headers_and_fits_1400px(dash: Dash, runs: d
     finally:
         with closing(sqlite3.connect(dash.db)) as db, db:
             db.execute("UPDATE runs SET trailing_eval_ns = 0 WHERE id = ?", (rid,))
+
+
+def test_the_runs_table_fits_1400px_with_realistic_long_values(dash: Dash, runs: dict, pages):
+    """Two runs of a sweep on two nodes of a cluster: name, group, host and user
+    long at once. No sideways scroll; what is cut has its whole value as the
+    tooltip; the nodes read differently."""
+    ids = [runs["plain"]["id"], runs["stall"]["id"]]
+    cols = "run_name, group_id, host, user_name"
+    with closing(sqlite3.connect(dash.db)) as db, db:
+        was = [db.execute(f"SELECT {cols} FROM runs WHERE id = ?", (i,)).fetchone() for i in ids]
+        for rid, host, user in zip(ids, rt.HOSTS, rt.USERS, strict=True):
+            sql = f"UPDATE runs SET ({cols}) = (?, ?, ?, ?) WHERE id = ?"
+            db.execute(sql, (rt.NAME, rt.GROUP, host, user, rid))
+    try:
+        w = pages(width=1400, height=900)
+        page = w.open(f"{dash.url}/#/runs")
+        full = {
+            str(rid): {"name": rt.NAME, "group": rt.GROUP, "node": host, "user": user}
+            for rid, host, user in zip(ids, rt.HOSTS, rt.USERS, strict=True)
+        }
+        rt.assert_fits_and_tells_apart(rt.runs_table(page), full)
+        assert w.errors == []
+    finally:
+        with closing(sqlite3.connect(dash.db)) as db, db:
+            for rid, old in zip(ids, was, strict=True):
+                db.execute(f"UPDATE runs SET ({cols}) = (?, ?, ?, ?) WHERE id = ?", (*old, rid))
 
 
 def test_hostile_run_name_is_text(dash: Dash, runs: dict, pages):

@@ -19,25 +19,38 @@ const SHARES = [
   ["optimizer", "Opt %", "Optimizer step"],
   ["other", "Other %", "The rest of the step: unlabelled time, custom phases"],
 ];
-/** The columns (`gpuprofctl runs`' in words, with node, user, start and duration): header, tooltip, numeric. */
+/** The columns (`gpuprofctl runs`' in words, with node, user, start and
+ * duration): header, tooltip, class ("num": numeric; the four text columns
+ * from runs are named: style.css gives them their share of the width). */
 const COLUMNS = [
-  ["", null, false],
-  ["ID", "The run's id (gpuprofctl insights DB ID)", true],
-  ["Name", null, false],
-  ["Status", null, false],
-  ["Group", "torchrun's run id or profile(group=...)", false],
-  ["Rank", "The run's global rank in its group", true],
-  ["Node", null, false],
-  ["User", "Who trained", false],
-  ["Steps", "Every step recorded", true],
-  ["Median step (ms)", "Steady-state median of loader wait + step, warm-up steps excluded", true],
-  ...SHARES.map(([, head, tip]) => [head, `${tip}: share of iteration time (loader wait + step)`, true]),
-  ["Skipped", "Steps whose optimizer update was skipped (inf/NaN gradients)", true],
-  ["Eval", "Time in evaluation (no-grad forwards) outside steps", true],
-  ["Dropped", "Events lost: not sent by the training process, or not stored", true],
-  ["Started", null, false],
-  ["Duration", null, true],
+  ["", null, null],
+  ["ID", "The run's id (gpuprofctl insights DB ID)", "num"],
+  ["Name", null, "name"],
+  ["Status", null, null],
+  ["Group", "torchrun's run id or profile(group=...)", "group"],
+  ["Rank", "The run's global rank in its group", "num"],
+  ["Node", null, "node"],
+  ["User", "Who trained", "user"],
+  ["Steps", "Every step recorded", "num"],
+  ["Median step (ms)", "Steady-state median of loader wait + step, warm-up steps excluded", "num"],
+  ...SHARES.map(([, head, tip]) => [head, `${tip}: share of iteration time (loader wait + step)`, "num"]),
+  ["Skipped", "Steps whose optimizer update was skipped (inf/NaN gradients)", "num"],
+  ["Eval", "Time in evaluation (no-grad forwards) outside steps", "num"],
+  ["Dropped", "Events lost: not sent by the training process, or not stored", "num"],
+  ["Started", null, null],
+  ["Duration", null, "num"],
 ];
+/** A host name in two parts, both text: its first label ("gpu-node-017"), which
+ * tells a cluster's nodes apart and which the column keeps whole, and the
+ * domain they all share (".cluster.internal"), which is cut first; the whole
+ * name is the tooltip. */
+function hostText(host) {
+  const str = String(host);
+  const dot = str.indexOf(".", 1);
+  const el = userText(str, "host", true);
+  if (dot > 0) replace(el, h("span", { class: "label" }, str.slice(0, dot)), str.slice(dot));
+  return el;
+}
 const STATUSES = ["", "running", "finished", "failed", "lost"];
 /** The time filter: runs that ran within the last ... (seconds). */
 const WITHIN = [
@@ -126,15 +139,16 @@ export function render(root, { query }) {
     nodeSelect.hidden = choices.length < 2 && !state.node;
   }
 
+  // The text columns: each value in a box cut to the column (".cut"), its
+  // whole value the tooltip.
   function nodeOf(r) {
     const key = r.node ?? r.host;
     if (!key) return "–";
-    return h("a", { href: `#/runs?node=${encodeURIComponent(key)}`, class: "node-link", title: r.node ? `node ${r.node}` : null },
-      userText(r.host ?? r.node));
+    return h("a", { href: `#/runs?node=${encodeURIComponent(key)}`, class: "node-link" }, hostText(r.host ?? r.node));
   }
   function userOf(r) {
     if (!r.user) return "–";
-    return h("a", { href: `#/runs?user=${encodeURIComponent(r.user)}`, class: "user-link" }, userText(r.user));
+    return h("a", { href: `#/runs?user=${encodeURIComponent(r.user)}`, class: "user-link cut" }, userText(r.user, "", true));
   }
   compareBtn.addEventListener("click", () => {
     location.hash = `#/compare/${[...state.picked].sort((a, b) => a - b).join(",")}`;
@@ -158,9 +172,11 @@ export function render(root, { query }) {
     return h("tr", { "data-run": r.id },
       h("td", {}, box),
       h("td", { class: "num" }, h("a", { href: `#/run/${r.id}` }, String(r.id))),
-      h("td", { class: "name" }, h("a", { href: `#/run/${r.id}`, class: "run-link" }, userText(name))),
+      h("td", { class: "name" }, h("a", { href: `#/run/${r.id}`, class: "run-link cut" }, userText(name, "", true))),
       h("td", {}, statusBadge(r.status)),
-      h("td", { class: "group" }, r.group ? h("a", { href: `#/group/${encodeURIComponent(r.group)}` }, userText(r.group)) : "–"),
+      h("td", { class: "group" }, r.group
+        ? h("a", { href: `#/group/${encodeURIComponent(r.group)}`, class: "cut" }, userText(r.group, "", true))
+        : "–"),
       h("td", { class: "num" }, r.group && r.rank !== null && r.rank !== undefined ? String(r.rank) : "–"),
       h("td", { class: "node" }, nodeOf(r)),
       h("td", { class: "user" }, userOf(r)),
@@ -199,8 +215,8 @@ export function render(root, { query }) {
     replace(tableBox,
       runs.length
         ? h("table", { class: "runs" },
-          h("thead", {}, h("tr", {}, COLUMNS.map(([c, tip, numeric]) =>
-            h("th", { class: numeric ? "num" : null, title: tip, scope: "col" }, c)))),
+          h("thead", {}, h("tr", {}, COLUMNS.map(([c, tip, cls]) =>
+            h("th", { class: cls, title: tip, scope: "col" }, c)))),
           h("tbody", {}, runs.map(row)))
         : h("p", { class: "muted" }, state.name || state.status || state.node || state.user || state.within
           ? "No run matches these filters."
