@@ -64,6 +64,10 @@ dist.destroy_process_group()
 def _run(node: Node, **env: str) -> dict[int, dict]:
     """Each rank's output, and (key "stderr") what the job printed there."""
     out = node.torchrun(DDP, 2, env, timeout=90)
+    if out.returncode != 0 and env.get("NO_GPUPROF") and "terminate called" in out.stderr:
+        # the baseline without gpuprof: torch's own gloo teardown aborted (seen
+        # once in CI on a loaded box, 2026-12-02); it is not what is tested here
+        out = node.torchrun(DDP, 2, env, timeout=90)
     assert out.returncode == 0, out.stderr[-3000:]
     outs: dict = {r: json.loads((node.workdir / f"out-{r}.json").read_text()) for r in (0, 1)}
     outs["stderr"] = out.stderr
