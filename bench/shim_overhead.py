@@ -172,11 +172,15 @@ def fixed_cost_us(manual: bool, pairs: int = 15, steps: int = 3000) -> FixedCost
     Two readings: the median of each pair's difference (a pair's two blocks
     run back to back, so a load that lasts longer than a pair cancels), and
     the best profiled block less the best plain one (other work on the
-    machine only ever adds time). On a quiet machine they agree; when they
-    do not, the median is the one to read. Blocks are long (3000 steps,
-    ~0.15 s): on this 2-core box, quiet, 500-step blocks gave pair
-    differences with quartiles 7-24 µs, 3000-step blocks 11-15 µs (measured
-    December 2026).
+    machine only ever adds time). On a quiet machine they agree. When the
+    machine's neighbours load it, they add time to random blocks, and the
+    profiled (longer) blocks lose more of it: on this shared 2-core VM in one
+    hour of December 2026 the median moved between 12 and 25 µs in auto
+    mode, with pair quartiles up to 35 µs, while the best-block reading
+    stayed at 13-15 µs. Read the best-block one then, and
+    ``bench/shim_instructions.py`` for a count no load moves. Blocks are
+    long (3000 steps, ~0.15 s): quiet, 500-step blocks gave pair
+    differences with quartiles 7-24 µs, 3000-step blocks 11-15 µs.
     Thread CPU (``time.thread_time_ns``) is the training thread's own work,
     immune to other processes but not to a busy hyper-thread sibling; wall
     also has what the daemon and others take from the thread's cores."""
