@@ -11,7 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,29 @@ from gpuprof import config
 STEP_NS = 10_000_000
 WAIT_NS = 8_000_000
 PHASES = {"forward": 3_000_000, "backward": 4_000_000, "optimizer": 2_000_000}
+
+
+@contextlib.asynccontextmanager
+async def open_store(url: str, drops: Any = None) -> AsyncIterator[Any]:
+    """A :class:`gpuprofd.storage.store.Store` on *url* (a storage URL or a
+    path; a SQLite file is created with the schema), counting into *drops*
+    (a :class:`~gpuprofd.counters.DropCounter`, or a new one), its writer
+    started; closed afterwards."""
+    from gpuprofd.counters import DropCounter
+    from gpuprofd.storage import schema
+    from gpuprofd.storage.store import Store
+    from gpuprofd.storage.url import parse
+
+    parsed = parse(url)
+    if parsed.path is not None:
+        schema.prepare(parsed.path)
+    store = Store(parsed, drops or DropCounter())
+    await store.open()
+    store.start()
+    try:
+        yield store
+    finally:
+        await store.close()
 
 
 def hello(run_key: str, pid: int, run_name: str = "test-run", **extra: Any) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from gpuprofd.ingest.lifecycle import Lifecycle
 from gpuprofd.ingest.registry import RunRegistry
 from gpuprofd.ingest.runservice import RunService
 from gpuprofd.insights_runner import InsightsRunner
-from gpuprofd.storage import runsdb, schema
+from gpuprofd.storage import runsdb
 from gpuprofd.storage.store import Store
 from tests.daemon import helpers as h
 from tests.daemon.helpers import query
@@ -21,16 +21,9 @@ from tests.daemon.helpers import query
 async def test_tick_refreshes_live_insights_loses_dead_runs_and_exits_when_idle(
     tmp_path: Path,
 ) -> None:
-    db = tmp_path / "l.db"
-    schema.prepare(db)
-    drops = DropCounter()
-    store = Store(db, drops)
-    await store.open()
-    store.start()
-    try:
+    db, drops = tmp_path / "l.db", DropCounter()
+    async with h.open_store(str(db), drops) as store:
         await _scenario(store, drops, db)
-    finally:
-        await store.close()
 
 
 async def _scenario(store: Store, drops: DropCounter, db: Path) -> None:
@@ -80,13 +73,8 @@ async def test_live_passes_that_take_long_come_less_often(tmp_path: Path) -> Non
     keep the 10 s interval."""
     from gpuprofd.ingest.lifecycle import LIVE_INSIGHTS_MAX_SHARE
 
-    db = tmp_path / "slow.db"
-    schema.prepare(db)
-    drops = DropCounter()
-    store = Store(db, drops)
-    await store.open()
-    store.start()
-    try:
+    db, drops = tmp_path / "slow.db", DropCounter()
+    async with h.open_store(str(db), drops) as store:
         runs = RunService(
             store, RunRegistry(), InsightsRunner(store, str(db), None), [],
             pid_alive=lambda pid, _wall: True,
@@ -111,8 +99,6 @@ async def test_live_passes_that_take_long_come_less_often(tmp_path: Path) -> Non
             now[0] += 1.0
             if now[0] >= 1130:
                 pass_s[0] = 0.1  # the run's passes got quick again
-    finally:
-        await store.close()
     gaps = [b - a for a, b in zip(passes, passes[1:], strict=False)]
     slow_gap = 3.0 / LIVE_INSIGHTS_MAX_SHARE
     assert passes[0] == 1010.0  # the first pass after live_insights_s

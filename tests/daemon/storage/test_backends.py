@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
@@ -19,23 +18,9 @@ from gpuprofd.errors import DatabaseError
 from gpuprofd.storage import runsdb, schema
 from gpuprofd.storage import store as store_mod
 from gpuprofd.storage.dialect import POSTGRES
-from gpuprofd.storage.store import Op, Part, Store
+from gpuprofd.storage.store import Op, Part
 from gpuprofd.storage.url import parse, redact
-from tests.daemon.helpers import PHASES
-
-
-@contextlib.asynccontextmanager
-async def open_store(url: str, drops: DropCounter | None = None) -> AsyncIterator[Store]:
-    parsed = parse(url)
-    if parsed.path is not None:
-        schema.prepare(parsed.path)
-    store = Store(parsed, drops or DropCounter())
-    await store.open()
-    store.start()
-    try:
-        yield store
-    finally:
-        await store.close()
+from tests.daemon.helpers import PHASES, open_store
 
 
 def run_row(key: str = "k1", name: str = "exp") -> dict[str, Any]:
