@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -14,11 +15,6 @@ from gpuprof.protocol import DATA_PHASE, OWN_TIME_PHASE
 from gpuprof.stats import mean, median
 
 _NS_PER_MS = 1e6
-
-
-def _loader_ms(timed: Sequence[Mapping[str, Any]]) -> list[float]:
-    """Per step, the loader time (ms): its wait plus its ``data`` phase."""
-    return [(s["wait"] + (s.get("phases") or {}).get(DATA_PHASE, 0)) / _NS_PER_MS for s in timed]
 
 
 def _column(rows: Sequence[Mapping[str, Any]], key: str) -> list[float]:
@@ -311,7 +307,7 @@ def build_context(
         for s in timed
     )
     iteration_ms = [s + w for s, w in zip(step_ms, wait_ms, strict=True)]
-    return RunContext(
+    ctx = RunContext(
         run_name=run["run_name"],
         status=run["status"],
         step_ms=step_ms,
@@ -328,7 +324,6 @@ def build_context(
         duration_s=max(duration_s, 0.0),
         **_host_aggregates(host, steps),
         iteration_ms_thirds=_thirds(iteration_ms, median),
-        loader_ms_thirds=_thirds(_loader_ms(timed), median),
         **_cpu_figures(host, run_cpu, timed, run.get("cpu_count"), job_cores, job_ranks),
         job_cpu_cores=job_cores,
         job_ranks=job_ranks,
@@ -357,3 +352,5 @@ def build_context(
         eval_ms=(sum(s.get("eval") or 0 for s in steps) + (run.get("trailing_eval_ns") or 0))
         / _NS_PER_MS,
     )
+    # from the context's own per-step loader time (wait + data phase)
+    return dataclasses.replace(ctx, loader_ms_thirds=_thirds(ctx.loader_ms, median))

@@ -113,9 +113,9 @@ def cold_cache(ctx: RunContext) -> Insight | None:
     if last_ms >= first_ms or first_ms <= 0:
         return None
     share = first_wait / first_ms
-    if share < STALL_FRACTION or last_wait >= first_wait:
-        return None
-    if first_wait - last_wait < COLD_CACHE_LOADER_SHARE_OF_SPEEDUP * (first_ms - last_ms):
+    drop, speed_up = first_wait - last_wait, first_ms - last_ms
+    # speed_up > 0 here, so the wait must have fallen too
+    if share < STALL_FRACTION or drop < COLD_CACHE_LOADER_SHARE_OF_SPEEDUP * speed_up:
         return None
     return Insight(
         rule="cold_cache",
