@@ -25,7 +25,7 @@ from gpuprofd.sampling.gpu_sampler import GpuSampler, LoopStats
 from gpuprofd.sampling.nvml import GpuDevice, GpuSample, RealNvml
 from gpuprofd.sampling.nvml_replay import ReplayPynvml
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "h200"
+FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "h200"
 
 #: pynvml function → its key in probe.json's ``calls`` (µs per call measured there).
 PROBE_KEYS = {

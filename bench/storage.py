@@ -67,7 +67,7 @@ from gpuprofd.storage.reader import Reader, open_reader
 from gpuprofd.storage.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]
-TRACE = ROOT.parent / "shared" / "fixtures" / "h200" / "nvml_trace.jsonl"
+TRACE = ROOT / "tests" / "fixtures" / "h200" / "nvml_trace.jsonl"
 S = 10**9
 HOST_HZ = 2.0  # the daemon's default host interval, 0.5 s
 SAMPLE_HZ = 100.0

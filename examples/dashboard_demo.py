@@ -4,8 +4,8 @@
     python examples/dashboard_demo.py --seconds 300 # longer
 
 Starts a gpuprofd of its own whose GPU is a recorded H200 trace played back
-(``GPUPROF_NVML=replay:PATH``; the trace is ``shared/fixtures/h200/nvml_trace.jsonl``
-beside the repository, else gpuprofd's mock GPU), then trains a small model on
+(``GPUPROF_NVML=replay:PATH``; the trace is ``tests/fixtures/h200/nvml_trace.jsonl``
+in the repository, else gpuprofd's mock GPU), then trains a small model on
 the CPU under ``gpuprof.profile("dashboard-demo", dashboard=True)``, which
 prints the dashboard's URL first: open it and watch the step times, the phase
 split and the GPU's utilization, memory, power and clocks update while the
@@ -42,7 +42,7 @@ from gpuprofd.commands import client
 from gpuprofd.errors import NoDaemonError
 
 REPO = Path(__file__).resolve().parents[1]
-TRACE = REPO.parent / "shared" / "fixtures" / "h200" / "nvml_trace.jsonl"
+TRACE = REPO / "tests" / "fixtures" / "h200" / "nvml_trace.jsonl"
 EVAL_EVERY = 300
 #: The "slow storage" wait per batch in the demo's slow stretches, seconds.
 SLOW_READ_S = 0.015

@@ -26,6 +26,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpuprof.text import clean_text
+
 #: Kernel classes: time on the SMs, collectives (NCCL), copies, fills, the rest.
 KERNEL_CLASSES = ("compute", "comm", "memcpy", "memset", "other")
 #: Row kinds: a device kernel, or a framework operator (``aten::mm``) with
@@ -282,8 +284,6 @@ def aggregate_events(events: Iterable[Any]) -> list[KernelAgg]:
     that are not positive finite numbers dropped, self time capped at total
     time and names made printable: every row passes ``gpuprof.protocol``.
     """
-    from gpuprof.protocol import clean_text  # here: gpuprof.protocol imports this module
-
     rows: list[KernelAgg] = []
     for e in events:
         name = getattr(e, "key", None) or getattr(e, "name", None)

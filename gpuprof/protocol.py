@@ -21,7 +21,6 @@ anything malformed, oversized, of another version or of an unknown type.
 from __future__ import annotations
 
 import re
-import unicodedata
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -30,6 +29,7 @@ import orjson
 from gpuprof.comm import wire_rows as _comm_rows
 from gpuprof.flops import arch_problem
 from gpuprof.kernels import KERNEL_CLASSES, KINDS, MAX_NAME_CHARS, MAX_ROWS, SOURCES
+from gpuprof.text import clean_text, is_printable
 
 PROTOCOL_VERSION = 1
 
@@ -95,10 +95,6 @@ CONTROL_TYPES = frozenset({"hello", "bye", "ping", "stop"})
 RUN_STATUSES_AT_BYE = frozenset({"finished", "failed"})
 
 _RUN_KEY_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-#: Unicode categories never allowed in names: controls, format characters
-#: (bidi overrides such as U+202E), line/paragraph separators, surrogates
-#: (``os.fsdecode`` of non-UTF-8 bytes yields lone surrogates).
-_UNPRINTABLE_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
 _INT64_MAX = 2**63 - 1
 
 
@@ -115,44 +111,6 @@ class ProtocolError(ValueError):
 def encode(msg: Mapping[str, Any]) -> bytes:
     """Encode one message (a mapping with ``v`` and ``type``) to bytes."""
     return orjson.dumps(msg)
-
-
-def _is_printable(text: str) -> bool:
-    return text.isprintable() or not any(
-        unicodedata.category(c) in _UNPRINTABLE_CATEGORIES for c in text
-    )
-
-
-def _escape_surrogate(c: str) -> str:
-    """*c* unless a lone surrogate: ``\\xNN`` for an undecodable byte
-    (``surrogateescape``'s U+DC80..U+DCFF), else ``\\uNNNN``."""
-    n = ord(c)
-    if 0xDC80 <= n <= 0xDCFF:
-        return f"\\x{n - 0xDC00:02x}"
-    if 0xD800 <= n <= 0xDFFF:
-        return f"\\u{n:04x}"
-    return c
-
-
-def clean_text(text: object, max_chars: int, keep_newlines: bool = False) -> str:
-    """Any string made encodable and printable: lone surrogates (undecodable
-    bytes) become ``\\xNN`` escapes (other lone surrogates, which no
-    decoder makes but Python strings may hold: ``\\uNNNN``), control, format
-    and separator characters become spaces (newlines and tabs survive if
-    *keep_newlines*), and the result is cut to *max_chars*."""
-    raw = str(text)
-    try:
-        raw.encode("utf-8")
-    except UnicodeEncodeError:
-        try:
-            raw = raw.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-        except UnicodeEncodeError:  # a surrogate no decoder made (group="\ud800")
-            raw = "".join(_escape_surrogate(c) for c in raw)
-    keep = "\n\t" if keep_newlines else ""
-    return "".join(
-        c if c in keep or unicodedata.category(c) not in _UNPRINTABLE_CATEGORIES else " "
-        for c in raw
-    )[:max_chars]
 
 
 def clean_run_name(name: object) -> str:
@@ -188,7 +146,7 @@ def _str(max_chars: int, pattern: re.Pattern[str] | None = None) -> Check:
 
 def _printable(max_chars: int) -> Check:
     base = _str(max_chars)
-    return lambda x: base(x) and _is_printable(x)
+    return lambda x: base(x) and is_printable(x)
 
 
 def _optional(check: Check) -> Check:

@@ -46,7 +46,7 @@ resets the device; the child frees what it allocated after each phase, and
 exits (freeing everything) when this process stops or fails.
 
     python scripts/gpu_check.py [--phase-s 13] [--hz 100] [--out DIR]
-    python scripts/gpu_check.py --replay ../shared/fixtures/h200/nvml_trace.jsonl
+    python scripts/gpu_check.py --replay tests/fixtures/h200/nvml_trace.jsonl
 """
 
 from __future__ import annotations
@@ -78,7 +78,8 @@ from gpu_check_common import (
 from gpu_check_common import fmt as _fmt
 
 from gpuprof.insights import RunContext, registered_rules
-from gpuprof.insights.gpu import GPU_RULES, GpuStats, gpu_stats
+from gpuprof.insights.aggregates import GpuStats
+from gpuprof.insights.gpu import GPU_RULES, gpu_stats
 from gpuprofd.sampling.gpu_sampler import GpuSampler, LoopStats
 from gpuprofd.sampling.nvml import (
     FI_PCIE_RX_BYTES,
@@ -95,7 +96,7 @@ from gpuprofd.sampling.rollup import sample_row, slow_row
 from tests.h200_expected import EXPECTED
 
 DEFAULT_OUT = ROOT / "bench" / "results" / "gpu_check"
-DEFAULT_TRACE = ROOT.parent / "shared" / "fixtures" / "h200" / "nvml_trace.jsonl"
+DEFAULT_TRACE = ROOT / "tests" / "fixtures" / "h200" / "nvml_trace.jsonl"
 GB = 1e9
 NS = 1_000_000_000
 

@@ -1,7 +1,7 @@
 """The prepared real-GPU check of kernels, FLOPs, MFU and trace overhead.
 
 Live mode (default; needs CUDA) trains the fixture GPT of
-``../shared/fixtures/h200/steps.json`` (B=8, T=1024, d=1024, 4 layers, 16
+``tests/fixtures/h200/steps.json`` (B=8, T=1024, d=1024, 4 layers, 16
 heads, vocab 8192; a compact nanoGPT-like model defined here) in bf16
 autocast, in a child process, with a real gpuprofd that ``gpuprof.profile()``
 starts itself (its own temporary ``GPUPROF_DB`` and socket directory):

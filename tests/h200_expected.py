@@ -1,5 +1,5 @@
 """The GPU rules' verdicts on each phase of the recorded H200 trace
-(``shared/fixtures/h200/nvml_trace.jsonl``), shared by the replay test
+(``tests/fixtures/h200/nvml_trace.jsonl``), shared by the replay test
 (``tests/gpuprof/insights/test_gpu.py``) and the real-GPU check
 (``scripts/gpu_check.py``), which compares a live H200's verdicts with it.
 """

@@ -9,13 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
+from gpuprof.insights.aggregates import GpuStats, KernelStats
 from gpuprof.stats import median
-
-if TYPE_CHECKING:
-    from gpuprof.insights.gpu import GpuStats
-    from gpuprof.insights.kernels import KernelStats
 
 SEVERITIES = ("HIGH", "MED", "LOW")
 

@@ -8,8 +8,9 @@ from typing import Any
 
 from gpuprof.comm import COMM_PHASE
 from gpuprof.insights import hostcpu
+from gpuprof.insights.aggregates import GpuStats
 from gpuprof.insights.base import CommTotals, LoaderConfig, RunContext, WorkerPool
-from gpuprof.insights.gpu import GpuStats, gpu_stats
+from gpuprof.insights.gpu import gpu_stats
 from gpuprof.insights.kernels import kernel_stats
 from gpuprof.protocol import DATA_PHASE, OWN_TIME_PHASE
 from gpuprof.stats import mean, median

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuprof.insights.aggregates import GpuStats
 from gpuprof.insights.base import Insight, RunContext, rule
 from gpuprof.insights.compute import run_mfu
 
@@ -81,9 +82,6 @@ COPY_SM_UTIL_PCT = 0.5
 #: Seed rule table: PCIe RX above 20 GB/s (a Gen4 x16 link is ~25 GB/s usable,
 #: Gen5 ~50-60: the fixture's pinned H2D copies peaked at 60 GB/s).
 PCIE_RX_BYTES_PER_S = 20e9
-#: NVML ``nvmlDeviceGetPcieThroughput`` reports KB/s with 1 KB = 1000 bytes
-#: (the fixture's 58.8e6 KB/s mean is the 58.8 GB/s its README states).
-BYTES_PER_KB = 1000
 #: Seed rule table: SMs busy more than 60 % ...
 SMALL_BATCH_SM_BUSY_PCT = 60.0
 #: ... while MFU stays under 25 %: many small kernels keep the SMs occupied
@@ -100,66 +98,6 @@ GPU_IDLE_SHARE = 0.30
 GPU_USED_UTIL_PCT = 1.0
 #: Above this share the GPU is idle most of the run.
 GPU_IDLE_SHARE_HIGH = 0.60
-
-
-@dataclass(frozen=True)
-class GpuStats:
-    """One GPU's NVML samples over a window (the run's steps), aggregated.
-
-    None means no sample carried that reading ("not available").
-    """
-
-    samples: int
-    """Samples aggregated (rows with ``util_gpu``)."""
-    util_mean_pct: float | None
-    """Mean NVML ``utilization.gpu`` (0-100 %): share of time any kernel or copy ran."""
-    util_max_pct: float | None
-    idle_share: float | None
-    """Share (0-1) of samples with util ≤ :data:`IDLE_UTIL_PCT`: whole NVML
-    windows in which the GPU ran (almost) nothing."""
-    mem_used_max_bytes: int | None
-    mem_total_bytes: int | None
-    power_max_mw: float | None
-    """Peak board power, milliwatts (mW)."""
-    temp_max_c: float | None
-    """Peak GPU temperature, °C."""
-    sm_mhz_ref: float | None
-    """Reference SM clock, MHz: the GPU's max SM clock when given, else the
-    highest SM clock seen on a sample not parked idle (GpuIdle bit clear)."""
-    reasons_seen: int | None
-    """OR of every sample's clock-event reason bits."""
-    power_capped_share: float | None
-    """Share (0-1) of samples both busy (util ≥ :data:`BUSY_UTIL_PCT`) and
-    under the SW power cap."""
-    sm_mhz_power_capped: float | None
-    """Mean SM clock over those busy, power-capped samples, MHz."""
-    thermal_share: float | None
-    """Share (0-1) of samples with a :data:`THERMAL_REASONS` bit."""
-    sm_mhz_thermal: float | None
-    """Mean SM clock over the thermally slowed samples, MHz."""
-    pcie_rx_max_kbps: float | None
-    """Peak PCIe receive (host → GPU) rate, KB/s (1 KB = 1000 bytes)."""
-    pcie_tx_max_kbps: float | None
-    """Peak PCIe transmit (GPU → host) rate, KB/s."""
-    gpm_sm_util_pct: float | None
-    """Mean GPM SM activity (0-100 %): SMs × time with a warp resident."""
-    gpm_sm_occupancy_pct: float | None
-    gpm_tensor_util_pct: float | None
-    """Mean GPM any-tensor-core activity (0-100 %)."""
-    gpm_dram_bw_util_pct: float | None
-
-    @property
-    def mem_used_fraction(self) -> float | None:
-        """Peak used / total memory (0-1)."""
-        if self.mem_used_max_bytes is None or not self.mem_total_bytes:
-            return None
-        return self.mem_used_max_bytes / self.mem_total_bytes
-
-    @property
-    def pcie_rx_max_bytes_per_s(self) -> float | None:
-        if self.pcie_rx_max_kbps is None:
-            return None
-        return self.pcie_rx_max_kbps * BYTES_PER_KB
 
 
 @dataclass

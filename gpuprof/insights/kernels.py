@@ -8,8 +8,8 @@ from the shim's ``torch.profiler`` snapshots or continuous aggregates, or an
 
 Thresholds were chosen against real traces: the H200 GPT with fused SDPA
 (cuDNN attention) and with hand-written attention
-(``shared/fixtures/h200/``), and the A100 NCCL traces
-(``shared/fixtures/kineto-a100/``); the figures quoted below are what
+(``tests/fixtures/h200/``), and the A100 NCCL traces
+(``tests/fixtures/kineto-a100/``); the figures quoted below are what
 :func:`gpuprof.kernels.aggregate_trace` measured on them.
 """
 
@@ -17,17 +17,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from gpuprof.insights.aggregates import KernelStats, KernelTotal
 from gpuprof.insights.base import WARMUP_STEPS, Insight, RunContext, rule
 from gpuprof.kernels import KERNEL_CLASSES, OTHER_ROW_NAME, KernelAgg, display_name
 from gpuprof.stats import median
 
 _NS_PER_MS = 1e6
 
-#: Kernels listed in ``KernelStats.top`` (and by ``gpuprofctl insights``).
-TOP_KERNELS = 10
 #: Kernels whose per-window time is kept as a series (for ``kernel_drift``):
 #: the run's largest by device time. A kernel below the 16th rarely holds
 #: more than a few % of device time, too little to move a step by itself.
@@ -37,86 +36,6 @@ SERIES_KERNELS = 16
 #: part of it (counting both would double the time); an nsys import is a
 #: separate capture.
 SOURCE_PREFERENCE = ("continuous", "snapshot", "nsys")
-
-
-@dataclass(frozen=True)
-class KernelTotal:
-    """One kernel name's totals over the run's windows."""
-
-    name: str
-    cls: str
-    count: int
-    total_ns: int
-    share: float
-    """Share (0-1) of the run's kernel device time."""
-
-    @property
-    def mean_us(self) -> float:
-        """Mean duration of one launch, µs."""
-        return self.total_ns / self.count / 1e3 if self.count else 0.0
-
-
-@dataclass(frozen=True)
-class KernelStats:
-    """A run's kernel windows, aggregated (:func:`kernel_stats`).
-
-    Device time is the sum of kernel (and copy / fill) durations; kernels
-    running concurrently on several streams (NCCL beside compute) count
-    each, so it can exceed wall time.
-    """
-
-    windows: int
-    """Windows read (those of :attr:`source`)."""
-    source: str
-    """The windows' source (``continuous``, ``snapshot`` or ``nsys``)."""
-    device_ns: int
-    """Kernel device time over the windows, ns."""
-    kernels: tuple[KernelTotal, ...]
-    """Every kernel name (``(other)`` rows included), most device time first."""
-    ops: tuple[KernelAgg, ...] = ()
-    """Operator rows summed over the windows (``aten::bmm``: total and self device
-    ns, FLOP), most device time first; empty when the source gave none."""
-    class_share: Mapping[str, float] = field(default_factory=dict)
-    """Share (0-1) of kernel device time per class (:data:`gpuprof.kernels.KERNEL_CLASSES`)."""
-    series_unit: str = "window"
-    """``"step"`` when every window named its steps (series are then ms per step,
-    comparable between windows of different lengths), else ``"window"``."""
-    series: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
-    """Per kernel (the :data:`SERIES_KERNELS` largest, ``(other)`` excluded): its
-    device ms per :attr:`series_unit` in each window, in time order (0.0 where a
-    window did not list it)."""
-    device_series: tuple[float, ...] = ()
-    """All kernels' device ms per :attr:`series_unit` in each window, in time order."""
-    device_ms_per_step: tuple[float, ...] = ()
-    """Kernel device ms per step, one per window that named its steps."""
-    wall_ms_per_step: tuple[float, ...] = ()
-    """The same windows' wall time (``t1 - t0``) per step, ms."""
-    kernels_per_step: float | None = None
-    """Median kernel launches per step over those windows; None without steps."""
-    median_kernel_us: float | None = None
-    """Median launch duration, µs: the launch-weighted median of each kernel
-    name's mean duration (rows carry totals, not single launches)."""
-    op_flops: float | None = None
-    """FLOP the profiler attributed to operators over the windows (``with_flops``);
-    None when no row carried FLOPs."""
-    op_flops_per_step: float | None = None
-    """:attr:`op_flops` per step over the windows that named their steps."""
-    series_weights: tuple[float, ...] = ()
-    """Steps in each window of :attr:`series` when :attr:`series_unit` is
-    ``"step"`` (windows merged by the daemon cover many), else empty: the
-    halves of :func:`kernel_drifts` are split by steps, not by window count."""
-    window_last_step: tuple[int | None, ...] = ()
-    """The last step each window of :attr:`series` listed (None: none listed):
-    :func:`kernel_drifts` leaves out warm-up windows (below :data:`DRIFT_FIRST_STEP`)."""
-
-    @property
-    def top(self) -> tuple[KernelTotal, ...]:
-        """The :data:`TOP_KERNELS` kernels with the most device time."""
-        return self.kernels[:TOP_KERNELS]
-
-    def share_of(self, pattern: re.Pattern[str]) -> float:
-        """Share (0-1) of kernel device time in kernels whose name matches *pattern*."""
-        return sum(k.share for k in self.kernels if pattern.search(k.name))
 
 
 def _as_agg(row: Any) -> KernelAgg:

@@ -12,13 +12,13 @@ import pytest
 from gpuprofd.sampling.nvml import GpuSample, GpuSlowSample, RealNvml
 from gpuprofd.sampling.nvml_replay import ReplayPynvml
 
-H200 = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "h200"
+H200 = Path(__file__).resolve().parents[1] / "fixtures" / "h200"
 TRACE = H200 / "nvml_trace.jsonl"
 
 
 def trace_path() -> Path:
     if not TRACE.exists():
-        pytest.fail(f"H200 fixture missing at {TRACE}: shared/ must sit beside the repo")
+        pytest.fail(f"H200 fixture missing at {TRACE}: tests/fixtures/ is part of the repository")
     return TRACE
 
 

@@ -13,7 +13,7 @@ import pytest
 import gpuprof
 from gpuprof.flops import TransformerArch, arch_problem
 
-FIXTURE = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "h200" / "steps.json"
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "h200" / "steps.json"
 #: The analytic count is model FLOPs; FlopCounterMode's formula for fused
 #: SDPA adds the backward's recompute of QKᵀ (+2.08 % on this GPT). Within
 #: 3 % covers that; the hand-written attention must match exactly.

@@ -1,5 +1,5 @@
 """gpuprof.kernels: classification, folding, chrome-trace and torch.profiler aggregation,
-checked against the real H200 and A100 traces in ../shared/fixtures."""
+checked against the real H200 and A100 traces in tests/fixtures."""
 
 from __future__ import annotations
 

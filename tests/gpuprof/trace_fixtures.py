@@ -1,4 +1,4 @@
-"""The real chrome traces in ``../shared/fixtures`` (H200 GPT, A100 NCCL), loaded once."""
+"""The real chrome traces in ``tests/fixtures`` (H200 GPT, A100 NCCL), loaded once."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from typing import Any
 import orjson
 import pytest
 
-SHARED = Path(__file__).resolve().parents[3] / "shared" / "fixtures"
-H200 = SHARED / "h200"
-A100 = SHARED / "kineto-a100"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+H200 = FIXTURES / "h200"
+A100 = FIXTURES / "kineto-a100"
 
 
 @functools.cache
@@ -21,8 +21,8 @@ def _load(path: Path) -> Any:
 
 
 def load_trace(folder: Path, name: str) -> dict[str, Any]:
-    """The parsed trace ``folder/name`` (shared, read-only: do not mutate it)."""
+    """The parsed trace ``folder/name`` (cached, read-only: do not mutate it)."""
     path = folder / name
     if not path.exists():
-        pytest.fail(f"trace fixture missing at {path}: shared/ must sit beside the repo")
+        pytest.fail(f"trace fixture missing at {path}: tests/fixtures/ is part of the repository")
     return _load(path)

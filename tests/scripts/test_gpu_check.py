@@ -16,7 +16,7 @@ from gpuprofd.sampling.nvml import GpuSample, GpuSlowSample
 from tests.h200_expected import EXPECTED
 from tests.scripts.helpers import ROOT, load_script, refused_live, run_report, run_script
 
-TRACE = ROOT.parent / "shared" / "fixtures" / "h200" / "nvml_trace.jsonl"
+TRACE = ROOT / "tests" / "fixtures" / "h200" / "nvml_trace.jsonl"
 LIVE_PHASES = ["idle", "bf16_matmul", "h2d_copy", "memory_92pct", "loader_stall"]
 
 
@@ -28,7 +28,7 @@ def _trace_rows(phase: str) -> list[dict]:
 @pytest.fixture(scope="module")
 def replay_report(tmp_path_factory) -> tuple[subprocess.CompletedProcess[str], dict, Path]:
     if not TRACE.exists():
-        pytest.fail(f"H200 fixture missing at {TRACE}: shared/ must sit beside the repo")
+        pytest.fail(f"H200 fixture missing at {TRACE}: tests/fixtures/ is part of the repository")
     return run_report(
         "gpu_check",
         tmp_path_factory.mktemp("gpu_check"),

@@ -1,6 +1,6 @@
 """A small GPT (pre-norm blocks, causal attention, untied LM head) for the
 FLOP tests and the FlopCounterMode cost bench: the fixture's GPT shape
-(``../shared/fixtures/h200/steps.json``) scaled down to run on a CPU."""
+(``tests/fixtures/h200/steps.json``) scaled down to run on a CPU."""
 
 from __future__ import annotations
 

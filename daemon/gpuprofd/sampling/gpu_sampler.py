@@ -6,7 +6,7 @@ The fast loop asks only the cheap NVML queries (:meth:`NvmlBackend.sample`,
 (:meth:`NvmlBackend.slow_sample`: energy ~3.9 ms, field values, GPM,
 violation counters), so a slow query can never make the fast loop late. The
 H200 fixture's own recorder put energy in every sample and reached ~68 Hz of
-100 (``shared/fixtures/h200/README.md``): that is what this split avoids.
+100 (``tests/fixtures/h200/README.md``): that is what this split avoids.
 
 Deadline scheduling: tick *k* is due at ``start + k · period``. Late ticks
 never shift the schedule (no drift) and never run back to back to catch up

@@ -17,7 +17,7 @@ NVLink on a single GPU, per-process utilization) or the query fails: one
 bad field never aborts a sample, and "not available" is never reported as 0.
 
 What each loop may ask is fixed by the cost of one call on an H200
-(``shared/fixtures/h200/probe.json``): the fast loop only the 1–9 µs
+(``tests/fixtures/h200/probe.json``): the fast loop only the 1–9 µs
 queries (:data:`FAST_CALLS`); energy (~3,900 µs), field values (~450 µs),
 GPM samples (~620 µs) and violation counters (~700–840 µs) only in the slow
 loop (:data:`SLOW_CALLS`). ``nvmlDeviceGetPcieThroughput`` (~21,000 µs: it

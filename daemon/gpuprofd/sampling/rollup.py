@@ -19,7 +19,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from gpuprof.insights.gpu import BYTES_PER_KB, GpuAccumulator, MinMeanMax
+from gpuprof.insights.aggregates import BYTES_PER_KB
+from gpuprof.insights.gpu import GpuAccumulator, MinMeanMax
 from gpuprofd.sampling.nvml import GpuDevice, GpuSample, GpuSlowSample, normalize_uuid
 
 NS_PER_S = 1_000_000_000

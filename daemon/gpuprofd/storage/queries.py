@@ -14,7 +14,8 @@ from typing import Any
 
 import orjson
 
-from gpuprof.insights.gpu import GpuAccumulator, GpuStats
+from gpuprof.insights.aggregates import GpuStats
+from gpuprof.insights.gpu import GpuAccumulator
 from gpuprof.kernels import KernelAgg
 from gpuprofd.sampling import rollup
 from gpuprofd.sampling.nvml import normalize_uuid

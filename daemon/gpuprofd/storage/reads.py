@@ -23,8 +23,8 @@ from typing import Any
 import orjson
 
 from gpuprof.insights import Insight, RunContext, build_context
+from gpuprof.insights.aggregates import GpuStats
 from gpuprof.insights.distributed import GroupContext, group_rules
-from gpuprof.insights.gpu import GpuStats
 from gpuprof.insights.group_context import RankRows, build_group_context, common_steps
 from gpuprofd.errors import DatabaseError, UnknownRunError
 from gpuprofd.sampling import rollup

@@ -1,5 +1,5 @@
 """``gpuprofctl kernels``: a run's kernel table and two runs compared, on the
-real A100 DLRM traces (``../shared/fixtures/kineto-a100``) stored in a real
+real A100 DLRM traces (``tests/fixtures/kineto-a100``) stored in a real
 SQLite database by the daemon's own inserts."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from gpuprofd import kerneltable
 from gpuprofd.ctl import main
 from gpuprofd.storage import runsdb, schema
 
-FIXTURES = Path(__file__).resolve().parents[4] / "shared" / "fixtures" / "kineto-a100"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "kineto-a100"
 ALLREDUCE = "ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)"
 SENDRECV = "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclWorkElem)"
 

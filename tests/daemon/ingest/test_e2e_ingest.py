@@ -366,7 +366,7 @@ def test_daemon_rules_read_the_stored_kernel_windows(
     """The H200 hand-written-attention trace's kernels, sent as one snapshot
     window over the socket, reach the rules at run end: sdpa_suboptimal fires
     in the bye summary, and gpuprofctl's rebuilt context agrees."""
-    trace_path = Path(__file__).resolve().parents[4] / "shared/fixtures/h200/trace_math.json.gz"
+    trace_path = Path(__file__).resolve().parents[2] / "fixtures/h200/trace_math.json.gz"
     if not trace_path.exists():
         pytest.skip(f"no fixture at {trace_path}")
     with gzip.open(trace_path) as f:

@@ -30,7 +30,7 @@ from gpuprofd.sampling.nvml import (
 from gpuprofd.sampling.nvml_replay import REPLAY_UUID, ReplayPynvml
 from tests.daemon import helpers as h
 
-FIXTURES = Path(__file__).resolve().parents[4] / "shared" / "fixtures" / "h200"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "h200"
 TRACE = FIXTURES / "nvml_trace.jsonl"
 H200_UUID = "GPU-69cfecb8-dd0f-d46a-a967-785474cc5ca4"  # probe.json's calls.uuid
 

@@ -7,7 +7,7 @@ import pytest
 
 from gpuprof.insights import RunContext
 
-H200 = Path(__file__).resolve().parents[4] / "shared" / "fixtures" / "h200"
+H200 = Path(__file__).resolve().parents[2] / "fixtures" / "h200"
 
 
 def make_ctx(step_ms, wait_ms=None, **kw) -> RunContext:
@@ -23,5 +23,5 @@ def make_ctx(step_ms, wait_ms=None, **kw) -> RunContext:
 def h200_steps() -> dict:
     path = H200 / "steps.json"
     if not path.exists():
-        pytest.fail(f"H200 fixture missing at {path}: shared/ must sit beside the repo")
+        pytest.fail(f"H200 fixture missing at {path}: tests/fixtures/ is part of the repository")
     return json.loads(path.read_text())

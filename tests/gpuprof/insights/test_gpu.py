@@ -6,13 +6,13 @@ from collections import OrderedDict
 import pytest
 
 from gpuprof.insights import registered_rules, run_rules
+from gpuprof.insights.aggregates import GpuStats
 from gpuprof.insights.gpu import (
     GPU_RULES,
     REASON_GPU_IDLE,
     REASON_HW_THERMAL,
     REASON_SW_POWER_CAP,
     GpuAccumulator,
-    GpuStats,
     copy_bound_gpu,
     gpu_idle_between_steps,
     gpu_stats,
@@ -318,7 +318,7 @@ def h200_phases() -> dict[str, list[dict]]:
     label by one sample)."""
     path = H200 / "nvml_trace.jsonl"
     if not path.exists():
-        pytest.fail(f"H200 fixture missing at {path}: shared/ must sit beside the repo")
+        pytest.fail(f"H200 fixture missing at {path}: tests/fixtures/ is part of the repository")
     lines = path.read_text().splitlines()
     phases: dict[str, list[dict]] = OrderedDict()
     for line in lines[1:]:

@@ -8,13 +8,13 @@ import statistics
 import pytest
 
 from gpuprof.insights import build_context, registered_rules, run_rules
+from gpuprof.insights.aggregates import KernelStats
 from gpuprof.insights.kernels import (
     DRIFT_GROWTH,
     GEMM_RE,
     LAUNCH_GAP_MIN,
     RECOMPUTE_RATIO_MIN,
     TINY_KERNEL_US,
-    KernelStats,
     gradient_checkpointing_detected,
     has_fused_attention,
     kernel_drift,
@@ -58,7 +58,7 @@ def _stats(folder, name, **kw) -> KernelStats:
 def _steps_json() -> dict:
     path = H200 / "steps.json"
     if not path.exists():
-        pytest.fail(f"H200 fixture missing at {path}: shared/ must sit beside the repo")
+        pytest.fail(f"H200 fixture missing at {path}: tests/fixtures/ is part of the repository")
     return json.loads(path.read_text())
 
 
