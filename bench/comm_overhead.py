@@ -78,7 +78,7 @@ dist.destroy_process_group()
 
 def _ping(socket_dir: Path) -> bool:
     from gpuprofd.commands import client
-    from gpuprofd.errors import NoDaemonError
+    from gpuprofd.core.errors import NoDaemonError
 
     try:
         return client.ping(socket_dir, 0.3) is not None

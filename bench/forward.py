@@ -42,7 +42,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "shim"), str(ROOT / "daemon"), str(ROOT / 
 
 from server_ingest import KEY, start_server  # noqa: E402
 
-from gpuprofd.counters import DropCounter  # noqa: E402
+from gpuprofd.core.counters import DropCounter  # noqa: E402
 from gpuprofd.forward.config import ApiKey, ForwardConfig  # noqa: E402
 from gpuprofd.forward.forwarder import Forwarder  # noqa: E402
 from gpuprofd.sampling.rollup import ROLLUP_COLUMNS  # noqa: E402

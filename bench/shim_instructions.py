@@ -128,7 +128,7 @@ def _totals(out_dir: Path) -> dict[str, int]:
 
 def _start_daemon(socket_dir: Path, db: Path) -> subprocess.Popen[bytes]:
     from gpuprofd.commands import client
-    from gpuprofd.errors import NoDaemonError
+    from gpuprofd.core.errors import NoDaemonError
 
     daemon = subprocess.Popen(
         [sys.executable, "-m", "gpuprofd", "--socket-dir", str(socket_dir), "--db", str(db)]

@@ -41,7 +41,7 @@ from torch import nn
 import gpuprof
 from gpuprof.config import ingest_endpoint
 from gpuprofd.commands import client
-from gpuprofd.errors import NoDaemonError
+from gpuprofd.core.errors import NoDaemonError
 
 
 def _ping(socket_dir: Path) -> dict | None:

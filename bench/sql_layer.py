@@ -29,7 +29,7 @@ import time
 import uuid
 from pathlib import Path
 
-from gpuprofd.counters import DropCounter
+from gpuprofd.core.counters import DropCounter
 from gpuprofd.storage import runsdb, schema
 from gpuprofd.storage.store import BATCH_MAX_OPS, Store
 from gpuprofd.storage.url import parse

@@ -39,7 +39,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 import gpuprof
 from gpuprofd.commands import client
-from gpuprofd.errors import NoDaemonError
+from gpuprofd.core.errors import NoDaemonError
 
 REPO = Path(__file__).resolve().parents[1]
 TRACE = REPO / "tests" / "fixtures" / "h200" / "nvml_trace.jsonl"

@@ -80,6 +80,7 @@ from gpu_check_common import fmt as _fmt
 from gpuprof.insights import RunContext, registered_rules
 from gpuprof.insights.aggregates import GpuStats
 from gpuprof.insights.gpu import GPU_RULES, gpu_stats
+from gpuprofd.sampling.backend import open_backend
 from gpuprofd.sampling.gpu_sampler import GpuSampler, LoopStats
 from gpuprofd.sampling.nvml import (
     FI_PCIE_RX_BYTES,
@@ -90,7 +91,6 @@ from gpuprofd.sampling.nvml import (
     GpuSlowSample,
     NvmlBackend,
     match_uuid,
-    open_backend,
 )
 from gpuprofd.sampling.rollup import sample_row, slow_row
 from tests.h200_expected import EXPECTED

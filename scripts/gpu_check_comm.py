@@ -412,7 +412,7 @@ def worker_main(args: argparse.Namespace) -> int:
 
 def _ping(sock: Path) -> bool:
     from gpuprofd.commands import client
-    from gpuprofd.errors import NoDaemonError
+    from gpuprofd.core.errors import NoDaemonError
 
     try:
         return client.ping(sock, 0.3) is not None

@@ -211,7 +211,7 @@ def test_the_docs_give_the_gpu_sampling_and_storage_rates_gpuprofd_uses():
     """gpuprofd samples each GPU at ``--sample-hz`` (every sample feeds the
     per-second rollups) and stores raw rows at most STORED_GPU_HZ a second."""
     from gpuprofd.sampling.gpu_sampler import DEFAULT_SAMPLE_HZ
-    from gpuprofd.sinks import STORED_GPU_HZ
+    from gpuprofd.services.sinks import STORED_GPU_HZ
 
     text = " ".join(" ".join(p.read_text().split()) for p in PAGES)
     stored = re.findall(r"at most (\d+) a second", text)

@@ -20,13 +20,13 @@ import click
 from gpuprof import config
 from gpuprofd import __version__
 from gpuprofd.commands.common import socket_dir_option
+from gpuprofd.core.errors import EXIT_BAD_INPUT, BadInputError, GpuprofdError
 from gpuprofd.daemon import DaemonOptions, run_daemon
-from gpuprofd.errors import EXIT_BAD_INPUT, BadInputError, GpuprofdError
 from gpuprofd.forward.config import DEFAULT_MAX_MB
 from gpuprofd.forward.config import resolve as resolve_forward
 from gpuprofd.maintenance import DEFAULT_RAW_WINDOW_S
 from gpuprofd.sampling.gpu_sampler import DEFAULT_SAMPLE_HZ
-from gpuprofd.sinks import STORED_GPU_HZ
+from gpuprofd.services.sinks import STORED_GPU_HZ
 from gpuprofd.storage.commprune import COMM_KEEP_EVERY, COMM_STEPS_KEPT
 from gpuprofd.storage.dialect import SQLITE
 from gpuprofd.storage.url import StorageUrl

@@ -24,7 +24,7 @@ from gpuprofd.commands.nsys import nsys_import_cmd
 from gpuprofd.commands.runs import runs_cmd
 from gpuprofd.commands.status import status_cmd
 from gpuprofd.commands.stop import stop_cmd
-from gpuprofd.errors import EXIT_FAILURE, EXIT_OK, GpuprofdError
+from gpuprofd.core.errors import EXIT_FAILURE, EXIT_OK, GpuprofdError
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

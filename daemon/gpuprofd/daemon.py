@@ -13,7 +13,7 @@ Every step after the lock is a context on one :class:`contextlib.AsyncExitStack`
 are entered in the reverse of the shutdown order; each is marked with its
 shutdown step. A start that fails half-way unwinds what it took the same way.
 
-The jobs wired here live elsewhere: samplers → store in :mod:`gpuprofd.sinks`;
+The jobs wired here live elsewhere: samplers → store in :mod:`gpuprofd.services.sinks`;
 retention and the periodic loop in :mod:`gpuprofd.maintenance`; the database
 file deleted or replaced in :mod:`gpuprofd.ingest.dbswitch`; hello, bye, ping
 and stop in :mod:`gpuprofd.ingest.handlers`; the sockets in
@@ -36,9 +36,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpuprof import config
-from gpuprofd.boot import boot_id
-from gpuprofd.counters import DropCounter
-from gpuprofd.errors import EXIT_OK, DatabaseError, GpuprofdError
+from gpuprofd.core.boot import boot_id
+from gpuprofd.core.counters import DropCounter
+from gpuprofd.core.errors import EXIT_OK, DatabaseError, GpuprofdError
+from gpuprofd.core.lock import InstanceLock
 from gpuprofd.forward.config import ForwardConfig
 from gpuprofd.ingest.control import ControlServer
 from gpuprofd.ingest.data import Ingest
@@ -48,15 +49,14 @@ from gpuprofd.ingest.lifecycle import Lifecycle
 from gpuprofd.ingest.registry import RunRegistry
 from gpuprofd.ingest.runservice import RunService
 from gpuprofd.ingest.sockets import DaemonSockets
-from gpuprofd.insights_runner import InsightsRunner
-from gpuprofd.lock import InstanceLock
 from gpuprofd.maintenance import DEFAULT_RAW_WINDOW_S, Retention, every
 from gpuprofd.sampling import gpu_sampler
+from gpuprofd.sampling.backend import open_backend
 from gpuprofd.sampling.gpu_sampler import DEFAULT_SAMPLE_HZ, GpuSampler
 from gpuprofd.sampling.host_sampler import HostSampler
-from gpuprofd.sampling.nvml import open_backend
 from gpuprofd.sampling.rollup import SecondRollups
-from gpuprofd.sinks import SampleSinks
+from gpuprofd.services.insights_runner import InsightsRunner
+from gpuprofd.services.sinks import SampleSinks
 from gpuprofd.storage import commprune, hostrollup, schema, steprollup
 from gpuprofd.storage.store import Store
 from gpuprofd.storage.url import StorageUrl
@@ -92,7 +92,7 @@ class DaemonOptions:
     sample_hz: float = DEFAULT_SAMPLE_HZ
     """GPU fast-loop rate (samples per second per GPU)."""
     nvml_backend: str = "real"
-    """``real``, ``mock`` or ``replay:PATH`` (:func:`gpuprofd.sampling.nvml.open_backend`)."""
+    """``real``, ``mock`` or ``replay:PATH`` (:func:`gpuprofd.sampling.backend.open_backend`)."""
     host_interval_s: float = 0.5
     """Seconds between host samples."""
     gpu_rate_usd_per_hour: float | None = None
@@ -378,8 +378,9 @@ class Daemon:
         """
         if self.opts.http is None:
             return Dashboard(None, "gpuprofd was started with --http off")
-        from gpuprofd.web.app import WebState, build_app, serving
+        from gpuprofd.web.app import build_app, serving
         from gpuprofd.web.metrics import ForwardGauges, metrics_sources
+        from gpuprofd.web.state import WebState
 
         def forward() -> ForwardGauges | None:
             got = forwarder.gauges() if forwarder is not None else None

@@ -8,7 +8,7 @@ import sqlite3
 from pathlib import Path
 
 from gpuprof.insights import run_rules
-from gpuprofd.counters import DropCounter
+from gpuprofd.core.counters import DropCounter
 from gpuprofd.storage import reads, schema
 from gpuprofd.storage.reader import open_reader
 from gpuprofd.storage.store import Store

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from gpuprofd.commands import client
-from gpuprofd.errors import NoDaemonError
+from gpuprofd.core.errors import NoDaemonError
 from gpuprofd.ingest.procs import pid_alive
 from tests.backends import pg_url, storage_url  # noqa: F401 - fixtures
 from tests.daemon.helpers import query

@@ -10,7 +10,7 @@ import zmq
 
 from gpuprof import config
 from gpuprof.protocol import PROTOCOL_VERSION
-from gpuprofd.errors import BadInputError, NoDaemonError
+from gpuprofd.core.errors import BadInputError, NoDaemonError
 
 
 def request(socket_dir: Path, msg: dict[str, Any], timeout_s: float = 1.0) -> dict[str, Any]:

@@ -15,12 +15,12 @@ import click
 
 from gpuprof import config
 from gpuprofd.commands.common import echo_json, format_option, resolve_db
-from gpuprofd.counters import DropCounter
-from gpuprofd.errors import EXIT_FAILURE, EXIT_OK, BadInputError
+from gpuprofd.core.counters import DropCounter
+from gpuprofd.core.errors import EXIT_FAILURE, EXIT_OK, BadInputError
+from gpuprofd.core.lock import InstanceLock
 from gpuprofd.forward.client import Paused, Retry
 from gpuprofd.forward.config import resolve
 from gpuprofd.forward.forwarder import Forwarder
-from gpuprofd.lock import InstanceLock
 from gpuprofd.storage import outbox, schema
 from gpuprofd.storage.store import Store
 

@@ -17,7 +17,7 @@ from gpuprofd.commands.common import (
     run_id_type,
     storage_url_option,
 )
-from gpuprofd.runviews import (
+from gpuprofd.views.runs import (
     LIVE_NOTE,
     TOP_KERNELS,
     add_kernels_and_mfu,

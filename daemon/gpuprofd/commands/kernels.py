@@ -10,7 +10,6 @@ from typing import Any
 import click
 
 from gpuprof.kernels import SOURCES
-from gpuprofd import kerneltable
 from gpuprofd.commands.common import (
     db_argument,
     echo_json,
@@ -23,6 +22,7 @@ from gpuprofd.commands.common import (
 from gpuprofd.commands.insights import split_args
 from gpuprofd.storage import reads
 from gpuprofd.storage.reader import Reader
+from gpuprofd.views import kerneltable
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from gpuprofd import nsys
+from gpuprofd.commands import nsys_report as nsys
 from gpuprofd.commands.common import (
     echo_json,
     format_option,
@@ -17,7 +17,7 @@ from gpuprofd.commands.common import (
     resolve_db,
     run_id_type,
 )
-from gpuprofd.errors import DatabaseError
+from gpuprofd.core.errors import DatabaseError
 from gpuprofd.storage import reads, runsdb, schema
 from gpuprofd.storage.reader import Reader
 from gpuprofd.storage.store import Op

@@ -16,8 +16,8 @@ from gpuprofd.commands.common import (
     resolve_target,
     storage_url_option,
 )
-from gpuprofd.runviews import COLUMNS, describe, iteration_shares, list_runs
 from gpuprofd.storage import reads
+from gpuprofd.views.runs import COLUMNS, describe, iteration_shares, list_runs
 
 __all__ = ["COLUMNS", "describe", "format_table", "group_line", "iteration_shares", "list_runs"]
 

@@ -18,7 +18,7 @@ from gpuprofd.commands.common import (
     socket_dir_option,
     timeout_option,
 )
-from gpuprofd.errors import (
+from gpuprofd.core.errors import (
     EXIT_BAD_INPUT,
     EXIT_NO_DAEMON,
     EXIT_OK,

@@ -17,7 +17,7 @@ from gpuprofd.commands.common import (
     timeout_option,
 )
 from gpuprofd.commands.status import no_daemon_message
-from gpuprofd.errors import EXIT_OK, GpuprofdError, NoDaemonError
+from gpuprofd.core.errors import EXIT_OK, GpuprofdError, NoDaemonError
 
 #: How long to wait for an exiting daemon's control socket to go, seconds.
 EXIT_WAIT_S = 10.0

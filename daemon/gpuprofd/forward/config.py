@@ -15,7 +15,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from gpuprof import config
-from gpuprofd.errors import BadInputError
+from gpuprofd.core.errors import BadInputError
 
 #: The outbox bound by default, MiB: an 8-GPU node at 100 ms steps writes
 #: 139 MiB an hour (bench/forward.py, 2026-12-02), so this holds a ~7-hour outage.

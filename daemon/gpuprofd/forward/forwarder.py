@@ -34,8 +34,8 @@ from tenacity import (
 from tenacity.stop import StopBaseT, stop_after_delay
 from tenacity.wait import wait_random_exponential
 
-from gpuprofd.counters import DropCounter
-from gpuprofd.errors import BadInputError
+from gpuprofd.core.counters import DropCounter
+from gpuprofd.core.errors import BadInputError
 from gpuprofd.forward.client import Acked, Paused, Refused, Retry, compress, post
 from gpuprofd.forward.config import ForwardConfig
 from gpuprofd.storage import outbox

@@ -15,8 +15,8 @@ import zmq
 import zmq.asyncio
 
 from gpuprof.protocol import ProtocolError, decode
-from gpuprofd.counters import DropCounter
-from gpuprofd.errors import GpuprofdError
+from gpuprofd.core.counters import DropCounter
+from gpuprofd.core.errors import GpuprofdError
 
 log = logging.getLogger(__name__)
 

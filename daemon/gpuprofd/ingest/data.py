@@ -21,7 +21,7 @@ from typing import Any
 import zmq.asyncio
 
 from gpuprof.protocol import ProtocolError, decode_events
-from gpuprofd.counters import DropCounter
+from gpuprofd.core.counters import DropCounter
 from gpuprofd.ingest.runservice import RunService
 from gpuprofd.storage import runsdb
 from gpuprofd.storage.store import BATCH_MAX_OPS, Store

@@ -21,10 +21,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpuprofd.errors import GpuprofdError
+from gpuprofd.core.errors import GpuprofdError
+from gpuprofd.core.lock import InstanceLock
 from gpuprofd.ingest.registry import LiveRun
 from gpuprofd.ingest.runservice import RunService
-from gpuprofd.lock import InstanceLock
 from gpuprofd.storage import dbrotate, schema
 from gpuprofd.storage.store import Store
 

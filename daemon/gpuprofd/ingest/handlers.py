@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from gpuprofd.counters import DropCounter
+from gpuprofd.core.counters import DropCounter
 from gpuprofd.ingest.control import Handler
 from gpuprofd.ingest.data import Ingest
 from gpuprofd.ingest.dbswitch import DbSwitch

@@ -7,7 +7,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from gpuprofd.counters import DropCounter
+from gpuprofd.core.counters import DropCounter
 from gpuprofd.ingest.runservice import RunService
 from gpuprofd.maintenance import every
 from gpuprofd.storage import runsdb

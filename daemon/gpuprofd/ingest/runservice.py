@@ -17,12 +17,12 @@ from collections.abc import Callable
 from typing import Any
 
 from gpuprof.protocol import MAX_ERROR_CHARS, clean_run_name, clean_text
-from gpuprofd.errors import GpuprofdError
+from gpuprofd.core.errors import GpuprofdError
 from gpuprofd.ingest.procs import pid_alive as _pid_alive
 from gpuprofd.ingest.procs import pid_namespace
 from gpuprofd.ingest.registry import LiveRun, RunRegistry
-from gpuprofd.insights_runner import InsightsRunner
 from gpuprofd.sampling.nvml import GpuDevice, match_uuid
+from gpuprofd.services.insights_runner import InsightsRunner
 from gpuprofd.storage import reads, runsdb
 from gpuprofd.storage.store import Op, Store
 
@@ -75,7 +75,7 @@ class RunService:
         """This daemon as stored with its runs (``host:socket dir``): on a
         database several daemons share, each recovers only its own runs."""
         self.boot_id = boot_id
-        """The node's boot (:mod:`gpuprofd.boot`), recorded on each new run."""
+        """The node's boot (:mod:`gpuprofd.core.boot`), recorded on each new run."""
         self.registry = registry
         self.insights = insights
         self.gpu_devices = gpu_devices

@@ -169,7 +169,7 @@ class SecondRollups:
 
     def __init__(self, devices: Iterable[GpuDevice] = (), boot_id: str | None = None) -> None:
         self.boot_id = boot_id
-        """This boot's id (:func:`gpuprofd.boot.boot_id`), stored on every row."""
+        """This boot's id (:func:`gpuprofd.core.boot.boot_id`), stored on every row."""
         self._open: dict[str, _Open] = {}
         self._sm_limit = {normalize_uuid(d.uuid): d.max_sm_mhz for d in devices}
 

@@ -14,7 +14,8 @@ from gpuprofd.server.ingest_api import AfterBatch, IngestLimits
 from gpuprofd.server.notify import RunChanges
 from gpuprofd.storage.store import Store
 from gpuprofd.web import auth
-from gpuprofd.web.app import WebState, build_app
+from gpuprofd.web.app import build_app
+from gpuprofd.web.state import WebState
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from pathlib import Path
 import click
 
 from gpuprof import config
-from gpuprofd.errors import EXIT_BAD_INPUT, BadInputError, GpuprofdError
+from gpuprofd.core.errors import EXIT_BAD_INPUT, BadInputError, GpuprofdError
 from gpuprofd.server.ingest_api import DEFAULT_MAX_BODY_BYTES, MIB, IngestLimits
 from gpuprofd.server.serve import ServeOptions, run_server
 from gpuprofd.storage.url import has_password

@@ -27,11 +27,11 @@ try:  # Python 3.14+: the standard library's; before, its backport
 except ImportError:  # pragma: no cover - by Python version
     from backports.zstd import ZstdDecompressor, ZstdError
 
-from gpuprofd.errors import DatabaseError
+from gpuprofd.core.errors import DatabaseError
 from gpuprofd.storage.batch import BatchError, validate
 from gpuprofd.storage.ingest import Applied, IngestConflict, apply_batch
 from gpuprofd.storage.store import Store
-from gpuprofd.web.app import error_response, json_response
+from gpuprofd.web.responses import error_response, json_response
 
 log = logging.getLogger(__name__)
 

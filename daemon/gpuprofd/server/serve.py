@@ -18,12 +18,12 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from gpuprofd.counters import DropCounter
-from gpuprofd.errors import BadInputError
-from gpuprofd.insights_runner import InsightsRunner
+from gpuprofd.core.counters import DropCounter
+from gpuprofd.core.errors import BadInputError
 from gpuprofd.server.app import CHANGES, build_server_app
 from gpuprofd.server.ingest_api import IngestLimits
 from gpuprofd.server.notify import Listener, RunChanges
+from gpuprofd.services.insights_runner import InsightsRunner
 from gpuprofd.storage import hostrollup, logins, retention, schema, steprollup
 from gpuprofd.storage.ingest import Applied
 from gpuprofd.storage.store import Store

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpuprof.extras import install_hint
-from gpuprofd.errors import DatabaseError
+from gpuprofd.core.errors import DatabaseError
 from gpuprofd.storage import schema
 from gpuprofd.storage.dialect import POSTGRES, Dialect
 from gpuprofd.storage.url import StorageUrl

@@ -230,7 +230,7 @@ def gpu_window(
     cuda_uuid: str | None, steps: Sequence[Mapping[str, Any]], boot_id: str | None = None
 ) -> tuple[str, str | None, int, int] | None:
     """The parameters of :data:`gpuprofd.sampling.rollup.SELECT_SQL` for a run: its
-    GPU's normalized UUID, its boot (:mod:`gpuprofd.boot`) and the span of its
+    GPU's normalized UUID, its boot (:mod:`gpuprofd.core.boot`) and the span of its
     steps (ns): the rollup seconds that overlap the steps. None without a GPU
     or steps.
 

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from gpuprofd.errors import DatabaseError
+from gpuprofd.core.errors import DatabaseError
 from gpuprofd.storage.dialect import SQLITE, Dialect
 from gpuprofd.storage.url import parse as parse_url
 

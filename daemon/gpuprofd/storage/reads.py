@@ -26,7 +26,7 @@ from gpuprof.insights import Insight, RunContext, build_context
 from gpuprof.insights.aggregates import GpuStats
 from gpuprof.insights.distributed import GroupContext, group_rules
 from gpuprof.insights.group_context import RankRows, build_group_context, common_steps
-from gpuprofd.errors import DatabaseError, UnknownRunError
+from gpuprofd.core.errors import DatabaseError, UnknownRunError
 from gpuprofd.sampling import rollup
 from gpuprofd.storage import queries, schema, steptotals
 from gpuprofd.storage.dialect import Dialect

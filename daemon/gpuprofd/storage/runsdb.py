@@ -185,7 +185,7 @@ def host_sample_op(
 ) -> Op:
     """One host sample: CPU % (all cores), disk read bytes/s and IOPS, page
     cache and total RAM in bytes, swap-in bytes/s (None: not available), and
-    the boot it was taken in (:mod:`gpuprofd.boot`)."""
+    the boot it was taken in (:mod:`gpuprofd.core.boot`)."""
     params = (
         mono_ns,
         cpu_pct,

@@ -33,7 +33,7 @@ from gpuprof.insights.gpu import (
     REASON_SW_POWER_CAP,
     THERMAL_REASONS,
 )
-from gpuprofd.errors import DatabaseError
+from gpuprofd.core.errors import DatabaseError
 
 SCHEMA_VERSION = 15
 #: Columns added since schema 1: (table, column, declaration).
@@ -190,7 +190,7 @@ CREATE TABLE IF NOT EXISTS runs (
     trailing_eval_ns INTEGER DEFAULT 0,  -- evaluation after the last step
     mfu REAL,                        -- 0-1, set when the run ends; NULL: unknown
     achieved_tflops REAL,            -- TFLOP/s per GPU, set when the run ends
-    boot_id TEXT,                    -- the node's boot (gpuprofd.boot): *_mono_ns restart per boot
+    boot_id TEXT,                    -- the boot (gpuprofd.core.boot): *_mono_ns restart per boot
     group_id TEXT,                   -- torchrun's run id or profile(group=); NULL: its own group
     local_world_size INTEGER,        -- ranks on this node (LOCAL_WORLD_SIZE)
     clock_offset_ns INTEGER,         -- this rank's monotonic clock minus the reference rank's:

@@ -37,8 +37,8 @@ from typing import Any
 import aiosqlite
 import orjson
 
-from gpuprofd.counters import DropCounter
-from gpuprofd.errors import DatabaseError
+from gpuprofd.core.counters import DropCounter
+from gpuprofd.core.errors import DatabaseError
 from gpuprofd.storage.dialect import SQLITE, Dialect
 from gpuprofd.storage.url import StorageUrl
 

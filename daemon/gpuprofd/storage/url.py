@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from gpuprofd.errors import BadInputError
+from gpuprofd.core.errors import BadInputError
 from gpuprofd.storage.dialect import POSTGRES, SQLITE, Dialect
 
 _POSTGRES_SCHEMES = ("postgres", "postgresql")

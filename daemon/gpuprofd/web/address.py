@@ -12,7 +12,7 @@ import ipaddress
 import socket
 from dataclasses import dataclass
 
-from gpuprofd.errors import BadInputError
+from gpuprofd.core.errors import BadInputError
 
 #: The dashboard's port when none is given (unassigned by IANA; "7311" has no
 #: other meaning). A per-user daemon that finds it taken picks a free one.

@@ -1,5 +1,5 @@
 """``/api/v1``: thin handlers. Each parses its request and calls the read
-functions ``gpuprofctl`` uses (:mod:`gpuprofd.runviews`,
+functions ``gpuprofctl`` uses (:mod:`gpuprofd.views.runs`,
 :mod:`gpuprofd.storage.reads`) or the bucketed series reads
 (:mod:`gpuprofd.storage.series`); the shapes are in ``docs/dashboard.md``."""
 
@@ -12,11 +12,11 @@ import orjson
 from aiohttp import web
 
 from gpuprof.insights.base import WARMUP_STEPS
-from gpuprofd import kerneltable
-from gpuprofd.runviews import LIVE_NOTE, list_runs, load_group, phase_means_ms
 from gpuprofd.storage import hostrollup, reads, series, steprollup
+from gpuprofd.views import kerneltable
+from gpuprofd.views.runs import LIVE_NOTE, list_runs, load_group, phase_means_ms
 from gpuprofd.web import runs as views
-from gpuprofd.web.app import STATE, ApiError, WebState, json_response
+from gpuprofd.web.responses import ApiError, json_response
 from gpuprofd.web.series import (
     DEFAULT_WIDTH,
     MAX_WIDTH,
@@ -30,6 +30,7 @@ from gpuprofd.web.series import (
     merge_step_rollups,
     steps_series,
 )
+from gpuprofd.web.state import STATE, WebState
 
 STATUSES = ("running", "finished", "failed", "lost")
 #: Runs listed when ``limit`` is not given, and the most a client may ask for.

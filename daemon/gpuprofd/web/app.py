@@ -12,20 +12,18 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
-import time
 import weakref
-from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import orjson
 from aiohttp import WSCloseCode, web
 
-from gpuprofd.errors import BadInputError, DatabaseError, UnknownGroupError, UnknownRunError
-from gpuprofd.sampling.nvml import GpuDevice
-from gpuprofd.storage.reader import Reader
+from gpuprofd.core.errors import BadInputError, DatabaseError, UnknownGroupError, UnknownRunError
 from gpuprofd.web.address import HttpAddress
+from gpuprofd.web.responses import ApiError, error_response
+from gpuprofd.web.state import SOCKETS, STATE, WebState
 
 if TYPE_CHECKING:
     from gpuprofd.web.metrics import MetricsSources
@@ -36,65 +34,6 @@ STATIC_DIR = Path(__file__).resolve().parent / "static"
 #: How long shutdown waits for requests in flight, seconds (live sockets are
 #: closed first, so only plain requests can hold it).
 SHUTDOWN_TIMEOUT_S = 2.0
-
-
-@dataclass(frozen=True)
-class WebState:
-    """What the app needs beyond the database.
-
-    Args:
-        reader: every read goes through it (the daemon's store, a pool).
-        devices: this node's GPUs (index, name) to label series; empty on a
-            server, where the stored rows are all there is.
-        live_run_ids: the ids of the runs being tracked now (their ``live``).
-        boot_id: this node's boot; with *now_mono_ns*, where a running run's
-            window ends (a server has neither: a running run ends at its last step).
-        now_mono_ns: this node's monotonic clock, ns.
-        live_poll_s: how often a live socket looks for new rows, seconds.
-        insights_poll_s: how often it looks for new insights and run state, seconds.
-        watch_runs: where runs that changed are told (a team server: every
-            replica's ingest, through Postgres ``NOTIFY``): a live socket then
-            looks as soon as its run changes, and every *live_poll_s* only as a
-            safety net. ``watch_runs(watcher)`` returns the function that stops
-            it; the watcher gets the ids that changed, or None (anything may have).
-        live_summary: a running run's summary as of the daemon's latest live
-            insights pass (None: none yet), so that ``/runs/{id}`` need not
-            build it again from the whole run; a server has none.
-    """
-
-    reader: Reader
-    devices: Sequence[GpuDevice] = ()
-    live_run_ids: Callable[[], set[int]] = field(default=lambda: set())
-    boot_id: str | None = None
-    now_mono_ns: Callable[[], int] | None = time.monotonic_ns
-    live_poll_s: float = 1.0
-    insights_poll_s: float = 3.0
-    watch_runs: Callable[[Callable[[set[int] | None], None]], Callable[[], None]] | None = None
-    live_summary: Callable[[int], dict[str, Any] | None] = field(default=lambda _: None)
-
-
-STATE = web.AppKey("state", WebState)
-SOCKETS = web.AppKey("sockets", weakref.WeakSet)
-#: A live socket's request holds its socket here (a login's end closes it: gpuprofd.web.auth).
-LIVE_SOCKET = web.RequestKey("live_socket", web.WebSocketResponse)
-
-
-class ApiError(Exception):
-    """A request the API answers with *status* and ``{"error": message}``."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-def json_response(data: Any, status: int = 200) -> web.Response:
-    """*data* as orjson JSON (non-string keys allowed: group evidence keys ranks)."""
-    body = orjson.dumps(data, option=orjson.OPT_NON_STR_KEYS, default=str)
-    return web.Response(body=body, status=status, content_type="application/json")
-
-
-def error_response(status: int, message: str) -> web.Response:
-    return json_response({"error": message}, status)
 
 
 @web.middleware

@@ -51,11 +51,11 @@ import orjson
 from aiohttp import hdrs, web
 
 from gpuprof import config
-from gpuprofd.errors import BadInputError, DatabaseError
+from gpuprofd.core.errors import BadInputError, DatabaseError
 from gpuprofd.storage import logins
 from gpuprofd.storage.store import Store
-from gpuprofd.web.app import LIVE_SOCKET
 from gpuprofd.web.origin import same_origin
+from gpuprofd.web.state import LIVE_SOCKET
 
 log = logging.getLogger(__name__)
 

@@ -22,12 +22,12 @@ from typing import Any
 import orjson
 from aiohttp import WSMsgType, web
 
-from gpuprofd.errors import DatabaseError, UnknownRunError
+from gpuprofd.core.errors import DatabaseError, UnknownRunError
 from gpuprofd.storage import reads, series
 from gpuprofd.web import runs as views
 from gpuprofd.web.api import MAX_ID, insights_payload
-from gpuprofd.web.app import LIVE_SOCKET, SOCKETS, STATE, WebState
 from gpuprofd.web.series import T_HALF_ULP_NS, RunClock, live_gpu, live_host, live_step
+from gpuprofd.web.state import LIVE_SOCKET, SOCKETS, STATE, WebState
 
 log = logging.getLogger(__name__)
 

@@ -395,9 +395,9 @@ def metrics_sources(
 ) -> MetricsSources:
     """The sources over a running daemon's parts: its run registry
     (:class:`gpuprofd.ingest.registry.RunRegistry`), the newest GPU sample
-    by UUID (:attr:`gpuprofd.sinks.SampleSinks.gpu_latest`, read at each
+    by UUID (:attr:`gpuprofd.services.sinks.SampleSinks.gpu_latest`, read at each
     scrape), drop counter, store, ingest (:class:`gpuprofd.ingest.data.Ingest`)
-    and insights runner (:class:`gpuprofd.insights_runner.InsightsRunner`)."""
+    and insights runner (:class:`gpuprofd.services.insights_runner.InsightsRunner`)."""
 
     def runs() -> list[RunState]:
         return [

@@ -14,6 +14,8 @@ from typing import Any
 
 from aiohttp import hdrs, web
 
+from gpuprofd.web.responses import error_response
+
 #: Host names that are this machine's loopback whatever DNS says.
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 
@@ -46,8 +48,6 @@ def loopback_host(request: web.Request) -> bool:
 @web.middleware
 async def loopback_only(request: web.Request, handler: Any) -> web.StreamResponse:
     """Refuse (403) another host name (DNS rebinding) and another site's page."""
-    from gpuprofd.web.app import error_response
-
     if not loopback_host(request):
         return error_response(
             403,

@@ -1,17 +1,17 @@
 """A run as the API shows it: its headline (``/runs/{id}``'s ``run``), its
 GPUs, its window on the node's clock. Figures come from
-:mod:`gpuprofd.runviews` (the runs row, the summary), never computed here."""
+:mod:`gpuprofd.views.runs` (the runs row, the summary), never computed here."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from gpuprofd.runviews import describe, load_summary
 from gpuprofd.sampling.nvml import normalize_uuid
 from gpuprofd.storage import reads, series
-from gpuprofd.web.app import WebState
+from gpuprofd.views.runs import describe, load_summary
 from gpuprofd.web.series import NS_PER_S, RunClock
+from gpuprofd.web.state import WebState
 
 
 def clock_of(run: dict[str, Any]) -> RunClock:
@@ -144,7 +144,7 @@ async def live_view(state: WebState, run_id: int) -> dict[str, Any]:
 
 
 def with_times(row: dict[str, Any]) -> dict[str, Any]:
-    """A runs-list row (:func:`gpuprofd.runviews.describe`) with ``name``,
+    """A runs-list row (:func:`gpuprofd.views.runs.describe`) with ``name``,
     ``start_s`` and ``end_s``."""
     return {
         **row,

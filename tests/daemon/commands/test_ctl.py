@@ -584,7 +584,7 @@ def test_other_daemons_storage_urls_are_said_without_their_password(
     tmp_path, monkeypatch, capsys
 ) -> None:
     from gpuprofd.commands import status
-    from gpuprofd.errors import NoDaemonError
+    from gpuprofd.core.errors import NoDaemonError
 
     monkeypatch.delenv("GPUPROF_SOCKET", raising=False)
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))

@@ -21,7 +21,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from gpuprofd import nsys
+from gpuprofd.commands import nsys_report as nsys
 from gpuprofd.ctl import main
 from gpuprofd.storage import schema
 

@@ -21,7 +21,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from gpuprofd.counters import DropCounter
+from gpuprofd.core.counters import DropCounter
 from gpuprofd.forward.client import Paused, Retry
 from gpuprofd.forward.config import ApiKey, ForwardConfig
 from gpuprofd.forward.forwarder import Forwarder

@@ -8,7 +8,7 @@ from typing import Any
 
 import orjson
 
-from gpuprofd.counters import DropCounter
+from gpuprofd.core.counters import DropCounter
 from gpuprofd.ingest.control import ControlServer
 from gpuprofd.ingest.handlers import ControlHandlers
 from gpuprofd.ingest.registry import RunRegistry

@@ -13,10 +13,10 @@ import pytest
 
 from gpuprof.kernels import aggregate_trace
 from gpuprof.protocol import MAX_MESSAGE_BYTES
-from gpuprofd.boot import boot_id
+from gpuprofd.core.boot import boot_id
 from gpuprofd.ctl import main
 from gpuprofd.sampling.nvml import NO_GPU_NOTE
-from gpuprofd.sinks import STORED_GPU_HZ
+from gpuprofd.services.sinks import STORED_GPU_HZ
 from tests.daemon import h200_replay
 from tests.daemon import helpers as h
 

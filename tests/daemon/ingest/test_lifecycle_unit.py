@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from gpuprofd.counters import DropCounter
+from gpuprofd.core.counters import DropCounter
 from gpuprofd.ingest.lifecycle import Lifecycle
 from gpuprofd.ingest.registry import RunRegistry
 from gpuprofd.ingest.runservice import RunService
-from gpuprofd.insights_runner import InsightsRunner
+from gpuprofd.services.insights_runner import InsightsRunner
 from gpuprofd.storage import runsdb
 from gpuprofd.storage.store import Store
 from tests.daemon import helpers as h

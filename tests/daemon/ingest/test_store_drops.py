@@ -14,12 +14,12 @@ from pathlib import Path
 import orjson
 import pytest
 
-from gpuprofd.counters import DropCounter
+from gpuprofd.core.counters import DropCounter
 from gpuprofd.ctl import main
 from gpuprofd.ingest.data import Ingest
 from gpuprofd.ingest.registry import RunRegistry
 from gpuprofd.ingest.runservice import RunService
-from gpuprofd.insights_runner import InsightsRunner
+from gpuprofd.services.insights_runner import InsightsRunner
 from gpuprofd.storage import schema
 from gpuprofd.storage.store import Store
 from tests.daemon import helpers as h

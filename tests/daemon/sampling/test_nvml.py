@@ -16,6 +16,7 @@ import pytest
 
 from gpuprof import config
 from gpuprofd.sampling import nvml
+from gpuprofd.sampling.backend import open_backend
 from gpuprofd.sampling.gpu_sampler import GpuSampler
 from gpuprofd.sampling.nvml import (
     FAST_CALLS,
@@ -25,7 +26,6 @@ from gpuprofd.sampling.nvml import (
     RealNvml,
     match_uuid,
     normalize_uuid,
-    open_backend,
 )
 from gpuprofd.sampling.nvml_replay import REPLAY_UUID, ReplayPynvml
 from tests.daemon import helpers as h

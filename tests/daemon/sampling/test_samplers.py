@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 
 from gpuprof import config
+from gpuprofd.sampling.backend import open_backend
 from gpuprofd.sampling.gpu_sampler import GpuSampler
 from gpuprofd.sampling.host_sampler import HostSampler
-from gpuprofd.sampling.nvml import NO_GPU_NOTE, MockNvml, RealNvml, match_uuid, open_backend
+from gpuprofd.sampling.nvml import NO_GPU_NOTE, MockNvml, RealNvml, match_uuid
 
 
 class FakePsutil:

@@ -14,7 +14,8 @@ from aiohttp import test_utils
 from gpuprofd.storage.batch import validate
 from gpuprofd.storage.ingest import apply_batch
 from gpuprofd.storage.store import Store
-from gpuprofd.web.app import WebState, build_app
+from gpuprofd.web.app import build_app
+from gpuprofd.web.state import WebState
 from tests.daemon.batches import BOOT, GPU, batch, new_uuid, run_event, steps_event
 from tests.daemon.storage.test_backends import open_store
 

@@ -13,8 +13,8 @@ from typing import Any
 import orjson
 import pytest
 
-from gpuprofd.counters import DropCounter
-from gpuprofd.errors import DatabaseError
+from gpuprofd.core.counters import DropCounter
+from gpuprofd.core.errors import DatabaseError
 from gpuprofd.storage import runsdb, schema
 from gpuprofd.storage import store as store_mod
 from gpuprofd.storage.dialect import POSTGRES
@@ -390,7 +390,7 @@ def test_sqlite_urls_name_the_file(url: str, path: str) -> None:
 
 
 def test_an_unknown_scheme_is_refused_without_its_password() -> None:
-    from gpuprofd.errors import BadInputError
+    from gpuprofd.core.errors import BadInputError
 
     with pytest.raises(BadInputError, match=r"unknown storage URL scheme 'mysql'") as err:
         parse("mysql://u:pw@h/db")
@@ -486,7 +486,7 @@ def test_a_password_in_the_query_is_hidden_too(url: str) -> None:
     ],
 )
 def test_an_unreadable_postgres_url_is_refused_without_repeating_it(url: str) -> None:
-    from gpuprofd.errors import BadInputError
+    from gpuprofd.core.errors import BadInputError
 
     with pytest.raises(BadInputError, match="could not be read") as err:
         parse(url)

@@ -14,7 +14,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from gpuprofd.counters import DropCounter
+from gpuprofd.core.counters import DropCounter
 from gpuprofd.storage import commprune, reads, schema
 from gpuprofd.storage.reader import open_reader
 from gpuprofd.storage.store import Store

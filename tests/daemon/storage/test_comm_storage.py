@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from gpuprof.summary import format_summary
-from gpuprofd.counters import DropCounter
+from gpuprofd.core.counters import DropCounter
 from gpuprofd.ctl import main
 from gpuprofd.storage import runsdb, schema
 from gpuprofd.storage.store import Store

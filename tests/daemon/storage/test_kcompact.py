@@ -12,7 +12,7 @@ import pytest
 from gpuprof.insights.base import RunContext
 from gpuprof.insights.kernels import kernel_drift, kernel_stats
 from gpuprof.kernels import OTHER_ROW_NAME, KernelAgg
-from gpuprofd.counters import DropCounter
+from gpuprofd.core.counters import DropCounter
 from gpuprofd.storage import kcompact, queries, runsdb, schema
 from gpuprofd.storage.kcompact import StoredWindow, merge_rows, merge_steps, merge_windows, plan
 from gpuprofd.storage.store import AtomicCheckError, Part, Store

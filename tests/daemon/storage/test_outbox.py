@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 
 from gpuprof.insights import Insight
-from gpuprofd.counters import DropCounter
+from gpuprofd.core.counters import DropCounter
 from gpuprofd.sampling.rollup import ROLLUP_COLUMNS
 from gpuprofd.storage import outbox, runsdb, schema
 from gpuprofd.storage.store import OUTBOX_ROW_BYTES, Store

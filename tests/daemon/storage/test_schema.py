@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuprofd.errors import DatabaseError
+from gpuprofd.core.errors import DatabaseError
 from gpuprofd.storage import queries, reads, schema
 from gpuprofd.storage.reader import open_reader
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gpuprof.kernels import KernelAgg
-from gpuprofd.counters import DropCounter
+from gpuprofd.core.counters import DropCounter
 from gpuprofd.storage import reads, runsdb, schema
 from gpuprofd.storage import store as store_mod
 from gpuprofd.storage.store import BATCH_MAX_OPS, Op, Store

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuprofd.errors import BadInputError
+from gpuprofd.core.errors import BadInputError
 from gpuprofd.web import address
 from gpuprofd.web.address import HttpAddress
 from tests.daemon.helpers import Daemons

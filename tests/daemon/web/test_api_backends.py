@@ -21,7 +21,8 @@ from gpuprofd.sampling.nvml import GpuDevice
 from gpuprofd.server.notify import RunChanges
 from gpuprofd.storage import hostrollup, runsdb, steprollup
 from gpuprofd.storage.store import Op, Store
-from gpuprofd.web.app import WebState, build_app
+from gpuprofd.web.app import build_app
+from gpuprofd.web.state import WebState
 from tests.daemon.storage.test_backends import open_store
 
 HOSTILE = "<script>alert('x')</script> \"q\" \u202eevil\u202c " + "é" * 5000

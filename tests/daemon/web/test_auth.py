@@ -10,7 +10,7 @@ from pathlib import Path
 import argon2
 import pytest
 
-from gpuprofd.errors import BadInputError
+from gpuprofd.core.errors import BadInputError
 from gpuprofd.web import auth
 
 

@@ -25,14 +25,14 @@ from prometheus_client.openmetrics.parser import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuprofd.counters import DropCounter
+from gpuprofd.core.counters import DropCounter
 from gpuprofd.ingest.data import Ingest
 from gpuprofd.ingest.registry import RunRegistry
 from gpuprofd.ingest.runservice import RunService
-from gpuprofd.insights_runner import InsightsRunner
 from gpuprofd.sampling.nvml import GpuDevice, GpuSample
 from gpuprofd.sampling.rollup import SecondRollups
-from gpuprofd.sinks import SampleSinks
+from gpuprofd.services.insights_runner import InsightsRunner
+from gpuprofd.services.sinks import SampleSinks
 from gpuprofd.storage import reads, schema
 from gpuprofd.storage.store import Store
 from gpuprofd.web import metrics

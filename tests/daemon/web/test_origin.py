@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 from aiohttp import WSServerHandshakeError, test_utils
 
-from gpuprofd.counters import DropCounter
+from gpuprofd.core.counters import DropCounter
 from gpuprofd.storage import runsdb, schema
 from gpuprofd.storage.store import Store
-from gpuprofd.web.app import WebState, build_app
+from gpuprofd.web.app import build_app
 from gpuprofd.web.origin import host_name
+from gpuprofd.web.state import WebState
 
 
 @pytest.mark.parametrize(

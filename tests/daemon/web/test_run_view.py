@@ -13,15 +13,16 @@ from typing import Any
 import orjson
 from aiohttp.test_utils import TestClient, TestServer
 
-from gpuprofd.counters import DropCounter
+from gpuprofd.core.counters import DropCounter
 from gpuprofd.ingest.data import Ingest
 from gpuprofd.ingest.registry import RunRegistry
 from gpuprofd.ingest.runservice import RunService
-from gpuprofd.insights_runner import InsightsRunner
-from gpuprofd.runviews import LIVE_NOTE
+from gpuprofd.services.insights_runner import InsightsRunner
 from gpuprofd.storage import schema
 from gpuprofd.storage.store import Store
-from gpuprofd.web.app import WebState, build_app
+from gpuprofd.views.runs import LIVE_NOTE
+from gpuprofd.web.app import build_app
+from gpuprofd.web.state import WebState
 from tests.daemon import helpers as h
 
 

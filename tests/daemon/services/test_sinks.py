@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from gpuprofd.counters import DropCounter
+from gpuprofd.core.counters import DropCounter
 from gpuprofd.sampling.rollup import SecondRollups
-from gpuprofd.sinks import SampleSinks
+from gpuprofd.services.sinks import SampleSinks
 from gpuprofd.storage.store import Store
 
 

@@ -28,10 +28,10 @@ import orjson
 
 from gpuprof.insights import Insight, RunContext, run_rules
 from gpuprof.summary import make_summary
-from gpuprofd.counters import DropCounter
-from gpuprofd.runviews import LIVE_NOTE
+from gpuprofd.core.counters import DropCounter
 from gpuprofd.storage import outbox, reads, runsdb
 from gpuprofd.storage.store import Store
+from gpuprofd.views.runs import LIVE_NOTE
 
 log = logging.getLogger(__name__)
 

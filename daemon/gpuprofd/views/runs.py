@@ -14,10 +14,10 @@ import orjson
 
 from gpuprof.comm import COMM_PHASE
 from gpuprof.summary import comm_medians, make_summary, mfu_figures
-from gpuprofd import kerneltable
-from gpuprofd.errors import UnknownGroupError
+from gpuprofd.core.errors import UnknownGroupError
 from gpuprofd.storage import reads
 from gpuprofd.storage.reader import Reader
+from gpuprofd.views import kerneltable
 
 #: Keys of ``pct_of_iteration``, in table order, with their column headers.
 COLUMNS = (

@@ -20,7 +20,7 @@ import asyncio
 from collections import deque
 from typing import Any
 
-from gpuprofd.counters import DropCounter
+from gpuprofd.core.counters import DropCounter
 from gpuprofd.sampling.gpu_sampler import Sink, SlowSink
 from gpuprofd.sampling.host_sampler import HostSample, WorkerCpu
 from gpuprofd.sampling.nvml import GpuSample, GpuSlowSample

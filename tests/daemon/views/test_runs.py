@@ -1,4 +1,4 @@
-"""The runs list's filter (gpuprofd.runviews.run_matches): each filter with
+"""The runs list's filter (gpuprofd.views.runs.run_matches): each filter with
 a run it keeps and one it drops, and the time filter's edges (a running
 run runs until now, a run that ended without an end time ended at its start)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuprofd.runviews import run_matches
+from gpuprofd.views.runs import run_matches
 
 S = 1_000_000_000
 

@@ -5,7 +5,7 @@ compared at 0.22x, continuous op-only windows hiding an nsys import)."""
 from __future__ import annotations
 
 from gpuprof.kernels import KernelAgg
-from gpuprofd import kerneltable
+from gpuprofd.views import kerneltable
 
 MS = 1_000_000
 

@@ -212,7 +212,7 @@ def slow(ctx):
     time.sleep(1.5)
     return Insight("slow_rule", "LOW", "slow finding", "d", "f", {"rank": 0})
 d.GROUP_RULES = (slow,)
-import gpuprofd.insights_runner as r
+import gpuprofd.services.insights_runner as r
 r.GROUP_WAIT_S = 0.5
 """
 
