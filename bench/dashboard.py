@@ -338,8 +338,8 @@ def _wait_rollups(db: Path, steps: int, seconds: float, timeout_s: float = 900) 
     :mod:`gpuprofd.storage.steptotals`, :mod:`gpuprofd.storage.hostrollup`:
     the whole-run series and the run's figures read them; the run's last
     host block has no later sample, so it stays raw)."""
-    from gpuprofd.storage.hostrollup import HOST_BLOCK_NS
-    from gpuprofd.storage.steprollup import STEP_BLOCK
+    from gpuprofd.storage.upkeep.hostrollup import HOST_BLOCK_NS
+    from gpuprofd.storage.upkeep.steprollup import STEP_BLOCK
 
     want = {
         "step_rollups": steps // STEP_BLOCK,

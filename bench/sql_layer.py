@@ -30,9 +30,9 @@ import uuid
 from pathlib import Path
 
 from gpuprofd.counters import DropCounter
-from gpuprofd.storage import runsdb, schema
-from gpuprofd.storage.store import BATCH_MAX_OPS, Store
+from gpuprofd.storage import schema
 from gpuprofd.storage.url import parse
+from gpuprofd.storage.writes import BATCH_MAX_OPS, Store, runsdb
 
 PHASES = {"forward": 3_000_000, "backward": 4_000_000, "optimizer": 2_000_000}
 

@@ -57,14 +57,14 @@ from gpuprof.insights.distributed import group_rules
 from gpuprof.insights.kernels import kernel_stats
 from gpuprof.summary import make_summary
 from gpuprofd.counters import DropCounter
-from gpuprofd.maintenance import DEFAULT_RAW_WINDOW_S
 from gpuprofd.sampling import rollup
 from gpuprofd.sampling.nvml import RealNvml, normalize_uuid
 from gpuprofd.sampling.nvml_replay import ReplayPynvml
 from gpuprofd.sinks import STORED_GPU_HZ
-from gpuprofd.storage import commprune, kcompact, reads, schema
+from gpuprofd.storage import reads, schema
 from gpuprofd.storage.reader import Reader, open_reader
-from gpuprofd.storage.store import Store
+from gpuprofd.storage.upkeep import DEFAULT_RAW_WINDOW_S, commprune, kcompact
+from gpuprofd.storage.writes import Store
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT / "tests" / "fixtures" / "h200" / "nvml_trace.jsonl"

@@ -50,16 +50,23 @@ from gpuprofd.ingest.runservice import RunService
 from gpuprofd.ingest.sockets import DaemonSockets
 from gpuprofd.insights_runner import InsightsRunner
 from gpuprofd.lock import InstanceLock
-from gpuprofd.maintenance import DEFAULT_RAW_WINDOW_S, Retention, every
 from gpuprofd.sampling import gpu_sampler
 from gpuprofd.sampling.gpu_sampler import DEFAULT_SAMPLE_HZ, GpuSampler
 from gpuprofd.sampling.host_sampler import HostSampler
 from gpuprofd.sampling.nvml import open_backend
 from gpuprofd.sampling.rollup import SecondRollups
 from gpuprofd.sinks import SampleSinks
-from gpuprofd.storage import commprune, hostrollup, schema, steprollup
-from gpuprofd.storage.store import Store
+from gpuprofd.storage import schema
+from gpuprofd.storage.upkeep import (
+    DEFAULT_RAW_WINDOW_S,
+    Retention,
+    commprune,
+    every,
+    hostrollup,
+    steprollup,
+)
 from gpuprofd.storage.url import StorageUrl
+from gpuprofd.storage.writes import Store
 from gpuprofd.web import address as http_address
 from gpuprofd.web.address import HttpAddress
 

@@ -30,8 +30,8 @@ from gpuprof.insights import Insight, RunContext, run_rules
 from gpuprof.summary import make_summary
 from gpuprofd.counters import DropCounter
 from gpuprofd.runviews import LIVE_NOTE
-from gpuprofd.storage import outbox, reads, runsdb
-from gpuprofd.storage.store import Store
+from gpuprofd.storage import reads
+from gpuprofd.storage.writes import Store, outbox, runsdb
 
 log = logging.getLogger(__name__)
 

@@ -25,8 +25,7 @@ from gpuprofd.sampling.gpu_sampler import Sink, SlowSink
 from gpuprofd.sampling.host_sampler import HostSample, WorkerCpu
 from gpuprofd.sampling.nvml import GpuSample, GpuSlowSample
 from gpuprofd.sampling.rollup import SecondRollups
-from gpuprofd.storage import runsdb
-from gpuprofd.storage.store import Store
+from gpuprofd.storage.writes import Store, runsdb
 
 #: Raw GPU fast-loop rows stored per second per GPU, for the recent window
 #: only: enough to zoom into the last minutes; every sample still feeds the rollups.

@@ -34,8 +34,8 @@ async def open_store(url: str, drops: Any = None) -> AsyncIterator[Any]:
     started; closed afterwards."""
     from gpuprofd.counters import DropCounter
     from gpuprofd.storage import schema
-    from gpuprofd.storage.store import Store
     from gpuprofd.storage.url import parse
+    from gpuprofd.storage.writes import Store
 
     parsed = parse(url)
     if parsed.path is not None:

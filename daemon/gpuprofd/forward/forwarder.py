@@ -38,9 +38,7 @@ from gpuprofd.counters import DropCounter
 from gpuprofd.errors import BadInputError
 from gpuprofd.forward.client import Acked, Paused, Refused, Retry, compress, post
 from gpuprofd.forward.config import ForwardConfig
-from gpuprofd.storage import outbox
-from gpuprofd.storage.batch import RUN_KINDS
-from gpuprofd.storage.store import Store
+from gpuprofd.storage.writes import RUN_KINDS, Store, outbox
 
 log = logging.getLogger(__name__)
 

@@ -25,8 +25,9 @@ from gpuprofd.errors import GpuprofdError
 from gpuprofd.ingest.registry import LiveRun
 from gpuprofd.ingest.runservice import RunService
 from gpuprofd.lock import InstanceLock
-from gpuprofd.storage import dbrotate, schema
-from gpuprofd.storage.store import Store
+from gpuprofd.storage import schema
+from gpuprofd.storage.upkeep import dbrotate
+from gpuprofd.storage.writes import Store
 
 log = logging.getLogger(__name__)
 

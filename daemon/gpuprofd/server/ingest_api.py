@@ -28,9 +28,14 @@ except ImportError:  # pragma: no cover - by Python version
     from backports.zstd import ZstdDecompressor, ZstdError
 
 from gpuprofd.errors import DatabaseError
-from gpuprofd.storage.batch import BatchError, validate
-from gpuprofd.storage.ingest import Applied, IngestConflict, apply_batch
-from gpuprofd.storage.store import Store
+from gpuprofd.storage.writes import (
+    Applied,
+    BatchError,
+    IngestConflict,
+    Store,
+    apply_batch,
+    validate,
+)
 from gpuprofd.web.app import error_response, json_response
 
 log = logging.getLogger(__name__)

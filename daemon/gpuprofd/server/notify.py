@@ -16,8 +16,8 @@ from collections.abc import Callable
 from typing import Any
 
 from gpuprofd.storage import postgres
-from gpuprofd.storage.ingest import NOTIFY_CHANNEL
 from gpuprofd.storage.url import StorageUrl
+from gpuprofd.storage.writes import NOTIFY_CHANNEL
 
 log = logging.getLogger(__name__)
 

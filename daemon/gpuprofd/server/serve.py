@@ -24,10 +24,10 @@ from gpuprofd.insights_runner import InsightsRunner
 from gpuprofd.server.app import CHANGES, build_server_app
 from gpuprofd.server.ingest_api import IngestLimits
 from gpuprofd.server.notify import Listener, RunChanges
-from gpuprofd.storage import hostrollup, logins, retention, schema, steprollup
-from gpuprofd.storage.ingest import Applied
-from gpuprofd.storage.store import Store
+from gpuprofd.storage import logins, schema
+from gpuprofd.storage.upkeep import hostrollup, retention, steprollup
 from gpuprofd.storage.url import StorageUrl
+from gpuprofd.storage.writes import Applied, Store
 from gpuprofd.web.auth import Auth, AuthConfig
 from gpuprofd.web.httplog import one_line_bad_requests
 

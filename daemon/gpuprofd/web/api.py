@@ -14,7 +14,9 @@ from aiohttp import web
 from gpuprof.insights.base import WARMUP_STEPS
 from gpuprofd import kerneltable
 from gpuprofd.runviews import LIVE_NOTE, list_runs, load_group, phase_means_ms
-from gpuprofd.storage import hostrollup, reads, series, steprollup
+from gpuprofd.storage import reads
+from gpuprofd.storage.reads import series
+from gpuprofd.storage.upkeep import hostrollup, steprollup
 from gpuprofd.web import runs as views
 from gpuprofd.web.app import STATE, ApiError, WebState, json_response
 from gpuprofd.web.series import (

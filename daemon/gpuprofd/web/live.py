@@ -23,7 +23,8 @@ import orjson
 from aiohttp import WSMsgType, web
 
 from gpuprofd.errors import DatabaseError, UnknownRunError
-from gpuprofd.storage import reads, series
+from gpuprofd.storage import reads
+from gpuprofd.storage.reads import series
 from gpuprofd.web import runs as views
 from gpuprofd.web.api import MAX_ID, insights_payload
 from gpuprofd.web.app import LIVE_SOCKET, SOCKETS, STATE, WebState

@@ -9,7 +9,8 @@ from typing import Any
 
 from gpuprofd.runviews import describe, load_summary
 from gpuprofd.sampling.nvml import normalize_uuid
-from gpuprofd.storage import reads, series
+from gpuprofd.storage import reads
+from gpuprofd.storage.reads import series
 from gpuprofd.web.app import WebState
 from gpuprofd.web.series import NS_PER_S, RunClock
 

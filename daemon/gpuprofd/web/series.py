@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpuprofd.storage.series import HOST_METRICS, PHASES
+from gpuprofd.storage.reads.series import HOST_METRICS, PHASES
 
 #: Buckets per pixel of the requested width: two, so a one-pixel feature is
 #: never split into one half-empty column (the min/max envelope stays closed).

@@ -16,7 +16,8 @@ import pytest
 from gpuprof.kernels import KernelAgg, aggregate_trace
 from gpuprofd import kerneltable
 from gpuprofd.ctl import main
-from gpuprofd.storage import runsdb, schema
+from gpuprofd.storage import schema
+from gpuprofd.storage.writes import runsdb
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "kineto-a100"
 ALLREDUCE = "ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)"

@@ -15,9 +15,10 @@ import orjson
 import pytest
 
 from gpuprofd.counters import DropCounter
-from gpuprofd.storage import commprune, reads, schema
+from gpuprofd.storage import reads, schema
 from gpuprofd.storage.reader import open_reader
-from gpuprofd.storage.store import Store
+from gpuprofd.storage.upkeep import commprune
+from gpuprofd.storage.writes import Store
 from tests.daemon import helpers as h
 from tests.gpuprof.insights.group_fixtures import N_BUCKETS, group_steps
 

@@ -15,9 +15,9 @@ import orjson
 from gpuprof.insights import Insight
 from gpuprofd.counters import DropCounter
 from gpuprofd.sampling.rollup import ROLLUP_COLUMNS
-from gpuprofd.storage import outbox, runsdb, schema
-from gpuprofd.storage.store import OUTBOX_ROW_BYTES, Store
+from gpuprofd.storage import schema
 from gpuprofd.storage.url import parse
+from gpuprofd.storage.writes import OUTBOX_ROW_BYTES, Store, outbox, runsdb
 from tests.daemon.storage.test_backends import run_row, step_msg
 
 

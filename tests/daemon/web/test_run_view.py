@@ -20,7 +20,7 @@ from gpuprofd.ingest.runservice import RunService
 from gpuprofd.insights_runner import InsightsRunner
 from gpuprofd.runviews import LIVE_NOTE
 from gpuprofd.storage import schema
-from gpuprofd.storage.store import Store
+from gpuprofd.storage.writes import Store
 from gpuprofd.web.app import WebState, build_app
 from tests.daemon import helpers as h
 

@@ -36,7 +36,7 @@ from typing import Any
 import orjson
 
 from gpuprof.kernels import MAX_ROWS, KernelAgg, fold_counted
-from gpuprofd.storage.store import Part, Store
+from gpuprofd.storage.writes import Part, Store
 
 log = logging.getLogger(__name__)
 

@@ -26,9 +26,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuprofd.storage import series
 from gpuprofd.storage.reader import Reader
-from gpuprofd.storage.store import Store
+from gpuprofd.storage.reads import series
+from gpuprofd.storage.writes import Store
 
 #: The span of one block, ns: 20 samples at the daemon's 2 Hz; a day is 8,640
 #: blocks, so a 1,400 px chart (2,800 buckets of 31 s) reads each once.

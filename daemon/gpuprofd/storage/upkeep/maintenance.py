@@ -18,8 +18,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import NoReturn
 
-from gpuprofd.storage import commprune, hostrollup, kcompact, runsdb, steprollup
-from gpuprofd.storage.store import Store
+from gpuprofd.storage.upkeep import commprune, hostrollup, kcompact, steprollup
+from gpuprofd.storage.writes import Store, runsdb
 
 log = logging.getLogger(__name__)
 

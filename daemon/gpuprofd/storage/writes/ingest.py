@@ -39,7 +39,7 @@ import orjson
 
 from gpuprofd.sampling.rollup import INSERT_SQL as _ROLLUP_SQL
 from gpuprofd.sampling.rollup import ROLLUP_COLUMNS
-from gpuprofd.storage.batch import (
+from gpuprofd.storage.writes.batch import (
     COMM_FIELDS,
     END_FIELDS,
     HOST_FIELDS,
@@ -49,14 +49,15 @@ from gpuprofd.storage.batch import (
     WORKER_CPU_FIELDS,
     BatchError,
 )
-from gpuprofd.storage.runsdb import (
+from gpuprofd.storage.writes.ops import Txn
+from gpuprofd.storage.writes.runsdb import (
     _COMM_SQL,
     _HOST_SQL,
     _RUN_CPU_SQL,
     _STEP_SQL,
     _WORKER_CPU_SQL,
 )
-from gpuprofd.storage.store import Store, Txn
+from gpuprofd.storage.writes.store import Store
 
 #: The Postgres channel a committed batch notifies with the ids of the runs it
 #: touched (ids only: a listener re-reads what it needs), so every replica's

@@ -28,7 +28,7 @@ from typing import Any
 import orjson
 
 from gpuprofd.sampling.rollup import ROLLUP_COLUMNS
-from gpuprofd.storage.batch import (
+from gpuprofd.storage.writes.batch import (
     BATCH_VERSION,
     END_FIELDS,
     ENDED_STATUSES,
@@ -37,7 +37,8 @@ from gpuprofd.storage.batch import (
     RUN_FIELDS,
     RUN_KINDS,
 )
-from gpuprofd.storage.store import Forward, Op, Part, Store, Txn
+from gpuprofd.storage.writes.ops import Forward, Op, Part, Txn
+from gpuprofd.storage.writes.store import Store
 
 #: What a full outbox gives up first (lowest first): raw samples, then the
 #: per-second GPU rollups and kernel windows, then insights (a later event

@@ -21,11 +21,11 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from gpuprofd.storage import series, steptotals
 from gpuprofd.storage.dialect import Dialect
 from gpuprofd.storage.reader import Reader
-from gpuprofd.storage.steptotals import STEP_BLOCK
-from gpuprofd.storage.store import Store
+from gpuprofd.storage.reads import series, steptotals
+from gpuprofd.storage.reads.steptotals import STEP_BLOCK
+from gpuprofd.storage.writes import Store
 
 #: Seconds between passes: a live chart's tier lags by at most this (the raw
 #: steps after the last block fill the rest).
