@@ -334,12 +334,12 @@ def live_case(base: str, env: dict[str, str], work: Path, far: int) -> None:
 
 def _wait_rollups(db: Path, steps: int, seconds: float, timeout_s: float = 900) -> None:
     """Wait for the daemon's rollup passes to cover run 1's *steps* and its
-    *seconds* of host samples (:mod:`gpuprofd.storage.steprollup`,
-    :mod:`gpuprofd.storage.steptotals`, :mod:`gpuprofd.storage.hostrollup`:
+    *seconds* of host samples (:mod:`gpuprofd.storage.upkeep.steprollup`,
+    :mod:`gpuprofd.storage.reads.steptotals`, :mod:`gpuprofd.storage.upkeep.hostrollup`:
     the whole-run series and the run's figures read them; the run's last
     host block has no later sample, so it stays raw)."""
-    from gpuprofd.storage.hostrollup import HOST_BLOCK_NS
-    from gpuprofd.storage.steprollup import STEP_BLOCK
+    from gpuprofd.storage.upkeep.hostrollup import HOST_BLOCK_NS
+    from gpuprofd.storage.upkeep.steprollup import STEP_BLOCK
 
     want = {
         "step_rollups": steps // STEP_BLOCK,

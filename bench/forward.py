@@ -46,8 +46,8 @@ from gpuprofd.core.counters import DropCounter  # noqa: E402
 from gpuprofd.forward.config import ApiKey, ForwardConfig  # noqa: E402
 from gpuprofd.forward.forwarder import Forwarder  # noqa: E402
 from gpuprofd.sampling.rollup import ROLLUP_COLUMNS  # noqa: E402
-from gpuprofd.storage import outbox, runsdb, schema  # noqa: E402
-from gpuprofd.storage.store import Op, Store  # noqa: E402
+from gpuprofd.storage import schema  # noqa: E402
+from gpuprofd.storage.writes import Op, Store, outbox, runsdb  # noqa: E402
 
 RANKS, STEPS_PER_S, GPUS, HOST_HZ = 8, 10, 8, 2
 EVENTS_PER_S = RANKS * STEPS_PER_S + GPUS + HOST_HZ + RANKS * HOST_HZ

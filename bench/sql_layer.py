@@ -7,7 +7,7 @@ them straight to the driver (:mod:`gpuprofd.storage.dialect` numbers the
 placeholders for Postgres; plain inserts of many rows go through COPY).
 This measures, in one run, the time per stored step row of:
 
-- gpuprof's :class:`gpuprofd.storage.store.Store` (its writer, batching,
+- gpuprof's :class:`gpuprofd.storage.writes.store.Store` (its writer, batching,
   savepoints), fed as ingest feeds it;
 - SQLAlchemy Core 2 (``insert(table)`` executed with a list of rows, in one
   transaction), on the same table and rows.
@@ -30,9 +30,9 @@ import uuid
 from pathlib import Path
 
 from gpuprofd.core.counters import DropCounter
-from gpuprofd.storage import runsdb, schema
-from gpuprofd.storage.store import BATCH_MAX_OPS, Store
+from gpuprofd.storage import schema
 from gpuprofd.storage.url import parse
+from gpuprofd.storage.writes import BATCH_MAX_OPS, Store, runsdb
 
 PHASES = {"forward": 3_000_000, "backward": 4_000_000, "optimizer": 2_000_000}
 

@@ -17,7 +17,7 @@ times what a user does with it:
 Under DDP (``--comm-buckets``, 280 by default; 0 skips it) the ranks form
 one torchrun group and every step also has its per-bucket comm timings. The
 day's database holds the ``comm_buckets`` rows the daemon keeps once it has
-pruned (:mod:`gpuprofd.storage.commprune`: each run's last ``COMM_STEPS_KEPT`` steps
+pruned (:mod:`gpuprofd.storage.upkeep.commprune`: each run's last ``COMM_STEPS_KEPT`` steps
 and every ``COMM_KEEP_EVERY``-th) and each rank's stored end-of-run summary,
 as gpuprofd leaves them; ``gpuprofctl insights --group`` is timed on it. A
 comm case (``--comm-prune-hours``, 1 h by default: a day is 48 M rows a rank,
@@ -27,7 +27,7 @@ passes through the store's writer) and gives MB per GPU-hour after.
 
 A second case is one rank of a ``continuous_traces_hz=1`` run: a kernels
 window a second, :data:`KERNELS_PER_WINDOW` rows each, stored as received,
-then compacted by the daemon's own code (:mod:`gpuprofd.storage.kcompact`, as at the
+then compacted by the daemon's own code (:mod:`gpuprofd.storage.upkeep.kcompact`, as at the
 run's end with the default raw window): kernel rows per GPU-hour before and
 after, and the time to load the day's kernel windows and compute insights.
 
@@ -57,14 +57,14 @@ from gpuprof.insights.distributed import group_rules
 from gpuprof.insights.kernels import kernel_stats
 from gpuprof.summary import make_summary
 from gpuprofd.core.counters import DropCounter
-from gpuprofd.maintenance import DEFAULT_RAW_WINDOW_S
 from gpuprofd.sampling import rollup
 from gpuprofd.sampling.nvml import RealNvml, normalize_uuid
 from gpuprofd.sampling.nvml_replay import ReplayPynvml
 from gpuprofd.services.sinks import STORED_GPU_HZ
-from gpuprofd.storage import commprune, kcompact, reads, schema
+from gpuprofd.storage import reads, schema
 from gpuprofd.storage.reader import Reader, open_reader
-from gpuprofd.storage.store import Store
+from gpuprofd.storage.upkeep import DEFAULT_RAW_WINDOW_S, commprune, kcompact
+from gpuprofd.storage.writes import Store
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT / "tests" / "fixtures" / "h200" / "nvml_trace.jsonl"
@@ -385,7 +385,7 @@ def comm_prune_case(tmp: str, hours: float, step_ms: float, n_buckets: int) -> N
     conn.close()
     after = table_bytes(db).get("comm_buckets", 0)
     print(
-        f"  pruned by gpuprofd.storage.commprune in {passes} passes of <= "
+        f"  pruned by gpuprofd.storage.upkeep.commprune in {passes} passes of <= "
         f"{commprune.MAX_ROWS_PER_PASS:,} rows: {took:.1f} s "
         f"({(rows - left) / max(took, 1e-9) / 1e6:.2f} M rows/s, longest pass {worst:.2f} s); "
         f"{left:,} rows left = {after / 1e6:.1f} MB ({after / 1e6 / hours:.2f} MB per "

@@ -24,11 +24,10 @@ from gpuprofd.core.errors import EXIT_BAD_INPUT, BadInputError, GpuprofdError
 from gpuprofd.daemon import DaemonOptions, run_daemon
 from gpuprofd.forward.config import DEFAULT_MAX_MB
 from gpuprofd.forward.config import resolve as resolve_forward
-from gpuprofd.maintenance import DEFAULT_RAW_WINDOW_S
 from gpuprofd.sampling.gpu_sampler import DEFAULT_SAMPLE_HZ
 from gpuprofd.services.sinks import STORED_GPU_HZ
-from gpuprofd.storage.commprune import COMM_KEEP_EVERY, COMM_STEPS_KEPT
 from gpuprofd.storage.dialect import SQLITE
+from gpuprofd.storage.upkeep import COMM_KEEP_EVERY, COMM_STEPS_KEPT, DEFAULT_RAW_WINDOW_S
 from gpuprofd.storage.url import StorageUrl
 from gpuprofd.storage.url import parse as parse_storage_url
 from gpuprofd.web import address as http_address

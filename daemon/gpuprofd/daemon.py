@@ -14,7 +14,7 @@ are entered in the reverse of the shutdown order; each is marked with its
 shutdown step. A start that fails half-way unwinds what it took the same way.
 
 The jobs wired here live elsewhere: samplers → store in :mod:`gpuprofd.services.sinks`;
-retention and the periodic loop in :mod:`gpuprofd.maintenance`; the database
+retention and the periodic loop in :mod:`gpuprofd.storage.upkeep.maintenance`; the database
 file deleted or replaced in :mod:`gpuprofd.ingest.dbswitch`; hello, bye, ping
 and stop in :mod:`gpuprofd.ingest.handlers`; the sockets in
 :mod:`gpuprofd.ingest.sockets`.
@@ -49,7 +49,6 @@ from gpuprofd.ingest.lifecycle import Lifecycle
 from gpuprofd.ingest.registry import RunRegistry
 from gpuprofd.ingest.runservice import RunService
 from gpuprofd.ingest.sockets import DaemonSockets
-from gpuprofd.maintenance import DEFAULT_RAW_WINDOW_S, Retention, every
 from gpuprofd.sampling import gpu_sampler
 from gpuprofd.sampling.backend import open_backend
 from gpuprofd.sampling.gpu_sampler import DEFAULT_SAMPLE_HZ, GpuSampler
@@ -57,9 +56,17 @@ from gpuprofd.sampling.host_sampler import HostSampler
 from gpuprofd.sampling.rollup import SecondRollups
 from gpuprofd.services.insights_runner import InsightsRunner
 from gpuprofd.services.sinks import SampleSinks
-from gpuprofd.storage import commprune, hostrollup, schema, steprollup
-from gpuprofd.storage.store import Store
+from gpuprofd.storage import schema
+from gpuprofd.storage.upkeep import (
+    DEFAULT_RAW_WINDOW_S,
+    Retention,
+    commprune,
+    every,
+    hostrollup,
+    steprollup,
+)
 from gpuprofd.storage.url import StorageUrl
+from gpuprofd.storage.writes import Store
 from gpuprofd.web import address as http_address
 from gpuprofd.web.address import HttpAddress
 
@@ -104,7 +111,7 @@ class DaemonOptions:
     comm_steps_kept: int = commprune.COMM_STEPS_KEPT
     """Per-bucket comm rows kept for each run's last this-many steps ..."""
     comm_keep_every: int = commprune.COMM_KEEP_EVERY
-    """... and for every this-many-th step (:mod:`gpuprofd.storage.commprune`)."""
+    """... and for every this-many-th step (:mod:`gpuprofd.storage.upkeep.commprune`)."""
     http: HttpAddress | None = http_address.parse(None)
     """Where the dashboard listens (:mod:`gpuprofd.web.address`); None: ``--http off``."""
     forward: ForwardConfig | None = None

@@ -266,7 +266,7 @@ def build_context(
         gpu: the same, already aggregated (from stored per-second rollups);
             wins over *gpu_samples*.
         kernel_windows: the run's kernel windows as ``(window, rows)`` pairs
-            (what ``gpuprofd.storage.queries.kernel_windows_from_rows`` returns):
+            (what ``gpuprofd.storage.reads.queries.kernel_windows_from_rows`` returns):
             *window* a mapping with ``t0``/``t1`` (int, monotonic ns),
             ``source`` (``"snapshot"`` | ``"continuous"`` | ``"nsys"``) and
             ``steps`` (list of the step indices it covered; ``id`` and

@@ -28,14 +28,14 @@ PHASES = {"forward": 3_000_000, "backward": 4_000_000, "optimizer": 2_000_000}
 
 @contextlib.asynccontextmanager
 async def open_store(url: str, drops: Any = None) -> AsyncIterator[Any]:
-    """A :class:`gpuprofd.storage.store.Store` on *url* (a storage URL or a
+    """A :class:`gpuprofd.storage.writes.store.Store` on *url* (a storage URL or a
     path; a SQLite file is created with the schema), counting into *drops*
     (a :class:`~gpuprofd.core.counters.DropCounter`, or a new one), its writer
     started; closed afterwards."""
     from gpuprofd.core.counters import DropCounter
     from gpuprofd.storage import schema
-    from gpuprofd.storage.store import Store
     from gpuprofd.storage.url import parse
+    from gpuprofd.storage.writes import Store
 
     parsed = parse(url)
     if parsed.path is not None:

@@ -17,8 +17,9 @@ from gpuprof.insights.gpu import GPU_RULES, gpu_stats
 from gpuprofd.sampling import rollup
 from gpuprofd.sampling.nvml import RealNvml
 from gpuprofd.sampling.nvml_replay import ReplayPynvml
-from gpuprofd.storage import queries, reads, schema
+from gpuprofd.storage import reads, schema
 from gpuprofd.storage.reader import open_reader
+from gpuprofd.storage.reads import queries
 from tests.daemon import h200_replay
 
 UUID = "GPU-69cfecb8-dd0f-d46a-a967-785474cc5ca4"

@@ -11,7 +11,7 @@ from gpuprof.insights import run_rules
 from gpuprofd.core.counters import DropCounter
 from gpuprofd.storage import reads, schema
 from gpuprofd.storage.reader import open_reader
-from gpuprofd.storage.store import Store
+from gpuprofd.storage.writes import Store
 
 T0 = 1_000_000_000_000
 TICK = 500_000_000  # the host sampler's 0.5 s

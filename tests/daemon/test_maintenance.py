@@ -8,8 +8,8 @@ import logging
 
 import pytest
 
-from gpuprofd.maintenance import PRUNE_INTERVAL_S, Retention, every
-from gpuprofd.storage.store import Store
+from gpuprofd.storage.upkeep import PRUNE_INTERVAL_S, Retention, every
+from gpuprofd.storage.writes import Store
 
 
 async def test_a_failing_pass_is_logged_counted_and_the_loop_goes_on(
@@ -25,7 +25,7 @@ async def test_a_failing_pass_is_logged_counted_and_the_loop_goes_on(
         if len(passes) <= 2:
             raise OSError("disk hiccup")
 
-    caplog.set_level(logging.ERROR, logger="gpuprofd.maintenance")
+    caplog.set_level(logging.ERROR, logger="gpuprofd.storage.upkeep.maintenance")
     loop = asyncio.create_task(every(0.001, job, "test-pass"))
     await asyncio.wait_for(third.wait(), timeout=5)
     loop.cancel()

@@ -14,8 +14,9 @@ import pytest
 from gpuprof.flops import TransformerArch
 from gpuprof.summary import format_summary
 from gpuprofd.ctl import main
-from gpuprofd.storage import queries, reads
+from gpuprofd.storage import reads
 from gpuprofd.storage.reader import open_reader
+from gpuprofd.storage.reads import queries
 from tests.daemon import h200_replay
 from tests.daemon import helpers as h
 

@@ -21,8 +21,8 @@ from gpuprofd.core.lock import InstanceLock
 from gpuprofd.forward.client import Paused, Retry
 from gpuprofd.forward.config import resolve
 from gpuprofd.forward.forwarder import Forwarder
-from gpuprofd.storage import outbox, schema
-from gpuprofd.storage.store import Store
+from gpuprofd.storage import schema
+from gpuprofd.storage.writes import Store, outbox
 
 DRAIN_HELP = """Upload what a stopped gpuprofd had not yet sent to the team server.
 

@@ -18,9 +18,9 @@ from gpuprofd.commands.common import (
     run_id_type,
 )
 from gpuprofd.core.errors import DatabaseError
-from gpuprofd.storage import reads, runsdb, schema
+from gpuprofd.storage import reads, schema
 from gpuprofd.storage.reader import Reader
-from gpuprofd.storage.store import Op
+from gpuprofd.storage.writes import Op, runsdb
 
 _STEPS_SQL = "SELECT step, t0_ns, t1_ns FROM steps WHERE run_id = ? ORDER BY t0_ns, step"
 

@@ -29,7 +29,7 @@ from typing import Any
 from gpuprof.kernels import KernelAgg, fold_counted, kernel_class, shorten_name
 from gpuprof.protocol import MAX_DURATION_NS, clean_text
 from gpuprofd.core.errors import BadInputError
-from gpuprofd.storage.readonly import connect_ro
+from gpuprofd.storage.sqlite import connect_ro
 
 KERNEL_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL"
 MEMCPY_TABLE = "CUPTI_ACTIVITY_KIND_MEMCPY"

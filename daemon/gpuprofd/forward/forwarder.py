@@ -1,4 +1,4 @@
-"""The forwarder: sends the outbox (:mod:`gpuprofd.storage.outbox`) to the
+"""The forwarder: sends the outbox (:mod:`gpuprofd.storage.writes.outbox`) to the
 team server, in sequence order, a batch about once a second (at once while
 a backlog lasts), and forgets what the server acknowledged.
 
@@ -38,9 +38,7 @@ from gpuprofd.core.counters import DropCounter
 from gpuprofd.core.errors import BadInputError
 from gpuprofd.forward.client import Acked, Paused, Refused, Retry, compress, post
 from gpuprofd.forward.config import ForwardConfig
-from gpuprofd.storage import outbox
-from gpuprofd.storage.batch import RUN_KINDS
-from gpuprofd.storage.store import Store
+from gpuprofd.storage.writes import RUN_KINDS, Store, outbox
 
 log = logging.getLogger(__name__)
 

@@ -23,8 +23,7 @@ import zmq.asyncio
 from gpuprof.protocol import ProtocolError, decode_events
 from gpuprofd.core.counters import DropCounter
 from gpuprofd.ingest.runservice import RunService
-from gpuprofd.storage import runsdb
-from gpuprofd.storage.store import BATCH_MAX_OPS, Store
+from gpuprofd.storage.writes import BATCH_MAX_OPS, Store, runsdb
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@ between runs).
 
 Checked at each hello and once a second (:meth:`DbSwitch.check`). A hello
 then makes a fresh database at the path and its run is stored there; runs
-open at that moment are copied across at once (:mod:`gpuprofd.storage.dbrotate`)
+open at that moment are copied across at once (:mod:`gpuprofd.storage.upkeep.dbrotate`)
 and go on there, with a note in their summary. With no run open the daemon
 only logs it (no empty file reappears after an ``rm``) and makes the new file
 at the next hello. ``gpuprofctl status --format json`` shows it under
@@ -25,8 +25,9 @@ from gpuprofd.core.errors import GpuprofdError
 from gpuprofd.core.lock import InstanceLock
 from gpuprofd.ingest.registry import LiveRun
 from gpuprofd.ingest.runservice import RunService
-from gpuprofd.storage import dbrotate, schema
-from gpuprofd.storage.store import Store
+from gpuprofd.storage import schema
+from gpuprofd.storage.upkeep import dbrotate
+from gpuprofd.storage.writes import Store
 
 log = logging.getLogger(__name__)
 

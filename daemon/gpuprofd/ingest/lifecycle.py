@@ -9,8 +9,8 @@ from collections.abc import Callable
 
 from gpuprofd.core.counters import DropCounter
 from gpuprofd.ingest.runservice import RunService
-from gpuprofd.maintenance import every
-from gpuprofd.storage import runsdb
+from gpuprofd.storage.upkeep import every
+from gpuprofd.storage.writes import runsdb
 
 log = logging.getLogger(__name__)
 

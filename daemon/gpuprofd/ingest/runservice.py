@@ -23,8 +23,8 @@ from gpuprofd.ingest.procs import pid_namespace
 from gpuprofd.ingest.registry import LiveRun, RunRegistry
 from gpuprofd.sampling.nvml import GpuDevice, match_uuid
 from gpuprofd.services.insights_runner import InsightsRunner
-from gpuprofd.storage import reads, runsdb
-from gpuprofd.storage.store import Op, Store
+from gpuprofd.storage import reads
+from gpuprofd.storage.writes import Op, Store, runsdb
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from aiohttp import web
 from gpuprofd.server import ingest_api
 from gpuprofd.server.ingest_api import AfterBatch, IngestLimits
 from gpuprofd.server.notify import RunChanges
-from gpuprofd.storage.store import Store
+from gpuprofd.storage.writes import Store
 from gpuprofd.web import auth
 from gpuprofd.web.app import build_app
 from gpuprofd.web.state import WebState

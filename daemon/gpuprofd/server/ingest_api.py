@@ -1,6 +1,6 @@
 """``POST /api/v1/ingest``: a node's batch read (bounded, as sent and
-inflated), checked (:func:`gpuprofd.storage.batch.validate`) and applied in
-one transaction (:func:`gpuprofd.storage.ingest.apply_batch`). The answers
+inflated), checked (:func:`gpuprofd.storage.writes.batch.validate`) and applied in
+one transaction (:func:`gpuprofd.storage.writes.ingest.apply_batch`). The answers
 are in ``docs/team-server.md``.
 
 The body may be gzip or zstd (``Content-Encoding``). It is read in chunks
@@ -28,9 +28,14 @@ except ImportError:  # pragma: no cover - by Python version
     from backports.zstd import ZstdDecompressor, ZstdError
 
 from gpuprofd.core.errors import DatabaseError
-from gpuprofd.storage.batch import BatchError, validate
-from gpuprofd.storage.ingest import Applied, IngestConflict, apply_batch
-from gpuprofd.storage.store import Store
+from gpuprofd.storage.writes import (
+    Applied,
+    BatchError,
+    IngestConflict,
+    Store,
+    apply_batch,
+    validate,
+)
 from gpuprofd.web.responses import error_response, json_response
 
 log = logging.getLogger(__name__)

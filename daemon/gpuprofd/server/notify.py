@@ -1,5 +1,5 @@
 """Live fan-out across replicas: each replica holds one dedicated Postgres
-connection that ``LISTEN``s on :data:`gpuprofd.storage.ingest.NOTIFY_CHANNEL`
+connection that ``LISTEN``s on :data:`gpuprofd.storage.writes.ingest.NOTIFY_CHANNEL`
 (a committed batch notifies the ids of the runs it touched, whichever
 replica applied it) and passes the ids to :class:`RunChanges`. Notifications
 sent while the connection was down are lost, so after a reconnect every
@@ -16,8 +16,8 @@ from collections.abc import Callable
 from typing import Any
 
 from gpuprofd.storage import postgres
-from gpuprofd.storage.ingest import NOTIFY_CHANNEL
 from gpuprofd.storage.url import StorageUrl
+from gpuprofd.storage.writes import NOTIFY_CHANNEL
 
 log = logging.getLogger(__name__)
 

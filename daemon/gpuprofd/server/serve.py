@@ -24,10 +24,10 @@ from gpuprofd.server.app import CHANGES, build_server_app
 from gpuprofd.server.ingest_api import IngestLimits
 from gpuprofd.server.notify import Listener, RunChanges
 from gpuprofd.services.insights_runner import InsightsRunner
-from gpuprofd.storage import hostrollup, logins, retention, schema, steprollup
-from gpuprofd.storage.ingest import Applied
-from gpuprofd.storage.store import Store
+from gpuprofd.storage import logins, schema
+from gpuprofd.storage.upkeep import hostrollup, retention, steprollup
 from gpuprofd.storage.url import StorageUrl
+from gpuprofd.storage.writes import Applied, Store
 from gpuprofd.web.auth import Auth, AuthConfig
 from gpuprofd.web.httplog import one_line_bad_requests
 
@@ -104,7 +104,7 @@ class Server:
 
     async def _roll_steps(self) -> None:
         """The step and host rollup tiers of ingested runs, as a node keeps
-        its own (:mod:`gpuprofd.storage.steprollup`, :mod:`~gpuprofd.storage.hostrollup`):
+        its own (:mod:`gpuprofd.storage.upkeep.steprollup`, :mod:`~gpuprofd.storage.upkeep.hostrollup`):
         whole-run charts of long runs read blocks, not every step or sample.
         Replicas may both roll: a block is written once (its key)."""
         while not self._stop.is_set():

@@ -29,8 +29,8 @@ import orjson
 from gpuprof.insights import Insight, RunContext, run_rules
 from gpuprof.summary import make_summary
 from gpuprofd.core.counters import DropCounter
-from gpuprofd.storage import outbox, reads, runsdb
-from gpuprofd.storage.store import Store
+from gpuprofd.storage import reads
+from gpuprofd.storage.writes import Store, outbox, runsdb
 from gpuprofd.views.runs import LIVE_NOTE
 
 log = logging.getLogger(__name__)

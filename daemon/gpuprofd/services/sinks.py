@@ -6,7 +6,7 @@ event loop (``call_soon_threadsafe``), so only the loop touches the store.
 Every fast-loop sample feeds the per-second rollups (the whole run's GPU
 record, :mod:`gpuprofd.sampling.rollup`) and the live view; raw rows are
 stored at :data:`STORED_GPU_HZ` for the recent window only (pruned by
-:mod:`gpuprofd.maintenance`). Rollup rows are never dropped while the store
+:mod:`gpuprofd.storage.upkeep.maintenance`). Rollup rows are never dropped while the store
 queue is merely full: they wait in a bounded backlog.
 
 A host sample's per-core CPU % is not stored: as JSON it is ~0.8 KB a row on
@@ -25,8 +25,7 @@ from gpuprofd.sampling.gpu_sampler import Sink, SlowSink
 from gpuprofd.sampling.host_sampler import HostSample, WorkerCpu
 from gpuprofd.sampling.nvml import GpuSample, GpuSlowSample
 from gpuprofd.sampling.rollup import SecondRollups
-from gpuprofd.storage import runsdb
-from gpuprofd.storage.store import Store
+from gpuprofd.storage.writes import Store, runsdb
 
 #: Raw GPU fast-loop rows stored per second per GPU, for the recent window
 #: only: enough to zoom into the last minutes; every sample still feeds the rollups.

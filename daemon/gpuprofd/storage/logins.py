@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import orjson
 
-from gpuprofd.storage.store import Store, Txn
+from gpuprofd.storage.writes import Store, Txn
 
 _NS_PER_S = 1_000_000_000
 

@@ -1,7 +1,7 @@
 """The one read interface: every read the rules, ``gpuprofctl`` and the HTTP
 API make is a function of a :class:`Reader`, whatever holds the database.
 
-Readers: the daemon's :class:`gpuprofd.storage.store.Store` (its read
+Readers: the daemon's :class:`gpuprofd.storage.writes.store.Store` (its read
 connection on SQLite, its pool on Postgres), :class:`SqliteFileReader` (a
 read-only ``sqlite3`` connection, for ``gpuprofctl`` on a file) and
 :class:`gpuprofd.storage.postgres.PostgresReader`.
@@ -14,13 +14,11 @@ mappings that also index by position (``sqlite3.Row``, ``asyncpg.Record``).
 from __future__ import annotations
 
 import contextlib
-import sqlite3
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from gpuprofd.core.errors import DatabaseError
-from gpuprofd.storage.dialect import SQLITE, Dialect
+from gpuprofd.storage.dialect import Dialect
 from gpuprofd.storage.url import parse as parse_url
 
 Row = Mapping[str, Any]
@@ -46,32 +44,6 @@ class Reader(Protocol):
         ...
 
 
-class SqliteFileReader:
-    """A :class:`Reader` over a read-only ``sqlite3`` connection
-    (:func:`gpuprofd.storage.reads.open_ro`). Its queries run inline: it
-    serves a command-line read, not an event loop with other work."""
-
-    dialect: Dialect = SQLITE
-
-    def __init__(self, conn: sqlite3.Connection, path: Path) -> None:
-        self.conn = conn
-        self.path = path
-        self.where = str(path.absolute())
-
-    async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
-        try:
-            return self.conn.execute(sql, tuple(params)).fetchall()
-        except sqlite3.DatabaseError as exc:
-            raise DatabaseError(f"the database is damaged or incomplete ({exc})") from None
-
-    async def fetchone(self, sql: str, params: Sequence[Any] = ()) -> Any | None:
-        rows = await self.fetchall(sql, params)
-        return rows[0] if rows else None
-
-    async def close(self) -> None:
-        self.conn.close()
-
-
 @contextlib.asynccontextmanager
 async def open_reader(target: str | Path) -> AsyncIterator[Reader]:
     """A :class:`Reader` of *target* (a storage URL or a file path,
@@ -83,7 +55,7 @@ async def open_reader(target: str | Path) -> AsyncIterator[Reader]:
     """
     url = parse_url(target)
     if url.path is not None:
-        from gpuprofd.storage.reads import open_ro
+        from gpuprofd.storage.sqlite import SqliteFileReader, open_ro
 
         reader = SqliteFileReader(open_ro(url.path), url.path)
     else:

@@ -8,16 +8,16 @@ power ``*_mw`` (milliwatts).
 Tiering (what a long run leaves behind, see ``bench/storage.py``): raw GPU
 samples for the daemon's raw window only, per-second ``gpu_rollups`` for the
 whole run; every host sample, and per run ``host_rollups`` of them (10 s
-blocks, ``gpuprofd.storage.hostrollup``) for the whole-run charts;
-continuous kernel windows merged as they age (``gpuprofd.storage.kcompact``);
+blocks, ``gpuprofd.storage.upkeep.hostrollup``) for the whole-run charts;
+continuous kernel windows merged as they age (``gpuprofd.storage.upkeep.kcompact``);
 every step row kept, and per block of 100 steps the figures ``gpuprofctl runs``
-shows (``step_totals``, ``gpuprofd.storage.steptotals``) and the step chart's
+shows (``step_totals``, ``gpuprofd.storage.reads.steptotals``) and the step chart's
 (``step_rollups``). ``comm_buckets`` (one row per DDP bucket per step: a day
 of 500 ms steps with 280 buckets is ~48 M rows per rank) keeps, per run, the
 steps whose index is within ``COMM_STEPS_KEPT`` of the run's latest step
 (the window the group rules read, ``gpuprofd.storage.reads.GROUP_STEPS_MAX``) and
 every ``COMM_KEEP_EVERY``-th step for history; the daemon deletes the rest in
-bounded passes (``gpuprofd.storage.commprune``). Each step's exposed comm stays in
+bounded passes (``gpuprofd.storage.upkeep.commprune``). Each step's exposed comm stays in
 its ``steps.phases`` (``comm``) whatever is pruned.
 """
 
@@ -310,7 +310,7 @@ CREATE TABLE IF NOT EXISTS comm_buckets (  -- one DDP gradient bucket's all-redu
 CREATE INDEX IF NOT EXISTS comm_buckets_run_step ON comm_buckets (run_id, step);
 CREATE TABLE IF NOT EXISTS drops (reason TEXT PRIMARY KEY, count INTEGER);
 CREATE TABLE IF NOT EXISTS step_rollups (  -- schema 9: one row per block of a run's steps
-    -- (by index: block = step / STEP_BLOCK, gpuprofd.storage.steprollup), the whole run
+    -- (by index: block = step / STEP_BLOCK, gpuprofd.storage.upkeep.steprollup), the whole run
     run_id INTEGER NOT NULL, block INTEGER NOT NULL,
     first_step INTEGER, last_step INTEGER, t0_ns INTEGER, t1_ns INTEGER,  -- first t0, last t1
     n INTEGER,                       -- steps in the block
@@ -339,7 +339,7 @@ CREATE TABLE IF NOT EXISTS server_secrets (  -- schema 10: made once, shared by 
     name TEXT PRIMARY KEY, value TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS step_totals (  -- schema 15: per block of a run's steps (as
-    -- step_rollups), the aggregates gpuprofctl runs shows (gpuprofd.storage.steptotals)
+    -- step_rollups), the aggregates gpuprofctl runs shows (gpuprofd.storage.reads.steptotals)
     run_id INTEGER NOT NULL, block INTEGER NOT NULL,
     steps INTEGER,                   -- every step of the block
     skipped_updates REAL, eval_ns REAL,  -- over every step
@@ -353,7 +353,7 @@ CREATE TABLE IF NOT EXISTS step_totals (  -- schema 15: per block of a run's ste
     PRIMARY KEY (run_id, block)
 );
 CREATE TABLE IF NOT EXISTS host_rollups (  -- schema 15: one row per run per block of the
-    -- node's host samples with the run's own CPU (gpuprofd.storage.hostrollup), the whole run
+    -- node's host samples with the run's own CPU (gpuprofd.storage.upkeep.hostrollup), the whole run
     run_id INTEGER NOT NULL,
     block INTEGER NOT NULL,          -- mono_ns / HOST_BLOCK_NS (10 s) on the run's boot's clock
     t0_ns INTEGER, t1_ns INTEGER,    -- its first and last sample's mono_ns
@@ -370,9 +370,9 @@ CREATE TABLE IF NOT EXISTS host_rollups (  -- schema 15: one row per run per blo
     PRIMARY KEY (run_id, block)
 );
 CREATE TABLE IF NOT EXISTS outbox (  -- schema 12, a forwarding node: events not yet
-    -- acknowledged by the team server (gpuprofd.storage.outbox); seq is the node's sequence
+    -- acknowledged by the team server (gpuprofd.storage.writes.outbox); seq is the node's sequence
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    kind TEXT NOT NULL,              -- a batch event kind (gpuprofd.storage.batch.KINDS)
+    kind TEXT NOT NULL,              -- a batch event kind (gpuprofd.storage.writes.batch.KINDS)
     run_id INTEGER,                  -- runs.id for the kinds about a run
     priority INTEGER NOT NULL,       -- what a full outbox gives up first: 0 (raw) .. 4 (run, end)
     body TEXT,                       -- json: the event's rows/fields; NULL: read from runs at send

@@ -1,6 +1,6 @@
 """A run's kernel table and the comparison of two runs' tables (pure).
 
-Input: a run's kernel windows as :func:`gpuprofd.storage.queries.kernel_windows_from_rows`
+Input: a run's kernel windows as :func:`gpuprofd.storage.reads.queries.kernel_windows_from_rows`
 gives them (``(window, rows)`` pairs). Windows of different sources can cover
 the same time (a snapshot step inside a continuous window), so one table sums
 the windows of one source only (:func:`pick_source`).

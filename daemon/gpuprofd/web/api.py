@@ -1,7 +1,7 @@
 """``/api/v1``: thin handlers. Each parses its request and calls the read
 functions ``gpuprofctl`` uses (:mod:`gpuprofd.views.runs`,
 :mod:`gpuprofd.storage.reads`) or the bucketed series reads
-(:mod:`gpuprofd.storage.series`); the shapes are in ``docs/dashboard.md``."""
+(:mod:`gpuprofd.storage.reads.series`); the shapes are in ``docs/dashboard.md``."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ import orjson
 from aiohttp import web
 
 from gpuprof.insights.base import WARMUP_STEPS
-from gpuprofd.storage import hostrollup, reads, series, steprollup
+from gpuprofd.storage import reads
+from gpuprofd.storage.reads import series
+from gpuprofd.storage.upkeep import hostrollup, steprollup
 from gpuprofd.views import kerneltable
 from gpuprofd.views.runs import LIVE_NOTE, list_runs, load_group, phase_means_ms
 from gpuprofd.web import runs as views
@@ -270,7 +272,7 @@ async def host_buckets(
     db: Any, run: dict[str, Any], b: Buckets
 ) -> tuple[list[dict[str, Any]], str]:
     """The host's readings over the buckets *b* and the tier they came from:
-    with buckets at least one :data:`gpuprofd.storage.hostrollup.HOST_BLOCK_NS`
+    with buckets at least one :data:`gpuprofd.storage.upkeep.hostrollup.HOST_BLOCK_NS`
     wide, the run's host rollups with the samples outside the rolled blocks
     (the window's edges, a live run's newest seconds); else the samples."""
     run_id, boot = run["id"], run.get("boot_id")
@@ -297,7 +299,7 @@ ROLLUP_BLOCKS_PER_BUCKET = 0.25
 
 async def step_buckets(db: Any, run_id: int, b: Buckets) -> tuple[list[dict[str, Any]], str]:
     """The run's steps in the buckets *b* and the tier they came from: the
-    step rollups (one row per :data:`gpuprofd.storage.steprollup.STEP_BLOCK`
+    step rollups (one row per :data:`gpuprofd.storage.upkeep.steprollup.STEP_BLOCK`
     steps) with the raw steps after the last rolled block, when the window
     holds enough blocks; else the raw steps."""
     rolled = await steprollup.rollup_rows(db, run_id, b.lo_ns, b.hi_ns)

@@ -53,7 +53,7 @@ from aiohttp import hdrs, web
 from gpuprof import config
 from gpuprofd.core.errors import BadInputError, DatabaseError
 from gpuprofd.storage import logins
-from gpuprofd.storage.store import Store
+from gpuprofd.storage.writes import Store
 from gpuprofd.web.origin import same_origin
 from gpuprofd.web.state import LIVE_SOCKET
 

@@ -23,7 +23,8 @@ import orjson
 from aiohttp import WSMsgType, web
 
 from gpuprofd.core.errors import DatabaseError, UnknownRunError
-from gpuprofd.storage import reads, series
+from gpuprofd.storage import reads
+from gpuprofd.storage.reads import series
 from gpuprofd.web import runs as views
 from gpuprofd.web.api import MAX_ID, insights_payload
 from gpuprofd.web.series import T_HALF_ULP_NS, RunClock, live_gpu, live_host, live_step

@@ -42,7 +42,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from gpuprof.insights import Insight
 from gpuprof.protocol import DATA_PHASE
 from gpuprofd.sampling.nvml import GpuSample
-from gpuprofd.storage.store import Store
+from gpuprofd.storage.writes import Store
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuprofd.sampling.nvml import normalize_uuid
-from gpuprofd.storage import reads, series
+from gpuprofd.storage import reads
+from gpuprofd.storage.reads import series
 from gpuprofd.views.runs import describe, load_summary
 from gpuprofd.web.series import NS_PER_S, RunClock
 from gpuprofd.web.state import WebState

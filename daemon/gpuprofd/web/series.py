@@ -1,6 +1,6 @@
 """Chart series from bucketed rows (pure: no I/O).
 
-The database reduces (:mod:`gpuprofd.storage.series`: min/mean/max per
+The database reduces (:mod:`gpuprofd.storage.reads.series`: min/mean/max per
 bucket, never sampling); this module picks the buckets (about two per pixel
 of the chart's width), converts a run's monotonic nanoseconds to unix
 seconds with the run's own anchor, and turns rows into the column arrays
@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpuprofd.storage.series import HOST_METRICS, PHASES
+from gpuprofd.storage.reads.series import HOST_METRICS, PHASES
 
 #: Buckets per pixel of the requested width: two, so a one-pixel feature is
 #: never split into one half-empty column (the min/max envelope stays closed).
@@ -91,7 +91,7 @@ def _mmm(rows: Sequence[Mapping[str, Any]], prefix: str, unit: str = "", **kw: A
 
 
 def steps_series(rows: Sequence[Mapping[str, Any]], clock: RunClock) -> dict[str, Any]:
-    """Bucketed step rows (:func:`gpuprofd.storage.series.step_buckets`, or
+    """Bucketed step rows (:func:`gpuprofd.storage.reads.series.step_buckets`, or
     step rollups merged by :func:`merge_step_rollups`) as the ``steps`` object."""
     return {
         "t": [_t(clock.to_s(r["t0"])) for r in rows],
@@ -119,7 +119,7 @@ def _optional(rows: Sequence[Mapping[str, Any]], col: str, nd: int = 1) -> list 
 def gpu_series(
     rows: Sequence[Mapping[str, Any]], clock: RunClock, gpu: Mapping[str, Any]
 ) -> dict[str, Any]:
-    """Bucketed GPU rows (:func:`gpuprofd.storage.series.gpu_rollup_buckets`
+    """Bucketed GPU rows (:func:`gpuprofd.storage.reads.series.gpu_rollup_buckets`
     or ``gpu_raw_buckets``) of the GPU *gpu* (``index``, ``uuid``, ``name``,
     ``mem_total_bytes``, ``power_limit_w``) as one ``gpus`` entry."""
     totals = [r["mem_total_bytes"] for r in rows if r.get("mem_total_bytes") is not None]
@@ -153,7 +153,7 @@ def _host_stat(rows: Sequence[Mapping[str, Any]], m: str, nd: int) -> dict[str, 
 
 
 def host_series(rows: Sequence[Mapping[str, Any]], clock: RunClock) -> dict[str, Any]:
-    """Bucketed host rows (:func:`gpuprofd.storage.series.host_buckets`,
+    """Bucketed host rows (:func:`gpuprofd.storage.reads.series.host_buckets`,
     ``hostrollup.rollup_buckets``, or both merged by :func:`merge_host_buckets`)
     as the ``host`` object."""
     counts = [r["cpu_count"] for r in rows if r.get("cpu_count") is not None]
@@ -237,7 +237,7 @@ def merge_step_rollups(rows: Iterable[Mapping[str, Any]], buckets: Buckets) -> l
 
 
 def bucket_as_rollup(r: Mapping[str, Any]) -> dict[str, Any]:
-    """A bucketed raw-steps row (:func:`gpuprofd.storage.series.step_buckets`)
+    """A bucketed raw-steps row (:func:`gpuprofd.storage.reads.series.step_buckets`)
     as a ``step_rollups`` row (means back to sums), to merge with rollup rows
     (the steps after the last rolled block)."""
     n = int(r["n"])
@@ -266,7 +266,7 @@ def _pick(f: Any, a: Any, b: Any) -> Any:
 
 
 def live_step(r: Mapping[str, Any], clock: RunClock) -> dict[str, Any]:
-    """One row of :func:`gpuprofd.storage.series.steps_after` as a live ``steps`` row."""
+    """One row of :func:`gpuprofd.storage.reads.series.steps_after` as a live ``steps`` row."""
     return {
         "step": r["step"],
         "t": _t(clock.to_s(r["t0_ns"])),
@@ -280,7 +280,7 @@ def live_step(r: Mapping[str, Any], clock: RunClock) -> dict[str, Any]:
 
 
 def live_gpu(r: Mapping[str, Any], clock: RunClock, uuid: str) -> dict[str, Any]:
-    """One raw GPU sample (:func:`gpuprofd.storage.series.gpu_samples_after`)
+    """One raw GPU sample (:func:`gpuprofd.storage.reads.series.gpu_samples_after`)
     as a live ``gpus`` sample, under the GPU's UUID as the page knows it."""
     return {
         "uuid": uuid,
@@ -294,7 +294,7 @@ def live_gpu(r: Mapping[str, Any], clock: RunClock, uuid: str) -> dict[str, Any]
 
 
 def live_host(r: Mapping[str, Any], clock: RunClock) -> dict[str, Any]:
-    """One host sample (:func:`gpuprofd.storage.series.host_samples_after`) as a live sample."""
+    """One host sample (:func:`gpuprofd.storage.reads.series.host_samples_after`) as a live sample."""
     return {
         "t": _t(clock.to_s(r["mono_ns"])),
         "run_cores": _num(r["run_cores"]),

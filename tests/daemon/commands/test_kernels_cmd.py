@@ -15,7 +15,8 @@ import pytest
 
 from gpuprof.kernels import KernelAgg, aggregate_trace
 from gpuprofd.ctl import main
-from gpuprofd.storage import runsdb, schema
+from gpuprofd.storage import schema
+from gpuprofd.storage.writes import runsdb
 from gpuprofd.views import kerneltable
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "kineto-a100"

@@ -25,10 +25,16 @@ from gpuprofd.core.counters import DropCounter
 from gpuprofd.forward.client import Paused, Retry
 from gpuprofd.forward.config import ApiKey, ForwardConfig
 from gpuprofd.forward.forwarder import Forwarder
-from gpuprofd.storage import outbox, runsdb, schema
-from gpuprofd.storage.batch import BatchError, validate
-from gpuprofd.storage.ingest import IngestConflict, apply_batch
-from gpuprofd.storage.store import Store
+from gpuprofd.storage import schema
+from gpuprofd.storage.writes import (
+    BatchError,
+    IngestConflict,
+    Store,
+    apply_batch,
+    outbox,
+    runsdb,
+    validate,
+)
 from tests.daemon.helpers import PHASES, query
 
 #: (the decoded batch, its index among the posts) -> (status, JSON body), or

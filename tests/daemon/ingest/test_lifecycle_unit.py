@@ -12,8 +12,7 @@ from gpuprofd.ingest.lifecycle import Lifecycle
 from gpuprofd.ingest.registry import RunRegistry
 from gpuprofd.ingest.runservice import RunService
 from gpuprofd.services.insights_runner import InsightsRunner
-from gpuprofd.storage import runsdb
-from gpuprofd.storage.store import Store
+from gpuprofd.storage.writes import Store, runsdb
 from tests.daemon import helpers as h
 from tests.daemon.helpers import query
 

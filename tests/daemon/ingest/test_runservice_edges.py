@@ -16,7 +16,7 @@ from gpuprofd.ingest.registry import RunRegistry
 from gpuprofd.ingest.runservice import RunService, UnknownRun
 from gpuprofd.services.insights_runner import InsightsRunner
 from gpuprofd.storage import schema
-from gpuprofd.storage.store import Store
+from gpuprofd.storage.writes import Store
 from tests.daemon import helpers as h
 from tests.daemon.helpers import query
 

@@ -11,9 +11,7 @@ from typing import Any
 
 from aiohttp import test_utils
 
-from gpuprofd.storage.batch import validate
-from gpuprofd.storage.ingest import apply_batch
-from gpuprofd.storage.store import Store
+from gpuprofd.storage.writes import Store, apply_batch, validate
 from gpuprofd.web.app import build_app
 from gpuprofd.web.state import WebState
 from tests.daemon.batches import BOOT, GPU, batch, new_uuid, run_event, steps_event

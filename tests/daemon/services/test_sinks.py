@@ -9,7 +9,7 @@ from pathlib import Path
 from gpuprofd.core.counters import DropCounter
 from gpuprofd.sampling.rollup import SecondRollups
 from gpuprofd.services.sinks import SampleSinks
-from gpuprofd.storage.store import Store
+from gpuprofd.storage.writes import Store
 
 
 def _sinks(tmp_path: Path, queue_size: int, backlog_rows: int = 100) -> SampleSinks:

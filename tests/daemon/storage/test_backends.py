@@ -15,11 +15,11 @@ import pytest
 
 from gpuprofd.core.counters import DropCounter
 from gpuprofd.core.errors import DatabaseError
-from gpuprofd.storage import runsdb, schema
-from gpuprofd.storage import store as store_mod
+from gpuprofd.storage import schema
 from gpuprofd.storage.dialect import POSTGRES
-from gpuprofd.storage.store import Op, Part
 from gpuprofd.storage.url import parse, redact
+from gpuprofd.storage.writes import Op, Part, runsdb
+from gpuprofd.storage.writes import store as store_mod
 from tests.daemon.helpers import PHASES, open_store
 
 
@@ -338,7 +338,7 @@ async def test_a_lost_postgres_is_retried_and_runs_resume_when_it_returns(
 
 async def test_retention_runs_the_same_on_each_backend(storage_url: str) -> None:
     """Comm pruning and kernel-window compaction: their SQL on both engines."""
-    from gpuprofd.storage import commprune, kcompact
+    from gpuprofd.storage.upkeep import commprune, kcompact
 
     async with open_store(storage_url) as store:
         run = await runsdb.insert_run(store, run_row())

@@ -1,4 +1,4 @@
-"""Retention of per-bucket comm rows (gpuprofd.storage.commprune): each run keeps
+"""Retention of per-bucket comm rows (gpuprofd.storage.upkeep.commprune): each run keeps
 its last COMM_STEPS_KEPT steps' bucket rows and every Nth step's, deletes
 the rest in bounded passes through the store's writer; through a real
 gpuprofd too (a running run's recent rows are never deleted)."""
@@ -15,9 +15,10 @@ import orjson
 import pytest
 
 from gpuprofd.core.counters import DropCounter
-from gpuprofd.storage import commprune, reads, schema
+from gpuprofd.storage import reads, schema
 from gpuprofd.storage.reader import open_reader
-from gpuprofd.storage.store import Store
+from gpuprofd.storage.upkeep import commprune
+from gpuprofd.storage.writes import Store
 from tests.daemon import helpers as h
 from tests.gpuprof.insights.group_fixtures import N_BUCKETS, group_steps
 

@@ -16,8 +16,8 @@ import pytest
 from gpuprof.summary import format_summary
 from gpuprofd.core.counters import DropCounter
 from gpuprofd.ctl import main
-from gpuprofd.storage import runsdb, schema
-from gpuprofd.storage.store import Store
+from gpuprofd.storage import schema
+from gpuprofd.storage.writes import Store, runsdb
 from tests.daemon import helpers as h
 from tests.gpuprof.insights.group_fixtures import BUCKET_BYTES, MS, N_BUCKETS, group_steps
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from gpuprofd.storage import queries
+from gpuprofd.storage.reads import queries
 from tests.daemon import helpers as h
 
 S = 1_000_000_000

@@ -11,8 +11,7 @@ import orjson
 import pytest
 
 from gpuprofd.storage import reads
-from gpuprofd.storage.batch import BatchError, validate
-from gpuprofd.storage.ingest import IngestConflict, apply_batch
+from gpuprofd.storage.writes import BatchError, IngestConflict, apply_batch, validate
 from tests.daemon.batches import batch, new_uuid, run_event, steps_event
 from tests.daemon.storage.test_backends import open_store
 
@@ -213,7 +212,8 @@ async def _to_schema_9(store: Any) -> None:
 
 
 async def test_a_schema_9_database_is_upgraded_and_takes_batches(storage_url: str) -> None:
-    from gpuprofd.storage import runsdb, schema
+    from gpuprofd.storage import schema
+    from gpuprofd.storage.writes import runsdb
 
     async with open_store(storage_url) as store:
         old = await runsdb.insert_run(store, {"run_key": "k", "run_name": "before", "status": "x"})

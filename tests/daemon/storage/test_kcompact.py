@@ -1,4 +1,4 @@
-"""gpuprofd.storage.kcompact: the pure merge of continuous kernel windows, the plan of
+"""gpuprofd.storage.upkeep.kcompact: the pure merge of continuous kernel windows, the plan of
 what to merge, the atomic store op, and kernel_drift across a compaction."""
 
 from __future__ import annotations
@@ -13,9 +13,17 @@ from gpuprof.insights.base import RunContext
 from gpuprof.insights.kernels import kernel_drift, kernel_stats
 from gpuprof.kernels import OTHER_ROW_NAME, KernelAgg
 from gpuprofd.core.counters import DropCounter
-from gpuprofd.storage import kcompact, queries, runsdb, schema
-from gpuprofd.storage.kcompact import StoredWindow, merge_rows, merge_steps, merge_windows, plan
-from gpuprofd.storage.store import AtomicCheckError, Part, Store
+from gpuprofd.storage import schema
+from gpuprofd.storage.reads import queries
+from gpuprofd.storage.upkeep import kcompact
+from gpuprofd.storage.upkeep.kcompact import (
+    StoredWindow,
+    merge_rows,
+    merge_steps,
+    merge_windows,
+    plan,
+)
+from gpuprofd.storage.writes import AtomicCheckError, Part, Store, runsdb
 from tests.daemon.helpers import query
 
 S = 1_000_000_000

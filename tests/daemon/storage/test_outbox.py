@@ -1,4 +1,4 @@
-"""The forwarding outbox (:mod:`gpuprofd.storage.outbox`) on each backend:
+"""The forwarding outbox (:mod:`gpuprofd.storage.writes.outbox`) on each backend:
 each stored op's events written in its own transaction (none for an op
 that fails), the node id made once, sequence numbers that only grow, what
 acknowledgements, dead letters and the byte bound take out of it, and the
@@ -15,9 +15,9 @@ import orjson
 from gpuprof.insights import Insight
 from gpuprofd.core.counters import DropCounter
 from gpuprofd.sampling.rollup import ROLLUP_COLUMNS
-from gpuprofd.storage import outbox, runsdb, schema
-from gpuprofd.storage.store import OUTBOX_ROW_BYTES, Store
+from gpuprofd.storage import schema
 from gpuprofd.storage.url import parse
+from gpuprofd.storage.writes import OUTBOX_ROW_BYTES, Store, outbox, runsdb
 from tests.daemon.storage.test_backends import run_row, step_msg
 
 

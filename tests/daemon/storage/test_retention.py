@@ -4,9 +4,8 @@ the node rows a remaining run reads."""
 
 from __future__ import annotations
 
-from gpuprofd.storage import retention
-from gpuprofd.storage.batch import validate
-from gpuprofd.storage.ingest import apply_batch
+from gpuprofd.storage.upkeep import retention
+from gpuprofd.storage.writes import apply_batch, validate
 from tests.daemon.batches import BOOT, batch, new_uuid, run_event, steps_event
 from tests.daemon.storage.test_backends import open_store
 

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from gpuprofd.core.errors import DatabaseError
-from gpuprofd.storage import queries, reads, schema
+from gpuprofd.storage import reads, schema
 from gpuprofd.storage.reader import open_reader
+from gpuprofd.storage.reads import queries
 
 #: Schema 1 exactly as gpuprof 0.1 (the spine, commit 8c3194b) wrote it, plus rows.
 SCHEMA_1 = """

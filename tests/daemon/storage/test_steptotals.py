@@ -10,8 +10,10 @@ from typing import Any
 
 import pytest
 
-from gpuprofd.storage import reads, runsdb, steprollup, steptotals
-from gpuprofd.storage.store import Store
+from gpuprofd.storage import reads
+from gpuprofd.storage.reads import steptotals
+from gpuprofd.storage.upkeep import steprollup
+from gpuprofd.storage.writes import Store, runsdb
 from tests.daemon.storage.test_backends import open_store, run_row
 
 STEPS = 1_234

@@ -9,9 +9,9 @@ import pytest
 
 from gpuprof.kernels import KernelAgg
 from gpuprofd.core.counters import DropCounter
-from gpuprofd.storage import reads, runsdb, schema
-from gpuprofd.storage import store as store_mod
-from gpuprofd.storage.store import BATCH_MAX_OPS, Op, Store
+from gpuprofd.storage import reads, schema
+from gpuprofd.storage.writes import BATCH_MAX_OPS, Op, Store, runsdb
+from gpuprofd.storage.writes import store as store_mod
 from tests.daemon.helpers import query
 
 

@@ -19,8 +19,8 @@ from aiohttp import test_utils
 from gpuprofd.sampling import rollup
 from gpuprofd.sampling.nvml import GpuDevice
 from gpuprofd.server.notify import RunChanges
-from gpuprofd.storage import hostrollup, runsdb, steprollup
-from gpuprofd.storage.store import Op, Store
+from gpuprofd.storage.upkeep import hostrollup, steprollup
+from gpuprofd.storage.writes import Op, Store, runsdb
 from gpuprofd.web.app import build_app
 from gpuprofd.web.state import WebState
 from tests.daemon.storage.test_backends import open_store

@@ -34,7 +34,7 @@ from gpuprofd.sampling.rollup import SecondRollups
 from gpuprofd.services.insights_runner import InsightsRunner
 from gpuprofd.services.sinks import SampleSinks
 from gpuprofd.storage import reads, schema
-from gpuprofd.storage.store import Store
+from gpuprofd.storage.writes import Store
 from gpuprofd.web import metrics
 from gpuprofd.web.metrics import MetricsSources, RunState, add_routes, metrics_sources
 from tests.daemon import h200_replay

@@ -9,8 +9,8 @@ import pytest
 from aiohttp import WSServerHandshakeError, test_utils
 
 from gpuprofd.core.counters import DropCounter
-from gpuprofd.storage import runsdb, schema
-from gpuprofd.storage.store import Store
+from gpuprofd.storage import schema
+from gpuprofd.storage.writes import Store, runsdb
 from gpuprofd.web.app import build_app
 from gpuprofd.web.origin import host_name
 from gpuprofd.web.state import WebState

@@ -19,7 +19,7 @@ from gpuprofd.ingest.registry import RunRegistry
 from gpuprofd.ingest.runservice import RunService
 from gpuprofd.services.insights_runner import InsightsRunner
 from gpuprofd.storage import schema
-from gpuprofd.storage.store import Store
+from gpuprofd.storage.writes import Store
 from gpuprofd.views.runs import LIVE_NOTE
 from gpuprofd.web.app import build_app
 from gpuprofd.web.state import WebState

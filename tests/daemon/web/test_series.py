@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from gpuprofd.storage import hostrollup, schema
+from gpuprofd.storage import schema
 from gpuprofd.storage.reader import open_reader
-from gpuprofd.storage.steprollup import MAX_BLOCKS_PER_PASS, STEP_BLOCK, blocks_to_roll
+from gpuprofd.storage.upkeep import hostrollup
+from gpuprofd.storage.upkeep.steprollup import MAX_BLOCKS_PER_PASS, STEP_BLOCK, blocks_to_roll
 from gpuprofd.web.api import host_buckets, step_buckets
 from gpuprofd.web.series import (
     CHART_PHASES,

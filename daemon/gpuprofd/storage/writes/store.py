@@ -30,7 +30,6 @@ import random
 import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +39,9 @@ import orjson
 from gpuprofd.core.counters import DropCounter
 from gpuprofd.core.errors import DatabaseError
 from gpuprofd.storage.dialect import SQLITE, Dialect
+from gpuprofd.storage.sqlite import SqliteWriter
 from gpuprofd.storage.url import StorageUrl
+from gpuprofd.storage.writes.ops import AtomicCheckError, Forward, Op, Part, Txn
 
 #: Failed commits logged individually; after that one line per thousand
 #: (a full or broken disk fails every commit).
@@ -63,38 +64,6 @@ RETRY_BUDGET_S = 30.0
 CLOSE_FLUSH_S = 10.0
 SQLITE_ERRORS: tuple[type[BaseException], ...] = (sqlite3.Error,)  # AtomicCheckError too
 
-
-class AtomicCheckError(sqlite3.Error):
-    """A :class:`Part` changed another number of rows than it expected: the
-    data moved since the caller read it, so its whole atomic op is undone."""
-
-
-@dataclass(frozen=True)
-class Part:
-    """One statement of an atomic op (:meth:`Store.write_atomic`): *sql* run
-    with each of *rows* (an ``executemany``); *expect_rows*, if set, is how
-    many rows it must change in all, else the atomic op is rolled back."""
-
-    sql: str
-    rows: Sequence[Sequence[Any]] = ((),)
-    expect_rows: int | None = None
-
-
-@dataclass(frozen=True)
-class Forward:
-    """What of an op a forwarding node also writes to its outbox, in the op's
-    transaction (:mod:`gpuprofd.storage.outbox`): an event of *kind* (a
-    ``gpuprofd.storage.batch`` kind) that a full outbox gives up in
-    *priority* order (lowest first). *encode(op, value)* gives the event's
-    run id (None: about the node), its body (a JSON-able object with its
-    ``rows``/``fields``, or None: read from ``runs`` when sent) and its row
-    count; *value* is what the op's statement returned (a new run's id)."""
-
-    kind: str
-    priority: int
-    encode: Callable[[Op, Any], tuple[int | None, Any, int]]
-
-
 OUTBOX_INSERT_SQL = (
     "INSERT INTO outbox (kind, run_id, priority, body, n_rows, bytes, wall_ns) "
     "VALUES (?, ?, ?, ?, ?, ?, ?)"
@@ -102,34 +71,6 @@ OUTBOX_INSERT_SQL = (
 #: Bytes an outbox row costs beyond its body (its other columns, the index
 #: entry and SQLite's page overhead, roughly): what the outbox bound counts.
 OUTBOX_ROW_BYTES = 64
-
-
-@dataclass
-class Op:
-    """One SQL statement to write. ``future`` (if any) gets the cursor's
-    ``lastrowid`` after the commit, or the exception."""
-
-    sql: str
-    params: Sequence[Any] = ()
-    future: asyncio.Future[int | None] | None = field(default=None, repr=False)
-    drop_reason: str = "store_error"
-    parts: Sequence[Part] = ()
-    """Set by :meth:`Store.write_atomic`: statements run all-or-none in the
-    batch's transaction (``sql`` is then only a label)."""
-    run_id: int | None = None
-    """The run whose event this op stores: a lost op is counted against it."""
-    txn: Callable[[Txn], Awaitable[Any]] | None = None
-    """Set by :meth:`Store.transaction`: a function run inside the batch's
-    transaction (under a savepoint: all or none); its result is the op's."""
-    forward: tuple[Forward, ...] = ()
-    """Events this op also puts in the outbox when the store forwards
-    (:attr:`Store.forwarding`): written in the same transaction, and only if
-    the op itself was stored."""
-
-    @property
-    def urgent(self) -> bool:
-        """Someone awaits this op: commit without waiting for more."""
-        return self.future is not None
 
 
 class Store:
@@ -617,116 +558,6 @@ class Store:
     async def fetchone(self, sql: str, params: Sequence[Any] = ()) -> Any | None:
         rows = await self.fetchall(sql, params)
         return rows[0] if rows else None
-
-
-class Txn:
-    """What :meth:`Store.transaction`'s function is given: statements run in
-    the writer's open transaction (``?`` placeholders on both backends)."""
-
-    def __init__(self, db: Any) -> None:
-        self._db = db
-        self.dialect: Dialect = db.dialect
-
-    async def fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Sequence[Any]]:
-        """The rows of *sql* (a SELECT, or a statement with RETURNING), by position."""
-        return await self._db.fetch_in_txn(sql, params)
-
-    async def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
-        """Run one statement; returns the rows it changed."""
-        changed, _ = await self._db.execute(sql, params)
-        return changed
-
-    async def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
-        """Run *sql* with each of *rows* (a bulk insert: COPY on Postgres)."""
-        if rows:
-            await self._db.executemany(sql, rows)
-
-
-class SqliteWriter:
-    """The store's two aiosqlite connections to a file: one writes (WAL), one
-    reads (``query_only``)."""
-
-    dialect: Dialect = SQLITE
-    #: A failed statement undoes only itself in SQLite: no savepoint needed around one.
-    statement_savepoints = False
-
-    def __init__(
-        self, write: aiosqlite.Connection, read: aiosqlite.Connection, file_id: tuple[int, int]
-    ) -> None:
-        self.write = write
-        self.read = read
-        self.file_id = file_id
-        """(st_dev, st_ino) of the file the connections opened."""
-
-    @classmethod
-    async def connect(cls, path: Path) -> SqliteWriter:
-        write = await aiosqlite.connect(path, isolation_level=None)
-        try:
-            await write.execute("PRAGMA journal_mode=WAL")
-            await write.execute("PRAGMA synchronous=NORMAL")
-            await write.execute("PRAGMA busy_timeout=5000")
-            read = await aiosqlite.connect(path)
-        except BaseException:
-            await write.close()
-            raise
-        try:
-            read.row_factory = aiosqlite.Row
-            await read.execute("PRAGMA busy_timeout=5000")
-            await read.execute("PRAGMA query_only=ON")
-            st = os.stat(path)
-        except BaseException:
-            await read.close()
-            await write.close()
-            raise
-        return cls(write, read, (st.st_dev, st.st_ino))
-
-    async def begin(self) -> None:
-        await self.write.execute("BEGIN")
-
-    async def commit(self) -> None:
-        await self.write.execute("COMMIT")
-
-    async def rollback(self) -> None:
-        await self.write.execute("ROLLBACK")
-
-    async def savepoint(self, name: str) -> None:
-        await self.write.execute(f"SAVEPOINT {name}")
-
-    async def release(self, name: str) -> None:
-        await self.write.execute(f"RELEASE {name}")
-
-    async def rollback_to(self, name: str) -> None:
-        await self.write.execute(f"ROLLBACK TO {name}")
-
-    async def execute(self, sql: str, params: Sequence[Any]) -> tuple[int, Any]:
-        """Run one statement; returns (rows changed, the first column of what
-        ``RETURNING`` gave, else ``lastrowid``)."""
-        cur = await self.write.execute(sql, params)
-        if " RETURNING " in sql.upper():
-            row = await cur.fetchone()
-            return (1 if row is not None else 0), (row[0] if row is not None else None)
-        return cur.rowcount, cur.lastrowid
-
-    async def executemany(
-        self, sql: str, rows: Sequence[Sequence[Any]], *, count: bool = False
-    ) -> int | None:
-        """Run *sql* with each of *rows*; returns the rows changed in all."""
-        cur = await self.write.executemany(sql, rows)
-        return cur.rowcount
-
-    async def fetch_in_txn(self, sql: str, params: Sequence[Any]) -> list[Any]:
-        """Rows of *sql* on the writing connection (inside its transaction)."""
-        async with self.write.execute(sql, params) as cur:
-            return list(await cur.fetchall())
-
-    async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
-        async with self.read.execute(sql, params) as cur:
-            return list(await cur.fetchall())
-
-    async def close(self) -> None:
-        for conn in (self.read, self.write):
-            with contextlib.suppress(Exception):
-                await conn.close()
 
 
 class Backoff:

@@ -2,7 +2,7 @@
 
 Pure: no I/O. :func:`validate` checks a decoded batch and raises
 :class:`BatchError` naming the first bad field (``events[3].rows[0].t0_ns``);
-:mod:`gpuprofd.storage.ingest` applies a valid one. The format is documented
+:mod:`gpuprofd.storage.writes.ingest` applies a valid one. The format is documented
 for users in ``docs/team-server.md`` (version :data:`BATCH_VERSION`).
 
 A batch is ``{"v": 1, "node": NODE_ID, "host": HOST, "events": [EVENT, ...]}``.
@@ -228,7 +228,7 @@ KERNEL_WINDOW_FIELDS: Schema = {
     "t1_ns": (True, _NS),
     "source": (True, _one_of(*SOURCES)),
     # the step indices it covered, or (a window merged past its list limit,
-    # gpuprofd.storage.kcompact) {"n": count, "first": i, "last": j}
+    # gpuprofd.storage.upkeep.kcompact) {"n": count, "first": i, "last": j}
     "steps": (False, lambda x: _window_steps(x) or _object(x)),
     "rows_dropped": (False, _int(0, 1 << 40)),
 }

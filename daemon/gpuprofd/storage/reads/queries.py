@@ -146,7 +146,7 @@ def kernel_windows_from_rows(
     ``(window, rows)`` pairs in window order: *window* a dict with ``id``,
     ``t0``/``t1`` (monotonic ns), ``source``, ``steps`` (step indices),
     ``n_steps`` (how many steps it covered: a window merged by
-    :mod:`gpuprofd.storage.kcompact` past its list limit stores only the count, and
+    :mod:`gpuprofd.storage.upkeep.kcompact` past its list limit stores only the count, and
     ``steps`` is then empty) and ``rows_dropped``; *rows* its
     :class:`KernelAgg` rows, most device time first. Stats rows of no listed
     window are ignored."""

@@ -14,7 +14,7 @@ that is when a later host sample of the boot is stored (samples are stored
 in the order taken) and, for an ended run, when it ends before the run's
 end. The part of a window outside the rolled blocks (the run's first and
 last seconds, a live run's newest) is read from the samples themselves
-(:func:`gpuprofd.storage.series.host_buckets`). Written by a maintenance
+(:func:`gpuprofd.storage.reads.series.host_buckets`). Written by a maintenance
 pass (:func:`roll_pass`, every :data:`ROLL_INTERVAL_S`), at most
 :data:`MAX_BLOCKS_PER_PASS` blocks per run at a time, so a database from
 before the tier gets its runs rolled the same way. Samples stored for a
@@ -26,9 +26,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuprofd.storage import series
 from gpuprofd.storage.reader import Reader
-from gpuprofd.storage.store import Store
+from gpuprofd.storage.reads import series
+from gpuprofd.storage.writes import Store
 
 #: The span of one block, ns: 20 samples at the daemon's 2 Hz; a day is 8,640
 #: blocks, so a 1,400 px chart (2,800 buckets of 31 s) reads each once.

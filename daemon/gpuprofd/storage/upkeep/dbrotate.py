@@ -3,9 +3,9 @@
 ``rm gpuprof.db*`` under a running daemon leaves SQLite writing into the open,
 nameless file: every later row would be lost when the daemon exits, and
 ``gpuprofctl`` (which opens the path) would see nothing. The daemon checks the
-path (:meth:`gpuprofd.storage.store.Store.file_state`) at each hello and once a
+path (:meth:`gpuprofd.storage.writes.store.Store.file_state`) at each hello and once a
 second, and then switches to a fresh database at the path
-(:meth:`gpuprofd.storage.store.Store.reopen`). :func:`read_live_runs` /
+(:meth:`gpuprofd.storage.writes.store.Store.reopen`). :func:`read_live_runs` /
 :func:`write_live_runs` are what it carries across: the runs still open
 (their run row, steps, live insights, CPU samples, DataLoader workers,
 kernel windows, comm buckets) and the node's host and GPU samples since the
@@ -60,7 +60,7 @@ class Snapshot:
     """Per-run tables, kernel_windows, kernel_stats and the node tables."""
 
 
-#: A forwarding node's spool (:mod:`gpuprofd.storage.outbox`), carried whole:
+#: A forwarding node's spool (:mod:`gpuprofd.storage.writes.outbox`), carried whole:
 #: what the team server has not acknowledged must not go with the old file.
 SPOOL_TABLES = ("outbox", "outbox_dead", "forward_given_up")
 SPOOL_META = ("node_id", "forward_server")

@@ -1,4 +1,4 @@
-"""Applying an ingest batch (:mod:`gpuprofd.storage.batch`) on a team server.
+"""Applying an ingest batch (:mod:`gpuprofd.storage.writes.batch`) on a team server.
 
 One batch is one transaction (:meth:`Store.transaction`): all of it or none.
 It is idempotent, keyed by (node id, sequence number): the node's row in
@@ -11,7 +11,7 @@ after the other. Then:
 - the others are applied in order and the node's sequence moves to the
   batch's last. Gaps are fine (a node that gave up events under its outbox
   limit says so itself); events never go backwards within a batch
-  (:func:`~gpuprofd.storage.batch.validate` refuses that).
+  (:func:`~gpuprofd.storage.writes.batch.validate` refuses that).
 
 A step is its run, its index and its start (``step``, ``t0_ns``): a step
 sent again under a new sequence number (stored before, or earlier in the
@@ -39,7 +39,7 @@ import orjson
 
 from gpuprofd.sampling.rollup import INSERT_SQL as _ROLLUP_SQL
 from gpuprofd.sampling.rollup import ROLLUP_COLUMNS
-from gpuprofd.storage.batch import (
+from gpuprofd.storage.writes.batch import (
     COMM_FIELDS,
     END_FIELDS,
     HOST_FIELDS,
@@ -49,14 +49,15 @@ from gpuprofd.storage.batch import (
     WORKER_CPU_FIELDS,
     BatchError,
 )
-from gpuprofd.storage.runsdb import (
+from gpuprofd.storage.writes.ops import Txn
+from gpuprofd.storage.writes.runsdb import (
     _COMM_SQL,
     _HOST_SQL,
     _RUN_CPU_SQL,
     _STEP_SQL,
     _WORKER_CPU_SQL,
 )
-from gpuprofd.storage.store import Store, Txn
+from gpuprofd.storage.writes.store import Store
 
 #: The Postgres channel a committed batch notifies with the ids of the runs it
 #: touched (ids only: a listener re-reads what it needs), so every replica's
@@ -126,7 +127,7 @@ class Applied:
 
 
 async def apply_batch(store: Store, batch: Mapping[str, Any]) -> Applied:
-    """Apply a validated batch (:func:`gpuprofd.storage.batch.validate`) in one transaction.
+    """Apply a validated batch (:func:`gpuprofd.storage.writes.batch.validate`) in one transaction.
 
     Raises:
         BatchError: an event that cannot be applied as sent (steps of a run
@@ -254,7 +255,7 @@ async def _end_run(txn: Txn, node: str, ev: Mapping[str, Any], where: str, runs:
 
 
 def _step_row(run_id: int, r: Mapping[str, Any]) -> tuple[Any, ...]:
-    """A steps row in :data:`gpuprofd.storage.runsdb._STEP_SQL`'s order."""
+    """A steps row in :data:`gpuprofd.storage.writes.runsdb._STEP_SQL`'s order."""
     return (
         run_id,
         r["step"],

@@ -7,7 +7,7 @@ remaining run of the boot reaches (a boot's rows before its first remaining run)
 
 from __future__ import annotations
 
-from gpuprofd.storage.store import Store, Txn
+from gpuprofd.storage.writes import Store, Txn
 
 #: Runs deleted per pass, and node-wide rows per pass.
 RUNS_PER_PASS = 20

@@ -1,7 +1,7 @@
 """The step rollup tier: one ``step_rollups`` row per block of
 :data:`STEP_BLOCK` steps of a run (by index), so a whole-run chart of a day
 of 500 ms steps reads ~1,700 rows instead of 172,800 steps; and, block by
-block, the run's figures (:mod:`gpuprofd.storage.steptotals`).
+block, the run's figures (:mod:`gpuprofd.storage.reads.steptotals`).
 
 Each row holds the block's count, the minimum and maximum iteration time
 (so one slow step keeps its value at any zoom), the sums of the iteration
@@ -21,11 +21,11 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from gpuprofd.storage import series, steptotals
 from gpuprofd.storage.dialect import Dialect
 from gpuprofd.storage.reader import Reader
-from gpuprofd.storage.steptotals import STEP_BLOCK
-from gpuprofd.storage.store import Store
+from gpuprofd.storage.reads import series, steptotals
+from gpuprofd.storage.reads.steptotals import STEP_BLOCK
+from gpuprofd.storage.writes import Store
 
 #: Seconds between passes: a live chart's tier lags by at most this (the raw
 #: steps after the last block fill the rest).
@@ -88,7 +88,7 @@ def blocks_to_roll(status: str, rolled: int | None, top: int | None) -> tuple[in
 
 async def roll_pass(store: Store) -> int:
     """Roll what each run has pending (:func:`blocks_to_roll`) into the step
-    rollups, and into the step totals (:mod:`gpuprofd.storage.steptotals`;
+    rollups, and into the step totals (:mod:`gpuprofd.storage.reads.steptotals`;
     an ended run's last partial block once its summary is stored, so every
     late event is in); the step rollup blocks written."""
     written = 0

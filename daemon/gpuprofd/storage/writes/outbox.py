@@ -7,15 +7,15 @@ or when the outbox is over its byte bound (:func:`enforce_limit`: counted
 in ``forward_given_up``, never silently).
 
 An outbox row's ``seq`` is the node's sequence number in the batch format
-(:mod:`gpuprofd.storage.batch`): an ``AUTOINCREMENT`` key, so it only grows,
+(:mod:`gpuprofd.storage.writes.batch`): an ``AUTOINCREMENT`` key, so it only grows,
 across restarts too, and the commit order of the one writer is its order.
 Which ops put what in the outbox is said by each op's :class:`Forward`
-(:data:`STEPS`, :data:`HOST`, ... below; :mod:`gpuprofd.storage.runsdb`
+(:data:`STEPS`, :data:`HOST`, ... below; :mod:`gpuprofd.storage.writes.runsdb`
 attaches them); ``run`` and ``end`` events carry no body: their fields are
 read from ``runs`` when they are sent (:func:`load_batch`), so a resent
 event carries the run as it is now.
 
-Pure encoders and async reads/writes over a :class:`~gpuprofd.storage.store.Store`.
+Pure encoders and async reads/writes over a :class:`~gpuprofd.storage.writes.store.Store`.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Any
 import orjson
 
 from gpuprofd.sampling.rollup import ROLLUP_COLUMNS
-from gpuprofd.storage.batch import (
+from gpuprofd.storage.writes.batch import (
     BATCH_VERSION,
     END_FIELDS,
     ENDED_STATUSES,
@@ -37,7 +37,8 @@ from gpuprofd.storage.batch import (
     RUN_FIELDS,
     RUN_KINDS,
 )
-from gpuprofd.storage.store import Forward, Op, Part, Store, Txn
+from gpuprofd.storage.writes.ops import Forward, Op, Part, Txn
+from gpuprofd.storage.writes.store import Store
 
 #: What a full outbox gives up first (lowest first): raw samples, then the
 #: per-second GPU rollups and kernel windows, then insights (a later event

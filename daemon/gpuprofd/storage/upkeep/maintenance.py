@@ -4,9 +4,9 @@ and :class:`Retention`, the passes that keep the database small.
 Retention runs every :data:`PRUNE_INTERVAL_S`, or every raw window if that is
 shorter: raw GPU samples older than ``--raw-window`` are deleted (the
 per-second rollups keep the whole run); continuous kernel windows are merged
-as they age (:mod:`gpuprofd.storage.kcompact`); per-bucket comm rows outside
+as they age (:mod:`gpuprofd.storage.upkeep.kcompact`); per-bucket comm rows outside
 each run's last ``--comm-steps-kept`` steps that are not every
-``--comm-keep-every``-th step are deleted (:mod:`gpuprofd.storage.commprune`;
+``--comm-keep-every``-th step are deleted (:mod:`gpuprofd.storage.upkeep.commprune`;
 bounded delete passes, each step's exposed comm stays in ``steps``).
 """
 
@@ -18,8 +18,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import NoReturn
 
-from gpuprofd.storage import commprune, hostrollup, kcompact, runsdb, steprollup
-from gpuprofd.storage.store import Store
+from gpuprofd.storage.upkeep import commprune, hostrollup, kcompact, steprollup
+from gpuprofd.storage.writes import Store, runsdb
 
 log = logging.getLogger(__name__)
 
@@ -90,11 +90,11 @@ class Retention:
         await kcompact.compact_once(self.store, self._clock(), self.raw_window_s)
 
     async def roll_steps(self) -> None:
-        """Write the step rollups each run has pending (:mod:`gpuprofd.storage.steprollup`)."""
+        """Write the step rollups each run has pending (:mod:`gpuprofd.storage.upkeep.steprollup`)."""
         await steprollup.roll_pass(self.store)
 
     async def roll_hosts(self) -> None:
-        """Write the host rollups each run has pending (:mod:`gpuprofd.storage.hostrollup`)."""
+        """Write the host rollups each run has pending (:mod:`gpuprofd.storage.upkeep.hostrollup`)."""
         await hostrollup.roll_pass(self.store)
 
     async def prune_comm(self) -> None:

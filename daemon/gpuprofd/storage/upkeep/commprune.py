@@ -33,7 +33,7 @@ import logging
 from dataclasses import dataclass, field
 
 from gpuprofd.storage.reads import GROUP_STEPS_MAX
-from gpuprofd.storage.store import Store
+from gpuprofd.storage.writes import Store
 
 log = logging.getLogger(__name__)
 

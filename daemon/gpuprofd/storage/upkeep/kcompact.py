@@ -16,7 +16,7 @@ is the step-weighted mean of its parts' per-step ns, and
 :func:`gpuprof.insights.kernels.kernel_drifts` splits the run's halves by
 steps, not by window count.
 
-One merge is one atomic store op (:meth:`gpuprofd.storage.store.Store.write_atomic`):
+One merge is one atomic store op (:meth:`gpuprofd.storage.writes.store.Store.write_atomic`):
 the parts' rows and windows are deleted (each delete must remove exactly the
 rows the merge read) and the merged window is inserted under the smallest
 part's id, in one transaction; a crash leaves either the parts or the merged
@@ -36,7 +36,7 @@ from typing import Any
 import orjson
 
 from gpuprof.kernels import MAX_ROWS, KernelAgg, fold_counted
-from gpuprofd.storage.store import Part, Store
+from gpuprofd.storage.writes import Part, Store
 
 log = logging.getLogger(__name__)
 

@@ -14,9 +14,10 @@ import orjson
 
 from gpuprof.insights import Insight
 from gpuprofd.sampling import rollup
-from gpuprofd.storage import outbox
 from gpuprofd.storage.dialect import Dialect
-from gpuprofd.storage.store import Op, Part, Store
+from gpuprofd.storage.writes import outbox
+from gpuprofd.storage.writes.ops import Op, Part
+from gpuprofd.storage.writes.store import Store
 
 _STEP_SQL = (
     "INSERT INTO steps (run_id, step, t0_ns, t1_ns, wait_ns, explicit, micro, phases, "

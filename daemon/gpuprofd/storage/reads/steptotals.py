@@ -17,7 +17,7 @@ step had) are maxima over every step. Sums are DOUBLE PRECISION
 A run's figures are its blocks' rows added up (:data:`SUM_SQL`) plus the
 steps outside them (:func:`tail_sql`: a live run's newest, a short run's
 all), read raw. The blocks are written by the step rollup pass
-(:func:`gpuprofd.storage.steprollup.roll_pass`): a running run's complete
+(:func:`gpuprofd.storage.upkeep.steprollup.roll_pass`): a running run's complete
 blocks, and an ended run's last partial one once its summary is stored (the
 events that came after its end are in by then), so a block's row holds
 every step of it.
@@ -32,7 +32,7 @@ from typing import Any
 from gpuprofd.storage.dialect import Dialect
 
 #: Steps per block, by index (``block = step / STEP_BLOCK``), of this tier and of
-#: the step chart's (:mod:`gpuprofd.storage.steprollup`): a day of 500 ms steps
+#: the step chart's (:mod:`gpuprofd.storage.upkeep.steprollup`): a day of 500 ms steps
 #: is 1,728 blocks; a chart of 1,000 px (2,000 buckets) then holds about one
 #: block per bucket.
 STEP_BLOCK = 100

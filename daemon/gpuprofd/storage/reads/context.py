@@ -1,0 +1,162 @@
+"""One run's stored rows, in the shapes :func:`build_context` reads (steps,
+host samples, CPU, DataLoader workers, GPU rollups, kernel windows, comm
+totals, findings), and :func:`run_context`: the :class:`RunContext` the
+daemon's rules and ``gpuprofctl`` build from them, one definition.
+
+Each read is ``async def f(db: Reader, ...)`` over a
+:class:`gpuprofd.storage.reader.Reader` (SQL and row converters in
+:mod:`gpuprofd.storage.reads.queries`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gpuprof.insights import RunContext, build_context
+from gpuprof.insights.aggregates import GpuStats
+from gpuprofd.sampling import rollup
+from gpuprofd.storage.reader import Reader
+from gpuprofd.storage.reads import queries
+
+
+async def count_steps(db: Reader, run_id: int) -> int:
+    """How many steps the run stored."""
+    row = await db.fetchone("SELECT COUNT(*) AS n FROM steps WHERE run_id = ?", (run_id,))
+    return int(row["n"]) if row else 0
+
+
+async def last_step_end(db: Reader, run_id: int) -> int | None:
+    """The latest ``t1`` (monotonic ns) of the run's steps; None without steps."""
+    row = await db.fetchone("SELECT MAX(t1_ns) AS t1 FROM steps WHERE run_id = ?", (run_id,))
+    return None if row is None or row["t1"] is None else int(row["t1"])
+
+
+async def max_step(db: Reader, run_id: int) -> int | None:
+    """The run's highest step index (:data:`queries.MAX_STEP_SQL`); None without steps."""
+    row = await db.fetchone(queries.MAX_STEP_SQL, (run_id,))
+    return None if row is None or row[0] is None else int(row[0])
+
+
+async def run_steps(db: Reader, run_id: int) -> list[dict[str, Any]]:
+    """The run's steps ordered by ``t0`` in :func:`build_context`'s shape."""
+    rows = await db.fetchall(queries.STEPS_SQL, (run_id,))
+    return [queries.step_from_row(r) for r in rows]
+
+
+async def host_samples(
+    db: Reader, start_mono_ns: int, end_mono_ns: int, boot_id: str | None = None
+) -> list[dict[str, Any]]:
+    """Host samples of boot *boot_id* with ``start <= mono_ns <= end``."""
+    rows = await db.fetchall(queries.HOST_SQL, (start_mono_ns, end_mono_ns, boot_id))
+    return [dict(r) for r in rows]
+
+
+async def history_medians(db: Reader, run_id: int, run_name: str) -> list[float]:
+    """Median step ms of up to :data:`queries.HISTORY_RUNS` earlier finished runs of
+    *run_name*, newest first."""
+    rows = await db.fetchall(queries.HISTORY_SQL, (run_name, run_id, queries.HISTORY_RUNS))
+    return [float(r["median_step_ms"]) for r in rows]
+
+
+async def run_cpu(db: Reader, run_id: int) -> list[dict[str, Any]]:
+    """The run's process-tree CPU samples, ``mono_ns`` and ``cores`` each, in
+    time order (:data:`queries.RUN_CPU_SQL`); none without samples."""
+    return [dict(r) for r in await db.fetchall(queries.RUN_CPU_SQL, (run_id,))]
+
+
+async def job_cpu(db: Reader, run: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The CPU of *run*'s job on its node (its group's runs there summed) as
+    one ``cores``/``ranks`` row (see :data:`queries.JOB_CPU_SQL`); none
+    outside a group or without samples."""
+    params = queries.job_cpu_params(run)
+    if params is None:
+        return []
+    return [dict(r) for r in await db.fetchall(queries.JOB_CPU_SQL, params)]
+
+
+async def worker_cpu(db: Reader, run_id: int) -> list[dict[str, Any]]:
+    """The run's DataLoader workers' CPU rows (see :data:`queries.WORKER_CPU_SQL`)."""
+    return [dict(r) for r in await db.fetchall(queries.WORKER_CPU_SQL, (run_id,))]
+
+
+async def comm_totals(
+    db: Reader, run_id: int, steps: tuple[int, int] | None = None
+) -> dict[str, Any]:
+    """The run's timed gradient buckets summed (:data:`queries.COMM_TOTALS_SQL`);
+    with *steps* ``(first, last)``, those of the steps in that range only."""
+    if steps is None:
+        row = await db.fetchone(queries.COMM_TOTALS_SQL, (run_id,))
+    else:
+        sql = queries.COMM_TOTALS_SQL + " AND step BETWEEN ? AND ?"
+        row = await db.fetchone(sql, (run_id, *steps))
+    return dict(row) if row is not None else {"steps": 0, "buckets": 0, "bytes": 0}
+
+
+async def gpu_stats(
+    db: Reader, run: Mapping[str, Any], steps: Sequence[Mapping[str, Any]]
+) -> GpuStats | None:
+    """The run's GPU stats while it was in steps, from its per-second rollups."""
+    window = queries.gpu_window(run.get("cuda_uuid"), steps, run.get("boot_id"))
+    if window is None:
+        return None
+    return queries.gpu_stats_from_rollups(await db.fetchall(rollup.MERGED_SQL, window))
+
+
+async def kernel_windows(db: Reader, run_id: int) -> list[queries.KernelWindow]:
+    """The run's kernel windows with their rows, by ``t0`` (see
+    :func:`queries.kernel_windows_from_rows`)."""
+    windows = await db.fetchall(queries.KERNEL_WINDOWS_SQL, (run_id,))
+    stats = await db.fetchall(queries.KERNEL_STATS_SQL, (run_id,))
+    return queries.kernel_windows_from_rows(windows, stats)
+
+
+async def stored_insights(db: Reader, run_id: int) -> list[dict[str, Any]]:
+    """The run's stored findings, in the order found, as ``Insight.to_dict()``."""
+    rows = await db.fetchall(queries.INSIGHTS_SQL, (run_id,))
+    return [queries.insight_from_row(r) for r in rows]
+
+
+async def run_context(
+    db: Reader,
+    run: Mapping[str, Any],
+    *,
+    gpu_rate_usd_per_hour: float | None = None,
+    now_mono_ns: int | None = None,
+) -> RunContext:
+    """A run's :class:`RunContext` from its stored rows: what the daemon's
+    rules (live and at the run's end) and ``gpuprofctl`` read, one definition.
+
+    Host samples cover the run's start to its end; a run not ended yet
+    (no ``end_mono_ns``) to *now_mono_ns* (the daemon's clock), else to its
+    last step's end. :func:`build_context` runs in a worker thread (a day of
+    steps takes a while)."""
+    run_id = run["id"]
+    got = await run_steps(db, run_id)
+    host: list[dict[str, Any]] = []
+    start = run.get("start_mono_ns")
+    end = run.get("end_mono_ns") or now_mono_ns or (got[-1]["t1"] if got else None)
+    if start is not None and end is not None:
+        host = await host_samples(db, start, end, run.get("boot_id"))
+    history = await history_medians(db, run_id, run["run_name"])
+    cpu = await run_cpu(db, run_id)
+    job = await job_cpu(db, run)
+    workers = await worker_cpu(db, run_id)
+    gpu = await gpu_stats(db, run, got)
+    windows = await kernel_windows(db, run_id)
+    comm = await comm_totals(db, run_id)
+    return await asyncio.to_thread(
+        build_context,
+        run,
+        got,
+        host,
+        history,
+        gpu_rate_usd_per_hour,
+        cpu,
+        gpu=gpu,
+        workers=workers,
+        kernel_windows=windows,
+        comm=comm,
+        job_cpu=job,
+    )

@@ -1,0 +1,181 @@
+"""The SQLite backend: a database file.
+
+- :class:`SqliteWriter`: the daemon store's two aiosqlite connections to
+  the file (one writes, in WAL mode; one reads, ``query_only``);
+- :func:`connect_ro` / :func:`open_ro`: the file opened read-only, for
+  gpuprofctl's reads and ``nsys-import``'s report: ``file:…?mode=ro``, so
+  reading never creates or changes a file (a missing path fails instead of
+  becoming an empty database); :func:`open_ro` also checks the file is a
+  gpuprof database and lets an older one answer today's queries;
+- :class:`SqliteFileReader`: a :class:`gpuprofd.storage.reader.Reader` over
+  such a connection.
+
+The Postgres backend is :mod:`gpuprofd.storage.postgres`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import aiosqlite
+
+from gpuprofd.core.errors import DatabaseError
+from gpuprofd.storage import schema
+from gpuprofd.storage.dialect import SQLITE, Dialect
+
+MISSING_HINT = "run a script under gpuprof.profile() first, or pass the path"
+
+
+def open_ro(path: Path) -> sqlite3.Connection:
+    """Open *path* read-only and check it is a gpuprof database.
+
+    Raises:
+        DatabaseError: missing, not SQLite, corrupt, or not ours.
+    """
+    if not path.exists():
+        raise DatabaseError(f"no database at {path} ({MISSING_HINT})")
+    if path.is_dir():
+        raise DatabaseError(f"{path} is a directory, not a database file")
+    try:
+        conn = connect_ro(path)
+    except sqlite3.Error as exc:
+        raise DatabaseError(f"cannot open {path} ({exc})") from None
+    conn.row_factory = sqlite3.Row
+    try:
+        version = schema.check_connection(conn, path)
+        if not version:
+            raise DatabaseError(f"{path} is an empty database, not a gpuprof one")
+        if version < schema.SCHEMA_VERSION:
+            schema.shadow_old_tables(conn, version)
+    except DatabaseError:
+        conn.close()
+        raise
+    return conn
+
+
+def connect_ro(path: Path) -> sqlite3.Connection:
+    """Connect to *path* read-only (the path is quoted: ``?`` and ``#`` are URI syntax).
+
+    Raises:
+        sqlite3.Error: it cannot be opened (missing, a directory, no permission).
+    """
+    return sqlite3.connect(f"file:{quote(str(path.absolute()))}?mode=ro", uri=True)
+
+
+class SqliteFileReader:
+    """A :class:`Reader` over a read-only ``sqlite3`` connection
+    (:func:`gpuprofd.storage.reads.open_ro`). Its queries run inline: it
+    serves a command-line read, not an event loop with other work."""
+
+    dialect: Dialect = SQLITE
+
+    def __init__(self, conn: sqlite3.Connection, path: Path) -> None:
+        self.conn = conn
+        self.path = path
+        self.where = str(path.absolute())
+
+    async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        try:
+            return self.conn.execute(sql, tuple(params)).fetchall()
+        except sqlite3.DatabaseError as exc:
+            raise DatabaseError(f"the database is damaged or incomplete ({exc})") from None
+
+    async def fetchone(self, sql: str, params: Sequence[Any] = ()) -> Any | None:
+        rows = await self.fetchall(sql, params)
+        return rows[0] if rows else None
+
+    async def close(self) -> None:
+        self.conn.close()
+
+
+class SqliteWriter:
+    """The store's two aiosqlite connections to a file: one writes (WAL), one
+    reads (``query_only``)."""
+
+    dialect: Dialect = SQLITE
+    #: A failed statement undoes only itself in SQLite: no savepoint needed around one.
+    statement_savepoints = False
+
+    def __init__(
+        self, write: aiosqlite.Connection, read: aiosqlite.Connection, file_id: tuple[int, int]
+    ) -> None:
+        self.write = write
+        self.read = read
+        self.file_id = file_id
+        """(st_dev, st_ino) of the file the connections opened."""
+
+    @classmethod
+    async def connect(cls, path: Path) -> SqliteWriter:
+        write = await aiosqlite.connect(path, isolation_level=None)
+        try:
+            await write.execute("PRAGMA journal_mode=WAL")
+            await write.execute("PRAGMA synchronous=NORMAL")
+            await write.execute("PRAGMA busy_timeout=5000")
+            read = await aiosqlite.connect(path)
+        except BaseException:
+            await write.close()
+            raise
+        try:
+            read.row_factory = aiosqlite.Row
+            await read.execute("PRAGMA busy_timeout=5000")
+            await read.execute("PRAGMA query_only=ON")
+            st = os.stat(path)
+        except BaseException:
+            await read.close()
+            await write.close()
+            raise
+        return cls(write, read, (st.st_dev, st.st_ino))
+
+    async def begin(self) -> None:
+        await self.write.execute("BEGIN")
+
+    async def commit(self) -> None:
+        await self.write.execute("COMMIT")
+
+    async def rollback(self) -> None:
+        await self.write.execute("ROLLBACK")
+
+    async def savepoint(self, name: str) -> None:
+        await self.write.execute(f"SAVEPOINT {name}")
+
+    async def release(self, name: str) -> None:
+        await self.write.execute(f"RELEASE {name}")
+
+    async def rollback_to(self, name: str) -> None:
+        await self.write.execute(f"ROLLBACK TO {name}")
+
+    async def execute(self, sql: str, params: Sequence[Any]) -> tuple[int, Any]:
+        """Run one statement; returns (rows changed, the first column of what
+        ``RETURNING`` gave, else ``lastrowid``)."""
+        cur = await self.write.execute(sql, params)
+        if " RETURNING " in sql.upper():
+            row = await cur.fetchone()
+            return (1 if row is not None else 0), (row[0] if row is not None else None)
+        return cur.rowcount, cur.lastrowid
+
+    async def executemany(
+        self, sql: str, rows: Sequence[Sequence[Any]], *, count: bool = False
+    ) -> int | None:
+        """Run *sql* with each of *rows*; returns the rows changed in all."""
+        cur = await self.write.executemany(sql, rows)
+        return cur.rowcount
+
+    async def fetch_in_txn(self, sql: str, params: Sequence[Any]) -> list[Any]:
+        """Rows of *sql* on the writing connection (inside its transaction)."""
+        async with self.write.execute(sql, params) as cur:
+            return list(await cur.fetchall())
+
+    async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        async with self.read.execute(sql, params) as cur:
+            return list(await cur.fetchall())
+
+    async def close(self) -> None:
+        for conn in (self.read, self.write):
+            with contextlib.suppress(Exception):
+                await conn.close()
