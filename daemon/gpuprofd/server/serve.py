@@ -104,7 +104,8 @@ class Server:
 
     async def _roll_steps(self) -> None:
         """The step and host rollup tiers of ingested runs, as a node keeps
-        its own (:mod:`gpuprofd.storage.upkeep.steprollup`, :mod:`~gpuprofd.storage.upkeep.hostrollup`):
+        its own (:mod:`gpuprofd.storage.upkeep.steprollup`,
+        :mod:`~gpuprofd.storage.upkeep.hostrollup`):
         whole-run charts of long runs read blocks, not every step or sample.
         Replicas may both roll: a block is written once (its key)."""
         while not self._stop.is_set():

@@ -353,7 +353,7 @@ CREATE TABLE IF NOT EXISTS step_totals (  -- schema 15: per block of a run's ste
     PRIMARY KEY (run_id, block)
 );
 CREATE TABLE IF NOT EXISTS host_rollups (  -- schema 15: one row per run per block of the
-    -- node's host samples with the run's own CPU (gpuprofd.storage.upkeep.hostrollup), the whole run
+    -- node's host samples with the run's own CPU (storage.upkeep.hostrollup), the whole run
     run_id INTEGER NOT NULL,
     block INTEGER NOT NULL,          -- mono_ns / HOST_BLOCK_NS (10 s) on the run's boot's clock
     t0_ns INTEGER, t1_ns INTEGER,    -- its first and last sample's mono_ns

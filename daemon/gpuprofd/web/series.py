@@ -294,7 +294,8 @@ def live_gpu(r: Mapping[str, Any], clock: RunClock, uuid: str) -> dict[str, Any]
 
 
 def live_host(r: Mapping[str, Any], clock: RunClock) -> dict[str, Any]:
-    """One host sample (:func:`gpuprofd.storage.reads.series.host_samples_after`) as a live sample."""
+    """One host sample (:func:`gpuprofd.storage.reads.series.host_samples_after`)
+    as a live sample."""
     return {
         "t": _t(clock.to_s(r["mono_ns"])),
         "run_cores": _num(r["run_cores"]),

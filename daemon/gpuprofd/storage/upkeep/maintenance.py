@@ -90,11 +90,11 @@ class Retention:
         await kcompact.compact_once(self.store, self._clock(), self.raw_window_s)
 
     async def roll_steps(self) -> None:
-        """Write the step rollups each run has pending (:mod:`gpuprofd.storage.upkeep.steprollup`)."""
+        """Write the step rollups each run has pending (:mod:`.steprollup`)."""
         await steprollup.roll_pass(self.store)
 
     async def roll_hosts(self) -> None:
-        """Write the host rollups each run has pending (:mod:`gpuprofd.storage.upkeep.hostrollup`)."""
+        """Write the host rollups each run has pending (:mod:`.hostrollup`)."""
         await hostrollup.roll_pass(self.store)
 
     async def prune_comm(self) -> None:
