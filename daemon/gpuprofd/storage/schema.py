@@ -1,4 +1,6 @@
 """The SQLite schema of a gpuprof database and the check that a file is ours.
+(Past 500 lines by design: the schema is defined once, every table with its
+columns' units and every migration step in one place, for both backends.)
 
 Table and column names are an interface: integration tests, ``gpuprofctl``
 and (later) the dashboard read them. Times are ``*_ns`` (monotonic or wall

@@ -1,5 +1,7 @@
 """The store: one writer task owns every write to SQLite; reads use a second
-connection.
+connection. (Past 500 lines as one job: the writer's queue, batching,
+barrier and reopen share one connection's state; the ops it runs are in
+:mod:`gpuprofd.storage.writes.ops`.)
 
 Writers anywhere in the daemon submit :class:`Op` s to a bounded queue. High
 volume ops (steps, samples) use :meth:`Store.submit_nowait`, which drops and
