@@ -96,4 +96,4 @@ def test_imports_run_one_way() -> None:
         timeout=120,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "3 kept, 0 broken" in proc.stdout, proc.stdout
+    assert "4 kept, 0 broken" in proc.stdout, proc.stdout
