@@ -1,8 +1,5 @@
 """The auto-mode step state machine: turns module calls, backward calls and
-optimizer steps into training steps. (One machine in one module, past 500 lines:
-its transitions share one state and run on every step's hot path, so they
-stay in one class; the parts it builds steps from are in
-:mod:`gpuprof_shim.stepparts`.) Pure: it is fed timestamps (monotonic
+optimizer steps into training steps. Pure: it is fed timestamps (monotonic
 ns) and optimizer objects and never reads torch, so tests drive it with a
 fake clock.
 
@@ -67,13 +64,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpuprof.protocol import MAX_DURATION_NS
 from gpuprof_shim.messages import phase_name
-from gpuprof_shim.stepparts import Gap, Segment, deref, ref_to
-from gpuprof_shim.steps import LOADER_PHASE, OWN_PHASE, StepRecord
+from gpuprof_shim.steps import LOADER_PHASE, OWN_PHASE, OptimizerUse, StepRecord
 
 log = logging.getLogger("gpuprof.shim")
 
@@ -86,6 +84,14 @@ BACKWARD = "backward"
 AFTER_BACKWARD = "after_backward"
 OPTIMIZER = "optimizer"
 
+#: Most no-grad calls that can be a step's prelude (a teacher, maybe a
+#: second frozen model); a longer chain right before training is an eval loop.
+PRELUDE_MAX_CALLS = 2
+#: A no-grad call ending this close (ns) to the training forward (or to the
+#: prelude call) after it is chained to it. Python glue between a teacher
+#: and a student takes microseconds; a loader fetch shorter than 1 ms
+#: between them would be counted as step time, too short to matter.
+ADJACENT_NS = 1_000_000
 #: Steps in a row another optimizer takes while the primary (the first to
 #: step) stays quiet before it becomes the primary: a second training stage
 #: with its own optimizer. Above a WGAN critic's 5 (or 25) updates per
@@ -94,6 +100,145 @@ SILENT_PRIMARY_CYCLES = 32
 #: Optimizers tracked per run with their own name and counters; later ones
 #: are summed under the last slot's name (the protocol carries at most 16).
 MAX_OPTIMIZERS = 16
+
+
+@dataclass(slots=True)
+class _Segment:
+    """Accumulators of one step, or of activity that may become one (ns)."""
+
+    t0: int = 0
+    last_ns: int = 0
+    end_ns: int = 0
+    forward_ns: int = 0
+    backward_ns: int = 0
+    optimizer_ns: int = 0
+    between_ns: int = 0
+    loader_ns: int = 0
+    loader_in_forward_ns: int = 0
+    own_ns: int = 0  # gpuprof's own work (sending events) inside the step
+    gap_own_ns: int = 0  # ... and in the gap before it (not loader wait)
+    wait_ns: int = 0
+    eval_ns: int = 0
+    micro: int = 0
+    closure_micro: int = 0
+    primary_done: bool = False
+    skipped: bool = False
+    # optimizer index -> its share of the step, as the event carries it
+    optim: dict[int, OptimizerUse] = field(default_factory=dict)
+
+    @property
+    def started(self) -> bool:
+        return self.t0 != 0
+
+    def absorb(self, tail: _Segment) -> None:
+        """Take *tail*'s work into this step (another optimizer's turn):
+        its backward calls are not micro-batches, its loader time is
+        in-step loading."""
+        self.forward_ns += tail.forward_ns
+        self.backward_ns += tail.backward_ns
+        self.optimizer_ns += tail.optimizer_ns
+        self.between_ns += tail.between_ns
+        self.loader_ns += tail.loader_ns + tail.wait_ns
+        self.loader_in_forward_ns += tail.loader_in_forward_ns
+        self.own_ns += tail.own_ns + tail.gap_own_ns
+        self.eval_ns += tail.eval_ns
+        self.last_ns = max(self.last_ns, tail.last_ns)
+        optim = self.optim
+        for idx, use in tail.optim.items():
+            mine = optim.get(idx)
+            if mine is None:
+                optim[idx] = use  # the tail is dropped after: its entry moves here
+            else:
+                mine["updates"] += use["updates"]
+                mine["skipped"] += use["skipped"]
+                mine["ns"] += use["ns"]
+
+
+class _Gap:
+    """No-grad calls and loader time (ns) seen while no segment is in progress.
+
+    Loader time is kept as: before the first call (``before_ns``), since the
+    last call (``after_ns``), and before each of the last few calls (in
+    ``recent``, to tell a prelude's loading from an eval loop's); older
+    between-call loading is an eval loop's own (``during_ns``). The first
+    ``sealed`` calls are known evaluation (a framework said its eval loop
+    ended) and never a prelude.
+    """
+
+    __slots__ = (
+        "calls",
+        "first_ns",
+        "before_ns",
+        "during_ns",
+        "after_ns",
+        "recent",
+        "sealed",
+        "all_chained",
+        "iter_ns",
+        "after_iter_ns",
+        "iter_loading_ns",
+        "iter_call",
+    )
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.first_ns = 0
+        self.before_ns = 0
+        self.during_ns = 0
+        self.after_ns = 0
+        self.recent: list[tuple[int, int, int]] = []  # (start, end, loader before it)
+        self.sealed = 0
+        self.all_chained = True  # every call ended within ADJACENT_NS of the next
+        self.iter_ns = 0  # a loader iterator created since the last call, at
+        self.after_iter_ns = 0  # loading since then
+        self.iter_loading_ns = 0  # a new iterator's loading before a no-grad call ...
+        self.iter_call = -1  # ... and that call's index
+
+    def add_call(self, t_start: int, t_end: int) -> None:
+        span_start = t_start
+        if self.iter_ns:
+            # a no-grad call right after a new loader iterator: a validation
+            # loader; its start-up (workers, first batch) is the eval loop's
+            # (unless this call turns out to be a teacher's: see _start_segment)
+            self.after_ns -= self.after_iter_ns
+            self.iter_loading_ns, self.iter_call = self.after_iter_ns, self.calls
+            span_start = min(t_start, self.iter_ns)
+            self.iter_ns = self.after_iter_ns = 0
+        if self.recent and t_start - self.recent[-1][1] > ADJACENT_NS:
+            self.all_chained = False
+        if self.calls:
+            loader_before = self.after_ns
+        else:
+            self.first_ns = span_start
+            self.before_ns += self.after_ns
+            loader_before = 0
+        self.after_ns = 0
+        self.calls += 1
+        self.recent.append((t_start, max(t_start, t_end), loader_before))
+        if len(self.recent) > PRELUDE_MAX_CALLS + 1:
+            self.during_ns += self.recent.pop(0)[2]
+
+    def prelude_calls(self, t: int, *, unlimited: bool = False) -> int:
+        """How many of the last calls chain into a training forward at *t*
+        (0 if none, or if the chain is longer than a prelude can be, unless
+        *unlimited*: then every chained call, at most those kept)."""
+        chain, nxt = 0, t
+        for start, end, _ in reversed(self.recent):
+            if nxt - end > ADJACENT_NS or chain >= self.calls - self.sealed:
+                break
+            chain, nxt = chain + 1, start
+        if unlimited:
+            if chain == len(self.recent) and self.all_chained and not self.sealed:
+                return self.calls  # the whole gap's calls, older ones included
+            return chain
+        return chain if chain <= PRELUDE_MAX_CALLS else 0
+
+    def eval_span(self, prelude: int) -> int:
+        """Span (ns) from the first call to the end of the last one that is
+        not part of the prelude; 0 if every call is."""
+        if self.calls <= prelude:
+            return 0
+        return max(0, self.recent[-1 - prelude][1] - self.first_ns)
 
 
 class StepMachine:
@@ -173,14 +318,14 @@ class StepMachine:
         #: Micro-batches after the last update, left out at exit (not a step).
         self.unfinished_micro = 0
         self._prev_end = start_ns
-        self._seg = Segment()
-        self._spare: Segment | None = None  # an emitted segment, reset, for the next one
-        self._open: Segment | None = None  # primary stepped, not yet emitted
+        self._seg = _Segment()
+        self._spare: _Segment | None = None  # an emitted segment, reset, for the next one
+        self._open: _Segment | None = None  # primary stepped, not yet emitted
         # other optimizers' turns since: (index, segment, skipped)
-        self._tails: list[tuple[int, Segment, bool]] = []
+        self._tails: list[tuple[int, _Segment, bool]] = []
         # most turns each other optimizer took within one step so far
         self._companion_max: dict[int, int] = {}
-        self._gap = Gap()
+        self._gap = _Gap()
         self._phase_start = 0
         self._train_thread: int | None = None
         self._opt_depth = 0
@@ -259,7 +404,7 @@ class StepMachine:
                 seg.t0 = first_start  # a teacher's forward: part of this step
                 if gap.calls > prelude:
                     seg.wait_ns += loader_before
-            self._gap = Gap()
+            self._gap = _Gap()
         else:
             gap.after_ns = gap.iter_ns = gap.after_iter_ns = 0
         self._phase_start = seg.t0
@@ -472,7 +617,7 @@ class StepMachine:
                 self._spare = None
                 self._seg = spare
             else:
-                self._seg = Segment()
+                self._seg = _Segment()
             self.state = IDLE
             if self.boundary is not None or self.on_boundary is not None:
                 self._at_boundary(self.next_index + 1)  # every earlier step is emitted by now
@@ -579,7 +724,7 @@ class StepMachine:
             self.unfinished_micro += seg.micro + seg.closure_micro
         elif self._gap.calls:
             self.trailing_eval_ns += self._gap.eval_span(0)
-        self._seg, self._gap = Segment(), Gap()
+        self._seg, self._gap = _Segment(), _Gap()
         self.state = IDLE
         self._opt_depth = 0
 
@@ -671,7 +816,7 @@ class StepMachine:
             self._open.absorb(tail)
             self._open.end_ns = max(self._open.end_ns, tail.end_ns)
         self._emit_open()
-        head: Segment | None = None
+        head: _Segment | None = None
         for i, tail, skipped in tails[first:]:
             if i == idx:
                 if head is not None:
@@ -690,7 +835,7 @@ class StepMachine:
             len(tails) - first,
         )
 
-    def _emit_segment(self, seg: Segment, t1: int) -> None:
+    def _emit_segment(self, seg: _Segment, t1: int) -> None:
         """Emit *seg*, ended at *t1*, as the next step; *seg* is reset and
         reused (it must not be referenced afterwards)."""
         t0 = seg.t0
@@ -763,11 +908,11 @@ class StepMachine:
         if spent:
             self._own_ns += spent
 
-    def _new_segment(self) -> Segment:
+    def _new_segment(self) -> _Segment:
         """A fresh segment: the last emitted one, reset, if there is one."""
         spare = self._spare
         if spare is None:
-            return Segment()
+            return _Segment()
         self._spare = None
         return spare
 
@@ -780,7 +925,7 @@ class StepMachine:
 
     def _lookup_index(self, optimizer: Any) -> int:
         entry = self._optimizers.get(id(optimizer))
-        if entry is not None and deref(entry[0]) is optimizer:
+        if entry is not None and _deref(entry[0]) is optimizer:
             return entry[1]
         idx = len(self._names)
         if idx >= MAX_OPTIMIZERS:  # more optimizers than the protocol lists: share the last slot
@@ -794,17 +939,17 @@ class StepMachine:
         else:
             self._names.append(phase_name(f"{type(optimizer).__name__}#{idx}"))
             self._several = idx > 0
-        self._optimizers[id(optimizer)] = (ref_to(optimizer), idx)
+        self._optimizers[id(optimizer)] = (_ref(optimizer), idx)
         return idx
 
     def _optimizer_by_index(self, idx: int) -> Any:
         for ref, i in self._optimizers.values():
             if i == idx:
-                return deref(ref)
+                return _deref(ref)
         return None
 
     def _set_primary(self, optimizer: Any) -> None:
-        self._primary = ref_to(optimizer, self._primary_gone)
+        self._primary = _ref(optimizer, self._primary_gone)
 
     def _primary_gone(self, _ref: Any = None) -> None:
         """The primary optimizer was garbage-collected (replaced): the next
@@ -814,3 +959,28 @@ class StepMachine:
     def _is_primary(self, optimizer: Any) -> bool:
         primary = self._primary
         return primary is not None and primary() is optimizer
+
+
+def _ref(obj: Any, callback: Callable[[Any], None] | None = None) -> Callable[[], Any]:
+    """A weak reference where the object allows one, else a strong one:
+    either way a callable that returns the object (or None once it is gone)."""
+    try:
+        return weakref.ref(obj, callback) if callback else weakref.ref(obj)
+    except TypeError:
+        return _Strong(obj)
+
+
+class _Strong:
+    """A strong reference that reads like a weak one (``ref()``)."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+
+    def __call__(self) -> Any:
+        return self.obj
+
+
+def _deref(ref: Callable[[], Any]) -> Any:
+    return ref()

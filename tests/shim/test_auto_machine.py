@@ -8,9 +8,7 @@ import gc
 
 import pytest
 
-from gpuprof_shim.auto import IDLE, StepMachine
-from gpuprof_shim.stepparts import ADJACENT_NS
-from gpuprof_shim.stepparts import Segment as _Segment
+from gpuprof_shim.auto import ADJACENT_NS, IDLE, StepMachine, _Segment
 from gpuprof_shim.steps import OptimizerUse, StepRecord
 
 

@@ -23,8 +23,7 @@ import gpuprof
 from gpuprof.kernels import MAX_ROWS, KernelAgg
 from gpuprof_shim import trace as trace_mod
 from gpuprof_shim.patches import current_owner
-from gpuprof_shim.trace import TraceOptions
-from gpuprof_shim.trace_fold import fold_kineto
+from gpuprof_shim.trace import TraceOptions, fold_kineto
 
 from .training import MLP, train
 
