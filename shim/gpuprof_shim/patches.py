@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gpuprof_shim.auto import StepMachine
+from gpuprof_shim.auto.machine import StepMachine
 from gpuprof_shim.comm import CommTimer
 from gpuprof_shim.forwards import Tracing
 from gpuprof_shim.wrappers import Wrappers

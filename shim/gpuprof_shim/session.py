@@ -33,7 +33,7 @@ from gpuprof.keywords import check_keywords
 from gpuprof.protocol import clean_run_name, clean_text
 from gpuprof_shim import identity, messages
 from gpuprof_shim import webhook as webhooks
-from gpuprof_shim.auto import StepMachine
+from gpuprof_shim.auto.machine import StepMachine
 from gpuprof_shim.batcher import StepBatcher
 from gpuprof_shim.comm import CommTimer
 from gpuprof_shim.link import DaemonLink

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpuprof_shim import messages
-from gpuprof_shim.auto import StepMachine
+from gpuprof_shim.auto.machine import StepMachine
 from gpuprof_shim.manual import ManualRecorder
 from gpuprof_shim.trace import TraceOptions, Tracer
 

@@ -24,7 +24,7 @@ Modes (any combination; all off by default, see :class:`TraceOptions`):
 Where
     The profiler starts and stops only on the training thread, between
     steps: in auto mode at the primary optimizer's ``step()`` end (the
-    :class:`~gpuprof_shim.auto.StepMachine`'s boundary; the profile's start
+    :class:`~gpuprof_shim.auto.machine.StepMachine`'s boundary; the profile's start
     is the boundary before step 0), so a window covers step k's loading gap
     and the step up to its optimizer update; in manual mode at ``prof.step(i)``
     entry and exit. Starting, stopping and folding are gpuprof's own time,

@@ -1,5 +1,5 @@
 """The functions that stand in for torch's during auto mode, feeding a
-:class:`~gpuprof_shim.auto.StepMachine`.
+:class:`~gpuprof_shim.auto.machine.StepMachine`.
 
 Forwards (module calls) are found by :class:`~gpuprof_shim.forwards.ForwardDetector`:
 a short discovery window patches ``Module.__call__``, then only the root
@@ -20,7 +20,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from gpuprof_shim.auto import StepMachine
+from gpuprof_shim.auto.machine import StepMachine
 from gpuprof_shim.forwards import ForwardDetector, Tracing
 
 log = logging.getLogger("gpuprof.shim")

@@ -9,7 +9,7 @@ import torch.optim.optimizer as optim_mod
 from torch import nn
 
 from gpuprof_shim import patches
-from gpuprof_shim.auto import StepMachine
+from gpuprof_shim.auto.machine import StepMachine
 
 
 def machine() -> StepMachine:
