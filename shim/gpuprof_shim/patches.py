@@ -6,7 +6,7 @@ Auto mode replaces ``torch.autograd.backward`` (which ``Tensor.backward`` calls)
 window), the DataLoader iterators' ``__next__`` (to time each fetch);
 registers torch's global optimizer step pre/post hooks (removable handles;
 ``Optimizer.step`` itself is untouched); and starts the forward detector
-(:mod:`gpuprof_shim.forwards`: ``torch.nn.Module.__call__`` patched for a
+(:mod:`gpuprof_shim.auto.forwards`: ``torch.nn.Module.__call__`` patched for a
 short discovery window, then a wrapper on the root modules only).
 With a DDP comm timer (:mod:`gpuprof_shim.comm`), new roots are shown to it
 and ``DistributedDataParallel.register_comm_hook`` is replaced (a user's
@@ -33,10 +33,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gpuprof_shim.auto.forwards import Tracing
 from gpuprof_shim.auto.machine import StepMachine
+from gpuprof_shim.auto.wrappers import Wrappers
 from gpuprof_shim.comm import CommTimer
-from gpuprof_shim.forwards import Tracing
-from gpuprof_shim.wrappers import Wrappers
 
 log = logging.getLogger("gpuprof.shim")
 

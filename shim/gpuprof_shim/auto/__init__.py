@@ -5,6 +5,11 @@ the training loop.
   its phases, its micro-batches, evaluation and loader wait are).
 - :mod:`~gpuprof_shim.auto.segment`: one step's accumulators.
 - :mod:`~gpuprof_shim.auto.gap`: between steps: evaluation or a step's prelude.
+- :mod:`~gpuprof_shim.auto.forwards`: finding the model (the root modules)
+  and each micro-batch's forward.
+- :mod:`~gpuprof_shim.auto.wrappers`: the stand-ins for torch's backward,
+  optimizer step, ``GradScaler.step`` and DataLoader fetches that feed the
+  machine.
 
-The torch patches that feed the machine are :mod:`gpuprof_shim.patches`.
+They are installed and restored by :class:`gpuprof_shim.patches.TorchPatches`.
 """
