@@ -20,7 +20,7 @@ imported only here, and only by :meth:`TorchPatches.install`.
 
 Every attribute gpuprof replaces anywhere goes through a :class:`PatchSet`
 (auto mode's owner here, the trace windows' profiler guard in
-:mod:`gpuprof_shim.trace`), so :func:`live_patches` lists all that is still
+:mod:`gpuprof_shim.trace.guard`), so :func:`live_patches` lists all that is still
 in place: the tests' leak check asserts it is empty after each test.
 """
 

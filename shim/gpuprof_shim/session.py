@@ -46,7 +46,8 @@ from gpuprof_shim.report import StepCounter, local_summary, print_summary
 from gpuprof_shim.sender import Sender
 from gpuprof_shim.sidecars import ClockSync, TraceWindows
 from gpuprof_shim.steps import StepRecord, WaitTracker
-from gpuprof_shim.trace import DEFAULT_TRACE_DIR_MAX_MB, TraceOptions, Tracer
+from gpuprof_shim.trace.options import DEFAULT_TRACE_DIR_MAX_MB, TraceOptions
+from gpuprof_shim.trace.windows import Tracer
 from gpuprof_shim.wandb_sink import WandbSink
 from gpuprof_shim.workers import WorkerReporter
 
