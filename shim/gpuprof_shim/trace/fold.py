@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from gpuprof.kernels import KernelAgg, fold_counted, kernel_class, shorten_name
-from gpuprof.protocol import clean_text
+from gpuprof.text import clean_text
 
 #: Names torch's own ``key_averages()`` leaves out (profiler bookkeeping).
 _SKIPPED_NAMES = frozenset(

@@ -84,7 +84,8 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from gpuprof.protocol import MAX_WINDOW_STEPS, clean_text
+from gpuprof.protocol import MAX_WINDOW_STEPS
+from gpuprof.text import clean_text
 from gpuprof_shim.trace.fold import fold_kineto
 from gpuprof_shim.trace.guard import TorchGuard, range_ender
 from gpuprof_shim.trace.options import TraceOptions
