@@ -41,6 +41,10 @@ before a compiled root's first call, so dynamo normally never sees it.
 
 Every call into the machine is guarded: an internal error is logged once
 (by the owner's ``internal_error``) and the user's call goes on.
+
+Longer than 500 lines: one detector, whose discovery patch and root wrappers
+(closures run on every module call) share its per-thread state and the
+module globals dynamo must see; its module walk is :mod:`gpuprof_shim.modwalk`.
 """
 
 from __future__ import annotations
