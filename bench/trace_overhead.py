@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 import gpuprof
-from gpuprof_shim.trace import Tracer
+from gpuprof_shim.trace.windows import Tracer
 
 MODES: dict[str, dict[str, Any]] = {
     "no tracing": {},

@@ -65,7 +65,7 @@ def torch_leaks() -> list[str]:
             leaks.append(f"gpuprof patches left: {patches.live_patches()}")
         if patches.current_owner() is not None:
             leaks.append(f"a patch owner is left installed: {patches.current_owner()!r}")
-    forwards = sys.modules.get("gpuprof_shim.forwards")
+    forwards = sys.modules.get("gpuprof_shim.auto.forwards")
     if forwards is not None and forwards.live_detectors():
         # their root hooks / compiled-call wrappers were never removed
         leaks.append(f"forward detectors left installed: {forwards.live_detectors()}")

@@ -6,7 +6,7 @@ Auto mode replaces ``torch.autograd.backward`` (which ``Tensor.backward`` calls)
 window), the DataLoader iterators' ``__next__`` (to time each fetch);
 registers torch's global optimizer step pre/post hooks (removable handles;
 ``Optimizer.step`` itself is untouched); and starts the forward detector
-(:mod:`gpuprof_shim.forwards`: ``torch.nn.Module.__call__`` patched for a
+(:mod:`gpuprof_shim.auto.forwards`: ``torch.nn.Module.__call__`` patched for a
 short discovery window, then a wrapper on the root modules only).
 With a DDP comm timer (:mod:`gpuprof_shim.comm`), new roots are shown to it
 and ``DistributedDataParallel.register_comm_hook`` is replaced (a user's
@@ -20,7 +20,7 @@ imported only here, and only by :meth:`TorchPatches.install`.
 
 Every attribute gpuprof replaces anywhere goes through a :class:`PatchSet`
 (auto mode's owner here, the trace windows' profiler guard in
-:mod:`gpuprof_shim.trace`), so :func:`live_patches` lists all that is still
+:mod:`gpuprof_shim.trace.guard`), so :func:`live_patches` lists all that is still
 in place: the tests' leak check asserts it is empty after each test.
 """
 
@@ -33,10 +33,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gpuprof_shim.auto import StepMachine
+from gpuprof_shim.auto.forwards import Tracing
+from gpuprof_shim.auto.machine import StepMachine
+from gpuprof_shim.auto.wrappers import Wrappers
 from gpuprof_shim.comm import CommTimer
-from gpuprof_shim.forwards import Tracing
-from gpuprof_shim.wrappers import Wrappers
 
 log = logging.getLogger("gpuprof.shim")
 

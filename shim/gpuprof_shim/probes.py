@@ -11,7 +11,7 @@ from typing import Any
 
 from gpuprof.gpus import peak_tflops
 from gpuprof_shim import identity, messages
-from gpuprof_shim.auto import StepMachine
+from gpuprof_shim.auto.machine import StepMachine
 from gpuprof_shim.flops import DtypeProbe, StepFlopCounter, cuda_in_use, on_mfu_device
 
 log = logging.getLogger("gpuprof.shim")

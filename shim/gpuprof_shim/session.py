@@ -33,7 +33,7 @@ from gpuprof.keywords import check_keywords
 from gpuprof.protocol import clean_run_name, clean_text
 from gpuprof_shim import identity, messages
 from gpuprof_shim import webhook as webhooks
-from gpuprof_shim.auto import StepMachine
+from gpuprof_shim.auto.machine import StepMachine
 from gpuprof_shim.batcher import StepBatcher
 from gpuprof_shim.comm import CommTimer
 from gpuprof_shim.link import DaemonLink
@@ -46,7 +46,8 @@ from gpuprof_shim.report import StepCounter, local_summary, print_summary
 from gpuprof_shim.sender import Sender
 from gpuprof_shim.sidecars import ClockSync, TraceWindows
 from gpuprof_shim.steps import StepRecord, WaitTracker
-from gpuprof_shim.trace import DEFAULT_TRACE_DIR_MAX_MB, TraceOptions, Tracer
+from gpuprof_shim.trace.options import DEFAULT_TRACE_DIR_MAX_MB, TraceOptions
+from gpuprof_shim.trace.windows import Tracer
 from gpuprof_shim.wandb_sink import WandbSink
 from gpuprof_shim.workers import WorkerReporter
 

@@ -1,6 +1,6 @@
 """The profile's two optional helpers beside step recording, and how they are
 wired in: the torch.profiler trace windows (:class:`TraceWindows`, over a
-:class:`~gpuprof_shim.trace.Tracer`) and the clock alignment against rank 0
+:class:`~gpuprof_shim.trace.windows.Tracer`) and the clock alignment against rank 0
 (:class:`ClockSync`, over a :class:`~gpuprof_shim.clock_align.ClockAligner`).
 Neither ever raises into training."""
 
@@ -11,15 +11,16 @@ from collections.abc import Callable
 from typing import Any
 
 from gpuprof_shim import messages
-from gpuprof_shim.auto import StepMachine
+from gpuprof_shim.auto.machine import StepMachine
 from gpuprof_shim.manual import ManualRecorder
-from gpuprof_shim.trace import TraceOptions, Tracer
+from gpuprof_shim.trace.options import TraceOptions
+from gpuprof_shim.trace.windows import Tracer
 
 log = logging.getLogger("gpuprof.shim")
 
 
 class TraceWindows:
-    """Trace windows at step boundaries (see :mod:`gpuprof_shim.trace`).
+    """Trace windows at step boundaries (see :mod:`gpuprof_shim.trace.windows`).
 
     Args:
         options: the parsed trace options (enabled).

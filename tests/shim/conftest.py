@@ -18,7 +18,7 @@ import zmq
 
 from gpuprof.config import control_endpoint, ingest_endpoint
 from gpuprof.protocol import ProtocolError, decode, decode_events
-from gpuprof_shim.auto import StepMachine
+from gpuprof_shim.auto.machine import StepMachine
 
 
 @pytest.fixture

@@ -8,7 +8,9 @@ import gc
 
 import pytest
 
-from gpuprof_shim.auto import ADJACENT_NS, IDLE, StepMachine, _Segment
+from gpuprof_shim.auto.gap import ADJACENT_NS
+from gpuprof_shim.auto.machine import IDLE, StepMachine
+from gpuprof_shim.auto.segment import Segment as _Segment
 from gpuprof_shim.steps import OptimizerUse, StepRecord
 
 

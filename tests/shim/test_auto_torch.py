@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 import gpuprof
-from gpuprof_shim.auto import StepMachine
-from gpuprof_shim.forwards import DISCOVERY_BACKWARDS
+from gpuprof_shim.auto.forwards import DISCOVERY_BACKWARDS
+from gpuprof_shim.auto.machine import StepMachine
 
 from .training import MLP, train
 

@@ -16,7 +16,7 @@ import pytest
 from gpuprof.comm import ClockOffset
 from gpuprof.protocol import PROTOCOL_VERSION
 from gpuprof_shim import probes as probes_mod
-from gpuprof_shim.auto import StepMachine
+from gpuprof_shim.auto.machine import StepMachine
 from gpuprof_shim.link import DaemonLink
 from gpuprof_shim.manual import ManualRecorder
 from gpuprof_shim.notes import add_notes

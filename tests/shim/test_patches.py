@@ -9,7 +9,7 @@ import torch.optim.optimizer as optim_mod
 from torch import nn
 
 from gpuprof_shim import patches
-from gpuprof_shim.auto import StepMachine
+from gpuprof_shim.auto.machine import StepMachine
 
 
 def machine() -> StepMachine:
@@ -115,7 +115,8 @@ def test_the_leak_check_sees_every_patch_left_behind_and_no_owner_after_removal(
 def test_the_leak_check_sees_the_profiler_guard_left_behind():
     import torch.autograd.profiler as legacy
 
-    from gpuprof_shim.trace import _range_ender, _TorchGuard
+    from gpuprof_shim.trace.guard import TorchGuard as _TorchGuard
+    from gpuprof_shim.trace.guard import range_ender as _range_ender
     from tests.conftest import torch_leaks
 
     guard = _TorchGuard(lambda: None)

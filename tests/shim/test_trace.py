@@ -21,9 +21,10 @@ from torch.profiler import ProfilerActivity
 
 import gpuprof
 from gpuprof.kernels import MAX_ROWS, KernelAgg
-from gpuprof_shim import trace as trace_mod
 from gpuprof_shim.patches import current_owner
-from gpuprof_shim.trace import TraceOptions, fold_kineto
+from gpuprof_shim.trace import windows as trace_mod
+from gpuprof_shim.trace.fold import fold_kineto
+from gpuprof_shim.trace.options import TraceOptions
 
 from .training import MLP, train
 

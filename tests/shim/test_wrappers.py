@@ -18,8 +18,8 @@ import torch.distributed as dist
 from torch import nn
 
 import gpuprof
-from gpuprof_shim import forwards as fw
-from gpuprof_shim.auto import StepMachine
+from gpuprof_shim.auto import forwards as fw
+from gpuprof_shim.auto.machine import StepMachine
 from gpuprof_shim.session import Profiler
 
 from .training import MLP

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gpuprof_shim.adapters._run import AdapterRun
-from gpuprof_shim.auto import StepMachine
+from gpuprof_shim.auto.machine import StepMachine
 from gpuprof_shim.steps import StepRecord
 
 

@@ -1,7 +1,7 @@
 """The functions that stand in for torch's during auto mode, feeding a
-:class:`~gpuprof_shim.auto.StepMachine`.
+:class:`~gpuprof_shim.auto.machine.StepMachine`.
 
-Forwards (module calls) are found by :class:`~gpuprof_shim.forwards.ForwardDetector`:
+Forwards (module calls) are found by :class:`~gpuprof_shim.auto.forwards.ForwardDetector`:
 a short discovery window patches ``Module.__call__``, then only the root
 modules carry a wrapper. Backward calls are the patched
 ``torch.autograd.backward`` (``Tensor.backward`` calls it, looked up at each
@@ -20,8 +20,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from gpuprof_shim.auto import StepMachine
-from gpuprof_shim.forwards import ForwardDetector, Tracing
+from gpuprof_shim.auto.forwards import ForwardDetector, Tracing
+from gpuprof_shim.auto.machine import StepMachine
 
 log = logging.getLogger("gpuprof.shim")
 
@@ -36,7 +36,7 @@ class Wrappers:
         is_grad_enabled: ``torch.is_grad_enabled``.
         is_compiling: ``torch.compiler.is_compiling``.
         tracing: the same question, asked faster by the wrappers that run
-            every step (:class:`~gpuprof_shim.forwards.Tracing`; default:
+            every step (:class:`~gpuprof_shim.auto.forwards.Tracing`; default:
             *is_compiling* itself).
         on_loader_iterator: called with each iterator ``DataLoader.__iter__``
             returns (to report its worker processes); must not raise.

@@ -1,6 +1,6 @@
 """Auto mode's forward detector: finds each micro-batch's forward (the
 outermost call, grad enabled, of a module with parameters) and no-grad
-evaluation calls, and feeds them to a :class:`~gpuprof_shim.auto.StepMachine`.
+evaluation calls, and feeds them to a :class:`~gpuprof_shim.auto.machine.StepMachine`.
 
 Two modes, so that steady-state training pays almost nothing:
 
@@ -41,6 +41,10 @@ before a compiled root's first call, so dynamo normally never sees it.
 
 Every call into the machine is guarded: an internal error is logged once
 (by the owner's ``internal_error``) and the user's call goes on.
+
+Longer than 500 lines: one detector, whose discovery patch and root wrappers
+(closures run on every module call) share its per-thread state and the
+module globals dynamo must see; its module walk is :mod:`gpuprof_shim.modwalk`.
 """
 
 from __future__ import annotations
@@ -52,10 +56,10 @@ import weakref
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from gpuprof_shim.auto import AFTER_BACKWARD as _AFTER_BACKWARD
-from gpuprof_shim.auto import IDLE as _IDLE
-from gpuprof_shim.auto import OPTIMIZER as _OPTIMIZER
-from gpuprof_shim.auto import StepMachine
+from gpuprof_shim.auto.machine import AFTER_BACKWARD as _AFTER_BACKWARD
+from gpuprof_shim.auto.machine import IDLE as _IDLE
+from gpuprof_shim.auto.machine import OPTIMIZER as _OPTIMIZER
+from gpuprof_shim.auto.machine import StepMachine
 from gpuprof_shim.modwalk import ModuleWalk
 
 log = logging.getLogger("gpuprof.shim")

@@ -1,7 +1,15 @@
 """The auto-mode step state machine: turns module calls, backward calls and
 optimizer steps into training steps. Pure: it is fed timestamps (monotonic
 ns) and optimizer objects and never reads torch, so tests drive it with a
-fake clock.
+fake clock. A step's accumulators are a :class:`~gpuprof_shim.auto.segment.Segment`;
+what happens between steps is kept by a :class:`~gpuprof_shim.auto.gap.Gap`.
+
+Longer than 500 lines: :class:`StepMachine` is one state machine whose event
+methods (the hot path: one call per module call, backward and optimizer step)
+read and write the same slotted attributes. Its parts with state of their own
+live apart (``segment.py``, ``gap.py``); spreading its methods over modules
+(a mixin) would scatter one object's state without separating a job, and a
+helper object would cost an attribute lookup per event.
 
 What a step is
     One cycle of the *primary* optimizer: the first optimizer that steps in
@@ -40,7 +48,7 @@ Micro-batches
 Evaluation
     Outermost module calls with grad disabled while no step segment is in
     progress. One or two of them chained into the next training forward
-    (each ending within :data:`ADJACENT_NS` of what follows: a teacher's
+    (each ending within :data:`~gpuprof_shim.auto.gap.ADJACENT_NS` of what follows: a teacher's
     forward right before the student's) are part of that step, counted in
     its forward phase, unless a framework adapter said an eval loop just
     ended (:meth:`StepMachine.seal_eval`). All others (an eval loop, an EMA
@@ -66,12 +74,13 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from gpuprof.protocol import MAX_DURATION_NS
+from gpuprof_shim.auto.gap import Gap
+from gpuprof_shim.auto.segment import Segment
 from gpuprof_shim.messages import phase_name
-from gpuprof_shim.steps import LOADER_PHASE, OWN_PHASE, OptimizerUse, StepRecord
+from gpuprof_shim.steps import LOADER_PHASE, OWN_PHASE, StepRecord
 
 log = logging.getLogger("gpuprof.shim")
 
@@ -84,14 +93,6 @@ BACKWARD = "backward"
 AFTER_BACKWARD = "after_backward"
 OPTIMIZER = "optimizer"
 
-#: Most no-grad calls that can be a step's prelude (a teacher, maybe a
-#: second frozen model); a longer chain right before training is an eval loop.
-PRELUDE_MAX_CALLS = 2
-#: A no-grad call ending this close (ns) to the training forward (or to the
-#: prelude call) after it is chained to it. Python glue between a teacher
-#: and a student takes microseconds; a loader fetch shorter than 1 ms
-#: between them would be counted as step time, too short to matter.
-ADJACENT_NS = 1_000_000
 #: Steps in a row another optimizer takes while the primary (the first to
 #: step) stays quiet before it becomes the primary: a second training stage
 #: with its own optimizer. Above a WGAN critic's 5 (or 25) updates per
@@ -100,145 +101,6 @@ SILENT_PRIMARY_CYCLES = 32
 #: Optimizers tracked per run with their own name and counters; later ones
 #: are summed under the last slot's name (the protocol carries at most 16).
 MAX_OPTIMIZERS = 16
-
-
-@dataclass(slots=True)
-class _Segment:
-    """Accumulators of one step, or of activity that may become one (ns)."""
-
-    t0: int = 0
-    last_ns: int = 0
-    end_ns: int = 0
-    forward_ns: int = 0
-    backward_ns: int = 0
-    optimizer_ns: int = 0
-    between_ns: int = 0
-    loader_ns: int = 0
-    loader_in_forward_ns: int = 0
-    own_ns: int = 0  # gpuprof's own work (sending events) inside the step
-    gap_own_ns: int = 0  # ... and in the gap before it (not loader wait)
-    wait_ns: int = 0
-    eval_ns: int = 0
-    micro: int = 0
-    closure_micro: int = 0
-    primary_done: bool = False
-    skipped: bool = False
-    # optimizer index -> its share of the step, as the event carries it
-    optim: dict[int, OptimizerUse] = field(default_factory=dict)
-
-    @property
-    def started(self) -> bool:
-        return self.t0 != 0
-
-    def absorb(self, tail: _Segment) -> None:
-        """Take *tail*'s work into this step (another optimizer's turn):
-        its backward calls are not micro-batches, its loader time is
-        in-step loading."""
-        self.forward_ns += tail.forward_ns
-        self.backward_ns += tail.backward_ns
-        self.optimizer_ns += tail.optimizer_ns
-        self.between_ns += tail.between_ns
-        self.loader_ns += tail.loader_ns + tail.wait_ns
-        self.loader_in_forward_ns += tail.loader_in_forward_ns
-        self.own_ns += tail.own_ns + tail.gap_own_ns
-        self.eval_ns += tail.eval_ns
-        self.last_ns = max(self.last_ns, tail.last_ns)
-        optim = self.optim
-        for idx, use in tail.optim.items():
-            mine = optim.get(idx)
-            if mine is None:
-                optim[idx] = use  # the tail is dropped after: its entry moves here
-            else:
-                mine["updates"] += use["updates"]
-                mine["skipped"] += use["skipped"]
-                mine["ns"] += use["ns"]
-
-
-class _Gap:
-    """No-grad calls and loader time (ns) seen while no segment is in progress.
-
-    Loader time is kept as: before the first call (``before_ns``), since the
-    last call (``after_ns``), and before each of the last few calls (in
-    ``recent``, to tell a prelude's loading from an eval loop's); older
-    between-call loading is an eval loop's own (``during_ns``). The first
-    ``sealed`` calls are known evaluation (a framework said its eval loop
-    ended) and never a prelude.
-    """
-
-    __slots__ = (
-        "calls",
-        "first_ns",
-        "before_ns",
-        "during_ns",
-        "after_ns",
-        "recent",
-        "sealed",
-        "all_chained",
-        "iter_ns",
-        "after_iter_ns",
-        "iter_loading_ns",
-        "iter_call",
-    )
-
-    def __init__(self) -> None:
-        self.calls = 0
-        self.first_ns = 0
-        self.before_ns = 0
-        self.during_ns = 0
-        self.after_ns = 0
-        self.recent: list[tuple[int, int, int]] = []  # (start, end, loader before it)
-        self.sealed = 0
-        self.all_chained = True  # every call ended within ADJACENT_NS of the next
-        self.iter_ns = 0  # a loader iterator created since the last call, at
-        self.after_iter_ns = 0  # loading since then
-        self.iter_loading_ns = 0  # a new iterator's loading before a no-grad call ...
-        self.iter_call = -1  # ... and that call's index
-
-    def add_call(self, t_start: int, t_end: int) -> None:
-        span_start = t_start
-        if self.iter_ns:
-            # a no-grad call right after a new loader iterator: a validation
-            # loader; its start-up (workers, first batch) is the eval loop's
-            # (unless this call turns out to be a teacher's: see _start_segment)
-            self.after_ns -= self.after_iter_ns
-            self.iter_loading_ns, self.iter_call = self.after_iter_ns, self.calls
-            span_start = min(t_start, self.iter_ns)
-            self.iter_ns = self.after_iter_ns = 0
-        if self.recent and t_start - self.recent[-1][1] > ADJACENT_NS:
-            self.all_chained = False
-        if self.calls:
-            loader_before = self.after_ns
-        else:
-            self.first_ns = span_start
-            self.before_ns += self.after_ns
-            loader_before = 0
-        self.after_ns = 0
-        self.calls += 1
-        self.recent.append((t_start, max(t_start, t_end), loader_before))
-        if len(self.recent) > PRELUDE_MAX_CALLS + 1:
-            self.during_ns += self.recent.pop(0)[2]
-
-    def prelude_calls(self, t: int, *, unlimited: bool = False) -> int:
-        """How many of the last calls chain into a training forward at *t*
-        (0 if none, or if the chain is longer than a prelude can be, unless
-        *unlimited*: then every chained call, at most those kept)."""
-        chain, nxt = 0, t
-        for start, end, _ in reversed(self.recent):
-            if nxt - end > ADJACENT_NS or chain >= self.calls - self.sealed:
-                break
-            chain, nxt = chain + 1, start
-        if unlimited:
-            if chain == len(self.recent) and self.all_chained and not self.sealed:
-                return self.calls  # the whole gap's calls, older ones included
-            return chain
-        return chain if chain <= PRELUDE_MAX_CALLS else 0
-
-    def eval_span(self, prelude: int) -> int:
-        """Span (ns) from the first call to the end of the last one that is
-        not part of the prelude; 0 if every call is."""
-        if self.calls <= prelude:
-            return 0
-        return max(0, self.recent[-1 - prelude][1] - self.first_ns)
 
 
 class StepMachine:
@@ -318,14 +180,14 @@ class StepMachine:
         #: Micro-batches after the last update, left out at exit (not a step).
         self.unfinished_micro = 0
         self._prev_end = start_ns
-        self._seg = _Segment()
-        self._spare: _Segment | None = None  # an emitted segment, reset, for the next one
-        self._open: _Segment | None = None  # primary stepped, not yet emitted
+        self._seg = Segment()
+        self._spare: Segment | None = None  # an emitted segment, reset, for the next one
+        self._open: Segment | None = None  # primary stepped, not yet emitted
         # other optimizers' turns since: (index, segment, skipped)
-        self._tails: list[tuple[int, _Segment, bool]] = []
+        self._tails: list[tuple[int, Segment, bool]] = []
         # most turns each other optimizer took within one step so far
         self._companion_max: dict[int, int] = {}
-        self._gap = _Gap()
+        self._gap = Gap()
         self._phase_start = 0
         self._train_thread: int | None = None
         self._opt_depth = 0
@@ -404,7 +266,7 @@ class StepMachine:
                 seg.t0 = first_start  # a teacher's forward: part of this step
                 if gap.calls > prelude:
                     seg.wait_ns += loader_before
-            self._gap = _Gap()
+            self._gap = Gap()
         else:
             gap.after_ns = gap.iter_ns = gap.after_iter_ns = 0
         self._phase_start = seg.t0
@@ -617,7 +479,7 @@ class StepMachine:
                 self._spare = None
                 self._seg = spare
             else:
-                self._seg = _Segment()
+                self._seg = Segment()
             self.state = IDLE
             if self.boundary is not None or self.on_boundary is not None:
                 self._at_boundary(self.next_index + 1)  # every earlier step is emitted by now
@@ -724,7 +586,7 @@ class StepMachine:
             self.unfinished_micro += seg.micro + seg.closure_micro
         elif self._gap.calls:
             self.trailing_eval_ns += self._gap.eval_span(0)
-        self._seg, self._gap = _Segment(), _Gap()
+        self._seg, self._gap = Segment(), Gap()
         self.state = IDLE
         self._opt_depth = 0
 
@@ -816,7 +678,7 @@ class StepMachine:
             self._open.absorb(tail)
             self._open.end_ns = max(self._open.end_ns, tail.end_ns)
         self._emit_open()
-        head: _Segment | None = None
+        head: Segment | None = None
         for i, tail, skipped in tails[first:]:
             if i == idx:
                 if head is not None:
@@ -835,7 +697,7 @@ class StepMachine:
             len(tails) - first,
         )
 
-    def _emit_segment(self, seg: _Segment, t1: int) -> None:
+    def _emit_segment(self, seg: Segment, t1: int) -> None:
         """Emit *seg*, ended at *t1*, as the next step; *seg* is reset and
         reused (it must not be referenced afterwards)."""
         t0 = seg.t0
@@ -908,11 +770,11 @@ class StepMachine:
         if spent:
             self._own_ns += spent
 
-    def _new_segment(self) -> _Segment:
+    def _new_segment(self) -> Segment:
         """A fresh segment: the last emitted one, reset, if there is one."""
         spare = self._spare
         if spare is None:
-            return _Segment()
+            return Segment()
         self._spare = None
         return spare
 

@@ -1,7 +1,9 @@
-"""``torch.profiler`` snapshots and continuous kernel windows: which kernels
-a step runs, and how long each takes.
+"""``torch.profiler`` windows: which steps are profiled, the profiler started
+and stopped between steps, and what each window sends (its kernel
+aggregates) and writes (its chrome trace).
 
-Modes (any combination; all off by default, see :class:`TraceOptions`):
+Modes (any combination; all off by default, see
+:class:`~gpuprof_shim.trace.options.TraceOptions`):
 
 ``trace_every_n_steps=N``
     one step profiled every N steps (N, 2N, ...), plus the warm-up steps 0, 1
@@ -24,7 +26,7 @@ Modes (any combination; all off by default, see :class:`TraceOptions`):
 Where
     The profiler starts and stops only on the training thread, between
     steps: in auto mode at the primary optimizer's ``step()`` end (the
-    :class:`~gpuprof_shim.auto.StepMachine`'s boundary; the profile's start
+    :class:`~gpuprof_shim.auto.machine.StepMachine`'s boundary; the profile's start
     is the boundary before step 0), so a window covers step k's loading gap
     and the step up to its optimizer update; in manual mode at ``prof.step(i)``
     entry and exit. Starting, stopping and folding are gpuprof's own time,
@@ -37,12 +39,10 @@ What is sent
     ``with_flops``), folded to at most :data:`gpuprof.kernels.MAX_ROWS` rows;
     never whole traces. KernelAgg times are device time, so a CPU-only run
     sends only FLOP-carrying operator rows with zero device time (the same
-    rule as :func:`gpuprof.kernels.aggregate_events`). The rows are folded
-    from torch's raw Kineto events here (:func:`fold_kineto`), not through
-    ``key_averages()`` + ``aggregate_events``: on the 2-vCPU CI VM
-    ``key_averages()`` took ~100-200 µs per event (2,700 events: 0.26-0.6 s),
-    this fold ~2 µs. A window covers the steps in its ``steps`` list; a window
-    still open at exit (no complete step in it) is dropped.
+    rule as :func:`gpuprof.kernels.aggregate_events`), folded from torch's
+    raw Kineto events by :func:`~gpuprof_shim.trace.fold.fold_kineto`. A
+    window covers the steps in its ``steps`` list; a window still open at
+    exit (no complete step in it) is dropped.
 
 Traced steps
     A step whose span overlaps a profiler window is sent with ``traced:
@@ -50,17 +50,11 @@ Traced steps
     regression baselines.
 
 The user's own profiler
-    While one is active (``torch._C._autograd._profiler_enabled()``, which
-    covers ``torch.profiler``, ``torch.autograd.profiler`` and ``emit_nvtx``)
-    or merely prepared (a scheduled ``torch.profiler.profile`` in its warm-up
-    steps, which no torch API reports), windows are skipped with one notice.
-    The second case is seen through a small wrapper on
-    ``torch.autograd.profiler.profile._prepare_trace`` / ``__exit__``,
-    installed while tracing is on and removed at exit; it also stops a
-    gpuprof window the moment the user's profiler prepares (two Kineto
-    sessions at once crash torch 2.13 with a segfault). ``record_function``
-    ranges entered during a window and still open when it stops (the
-    optimizer's own) are ended first: see :class:`_TorchGuard`.
+    While one is active or merely prepared, windows are skipped with one
+    notice, and a gpuprof window stops the moment the user's profiler
+    prepares (two Kineto sessions at once crash torch 2.13 with a segfault):
+    :mod:`gpuprof_shim.trace.guard` sees it, and ends the ranges left open
+    when a window stops.
 
 Kineto's messages
     Kineto (torch's profiler library) prints ``USDT: ... profiler_start`` /
@@ -84,19 +78,17 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
-import math
-import operator
 import os
 import re
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from gpuprof.kernels import KernelAgg, fold_counted, kernel_class, shorten_name
-from gpuprof.protocol import MAX_WINDOW_STEPS, clean_text
-from gpuprof_shim.patches import PatchSet
+from gpuprof.protocol import MAX_WINDOW_STEPS
+from gpuprof.text import clean_text
+from gpuprof_shim.trace.fold import fold_kineto
+from gpuprof_shim.trace.guard import TorchGuard, range_ender
+from gpuprof_shim.trace.options import TraceOptions
 
 log = logging.getLogger("gpuprof.shim")
 
@@ -110,326 +102,11 @@ CONTINUOUS_FIRST_STEP = 10
 #: Continuous samples are at least this many steps apart: at most one step
 #: in 10 is traced (left out of step statistics), however long steps are.
 CONTINUOUS_MIN_STEPS_APART = 10
-#: Highest ``continuous_traces_hz`` accepted: a window per 100 ms already
-#: samples every 10th step of a 10 ms loop.
-MAX_CONTINUOUS_HZ = 10.0
-#: Largest ``trace_every_n_steps`` / range bound accepted (the protocol's step index bound).
-MAX_STEP = 1 << 40
-#: Default total size of chrome traces written to ``trace_dir``, MB.
-DEFAULT_TRACE_DIR_MAX_MB = 1024.0
 #: ``KINETO_LOG_LEVEL`` while gpuprof's first window starts, when the user set
 #: none: one above Kineto's highest severity (USDT = 5, the start/stop lines),
 #: so Kineto prints nothing.
 KINETO_QUIET_LEVEL = "6"
-#: Names torch's own ``key_averages()`` leaves out (profiler bookkeeping).
-_SKIPPED_NAMES = frozenset(
-    {
-        "profiler::_record_function_enter",
-        "profiler::_record_function_enter_new",
-        "profiler::_record_function_exit",
-        "aten::is_leaf",
-        "aten::output_nr",
-        "aten::_version",
-        "[memory]",
-        "[OutOfMemory]",
-        "Activity Buffer Request",
-    }
-)
 _FILE_SAFE_RE = re.compile(r"[^A-Za-z0-9._-]+")
-
-
-def _int_option(name: str, value: object, low: int) -> int:
-    if type(value) is not int and not (hasattr(value, "__index__") and type(value) is not bool):
-        raise ValueError(f"gpuprof: {name} must be an int, got {value!r}")
-    n = operator.index(value)  # type: ignore[arg-type]
-    if not low <= n <= MAX_STEP:
-        raise ValueError(f"gpuprof: {name} must be between {low} and {MAX_STEP}, got {n}")
-    return n
-
-
-@dataclass(frozen=True)
-class TraceOptions:
-    """The trace options of ``gpuprof.profile(...)``, checked.
-
-    Attributes:
-        every_n: ``trace_every_n_steps`` (>= 1), or None.
-        range: ``trace_range`` ``(a, b)``, ``0 <= a <= b``, steps inclusive, or None.
-        hz: ``continuous_traces_hz`` (0 < hz <= :data:`MAX_CONTINUOUS_HZ`), or None.
-        trace_dir: where chrome traces (``.pt.trace.json.gz``) go, or None (never by default).
-        trace_dir_max_bytes: total size cap of the files written there, bytes.
-    """
-
-    every_n: int | None = None
-    range: tuple[int, int] | None = None
-    hz: float | None = None
-    trace_dir: Path | None = None
-    trace_dir_max_bytes: int = int(DEFAULT_TRACE_DIR_MAX_MB * 1e6)
-
-    @property
-    def enabled(self) -> bool:
-        return self.every_n is not None or self.range is not None or self.hz is not None
-
-    @classmethod
-    def parse(
-        cls,
-        trace_every_n_steps: object = None,
-        trace_range: object = None,
-        continuous_traces_hz: object = None,
-        trace_dir: object = None,
-        trace_dir_max_mb: object = DEFAULT_TRACE_DIR_MAX_MB,
-    ) -> TraceOptions:
-        """Check the user's arguments.
-
-        Raises:
-            ValueError: one of them is out of range or of the wrong type.
-        """
-        every_n = None
-        if trace_every_n_steps is not None:
-            every_n = _int_option("trace_every_n_steps", trace_every_n_steps, 1)
-        rng = None
-        if trace_range is not None:
-            if isinstance(trace_range, (str, bytes)) or not hasattr(trace_range, "__len__"):
-                raise ValueError(f"gpuprof: trace_range must be a pair (a, b), got {trace_range!r}")
-            if len(trace_range) != 2:  # type: ignore[arg-type]
-                raise ValueError(f"gpuprof: trace_range must be a pair (a, b), got {trace_range!r}")
-            a, b = trace_range  # type: ignore[misc]
-            a = _int_option("trace_range start", a, 0)
-            b = _int_option("trace_range end", b, 0)
-            if b < a:
-                raise ValueError(f"gpuprof: trace_range must have a <= b, got ({a}, {b})")
-            rng = (a, b)
-        hz = None
-        if continuous_traces_hz is not None:
-            ok = type(continuous_traces_hz) in (int, float) and math.isfinite(continuous_traces_hz)  # type: ignore[arg-type]
-            if not ok or not 0 < continuous_traces_hz <= MAX_CONTINUOUS_HZ:  # type: ignore[operator]
-                raise ValueError(
-                    "gpuprof: continuous_traces_hz must be a number in "
-                    f"(0, {MAX_CONTINUOUS_HZ:g}], got {continuous_traces_hz!r}"
-                )
-            hz = float(continuous_traces_hz)  # type: ignore[arg-type]
-        path = None
-        if trace_dir is not None:
-            if not isinstance(trace_dir, (str, os.PathLike)) or not os.fspath(trace_dir):
-                raise ValueError(f"gpuprof: trace_dir must be a directory path, got {trace_dir!r}")
-            path = Path(trace_dir).expanduser()
-            if every_n is None and rng is None and hz is None:  # said before the disk is looked at
-                raise ValueError(
-                    "gpuprof: trace_dir needs a trace mode (trace_every_n_steps, trace_range "
-                    "or continuous_traces_hz)"
-                )
-            if path.exists() and not path.is_dir():
-                raise ValueError(f"gpuprof: trace_dir {str(path)!r} exists and is not a directory")
-        ok = type(trace_dir_max_mb) in (int, float) and math.isfinite(trace_dir_max_mb)  # type: ignore[arg-type]
-        if not ok or not trace_dir_max_mb > 0:  # type: ignore[operator]
-            raise ValueError(
-                f"gpuprof: trace_dir_max_mb must be a positive number, got {trace_dir_max_mb!r}"
-            )
-        return cls(every_n, rng, hz, path, int(trace_dir_max_mb * 1e6))  # type: ignore[operator]
-
-
-def fold_kineto(events: Iterable[Any], cpu: Any) -> tuple[list[KernelAgg], int]:
-    """Fold torch's raw Kineto events (``prof.profiler.kineto_results.events()``)
-    into :class:`KernelAgg` rows, as :func:`gpuprof.kernels.aggregate_events`
-    does from ``key_averages()`` but without building ``FunctionEvent`` objects.
-
-    Device events (``device_type`` not *cpu*) become ``kernel`` rows (count,
-    device ns). CPU operators (not async, not user annotations or Python
-    functions, not launch runtime calls) become ``op`` rows: a device event's
-    time is the self time of the operator whose correlation id it links to
-    (what torch's ``key_averages`` does) and total time of that operator and
-    every operator enclosing it on its thread; ``flops`` from ``with_flops``.
-    Operators with neither device time nor FLOPs are left out.
-
-    Returns:
-        ``(rows, rows_dropped)`` from :func:`gpuprof.kernels.fold_counted`.
-    """
-    # op: [name, start_ns, end_ns, flops, parent, self_ns, total_ns]
-    ops: list[list[Any]] = []
-    by_thread: dict[int, list[int]] = {}
-    by_corr: dict[int, int] = {}
-    kernels: dict[tuple[str, str], list[int]] = {}
-    device: list[tuple[int, int]] = []
-    for e in events:
-        name = e.name()
-        if e.device_type() != cpu:
-            ns = max(0, int(e.duration_ns()))
-            key = (name, e.activity_type())
-            acc = kernels.get(key)
-            if acc is None:
-                kernels[key] = acc = [0, 0]
-            acc[0] += 1
-            acc[1] += ns
-            linked = e.linked_correlation_id()
-            if linked > 0:
-                device.append((linked, ns))
-            continue
-        if (
-            e.linked_correlation_id() != 0
-            or e.is_user_annotation()
-            or e.is_python_function()
-            or e.is_async()
-            or name in _SKIPPED_NAMES
-            or name.startswith("ProfilerStep")
-        ):
-            continue
-        thread = e.start_thread_id()
-        if thread != e.end_thread_id():
-            continue
-        i = len(ops)
-        flops = e.flops()
-        ops.append([name, e.start_ns(), e.end_ns(), flops if flops > 0 else 0, None, 0, 0])
-        by_corr[e.correlation_id()] = i
-        by_thread.setdefault(thread, []).append(i)
-    for idx in by_thread.values():
-        idx.sort(key=lambda i: (ops[i][1], -ops[i][2]))
-        stack: list[int] = []
-        for i in idx:
-            while stack and ops[stack[-1]][2] <= ops[i][1]:
-                stack.pop()
-            ops[i][4] = stack[-1] if stack else None
-            stack.append(i)
-    for linked, ns in device:
-        op = by_corr.get(linked)
-        if op is None:
-            continue
-        ops[op][5] += ns
-        while op is not None:
-            ops[op][6] += ns
-            op = ops[op][4]
-    rows = [
-        KernelAgg(_row_name(name), "kernel", kernel_class(name, act), n, ns, ns)
-        for (name, act), (n, ns) in kernels.items()
-    ]
-    per_name: dict[str, list[Any]] = {}  # name -> [count, total, self, flops]
-    for name, _, _, flops, _, self_ns, total_ns in ops:
-        acc2 = per_name.get(name)
-        if acc2 is None:
-            per_name[name] = acc2 = [0, 0, 0, 0]
-        acc2[0] += 1
-        acc2[1] += total_ns
-        acc2[2] += self_ns
-        acc2[3] += flops
-    for name, (count, total_ns, self_ns, flops) in per_name.items():
-        if total_ns > 0 or flops > 0:
-            rows.append(
-                KernelAgg(
-                    _row_name(name),
-                    "op",
-                    "compute",
-                    count,
-                    total_ns,
-                    self_ns,
-                    float(flops) if flops > 0 else None,
-                )
-            )
-    return fold_counted(rows)
-
-
-_names: dict[str, str] = {}
-
-
-def _row_name(name: str) -> str:
-    """A printable row name within the protocol's limit (cached: names repeat)."""
-    out = _names.get(name)
-    if out is None:
-        out = shorten_name(clean_text(name, 4096).strip() or "(unnamed)")
-        if len(_names) < 4096:
-            _names[name] = out
-    return out
-
-
-class _TorchGuard:
-    """gpuprof's two small wrappers on torch's profiler classes while tracing
-    is on (the originals go back on :meth:`remove`):
-
-    - ``torch.autograd.profiler.profile._prepare_trace`` / ``__exit__``: sees
-      the user's profilers prepare and finish (see the module docstring).
-    - ``torch.autograd.profiler.record_function.__enter__`` / ``__exit__``:
-      remembers the ranges entered while a gpuprof window records and not yet
-      exited (the optimizer's ``Optimizer.step#…`` range is open when its post
-      hook ends a window). Stopping a Kineto session while such a range is open
-      makes its later exit write into freed memory: torch 2.13 then crashes
-      (heap corruption, seen as a segfault in a later garbage collection).
-      :meth:`end_open_ranges` ends them first, as torch.profiler does with
-      its own ``ProfilerStep#`` range, and their real exit then does nothing.
-    """
-
-    def __init__(self, on_user_prepare: Callable[[], None]) -> None:
-        self.on_user_prepare = on_user_prepare
-        self.ours_starting = False
-        #: True while a gpuprof window records.
-        self.window_on = False
-        self._prepared: Any = None  # WeakSet of the user's prepared profile objects
-        self._open: dict[int, Any] = {}  # id -> record_function entered in a window
-        self._end_range: Callable[[Any], None] | None = None
-        self._patched = PatchSet("profiler guard")
-
-    @property
-    def user_prepared(self) -> bool:
-        return bool(self._prepared)
-
-    def install(self, legacy: Any, end_range: Callable[[Any], None]) -> None:
-        """Wrap ``legacy.profile`` and ``legacy.record_function`` (the
-        ``torch.autograd.profiler`` module); *end_range* ends a range's record."""
-        import weakref
-
-        self._prepared = weakref.WeakSet()
-        self._end_range = end_range
-        guard = self
-        prof_cls, rf_cls = legacy.profile, legacy.record_function
-        orig_prepare = vars(prof_cls)["_prepare_trace"]
-        orig_exit = vars(prof_cls)["__exit__"]
-        orig_rf_enter = vars(rf_cls)["__enter__"]
-        orig_rf_exit = vars(rf_cls)["__exit__"]
-
-        def _prepare_trace(prof: Any) -> Any:
-            if not guard.ours_starting:
-                try:
-                    guard.on_user_prepare()
-                    guard._prepared.add(prof)
-                except Exception:
-                    log.debug("gpuprof: profiler guard", exc_info=True)
-            return orig_prepare(prof)
-
-        def __exit__(prof: Any, *exc: Any) -> Any:  # noqa: N807
-            guard._prepared.discard(prof)
-            return orig_exit(prof, *exc)
-
-        def rf_enter(rf: Any) -> Any:
-            out = orig_rf_enter(rf)
-            if guard.window_on:
-                guard._open[id(rf)] = rf
-            return out
-
-        def rf_exit(rf: Any, *exc: Any) -> Any:
-            if guard._open:
-                guard._open.pop(id(rf), None)
-            return orig_rf_exit(rf, *exc)
-
-        for cls, name, mine in (
-            (prof_cls, "_prepare_trace", _prepare_trace),
-            (prof_cls, "__exit__", __exit__),
-            (rf_cls, "__enter__", rf_enter),
-            (rf_cls, "__exit__", rf_exit),
-        ):
-            self._patched.patch(cls, name, mine)
-
-    def end_open_ranges(self) -> None:
-        """End the ranges entered during the window and still open (before the
-        window's profiler stops); their own exit then skips the end callbacks."""
-        open_, self._open = self._open, {}
-        for rf in open_.values():
-            try:
-                if rf.run_callbacks_on_exit and rf.record is not None and self._end_range:
-                    self._end_range(rf.record)
-                    rf.run_callbacks_on_exit = False
-            except Exception:
-                log.debug("gpuprof: could not end a profiler range", exc_info=True)
-
-    def remove(self) -> None:
-        """Put the originals back (unless someone re-patched after us); never raises."""
-        self._patched.remove()
-        self._open = {}
 
 
 class Tracer:
@@ -469,7 +146,7 @@ class Tracer:
         self.bytes_written = 0
         self._earlier_bytes: int | None = None  # traces already in trace_dir, read once
         self._torch: Any = None
-        self._guard: _TorchGuard | None = None
+        self._guard: TorchGuard | None = None
         self._thread: int | None = None
         self._prof: Any = None
         self._step = -1
@@ -492,8 +169,8 @@ class Tracer:
             import torch.autograd.profiler as legacy
 
             self._torch = torch
-            self._guard = _TorchGuard(self._user_prepares)
-            self._guard.install(legacy, _range_ender(torch))
+            self._guard = TorchGuard(self._user_prepares)
+            self._guard.install(legacy, range_ender(torch))
             self._next_due = self.clock()
         except Exception as exc:
             self._fail("could not set up torch.profiler", exc)
@@ -747,16 +424,6 @@ def _quiet_kineto() -> Iterator[None]:
         yield
     finally:
         os.environ.pop("KINETO_LOG_LEVEL", None)
-
-
-def _range_ender(torch: Any) -> Callable[[Any], None]:
-    """What ``record_function.__exit__`` calls to end a range's record."""
-
-    def end(record: Any) -> None:
-        with torch._C.DisableTorchFunctionSubclass():
-            torch.ops.profiler._record_function_exit._RecordFunction(record)
-
-    return end
 
 
 class _DirFull(Exception):
