@@ -225,6 +225,20 @@ class RunContext:
     comm_ms: tuple[float, ...] = ()
     """Exposed comm (the ``comm`` phase) per step, in ``step_ms``' steps (0
     for a step without one); empty when no step had one."""
+    steady_phase_ms: Mapping[str, float] = field(default_factory=dict)
+    """Total time per phase over the steady steps (those of
+    :attr:`steady_iteration_ms`), ms: the phase split runs are compared by."""
+    world_size: int = 1
+    """Ranks in the run's job (torchrun's ``WORLD_SIZE``; 1 outside one)."""
+    tokens_per_step: int | None = None
+    """Tokens per optimizer step on this rank, as declared to
+    ``gpuprof.profile``; None when not declared."""
+    samples_per_step: int | None = None
+    """Samples per optimizer step on this rank, as declared; None when not."""
+    history_iteration_ms: tuple[tuple[float, ...], ...] = ()
+    """Per earlier run of this name (those of :attr:`history_median_step_ms`,
+    in that order): its steady iteration times (ms), at most its last
+    ``HISTORY_STEPS``; an empty tuple for a run whose steps are gone."""
 
     @property
     def steps(self) -> int:

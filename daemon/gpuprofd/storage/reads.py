@@ -24,8 +24,11 @@ import orjson
 
 from gpuprof.insights import Insight, RunContext, build_context
 from gpuprof.insights.aggregates import GpuStats
+from gpuprof.insights.base import WARMUP_STEPS
+from gpuprof.insights.context import steady_iterations
 from gpuprof.insights.distributed import GroupContext, group_rules
 from gpuprof.insights.group_context import RankRows, build_group_context, common_steps
+from gpuprof.insights.history import HISTORY_STEPS
 from gpuprofd.errors import DatabaseError, UnknownRunError
 from gpuprofd.sampling import rollup
 from gpuprofd.storage import queries, schema, steptotals
@@ -115,6 +118,36 @@ async def get_run(db: Reader, run_id: int | None) -> dict[str, Any]:
     return queries.run_from_row(row)
 
 
+#: Run names an unknown name's message lists (the newest).
+NAMES_LISTED = 10
+
+
+async def latest_run_named(db: Reader, name: str) -> dict[str, Any]:
+    """The latest run (highest id) named exactly *name*.
+
+    Raises:
+        UnknownRunError: no run has that name, naming the database and the
+            latest :data:`NAMES_LISTED` names it does hold.
+    """
+    row = await db.fetchone(
+        "SELECT * FROM runs WHERE run_name = ? ORDER BY id DESC LIMIT 1", (name,)
+    )
+    if row is not None:
+        return queries.run_from_row(row)
+    rows = await db.fetchall(
+        "SELECT run_name FROM runs GROUP BY run_name ORDER BY MAX(id) DESC LIMIT ?",
+        (NAMES_LISTED + 1,),
+    )
+    names = [shlex.quote(r["run_name"][:60]) for r in rows]
+    if not names:
+        raise UnknownRunError(f"no run named {name!r} in {db.where}: it has no runs yet")
+    more = ", ..." if len(names) > NAMES_LISTED else ""
+    raise UnknownRunError(
+        f"no run named {name!r} in {db.where} (names here, newest first: "
+        f"{', '.join(names[:NAMES_LISTED])}{more}; see {_runs_command(db.where)})"
+    )
+
+
 async def find_run(
     db: Reader, *, run_id: int | None = None, run_key: str | None = None
 ) -> dict[str, Any] | None:
@@ -167,11 +200,32 @@ async def host_samples(
     return [dict(r) for r in rows]
 
 
-async def history_medians(db: Reader, run_id: int, run_name: str) -> list[float]:
-    """Median step ms of up to :data:`queries.HISTORY_RUNS` earlier finished runs of
-    *run_name*, newest first."""
+async def history_runs(db: Reader, run_id: int, run_name: str) -> list[tuple[int, float]]:
+    """(id, median step ms) of up to :data:`queries.HISTORY_RUNS` earlier
+    finished runs of *run_name*, newest first."""
     rows = await db.fetchall(queries.HISTORY_SQL, (run_name, run_id, queries.HISTORY_RUNS))
-    return [float(r["median_step_ms"]) for r in rows]
+    return [(int(r["id"]), float(r["median_step_ms"])) for r in rows]
+
+
+async def history_iterations(db: Reader, run_id: int) -> tuple[float, ...]:
+    """The steady iteration times (ms) of an earlier run, at most its last
+    :data:`gpuprof.insights.history.HISTORY_STEPS` (by index, newest first
+    read): what the regression rule compares with. Empty when its steps are
+    gone."""
+    limit = HISTORY_STEPS + WARMUP_STEPS + 1  # more than that: the warm-up is not among them
+    rows = await db.fetchall(queries.LAST_STEPS_SQL, (run_id, limit))
+    steps = [
+        {
+            "t0": r[0],
+            "t1": r[1],
+            "wait": r[2],
+            "phases": orjson.loads(r[3]) if r[3] else {},
+            "traced": bool(r[4]),
+        }
+        for r in reversed(rows)
+    ]
+    got = steady_iterations(steps, whole=len(rows) < limit)
+    return got[-HISTORY_STEPS:]
 
 
 async def run_cpu(db: Reader, run_id: int) -> list[dict[str, Any]]:
@@ -253,7 +307,8 @@ async def run_context(
     end = run.get("end_mono_ns") or now_mono_ns or (got[-1]["t1"] if got else None)
     if start is not None and end is not None:
         host = await host_samples(db, start, end, run.get("boot_id"))
-    history = await history_medians(db, run_id, run["run_name"])
+    history = await history_runs(db, run_id, run["run_name"])
+    history_steps = [await history_iterations(db, hid) for hid, _ in history]
     cpu = await run_cpu(db, run_id)
     job = await job_cpu(db, run)
     workers = await worker_cpu(db, run_id)
@@ -265,7 +320,7 @@ async def run_context(
         run,
         got,
         host,
-        history,
+        [ms for _, ms in history],
         gpu_rate_usd_per_hour,
         cpu,
         gpu=gpu,
@@ -273,6 +328,7 @@ async def run_context(
         kernel_windows=windows,
         comm=comm,
         job_cpu=job,
+        history_iteration_ms=history_steps,
     )
 
 
