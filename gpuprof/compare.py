@@ -275,14 +275,23 @@ def finding_changes(
 # --- the sentence ---------------------------------------------------------------------
 
 
+def _digits(x: float) -> int:
+    """Decimals a factor is said with: two below 2× (1.05×, 1.25×), else one."""
+    return 2 if x < 2 else 1
+
+
 def times(x: float) -> str:
-    """``2.9×``; two decimals below 1.2× (``1.05×``), where one would say 1.0 or 1.1."""
-    return f"{x:.2f}×" if x < 1.2 else f"{x:.1f}×"
+    """``2.9×``, ``1.25×`` (:func:`_digits`)."""
+    return f"{x:.{_digits(x)}f}×"
 
 
-def _interval(lo: float, hi: float) -> str:
-    digits = 2 if lo < 1.2 else 1
-    return f"95 % CI {lo:.{digits}f}–{hi:.{digits}f}"
+def _interval(point: float, lo: float, hi: float) -> str:
+    """``95 % CI 2.7–3.1``: at the decimals of *point* (:func:`_digits`),
+    or more (up to three) until the two ends differ."""
+    digits = _digits(point)
+    while digits < 3 and f"{lo:.{digits}f}" == f"{hi:.{digits}f}" and lo != hi:
+        digits += 1
+    return f"{int(CONFIDENCE * 100)} % CI {lo:.{digits}f}–{hi:.{digits}f}"
 
 
 def speed_clause(r: SpeedRatio, unit: str) -> str:
@@ -290,21 +299,17 @@ def speed_clause(r: SpeedRatio, unit: str) -> str:
     (...)``, ``B is as fast as A within noise (1.02×, 95 % CI 0.97–1.08)``;
     a slow-down's interval is given as slow-down factors too."""
     per = "" if unit == "iteration" else f" per {unit}"
-    if r.within_noise:
-        return (
-            f"B is as fast as A{per} within noise "
-            f"({r.speedup:.2f}×, {_interval(r.low, r.high)})"  # type: ignore[arg-type]
-        )
-    if r.speedup >= 1:
-        word, factor, lo, hi = "faster", r.speedup, r.low, r.high
-    else:
-        word, factor = "slower", 1 / r.speedup
-        lo = 1 / r.high if r.high else None
-        hi = 1 / r.low if r.low else None
-    if lo is None or hi is None:
+    if r.low is None or r.high is None:
+        word, factor = ("faster", r.speedup) if r.speedup >= 1 else ("slower", 1 / r.speedup)
         why = f"too few steady steps for an interval: {r.steps_a} and {r.steps_b}"
         return f"B is {times(factor)} {word}{per} ({why})"
-    return f"B is {times(factor)} {word}{per} ({_interval(lo, hi)})"
+    if r.within_noise:
+        interval = _interval(r.speedup, r.low, r.high)
+        return f"B is as fast as A{per} within noise ({r.speedup:.2f}×, {interval})"
+    if r.speedup >= 1:
+        return f"B is {times(r.speedup)} faster{per} ({_interval(r.speedup, r.low, r.high)})"
+    factor = 1 / r.speedup
+    return f"B is {times(factor)} slower{per} ({_interval(factor, 1 / r.high, 1 / r.low)})"
 
 
 def _names(entries: Sequence[Mapping[str, Any]]) -> str:
