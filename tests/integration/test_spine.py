@@ -162,9 +162,12 @@ def test_regression_against_previous_runs(node: Node):
     for _ in range(2):
         assert node.run_script(TRAIN, "20", "1", "0", "reg").returncode == 0
     out = node.run_script(TRAIN, "20", "1", "0.03", "reg")
-    assert re.search(r"Regression vs last 2 runs of 'reg' \(median\): step time", out.stdout), (
-        out.stdout
+    # the compare's test over the earlier runs' stored steps: a mean, with its interval
+    pattern = (
+        r"Regression vs last 2 runs of 'reg': iteration [\d.]+ ms vs [\d.]+ ms "
+        r"\(\d+% slower, 95 % CI"
     )
+    assert re.search(pattern, out.stdout), out.stdout
 
 
 @pytest.mark.parametrize("augment", [True, False])
