@@ -28,7 +28,7 @@ def _cell(v: float | None, fmt: str = "{:.1f}", unit: str = "") -> str:
 
 
 def _signed(v: float | None, unit: str) -> str:
-    return "" if v is None else f"{v:+.1f}{unit}"
+    return "" if v is None else f"{v or 0.0:+.1f}{unit}"  # -0.0 said +0.0
 
 
 def _rows(table: list[tuple[str, ...]]) -> list[str]:
