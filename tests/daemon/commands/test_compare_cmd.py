@@ -200,3 +200,20 @@ def test_wrong_argument_counts_are_usage_errors(capsys: pytest.CaptureFixture[st
     for args in (["compare"], ["compare", "1"], ["compare", "a.db", "1", "2", "3"]):
         rc, _, err = _run(capsys, *args)
         assert rc == 2 and "give [DB] A B: two runs to compare" in err, args
+
+
+COMMANDS_PAGE = Path(__file__).resolve().parents[3] / "docs" / "gpuprofctl.md"
+
+
+def test_help_and_the_commands_page_name_every_json_field(
+    db: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    got = _json(capsys, "compare", str(db), "1", "2")
+    section = COMMANDS_PAGE.read_text().split("\n## gpuprofctl compare\n", 1)[1]
+    fields = section.split("\n### compare --format json\n", 1)[1]
+    entries = [e for kind in got["findings"].values() for e in kind]
+    keys = {*got, *got["a"], *got["basis"], *got["phases"][0], *got["findings"]}
+    keys |= {k for e in entries for k in e}
+    assert [k for k in sorted(keys) if not re.search(rf"\b{k}\b", fields)] == []
+    assert main(["compare", "--help"]) == 0
+    assert "docs/gpuprofctl.md" in capsys.readouterr().out

@@ -27,8 +27,8 @@ export function overlay(curves) {
 
 const signed = (v, digits = 1) => (v === null || v === undefined ? DASH : `${v > 0 ? "+" : ""}${Number(v || 0).toFixed(digits)}`);
 
-/** The speed-up as gpuprofctl says it: `2.9×`, `1.25×` (two decimals below 2×). */
-const times = (x) => `${Number(x).toFixed(x < 2 ? 2 : 1)}×`;
+/** A speed-up factor to three significant digits: `2.93×`, `0.0733×`. */
+const times = (x) => `${Number(x).toPrecision(3)}×`;
 
 /** One finding of the comparison: its short name, severities and titles (text). */
 function changeItem(kind, e) {
@@ -44,7 +44,7 @@ function changeItem(kind, e) {
 export function pairPanel(cmp) {
   const { a, b } = cmp;
   const ci = cmp.ci_low === null ? "no interval: too few steps"
-    : `95 % CI ${num(cmp.ci_low, 2)}–${num(cmp.ci_high, 2)}${cmp.within_noise ? ", within noise" : ""}`;
+    : `95 % CI ${times(cmp.ci_low)}–${times(cmp.ci_high)}${cmp.within_noise ? ", within noise" : ""}`;
   const phases = h("table", { class: "compare deltas", "data-b": b.run_id },
     h("thead", {}, h("tr", {}, h("th", {}, "share of iteration"), h("th", { scope: "col" }, "A"),
       h("th", { scope: "col" }, "B"), h("th", { scope: "col" }, "B − A"))),
@@ -58,8 +58,8 @@ export function pairPanel(cmp) {
     h("h3", {}, "B ", h("a", { href: `#/run/${b.run_id}`, class: "run-link" }, `#${b.run_id} `, userText(b.run_name)),
       " against A ", h("a", { href: `#/run/${a.run_id}`, class: "run-link" }, `#${a.run_id} `, userText(a.run_name))),
     h("p", { class: "verdict" }, userText(cmp.verdict)),
-    h("p", { class: "muted speedup" }, `Speed-up ${times(cmp.speedup)} per ${cmp.basis.unit} (${ci}); `,
-      `mean iteration ${ms(a.mean_iteration_ms)} → ${ms(b.mean_iteration_ms)}`),
+    h("p", { class: "muted speedup" }, `Mean iteration ${ms(a.mean_iteration_ms)} → ${ms(b.mean_iteration_ms)}; `,
+      `speed-up (A's time over B's) ${times(cmp.speedup)} per ${cmp.basis.unit} (${ci})`),
     cmp.basis.note ? h("p", { class: "note" }, "Note: ", userText(cmp.basis.note)) : null,
     h("div", { class: "table-wrap" }, phases),
     changes.length ? h("ul", { class: "changes" }, changes) : h("p", { class: "muted" }, "No finding resolved, new or changed."));
