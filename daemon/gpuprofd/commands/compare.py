@@ -158,11 +158,11 @@ def compare_cmd(args: tuple[str, ...], storage_url: str | None, fmt: str) -> Non
 
     \b
     Example:
-      gpuprofctl compare 1 2                        # runs 1 and 2 in ./gpuprof.db
-      gpuprofctl compare gpuprof.db digits-mlp digits-mlp-noaug
+      gpuprofctl compare 1 2        # run 2 (B) against run 1 (A) in ./gpuprof.db
 
     A and B are run ids (gpuprofctl runs lists them) or run names, each
-    meaning the latest run of that name. DB defaults to GPUPROF_DB or
+    meaning the latest run of that name (gpuprofctl compare gpuprof.db
+    digits-mlp digits-mlp-noaug). DB defaults to GPUPROF_DB or
     ./gpuprof.db; --storage-url URL reads sqlite:///path.db or
     postgres://user@host/db instead. Runs of different shapes (world
     size, micro-batches, declared samples or tokens per step) are compared
