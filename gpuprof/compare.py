@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from gpuprof.insights.base import WARMUP_STEPS, RunContext
+from gpuprof.insights.base import RunContext, steady
 from gpuprof.protocol import DATA_PHASE
 from gpuprof.stats import (
     CONFIDENCE,
@@ -90,15 +90,9 @@ _NAMED_PHASES = ("forward", "backward", "comm", "optimizer", DATA_PHASE)
 # --- shapes ----------------------------------------------------------------------
 
 
-def _steady(values: Sequence[Any]) -> Sequence[Any]:
-    """*values* (per step) without the warm-up steps, as
-    :attr:`RunContext.steady_iteration_ms` leaves them out."""
-    return values[WARMUP_STEPS:] if len(values) > 2 * WARMUP_STEPS else values
-
-
 def micro_per_step(ctx: RunContext) -> float:
     """Mean micro-batches per steady step (1 when none were counted)."""
-    micro = _steady(ctx.micro_batches)
+    micro = steady(ctx.micro_batches)
     return mean(micro) if micro else 1.0
 
 
@@ -193,12 +187,12 @@ def phase_split(ctx: RunContext) -> dict[str, tuple[float, float] | None]:
     n = len(steady)
     named = math.fsum(phases.get(p, 0.0) for p in _NAMED_PHASES)
     sums = {
-        "loader_wait": math.fsum(_steady(ctx.wait_ms)) + phases.get(DATA_PHASE, 0.0),
+        "loader_wait": math.fsum(steady(ctx.wait_ms)) + phases.get(DATA_PHASE, 0.0),
         "forward": phases.get("forward", 0.0),
         "backward": phases.get("backward", 0.0),
         "comm": phases.get("comm", 0.0) if ctx.comm_ms else None,
         "optimizer": phases.get("optimizer", 0.0),
-        "other": max(math.fsum(_steady(ctx.step_ms)) - named, 0.0),
+        "other": max(math.fsum(steady(ctx.step_ms)) - named, 0.0),
     }
     return {k: None if v is None else (v / n, 100.0 * v / total) for k, v in sums.items()}
 

@@ -9,7 +9,7 @@ from typing import Any
 from gpuprof.comm import COMM_PHASE
 from gpuprof.insights import hostcpu
 from gpuprof.insights.aggregates import GpuStats
-from gpuprof.insights.base import WARMUP_STEPS, CommTotals, LoaderConfig, RunContext, WorkerPool
+from gpuprof.insights.base import CommTotals, LoaderConfig, RunContext, WorkerPool, steady
 from gpuprof.insights.gpu import gpu_stats
 from gpuprof.insights.kernels import kernel_stats
 from gpuprof.protocol import DATA_PHASE, OWN_TIME_PHASE
@@ -51,12 +51,6 @@ def _step_ms(s: Mapping[str, Any]) -> float:
     return (s["t1"] - s["t0"] - (s.get("phases") or {}).get(OWN_TIME_PHASE, 0)) / _NS_PER_MS
 
 
-def _steady(values: Sequence[Any]) -> Sequence[Any]:
-    """*values* (per step) without the first :data:`WARMUP_STEPS`, as
-    :attr:`RunContext.steady_iteration_ms` leaves them out."""
-    return values[WARMUP_STEPS:] if len(values) > 2 * WARMUP_STEPS else values
-
-
 def steady_iterations(steps: Sequence[Mapping[str, Any]], whole: bool = True) -> tuple[float, ...]:
     """The steady iteration times (loader wait + step, ms) of *steps* (in
     step order, :func:`build_context`'s shape), as
@@ -65,7 +59,7 @@ def steady_iterations(steps: Sequence[Mapping[str, Any]], whole: bool = True) ->
     warm-up steps; *whole* False: the run's last steps, past its warm-up."""
     timed = [s for s in steps if not s.get("traced")] or list(steps)
     ms = [_step_ms(s) + s["wait"] / _NS_PER_MS for s in timed]
-    return tuple(_steady(ms) if whole else ms)
+    return tuple(steady(ms) if whole else ms)
 
 
 def _phase_totals(steps: Sequence[Mapping[str, Any]]) -> dict[str, float]:
@@ -389,7 +383,7 @@ def build_context(
         comm=_comm_totals(comm),
         eval_ms=(sum(s.get("eval") or 0 for s in steps) + (run.get("trailing_eval_ns") or 0))
         / _NS_PER_MS,
-        steady_phase_ms=_phase_totals(_steady(timed)),
+        steady_phase_ms=_phase_totals(steady(timed)),
         world_size=int(run.get("world_size") or 1),
         tokens_per_step=_positive_int(options.get("tokens_per_step")),
         samples_per_step=_positive_int(options.get("samples_per_step")),

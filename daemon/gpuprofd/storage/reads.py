@@ -209,9 +209,8 @@ async def history_runs(db: Reader, run_id: int, run_name: str) -> list[tuple[int
 
 async def history_iterations(db: Reader, run_id: int) -> tuple[float, ...]:
     """The steady iteration times (ms) of an earlier run, at most its last
-    :data:`gpuprof.insights.history.HISTORY_STEPS` (by index, newest first
-    read): what the regression rule compares with. Empty when its steps are
-    gone."""
+    :data:`gpuprof.insights.history.HISTORY_STEPS` (by ``t0``): what the
+    regression rule compares with. Empty when its steps are gone."""
     limit = HISTORY_STEPS + WARMUP_STEPS + 1  # more than that: the warm-up is not among them
     rows = await db.fetchall(queries.LAST_STEPS_SQL, (run_id, limit))
     steps = [
