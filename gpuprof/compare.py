@@ -151,17 +151,17 @@ def headline(ctx: RunContext, run_id: int | None, basis: Basis, units: float) ->
     steps/s, MFU (0-1) and TFLOP/s per GPU where known, its shape, and its
     throughput per :attr:`Basis.unit` (per second, all ranks) when that is
     not per iteration."""
-    steady = ctx.steady_iteration_ms
-    mean_ms = mean(steady) if steady else None
+    iterations = ctx.steady_iteration_ms
+    mean_ms = mean(iterations) if iterations else None
     compute = mfu_figures(ctx)
     return {
         "run_id": run_id,
         "run_name": ctx.run_name,
         "status": ctx.status,
         "steps": ctx.steps + ctx.traced_steps,
-        "steady_steps": len(steady),
+        "steady_steps": len(iterations),
         "mean_iteration_ms": _r(mean_ms),
-        "median_iteration_ms": _r(median(steady) if steady else None),
+        "median_iteration_ms": _r(median(iterations) if iterations else None),
         "steps_per_s": _r(1e3 / mean_ms if mean_ms else None),
         "units_per_s": _r(units * 1e3 / mean_ms if mean_ms and basis.unit != "iteration" else None),
         "mfu": compute["mfu"],
@@ -179,12 +179,12 @@ def phase_split(ctx: RunContext) -> dict[str, tuple[float, float] | None]:
     the ``data`` phase; ``other`` the rest of the step (unlabelled time, the
     user's own phases); ``comm`` None when the run timed no collectives.
     All None without steady steps."""
-    steady = ctx.steady_iteration_ms
-    total = math.fsum(steady)
-    if not steady or total <= 0:
+    iterations = ctx.steady_iteration_ms
+    total = math.fsum(iterations)
+    if not iterations or total <= 0:
         return {key: None for key, _ in PHASES}
     phases = ctx.steady_phase_ms
-    n = len(steady)
+    n = len(iterations)
     named = math.fsum(phases.get(p, 0.0) for p in _NAMED_PHASES)
     sums = {
         "loader_wait": math.fsum(steady(ctx.wait_ms)) + phases.get(DATA_PHASE, 0.0),
