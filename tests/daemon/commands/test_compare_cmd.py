@@ -217,3 +217,18 @@ def test_help_and_the_commands_page_name_every_json_field(
     assert [k for k in sorted(keys) if not re.search(rf"\b{k}\b", fields)] == []
     assert main(["compare", "--help"]) == 0
     assert "docs/gpuprofctl.md" in capsys.readouterr().out
+
+
+def test_a_resolved_findings_predicted_gain_is_shown_beside_it(
+    db: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gpuprofd.commands.compare import format_compare
+
+    got = _json(capsys, "compare", str(db), "1", "2")
+    plain = format_compare(got)
+    stall = next(e for e in got["findings"]["resolved"] if e["rule"] == "dataloader_stall")
+    assert stall["gain_a"] == {}  # the stored findings carry no gain: none shown
+    assert "predicted" not in plain
+    stall["gain_a"] = {"gain_speedup_max": 2.3, "gain_ms_per_iteration": 34.0}
+    line = next(x for x in format_compare(got).splitlines() if "loader stall" in x)
+    assert line == "  resolved   [HIGH] loader stall (predicted: up to 2.3× faster)"

@@ -34,8 +34,12 @@ const times = (x) => `${Number(x).toPrecision(3)}×`;
 function changeItem(kind, e) {
   const sev = kind === "changed" ? `${e.severity_a} → ${e.severity_b}` : (e.severity_a ?? e.severity_b);
   const title = kind === "new" || kind === "changed" ? e.title_b : e.title_a;
+  // what fixing it was predicted to be worth, where A's finding said so
+  const predicted = e.gain_a?.gain_speedup_max;
   return h("li", { "data-rule": e.rule, "data-kind": kind },
     h("strong", {}, `${kind} `), h("span", { class: "sev" }, `[${sev ?? DASH}] `), userText(e.label),
+    kind === "resolved" && typeof predicted === "number"
+      ? h("span", { class: "muted predicted" }, ` (predicted: up to ${times(predicted)} faster)`) : null,
     title ? h("div", { class: "muted" }, userText(title)) : null);
 }
 
