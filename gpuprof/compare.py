@@ -118,7 +118,8 @@ def compare_basis(a: RunContext, b: RunContext) -> Basis:
     micro-batches per step, declared tokens or samples per step); else per
     token when both declare ``tokens_per_step``, per sample when both declare
     ``samples_per_step`` (each times the world size: the job's work); else
-    per micro-batch on all ranks, assuming micro-batches of one size."""
+    per micro-batch on all ranks, assuming micro-batches of one size. The
+    note says why, and when only one run declares its work."""
     for unit in ("token", "sample"):
         da, db = _declared(a, unit), _declared(b, unit)
         if da and db:
@@ -127,9 +128,17 @@ def compare_basis(a: RunContext, b: RunContext) -> Basis:
                 return Basis("iteration", 1.0, 1.0, None)
             why = f"A does {ua:,} {unit}s per iteration (all ranks), B {ub:,}"
             return Basis(unit, float(ua), float(ub), f"compared per {unit}: {why}")
+    # one side alone declaring its work cannot normalise the other: said
+    alone = [
+        f"only {side} declares {unit}s_per_step"
+        for unit in ("token", "sample")
+        for side, mine, other in (("A", a, b), ("B", b, a))
+        if _declared(mine, unit) and not _declared(other, unit)
+    ]
     ma, mb = micro_per_step(a), micro_per_step(b)
     if a.world_size == b.world_size and math.isclose(ma, mb, rel_tol=0.01):
-        return Basis("iteration", 1.0, 1.0, None)
+        note = f"compared per iteration: {'; '.join(alone)}" if alone else None
+        return Basis("iteration", 1.0, 1.0, note)
     ua, ub = ma * a.world_size, mb * b.world_size
     why = (
         f"A runs {ma:g} micro-batch(es) per step on {a.world_size} rank(s), "

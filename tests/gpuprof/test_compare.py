@@ -136,6 +136,14 @@ def test_runs_of_one_shape_compare_per_iteration():
     assert same.unit == "iteration"
 
 
+def test_one_run_alone_declaring_its_work_is_said():
+    basis = compare_basis(ctx([10.0] * 20, samples_per_step=32), ctx([8.0] * 20))
+    assert (basis.unit, basis.note) == (
+        "iteration",
+        "compared per iteration: only A declares samples_per_step",
+    )
+
+
 def test_a_bigger_batch_is_compared_per_sample():
     a = ctx([10.0] * 30, samples_per_step=32)
     b = ctx([16.0] * 30, samples_per_step=64)

@@ -426,7 +426,7 @@ def test_every_view_renders_without_errors_and_screenshots(
     views = {
         "runs": "#/runs",
         "run": f"#/run/{runs['stall']['id']}",
-        "compare": f"#/compare/{runs['plain']['id']},{runs['stall']['id']}",
+        "compare": f"#/compare/{runs['stall']['id']},{runs['plain']['id']}",  # the fix as B
         "group": f"#/group/{quote(GROUP, safe='')}",
     }
     for name, view in views.items():
