@@ -108,7 +108,8 @@ def _findings(data: Mapping[str, Any]) -> list[str]:
     lines = []
 
     def title(e: Mapping[str, Any], side: str) -> str:
-        return clean_text(e.get(f"title_{side}") or "", TITLE_CHARS)
+        text = clean_text(e.get(f"title_{side}") or "", 10_000)
+        return text if len(text) <= TITLE_CHARS else text[: TITLE_CHARS - 1] + "…"
 
     for e in changes["resolved"]:
         label = clean_text(e["label"], 60)
