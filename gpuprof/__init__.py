@@ -55,6 +55,7 @@ def profile(
     step_source: Literal["optimizer", "external"] = "optimizer",
     arch: TransformerArch | None = None,
     tokens_per_step: int | None = None,
+    samples_per_step: int | None = None,
     count_flops: bool | None = None,
     trace_every_n_steps: int | None = None,
     trace_range: tuple[int, int] | None = None,
@@ -114,8 +115,13 @@ def profile(
             analytic training FLOP for ``tokens_per_step``. Default None.
             Costs nothing (computed once, at start).
         tokens_per_step: tokens per optimizer step on this rank (batch ×
-            seq_len × micro-batches), with ``arch``. Default None. Costs
-            nothing.
+            seq_len × micro-batches), with ``arch``; without it too, so that
+            ``gpuprofctl compare`` compares runs of other shapes per token.
+            Default None. Costs nothing.
+        samples_per_step: samples per optimizer step on this rank (batch ×
+            micro-batches): ``gpuprofctl compare`` then compares runs of
+            other batch sizes, micro-batches or world sizes per sample.
+            Default None. Costs nothing.
         count_flops: count one step's FLOP with torch's FlopCounterMode
             (step 3, marked traced and left out of step statistics; that
             step runs about 1.3× slower). Default None: only when neither
@@ -185,8 +191,9 @@ def profile(
     Raises:
         TypeError: an unknown option (naming the closest valid one).
         ValueError: an invalid value (``flops_per_step``, ``dtype``,
-            ``arch``, ``tokens_per_step``, ``count_flops``, ``step_source``,
-            a trace option, ``webhook``, ``webhook_format`` or ``server``).
+            ``arch``, ``tokens_per_step``, ``samples_per_step``,
+            ``count_flops``, ``step_source``, a trace option, ``webhook``,
+            ``webhook_format`` or ``server``).
         RuntimeError: on entering, another profile is active in this process.
         ImportError: on entering with ``auto=True``, torch is not installed.
     """

@@ -246,7 +246,7 @@ def _flops(x: Any) -> bool:
 def _options(x: Any) -> bool:
     """``hello`` options: ``flops_per_step`` (FLOP), ``dtype``, ``arch`` (a
     :meth:`gpuprof.flops.TransformerArch.to_dict`), ``tokens_per_step``,
-    ``flops_source`` (``"user"`` or ``"arch"``), ``count_flops`` (bool)."""
+    ``samples_per_step``, ``flops_source`` (``"user"`` or ``"arch"``), ``count_flops`` (bool)."""
     if type(x) is not dict or len(x) > 32:
         return False
     flops = x.get("flops_per_step")
@@ -254,9 +254,9 @@ def _options(x: Any) -> bool:
         return False
     if x.get("arch") is not None and arch_problem(x["arch"]) is not None:
         return False
-    tokens = x.get("tokens_per_step")
-    if tokens is not None and not _int(1, 1 << 40)(tokens):
-        return False
+    for count in ("tokens_per_step", "samples_per_step"):
+        if x.get(count) is not None and not _int(1, 1 << 40)(x[count]):
+            return False
     if x.get("flops_source") not in (None, "user", "arch"):
         return False
     if x.get("count_flops") is not None and not _bool(x["count_flops"]):

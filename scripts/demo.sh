@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The main job: install, then train the digits MLP twice under gpuprof —
-# with the CPU-heavy augmentation (the loader-stall findings fire) and without it.
+# with the CPU-heavy augmentation (the loader-stall findings fire) and without it,
+# then compare the two.
 set -euo pipefail
 source "$(dirname "$0")/setup.sh"
 export GPUPROF_DB=${GPUPROF_DB:-$PWD/gpuprof.db}
@@ -12,3 +13,6 @@ echo "== --no-augment (the fix) ========================================"
 echo
 echo "== gpuprofctl runs ==============================================="
 .venv/bin/gpuprofctl runs "$GPUPROF_DB"
+echo
+echo "== gpuprofctl compare: what the fix was worth ===================="
+.venv/bin/gpuprofctl compare "$GPUPROF_DB" digits-mlp digits-mlp-noaug

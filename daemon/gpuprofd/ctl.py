@@ -17,6 +17,7 @@ import click
 from gpuprof.protocol import PROTOCOL_VERSION
 from gpuprofd import __version__
 from gpuprofd.commands.common import echo_json, format_option
+from gpuprofd.commands.compare import compare_cmd
 from gpuprofd.commands.drain import drain_cmd
 from gpuprofd.commands.insights import insights_cmd
 from gpuprofd.commands.kernels import kernels_cmd
@@ -61,6 +62,7 @@ def version_cmd(fmt: str) -> None:
         click.echo(f"gpuprof {__version__}")
 
 
+cli.add_command(compare_cmd)
 cli.add_command(drain_cmd)
 cli.add_command(insights_cmd)
 cli.add_command(kernels_cmd)

@@ -7,9 +7,9 @@ aggregates, never raw rows, and says nothing when its inputs are missing
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from gpuprof.insights.aggregates import GpuStats, KernelStats
 from gpuprof.stats import median
@@ -20,6 +20,16 @@ SEVERITIES = ("HIGH", "MED", "LOW")
 #: growth): the H200 fixture's compiled MLP spent 3.2 s in step 0 and was
 #: steady from step 1; eager runs settle within 2-3 steps.
 WARMUP_STEPS = 3
+
+T = TypeVar("T")
+
+
+def steady(values: Sequence[T]) -> Sequence[T]:
+    """*values* (one per step, in step order) without the first
+    :data:`WARMUP_STEPS`, kept whole when the run is too short to spare
+    them (:data:`WARMUP_STEPS` × 2 steps or fewer): the steps runs are
+    compared by."""
+    return values[WARMUP_STEPS:] if len(values) > 2 * WARMUP_STEPS else values
 
 
 @dataclass(frozen=True)
@@ -225,6 +235,20 @@ class RunContext:
     comm_ms: tuple[float, ...] = ()
     """Exposed comm (the ``comm`` phase) per step, in ``step_ms``' steps (0
     for a step without one); empty when no step had one."""
+    steady_phase_ms: Mapping[str, float] = field(default_factory=dict)
+    """Total time per phase over the steady steps (those of
+    :attr:`steady_iteration_ms`), ms: the phase split runs are compared by."""
+    world_size: int = 1
+    """Ranks in the run's job (torchrun's ``WORLD_SIZE``; 1 outside one)."""
+    tokens_per_step: int | None = None
+    """Tokens per optimizer step on this rank, as declared to
+    ``gpuprof.profile``; None when not declared."""
+    samples_per_step: int | None = None
+    """Samples per optimizer step on this rank, as declared; None when not."""
+    history_iteration_ms: tuple[tuple[float, ...], ...] = ()
+    """Per earlier run of this name (those of :attr:`history_median_step_ms`,
+    in that order): its steady iteration times (ms), at most its last
+    ``HISTORY_STEPS``; an empty tuple for a run whose steps are gone."""
 
     @property
     def steps(self) -> int:
@@ -250,16 +274,17 @@ class RunContext:
 
     @property
     def steady_iteration_ms(self) -> tuple[float, ...]:
-        """``iteration_ms`` without the first :data:`WARMUP_STEPS` steps (kept
-        when the run is too short to spare them)."""
-        it = self.iteration_ms
-        return it[WARMUP_STEPS:] if len(it) > 2 * WARMUP_STEPS else it
+        """``iteration_ms`` without the warm-up steps (:func:`steady`): what
+        runs are compared by (:mod:`gpuprof.compare`)."""
+        return tuple(steady(self.iteration_ms))
 
     @property
     def median_step_ms(self) -> float | None:
-        """Median steady-state iteration time (ms); what runs are compared by."""
-        steady = self.steady_iteration_ms
-        return median(steady) if steady else None
+        """Median steady-state iteration time (ms): the runs table's
+        MEDIAN_STEP_MS, and what the regression rule compares by once an
+        earlier run's steps are gone."""
+        it = self.steady_iteration_ms
+        return median(it) if it else None
 
 
 Rule = Callable[[RunContext], "Insight | None"]

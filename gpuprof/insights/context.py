@@ -9,7 +9,7 @@ from typing import Any
 from gpuprof.comm import COMM_PHASE
 from gpuprof.insights import hostcpu
 from gpuprof.insights.aggregates import GpuStats
-from gpuprof.insights.base import CommTotals, LoaderConfig, RunContext, WorkerPool
+from gpuprof.insights.base import CommTotals, LoaderConfig, RunContext, WorkerPool, steady
 from gpuprof.insights.gpu import gpu_stats
 from gpuprof.insights.kernels import kernel_stats
 from gpuprof.protocol import DATA_PHASE, OWN_TIME_PHASE
@@ -43,6 +43,32 @@ def _step_numbers(steps: Sequence[Mapping[str, Any]]) -> list[int]:
     if all(type(n) is int for n in got) and all(a < b for a, b in zip(got, got[1:], strict=False)):
         return got  # type: ignore[return-value]
     return list(range(len(steps)))
+
+
+def _step_ms(s: Mapping[str, Any]) -> float:
+    """A step's duration (ms): its ``t0`` to ``t1`` without gpuprof's own
+    time inside it (sending events is not the step's)."""
+    return (s["t1"] - s["t0"] - (s.get("phases") or {}).get(OWN_TIME_PHASE, 0)) / _NS_PER_MS
+
+
+def steady_iterations(steps: Sequence[Mapping[str, Any]], whole: bool = True) -> tuple[float, ...]:
+    """The steady iteration times (loader wait + step, ms) of *steps* (in
+    step order, :func:`build_context`'s shape), as
+    :attr:`RunContext.steady_iteration_ms` has them: traced steps left out
+    (unless every step is), then, when *whole* (the run's every step), the
+    warm-up steps; *whole* False: the run's last steps, past its warm-up."""
+    timed = [s for s in steps if not s.get("traced")] or list(steps)
+    ms = [_step_ms(s) + s["wait"] / _NS_PER_MS for s in timed]
+    return tuple(steady(ms) if whole else ms)
+
+
+def _phase_totals(steps: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """Total ms per phase over *steps*."""
+    totals: dict[str, float] = {}
+    for s in steps:
+        for name, ns in (s.get("phases") or {}).items():
+            totals[name] = totals.get(name, 0.0) + ns / _NS_PER_MS
+    return totals
 
 
 def _during_steps(
@@ -206,6 +232,11 @@ def _checkpointing_declared(options: Mapping[str, Any]) -> bool | None:
     return flag if isinstance(flag, bool) else None
 
 
+def _positive_int(x: Any) -> int | None:
+    """*x* when a positive int (a declared count), else None."""
+    return x if type(x) is int and x > 0 else None
+
+
 def _comm_totals(comm: Mapping[str, Any] | None) -> CommTotals | None:
     if not comm or not comm.get("steps"):
         return None
@@ -226,6 +257,7 @@ def build_context(
     kernel_windows: Sequence[tuple[Mapping[str, Any], Sequence[Any]]] = (),
     comm: Mapping[str, Any] | None = None,
     job_cpu: Sequence[Mapping[str, Any]] = (),
+    history_iteration_ms: Sequence[Sequence[float]] = (),
 ) -> RunContext:
     """Aggregate one run's rows into the context the rules read.
 
@@ -282,6 +314,12 @@ def build_context(
         job_cpu: the CPU of the run's job on this node (its group's runs here
             summed at each of its sample times; ``JOB_CPU_SQL``), each with
             ``cores`` and ``ranks``; becomes ``job_cpu_cores``/``job_ranks``.
+        history_iteration_ms: per run of *history_median_step_ms*, its
+            steady iteration times (ms; :func:`steady_iterations`).
+
+    ``run["world_size"]`` and ``options["tokens_per_step"]`` /
+    ``options["samples_per_step"]`` give the run's shape (what
+    :mod:`gpuprof.compare` normalises by).
     """
     # steps a profiler snapshot ran in (``traced``) are not representative:
     # left out of every timing figure (step, wait, phase medians and thirds,
@@ -290,10 +328,7 @@ def build_context(
     untraced = [n for n, s in zip(numbers, steps, strict=True) if not s.get("traced")]
     timed = [s for s in steps if not s.get("traced")] or list(steps)
     timed_numbers = untraced if untraced else numbers
-    phase_totals: dict[str, float] = {}
-    for s in timed:
-        for name, ns in (s.get("phases") or {}).items():
-            phase_totals[name] = phase_totals.get(name, 0.0) + ns / _NS_PER_MS
+    phase_totals = _phase_totals(timed)
     start = run.get("start_mono_ns")
     end = run.get("end_mono_ns") or (steps[-1]["t1"] if steps else None)
     duration_s = (end - start) / 1e9 if start is not None and end is not None else 0.0
@@ -302,11 +337,7 @@ def build_context(
     job_ranks = max((int(c.get("ranks") or 1) for c in job), default=1)
     options = run.get("options") or {}
     wait_ms = tuple(s["wait"] / _NS_PER_MS for s in timed)
-    step_ms = tuple(
-        # gpuprof's own time inside a step (sending events) is not the step's
-        (s["t1"] - s["t0"] - (s.get("phases") or {}).get(OWN_TIME_PHASE, 0)) / _NS_PER_MS
-        for s in timed
-    )
+    step_ms = tuple(_step_ms(s) for s in timed)
     iteration_ms = [s + w for s, w in zip(step_ms, wait_ms, strict=True)]
     ctx = RunContext(
         run_name=run["run_name"],
@@ -352,6 +383,11 @@ def build_context(
         comm=_comm_totals(comm),
         eval_ms=(sum(s.get("eval") or 0 for s in steps) + (run.get("trailing_eval_ns") or 0))
         / _NS_PER_MS,
+        steady_phase_ms=_phase_totals(steady(timed)),
+        world_size=int(run.get("world_size") or 1),
+        tokens_per_step=_positive_int(options.get("tokens_per_step")),
+        samples_per_step=_positive_int(options.get("samples_per_step")),
+        history_iteration_ms=tuple(tuple(h) for h in history_iteration_ms),
     )
     # from the context's own per-step loader time (wait + data phase)
     return dataclasses.replace(ctx, loader_ms_thirds=_thirds(ctx.loader_ms, median))

@@ -3,31 +3,93 @@
 from __future__ import annotations
 
 from gpuprof.insights.base import Insight, RunContext, rule
-from gpuprof.stats import median
+from gpuprof.stats import median, speed_ratio
 
-#: Slower than the baseline by more than this is a regression. Repeated runs of
-#: one job on one node differ by a few percent; 10 % is beyond that noise.
+#: Slower than the baseline by more than this is a regression: repeated runs
+#: of one job on one node differ by a few percent from launch to launch (the
+#: noise test below sees only the noise between steps), 10 % is beyond that.
 REGRESSION_FRACTION = 0.10
 #: Slower by more than this is HIGH.
 REGRESSION_FRACTION_HIGH = 0.50
-#: Baseline: median of up to this many previous runs (seed).
+#: Baseline: up to this many previous runs (seed).
 HISTORY_RUNS = 3
+#: Steady iterations read of each previous run (its last ones): the noise
+#: test's cost does not grow with a long history run.
+HISTORY_STEPS = 1000
+
+_FIX = (
+    "Diff this run's code, data and environment against the previous ones; "
+    "gpuprofctl compare shows which phase grew."
+)
 
 
 def _previous(n: int) -> str:
     return "the previous run" if n == 1 else f"last {n} runs"
 
 
+def _pct(x: float) -> str:
+    return f"{100 * x:.0f}%"
+
+
 @rule("regression")
 def regression(ctx: RunContext) -> Insight | None:
-    """Fires when the steady median step time is > :data:`REGRESSION_FRACTION`
-    slower than the median of the last :data:`HISTORY_RUNS` runs' medians."""
+    """Fires when this run is more than :data:`REGRESSION_FRACTION` slower than
+    its last :data:`HISTORY_RUNS` runs of the same name and the difference is
+    beyond the noise of their step times: the compare's own test
+    (:func:`gpuprof.stats.speed_ratio` of the steady iterations, the previous
+    runs' pooled; ``gpuprofctl compare``'s figures). When those runs' steps
+    are gone (retention keeps their medians longer), by the median of their
+    stored medians, without a noise test."""
     history = ctx.history_median_step_ms[:HISTORY_RUNS]
-    current = ctx.median_step_ms
-    if not history or current is None:
+    current = ctx.steady_iteration_ms
+    if not history or not current:
         return None
+    samples = ctx.history_iteration_ms[:HISTORY_RUNS]
+    if len(samples) == len(history) and all(samples):
+        return _by_steps(ctx, [ms for run in samples for ms in run], len(history))
+    return _by_medians(ctx, history)
+
+
+def _by_steps(ctx: RunContext, baseline: list[float], runs: int) -> Insight | None:
+    """The regression by :func:`speed_ratio` of the pooled *baseline*
+    iterations (ms) against this run's."""
+    current = ctx.steady_iteration_ms
+    base_mean, mean_now = sum(baseline) / len(baseline), sum(current) / len(current)
+    if mean_now <= base_mean * (1 + REGRESSION_FRACTION):
+        return None  # not slow enough to matter: no bootstrap spent on it
+    r = speed_ratio(baseline, current)
+    if r.within_noise:  # within the steps' noise: not a regression
+        return None
+    slower = 1 / r.speedup - 1
+    if r.low is None or r.high is None:
+        interval = f"too few steady steps for an interval: {r.steps_a} and {r.steps_b}"
+    else:
+        interval = f"95 % CI {_pct(1 / r.high - 1)}–{_pct(1 / r.low - 1)}"
+    return Insight(
+        rule="regression",
+        severity="HIGH" if slower > REGRESSION_FRACTION_HIGH else "MED",
+        title=f"Regression vs {_previous(runs)} of '{ctx.run_name}': iteration "
+        f"{mean_now:.1f} ms vs {base_mean:.1f} ms ({_pct(slower)} slower, {interval})",
+        detail="Compared by steady-state mean iteration time (warm-up excluded), as "
+        "gpuprofctl compare does; the interval is a bootstrap over both runs' steps.",
+        fix=_FIX,
+        evidence={
+            "mean_iteration_ms": round(mean_now, 3),
+            "baseline_ms": round(base_mean, 3),
+            "statistic": "mean",
+            "speedup": round(r.speedup, 4),
+            "ci_low": None if r.low is None else round(r.low, 4),
+            "ci_high": None if r.high is None else round(r.high, 4),
+            "history_ms": [round(h, 3) for h in ctx.history_median_step_ms[:runs]],
+        },
+    )
+
+
+def _by_medians(ctx: RunContext, history: tuple[float, ...]) -> Insight | None:
+    """The regression by the stored medians alone (no steps to test noise with)."""
+    current = ctx.median_step_ms
     baseline = median(history)
-    if baseline <= 0 or current <= baseline * (1 + REGRESSION_FRACTION):
+    if current is None or baseline <= 0 or current <= baseline * (1 + REGRESSION_FRACTION):
         return None
     slower = current / baseline - 1
     return Insight(
@@ -35,12 +97,13 @@ def regression(ctx: RunContext) -> Insight | None:
         severity="HIGH" if slower > REGRESSION_FRACTION_HIGH else "MED",
         title=f"Regression vs {_previous(len(history))} of '{ctx.run_name}' (median): "
         f"step time {current:.1f} ms vs {baseline:.1f} ms ({slower:.0%} slower)",
-        detail="Compared by steady-state median iteration time (warm-up excluded).",
-        fix="Diff this run's code, data and environment against the previous ones; "
-        "gpuprofctl runs shows which phase grew.",
+        detail="Compared by steady-state median iteration time (warm-up excluded); the "
+        "earlier runs' steps are no longer stored, so without a noise test.",
+        fix=_FIX,
         evidence={
             "median_step_ms": round(current, 3),
             "baseline_ms": round(baseline, 3),
+            "statistic": "median",
             "history_ms": [round(h, 3) for h in history],
         },
     )

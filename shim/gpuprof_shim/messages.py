@@ -333,6 +333,7 @@ def normalize_options(
     arch: object = None,
     tokens_per_step: object = None,
     count_flops: object = None,
+    samples_per_step: object = None,
 ) -> dict[str, Any]:
     """Check the user's hello options; None values are kept (and left out
     of the message later).
@@ -349,6 +350,8 @@ def normalize_options(
         count_flops: count one step's FLOP with FlopCounterMode: None (the
             default) when neither *flops_per_step* nor *arch* is given,
             True always, False never.
+        samples_per_step: samples per optimizer step on this rank (batch ×
+            micro-batches): what ``gpuprofctl compare`` normalises by.
 
     Raises:
         ValueError: for a value the protocol would reject (misuse, raised
@@ -375,6 +378,12 @@ def normalize_options(
         raise ValueError(
             f"gpuprof: tokens_per_step must be a positive int, got {tokens_per_step!r}"
         )
+    if samples_per_step is not None and not (
+        type(samples_per_step) is int and 0 < samples_per_step <= 1 << 40
+    ):
+        raise ValueError(
+            f"gpuprof: samples_per_step must be a positive int, got {samples_per_step!r}"
+        )
     if arch is not None:
         spec = arch if isinstance(arch, TransformerArch) else None
         if spec is None:
@@ -393,6 +402,7 @@ def normalize_options(
     if flops_per_step is not None:
         out["flops_source"] = "user"
     out["tokens_per_step"] = tokens_per_step
+    out["samples_per_step"] = samples_per_step
     out["count_flops"] = count_flops
     return out
 

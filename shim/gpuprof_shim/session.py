@@ -118,6 +118,7 @@ class Profiler:
         step_source: Literal["optimizer", "external"] = "optimizer",
         arch: TransformerArch | None = None,
         tokens_per_step: int | None = None,
+        samples_per_step: int | None = None,
         count_flops: bool | None = None,
         trace_every_n_steps: int | None = None,
         trace_range: tuple[int, int] | None = None,
@@ -150,7 +151,7 @@ class Profiler:
         self.run_name = clean_run_name(run_name)
         self.auto = bool(auto)
         self.options = messages.normalize_options(
-            flops_per_step, dtype, arch, tokens_per_step, count_flops
+            flops_per_step, dtype, arch, tokens_per_step, count_flops, samples_per_step
         )
         #: What the shim measures about the model itself (auto mode).
         self.probes = ModelProbes(self.options, lambda: self._open)

@@ -162,9 +162,12 @@ def test_regression_against_previous_runs(node: Node):
     for _ in range(2):
         assert node.run_script(TRAIN, "20", "1", "0", "reg").returncode == 0
     out = node.run_script(TRAIN, "20", "1", "0.03", "reg")
-    assert re.search(r"Regression vs last 2 runs of 'reg' \(median\): step time", out.stdout), (
-        out.stdout
+    # the compare's test over the earlier runs' stored steps: a mean, with its interval
+    pattern = (
+        r"Regression vs last 2 runs of 'reg': iteration [\d.]+ ms vs [\d.]+ ms "
+        r"\(\d+% slower, 95 % CI"
     )
+    assert re.search(pattern, out.stdout), out.stdout
 
 
 @pytest.mark.parametrize("augment", [True, False])
@@ -184,6 +187,40 @@ def test_digits_example(node: Node, augment: bool):
     # tenant's CPU is named as the stall's cause, never in its place
     stalled = re.search(r"\[(?:HIGH|MED)\]\s+\d+% of step time waiting on the loader", out.stdout)
     assert bool(stalled) is augment, out.stdout
+
+
+def test_compare_of_the_demos_two_runs_names_the_stall_resolved(node: Node):
+    """The README's demo: the augmented run, then the fix; ``gpuprofctl
+    compare`` by name says B is faster beyond noise and the stall resolved."""
+    example = str(REPO / "examples" / "digits_mlp.py")
+    for extra in ([], ["--no-augment", "--run-name", "digits-mlp-noaug"]):
+        out = subprocess.run(
+            [sys.executable, example, "--steps", "60", *extra],
+            env=node.env,
+            cwd=node.workdir,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert out.returncode == 0, out.stderr
+    ctl = [sys.executable, "-m", "gpuprofd.ctl", "compare", str(node.db)]
+    got = subprocess.run(
+        [*ctl, "digits-mlp", "digits-mlp-noaug", "--format", "json"],
+        env=node.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert got.returncode == 0, got.stderr
+    cmp = json.loads(got.stdout)
+    assert (cmp["a"]["run_name"], cmp["b"]["run_name"]) == ("digits-mlp", "digits-mlp-noaug")
+    assert cmp["speedup"] > 1 and cmp["within_noise"] is False
+    assert cmp["ci_low"] < cmp["speedup"] < cmp["ci_high"]
+    loader = {"dataloader_stall", "cpu_bound_dataloader", "io_bound_dataloader"}
+    resolved = {e["rule"] for e in cmp["findings"]["resolved"]}
+    assert resolved & loader, cmp["findings"]
+    assert re.match(r"B is \d+\.\d+× faster \(95 % CI \d+\.\d+–\d+\.\d+\): ", cmp["verdict"])
+    assert " resolved" in cmp["verdict"], cmp["verdict"]
 
 
 def test_dead_daemon_pid_is_not_left_running(node: Node):

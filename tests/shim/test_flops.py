@@ -161,6 +161,15 @@ def test_arch_in_hello_gives_flops_per_step(socket_dir, fake_daemon):
     assert "count_flops" not in opts  # None values are left out
 
 
+def test_samples_and_tokens_per_step_are_sent_without_arch(socket_dir, fake_daemon):
+    """What gpuprofctl compare normalises runs of other shapes by."""
+    with profile(socket_dir, samples_per_step=64, tokens_per_step=64 * 128):
+        pass
+    opts = fake_daemon.of_type("hello")[0]["options"]
+    assert (opts["samples_per_step"], opts["tokens_per_step"]) == (64, 64 * 128)
+    assert "flops_per_step" not in opts and "arch" not in opts
+
+
 def test_declared_flops_win_over_arch(socket_dir, fake_daemon):
     with profile(socket_dir, arch=tiny_arch().to_dict(), tokens_per_step=8, flops_per_step=5e9):
         pass
@@ -175,6 +184,8 @@ def test_declared_flops_win_over_arch(socket_dir, fake_daemon):
         ({"arch": "gpt2", "tokens_per_step": 8}, "TransformerArch"),
         ({"arch": {"layers": 1}, "tokens_per_step": 8}, "missing"),
         ({"tokens_per_step": 0}, "tokens_per_step"),
+        ({"samples_per_step": 0}, "samples_per_step"),
+        ({"samples_per_step": 2.5}, "samples_per_step"),
         ({"count_flops": "yes"}, "count_flops"),
     ],
 )
@@ -213,9 +224,12 @@ def test_protocol_checks_model_info_and_arch_option():
     }
     good = {"arch": tiny_arch().to_dict(), "tokens_per_step": 128, "flops_source": "arch"}
     assert decode(encode({**hello, "options": good}), "control")
+    assert decode(encode({**hello, "options": {"samples_per_step": 64}}), "control")
     for bad in [
         {**good, "arch": {**good["arch"], "layers": -1}},
         {**good, "tokens_per_step": 0},
+        {**good, "samples_per_step": 0},
+        {**good, "samples_per_step": "64"},
         {**good, "flops_source": "guess"},
         {**good, "count_flops": 1},
     ]:

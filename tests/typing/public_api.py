@@ -18,6 +18,7 @@ def typed_usage(loader: list[int]) -> float | None:
         "run",
         arch=arch,
         tokens_per_step=256,
+        samples_per_step=8,
         dtype="bf16",
         step_source="external",
         trace_every_n_steps=100,

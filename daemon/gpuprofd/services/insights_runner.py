@@ -162,7 +162,8 @@ class InsightsRunner:
         self, run_id: int, notes: Sequence[str] = (), *, keep_sent: bool = False
     ) -> dict[str, Any]:
         """Compute the final insights of an ended run, store them with its
-        median step time (steady-state iteration, as the history rule compares),
+        median step time (steady-state iteration: what the regression rule
+        compares by once this run's steps are gone),
         MFU and achieved TFLOP/s (NULL when unknown) and summary; return the
         summary dict.
 

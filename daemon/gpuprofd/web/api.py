@@ -16,6 +16,7 @@ from gpuprofd.storage import reads
 from gpuprofd.storage.reads import series
 from gpuprofd.storage.upkeep import hostrollup, steprollup
 from gpuprofd.views import kerneltable
+from gpuprofd.views.compare import load_compare, run_ref
 from gpuprofd.views.runs import LIVE_NOTE, list_runs, load_group, phase_means_ms
 from gpuprofd.web import runs as views
 from gpuprofd.web.responses import ApiError, json_response
@@ -343,7 +344,24 @@ async def run_kernels(request: web.Request) -> web.Response:
     )
 
 
+async def compare_pair(request: web.Request) -> dict[str, Any]:
+    """``?a=&b=``: run B against run A (:func:`gpuprofd.views.compare.load_compare`),
+    each a run id or a run name (its latest run).
+
+    Raises:
+        ApiError: 400, a or b missing, or given with ids.
+    """
+    a, b = request.query.get("a", "").strip(), request.query.get("b", "").strip()
+    if "ids" in request.query:
+        raise ApiError(400, "give ids= (runs side by side) or a= and b= (B against A), not both")
+    if not a or not b:
+        raise ApiError(400, "give a= and b=: two runs, each a run id or a run name")
+    return await load_compare(_state(request).reader, run_ref(a), run_ref(b))
+
+
 async def compare(request: web.Request) -> web.Response:
+    if "a" in request.query or "b" in request.query:
+        return json_response(await compare_pair(request))
     state = _state(request)
     raw = request.query.get("ids") or ""
     ids = [parse_id(part.strip()) for part in raw.split(",") if part.strip()]

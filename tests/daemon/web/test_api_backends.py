@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -231,6 +232,12 @@ BAD = [
     ("/api/v1/compare?ids=1", 400, "give 2 to 8 run ids"),
     ("/api/v1/compare?ids=1,x", 400, "run id 'x' is not a positive integer"),
     ("/api/v1/compare?ids=1,77", 404, "no run 77 in"),
+    ("/api/v1/compare?a=1", 400, "give a= and b=: two runs"),
+    ("/api/v1/compare?a=1&b=77", 404, "no run 77 in"),
+    ("/api/v1/compare?a=nope&b=1", 404, "no run named 'nope' in"),
+    ("/api/v1/compare?a=1&b=1", 400, "both name run 1: give two different runs"),
+    ("/api/v1/compare?a=0&b=1", 400, "'0' is not a run id"),
+    ("/api/v1/compare?ids=1,2&a=1&b=2", 400, "not both"),
     ("/api/v1/groups/nope", 404, "no runs in group 'nope'"),
     ("/api/v1/nothing", 404, "no such API path"),
 ]
@@ -241,6 +248,49 @@ async def test_bad_requests_get_a_json_error(storage_url: str) -> None:
         for path, status, says in BAD:
             got = await _json(client, path, status)
             assert set(got) == {"error"} and says in got["error"], (path, got)
+
+
+async def test_compare_two_runs_by_id_and_by_name(storage_url: str) -> None:
+    """The long run (30 ms iterations, one 910 ms) against a 15 ms one: the
+    compare of ``gpuprofctl compare``, by id and by name."""
+    async with open_store(storage_url) as store:
+        long_id = await _write_run(store)
+        fast_id = await runsdb.insert_run(
+            store,
+            {"run_key": "k-fast", "run_name": "fast", "status": "running", "host": "h",
+             "pid": 2, "rank": 0, "local_rank": 0, "world_size": 1, "auto": 1,
+             "start_wall_ns": START_WALL, "start_mono_ns": 0, "options": {}},
+        )  # fmt: skip
+        for i in range(100):  # 5 ms wait + 10 ms step
+            t0 = i * 15 * 10**6 + 5 * 10**6
+            phases = {"forward": 4 * 10**6, "backward": 6 * 10**6}
+            step = {"i": i, "t0": t0, "t1": t0 + 10**7, "wait": 5 * 10**6, "explicit": True,
+                    "micro": 1, "phases": phases}  # fmt: skip
+            await store.submit(runsdb.step_op(fast_id, step))
+        await runsdb.update_run(store, fast_id, status="finished", end_mono_ns=1_500 * 10**6)
+        await store.flush()
+        state = WebState(reader=store, now_mono_ns=None)
+        async with test_utils.TestClient(test_utils.TestServer(build_app(state))) as client:
+            by_id = await _json(client, f"/api/v1/compare?a={long_id}&b={fast_id}")
+            by_name = await _json(client, f"/api/v1/compare?a={long_id}&b=fast")
+    assert by_name == by_id
+    assert (by_id["a"]["run_id"], by_id["b"]["run_id"]) == (long_id, fast_id)
+    assert by_id["a"]["run_name"] == HOSTILE
+    steady = STEPS - 3  # the warm-up steps are not compared
+    mean_long = (steady * 30 + (SPIKE_STEP_NS - STEP_NS) / 1e6) / steady
+    assert by_id["a"]["mean_iteration_ms"] == pytest.approx(mean_long, abs=1e-3)
+    assert by_id["b"]["mean_iteration_ms"] == 15.0
+    assert by_id["speedup"] == pytest.approx(mean_long / 15, abs=1e-4)
+    assert by_id["ci_low"] < by_id["speedup"] < by_id["ci_high"]
+    # no optimizer (nor other) time in the fast run: named; forward's share
+    # rose (17 to 27 %) as its time fell (5 to 4 ms): not
+    assert re.fullmatch(
+        r"B is 2\.0× faster \(95 % CI 2\.0\d–2\.0\d\): optimizer fell from 8 % to 0 %; "
+        r"other fell from 8 % to 0 %\.",
+        by_id["verdict"],
+    ), by_id["verdict"]
+    wait = by_id["phases"][0]
+    assert (wait["phase"], wait["b_ms"], wait["b_pct"]) == ("loader_wait", 5.0, 33.3)
 
 
 async def _subscribe(ws: Any, msg: Any, until: str = "steps") -> list[dict[str, Any]]:

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.timeout(600)  # real torch subprocesses on a shared 2-c
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "dashboard.md"
 #: Objects whose keys are free-form (a summary, a rule's evidence, counts by status).
-FREE = ("summary", "evidence", "counts")
+FREE = ("summary", "evidence", "counts", "gain_a", "gain_b")
 #: Objects the doc shows cut short: its keys must be there, others may be too.
 SUBSET = ("compare.runs[].run",)
 
@@ -139,6 +139,7 @@ def test_documented_examples_have_the_real_shapes(node: Node, finished: tuple) -
         "series": f"/runs/{hostile_id}/series?width=300",
         "kernels": f"/runs/{hostile_id}/kernels",
         "compare": f"/compare?ids={hostile_id},{plain_id}",
+        "compare_pair": f"/compare?a={hostile_id}&b={plain_id}",
         "group": f"/groups/{group}",
     }
     assert set(paths) <= set(docs), f"undocumented: {set(paths) - set(docs)}"
@@ -149,6 +150,8 @@ def test_documented_examples_have_the_real_shapes(node: Node, finished: tuple) -
     assert "<img src=x onerror=alert(1)>" in STORED_NAME
     assert real["run"]["run"]["name"] == STORED_NAME
     assert real["compare"]["runs"][0]["run"]["name"] == STORED_NAME
+    assert real["compare_pair"]["a"]["run_name"] == STORED_NAME
+    assert real["compare_pair"]["verdict"].startswith("B is ")
     assert real["group"]["group"] == group_name and "<img" in group_name
     assert [r["run_id"] for r in real["group"]["ranks"]] == [hostile_id]
     # the replayed H200 is the run's GPU (the CPU run reported no CUDA device), with data

@@ -228,3 +228,38 @@ def test_optimizer_totals_count_the_steps_each_stepped_in():
         {"optimizers": [opt("critic", 5_000_000, 5)]},
     ]
     assert _optimizer_totals(steps) == (("critic", 15, 0, 15.0, 3), ("gen", 2, 0, 4.0, 2))
+
+
+def _step(i: int, step_ms: float, wait_ms: float, **kw) -> dict:
+    t0 = i * 1_000_000_000
+    return {"t0": t0, "t1": t0 + int(step_ms * 1e6), "wait": int(wait_ms * 1e6), **kw}
+
+
+def test_steady_figures_and_shape_for_the_compare():
+    from gpuprof.insights.context import steady_iterations
+
+    run = {
+        "run_name": "r",
+        "status": "finished",
+        "world_size": 4,
+        "options": {"tokens_per_step": 8192, "samples_per_step": 16},
+    }
+    steps = [_step(i, 50.0, 20.0, phases={"forward": 30_000_000}) for i in range(3)]  # warm-up
+    steps += [
+        _step(i, 10.0, 2.0, phases={"forward": 4_000_000, "gpuprof": 1_000_000})
+        for i in range(3, 10)
+    ]
+    steps[5]["traced"] = True  # a profiler window: left out
+    ctx = build_context(run, steps, history_iteration_ms=[(12.0, 13.0), ()])
+    assert ctx.steady_iteration_ms == (11.0,) * 6  # 10 ms step - 1 ms own time + 2 ms wait
+    assert steady_iterations(steps) == ctx.steady_iteration_ms
+    assert steady_iterations(steps[4:], whole=False) == (11.0,) * 5  # a run's last steps
+    assert ctx.steady_phase_ms == {"forward": 24.0, "gpuprof": 6.0}
+    assert (ctx.world_size, ctx.tokens_per_step, ctx.samples_per_step) == (4, 8192, 16)
+    assert ctx.history_iteration_ms == ((12.0, 13.0), ())
+
+
+def test_a_shape_declared_badly_is_not_taken():
+    run = {"run_name": "r", "status": "finished", "options": {"samples_per_step": "16"}}
+    ctx = build_context(run, [_step(0, 10.0, 0.0)])
+    assert (ctx.world_size, ctx.tokens_per_step, ctx.samples_per_step) == (1, None, None)

@@ -1,9 +1,13 @@
 from __future__ import annotations
 
+import random
+import re
+
 import pytest
 
 from gpuprof.insights.cost import estimated_cost
 from gpuprof.insights.history import regression
+from gpuprof.stats import median
 
 from .conftest import make_ctx
 
@@ -25,6 +29,55 @@ def test_regression_silent_within_noise_or_faster_or_no_history():
     assert regression(make_ctx([105.0] * 10, history_median_step_ms=(100.0,))) is None
     assert regression(make_ctx([50.0] * 10, history_median_step_ms=(100.0,))) is None
     assert regression(make_ctx([500.0] * 10)) is None
+
+
+def _uniform(mean_ms: float, spread_ms: float, n: int, seed: int) -> tuple[float, ...]:
+    rng = random.Random(seed)
+    return tuple(mean_ms + rng.uniform(-spread_ms, spread_ms) for _ in range(n))
+
+
+def test_regression_by_the_compares_test_fires_with_its_interval():
+    # two earlier runs of 100 and 104 ms (their steps stored), this one 130 ms
+    history = (_uniform(100, 5, 40, 1), _uniform(104, 5, 40, 2))
+    ctx = make_ctx(
+        _uniform(130, 6, 43, 3),
+        history_median_step_ms=(100.0, 104.0),
+        history_iteration_ms=history,
+    )
+    ins = regression(ctx)
+    assert ins is not None and ins.severity == "MED"
+    base = sum(history[0] + history[1]) / 80
+    assert ins.evidence["baseline_ms"] == pytest.approx(base, abs=1e-3)
+    assert ins.evidence["statistic"] == "mean"
+    assert ins.evidence["ci_low"] < ins.evidence["speedup"] < ins.evidence["ci_high"] < 1
+    assert re.fullmatch(
+        r"Regression vs last 2 runs of 't': iteration 1\d\d\.\d ms vs 10\d\.\d ms "
+        r"\(2\d% slower, 95 % CI 2\d%–\d\d%\)",
+        ins.title,
+    ), ins.title
+
+
+def test_a_slower_run_within_noise_is_not_a_regression():
+    # steps of 20 or 180 ms (mean 100); this run 15 % slower on average, but
+    # with 30 steps of that spread the difference is within their noise
+    base = (20.0, 180.0) * 15
+    slower = (50.0,) * 3 + (23.0, 207.0) * 15  # 3 warm-up steps, then mean 115 ms
+    ctx = make_ctx(slower, history_median_step_ms=(100.0,), history_iteration_ms=(base,))
+    assert regression(ctx) is None
+    # by the medians alone (the steps gone) the same run fires: the noise test is what holds it
+    gone = make_ctx(slower, history_median_step_ms=(median(base),))
+    assert "(15% slower)" in regression(gone).title
+
+
+def test_regression_falls_back_to_medians_when_a_history_runs_steps_are_gone():
+    ctx = make_ctx(
+        [130.0] * 20,
+        history_median_step_ms=(100.0, 100.0),
+        history_iteration_ms=((100.0,) * 20, ()),  # the older run's steps deleted
+    )
+    ins = regression(ctx)
+    assert ins.evidence["statistic"] == "median"
+    assert "(median): step time 130.0 ms vs 100.0 ms (30% slower)" in ins.title
 
 
 def test_regression_uses_iteration_time_so_loader_slowdowns_count():

@@ -14,8 +14,13 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import orjson
+
 from gpuprof.insights import RunContext, build_context
 from gpuprof.insights.aggregates import GpuStats
+from gpuprof.insights.base import WARMUP_STEPS
+from gpuprof.insights.context import steady_iterations
+from gpuprof.insights.history import HISTORY_STEPS
 from gpuprofd.sampling import rollup
 from gpuprofd.storage.reader import Reader
 from gpuprofd.storage.reads import queries
@@ -53,11 +58,31 @@ async def host_samples(
     return [dict(r) for r in rows]
 
 
-async def history_medians(db: Reader, run_id: int, run_name: str) -> list[float]:
-    """Median step ms of up to :data:`queries.HISTORY_RUNS` earlier finished runs of
-    *run_name*, newest first."""
+async def history_runs(db: Reader, run_id: int, run_name: str) -> list[tuple[int, float]]:
+    """(id, median step ms) of up to :data:`queries.HISTORY_RUNS` earlier
+    finished runs of *run_name*, newest first."""
     rows = await db.fetchall(queries.HISTORY_SQL, (run_name, run_id, queries.HISTORY_RUNS))
-    return [float(r["median_step_ms"]) for r in rows]
+    return [(int(r["id"]), float(r["median_step_ms"])) for r in rows]
+
+
+async def history_iterations(db: Reader, run_id: int) -> tuple[float, ...]:
+    """The steady iteration times (ms) of an earlier run, at most its last
+    :data:`gpuprof.insights.history.HISTORY_STEPS` (by ``t0``): what the
+    regression rule compares with. Empty when its steps are gone."""
+    limit = HISTORY_STEPS + WARMUP_STEPS + 1  # more than that: the warm-up is not among them
+    rows = await db.fetchall(queries.LAST_STEPS_SQL, (run_id, limit))
+    steps = [
+        {
+            "t0": r[0],
+            "t1": r[1],
+            "wait": r[2],
+            "phases": orjson.loads(r[3]) if r[3] else {},
+            "traced": bool(r[4]),
+        }
+        for r in reversed(rows)
+    ]
+    got = steady_iterations(steps, whole=len(rows) < limit)
+    return got[-HISTORY_STEPS:]
 
 
 async def run_cpu(db: Reader, run_id: int) -> list[dict[str, Any]]:
@@ -139,7 +164,8 @@ async def run_context(
     end = run.get("end_mono_ns") or now_mono_ns or (got[-1]["t1"] if got else None)
     if start is not None and end is not None:
         host = await host_samples(db, start, end, run.get("boot_id"))
-    history = await history_medians(db, run_id, run["run_name"])
+    history = await history_runs(db, run_id, run["run_name"])
+    history_steps = [await history_iterations(db, hid) for hid, _ in history]
     cpu = await run_cpu(db, run_id)
     job = await job_cpu(db, run)
     workers = await worker_cpu(db, run_id)
@@ -151,7 +177,7 @@ async def run_context(
         run,
         got,
         host,
-        history,
+        [ms for _, ms in history],
         gpu_rate_usd_per_hour,
         cpu,
         gpu=gpu,
@@ -159,4 +185,5 @@ async def run_context(
         kernel_windows=windows,
         comm=comm,
         job_cpu=job,
+        history_iteration_ms=history_steps,
     )

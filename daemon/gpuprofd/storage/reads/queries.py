@@ -71,8 +71,13 @@ WORKER_CPU_SQL = (
     "WHERE run_id = ? ORDER BY loader_seq, worker_id"
 )
 HISTORY_SQL = (
-    "SELECT median_step_ms FROM runs WHERE run_name = ? AND id < ? AND status = 'finished' "
+    "SELECT id, median_step_ms FROM runs WHERE run_name = ? AND id < ? AND status = 'finished' "
     "AND median_step_ms IS NOT NULL ORDER BY id DESC LIMIT ?"
+)
+#: A run's last steps, newest first (``LIMIT ?``): a history run's iterations.
+LAST_STEPS_SQL = (
+    "SELECT t0_ns, t1_ns, wait_ns, phases, traced FROM steps WHERE run_id = ? "
+    "ORDER BY t0_ns DESC LIMIT ?"
 )
 INSIGHTS_SQL = (
     "SELECT rule, severity, title, detail, fix, evidence FROM insights WHERE run_id = ? "

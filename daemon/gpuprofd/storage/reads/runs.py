@@ -74,6 +74,36 @@ async def get_run(db: Reader, run_id: int | None) -> dict[str, Any]:
     return queries.run_from_row(row)
 
 
+#: Run names an unknown name's message lists (the newest).
+NAMES_LISTED = 10
+
+
+async def latest_run_named(db: Reader, name: str) -> dict[str, Any]:
+    """The latest run (highest id) named exactly *name*.
+
+    Raises:
+        UnknownRunError: no run has that name, naming the database and the
+            latest :data:`NAMES_LISTED` names it does hold.
+    """
+    row = await db.fetchone(
+        "SELECT * FROM runs WHERE run_name = ? ORDER BY id DESC LIMIT 1", (name,)
+    )
+    if row is not None:
+        return queries.run_from_row(row)
+    rows = await db.fetchall(
+        "SELECT run_name FROM runs GROUP BY run_name ORDER BY MAX(id) DESC LIMIT ?",
+        (NAMES_LISTED + 1,),
+    )
+    names = [shlex.quote(r["run_name"][:60]) for r in rows]
+    if not names:
+        raise UnknownRunError(f"no run named {name!r} in {db.where}: it has no runs yet")
+    more = ", ..." if len(names) > NAMES_LISTED else ""
+    raise UnknownRunError(
+        f"no run named {name!r} in {db.where} (names here, newest first: "
+        f"{', '.join(names[:NAMES_LISTED])}{more}; see {_runs_command(db.where)})"
+    )
+
+
 async def find_run(
     db: Reader, *, run_id: int | None = None, run_key: str | None = None
 ) -> dict[str, Any] | None:

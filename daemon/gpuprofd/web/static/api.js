@@ -57,5 +57,7 @@ export const api = {
     get(`/runs/${enc(id)}/series`, { from, to, width, parts }),
   kernels: (id, top = 20) => get(`/runs/${enc(id)}/kernels`, { top }),
   compare: (ids) => get("/compare", { ids: ids.join(",") }),
+  /** Run `b` against run `a` (each an id or a name): speed-up, phases, findings, verdict. */
+  comparePair: (a, b) => get("/compare", { a, b }),
   group: (group) => get(`/groups/${enc(group)}`),
 };

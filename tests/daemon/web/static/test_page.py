@@ -248,6 +248,38 @@ def test_compare_view(dash: Dash, runs: dict, pages):
     assert w.errors == []
 
 
+def test_compare_view_says_the_verdict_and_deltas_of_each_run_against_the_first(
+    dash: Dash, runs: dict, pages
+):
+    stall, plain, hostile = (runs[k]["id"] for k in ("stall", "plain", "hostile"))
+    want = dash.get(f"/api/v1/compare?a={stall}&b={plain}")
+    w = pages()
+    page = w.open(f"{dash.url}/#/compare/{stall},{plain},{hostile}")
+    page.wait_for_selector("body[data-ready='1']", timeout=30_000)
+    pair = page.locator(f".pair[data-a='{stall}'][data-b='{plain}']")
+    assert pair.locator(".verdict").text_content() == want["verdict"]
+    assert want["verdict"].startswith("B is ") and " faster " in want["verdict"]
+    # the findings resolved, new and changed, as the API has them
+    shown = pair.locator("li[data-kind]").evaluate_all(
+        "els => els.map(e => [e.dataset.kind, e.dataset.rule])"
+    )
+    kinds = ("resolved", "new", "changed")
+    assert shown == [[k, e["rule"]] for k in kinds for e in want["findings"][k]]
+    wait = next(p for p in want["phases"] if p["phase"] == "loader_wait")
+    cells = pair.locator("tr[data-phase='loader_wait'] td").all_text_contents()
+    assert cells == [
+        f"{wait['a_pct']:.1f}%",
+        f"{wait['b_pct']:.1f}%",
+        f"{wait['delta_pct']:.1f} pp",
+    ]
+    assert wait["delta_pct"] < 0  # the plain run waits less
+    # the hostile-named run's pair: its name is text, nothing of it runs
+    other = page.locator(f".pair[data-b='{hostile}'] h3 bdi").all_text_contents()
+    assert HOSTILE in other
+    assert page.evaluate("window.__pwned") is None
+    assert w.errors == []
+
+
 def _compared(page: Any) -> list[str]:
     page.wait_for_selector("body[data-ready='1']", timeout=30_000)
     return page.locator("#compare-figures thead th[scope=col] a.run-link").all_text_contents()
@@ -394,7 +426,7 @@ def test_every_view_renders_without_errors_and_screenshots(
     views = {
         "runs": "#/runs",
         "run": f"#/run/{runs['stall']['id']}",
-        "compare": f"#/compare/{runs['plain']['id']},{runs['stall']['id']}",
+        "compare": f"#/compare/{runs['stall']['id']},{runs['plain']['id']}",  # the fix as B
         "group": f"#/group/{quote(GROUP, safe='')}",
     }
     for name, view in views.items():

@@ -1,5 +1,7 @@
-// #/compare/<id>,<id>[,...]: two or more runs side by side: headline
-// figures, the phase breakdown, each run's insights, step time overlaid.
+// #/compare/<id>,<id>[,...]: two or more runs side by side: each run after
+// the first against the first (gpuprofctl compare's verdict, speed-up and
+// deltas), headline figures, the phase breakdown, each run's insights, step
+// time overlaid.
 // The address is the view's state: runs added or removed here change it (a
 // new history entry each, so Back gives the last set), and a bookmark of it
 // opens the same compare.
@@ -7,7 +9,7 @@
 import { api } from "../api.js";
 import { chart, destroyCharts, newSyncKey, palette } from "../charts.js";
 import { h, replace, userText } from "../dom.js";
-import { DASH, int, ms, num, ratioPct } from "../format.js";
+import { DASH, int, ms, num, pct, ratioPct } from "../format.js";
 import { errorBox, insightList, statusBadge } from "./panels.js";
 import { PHASES } from "./run_charts.js";
 
@@ -21,6 +23,50 @@ export function overlay(curves) {
     return y;
   });
   return [xs, ...ys];
+}
+
+const signed = (v, digits = 1) => (v === null || v === undefined ? DASH : `${v > 0 ? "+" : ""}${Number(v || 0).toFixed(digits)}`);
+
+/** A speed-up factor to three significant digits: `2.93×`, `0.0733×`. */
+const times = (x) => `${Number(x).toPrecision(3)}×`;
+
+/** One finding of the comparison: its short name, severities and titles (text). */
+function changeItem(kind, e) {
+  const sev = kind === "changed" ? `${e.severity_a} → ${e.severity_b}` : (e.severity_a ?? e.severity_b);
+  const title = kind === "new" || kind === "changed" ? e.title_b : e.title_a;
+  // what fixing it was predicted to be worth, where A's finding said so
+  const predicted = e.gain_a?.gain_speedup_max;
+  return h("li", { "data-rule": e.rule, "data-kind": kind },
+    h("strong", {}, `${kind} `), h("span", { class: "sev" }, `[${sev ?? DASH}] `), userText(e.label),
+    kind === "resolved" && typeof predicted === "number"
+      ? h("span", { class: "muted predicted" }, ` (predicted: up to ${times(predicted)} faster)`) : null,
+    title ? h("div", { class: "muted" }, userText(title)) : null);
+}
+
+/** Run B against run A (`cmp`: /compare?a=&b=): the verdict sentence, the
+ * speed-up with its interval, the phase deltas and the findings that changed. */
+export function pairPanel(cmp) {
+  const { a, b } = cmp;
+  const ci = cmp.ci_low === null ? "no interval: too few steps"
+    : `95 % CI ${times(cmp.ci_low)}–${times(cmp.ci_high)}${cmp.within_noise ? ", within noise" : ""}`;
+  const phases = h("table", { class: "compare deltas", "data-b": b.run_id },
+    h("thead", {}, h("tr", {}, h("th", {}, "share of iteration"), h("th", { scope: "col" }, "A"),
+      h("th", { scope: "col" }, "B"), h("th", { scope: "col" }, "B − A"))),
+    h("tbody", {}, cmp.phases.filter((p) => p.a_pct !== null || p.b_pct !== null).map((p) =>
+      h("tr", { "data-phase": p.phase }, h("th", { scope: "row" }, p.label),
+        h("td", { class: "num" }, pct(p.a_pct)), h("td", { class: "num" }, pct(p.b_pct)),
+        h("td", { class: "num" }, p.delta_pct === null ? DASH : `${signed(p.delta_pct)} pp`)))));
+  const kinds = ["resolved", "new", "changed"];
+  const changes = kinds.flatMap((k) => (cmp.findings?.[k] || []).map((e) => changeItem(k, e)));
+  return h("div", { class: "panel pair", "data-a": a.run_id, "data-b": b.run_id },
+    h("h3", {}, "B ", h("a", { href: `#/run/${b.run_id}`, class: "run-link" }, `#${b.run_id} `, userText(b.run_name)),
+      " against A ", h("a", { href: `#/run/${a.run_id}`, class: "run-link" }, `#${a.run_id} `, userText(a.run_name))),
+    h("p", { class: "verdict" }, userText(cmp.verdict)),
+    h("p", { class: "muted speedup" }, `Mean iteration ${ms(a.mean_iteration_ms)} → ${ms(b.mean_iteration_ms)}; `,
+      `speed-up (A's time over B's) ${times(cmp.speedup)} per ${cmp.basis.unit} (${ci})`),
+    cmp.basis.note ? h("p", { class: "note" }, "Note: ", userText(cmp.basis.note)) : null,
+    h("div", { class: "table-wrap" }, phases),
+    changes.length ? h("ul", { class: "changes" }, changes) : h("p", { class: "muted" }, "No finding resolved, new or changed."));
 }
 
 /** The most runs one compare holds (the API's limit). */
@@ -87,7 +133,12 @@ export function render(root, { ids: asked }) {
       document.body.dataset.ready = "1";
       return;
     }
+    // each run after the first against the first: one failing pair (a run
+    // without steps) is said in its place, the rest still shown
+    const pairs = await Promise.allSettled(ids.slice(1).map((id) => api.comparePair(ids[0], id)));
     if (gone) return;
+    const verdicts = h("section", { class: "panel", id: "compare-verdicts" }, h("h2", {}, "Against the first run"),
+      pairs.map((p) => (p.status === "fulfilled" ? pairPanel(p.value) : errorBox(p.reason))));
     const pal = palette();
     const runs = data.runs || [];
     const nameOf = (r) => r.run.name ?? r.run.run_name;
@@ -130,6 +181,7 @@ export function render(root, { ids: asked }) {
     const insights = h("div", { class: "compare-insights" }, runs.map((r) => h("div", { class: "panel" },
       h("h3", {}, `#${r.run.id} `, userText(nameOf(r))), insightList(r.insights))));
     replace(body,
+      verdicts,
       h("section", { class: "panel" }, h("h2", {}, "Headline"), h("div", { class: "table-wrap" }, figures)),
       h("section", { class: "panel" }, h("h2", {}, "Phase breakdown"), h("div", { class: "table-wrap" }, phases)),
       h("section", { class: "panel" }, h("h2", {}, "Step time by step"), chartBox),

@@ -1,0 +1,298 @@
+"""The run-vs-run compare (gpuprof.compare) and its speed test
+(gpuprof.stats.speed_ratio) on controlled step times."""
+
+from __future__ import annotations
+
+import random
+import re
+
+import pytest
+
+from gpuprof.compare import compare_basis, compare_runs, finding_changes, phase_split, verdict
+from gpuprof.insights.base import WARMUP_STEPS, RunContext
+from gpuprof.stats import MAX_BLOCKS, MIN_STEPS, speed_ratio
+
+
+def noisy(mean_ms: float, spread_ms: float, n: int, seed: int) -> list[float]:
+    """*n* iteration times uniform in mean ± spread (the true mean is *mean_ms*)."""
+    rng = random.Random(seed)
+    return [mean_ms + rng.uniform(-spread_ms, spread_ms) for _ in range(n)]
+
+
+def ctx(
+    step_ms: list[float],
+    wait_ms: list[float] | None = None,
+    phases_per_step: dict[str, float] | None = None,
+    **kw,
+) -> RunContext:
+    """A context with these per-step times (ms); the steady steps' phase
+    totals are *phases_per_step* (ms) times the steady step count."""
+    wait_ms = wait_ms if wait_ms is not None else [0.0] * len(step_ms)
+    n = len(step_ms) - WARMUP_STEPS if len(step_ms) > 2 * WARMUP_STEPS else len(step_ms)
+    kw.setdefault("run_name", "r")
+    kw.setdefault("status", "finished")
+    return RunContext(
+        step_ms=tuple(step_ms),
+        wait_ms=tuple(wait_ms),
+        steady_phase_ms={k: v * n for k, v in (phases_per_step or {}).items()},
+        **kw,
+    )
+
+
+def finding(rule: str, severity: str = "HIGH", title: str = "t", **extra) -> dict:
+    return {"rule": rule, "severity": severity, "title": title, "detail": "", "fix": "", **extra}
+
+
+# --- speed_ratio ---------------------------------------------------------------
+
+
+def test_constant_times_give_the_exact_ratio_and_a_point_interval():
+    r = speed_ratio([50.0] * 40, [20.0] * 40)
+    assert (r.speedup, r.low, r.high) == (2.5, 2.5, 2.5)
+    assert r.within_noise is False
+
+
+def test_the_ratio_is_of_the_means_so_a_removed_slow_step_counts():
+    # every 10th step 100 ms, the rest 10 ms: the median is 10 ms either way,
+    # the mean 19 ms against 10 ms
+    a = [100.0 if i % 10 == 0 else 10.0 for i in range(200)]
+    r = speed_ratio(a, [10.0] * 200)
+    assert r.speedup == pytest.approx(1.9)
+    assert r.low > 1.0 and r.within_noise is False
+
+
+def test_the_interval_holds_the_true_ratio():
+    # uniform noise around 50 and 20 ms: the true speed-up is 2.5
+    held = []
+    for seed in range(20):
+        r = speed_ratio(noisy(50, 10, 200, seed), noisy(20, 4, 200, 100 + seed))
+        assert r.low < r.speedup < r.high
+        assert r.high - r.low < 0.15  # 200 steps pin it to about ±2.3 %
+        held.append(r.low <= 2.5 <= r.high)
+    assert sum(held) >= 17  # a 95 % interval: 19 of 20 expected
+
+
+def test_two_samples_of_one_distribution_are_within_noise():
+    within = [
+        speed_ratio(noisy(30, 6, 150, seed), noisy(30, 6, 150, 500 + seed)).within_noise
+        for seed in range(20)
+    ]
+    assert sum(bool(w) for w in within) >= 17  # 19 of 20 expected
+    r = speed_ratio(noisy(30, 6, 150, 0), noisy(30, 6, 150, 500))
+    assert r.within_noise is True and r.low < 1.0 < r.high
+
+
+def test_a_five_percent_gain_over_a_noisy_run_is_within_noise_a_steady_one_is_not():
+    noisy_a, noisy_b = noisy(100, 60, 30, 1), noisy(95, 57, 30, 2)
+    assert speed_ratio(noisy_a, noisy_b).within_noise is True
+    r = speed_ratio(noisy(100, 2, 300, 1), noisy(95, 1.9, 300, 2))
+    assert r.within_noise is False and r.speedup == pytest.approx(100 / 95, rel=0.01)
+
+
+def test_the_interval_is_the_same_every_time():
+    a, b = noisy(50, 10, 100, 7), noisy(40, 8, 100, 8)
+    assert speed_ratio(a, b) == speed_ratio(a, b)
+
+
+def test_too_few_steps_give_no_interval():
+    r = speed_ratio([10.0] * (MIN_STEPS - 1), [5.0] * 40)
+    assert r.speedup == 2.0
+    assert (r.low, r.high, r.within_noise) == (None, None, None)
+
+
+def test_a_long_run_is_resampled_in_blocks_and_keeps_its_exact_mean():
+    a = noisy(20, 5, 50 * MAX_BLOCKS, 3)
+    b = noisy(10, 2, 7 * MAX_BLOCKS + 13, 4)
+    r = speed_ratio(a, b)
+    assert r.speedup == pytest.approx((sum(a) / len(a)) / (sum(b) / len(b)), rel=1e-12)
+    assert r.low < 2.0 < r.high  # true ratio 2
+
+
+def test_units_make_the_ratio_per_unit_of_work():
+    # B takes 1.6x as long per iteration but does twice the samples
+    r = speed_ratio([10.0] * 20, [16.0] * 20, units_a=32, units_b=64)
+    assert r.speedup == pytest.approx(1.25)
+
+
+@pytest.mark.parametrize(
+    "a, b, units",
+    [([], [1.0], (1, 1)), ([1.0], [], (1, 1)), ([0.0], [1.0], (1, 1)), ([1.0], [1.0], (0, 1))],
+)
+def test_bad_input_is_a_value_error(a, b, units):
+    with pytest.raises(ValueError):
+        speed_ratio(a, b, *units)
+
+
+# --- basis -------------------------------------------------------------------------
+
+
+def test_runs_of_one_shape_compare_per_iteration():
+    basis = compare_basis(ctx([10.0] * 20), ctx([8.0] * 20))
+    assert (basis.unit, basis.units_a, basis.units_b, basis.note) == ("iteration", 1, 1, None)
+    # both declare the same work per iteration: still per iteration
+    same = compare_basis(
+        ctx([10.0] * 20, tokens_per_step=4096), ctx([8.0] * 20, tokens_per_step=4096)
+    )
+    assert same.unit == "iteration"
+
+
+def test_one_run_alone_declaring_its_work_is_said():
+    basis = compare_basis(ctx([10.0] * 20, samples_per_step=32), ctx([8.0] * 20))
+    assert (basis.unit, basis.note) == (
+        "iteration",
+        "compared per iteration: only A declares samples_per_step",
+    )
+
+
+def test_a_bigger_batch_is_compared_per_sample():
+    a = ctx([10.0] * 30, samples_per_step=32)
+    b = ctx([16.0] * 30, samples_per_step=64)
+    out = compare_runs(a, b, [], [])
+    assert out["basis"]["unit"] == "sample"
+    assert (out["basis"]["units_a"], out["basis"]["units_b"]) == (32, 64)
+    assert out["speedup"] == pytest.approx(1.25)  # 0.3125 vs 0.25 ms per sample
+    assert out["a"]["units_per_s"] == pytest.approx(3200.0)  # 32 samples per 10 ms
+    assert out["b"]["units_per_s"] == pytest.approx(4000.0)
+    assert out["verdict"].startswith("B is 1.25× faster per sample (95 % CI 1.25–1.25)")
+    assert out["phases"][0]["delta_ms"] is None  # ms of runs of other shapes do not subtract
+
+
+def test_tokens_win_over_samples_and_count_every_rank():
+    a = ctx([10.0] * 30, tokens_per_step=1000, samples_per_step=4, world_size=2)
+    b = ctx([10.0] * 30, tokens_per_step=1000, samples_per_step=4, world_size=4)
+    basis = compare_basis(a, b)
+    assert (basis.unit, basis.units_a, basis.units_b) == ("token", 2000, 4000)
+    assert (
+        basis.note == "compared per token: A does 2,000 tokens per iteration (all ranks), B 4,000"
+    )
+    assert compare_runs(a, b, [], [])["speedup"] == pytest.approx(2.0)
+
+
+def test_other_micro_batches_without_declared_work_compare_per_micro_batch():
+    a = ctx([10.0] * 30, micro_batches=(1,) * 30)
+    b = ctx([36.0] * 30, micro_batches=(4,) * 30)  # 4 micro-batches of 9 ms
+    out = compare_runs(a, b, [], [])
+    assert out["basis"]["unit"] == "micro-batch"
+    assert "assumes micro-batches of one size" in out["basis"]["note"]
+    assert out["speedup"] == pytest.approx(10 / 9, abs=1e-4)  # JSON keeps 4 decimals
+
+
+# --- phases and findings ----------------------------------------------------------------
+
+
+def test_phase_split_is_of_the_steady_iterations():
+    # warm-up steps 0-2 are slow and not counted; steady: 5 ms wait + 15 ms step
+    c = ctx(
+        [100.0] * 3 + [15.0] * 20,
+        [50.0] * 3 + [5.0] * 20,
+        {"data": 1.0, "forward": 4.0, "backward": 6.0, "optimizer": 2.0, "gpuprof": 0.5},
+    )
+    split = phase_split(c)
+    assert split["loader_wait"] == pytest.approx((6.0, 30.0))  # wait 5 + data 1, of 20
+    assert split["forward"] == pytest.approx((4.0, 20.0))
+    assert split["backward"] == pytest.approx((6.0, 30.0))
+    assert split["optimizer"] == pytest.approx((2.0, 10.0))
+    assert split["other"] == pytest.approx((2.0, 10.0))  # 15 - (1 + 4 + 6 + 2)
+    assert split["comm"] is None  # no collectives timed
+
+
+def test_findings_resolved_new_changed_unchanged():
+    a = [
+        finding("cpu_bound_dataloader", "HIGH", "57% waiting", gain_speedup_max=2.3),
+        finding("high_step_variance", "MED"),
+        finding("low_mfu", "MED", "MFU 20%"),
+        finding("estimated_cost", "LOW"),
+    ]
+    b = [
+        finding("low_mfu", "MED", "MFU 31%"),
+        finding("high_step_variance", "LOW"),
+        finding("gpu_idle_between_steps", "MED"),
+        finding("estimated_cost", "LOW"),
+    ]
+    got = finding_changes(a, b)
+    assert [e["rule"] for e in got["resolved"]] == ["cpu_bound_dataloader"]
+    assert got["resolved"][0]["label"] == "CPU-bound loader"
+    assert got["resolved"][0]["gain_a"] == {"gain_speedup_max": 2.3}
+    assert [e["rule"] for e in got["new"]] == ["gpu_idle_between_steps"]
+    assert got["new"][0]["gain_b"] == {}  # no gain figures: tolerated
+    assert [(e["rule"], e["severity_a"], e["severity_b"]) for e in got["changed"]] == [
+        ("high_step_variance", "MED", "LOW")
+    ]
+    unchanged = {e["rule"]: e for e in got["unchanged"]}
+    assert set(unchanged) == {"low_mfu", "estimated_cost"}
+    assert (unchanged["low_mfu"]["title_a"], unchanged["low_mfu"]["title_b"]) == (
+        "MFU 20%",
+        "MFU 31%",
+    )
+
+
+def test_the_issues_sentence():
+    # A: 32.4 ms loader wait + 24.4 ms step (57 % waiting); B: 0.8 + 18.8 ms
+    n = 200
+    a = ctx(
+        noisy(24.4, 2, n, 1), noisy(32.4, 4, n, 2), {"forward": 8.0, "backward": 14.0}, status="x"
+    )
+    b = ctx(noisy(18.8, 2, n, 3), noisy(0.8, 0.2, n, 4), {"forward": 6.0, "backward": 11.0})
+    out = compare_runs(
+        a,
+        b,
+        [finding("cpu_bound_dataloader"), finding("estimated_cost", "LOW")],
+        [finding("estimated_cost", "LOW")],
+        a_id=1,
+        b_id=2,
+    )
+    assert re.fullmatch(
+        r"B is 2\.9× faster \(95 % CI 2\.\d+–\d\.\d+\): loader wait fell from 57 % to 4 %; "
+        r'"CPU-bound loader" is resolved\.',
+        out["verdict"],
+    ), out["verdict"]
+    assert out["ci_low"] < 56.8 / 19.6 < out["ci_high"]
+    assert out["within_noise"] is False
+    # the step's phases rose as shares but fell in time: not named
+    back = next(p for p in out["phases"] if p["phase"] == "backward")
+    assert back["delta_pct"] > 5 and back["time_ratio"] < 1
+    assert (out["a"]["run_id"], out["b"]["run_id"]) == (1, 2)
+    assert out["a"]["steady_steps"] == n - WARMUP_STEPS
+
+
+def test_a_slower_run_says_its_slow_down_interval():
+    out = compare_runs(ctx(noisy(10, 1, 100, 1)), ctx(noisy(14, 1.4, 100, 2)), [], [])
+    m = re.fullmatch(r"B is 1\.4\d× slower \(95 % CI (1\.\d+)–(1\.\d+)\)\.", out["verdict"])
+    assert m, out["verdict"]
+    assert float(m[1]) < 1.4 < float(m[2])
+
+
+def test_within_noise_is_said_and_new_findings_named():
+    out = compare_runs(
+        ctx(noisy(30, 6, 150, 0)),
+        ctx(noisy(30, 6, 150, 500)),
+        [],
+        [finding("power_capping", "MED"), finding("thermal_throttling", "HIGH")],
+    )
+    assert out["within_noise"] is True
+    assert re.fullmatch(
+        r"B is as fast as A within noise \(\d\.\d\d×, 95 % CI 0\.\d\d–1\.\d\d\): "
+        r'"thermal throttling" and "power capping" are new\.',
+        out["verdict"],
+    ), out["verdict"]
+
+
+def test_verdict_names_at_most_three_findings():
+    from gpuprof.stats import SpeedRatio
+
+    changes = finding_changes([finding(f"rule_{i}") for i in range(5)], [])
+    sentence = verdict(SpeedRatio(2.0, 1.9, 2.1, False, 50, 50), "iteration", [], changes)
+    assert sentence == (
+        'B is 2.0× faster (95 % CI 1.9–2.1): "rule 0", "rule 1", "rule 2" and 2 more are resolved.'
+    )
+
+
+def test_a_run_without_steps_cannot_be_compared():
+    with pytest.raises(ValueError, match=r"run 4 \('empty'\) has no timed steps"):
+        compare_runs(ctx([10.0] * 20), ctx([], run_name="empty"), [], [], 3, 4)
+
+
+def test_too_few_steps_are_said_instead_of_an_interval():
+    out = compare_runs(ctx([10.0] * 8), ctx([5.0] * 8), [], [])
+    assert out["verdict"] == "B is 2.0× faster (too few steady steps for an interval: 5 and 5)."
+    assert (out["ci_low"], out["ci_high"], out["within_noise"]) == (None, None, None)
