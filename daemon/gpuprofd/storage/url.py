@@ -97,8 +97,18 @@ def redact(url: str) -> str:
 
 
 def has_password(url: str) -> bool:
-    """Does *url* carry a password (``user:PASSWORD@`` or ``?password=``)?"""
-    return redact(url) != url
+    """Does *url* carry a password (``user:PASSWORD@`` or ``?password=``)?
+    Asked of its parts, not by comparing :func:`redact`'s output: rebuilding a
+    URL can change it (``sqlite:///x.db`` comes back as ``sqlite:/x.db``)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return False
+    userinfo, at, _ = parts.netloc.rpartition("@")
+    secret_param = any(
+        item.partition("=")[0].lower() in _SECRET_PARAMS for item in parts.query.split("&")
+    )
+    return bool(at and ":" in userinfo) or secret_param
 
 
 def _check_postgres(url: str) -> None:
