@@ -92,6 +92,11 @@ LOGIN_PATH, API_LOGIN, API_LOGOUT, API_SESSION = (
 )
 
 
+#: The login page's script and style (files, not inline: the Content-Security-Policy
+#: allows no inline script or style), served before a login.
+LOGIN_ASSETS = ("/static/login.js", "/static/login.css")
+
+
 def key_digest(key: str) -> bytes:
     """The SHA-256 digest of an API key (what a key file's ``sha256:`` lines hold, in hex)."""
     return hashlib.sha256(key.encode()).digest()
@@ -321,7 +326,7 @@ class Auth:
     _sessions: itsdangerous.URLSafeTimedSerializer = field(init=False)
     _csrf: itsdangerous.Signer = field(init=False)
     public_paths: frozenset[str] = field(
-        default=frozenset({LOGIN_PATH, API_LOGIN, API_SESSION}), init=False
+        default=frozenset({LOGIN_PATH, API_LOGIN, API_SESSION, *LOGIN_ASSETS}), init=False
     )
 
     def __post_init__(self) -> None:
@@ -638,12 +643,11 @@ _FAILED_HTML = '<p role="alert">Wrong password: try again.</p>'
 _LOGIN_HTML = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>gpuprof: log in</title>
 <meta name="viewport" content="width=device-width, initial-scale=1">
-<style>body{{font:16px system-ui,sans-serif;display:grid;place-items:center;height:90vh}}
-form{{display:grid;gap:.6em;min-width:16em}}input,button{{font:inherit;padding:.4em}}</style>
+<link rel="stylesheet" href="/static/login.css">
 </head><body><form method="post" action="/api/v1/login">
 <h1>gpuprof</h1>{failed}<label for="password">Viewer password</label>
 <input id="password" name="password" type="password" autocomplete="current-password" required
 autofocus><input type="hidden" name="csrf" value="{csrf}">
 <input type="hidden" name="next" id="next" value=""><button type="submit">Log in</button>
-</form><script>document.getElementById("next").value = location.hash;</script></body></html>
+</form><script src="/static/login.js"></script></body></html>
 """
