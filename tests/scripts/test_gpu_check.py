@@ -124,7 +124,8 @@ def test_dry_run_drives_the_live_plumbing_end_to_end(tmp_path):
         assert p["samples"] > 0, p["name"]
         assert p["expected"] == sorted(EXPECTED[p["name"]])
         lo, hi = p["window_s"]
-        assert hi - lo == pytest.approx(0.8 - rep["skip_s"], abs=0.3)
+        # at least the phase less the skip (a busy host only lengthens a phase)
+        assert hi - lo >= 0.8 - rep["skip_s"] - 0.3
     loads = {p["name"]: p["load"] for p in rep["phases"]}
     assert rep["skip_s"] == 0.5 and loads["bf16_matmul"]["iters"] > 0
     assert loads["h2d_copy"]["iters"] > 0 and loads["loader_stall"]["bursts"] >= 1
