@@ -85,9 +85,7 @@ def gpuprof_rows(history: list[dict]) -> list[dict]:
 
 
 def test_steps_findings_and_summary_go_to_the_active_run(offline, make_daemon, socket_dir):
-    make_daemon(
-        summary_extra={"insights": FINDINGS, "gains": GAINS, "micro_batches_per_step": 2.0}
-    )
+    make_daemon(summary_extra={"insights": FINDINGS, "gains": GAINS, "micro_batches_per_step": 2.0})
     run = wandb.init(project="gpuprof-test", dir=offline)
     try:
         with gpuprof.profile("wb", wandb=True, socket_dir=socket_dir, autostart=False):
