@@ -13,7 +13,6 @@ do not overlap (:class:`Iteration`):
   took), ``gpu_idle`` (the GPU idle inside the step), ``clock`` (a clock
   deficit), ``kernel_drift``, ``recompute`` and ``compute_efficiency``
   (compute above an attainable MFU);
-* ``warm_up``: one-off time of the first steps, outside the steady iteration.
 
 Each rule that costs time has an estimator here (:data:`ESTIMATORS`) that
 says which parts its finding would recover, in ms per iteration, and how
@@ -44,6 +43,7 @@ from typing import Any
 from gpuprof.flops import TransformerArch
 from gpuprof.gpus import find_gpu, normalize_dtype, peak_tflops
 from gpuprof.insights.base import GAIN_KEYS, SEVERITIES, WARMUP_STEPS, Insight, RunContext
+from gpuprof.insights.contention import contended
 from gpuprof.insights.cost import gpu_rate
 from gpuprof.insights.distributed import GroupContext
 from gpuprof.insights.loading import main_loader
@@ -60,7 +60,6 @@ CLOCK = "clock"
 EFFICIENCY = "compute_efficiency"
 DRIFT = "kernel_drift"
 RECOMPUTE = "recompute"
-WARM_UP = "warm_up"
 #: A group's parts: the job's exposed comm (:data:`COMM`) and the slowest
 #: rank's step above the others'.
 RANK = "rank_excess"
@@ -207,8 +206,12 @@ class Estimate:
     claims: Mapping[str, float] | None
     method: str
     outside_ms: float | None = None
-    """A gain outside the budget (the regression's distance to its baseline):
-    ms per iteration that no part holds; ``claims`` then empty."""
+    """A gain outside the budget (the regression's distance to its baseline,
+    the warm-up's one-off time): ms per iteration that no steady part holds;
+    ``claims`` then empty."""
+    base_ms: float | None = None
+    """The iteration the gain is a share of, when not the steady one (the
+    warm-up's: the mean over every step, the first ones included)."""
 
 
 def _ms(x: float) -> str:
@@ -228,7 +231,7 @@ def _stall(ctx: RunContext, it: Iteration, ins: Insight) -> Estimate:
     """Loader stalls: the wait the loop blocked on; for a CPU-bound loader
     also the compute its CPU slowed, or bounded by the cores its work needs."""
     wait = _ms(it.loader_ms)
-    if ins.rule == "dataloader_stall" and not ctx.explicit_wait:
+    if not ctx.explicit_wait:  # no timed loader: whatever ran between the steps
         return Estimate(
             {LOADER: it.loader_ms},
             f"the inter-step gap ({wait}): the host work between one step and the next, removed",
@@ -274,26 +277,40 @@ def _stall(ctx: RunContext, it: Iteration, ins: Insight) -> Estimate:
 
 
 def _contention(ctx: RunContext, it: Iteration, ins: Insight) -> Estimate:
-    """Other processes' CPU: what the run's CPU work needs given their cores too."""
-    cpu = cpu_work(ctx)
-    if cpu is None:
-        return Estimate(None, "not estimated: the run's own CPU was not measured")
-    c, corrected = clean_compute(ctx, it, cpu)
-    work = cpu.own_cores * it.iteration_ms
-    free = min(float(cpu.cores), cpu.own_cores + cpu.other_cores)
-    floor = max(c if corrected else 0.0, work / free) if free > 0 else it.iteration_ms
-    gain = max(0.0, it.iteration_ms - min(floor, it.iteration_ms))
-    # the compute's share first: contention slows the step, and the loader only through it
-    compute = min(gain, it.compute_ms - c) if corrected else min(gain, it.compute_ms)
+    """Other processes' CPU: the contended steps' time above the median
+    iteration of the steps that ran without contention (the run's own clean
+    baseline); not estimated when too few steps ran without."""
+    flags = contended(ctx)
+    if not flags:
+        return Estimate(None, "not estimated: the host's CPU was not sampled per step")
+    lo = WARMUP_STEPS if ctx.steps > 2 * WARMUP_STEPS else 0
+    steady = list(range(lo, ctx.steps))
+    iters = ctx.iteration_ms
+    clean = [iters[i] for i in steady if flags[i] is False]
+    hit = [iters[i] for i in steady if flags[i]]
+    if len(clean) < max(CONTENTION_MIN_CLEAN_STEPS, CONTENTION_MIN_CLEAN_SHARE * len(steady)):
+        return Estimate(
+            None,
+            f"not estimated: {len(hit)} of {len(steady)} steady steps ran contended, too few "
+            "without to compare with",
+        )
+    base = median(clean)
+    lost = sum(max(0.0, x - base) for x in hit) / len(steady)
+    compute = min(lost, it.compute_ms)
     claims = {CPU: compute}
-    if gain - compute > 1e-9:
-        claims[LOADER] = min(gain - compute, it.loader_ms)
+    if lost - compute > 1e-9:
+        claims[LOADER] = min(lost - compute, it.loader_ms)
     return Estimate(
         claims,
-        f"the others' share: the run's {_ms(work)} of CPU per iteration given their "
-        f"{cpu.other_cores:.1f} cores too (up to {free:.1f} of {cpu.cores}; an upper bound "
-        "for a loop that cannot use them all)",
+        f"the {len(hit)} contended steps' time above the median iteration "
+        f"({_ms(base)}) of the {len(clean)} that ran without contention",
     )
+
+
+#: Steps that ran without contention the contention gain needs as its
+#: baseline: at least this many, and this share of the steady steps.
+CONTENTION_MIN_CLEAN_STEPS = 10
+CONTENTION_MIN_CLEAN_SHARE = 0.1
 
 
 def _slow_steps(ctx: RunContext, it: Iteration, ins: Insight) -> Estimate:
@@ -305,13 +322,18 @@ def _slow_steps(ctx: RunContext, it: Iteration, ins: Insight) -> Estimate:
 
 
 def _warm_up(ctx: RunContext, it: Iteration, ins: Insight) -> Estimate:
+    """One-off time: outside the steady iteration, so a share of the mean
+    over every step (the first ones included)."""
     excess = float(ins.evidence.get("excess_ms") or 0.0)
     n = ins.evidence.get("warmup_steps") or 1
+    every = mean(ctx.iteration_ms)
     return Estimate(
-        {WARM_UP: excess / max(it.iterations, 1)},
+        {},
         f"one-off: the first {n} step(s)' {excess / 1e3:.1f} s above the steady median, "
-        f"spread over the run's {it.iterations} steps (a compile cache or fewer "
-        "recompiles saves it; leaving it out of measurements saves nothing)",
+        f"spread over the run's {ctx.steps} steps (a compile cache or fewer recompiles "
+        "saves it; leaving it out of measurements saves nothing)",
+        outside_ms=excess / max(ctx.steps, 1),
+        base_ms=every,
     )
 
 
@@ -535,6 +557,7 @@ def gain_fields(
         return out
     claims = {k: round(v, 3) for k, v in est.claims.items() if v > 0}
     ms = sum(est.claims.values()) if est.outside_ms is None else est.outside_ms
+    iteration_ms = est.base_ms or iteration_ms
     ms = min(max(ms, 0.0), iteration_ms)
     run_s = ms * iterations / 1e3
     left = iteration_ms - ms
@@ -593,15 +616,16 @@ def attach(ctx: RunContext, found: Sequence[Insight]) -> list[Insight]:
     return out
 
 
-def rank_key(ins: Mapping[str, Any]) -> tuple[int, float, int]:
+def rank_key(ins: Mapping[str, Any]) -> tuple[int, float, float, int]:
     """Sort key of a finding (a ``to_dict`` mapping): the ones with a gain
-    first, most ms per iteration first, then by severity."""
+    first, the most run time it saves first (ms per iteration where run time
+    is not known), then by severity."""
     gain = ins.get("gain_ms_per_iteration")
     sev = str(ins.get("severity") or "").upper()
     order = SEVERITIES.index(sev) if sev in SEVERITIES else len(SEVERITIES)
     if gain is None:
-        return (1, 0.0, order)
-    return (0, -float(gain), order)
+        return (1, 0.0, 0.0, order)
+    return (0, -float(ins.get("gain_run_s") or 0.0), -float(gain), order)
 
 
 def ranked(insights: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
@@ -618,6 +642,8 @@ def fix_all(
     insights: Sequence[Mapping[str, Any]],
     parts: Mapping[str, float] | None = None,
     iteration_ms: float | None = None,
+    iterations: int | None = None,
+    usd_per_s: float | None = None,
 ) -> dict[str, Any] | None:
     """What fixing every finding together is worth: each part claimed once
     (its largest claim among *insights*' ``gain_parts_ms``), the parts inside
@@ -626,7 +652,9 @@ def fix_all(
     Findings outside the budget (a regression) are left out: their time is
     the others'. ``fix_all_ms_per_iteration``, ``fix_all_pct``,
     ``fix_all_speedup_max``, ``fix_all_run_s``, ``fix_all_usd`` (None: no
-    price), ``findings`` (how many have a gain); None when none has."""
+    price), ``findings`` (how many have a gain); None when none has.
+    *iterations* and *usd_per_s* (the run's steps and GPU price per second)
+    default to what the findings' own run seconds and dollars imply."""
     gained = [i for i in insights if i.get("gain_parts_ms") is not None]
     base = iteration_ms or next((i.get("gain_iteration_ms") for i in gained), None)
     if not gained or not base:
@@ -648,12 +676,15 @@ def fix_all(
     ms = min(sum(best.values()), float(base))
     # every finding's run seconds and dollars are its ms at one rate each
     ref = next((i for i in gained if i.get("gain_ms_per_iteration")), None)
-    per_ms = ref["gain_run_s"] / ref["gain_ms_per_iteration"] if ref else 0.0
-    usd_per_s = (
-        ref["gain_usd"] / ref["gain_run_s"]
-        if ref and ref.get("gain_usd") is not None and ref.get("gain_run_s")
-        else None
-    )
+    if iterations is not None:
+        per_ms = iterations / 1e3
+    else:
+        per_ms = ref["gain_run_s"] / ref["gain_ms_per_iteration"] if ref else 0.0
+        usd_per_s = (
+            ref["gain_usd"] / ref["gain_run_s"]
+            if ref and ref.get("gain_usd") is not None and ref.get("gain_run_s")
+            else None
+        )
     left = float(base) - ms
     run_s = ms * per_ms
     return {
@@ -678,7 +709,8 @@ def gains_block(ctx: RunContext, insights: Sequence[Mapping[str, Any]]) -> dict[
         "parts_ms": it.parts(),
         "iterations": it.iterations,
     }
-    out.update(fix_all(insights, it.parts(), it.iteration_ms) or _no_fix_all())
+    fixed = fix_all(insights, it.parts(), it.iteration_ms, it.iterations, gpu_usd_per_s(ctx))
+    out.update(fixed or _no_fix_all())
     return out
 
 
@@ -767,7 +799,7 @@ def group_gains_block(ctx: GroupContext, insights: Sequence[Mapping[str, Any]]) 
         return None
     parts = {COMM: round(got[1], 3), "compute": 0.0}
     out: dict[str, Any] = {"iteration_ms": round(got[0], 3), "parts_ms": parts}
-    out.update(fix_all(insights, None, got[0]) or _no_fix_all())
+    out.update(fix_all(insights, None, got[0], got[2]) or _no_fix_all())
     return out
 
 
