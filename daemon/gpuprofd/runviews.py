@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 
 from gpuprof.comm import COMM_PHASE
-from gpuprof.insights.gains import fix_all, group_gains_block, ranked
+from gpuprof.insights.gains import findings_gains_block, group_gains_block, ranked
 from gpuprof.summary import comm_medians, make_summary, mfu_figures
 from gpuprofd import kerneltable
 from gpuprofd.errors import UnknownGroupError
@@ -335,8 +335,10 @@ async def load_group(
     (``insights``: those gpuprofd stored when the group ended, else
     :func:`gpuprof.insights.distributed.group_rules` over
     :func:`gpuprofd.storage.reads.group_context` now; ``insights_source`` says
-    ``stored`` or ``computed``; ranked by gain), ``gains`` (what fixing them
-    all is worth: :func:`gpuprof.insights.gains.fix_all`), ``runs`` (the
+    ``stored`` or ``computed``; ranked by gain), ``gains`` (the job's
+    iteration and what fixing them all is worth:
+    :func:`gpuprof.insights.gains.group_gains_block`, or for stored findings
+    :func:`gpuprof.insights.gains.findings_gains_block`), ``runs`` (the
     group's runs) and ``runs_note``
     (:func:`gpuprofd.storage.reads.runs_note`: a rank has several runs, its latest
     is the one shown and compared), the ranks that never
@@ -356,7 +358,7 @@ async def load_group(
     status = reads.group_status([r["status"] for r in runs])
     found = await reads.stored_group_insights(db, group) if status["ended"] else []
     source = "stored" if found else "computed"
-    gains = fix_all(found)
+    gains = findings_gains_block(found)
     if not found:
         ctx, found = await reads.group_insights_now(db, group)
         gains = group_gains_block(ctx, found)

@@ -714,6 +714,16 @@ def gains_block(ctx: RunContext, insights: Sequence[Mapping[str, Any]]) -> dict[
     return out
 
 
+def findings_gains_block(insights: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """:func:`gains_block`'s shape from the findings alone (stored findings,
+    no context at hand): their iteration, no parts (``parts_ms``,
+    ``iterations`` None), :func:`fix_all` without the compute's cap."""
+    base = next((i.get("gain_iteration_ms") for i in insights if i.get("gain_parts_ms")), None)
+    out: dict[str, Any] = {"iteration_ms": base, "parts_ms": None, "iterations": None}
+    out.update(fix_all(insights) or _no_fix_all())
+    return out
+
+
 def _no_fix_all() -> dict[str, Any]:
     return dict.fromkeys(
         (
@@ -797,8 +807,12 @@ def group_gains_block(ctx: GroupContext, insights: Sequence[Mapping[str, Any]]) 
     got = group_iteration(ctx)
     if got is None:
         return None
-    parts = {COMM: round(got[1], 3), "compute": 0.0}
-    out: dict[str, Any] = {"iteration_ms": round(got[0], 3), "parts_ms": parts}
+    parts = {COMM: round(got[1], 3)}
+    out: dict[str, Any] = {
+        "iteration_ms": round(got[0], 3),
+        "parts_ms": parts,
+        "iterations": got[2],
+    }
     out.update(fix_all(insights, None, got[0], got[2]) or _no_fix_all())
     return out
 

@@ -12,7 +12,7 @@ import orjson
 from aiohttp import web
 
 from gpuprof.insights.base import WARMUP_STEPS
-from gpuprof.insights.gains import fix_all, ranked
+from gpuprof.insights.gains import findings_gains_block, ranked
 from gpuprofd import kerneltable
 from gpuprofd.runviews import LIVE_NOTE, list_runs, load_group, phase_means_ms
 from gpuprofd.storage import hostrollup, reads, series, steprollup
@@ -161,8 +161,9 @@ async def insights_payload(
     """``/runs/{id}/insights``: the stored findings (a running run's: the
     daemon's latest live pass), ranked by gain, each with its ``gain_*``
     fields; ``gains`` (what fixing them all is worth: the summary's, *live*'s
-    for a running run, else :func:`gpuprof.insights.gains.fix_all` over
-    them); when computed; the summary's notes."""
+    for a running run, else
+    :func:`gpuprof.insights.gains.findings_gains_block` of them); when
+    computed; the summary's notes."""
     run = await reads.get_run(db, run_id)
     found = [dict(i) for i in ranked(await reads.stored_insights(db, run_id))]
     at = await reads.insights_computed_ns(db, run_id)
@@ -177,7 +178,7 @@ async def insights_payload(
             pass
     return {
         "insights": found,
-        "gains": gains if isinstance(gains, dict) else fix_all(found),
+        "gains": gains if isinstance(gains, dict) else findings_gains_block(found),
         "notes": notes,
         "computed_s": None if at is None else at / NS_PER_S,
     }
