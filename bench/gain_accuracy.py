@@ -358,6 +358,14 @@ def run_pair(bench: Bench, pair: str) -> dict[str, Any]:
         t_path, t_fix = _mean_iteration(before), _mean_iteration(after)
     finding = _finding(found, rules)
     measured = t_path / t_fix if t_fix > 0 else None
+    if kind == "ddp":
+        busy = [
+            r["summary"].get("measured_under_contention")
+            for g in (before, after)
+            for r in g["ranks"]
+        ]
+    else:
+        busy = [before.get("measured_under_contention"), after.get("measured_under_contention")]
     predicted = finding.get("gain_speedup_max") if finding else None
     return {
         "pair": pair,
@@ -371,6 +379,9 @@ def run_pair(bench: Bench, pair: str) -> dict[str, Any]:
         "error": None if not predicted or not measured else round(predicted / measured - 1, 3),
         "others": [(i["rule"], i.get("gain_speedup_max")) for i in found if i is not finding],
         "seconds": round(time.monotonic() - t),
+        # other processes held the host during a run: its figures are a busy host's
+        "contended": any(busy),
+        "load": round(os.getloadavg()[0], 1),
     }
 
 
@@ -393,19 +404,22 @@ def main() -> None:
                 f"{pair:<14} {r['what']}\n  {r['rule'] or 'no finding'}: predicted "
                 f"{r['predicted']}×, measured {r['measured']}× "
                 f"({r['iteration_ms'][0]} -> {r['iteration_ms'][1]} ms/iteration), error "
-                f"{err} [{'ok' if ok else 'MISS'}] ({r['seconds']} s); others {r['others']}"
+                f"{err} [{'ok' if ok else 'MISS'}] ({r['seconds']} s, load {r['load']}"
+                f"{', measured under contention' if r['contended'] else ''}); "
+                f"others {r['others']}"
                 f"\n  method: {r['method']}",
                 flush=True,
             )
     finally:
         bench.close()
-    print("\n| pair | finding | predicted | measured | error |")
-    print("| --- | --- | --- | --- | --- |")
+    print("\n| pair | finding | ms/iteration | predicted | measured | error |")
+    print("| --- | --- | --- | --- | --- | --- |")
     for r in results:
         err = "-" if r["error"] is None else f"{r['error']:+.0%}"
+        busy = " (busy host)" if r["contended"] else ""
         print(
-            f"| {r['pair']} ({r['what']}) | `{r['rule']}` | {r['predicted']}× | "
-            f"{r['measured']}× | {err} |"
+            f"| {r['pair']}: {r['what']} | `{r['rule']}` | {r['iteration_ms'][0]} → "
+            f"{r['iteration_ms'][1]} | {r['predicted']}× | {r['measured']}×{busy} | {err} |"
         )
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
