@@ -19,6 +19,7 @@ from gpuprof.insights.base import (
 )
 from gpuprof.insights.contention import measured_under_contention
 from gpuprof.insights.context import build_context
+from gpuprof.insights.gains import attach, rank_insights
 
 #: Findings derived from the run's timings: measured under contention, their
 #: figures are the contended host's, and their evidence says so.
@@ -41,7 +42,9 @@ __all__ = ["Insight", "RunContext", "SEVERITIES", "build_context", "registered_r
 
 
 def run_rules(ctx: RunContext) -> list[Insight]:
-    """Run every registered rule on *ctx*; return the findings, most severe first.
+    """Run every registered rule on *ctx*; return the findings with their
+    gains (:mod:`gpuprof.insights.gains`), ranked by gain (most ms per
+    iteration first; those without one after, most severe first).
 
     A rule that raises is a bug in gpuprof, not in the user's run: it is
     skipped so the other findings still reach the user. When the run was
@@ -68,4 +71,5 @@ def run_rules(ctx: RunContext) -> list[Insight]:
             else i
             for i in found
         ]
-    return sorted(drop_superseded(found), key=lambda i: SEVERITIES.index(i.severity))
+    kept = sorted(drop_superseded(found), key=lambda i: SEVERITIES.index(i.severity))
+    return rank_insights(attach(ctx, kept))

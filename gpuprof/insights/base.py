@@ -16,6 +16,21 @@ from gpuprof.stats import median
 
 SEVERITIES = ("HIGH", "MED", "LOW")
 
+#: The keys a finding's gain adds to :meth:`Insight.to_dict`
+#: (:mod:`gpuprof.insights.gains` computes them); all None on a finding that
+#: costs no time.
+GAIN_KEYS = (
+    "gain_ms_per_iteration",
+    "gain_pct",
+    "gain_speedup_max",
+    "gain_run_s",
+    "gain_usd",
+    "gain_method",
+    "gain_iteration_ms",
+    "gain_parts_ms",
+    "gain_label",
+)
+
 #: Steps treated as warm-up (torch.compile, cuDNN/cuBLAS autotune, allocator
 #: growth): the H200 fixture's compiled MLP spent 3.2 s in step 0 and was
 #: steady from step 1; eager runs settle within 2-3 steps.
@@ -43,10 +58,17 @@ class Insight:
     detail: str
     fix: str
     evidence: Mapping[str, Any] = field(default_factory=dict)
+    gain: Mapping[str, Any] | None = None
+    """What fixing it is worth, :data:`GAIN_KEYS` (:mod:`gpuprof.insights.gains`);
+    None: it costs no time (or gains were not computed)."""
 
     def to_dict(self) -> dict[str, Any]:
+        """The finding as a plain dict: its fields, with the gain's
+        :data:`GAIN_KEYS` at the top level (None where it has no gain)."""
         d = asdict(self)
         d["evidence"] = dict(self.evidence)
+        gain = d.pop("gain") or {}
+        d.update({k: gain.get(k) for k in GAIN_KEYS})
         return d
 
 

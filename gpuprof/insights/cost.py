@@ -19,14 +19,23 @@ def _not_estimated(why: str, fix: str) -> Insight:
     )
 
 
+def gpu_rate(ctx: RunContext) -> float | None:
+    """USD per GPU-hour of the run's GPU: ``GPUPROF_GPU_RATE`` when set, else
+    the price table's (:mod:`gpuprof.gpus`); None on a CPU run or a GPU
+    without a price. The cost line and the findings' gains use this one rate."""
+    if ctx.gpu_count < 1 or not ctx.gpu_model:
+        return None
+    spec = find_gpu(ctx.gpu_model)
+    return ctx.gpu_rate_usd_per_hour or (spec.usd_per_hour if spec else None)
+
+
 @rule("estimated_cost")
 def estimated_cost(ctx: RunContext) -> Insight | None:
     """Always reports: GPU-hours × USD/h (``GPUPROF_GPU_RATE`` or the price
     table), the idle share when MFU is known; or says why it is not estimated."""
     if ctx.gpu_count < 1 or not ctx.gpu_model:
         return _not_estimated("no NVIDIA GPU in this run", "Nothing to do: CPU time is not priced.")
-    spec = find_gpu(ctx.gpu_model)
-    rate = ctx.gpu_rate_usd_per_hour or (spec.usd_per_hour if spec else None)
+    rate = gpu_rate(ctx)
     if rate is None:
         return _not_estimated(
             f"no reference price for {ctx.gpu_model}", f"Set {ENV_GPU_RATE}=<USD per GPU-hour>."

@@ -10,8 +10,10 @@ time in the step as ``gpuprof/gpuprof_overhead_ms``),
 ``gpuprof/micro_batches``, ``gpuprof/traced`` (1 when a profiler window or
 the FLOP count ran in it), and ``gpuprof/mfu`` (0-1) when the step's FLOP
 and the GPU's dense datasheet peak are known (:mod:`gpuprof.gpus`). At the
-end: the findings as a ``wandb.Table`` (``gpuprof/insights``) and the
-summary's figures in ``run.summary`` (``gpuprof/median_step_ms``, ...).
+end: the findings as a ``wandb.Table`` (``gpuprof/insights``, ranked by
+what fixing each is worth, with its ``gain_*`` columns) and the summary's
+figures in ``run.summary`` (``gpuprof/median_step_ms``, ...,
+``gpuprof/fix_all_speedup_max``, ``gpuprof/top_gain_speedup_max``).
 
 The training thread only appends each finished step to a bounded queue; a
 background thread logs the queue once a second. wandb is imported only
@@ -30,6 +32,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from gpuprof.extras import install_hint
+from gpuprof.insights.gains import ranked
 from gpuprof.protocol import OWN_TIME_PHASE, clean_text
 from gpuprof_shim.report import report_command
 from gpuprof_shim.steps import StepRecord
@@ -46,8 +49,21 @@ LOG_INTERVAL_S = 1.0
 MAX_QUEUED = 100_000
 #: Seconds the end of the run may spend logging what is still queued.
 FINISH_S = 10.0
-#: The findings table's columns.
-INSIGHT_COLUMNS = ("severity", "rule", "title", "detail", "fix")
+#: The findings table's columns: the finding, then what fixing it is worth
+#: (``gain_*``, :mod:`gpuprof.insights.gains`; empty when it costs no time).
+INSIGHT_COLUMNS = (
+    "severity",
+    "rule",
+    "title",
+    "detail",
+    "fix",
+    "gain_speedup_max",
+    "gain_ms_per_iteration",
+    "gain_pct",
+    "gain_run_s",
+    "gain_usd",
+    "gain_method",
+)
 #: Summary figures copied into ``run.summary`` (as ``gpuprof/<key>``).
 SUMMARY_KEYS = (
     "run_id",
@@ -87,11 +103,16 @@ def step_row(rec: StepRecord, mfu_inputs: tuple[float, float] | None) -> dict[st
     return row
 
 
+def _cell(value: Any) -> str:
+    return "" if value is None else clean_text(str(value), 2000)
+
+
 def insight_rows(summary: Mapping[str, Any]) -> list[list[str]]:
-    """The findings table's rows (:data:`INSIGHT_COLUMNS`), most severe first."""
+    """The findings table's rows (:data:`INSIGHT_COLUMNS`), ranked by gain
+    (:func:`gpuprof.insights.gains.ranked`; severity breaks ties)."""
     return [
-        [clean_text(str(ins.get(c) or ""), 2000) for c in INSIGHT_COLUMNS]
-        for ins in summary.get("insights") or []
+        [_cell(ins.get(c)) for c in INSIGHT_COLUMNS]
+        for ins in ranked(summary.get("insights") or [])
     ]
 
 
@@ -100,6 +121,16 @@ def summary_figures(summary: Mapping[str, Any]) -> dict[str, Any]:
     known, the findings' count, memory peaks (bytes) and the report command."""
     out = {PREFIX + k: summary[k] for k in SUMMARY_KEYS if summary.get(k) is not None}
     out[PREFIX + "findings"] = len(summary.get("insights") or [])
+    gains = summary.get("gains") or {}
+    for key in ("fix_all_speedup_max", "fix_all_ms_per_iteration", "fix_all_run_s"):
+        if gains.get(key) is not None:
+            out[PREFIX + key] = gains[key]
+    top = next(
+        (i for i in ranked(summary.get("insights") or []) if i.get("gain_speedup_max")), None
+    )
+    if top is not None:
+        out[PREFIX + "top_gain_rule"] = top["rule"]
+        out[PREFIX + "top_gain_speedup_max"] = top["gain_speedup_max"]
     for key, value in (summary.get("memory") or {}).items():
         out[PREFIX + key] = value
     command = report_command(summary)

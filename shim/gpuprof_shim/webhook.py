@@ -2,9 +2,10 @@
 
 Two bodies (``webhook_format``): ``"slack"``, Slack's incoming-webhook
 message (``text`` for notifications, and blocks: a header with the run and
-its steps, one section per finding with its severity, and the full-report
-command), and ``"json"``, ``{"event": "gpuprof.run_end", "summary": {...},
-"text": "..."}`` with the summary dict as ``gpuprof.summary`` builds it.
+its steps, what the top fix is worth, one section per finding with its
+severity and worth, ranked by gain, and the full-report command), and
+``"json"``, ``{"event": "gpuprof.run_end", "summary": {...}, "text": "..."}``
+with the summary dict as ``gpuprof.summary`` builds it.
 
 The post runs in a background thread that exit waits for at most
 :data:`TIMEOUT_S`; a failure (refused, timed out, an HTTP error status) is
@@ -23,7 +24,9 @@ from urllib.parse import urlsplit
 
 import orjson
 
+from gpuprof.insights.gains import ranked
 from gpuprof.protocol import clean_text
+from gpuprof.summary import gain_headline, gain_line
 from gpuprof_shim.report import FULL_REPORT, report_command, summary_lines
 
 log = logging.getLogger("gpuprof.shim")
@@ -73,7 +76,7 @@ def slack_body(summary: Mapping[str, Any]) -> dict[str, Any]:
     ``blocks`` (header, one section per finding, the report command)."""
     lines = summary_lines(summary)
     head = lines[0].strip() if lines else f"gpuprof · {summary.get('run_name')}"
-    insights = list(summary.get("insights") or [])
+    insights = list(ranked(summary.get("insights") or []))
     n = len(insights)
     blocks: list[dict[str, Any]] = [
         {
@@ -81,10 +84,13 @@ def slack_body(summary: Mapping[str, Any]) -> dict[str, Any]:
             "text": {"type": "plain_text", "text": head[:SLACK_HEADER_CHARS], "emoji": False},
         }
     ]
-    room = SLACK_MAX_BLOCKS - 3  # header, "and N more", the command
+    room = SLACK_MAX_BLOCKS - 4  # header, the top fix's worth, "and N more", the command
     for ins in insights[:room]:
         severity = str(ins.get("severity") or "")
         text = f"{_SEVERITY.get(severity, f'*{severity}*')}  {_mrkdwn(str(ins.get('title')))}"
+        worth = gain_line(ins)
+        if worth:
+            text += f"\n_{_mrkdwn(worth[0].strip())}_"
         if ins.get("fix"):
             text += f"\n_Fix:_ {_mrkdwn(str(ins['fix']))}"
         blocks.append(
@@ -100,7 +106,13 @@ def slack_body(summary: Mapping[str, Any]) -> dict[str, Any]:
         text = f"{FULL_REPORT.strip()} `{_mrkdwn(command)}`"
         blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": text}]})
     findings = f"{n} finding{'' if n == 1 else 's'}"
-    return {"text": f"{head}: {findings}", "blocks": blocks}
+    top = gain_headline(summary)
+    if top:  # what a notification shows: the top fix's worth too
+        findings += "; " + top.strip()[0].lower() + top.strip()[1:]
+        blocks.insert(
+            1, {"type": "section", "text": {"type": "mrkdwn", "text": _mrkdwn(top.strip())}}
+        )
+    return {"text": f"{head}: {findings}", "blocks": blocks[:SLACK_MAX_BLOCKS]}
 
 
 def json_body(summary: Mapping[str, Any]) -> dict[str, Any]:

@@ -187,6 +187,15 @@ def test_digits_example(node: Node, augment: bool):
     # tenant's CPU is named as the stall's cause, never in its place
     stalled = re.search(r"\[(?:HIGH|MED)\]\s+\d+% of step time waiting on the loader", out.stdout)
     assert bool(stalled) is augment, out.stdout
+    if augment:  # what fixing it is worth: under it, and the top fix's line above the list
+        lines = out.stdout.splitlines()
+        at = next(i for i, ln in enumerate(lines) if stalled.group(0) in ln)
+        assert re.fullmatch(
+            r" {10}Worth: up to [\d.]+× faster: [\d.]+ of [\d.]+ ms per iteration \(\d+%\), "
+            r"~.+ of this run",
+            lines[at + 1],
+        ), out.stdout
+        assert any(ln.startswith("  Fixing the loader stall: up to ") for ln in lines), out.stdout
 
 
 def test_compare_of_the_demos_two_runs_names_the_stall_resolved(node: Node):

@@ -28,14 +28,6 @@ wandb = pytest.importorskip("wandb")
 
 FINDINGS = [
     {
-        "rule": "dataloader_stall",
-        "severity": "HIGH",
-        "title": "Dataloader stall — 62% of step time waiting",
-        "detail": "loader wait 31 ms of 50 ms",
-        "fix": "num_workers=4",
-        "evidence": {},
-    },
-    {
         "rule": "cost_estimate",
         "severity": "LOW",
         "title": "Estimated cost: not estimated",
@@ -43,7 +35,36 @@ FINDINGS = [
         "fix": "",
         "evidence": {},
     },
+    {
+        "rule": "high_step_variance",
+        "severity": "MED",
+        "title": "Step compute time is erratic",
+        "detail": "",
+        "fix": "",
+        "evidence": {},
+        "gain_ms_per_iteration": 5.0,
+        "gain_pct": 10.0,
+        "gain_speedup_max": 1.11,
+        "gain_run_s": 0.03,
+        "gain_usd": None,
+        "gain_method": "the slow steps' time above the median",
+    },
+    {  # worth the most: the table's first row, though listed after a MED
+        "rule": "dataloader_stall",
+        "severity": "HIGH",
+        "title": "Dataloader stall — 62% of step time waiting",
+        "detail": "loader wait 31 ms of 50 ms",
+        "fix": "num_workers=4",
+        "evidence": {},
+        "gain_ms_per_iteration": 31.0,
+        "gain_pct": 62.0,
+        "gain_speedup_max": 2.63,
+        "gain_run_s": 0.19,
+        "gain_usd": None,
+        "gain_method": "the loader wait, removed",
+    },
 ]
+GAINS = {"fix_all_speedup_max": 3.57, "fix_all_ms_per_iteration": 36.0, "fix_all_run_s": 0.22}
 
 
 @pytest.fixture
@@ -64,7 +85,7 @@ def gpuprof_rows(history: list[dict]) -> list[dict]:
 
 
 def test_steps_findings_and_summary_go_to_the_active_run(offline, make_daemon, socket_dir):
-    make_daemon(summary_extra={"insights": FINDINGS, "micro_batches_per_step": 2.0})
+    make_daemon(summary_extra={"insights": FINDINGS, "gains": GAINS, "micro_batches_per_step": 2.0})
     run = wandb.init(project="gpuprof-test", dir=offline)
     try:
         with gpuprof.profile("wb", wandb=True, socket_dir=socket_dir, autostart=False):
@@ -89,20 +110,57 @@ def test_steps_findings_and_summary_go_to_the_active_run(offline, make_daemon, s
     assert {"name": "", "glob_name": "gpuprof/*", "step_metric": "gpuprof/step"} in got.metrics
     # the findings as a table, the summary's figures in the run summary
     table = got.table("gpuprof/insights")
-    assert table["columns"] == ["severity", "rule", "title", "detail", "fix"]
+    assert table["columns"] == [
+        "severity",
+        "rule",
+        "title",
+        "detail",
+        "fix",
+        "gain_speedup_max",
+        "gain_ms_per_iteration",
+        "gain_pct",
+        "gain_run_s",
+        "gain_usd",
+        "gain_method",
+    ]
+    # ranked by gain, severity shown; no gain: empty cells, after those with one
     assert table["data"] == [
         [
             "HIGH",
             "dataloader_stall",
-            FINDINGS[0]["title"],
+            FINDINGS[2]["title"],
             "loader wait 31 ms of 50 ms",
             "num_workers=4",
+            "2.63",
+            "31.0",
+            "62.0",
+            "0.19",
+            "",
+            "the loader wait, removed",
         ],
-        ["LOW", "cost_estimate", "Estimated cost: not estimated", "", ""],
+        [
+            "MED",
+            "high_step_variance",
+            "Step compute time is erratic",
+            "",
+            "",
+            "1.11",
+            "5.0",
+            "10.0",
+            "0.03",
+            "",
+            "the slow steps' time above the median",
+        ],
+        ["LOW", "cost_estimate", "Estimated cost: not estimated", *[""] * 8],
     ]
     s = got.summary
     assert (s["gpuprof/steps"], s["gpuprof/median_step_ms"], s["gpuprof/run_id"]) == (6, 12.0, 7)
-    assert (s["gpuprof/findings"], s["gpuprof/micro_batches_per_step"]) == (2, 2.0)
+    assert (s["gpuprof/findings"], s["gpuprof/micro_batches_per_step"]) == (3, 2.0)
+    assert (s["gpuprof/top_gain_rule"], s["gpuprof/top_gain_speedup_max"]) == (
+        "dataloader_stall",
+        2.63,
+    )
+    assert s["gpuprof/fix_all_speedup_max"] == 3.57
     assert s["gpuprof/full_report"] == f"gpuprofctl insights {socket_dir / 'fake.db'} 7"
     logged = {k for row in got.history for k in row} | set(s)
     # the table's own fields (gpuprof/insights/path, ...) are the table's
@@ -133,6 +191,7 @@ def test_the_docs_list_every_key_logged():
     summary = {
         **dict.fromkeys(wandb_sink.SUMMARY_KEYS, 1),
         "insights": FINDINGS,
+        "gains": GAINS,
         "memory": memory,
         "run_name": "r",
         "db": "/tmp/gpuprof.db",

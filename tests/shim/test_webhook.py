@@ -22,6 +22,7 @@ from gpuprof_shim import webhook as webhooks
 from .training import train
 
 FINDINGS = [
+    {"rule": "cost", "severity": "LOW", "title": "Estimated cost: not estimated", "fix": ""},
     {
         "rule": "dataloader_stall",
         "severity": "HIGH",
@@ -29,8 +30,29 @@ FINDINGS = [
         "detail": "loader wait 31 ms of 50 ms",
         "fix": "num_workers=4",
         "evidence": {},
+        "gain_ms_per_iteration": 10.0,
+        "gain_pct": 20.0,
+        "gain_speedup_max": 1.25,
+        "gain_run_s": 30.0,
+        "gain_usd": None,
+        "gain_iteration_ms": 50.0,
+        "gain_method": "the loader wait, removed",
+        "gain_label": "the loader stall",
     },
-    {"rule": "cost", "severity": "LOW", "title": "Estimated cost: not estimated", "fix": ""},
+    {  # worth more than the HIGH one: listed first
+        "rule": "high_step_variance",
+        "severity": "MED",
+        "title": "Step compute time is erratic",
+        "fix": "",
+        "gain_ms_per_iteration": 20.0,
+        "gain_pct": 40.0,
+        "gain_speedup_max": 1.67,
+        "gain_run_s": 60.0,
+        "gain_usd": None,
+        "gain_iteration_ms": 50.0,
+        "gain_method": "the slow steps' time above the median",
+        "gain_label": "the slow steps",
+    },
 ]
 #: What a Slack webhook's URL path looks like: its secret.
 SECRET_PATH = "/services/T000/B000/s3cr3t"
@@ -82,8 +104,11 @@ async def test_slack_body_has_the_header_each_finding_and_the_report_command(
     prof = await asyncio.to_thread(run_profile, socket_dir, url)
     (body,) = server.bodies
     assert server.headers[0]["Content-Type"] == "application/json"
-    assert body["text"] == "gpuprof · hook-run  (3 steps, median 12.0 ms): 2 findings"
-    header, high, low, report = body["blocks"]
+    assert body["text"] == (
+        "gpuprof · hook-run  (3 steps, median 12.0 ms): 3 findings; "
+        "fixing the slow steps: up to 1.7× faster (~60 s)"
+    )
+    header, top, med, high, low, report = body["blocks"]
     assert header == {
         "type": "header",
         "text": {
@@ -92,9 +117,16 @@ async def test_slack_body_has_the_header_each_finding_and_the_report_command(
             "emoji": False,
         },
     }
+    # ranked by what fixing each is worth, the top fix's worth first; severity still shown
+    assert top["text"]["text"] == "Fixing the slow steps: up to 1.7× faster (~60 s)"
+    assert med["text"]["text"] == (
+        ":large_orange_circle: *MED*  Step compute time is erratic"
+        "\n_Worth: up to 1.7× faster: 20.0 of 50.0 ms per iteration (40%), ~60 s of this run_"
+    )
     # a run's strings are escaped for Slack's mrkdwn: no markup of theirs gets through
     assert high["text"]["text"] == (
         ":red_circle: *HIGH*  Dataloader stall &lt;b&gt;&amp; CPU pegged&lt;/b&gt;"
+        "\n_Worth: up to 1.2× faster: 10.0 of 50.0 ms per iteration (20%), ~30 s of this run_"
         "\n_Fix:_ num_workers=4"
     )
     assert low["text"]["text"] == "*LOW*  Estimated cost: not estimated"
@@ -176,7 +208,7 @@ def test_slack_body_keeps_within_slack_limits():
     many = [{"severity": "MED", "title": f"finding {i}", "fix": ""} for i in range(80)]
     body = webhooks.slack_body({"run_name": "r", "steps": 1, "insights": many})
     assert len(body["blocks"]) <= webhooks.SLACK_MAX_BLOCKS
-    assert body["blocks"][-1]["elements"][0]["text"] == "… and 33 more findings"
+    assert body["blocks"][-1]["elements"][0]["text"] == "… and 34 more findings"
     assert body["text"] == "gpuprof · r  (1 steps): 80 findings"
 
 

@@ -101,7 +101,7 @@ class InsightsRunner:
             )
         if found is None:
             return None, None
-        keys = ("group", "ranks", "insights", "lost_ranks", "missing_ranks", "runs_note")
+        keys = ("group", "ranks", "insights", "gains", "lost_ranks", "missing_ranks", "runs_note")
         return {k: found.get(k) for k in keys}, None
 
     async def _group_findings(self, group: str, asked: int) -> dict[str, Any] | None:

@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 
 from gpuprof.comm import COMM_PHASE
+from gpuprof.insights.gains import findings_gains_block, group_gains_block, ranked
 from gpuprof.summary import comm_medians, make_summary, mfu_figures
 from gpuprofd.core.errors import UnknownGroupError
 from gpuprofd.storage import reads
@@ -334,7 +335,11 @@ async def load_group(
     (``insights``: those gpuprofd stored when the group ended, else
     :func:`gpuprof.insights.distributed.group_rules` over
     :func:`gpuprofd.storage.reads.group_context` now; ``insights_source`` says
-    ``stored`` or ``computed``), ``runs`` (the group's runs) and ``runs_note``
+    ``stored`` or ``computed``; ranked by gain), ``gains`` (the job's
+    iteration and what fixing them all is worth:
+    :func:`gpuprof.insights.gains.group_gains_block`, or for stored findings
+    :func:`gpuprof.insights.gains.findings_gains_block`), ``runs`` (the
+    group's runs) and ``runs_note``
     (:func:`gpuprofd.storage.reads.runs_note`: a rank has several runs, its latest
     is the one shown and compared), the ranks that never
     reported (``missing_ranks``, :func:`gpuprofd.storage.reads.missing_ranks`), the
@@ -353,8 +358,11 @@ async def load_group(
     status = reads.group_status([r["status"] for r in runs])
     found = await reads.stored_group_insights(db, group) if status["ended"] else []
     source = "stored" if found else "computed"
+    gains = findings_gains_block(found)
     if not found:
-        _, found = await reads.group_insights_now(db, group)
+        ctx, found = await reads.group_insights_now(db, group)
+        gains = group_gains_block(ctx, found)
+    found = [dict(i) for i in ranked(found)]
     comm = {run["id"]: await rank_comm(db, run) for run in runs}
     ranks = []
     for run in runs:
@@ -374,6 +382,7 @@ async def load_group(
         "group": group,
         **status,
         "insights": found,
+        "gains": gains,
         "insights_source": source,
         "runs": len(every),
         "runs_note": reads.runs_note(every),

@@ -12,6 +12,7 @@ import orjson
 from aiohttp import web
 
 from gpuprof.insights.base import WARMUP_STEPS
+from gpuprof.insights.gains import findings_gains_block, ranked
 from gpuprofd.storage import reads
 from gpuprofd.storage.reads import series
 from gpuprofd.storage.upkeep import hostrollup, steprollup
@@ -158,24 +159,38 @@ async def run_detail(request: web.Request) -> web.Response:
     return json_response({"run": view, "summary": summary})
 
 
-async def insights_payload(db: Any, run_id: int) -> dict[str, Any]:
+async def insights_payload(
+    db: Any, run_id: int, live: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """``/runs/{id}/insights``: the stored findings (a running run's: the
-    daemon's latest live pass), when computed, and the summary's notes."""
+    daemon's latest live pass), ranked by gain, each with its ``gain_*``
+    fields; ``gains`` (what fixing them all is worth: the summary's, *live*'s
+    for a running run, else
+    :func:`gpuprof.insights.gains.findings_gains_block` of them); when
+    computed; the summary's notes."""
     run = await reads.get_run(db, run_id)
-    found = await reads.stored_insights(db, run_id)
+    found = [dict(i) for i in ranked(await reads.stored_insights(db, run_id))]
     at = await reads.insights_computed_ns(db, run_id)
     notes: list[str] = [LIVE_NOTE] if run["status"] == "running" else []
+    gains = (live or {}).get("gains") if run["status"] == "running" else None
     if run.get("summary"):
         try:
             stored = orjson.loads(run["summary"])
             notes = [n for n in stored.get("notes") or [] if isinstance(n, str)]
+            gains = stored.get("gains")
         except (orjson.JSONDecodeError, AttributeError):
             pass
-    return {"insights": found, "notes": notes, "computed_s": None if at is None else at / NS_PER_S}
+    return {
+        "insights": found,
+        "gains": gains if isinstance(gains, dict) else findings_gains_block(found),
+        "notes": notes,
+        "computed_s": None if at is None else at / NS_PER_S,
+    }
 
 
 async def run_insights(request: web.Request) -> web.Response:
-    return json_response(await insights_payload(_state(request).reader, _run_id(request)))
+    state, run_id = _state(request), _run_id(request)
+    return json_response(await insights_payload(state.reader, run_id, state.live_summary(run_id)))
 
 
 #: The parts of a run's series, in the order a response lists them.
@@ -424,6 +439,7 @@ async def group(request: web.Request) -> web.Response:
             "counts": data["counts"],
             "ranks": ranks,
             "insights": data["insights"],
+            "gains": data.get("gains"),
             "missing": data["missing_ranks"],
             "note": data["runs_note"],
             "comm_missing": data["comm_missing"],

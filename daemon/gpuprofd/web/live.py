@@ -148,7 +148,7 @@ class Subscription:
             await self.send({"type": "run", "run": state})
             if state["status"] != "running" and self.run is not None:  # ended: bound the reads
                 self.run = await reads.get_run(self.state.reader, run_id)
-        found = await insights_payload(self.state.reader, run_id)
+        found = await insights_payload(self.state.reader, run_id, self.state.live_summary(run_id))
         key = orjson.dumps(found["insights"], option=orjson.OPT_NON_STR_KEYS)
         if key != self._sent_insights:
             self._sent_insights = key
@@ -156,6 +156,7 @@ class Subscription:
                 {
                     "type": "insights",
                     "insights": found["insights"],
+                    "gains": found["gains"],
                     "computed_s": found["computed_s"],
                 }
             )

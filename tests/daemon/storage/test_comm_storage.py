@@ -189,10 +189,13 @@ def test_insights_group_names_the_late_bucket(comm_db, capsys: pytest.CaptureFix
     assert lines[0] == "group skew: finished (4 ranks: 4 finished)"
     assert lines[1] == "  Group insights (1):"
     assert lines[2].startswith("  [MED]  Rank 2 is the last to start bucket 1 on 100% of steps")
-    assert lines[3].startswith("          On 100% of 30 steps rank 2")
-    assert lines[4].startswith("          Fix: Look at what rank 2 computes before bucket 1")
-    assert lines[5].startswith("  rank 0  run ") and "comm " in lines[5]
-    assert f"{N_BUCKETS} buckets, gradient bytes 25.0 MB/step" in lines[5]
+    # what fixing it is worth: the others' median wait for the bucket, of the job's step
+    assert lines[3].startswith("          Worth: up to 1.08× faster: 5.0 of 67.2 ms per iteration")
+    assert lines[4].startswith("          How: the median time the others wait for the late")
+    assert lines[5].startswith("          On 100% of 30 steps rank 2")
+    assert lines[6].startswith("          Fix: Look at what rank 2 computes before bucket 1")
+    assert lines[7].startswith("  rank 0  run ") and "comm " in lines[7]
+    assert f"{N_BUCKETS} buckets, gradient bytes 25.0 MB/step" in lines[7]
 
 
 def test_insights_group_names_the_straggler_not_the_network(

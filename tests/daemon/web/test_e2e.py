@@ -26,7 +26,8 @@ pytestmark = pytest.mark.timeout(600)  # real torch subprocesses on a shared 2-c
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "dashboard.md"
 #: Objects whose keys are free-form (a summary, a rule's evidence, counts by status).
-FREE = ("summary", "evidence", "counts", "gain_a", "gain_b")
+#: (A finding's gain parts and the fix-all parts: the parts claimed.)
+FREE = ("summary", "evidence", "counts", "gain_a", "gain_b", "gain_parts_ms", "fix_all_parts_ms")
 #: Objects the doc shows cut short: its keys must be there, others may be too.
 SUBSET = ("compare.runs[].run",)
 

@@ -17,6 +17,7 @@ import orjson
 
 from gpuprof.insights import Insight
 from gpuprof.insights.distributed import GroupContext, group_rules
+from gpuprof.insights.gains import attach_group, group_gains_block, rank_insights
 from gpuprof.insights.group_context import RankRows, build_group_context, common_steps
 from gpuprofd.storage.reader import Reader
 from gpuprofd.storage.reads import queries
@@ -141,7 +142,9 @@ async def group_insights_now(db: Reader, group: str) -> tuple[GroupContext, list
     """:func:`group_context` and the group rules over it (:func:`plain_insight`
     dicts), the rules run in a worker thread."""
     ctx = await group_context(db, group)
-    found = await asyncio.to_thread(lambda: [plain_insight(i) for i in group_rules(ctx)])
+    found = await asyncio.to_thread(
+        lambda: [plain_insight(i) for i in rank_insights(attach_group(ctx, group_rules(ctx)))]
+    )
     return ctx, found
 
 
@@ -208,7 +211,8 @@ async def ended_ranks(db: Reader, runs: list[dict[str, Any]]) -> list[dict[str, 
 
 async def group_findings(db: Reader, group: str) -> dict[str, Any]:
     """The group rules over :func:`group_context`: ``group``, ``ranks`` (how
-    many ranks they compared), ``insights`` (:func:`plain_insight` dicts),
+    many ranks they compared), ``insights`` (:func:`plain_insight` dicts, ranked by gain), ``gains``
+    (:func:`gpuprof.insights.gains.group_gains_block`),
     ``ended`` (every rank's latest run has ended, :func:`group_status`),
     ``lost_ranks`` (:func:`ended_ranks`: lost or failed so far),
     ``missing_ranks`` (:func:`missing_ranks`) and ``runs_note``
@@ -221,6 +225,7 @@ async def group_findings(db: Reader, group: str) -> dict[str, Any]:
         "group": group,
         "ranks": len(ctx.ranks),
         "insights": found,
+        "gains": group_gains_block(ctx, found),
         "ended": ended,
         "lost_ranks": await ended_ranks(db, latest),
         "missing_ranks": missing_ranks(latest),

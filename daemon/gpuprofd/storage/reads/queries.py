@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 
 from gpuprof.insights.aggregates import GpuStats
+from gpuprof.insights.gains import from_stored
 from gpuprof.insights.gpu import GpuAccumulator
 from gpuprof.kernels import KernelAgg
 from gpuprofd.sampling import rollup
@@ -269,4 +270,4 @@ def insight_from_row(r: Mapping[str, Any]) -> dict[str, Any]:
     """An ``insights`` row as ``Insight.to_dict()`` returns it."""
     d = {k: r[k] for k in ("rule", "severity", "title", "detail", "fix")}
     d["evidence"] = orjson.loads(r["evidence"]) if r["evidence"] else {}
-    return d
+    return from_stored(d)  # its gain, stored in the evidence, back at the top level

@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 
 from gpuprof.insights import Insight
+from gpuprof.insights.gains import to_stored_evidence
 from gpuprofd.sampling import rollup
 from gpuprofd.storage.dialect import Dialect
 from gpuprofd.storage.writes import outbox
@@ -357,6 +358,7 @@ def prune_raw_gpu_ops(cutoff_mono_ns: int) -> list[Op]:
 async def replace_insights(store: Store, run_id: int, insights: Sequence[Insight]) -> None:
     """Replace the run's stored insights with *insights*; wait for the commit."""
     now = time.time_ns()
+    # a finding's gain rides in its evidence (gpuprof.insights.gains.to_stored_evidence)
     found = [
         {
             "rule": i.rule,
@@ -364,25 +366,25 @@ async def replace_insights(store: Store, run_id: int, insights: Sequence[Insight
             "title": i.title,
             "detail": i.detail,
             "fix": i.fix,
-            "evidence": orjson.loads(orjson.dumps(dict(i.evidence), default=str)),
+            "evidence": orjson.loads(orjson.dumps(to_stored_evidence(i.to_dict()), default=str)),
         }
         for i in insights
     ]
     forward = (outbox.insights(run_id, found),)
     await store.submit(Op("DELETE FROM insights WHERE run_id = ?", (run_id,), forward=forward))
-    for ins in insights:
+    for ins in found:
         await store.submit(
             Op(
                 "INSERT INTO insights (run_id, rule, severity, title, detail, fix, evidence, "
                 "created_wall_ns) VALUES (?,?,?,?,?,?,?,?)",
                 (
                     run_id,
-                    ins.rule,
-                    ins.severity,
-                    ins.title,
-                    ins.detail,
-                    ins.fix,
-                    orjson.dumps(dict(ins.evidence), default=str).decode(),
+                    ins["rule"],
+                    ins["severity"],
+                    ins["title"],
+                    ins["detail"],
+                    ins["fix"],
+                    orjson.dumps(ins["evidence"], default=str).decode(),
                     now,
                 ),
             )
@@ -412,7 +414,7 @@ async def replace_group_insights(
             i.get("detail"),
             i.get("fix"),
             orjson.dumps(
-                i.get("evidence") or {}, option=orjson.OPT_NON_STR_KEYS, default=str
+                to_stored_evidence(i), option=orjson.OPT_NON_STR_KEYS, default=str
             ).decode(),
             now,
         )

@@ -37,7 +37,7 @@ class Live {
   /**
    * Follow run `runId` from `cursors` ({step: last step index held or -1,
    * t: last sample time held, unix s, or 0}). handlers: steps(rows),
-   * gpus(samples), host(samples), insights(list), run(run), reset() ->
+   * gpus(samples), host(samples), insights(list, gains), run(run), reset() ->
    * Promise<cursors>, state(s). Replaces any run watched before.
    */
   watch(runId, cursors, handlers) {
@@ -134,7 +134,7 @@ class Live {
         break;
       }
       case "insights":
-        h.insights?.(msg.insights || []);
+        h.insights?.(msg.insights || [], msg.gains || null);
         break;
       case "run":
         h.run?.(msg.run);

@@ -136,11 +136,83 @@ def test_insights_panel_shows_the_runs_findings(dash: Dash, runs: dict, pages):
         assert item.locator(".insight-title").text_content() == ins["title"]
         if ins["fix"]:
             assert item.locator(".insight-fix").text_content() == f"Fix: {ins['fix']}"
+    # in the API's order (ranked by what fixing each is worth), each with its worth
+    assert [items.nth(i).get_attribute("data-rule") for i in range(items.count())] == [
+        i["rule"] for i in found
+    ]
+    for ins in found:
+        if ins["gain_ms_per_iteration"] is not None:
+            worth = shown[ins["rule"]].locator(".insight-gain").text_content()
+            assert worth.startswith("Worth: up to ") and "ms per iteration" in worth
     # the insights come before every chart
     assert page.evaluate(
         "document.querySelector('#insights').compareDocumentPosition("
         "document.querySelector('.chart')) & Node.DOCUMENT_POSITION_FOLLOWING"
     )
+    assert w.errors == []
+
+
+def _gain(ms: float, speedup: float, label: str) -> dict:
+    return {
+        "gain_ms_per_iteration": ms,
+        "gain_pct": ms,
+        "gain_speedup_max": speedup,
+        "gain_run_s": 2 * ms,
+        "gain_iteration_ms": 100.0,
+        "gain_method": f"{label}, removed",
+        "gain_parts_ms": {"loader_wait": ms},
+        "gain_label": label,
+    }
+
+
+def test_insights_panel_ranks_findings_by_what_fixing_each_is_worth(dash: Dash, runs: dict, pages):
+    """Findings stored with gains (in their evidence, as gpuprofd stores them),
+    in severity order: the panel lists them by gain, severity still shown."""
+    rid = runs["rank1"]["id"]
+    stored = [  # (rule, severity, gain)
+        ("high_none", "HIGH", {"gain_method": "not estimated: its time is not measured"}),
+        ("low_none", "LOW", {}),
+        ("high_small", "HIGH", _gain(5.0, 1.05, "the small one")),
+        ("med_big", "MED", _gain(30.0, 1.43, "the slow steps")),
+    ]
+    with closing(sqlite3.connect(dash.db)) as db, db:
+        db.execute("DELETE FROM insights WHERE run_id = ?", (rid,))
+        for rule, sev, gain in stored:
+            evidence = json.dumps({"n": 1, **({"gain": gain} if gain else {})})
+            db.execute(
+                "INSERT INTO insights (run_id, rule, severity, title, detail, fix, evidence, "
+                "created_wall_ns) VALUES (?, ?, ?, ?, '', '', ?, 1)",
+                (rid, rule, sev, f"title of {rule}", evidence),
+            )
+    ranked = ["med_big", "high_small", "high_none", "low_none"]
+    api = dash.get(f"/api/v1/runs/{rid}/insights")
+    assert [i["rule"] for i in api["insights"]] == ranked
+    assert api["insights"][0]["gain_speedup_max"] == 1.43
+    assert api["insights"][0]["evidence"] == {"n": 1}  # the gain is lifted out of it
+    w = pages()
+    page = w.open(f"{dash.url}/#/run/{rid}")
+    items = page.locator("#insights li.insight")
+    items.first.wait_for()
+    assert [items.nth(i).get_attribute("data-rule") for i in range(items.count())] == ranked
+    assert [items.nth(i).locator(".sev").text_content() for i in range(4)] == [
+        "MED",
+        "HIGH",
+        "HIGH",
+        "LOW",
+    ]
+    assert page.locator("#insights .gain-headline").text_content() == (
+        "Fixing the slow steps: up to 1.4× faster"
+    )
+    assert items.nth(0).locator(".insight-gain").text_content() == (
+        "Worth: up to 1.4× faster: 30.0 of 100.0 ms per iteration (30%), ~60 s of this run"
+    )
+    assert items.nth(0).locator(".insight-gain-method").text_content() == (
+        "How: the slow steps, removed"
+    )
+    assert items.nth(2).locator(".insight-gain").text_content() == (
+        "Worth: not estimated: its time is not measured"
+    )
+    assert items.nth(3).locator(".insight-gain").count() == 0  # costs no time
     assert w.errors == []
 
 

@@ -50,7 +50,7 @@ export function render(root, { group }) {
       g.note ? h("p", { class: "note" }, userText(g.note)) : null,
       (g.missing || []).length ? h("div", { class: "warn-box" }, (g.missing || []).map((m) =>
         h("p", {}, userText(typeof m === "string" ? m : m.message ?? JSON.stringify(m))))) : null,
-      h("section", { class: "panel", id: "insights" }, h("h2", {}, "Findings"), insightList(g.insights)),
+      h("section", { class: "panel", id: "insights" }, h("h2", {}, "Findings"), insightList(g.insights, [], undefined, g.gains)),
       h("section", { class: "panel" }, h("h2", {}, "Ranks"), h("div", { class: "table-wrap" }, table)),
       h("section", { class: "panel" }, h("h2", {}, "Per rank: median and worst step, comm"), chartBox));
     // grouped bars: each rank's three bars side by side at rank - 0.25, rank, rank + 0.25

@@ -101,8 +101,8 @@ export function render(root, { id }) {
   }
 
   // -- insights
-  function drawInsights(list, notes) {
-    replace(insights, h("h2", {}, "Insights"), insightList(list, notes));
+  function drawInsights(list, notes, gains = null) {
+    replace(insights, h("h2", {}, "Insights"), insightList(list, notes, undefined, gains));
   }
 
   // -- window selector
@@ -291,7 +291,7 @@ export function render(root, { id }) {
       }
       if (n) changed(n);
     },
-    insights: (list) => drawInsights(list, []),
+    insights: (list, gains) => drawInsights(list, [], gains),
     run: (run) => {
       const was = state.run?.status;
       state.run = { ...state.run, ...run };
@@ -314,7 +314,7 @@ export function render(root, { id }) {
   async function loadInsights() {
     try {
       const r = await api.insights(id);
-      if (!state.gone) drawInsights(r.insights, r.notes);
+      if (!state.gone) drawInsights(r.insights, r.notes, r.gains);
     } catch (err) {
       if (!state.gone) replace(insights, h("h2", {}, "Insights"), errorBox(err));
     }
