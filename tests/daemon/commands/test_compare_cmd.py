@@ -227,8 +227,13 @@ def test_a_resolved_findings_predicted_gain_is_shown_beside_it(
     got = _json(capsys, "compare", str(db), "1", "2")
     plain = format_compare(got)
     stall = next(e for e in got["findings"]["resolved"] if e["rule"] == "dataloader_stall")
-    assert stall["gain_a"] == {}  # the stored findings carry no gain: none shown
-    assert "predicted" not in plain
+    # the stored finding's own gain (gpuprof.insights.gains) comes with it
+    stored = _json(capsys, "insights", str(db), "1", "--format", "json")
+    mine = next(i for i in stored["insights"] if i["rule"] == "dataloader_stall")
+    assert stall["gain_a"]["gain_speedup_max"] == mine["gain_speedup_max"] > 1
+    assert "loader stall (predicted: up to" in plain
     stall["gain_a"] = {"gain_speedup_max": 2.3, "gain_ms_per_iteration": 34.0}
     line = next(x for x in format_compare(got).splitlines() if "loader stall" in x)
     assert line == "  resolved   [HIGH] loader stall (predicted: up to 2.3× faster)"
+    stall["gain_a"] = {}  # a finding without a gain: none shown
+    assert "predicted" not in format_compare(got)
