@@ -123,6 +123,29 @@ def _row(cells: Sequence[tuple[str | Text, int, bool]]) -> Text:
     return out
 
 
+#: The narrowest the name columns get before others are dropped.
+MIN_NAME = 10
+#: Run columns dropped, in this order, from a terminal too narrow for all.
+RUN_DROPS = ("MEDIAN", "DROP", "MFU", "USER", "RANK", "STEPS")
+GPU_DROPS = ("TEMP", "SM MHz", "POWER W")
+
+
+def _fit_columns(
+    fixed: list[tuple[str, int, bool]], width: int, drops: Sequence[str]
+) -> list[tuple[str, int, bool]]:
+    """*fixed* (header, width, right-aligned; ``NAME`` width 0) with NAME
+    taking what the others leave, dropping columns in the order *drops*
+    says while NAME would get less than :data:`MIN_NAME`."""
+    cols = list(fixed)
+    for name in ("", *drops):
+        cols = [c for c in cols if c[0] != name]
+        used = sum(w for _, w, _ in cols) + len(cols) - 1
+        if width - used >= MIN_NAME:
+            break
+    name_w = max(MIN_NAME, width - used)
+    return [(h, name_w if h == "NAME" else w, r) for h, w, r in cols]
+
+
 def _run_columns(runs: Sequence[Mapping[str, Any]], width: int) -> list[tuple[str, int, bool]]:
     """The run table's (header, width, right-aligned), the name taking the rest."""
     id_w = max([3, *(len(str(r.get("id"))) for r in runs)])
@@ -139,9 +162,7 @@ def _run_columns(runs: Sequence[Mapping[str, Any]], width: int) -> list[tuple[st
         ("MFU", 4, True),
         ("DROP", 4, True),
     ]
-    used = sum(w for _, w, _ in fixed) + len(fixed) - 1
-    name_w = max(8, width - used)
-    return [(h, name_w if h == "NAME" else w, r) for h, w, r in fixed]
+    return _fit_columns(fixed, width, RUN_DROPS)
 
 
 def run_row(run: Mapping[str, Any], columns: Sequence[tuple[str, int, bool]]) -> Text:
@@ -149,22 +170,22 @@ def run_row(run: Mapping[str, Any], columns: Sequence[tuple[str, int, bool]]) ->
     mean and median iteration (ms), phase bar, MFU (%), events dropped."""
     w = run.get("window") or {}
     mfu = run.get("mfu")
-    values: list[str | Text] = [
-        str(run.get("id")),
-        safe(run.get("name")),
-        safe(run.get("user")),
-        rank_text(run),
-        count_text(run.get("steps")),
-        rate_text(w.get("steps_per_s")),
-        ms_text(w.get("mean_ms")),
-        ms_text(w.get("median_ms")),
-        phase_bar(w.get("pct") or {}, PHASE_CELLS),
-        "-" if mfu is None else f"{100 * mfu:.0f}%",
-        count_text(run.get("dropped_events")),
-    ]
-    line = _row([(v, c[1], c[2]) for v, c in zip(values, columns, strict=True)])
-    if run.get("dropped_events"):
-        line.stylize("yellow", line.cell_len - columns[-1][1], line.cell_len)
+    values: dict[str, str | Text] = {
+        "RUN": str(run.get("id")),
+        "NAME": safe(run.get("name")),
+        "USER": safe(run.get("user")),
+        "RANK": rank_text(run),
+        "STEPS": count_text(run.get("steps")),
+        "STEP/S": rate_text(w.get("steps_per_s")),
+        "MEAN": ms_text(w.get("mean_ms")),
+        "MEDIAN": ms_text(w.get("median_ms")),
+        "PHASES": phase_bar(w.get("pct") or {}, PHASE_CELLS),
+        "MFU": "-" if mfu is None else f"{100 * mfu:.0f}%",
+        "DROP": count_text(run.get("dropped_events")),
+    }
+    line = _row([(values[h], cw, r) for h, cw, r in columns])
+    if run.get("dropped_events") and columns[-1][0] == "DROP":
+        line.stylize("yellow", line.cell_len - len(values["DROP"]), line.cell_len)
     return line
 
 
@@ -179,9 +200,7 @@ def _gpu_columns(width: int) -> list[tuple[str, int, bool]]:
         ("TEMP", 4, True),
         ("RUN", 12, False),
     ]
-    used = sum(w for _, w, _ in fixed) + len(fixed) - 1
-    name_w = max(8, width - used)
-    return [(h, name_w if h == "NAME" else w, r) for h, w, r in fixed]
+    return _fit_columns(fixed, width, GPU_DROPS)
 
 
 def gpu_row(
@@ -202,17 +221,17 @@ def gpu_row(
         for u in gpu.get("runs") or []
     )
     index = gpu.get("index")
-    values = [
-        "-" if index is None else str(index),
-        name,
-        num(gpu.get("util_pct"), "{:.0f}%"),
-        memory,
-        watts,
-        num(gpu.get("sm_clock_mhz"), "{:.0f}"),
-        num(gpu.get("temp_c"), "{:.0f}C"),
-        runs or "-",
-    ]
-    line = _row([(v, c[1], c[2]) for v, c in zip(values, columns, strict=True)])
+    values = {
+        "GPU": "-" if index is None else str(index),
+        "NAME": name,
+        "UTIL": num(gpu.get("util_pct"), "{:.0f}%"),
+        "MEMORY GiB": memory,
+        "POWER W": watts,
+        "SM MHz": num(gpu.get("sm_clock_mhz"), "{:.0f}"),
+        "TEMP": num(gpu.get("temp_c"), "{:.0f}C"),
+        "RUN": runs or "-",
+    }
+    line = _row([(values[h], w, r) for h, w, r in columns])
     util = gpu.get("util_pct")
     if util is not None and util < 50 and gpu.get("runs"):  # a run's GPU half idle
         start = columns[0][1] + columns[1][1] + 2
@@ -281,26 +300,31 @@ def top_frame(
     # what always shows: header(s), the run table's header, a blank, the GPU
     # header, the hosts, the legend and the keys
     fixed = len(lines) + 1 + 1 + (1 if gpus else 0) + len(hosts) + 2
-    room_rows = max(height - fixed, 1)
-    gpu_rows = min(len(gpus), max(1, room_rows // 3)) if gpus else 0
-    run_rows = min(max(n, 1), max(room_rows - gpu_rows, 1))
-    finding_rows = min(len(with_finding), max(room_rows - gpu_rows - run_rows, 0))
+    # then, as room allows: the runs, two GPUs, the other GPUs, the findings
+    room = max(height - fixed, 1)
+    run_rows = max(1, min(max(n, 1), room - min(len(gpus), 2)))
+    gpu_rows = max(0, min(len(gpus), room - run_rows))
+    finding_rows = max(0, min(len(with_finding), room - run_rows - gpu_rows))
     columns = _run_columns(runs, width)
     lines.append(_row([(h, w, r) for h, w, r in columns]).copy())
     lines[-1].stylize("bold")
     picked = picked_run(runs, choices)
     if not runs:
         lines.append(Text(fit("no live runs: they show here as soon as one starts", width)))
-    shown = runs[:run_rows]
-    if picked is not None and picked not in shown and run_rows:
-        shown = [*runs[: run_rows - 1], picked]
+    shown, hidden = list(runs), 0
+    if n > run_rows:  # the first rows, the picked run among them, and a line saying how many more
+        keep = max(run_rows - 1, 1)
+        shown = runs[:keep]
+        if picked is not None and picked not in shown:
+            shown = [*runs[: keep - 1], picked]
+        hidden = n - len(shown)
     for r in shown:
         line = run_row(r, columns)
         if r is picked:
             line.stylize("reverse")
         lines.append(line)
-    if n > len(shown):
-        lines[-1] = Text(fit(f"… {n - len(shown) + 1} more runs (↑↓ to pick)", width), style="dim")
+    if hidden and run_rows > 1:
+        lines.append(Text(fit(f"… {hidden} more runs (↑↓ to pick)", width), style="dim"))
     for r in with_finding[:finding_rows]:
         prefix = f"{str(r.get('id')).rjust(columns[0][1])} "
         lines.append(finding_line(r["top_insight"], width, prefix))
@@ -311,12 +335,12 @@ def top_frame(
         lines[-1].stylize("bold")
         for g in gpus[:gpu_rows]:
             lines.append(gpu_row(g, gcols, many_hosts))
-        if len(gpus) > gpu_rows:
+        if len(gpus) > gpu_rows > 1:
             lines[-1] = Text(fit(f"… {len(gpus) - gpu_rows + 1} more GPUs", width), style="dim")
     for h in hosts:
         lines.append(host_line(h, runs, width, many_hosts))
     over = node.get("window_steps") or "few"
-    legend = Text(f"MEAN, MEDIAN: ms/it, last {over} steps · ", style="dim")
+    legend = Text(f"ms/it over the last {over} steps · ", style="dim")
     legend.append_text(phase_legend())
     legend.truncate(width)
     lines.append(legend)

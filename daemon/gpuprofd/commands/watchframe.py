@@ -152,6 +152,8 @@ def chart_rows(columns: Sequence[Column], rows: int, top: float, plain: bool) ->
                 line.append(PHASE_LETTER[phase], style=PHASE_STYLE[phase])
             else:
                 line.append(glyph or "█", style=PHASE_STYLE[phase])
+    for line in grid:
+        line.rstrip()
     return grid
 
 
@@ -168,6 +170,7 @@ def marks_row(columns: Sequence[Column]) -> Text:
             out.append("s", style="yellow")
         else:
             out.append(" ")
+    out.rstrip()
     return out
 
 

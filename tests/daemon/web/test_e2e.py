@@ -25,8 +25,9 @@ STORED_NAME = clean_run_name(HOSTILE_NAME)
 pytestmark = pytest.mark.timeout(600)  # real torch subprocesses on a shared 2-core box
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "dashboard.md"
-#: Objects whose keys are free-form (a summary, a rule's evidence, counts by status).
-FREE = ("summary", "evidence", "counts")
+#: Objects whose keys are free-form (a summary, a rule's evidence, counts by
+#: status, a finding: each rule may add its own fields, such as its gain).
+FREE = ("summary", "evidence", "counts", "top_insight")
 #: Objects the doc shows cut short: its keys must be there, others may be too.
 SUBSET = ("compare.runs[].run",)
 
