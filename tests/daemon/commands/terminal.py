@@ -53,7 +53,9 @@ class Terminal:
                 return self.text()
             if not self._read(0.2):
                 break
-        raise AssertionError(f"no {what} on the screen:\n{self.text()}\n(raw tail {self.raw[-400:]!r})")
+        raise AssertionError(
+            f"no {what} on the screen:\n{self.text()}\n(raw tail {self.raw[-400:]!r})"
+        )
 
     def send(self, keys: str) -> None:
         self.child.send(keys)

@@ -76,7 +76,9 @@ def training(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Training]:
     stop = tmp / "stop"
     proc = None
     try:
-        _, client = daemons.start_ready(sock_dir, tmp / "gpuprof.db", "--http", "127.0.0.1:0", env=env)
+        _, client = daemons.start_ready(
+            sock_dir, tmp / "gpuprof.db", "--http", "127.0.0.1:0", env=env
+        )
         proc = subprocess.Popen(
             [sys.executable, str(script), NAME, str(sock_dir), str(tmp / "gpuprof.db"), str(stop)],
             stdout=subprocess.PIPE,
@@ -139,9 +141,11 @@ def test_watch_follows_the_run_and_ends_with_its_summary(training: Training) -> 
     try:
         head = f"gpuprof watch · #{training.run_id} {NAME}"
         screen = term.wait_for(
-            lambda s: s.startswith(head)
-            and re.search(r"^\d+ steps · ", s, re.M) is not None
-            and re.search(r"^  \[(HIGH|MED|LOW)\] ", s, re.M) is not None,
+            lambda s: (
+                s.startswith(head)
+                and re.search(r"^\d+ steps · ", s, re.M) is not None
+                and re.search(r"^  \[(HIGH|MED|LOW)\] ", s, re.M) is not None
+            ),
             120,
             "the run's header, its steps and a finding",
         )

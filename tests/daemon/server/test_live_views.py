@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemon.batches import batch, end_event, new_uuid
+from tests.daemon.batches import end_event, new_uuid
 from tests.daemon.commands.feeds import HOSTILE, node_batch
 from tests.daemon.commands.terminal import Terminal
 from tests.daemon.server.conftest import KEY_ONE, PASSWORD, TeamServer
@@ -84,7 +84,9 @@ def test_top_in_a_terminal_shows_a_hostile_name_as_text(server: TeamServer) -> N
 def test_watch_once_as_plain_text_with_a_viewer_login(server: TeamServer, tmp_path: Path) -> None:
     password = tmp_path / "password"
     password.write_text(PASSWORD + "\n")
-    got = ctl("watch", "1", "--server", server.url, "--viewer-password-file", str(password), "--once")
+    got = ctl(
+        "watch", "1", "--server", server.url, "--viewer-password-file", str(password), "--once"
+    )
     assert got.returncode == 0, got.stderr
     lines = got.stdout.splitlines()
     assert lines[0].startswith(f"gpuprof watch · #1 {SHOWN} · alice · running")
