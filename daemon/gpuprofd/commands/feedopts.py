@@ -6,6 +6,7 @@ with ``--server``), with which credentials, and how the view is shown
 from __future__ import annotations
 
 import asyncio
+import signal
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -182,8 +183,12 @@ def show(
             view = await make_view(client)
             await drive(client, view, mode, interval, console)
 
+    # SIGTERM ends it as Ctrl-C does: the terminal's modes and screen restored first
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         asyncio.run(main())
     except KeyboardInterrupt:
         pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return EXIT_OK

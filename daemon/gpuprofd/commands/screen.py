@@ -108,6 +108,9 @@ def key_reader(on_key: Callable[[str], None]) -> Iterator[bool]:
         try:
             data = os.read(fd, 64)
         except OSError:
+            data = b""
+        if not data:  # the terminal went away: stop reading (q can no longer come)
+            loop.remove_reader(fd)
             return
         for k in decode_keys(data):
             on_key(k)

@@ -91,7 +91,7 @@ class TopView:
         if self.watch is not None:
             return self.watch.frame(width, height, plain)
         error = self.node.error
-        if self.connection != "open" and self.node.node is not None:
+        if self.connection.startswith("reconnecting"):  # the daemon restarting, the network
             error = self.connection
         return top_frame(self.node.node, self.choices, width, height, where=self.where, error=error)
 

@@ -107,7 +107,8 @@ class WatchView:
 
     def frame(self, width: int, height: int, plain: bool) -> Text:
         keys = "b back  q quit" if self.embedded else "q quit"
-        return watch_frame(self.state, width, height, plain=plain, keys=keys)
+        notice = None if self.connection in ("open", "connecting") else self.connection
+        return watch_frame(self.state, width, height, plain=plain, keys=keys, notice=notice)
 
     def ready(self) -> bool:
         got = {"run", "insights"} <= self._kinds

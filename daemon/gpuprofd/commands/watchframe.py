@@ -21,6 +21,7 @@ from typing import Any
 
 from rich.text import Text
 
+from gpuprof.insights.base import SEVERITIES
 from gpuprof.stats import median
 from gpuprof.summary import format_summary
 from gpuprof.window import PHASES, window_figures
@@ -216,11 +217,13 @@ def watch_frame(
     plain: bool = False,
     clock: Callable[[float], str] | None = None,
     keys: str = WATCH_KEYS,
+    notice: str | None = None,
 ) -> Text:
     """The frame of *state*, at most *height* lines of *width* cells (module
     doc). *plain*: letters for the phases, as text without a terminal;
     *clock* formats unix seconds (default: local ``HH:MM:SS``); *keys*: the
-    last line, the keys that work."""
+    last line, the keys that work; *notice*: a line under the header (the
+    feed reconnecting)."""
     clock = clock or (lambda t: time.strftime("%H:%M:%S", time.localtime(t)))
     head = state.headline
     live = state.state
@@ -240,6 +243,8 @@ def watch_frame(
     ]
     if state.error:
         lines.append(Text(fit(f"error: {safe(state.error)}", width), style="red"))
+    if notice:
+        lines.append(Text(fit(safe(notice), width), style="yellow"))
     figs = window_figures(state.window(WINDOW_STEPS), unit_s=1e-3)
     steps = live.get("steps", head.get("steps"))
     stats = (
@@ -250,7 +255,7 @@ def watch_frame(
     lines.append(Text(fit(stats, width)))
     # below the chart: marks, axis, phases, GPUs, CPU, findings' header, keys
     gpus = head.get("gpus") or []
-    found = state.insights
+    found = by_severity(state.insights)
     below = 4 + max(len(gpus), 0) + 1 + 1 + 1
     chart_h = max(MIN_CHART_ROWS, min(MAX_CHART_ROWS, height - len(lines) - 1 - below - 2))
     per = steps_per_column(figs["steps_per_s"])
@@ -295,6 +300,13 @@ def watch_frame(
             lines.append(finding_line(ins, width, "  "))
     lines.append(Text(fit(keys, width), style="dim"))
     return Text("\n").join(lines[:height])
+
+
+def by_severity(found: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Findings most severe first (``HIGH``, ``MED``, ``LOW``), in the order
+    found among equals, so a short terminal cuts the least severe."""
+    rank = {s: i for i, s in enumerate(SEVERITIES)}
+    return sorted(found, key=lambda f: rank.get(f.get("severity"), len(rank)))
 
 
 def summary_text(summary: dict[str, Any]) -> str:

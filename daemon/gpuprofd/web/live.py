@@ -29,7 +29,7 @@ from gpuprofd.storage import reads, series
 from gpuprofd.web import runs as views
 from gpuprofd.web.api import MAX_ID, insights_payload
 from gpuprofd.web.app import LIVE_SOCKET, SOCKETS, STATE, WebState
-from gpuprofd.web.node import NodeFeed
+from gpuprofd.web.node import NODE_FEED, NodeFeed
 from gpuprofd.web.series import T_HALF_ULP_NS, RunClock, live_gpu, live_host, live_step
 
 log = logging.getLogger(__name__)
@@ -47,9 +47,13 @@ NODE_MIN_GAP_S = 1.0
 class Subscription:
     """One socket's run and cursors (see the module doc)."""
 
-    def __init__(self, state: WebState, ws: web.WebSocketResponse) -> None:
+    def __init__(
+        self, state: WebState, ws: web.WebSocketResponse, node_feed: NodeFeed | None = None
+    ) -> None:
         self.state = state
         self.ws = ws
+        self.node_feed = node_feed or NodeFeed(state)
+        """The app's node view, shared by the sockets that follow it."""
         self.run: dict[str, Any] | None = None
         self.clock: RunClock | None = None
         self.gpus: list[views.RunGpu] = []
@@ -75,7 +79,7 @@ class Subscription:
             if isinstance(msg, dict) and "node" in msg:
                 if msg["node"] is not True:
                     raise ValueError(f"node must be true, got {msg['node']!r}")
-                self.run, self.node, self.paused = None, NodeFeed(self.state), False
+                self.run, self.node, self.paused = None, self.node_feed, False
                 self._wake.set()
                 return
             run_id, step, t = _parse(msg)
@@ -209,7 +213,7 @@ async def handler(request: web.Request) -> web.WebSocketResponse:
     request.app[SOCKETS].add(ws)
     request[LIVE_SOCKET] = ws
     state = request.app[STATE]
-    sub = Subscription(state, ws)
+    sub = Subscription(state, ws, request.app.get(NODE_FEED))
     unwatch = state.watch_runs(sub.changed) if state.watch_runs is not None else None
     pusher = asyncio.create_task(sub.push_loop(), name="live-push")
     try:

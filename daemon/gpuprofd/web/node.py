@@ -14,11 +14,14 @@ The run list, findings and counters are read again every
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from aiohttp import web
 
 from gpuprof.insights.base import SEVERITIES
 from gpuprof.window import window_figures
@@ -33,6 +36,9 @@ from gpuprofd.web.series import NS_PER_MS, NS_PER_S, RunClock
 WINDOW_STEPS = 100
 #: Running runs one message lists at most (newest first): more do not fit a terminal.
 MAX_RUNS = 32
+#: A ``node`` message is handed to every socket that asks within this, seconds
+#: (each asks every second; the live view's refresh).
+REUSE_S = 0.5
 #: A reading older than this before now (a node) or before its runs' newest
 #: step (a team server, which has no clock of the node) is not shown, seconds.
 FRESH_S = 10.0
@@ -145,12 +151,27 @@ class _RunFeed:
 
 
 class NodeFeed:
-    """One socket's node view: :meth:`message` builds each ``node`` message."""
+    """The app's node view, shared by every socket that follows it:
+    :meth:`message` builds a ``node`` message, or hands out the one built
+    less than :data:`REUSE_S` ago (ten viewers cost about what one does)."""
 
     def __init__(self, state: WebState) -> None:
         self.state = state
         self._runs: dict[int, _RunFeed] = {}
         self._next_slow = 0.0
+        self._lock = asyncio.Lock()
+        self._last: tuple[float, dict[str, Any]] | None = None
+
+    async def message(self) -> dict[str, Any]:
+        """The ``node`` message: runs, GPUs, hosts (module doc); one built by
+        then for another socket when it is fresh enough."""
+        async with self._lock:  # sockets waking together: one builds, the rest reuse it
+            now = time.monotonic()
+            if self._last is not None and now - self._last[0] < REUSE_S:
+                return self._last[1]
+            msg = await self._build()
+            self._last = (time.monotonic(), msg)
+            return msg
 
     async def _slow(self) -> None:
         """The running runs (newest first, at most :data:`MAX_RUNS`), their
@@ -179,8 +200,7 @@ class NodeFeed:
         newest = [f.window[-1]["t0_ns"] for f in runs if f.window]
         return clock, max(newest) if newest else runs[0].run.get("start_mono_ns") or 0
 
-    async def message(self) -> dict[str, Any]:
-        """The ``node`` message: runs, GPUs, hosts (module doc)."""
+    async def _build(self) -> dict[str, Any]:
         db, state = self.state.reader, self.state
         now = time.monotonic()
         if now >= self._next_slow:
@@ -297,3 +317,7 @@ def run_entry(feed: _RunFeed, cpu_cores: float | None) -> dict[str, Any]:
         "insights": len(feed.insights),
         "top_insight": top_insight(feed.insights),
     }
+
+
+#: The app's :class:`NodeFeed` (made with the app: :func:`gpuprofd.web.app.build_app`).
+NODE_FEED = web.AppKey("node_feed", NodeFeed)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -129,9 +130,27 @@ def test_top_shows_the_run_its_steps_and_a_finding_and_q_quits(training: Trainin
         assert any(ln.startswith("  0 NVIDIA H200") for ln in lines)  # the replayed GPU
         assert any(ln.startswith("CPU ") and "cores busy" in ln for ln in lines)
         assert all(len(ln) <= 80 for ln in lines)
+        term.send("s")  # the next sort key
+        term.wait_for(lambda s: "sort: name ▼" in s.splitlines()[0], 30, "the name sort")
+        term.send("\r")  # watch the picked run, on the same socket
+        head = f"gpuprof watch · #{training.run_id} {NAME}"
+        term.wait_for(lambda s: s.startswith(head) and "b back  q quit" in s, 60, "its watch")
+        term.send("b")
+        term.wait_for(lambda s: s.startswith("gpuprof top · "), 30, "top again")
         term.send("q")
         assert term.wait_exit(20) == 0
         assert b"\x1b[?1049l" in term.raw  # the alternate screen left: the shell's is back
+    finally:
+        term.close()
+
+
+def test_sigterm_restores_the_terminal(training: Training) -> None:
+    term = Terminal("top", "--socket-dir", str(training.sock_dir))
+    try:
+        term.wait_for(lambda s: (shown_steps(s) or 0) > 0, 120, "the run's row")
+        term.child.kill(signal.SIGTERM)
+        assert term.wait_exit(20) == 0
+        assert b"\x1b[?1049l" in term.raw and b"\x1b[?25h" in term.raw  # screen and cursor back
     finally:
         term.close()
 

@@ -143,6 +143,16 @@ def test_before_anything_came_and_before_the_first_findings() -> None:
     assert frame(state).splitlines()[-2] == "Findings: none, as of 12:03:04"
 
 
+def test_findings_show_most_severe_first() -> None:
+    state = watched()
+    low = {"rule": "estimated_cost", "severity": "LOW", "title": "Estimated cost"}
+    state.apply({"type": "insights", "insights": [low, STALL], "computed_s": T0})
+    lines = frame(state).splitlines()
+    assert (
+        lines[-3].startswith("  [HIGH] 62% of step time") and lines[-2] == "  [LOW]  Estimated cost"
+    )
+
+
 def test_a_hostile_name_and_finding_show_as_text() -> None:
     state = watched()
     state.apply({"type": "run", "run": {"name": HOSTILE, "status": "running", "steps": 60}})

@@ -6,8 +6,12 @@ pseudo-terminal, a viewer's login, and the one-line errors."""
 from __future__ import annotations
 
 import os
+import re
+import selectors
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -113,3 +117,55 @@ def test_top_once_plain_and_the_errors_said_in_one_line(server: TeamServer) -> N
     gone = ctl("top", "--server", "http://127.0.0.1:9", "--once")
     assert gone.returncode == 3 and "no answer from http://127.0.0.1:9" in gone.stderr
     assert "Traceback" not in refused.stderr + unknown.stderr + gone.stderr
+
+
+def lines_until(
+    proc: subprocess.Popen[bytes], done: Callable[[str], bool], timeout_s: float
+) -> str:
+    """What *proc* printed, read until *done* holds of it; killed on a timeout."""
+    out = b""
+    deadline = time.monotonic() + timeout_s
+    assert proc.stdout is not None
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        while not done(out.decode(errors="replace")):
+            if time.monotonic() > deadline or proc.poll() is not None:
+                proc.kill()
+                raise AssertionError(f"not within {timeout_s} s: {out.decode(errors='replace')}")
+            if sel.select(timeout=0.2):
+                out += os.read(proc.stdout.fileno(), 65536)
+    return out.decode()
+
+
+def test_as_plain_text_watch_logs_lines_and_top_prints_frames(server: TeamServer) -> None:
+    auth = ["--server", server.url, "--api-key-file", str(server.keys), "--interval", "0.5"]
+    runs = []
+    try:
+        for args in (["watch", "1", *auth], ["top", *auth]):
+            runs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "gpuprofd.ctl", *args],
+                    stdout=subprocess.PIPE,
+                    stdin=subprocess.DEVNULL,
+                )
+            )
+        watch = lines_until(runs[0], lambda s: " step 149 · " in s, 60)
+        top = lines_until(runs[1], lambda s: s.count("gpuprof top · ") >= 2, 60)
+    finally:
+        for p in runs:
+            p.kill()
+            p.wait(10)
+            if p.stdout is not None:
+                p.stdout.close()
+    assert watch.splitlines()[0] == f"watching run 1 {SHOWN} (running)"
+    assert "[HIGH] Data loading is 9% of each step" in watch.splitlines()
+    assert re.search(
+        r"^\d\d:\d\d:\d\d step 149 · 150 steps · 9\.1 steps/s · 110\.0 ms mean, 110\.0 ms "
+        r"median · W 9% F 30% B 45% O 0% \. 15%$",
+        watch,
+        re.M,
+    ), watch
+    frames = top.split("gpuprof top · ")[1:]  # a frame every 0.5 s, a blank line between
+    assert frames[0].splitlines()[2].startswith("  1 sft-\\x1b[2J\\…")
+    assert frames[0].endswith("q quit\n\n")
+    assert "\x1b" not in watch + top

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
+import pytest
 from aiohttp import WSMsgType, test_utils
 
 from gpuprofd.sampling.nvml import GpuDevice
@@ -165,3 +166,18 @@ def test_the_top_insight_is_the_most_severe_then_the_first_found() -> None:
     assert top_insight([*found, {"severity": "HIGH", "rule": "d"}])["rule"] == "d"
     assert top_insight([]) is None
     assert MAX_RUNS >= 8  # a node of eight GPUs' ranks fits one message
+
+
+async def test_viewers_share_one_message_while_it_is_fresh(
+    storage_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpuprofd.web import node
+
+    async with open_store(storage_url) as store:
+        await apply_batch(store, validate(node_batch(new_uuid())))
+        shared = node.NodeFeed(WebState(reader=store, now_mono_ns=None))
+        monkeypatch.setattr(node, "REUSE_S", 3600.0)
+        first = await shared.message()
+        assert await shared.message() is first  # a second viewer: nothing read again
+        monkeypatch.setattr(node, "REUSE_S", 0.0)
+        assert await shared.message() is not first  # stale: built again
