@@ -141,3 +141,21 @@ def test_gpus_of_several_hosts_are_named_by_host() -> None:
     assert any(ln.startswith("  - node-b NVIDIA H200") for ln in lines)
     assert "CPU node-b: no recent host sample" in lines
     assert any(ln.startswith("CPU node-a 2.5 of 16 cores busy") for ln in lines)
+
+
+def test_the_frames_in_the_docs_are_todays() -> None:
+    """docs/terminal.md shows frames captured from a real run: their fixed
+    lines are what the views draw now."""
+    from pathlib import Path
+
+    from gpuprofd.commands.topframe import KEYS_LINE
+
+    doc = (Path(__file__).resolve().parents[3] / "docs" / "terminal.md").read_text()
+    blocks = doc.split("```\n")
+    top = next(b for b in blocks if b.startswith("gpuprof top · "))
+    watch = next(b for b in blocks if b.startswith("gpuprof watch · "))
+    now = frame().splitlines()
+    assert top.splitlines()[1] == now[1]  # the column headers
+    assert top.splitlines()[-2:] == now[-2:]  # the legend and the keys
+    assert KEYS_LINE in top and watch.splitlines()[-1] == "q quit"
+    assert all(len(ln) <= 80 for ln in top.splitlines() + watch.splitlines())
