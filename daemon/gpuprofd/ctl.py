@@ -25,6 +25,8 @@ from gpuprofd.commands.nsys import nsys_import_cmd
 from gpuprofd.commands.runs import runs_cmd
 from gpuprofd.commands.status import status_cmd
 from gpuprofd.commands.stop import stop_cmd
+from gpuprofd.commands.top import top_cmd
+from gpuprofd.commands.watch import watch_cmd
 from gpuprofd.core.errors import EXIT_FAILURE, EXIT_OK, GpuprofdError
 
 
@@ -70,6 +72,8 @@ cli.add_command(nsys_import_cmd)
 cli.add_command(runs_cmd)
 cli.add_command(status_cmd)
 cli.add_command(stop_cmd)
+cli.add_command(top_cmd)
+cli.add_command(watch_cmd)
 
 
 def main(args: list[str] | None = None) -> int:

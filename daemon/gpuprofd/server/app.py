@@ -59,7 +59,8 @@ def build_server_app(
     changes: RunChanges | None = None,
 ) -> web.Application:
     """The server's app over *store*: ingest needs one of *guard*'s API keys,
-    everything else a viewer's session (:mod:`gpuprofd.web.auth`). With
+    the API's reads a key or a viewer's session, everything else a session
+    (:mod:`gpuprofd.web.auth`). With
     *changes*, live pages look as soon as their run is ingested (by any
     replica), and every :data:`SAFETY_POLL_S` otherwise."""
     state = WebState(
@@ -72,7 +73,7 @@ def build_server_app(
     app[SERVER] = ServerState(store, limits or IngestLimits(), after)
     app.router.add_post(INGEST_PATH, _ingest)
     app.router.add_get("/runs/{uuid}", _run_by_uuid)
-    guard.install(app, api_key_paths=(INGEST_PATH,))
+    guard.install(app, api_key_paths=(INGEST_PATH,), key_reads=True)
     return app
 
 

@@ -124,11 +124,12 @@ def build_app(
     Prometheus ``/metrics`` (:mod:`gpuprofd.web.metrics`). *loopback_only*
     (a node's dashboard, which has no login): only loopback host names and
     this dashboard's own pages are answered (:mod:`gpuprofd.web.origin`)."""
-    from gpuprofd.web import api, live, metrics, origin
+    from gpuprofd.web import api, live, metrics, node, origin
 
     guards = [origin.loopback_only] if loopback_only else []
     app = web.Application(middlewares=[*guards, _errors])
     app[STATE] = state
+    app[node.NODE_FEED] = node.NodeFeed(state)
     app.cleanup_ctx.append(_sockets)
     app.on_shutdown.append(_close_sockets)
     app.on_response_prepare.append(_cache_headers)

@@ -25,7 +25,11 @@
   across replicas; the next one gets 429 with ``Retry-After``.
 
 Everything else without a session: ``/api/...`` answers 401, a page
-redirects to ``/login``.
+redirects to ``/login``. An app installed with ``key_reads`` (the team
+server) also answers an API key's reads: ``GET /api/...`` and the live
+socket (``gpuprofctl top --server``), never a page or a change; a live
+socket of a key is closed within :data:`SESSION_RECHECK_S` once the key is
+removed from the key files.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ import logging
 import re
 import secrets
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -338,10 +342,14 @@ class Auth:
         """The auth over *store*, with the signing secret its database holds (made once)."""
         return cls(config, store, await logins.shared_secret(store, SECRET_NAME))
 
-    def install(self, app: web.Application, api_key_paths: Sequence[str] = ()) -> None:
+    def install(
+        self, app: web.Application, api_key_paths: Sequence[str] = (), *, key_reads: bool = False
+    ) -> None:
         """Put the checks in front of every route of *app* and add the login routes.
-        *api_key_paths* need an API key instead of a session (and no CSRF token)."""
+        *api_key_paths* need an API key instead of a session (and no CSRF token);
+        with *key_reads*, an API key may also read: ``GET /api/...``, the live socket."""
         self._api_key_paths = frozenset(api_key_paths)
+        self._key_reads = key_reads
         app.middlewares.insert(0, self._middleware)
         app.on_response_prepare.append(_security_headers)
         app.router.add_get(LOGIN_PATH, self._login_page)
@@ -476,7 +484,14 @@ class Auth:
             log.warning("session lookup failed: %s", exc)
             return _error(503, "the database is unreachable: try again shortly")
         if path not in self.public_paths and session is None:
-            if path == "/metrics" and self.config.keys.accepts(presented_key(request)):
+            key = presented_key(request)
+            if path == "/metrics" and self.config.keys.accepts(key):
+                return await handler(request)
+            if self._key_reads and self._key_read(request) and self.config.keys.accepts(key):
+                if request.headers.get(hdrs.UPGRADE, "").lower() == "websocket":
+                    if not same_origin(request):
+                        return _error(403, "a live socket from another site's page is refused")
+                    return await self._live(request, handler, self._key_alive(key))
                 return await handler(request)
             if path.startswith("/api/") or request.method not in _SAFE_METHODS:
                 return _error(401, "log in first: POST /api/v1/login with the viewer password")
@@ -491,31 +506,51 @@ class Auth:
             if not same_origin(request):
                 return _error(403, "a live socket from another site's page is refused")
             if session is not None:
-                return await self._live(request, handler, session["sid"])
+                return await self._live(request, handler, self._session_alive(session["sid"]))
         resp = await handler(request)
         if CSRF_COOKIE not in request.cookies and not resp.prepared:
             if CSRF_COOKIE not in resp.cookies:
                 self._set_cookie(request, resp, CSRF_COOKIE, self._new_csrf(), http_only=False)
         return resp
 
-    async def _live(self, request: web.Request, handler: Any, sid: str) -> web.StreamResponse:
-        """A live socket of session *sid*: served while the session lasts;
-        closed (:data:`WS_SESSION_ENDED`) once it was logged out or expired."""
-        watcher = asyncio.create_task(self._end_with_session(request, sid), name="live-session")
+    @staticmethod
+    def _key_read(request: web.Request) -> bool:
+        """A read an API key may make (with ``key_reads``): ``GET /api/...``."""
+        return request.method in ("GET", "HEAD") and request.path.startswith("/api/")
+
+    def _session_alive(self, sid: str) -> Callable[[], Awaitable[bool]]:
+        async def alive() -> bool:
+            return await logins.session_alive(self.store, sid, time.time_ns())
+
+        return alive
+
+    def _key_alive(self, key: str | None) -> Callable[[], Awaitable[bool]]:
+        async def alive() -> bool:
+            return self.config.keys.accepts(key)
+
+        return alive
+
+    async def _live(
+        self, request: web.Request, handler: Any, alive: Callable[[], Awaitable[bool]]
+    ) -> web.StreamResponse:
+        """A live socket served while *alive()* says its session (or key)
+        holds; closed (:data:`WS_SESSION_ENDED`) once it was logged out,
+        expired, or the key was removed."""
+        watcher = asyncio.create_task(self._end_when(request, alive), name="live-session")
         try:
             return await handler(request)  # returns when the socket closes
         finally:
             watcher.cancel()
             await asyncio.gather(watcher, return_exceptions=True)
 
-    async def _end_with_session(self, request: web.Request, sid: str) -> None:
+    async def _end_when(self, request: web.Request, alive: Callable[[], Awaitable[bool]]) -> None:
         while True:
             await asyncio.sleep(SESSION_RECHECK_S)
             try:
-                alive = await logins.session_alive(self.store, sid, time.time_ns())
+                still = await alive()
             except DatabaseError:
                 continue  # unknown: asked again at the next round
-            if not alive:
+            if not still:
                 break
         ws = request.get(LIVE_SOCKET)
         if ws is not None and not ws.closed:

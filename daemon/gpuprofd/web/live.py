@@ -4,7 +4,9 @@ The client names a run and what it holds (``{"run": id, "cursors": {"step":
 last step index, "t": last sample's unix s}}``); about once a second the
 socket sends the run's steps, GPU samples and host samples newer than that,
 and, every few seconds, its insights and state when they changed
-(``docs/dashboard.md``). More than :data:`MAX_ROWS` waiting rows of one
+(``docs/dashboard.md``). ``{"node": true}`` instead follows every running
+run at once (:mod:`gpuprofd.web.node`: one ``node`` snapshot about once a
+second, what ``gpuprofctl top`` shows). More than :data:`MAX_ROWS` waiting rows of one
 kind is a ``reset``: the client re-fetches ``/series`` and sends new
 cursors, so a message is bounded by a second's rows, never by the run's
 length. Every read is a bounded, indexed query on the reader (off the event
@@ -27,6 +29,7 @@ from gpuprofd.storage import reads
 from gpuprofd.storage.reads import series
 from gpuprofd.web import runs as views
 from gpuprofd.web.api import MAX_ID, insights_payload
+from gpuprofd.web.node import NODE_FEED, NodeFeed
 from gpuprofd.web.series import T_HALF_ULP_NS, RunClock, live_gpu, live_host, live_step
 from gpuprofd.web.state import LIVE_SOCKET, SOCKETS, STATE, WebState
 
@@ -38,20 +41,28 @@ MAX_ROWS = 2000
 MAX_CLIENT_MESSAGE = 4096
 #: With ``watch_runs``: the shortest time between two looks of one socket, seconds.
 MIN_GAP_S = 0.25
+#: ... and between two ``node`` messages (any run's change wakes a node view).
+NODE_MIN_GAP_S = 1.0
 
 
 class Subscription:
     """One socket's run and cursors (see the module doc)."""
 
-    def __init__(self, state: WebState, ws: web.WebSocketResponse) -> None:
+    def __init__(
+        self, state: WebState, ws: web.WebSocketResponse, node_feed: NodeFeed | None = None
+    ) -> None:
         self.state = state
         self.ws = ws
+        self.node_feed = node_feed or NodeFeed(state)
+        """The app's node view, shared by the sockets that follow it."""
         self.run: dict[str, Any] | None = None
         self.clock: RunClock | None = None
         self.gpus: list[views.RunGpu] = []
         self.step = -1
         self.gpu_ns = 0
         self.host_ns = 0
+        self.node: NodeFeed | None = None
+        """Set by a ``{"node": true}`` subscribe: the node view instead of a run."""
         self.paused = True
         """No run yet, or a reset sent: nothing is pushed until the next subscribe."""
         self._sent_insights: bytes | None = None
@@ -66,6 +77,12 @@ class Subscription:
         """A subscribe: the run and the cursors; an error message for anything else."""
         try:
             msg = orjson.loads(text)
+            if isinstance(msg, dict) and "node" in msg:
+                if msg["node"] is not True:
+                    raise ValueError(f"node must be true, got {msg['node']!r}")
+                self.run, self.node, self.paused = None, self.node_feed, False
+                self._wake.set()
+                return
             run_id, step, t = _parse(msg)
         except (orjson.JSONDecodeError, ValueError) as exc:
             await self.send({"type": "error", "error": f"not a subscribe message: {exc}"})
@@ -75,7 +92,7 @@ class Subscription:
         except UnknownRunError as exc:
             await self.send({"type": "error", "error": str(exc)})
             return
-        self.run, self.clock = run, views.clock_of(run)
+        self.run, self.clock, self.node = run, views.clock_of(run), None
         lo, hi = await views.window_of(self.state, run)
         self.gpus = await views.gpus_of(self.state, run, lo, hi)
         self.step = step
@@ -88,8 +105,11 @@ class Subscription:
         self._wake.set()
 
     def changed(self, run_ids: set[int] | None) -> None:
-        """Runs changed (a team server's ingest): look now if this one did."""
-        if self.run is not None and (run_ids is None or self.run["id"] in run_ids):
+        """Runs changed (a team server's ingest): look now if this one did
+        (a node view: if any did)."""
+        if self.node is not None or (
+            self.run is not None and (run_ids is None or self.run["id"] in run_ids)
+        ):
             self._wake.set()
 
     async def push_loop(self) -> None:
@@ -100,11 +120,15 @@ class Subscription:
             self._wake.clear()
             if not self.paused:
                 try:
-                    await self.tick()
+                    if self.node is not None:
+                        await self.send(await self.node.message())
+                    else:
+                        await self.tick()
                 except DatabaseError as exc:
                     await self.send({"type": "error", "error": str(exc)})
             if self.state.watch_runs is not None:
-                await asyncio.sleep(MIN_GAP_S)  # a node's batches every second: one look each
+                # a node's batches every second: one look each (a node view: one a second)
+                await asyncio.sleep(NODE_MIN_GAP_S if self.node is not None else MIN_GAP_S)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.state.live_poll_s)
 
@@ -169,7 +193,7 @@ def _parse(msg: Any) -> tuple[int, int, float]:
         ValueError: anything else (said to the client).
     """
     if not isinstance(msg, dict):
-        raise ValueError('give {"run": ID, "cursors": {"step": N, "t": S}}')
+        raise ValueError('give {"run": ID, "cursors": {"step": N, "t": S}} or {"node": true}')
     run_id = msg.get("run")
     if type(run_id) is not int or not 1 <= run_id <= MAX_ID:
         raise ValueError(f"run must be a positive integer, got {run_id!r}")
@@ -191,7 +215,7 @@ async def handler(request: web.Request) -> web.WebSocketResponse:
     request.app[SOCKETS].add(ws)
     request[LIVE_SOCKET] = ws
     state = request.app[STATE]
-    sub = Subscription(state, ws)
+    sub = Subscription(state, ws, request.app.get(NODE_FEED))
     unwatch = state.watch_runs(sub.changed) if state.watch_runs is not None else None
     pusher = asyncio.create_task(sub.push_loop(), name="live-push")
     try:

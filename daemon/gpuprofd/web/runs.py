@@ -106,6 +106,7 @@ async def run_view(state: WebState, run_id: int) -> tuple[dict[str, Any], dict[s
         "status": run["status"],
         "live": run["id"] in state.live_run_ids(),
         "host": run.get("host"),
+        "user": run.get("user_name"),
         "rank": run.get("rank"),
         "local_rank": run.get("local_rank"),
         "world_size": run.get("world_size"),

@@ -274,6 +274,7 @@ def live_step(r: Mapping[str, Any], clock: RunClock) -> dict[str, Any]:
         "phases_ms": {p: _ms(r[p]) for p in CHART_PHASES},
         "eval": bool(r["eval_ns"]),
         "skipped": bool(r["skipped"]),
+        "traced": bool(r.get("traced")),
         "mem_allocated_bytes": r["mem_allocated_bytes"],
         "mem_reserved_bytes": r["mem_reserved_bytes"],
     }
@@ -298,6 +299,7 @@ def live_host(r: Mapping[str, Any], clock: RunClock) -> dict[str, Any]:
     as a live sample."""
     return {
         "t": _t(clock.to_s(r["mono_ns"])),
+        "cpu_count": r.get("cpu_count"),
         "run_cores": _num(r["run_cores"]),
         "other_cores": _num(r["other_cores"]),
         "disk_read_bps": _num(r["disk_read_bps"], nd=0),

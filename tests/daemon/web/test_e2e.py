@@ -25,9 +25,19 @@ STORED_NAME = clean_run_name(HOSTILE_NAME)
 pytestmark = pytest.mark.timeout(600)  # real torch subprocesses on a shared 2-core box
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "dashboard.md"
-#: Objects whose keys are free-form (a summary, a rule's evidence, counts by status).
-#: (A finding's gain parts and the fix-all parts: the parts claimed.)
-FREE = ("summary", "evidence", "counts", "gain_a", "gain_b", "gain_parts_ms", "fix_all_parts_ms")
+#: Objects whose keys are free-form (a summary, a rule's evidence, counts by
+#: status, a finding: each rule may add its own fields, such as its gain;
+#: a finding's gain parts and the fix-all parts: the parts claimed).
+FREE = (
+    "summary",
+    "evidence",
+    "counts",
+    "top_insight",
+    "gain_a",
+    "gain_b",
+    "gain_parts_ms",
+    "fix_all_parts_ms",
+)
 #: Objects the doc shows cut short: its keys must be there, others may be too.
 SUBSET = ("compare.runs[].run",)
 

@@ -307,13 +307,21 @@ async def step_index_buckets(db: Reader, run_id: int, per_bucket: int) -> list[d
 # --- live: rows newer than a cursor ---------------------------------------------
 
 
-@functools.cache
-def steps_after_sql(d: Dialect) -> str:
+def _live_step_cols(d: Dialect) -> str:
+    """A live step row's columns: index, start, iteration and each chart phase
+    (ns), evaluation before it, skipped update, torch's memory, traced."""
     e = step_exprs(d)
     cols = ", ".join(f"{e[p]} AS {p}" for p in ("loader_wait", *PHASES, "other"))
     return (
-        f"SELECT step, t0_ns, {e['iter']} AS iter, {cols}, eval_ns, skipped, "
-        "mem_allocated_bytes, mem_reserved_bytes FROM steps "
+        f"step, t0_ns, {e['iter']} AS iter, {cols}, eval_ns, skipped, "
+        "mem_allocated_bytes, mem_reserved_bytes, traced"
+    )
+
+
+@functools.cache
+def steps_after_sql(d: Dialect) -> str:
+    return (
+        f"SELECT {_live_step_cols(d)} FROM steps "
         "WHERE run_id = ? AND step > ? AND t1_ns IS NOT NULL ORDER BY step LIMIT ?"
     )
 
@@ -322,6 +330,37 @@ async def steps_after(db: Reader, run_id: int, step: int, limit: int) -> list[di
     """The run's steps with index > *step*, by index, at most *limit*."""
     sql = steps_after_sql(db.dialect)
     return [dict(r) for r in await db.fetchall(sql, (run_id, step, limit))]
+
+
+@functools.cache
+def steps_last_sql(d: Dialect) -> str:
+    return (
+        f"SELECT {_live_step_cols(d)} FROM steps "
+        "WHERE run_id = ? AND t1_ns IS NOT NULL ORDER BY step DESC LIMIT ?"
+    )
+
+
+async def steps_last(db: Reader, run_id: int, limit: int) -> list[dict[str, Any]]:
+    """The run's last *limit* ended steps (as :func:`steps_after`'s rows), by
+    index: the ``(run_id, step)`` index read backwards."""
+    rows = await db.fetchall(steps_last_sql(db.dialect), (run_id, limit))
+    return [dict(r) for r in reversed(rows)]
+
+
+#: How many steps a run stored with an index above a cursor, and the highest:
+#: a range of the ``(run_id, step)`` index, so a live count costs the new steps only.
+STEPS_SINCE_SQL = (
+    "SELECT CAST(COUNT(*) AS BIGINT) AS n, MAX(step) AS top FROM steps "
+    "WHERE run_id = ? AND step > ?"
+)
+
+
+async def steps_since(db: Reader, run_id: int, step: int) -> tuple[int, int | None]:
+    """(steps of the run with index > *step*, the highest index; None: none)."""
+    row = await db.fetchone(STEPS_SINCE_SQL, (run_id, step))
+    if row is None or not row["n"]:
+        return 0, None
+    return int(row["n"]), int(row["top"])
 
 
 def _in(n: int) -> str:
@@ -357,3 +396,55 @@ async def host_samples_after(
     sql = f"{HOST_ROW_SQL} ORDER BY h.mono_ns LIMIT ?"
     params = (run_id, boot_id, mono_ns + 1, (until_ns or 2**62) + 1, limit)
     return [dict(r) for r in await db.fetchall(sql, params)]
+
+
+# --- live: the latest readings of a node (``gpuprofctl top``) ---------------------
+
+#: A boot's latest host sample in a window (the ``mono_ns`` index read backwards).
+LATEST_HOST_SQL = (
+    "SELECT mono_ns, cpu_pct, cpu_count FROM host_samples "
+    "WHERE boot_id IS NOT DISTINCT FROM ? AND mono_ns >= ? AND mono_ns <= ? "
+    "ORDER BY mono_ns DESC LIMIT 1"
+)
+
+
+async def latest_host(
+    db: Reader, boot_id: str | None, lo_ns: int, hi_ns: int
+) -> dict[str, Any] | None:
+    """Boot *boot_id*'s latest host sample in [*lo_ns*, *hi_ns*] (monotonic
+    ns): ``mono_ns``, ``cpu_pct`` (0-100 of every core), ``cpu_count``; None: none."""
+    row = await db.fetchone(LATEST_HOST_SQL, (boot_id, lo_ns, hi_ns))
+    return None if row is None else dict(row)
+
+
+async def run_cores_at(db: Reader, run_ids: Sequence[int], mono_ns: int) -> dict[int, float]:
+    """Each of *run_ids*' CPU (cores busy: its process tree's) at the host
+    sample of *mono_ns*; a run not sampled then is left out."""
+    if not run_ids:
+        return {}
+    sql = (
+        f"SELECT run_id, cores FROM run_cpu_samples WHERE run_id IN ({_in(len(run_ids))}) "
+        "AND mono_ns = ?"
+    )
+    rows = await db.fetchall(sql, (*run_ids, mono_ns))
+    return {int(r["run_id"]): float(r["cores"]) for r in rows if r["cores"] is not None}
+
+
+#: A GPU's latest per-second rollup of a boot from a time on (the ``(uuid,
+#: sec_ns)`` index read backwards).
+LATEST_GPU_SQL = (
+    "SELECT sec_ns, util_mean, mem_used_max, mem_total_bytes, power_mean_mw, temp_max_c, "
+    "sm_mean_mhz, sm_limit_mhz FROM gpu_rollups WHERE uuid = ? "
+    "AND boot_id IS NOT DISTINCT FROM ? AND sec_ns >= ? ORDER BY sec_ns DESC LIMIT 1"
+)
+
+
+async def latest_gpu(
+    db: Reader, uuid: str, boot_id: str | None, lo_ns: int
+) -> dict[str, Any] | None:
+    """GPU *uuid*'s (normalized) latest per-second rollup of boot *boot_id*
+    from *lo_ns* (monotonic ns) on: the second's start ``sec_ns``, mean
+    utilization (%), most memory used (bytes), its memory, mean power (mW),
+    hottest reading (°C), mean and maximum SM clock (MHz); None: none since."""
+    row = await db.fetchone(LATEST_GPU_SQL, (uuid, boot_id, lo_ns))
+    return None if row is None else dict(row)
