@@ -16,6 +16,7 @@ from tests.daemon.batches import GPU, batch, new_uuid, run_event, steps_event
 from tests.daemon.server.conftest import TeamServer, log_in_page
 from tests.daemon.server.test_views import ended, rollup_row, rollups_event
 from tests.daemon.web.static import runs_table as rt
+from tests.daemon.web.static.wait import wait_until
 
 NS = 1_000_000_000
 
@@ -86,7 +87,8 @@ def _names(page: Any) -> list[str]:
 def _shows(page: Any, names: list[str]) -> None:
     """Wait until the runs list shows exactly *names* (in order)."""
     want = orjson.dumps(names).decode()
-    page.wait_for_function(
+    wait_until(
+        page,
         f"""() => JSON.stringify([...document.querySelectorAll('#runs a.run-link')]
             .map(a => a.innerText)) === {want!r}""",
         timeout=30_000,

@@ -20,6 +20,7 @@ import pytest
 
 from tests.daemon.web.static import runs_table as rt
 from tests.daemon.web.static.conftest import Dash
+from tests.daemon.web.static.wait import wait_until
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -103,16 +104,17 @@ def test_live_page_gains_steps_without_a_reload(dash: Dash, runs: dict, pages, s
     w = pages()
     page = w.open(f"{dash.url}/#/run/{row['id']}")
     page.evaluate("window.__sameDocument = true")
-    page.wait_for_function("document.body.dataset.live === 'open'", timeout=15_000)
+    wait_until(page, "document.body.dataset.live === 'open'", timeout=15_000)
     steps_chart = "document.querySelector('#steps .chart').uplot.data[0].length"
     first_points = page.evaluate(steps_chart)
     first_steps = int(page.get_attribute("#run-steps", "data-steps"))
     # more steps arrive over the WebSocket: in the headline and in the chart
-    page.wait_for_function(
+    wait_until(
+        page,
         f"Number(document.querySelector('#run-steps').dataset.steps) >= {first_steps + 20}",
         timeout=60_000,
     )
-    page.wait_for_function(f"{steps_chart} > {first_points}", timeout=30_000)
+    wait_until(page, f"{steps_chart} > {first_points}", timeout=30_000)
     assert page.evaluate("window.__sameDocument") is True  # never reloaded
     assert page.evaluate("Number(document.body.dataset.seriesLoaded)") == 1  # nor re-fetched
     page.screenshot(path=str(shots / "run-live.png"), full_page=False)
@@ -242,7 +244,7 @@ def test_one_crosshair_moves_on_every_chart(dash: Dash, runs: dict, pages):
     assert len(before) >= 8
     over = page.locator("#steps .chart .u-over").first.bounding_box()
     page.mouse.move(over["x"] + over["width"] * 0.6, over["y"] + over["height"] / 2)
-    page.wait_for_function(_CURSORS_FOLLOW, arg=None, timeout=15_000)  # however busy the box
+    wait_until(page, _CURSORS_FOLLOW, timeout=15_000)  # however busy the box
     after = chart_cursors(page)
     source = after[0]["x"]
     assert source is not None
@@ -252,7 +254,7 @@ def test_one_crosshair_moves_on_every_chart(dash: Dash, runs: dict, pages):
         assert c["legend"] not in ("", "–"), c  # the hover value is in its legend
     # somewhere else: every chart follows again
     page.mouse.move(over["x"] + over["width"] * 0.2, over["y"] + over["height"] / 2)
-    page.wait_for_function(_CURSORS_FOLLOW, arg=source, timeout=15_000)
+    wait_until(page, _CURSORS_FOLLOW, arg=source, timeout=15_000)
     moved = chart_cursors(page)
     assert all(abs(c["x"] - moved[0]["x"]) <= 2 * c["px"] for c in moved)
     assert moved[0]["x"] < source
@@ -274,7 +276,7 @@ def test_window_selector_refetches_the_window(dash: Dash, runs: dict, pages):
     assert to == pytest.approx(run["end_s"], abs=1e-3)
     assert frm == pytest.approx(max(run["start_s"], run["end_s"] - 300), abs=1e-3)
     page.wait_for_selector("button[data-window='5m'][aria-pressed='true']")
-    page.wait_for_function("Number(document.body.dataset.seriesLoaded) === 2")
+    wait_until(page, "Number(document.body.dataset.seriesLoaded) === 2")
     # a dragged range: the time under each end of the drag, asked for again
     over = page.locator("#steps .chart .u-over").first.bounding_box()
     x0, x1 = over["x"] + over["width"] * 0.25, over["x"] + over["width"] * 0.75
@@ -295,7 +297,7 @@ def test_window_selector_refetches_the_window(dash: Dash, runs: dict, pages):
     assert frm == pytest.approx(want[0], abs=2 * want[2])
     assert to == pytest.approx(want[1], abs=2 * want[2])
     page.wait_for_selector(".window-bar .range")
-    page.wait_for_function("Number(document.body.dataset.seriesLoaded) === 3")
+    wait_until(page, "Number(document.body.dataset.seriesLoaded) === 3")
     xs = page.evaluate("document.querySelector('#steps .chart').uplot.data[0]")
     assert xs and all(frm - 1e-6 <= x <= to + 1e-6 for x in xs)  # only the window came back
     with page.expect_request(lambda r: "/series?" in r.url and "from=" not in r.url):
@@ -365,12 +367,12 @@ def test_the_compare_views_address_carries_its_runs(dash: Dash, runs: dict, page
     assert page.evaluate("location.hash") == f"#/compare/{a},{b},{c}"
     assert _compared(page) == [names[a], names[b], names[c]]
     page.click(f"button[data-remove='{b}']")  # the address follows
-    page.wait_for_function(f"location.hash === '#/compare/{a},{c}'")
+    wait_until(page, f"location.hash === '#/compare/{a},{c}'")
     assert _compared(page) == [names[a], names[c]]
     assert page.locator("button[data-remove]").count() == 0  # a compare needs two
     page.fill("#compare-add", str(b))
     page.press("#compare-add", "Enter")
-    page.wait_for_function(f"location.hash === '#/compare/{a},{c},{b}'")
+    wait_until(page, f"location.hash === '#/compare/{a},{c},{b}'")
     assert _compared(page) == [names[a], names[c], names[b]]
     page.fill("#compare-add", "424242")  # no such run: said, and the address kept
     page.press("#compare-add", "Enter")
@@ -381,7 +383,7 @@ def test_the_compare_views_address_carries_its_runs(dash: Dash, runs: dict, page
     other = pages().open(f"{dash.url}/#/compare/{a},{c},{b}")
     assert _compared(other) == [names[a], names[c], names[b]]
     page.go_back()
-    page.wait_for_function(f"location.hash === '#/compare/{a},{c}'")
+    wait_until(page, f"location.hash === '#/compare/{a},{c}'")
     assert _compared(page) == [names[a], names[c]]
     # the only error: the browser's own line for the 404 that said "no run 424242"
     assert w.errors == [f"console: {NOT_FOUND}"]
@@ -557,12 +559,12 @@ def test_live_reconnects_from_its_cursors_and_reset_refetches(dash: Dash, runs: 
     w.page.route_web_socket("**/api/v1/live", route)
     page = w.open(f"{dash.url}/#/run/{row['id']}")
     steps = "Number(document.querySelector('#run-steps').dataset.steps)"
-    page.wait_for_function(f"{steps} >= {page.evaluate(steps) + 5}", timeout=60_000)
+    wait_until(page, f"{steps} >= {page.evaluate(steps) + 5}", timeout=60_000)
     assert [n for n, _ in hellos] == [0]
     routes[0].close()  # the socket drops
     held = page.evaluate(steps) - 1
-    page.wait_for_function("document.body.dataset.live === 'open'", timeout=15_000)
-    page.wait_for_function(f"{steps} >= {held + 6}", timeout=60_000)  # steps flow again
+    wait_until(page, "document.body.dataset.live === 'open'", timeout=15_000)
+    wait_until(page, f"{steps} >= {held + 6}", timeout=60_000)  # steps flow again
     again = [h for n, h in hellos if n == 1]
     assert again and again[0]["run"] == row["id"]
     assert again[0]["cursors"]["step"] == held  # resumed where it was, nothing repeated
@@ -570,8 +572,8 @@ def test_live_reconnects_from_its_cursors_and_reset_refetches(dash: Dash, runs: 
     sent = len(hellos)
     with page.expect_request(lambda r: "/series" in r.url):
         routes[1].send(json.dumps({"type": "reset"}))
-    page.wait_for_function("Number(document.body.dataset.seriesLoaded) === 2")
-    page.wait_for_function(f"{steps} >= {page.evaluate(steps) + 3}", timeout=60_000)
+    wait_until(page, "Number(document.body.dataset.seriesLoaded) === 2")
+    wait_until(page, f"{steps} >= {page.evaluate(steps) + 3}", timeout=60_000)
     after = [h for _, h in hellos[sent:]]
     assert after and after[0]["cursors"]["step"] >= held
     proc.kill()
