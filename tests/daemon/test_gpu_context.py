@@ -262,3 +262,40 @@ async def test_a_run_after_a_reboot_reads_only_its_own_boots_samples(tmp_path: P
     assert after.gpu.mem_used_fraction == pytest.approx(0.2, abs=0.001)
     assert (before.host_cpu_pct, after.host_cpu_pct) == (90.0, 10.0)
     assert "memory_pressure" not in {i.rule for i in run_rules(after)}
+
+
+async def test_the_pcie_chart_shows_the_peak_its_finding_reads(tmp_path: Path):
+    """The raw tier (a zoomed chart) of the h2d_copy phase: the fast loop stored
+    at 10 Hz, the slow loop at 1 Hz. Every slow reading reaches a bucket, and
+    the chart's peak is the one pcie_saturation reports."""
+    SLOW_OFFSET_NS = 37_000_000
+    from gpuprofd.sampling.nvml import normalize_uuid
+    from gpuprofd.storage.reads import series
+    from gpuprofd.storage.writes.runsdb import gpu_sample_op, gpu_slow_sample_op
+
+    db = _db_with_phase(tmp_path, "h2d_copy", UUID)
+    t0, t1 = _whole_seconds("h2d_copy")
+    conn = sqlite3.connect(db)
+    slow_n = 0
+    for i, (ns, fast, slow) in enumerate(h200_replay.ticks()):
+        if not t0 <= ns < t1:
+            continue
+        # the slow loop runs on its own thread: its readings fall between stored fast ones
+        ops = ([gpu_sample_op(ns, s) for s in fast] if i % 10 == 0 else []) + [
+            gpu_slow_sample_op(ns + SLOW_OFFSET_NS, s) for s in slow
+        ]
+        slow_n += len(slow)
+        for op in ops:
+            conn.execute(op.sql, op.params)
+    conn.commit()
+    conn.close()
+    assert slow_n >= 3
+    fired, ctx = await _gpu_findings(db)
+    assert "pcie_saturation" in fired
+    width = (t1 - t0) // 400  # 400 buckets: far narrower than the slow loop's second
+    async with open_reader(db) as reader:
+        rows = await series.gpu_raw_buckets(reader, normalize_uuid(UUID), t0, t1, width)
+    rx = [r["pcie_rx_max_bps"] for r in rows if r["pcie_rx_max_bps"] is not None]
+    assert len(rx) == slow_n  # each reading in a bucket of its own
+    assert max(rx) == pytest.approx(ctx.gpu.pcie_rx_max_bytes_per_s, rel=1e-6)
+    assert all(r["util_mean"] is not None for r in rows)  # only fast buckets: no gaps added

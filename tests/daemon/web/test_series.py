@@ -184,3 +184,22 @@ async def test_a_database_from_before_the_host_tier_reads_its_samples(tmp_path: 
     async with open_reader(db) as reader:
         rows, tier = await host_buckets(reader, run, Buckets.for_width(0, 100 * B, 10))
     assert tier == "raw" and sum(r["n"] for r in rows) == 400
+
+
+def test_a_slow_reading_joins_the_fast_bucket_nearest_it() -> None:
+    from gpuprofd.storage.reads.series import join_slow_buckets
+
+    fast = [{"b": b, "util_mean": 50.0} for b in (0, 3, 6, 9)]
+    slow = [
+        {"b": 1, "pcie_rx_max_bps": 10.0, "gpm_tensor_util_mean": 20.0},
+        {"b": 5, "pcie_rx_max_bps": 30.0, "gpm_tensor_util_mean": None},
+        {"b": 8, "pcie_rx_max_bps": 40.0, "gpm_tensor_util_mean": 60.0},
+        {"b": 100, "pcie_rx_max_bps": 5.0, "gpm_tensor_util_mean": 80.0},  # past the last
+    ]
+    rows = join_slow_buckets(fast, slow)
+    assert [r["b"] for r in rows] == [0, 3, 6, 9]
+    assert [r["pcie_rx_max_bps"] for r in rows] == [10.0, None, 30.0, 40.0]
+    # two readings in one bucket: the peak stays, the ratios average
+    assert [r["gpm_tensor_util_mean"] for r in rows] == [20.0, None, None, 70.0]
+    assert rows[1]["pcie_tx_max_bps"] is None and rows[1]["util_mean"] == 50.0
+    assert join_slow_buckets([], slow) == []

@@ -14,7 +14,9 @@ divide integers to an integer); the shaping of rows into chart arrays is
 
 from __future__ import annotations
 
+import bisect
 import functools
+import statistics
 from collections.abc import Sequence
 from typing import Any
 
@@ -184,13 +186,53 @@ async def gpu_raw_buckets(
     db: Reader, uuid: str, lo_ns: int, hi_ns: int, width_ns: int
 ) -> list[dict[str, Any]]:
     """GPU *uuid*'s raw fast and slow samples in [*lo_ns*, *hi_ns*) per
-    bucket, in the column names of :data:`GPU_ROLLUP_BUCKET_SQL` (the slow
-    loop's readings joined by bucket; None where a bucket has none)."""
+    bucket, in the column names of :data:`GPU_ROLLUP_BUCKET_SQL`: each slow
+    loop reading (≤ 1 Hz) sits in the fast bucket nearest it
+    (:func:`join_slow_buckets`); None where a bucket has none."""
     params = (lo_ns, width_ns, uuid, lo_ns, hi_ns)
     fast = [dict(r) for r in await db.fetchall(GPU_RAW_BUCKET_SQL, params)]
-    slow = {r["b"]: dict(r) for r in await db.fetchall(GPU_SLOW_BUCKET_SQL, params)}
-    empty = dict.fromkeys(GPU_CHART_COLUMNS[-5:])
-    return [{**empty, **f, **slow.get(f["b"], {}), "b": f["b"]} for f in fast]
+    slow = [dict(r) for r in await db.fetchall(GPU_SLOW_BUCKET_SQL, params)]
+    return join_slow_buckets(fast, slow)
+
+
+#: The slow loop's columns of a chart row, and how two readings landing in
+#: one fast bucket merge: a PCIe peak stays a peak, a GPM ratio averages.
+SLOW_MERGE = {
+    "pcie_rx_max_bps": max,
+    "pcie_tx_max_bps": max,
+    "gpm_sm_occupancy_mean": statistics.fmean,
+    "gpm_tensor_util_mean": statistics.fmean,
+    "gpm_dram_bw_util_mean": statistics.fmean,
+}
+
+
+def join_slow_buckets(
+    fast: Sequence[dict[str, Any]], slow: Sequence[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Fast-loop bucket rows (sorted by ``b``) with each slow-loop bucket row
+    merged into the fast bucket nearest its ``b`` (:data:`SLOW_MERGE`).
+
+    The fast loop is stored at 10 Hz and the slow one samples at 1 Hz, so at
+    a fine bucket width a slow reading rarely shares its exact bucket with a
+    fast one: joining on equal ``b`` left the PCIe chart empty while the PCIe
+    finding read the same rows. A slow reading with no fast bucket within the
+    window is dropped (no fast row to carry it)."""
+    out = [{**dict.fromkeys(SLOW_MERGE), **f} for f in fast]
+    if not out:
+        return out
+    keys = [f["b"] for f in out]
+    held: dict[int, dict[str, list[float]]] = {}
+    for s in slow:
+        i = bisect.bisect_left(keys, s["b"])
+        if i == len(keys) or (i > 0 and s["b"] - keys[i - 1] <= keys[i] - s["b"]):
+            i -= 1
+        cols = held.setdefault(i, {})
+        for col in SLOW_MERGE:
+            if s.get(col) is not None:
+                cols.setdefault(col, []).append(s[col])
+    for i, cols in held.items():
+        out[i].update({col: SLOW_MERGE[col](vs) for col, vs in cols.items()})
+    return out
 
 
 #: Host samples of a boot with the run's own CPU at the same tick (the host

@@ -579,3 +579,22 @@ def test_live_reconnects_from_its_cursors_and_reset_refetches(dash: Dash, runs: 
     proc.kill()
     proc.communicate(timeout=30)
     assert w.errors == []
+
+
+def test_the_pcie_chart_draws_the_slow_loops_readings(dash: Dash, runs: dict, pages):
+    """The PCIe counters are read once a second, the fast loop ten times: the
+    chart holds each reading and joins them into a line, not isolated dots."""
+    rid = runs["stall"]["id"]
+    series = dash.get(f"/api/v1/runs/{rid}/series")
+    rx = [v for v in series["gpus"][0]["pcie_rx_bps"] or [] if v is not None]
+    assert len(rx) >= 2, "the replayed H200's PCIe readings in the run's window"
+    page = pages().open(f"{dash.url}/#/run/{rid}")
+    chart = page.evaluate(
+        """(() => { const e = [...document.querySelectorAll('.chart')]
+                      .find(c => c.dataset.title === 'PCIe');
+                    if (!e) return null;
+                    const u = e.uplot;
+                    return {rx: u.data[1].filter(v => v !== null && v !== undefined).length,
+                            joined: u.series[1].spanGaps && u.series[2].spanGaps}; })()"""
+    )
+    assert chart == {"rx": len(rx), "joined": True}

@@ -191,8 +191,9 @@ export function buildRunCharts(root, model, ctx) {
         add(charts, {
           title: "PCIe",
           series: [
-            { label: "rx", color: pal.series[5] },
-            { label: "tx", color: pal.series[6], dash: [5, 3] },
+            // the slow loop reads once a second: join its readings across the fast buckets
+            { label: "rx", color: pal.series[5], spanGaps: true },
+            { label: "tx", color: pal.series[6], dash: [5, 3], spanGaps: true },
           ],
           fmt: bps,
           axisSize: 76,
@@ -202,9 +203,9 @@ export function buildRunCharts(root, model, ctx) {
         add(charts, {
           title: "GPM activity %",
           series: [
-            { label: "SM occupancy", color: pal.series[0] },
-            { label: "tensor", color: pal.series[2] },
-            { label: "DRAM bw", color: pal.series[5] },
+            { label: "SM occupancy", color: pal.series[0], spanGaps: true },
+            { label: "tensor", color: pal.series[2], spanGaps: true },
+            { label: "DRAM bw", color: pal.series[5], spanGaps: true },
           ],
           fmt: fmtPct,
           yRange: [0, 100],
