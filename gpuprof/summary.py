@@ -357,7 +357,9 @@ def gain_line(ins: Mapping[str, Any], details: bool = False) -> list[str]:
     head = f"up to {speedup_text(speedup)} faster" if speedup else "the whole iteration"
     base = ins.get("gain_iteration_ms")
     of = f" of {base:.1f}" if base is not None else ""
-    text = f"{pad}Worth: {head}: {ms:.1f}{of} ms per iteration ({ins.get('gain_pct'):.0f}%)"
+    pct = ins.get("gain_pct")
+    share = f" ({pct:.0f}%)" if pct is not None else ""
+    text = f"{pad}Worth: {head}: {ms:.1f}{of} ms per iteration{share}"
     if ins.get("gain_run_s"):
         text += f", ~{duration_text(ins['gain_run_s'])}"
         if ins.get("gain_usd") is not None:

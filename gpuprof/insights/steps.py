@@ -151,7 +151,8 @@ def _loader_starved(ctx: RunContext) -> tuple[float, float | None] | None:
 # stall with contention as its cause, so it also carries host_cpu_contention.
 @rule("cpu_bound_dataloader", supersedes=("dataloader_stall", "host_cpu_contention"))
 def cpu_bound_dataloader(ctx: RunContext) -> Insight | None:
-    """Fires on a stall (> :data:`STALL_FRACTION`) whose loading burns CPU
+    """Fires on a stall (> :data:`STALL_FRACTION`) of a timed DataLoader (an
+    untimed inter-step gap is :func:`dataloader_stall`'s) whose loading burns CPU
     (:func:`gpuprof.insights.loading.loader_cpu`; silent when that is
     unmeasured: a pegged host alone does not say whose CPU it is) while the disk is not the
     busy part (< :data:`DISK_BUSY_BPS` read, or unmeasured). The cause named:
@@ -161,6 +162,8 @@ def cpu_bound_dataloader(ctx: RunContext) -> Insight | None:
     work is too much for the cores; else cores sat idle: more workers help."""
     frac = stall_fraction(ctx)
     if frac is None or frac <= STALL_FRACTION:
+        return None
+    if not ctx.explicit_wait:  # no timed DataLoader: the gap is host work, not loader workers
         return None
     if ctx.host_disk_read_bps is not None and ctx.host_disk_read_bps > DISK_BUSY_BPS:
         return None

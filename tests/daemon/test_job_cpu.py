@@ -65,7 +65,7 @@ def _db(
             t0 = T0 + s * (STEP_NS + WAIT_NS) + WAIT_NS
             conn.execute(
                 "INSERT INTO steps (run_id, step, t0_ns, t1_ns, wait_ns, explicit, micro, phases) "
-                "VALUES (?, ?, ?, ?, ?, 0, 1, '{}')",
+                "VALUES (?, ?, ?, ?, ?, 1, 1, '{}')",  # a timed DataLoader
                 (run_id, s, t0, t0 + STEP_NS, WAIT_NS),
             )
     conn.commit()

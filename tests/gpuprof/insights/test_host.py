@@ -319,6 +319,7 @@ def _contended(host_pct: float, run_cores: float | None, cpu_count: int = 16, st
         host_cpu_pct=host_pct,
         run_cpu_cores=run_cores,
         cpu_count=cpu_count,
+        explicit_wait=True,  # a timed DataLoader
     )
 
 
@@ -374,6 +375,7 @@ def _job(
         job_cpu_cores=job_cores,
         job_ranks=ranks,
         cpu_count=cpu_count,
+        explicit_wait=True,
     )
 
 

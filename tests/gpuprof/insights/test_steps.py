@@ -43,7 +43,14 @@ def test_dataloader_stall_silent_at_10_percent():
 
 
 def test_cpu_bound_fires_with_pegged_cpu_and_hides_plain_stall():
-    ctx = make_ctx([60] * 10, [40] * 10, host_cpu_pct=95.0, cpu_count=16, run_cpu_cores=15.0)
+    ctx = make_ctx(
+        [60] * 10,
+        [40] * 10,
+        host_cpu_pct=95.0,
+        cpu_count=16,
+        run_cpu_cores=15.0,
+        explicit_wait=True,
+    )
     ins = cpu_bound_dataloader(ctx)
     assert ins is not None and ins.severity == "HIGH"
     assert "host CPU 95% across 16 cores" in ins.title
@@ -64,6 +71,18 @@ def test_cpu_bound_silent_without_pegged_cpu(kw):
     ctx = make_ctx([60] * 10, [40] * 10, **kw)
     assert cpu_bound_dataloader(ctx) is None
     assert "dataloader_stall" in [i.rule for i in run_rules(ctx)]
+
+
+def test_cpu_bound_silent_without_a_timed_dataloader():
+    # the same pegged host and stall, but the wait is an untimed gap between the
+    # steps (host work in the training process, no DataLoader): no "workers"
+    # to call CPU-bound; the gap finding speaks
+    kw = {"host_cpu_pct": 95.0, "cpu_count": 16, "run_cpu_cores": 15.0}
+    assert cpu_bound_dataloader(make_ctx([60] * 10, [40] * 10, explicit_wait=True, **kw))
+    ctx = make_ctx([60] * 10, [40] * 10, **kw)
+    assert cpu_bound_dataloader(ctx) is None
+    stall = {i.rule: i for i in run_rules(ctx)}["dataloader_stall"]
+    assert "between steps (inter-step gap)" in stall.title
 
 
 def test_cpu_bound_silent_without_stall():
@@ -134,13 +153,17 @@ def test_one_or_two_slow_steps_are_not_periodic_variance():
 
 def test_cpu_bound_needs_the_run_itself_to_use_the_cpu():
     # host pegged at 95 % of 2 cores, but the run's processes use 0.3 core: another tenant
-    other = make_ctx([60] * 10, [40] * 10, host_cpu_pct=95.0, cpu_count=2, run_cpu_cores=0.3)
+    other = make_ctx(
+        [60] * 10, [40] * 10, host_cpu_pct=95.0, cpu_count=2, run_cpu_cores=0.3, explicit_wait=True
+    )
     assert cpu_bound_dataloader(other) is None
     # ... named beside the stall, which stays: a cause never erases the finding
     fired = {i.rule for i in run_rules(other)}
     assert {"host_cpu_contention", "dataloader_stall"} <= fired
     # the run's main process + workers use 1.9 of the 1.9 busy cores: its own workers
-    own = make_ctx([60] * 10, [40] * 10, host_cpu_pct=95.0, cpu_count=2, run_cpu_cores=1.9)
+    own = make_ctx(
+        [60] * 10, [40] * 10, host_cpu_pct=95.0, cpu_count=2, run_cpu_cores=1.9, explicit_wait=True
+    )
     assert cpu_bound_dataloader(own).evidence["run_cpu_cores"] == 1.9
     assert cpu_bound_dataloader(own).evidence["cause"] == "own"
 
@@ -172,7 +195,12 @@ def test_cpu_bound_stall_leaves_erratic_steps_their_own_finding():
     steady = [10.0] * 30
     steady[10] = steady[20] = steady[29] = 40.0
     ctx = make_ctx(
-        [10, 10, 10] + steady, [20.0] * 33, host_cpu_pct=97.0, cpu_count=2, run_cpu_cores=1.9
+        [10, 10, 10] + steady,
+        [20.0] * 33,
+        host_cpu_pct=97.0,
+        cpu_count=2,
+        run_cpu_cores=1.9,
+        explicit_wait=True,
     )
     rules = {i.rule for i in run_rules(ctx)}
     assert {"cpu_bound_dataloader", "high_step_variance"} <= rules
