@@ -287,6 +287,18 @@ def test_warm_up_is_worth_its_one_off_time_spread_over_the_run():
     assert ins["gain_method"].startswith("one-off: the first 1 step(s)' 0.5 s")
 
 
+def test_compilation_warm_up_is_worth_its_one_off_time_spread_over_the_run():
+    ctx = make_ctx([900.0, 500.0, 100.0] + [10.0] * 7)
+    ins = gain_of(ctx, "compilation_warmup", warmup_steps=3, excess_ms=1470.0)
+    assert ins["gain_ms_per_iteration"] == 147.0  # 1470 ms once, over 10 steps
+    assert ins["gain_iteration_ms"] == 157.0 and ins["gain_speedup_max"] == 15.7
+    assert ins["gain_parts_ms"] == {} and ins["gain_label"] == "the warm-up"
+    # no steady steps timed: nothing to spread it over, so no figure
+    none = gain_of(make_ctx([]), "compilation_warmup", warmup_steps=3, excess_ms=10.0)
+    assert none["gain_ms_per_iteration"] is None
+    assert none["gain_method"] == "not estimated: no steady steps timed"
+
+
 def test_regression_is_worth_the_way_back_outside_the_budget():
     ctx = make_ctx([30.0] * 10, history_median_step_ms=(20.0, 20.0))
     ins = finding(ctx, "regression")
@@ -411,6 +423,16 @@ def test_low_mfu_on_a_gpu_without_published_figures_is_not_estimated():
     ins = gain_of(ctx, "low_mfu")
     assert ins["gain_ms_per_iteration"] is None
     assert ins["gain_method"] == "not estimated: no published attainable MFU for NVIDIA L4"
+
+
+def test_small_batch_is_worth_what_low_mfu_is_and_needs_the_model_size_too():
+    ins = gain_of(_mfu_ctx(), "small_batch")
+    assert ins["gain_ms_per_iteration"] == pytest.approx(50.0)  # 100 ms compute, 50 ms floor
+    assert ins["gain_parts_ms"] == {"compute_efficiency": pytest.approx(50.0)}
+    assert ins["gain_label"] == "the small kernels"
+    unknown = gain_of(_mfu_ctx(arch=None), "small_batch")
+    assert unknown["gain_ms_per_iteration"] is None
+    assert unknown["gain_method"].startswith("not estimated: attainable MFU depends on")
 
 
 def test_launch_overhead_is_worth_the_step_beyond_its_kernels():
