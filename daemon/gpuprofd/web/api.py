@@ -131,6 +131,8 @@ async def runs_list(request: web.Request) -> web.Response:
         status=status,
         node=request.query.get("node") or None,
         user=request.query.get("user") or None,
+        project=request.query.get("project") or None,
+        tag=request.query.get("tag") or None,
         from_ns=start,
         to_ns=end,
         limit=limit,
