@@ -18,7 +18,7 @@ from gpuprofd.storage.writes.ops import Txn
 from gpuprofd.storage.writes.store import Store
 
 _COLUMNS = (
-    "id, run_name, user_name, project, node_id, host, status, start_wall_ns, "
+    "id, run_name, user_name, project, node_id, host, start_wall_ns, "
     "end_wall_ns, gpu_count, summary"
 )
 #: Runs read per statement (well under SQLite's 32766 bound parameters).
@@ -51,7 +51,7 @@ async def refresh(txn: Txn, run_ids: Sequence[int]) -> int:
             "AND status <> 'running' AND summary IS NOT NULL",
             chunk,
         )
-        for rid, name, user, project, node_id, host, status, start, end, gpus, text in rows:
+        for rid, name, user, project, node_id, host, start, end, gpus, text in rows:
             try:
                 summary = orjson.loads(text)
             except orjson.JSONDecodeError:
