@@ -38,6 +38,8 @@ class RunCost:
     lost_usd: float | None
     #: rule -> lost GPU-hours; sums to ``lost_gpu_hours`` (within rounding)
     by_rule: dict[str, float] = field(default_factory=dict)
+    #: rule -> what its finding says to do (its ``fix``), where it said
+    fixes: dict[str, str] = field(default_factory=dict)
 
 
 def _rate(summary: Mapping[str, Any]) -> float | None:
@@ -67,9 +69,12 @@ def run_cost(run: Mapping[str, Any], summary: Mapping[str, Any] | None) -> RunCo
     if lost_s is None:
         lost_s = (fix_all(findings) or {}).get("fix_all_run_s") or 0.0
     lost = min(float(lost_s) * gpus / 3600.0, gpu_hours)
-    claimed = {}
+    claimed: dict[str, float] = {}
+    fixes: dict[str, str] = {}
     for ins in findings:
         rule = str(ins.get("rule"))
+        if ins.get("fix"):
+            fixes[rule] = str(ins["fix"])
         claimed[rule] = claimed.get(rule, 0.0) + float(ins["gain_run_s"]) * gpus / 3600.0
     total = sum(claimed.values())
     # findings sharing lost time: each keeps its proportion of the run's one budget
@@ -82,4 +87,5 @@ def run_cost(run: Mapping[str, Any], summary: Mapping[str, Any] | None) -> RunCo
         lost_gpu_hours=lost,
         lost_usd=None if rate is None else lost * rate,
         by_rule=by_rule,
+        fixes={r: f for r, f in fixes.items() if r in by_rule},
     )

@@ -368,6 +368,7 @@ CREATE TABLE IF NOT EXISTS run_cost_findings (  -- schema 16: run_costs' lost ti
     at_wall_ns INTEGER NOT NULL,     -- run_costs.at_wall_ns
     lost_gpu_hours REAL NOT NULL,
     lost_usd REAL,
+    fix TEXT,                        -- what the run's finding said to do
     PRIMARY KEY (run_id, rule)
 );
 CREATE INDEX IF NOT EXISTS run_cost_findings_at ON run_cost_findings (at_wall_ns);
@@ -480,7 +481,7 @@ _RUN_COSTS_TEMP = (
 )
 _RUN_COST_FINDINGS_TEMP = (
     "CREATE TEMP TABLE run_cost_findings (run_id INTEGER, rule TEXT, at_wall_ns INTEGER, "
-    "lost_gpu_hours REAL, lost_usd REAL)"
+    "lost_gpu_hours REAL, lost_usd REAL, fix TEXT)"
 )
 
 

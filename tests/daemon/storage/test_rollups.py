@@ -20,6 +20,7 @@ H = 3600 * 10**9  # ns per hour
 DAY = 24 * H
 UNTIL = 1_800_000_000 * 10**9
 RATE = 4.0  # USD per GPU-hour (the cost line's)
+FIXES = {"dataloader_stall": "Raise DataLoader num_workers"}
 
 
 def _cost_line(rate: float | None) -> list[dict[str, Any]]:
@@ -29,7 +30,9 @@ def _cost_line(rate: float | None) -> list[dict[str, Any]]:
 
 
 def _summary(fix_all_s: float, gains: dict[str, float], rate: float | None = RATE) -> str:
-    found = [{"rule": r, "evidence": {}, "gain_run_s": s} for r, s in gains.items()]
+    found = [
+        {"rule": r, "evidence": {}, "gain_run_s": s, "fix": FIXES.get(r)} for r, s in gains.items()
+    ]
     return orjson.dumps(
         {"insights": _cost_line(rate) + found, "gains": {"fix_all_run_s": fix_all_s}}
     ).decode()
@@ -78,11 +81,6 @@ async def _fixture(store: Any) -> dict[str, int]:
             store, "f", "live", "alice", "llm", UNTIL - H, 1, 8, None, status="running",
         ),
     }  # fmt: skip
-    await store.write(
-        "INSERT INTO insights (run_id, rule, severity, title, detail, fix, evidence, "
-        "created_wall_ns) VALUES (?, 'dataloader_stall', 'HIGH', 't', 'd', ?, '{}', ?)",
-        (ids["sft"], "Raise DataLoader num_workers", UNTIL - DAY),
-    )
     assert await costs.refresh_runs(store, list(ids.values())) == 5
     return ids
 
@@ -130,7 +128,7 @@ async def test_lost_time_by_finding_is_counted_once(storage_url: str) -> None:
         assert stall["lost_gpu_hours"] + idle["lost_gpu_hours"] == pytest.approx(9.0)
         assert stall["lost_usd"] == pytest.approx(STALL * RATE)
         assert stall["fix"] == "Raise DataLoader num_workers"
-        assert idle["fix"] is None  # no stored finding of it to quote
+        assert idle["fix"] is None  # no finding of it said
         assert stall["lost_trend"] == pytest.approx((STALL - 16) / 16)
 
 

@@ -146,9 +146,10 @@ async def _findings(
         )
     out.sort(key=lambda f: (-f["lost_gpu_hours"], f["rule"]))
     out = out[:limit] if limit is not None else out
-    for f in out:  # the newest stored finding of the rule says what to do
+    for f in out:  # the newest run's finding of the rule says what to do
         fix = await db.fetchone(
-            "SELECT fix FROM insights WHERE rule = ? ORDER BY created_wall_ns DESC LIMIT 1",
+            "SELECT fix FROM run_cost_findings WHERE rule = ? AND fix IS NOT NULL "
+            "ORDER BY at_wall_ns DESC LIMIT 1",
             (f["rule"],),
         )
         f["fix"] = fix[0] if fix is not None else None

@@ -28,8 +28,8 @@ _INSERT_COST = (
     "gpu_hours, usd, lost_gpu_hours, lost_usd) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 _INSERT_FINDING = (
-    "INSERT INTO run_cost_findings (run_id, rule, at_wall_ns, lost_gpu_hours, lost_usd) "
-    "VALUES (?, ?, ?, ?, ?)"
+    "INSERT INTO run_cost_findings (run_id, rule, at_wall_ns, lost_gpu_hours, lost_usd, fix) "
+    "VALUES (?, ?, ?, ?, ?, ?)"
 )
 
 
@@ -77,7 +77,8 @@ async def refresh(txn: Txn, run_ids: Sequence[int]) -> int:
             )
             rate = cost.usd / cost.gpu_hours if cost.usd is not None and cost.gpu_hours else None
             for rule, hours in cost.by_rule.items():
-                findings.append((rid, rule, at, hours, None if rate is None else hours * rate))
+                usd = None if rate is None else hours * rate
+                findings.append((rid, rule, at, hours, usd, cost.fixes.get(rule)))
     await txn.executemany(_INSERT_COST, costs)
     await txn.executemany(_INSERT_FINDING, findings)
     return len(costs)
