@@ -70,7 +70,9 @@ def format_rollup(out: dict[str, Any]) -> str:
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     for r in rows:
-        cells = [r[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(r[1:], widths[1:])]
+        cells = [r[0].ljust(widths[0])] + [
+            c.rjust(w) for c, w in zip(r[1:], widths[1:], strict=True)
+        ]
         lines.append("  ".join(cells).rstrip())
     if out["findings"]:
         lines.append("")
