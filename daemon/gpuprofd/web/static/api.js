@@ -50,6 +50,8 @@ export const api = {
   runs: ({ name, status, node, user, project, tag, from, to, limit } = {}) =>
     get("/runs", { name, status, node, user, project, tag, from, to, limit }),
   nodes: () => get("/nodes"),
+  /** The team's GPU-hours: `by` user, project, node, run or finding; `since` 7d, 30d, ... */
+  rollups: ({ by, since } = {}) => get("/rollups", { by, since }),
   run: (id) => get(`/runs/${enc(id)}`),
   insights: (id) => get(`/runs/${enc(id)}/insights`),
   /** `from`/`to`: unix seconds (omit both for the whole run); `width`: px;
