@@ -52,7 +52,7 @@ def _column(page: Any, table: str, n: int) -> list[str]:
 def test_the_page_shows_the_teams_gpu_hours(page: Any, server: TeamServer) -> None:
     totals = page.inner_text("#gpuhours-totals")
     assert totals == "2 runs · 88.0 GPU-hours ($352) · 9.0 GPU-hours lost ($36.00, 10%)"
-    assert _column(page, "gpuhours-findings", 1) == ["dataloader_stall", "gpu_idle"]
+    assert _column(page, "gpuhours-findings", 1) == ["dataloader_stall", "gpu_idle_between_steps"]
     assert _column(page, "gpuhours-findings", 3) == ["5.6", "3.4"]  # 8 x 8/14 + 1, 8 x 6/14
     assert _column(page, "gpuhours-findings", 6)[0] == FIX
     assert _column(page, "gpuhours-users", 1) == ["alice", "bob"]
@@ -60,7 +60,7 @@ def test_the_page_shows_the_teams_gpu_hours(page: Any, server: TeamServer) -> No
     # the stacked bars: one series a finding, this week's bar the sum
     wait_until(page, "() => !!document.querySelector('#gpuhours-weeks .uplot canvas')")
     legend = page.locator("#gpuhours-weeks .u-legend th").all_inner_texts()
-    assert [t.strip() for t in legend[1:]] == ["gpu_idle", "dataloader_stall"]
+    assert [t.strip() for t in legend[1:]] == ["gpu_idle_between_steps", "dataloader_stall"]
     page.screenshot(path=str(server.tmp / "gpu-hours.png"), full_page=True)
     assert page.errors == []
 

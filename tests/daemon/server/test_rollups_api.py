@@ -12,7 +12,9 @@ from collections.abc import Iterator
 import httpx
 import orjson
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
+from gpuprofd.web.teammetrics import MAX_PROJECTS, project_labels
 from tests.daemon.server.conftest import KEY_ONE, TeamServer
 from tests.daemon.server.rollup_fixture import FIX, HOSTILE, IDLE, STALL, feed
 from tests.daemon.server.test_live_views import ctl
@@ -48,7 +50,7 @@ def test_the_api_sums_the_forwarded_runs_by_project(server: TeamServer) -> None:
     assert by[HOSTILE]["lost_gpu_hours"] == pytest.approx(1.0)
     assert [r["run_name"] for r in by["llm"]["worst_runs"]] == ["pretrain"]
     stall, idle = out["findings"]
-    assert (stall["rule"], idle["rule"]) == ("dataloader_stall", "gpu_idle")
+    assert (stall["rule"], idle["rule"]) == ("dataloader_stall", "gpu_idle_between_steps")
     assert stall["lost_gpu_hours"] == pytest.approx(STALL)
     assert idle["lost_gpu_hours"] == pytest.approx(IDLE)
     assert stall["fix"] == FIX
@@ -93,3 +95,37 @@ def test_gpuprofctl_rollup_reads_the_same(server: TeamServer) -> None:
     assert text.returncode == 0, text.stderr
     assert "2 runs, 88.0 GPU-hours ($352.00), 9.0 lost (10%)" in text.stdout
     assert f"dataloader_stall: {STALL:.1f} GPU-hours lost in 2 runs — {FIX}" in text.stdout
+
+
+def test_metrics_count_the_gpu_hours_by_project_and_finding(server: TeamServer) -> None:
+    resp = _get(server, "/metrics")
+    assert resp.status_code == 200, resp.text
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(resp.text)
+        for s in fam.samples
+        if s.name.startswith("gpuprof_") and s.name.endswith("_total")
+    }
+    assert samples == {
+        ("gpuprof_gpu_hours_total", (("project", "llm"),)): pytest.approx(80.0),
+        ("gpuprof_gpu_hours_total", (("project", HOSTILE),)): pytest.approx(8.0),
+        ("gpuprof_lost_gpu_hours_total", (("finding", "dataloader_stall"), ("project", "llm"))): (
+            pytest.approx(8 * 8 / 14)
+        ),
+        (
+            "gpuprof_lost_gpu_hours_total",
+            (("finding", "gpu_idle_between_steps"), ("project", "llm")),
+        ): (pytest.approx(IDLE)),
+        ("gpuprof_lost_gpu_hours_total", (("finding", "dataloader_stall"), ("project", HOSTILE))): (
+            pytest.approx(1.0)
+        ),
+    }
+
+
+def test_projects_past_the_bound_are_other() -> None:
+    names = [f"p{i}" for i in range(MAX_PROJECTS + 5)]
+    labels = project_labels([None, *names])
+    assert labels[None] == "none"
+    assert [labels[n] for n in names[: MAX_PROJECTS - 1]] == names[: MAX_PROJECTS - 1]
+    assert {labels[n] for n in names[MAX_PROJECTS - 1 :]} == {"other"}
+    assert project_labels(["other", "x"]) == {"other": "other", "x": "x"}

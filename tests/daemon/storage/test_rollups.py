@@ -55,7 +55,7 @@ async def _fixture(store: Any) -> dict[str, int]:
         # by a loader stall (1 h) and the GPU idle it causes (0.75 h): 8 x 8/14 and 6 x 8/14
         "pretrain": await _run(
             store, "a", "pretrain", "alice", "llm", UNTIL - 3 * DAY, 10, 8,
-            _summary(3600, {"dataloader_stall": 3600, "gpu_idle": 2700}),
+            _summary(3600, {"dataloader_stall": 3600, "gpu_idle_between_steps": 2700}),
         ),
         # 2 h x 4 GPUs = 8 GPU-h ($32); 900 s x 4 GPUs = 1 GPU-h lost to the stall
         "sft": await _run(
@@ -120,7 +120,7 @@ async def test_lost_time_by_finding_is_counted_once(storage_url: str) -> None:
         got = await rollup(store, "finding", UNTIL - 7 * DAY, UNTIL)
         stall, idle = got["groups"]
         assert (stall["rule"], stall["runs"], idle["rule"], idle["runs"]) == (
-            "dataloader_stall", 2, "gpu_idle", 1,
+            "dataloader_stall", 2, "gpu_idle_between_steps", 1,
         )  # fmt: skip
         assert stall["lost_gpu_hours"] == pytest.approx(STALL)
         assert idle["lost_gpu_hours"] == pytest.approx(IDLE)
@@ -143,7 +143,7 @@ async def test_by_user_and_the_weekly_bars(storage_url: str) -> None:
         assert older["lost"] == {"dataloader_stall": pytest.approx(16.0)}
         assert newer["lost"] == {
             "dataloader_stall": pytest.approx(STALL),
-            "gpu_idle": pytest.approx(IDLE),
+            "gpu_idle_between_steps": pytest.approx(IDLE),
         }
 
 

@@ -214,3 +214,23 @@ async def rollup(db: Reader, by: str, since_ns: int, until_ns: int) -> dict[str,
         "findings": findings[:TOP_FINDINGS],
         "weeks": await _weeks(db, since_ns, until_ns),
     }
+
+
+async def all_time_by_project(db: Reader) -> list[tuple[str | None, float, float]]:
+    """Every project's (project, GPU-hours, lost GPU-hours) over all stored
+    runs, the project first seen (its first run's end) first: what
+    ``/metrics`` counts (a project keeps its place as others come)."""
+    rows = await db.fetchall(
+        "SELECT project, SUM(gpu_hours), SUM(lost_gpu_hours), MIN(at_wall_ns) AS first "
+        "FROM run_costs GROUP BY project ORDER BY first, project"
+    )
+    return [(r[0], _f(r[1]), _f(r[2])) for r in rows]
+
+
+async def all_time_lost_by_rule(db: Reader) -> list[tuple[str | None, str, float]]:
+    """(project, finding, lost GPU-hours) over all stored runs."""
+    rows = await db.fetchall(
+        "SELECT c.project, f.rule, SUM(f.lost_gpu_hours) FROM run_cost_findings f "
+        "JOIN run_costs c ON c.run_id = f.run_id GROUP BY c.project, f.rule"
+    )
+    return [(r[0], str(r[1]), _f(r[2])) for r in rows]
