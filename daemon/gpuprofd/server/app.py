@@ -13,8 +13,7 @@ from gpuprofd.server import ingest_api
 from gpuprofd.server.ingest_api import AfterBatch, IngestLimits
 from gpuprofd.server.notify import RunChanges
 from gpuprofd.storage.writes import Store
-from gpuprofd.web import auth
-from gpuprofd.web import teammetrics
+from gpuprofd.web import auth, teammetrics
 from gpuprofd.web.app import build_app
 from gpuprofd.web.state import WebState
 

@@ -23,6 +23,7 @@ HOSTILE = '<img src=x onerror="document.body.dataset.pwned=1">'
 STALL = 8 * 8 / 14 + 1.0
 IDLE = 8 * 6 / 14
 FIX = "Raise DataLoader num_workers"
+IDLE_RULE = "gpu_idle_between_steps"
 
 
 def summary(fix_all_s: float, gains: dict[str, float]) -> dict[str, Any]:
@@ -48,7 +49,7 @@ def feed(server: Any) -> None:
     a = [
         run_event(1, pre, name="pretrain", start_wall_ns=a_end - 10 * H, user_name="alice",
                   project="llm", gpu_count=8),
-        end(2, pre, a_end, summary(3600, {"dataloader_stall": 3600, "gpu_idle_between_steps": 2700})),
+        end(2, pre, a_end, summary(3600, {"dataloader_stall": 3600, IDLE_RULE: 2700})),
     ]  # fmt: skip
     assert server.ingest(batch("n1", a)).status_code == 200
     b = [
