@@ -23,6 +23,7 @@ from gpuprofd.core.errors import BadInputError
 from gpuprofd.server.app import CHANGES, build_server_app
 from gpuprofd.server.ingest_api import IngestLimits
 from gpuprofd.server.notify import Listener, RunChanges
+from gpuprofd.services.digest import Digest
 from gpuprofd.services.insights_runner import InsightsRunner
 from gpuprofd.storage import logins, schema
 from gpuprofd.storage.upkeep import hostrollup, retention, steprollup
@@ -40,6 +41,9 @@ ROLL_EVERY_S = steprollup.ROLL_INTERVAL_S
 #: Login counts older than this are forgotten (well past the rate window), seconds.
 LOGINS_KEPT_S = 3600.0
 SHUTDOWN_TIMEOUT_S = 2.0
+#: Looks for a digest to send per period, and the longest wait between two, seconds.
+DIGEST_LOOKS = 4
+DIGEST_LOOK_MAX_S = 60.0
 #: Postgres connections of one replica (besides its listener): the ingest
 #: transactions of several nodes run at once, each on its own.
 POOL_SIZE = 8
@@ -56,6 +60,10 @@ class ServeOptions:
     keep_days: float | None = None
     limits: IngestLimits = IngestLimits()
     gpu_rate_usd_per_hour: float | None = None
+    #: --digest-webhook: where each period's digest goes (None: no digest)
+    digest_url: str | None = None
+    digest_every_s: int = 7 * 86400
+    digest_format: str = "slack"
 
 
 class Server:
@@ -138,6 +146,22 @@ class Server:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), RETENTION_EVERY_S)
 
+    async def _digests(self) -> None:
+        """Each period's digest, sent once across replicas
+        (:mod:`gpuprofd.services.digest`); looks :data:`DIGEST_LOOKS` times a period."""
+        assert self.opts.digest_url is not None
+        digest = Digest(
+            self.store, self.opts.digest_url, self.opts.digest_every_s, self.opts.digest_format
+        )
+        every = min(DIGEST_LOOK_MAX_S, self.opts.digest_every_s / DIGEST_LOOKS)
+        while not self._stop.is_set():
+            try:
+                await digest.tick()
+            except Exception:  # noqa: BLE001 - retry at the next look
+                log.exception("digest failed; trying again in %.0f s", every)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), every)
+
     async def run(self, ready: Callable[[str], None] | None = None) -> None:
         """Serve until stopped.
 
@@ -182,10 +206,13 @@ class Server:
                 ready(self.url)
             keeper = asyncio.create_task(self._retention())
             roller = asyncio.create_task(self._roll_steps())
+            loops = [keeper, roller]
+            if opts.digest_url is not None:
+                loops.append(asyncio.create_task(self._digests()))
             await self._stop.wait()
-            keeper.cancel()
-            roller.cancel()
-            await asyncio.gather(keeper, roller, return_exceptions=True)
+            for task in loops:
+                task.cancel()
+            await asyncio.gather(*loops, return_exceptions=True)
         finally:
             if runner is not None:
                 await runner.cleanup()

@@ -372,6 +372,13 @@ CREATE TABLE IF NOT EXISTS run_cost_findings (  -- schema 16: run_costs' lost ti
     PRIMARY KEY (run_id, rule)
 );
 CREATE INDEX IF NOT EXISTS run_cost_findings_at ON run_cost_findings (at_wall_ns);
+CREATE TABLE IF NOT EXISTS digests (  -- schema 16: the team server's digests sent, one a
+    -- period: the replica that inserts the row sends it (gpuprofd.services.digest)
+    period_end_ns INTEGER NOT NULL,  -- the period's end, wall ns (a multiple of every_s)
+    every_s INTEGER NOT NULL,        -- its length, seconds
+    claimed_wall_ns INTEGER,
+    PRIMARY KEY (period_end_ns, every_s)
+);
 CREATE TABLE IF NOT EXISTS step_totals (  -- schema 15: per block of a run's steps (as
     -- step_rollups), the aggregates gpuprofctl runs shows (gpuprofd.storage.reads.steptotals)
     run_id INTEGER NOT NULL, block INTEGER NOT NULL,

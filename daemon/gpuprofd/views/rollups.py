@@ -14,9 +14,18 @@ from gpuprofd.storage.reader import Reader
 from gpuprofd.storage.reads.rollups import BY_FINDING, GROUPS, rollup
 
 NS_PER_S = 10**9
-#: ``--since`` units, in seconds.
-_UNITS = {"h": 3600, "d": 86400, "w": 7 * 86400}
-_SINCE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([hdw])\s*$")
+#: Duration units (``--since``, ``--digest-every``), in seconds.
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_SINCE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
+
+
+def duration_s(text: str) -> float | None:
+    """``90s``, ``15m``, ``24h``, ``7d``, ``2w`` in seconds; None when *text* is
+    not such a length."""
+    m = _SINCE_RE.match(text)
+    return float(m.group(1)) * _UNITS[m.group(2)] if m else None
+
+
 #: The longest period asked (a year and a bit: the rows are small).
 MAX_PERIOD_S = 400 * 86400
 #: What ``by`` takes, in the order the help lists them.
@@ -45,9 +54,8 @@ def parse_since(text: str, now_ns: int) -> int:
     Raises:
         ValueError: neither, or more than :data:`MAX_PERIOD_S` back.
     """
-    m = _SINCE_RE.match(text)
-    if m:
-        seconds = float(m.group(1)) * _UNITS[m.group(2)]
+    seconds = duration_s(text)
+    if seconds is not None:
         start = now_ns - int(seconds * NS_PER_S)
     else:
         try:

@@ -18,7 +18,7 @@ from tests.daemon.storage.test_backends import open_store, run_row
 
 H = 3600 * 10**9  # ns per hour
 DAY = 24 * H
-UNTIL = 1_800_000_000 * 10**9
+UNTIL = 2976 * 7 * DAY  # a multiple of a week: a digest period ends there
 RATE = 4.0  # USD per GPU-hour (the cost line's)
 FIXES = {"dataloader_stall": "Raise DataLoader num_workers"}
 
