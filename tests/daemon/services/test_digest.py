@@ -67,7 +67,8 @@ async def test_the_digest_is_sent_once_by_two_replicas(storage_url: str, receive
         lines[0] == "3 runs, 90.0 GPU-hours ($352); 9.0 GPU-hours lost to what gpuprof found, 10%."
     )
     assert lines[1] == (
-        "dataloader_stall: 5.6 GPU-hours in 2 runs (pretrain, sft). Fix: Raise DataLoader num_workers"
+        "dataloader_stall: 5.6 GPU-hours in 2 runs (pretrain, sft). "
+        "Fix: Raise DataLoader num_workers"
     )
     assert lines[2] == "gpu_idle_between_steps: 3.4 GPU-hours in 1 runs (pretrain)"
     assert [r["run_name"] for r in got["runs"]["dataloader_stall"]] == ["pretrain", "sft"]
