@@ -28,7 +28,7 @@ from gpuprofd.services.insights_runner import InsightsRunner
 from gpuprofd.storage import logins, schema
 from gpuprofd.storage.upkeep import hostrollup, retention, steprollup
 from gpuprofd.storage.url import StorageUrl
-from gpuprofd.storage.writes import Applied, Store
+from gpuprofd.storage.writes import Applied, Store, costs
 from gpuprofd.web.auth import Auth, AuthConfig
 from gpuprofd.web.httplog import one_line_bad_requests
 
@@ -109,6 +109,16 @@ class Server:
         finally:
             if not lock.locked():
                 self._ending.pop(run_id, None)
+
+    async def _backfill_costs(self) -> None:
+        """The rollup rows of runs stored before schema 16 (once, at start)."""
+        try:
+            made = await costs.refresh_all(self.store, missing_only=True)
+        except Exception:  # noqa: BLE001 - the page then lacks those runs; said in the log
+            log.exception("the GPU-hours rows of older runs were not made")
+            return
+        if made:
+            log.info("GPU-hours rows made for %d runs stored before", made)
 
     async def _roll_steps(self) -> None:
         """The step and host rollup tiers of ingested runs, as a node keeps
@@ -206,7 +216,7 @@ class Server:
                 ready(self.url)
             keeper = asyncio.create_task(self._retention())
             roller = asyncio.create_task(self._roll_steps())
-            loops = [keeper, roller]
+            loops = [keeper, roller, asyncio.create_task(self._backfill_costs())]
             if opts.digest_url is not None:
                 loops.append(asyncio.create_task(self._digests()))
             await self._stop.wait()

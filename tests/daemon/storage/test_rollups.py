@@ -176,3 +176,13 @@ async def test_an_unknown_grouping_or_empty_period_is_refused(storage_url: str) 
             await rollup(store, "gpu", 0, 1)
         with pytest.raises(ValueError, match="period is empty"):
             await rollup(store, "user", 5, 5)
+
+
+async def test_runs_stored_before_get_their_rows_once(storage_url: str) -> None:
+    async with open_store(storage_url) as store:
+        ids = await _fixture(store)
+        await store.write("DELETE FROM run_costs WHERE run_id = ?", (ids["sft"],))
+        assert await costs.refresh_all(store, missing_only=True) == 1  # sft only
+        assert await costs.refresh_all(store, missing_only=True) == 0
+        got = await rollup(store, "project", UNTIL - 7 * DAY, UNTIL)
+        assert got["totals"]["gpu_hours"] == pytest.approx(90.0)

@@ -89,9 +89,16 @@ async def refresh_runs(store: Store, run_ids: Sequence[int]) -> int:
     return int(await store.transaction(lambda txn: refresh(txn, run_ids), "run costs"))
 
 
-async def refresh_all(store: Store) -> int:
-    """:func:`refresh` every run (a database upgraded to schema 16, a rebuild)."""
-    ids = [int(r[0]) for r in await store.fetchall("SELECT id FROM runs")]
+async def refresh_all(store: Store, missing_only: bool = False) -> int:
+    """:func:`refresh` every run (a rebuild); *missing_only*: only the ended
+    runs with a summary and no row yet (a database upgraded to schema 16)."""
+    sql = "SELECT id FROM runs"
+    if missing_only:
+        sql += (
+            " WHERE status <> 'running' AND summary IS NOT NULL"
+            " AND id NOT IN (SELECT run_id FROM run_costs)"
+        )
+    ids = [int(r[0]) for r in await store.fetchall(sql)]
     done = 0
     for i in range(0, len(ids), _CHUNK):
         done += await refresh_runs(store, ids[i : i + _CHUNK])
