@@ -98,6 +98,9 @@ def test_gpuprofctl_rollup_reads_the_same(server: TeamServer) -> None:
 
 
 def test_metrics_count_the_gpu_hours_by_project_and_finding(server: TeamServer) -> None:
+    with server.client() as c:
+        anon = c.get("/metrics", follow_redirects=False)  # a key or a session first
+        assert (anon.status_code, anon.headers["Location"]) == (303, "/login")
     resp = _get(server, "/metrics")
     assert resp.status_code == 200, resp.text
     samples = {
