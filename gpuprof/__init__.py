@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 from gpuprof.flops import TransformerArch
@@ -69,6 +70,8 @@ def profile(
     webhook: str | None = None,
     webhook_format: Literal["slack", "json"] = "slack",
     server: str | None = None,
+    project: str | None = None,
+    tags: Mapping[str, str] | None = None,
 ) -> Profiler:
     """Profile the training loop inside ``with gpuprof.profile(run_name):``.
 
@@ -182,6 +185,14 @@ def profile(
             the running gpuprofd of this database does not forward there.
             Costs training nothing: the gpuprofd sends, and while the server
             is down it keeps in its database what it sends later.
+        project: the project this run's GPU-hours count to on the team
+            server's "GPU-hours" page and rollups (a name, at most 64
+            characters, control characters removed). Default None:
+            ``GPUPROF_PROJECT``, else none. Costs nothing.
+        tags: labels for the run (a dict of str to str; at most 16, keys of
+            at most 32 characters, values of at most 64), merged over
+            ``GPUPROF_TAGS`` (``key=value,key=value``). Default None: those
+            of ``GPUPROF_TAGS`` only. Costs nothing.
 
     Returns:
         A :class:`Profiler`: use it as the ``with`` block's context manager

@@ -12,6 +12,9 @@ GPUPROF_NVML        GPU sampler backend: ``real`` (default), ``mock``, or
 GPUPROF_API_KEY     an API key for a team server's ingest (a node sends it;
                     ``gpuprofd serve`` accepts it besides its key file)
 GPUPROF_API_KEY_FILE  a file of such keys, one a line (see ``api_keys``)
+GPUPROF_PROJECT     the project a run counts to (``profile(project=)`` wins)
+GPUPROF_TAGS        a run's tags, ``key=value,key=value`` (merged under
+                    ``profile(tags=)``, whose keys win)
 ==================  ==========================================================
 
 Pure functions of an environment mapping, so tests pass their own.
@@ -24,6 +27,8 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from gpuprof.labels import clean_project, parse_tags
+
 ENV_SOCKET = "GPUPROF_SOCKET"
 ENV_DB = "GPUPROF_DB"
 ENV_GPU_RATE = "GPUPROF_GPU_RATE"
@@ -31,6 +36,8 @@ ENV_NVML = "GPUPROF_NVML"
 ENV_API_KEY = "GPUPROF_API_KEY"
 ENV_API_KEY_FILE = "GPUPROF_API_KEY_FILE"
 ENV_SERVER = "GPUPROF_SERVER"
+ENV_PROJECT = "GPUPROF_PROJECT"
+ENV_TAGS = "GPUPROF_TAGS"
 
 DEFAULT_DB_NAME = "gpuprof.db"
 INGEST_SOCKET_NAME = "ingest.sock"
@@ -154,3 +161,13 @@ def server_url(env: Mapping[str, str] | None = None) -> str | None:
     auto-started gpuprofd forwards runs to; None when unset or empty."""
     raw = _env(env).get(ENV_SERVER, "").strip().rstrip("/")
     return raw or None
+
+
+def project(env: Mapping[str, str] | None = None) -> str | None:
+    """``GPUPROF_PROJECT`` cleaned (:func:`gpuprof.labels.clean_project`), or None."""
+    return clean_project(_env(env).get(ENV_PROJECT))
+
+
+def tags(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``GPUPROF_TAGS`` (``key=value,key=value``) as cleaned tags; {} when unset."""
+    return parse_tags(_env(env).get(ENV_TAGS, ""))

@@ -29,6 +29,7 @@ import orjson
 from gpuprof.comm import wire_rows as _comm_rows
 from gpuprof.flops import arch_problem
 from gpuprof.kernels import KERNEL_CLASSES, KINDS, MAX_NAME_CHARS, MAX_ROWS, SOURCES
+from gpuprof.labels import MAX_PROJECT_CHARS, tags_ok
 from gpuprof.text import clean_text, is_printable
 
 PROTOCOL_VERSION = 1
@@ -334,6 +335,9 @@ SCHEMAS: dict[str, dict[str, tuple[bool, Check]]] = {
         "server": (False, _optional(_printable(1000))),
         # who trains (the login name), for the team server's user filter
         "user": (False, _optional(_printable(64))),
+        # the project the run counts to and its tags (gpuprof.labels)
+        "project": (False, _optional(_printable(MAX_PROJECT_CHARS))),
+        "tags": (False, _optional(tags_ok)),
     },
     "step": {
         "run_key": (True, _RUN_KEY),

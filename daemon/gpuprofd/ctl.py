@@ -22,6 +22,7 @@ from gpuprofd.commands.drain import drain_cmd
 from gpuprofd.commands.insights import insights_cmd
 from gpuprofd.commands.kernels import kernels_cmd
 from gpuprofd.commands.nsys import nsys_import_cmd
+from gpuprofd.commands.rollup import rollup_cmd
 from gpuprofd.commands.runs import runs_cmd
 from gpuprofd.commands.status import status_cmd
 from gpuprofd.commands.stop import stop_cmd
@@ -69,6 +70,7 @@ cli.add_command(drain_cmd)
 cli.add_command(insights_cmd)
 cli.add_command(kernels_cmd)
 cli.add_command(nsys_import_cmd)
+cli.add_command(rollup_cmd)
 cli.add_command(runs_cmd)
 cli.add_command(status_cmd)
 cli.add_command(stop_cmd)

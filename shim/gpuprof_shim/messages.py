@@ -105,6 +105,8 @@ def hello(
     group: str | None = None,
     server: str | None = None,
     user: str | None = None,
+    project: str | None = None,
+    tags: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The ``hello`` request; ``options`` entries that are None are left out;
     ``group``: the torchrun group id (:func:`identity.group_id`), if any."""
@@ -136,6 +138,10 @@ def hello(
         msg["server"] = server
     if user:
         msg["user"] = user
+    if project:
+        msg["project"] = project
+    if tags:
+        msg["tags"] = dict(tags)
     return msg
 
 

@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from gpuprof import config
 from gpuprof.flops import TransformerArch
 from gpuprof.keywords import check_keywords
+from gpuprof.labels import clean_project, clean_tags
 from gpuprof.protocol import clean_run_name, clean_text
 from gpuprof_shim import identity, messages
 from gpuprof_shim import webhook as webhooks
@@ -132,6 +133,8 @@ class Profiler:
         webhook: str | None = None,
         webhook_format: Literal["slack", "json"] = "slack",
         server: str | None = None,
+        project: str | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> None:
         """See :func:`gpuprof.profile` for every option."""
         if step_source not in ("optimizer", "external"):
@@ -149,6 +152,10 @@ class Profiler:
             self.server = None
         self.step_source = step_source
         self.run_name = clean_run_name(run_name)
+        #: The project the run counts to (profile(project=) over GPUPROF_PROJECT).
+        self.project = clean_project(project) if project is not None else config.project()
+        #: Its tags: GPUPROF_TAGS, then profile(tags=) over them.
+        self.tags = clean_tags({**config.tags(), **clean_tags(tags)})
         self.auto = bool(auto)
         self.options = messages.normalize_options(
             flops_per_step, dtype, arch, tokens_per_step, count_flops, samples_per_step
@@ -378,6 +385,8 @@ class Profiler:
             group=self.group,
             server=self.server,
             user=identity.user_name(),
+            project=self.project,
+            tags=self.tags,
         )
         return msg
 

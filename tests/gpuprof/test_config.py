@@ -54,3 +54,13 @@ def test_one_database_file_is_one_socket_dir_however_it_is_named(tmp_path):
     names = [tmp_path / "e.db", tmp_path / "sub" / ".." / "e.db", tmp_path / "link" / "e.db"]
     assert len({config.socket_dir(env, db=n) for n in names}) == 1
     assert config.db_path({"GPUPROF_DB": "../e.db"}, cwd=tmp_path / "sub") == tmp_path / "e.db"
+
+
+def test_project_and_tags_from_the_environment():
+    assert config.project({}) is None and config.tags({}) == {}
+    assert config.project({"GPUPROF_PROJECT": "  "}) is None
+    assert config.project({"GPUPROF_PROJECT": "x" * 100}) == "x" * 64
+    env = {"GPUPROF_TAGS": "team=nlp,,flag, queue = a=b ,=nokey"}
+    assert config.tags(env) == {"team": "nlp", "flag": "", "queue": "a=b"}
+    many = ",".join(f"k{i}=v" for i in range(40))
+    assert len(config.tags({"GPUPROF_TAGS": many})) == 16

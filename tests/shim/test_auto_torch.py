@@ -58,6 +58,21 @@ def test_hello_carries_identity_and_options(socket_dir, fake_daemon, monkeypatch
     assert hello["options"] == {"flops_per_step": 1e12, "dtype": "bfloat16", "flops_source": "user"}
     assert hello["auto"] is True
     assert "cuda_uuid" not in hello  # CPU torch: CUDA never initialized
+    assert "project" not in hello and "tags" not in hello  # none given, none in the env
+
+
+def test_hello_carries_project_and_tags_over_the_environment(socket_dir, fake_daemon, monkeypatch):
+    monkeypatch.setenv("GPUPROF_PROJECT", "from-env")
+    monkeypatch.setenv("GPUPROF_TAGS", "team=nlp, queue=a100")
+    with profile(socket_dir, "p", project="llm\x1b[31m", tags={"queue": "h200", "k": 1}):
+        pass
+    (hello,) = fake_daemon.of_type("hello")
+    assert hello["project"] == "llm[31m"  # the argument wins; control characters go
+    assert hello["tags"] == {"team": "nlp", "queue": "h200", "k": "1"}  # the argument's keys win
+    with profile(socket_dir, "q"):
+        pass
+    second = fake_daemon.of_type("hello")[1]
+    assert (second["project"], second["tags"]) == ("from-env", {"team": "nlp", "queue": "a100"})
 
 
 class Clock:

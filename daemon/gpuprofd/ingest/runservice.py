@@ -16,6 +16,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+import orjson
+
 from gpuprof.protocol import MAX_ERROR_CHARS, clean_run_name, clean_text
 from gpuprofd.core.errors import GpuprofdError
 from gpuprofd.ingest.procs import pid_alive as _pid_alive
@@ -131,6 +133,8 @@ class RunService:
                 "pid": msg["pid"],
                 "pid_ns": msg.get("pid_ns"),
                 "user_name": msg.get("user"),
+                "project": msg.get("project"),
+                "tags": orjson.dumps(msg["tags"]).decode() if msg.get("tags") else None,
                 "rank": msg["rank"],
                 "local_rank": msg["local_rank"],
                 "world_size": msg["world_size"],

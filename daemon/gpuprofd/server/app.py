@@ -13,7 +13,7 @@ from gpuprofd.server import ingest_api
 from gpuprofd.server.ingest_api import AfterBatch, IngestLimits
 from gpuprofd.server.notify import RunChanges
 from gpuprofd.storage.writes import Store
-from gpuprofd.web import auth
+from gpuprofd.web import auth, teammetrics
 from gpuprofd.web.app import build_app
 from gpuprofd.web.state import WebState
 
@@ -73,6 +73,7 @@ def build_server_app(
     app[SERVER] = ServerState(store, limits or IngestLimits(), after)
     app.router.add_post(INGEST_PATH, _ingest)
     app.router.add_get("/runs/{uuid}", _run_by_uuid)
+    teammetrics.add_routes(app)
     guard.install(app, api_key_paths=(INGEST_PATH,), key_reads=True)
     return app
 

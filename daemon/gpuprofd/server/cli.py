@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import click
 
@@ -19,6 +20,7 @@ from gpuprofd.server.ingest_api import DEFAULT_MAX_BODY_BYTES, MIB, IngestLimits
 from gpuprofd.server.serve import ServeOptions, run_server
 from gpuprofd.storage.url import has_password
 from gpuprofd.storage.url import parse as parse_storage_url
+from gpuprofd.views.rollups import duration_s
 from gpuprofd.web import auth
 
 LOG_FORMAT = "%(asctime)s gpuprofd-serve[%(process)d] %(levelname)s %(name)s: %(message)s"
@@ -156,6 +158,30 @@ def parse_listen(value: str) -> tuple[str, int]:
     help="Largest ingest body accepted as sent (4x that once decompressed).",
 )
 @click.option(
+    "--digest-webhook",
+    "digest_url",
+    metavar="URL",
+    default=None,
+    help="Post the team's GPU-hours digest (totals, the three costliest findings, their "
+    "fixes and runs) here once a period, sent by one replica.",
+)
+@click.option(
+    "--digest-every",
+    "digest_every",
+    metavar="LENGTH",
+    default="7d",
+    show_default=True,
+    help="The digest's period: 7d, 1d, 12h ... (periods end on multiples of it since the epoch).",
+)
+@click.option(
+    "--digest-format",
+    "digest_format",
+    type=click.Choice(["slack", "json"]),
+    default="slack",
+    show_default=True,
+    help="The digest's body: Slack's incoming-webhook blocks, or JSON.",
+)
+@click.option(
     "--log-level",
     type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
     default="info",
@@ -171,6 +197,9 @@ def serve_cli(
     proxies: tuple[str, ...],
     session_hours: float,
     max_body_mb: float,
+    digest_url: str | None,
+    digest_every: str,
+    digest_format: str,
     log_level: str,
 ) -> int:
     """gpuprofd serve: the team server (every node's runs in one place, behind a login)."""
@@ -200,12 +229,33 @@ def serve_cli(
             keep_days=keep_days,
             limits=IngestLimits(max_body_bytes=body, max_inflated_bytes=4 * body),
             gpu_rate_usd_per_hour=_gpu_rate(),
+            digest_url=_digest_url(digest_url),
+            digest_every_s=_digest_every(digest_every),
+            digest_format=digest_format,
         )
         run_server(opts)
     except GpuprofdError as exc:
         click.echo(f"gpuprofd serve: error: {exc}", err=True)
         return exc.exit_code
     return 0
+
+
+def _digest_url(url: str | None) -> str | None:
+    if url is None:
+        return None
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise click.BadParameter("give an http:// or https:// URL", param_hint="--digest-webhook")
+    return url
+
+
+def _digest_every(text: str) -> int:
+    seconds = duration_s(text)
+    if seconds is None or seconds < 1:
+        raise click.BadParameter(
+            f"{text!r}: give a length (7d, 1d, 12h, 30m)", param_hint="--digest-every"
+        )
+    return int(seconds)
 
 
 def _gpu_rate() -> float | None:

@@ -23,11 +23,12 @@ from gpuprofd.core.errors import BadInputError
 from gpuprofd.server.app import CHANGES, build_server_app
 from gpuprofd.server.ingest_api import IngestLimits
 from gpuprofd.server.notify import Listener, RunChanges
+from gpuprofd.services.digest import Digest
 from gpuprofd.services.insights_runner import InsightsRunner
 from gpuprofd.storage import logins, schema
 from gpuprofd.storage.upkeep import hostrollup, retention, steprollup
 from gpuprofd.storage.url import StorageUrl
-from gpuprofd.storage.writes import Applied, Store
+from gpuprofd.storage.writes import Applied, Store, costs
 from gpuprofd.web.auth import Auth, AuthConfig
 from gpuprofd.web.httplog import one_line_bad_requests
 
@@ -40,6 +41,9 @@ ROLL_EVERY_S = steprollup.ROLL_INTERVAL_S
 #: Login counts older than this are forgotten (well past the rate window), seconds.
 LOGINS_KEPT_S = 3600.0
 SHUTDOWN_TIMEOUT_S = 2.0
+#: Looks for a digest to send per period, and the longest wait between two, seconds.
+DIGEST_LOOKS = 4
+DIGEST_LOOK_MAX_S = 60.0
 #: Postgres connections of one replica (besides its listener): the ingest
 #: transactions of several nodes run at once, each on its own.
 POOL_SIZE = 8
@@ -56,6 +60,10 @@ class ServeOptions:
     keep_days: float | None = None
     limits: IngestLimits = IngestLimits()
     gpu_rate_usd_per_hour: float | None = None
+    #: --digest-webhook: where each period's digest goes (None: no digest)
+    digest_url: str | None = None
+    digest_every_s: int = 7 * 86400
+    digest_format: str = "slack"
 
 
 class Server:
@@ -102,6 +110,16 @@ class Server:
             if not lock.locked():
                 self._ending.pop(run_id, None)
 
+    async def _backfill_costs(self) -> None:
+        """The rollup rows of runs stored before schema 16 (once, at start)."""
+        try:
+            made = await costs.refresh_all(self.store, missing_only=True)
+        except Exception:  # noqa: BLE001 - the page then lacks those runs; said in the log
+            log.exception("the GPU-hours rows of older runs were not made")
+            return
+        if made:
+            log.info("GPU-hours rows made for %d runs stored before", made)
+
     async def _roll_steps(self) -> None:
         """The step and host rollup tiers of ingested runs, as a node keeps
         its own (:mod:`gpuprofd.storage.upkeep.steprollup`,
@@ -137,6 +155,22 @@ class Server:
                 log.exception("retention failed; trying again in %.0f s", RETENTION_EVERY_S)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), RETENTION_EVERY_S)
+
+    async def _digests(self) -> None:
+        """Each period's digest, sent once across replicas
+        (:mod:`gpuprofd.services.digest`); looks :data:`DIGEST_LOOKS` times a period."""
+        assert self.opts.digest_url is not None
+        digest = Digest(
+            self.store, self.opts.digest_url, self.opts.digest_every_s, self.opts.digest_format
+        )
+        every = min(DIGEST_LOOK_MAX_S, self.opts.digest_every_s / DIGEST_LOOKS)
+        while not self._stop.is_set():
+            try:
+                await digest.tick()
+            except Exception:  # noqa: BLE001 - retry at the next look
+                log.exception("digest failed; trying again in %.0f s", every)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), every)
 
     async def run(self, ready: Callable[[str], None] | None = None) -> None:
         """Serve until stopped.
@@ -182,10 +216,13 @@ class Server:
                 ready(self.url)
             keeper = asyncio.create_task(self._retention())
             roller = asyncio.create_task(self._roll_steps())
+            loops = [keeper, roller, asyncio.create_task(self._backfill_costs())]
+            if opts.digest_url is not None:
+                loops.append(asyncio.create_task(self._digests()))
             await self._stop.wait()
-            keeper.cancel()
-            roller.cancel()
-            await asyncio.gather(keeper, roller, return_exceptions=True)
+            for task in loops:
+                task.cancel()
+            await asyncio.gather(*loops, return_exceptions=True)
         finally:
             if runner is not None:
                 await runner.cleanup()

@@ -30,7 +30,7 @@ from gpuprof.insights import Insight, RunContext, run_rules
 from gpuprof.summary import make_summary
 from gpuprofd.core.counters import DropCounter
 from gpuprofd.storage import reads
-from gpuprofd.storage.writes import Store, outbox, runsdb
+from gpuprofd.storage.writes import Store, costs, outbox, runsdb
 from gpuprofd.views.runs import LIVE_NOTE
 
 log = logging.getLogger(__name__)
@@ -216,4 +216,8 @@ class InsightsRunner:
             achieved_tflops=summary["achieved_tflops"],
             summary=orjson.dumps(summary, default=str).decode(),
         )
+        try:  # the rollups' row of the run; the summary stands without it
+            await costs.refresh_runs(self.store, [run_id])
+        except Exception:  # noqa: BLE001 - a database refusal is logged, the run still ends
+            log.exception("run %s: its GPU-hours row was not written", run_id)
         return summary

@@ -37,7 +37,7 @@ from gpuprof.insights.gpu import (
 )
 from gpuprofd.core.errors import DatabaseError
 
-SCHEMA_VERSION = 15
+SCHEMA_VERSION = 16
 #: Columns added since schema 1: (table, column, declaration).
 _ADDED_IN_2 = (
     ("steps", "skipped", "INTEGER DEFAULT 0"),
@@ -95,8 +95,12 @@ _ADDED_IN_10 = (
 )
 #: ... and since schema 13: who trained (the login name the shim sends at hello).
 _ADDED_IN_14 = (("runs", "user_name", "TEXT"),)
+#: ... and since schema 15: the project a run counts to and its tags (gpuprof.labels).
+_ADDED_IN_16 = (("runs", "project", "TEXT"), ("runs", "tags", "TEXT"))
+#: The runs columns of schema 16, NULL in an older database read as it is.
+_RUNS_16 = ", NULL AS project, NULL AS tags"
 #: The runs columns of schema 14, NULL in an older database read as it is.
-_RUNS_14 = ", NULL AS user_name"
+_RUNS_14 = ", NULL AS user_name" + _RUNS_16
 #: The runs columns of schema 10, as an older database read as it is shows them.
 _RUNS_10 = ", NULL AS run_uuid, NULL AS node_id" + _RUNS_14
 #: ... and since schema 10: each DataLoader worker's context switches (voluntary:
@@ -124,6 +128,7 @@ _ADDED = (
     (10, _ADDED_IN_10),
     (11, _ADDED_IN_11),
     (14, _ADDED_IN_14),
+    (16, _ADDED_IN_16),
 )
 
 
@@ -203,8 +208,11 @@ CREATE TABLE IF NOT EXISTS runs (
     daemon TEXT,                     -- the gpuprofd tracking it: "host:socket dir"; NULL: unknown
     run_uuid TEXT,                   -- schema 10: the run across nodes, made at hello (a UUID)
     node_id TEXT,                    -- team server: the node that forwarded it (ingest_nodes)
-    user_name TEXT                   -- schema 14: who trained (the login name); NULL: unknown
+    user_name TEXT,                  -- schema 14: who trained (the login name); NULL: unknown
+    project TEXT,                    -- schema 16: the project it counts to; NULL: none
+    tags TEXT                        -- schema 16: json {key: value}; NULL: none
 );
+CREATE INDEX IF NOT EXISTS runs_project ON runs (project);
 CREATE INDEX IF NOT EXISTS runs_name ON runs (run_name, id);
 CREATE UNIQUE INDEX IF NOT EXISTS runs_uuid ON runs (run_uuid);
 CREATE INDEX IF NOT EXISTS runs_group ON runs (group_id, rank);
@@ -340,6 +348,37 @@ CREATE TABLE IF NOT EXISTS login_limits (  -- schema 10: viewer logins per clien
 CREATE TABLE IF NOT EXISTS server_secrets (  -- schema 10: made once, shared by replicas
     name TEXT PRIMARY KEY, value TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS run_costs (  -- schema 16: a run's GPU-hours, made when it ends
+    -- (and again when a forward changes it) for the rollups (gpuprofd.storage.reads.rollups)
+    run_id INTEGER NOT NULL,
+    at_wall_ns INTEGER NOT NULL,     -- when it counts: its end (else its start), wall ns
+    run_name TEXT, user_name TEXT, project TEXT,
+    node TEXT,                       -- the node it came from (node_id, else host)
+    gpu_hours REAL NOT NULL,         -- wall time x GPUs
+    usd REAL,                        -- at the cost line's rate; NULL: not priced
+    lost_gpu_hours REAL NOT NULL,    -- fixing every finding (the fix-all budget, each part once)
+    lost_usd REAL,
+    PRIMARY KEY (run_id)
+);
+CREATE INDEX IF NOT EXISTS run_costs_at ON run_costs (at_wall_ns);
+CREATE TABLE IF NOT EXISTS run_cost_findings (  -- schema 16: run_costs' lost time by finding;
+    -- a run's rows sum to its lost_gpu_hours (gains scaled down where findings share time)
+    run_id INTEGER NOT NULL,
+    rule TEXT NOT NULL,
+    at_wall_ns INTEGER NOT NULL,     -- run_costs.at_wall_ns
+    lost_gpu_hours REAL NOT NULL,
+    lost_usd REAL,
+    fix TEXT,                        -- what the run's finding said to do
+    PRIMARY KEY (run_id, rule)
+);
+CREATE INDEX IF NOT EXISTS run_cost_findings_at ON run_cost_findings (at_wall_ns);
+CREATE TABLE IF NOT EXISTS digests (  -- schema 16: the team server's digests sent, one a
+    -- period: the replica that inserts the row sends it (gpuprofd.services.digest)
+    period_end_ns INTEGER NOT NULL,  -- the period's end, wall ns (a multiple of every_s)
+    every_s INTEGER NOT NULL,        -- its length, seconds
+    claimed_wall_ns INTEGER,
+    PRIMARY KEY (period_end_ns, every_s)
+);
 CREATE TABLE IF NOT EXISTS step_totals (  -- schema 15: per block of a run's steps (as
     -- step_rollups), the aggregates gpuprofctl runs shows (gpuprofd.storage.reads.steptotals)
     run_id INTEGER NOT NULL, block INTEGER NOT NULL,
@@ -440,6 +479,19 @@ _STEP_TOTALS_TEMP = (
 )
 
 
+#: ... and the ``run_costs`` / ``run_cost_findings`` tables for one older than
+#: schema 16 (empty: its rollups are then empty).
+_RUN_COSTS_TEMP = (
+    "CREATE TEMP TABLE run_costs (run_id INTEGER, at_wall_ns INTEGER, run_name TEXT, "
+    "user_name TEXT, project TEXT, node TEXT, gpu_hours REAL, usd REAL, "
+    "lost_gpu_hours REAL, lost_usd REAL)"
+)
+_RUN_COST_FINDINGS_TEMP = (
+    "CREATE TEMP TABLE run_cost_findings (run_id INTEGER, rule TEXT, at_wall_ns INTEGER, "
+    "lost_gpu_hours REAL, lost_usd REAL, fix TEXT)"
+)
+
+
 def check_connection(conn: sqlite3.Connection, path: Path) -> int:
     """Check that *conn* is a gpuprof database this code can read.
 
@@ -497,6 +549,11 @@ def shadow_old_tables(conn: sqlite3.Connection, version: int) -> None:
     queries: TEMP views (searched before ``main``) add the missing columns
     with their defaults. Nothing is written to the file."""
     runs6 = ", ".join(f"NULL AS {c}" for c in _RUNS_6) + _RUNS_8
+    if version < 16:
+        conn.execute(_RUN_COSTS_TEMP)
+        conn.execute(_RUN_COST_FINDINGS_TEMP)
+    if 14 <= version < 16:
+        conn.execute(f"CREATE TEMP VIEW runs AS SELECT *{_RUNS_16} FROM main.runs")
     if version < 15:
         conn.execute(_HOST_ROLLUPS_TEMP)
         conn.execute(_STEP_TOTALS_TEMP)

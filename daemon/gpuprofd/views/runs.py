@@ -7,7 +7,7 @@ definition of every figure."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import orjson
@@ -86,6 +86,8 @@ def describe(
         "host": run.get("host"),
         "node": run.get("node_id"),
         "user": run.get("user_name"),
+        "project": run.get("project"),
+        "tags": run.get("tags") or {},
         "steps": agg.get("steps", 0),
         "median_step_ms": median_ms,
         "pct_of_iteration": iteration_shares(agg),
@@ -106,6 +108,13 @@ def describe(
     }
 
 
+def tag_matches(tags: Mapping[str, str], tag: str) -> bool:
+    """Does a run with *tags* pass the filter *tag*: ``key=value`` (that
+    value, exactly) or ``key`` (any value)?"""
+    key, eq, value = tag.partition("=")
+    return key in tags and (not eq or tags[key] == value)
+
+
 def run_matches(
     run: dict[str, Any],
     *,
@@ -116,13 +125,16 @@ def run_matches(
     from_ns: int | None = None,
     to_ns: int | None = None,
     now_ns: int = 0,
+    project: str | None = None,
+    tag: str | None = None,
 ) -> bool:
     """Does *run* (a runs row) pass every filter given (None: any)?
 
     *name*: a substring of its name (case-sensitive); *status*: its status;
     *node*: the node it came from, by its id (a team server's ``node_id``)
     or its host name, exactly; *user*: who trained (the login name the
-    shim sent), exactly; *from_ns* / *to_ns* (wall ns): it ran at some
+    shim sent), exactly; *project*: its project, exactly; *tag*: see
+    :func:`tag_matches`; *from_ns* / *to_ns* (wall ns): it ran at some
     moment between them, from its start to its end (a running run: to
     *now_ns*; one that ended without an end time: its start). A run with no
     start time passes no time filter."""
@@ -133,6 +145,10 @@ def run_matches(
     if node is not None and node not in (run.get("node_id"), run.get("host")):
         return False
     if user is not None and run.get("user_name") != user:
+        return False
+    if project is not None and run.get("project") != project:
+        return False
+    if tag is not None and not tag_matches(run.get("tags") or {}, tag):
         return False
     if from_ns is None and to_ns is None:
         return True
@@ -156,6 +172,8 @@ async def list_runs(
     from_ns: int | None = None,
     to_ns: int | None = None,
     limit: int | None = None,
+    project: str | None = None,
+    tag: str | None = None,
 ) -> list[dict[str, Any]]:
     """Every run, newest first; with *group*, that group's runs by rank;
     only those that pass the filters (:func:`run_matches`), the first
@@ -175,6 +193,8 @@ async def list_runs(
             status=status,
             node=node,
             user=user,
+            project=project,
+            tag=tag,
             from_ns=from_ns,
             to_ns=to_ns,
             now_ns=now,
@@ -193,7 +213,7 @@ async def list_runs(
             median_ms = round(median_ms, 3) if median_ms is not None else None
             compute = mfu_figures(ctx)
         out.append(describe(run, median_ms, compute))
-    unfiltered = all(v is None for v in (name, status, node, user, from_ns, to_ns))
+    unfiltered = all(v is None for v in (name, status, node, user, project, tag, from_ns, to_ns))
     if group is not None and not out and unfiltered:
         raise UnknownGroupError(await reads.unknown_group_message(db, group))
     return out

@@ -17,6 +17,7 @@ from gpuprofd.storage import reads
 from gpuprofd.storage.reads import series
 from gpuprofd.storage.upkeep import hostrollup, steprollup
 from gpuprofd.views import kerneltable
+from gpuprofd.views import rollups as rollviews
 from gpuprofd.views.compare import load_compare, run_ref
 from gpuprofd.views.runs import LIVE_NOTE, list_runs, load_group, phase_means_ms
 from gpuprofd.web import runs as views
@@ -131,6 +132,8 @@ async def runs_list(request: web.Request) -> web.Response:
         status=status,
         node=request.query.get("node") or None,
         user=request.query.get("user") or None,
+        project=request.query.get("project") or None,
+        tag=request.query.get("tag") or None,
         from_ns=start,
         to_ns=end,
         limit=limit,
@@ -447,6 +450,31 @@ async def group(request: web.Request) -> web.Response:
     )
 
 
+async def rollups(request: web.Request) -> web.Response:
+    """The team's GPU-hours: ``by`` (user, project, node, run, finding;
+    default project), ``since`` (``7d``, ``30d``, ... or unix s; default
+    7d), ``until`` (unix s; default now); JSON, or CSV with ``format=csv``
+    or ``Accept: text/csv``."""
+    by = request.query.get("by") or "project"
+    if by not in rollviews.BY_CHOICES:
+        raise ApiError(400, f"by={by!r}: give one of {', '.join(rollviews.BY_CHOICES)}")
+    until = float_param(request, "until")
+    try:
+        out = await rollviews.team_rollup(
+            _state(request).reader, by, request.query.get("since") or "7d", until
+        )
+    except ValueError as exc:
+        raise ApiError(400, str(exc)) from None
+    fmt = request.query.get("format")
+    if fmt == "csv" or (fmt is None and "text/csv" in request.headers.get("Accept", "")):
+        return web.Response(
+            text=rollviews.to_csv(out),
+            content_type="text/csv",
+            headers={"Content-Disposition": f'attachment; filename="gpu-hours-by-{by}.csv"'},
+        )
+    return json_response(out)
+
+
 def add_routes(app: web.Application) -> None:
     """Mount every ``/api/v1`` JSON endpoint on *app*."""
     r = app.router
@@ -458,3 +486,4 @@ def add_routes(app: web.Application) -> None:
     r.add_get("/api/v1/runs/{id}/kernels", run_kernels)
     r.add_get("/api/v1/compare", compare)
     r.add_get("/api/v1/groups/{group}", group)
+    r.add_get("/api/v1/rollups", rollups)

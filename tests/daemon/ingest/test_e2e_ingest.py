@@ -70,7 +70,16 @@ def test_hello_steps_bye_stores_the_run_and_returns_the_summary(
 ) -> None:
     db = tmp_path / "g.db"
     _, client = daemons.start_ready(sock_dir, db)
-    hi = client.request(h.hello("k-full", my_pid, run_name="digits", user="alice"))
+    hi = client.request(
+        h.hello(
+            "k-full",
+            my_pid,
+            run_name="digits",
+            user="alice",
+            project="llm",
+            tags={"team": "nlp", "queue": "<a100>"},
+        )
+    )
     assert hi is not None and hi["ok"] is True
     assert hi["db"] == str(db) and hi["notes"] == [NO_GPU_NOTE]
     base = time.monotonic_ns()
@@ -102,6 +111,12 @@ def test_hello_steps_bye_stores_the_run_and_returns_the_summary(
     )
     assert orjson.loads(run["summary"]) == summary
     assert run["user_name"] == "alice"  # who trained, for the team server's user filter
+    assert run["project"] == "llm"  # what it counts to in the rollups
+    assert orjson.loads(run["tags"]) == {"team": "nlp", "queue": "<a100>"}
+    # its rollup row, made as it ended (no GPU: no GPU-hours)
+    (cost,) = h.query(db, "SELECT * FROM run_costs")
+    assert (cost["run_id"], cost["project"], cost["user_name"]) == (run["id"], "llm", "alice")
+    assert (cost["gpu_hours"], cost["at_wall_ns"]) == (0.0, run["end_wall_ns"])
     assert run["median_step_ms"] == summary["median_step_ms"]
     assert run["median_step_ms"] is not None
     n, micro_sum, phases = h.query(

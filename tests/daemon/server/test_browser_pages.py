@@ -19,6 +19,8 @@ from tests.daemon.web.static import runs_table as rt
 from tests.daemon.web.static.wait import wait_until
 
 NS = 1_000_000_000
+#: A project name that would run script if it reached the page as HTML.
+HOSTILE = '<img src=x onerror="document.body.dataset.pwned=1">'
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +32,14 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TeamServer]:
         now = time.time_ns()
         old, sft, pre = new_uuid(), new_uuid(), new_uuid()
         a = [
-            run_event(1, old, name="sft-old", start_wall_ns=now - 2 * 86400 * NS, user_name="bob"),
+            run_event(
+                1,
+                old,
+                name="sft-old",
+                start_wall_ns=now - 2 * 86400 * NS,
+                user_name="bob",
+                project="vision",
+            ),
             ended(2, old, now - 2 * 86400 * NS + 60 * NS),
         ]
         assert s.ingest(batch("n1", a)).status_code == 200
@@ -44,6 +53,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TeamServer]:
                 cuda_uuid=f"GPU-{GPU}",
                 gpu_model="NVIDIA H200",
                 user_name="alice",
+                project="llm",
+                tags='{"team": "nlp"}',
             ),
             steps_event(2, sft, n=5),
             rollups_event(3, [rollup_row(1)]),
@@ -54,6 +65,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TeamServer]:
                 host="node-b",
                 start_wall_ns=now - 300 * NS,
                 user_name="<b>bob</b>",
+                project=HOSTILE,
             ),
             ended(5, pre, now - 200 * NS),
         ]
@@ -146,6 +158,26 @@ def test_the_runs_list_shows_who_trained_and_filters_by_user(page: Any, server: 
     page.locator("#runs a.user-link", has_text="alice").click()
     _shows(page, ["sft-new"])
     assert page.input_value("#filter-user") == "alice"
+    assert page.errors == []
+
+
+def test_the_runs_list_shows_the_project_as_text_and_filters_by_it(
+    page: Any, server: TeamServer
+) -> None:
+    heads = page.locator("table.runs thead th").all_inner_texts()
+    col = heads.index("Project")
+    cells = page.locator(f"table.runs tbody tr td:nth-child({col + 1})").all_inner_texts()
+    assert cells == [HOSTILE, "llm", "vision"]  # a project name is text, never markup
+    assert page.locator("table.runs tbody img").count() == 0
+    assert page.evaluate("document.body.dataset.pwned") is None
+    page.fill("#filter-project", "llm")
+    _shows(page, ["sft-new"])
+    assert page.evaluate("location.hash") == "#/runs?project=llm"
+    page.goto(server.url + "/#/runs")
+    _shows(page, ["pretrain", "sft-new", "sft-old"])
+    page.locator("#runs a.project-link", has_text="vision").click()
+    _shows(page, ["sft-old"])
+    assert page.input_value("#filter-project") == "vision"
     assert page.errors == []
 
 

@@ -65,3 +65,13 @@ def test_options_are_checked_when_the_adapter_is_made():
         AdapterRun("Test", "r", {"auto": True, "step_source": "x"}, {"step_source": "external"})
     with pytest.raises(ValueError, match="step_source"):
         AdapterRun("Test", "r", {"step_source": "neither"})
+
+
+def test_adapters_pass_project_and_tags_through(socket_dir, fake_daemon):
+    opts = {"socket_dir": socket_dir, "autostart": False, "project": "llm", "tags": {"t": "1"}}
+    run_ = AdapterRun("Test", "r", opts, {"step_source": "external"})
+    prof = run_.start()
+    assert prof is not None
+    run_.stop()
+    (hello,) = fake_daemon.of_type("hello")
+    assert (hello["project"], hello["tags"]) == ("llm", {"t": "1"})

@@ -260,9 +260,10 @@ def gpu_stats_from_rollups(rows: Iterable[Mapping[str, Any]]) -> GpuStats | None
 
 
 def run_from_row(r: Mapping[str, Any]) -> dict[str, Any]:
-    """A ``runs`` row as a dict with ``options`` parsed."""
+    """A ``runs`` row as a dict with ``options`` and ``tags`` parsed."""
     run = dict(r)
     run["options"] = orjson.loads(run["options"]) if run.get("options") else {}
+    run["tags"] = run_tags(run.get("tags"))
     return run
 
 
@@ -271,3 +272,17 @@ def insight_from_row(r: Mapping[str, Any]) -> dict[str, Any]:
     d = {k: r[k] for k in ("rule", "severity", "title", "detail", "fix")}
     d["evidence"] = orjson.loads(r["evidence"]) if r["evidence"] else {}
     return from_stored(d)  # its gain, stored in the evidence, back at the top level
+
+
+def run_tags(text: str | None) -> dict[str, str]:
+    """``runs.tags`` (JSON text, or NULL) as a dict; {} when absent or not an
+    object of strings (a forwarded value is stored as sent)."""
+    if not text:
+        return {}
+    try:
+        tags = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return {}
+    if not isinstance(tags, dict):
+        return {}
+    return {str(k): str(v) for k, v in tags.items()}

@@ -18,7 +18,7 @@ This package's names are its face; callers import them from here:
 
 from __future__ import annotations
 
-from gpuprofd.storage.writes import batch, ingest, outbox, runsdb
+from gpuprofd.storage.writes import batch, costs, ingest, outbox, runsdb
 from gpuprofd.storage.writes.batch import RUN_KINDS, BatchError, validate
 from gpuprofd.storage.writes.ingest import NOTIFY_CHANNEL, Applied, IngestConflict, apply_batch
 from gpuprofd.storage.writes.ops import AtomicCheckError, Forward, Op, Part, Txn
@@ -40,6 +40,7 @@ __all__ = [
     "Txn",
     "apply_batch",
     "batch",
+    "costs",
     "ingest",
     "outbox",
     "runsdb",

@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from gpuprof.kernels import SOURCES
+from gpuprof.labels import MAX_PROJECT_CHARS
 from gpuprof.protocol import (
     MAX_DURATION_NS,
     MAX_MEMORY_BYTES,
@@ -123,6 +124,9 @@ RUN_FIELDS: Schema = {
     "start_mono_ns": (True, _NS),
     "host": (False, _text(255)),
     "user_name": (False, _text(64)),
+    "project": (False, _text(MAX_PROJECT_CHARS)),
+    # the run's tags as JSON text (gpuprof.labels), stored as sent
+    "tags": (False, _text(4096)),
     "pid": (False, _int(1, 2**31)),
     "pid_ns": (False, _text(64)),
     "rank": (False, _SMALL),

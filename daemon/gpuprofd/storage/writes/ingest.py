@@ -39,6 +39,7 @@ import orjson
 
 from gpuprofd.sampling.rollup import INSERT_SQL as _ROLLUP_SQL
 from gpuprofd.sampling.rollup import ROLLUP_COLUMNS
+from gpuprofd.storage.writes import costs
 from gpuprofd.storage.writes.batch import (
     COMM_FIELDS,
     END_FIELDS,
@@ -160,6 +161,8 @@ async def _apply(txn: Txn, batch: Mapping[str, Any], now: int) -> Applied:
         out.applied = len(events)
         await txn.execute(_SET_SEQ_SQL, (out.acked_seq, out.applied, node))
     out.run_ids = sorted(out_ids(runs, events))
+    # a late end or a new summary changes what the rollups count of the run
+    await costs.refresh(txn, out.run_ids)
     if out.run_ids and txn.dialect.name == "postgres":  # delivered when the batch commits
         for payload in notify_payloads(out.run_ids):
             await txn.fetch("SELECT pg_notify(?, ?)", (NOTIFY_CHANNEL, payload))

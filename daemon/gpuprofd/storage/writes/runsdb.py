@@ -93,6 +93,8 @@ _RUN_COLUMNS = (
     "daemon",
     "run_uuid",
     "user_name",
+    "project",
+    "tags",
 )
 
 

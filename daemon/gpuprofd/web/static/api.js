@@ -46,9 +46,12 @@ async function get(path, params = {}) {
 const enc = encodeURIComponent;
 
 export const api = {
-  /** `node`: a node id or host name; `user`: who trained; `from`/`to`: unix s (runs that ran in between). */
-  runs: ({ name, status, node, user, from, to, limit } = {}) => get("/runs", { name, status, node, user, from, to, limit }),
+  /** `node`: a node id or host name; `user`: who trained; `project`, `tag` (key=value); `from`/`to`: unix s (runs that ran in between). */
+  runs: ({ name, status, node, user, project, tag, from, to, limit } = {}) =>
+    get("/runs", { name, status, node, user, project, tag, from, to, limit }),
   nodes: () => get("/nodes"),
+  /** The team's GPU-hours: `by` user, project, node, run or finding; `since` 7d, 30d, ... */
+  rollups: ({ by, since } = {}) => get("/rollups", { by, since }),
   run: (id) => get(`/runs/${enc(id)}`),
   insights: (id) => get(`/runs/${enc(id)}/insights`),
   /** `from`/`to`: unix seconds (omit both for the whole run); `width`: px;

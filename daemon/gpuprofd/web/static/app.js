@@ -1,14 +1,15 @@
 // The hash router: #/runs (default), #/run/<id>, #/compare/<id>,<id>[,...],
-// #/group/<group id, URL-encoded>. Each view's render(root, params) returns
+// #/group/<group id, URL-encoded>, #/gpu-hours?since=7d. Each view's render(root, params) returns
 // its cleanup, called before the next view renders.
 
 import { h, replace } from "./dom.js";
 import * as compare from "./views/compare.js";
 import * as group from "./views/group.js";
+import * as gpuhours from "./views/gpuhours.js";
 import * as run from "./views/run.js";
 import * as runs from "./views/runs.js";
 
-const VIEWS = { runs, run, compare, group };
+const VIEWS = { runs, run, compare, group, "gpu-hours": gpuhours };
 const root = document.getElementById("view");
 let cleanup = null;
 
@@ -42,6 +43,8 @@ export function parse(hash) {
       const g = decodeURIComponent(parts.slice(1).join("/"));
       return g ? ["group", { group: g }] : "Which group? #/group/<group id>.";
     }
+    case "gpu-hours":
+      return ["gpu-hours", { query }];
     case "run-uuid": // a node's link to a forwarded run, back from the login: the server resolves it
       return /^[0-9a-f-]{36}$/.test(parts[1] || "") ? ["run-uuid", { uuid: parts[1] }] : `"${parts[1] ?? ""}" is not a run's UUID.`;
     default:

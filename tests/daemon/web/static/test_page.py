@@ -407,9 +407,9 @@ def test_group_view(dash: Dash, runs: dict, pages):
 
 #: The runs table's headers: words, not gpuprofctl's column names.
 RUNS_HEADERS = [
-    "", "ID", "Name", "Status", "Group", "Rank", "Node", "User", "Steps", "Median step (ms)",
-    "Wait %", "Fwd %", "Bwd %", "Comm %", "Opt %", "Other %", "Skipped", "Eval", "Dropped",
-    "Started", "Duration",
+    "", "ID", "Name", "Status", "Group", "Rank", "Node", "User", "Project", "Steps",
+    "Median step (ms)", "Wait %", "Fwd %", "Bwd %", "Comm %", "Opt %", "Other %", "Skipped",
+    "Eval", "Dropped", "Started", "Duration",
 ]  # fmt: skip
 
 

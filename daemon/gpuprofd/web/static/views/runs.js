@@ -31,6 +31,7 @@ const COLUMNS = [
   ["Rank", "The run's global rank in its group", "num"],
   ["Node", null, "node"],
   ["User", "Who trained", "user"],
+  ["Project", "profile(project=...) or GPUPROF_PROJECT", "user"],
   ["Steps", "Every step recorded", "num"],
   ["Median step (ms)", "Steady-state median of loader wait + step, warm-up steps excluded", "num"],
   ...SHARES.map(([, head, tip]) => [head, `${tip}: share of iteration time (loader wait + step)`, "num"]),
@@ -67,6 +68,7 @@ export function render(root, { query }) {
     status: query.get("status") || "",
     node: query.get("node") || "",
     user: query.get("user") || "",
+    project: query.get("project") || "",
     within: WITHIN.some(([k]) => k === query.get("within")) ? query.get("within") : "",
     picked: new Set(),
     gone: false,
@@ -83,13 +85,17 @@ export function render(root, { query }) {
     type: "search", id: "filter-user", placeholder: "user", value: state.user,
     "aria-label": "Filter by user", size: 10,
   });
+  const projectInput = h("input", {
+    type: "search", id: "filter-project", placeholder: "project", value: state.project,
+    "aria-label": "Filter by project", size: 10,
+  });
   const withinSelect = h("select", { id: "filter-time", "aria-label": "Filter by time" },
     WITHIN.map(([k, label]) => h("option", { value: k, selected: k === state.within }, k ? `ran in ${label}` : label)));
   const compareBtn = h("button", { type: "button", id: "compare", disabled: true }, "Compare selected");
   const tableBox = h("div", { class: "table-wrap", id: "runs" });
   replace(root,
     h("header", { class: "run-head" }, h("h1", {}, "Runs")),
-    h("div", { class: "filters" }, nameInput, statusSelect, nodeSelect, userInput, withinSelect, compareBtn),
+    h("div", { class: "filters" }, nameInput, statusSelect, nodeSelect, userInput, projectInput, withinSelect, compareBtn),
     tableBox);
   document.title = "Runs · gpuprof";
 
@@ -103,6 +109,10 @@ export function render(root, { query }) {
     clearTimeout(debounce);
     debounce = setTimeout(() => { state.user = userInput.value.trim(); load(); }, 250);
   });
+  projectInput.addEventListener("input", () => {
+    clearTimeout(debounce);
+    debounce = setTimeout(() => { state.project = projectInput.value.trim(); load(); }, 250);
+  });
   statusSelect.addEventListener("change", () => { state.status = statusSelect.value; load(); });
   nodeSelect.addEventListener("change", () => { state.node = nodeSelect.value; load(); });
   withinSelect.addEventListener("change", () => { state.within = withinSelect.value; load(); });
@@ -110,7 +120,7 @@ export function render(root, { query }) {
   /** The filters into the hash (no reload: replaceState fires no hashchange). */
   function remember() {
     const q = new URLSearchParams();
-    for (const k of ["name", "status", "node", "user", "within"]) if (state[k]) q.set(k, state[k]);
+    for (const k of ["name", "status", "node", "user", "project", "within"]) if (state[k]) q.set(k, state[k]);
     const hash = `#/runs${q.size ? `?${q}` : ""}`;
     if (location.hash !== hash && !(location.hash === "" && hash === "#/runs")) history.replaceState(null, "", hash);
   }
@@ -150,6 +160,10 @@ export function render(root, { query }) {
     if (!r.user) return "–";
     return h("a", { href: `#/runs?user=${encodeURIComponent(r.user)}`, class: "user-link cut" }, userText(r.user, "", true));
   }
+  function projectOf(r) {
+    if (!r.project) return "–";
+    return h("a", { href: `#/runs?project=${encodeURIComponent(r.project)}`, class: "project-link cut" }, userText(r.project, "", true));
+  }
   compareBtn.addEventListener("click", () => {
     location.hash = `#/compare/${[...state.picked].sort((a, b) => a - b).join(",")}`;
   });
@@ -180,6 +194,7 @@ export function render(root, { query }) {
       h("td", { class: "num" }, r.group && r.rank !== null && r.rank !== undefined ? String(r.rank) : "–"),
       h("td", { class: "node" }, nodeOf(r)),
       h("td", { class: "user" }, userOf(r)),
+      h("td", { class: "user project" }, projectOf(r)),
       h("td", { class: "num" }, int(r.steps)),
       h("td", { class: "num" }, num(r.median_step_ms, 1)),
       SHARES.map(([k]) => h("td", { class: "num" }, num(pct[k], 1))),
@@ -203,6 +218,7 @@ export function render(root, { query }) {
         status: state.status,
         node: state.node,
         user: state.user,
+        project: state.project,
         from: seconds ? Math.floor(Date.now() / 1000 - seconds) : null,
       });
     } catch (err) {
@@ -218,7 +234,7 @@ export function render(root, { query }) {
           h("thead", {}, h("tr", {}, COLUMNS.map(([c, tip, cls]) =>
             h("th", { class: cls, title: tip, scope: "col" }, c)))),
           h("tbody", {}, runs.map(row)))
-        : h("p", { class: "muted" }, state.name || state.status || state.node || state.user || state.within
+        : h("p", { class: "muted" }, state.name || state.status || state.node || state.user || state.project || state.within
           ? "No run matches these filters."
           : "No runs yet: wrap a training loop in gpuprof.profile(\"name\") and it shows here."));
     document.body.dataset.ready = "1";
