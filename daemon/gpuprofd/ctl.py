@@ -32,6 +32,7 @@ from gpuprofd.core.errors import EXIT_FAILURE, EXIT_OK, GpuprofdError
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="gpuprofctl", message="gpuprof %(version)s")
 def cli() -> None:
     """gpuprof's command line: read the runs in a gpuprof database and talk
     to its gpuprofd. Every command takes --format json.

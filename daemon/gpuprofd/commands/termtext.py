@@ -20,6 +20,8 @@ from typing import Any
 from rich.cells import cell_len, set_cell_size
 from rich.text import Text
 
+from gpuprof.summary import speedup_text
+
 #: Unicode categories a terminal may act on (controls, bidi and other format
 #: characters, line and paragraph separators, lone surrogates): shown escaped.
 _INERT_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn"})
@@ -157,7 +159,8 @@ def gain_text(finding: Mapping[str, Any]) -> str:
     if ms is not None:
         parts.append(f"saves {ms_text(ms)} ms/it")
     if speedup is not None:
-        parts.append(f"up to {speedup:.2g}×" if speedup < 10 else f"up to {speedup:.0f}×")
+        # the summary's digits (1.03×, not 1×); whole numbers from 10× to keep the width
+        parts.append(f"up to {speedup_text(speedup)}" if speedup < 10 else f"up to {speedup:.0f}×")
     return ", ".join(parts)
 
 

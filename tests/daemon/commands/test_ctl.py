@@ -522,6 +522,8 @@ def test_version_and_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
         "python": platform.python_version(),
         "protocol": PROTOCOL_VERSION,
     }
+    assert main(["--version"]) == 0  # as other CLIs spell it
+    assert capsys.readouterr().out == f"gpuprof {__version__}\n"
     assert main(["insights", "x.db", "not-a-number"]) == 2
     assert main(["no-such-command"]) == 2
     assert main(["--help"]) == 0

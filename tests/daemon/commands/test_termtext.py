@@ -57,6 +57,8 @@ def test_a_gain_shows_when_the_finding_carries_one() -> None:
     assert gain_text(top) == "saves 51.2 ms/it, up to 2.6×"
     assert gain_of({"evidence": {"gain_ms_per_iteration": 3.0}}) == (3.0, None)
     assert gain_text({"evidence": {"gain_speedup_max": 12.4}}) == "up to 12×"
+    # a small gain keeps its digits: "up to 1×" would say it is worth nothing
+    assert gain_text({"evidence": {"gain_speedup_max": 1.034}}) == "up to 1.03×"
     # none, or nonsense: no gain shown
     for finding in ({}, {"gain_ms_per_iteration": "x"}, {"gain_speedup_max": float("nan")}):
         assert gain_text(finding) == ""
