@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from gpuprof.insights.base import RunContext, steady
+from gpuprof.insights.contention import measured_under_contention
 from gpuprof.protocol import DATA_PHASE
 from gpuprof.stats import (
     CONFIDENCE,
@@ -33,7 +34,7 @@ from gpuprof.stats import (
     median,
     speed_ratio,
 )
-from gpuprof.summary import mfu_figures
+from gpuprof.summary import held_text, mfu_figures
 
 #: A phase whose share of the iteration moved by at least this many
 #: percentage points is named in the verdict.
@@ -364,6 +365,32 @@ def verdict(
     return f"{head}: {'; '.join(parts)}." if parts else f"{head}."
 
 
+def busy_host_clause(
+    r: SpeedRatio, a: Mapping[str, Any] | None, b: Mapping[str, Any] | None
+) -> str | None:
+    """What the host's load says of the ratio *r*, from each run's
+    ``measured_under_contention`` (:func:`gpuprof.insights.measured_under_contention`;
+    None: an idle host, or unsampled): ``B was measured on a busy host (other
+    processes held 0.8 of 2 cores during 55 % of its steps): the slowdown may
+    be the host's, not the code's``. None when the load cannot explain the
+    difference: neither run contended, the ratio within noise, or only the
+    faster run contended (its lead holds despite it)."""
+    if (a is None and b is None) or r.within_noise:
+        return None
+    if a is not None and b is not None:
+        return "both runs were measured on a busy host: the ratio carries its load as well"
+    slower_b = r.speedup < 1.0
+    side, got = ("B", b) if b is not None else ("A", a)
+    if (side == "B") != slower_b:  # the faster run was the contended one
+        return None
+    what = "slowdown" if slower_b else "speed-up"
+    return (
+        f"{side} was measured on a busy host (other processes held {held_text(got)} during "
+        f"{got['share_of_steps']:.0%} of its steps): the {what} may be the host's, "
+        "not the code's"
+    )
+
+
 def compare_runs(
     a: RunContext,
     b: RunContext,
@@ -378,7 +405,9 @@ def compare_runs(
     ``ci_high`` (:data:`CONFIDENCE`; None with too few steps) and
     ``within_noise`` (:func:`speed_ratio`), ``method``, ``phases``
     (:func:`phase_deltas`), ``findings`` (:func:`finding_changes`: findings
-    as ``Insight.to_dict()`` gives them) and ``verdict`` (:func:`verdict`).
+    as ``Insight.to_dict()`` gives them), ``measured_under_contention`` (each
+    run's, ``a`` and ``b``) and ``verdict`` (:func:`verdict`, with
+    :func:`busy_host_clause` where the host's load may explain the ratio).
 
     Raises:
         ValueError: a run without steady iterations (nothing to compare).
@@ -391,6 +420,9 @@ def compare_runs(
     ratio = speed_ratio(a.steady_iteration_ms, b.steady_iteration_ms, basis.units_a, basis.units_b)
     phases = phase_deltas(a, b, basis)
     changes = finding_changes(findings_a, findings_b)
+    busy = {"a": measured_under_contention(a), "b": measured_under_contention(b)}
+    said = verdict(ratio, basis.unit, phases, changes)
+    host = busy_host_clause(ratio, busy["a"], busy["b"])
     return {
         "a": headline(a, a_id, basis, basis.units_a),
         "b": headline(b, b_id, basis, basis.units_b),
@@ -407,5 +439,6 @@ def compare_runs(
         ),
         "phases": phases,
         "findings": changes,
-        "verdict": verdict(ratio, basis.unit, phases, changes),
+        "measured_under_contention": busy,
+        "verdict": f"{said[:-1]}; {host}." if host else said,
     }

@@ -469,16 +469,23 @@ def headline(summary: Mapping[str, Any]) -> str:
     return text
 
 
+def held_text(contended: Mapping[str, Any]) -> str:
+    """``1.2 of 2 cores`` (``CPU`` when unknown): what other processes held,
+    from a ``measured_under_contention`` dict."""
+    others, n = contended.get("other_cores"), contended.get("cpu_count")
+    if others is None:
+        return "CPU"
+    return f"{others:.1f}" + (f" of {n}" if n else "") + " cores"
+
+
 def contention_line(contended: Mapping[str, Any] | None) -> str | None:
     """``  Measured under contention: other processes held 1.2 of 2 cores
     during 42% of the steps; ...`` from the summary's
     ``measured_under_contention``; None when it is None."""
     if not contended:
         return None
-    others, n = contended.get("other_cores"), contended.get("cpu_count")
-    held = f"{others:.1f}" + (f" of {n}" if n else "") + " cores" if others is not None else "CPU"
     return (
-        f"  Measured under contention: other processes held {held} during "
+        f"  Measured under contention: other processes held {held_text(contended)} during "
         f"{contended['share_of_steps']:.0%} of the steps; its timings are slower "
         "than on an idle host."
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from gpuprof.insights.base import Insight, RunContext, rule
+from gpuprof.insights.contention import measured_under_contention
 from gpuprof.stats import median, speed_ratio
 
 #: Slower than the baseline by more than this is a regression: repeated runs
@@ -21,6 +22,19 @@ _FIX = (
     "Diff this run's code, data and environment against the previous ones; "
     "gpuprofctl compare shows which phase grew."
 )
+
+
+def _fix(ctx: RunContext) -> str:
+    """The fix; on a run measured under contention, the host first: the
+    slowdown may be the other processes', not the code's."""
+    busy = measured_under_contention(ctx)
+    if busy is None:
+        return _FIX
+    return (
+        f"This run was measured on a busy host (other processes during "
+        f"{busy['share_of_steps']:.0%} of its steps): run it again on an idle host "
+        "before looking in the code. " + _FIX
+    )
 
 
 def _previous(n: int) -> str:
@@ -72,7 +86,7 @@ def _by_steps(ctx: RunContext, baseline: list[float], runs: int) -> Insight | No
         f"{mean_now:.1f} ms vs {base_mean:.1f} ms ({_pct(slower)} slower, {interval})",
         detail="Compared by steady-state mean iteration time (warm-up excluded), as "
         "gpuprofctl compare does; the interval is a bootstrap over both runs' steps.",
-        fix=_FIX,
+        fix=_fix(ctx),
         evidence={
             "mean_iteration_ms": round(mean_now, 3),
             "baseline_ms": round(base_mean, 3),
@@ -99,7 +113,7 @@ def _by_medians(ctx: RunContext, history: tuple[float, ...]) -> Insight | None:
         f"step time {current:.1f} ms vs {baseline:.1f} ms ({slower:.0%} slower)",
         detail="Compared by steady-state median iteration time (warm-up excluded); the "
         "earlier runs' steps are no longer stored, so without a noise test.",
-        fix=_FIX,
+        fix=_fix(ctx),
         evidence={
             "median_step_ms": round(current, 3),
             "baseline_ms": round(baseline, 3),

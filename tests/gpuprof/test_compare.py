@@ -296,3 +296,47 @@ def test_too_few_steps_are_said_instead_of_an_interval():
     out = compare_runs(ctx([10.0] * 8), ctx([5.0] * 8), [], [])
     assert out["verdict"] == "B is 2.0× faster (too few steady steps for an interval: 5 and 5)."
     assert (out["ci_low"], out["ci_high"], out["within_noise"]) == (None, None, None)
+
+
+def busy(step_ms: list[float], others: float) -> RunContext:
+    """A run whose every step had the 2-core host pegged, *others* cores of
+    it held by other processes (what the host sampler recorded)."""
+    n = len(step_ms)
+    return ctx(step_ms, step_host_pct=(100.0,) * n, step_other_cores=(others,) * n, cpu_count=2)
+
+
+def test_a_slowdown_measured_on_a_busy_host_says_so():
+    a, b = ctx([10.0] * 40), busy([13.0] * 40, 0.8)
+    out = compare_runs(a, b, [], [])
+    assert out["measured_under_contention"] == {
+        "a": None,
+        "b": {"share_of_steps": 1.0, "other_cores": 0.8, "cpu_count": 2},
+    }
+    assert out["verdict"] == (
+        "B is 1.30× slower (95 % CI 1.30–1.30); B was measured on a busy host (other "
+        "processes held 0.8 of 2 cores during 100% of its steps): the slowdown may be "
+        "the host's, not the code's."
+    )
+    # the same runs the other way round: A's speed-up over the busy run is suspect too
+    back = compare_runs(b, a, [], [])
+    assert back["verdict"].endswith("the speed-up may be the host's, not the code's.")
+
+
+def test_a_busy_host_is_not_named_where_it_cannot_explain_the_ratio():
+    # the busy run was the faster one: its lead holds despite the load
+    out = compare_runs(busy([10.0] * 40, 0.8), ctx([13.0] * 40), [], [])
+    assert out["verdict"] == "B is 1.30× slower (95 % CI 1.30–1.30)."
+    # within noise: nothing to explain
+    same = compare_runs(ctx(noisy(10, 1, 60, 1)), busy(noisy(10, 1, 60, 2), 0.8), [], [])
+    assert same["within_noise"] and "busy host" not in same["verdict"]
+    # a light load (others under half a core) is not contention
+    light = compare_runs(ctx([10.0] * 40), busy([13.0] * 40, 0.3), [], [])
+    assert light["measured_under_contention"]["b"] is None
+    assert "busy host" not in light["verdict"]
+
+
+def test_both_runs_on_a_busy_host():
+    out = compare_runs(busy([10.0] * 40, 0.8), busy([13.0] * 40, 0.9), [], [])
+    assert out["verdict"].endswith(
+        "; both runs were measured on a busy host: the ratio carries its load as well."
+    )

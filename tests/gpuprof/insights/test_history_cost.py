@@ -20,6 +20,17 @@ def test_regression_fires_41_percent_slower():
     assert "152.0 ms vs 108.0 ms (41% slower)" in ins.title
 
 
+def test_a_regression_measured_on_a_busy_host_sends_the_user_to_the_host_first():
+    idle = regression(make_ctx([130.0] * 10, history_median_step_ms=(100.0,)))
+    assert idle.fix.startswith("Diff this run's code")
+    pegged = {"step_host_pct": (100.0,) * 10, "step_other_cores": (0.9,) * 10, "cpu_count": 2}
+    busy = regression(make_ctx([130.0] * 10, history_median_step_ms=(100.0,), **pegged))
+    assert busy is not None  # still slower: the finding stays
+    assert busy.fix.startswith(
+        "This run was measured on a busy host (other processes during 100% of its steps)"
+    )
+
+
 def test_regression_against_one_previous_run_wording():
     ins = regression(make_ctx([130.0] * 10, history_median_step_ms=(100.0,)))
     assert ins.title.startswith("Regression vs the previous run of 't' (median)")
