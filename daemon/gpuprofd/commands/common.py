@@ -11,7 +11,9 @@ import click
 import orjson
 
 from gpuprof import config
+from gpuprofd.core.errors import BadInputError
 from gpuprofd.storage.reader import Reader, open_reader
+from gpuprofd.views.compare import run_ref
 
 T = TypeVar("T")
 
@@ -68,6 +70,27 @@ class RunId(click.ParamType):
 
 
 run_id_type = RunId()
+
+
+class RunRef(click.ParamType):
+    """A run by id or by name (the latest run of that name):
+    :func:`gpuprofd.views.compare.run_ref`, shown as ``RUN`` in help."""
+
+    name = "run"
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context) -> str:
+        return "RUN"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, int):
+            return value
+        try:
+            return run_ref(str(value))
+        except BadInputError as e:
+            self.fail(f"{e} (gpuprofctl runs lists the ids and names)", param, ctx)
+
+
+run_ref_type = RunRef()
 
 db_argument = click.argument("db", type=DbOrUrl(), required=False)
 

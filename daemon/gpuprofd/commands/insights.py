@@ -1,4 +1,4 @@
-"""``gpuprofctl insights [DB] [RUN_ID]``: a run's summary with every insight's detail."""
+"""``gpuprofctl insights [DB] [RUN]``: a run's summary with every insight's detail."""
 
 from __future__ import annotations
 
@@ -14,9 +14,11 @@ from gpuprofd.commands.common import (
     format_option,
     read_with,
     resolve_target,
-    run_id_type,
+    run_ref_type,
     storage_url_option,
 )
+from gpuprofd.storage.reader import Reader
+from gpuprofd.views.compare import resolve_run, run_ref
 from gpuprofd.views.runs import (
     LIVE_NOTE,
     TOP_KERNELS,
@@ -127,17 +129,36 @@ def format_group(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def split_args(db: Path | None, run_id: int | None) -> tuple[Path | None, int | None]:
-    """``insights 3``: a lone all-digits argument that names no file is RUN_ID."""
-    if run_id is None and db is not None and str(db).isascii() and str(db).isdigit():
-        if not db.exists():
-            return None, int(str(db))
-    return db, run_id
+def split_args(
+    db: Path | str | None, run: int | str | None, names: bool = False
+) -> tuple[Path | str | None, int | str | None]:
+    """``insights 3``: a lone all-digits argument that names no file is the
+    run's id; with *names* (``insights digits-mlp``), a lone argument that
+    names no file and does not look like a database path (no folder, no
+    ``.db``) is a run name."""
+    if run is None and isinstance(db, Path) and not db.exists():
+        text = str(db)
+        if text.isascii() and text.isdigit():
+            return None, int(text)
+        if names and len(db.parts) == 1 and db.suffix not in DB_SUFFIXES:
+            return None, run_ref(text)
+    return db, run
+
+
+#: File suffixes that say an argument is a database, even when it does not exist.
+DB_SUFFIXES = (".db", ".sqlite", ".sqlite3")
+
+
+async def summary_of(reader: Reader, run: int | str | None) -> dict[str, Any]:
+    """:func:`load_summary` of the run *run* names: an id, the latest run of a
+    name, or None (the latest run)."""
+    run_id = (await resolve_run(reader, run))["id"] if isinstance(run, str) else run
+    return await load_summary(reader, run_id)
 
 
 @click.command("insights", short_help="A run's summary, each finding with detail and fix.")
 @db_argument
-@click.argument("run_id", type=run_id_type, required=False)
+@click.argument("run", type=run_ref_type, required=False)
 @click.option(
     "--group",
     "group",
@@ -150,7 +171,11 @@ def split_args(db: Path | None, run_id: int | None) -> tuple[Path | None, int | 
 @storage_url_option
 @format_option
 def insights_cmd(
-    db: Path | None, run_id: int | None, group: str | None, storage_url: str | None, fmt: str
+    db: Path | str | None,
+    run: int | str | None,
+    group: str | None,
+    storage_url: str | None,
+    fmt: str,
 ) -> None:
     """Show a run's insights (default: the latest run in DB).
 
@@ -159,15 +184,17 @@ def insights_cmd(
       gpuprofctl insights gpuprof.db 3
 
     DB defaults to GPUPROF_DB or ./gpuprof.db; --storage-url URL reads
-    sqlite:///path.db or postgres://user@host/db instead. A lone all-digits
-    argument that is not an existing file is RUN_ID: `gpuprofctl insights 3`.
+    sqlite:///path.db or postgres://user@host/db instead. RUN is a run id
+    (gpuprofctl runs lists them) or a run name, meaning its latest run; a lone
+    argument that is not an existing file or a *.db path is RUN:
+    `gpuprofctl insights 3`, `gpuprofctl insights digits-mlp`.
 
     Every field of --format json, one run's or a group's: docs/gpuprofctl.md.
     """
-    db, run_id = split_args(db, run_id)
+    db, run = split_args(db, run, names=True)
     target = resolve_target(db, storage_url)
     if group is not None:
-        if run_id is not None:
+        if run is not None:
             raise click.UsageError("give RUN_ID or --group, not both")
         data = read_with(target, lambda reader: load_group(reader, group))
         if fmt == "json":
@@ -175,7 +202,7 @@ def insights_cmd(
         else:
             click.echo(format_group(data))
         return
-    summary = read_with(target, lambda reader: load_summary(reader, run_id))
+    summary = read_with(target, lambda reader: summary_of(reader, run))
     if fmt == "json":
         echo_json(summary)
     else:

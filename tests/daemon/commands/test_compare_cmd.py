@@ -237,3 +237,19 @@ def test_a_resolved_findings_predicted_gain_is_shown_beside_it(
     assert line == "  resolved   [HIGH] loader stall (predicted: up to 2.3× faster)"
     stall["gain_a"] = {}  # a finding without a gain: none shown
     assert "predicted" not in format_compare(got)
+
+
+def test_insights_takes_a_run_name_as_compare_does(
+    db: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    by_name = _json(capsys, "insights", str(db), "fixed")
+    assert (by_name["run_id"], by_name["run_name"]) == (3, "fixed")  # the latest of the name
+    assert _json(capsys, "insights", str(db), "stalled")["run_id"] == 1
+    monkeypatch.setenv("GPUPROF_DB", str(db))  # a lone name: the default database's run
+    assert _json(capsys, "insights", "stalled")["run_id"] == 1
+    assert _json(capsys, "insights", "2")["run_id"] == 2  # a lone id, as before
+    rc, _, err = _run(capsys, "insights", "no such run")
+    assert rc == 2 and "no run named 'no such run'" in err
+    # a lone *.db path that does not exist is a database, not a run name
+    rc, _, err = _run(capsys, "insights", "missing.db")
+    assert rc == 2 and "no database at missing.db" in err

@@ -84,13 +84,13 @@ def test_no_help_shows_clicks_number_metavars():
         ["kernels", "x.db", "3", "--compare", "0"],
         ["insights", "x.db", str(2**63)],
         ["insights", "x.db", "9" * 5000],  # past int()'s 4300 digits: no traceback
-        ["insights", "x.db", "\u0663"],  # a non-ASCII digit
+        ["kernels", "x.db", "\u0663"],  # a non-ASCII digit (insights takes it as a name)
     ],
 )
 def test_a_bad_run_id_is_a_usage_error_that_says_what_a_run_id_is(argv, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert "is not a run id: a whole number from 1 (gpuprofctl runs lists them)" in err
+    assert "is not a run id: a whole number from 1 (gpuprofctl runs lists" in err
     assert len(err) < 600  # a long value is shown shortened
 
 
