@@ -176,6 +176,7 @@ def cpu_bound_dataloader(ctx: RunContext) -> Insight | None:
     of = f" of {n}" if n else ""
     starved = _loader_starved(ctx)
     settings = loading.setting_fixes(ctx, cpu)
+    on_gpu = bool(ctx.gpu_model or ctx.gpu_count)  # a CPU run has no GPU to move work to
     head = f"{frac:.0%} of step time waiting on the loader"
     if starved is not None:
         others, share = starved
@@ -204,6 +205,9 @@ def cpu_bound_dataloader(ctx: RunContext) -> Insight | None:
         fix = (
             "Move augmentations to the GPU (torchvision.transforms.v2 on CUDA tensors, "
             "kornia) or precompute them; more workers won't help on cores already busy."
+            if on_gpu
+            else "Precompute the augmentations or make them cheaper (fewer passes, smaller "
+            "inputs, vectorised ops); more workers won't help on cores already busy."
         )
     else:
         idle = f" with {100 - host:.0f}% of the host idle" if host is not None else ""
@@ -215,7 +219,11 @@ def cpu_bound_dataloader(ctx: RunContext) -> Insight | None:
         fix = (
             "Spread the loading over the idle cores"
             + (": " + "; ".join(settings) if settings else "")
-            + "; or move augmentations to the GPU or precompute them."
+            + (
+                "; or move augmentations to the GPU or precompute them."
+                if on_gpu
+                else "; or precompute the augmentations."
+            )
         )
     return Insight(
         rule="cpu_bound_dataloader",

@@ -53,7 +53,13 @@ def format_kernels_and_mfu(summary: dict[str, Any], shown: str) -> list[str]:
             rate = f" ({tflops:.1f} TFLOP/s per GPU)" if tflops is not None else ""
             lines.append(f"  MFU: {100 * mfu:.1f} %{rate}")
         else:
-            lines.append("  MFU: unknown (no FLOPs per step, or a GPU without a peak in the table)")
+            compute = summary.get("compute") or {}
+            why = compute.get("mfu_unknown")
+            if why:
+                lines.append(f"  MFU: unknown ({why})")
+            elif summary.get("top_kernels") or compute.get("peak_tflops") is not None:
+                lines.append("  MFU: unknown (no FLOPs per step, or a GPU without a peak)")
+            # else a CPU run with nothing declared: MFU is not a figure it has
     top = summary.get("top_kernels") or []
     src = summary.get("kernels_source") or {}
     if top:

@@ -73,6 +73,16 @@ def test_cpu_bound_silent_without_pegged_cpu(kw):
     assert "dataloader_stall" in [i.rule for i in run_rules(ctx)]
 
 
+def test_cpu_bound_fix_sends_work_to_a_gpu_only_when_the_run_has_one():
+    kw = {"host_cpu_pct": 95.0, "cpu_count": 16, "run_cpu_cores": 15.0, "explicit_wait": True}
+    on_cpu = cpu_bound_dataloader(make_ctx([60] * 10, [40] * 10, **kw))
+    assert on_cpu.fix.startswith("Precompute the augmentations") and "GPU" not in on_cpu.fix
+    gpu = cpu_bound_dataloader(
+        make_ctx([60] * 10, [40] * 10, gpu_model="NVIDIA H100", gpu_count=1, **kw)
+    )
+    assert gpu.fix.startswith("Move augmentations to the GPU")
+
+
 def test_cpu_bound_silent_without_a_timed_dataloader():
     # the same pegged host and stall, but the wait is an untimed gap between the
     # steps (host work in the training process, no DataLoader): no "workers"
