@@ -93,7 +93,15 @@ class TopView:
         error = self.node.error
         if self.connection.startswith("reconnecting"):  # the daemon restarting, the network
             error = self.connection
-        return top_frame(self.node.node, self.choices, width, height, where=self.where, error=error)
+        return top_frame(
+            self.node.node,
+            self.choices,
+            width,
+            height,
+            where=self.where,
+            error=error,
+            keys=not plain,
+        )
 
     def ready(self) -> bool:
         return self.node.node is not None

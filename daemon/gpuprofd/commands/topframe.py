@@ -270,12 +270,15 @@ def top_frame(
     where: str = "",
     error: str | None = None,
     clock: Callable[[float], str] | None = None,
+    keys: bool = True,
 ) -> Text:
     """The whole frame, at most *height* lines of at most *width* cells:
     a header, the runs sorted as *choices* say (the picked one
     highlighted), each run's top finding, the GPUs, the host's CPU, the
     keys. *where*: the feed's address; *error*: the feed's last error;
-    *clock*: formats the message's time (default: local ``HH:MM:SS``)."""
+    *clock*: formats the message's time (default: local ``HH:MM:SS``);
+    *keys*: end with the keys line (not when printed as plain text, where
+    no key works)."""
     clock = clock or (lambda t: time.strftime("%H:%M:%S", time.localtime(t)))
     lines: list[Text] = []
     runs = sorted_runs((node or {}).get("runs") or [], choices)
@@ -299,7 +302,7 @@ def top_frame(
     with_finding = [r for r in runs if r.get("top_insight")]
     # what always shows: header(s), the run table's header, a blank, the GPU
     # header, the hosts, the legend and the keys
-    fixed = len(lines) + 1 + 1 + (1 if gpus else 0) + len(hosts) + 2
+    fixed = len(lines) + 1 + 1 + (1 if gpus else 0) + len(hosts) + 1 + keys
     # then, as room allows: the runs, two GPUs, the other GPUs, the findings
     room = max(height - fixed, 1)
     run_rows = max(1, min(max(n, 1), room - min(len(gpus), 2)))
@@ -344,6 +347,6 @@ def top_frame(
     legend.append_text(phase_legend())
     legend.truncate(width)
     lines.append(legend)
-    keys = Text(fit(KEYS_LINE, width), style="dim")
-    lines.append(keys)
+    if keys:
+        lines.append(Text(fit(KEYS_LINE, width), style="dim"))
     return Text("\n").join(lines[:height])

@@ -159,3 +159,9 @@ def test_the_frames_in_the_docs_are_todays() -> None:
     assert top.splitlines()[-2:] == now[-2:]  # the legend and the keys
     assert KEYS_LINE in top and watch.splitlines()[-1] == "q quit"
     assert all(len(ln) <= 80 for ln in top.splitlines() + watch.splitlines())
+
+
+def test_printed_as_plain_text_it_lists_no_keys() -> None:
+    # piped or --once: no key works there, so none is offered
+    printed = frame(keys=False)
+    assert printed == EXPECTED.replace("s sort  r reverse  ↑↓ pick  enter watch  q quit\n", "")
