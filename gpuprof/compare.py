@@ -47,6 +47,7 @@ RULE_LABELS = {
     "dataloader_stall": "loader stall",
     "cpu_bound_dataloader": "CPU-bound loader",
     "io_bound_dataloader": "I/O-bound loader",
+    "prefetch_queue_starved": "prefetch queue starved",
     "cold_cache": "cold page cache",
     "cache_thrashing": "page-cache thrashing",
     "host_memory_pressure": "host memory pressure",

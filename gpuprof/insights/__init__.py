@@ -9,7 +9,16 @@ from __future__ import annotations
 
 import dataclasses
 
-from gpuprof.insights import compute, cost, gpu, history, host, kernels, steps  # noqa: F401  (registers)
+from gpuprof.insights import (  # noqa: F401  (registers)
+    compute,
+    cost,
+    gpu,
+    history,
+    host,
+    kernels,
+    prefetch,
+    steps,
+)
 from gpuprof.insights.base import (
     SEVERITIES,
     Insight,
@@ -28,6 +37,7 @@ TIMING_RULES = frozenset(
         "dataloader_stall",
         "cpu_bound_dataloader",
         "io_bound_dataloader",
+        "prefetch_queue_starved",
         "compilation_warmup",
         "first_step_outlier",
         "high_step_variance",

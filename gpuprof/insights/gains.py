@@ -71,6 +71,7 @@ LABELS: Mapping[str, str] = {
     "dataloader_stall": "the loader stall",
     "cpu_bound_dataloader": "the loader stall",
     "io_bound_dataloader": "the loader stall",
+    "prefetch_queue_starved": "the prefetch queue",
     "cold_cache": "the cold page cache",
     "worker_imbalance": "the worker imbalance",
     "host_cpu_contention": "the CPU contention",
@@ -348,6 +349,20 @@ def _regression(ctx: RunContext, it: Iteration, ins: Insight) -> Estimate:
     )
 
 
+def _prefetch(ctx: RunContext, it: Iteration, ins: Insight) -> Estimate:
+    """The waits on the starved steps, spread over every steady step: a queue
+    deep enough has the batch ready, so they go."""
+    n = int(ins.evidence.get("starved_steps") or 0)
+    steady = int(ins.evidence.get("steady_steps") or 0)
+    wait = float(ins.evidence.get("mean_starved_wait_ms") or 0.0)
+    per = wait * n / steady if steady else 0.0
+    return Estimate(
+        {LOADER: min(per, it.loader_ms)},
+        f"the starved steps' waits ({_ms(wait)} on {n} of {steady} steps), spread over "
+        "every step: a full queue has each batch ready",
+    )
+
+
 def _cold_cache(ctx: RunContext, it: Iteration, ins: Insight) -> Estimate:
     first = float(ins.evidence.get("first_third_loader_ms") or 0.0)
     last = float(ins.evidence.get("last_third_loader_ms") or 0.0)
@@ -505,6 +520,7 @@ ESTIMATORS: Mapping[str, Estimator] = {
     "dataloader_stall": _stall,
     "cpu_bound_dataloader": _stall,
     "io_bound_dataloader": _stall,
+    "prefetch_queue_starved": _prefetch,
     "cold_cache": _cold_cache,
     "worker_imbalance": _imbalance,
     "host_cpu_contention": _contention,

@@ -4,6 +4,7 @@ aiohttp app, fed real frames and the recorded H200 trace."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import itertools
@@ -264,8 +265,21 @@ def test_docs_list_every_metric_served():
         name for name, _ in scrape(dataclasses.replace(fake.sources(), forward=lambda: forwarding))
     }
     doc = (Path(__file__).resolve().parents[3] / "docs" / "metrics.md").read_text()
-    documented = set(re.findall(r"^\| `(gpuprof_[a-z_]+)` \|", doc, re.MULTILINE))  # table rows
-    assert documented == served
+    node, team = doc.split("\n## The team server's GPU-hours\n", 1)  # the server's own /metrics
+
+    def rows(text: str) -> set[str]:
+        return set(re.findall(r"^\| `(gpuprof_[a-z_]+)` \|", text, re.MULTILINE))
+
+    assert rows(node) == served
+    # the team server's counters (prometheus_client adds _total to a counter's name)
+    from gpuprofd.web.teammetrics import families
+
+    class NoRuns:
+        async def fetchall(self, sql: str, params: tuple = ()) -> list:
+            return []
+
+    names = {f"{m.name}_total" for m in asyncio.run(families(NoRuns()))}
+    assert rows(team) == names == {"gpuprof_gpu_hours_total", "gpuprof_lost_gpu_hours_total"}
 
 
 # --- the real parts behind a real app -----------------------------------------
