@@ -37,7 +37,7 @@ from gpuprof.insights.gpu import (
 )
 from gpuprofd.core.errors import DatabaseError
 
-SCHEMA_VERSION = 15
+SCHEMA_VERSION = 16
 #: Columns added since schema 1: (table, column, declaration).
 _ADDED_IN_2 = (
     ("steps", "skipped", "INTEGER DEFAULT 0"),
@@ -95,8 +95,12 @@ _ADDED_IN_10 = (
 )
 #: ... and since schema 13: who trained (the login name the shim sends at hello).
 _ADDED_IN_14 = (("runs", "user_name", "TEXT"),)
+#: ... and since schema 15: the highest shim message stored (a resend is stored once).
+_ADDED_IN_16 = (("runs", "shim_seq", "INTEGER DEFAULT 0"),)
+#: The runs columns of schema 16, as an older database read as it is shows them.
+_RUNS_16 = ", 0 AS shim_seq"
 #: The runs columns of schema 14, NULL in an older database read as it is.
-_RUNS_14 = ", NULL AS user_name"
+_RUNS_14 = ", NULL AS user_name" + _RUNS_16
 #: The runs columns of schema 10, as an older database read as it is shows them.
 _RUNS_10 = ", NULL AS run_uuid, NULL AS node_id" + _RUNS_14
 #: ... and since schema 10: each DataLoader worker's context switches (voluntary:
@@ -124,6 +128,7 @@ _ADDED = (
     (10, _ADDED_IN_10),
     (11, _ADDED_IN_11),
     (14, _ADDED_IN_14),
+    (16, _ADDED_IN_16),
 )
 
 
@@ -185,6 +190,7 @@ CREATE TABLE IF NOT EXISTS runs (
     cuda_uuid TEXT, gpu_model TEXT, gpu_count INTEGER, cpu_count INTEGER,
     dropped_events INTEGER DEFAULT 0,  -- dropped inside the training process
     received_events INTEGER DEFAULT 0,
+    shim_seq INTEGER DEFAULT 0,      -- the highest shim message stored (its seq)
     sent_events INTEGER,
     error TEXT,
     median_step_ms REAL,
@@ -513,6 +519,8 @@ def shadow_old_tables(conn: sqlite3.Connection, version: int) -> None:
             "CREATE TEMP TABLE comm_buckets (run_id INTEGER, step INTEGER, bucket INTEGER, "
             "start_ns INTEGER, end_ns INTEGER, bytes INTEGER)"
         )
+    if 14 <= version < 16:
+        conn.execute(f"CREATE TEMP VIEW runs AS SELECT *{_RUNS_16} FROM main.runs")
     if 10 <= version < 14:
         conn.execute(f"CREATE TEMP VIEW runs AS SELECT *{_RUNS_14} FROM main.runs")
     if version in (8, 9):
