@@ -20,6 +20,8 @@ from collections import deque
 from collections.abc import Iterator
 from itertools import islice
 
+import orjson
+
 #: Bound on the unacknowledged bytes kept, bytes: 16 MiB hold ~64,000 steps
 #: (a step is ~250 bytes encoded), over a minute of a fast loop without a
 #: daemon, and stay small next to a training process.
@@ -29,12 +31,13 @@ RESEND_BUFFER_BYTES = 16 << 20
 class Entry:
     """One numbered message: its ``seq``, event count and encoded bytes."""
 
-    __slots__ = ("seq", "events", "data", "sent", "counted")
+    __slots__ = ("seq", "events", "data", "lost", "sent", "counted")
 
-    def __init__(self, seq: int, events: int, data: bytes) -> None:
+    def __init__(self, seq: int, events: int, data: bytes, lost: int) -> None:
         self.seq = seq
         self.events = events
         self.data = data
+        self.lost = lost  # the ``lost`` encoded in data
         self.sent = False  # handed to ZeroMQ since the last (re)connect
         self.counted = False  # counted in the sender's ``sent`` (once, ever)
 
@@ -81,7 +84,7 @@ class ResendBuffer:
     def add(self, data: bytes, events: int) -> Entry:
         """Keep *data* (a message of *events* events numbered :attr:`next_seq`),
         giving up the oldest messages past :attr:`max_bytes`."""
-        entry = Entry(self.next_seq, events, data)
+        entry = Entry(self.next_seq, events, data, self.lost)
         self.next_seq += 1
         self._entries.append(entry)
         self._bytes += len(data)
@@ -96,6 +99,18 @@ class ResendBuffer:
                 self.overflowed_unsent += old.events
             self.lost = old.seq
         return entry
+
+    def current(self, entry: Entry) -> bytes:
+        """*entry*'s bytes with today's ``lost``: messages given up after it was
+        encoded must not keep the daemon waiting for them (re-encoded only
+        then: an overflow is rare)."""
+        if entry.lost < self.lost:
+            msg = orjson.loads(entry.data)
+            msg["lost"] = self.lost
+            data = orjson.dumps(msg)
+            self._bytes += len(data) - len(entry.data)
+            entry.data, entry.lost = data, self.lost
+        return entry.data
 
     def mark_sent(self, entry: Entry) -> None:
         """*entry*, the oldest unsent, went to ZeroMQ."""

@@ -156,7 +156,7 @@ class Sender:
 
     def _hand_over(self, st: _ProcState, buf: ResendBuffer, entry: Entry) -> bool:
         try:
-            st.sock.send(entry.data, zmq.NOBLOCK)  # type: ignore[union-attr]
+            st.sock.send(buf.current(entry), zmq.NOBLOCK)  # type: ignore[union-attr]
         except Exception:
             return False
         buf.mark_sent(entry)
