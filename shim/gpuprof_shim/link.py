@@ -36,6 +36,11 @@ SETTLE_WAIT_S = autostart.WAIT_S + 10.0
 #: The same when another (systemd) started the daemon: its restart
 #: (``Restart=always``, 100 ms) and start take a few seconds, seconds.
 SETTLE_WAIT_EXTERNAL_S = 10.0
+#: At exit, how long the control socket file may stay absent before the
+#: wait ends, seconds: a daemon that exits cleanly (``gpuprofctl stop``,
+#: SIGTERM) removes it, a killed one leaves it; a restart binds anew in well
+#: under a second once started.
+SETTLE_ABSENT_S = 3.0
 
 
 class DaemonLink:
@@ -185,7 +190,10 @@ class DaemonLink:
         started the first. True once a daemon took the run over."""
         assert self.sender is not None
         reply = self._request_hello()
-        if reply is None and self.started_daemon and not self._stop.is_set():
+        # a daemon that was stopped (not killed) removed its socket files:
+        # that was meant, so none is started in its place (systemd's may come)
+        stopped = not (self.socket_dir / config.CONTROL_SOCKET_NAME).exists()
+        if reply is None and self.started_daemon and not stopped and not self._stop.is_set():
             argv = autostart.daemon_argv(self.socket_dir, Path(self.db), self.server)
             log.warning("gpuprof: gpuprofd is gone; starting a new one")
             reply = autostart.start_and_hello(self._request_hello, self.socket_dir, argv)
@@ -212,10 +220,15 @@ class DaemonLink:
             return True
         if wait_s is None:
             wait_s = SETTLE_WAIT_S if self.started_daemon else SETTLE_WAIT_EXTERNAL_S
-        deadline = time.monotonic() + wait_s
-        while len(sender.buffer) and time.monotonic() < deadline:
+        now = time.monotonic()
+        deadline, absent_until = now + wait_s, now + SETTLE_ABSENT_S
+        control_path = self.socket_dir / config.CONTROL_SOCKET_NAME
+        while len(sender.buffer) and now < min(deadline, absent_until):
             sender.wakeup.set()
             time.sleep(0.02)
+            now = time.monotonic()
+            if control_path.exists():
+                absent_until = now + SETTLE_ABSENT_S
         return not len(sender.buffer)
 
     def overflow_note(self) -> str | None:
