@@ -172,7 +172,7 @@ class DaemonLink:
                         control.ACK_TIMEOUT_MS,
                     )
                 )
-                if isinstance(acked, int):
+                if type(acked) is int:  # not a bool: False is "say hello again"
                     sender.ack(acked)
                     misses = 0
                     continue
@@ -198,6 +198,7 @@ class DaemonLink:
             log.warning("gpuprof: gpuprofd is gone; starting a new one")
             reply = autostart.start_and_hello(self._request_hello, self.socket_dir, argv)
         if reply is None or not reply.get("ok") or type(reply.get("acked")) is not int:
+            log.debug("gpuprof: hello again: %r", reply)
             return False
         self.sender.ack(reply["acked"])
         self.sender.resend_all()

@@ -15,13 +15,15 @@ from .scripts import SURVIVE
 STEPS = 600
 
 
-def _kill_daemon_at_pause(node: Node, pause_at: int) -> tuple[int, str, str, int]:
-    """Run SURVIVE with an auto-started gpuprofd, ``kill -9`` it while the
-    loop waits at step *pause_at* (after the steps before it reached the
-    database), let the loop go on; (returncode, stdout, stderr, killed pid)."""
-    assert ping(node.socket_dir) is None
-    ready, go = node.workdir / "ready", node.workdir / "go"
-    proc = node.spawn_script(SURVIVE, str(STEPS), str(pause_at), str(ready), str(go))
+def _kill_daemon_at_pause(
+    node: Node, pause_at: int, restart: bool = False
+) -> tuple[int, str, str, int]:
+    """Run SURVIVE, ``kill -9`` its gpuprofd while the loop waits at step
+    *pause_at* (after the steps before it reached the database) and let the
+    loop go on; with *restart*, start a daemon (as systemd would) once the
+    loop is done, the process exiting. (returncode, stdout, stderr, killed pid)."""
+    ready, go, done = (node.workdir / n for n in ("ready", "go", "done"))
+    proc = node.spawn_script(SURVIVE, str(STEPS), str(pause_at), str(ready), str(go), str(done))
     try:
         wait_for(ready.exists, 90, "the loop to reach the pause")
         # some of the run is stored: the kill is mid-run, not before it started
@@ -33,6 +35,10 @@ def _kill_daemon_at_pause(node: Node, pause_at: int) -> tuple[int, str, str, int
         pid = ping(node.socket_dir)["pid"]
         os.kill(pid, signal.SIGKILL)
         go.touch()
+        if restart:
+            wait_for(done.exists, 60, "the loop to end")
+            node.daemons[0].wait(10)  # the killed one, reaped
+            node.start_daemon()
         stdout, stderr = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
@@ -51,6 +57,7 @@ def _assert_every_step_once(node: Node) -> None:
 
 
 def test_daemon_killed_mid_run_loses_nothing(node: Node):
+    assert ping(node.socket_dir) is None  # the run auto-starts its daemon
     rc, stdout, stderr, killed = _kill_daemon_at_pause(node, pause_at=300)
     assert rc == 0, stderr
     assert "TRAINED 600" in stdout
@@ -64,8 +71,20 @@ def test_daemon_killed_mid_run_loses_nothing(node: Node):
 def test_daemon_killed_near_the_end_and_process_exits_while_it_is_down(node: Node):
     # the loop ends a few steps after the kill: the shim exits with the daemon
     # still down, so its exit starts the next one and ends the run there
+    assert ping(node.socket_dir) is None
     rc, stdout, stderr, killed = _kill_daemon_at_pause(node, pause_at=STEPS - 5)
     assert rc == 0, stderr
     assert "TRAINED 600" in stdout
     _assert_every_step_once(node)
     assert "did not answer at exit" not in stdout, stdout
+
+
+def test_a_daemon_it_did_not_start_is_awaited_at_exit_and_the_run_ends_finished(node: Node):
+    # a node-wide daemon (systemd's): the shim does not start one, it waits
+    # at exit for the restart, which comes once the loop is done
+    node.start_daemon()
+    rc, stdout, stderr, killed = _kill_daemon_at_pause(node, pause_at=STEPS - 5, restart=True)
+    assert rc == 0, stderr
+    assert "gpuprofd is gone; starting a new one" not in stderr
+    assert ping(node.socket_dir)["pid"] == node.daemons[-1].pid != killed
+    _assert_every_step_once(node)
