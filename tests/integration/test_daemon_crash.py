@@ -88,3 +88,26 @@ def test_a_daemon_it_did_not_start_is_awaited_at_exit_and_the_run_ends_finished(
     assert "gpuprofd is gone; starting a new one" not in stderr
     assert ping(node.socket_dir)["pid"] == node.daemons[-1].pid != killed
     _assert_every_step_once(node)
+
+
+def test_a_daemon_stopped_on_purpose_is_not_replaced(node: Node):
+    # `gpuprofctl stop --now` removes its sockets: meant, so the run's process
+    # (which auto-started it) starts none in its place and exits soon
+    assert ping(node.socket_dir) is None
+    ready, go, done = (node.workdir / n for n in ("ready", "go", "done"))
+    proc = node.spawn_script(SURVIVE, str(STEPS), "300", str(ready), str(go), str(done))
+    try:
+        wait_for(ready.exists, 90, "the loop to reach the pause")
+        pid = ping(node.socket_dir)["pid"]
+        assert node.ctl("stop", "--now").returncode == 0
+        wait_for(lambda: not (node.socket_dir / "control.sock").exists(), 30, "the stop")
+        go.touch()
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, stderr
+    assert "TRAINED 600" in stdout
+    assert "starting a new one" not in stderr and "took the run over" not in stderr, stderr
+    info = ping(node.socket_dir)
+    assert info is None or info["pid"] == pid  # nothing new answers
