@@ -10,6 +10,7 @@ import orjson
 import zmq
 
 from gpuprof.config import ingest_endpoint
+from gpuprof_shim.link import DaemonLink
 from gpuprof_shim.resend import ResendBuffer
 from gpuprof_shim.sender import Sender
 
@@ -76,3 +77,19 @@ def test_without_a_daemon_messages_wait_in_order_and_go_once_it_is_there(
         sender.close()
         pull.close()
         ctx.term()
+
+
+def test_an_overflow_is_said_in_the_summary(socket_dir: Path) -> None:
+    link = DaemonLink(socket_dir, str(socket_dir / "g.db"), autostart=False)
+    link.sender = Sender(ingest_endpoint(socket_dir))
+    assert link.overflow_note() is None  # fire-and-forget: nothing kept, nothing given up
+    link.sender.keep_unacked(ResendBuffer(max_bytes=1 << 20))
+    assert link.overflow_note() is None
+    assert link.sender.buffer is not None
+    for _ in range(5):
+        link.sender.buffer.add(bytes(300 << 10), 64)  # five bursts of 64 steps, 300 KiB each
+    assert link.overflow_note() == (
+        "128 events given up: gpuprofd did not acknowledge them while 1 MiB waited "
+        "in the training process (the resend buffer's bound)"
+    )
+    link.close()
