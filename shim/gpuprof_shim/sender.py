@@ -16,6 +16,7 @@ import os
 import threading
 import weakref
 from collections.abc import Callable, Mapping
+from itertools import islice
 from typing import Any
 
 import zmq
@@ -33,6 +34,8 @@ log = logging.getLogger("gpuprof.shim")
 
 #: Messages queued per peer before sends start dropping (~250 B each: ~1 MiB).
 DEFAULT_SNDHWM = 4096
+#: Backlog messages the resend thread hands over per hold of the lock.
+DRAIN_SLICE = 256
 
 _live_senders: weakref.WeakSet[Sender] = weakref.WeakSet()
 #: In a fork child: the parent's per-process states, kept referenced forever
@@ -169,15 +172,19 @@ class Sender:
         """Hand the backlog to ZeroMQ in order, without blocking (the resend
         thread's job). True when nothing waits any more (the backlog is over)."""
         st = self._current()
-        with self._lock:
-            buf = self._numbered(st)
-            if buf is None or self._closed or st.sock is None:
-                return buf is None
-            for entry in list(buf.pending()):
-                if not self._hand_over(st, buf, entry):
-                    return False
-            buf.backlog = False
-            return True
+        while True:
+            # a slice at a time: the training thread's next send waits for the
+            # lock at most one slice (~256 sends of a few µs), never the backlog
+            with self._lock:
+                buf = self._numbered(st)
+                if buf is None or self._closed or st.sock is None:
+                    return buf is None
+                for entry in list(islice(buf.pending(), DRAIN_SLICE)):
+                    if not self._hand_over(st, buf, entry):
+                        return False
+                if not buf.unsent:
+                    buf.backlog = False
+                    return True
 
     def resend_all(self) -> None:
         """A new daemon: send everything not acknowledged again, in order."""
