@@ -92,7 +92,9 @@ BATCH_TYPE = "batch"
 #: is ~250 bytes, so 1024 of them stay well inside :data:`MAX_MESSAGE_BYTES`
 #: unless they carry comm rows (then the byte bound decides).
 MAX_BATCH_EVENTS = 1024
-CONTROL_TYPES = frozenset({"hello", "bye", "ping", "stop"})
+CONTROL_TYPES = frozenset({"hello", "bye", "ping", "stop", "ack"})
+#: Largest shim sequence number (``batch``'s ``seq``): a message a ms for 10^5 years.
+MAX_SEQ = 1 << 62
 RUN_STATUSES_AT_BYE = frozenset({"finished", "failed"})
 
 _RUN_KEY_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -437,7 +439,15 @@ SCHEMAS: dict[str, dict[str, tuple[bool, Check]]] = {
     BATCH_TYPE: {
         "run_key": (True, _RUN_KEY),
         "events": (True, lambda x: type(x) is list and 0 < len(x) <= MAX_BATCH_EVENTS),
+        # the shim's number for this message (1, 2, ...): the daemon stores a
+        # run's message once, in order, and acknowledges the highest stored
+        "seq": (False, _int(1, MAX_SEQ)),
+        # the highest seq the shim gave up on (its resend buffer overflowed):
+        # messages up to it never come, so a gap up to it is no reorder
+        "lost": (False, _int(0, MAX_SEQ)),
     },
+    # the highest seq of the run the daemon has stored (reply: ``acked``)
+    "ack": {"run_key": (True, _RUN_KEY)},
     "ping": {},
     # gpuprofctl stop: exit once the open runs end (now: at once)
     "stop": {"now": (False, lambda x: type(x) is bool)},
@@ -498,14 +508,30 @@ def _check(msg: dict[str, Any]) -> None:
         raise ProtocolError("bad_field:model_info", "neither dtype nor flops_counted")
 
 
-def batch(run_key: str, events: list[dict[str, Any]]) -> dict[str, Any]:
+def batch(
+    run_key: str, events: list[dict[str, Any]], seq: int | None = None, lost: int = 0
+) -> dict[str, Any]:
     """A ``batch`` message of *events* (data events of run *run_key*, each a
     dict with its ``type`` and fields; their ``v`` and ``run_key`` may be
-    left out: the envelope's apply), at most :data:`MAX_BATCH_EVENTS`."""
-    return {"v": PROTOCOL_VERSION, "type": BATCH_TYPE, "run_key": run_key, "events": events}
+    left out: the envelope's apply), at most :data:`MAX_BATCH_EVENTS`;
+    numbered *seq* by the shim (see the ``batch`` schema) if given."""
+    msg = {"v": PROTOCOL_VERSION, "type": BATCH_TYPE, "run_key": run_key, "events": events}
+    if seq is not None:
+        msg["seq"] = seq
+        if lost:
+            msg["lost"] = lost
+    return msg
 
 
 def decode_events(data: bytes) -> tuple[list[dict[str, Any]], list[ProtocolError]]:
+    """Decode one data-socket frame into its events (see :func:`decode_frame`)."""
+    events, errors, _ = decode_frame(data)
+    return events, errors
+
+
+def decode_frame(
+    data: bytes,
+) -> tuple[list[dict[str, Any]], list[ProtocolError], dict[str, Any] | None]:
     """Decode one data-socket frame into its events: the daemon's gate.
 
     A single data event comes back as a list of one. A ``batch`` is expanded:
@@ -519,8 +545,9 @@ def decode_events(data: bytes) -> tuple[list[dict[str, Any]], list[ProtocolError
         data: the raw frame, at most :data:`MAX_MESSAGE_BYTES` bytes.
 
     Returns:
-        ``(events, errors)``: the valid events, and one
-        :class:`ProtocolError` per invalid event inside a batch.
+        ``(events, errors, envelope)``: the valid events, one
+        :class:`ProtocolError` per invalid event inside a batch, and the
+        batch's envelope (``run_key``, ``seq``, ``lost``; None for a single event).
 
     Raises:
         ProtocolError: the frame itself (or a batch's envelope: version, run
@@ -529,7 +556,7 @@ def decode_events(data: bytes) -> tuple[list[dict[str, Any]], list[ProtocolError
     """
     msg = decode(data, channel="data")
     if msg["type"] != BATCH_TYPE:
-        return [msg], []
+        return [msg], [], None
     run_key = msg["run_key"]
     events: list[dict[str, Any]] = []
     errors: list[ProtocolError] = []
@@ -549,4 +576,4 @@ def decode_events(data: bytes) -> tuple[list[dict[str, Any]], list[ProtocolError
             errors.append(exc)
             continue
         events.append(ev)
-    return events, errors
+    return events, errors, msg

@@ -26,6 +26,8 @@ BYE_SEND_TIMEOUT_MS = 1000
 #: Reply timeouts, ms. ``bye`` waits longer: the daemon answers only once it
 #: has ingested every event the shim says it sent.
 HELLO_TIMEOUT_MS = 500
+#: ``ack`` (what the daemon stored): asked every 0.25 s by the resend thread.
+ACK_TIMEOUT_MS = 500
 BYE_TIMEOUT_MS = 5000
 
 
@@ -104,3 +106,15 @@ def parse_bye_reply(reply: Mapping[str, Any] | None) -> dict[str, Any] | None:
     if not isinstance(summary, dict) or not isinstance(summary.get("run_name"), str):
         return None
     return summary
+
+
+def parse_ack_reply(reply: Mapping[str, Any] | None) -> int | bool | None:
+    """The highest stored seq from an ``{"ok": True, "acked": int}`` reply;
+    False if the daemon answered but does not know the run (a new daemon:
+    say hello again); None for no (valid) reply."""
+    if not reply or type(reply.get("ok")) is not bool:
+        return None
+    if not reply["ok"]:
+        return False
+    acked = reply.get("acked")
+    return acked if type(acked) is int and acked >= 0 else None

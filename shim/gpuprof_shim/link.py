@@ -6,18 +6,41 @@ problems: it records them in :attr:`DaemonLink.problem` for the summary."""
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from gpuprof import config
+from gpuprof.protocol import PROTOCOL_VERSION
 from gpuprof_shim import autostart, control
+from gpuprof_shim.resend import ResendBuffer
 from gpuprof_shim.sender import Sender
 
 log = logging.getLogger("gpuprof.shim")
 
 #: After ``hello`` succeeds, how long to wait for the data connection, ms.
 DATA_CONNECT_TIMEOUT_MS = 1000
+#: How often the resend thread asks gpuprofd what it has stored, seconds:
+#: the buffer holds about this long of messages plus the writer's commit lag.
+ACK_INTERVAL_S = 0.25
+#: Unanswered ``ack`` requests in a row after which the daemon counts as gone
+#: (each waits :data:`gpuprof_shim.control.ACK_TIMEOUT_MS`): ~1.5 s, longer
+#: than a loaded daemon's pauses seen on the 2-core box (2026-12-04).
+GONE_AFTER_MISSES = 3
+#: At exit, how long to wait for gpuprofd to acknowledge everything before
+#: ``bye``, seconds: room for an auto-start of a new daemon
+#: (:data:`gpuprof_shim.autostart.WAIT_S`) and its catching up.
+SETTLE_WAIT_S = autostart.WAIT_S + 10.0
+#: The same when another (systemd) started the daemon: its restart
+#: (``Restart=always``, 100 ms) and start take a few seconds, seconds.
+SETTLE_WAIT_EXTERNAL_S = 10.0
+#: At exit, how long the control socket file may stay absent before the
+#: wait ends, seconds: a daemon that exits cleanly (``gpuprofctl stop``,
+#: SIGTERM) removes it, a killed one leaves it; a restart binds anew in well
+#: under a second once started.
+SETTLE_ABSENT_S = 3.0
 
 
 class DaemonLink:
@@ -49,6 +72,14 @@ class DaemonLink:
         self.run_id: int | None = None
         #: The hello reply's dashboard fields (None: no reply).
         self.hello_reply: dict[str, Any] | None = None
+        #: This process started the daemon (so it starts the next one too).
+        self.started_daemon = False
+        #: Times a new daemon took the run over (hello again, resent).
+        self.reconnects = 0
+        self._hello: Callable[[], dict[str, Any]] | None = None
+        self._run_key: str | None = None
+        self._keeper: threading.Thread | None = None
+        self._stop = threading.Event()
 
     def connect(self, hello: Callable[[], dict[str, Any]]) -> None:
         """Open the data socket and send ``hello`` (the message *hello*
@@ -74,6 +105,7 @@ class DaemonLink:
         if reply is None and self.autostart:
             argv = autostart.daemon_argv(self.socket_dir, Path(self.db), self.server)
             reply = autostart.start_and_hello(request, self.socket_dir, argv)
+            self.started_daemon = reply is not None
         if reply is None:
             self.problem = f"gpuprofd unreachable at {self.socket_dir}"
             if self.autostart:
@@ -96,6 +128,128 @@ class DaemonLink:
                 log.warning("gpuprof: the data socket is not connected yet; early steps may drop")
             for note in reply["notes"]:
                 log.info("gpuprof: %s", note)
+            if type(reply.get("acked")) is int:  # the daemon stores messages once, by seq
+                self._hello = hello
+                self._run_key = hello().get("run_key")
+                self.sender.keep_unacked(ResendBuffer())
+                self._keeper = threading.Thread(
+                    target=self._keep, name="gpuprof-resend", daemon=True
+                )
+                self._keeper.start()
+
+    def _request_hello(self) -> dict[str, Any] | None:
+        assert self._hello is not None and self.sender is not None
+        raw = control.request(
+            self.sender.context, self.control or "", self._hello(), control.HELLO_TIMEOUT_MS
+        )
+        return control.parse_hello_reply(raw)
+
+    def _keep(self) -> None:
+        """The resend thread: sends the backlog in order, frees what gpuprofd
+        acknowledges, and when gpuprofd is gone says hello to the next one
+        (starting it if this process started the first) and sends again
+        everything not acknowledged. Never touches the training thread."""
+        sender = self.sender
+        assert sender is not None
+        misses = 0
+        next_ack = 0.0
+        while not self._stop.is_set():
+            sender.wakeup.wait(ACK_INTERVAL_S)
+            sender.wakeup.clear()
+            try:
+                buf = sender.buffer
+                if buf is not None and buf.backlog and not sender.drain():
+                    sender.poll_out(50)
+                now = time.monotonic()
+                if now < next_ack:
+                    continue
+                next_ack = now + ACK_INTERVAL_S
+                acked = control.parse_ack_reply(
+                    control.request(
+                        sender.context,
+                        self.control or "",
+                        {"v": PROTOCOL_VERSION, "type": "ack", "run_key": self._run_key},
+                        control.ACK_TIMEOUT_MS,
+                    )
+                )
+                if type(acked) is int:  # not a bool: False is "say hello again"
+                    sender.ack(acked)
+                    misses = 0
+                    continue
+                misses += 1
+                if acked is False or misses >= GONE_AFTER_MISSES:
+                    # a new daemon that does not know us yet, or none at all
+                    sender.resend_all()
+                    if self._rehello():
+                        misses = 0
+            except Exception:  # the resend thread must never die
+                log.debug("gpuprof: resend thread", exc_info=True)
+
+    def _rehello(self) -> bool:
+        """Hello again for the same run; start a daemon if this process
+        started the first. True once a daemon took the run over."""
+        assert self.sender is not None
+        reply = self._request_hello()
+        # a daemon that was stopped (not killed) removed its socket files:
+        # that was meant, so none is started in its place (systemd's may come)
+        stopped = not (self.socket_dir / config.CONTROL_SOCKET_NAME).exists()
+        if reply is None and self.started_daemon and not stopped and not self._stop.is_set():
+            argv = autostart.daemon_argv(self.socket_dir, Path(self.db), self.server)
+            log.warning("gpuprof: gpuprofd is gone; starting a new one")
+            reply = autostart.start_and_hello(self._request_hello, self.socket_dir, argv)
+        if reply is None or not reply.get("ok") or type(reply.get("acked")) is not int:
+            log.debug("gpuprof: hello again: %r", reply)
+            return False
+        self.sender.ack(reply["acked"])
+        self.sender.resend_all()
+        self.sender.wakeup.set()
+        self.reconnects += 1
+        log.warning(
+            "gpuprof: a new gpuprofd took the run over; sending again from message %d",
+            reply["acked"] + 1,
+        )
+        return True
+
+    def settle(self, wait_s: float | None = None) -> bool:
+        """At exit, before ``bye``: wait until gpuprofd acknowledged every
+        message (the resend thread restarts a daemon if need be), at most
+        *wait_s* seconds (default :data:`SETTLE_WAIT_S`, or
+        :data:`SETTLE_WAIT_EXTERNAL_S` for a daemon this process did not
+        start). True if nothing is left unacknowledged."""
+        sender = self.sender
+        if sender is None or sender.buffer is None or self._keeper is None:
+            return True
+        if wait_s is None:
+            wait_s = SETTLE_WAIT_S if self.started_daemon else SETTLE_WAIT_EXTERNAL_S
+        now = time.monotonic()
+        deadline, absent_until = now + wait_s, now + SETTLE_ABSENT_S
+        control_path = self.socket_dir / config.CONTROL_SOCKET_NAME
+        while len(sender.buffer) and now < min(deadline, absent_until):
+            sender.wakeup.set()
+            time.sleep(0.02)
+            now = time.monotonic()
+            if control_path.exists():
+                absent_until = now + SETTLE_ABSENT_S
+        return not len(sender.buffer)
+
+    def overflow_note(self) -> str | None:
+        """The summary's line when the resend buffer overflowed, else None."""
+        buf = self.sender.buffer if self.sender is not None else None
+        if buf is None or not buf.overflowed:
+            return None
+        return (
+            f"{buf.overflowed} events given up: gpuprofd did not acknowledge them while "
+            f"{buf.max_bytes >> 20} MiB waited in the training process (the resend buffer's bound)"
+        )
+
+    def stop_keeper(self) -> None:
+        """Stop the resend thread (idempotent)."""
+        self._stop.set()
+        if self.sender is not None:
+            self.sender.wakeup.set()
+        keeper, self._keeper = self._keeper, None
+        if keeper is not None:
+            keeper.join(timeout=SETTLE_WAIT_S)
 
     def dashboard_line(self, run_id: int | None) -> str:
         """``gpuprof dashboard: http://127.0.0.1:7311/#/run/3``, or
@@ -150,5 +304,6 @@ class DaemonLink:
         return f"{problem}: {sent + dropped} events not recorded (dropped)"
 
     def close(self) -> None:
+        self.stop_keeper()
         if self.sender is not None:
             self.sender.close()

@@ -16,6 +16,7 @@ import os
 import threading
 import weakref
 from collections.abc import Callable, Mapping
+from itertools import islice
 from typing import Any
 
 import zmq
@@ -27,11 +28,14 @@ from gpuprof.protocol import (
     batch,
     encode,
 )
+from gpuprof_shim.resend import Entry, ResendBuffer
 
 log = logging.getLogger("gpuprof.shim")
 
 #: Messages queued per peer before sends start dropping (~250 B each: ~1 MiB).
 DEFAULT_SNDHWM = 4096
+#: Backlog messages the resend thread hands over per hold of the lock.
+DRAIN_SLICE = 256
 
 _live_senders: weakref.WeakSet[Sender] = weakref.WeakSet()
 #: In a fork child: the parent's per-process states, kept referenced forever
@@ -95,6 +99,11 @@ class Sender:
         self._lock = threading.Lock()
         self._state = _ProcState(self._getpid(), forked=False)
         self._closed = False
+        #: The unacknowledged messages (:meth:`keep_unacked`); None: sends are
+        #: fire-and-forget (a daemon that does not number them).
+        self.buffer: ResendBuffer | None = None
+        #: Set when a message waits in the buffer's backlog for the resend thread.
+        self.wakeup = threading.Event()
         _live_senders.add(self)
         _register_fork_hook()
 
@@ -106,8 +115,9 @@ class Sender:
     @property
     def dropped(self) -> int:
         """Events this process could not send (daemon absent, queue full, fork
-        child); a batch that could not go counts each of its events."""
-        return self._current().dropped
+        child, the resend buffer overflowed before they went); a batch that
+        could not go counts each of its events."""
+        return self._current().dropped + self.overflow_dropped()
 
     @property
     def context(self) -> zmq.Context[Any] | None:
@@ -127,6 +137,75 @@ class Sender:
         _parent_states.append(self._state)
         self._state = _ProcState(self._getpid(), forked=True)
         self._lock = threading.Lock()
+
+    def keep_unacked(self, buffer: ResendBuffer) -> None:
+        """From now on number every message and keep it in *buffer* until
+        acknowledged (:mod:`gpuprof_shim.resend`)."""
+        with self._lock:
+            self.buffer = buffer
+
+    def _numbered(self, st: _ProcState) -> ResendBuffer | None:
+        return None if st.forked else self.buffer
+
+    def _keep_and_send(self, st: _ProcState, buf: ResendBuffer, data: bytes, n: int) -> int:
+        """Under the lock: keep *data* (n events) and hand it over unless a
+        backlog waits (order first: the resend thread sends it then)."""
+        entry = buf.add(data, n)
+        if not buf.backlog and self._hand_over(st, buf, entry):
+            return n
+        buf.backlog = True
+        self.wakeup.set()
+        return n
+
+    def _hand_over(self, st: _ProcState, buf: ResendBuffer, entry: Entry) -> bool:
+        try:
+            st.sock.send(buf.current(entry), zmq.NOBLOCK)  # type: ignore[union-attr]
+        except Exception:
+            return False
+        buf.mark_sent(entry)
+        if not entry.counted:
+            entry.counted = True
+            st.sent += entry.events
+        return True
+
+    def drain(self) -> bool:
+        """Hand the backlog to ZeroMQ in order, without blocking (the resend
+        thread's job). True when nothing waits any more (the backlog is over)."""
+        st = self._current()
+        while True:
+            # a slice at a time: the training thread's next send waits for the
+            # lock at most one slice (~256 sends of a few µs), never the backlog
+            with self._lock:
+                buf = self._numbered(st)
+                if buf is None or self._closed or st.sock is None:
+                    return buf is None
+                for entry in list(islice(buf.pending(), DRAIN_SLICE)):
+                    if not self._hand_over(st, buf, entry):
+                        return False
+                if not buf.unsent:
+                    buf.backlog = False
+                    return True
+
+    def resend_all(self) -> None:
+        """A new daemon: send everything not acknowledged again, in order."""
+        with self._lock:
+            if self.buffer is not None:
+                self.buffer.resend_all()
+
+    def ack(self, upto: int) -> None:
+        """The daemon stored every message up to seq *upto*."""
+        with self._lock:
+            if self.buffer is not None:
+                self.buffer.ack(upto)
+
+    def overflow_dropped(self) -> int:
+        """Events that were never sent because the resend buffer overflowed."""
+        buf = self.buffer
+        return buf.overflowed_unsent if buf is not None else 0
+
+    def poll_out(self, timeout_ms: int) -> bool:
+        """Wait (off the training thread) up to *timeout_ms* for room to send."""
+        return self.wait_connected(timeout_ms)
 
     def connect(self) -> bool:
         """Create the context and connect the socket now (idempotent).
@@ -181,6 +260,17 @@ class Sender:
             if self._closed or st.forked or (st.sock is None and not self.connect()):
                 st.dropped += 1
                 return False
+            buf = self._numbered(st)
+            if buf is not None and msg.get("run_key"):
+                event = {k: v for k, v in msg.items() if k not in ("v", "run_key")}
+                try:
+                    data = encode(batch(msg["run_key"], [event], buf.next_seq, buf.lost))
+                except Exception:
+                    st.dropped += 1
+                    return False
+                if len(data) <= MAX_MESSAGE_BYTES:
+                    self._keep_and_send(st, buf, data, 1)
+                    return True
             try:
                 st.sock.send(encode(msg), zmq.NOBLOCK)  # type: ignore[union-attr]
             except Exception:
@@ -210,12 +300,20 @@ class Sender:
             if self._closed or st.forked or (st.sock is None and not self.connect()):
                 st.dropped += n
                 return 0
+            buf = self._numbered(st)
             try:
-                one = {"v": PROTOCOL_VERSION, "run_key": run_key, **events[0]} if n == 1 else None
-                data = encode(one if one is not None else batch(run_key, events))
+                if buf is not None:
+                    data = encode(batch(run_key, events, buf.next_seq, buf.lost))
+                else:
+                    one = (
+                        {"v": PROTOCOL_VERSION, "run_key": run_key, **events[0]} if n == 1 else None
+                    )
+                    data = encode(one if one is not None else batch(run_key, events))
             except Exception:
                 st.dropped += n
                 return 0
+            if len(data) <= MAX_MESSAGE_BYTES and buf is not None:
+                return self._keep_and_send(st, buf, data, n)
             if len(data) <= MAX_MESSAGE_BYTES:
                 try:
                     st.sock.send(data, zmq.NOBLOCK)  # type: ignore[union-attr]

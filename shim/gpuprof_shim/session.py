@@ -541,6 +541,10 @@ class Profiler:
         self._open = False
         if self._recorder is not None:
             self._recorder.closed = True
+        if self.link.ok:  # what gpuprofd has not stored yet goes first (a new one if need be)
+            if not self.link.settle():
+                log.warning("gpuprof: gpuprofd did not acknowledge every event before exit")
+            self.link.stop_keeper()
         summary = self._bye(exc) if self.link.ok else None
         if summary is None:
             summary = local_summary(
@@ -567,6 +571,9 @@ class Profiler:
             requested_db=self.requested_db,
             socket_dir=self.socket_dir,
         )
+        lost = self.link.overflow_note()
+        if lost:
+            summary.setdefault("notes", []).append(lost)
         self.summary = summary
         if self.print_summary:
             print_summary(summary)

@@ -97,6 +97,33 @@ print(f"MEDIAN_BEFORE_MS {before * 1e3:.4f}")
 print(f"MEDIAN_AFTER_MS {after * 1e3:.4f}")
 """
 
+#: argv: steps, the step to pause at (the test kills gpuprofd there), the
+#: ready and go files, and a file made when the loop is done (the profile
+#: exits next); the loop's steps are numbered 0..STEPS-1.
+SURVIVE = r"""
+import os, sys, time
+import torch
+from torch import nn
+import gpuprof
+
+STEPS, PAUSE_AT, READY, GO, DONE = int(sys.argv[1]), int(sys.argv[2]), *sys.argv[3:6]
+torch.set_num_threads(1)
+model = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+x = torch.randn(16, 32)
+with gpuprof.profile("survive"):
+    for step in range(STEPS):
+        if step == PAUSE_AT:
+            open(READY, "w").close()
+            while not os.path.exists(GO):
+                time.sleep(0.01)
+        model(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    open(DONE, "w").close()
+print("TRAINED", STEPS)
+"""
+
 GAN_AMP_EVAL = r"""
 import torch
 from torch import nn

@@ -20,8 +20,9 @@ from typing import Any
 
 import zmq.asyncio
 
-from gpuprof.protocol import ProtocolError, decode_events
+from gpuprof.protocol import ProtocolError, decode_frame
 from gpuprofd.core.counters import DropCounter
+from gpuprofd.ingest.registry import LiveRun
 from gpuprofd.ingest.runservice import RunService
 from gpuprofd.storage.writes import BATCH_MAX_OPS, Store, runsdb
 
@@ -72,17 +73,46 @@ class Ingest:
         """Validate one frame (an event or a batch of them) and route each
         event; count each dropped one under its reason."""
         try:
-            events, bad = decode_events(frame)
+            events, bad, envelope = decode_frame(frame)
         except ProtocolError as exc:
             self.drops.add(exc.reason, str(exc)[:120])
             return
         for err in bad:
             self.drops.add(err.reason, str(err)[:120])
+        live = None
+        if envelope is not None and "seq" in envelope:
+            live = await self._numbered_run(envelope, len(events) + len(bad))
+            if live is None:
+                return
         # A writer behind: wait for it (the socket buffers what comes meanwhile)
         # rather than drop what was already received, and leave it the loop.
         await self.store.wait_for_room(len(events), backlog=INGEST_BACKLOG_OPS)
         for msg in events:
             await self.handle_event(msg)
+        if live is not None:  # after its events: commits with them or later
+            live.seq = envelope["seq"]  # type: ignore[index]
+            if not self.store.submit_nowait(runsdb.seq_op(live.run_id, live.seq, live.received)):
+                live.store_dropped += 1
+
+    async def _numbered_run(self, envelope: Mapping[str, Any], events: int) -> LiveRun | None:
+        """The run of a numbered message (``seq``) if it is to be stored now:
+        each message once and in the shim's order. A message already stored
+        (a resend after a crash) is dropped as ``duplicate``; one that would
+        skip messages still to come, or one for a run that has not said hello
+        to this daemon, is left to the shim's resend (``resend_expected``)."""
+        key = envelope["run_key"]
+        live = self.runs.registry.get(key) or await self.runs.resolve(key)
+        if live is None:
+            self.drops.add(self.runs.registry.unknown_reason(key) or "unknown_run", key)
+            return None
+        seq = envelope["seq"]
+        if seq <= live.seq:
+            self.drops.add("duplicate", f"run {live.run_id} message {seq} ({events} events)")
+            return None
+        if not live.helloed or seq > max(live.seq, envelope.get("lost", 0)) + 1:
+            self.drops.add("resend_expected", f"run {live.run_id} message {seq}")
+            return None
+        return live
 
     async def handle_event(self, msg: dict[str, Any]) -> None:
         """Route one valid event to its run and the store."""

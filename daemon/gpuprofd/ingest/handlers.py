@@ -23,6 +23,7 @@ from gpuprofd.ingest.control import Handler
 from gpuprofd.ingest.data import Ingest
 from gpuprofd.ingest.dbswitch import DbSwitch
 from gpuprofd.ingest.runservice import RunService
+from gpuprofd.storage import reads
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +93,13 @@ class ControlHandlers:
 
     def table(self) -> dict[str, Handler]:
         """Request type → handler, for :class:`gpuprofd.ingest.control.ControlServer`."""
-        return {"hello": self.hello, "bye": self.bye, "ping": self.ping, "stop": self.stop}
+        return {
+            "hello": self.hello,
+            "bye": self.bye,
+            "ping": self.ping,
+            "stop": self.stop,
+            "ack": self.ack,
+        }
 
     async def hello(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Register (or re-adopt) a run; refused while stopping, unless it is already open."""
@@ -112,6 +119,7 @@ class ControlHandlers:
         return {
             "ok": True,
             "run_id": live.run_id,
+            "acked": await reads.stored_seq(self.runs.store, live.run_id),
             "db": str(self.db),
             "daemon_pid": os.getpid(),
             "notes": [*self.notes, *([note] if note else [])],
@@ -138,6 +146,15 @@ class ControlHandlers:
             f"(pid {os.getpid()}) {now}; start it with --server {wanted}, or gpuprofctl stop "
             "and the next run starts one that does"
         )
+
+    async def ack(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """The highest shim sequence number of the run that is committed
+        (the shim frees its resend buffer up to it); refused for a run that
+        has not said hello to this daemon (the shim then says hello again)."""
+        live = self.runs.registry.get(msg["run_key"])
+        if live is None or not live.helloed:
+            return {"ok": False, "error": "unknown run: say hello"}
+        return {"ok": True, "acked": await reads.stored_seq(self.runs.store, live.run_id)}
 
     async def bye(self, msg: dict[str, Any]) -> dict[str, Any]:
         """End a run; the reply carries its summary."""

@@ -37,6 +37,11 @@ class LiveRun:
     """A bye or the lost check is finalizing this run."""
     notes: list[str] = field(default_factory=list)
     """Told in the run's summary at its end (e.g. its database file was replaced)."""
+    seq: int = 0
+    """The highest shim sequence number stored for the run (``batch``'s ``seq``)."""
+    helloed: bool = False
+    """The run said hello to this daemon: only then are its numbered messages
+    stored (before, a new daemon would take them out of order: they are resent)."""
     _arrivals: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
 
     def note_event(self, msg: dict[str, Any]) -> None:

@@ -116,12 +116,17 @@ class RunService:
         async with self._lock:
             live = self.registry.get(msg["run_key"])
             if live is not None:
+                live.helloed = True
                 return live
             existing = await reads.find_run(self.store, run_key=msg["run_key"])
             if existing is not None:
                 if existing["status"] in ("finished", "failed"):
                     raise UnknownRun(f"run {existing['id']} with this key has already ended")
-                return await self._adopt(existing)
+                # a restarted daemon (or a lost run whose process speaks again):
+                # the same run resumes, its stored messages acknowledged
+                live = await self._adopt(existing)
+                live.helloed = True
+                return live
             default = self.default_gpu.uuid if self.default_gpu else None
             cuda_uuid = msg.get("cuda_uuid") or default
             gpu_model, gpu_count = self._gpu(cuda_uuid)
@@ -163,6 +168,7 @@ class RunService:
                 msg["mono_ns"],
                 cuda_uuid,
                 local_pid=self._local(msg.get("pid_ns")),
+                helloed=True,
             )
             self.registry.add(live)
             log.info("run %d %r started (pid %d)", run_id, row["run_name"], msg["pid"])
@@ -200,6 +206,7 @@ class RunService:
         )
         live.received = live.persisted_received = int(run["received_events"] or 0)
         live.store_dropped = int(run.get("store_dropped_events") or 0)
+        live.seq = int(run.get("shim_seq") or 0)
         live.steps = await reads.count_steps(self.store, run["id"])
         return live
 

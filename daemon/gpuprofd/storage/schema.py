@@ -37,7 +37,7 @@ from gpuprof.insights.gpu import (
 )
 from gpuprofd.core.errors import DatabaseError
 
-SCHEMA_VERSION = 16
+SCHEMA_VERSION = 17
 #: Columns added since schema 1: (table, column, declaration).
 _ADDED_IN_2 = (
     ("steps", "skipped", "INTEGER DEFAULT 0"),
@@ -97,8 +97,12 @@ _ADDED_IN_10 = (
 _ADDED_IN_14 = (("runs", "user_name", "TEXT"),)
 #: ... and since schema 15: the project a run counts to and its tags (gpuprof.labels).
 _ADDED_IN_16 = (("runs", "project", "TEXT"), ("runs", "tags", "TEXT"))
+#: ... and since schema 16: the highest shim message stored (a resend is stored once).
+_ADDED_IN_17 = (("runs", "shim_seq", "INTEGER DEFAULT 0"),)
+#: The runs columns of schema 17, as an older database read as it is shows them.
+_RUNS_17 = ", 0 AS shim_seq"
 #: The runs columns of schema 16, NULL in an older database read as it is.
-_RUNS_16 = ", NULL AS project, NULL AS tags"
+_RUNS_16 = ", NULL AS project, NULL AS tags" + _RUNS_17
 #: The runs columns of schema 14, NULL in an older database read as it is.
 _RUNS_14 = ", NULL AS user_name" + _RUNS_16
 #: The runs columns of schema 10, as an older database read as it is shows them.
@@ -129,6 +133,7 @@ _ADDED = (
     (11, _ADDED_IN_11),
     (14, _ADDED_IN_14),
     (16, _ADDED_IN_16),
+    (17, _ADDED_IN_17),
 )
 
 
@@ -210,7 +215,8 @@ CREATE TABLE IF NOT EXISTS runs (
     node_id TEXT,                    -- team server: the node that forwarded it (ingest_nodes)
     user_name TEXT,                  -- schema 14: who trained (the login name); NULL: unknown
     project TEXT,                    -- schema 16: the project it counts to; NULL: none
-    tags TEXT                        -- schema 16: json {key: value}; NULL: none
+    tags TEXT,                       -- schema 16: json {key: value}; NULL: none
+    shim_seq INTEGER DEFAULT 0       -- schema 17: the highest shim message stored (its seq)
 );
 CREATE INDEX IF NOT EXISTS runs_project ON runs (project);
 CREATE INDEX IF NOT EXISTS runs_name ON runs (run_name, id);
@@ -552,8 +558,6 @@ def shadow_old_tables(conn: sqlite3.Connection, version: int) -> None:
     if version < 16:
         conn.execute(_RUN_COSTS_TEMP)
         conn.execute(_RUN_COST_FINDINGS_TEMP)
-    if 14 <= version < 16:
-        conn.execute(f"CREATE TEMP VIEW runs AS SELECT *{_RUNS_16} FROM main.runs")
     if version < 15:
         conn.execute(_HOST_ROLLUPS_TEMP)
         conn.execute(_STEP_TOTALS_TEMP)
@@ -570,6 +574,10 @@ def shadow_old_tables(conn: sqlite3.Connection, version: int) -> None:
             "CREATE TEMP TABLE comm_buckets (run_id INTEGER, step INTEGER, bucket INTEGER, "
             "start_ns INTEGER, end_ns INTEGER, bytes INTEGER)"
         )
+    if version == 16:
+        conn.execute(f"CREATE TEMP VIEW runs AS SELECT *{_RUNS_17} FROM main.runs")
+    if 14 <= version < 16:
+        conn.execute(f"CREATE TEMP VIEW runs AS SELECT *{_RUNS_16} FROM main.runs")
     if 10 <= version < 14:
         conn.execute(f"CREATE TEMP VIEW runs AS SELECT *{_RUNS_14} FROM main.runs")
     if version in (8, 9):

@@ -74,6 +74,7 @@ from gpuprofd.storage.reads.runs import (
     runs_rows,
     runs_with_status,
     step_aggregates,
+    stored_seq,
     worst_iteration_ns,
 )
 from gpuprofd.storage.sqlite import MISSING_HINT, open_ro
@@ -91,6 +92,7 @@ __all__ = [
     "count_steps",
     "ended_ranks",
     "find_run",
+    "stored_seq",
     "get_run",
     "latest_run_named",
     "gpu_stats",

@@ -115,6 +115,12 @@ async def find_run(
     return queries.run_from_row(row) if row is not None else None
 
 
+async def stored_seq(db: Reader, run_id: int) -> int:
+    """The highest shim sequence number committed for run *run_id* (0: none)."""
+    row = await db.fetchone("SELECT shim_seq FROM runs WHERE id = ?", (run_id,))
+    return int(row[0] or 0) if row is not None else 0
+
+
 async def runs_with_status(db: Reader, status: str) -> list[dict[str, Any]]:
     """The runs with *status*, by id."""
     rows = await db.fetchall("SELECT * FROM runs WHERE status = ? ORDER BY id", (status,))

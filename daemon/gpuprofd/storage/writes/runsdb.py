@@ -98,6 +98,16 @@ _RUN_COLUMNS = (
 )
 
 
+def seq_op(run_id: int, seq: int, received: int) -> Op:
+    """Record that the shim's message *seq* of run *run_id* is stored, with
+    the run's *received* events so far: queued after the message's events, so
+    it commits with them or after them (a restart resumes from it exactly)."""
+    return Op(
+        "UPDATE runs SET shim_seq = ?, received_events = ? WHERE id = ?",
+        (seq, received, run_id),
+    )
+
+
 def step_op(run_id: int, msg: Mapping[str, Any]) -> Op:
     """The insert of one validated ``step`` message; its optional ``mem``
     (torch allocator ``[allocated, reserved, peak]`` bytes) fills the three
