@@ -28,6 +28,7 @@ TIMING_RULES = frozenset(
         "dataloader_stall",
         "cpu_bound_dataloader",
         "io_bound_dataloader",
+        "prefetch_queue_starved",
         "compilation_warmup",
         "first_step_outlier",
         "high_step_variance",

@@ -130,6 +130,65 @@ def dataloader_stall(ctx: RunContext) -> Insight | None:
     )
 
 
+#: Product description's data-pipeline rule: a wait on the loader above this
+#: (ms) means the prefetched batches ran out before the step asked for one.
+STARVED_WAIT_MS = 30.0
+#: ... on at least this share of the steps (step 0 excluded): a few slow
+#: batches are a hiccup, a fifth of the steps is a queue that runs dry.
+STARVED_STEP_SHARE = 0.20
+
+
+def _prefetch_fixes(ctx: RunContext) -> list[str]:
+    """The settings that deepen the loader's queue, never one already in place."""
+    cfg = loading.main_loader(ctx)
+    if cfg is None:
+        return ["raise the DataLoader's prefetch_factor (e.g. 4) and set persistent_workers=True"]
+    if cfg.num_workers == 0:
+        return ["load in worker processes (num_workers > 0; it is 0 now, so nothing is prefetched)"]
+    out: list[str] = []
+    if (cfg.prefetch_factor or 2) < 4:
+        out.append(f"raise prefetch_factor from {cfg.prefetch_factor or 2} to 4")
+    if not cfg.persistent_workers:
+        out.append("set persistent_workers=True (the queue starts empty every epoch)")
+    if not out:  # queue already deep and kept: the workers are too few or too slow
+        out.append(f"raise num_workers from {cfg.num_workers}")
+    return out
+
+
+@rule("prefetch_queue_starved")
+def prefetch_queue_starved(ctx: RunContext) -> Insight | None:
+    """Fires when a timed DataLoader's wait exceeds :data:`STARVED_WAIT_MS` on
+    ≥ :data:`STARVED_STEP_SHARE` of the steps (step 0 excluded): its prefetch
+    queue ran dry. The fix fits the loader's settings (``prefetch_factor``,
+    ``persistent_workers``, ``num_workers``) as :func:`dataloader_stall`'s does.
+    Silent without a timed loader (the gap between steps is not a queue)."""
+    if not ctx.explicit_wait or ctx.steps < 2:
+        return None
+    waits = ctx.loader_ms[1:]
+    starved = sum(1 for w in waits if w > STARVED_WAIT_MS)
+    share = starved / len(waits)
+    if share < STARVED_STEP_SHARE:
+        return None
+    slow = [w for w in waits if w > STARVED_WAIT_MS]
+    fixes = _prefetch_fixes(ctx)
+    evidence: dict[str, object] = {
+        "starved_steps": starved,
+        "starved_share": round(share, 4),
+        "median_starved_wait_ms": round(median(slow), 3),
+        **loading.config_evidence(ctx),
+    }
+    return Insight(
+        rule="prefetch_queue_starved",
+        severity="MED",
+        title=f"loader queue ran dry on {share:.0%} of steps (wait > {STARVED_WAIT_MS:.0f} ms)",
+        detail=f"On {starved} of {len(waits)} steps the loop waited more than "
+        f"{STARVED_WAIT_MS:.0f} ms (median {median(slow):.0f} ms) for a batch: the "
+        "batches loaded ahead were used up before the step asked for the next one.",
+        fix="Keep more batches ready: " + "; ".join(fixes) + ".",
+        evidence=evidence,
+    )
+
+
 def _loader_starved(ctx: RunContext) -> tuple[float, float | None] | None:
     """(cores other processes held, share of steps contended or None) when
     others starve the run: host CPU during the steps > :data:`CPU_BOUND_PCT`,

@@ -541,3 +541,34 @@ def test_slow_steps_away_from_the_trace_windows_are_the_loops():
     )
     assert prior.title.endswith("; slow every 50 steps")
     assert prior.evidence["after_trace_steps"] == 0
+
+
+def test_prefetch_queue_starved_fires_and_fits_the_loader():
+    from gpuprof.insights.steps import prefetch_queue_starved
+
+    # 10 of 19 steady steps wait 45 ms (> 30 ms); 2 workers, default prefetch, not persistent
+    waits = [500] + [45, 2] * 9 + [45]
+    ctx = make_ctx([60] * 20, waits, explicit_wait=True, loaders=(_loader(2, False, True, 2),))
+    ins = prefetch_queue_starved(ctx)
+    assert ins is not None and ins.rule == "prefetch_queue_starved"
+    assert ins.evidence["starved_steps"] == 10
+    assert ins.evidence["starved_share"] == pytest.approx(10 / 19, abs=1e-4)
+    assert "raise prefetch_factor from 2 to 4" in ins.fix
+    assert "persistent_workers=True" in ins.fix
+    # settings already in place are not recommended again
+    ctx = make_ctx([60] * 20, waits, explicit_wait=True, loaders=(_loader(2, True, True, 4),))
+    fix = prefetch_queue_starved(ctx).fix
+    assert "prefetch_factor" not in fix and "persistent_workers" not in fix
+    assert "raise num_workers from 2" in fix
+
+
+def test_prefetch_queue_starved_silent_below_share_or_threshold():
+    from gpuprof.insights.steps import prefetch_queue_starved
+
+    # 3 of 19 steps (16 %) over 30 ms: a hiccup, not a dry queue
+    few = [500] + [45] * 3 + [2] * 16
+    assert prefetch_queue_starved(make_ctx([60] * 20, few, explicit_wait=True)) is None
+    # every step waits, but 25 ms: under the 30 ms threshold
+    assert prefetch_queue_starved(make_ctx([60] * 20, [25] * 20, explicit_wait=True)) is None
+    # no timed loader: the gap between steps is not a prefetch queue
+    assert prefetch_queue_starved(make_ctx([60] * 20, [45] * 20)) is None
