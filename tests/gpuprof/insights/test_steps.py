@@ -572,3 +572,18 @@ def test_prefetch_queue_starved_silent_below_share_or_threshold():
     assert prefetch_queue_starved(make_ctx([60] * 20, [25] * 20, explicit_wait=True)) is None
     # no timed loader: the gap between steps is not a prefetch queue
     assert prefetch_queue_starved(make_ctx([60] * 20, [45] * 20)) is None
+
+
+def test_periodic_inter_step_gap_says_every_n_steps():
+    # 200 steps of 5 ms, ~1 ms between steps, a 40 ms pause after every 20th step
+    gaps = [40.0 if i % 20 == 19 else 1.0 for i in range(200)]
+    ins = dataloader_stall(make_ctx([5.0] * 200, gaps))
+    assert ins is not None
+    assert "every 20 steps" in ins.title and "~40 ms" in ins.detail
+    assert ins.evidence["every_steps"] == 20
+    assert ins.evidence["periodic_gap_ms"] == pytest.approx(40.0)
+
+
+def test_steady_inter_step_gap_keeps_its_wording():
+    ins = dataloader_stall(make_ctx([5.0] * 200, [3.0] * 200))
+    assert ins is not None and "every" not in ins.title and "every_steps" not in ins.evidence
