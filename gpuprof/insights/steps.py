@@ -81,6 +81,25 @@ def dataloader_stall(ctx: RunContext) -> Insight | None:
         "stall_fraction": round(frac, 4),
         "mean_wait_ms": round(mean_wait, 3),
     }
+    periodic = _periodic_gap(ctx) if not ctx.explicit_wait else None
+    if periodic is not None:  # one pause every N steps: periodic host work, not loading
+        every, slow_ms = periodic
+        evidence["every_steps"] = every
+        evidence["periodic_gap_ms"] = round(slow_ms, 3)
+        return Insight(
+            rule="dataloader_stall",
+            severity=severity,
+            title=f"{frac:.0%} of step time spent between steps, every {every} steps "
+            "(periodic inter-step gap)",
+            detail=f"Every {every} steps, ~{slow_ms:.0f} ms passed between one optimizer "
+            f"step and the next forward; {mean_wait:.1f} ms per step on average. Periodic "
+            "host work outside the steps (a checkpoint save, evaluation, a log flush), "
+            "not the input pipeline.",
+            fix="Make that periodic work cheaper or move it off the training thread (e.g. "
+            "save checkpoints from a background thread or with "
+            "torch.distributed.checkpoint.async_save), or run it less often.",
+            evidence=evidence,
+        )
     if not ctx.explicit_wait:  # no timed DataLoader: whatever ran between the steps
         return Insight(
             rule="dataloader_stall",
@@ -128,6 +147,37 @@ def dataloader_stall(ctx: RunContext) -> Insight | None:
         fix=fix,
         evidence=evidence,
     )
+
+
+#: A gap below this (ms) is never a slow one, whatever the median gap: loops
+#: with next to nothing between steps have a median gap near 0 ms.
+GAP_SLOW_MIN_MS = 1.0
+
+
+def _periodic_gap(ctx: RunContext) -> tuple[int, float] | None:
+    """(N, median slow gap ms) when the inter-step gap is long every N steps
+    through the whole steady run, with :func:`high_step_variance`'s guards
+    (≥ :data:`VARIANCE_MIN_STEPS` steady steps, ≥ :data:`VARIANCE_MIN_SLOW_STEPS`
+    gaps over :data:`VARIANCE_RATIO` × the median gap losing ≥
+    :data:`VARIANCE_MIN_EXCESS_MS`, more repeats on a contended host); else None."""
+    gaps = ctx.loader_ms[WARMUP_STEPS:]
+    if len(gaps) < VARIANCE_MIN_STEPS:
+        return None
+    p50 = percentile(gaps, 50)
+    floor = max(VARIANCE_RATIO * p50, GAP_SLOW_MIN_MS)
+    slow_idx = [WARMUP_STEPS + i for i, g in enumerate(gaps) if g > floor]
+    excess = [ctx.loader_ms[i] - p50 for i in slow_idx]
+    if len(slow_idx) < VARIANCE_MIN_SLOW_STEPS or sum(excess) < VARIANCE_MIN_EXCESS_MS:
+        return None
+    during, _ = _others_slow_rest(ctx, slow_idx, excess)
+    busy = _host_contended(ctx, during)
+    repeats = VARIANCE_PERIOD_MIN_REPEATS_CONTENDED if busy else pattern.PERIODIC_MIN_REPEATS
+    numbers = ctx.numbers
+    slow_at = [numbers[i] for i in slow_idx]
+    found = pattern.period(slow_at, numbers[WARMUP_STEPS:], excess, repeats)
+    if found is None:
+        return None
+    return found.every, median([ctx.loader_ms[i] for i in slow_idx])
 
 
 def _loader_starved(ctx: RunContext) -> tuple[float, float | None] | None:

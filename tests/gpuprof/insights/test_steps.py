@@ -579,3 +579,18 @@ def test_slow_steps_away_from_the_trace_windows_are_the_loops():
     )
     assert prior.title.endswith("; slow every 50 steps")
     assert prior.evidence["after_trace_steps"] == 0
+
+
+def test_periodic_inter_step_gap_says_every_n_steps():
+    # 200 steps of 5 ms, ~1 ms between steps, a 40 ms pause after every 20th step
+    gaps = [40.0 if i % 20 == 19 else 1.0 for i in range(200)]
+    ins = dataloader_stall(make_ctx([5.0] * 200, gaps))
+    assert ins is not None
+    assert "every 20 steps" in ins.title and "~40 ms" in ins.detail
+    assert ins.evidence["every_steps"] == 20
+    assert ins.evidence["periodic_gap_ms"] == pytest.approx(40.0)
+
+
+def test_steady_inter_step_gap_keeps_its_wording():
+    ins = dataloader_stall(make_ctx([5.0] * 200, [3.0] * 200))
+    assert ins is not None and "every" not in ins.title and "every_steps" not in ins.evidence

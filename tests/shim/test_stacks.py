@@ -1,0 +1,73 @@
+from __future__ import annotations
+
+import inspect
+import os
+import threading
+
+import torch
+
+from gpuprof_shim.stacks import StackSampler, top_sites
+
+
+def test_a_sample_folds_gpuprof_frames_into_the_calling_user_line():
+    sampler = StackSampler(threading.get_ident(), gate=lambda: True, step=lambda: 7)
+    line = inspect.currentframe().f_lineno + 1
+    sampler.sample_once()
+    ((key, count),) = sampler.counts.items()
+    assert (key.file, key.line, key.function, key.step) == (
+        __file__,
+        line,
+        inspect.currentframe().f_code.co_name,
+        7,
+    )
+    assert key.call.endswith("StackSampler.sample_once") and count == 1
+
+
+def test_closed_gate_samples_nothing():
+    sampler = StackSampler(threading.get_ident(), gate=lambda: False, step=lambda: 0)
+    for _ in range(5):
+        sampler.sample_once()
+    assert sampler.samples == 0 and sampler.counts == {}
+
+
+def test_keys_past_the_bound_are_counted_as_dropped():
+    step = iter(range(10))
+    sampler = StackSampler(threading.get_ident(), lambda: True, lambda: next(step), max_keys=3)
+    for _ in range(5):
+        sampler.sample_once()
+    assert len(sampler.counts) == 3 and sampler.dropped == 2
+
+
+def _save_checkpoint(model: torch.nn.Module, path: str) -> None:
+    with open(path, "wb") as f:
+        torch.save(model.state_dict(), f)  # the line the finding must name
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def test_a_real_checkpoint_loop_names_torch_save_and_its_line(tmp_path):
+    model = torch.nn.Linear(1024, 2048)  # 8 MB of weights
+    x = torch.randn(64, 1024)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    between = threading.Event()  # open only outside forward/backward/optimizer
+    step = [0]
+    sampler = StackSampler(threading.get_ident(), between.is_set, lambda: step[0])
+    sampler.start()
+    try:
+        for i in range(40):
+            step[0] = i
+            model(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            if i % 5 == 4:
+                between.set()
+                _save_checkpoint(model, str(tmp_path / "ckpt.pt"))
+                between.clear()
+    finally:
+        sampler.stop()
+    save_line = inspect.getsourcelines(_save_checkpoint)[1] + 2
+    # the time in torch.save counts at the user's line that called it (fsync's
+    # share at the next line depends on the disk, so it is not asserted)
+    in_torch = [s for s, _ in top_sites(sampler.counts, n=50) if s[3].startswith("torch.")]
+    assert in_torch[0] == (__file__, save_line, "_save_checkpoint", "torch.serialization.save")
+    assert {k.step % 5 for k in sampler.counts} == {4}  # only the saving steps
