@@ -80,6 +80,8 @@ class DaemonLink:
         self._run_key: str | None = None
         self._keeper: threading.Thread | None = None
         self._stop = threading.Event()
+        # at exit (settle): ask for the acknowledgement at once, not on the 4 Hz beat
+        self._settling = threading.Event()
 
     def connect(self, hello: Callable[[], dict[str, Any]]) -> None:
         """Open the data socket and send ``hello`` (the message *hello*
@@ -161,7 +163,7 @@ class DaemonLink:
                 if buf is not None and buf.backlog and not sender.drain():
                     sender.poll_out(50)
                 now = time.monotonic()
-                if now < next_ack:
+                if now < next_ack and not self._settling.is_set():
                     continue
                 next_ack = now + ACK_INTERVAL_S
                 acked = control.parse_ack_reply(
@@ -224,6 +226,7 @@ class DaemonLink:
         now = time.monotonic()
         deadline, absent_until = now + wait_s, now + SETTLE_ABSENT_S
         control_path = self.socket_dir / config.CONTROL_SOCKET_NAME
+        self._settling.set()
         while len(sender.buffer) and now < min(deadline, absent_until):
             sender.wakeup.set()
             time.sleep(0.02)
