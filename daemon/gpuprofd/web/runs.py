@@ -21,9 +21,14 @@ def clock_of(run: dict[str, Any]) -> RunClock:
     return RunClock(run.get("start_wall_ns") or mono, mono)
 
 
+#: The shortest window a run has, ns (a run that ended as it started).
+MIN_SPAN_NS = 1_000_000
+
+
 async def window_of(state: WebState, run: dict[str, Any]) -> tuple[int, int]:
     """The run's span in its boot's monotonic ns: start to end; a running
-    run on this node to now, elsewhere to its last step's end."""
+    run on this node to now, elsewhere to its last step's end (a second
+    after its start when it has none)."""
     lo = run.get("start_mono_ns") or 0
     hi = run.get("end_mono_ns")
     if hi is None:
@@ -32,7 +37,9 @@ async def window_of(state: WebState, run: dict[str, Any]) -> tuple[int, int]:
             hi = state.now_mono_ns()
         else:
             hi = await reads.last_step_end(state.reader, run["id"])
-    return lo, max(hi or lo, lo + 1)
+    # a window the page can ask for again in unix seconds (a double holds
+    # 0.24 µs at today's epoch): a run with no step yet spans a second
+    return lo, max(hi or lo, lo + (MIN_SPAN_NS if hi else NS_PER_S))
 
 
 @dataclass(frozen=True)

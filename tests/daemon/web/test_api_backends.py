@@ -497,3 +497,35 @@ async def test_a_run_without_a_device_shows_the_gpus_sampled_while_it_ran(
     assert [g["uuid"] for g in run["gpus"]] == want
     assert [g["mem_total_bytes"] for g in run["gpus"]] == [150 * 10**9] * 2
     assert [g["uuid"] for g in got["gpus"]] == want
+
+
+async def test_a_run_with_no_steps_yet_has_a_window_the_page_can_ask_again(
+    storage_url: str,
+) -> None:
+    # a team server's run that has said hello but sent no step: no end, no last step
+    async with open_store(storage_url) as store:
+        run_id = await runsdb.insert_run(
+            store,
+            {
+                "run_key": "k-empty",
+                "run_name": "empty",
+                "status": "running",
+                "start_wall_ns": START_WALL,
+                "start_mono_ns": START_MONO,
+                "options": {},
+                "boot_id": "another-node",
+            },
+        )
+        await store.flush()
+        state = WebState(reader=store, now_mono_ns=None)
+        async with test_utils.TestClient(test_utils.TestServer(build_app(state))) as client:
+            first = await _json(client, f"/api/v1/runs/{run_id}/series?width=100&parts=steps")
+            w = first["window"]
+            # the page's second request: the same window in unix seconds, as JSON gave it
+            again = await _json(
+                client,
+                f"/api/v1/runs/{run_id}/series?from={w['from']}&to={w['to']}&width=100&parts=gpus,host",
+            )
+    assert w["to"] > w["from"] == START_WALL / 1e9
+    assert again["window"] == w
+    assert first["steps"]["t"] == [] and again["gpus"] == []
