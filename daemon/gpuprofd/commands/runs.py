@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from rich.cells import cell_len
 
 from gpuprof.summary import seconds_text
 from gpuprofd.commands.common import (
@@ -16,6 +17,7 @@ from gpuprofd.commands.common import (
     resolve_target,
     storage_url_option,
 )
+from gpuprofd.commands.termtext import fit, safe
 from gpuprofd.storage import reads
 from gpuprofd.views.runs import COLUMNS, describe, iteration_shares, list_runs
 
@@ -26,15 +28,15 @@ def _cell(v: float | None) -> str:
     return "-" if v is None else f"{v:.1f}"
 
 
+#: Terminal cells of a run's name in the runs table (then "…").
+NAME_CELLS = 40
 #: Characters of a group name in the runs table (then "…"): torchrun's UUID
 #: run ids are 36; ``gpuprofctl runs --group`` takes the whole name.
 GROUP_CHARS = 12
 
 
 def _group_cell(group: str | None) -> str:
-    if not group:
-        return "-"
-    return group if len(group) <= GROUP_CHARS + 1 else group[:GROUP_CHARS] + "…"
+    return fit(safe(group), GROUP_CHARS + 1) if group else "-"
 
 
 def format_table(rows: list[dict[str, Any]], ranks: bool = False, groups: bool = False) -> str:
@@ -66,7 +68,7 @@ def format_table(rows: list[dict[str, Any]], ranks: bool = False, groups: bool =
         lines.append(
             (
                 *first,
-                r["run_name"][:40],
+                fit(safe(r["run_name"]), NAME_CELLS),
                 r["status"],
                 str(r["steps"]),
                 "-" if r["micro_batches_per_step"] is None else f"{r['micro_batches_per_step']:g}",
@@ -77,14 +79,15 @@ def format_table(rows: list[dict[str, Any]], ranks: bool = False, groups: bool =
                 str(r["dropped_events"] + r.get("store_dropped_events", 0)),
             )
         )
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    widths = [max(cell_len(line[i]) for line in lines) for i in range(len(header))]
     text_cols = {len(lead), len(lead) + 1} | ({1} if groups else set())  # NAME, STATUS, GROUP
 
     def fmt(line: tuple[str, ...]) -> str:  # text columns left, numbers right
-        cells = zip(line, widths, strict=True)
-        return "  ".join(
-            c.ljust(w) if i in text_cols or i == 0 else c.rjust(w) for i, (c, w) in enumerate(cells)
-        )
+        out = []
+        for i, (c, w) in enumerate(zip(line, widths, strict=True)):
+            pad = " " * (w - cell_len(c))  # terminal cells: a wide character takes two
+            out.append(c + pad if i in text_cols or i == 0 else pad + c)
+        return "  ".join(out)
 
     return "\n".join(fmt(line).rstrip() for line in lines)
 

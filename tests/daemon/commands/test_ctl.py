@@ -104,6 +104,26 @@ def test_runs_table_says_a_short_evaluation_in_ms(
     assert lines[1].endswith("0    4 ms        0") and lines[2].endswith("0  12.3 s        2")
 
 
+def test_runs_table_keeps_columns_under_wide_and_hostile_names(
+    real_db: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rich.cells import cell_len
+
+    from gpuprofd.commands.runs import format_table
+
+    assert main(["runs", str(real_db), "--format", "json"]) == 0
+    rows = orjson.loads(capsys.readouterr().out)
+    rows[0]["run_name"] = "🚀 rocket 训练"  # two wide characters... and three
+    rows[1]["run_name"] = "evil\x1b[2J" + "x" * 60
+    lines = format_table(rows).splitlines()
+    words = ("STATUS", rows[0]["status"], rows[1]["status"])
+    status_at = [line.index(f"  {w} ") + 2 for line, w in zip(lines, words, strict=True)]
+    # STATUS starts in the same terminal cell on every line
+    assert len({cell_len(line[:i]) for line, i in zip(lines, status_at, strict=True)}) == 1, lines
+    assert "\x1b" not in "".join(lines) and "evil\\x1b[2J" in lines[2]
+    assert "…" in lines[2] and "🚀 rocket 训练" in lines[1]
+
+
 def _iteration(
     run_key: str, i: int, t0: int, wait: int, step: int, phases: dict[str, int], micro: int = 1
 ) -> dict[str, Any]:
