@@ -9,7 +9,8 @@ in the repository, else gpuprofd's mock GPU), then trains a small model on
 the CPU under ``gpuprof.profile("dashboard-demo", dashboard=True)``, which
 prints the dashboard's URL first: open it and watch the step times, the phase
 split and the GPU's utilization, memory, power and clocks update while the
-run goes on. The run is stored in ``--db`` (``gpuprofctl runs gpuprof-demo.db``).
+run goes on (or, in a terminal, ``gpuprofctl top gpuprof-demo.db``). The run
+is stored in ``--db`` (``gpuprofctl runs gpuprof-demo.db``).
 
 The model is an MLP on made-up data; the loader crops and flips each batch
 in Python and, for 10 s of every 30 s, waits on slow "storage" too; every 300
@@ -22,11 +23,9 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
@@ -38,6 +37,7 @@ from torch import nn
 from torch.utils.data import DataLoader, IterableDataset
 
 import gpuprof
+from gpuprof import config
 from gpuprofd.commands import client
 from gpuprofd.core.errors import NoDaemonError
 
@@ -156,20 +156,33 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(f"no H200 trace at {args.trace}: the GPU is gpuprofd's mock one", flush=True)
         nvml = "mock"
-    socket_dir = Path(tempfile.mkdtemp(prefix="gpdemo", dir="/tmp"))  # ipc paths are short
+    db = args.db.resolve()
+    # the socket directory gpuprofctl finds for this database (never a node-wide
+    # GPUPROF_SOCKET's daemon), so `gpuprofctl top DB` watches the demo
+    socket_dir = config.socket_dir(env={**os.environ, config.ENV_SOCKET: ""}, db=db)
     try:
-        db = args.db.resolve()
-        daemon = start_daemon(socket_dir, db, nvml, args.http)
-        try:
-            steps = train(args.seconds, socket_dir, db)
-            if sys.stdin.isatty():
-                input(f"{steps} steps trained; the dashboard stays up until you press Enter. ")
-        except KeyboardInterrupt:
-            print("\ninterrupted")
-        finally:
-            stop_daemon(daemon)
+        client.ping(socket_dir, 0.5)
+    except NoDaemonError:
+        pass
+    else:
+        raise SystemExit(
+            f"a gpuprofd already serves {args.db} (an earlier demo's?): stop it with "
+            f"`gpuprofctl stop {args.db}`, or give --db another file"
+        )
+    socket_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    daemon = start_daemon(socket_dir, db, nvml, args.http)
+    watch = f"gpuprofctl top {args.db}"
+    if config.socket_dir(db=db) != socket_dir:  # GPUPROF_SOCKET names another daemon
+        watch = f"gpuprofctl top --socket-dir {socket_dir}"
+    print(f"in a terminal: {watch}", flush=True)
+    try:
+        steps = train(args.seconds, socket_dir, db)
+        if sys.stdin.isatty():
+            input(f"{steps} steps trained; the dashboard stays up until you press Enter. ")
+    except KeyboardInterrupt:
+        print("\ninterrupted")
     finally:
-        shutil.rmtree(socket_dir, ignore_errors=True)
+        stop_daemon(daemon)
     print(f"the run is stored in {args.db}: gpuprofctl runs {args.db}")
     return 0
 
