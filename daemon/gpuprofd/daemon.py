@@ -66,7 +66,7 @@ from gpuprofd.storage.upkeep import (
     steprollup,
 )
 from gpuprofd.storage.url import StorageUrl
-from gpuprofd.storage.writes import Store
+from gpuprofd.storage.writes import Store, costs
 from gpuprofd.web import address as http_address
 from gpuprofd.web.address import HttpAddress
 
@@ -299,6 +299,8 @@ class Daemon:
             task("host", host.run(sinks.on_host_sample, opts.host_interval_s))
         )
         await stack.enter_async_context(task("lifecycle", lifecycle.run()))
+        # the GPU-hours rows of runs this database held before it had them
+        await stack.enter_async_context(task("backfill-costs", costs.backfill(store)))
         for name, interval_s, job in (
             ("prune-raw", retention.interval_s, retention.prune_raw),
             ("compact-kernels", retention.interval_s, retention.compact_kernels),

@@ -110,16 +110,6 @@ class Server:
             if not lock.locked():
                 self._ending.pop(run_id, None)
 
-    async def _backfill_costs(self) -> None:
-        """The rollup rows of runs stored before schema 16 (once, at start)."""
-        try:
-            made = await costs.refresh_all(self.store, missing_only=True)
-        except Exception:  # noqa: BLE001 - the page then lacks those runs; said in the log
-            log.exception("the GPU-hours rows of older runs were not made")
-            return
-        if made:
-            log.info("GPU-hours rows made for %d runs stored before", made)
-
     async def _roll_steps(self) -> None:
         """The step and host rollup tiers of ingested runs, as a node keeps
         its own (:mod:`gpuprofd.storage.upkeep.steprollup`,
@@ -216,7 +206,7 @@ class Server:
                 ready(self.url)
             keeper = asyncio.create_task(self._retention())
             roller = asyncio.create_task(self._roll_steps())
-            loops = [keeper, roller, asyncio.create_task(self._backfill_costs())]
+            loops = [keeper, roller, asyncio.create_task(costs.backfill(self.store))]
             if opts.digest_url is not None:
                 loops.append(asyncio.create_task(self._digests()))
             await self._stop.wait()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import sqlite3
 import threading
 import time
 from pathlib import Path
@@ -129,6 +130,30 @@ def test_hello_steps_bye_stores_the_run_and_returns_the_summary(
     ]
     assert sorted(stored) == sorted(i["rule"] for i in summary["insights"])
     assert client.ping()["live_runs"] == []
+
+
+def test_a_node_gives_runs_stored_before_the_rollups_their_rows_at_start(
+    daemons, sock_dir: Path, tmp_path: Path, my_pid: int
+) -> None:
+    db = tmp_path / "g.db"
+    proc, client = daemons.start_ready(sock_dir, db)
+    client.request(h.hello("k-old", my_pid, run_name="old", project="llm"))
+    base = time.monotonic_ns()
+    for i in range(5):
+        client.push(h.step("k-old", i, base))
+    assert client.request(h.bye("k-old", sent=5))["ok"] is True
+    client.close()
+    assert daemons.stop(proc) == 0
+    made = h.query(db, "SELECT run_id, project, at_wall_ns FROM run_costs")
+    assert len(made) == 1
+    # as a database from before the rollups holds it: an ended run, no row
+    with sqlite3.connect(db) as conn:
+        conn.execute("DELETE FROM run_costs")
+    daemons.start_ready(sock_dir, db)
+    h.poll_db(db, "SELECT COUNT(*) FROM run_costs", (), 1)
+    assert [tuple(r) for r in h.query(db, "SELECT run_id, project, at_wall_ns FROM run_costs")] == [
+        tuple(made[0])
+    ]
 
 
 def test_bye_waits_for_events_still_in_flight(

@@ -9,6 +9,7 @@ SQL (:mod:`gpuprofd.storage.reads.rollups`), always match its summary.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import orjson
@@ -16,6 +17,8 @@ import orjson
 from gpuprof.gpuhours import run_cost
 from gpuprofd.storage.writes.ops import Txn
 from gpuprofd.storage.writes.store import Store
+
+log = logging.getLogger(__name__)
 
 _COLUMNS = (
     "id, run_name, user_name, project, node_id, host, start_wall_ns, "
@@ -103,3 +106,17 @@ async def refresh_all(store: Store, missing_only: bool = False) -> int:
     for i in range(0, len(ids), _CHUNK):
         done += await refresh_runs(store, ids[i : i + _CHUNK])
     return done
+
+
+async def backfill(store: Store) -> int:
+    """The rows of ended runs stored before schema 16 (a node's or a team
+    server's database upgraded), made once at start; a failure is logged and
+    the rollups then lack those runs. Returns the runs given rows."""
+    try:
+        made = await refresh_all(store, missing_only=True)
+    except Exception:  # noqa: BLE001 - the daemon goes on; said in its log
+        log.exception("the GPU-hours rows of older runs were not made")
+        return 0
+    if made:
+        log.info("GPU-hours rows made for %d runs stored before", made)
+    return made
