@@ -106,7 +106,10 @@ async def run_view(state: WebState, run_id: int) -> tuple[dict[str, Any], dict[s
     median = run.get("median_step_ms")
     row = describe(run, median if median is not None else summary.get("median_step_ms"), summary)
     lo, hi = await window_of(state, run)
-    mean = summary.get("avg_step_ms")
+    # the summary block's headline figures (steady state), not a second mean
+    mean = summary.get("mean_iteration_ms")
+    if mean is None:  # too few steps for a steady state
+        mean = summary.get("avg_step_ms")
     view = {
         "id": run["id"],
         "name": run["run_name"],
@@ -123,7 +126,7 @@ async def run_view(state: WebState, run_id: int) -> tuple[dict[str, Any], dict[s
         "steps": row["steps"],
         "median_step_ms": row["median_step_ms"],
         "mean_step_ms": mean,
-        "steps_per_s": round(1000.0 / mean, 3) if mean else None,
+        "steps_per_s": summary.get("steps_per_s") or (round(1000.0 / mean, 3) if mean else None),
         "micro_batches": (run["agg"] or {}).get("micro_max"),
         "mfu": row["mfu"],
         "achieved_tflops": row["achieved_tflops"],

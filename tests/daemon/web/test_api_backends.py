@@ -529,3 +529,34 @@ async def test_a_run_with_no_steps_yet_has_a_window_the_page_can_ask_again(
     assert w["to"] > w["from"] == START_WALL / 1e9
     assert again["window"] == w
     assert first["steps"]["t"] == [] and again["gpus"] == []
+
+
+async def test_the_run_headline_is_the_summary_s_steady_state(storage_url: str) -> None:
+    # a slow first step (warm-up): the page's mean and steps/s are the summary
+    # block's steady-state figures, not a mean over every step
+    async with open_store(storage_url) as store:
+        run_id = await runsdb.insert_run(
+            store,
+            {
+                "run_key": "k-warm",
+                "run_name": "warm",
+                "status": "running",
+                "start_wall_ns": START_WALL,
+                "start_mono_ns": START_MONO,
+                "options": {},
+            },
+        )
+        for i in range(40):
+            step = _step(i)
+            if i == 0:
+                step["t1"] = step["t0"] + 2_000_000_000
+            await store.submit(runsdb.step_op(run_id, step))
+        await runsdb.update_run(store, run_id, status="finished", end_mono_ns=START_MONO + 10**10)
+        await store.flush()
+        state = WebState(reader=store, now_mono_ns=None)
+        async with test_utils.TestClient(test_utils.TestServer(build_app(state))) as client:
+            got = await _json(client, f"/api/v1/runs/{run_id}")
+    run, summary = got["run"], got["summary"]
+    assert run["mean_step_ms"] == summary["mean_iteration_ms"] == pytest.approx(30.0)
+    assert run["steps_per_s"] == summary["steps_per_s"] == pytest.approx(33.333, abs=1e-3)
+    assert summary["avg_step_ms"] > 70  # the warm-up step in the all-steps mean
