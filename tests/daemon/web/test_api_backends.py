@@ -499,23 +499,19 @@ async def test_a_run_without_a_device_shows_the_gpus_sampled_while_it_ran(
     assert [g["uuid"] for g in got["gpus"]] == want
 
 
+async def _bare_run(store: Store, name: str, **extra: Any) -> int:
+    """A running run named *name* with nothing but its start."""
+    row = {"run_key": f"k-{name}", "run_name": name, "status": "running", "options": {}}
+    row.update(start_wall_ns=START_WALL, start_mono_ns=START_MONO, **extra)
+    return await runsdb.insert_run(store, row)
+
+
 async def test_a_run_with_no_steps_yet_has_a_window_the_page_can_ask_again(
     storage_url: str,
 ) -> None:
     # a team server's run that has said hello but sent no step: no end, no last step
     async with open_store(storage_url) as store:
-        run_id = await runsdb.insert_run(
-            store,
-            {
-                "run_key": "k-empty",
-                "run_name": "empty",
-                "status": "running",
-                "start_wall_ns": START_WALL,
-                "start_mono_ns": START_MONO,
-                "options": {},
-                "boot_id": "another-node",
-            },
-        )
+        run_id = await _bare_run(store, "empty", boot_id="another-node")
         await store.flush()
         state = WebState(reader=store, now_mono_ns=None)
         async with test_utils.TestClient(test_utils.TestServer(build_app(state))) as client:
@@ -535,17 +531,7 @@ async def test_the_run_headline_is_the_summary_s_steady_state(storage_url: str) 
     # a slow first step (warm-up): the page's mean and steps/s are the summary
     # block's steady-state figures, not a mean over every step
     async with open_store(storage_url) as store:
-        run_id = await runsdb.insert_run(
-            store,
-            {
-                "run_key": "k-warm",
-                "run_name": "warm",
-                "status": "running",
-                "start_wall_ns": START_WALL,
-                "start_mono_ns": START_MONO,
-                "options": {},
-            },
-        )
+        run_id = await _bare_run(store, "warm")
         for i in range(40):
             step = _step(i)
             if i == 0:
