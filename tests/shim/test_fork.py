@@ -104,7 +104,7 @@ def _assert_exact_steps(fake_daemon, prof, n: int, pools: list[set[int]]) -> Non
     steps = fake_daemon.steps
     assert [s["i"] for s in steps] == list(range(n))
     assert [s["micro"] for s in steps] == [1] * n
-    others = [m for m in fake_daemon.data if m["type"] not in ("step", "loaders")]
+    others = [m for m in fake_daemon.data if m["type"] not in ("step", "loaders", "stacks")]
     assert [m["type"] for m in others] == ["workers"] * len(pools)  # no worker's mark
     assert [m["loader_seq"] for m in others] == list(range(len(pools)))
     assert [{w["pid"] for w in m["workers"]} for m in others] == pools
@@ -113,7 +113,7 @@ def _assert_exact_steps(fake_daemon, prof, n: int, pools: list[set[int]]) -> Non
     (bye,) = fake_daemon.of_type("bye")
     loaders = [m for m in fake_daemon.data if m["type"] == "loaders"]
     assert len(loaders) <= 1  # a DataLoader's settings are reported once
-    sent = n + len(pools) + len(loaders)
+    sent = n + len(pools) + len(loaders) + fake_daemon.stacks_sent()
     assert (bye["sent"], bye["dropped"]) == (sent, 0)
     assert (prof.sender.sent, prof.sender.dropped) == (sent, 0)
 
@@ -348,7 +348,9 @@ def test_gpuprof_adds_well_under_a_second_to_process_exit(socket_dir, fake_daemo
     byes = fake_daemon.of_type("bye")
     # 8 steps + one workers and one loaders event: the persistent pool and its
     # settings are reported once, not per epoch
-    assert [(b["sent"], b["dropped"], b["status"]) for b in byes] == [(10, 0, "finished")] * 2
+    assert [
+        (b["sent"] - fake_daemon.stacks_sent(b["run_key"]), b["dropped"], b["status"]) for b in byes
+    ] == [(10, 0, "finished")] * 2
     for bye in byes:
         steps = [s["i"] for s in fake_daemon.steps if s["run_key"] == bye["run_key"]]
         assert steps == list(range(8))
