@@ -118,6 +118,20 @@ def top_frames(
     ]
 
 
+def loader_sentence(top: Sequence[FrameShare], verb: str = "spend") -> str:
+    """``The workers spend 71% of their time in augment, called from
+    dataset.py:41 (__getitem__); 20% in ...`` (*verb*: ``spend`` or ``wait``:
+    what the shares are of is the workers' sampled time either way);
+    ``""`` for no frames."""
+    if not top:
+        return ""
+    head, *rest = top
+    text = f"The workers {verb} {head.share:.0%} of their time in {head.phrase()}"
+    for f in rest:
+        text += f"; {f.share:.0%} in {f.phrase()}"
+    return text + "."
+
+
 def gap_sentence(top: Sequence[FrameShare], of: str = "the time between steps") -> str:
     """``74% of the time between steps is in torch.save, called from
     train.py:212 (save_checkpoint); 12% in ...`` (*of* names what the

@@ -139,16 +139,25 @@ def dataloader_stall(ctx: RunContext) -> Insight | None:
         "the next batch; the model sat idle meanwhile."
     )
     settings = loading.setting_fixes(ctx, cpu)
+    workers_top = frames.top_frames(ctx.stack_frames, source="loader")
+    evidence["loader_frames"] = [f.evidence() for f in workers_top]
     if cpu.busy is False and cpu.workers:
         detail += (
             f" Its {cpu.workers} worker(s) sat idle meanwhile ({cpu.cores:.2f} core each): "
             "the loading waits (storage or network latency, a lock, a sleep) rather than "
             "computes, so more workers of the same kind will not make the source faster."
         )
-        fix = (
-            "Find what __getitem__ or collate_fn waits on (py-spy dump --pid of a worker), "
-            "then cache the data locally or read it asynchronously"
-        )
+        if workers_top:
+            detail += " " + frames.loader_sentence(workers_top, verb="wait")
+            fix = (
+                f"Make {workers_top[0].short()} wait less: cache the data locally or read "
+                "it asynchronously"
+            )
+        else:
+            fix = (
+                "Find what __getitem__ or collate_fn waits on (py-spy dump --pid of a worker), "
+                "then cache the data locally or read it asynchronously"
+            )
     elif cpu.busy is False:
         detail += " The loading burned no CPU meanwhile: it waits (I/O, a lock, a sleep)."
         fix = "Find what the loading waits on (storage or network latency, a sleep)"
@@ -300,6 +309,12 @@ def cpu_bound_dataloader(ctx: RunContext) -> Insight | None:
                 else "; or precompute the augmentations."
             )
         )
+    # which of the loading's code burns it (the workers' sampled stacks)
+    hot = frames.top_frames(ctx.stack_frames, source="loader")
+    if hot:
+        detail += " " + frames.loader_sentence(hot)
+        if starved is None:
+            fix = f"Make {hot[0].short()} cheaper. {fix}"
     return Insight(
         rule="cpu_bound_dataloader",
         severity="HIGH",
@@ -307,6 +322,7 @@ def cpu_bound_dataloader(ctx: RunContext) -> Insight | None:
         detail=detail,
         fix=fix,
         evidence={
+            "loader_frames": [f.evidence() for f in hot],
             "stall_fraction": round(frac, 4),
             "host_cpu_pct": None if host is None else round(host, 1),
             "run_cpu_cores": None if ctx.run_cpu_cores is None else round(ctx.run_cpu_cores, 2),

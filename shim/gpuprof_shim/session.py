@@ -51,6 +51,7 @@ from gpuprof_shim.steps import StepRecord, WaitTracker
 from gpuprof_shim.trace.options import DEFAULT_TRACE_DIR_MAX_MB, TraceOptions
 from gpuprof_shim.trace.windows import Tracer
 from gpuprof_shim.wandb_sink import WandbSink
+from gpuprof_shim.worker_stacks import LoaderInits
 from gpuprof_shim.workers import WorkerReporter
 
 if TYPE_CHECKING:
@@ -427,6 +428,8 @@ class Profiler:
             )
             self._waits = self.machine
             self._patches = TorchPatches(self.machine, self._loader_iterator, self._comm)
+            if self.stacks and sender is not None:
+                self._patches.prepare_loader = LoaderInits(sender.endpoint, self.run_key).prepare
             self.probes.start(self.machine)
             try:
                 self._patches.install()

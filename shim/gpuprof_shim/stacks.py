@@ -47,9 +47,12 @@ def _own_roots() -> tuple[str, ...]:
 
 
 def _library_roots() -> tuple[str, ...]:
-    """Directories whose frames fold away: the standard library, gpuprof's
-    own packages and torch (by where they are installed)."""
-    roots = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib")}
+    """Directories whose frames fold away: the standard library, installed
+    packages, gpuprof's own packages and torch (by where they are installed)."""
+    # the standard library and installed packages (PIL, numpy, transformers):
+    # their time counts at the user's line that called them
+    paths = sysconfig.get_paths()
+    roots = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
     here = os.path.dirname(os.path.abspath(__file__))
     roots.add(here)
     roots.add(os.path.join(os.path.dirname(here), "gpuprof"))
@@ -110,11 +113,15 @@ def _call_names(code: CodeType) -> dict[int, str]:
         start = (pos.lineno, pos.col_offset)
         if ins.opname in _LOADS and type(ins.argval) is str:
             parts.setdefault(start, []).append(ins.argval)
+        elif ins.opname.startswith("PRECALL"):  # 3.11 calls C functions in PRECALL
+            names = parts.get(start)
+            if names:
+                out[ins.offset] = ".".join(names)
         elif ins.opname.startswith("CALL") and ins.opname != "CALL_INTRINSIC_1":
             names = parts.pop(start, None)
             if names:
                 out[ins.offset] = ".".join(names)
-        elif not ins.opname.startswith(("PRECALL", "PUSH_NULL", "CACHE", "KW_NAMES")):
+        elif not ins.opname.startswith(("PUSH_NULL", "CACHE", "KW_NAMES")):
             parts.pop(start, None)  # the callable is no plain name: (a + b)(), f()()
     return out
 
@@ -144,17 +151,22 @@ def fold(
     roots: tuple[str, ...],
     own: tuple[str, ...] = (),
     calls: _CallNames | None = None,
+    stop: CodeType | None = None,
 ) -> tuple[str, int, str, str] | None:
     """(file, line, function, call) of the innermost frame not under *roots*,
     with *call* the public name of the outermost library function it had
     called, or with *calls*, of the C function the user frame itself is in
     (``time.sleep``: C functions have no frame); ``""``: the sample was in the
     user frame's own code. None when every frame is a library's, or when the
-    innermost frame is under *own* (gpuprof's own code: not the user's time)."""
+    innermost frame is under *own* (gpuprof's own code: not the user's time),
+    or when no user frame comes before a frame running *stop* (a DataLoader
+    worker's loop: what its process ran before the fork is not its work)."""
     if frame is not None and own and frame.f_code.co_filename.startswith(own):
         return None
     callee: FrameType | None = None
     while frame is not None:
+        if frame.f_code is stop:
+            return None
         path = frame.f_code.co_filename
         if not path.startswith(roots) and not path.startswith("<frozen"):
             if callee is not None:
@@ -162,7 +174,8 @@ def fold(
             else:
                 call = calls.at(frame) if calls is not None else ""
             return path, frame.f_lineno, frame.f_code.co_name, call
-        callee = frame
+        if not (own and path.startswith(own)):  # gpuprof's wrapper is not the call
+            callee = frame
         frame = frame.f_back
     return None
 
@@ -182,6 +195,7 @@ class StackSampler:
         max_keys: int = MAX_KEYS,
         flush: Callable[[dict[FrameKey, int]], object] | None = None,
         flush_every_s: float = SEND_EVERY_S,
+        stop: CodeType | None = None,
     ) -> None:
         self._tid = thread_id
         self._gate = gate
@@ -191,6 +205,7 @@ class StackSampler:
         self._roots = _library_roots()
         self._own = _own_roots()
         self._calls = _CallNames(max_keys)
+        self._stop_code = stop
         self.counts: dict[FrameKey, int] = {}
         """Samples per key since the start (at most *max_keys* keys)."""
         self._unsent: dict[FrameKey, int] = {}
@@ -211,7 +226,7 @@ class StackSampler:
         if frame is None:
             return
         self.samples += 1
-        site = fold(frame, self._roots, self._own, self._calls)
+        site = fold(frame, self._roots, self._own, self._calls, self._stop_code)
         del frame
         if site is None:
             return

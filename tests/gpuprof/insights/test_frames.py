@@ -109,3 +109,63 @@ def test_steady_gap_without_samples_keeps_todays_wording():
 def test_no_stall_no_finding_whatever_the_frames():
     rows = [frame(SAVE, i, 3) for i in range(200)]
     assert dataloader_stall(make_ctx([5.0] * 200, [0.1] * 200, stack_frames=tuple(rows))) is None
+
+
+# --- the loader workers' frames ---------------------------------------------
+
+from gpuprof.insights.base import WorkerPool  # noqa: E402
+from gpuprof.insights.steps import cpu_bound_dataloader  # noqa: E402
+
+AUGMENT = ("/home/u/dataset.py", 41, "augment", "")
+RESIZE = ("/home/u/dataset.py", 44, "augment", "PIL.Image.Image.resize")
+READ = ("/home/u/dataset.py", 12, "__getitem__", "time.sleep")
+
+
+def _loader_ctx(cores_each: float, stack_frames=(), host_cpu_pct=50.0):
+    # a timed DataLoader: 10 ms steps after a 10 ms wait each (50% stall)
+    # busy workers are preempted (they want the CPU); sleeping ones switch voluntarily
+    invol = 0.5 if cores_each > 0.5 else 0.02
+    pool = WorkerPool(0, ((0, cores_each * 10), (1, cores_each * 10)), 10.0, invol)
+    return make_ctx(
+        [10.0] * 100,
+        [10.0] * 100,
+        explicit_wait=True,
+        worker_pools=(pool,),
+        host_cpu_pct=host_cpu_pct,
+        cpu_count=8,
+        run_cpu_cores=2.0 * cores_each + 1,
+        stack_frames=tuple(stack_frames),
+    )
+
+
+def test_cpu_bound_loader_names_the_hot_user_function():
+    rows = [frame(AUGMENT, 0, 48, "loader"), frame(RESIZE, 0, 52, "loader")]
+    rows += [frame(SAVE, 5, 90)]  # the training thread's frames are not the workers'
+    ins = cpu_bound_dataloader(_loader_ctx(0.9, rows))
+    assert ins is not None
+    assert ins.detail.endswith(
+        "The workers spend 52% of their time in PIL.Image.Image.resize, called from "
+        "dataset.py:44 (augment); 48% in dataset.py:41 (augment)."
+    )
+    assert ins.fix.startswith("Make PIL.Image.Image.resize from dataset.py:44 cheaper. ")
+    assert [f["line"] for f in ins.evidence["loader_frames"]] == [44, 41]
+
+
+def test_cpu_bound_loader_without_worker_samples_keeps_its_wording():
+    ins = cpu_bound_dataloader(_loader_ctx(0.9))
+    assert ins is not None and "of their time" not in ins.detail
+    assert ins.evidence["loader_frames"] == []
+
+
+def test_sleeping_workers_are_not_cpu_bound_and_the_stall_names_the_blocking_call():
+    rows = [frame(READ, 0, 95, "loader")]
+    ctx = _loader_ctx(0.01, rows)
+    assert cpu_bound_dataloader(ctx) is None  # they sat idle: not CPU-bound
+    ins = dataloader_stall(ctx)
+    assert "sat idle" in ins.detail
+    assert ins.detail.endswith(
+        "The workers wait 100% of their time in time.sleep, called from dataset.py:12 "
+        "(__getitem__)."
+    )
+    assert ins.fix.startswith("Make time.sleep from dataset.py:12 wait less")
+    assert ins.evidence["loader_frames"][0]["call"] == "time.sleep"
