@@ -224,10 +224,15 @@ def stacks_ops(run_id: int, msg: Mapping[str, Any]) -> list[Op]:
     """The upserts of one validated ``stacks`` message: each row's samples
     added to its (run, source, step, frame) row. A resent message is never
     applied twice (the shim's numbered messages are stored once)."""
-    source = msg["source"]
+    source, whole = msg["source"], (outbox.stacks(run_id, msg),)
     return [
-        Op(_STACKS_SQL, (run_id, source, step, path, line, func, callee, count))
-        for path, line, func, callee, step, count in msg["rows"]
+        # forwarded whole with the first row's write
+        Op(
+            _STACKS_SQL,
+            (run_id, source, step, path, line, func, callee, count),
+            forward=() if k else whole,
+        )
+        for k, (path, line, func, callee, step, count) in enumerate(msg["rows"])
     ]
 
 
