@@ -53,3 +53,8 @@ def test_a_checkpoint_every_20_steps_is_named_a_periodic_gap(
     named = {(f["path"], f["line"], f["call"]) for f in gap["evidence"]["frames"]}
     assert (__file__, line, "torch.save") in named, gap
     assert {f["function"] for f in gap["evidence"]["frames"]} == {"_save_checkpoint"}, gap
+    # gpuprofctl insights prints it (the summary with each finding's detail)
+    from gpuprof.summary import format_summary
+
+    shown = " ".join(format_summary(summary, details=True).split())
+    assert f"torch.save, called from test_periodic_gap.py:{line} (_save_checkpoint)" in shown
