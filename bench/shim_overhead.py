@@ -24,6 +24,7 @@ stopped at the end. Not a test: these machines are noisy, so read the ratio.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import signal
@@ -31,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from statistics import median, quantiles
 from typing import Any, NamedTuple
@@ -361,6 +363,14 @@ def main() -> None:
 
     torch.manual_seed(0)
     torch.set_num_threads(1)
+    with gpuprofd_for_bench() as socket_dir:
+        _main(args, socket_dir)
+
+
+@contextlib.contextmanager
+def gpuprofd_for_bench() -> Iterator[Path]:
+    """A real gpuprofd in temporary socket and database directories (set in
+    ``GPUPROF_SOCKET`` / ``GPUPROF_DB``), answering; stopped at the end."""
     socket_dir = Path(tempfile.mkdtemp(prefix="gpb", dir="/tmp"))
     db_dir = Path(tempfile.mkdtemp(prefix="gpbdb"))
     os.environ.update(GPUPROF_SOCKET=str(socket_dir), GPUPROF_DB=str(db_dir / "bench.db"))
@@ -385,53 +395,7 @@ def main() -> None:
             if time.monotonic() > deadline:
                 sys.exit("gpuprofd did not start")
             time.sleep(0.05)
-
-        if args.fixed_only:
-            print_fixed_cost(args.pairs, args.fixed_steps)
-            if args.where:
-                print_where()
-            return
-        model = build_model()
-        n_modules = sum(1 for _ in model.modules())
-        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-        x = torch.randn(32, 128)  # ~5 ms step on one core
-        run_block(model, opt, x, 20)  # warm-up
-        print(
-            f"model: {n_modules} modules; {args.steps} steps per block, "
-            f"{args.blocks} interleaved block pairs per clock"
-        )
-        for label, clock in (("wall", time.perf_counter_ns), ("thread CPU", time.thread_time_ns)):
-            plain: list[float] = []
-            profiled: list[float] = []
-            pair_ratios: list[float] = []
-            for b in range(args.blocks):
-                order = (False, True) if b % 2 == 0 else (True, False)
-                block: dict[bool, list[float]] = {}
-                for use in order:
-                    if use:
-                        with gpuprof.profile("bench-overhead", print_summary=False):
-                            block[use] = run_block(model, opt, x, args.steps, clock)[2:]
-                    else:
-                        block[use] = run_block(model, opt, x, args.steps, clock)[2:]
-                plain += block[False]
-                profiled += block[True]
-                pair_ratios.append(median(block[True]) / median(block[False]))
-            p, q = median(plain), median(profiled)
-            lo, _, hi = quantiles(pair_ratios, n=4)
-            print(
-                f"{label:>10} median step: plain {p:.3f} ms, profiled {q:.3f} ms, "
-                f"ratio {q / p:.4f} (target <= 1.01); per-pair ratios IQR {lo:.4f}-{hi:.4f}"
-            )
-        print_fixed_cost(args.pairs, args.fixed_steps)
-        if args.where:
-            print_where()
-        plain_ns, patched_ns, steady_ns = nested_call_ns()
-        print(
-            f"nested Module.__call__: plain {plain_ns:.0f} ns; discovering {patched_ns:.0f} ns "
-            f"(extra {patched_ns - plain_ns:.0f}); steady state {steady_ns:.0f} ns "
-            f"(extra {steady_ns - plain_ns:.0f}) per call"
-        )
-        print(f"one step-event send: {send_us(socket_dir):.2f} µs")
+        yield socket_dir
     finally:
         daemon.send_signal(signal.SIGTERM)
         try:
@@ -440,6 +404,55 @@ def main() -> None:
             daemon.kill()
         shutil.rmtree(socket_dir, ignore_errors=True)
         shutil.rmtree(db_dir, ignore_errors=True)
+
+
+def _main(args: argparse.Namespace, socket_dir: Path) -> None:
+    if args.fixed_only:
+        print_fixed_cost(args.pairs, args.fixed_steps)
+        if args.where:
+            print_where()
+        return
+    model = build_model()
+    n_modules = sum(1 for _ in model.modules())
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x = torch.randn(32, 128)  # ~5 ms step on one core
+    run_block(model, opt, x, 20)  # warm-up
+    print(
+        f"model: {n_modules} modules; {args.steps} steps per block, "
+        f"{args.blocks} interleaved block pairs per clock"
+    )
+    for label, clock in (("wall", time.perf_counter_ns), ("thread CPU", time.thread_time_ns)):
+        plain: list[float] = []
+        profiled: list[float] = []
+        pair_ratios: list[float] = []
+        for b in range(args.blocks):
+            order = (False, True) if b % 2 == 0 else (True, False)
+            block: dict[bool, list[float]] = {}
+            for use in order:
+                if use:
+                    with gpuprof.profile("bench-overhead", print_summary=False):
+                        block[use] = run_block(model, opt, x, args.steps, clock)[2:]
+                else:
+                    block[use] = run_block(model, opt, x, args.steps, clock)[2:]
+            plain += block[False]
+            profiled += block[True]
+            pair_ratios.append(median(block[True]) / median(block[False]))
+        p, q = median(plain), median(profiled)
+        lo, _, hi = quantiles(pair_ratios, n=4)
+        print(
+            f"{label:>10} median step: plain {p:.3f} ms, profiled {q:.3f} ms, "
+            f"ratio {q / p:.4f} (target <= 1.01); per-pair ratios IQR {lo:.4f}-{hi:.4f}"
+        )
+    print_fixed_cost(args.pairs, args.fixed_steps)
+    if args.where:
+        print_where()
+    plain_ns, patched_ns, steady_ns = nested_call_ns()
+    print(
+        f"nested Module.__call__: plain {plain_ns:.0f} ns; discovering {patched_ns:.0f} ns "
+        f"(extra {patched_ns - plain_ns:.0f}); steady state {steady_ns:.0f} ns "
+        f"(extra {steady_ns - plain_ns:.0f}) per call"
+    )
+    print(f"one step-event send: {send_us(socket_dir):.2f} µs")
 
 
 if __name__ == "__main__":

@@ -65,6 +65,7 @@ def profile(
     trace_dir_max_mb: float = 1024.0,
     group: str | None = None,
     time_comm: bool = True,
+    stacks: bool = True,
     dashboard: bool = False,
     wandb: bool = False,
     webhook: str | None = None,
@@ -155,6 +156,14 @@ def profile(
             on every ``DistributedDataParallel``; default True): steps gain
             an exposed ``comm`` phase. About 300-600 µs per bucket on 2 CPU
             ranks with gloo. False: no comm hook.
+        stacks: sample the training thread's Python stack about every 10 ms
+            while it is outside forward, backward and the optimizer (between
+            steps, between micro-batches, evaluation), so the findings on
+            the time between steps name your code behind it (default True).
+            Only file paths, line numbers and function names are kept (no
+            locals, no arguments), at most 4096 distinct frames per run.
+            About 3 µs per sample, taken on a background thread; nothing is
+            sampled while the phases run. False: no sampling.
         dashboard: print the URL of this run on gpuprofd's live dashboard
             when it starts, where the summary prints (every run is on the
             dashboard; see docs/dashboard.md). Default False. Costs nothing

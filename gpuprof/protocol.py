@@ -1,7 +1,7 @@
 """The wire protocol between the shim (in the training process) and gpuprofd.
 
 Transport: ZeroMQ over ``ipc://``. Data events (``step``, ``mark``, ``workers``,
-``loaders``, ``kernels``, ``model_info``, ``clock``) go shim
+``loaders``, ``kernels``, ``model_info``, ``clock``, ``stacks``) go shim
 ``PUSH`` → daemon ``PULL``, alone or many of one run in one ``batch``
 message (see :func:`decode_events`); requests (``hello``, ``bye``, ``ping``; and
 ``stop`` from gpuprofctl) go ``REQ`` → daemon ``ROUTER`` and always get one
@@ -84,7 +84,9 @@ MAX_KERNEL_COUNT = 1 << 40
 #: Largest FLOP figure of one row (an exaFLOP/s machine for a week is ~6e23).
 MAX_ROW_FLOPS = 1e30
 
-DATA_TYPES = frozenset({"step", "mark", "workers", "loaders", "kernels", "model_info", "clock"})
+DATA_TYPES = frozenset(
+    {"step", "mark", "workers", "loaders", "kernels", "model_info", "clock", "stacks"}
+)
 #: The data message that carries many data events of one run (a burst of
 #: steps): one ZeroMQ send and one decode instead of one per event.
 BATCH_TYPE = "batch"
@@ -306,6 +308,44 @@ def _window_steps(x: Any) -> bool:
     return type(x) is list and len(x) <= MAX_WINDOW_STEPS and all(ok(i) for i in x)
 
 
+#: Where a ``stacks`` event's samples were taken: the training thread
+#: between its phases, or the DataLoader worker processes.
+STACK_SOURCES = frozenset({"main", "loader"})
+#: Rows per ``stacks`` event: each is ≤ ~1.3 KB at the bounds below, so 128
+#: rows stay well inside :data:`MAX_MESSAGE_BYTES`; the shim sends more
+#: events when it has more.
+MAX_STACK_ROWS = 128
+#: A frame's file path (PATH_MAX is 4096; real source paths are far shorter).
+MAX_STACK_PATH_CHARS = 1024
+#: A function's name, or the qualified library call it was in.
+MAX_STACK_NAME_CHARS = 256
+#: Samples one row may count since the last event (100 Hz for 7 days is 6e7).
+MAX_STACK_COUNT = 1 << 32
+
+
+def _stack_row(row: Any) -> bool:
+    """``[path, line, function, call, step, count]``: a printable path and
+    function, a line 0..2**24, *call* ``""`` (the sample was in the user
+    frame itself) or a printable qualified name, a step 0..2**40 and a
+    count 1..:data:`MAX_STACK_COUNT`."""
+    if type(row) is not list or len(row) != 6:
+        return False
+    path, line, function, call, step, count = row
+    return (
+        _printable(MAX_STACK_PATH_CHARS)(path)
+        and _int(0, 1 << 24)(line)
+        and _printable(MAX_STACK_NAME_CHARS)(function)
+        and (call == "" or _printable(MAX_STACK_NAME_CHARS)(call))
+        and _int(0, 1 << 40)(step)
+        and _int(1, MAX_STACK_COUNT)(count)
+    )
+
+
+def _stack_rows(x: Any) -> bool:
+    """1..:data:`MAX_STACK_ROWS` valid rows (see :func:`_stack_row`)."""
+    return type(x) is list and 0 < len(x) <= MAX_STACK_ROWS and all(_stack_row(r) for r in x)
+
+
 _RUN_KEY = _str(64, _RUN_KEY_RE)
 
 #: type -> {field: (required, check)}
@@ -421,6 +461,14 @@ SCHEMAS: dict[str, dict[str, tuple[bool, Check]]] = {
         "steps": (True, _window_steps),
         "rows": (True, _kernel_rows),
         "rows_dropped": (False, _int(0, 1 << 40)),
+    },
+    # sampled Python stacks since the run's previous stacks event of the same
+    # source (gpuprof_shim.stacks): counts per frame and step, added up by
+    # the daemon. Only file paths, line numbers and function names.
+    "stacks": {
+        "run_key": (True, _RUN_KEY),
+        "source": (True, lambda x: type(x) is str and x in STACK_SOURCES),
+        "rows": (True, _stack_rows),
     },
     "bye": {
         "run_key": (True, _RUN_KEY),

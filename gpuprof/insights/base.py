@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple, TypeVar
 
 from gpuprof.insights.aggregates import GpuStats, KernelStats
+from gpuprof.insights.frames import StackFrame
 from gpuprof.stats import median
 
 SEVERITIES = ("HIGH", "MED", "LOW")
@@ -267,6 +268,10 @@ class RunContext:
     ``gpuprof.profile``; None when not declared."""
     samples_per_step: int | None = None
     """Samples per optimizer step on this rank, as declared; None when not."""
+    stack_frames: tuple[StackFrame, ...] = ()
+    """The shim's sampled stacks (:mod:`gpuprof.insights.frames`): samples
+    per user frame and step; empty when the run sampled none
+    (``profile(stacks=False)``, an older shim)."""
     history_iteration_ms: tuple[tuple[float, ...], ...] = ()
     """Per earlier run of this name (those of :attr:`history_median_step_ms`,
     in that order): its steady iteration times (ms), at most its last

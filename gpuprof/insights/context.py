@@ -10,6 +10,7 @@ from gpuprof.comm import COMM_PHASE
 from gpuprof.insights import hostcpu
 from gpuprof.insights.aggregates import GpuStats
 from gpuprof.insights.base import CommTotals, LoaderConfig, RunContext, WorkerPool, steady
+from gpuprof.insights.frames import from_rows
 from gpuprof.insights.gpu import gpu_stats
 from gpuprof.insights.kernels import kernel_stats
 from gpuprof.protocol import DATA_PHASE, OWN_TIME_PHASE
@@ -258,6 +259,7 @@ def build_context(
     comm: Mapping[str, Any] | None = None,
     job_cpu: Sequence[Mapping[str, Any]] = (),
     history_iteration_ms: Sequence[Sequence[float]] = (),
+    stacks: Sequence[Mapping[str, Any]] = (),
 ) -> RunContext:
     """Aggregate one run's rows into the context the rules read.
 
@@ -316,6 +318,9 @@ def build_context(
             ``cores`` and ``ranks``; becomes ``job_cpu_cores``/``job_ranks``.
         history_iteration_ms: per run of *history_median_step_ms*, its
             steady iteration times (ms; :func:`steady_iterations`).
+        stacks: the run's ``stack_samples`` rows (``source``, ``step``,
+            ``path``, ``line``, ``func``, ``callee``, ``samples``); become
+            ``RunContext.stack_frames``.
 
     ``run["world_size"]`` and ``options["tokens_per_step"]`` /
     ``options["samples_per_step"]`` give the run's shape (what
@@ -388,6 +393,7 @@ def build_context(
         tokens_per_step=_positive_int(options.get("tokens_per_step")),
         samples_per_step=_positive_int(options.get("samples_per_step")),
         history_iteration_ms=tuple(tuple(h) for h in history_iteration_ms),
+        stack_frames=from_rows(stacks),
     )
     # from the context's own per-step loader time (wait + data phase)
     return dataclasses.replace(ctx, loader_ms_thirds=_thirds(ctx.loader_ms, median))

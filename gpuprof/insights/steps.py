@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import bisect
 
-from gpuprof.insights import contention, loading, pattern
+from gpuprof.insights import contention, frames, loading, pattern
 from gpuprof.insights.base import WARMUP_STEPS, Insight, RunContext, rule
 from gpuprof.stats import median, percentile
 
@@ -83,34 +83,52 @@ def dataloader_stall(ctx: RunContext) -> Insight | None:
     }
     periodic = _periodic_gap(ctx) if not ctx.explicit_wait else None
     if periodic is not None:  # one pause every N steps: periodic host work, not loading
-        every, slow_ms = periodic
+        every, slow_ms, slow_steps = periodic
         evidence["every_steps"] = every
         evidence["periodic_gap_ms"] = round(slow_ms, 3)
+        # the frames of the slow gaps: what the pause is
+        top = frames.top_frames(ctx.stack_frames, steps=set(slow_steps))
+        evidence["frames"] = [f.evidence() for f in top]
+        what = f" ({top[0].short()})" if top else ""
+        named = (" " + frames.gap_sentence(top, of="those pauses")) if top else ""
         return Insight(
             rule="dataloader_stall",
             severity=severity,
             title=f"{frac:.0%} of step time spent between steps, every {every} steps "
-            "(periodic inter-step gap)",
-            detail=f"Every {every} steps, ~{slow_ms:.0f} ms passed between one optimizer "
-            f"step and the next forward; {mean_wait:.1f} ms per step on average. Periodic "
-            "host work outside the steps (a checkpoint save, evaluation, a log flush), "
-            "not the input pipeline.",
+            f"(periodic inter-step gap{what})",
+            detail=f"Every {every} steps, ~{slow_ms:.0f} ms between steps{what}; "
+            f"{mean_wait:.1f} ms per step on average.{named} Periodic host work outside "
+            "the steps (a checkpoint save, evaluation, a log flush), not the input pipeline.",
             fix="Make that periodic work cheaper or move it off the training thread (e.g. "
             "save checkpoints from a background thread or with "
             "torch.distributed.checkpoint.async_save), or run it less often.",
             evidence=evidence,
         )
     if not ctx.explicit_wait:  # no timed DataLoader: whatever ran between the steps
+        top = frames.top_frames(ctx.stack_frames, steps=_steady_numbers(ctx))
+        evidence["frames"] = [f.evidence() for f in top]
+        if top:
+            named = " " + frames.gap_sentence(top)
+            fix = (
+                f"Make {top[0].short()} cheaper, run it less often or off the training "
+                "thread; if it is your input pipeline, run it in a DataLoader with "
+                "num_workers > 0, or wrap it with prof.wrap_dataloader() so gpuprof can time it."
+            )
+        else:
+            named = ""
+            fix = (
+                "Find that work (e.g. torch.profiler around a few steps); if it is your input "
+                "pipeline, run it in a DataLoader with num_workers > 0, or wrap it with "
+                "prof.wrap_dataloader() so gpuprof can time it."
+            )
         return Insight(
             rule="dataloader_stall",
             severity=severity,
             title=f"{frac:.0%} of step time spent between steps (inter-step gap)",
             detail=f"{mean_wait:.1f} ms per step on average passed between one optimizer "
             "step and the next forward, outside any timed DataLoader: making inputs, "
-            "logging, evaluation or other host work.",
-            fix="Find that work (e.g. torch.profiler around a few steps); if it is your input "
-            "pipeline, run it in a DataLoader with num_workers > 0, or wrap it with "
-            "prof.wrap_dataloader() so gpuprof can time it.",
+            f"logging, evaluation or other host work.{named}",
+            fix=fix,
             evidence=evidence,
         )
     evidence["loader_busy"] = cpu.busy
@@ -121,16 +139,25 @@ def dataloader_stall(ctx: RunContext) -> Insight | None:
         "the next batch; the model sat idle meanwhile."
     )
     settings = loading.setting_fixes(ctx, cpu)
+    workers_top = frames.top_frames(ctx.stack_frames, source="loader")
+    evidence["loader_frames"] = [f.evidence() for f in workers_top]
     if cpu.busy is False and cpu.workers:
         detail += (
             f" Its {cpu.workers} worker(s) sat idle meanwhile ({cpu.cores:.2f} core each): "
             "the loading waits (storage or network latency, a lock, a sleep) rather than "
             "computes, so more workers of the same kind will not make the source faster."
         )
-        fix = (
-            "Find what __getitem__ or collate_fn waits on (py-spy dump --pid of a worker), "
-            "then cache the data locally or read it asynchronously"
-        )
+        if workers_top:
+            detail += " " + frames.loader_sentence(workers_top, verb="wait")
+            fix = (
+                f"Make {workers_top[0].short()} wait less: cache the data locally or read "
+                "it asynchronously"
+            )
+        else:
+            fix = (
+                "Find what __getitem__ or collate_fn waits on (py-spy dump --pid of a worker), "
+                "then cache the data locally or read it asynchronously"
+            )
     elif cpu.busy is False:
         detail += " The loading burned no CPU meanwhile: it waits (I/O, a lock, a sleep)."
         fix = "Find what the loading waits on (storage or network latency, a sleep)"
@@ -154,8 +181,15 @@ def dataloader_stall(ctx: RunContext) -> Insight | None:
 GAP_SLOW_MIN_MS = 1.0
 
 
-def _periodic_gap(ctx: RunContext) -> tuple[int, float] | None:
-    """(N, median slow gap ms) when the inter-step gap is long every N steps
+def _steady_numbers(ctx: RunContext) -> set[int]:
+    """The step numbers of the gaps :func:`stall_fraction` counts (all but
+    the first step's: its wait covers start-up)."""
+    return set(ctx.numbers[1:])
+
+
+def _periodic_gap(ctx: RunContext) -> tuple[int, float, list[int]] | None:
+    """(N, median slow gap ms, the slow gaps' step numbers) when the
+    inter-step gap is long every N steps
     through the whole steady run, with :func:`high_step_variance`'s guards
     (≥ :data:`VARIANCE_MIN_STEPS` steady steps, ≥ :data:`VARIANCE_MIN_SLOW_STEPS`
     gaps over :data:`VARIANCE_RATIO` × the median gap losing ≥
@@ -177,7 +211,7 @@ def _periodic_gap(ctx: RunContext) -> tuple[int, float] | None:
     found = pattern.period(slow_at, numbers[WARMUP_STEPS:], excess, repeats)
     if found is None:
         return None
-    return found.every, median([ctx.loader_ms[i] for i in slow_idx])
+    return found.every, median([ctx.loader_ms[i] for i in slow_idx]), slow_at
 
 
 def _loader_starved(ctx: RunContext) -> tuple[float, float | None] | None:
@@ -275,6 +309,12 @@ def cpu_bound_dataloader(ctx: RunContext) -> Insight | None:
                 else "; or precompute the augmentations."
             )
         )
+    # which of the loading's code burns it (the workers' sampled stacks)
+    hot = frames.top_frames(ctx.stack_frames, source="loader")
+    if hot:
+        detail += " " + frames.loader_sentence(hot)
+        if starved is None:
+            fix = f"Make {hot[0].short()} cheaper. {fix}"
     return Insight(
         rule="cpu_bound_dataloader",
         severity="HIGH",
@@ -282,6 +322,7 @@ def cpu_bound_dataloader(ctx: RunContext) -> Insight | None:
         detail=detail,
         fix=fix,
         evidence={
+            "loader_frames": [f.evidence() for f in hot],
             "stall_fraction": round(frac, 4),
             "host_cpu_pct": None if host is None else round(host, 1),
             "run_cpu_cores": None if ctx.run_cpu_cores is None else round(ctx.run_cpu_cores, 2),

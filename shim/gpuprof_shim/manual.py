@@ -173,6 +173,16 @@ class ManualRecorder:
         self.before_step: Callable[[int], None] | None = None
         self.after_step: Callable[[int], None] | None = None
 
+    def between_steps(self) -> bool:
+        """True while no ``with prof.step()`` block is open (the stack
+        sampler's gate in manual mode)."""
+        return self._current is None
+
+    @property
+    def next_index(self) -> int:
+        """The index the next step takes unless given one."""
+        return self._next_index
+
     def step(self, i: Any = None) -> Step:
         """A new step with index *i* (a non-negative int; anything else, or
         None, takes the next index after the last one recorded)."""

@@ -321,6 +321,20 @@ def workers(
     }
 
 
+def stacks(run_key: str, source: str, rows: Sequence[list[Any]]) -> dict[str, Any]:
+    """The ``stacks`` data event: sampled stack counts of *source* (``main``:
+    the training thread between its phases; ``loader``: DataLoader workers)
+    since the last one, as :func:`gpuprof_shim.stacks.wire_rows` rows (at
+    most ``MAX_STACK_ROWS``)."""
+    return {
+        "v": PROTOCOL_VERSION,
+        "type": "stacks",
+        "run_key": run_key,
+        "source": source,
+        "rows": list(rows),
+    }
+
+
 def loaders(run_key: str, configs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The ``loaders`` data event: the settings of the run's DataLoaders so far
     (each ``num_workers``, ``persistent_workers``, ``pin_memory``,

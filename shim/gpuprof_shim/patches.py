@@ -147,6 +147,8 @@ class TorchPatches:
         self.comm = comm
         """The DDP bucket timer, if any (gets new roots; wraps user comm hooks)."""
         self.wrappers: Wrappers | None = None
+        #: Given to the wrappers (see :attr:`Wrappers.prepare_loader`).
+        self.prepare_loader: Callable[[Any], Callable[[], None] | None] | None = None
         self._patches = PatchSet("auto mode")
         self._handles: list[Any] = []
 
@@ -193,6 +195,7 @@ class TorchPatches:
             tracing=Tracing.of(torch.compiler),
             on_loader_iterator=self.on_loader_iterator,
         )
+        w.prepare_loader = self.prepare_loader
         self.wrappers = w
         comm = self.comm
         if comm is not None:

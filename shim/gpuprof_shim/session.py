@@ -31,7 +31,7 @@ from gpuprof import config
 from gpuprof.flops import TransformerArch
 from gpuprof.keywords import check_keywords
 from gpuprof.labels import clean_project, clean_tags
-from gpuprof.protocol import clean_run_name, clean_text
+from gpuprof.protocol import MAX_STACK_ROWS, clean_run_name, clean_text
 from gpuprof_shim import identity, messages
 from gpuprof_shim import webhook as webhooks
 from gpuprof_shim.auto.machine import StepMachine
@@ -46,10 +46,12 @@ from gpuprof_shim.probes import ModelProbes
 from gpuprof_shim.report import StepCounter, local_summary, print_summary
 from gpuprof_shim.sender import Sender
 from gpuprof_shim.sidecars import ClockSync, TraceWindows
+from gpuprof_shim.stacks import FrameKey, StackSampler, wire_rows
 from gpuprof_shim.steps import StepRecord, WaitTracker
 from gpuprof_shim.trace.options import DEFAULT_TRACE_DIR_MAX_MB, TraceOptions
 from gpuprof_shim.trace.windows import Tracer
 from gpuprof_shim.wandb_sink import WandbSink
+from gpuprof_shim.worker_stacks import LoaderInits
 from gpuprof_shim.workers import WorkerReporter
 
 if TYPE_CHECKING:
@@ -128,6 +130,7 @@ class Profiler:
         trace_dir_max_mb: float = DEFAULT_TRACE_DIR_MAX_MB,
         group: str | None = None,
         time_comm: bool = True,
+        stacks: bool = True,
         dashboard: bool = False,
         wandb: bool = False,
         webhook: str | None = None,
@@ -210,6 +213,9 @@ class Profiler:
         self._comm: CommTimer | None = None
         #: Clock alignment against rank 0 (started once, in a process group).
         self._clock_sync: ClockSync | None = None
+        #: Sample the training thread's stack between its phases (``stacks``).
+        self.stacks = bool(stacks)
+        self._stacks: StackSampler | None = None
         #: Show the run on gpuprofd's live dashboard.
         self.dashboard = bool(dashboard)
         #: Log to the active W&B run (:mod:`gpuprof_shim.wandb_sink`), and its sink.
@@ -422,6 +428,8 @@ class Profiler:
             )
             self._waits = self.machine
             self._patches = TorchPatches(self.machine, self._loader_iterator, self._comm)
+            if self.stacks and sender is not None:
+                self._patches.prepare_loader = LoaderInits(sender.endpoint, self.run_key).prepare
             self.probes.start(self.machine)
             try:
                 self._patches.install()
@@ -443,8 +451,52 @@ class Profiler:
         if self.wandb:
             self._wandb = WandbSink.open(mfu_inputs=self.probes.mfu_inputs)
         self._open = True
+        self._start_stacks()
         # in a process group: align the clocks now (else at the first DDP)
         self._clock_sync.start_if_distributed(sys.modules.get("torch.distributed"))
+
+    def _start_stacks(self) -> None:
+        """Start the stack sampler on this (the training) thread, gated on
+        the step machine (auto) or on no ``prof.step()`` being open (manual)."""
+        if not self.stacks or self.sender is None:
+            return
+        machine, recorder = self.machine, self._recorder
+        if machine is not None:
+            gate, step = machine.between_phases, machine.gap_step
+        elif recorder is not None:
+            gate = recorder.between_steps
+            step = lambda: recorder.next_index  # noqa: E731
+        else:
+            return
+        try:
+            sampler = StackSampler(threading.get_ident(), gate, step, flush=self._send_stacks)
+            sampler.start()
+            self._stacks = sampler
+        except Exception:
+            log.debug("gpuprof: could not start the stack sampler", exc_info=True)
+
+    def _send_stacks(self, counts: dict[FrameKey, int]) -> None:
+        """Send sampled counts as ``stacks`` events (from the sampler's thread,
+        or at exit; the sender is thread-safe and never blocks)."""
+        sender = self.sender
+        if sender is None:
+            return
+        rows = wire_rows(counts)
+        events = [
+            messages.stacks(self.run_key, "main", rows[k : k + MAX_STACK_ROWS])
+            for k in range(0, len(rows), MAX_STACK_ROWS)
+        ]
+        for ev in events:
+            del ev["v"], ev["run_key"]
+        sender.send_batch(self.run_key, events)
+
+    def _stop_stacks(self) -> None:
+        sampler, self._stacks = self._stacks, None
+        if sampler is not None and os.getpid() == self._pid:  # a fork child has no sampler
+            try:
+                sampler.stop()
+            except Exception:
+                log.debug("gpuprof: could not stop the stack sampler", exc_info=True)
 
     @property
     def _tracer(self) -> Tracer | None:
@@ -532,6 +584,7 @@ class Profiler:
             return  # a fork child leaving the block: the run, its bye and summary are the parent's
         if isinstance(exc, SystemExit) and exc.code in (0, None):
             exc = None  # sys.exit(0) inside the loop is a normal end
+        self._stop_stacks()  # its last counts go out with the last steps
         if self.machine is not None and self._open:
             self.machine.flush(self.clock())
         if self._comm is not None:
@@ -610,6 +663,7 @@ class Profiler:
             sink, self._wandb = self._wandb, None
             if sink is not None:  # the run never finished: stop its thread
                 sink.finish(None)
+            self._stop_stacks()
             self._unpatch()
             self._close_aligner()
             if self._comm is not None:

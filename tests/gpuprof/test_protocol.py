@@ -529,3 +529,82 @@ def test_valid_loaders_round_trip_on_the_data_channel():
 )
 def test_bad_loaders_are_rejected(bad):
     assert reason(encode(loaders(loaders=bad))) == "bad_field:loaders"
+
+
+# --- stacks -------------------------------------------------------------------
+
+from gpuprof.protocol import (  # noqa: E402
+    MAX_STACK_COUNT,
+    MAX_STACK_NAME_CHARS,
+    MAX_STACK_PATH_CHARS,
+    MAX_STACK_ROWS,
+    batch,
+    decode_frame,
+)
+
+
+def stacks(**kw):
+    msg = {
+        "v": PROTOCOL_VERSION,
+        "type": "stacks",
+        "run_key": "abc123",
+        "source": "main",
+        "rows": [["/home/u/train.py", 212, "save_checkpoint", "torch.save", 20, 4]],
+    }
+    msg.update(kw)
+    return msg
+
+
+def test_valid_stacks_round_trips_on_the_data_channel_and_in_a_batch():
+    assert decode(encode(stacks()), "data")["rows"][0][3] == "torch.save"
+    rows = [["/x/a.py", 1, "f", "", 0, 1]]  # call "": the sample was in the user frame
+    events, errors, _ = decode_frame(encode(batch("abc123", [stacks(source="loader", rows=rows)])))
+    assert errors == [] and events[0]["source"] == "loader" and events[0]["rows"] == rows
+
+
+def test_the_largest_stacks_event_fits_in_one_message():
+    row = ["/" + "p" * (MAX_STACK_PATH_CHARS - 1), 1 << 24, "f" * MAX_STACK_NAME_CHARS]
+    row += ["c" * MAX_STACK_NAME_CHARS, 1 << 40, MAX_STACK_COUNT]
+    data = encode(batch("abc123", [stacks(rows=[row] * MAX_STACK_ROWS)], seq=1))
+    assert len(data) <= MAX_MESSAGE_BYTES
+    assert len(decode_events(data)[0][0]["rows"]) == MAX_STACK_ROWS
+
+
+def _srow(**kw):
+    row = {"path": "/x/t.py", "line": 3, "function": "f", "call": "", "step": 1, "count": 1}
+    row.update(kw)
+    return list(row.values())
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        ({"source": "worker"}, "source"),
+        ({"source": None}, "source"),
+        ({"rows": []}, "rows"),
+        ({"rows": [_srow()] * (MAX_STACK_ROWS + 1)}, "rows"),
+        ({"rows": [_srow()[:5]]}, "rows"),
+        ({"rows": [_srow(path="")]}, "rows"),
+        ({"rows": [_srow(path="a\x00b")]}, "rows"),
+        ({"rows": [_srow(path="p" * (MAX_STACK_PATH_CHARS + 1))]}, "rows"),
+        ({"rows": [_srow(line=-1)]}, "rows"),
+        ({"rows": [_srow(line=True)]}, "rows"),
+        ({"rows": [_srow(function="")]}, "rows"),
+        ({"rows": [_srow(function="f" * (MAX_STACK_NAME_CHARS + 1))]}, "rows"),
+        ({"rows": [_srow(call=None)]}, "rows"),
+        ({"rows": [_srow(call="a\nb")]}, "rows"),
+        ({"rows": [_srow(step=-1)]}, "rows"),
+        ({"rows": [_srow(count=0)]}, "rows"),
+        ({"rows": [_srow(count=MAX_STACK_COUNT + 1)]}, "rows"),
+        ({"rows": [_srow(count=1.0)]}, "rows"),
+        ({"rows": "x"}, "rows"),
+    ],
+)
+def test_bad_stacks_fields_are_rejected(extra, field):
+    assert reason(encode(stacks(**extra)), "data") == f"bad_field:{field}"
+
+
+def test_a_bad_stacks_event_in_a_batch_is_one_counted_drop_the_rest_kept():
+    bad = stacks(rows=[_srow(count=-3)])
+    events, errors, _ = decode_frame(encode(batch("abc123", [stacks(), bad])))
+    assert len(events) == 1 and [e.reason for e in errors] == ["bad_field:rows"]

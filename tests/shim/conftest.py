@@ -79,6 +79,16 @@ class FakeDaemon:
     def of_type(self, kind: str) -> list[dict[str, Any]]:
         return [m for m in self.control if m["type"] == kind]
 
+    def stacks_sent(self, run_key: str | None = None) -> int:
+        """``stacks`` events received (of *run_key*'s run): how many depends
+        on when the sampler caught the loop between steps, so exact counts of
+        the events sent add them."""
+        return sum(
+            1
+            for m in self.data
+            if m["type"] == "stacks" and (run_key is None or m["run_key"] == run_key)
+        )
+
     def _serve(self) -> None:
         poller = zmq.Poller()
         poller.register(self.router, zmq.POLLIN)

@@ -38,7 +38,8 @@ def test_gradient_accumulation_sends_one_step_per_optimizer_step(socket_dir, fak
     assert steps[1]["t0"] >= steps[0]["t1"]
     assert steps[1]["wait"] == steps[1]["t0"] - steps[0]["t1"]
     (bye,) = fake_daemon.of_type("bye")
-    assert (bye["status"], bye["sent"], bye["dropped"]) == ("finished", 3, 0)
+    sent = 3 + fake_daemon.stacks_sent()
+    assert (bye["status"], bye["sent"], bye["dropped"]) == ("finished", sent, 0)
     assert "error" not in bye
     assert prof.run_id == 7
     out = capsys.readouterr().out
@@ -350,7 +351,8 @@ def test_forked_dataloader_workers_send_nothing_and_steps_stay_right(socket_dir,
     assert all(d >= 1 for d in child_drops)  # ...and counted in the worker only
     assert [s["i"] for s in fake_daemon.steps] == [0, 1, 2, 3]
     # no worker's mark: the parent's steps and its reports of the loader and its workers
-    assert [m["type"] for m in fake_daemon.data] == ["loaders", "workers"] + ["step"] * 4
+    types = [m["type"] for m in fake_daemon.data if m["type"] != "stacks"]
+    assert types == ["loaders", "workers"] + ["step"] * 4
     (bye,) = fake_daemon.of_type("bye")
-    assert (bye["sent"], bye["dropped"]) == (6, 0)
+    assert (bye["sent"], bye["dropped"]) == (6 + fake_daemon.stacks_sent(), 0)
     assert prof.sender.dropped == 0

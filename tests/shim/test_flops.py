@@ -65,7 +65,7 @@ def test_counted_step_equals_flopcountermode_and_is_traced(socket_dir, fake_daem
     assert info["flops_step"] == shim_flops.COUNT_STEP
     assert "dtype" not in info  # CPU: no peak, so the dtype is not probed
     (bye,) = fake_daemon.of_type("bye")
-    assert bye["sent"] == len(fake_daemon.data) == 7
+    assert bye["sent"] == len(fake_daemon.data) == 7 + fake_daemon.stacks_sent()
     assert prof._flop_counter is not None and not prof._flop_counter.active
     assert not any(isinstance(m, FlopCounterMode) for m in _dispatch_modes())
 

@@ -1,6 +1,7 @@
 """Auto mode with forked DataLoader workers (real torch on the CPU, real
-ZeroMQ): no ZeroMQ use in a worker, nothing counted twice, no deadlock, and
-a quick process exit."""
+ZeroMQ): no use of the training process's ZeroMQ in a worker (a worker's
+stack sampler makes its own), nothing counted twice, no deadlock, and a
+quick process exit."""
 
 from __future__ import annotations
 
@@ -94,8 +95,13 @@ def _train_epoch(loader, model, opt, seen: list[list[int]]) -> None:
         opt.zero_grad()
 
 
-def profile(socket_dir: Path, name: str = "fork"):
-    return gpuprof.profile(name, socket_dir=socket_dir, autostart=False, print_summary=False)
+def profile(socket_dir: Path, name: str = "fork", stacks: bool = False):
+    """The profile these tests run: without the workers' stack samplers
+    unless *stacks* (those make a socket of their own in each worker, which
+    :func:`test_worker_samplers_use_their_own_socket_never_the_parents` checks)."""
+    return gpuprof.profile(
+        name, socket_dir=socket_dir, autostart=False, print_summary=False, stacks=stacks
+    )
 
 
 def _assert_exact_steps(fake_daemon, prof, n: int, pools: list[set[int]]) -> None:
@@ -104,7 +110,7 @@ def _assert_exact_steps(fake_daemon, prof, n: int, pools: list[set[int]]) -> Non
     steps = fake_daemon.steps
     assert [s["i"] for s in steps] == list(range(n))
     assert [s["micro"] for s in steps] == [1] * n
-    others = [m for m in fake_daemon.data if m["type"] not in ("step", "loaders")]
+    others = [m for m in fake_daemon.data if m["type"] not in ("step", "loaders", "stacks")]
     assert [m["type"] for m in others] == ["workers"] * len(pools)  # no worker's mark
     assert [m["loader_seq"] for m in others] == list(range(len(pools)))
     assert [{w["pid"] for w in m["workers"]} for m in others] == pools
@@ -113,7 +119,7 @@ def _assert_exact_steps(fake_daemon, prof, n: int, pools: list[set[int]]) -> Non
     (bye,) = fake_daemon.of_type("bye")
     loaders = [m for m in fake_daemon.data if m["type"] == "loaders"]
     assert len(loaders) <= 1  # a DataLoader's settings are reported once
-    sent = n + len(pools) + len(loaders)
+    sent = n + len(pools) + len(loaders) + fake_daemon.stacks_sent()
     assert (bye["sent"], bye["dropped"]) == (sent, 0)
     assert (prof.sender.sent, prof.sender.dropped) == (sent, 0)
 
@@ -136,6 +142,25 @@ def test_forked_workers_never_touch_zeromq_and_steps_are_exact(socket_dir, fake_
         _train_epoch(_loader(12), model, opt, seen)
     pids = _assert_workers_used_no_zmq(seen, 12)
     _assert_exact_steps(fake_daemon, prof, 6, [pids])
+
+
+def test_worker_samplers_use_their_own_socket_never_the_parents(socket_dir, fake_daemon):
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    seen: list[list[int]] = []
+    with profile(socket_dir, stacks=True) as prof:
+        _train_epoch(_loader(12), model, opt, seen)
+    for _pid, sent, dropped, has_context, zmq_calls in seen:
+        # the inherited sender refuses (counted in the worker); the worker's
+        # sampler made a context and socket of its own (socket, connect, ...)
+        assert (sent, has_context) == (0, 0) and dropped >= 1
+        assert zmq_calls >= 2
+    steps = fake_daemon.steps
+    assert [s["i"] for s in steps] == list(range(6))
+    assert not [m for m in fake_daemon.data if m["type"] == "mark"]  # no worker's mark
+    # what the workers' samplers sent (at their exit) is theirs: source loader
+    loader = [m for m in fake_daemon.data if m["type"] == "stacks" and m["source"] == "loader"]
+    assert all(m["run_key"] == prof.run_key for m in loader)
 
 
 def test_persistent_workers_across_epochs(socket_dir, fake_daemon):
@@ -348,7 +373,9 @@ def test_gpuprof_adds_well_under_a_second_to_process_exit(socket_dir, fake_daemo
     byes = fake_daemon.of_type("bye")
     # 8 steps + one workers and one loaders event: the persistent pool and its
     # settings are reported once, not per epoch
-    assert [(b["sent"], b["dropped"], b["status"]) for b in byes] == [(10, 0, "finished")] * 2
+    assert [
+        (b["sent"] - fake_daemon.stacks_sent(b["run_key"]), b["dropped"], b["status"]) for b in byes
+    ] == [(10, 0, "finished")] * 2
     for bye in byes:
         steps = [s["i"] for s in fake_daemon.steps if s["run_key"] == bye["run_key"]]
         assert steps == list(range(8))

@@ -6,13 +6,24 @@ import threading
 
 import torch
 
-from gpuprof_shim.stacks import StackSampler, top_sites
+from gpuprof_shim.stacks import FrameKey, StackSampler, top_sites, wire_rows
 
 
-def test_a_sample_folds_gpuprof_frames_into_the_calling_user_line():
+def test_a_sample_folds_library_frames_into_the_calling_user_line():
     sampler = StackSampler(threading.get_ident(), gate=lambda: True, step=lambda: 7)
+    waiting, release = threading.Event(), threading.Event()
+
+    def sample_while_main_waits() -> None:
+        waiting.wait()
+        sampler.sample_once()  # the main thread is inside release.wait()
+        release.set()
+
+    helper = threading.Thread(target=sample_while_main_waits)
+    helper.start()
+    waiting.set()
     line = inspect.currentframe().f_lineno + 1
-    sampler.sample_once()
+    release.wait()
+    helper.join()
     ((key, count),) = sampler.counts.items()
     assert (key.file, key.line, key.function, key.step) == (
         __file__,
@@ -20,7 +31,27 @@ def test_a_sample_folds_gpuprof_frames_into_the_calling_user_line():
         inspect.currentframe().f_code.co_name,
         7,
     )
-    assert key.call.endswith("StackSampler.sample_once") and count == 1
+    assert key.call == "threading.Event.wait" and count == 1
+
+
+def test_a_sample_inside_gpuprof_itself_counts_in_no_frame():
+    # the innermost frame is the sampler's own code: gpuprof's time, not the user's
+    sampler = StackSampler(threading.get_ident(), gate=lambda: True, step=lambda: 0)
+    sampler.sample_once()
+    assert sampler.samples == 1 and sampler.counts == {}
+
+
+def test_drain_hands_over_each_count_once_and_wire_rows_fit_the_protocol():
+    from gpuprof.protocol import _stack_rows
+
+    sampler = StackSampler(threading.get_ident(), gate=lambda: True, step=lambda: 3)
+    key = FrameKey("/x/train.py", 12, "loop", "torch.save", 3)
+    sampler.counts[key] = 2
+    sampler._unsent[key] = 2
+    assert sampler.drain() == {key: 2} and sampler.drain() == {}
+    rows = wire_rows({key: 2, FrameKey("bad\x00path", -1, "f", "", 3): 1})
+    assert rows == [["/x/train.py", 12, "loop", "torch.save", 3, 2], ["bad path", 0, "f", "", 3, 1]]
+    assert _stack_rows(rows)
 
 
 def test_closed_gate_samples_nothing():
@@ -33,6 +64,7 @@ def test_closed_gate_samples_nothing():
 def test_keys_past_the_bound_are_counted_as_dropped():
     step = iter(range(10))
     sampler = StackSampler(threading.get_ident(), lambda: True, lambda: next(step), max_keys=3)
+    sampler._own = ()  # count its own frame: this thread samples itself
     for _ in range(5):
         sampler.sample_once()
     assert len(sampler.counts) == 3 and sampler.dropped == 2
@@ -81,6 +113,6 @@ def test_a_real_checkpoint_loop_names_torch_save_and_its_line(tmp_path):
         __file__,
         save_line,
         "_save_checkpoint",
-        "torch.serialization.save",
+        "torch.save",
     )
     assert {k.step % 5 for k in sampler.counts} == {4}  # only the saving steps

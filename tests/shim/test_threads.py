@@ -67,7 +67,8 @@ def assert_steps(fake_daemon, prof, n: int, micro: int) -> None:
         assert {"forward", "backward", "optimizer"} <= set(s["phases"])
         assert all(s["phases"][k] > 0 for k in ("forward", "backward", "optimizer"))
     (bye,) = fake_daemon.of_type("bye")
-    assert (bye["status"], bye["sent"], bye["dropped"]) == ("finished", n, 0)
+    sent = n + fake_daemon.stacks_sent(prof.run_key)
+    assert (bye["status"], bye["sent"], bye["dropped"]) == ("finished", sent, 0)
 
 
 def test_profile_and_loop_in_a_worker_thread(socket_dir, fake_daemon):

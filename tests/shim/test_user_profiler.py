@@ -30,7 +30,8 @@ def assert_exact_steps(fake_daemon, n: int, micro: int = 1) -> None:
     assert [s["micro"] for s in steps] == [micro] * n
     assert all({"forward", "backward", "optimizer"} <= set(s["phases"]) for s in steps)
     (bye,) = fake_daemon.of_type("bye")
-    assert (bye["status"], bye["sent"], bye["dropped"]) == ("finished", n, 0)
+    sent = n + fake_daemon.stacks_sent()
+    assert (bye["status"], bye["sent"], bye["dropped"]) == ("finished", sent, 0)
 
 
 def test_user_profiler_around_gpuprof(socket_dir, fake_daemon):

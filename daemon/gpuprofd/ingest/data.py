@@ -135,6 +135,9 @@ class Ingest:
             ops = runsdb.model_info_ops(live.run_id, msg, self.store.dialect)
             if not self.store.submit_all_nowait(ops):
                 live.store_dropped += 1
+        elif msg["type"] == "stacks":
+            if not self.store.submit_all_nowait(runsdb.stacks_ops(live.run_id, msg)):
+                live.store_dropped += 1
         elif msg["type"] == "loaders":
             if not self.store.submit_nowait(
                 runsdb.loaders_op(live.run_id, msg, self.store.dialect)

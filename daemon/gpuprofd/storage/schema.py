@@ -37,7 +37,7 @@ from gpuprof.insights.gpu import (
 )
 from gpuprofd.core.errors import DatabaseError
 
-SCHEMA_VERSION = 17
+SCHEMA_VERSION = 19
 #: Columns added since schema 1: (table, column, declaration).
 _ADDED_IN_2 = (
     ("steps", "skipped", "INTEGER DEFAULT 0"),
@@ -316,6 +316,17 @@ CREATE TABLE IF NOT EXISTS kernel_stats (
     count INTEGER, total_ns INTEGER, self_ns INTEGER, flops REAL
 );
 CREATE INDEX IF NOT EXISTS kernel_stats_run ON kernel_stats (run_id, window_id);
+CREATE TABLE IF NOT EXISTS stack_samples (  -- schema 19: sampled Python stacks (the shim's
+    -- gpuprof_shim.stacks), counts added up per frame and step; bounded per run by the shim
+    run_id INTEGER NOT NULL,
+    source TEXT NOT NULL,            -- main: the training thread between its phases;
+                                     -- loader: the DataLoader worker processes
+    step INTEGER NOT NULL,           -- the step whose loader wait the sample fell in
+    path TEXT NOT NULL, line INTEGER NOT NULL, func TEXT NOT NULL,  -- the user's frame
+    callee TEXT NOT NULL,            -- the library call it was in ('': none)
+    samples INTEGER NOT NULL,        -- ~10 ms each
+    PRIMARY KEY (run_id, source, step, path, line, func, callee)
+);
 CREATE TABLE IF NOT EXISTS comm_buckets (  -- one DDP gradient bucket's all-reduce in one step;
     -- pruned to each run's last COMM_STEPS_KEPT steps + every COMM_KEEP_EVERY-th (module doc)
     run_id INTEGER NOT NULL, step INTEGER NOT NULL,  -- step: the steps row's step index
@@ -485,6 +496,11 @@ _STEP_TOTALS_TEMP = (
 )
 
 
+#: ... and the ``stack_samples`` table for one older than schema 19 (empty).
+_STACK_SAMPLES_TEMP = (
+    "CREATE TEMP TABLE stack_samples (run_id INTEGER, source TEXT, step INTEGER, path TEXT, "
+    "line INTEGER, func TEXT, callee TEXT, samples INTEGER)"
+)
 #: ... and the ``run_costs`` / ``run_cost_findings`` tables for one older than
 #: schema 16 (empty: its rollups are then empty).
 _RUN_COSTS_TEMP = (
@@ -555,6 +571,8 @@ def shadow_old_tables(conn: sqlite3.Connection, version: int) -> None:
     queries: TEMP views (searched before ``main``) add the missing columns
     with their defaults. Nothing is written to the file."""
     runs6 = ", ".join(f"NULL AS {c}" for c in _RUNS_6) + _RUNS_8
+    if version < 19:
+        conn.execute(_STACK_SAMPLES_TEMP)
     if version < 16:
         conn.execute(_RUN_COSTS_TEMP)
         conn.execute(_RUN_COST_FINDINGS_TEMP)

@@ -239,6 +239,19 @@ class StepMachine:
         :meth:`on_eval_call`."""
         return self.state is IDLE
 
+    def between_phases(self) -> bool:
+        """True outside forward, backward and the optimizer: between steps
+        (the gap: loading, evaluation, checkpoints) or between a step's
+        micro-batches. Read by the stack sampler's thread (one attribute)."""
+        state = self.state
+        return state is IDLE or state is AFTER_BACKWARD
+
+    def gap_step(self) -> int:
+        """The index of the step whose loader wait (or ``data`` phase) the
+        time now is counted in: the next step to be emitted, or the one after
+        it while the last step is still open (closed lazily)."""
+        return self.next_index + (1 if self._open is not None else 0)
+
     # --- events -------------------------------------------------------------
 
     def _start_segment(self, t: int, *, from_backward: bool = False) -> None:

@@ -54,6 +54,10 @@ class Wrappers:
     ) -> None:
         self.machine = machine
         self.on_loader_iterator = on_loader_iterator
+        #: Called with the DataLoader before ``__iter__`` starts its workers
+        #: (the worker stack sampler's init hook); returns the undo, run
+        #: after it. None: nothing to prepare.
+        self.prepare_loader: Callable[[Any], Callable[[], None] | None] | None = None
         self.is_compiling = is_compiling
         self.enabled = True
         self._errors = 0
@@ -188,7 +192,20 @@ class Wrappers:
                     machine.on_loader_iter(machine.clock())
                 except Exception:
                     self.internal_error()
-            it = rediscover_then(self_)
+            prepare, undo = self.prepare_loader, None
+            if self.enabled and prepare is not None:
+                try:
+                    undo = prepare(self_)
+                except Exception:
+                    self.internal_error()
+            try:
+                it = rediscover_then(self_)
+            finally:
+                if undo is not None:
+                    try:
+                        undo()
+                    except Exception:
+                        self.internal_error()
             report = self.on_loader_iterator
             if self.enabled and report is not None:
                 try:

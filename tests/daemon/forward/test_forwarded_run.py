@@ -1,6 +1,6 @@
 """A run forwarded while it trains: what the team server holds of it is what
-the node holds (every step, GPU rollup, host sample, CPU sample and
-insight; its summary), read from both databases; on Postgres and on SQLite."""
+the node holds (every step, GPU rollup, host sample, CPU sample, stack
+sample and insight; its summary), read from both databases; on Postgres and on SQLite."""
 
 from __future__ import annotations
 
@@ -122,6 +122,13 @@ def test_a_run_forwarded_while_it_trains_is_the_same_on_the_server(
         "SELECT mono_ns, cores FROM run_cpu_samples WHERE run_id = {run} ORDER BY mono_ns"
     )
     assert cpu and server_side == cpu
+
+    # the sampled stacks: the same counts per frame and step (added up once)
+    stacks, server_side = both(
+        "SELECT source, step, path, line, func, callee, samples FROM stack_samples "
+        "WHERE run_id = {run} ORDER BY source, step, path, line, func, callee"
+    )
+    assert stacks and server_side == stacks
 
     run_cols = (
         "run_name, status, rank, world_size, start_wall_ns, end_wall_ns, median_step_ms, "

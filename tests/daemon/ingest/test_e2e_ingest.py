@@ -499,7 +499,13 @@ def test_a_manual_burst_of_20000_steps_is_all_stored(
     _, client = daemons.start_ready(sock_dir, db)
     n = 20_000
     with gpuprof.profile(
-        "burst", auto=False, socket_dir=sock_dir, db=db, autostart=False, print_summary=False
+        "burst",
+        auto=False,
+        socket_dir=sock_dir,
+        db=db,
+        autostart=False,
+        print_summary=False,
+        stacks=False,  # steps only: the count below is exact
     ) as prof:
         for i in range(n):  # as fast as the loop goes: no work inside
             with prof.step(i):
@@ -510,3 +516,28 @@ def test_a_manual_burst_of_20000_steps_is_all_stored(
     reply = client.ping()
     assert reply is not None and "store_backpressure" not in reply["dropped"], reply["dropped"]
     h.poll_db(db, "SELECT count(*) FROM steps", (), n)
+
+
+def test_stacks_events_are_stored_and_a_bad_one_is_a_counted_drop(
+    daemons, sock_dir: Path, tmp_path: Path, my_pid: int
+) -> None:
+    """``stacks`` events over the real data socket: each row's samples add to
+    its frame's row; a malformed one is dropped whole and counted."""
+    db = tmp_path / "g.db"
+    _, client = daemons.start_ready(sock_dir, db)
+    hi = client.request(h.hello("k-stk", my_pid))
+    assert hi is not None and hi["ok"] is True
+    save = ["/home/u/train.py", 212, "save_checkpoint", "torch.save"]
+
+    def stacks(rows: list) -> dict:
+        return {"v": 1, "type": "stacks", "run_key": "k-stk", "source": "main", "rows": rows}
+
+    client.push(stacks([[*save, 20, 3]]))
+    client.push(stacks([[*save, 20, 4], ["/home/u/train.py", 230, "log", "", 21, 1]]))
+    client.push(stacks([[*save, 20, -1]]))  # a negative count
+    reply = client.wait_for(lambda r: r["received"] == 2 and r["dropped"])
+    assert reply["dropped"] == {"bad_field:rows": 1}
+    reply = client.request(h.bye("k-stk", sent=3))
+    assert reply is not None and reply["ok"] is True, reply
+    rows = h.query(db, "SELECT step, line, callee, samples FROM stack_samples ORDER BY line")
+    assert [tuple(r) for r in rows] == [(20, 212, "torch.save", 7), (21, 230, "", 1)]

@@ -232,3 +232,46 @@ async def test_a_schema_9_database_is_upgraded_and_takes_batches(storage_url: st
     assert version == str(schema.SCHEMA_VERSION)
     assert got.applied == 1 and [u[1] is None for u in uuids] == [True, False]
     assert uuids[0][0] == old
+
+
+def _stacks_event(seq: int, run: str, rows: list[list[Any]], source: str = "main") -> dict:
+    return {"seq": seq, "kind": "stacks", "run": run, "source": source, "rows": rows}
+
+
+async def test_forwarded_stack_samples_add_up_once(storage_url: str) -> None:
+    run = new_uuid()
+    save = ["/home/u/train.py", 212, "save_checkpoint", "torch.save"]
+    first = batch("n1", [run_event(1, run), _stacks_event(2, run, [[*save, 20, 3]])])
+    later = batch(
+        "n1",
+        [
+            _stacks_event(
+                3,
+                run,
+                [[*save, 20, 4]],
+            )
+        ],
+    )
+    async with open_store(storage_url) as store:
+        await apply_batch(store, validate(first))
+        await apply_batch(store, validate(first))  # resent: applied once
+        await apply_batch(store, validate(later))
+        rows = await store.fetchall("SELECT source, step, line, callee, samples FROM stack_samples")
+    assert [tuple(r) for r in rows] == [("main", 20, 212, "torch.save", 7)]
+
+
+@pytest.mark.parametrize(
+    ("event", "field"),
+    [
+        ({"source": "worker"}, "events[1].source"),
+        ({"rows": "x"}, "events[1].rows"),
+        ({"rows": [["/a.py", 1, "f", "", 0, 0]]}, "events[1].rows[0]"),
+        ({"rows": [["/a.py", 1, "f", None, 0, 1]]}, "events[1].rows[0]"),
+    ],
+)
+def test_a_bad_stacks_event_names_its_field(event: dict[str, Any], field: str) -> None:
+    run = new_uuid()
+    ev = {**_stacks_event(2, run, [["/a.py", 1, "f", "", 0, 1]]), **event}
+    with pytest.raises(BatchError) as err:
+        validate(batch("n1", [run_event(1, run), ev]))
+    assert err.value.field == field

@@ -107,7 +107,8 @@ def test_gradient_accumulation_with_an_uneven_last_window(tmp_path, socket_dir, 
         assert s["phases"]["forward"] > 0 and s["phases"]["backward"] > 0
         assert "skipped" not in s and "eval" not in s
     (bye,) = fake_daemon.of_type("bye")
-    assert (bye["status"], bye["sent"]) == ("finished", 4)  # 3 steps + the loader's settings
+    sent = 4 + fake_daemon.stacks_sent()  # 3 steps + the loader's settings
+    assert (bye["status"], bye["sent"]) == ("finished", sent)
     assert "eval_ns" not in bye
     assert active() is None
 

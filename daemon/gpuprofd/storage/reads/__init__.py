@@ -36,6 +36,7 @@ from gpuprofd.storage.reads.context import (
     run_context,
     run_cpu,
     run_steps,
+    stack_samples,
     stored_insights,
     worker_cpu,
 )
@@ -130,6 +131,7 @@ __all__ = [
     "step_aggregates",
     "steptotals",
     "stored_group_insights",
+    "stack_samples",
     "stored_insights",
     "unknown_group_message",
     "worker_cpu",

@@ -106,6 +106,11 @@ async def worker_cpu(db: Reader, run_id: int) -> list[dict[str, Any]]:
     return [dict(r) for r in await db.fetchall(queries.WORKER_CPU_SQL, (run_id,))]
 
 
+async def stack_samples(db: Reader, run_id: int) -> list[dict[str, Any]]:
+    """The run's sampled stacks (see :data:`queries.STACK_SAMPLES_SQL`)."""
+    return [dict(r) for r in await db.fetchall(queries.STACK_SAMPLES_SQL, (run_id,))]
+
+
 async def comm_totals(
     db: Reader, run_id: int, steps: tuple[int, int] | None = None
 ) -> dict[str, Any]:
@@ -172,6 +177,7 @@ async def run_context(
     gpu = await gpu_stats(db, run, got)
     windows = await kernel_windows(db, run_id)
     comm = await comm_totals(db, run_id)
+    stacks = await stack_samples(db, run_id)
     return await asyncio.to_thread(
         build_context,
         run,
@@ -186,4 +192,5 @@ async def run_context(
         comm=comm,
         job_cpu=job,
         history_iteration_ms=history_steps,
+        stacks=stacks,
     )

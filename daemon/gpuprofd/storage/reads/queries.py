@@ -71,6 +71,11 @@ WORKER_CPU_SQL = (
     "ctx_involuntary FROM worker_cpu "
     "WHERE run_id = ? ORDER BY loader_seq, worker_id"
 )
+#: A run's sampled stacks (gpuprof.insights.frames): samples per frame and step.
+STACK_SAMPLES_SQL = (
+    "SELECT source, step, path, line, func, callee, samples FROM stack_samples "
+    "WHERE run_id = ? ORDER BY source, step, samples DESC"
+)
 HISTORY_SQL = (
     "SELECT id, median_step_ms FROM runs WHERE run_name = ? AND id < ? AND status = 'finished' "
     "AND median_step_ms IS NOT NULL ORDER BY id DESC LIMIT ?"

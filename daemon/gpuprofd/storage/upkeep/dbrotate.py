@@ -27,7 +27,14 @@ import aiosqlite
 
 #: Tables of per-run rows, by ``run_id`` (kernel_windows/kernel_stats apart:
 #: their window ids are renumbered).
-RUN_TABLES = ("steps", "insights", "run_cpu_samples", "worker_cpu", "comm_buckets")
+RUN_TABLES = (
+    "steps",
+    "insights",
+    "run_cpu_samples",
+    "worker_cpu",
+    "comm_buckets",
+    "stack_samples",
+)
 #: Node-level tables and their time column: the live runs' stretch is copied.
 NODE_TABLES = (
     ("host_samples", "mono_ns"),

@@ -24,6 +24,7 @@ RUN_TABLES = (
     "insights",
     "run_cpu_samples",
     "worker_cpu",
+    "stack_samples",
 )
 _OLD_RUNS_SQL = (
     "SELECT id, boot_id FROM runs WHERE status != 'running' AND end_wall_ns IS NOT NULL "

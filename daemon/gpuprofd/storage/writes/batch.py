@@ -27,9 +27,11 @@ from gpuprof.labels import MAX_PROJECT_CHARS
 from gpuprof.protocol import (
     MAX_DURATION_NS,
     MAX_MEMORY_BYTES,
+    STACK_SOURCES,
     _kernel_row,
     _optimizers,
     _phases,
+    _stack_row,
     _window_steps,
 )
 from gpuprof.protocol import MAX_RUN_NAME_CHARS as _NAME_CHARS
@@ -58,7 +60,17 @@ RUN_STATUSES = ("running", "finished", "failed", "lost")
 ENDED_STATUSES = ("finished", "failed", "lost")
 #: Kinds about one run (they carry ``run``) and kinds about the node
 #: (host samples, GPU rollups: keyed by ``boot_id`` and GPU UUID).
-RUN_KINDS = ("run", "end", "steps", "run_cpu", "worker_cpu", "kernels", "comm", "insights")
+RUN_KINDS = (
+    "run",
+    "end",
+    "steps",
+    "run_cpu",
+    "worker_cpu",
+    "kernels",
+    "comm",
+    "insights",
+    "stacks",
+)
 NODE_KINDS = ("host_samples", "gpu_rollups")
 KINDS = RUN_KINDS + NODE_KINDS
 
@@ -316,6 +328,20 @@ def _event(ev: Any, where: str) -> dict[str, Any]:
         out["rows"] = _rows(ev, where, HOST_FIELDS)
     elif kind == "gpu_rollups":
         out["rows"] = _rows(ev, where, ROLLUP_FIELDS)
+    elif kind == "stacks":
+        source = ev.get("source")
+        if source not in STACK_SOURCES:
+            raise BatchError(f"{where}.source", f"not main or loader: {_show(source)}")
+        rows = ev.get("rows")
+        if type(rows) is not list or len(rows) > MAX_EVENT_ROWS:
+            raise BatchError(f"{where}.rows", f"not a list of at most {MAX_EVENT_ROWS} rows")
+        for j, r in enumerate(rows):
+            if not _stack_row(r):
+                raise BatchError(
+                    f"{where}.rows[{j}]",
+                    f"not [path, line, function, call, step, count]: {_show(r)}",
+                )
+        out["source"], out["rows"] = source, rows
     elif kind == "kernels":
         out["window"] = _fields(ev.get("window"), KERNEL_WINDOW_FIELDS, f"{where}.window")
         _check_span(out["window"], "t0_ns", "t1_ns", f"{where}.window")

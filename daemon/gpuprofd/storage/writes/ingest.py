@@ -55,6 +55,7 @@ from gpuprofd.storage.writes.runsdb import (
     _COMM_SQL,
     _HOST_SQL,
     _RUN_CPU_SQL,
+    _STACKS_SQL,
     _STEP_SQL,
     _WORKER_CPU_SQL,
 )
@@ -382,6 +383,11 @@ async def _event(
             await txn.execute(_WORKER_CPU_SQL, row)
     elif kind == "kernels":
         await _kernels(txn, run_id, ev)
+    elif kind == "stacks":  # counts add up: an upsert, one by one
+        for path, line, func, callee, step, count in ev["rows"]:
+            await txn.execute(
+                _STACKS_SQL, (run_id, ev["source"], step, path, line, func, callee, count)
+            )
     elif kind == "insights":
         await txn.execute("DELETE FROM insights WHERE run_id = ?", (run_id,))
         now = time.time_ns()

@@ -160,6 +160,14 @@ def kernels(run_id: int, msg: Mapping[str, Any]) -> Forward:
     return Forward("kernels", PRIORITY_ROLLUP, lambda op, v: (run_id, body, len(body["rows"])))
 
 
+def stacks(run_id: int, msg: Mapping[str, Any]) -> Forward:
+    """The ``stacks`` event of one validated stacks message: its source and
+    rows (each ``[path, line, function, call, step, count]``), added to the
+    server's counts once (the batch's sequence keeps a resend from adding twice)."""
+    body = {"source": msg["source"], "rows": [list(r) for r in msg["rows"]]}
+    return Forward("stacks", PRIORITY_RAW, lambda op, v: (run_id, body, len(body["rows"])))
+
+
 def insights(run_id: int, found: Sequence[Mapping[str, Any]]) -> Forward:
     """The ``insights`` event replacing a run's findings with *found*
     (``rule``, ``severity``, ``title``, ``detail``, ``fix``, ``evidence`` each)."""

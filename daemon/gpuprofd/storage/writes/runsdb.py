@@ -59,6 +59,12 @@ _WORKER_CPU_SQL = (
     "last_mono_ns = excluded.last_mono_ns, cpu_s = excluded.cpu_s, "
     "ctx_voluntary = excluded.ctx_voluntary, ctx_involuntary = excluded.ctx_involuntary"
 )
+#: One row per (run, source, step, frame); a later event's samples add to it.
+_STACKS_SQL = (
+    "INSERT INTO stack_samples (run_id, source, step, path, line, func, callee, samples) "
+    "VALUES (?,?,?,?,?,?,?,?) ON CONFLICT (run_id, source, step, path, line, func, callee) "
+    "DO UPDATE SET samples = stack_samples.samples + excluded.samples"
+)
 _GPU_SQL = (
     "INSERT INTO gpu_samples (mono_ns, gpu_index, uuid, util_pct, mem_used_bytes, "
     "mem_total_bytes, power_mw, temp_c, sm_clock_mhz, mem_util_pct, clock_event_reasons) "
@@ -212,6 +218,22 @@ def host_sample_op(
         boot_id,
     )
     return Op(_HOST_SQL, params, forward=(outbox.HOST,))
+
+
+def stacks_ops(run_id: int, msg: Mapping[str, Any]) -> list[Op]:
+    """The upserts of one validated ``stacks`` message: each row's samples
+    added to its (run, source, step, frame) row. A resent message is never
+    applied twice (the shim's numbered messages are stored once)."""
+    source, whole = msg["source"], (outbox.stacks(run_id, msg),)
+    return [
+        # forwarded whole with the first row's write
+        Op(
+            _STACKS_SQL,
+            (run_id, source, step, path, line, func, callee, count),
+            forward=() if k else whole,
+        )
+        for k, (path, line, func, callee, step, count) in enumerate(msg["rows"])
+    ]
 
 
 def run_cpu_op(run_id: int, mono_ns: int, cores: float) -> Op:
