@@ -233,8 +233,8 @@ def plan(
         A request for the first finding of :data:`EVIDENCE_RULES` (in that
         order) not yet asked whose window fits the budget: at the next slow
         step (one step) when ``high_step_variance`` says the slow steps recur
-        every N steps (``period_steps``, the slow steps' numbers), else the
-        next :data:`DEFAULT_STEPS` steps.
+        every N steps (``period_steps``; the phase: the residue most of its
+        ``slow_step_numbers`` share), else the next :data:`DEFAULT_STEPS` steps.
     """
     done = set(asked)
     by_rule = {f.rule: f for f in findings}
@@ -245,7 +245,7 @@ def plan(
         every = found.evidence.get("period_steps")
         slow_at = found.evidence.get("slow_step_numbers") or []
         if type(every) is int and every > 0 and slow_at and latest_step is not None:
-            phase = int(slow_at[-1]) % every
+            phase = _phase(slow_at, every)
             nxt = latest_step + 1 + ((phase - latest_step - 1) % every)
             req = EvidenceRequest(request_id, rule, PERIODIC_STEPS, nxt, every)
             cost = window_cost_ms(PERIODIC_STEPS, slow_step_ms or step_ms)
@@ -255,6 +255,15 @@ def plan(
         if within_budget(cost, used_ms, elapsed_s, share):
             return req
     return None
+
+
+def _phase(slow_at: Sequence[Any], every: int) -> int:
+    """The residue mod *every* most of the slow steps *slow_at* share (the
+    pattern's; a loaded host adds slow steps off it), the smallest on a tie."""
+    counts: dict[int, int] = {}
+    for n in slow_at:
+        counts[int(n) % every] = counts.get(int(n) % every, 0) + 1
+    return min(counts, key=lambda r: (-counts[r], r))
 
 
 def top_rows(rows: Sequence[KernelAgg], n: int = TOP_ROWS) -> list[dict[str, Any]]:
@@ -333,3 +342,23 @@ def summary_lines(windows: Sequence[Mapping[str, Any]]) -> list[str]:
             f"taken for {w['rule']}{top}"
         )
     return lines
+
+
+def profile_line(profile: Mapping[str, Any] | None) -> str | None:
+    """A finding's attached window (:func:`attach`) in one line: ``Evidence:
+    a profiler window of step 123 (CPU time): aten::mm 41.2 ms self (92 %),
+    aten::mul 0.3 ms self (1 %)``; None when there is none."""
+    if not isinstance(profile, Mapping):
+        return None
+    top = [r for r in profile.get("top") or [] if isinstance(r, Mapping)]
+    kind = "CPU time" if profile.get("time") == "cpu" else "device time"
+    parts = []
+    for r in top[:3]:
+        ms = r.get("self_ms") if r.get("kind") == "op" else r.get("total_ms")
+        share = r.get("share")
+        pct = f" ({share:.0%})" if isinstance(share, int | float) else ""
+        self_word = " self" if r.get("kind") == "op" else ""
+        parts.append(f"{r.get('name')} {ms} ms{self_word}{pct}")
+    listed = ": " + ", ".join(parts) if parts else ": no operator time recorded"
+    steps = steps_text([int(s) for s in profile.get("steps") or []])
+    return f"Evidence: a profiler window of {steps} ({kind}){listed}"

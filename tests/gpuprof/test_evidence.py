@@ -168,6 +168,9 @@ def test_plan_waits_for_the_next_slow_step_of_a_periodic_pattern():
     req = plan_for([f], latest_step=117)
     # slow steps are 5 mod 20: the next after 117 is 125, one step
     assert req == EvidenceRequest("req1", "high_step_variance", 1, 125, 20)
+    # a loaded host adds slow steps off the pattern: the phase is the one most share
+    noisy = finding("high_step_variance", period_steps=20, slow_step_numbers=[45, 46, 65, 85, 99])
+    assert plan_for([noisy], latest_step=117).at_step == 125  # type: ignore[union-attr]
     irregular = finding("high_step_variance", period_steps=None, slow_step_numbers=[45, 71])
     assert plan_for([irregular]).steps == DEFAULT_STEPS  # type: ignore[union-attr]
 
