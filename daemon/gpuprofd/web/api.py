@@ -337,7 +337,19 @@ async def run_kernels(request: web.Request) -> web.Response:
     run_id = _run_id(request)
     top = int_param(request, "top", DEFAULT_TOP, 1, MAX_TOP)
     run = await reads.get_run(db, run_id)
-    table = kerneltable.build_table(await reads.kernel_windows(db, run_id))
+    windows = await reads.kernel_windows(db, run_id)
+    shown = None
+    if "window" in request.query:  # one window (an evidence window a finding links to)
+        wid = int_param(request, "window", 0, 0, 2**62)
+        windows = [(w, rows) for w, rows in windows if w["id"] == wid]
+        if not windows:
+            raise ApiError(404, f"run {run_id} has no kernel window {wid}")
+        w, rows = windows[0]
+        kind = "kernel" if any(r.kind == "kernel" and r.total_ns > 0 for r in rows) else "op"
+        table = kerneltable.build_table(windows, w["source"], kind)
+        shown = {"id": w["id"], "source": w["source"], "steps": w["steps"], "kind": kind}
+    else:
+        table = kerneltable.build_table(windows)
     data = table.to_dict(top)
     kernels = [
         {
@@ -358,6 +370,9 @@ async def run_kernels(request: web.Request) -> web.Response:
             "windows": table.windows if table.lines else 0,
             "mfu": run.get("mfu"),
             "achieved_tflops": run.get("achieved_tflops"),
+            # with ?window=ID: that window ({id, source, steps, kind}: op rows
+            # when it holds no kernel time, a CPU-only run's evidence window)
+            "window": shown,
         }
     )
 
