@@ -101,6 +101,7 @@ def test_a_window_past_the_budget_is_refused_with_what_it_needs():
     clock.t = 20 * SEC  # 200 ms of budget now
     slot.offer(request("r2", steps=4))
     assert slot.due(6, 20_000_000) is not None
+    assert slot.notes() == []  # taken in the end: nothing to say
 
 
 def test_windows_taken_count_against_the_budget():
@@ -183,6 +184,34 @@ def test_request_arriving_mid_step_opens_at_the_next_boundary_and_names_the_op()
     assert ops[0][0] == "aten::mm" and ops[0][5] > 0  # its self CPU time, ns
     assert slot.report()["state"] == "taken"  # type: ignore[index]
     assert tracer.traced(msg["t0"], msg["t1"])
+
+
+def test_manual_mode_window_covers_its_steps_and_not_the_next():
+    """Manual mode (``prof.step(i)``): the window opens before the step the
+    request is due at and closes after its last step."""
+    sent: list[dict[str, Any]] = []
+    slot = EvidenceSlot(True, 0, time.monotonic_ns)
+    tracer = Tracer(
+        TraceOptions(),
+        run_key="k" * 16,
+        run_name="t",
+        send=lambda m: sent.append(dict(m)) or True,
+        clock=time.monotonic_ns,
+        evidence=slot,
+    )
+    slot.offer(request(steps=3, at_step=20))
+    running = {}
+    try:
+        for i in range(0, 60, 10):  # a loop that numbers its steps 0, 10, 20, ...
+            tracer.start_window(i)
+            running[i] = tracer.running
+            torch.randn(64, 64) @ torch.randn(64, 64)
+            tracer.after_step(i)
+    finally:
+        tracer.close()
+    assert running == {0: False, 10: False, 20: True, 30: True, 40: True, 50: False}
+    (msg,) = [m for m in sent if m["type"] == "kernels"]
+    assert msg["steps"] == [20, 30, 40]  # the loop's own numbers
 
 
 # --- the whole path: ack replies to a kernels event -------------------------------------

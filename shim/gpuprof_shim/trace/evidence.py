@@ -139,9 +139,10 @@ class EvidenceSlot:
         self._report = report
 
     def notes(self) -> list[str]:
-        """The summary's lines: windows refused for the budget."""
-        out = []
+        """The summary's lines: rules whose window was refused for the budget
+        and never taken later (one line per rule)."""
+        out: dict[str, str] = {}
         for req, why in self.refused:
-            if why.startswith("over the"):
-                out.append(f"evidence window for {req.rule} not taken: {why} of the run's time")
-        return out
+            if why.startswith("over the") and req.rule not in self._rules:
+                out[req.rule] = f"evidence window for {req.rule} not taken: {why} of the run's time"
+        return list(out.values())

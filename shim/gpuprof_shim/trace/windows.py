@@ -174,6 +174,7 @@ class Tracer:
         self._dir_full = False
         self._request: EvidenceRequest | None = None  # the open window's, if evidence
         self._covered = 0  # steps the open evidence window has covered
+        self._window_steps: list[int] = []  # their numbers
         self._last_boundary = 0
         self._step_ns = 0  # the latest boundary-to-boundary time (evidence cost estimate)
 
@@ -230,7 +231,7 @@ class Tracer:
         if self._last_boundary:
             self._step_ns = now - self._last_boundary
         self._last_boundary = now
-        if self._keep_evidence_open():
+        if self._keep_evidence_open(next_step):
             return
         self.end_window()
         self.start_window(next_step)
@@ -242,21 +243,28 @@ class Tracer:
         if self._last_boundary:
             self._step_ns = now - self._last_boundary
         self._last_boundary = now
-        if self._keep_evidence_open():
+        if self._keep_evidence_open(None):
             return
         self.end_window()
 
-    def _keep_evidence_open(self) -> bool:
+    def _keep_evidence_open(self, next_step: int | None) -> bool:
         """One more step done in an open evidence window: True while it has
-        steps to go."""
+        steps to go (*next_step*, when known, is one of them)."""
         req = self._request
         if req is None or self._prof is None:
             return False
         self._covered += 1
-        return self._covered < req.steps
+        keep = self._covered < req.steps
+        if keep and next_step is not None:
+            self._window_steps.append(next_step)
+        return keep
 
     def start_window(self, step: int) -> None:
         """Open a window for *step* if a mode asks for it (before the step)."""
+        if self._prof is not None and self._request is not None:
+            if self._window_steps and self._window_steps[-1] != step:  # manual mode
+                self._window_steps.append(step)
+            return
         if not self.enabled or self._prof is not None or not self._on_training_thread():
             return
         source = self._plan(step)
@@ -297,7 +305,7 @@ class Tracer:
             if self._guard is not None:
                 self._guard.window_on = True
             self._prof, self._step, self._source, self._t0 = prof, step, source, self.clock()
-            self._request, self._covered = req, 0
+            self._request, self._covered, self._window_steps = req, 0, [step]
             if source == "continuous" or self.options.hz is not None:
                 self._last_sample = step
                 if self.options.hz is not None:
@@ -324,7 +332,6 @@ class Tracer:
             rows, dropped = fold_kineto(
                 events, self._torch.autograd.DeviceType.CPU, cpu_time=req is not None
             )
-            covered = max(1, self._covered) if req is not None else 1
             msg = {
                 "v": 1,
                 "type": "kernels",
@@ -332,7 +339,9 @@ class Tracer:
                 "t0": self._t0,
                 "t1": t1,
                 "source": self._source,
-                "steps": list(range(self._step, self._step + covered))[:MAX_WINDOW_STEPS],
+                "steps": (self._window_steps if req is not None else [self._step])[
+                    :MAX_WINDOW_STEPS
+                ],
                 "rows": [r.to_wire() for r in rows],
             }
             if dropped:
