@@ -152,7 +152,7 @@ def test_request_arriving_mid_step_opens_at_the_next_boundary_and_names_the_op()
         evidence=slot,
     )
     tracer.open()
-    assert tracer._torch is None  # nothing imported or patched until a window opens
+    assert tracer._guard is not None  # torch is imported: the guard sees the user's profiler
     model = Model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     running_mid_step = []
@@ -184,6 +184,43 @@ def test_request_arriving_mid_step_opens_at_the_next_boundary_and_names_the_op()
     assert ops[0][0] == "aten::mm" and ops[0][5] > 0  # its self CPU time, ns
     assert slot.report()["state"] == "taken"  # type: ignore[index]
     assert tracer.traced(msg["t0"], msg["t1"])
+
+
+def test_a_request_while_the_users_scheduled_profiler_warms_up_is_refused():
+    """The user's profiler prepared (its schedule's warm-up: Kineto set up,
+    not yet recording) when a request comes: no second Kineto session starts
+    (torch crashes on two), the request is refused, the user's profile works."""
+    slot = EvidenceSlot(True, 0, time.monotonic_ns)
+    sent: list[dict[str, Any]] = []
+    tracer = Tracer(
+        TraceOptions(),
+        run_key="k" * 16,
+        run_name="t",
+        send=lambda m: sent.append(dict(m)) or True,
+        clock=time.monotonic_ns,
+        evidence=slot,
+    )
+    tracer.open()
+    model = Model()
+    sched = torch.profiler.schedule(wait=0, warmup=3, active=1, repeat=1)
+    try:
+        with torch.profiler.profile(schedule=sched) as user:
+            for i in range(5):
+                tracer.boundary(i)
+                if i == 1:
+                    slot.offer(request())
+                model(torch.randn(4, 32)).sum().backward()
+                user.step()
+        tracer.boundary(5)
+    finally:
+        tracer.close()
+    assert sent == []
+    assert slot.report() == {
+        "id": "r1",
+        "state": "refused",
+        "why": "your own torch.profiler was active",
+    }
+    assert any(e.key == "aten::linear" for e in user.key_averages())
 
 
 def test_manual_mode_window_covers_its_steps_and_not_the_next():

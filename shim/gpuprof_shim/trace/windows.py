@@ -89,6 +89,7 @@ import contextlib
 import logging
 import os
 import re
+import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -182,15 +183,31 @@ class Tracer:
 
     def open(self) -> None:
         """Import torch and install the user-profiler guard; on failure tracing
-        is off. With evidence windows only, nothing is done until the first opens."""
-        if not self.enabled or not self.options.enabled:
+        is off. With evidence windows only, the guard goes in now if torch is
+        imported already (it must see the user's profiler prepare before a
+        window starts: two Kineto sessions at once crash torch), else when
+        the first window opens; a failure there turns them off without a note."""
+        if not self.enabled:
             return
-        self._open_now()
+        if self.options.enabled or "torch" in sys.modules:
+            self._open_now()
 
     def _open_now(self) -> None:
         if self._opened:
             return
         self._opened = True
+        if not self.options.enabled:  # evidence windows only: off quietly on failure
+            try:
+                import torch
+                import torch.autograd.profiler as legacy
+
+                self._torch = torch
+                self._guard = TorchGuard(self._user_prepares)
+                self._guard.install(legacy, range_ender(torch))
+            except Exception:
+                log.debug("gpuprof: no evidence windows (torch.profiler)", exc_info=True)
+                self.enabled = False
+            return
         try:
             import torch
             import torch.autograd.profiler as legacy
@@ -276,7 +293,7 @@ class Tracer:
             return
         if req is not None:
             self._open_now()
-            if not self.enabled:  # torch.profiler could not be set up
+            if not self.enabled or self._torch is None:  # torch.profiler could not be set up
                 self.evidence.failed(req, "torch.profiler unavailable")  # type: ignore[union-attr]
                 return
         torch = self._torch
