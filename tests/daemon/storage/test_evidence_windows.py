@@ -140,3 +140,35 @@ def test_an_older_database_read_as_it_is_has_no_evidence_windows(tmp_path):
         str(schema.SCHEMA_VERSION),
     )
     conn.close()
+
+
+async def test_a_live_runs_evidence_link_follows_its_window_into_a_new_database(tmp_path):
+    """The database file replaced under a running run (its rows copied over,
+    windows renumbered): the evidence link points at its window's new id."""
+    import aiosqlite
+
+    from gpuprofd.storage.upkeep import dbrotate
+
+    old_path, new_path = tmp_path / "old.db", tmp_path / "new.db"
+    async with open_store(str(old_path)) as store:
+        run_id = await runsdb.insert_run(store, run_row("live"))
+        assert store.submit_all_nowait(runsdb.kernels_ops(run_id, evidence_msg()))
+        await store.flush()
+    async with open_store(str(new_path)) as store:  # a populated file: ids taken
+        other = await runsdb.insert_run(store, run_row("other"))
+        snap = {**evidence_msg(t0=1), "source": "snapshot"}
+        del snap["evidence"]
+        for t0 in (1, 2, 3):
+            assert store.submit_all_nowait(runsdb.kernels_ops(other, {**snap, "t0": t0}))
+        await store.flush()
+    async with (
+        aiosqlite.connect(old_path) as old,
+        aiosqlite.connect(new_path, isolation_level=None) as new,
+    ):
+        got = await dbrotate.read_live_runs(old, [run_id])
+        ids = await dbrotate.write_live_runs(new, got)
+    async with open_store(str(new_path)) as store:
+        (w,) = await reads.evidence_windows(store, ids[run_id])
+        windows = {win["id"]: win for win, _ in await reads.kernel_windows(store, ids[run_id])}
+        assert windows[w["window_id"]]["source"] == "evidence"
+        assert w["rows"] and w["rule"] == "high_step_variance"
