@@ -339,11 +339,13 @@ async def run_kernels(request: web.Request) -> web.Response:
     run = await reads.get_run(db, run_id)
     windows = await reads.kernel_windows(db, run_id)
     shown = None
-    if "window" in request.query:  # one window (an evidence window a finding links to)
-        wid = int_param(request, "window", 0, 0, 2**62)
+    if "evidence" in request.query:  # a finding's evidence window, by its request id
+        rid = request.query["evidence"]
+        found = [e for e in await reads.evidence_windows(db, run_id) if e["request_id"] == rid]
+        wid = found[0]["window_id"] if found else None
         windows = [(w, rows) for w, rows in windows if w["id"] == wid]
         if not windows:
-            raise ApiError(404, f"run {run_id} has no kernel window {wid}")
+            raise ApiError(404, f"run {run_id} has no evidence window {rid[:64]!r}")
         w, rows = windows[0]
         kind = "kernel" if any(r.kind == "kernel" and r.total_ns > 0 for r in rows) else "op"
         table = kerneltable.build_table(windows, w["source"], kind)
@@ -370,8 +372,8 @@ async def run_kernels(request: web.Request) -> web.Response:
             "windows": table.windows if table.lines else 0,
             "mfu": run.get("mfu"),
             "achieved_tflops": run.get("achieved_tflops"),
-            # with ?window=ID: that window ({id, source, steps, kind}: op rows
-            # when it holds no kernel time, a CPU-only run's evidence window)
+            # with ?evidence=REQUEST_ID: that evidence window ({id, source, steps,
+            # kind}: op rows when it holds no kernel time, a CPU-only run's)
             "window": shown,
         }
     )

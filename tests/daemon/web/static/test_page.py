@@ -244,6 +244,12 @@ def test_a_findings_evidence_window_is_shown_and_linked(dash: Dash, runs: dict, 
                 "self_ns, flops) VALUES (?, ?, ?, 'op', 'compute', ?, ?, ?, NULL)",
                 (wid, rid, name, count, total, own),
             )
+        db.execute(
+            "INSERT INTO evidence_windows (run_id, window_id, request_id, rule, time_kind, "
+            "t0_ns, t1_ns, first_step, last_step) VALUES (?, ?, 'r1', 'high_step_variance', "
+            "'cpu', 1, 2, 1267, 1267)",
+            (rid, wid),
+        )
         profile = {
             "request_id": "r1",
             "window_id": wid,
@@ -275,7 +281,7 @@ def test_a_findings_evidence_window_is_shown_and_linked(dash: Dash, runs: dict, 
             "'', '', ?, 1)",
             (rid, json.dumps({"profile": profile})),
         )
-    api = dash.get(f"/api/v1/runs/{rid}/kernels?window={wid}")
+    api = dash.get(f"/api/v1/runs/{rid}/kernels?evidence=r1")
     assert api["window"]["kind"] == "op" and api["kernels"][0]["name"] == "aten::mm"
     w = pages()
     page = w.open(f"{dash.url}/#/run/{rid}")

@@ -61,7 +61,8 @@ export function evidenceText(profile) {
 
 /** One insight as the summary block says it: [SEV] title, its worth, detail,
  * Fix: fix, and its evidence window with a link that shows the window's
- * rows in the run page's Top kernels panel (`a.evidence-window`, data-window: its id). */
+ * rows in the run page's Top kernels panel (`a.evidence-window`, data-evidence:
+ * its request id, which names it on a node and on a team server alike). */
 export function insightItem(ins) {
   const profile = ins.evidence?.profile;
   const evidence = evidenceText(profile);
@@ -83,8 +84,8 @@ export function insightItem(ins) {
     ins.fix ? h("div", { class: "insight-fix" }, h("strong", {}, "Fix: "), userText(ins.fix)) : null,
     evidence
       ? h("div", { class: "insight-evidence" }, userText(evidence),
-        profile.window_id != null
-          ? [" · ", h("a", { href: "#kernels", class: "evidence-window", "data-window": String(profile.window_id) }, "the window's operators")]
+        profile.request_id
+          ? [" · ", h("a", { href: "#kernels", class: "evidence-window", "data-evidence": String(profile.request_id) }, "the window's operators")]
           : null)
       : null,
   );

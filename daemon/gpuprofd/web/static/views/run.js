@@ -325,7 +325,7 @@ export function render(root, { id }) {
     const a = e.target.closest?.("a.evidence-window");
     if (!a) return;
     e.preventDefault();
-    loadKernels(Number(a.dataset.window));
+    loadKernels(a.dataset.evidence);
     kernels.scrollIntoView();
   });
   kernels.addEventListener("click", (e) => {
@@ -334,11 +334,11 @@ export function render(root, { id }) {
     loadKernels();
   });
 
-  async function loadKernels(windowId = null) {
+  async function loadKernels(evidence = null) {
     let k;
-    const title = windowId === null ? "Top kernels" : "Evidence window";
+    const title = evidence === null ? "Top kernels" : "Evidence window";
     try {
-      k = await api.kernels(id, 20, windowId);
+      k = await api.kernels(id, 20, evidence);
     } catch (err) {
       if (!state.gone) replace(kernels, h("h2", {}, title), errorBox(err));
       return;
