@@ -2,7 +2,7 @@
 run's shim for when a live finding is one an op/kernel view would explain,
 and the window's top ops attached to that finding. Pure: no torch, no I/O.
 
-The flow (see ``docs/usage.md``, "Evidence windows"):
+The flow (users: ``docs/kernels-mfu.md``, "Evidence windows"):
 
 1. A live insights pass finds a rule of :data:`EVIDENCE_RULES`; the daemon's
    :func:`plan` picks at most one request per pass: one per rule per run,

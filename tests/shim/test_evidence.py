@@ -125,6 +125,32 @@ def test_a_periodic_request_waits_for_its_slow_step():
     assert [s for s in range(50, 90) if slot2.due(s, 1) is not None] == [65]
 
 
+# --- the fold's CPU time (a CPU-only run's evidence window) ---------------------------
+
+
+def test_cpu_time_fold_gives_operators_their_self_cpu_time():
+    from gpuprof_shim.trace.fold import fold_kineto
+
+    from .test_trace import FakeEvent
+
+    ev = [
+        FakeEvent("aten::linear", start=0, end=100, corr=1),
+        FakeEvent("aten::addmm", start=10, end=70, corr=2, flops=10),
+        FakeEvent("aten::t", start=75, end=80, corr=3),
+        FakeEvent("aten::mm", start=200, end=500, corr=4, flops=99),
+    ]
+    got = {r.name: (r.count, r.total_ns, r.self_ns) for r in fold_kineto(ev, "cpu", True)[0]}
+    assert got == {
+        "aten::linear": (1, 100, 35),  # less addmm's 60 and t's 5
+        "aten::addmm": (1, 60, 60),
+        "aten::t": (1, 5, 5),
+        "aten::mm": (1, 300, 300),
+    }
+    # without it (the trace modes): device time only, FLOP-carrying ops kept at zero
+    plain = {r.name: r.total_ns for r in fold_kineto(ev, "cpu")[0]}
+    assert plain == {"aten::addmm": 0, "aten::mm": 0}
+
+
 # --- the Tracer: windows open only between steps -------------------------------------
 
 
