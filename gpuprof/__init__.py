@@ -73,6 +73,7 @@ def profile(
     server: str | None = None,
     project: str | None = None,
     tags: Mapping[str, str] | None = None,
+    auto_evidence: bool = True,
 ) -> Profiler:
     """Profile the training loop inside ``with gpuprof.profile(run_name):``.
 
@@ -202,6 +203,13 @@ def profile(
             at most 32 characters, values of at most 64), merged over
             ``GPUPROF_TAGS`` (``key=value,key=value``). Default None: those
             of ``GPUPROF_TAGS`` only. Costs nothing.
+        auto_evidence: take the one-off ``torch.profiler`` windows gpuprofd
+            asks for when a live finding is one an op/kernel view explains
+            (slow bursts, launch overhead, low MFU, kernel drift, a straggler);
+            their top ops are attached to that finding. Default True; at most
+            one window per rule per run; they cost at most 1 % of the run's
+            time (the windows' steps are left out of step statistics), and
+            nothing when none is asked for. False: none is taken.
 
     Returns:
         A :class:`Profiler`: use it as the ``with`` block's context manager

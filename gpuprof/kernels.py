@@ -8,7 +8,7 @@ kernel rules read them. Pure: no torch, no I/O.
 Wire form (one ``kernels`` event per window, see ``gpuprof.protocol``)::
 
     {"v": 1, "type": "kernels", "run_key": ..., "t0": ns, "t1": ns,
-     "source": "snapshot" | "continuous" | "nsys", "steps": [i, ...],
+     "source": "snapshot" | "continuous" | "nsys" | "evidence", "steps": [i, ...],
      "rows": [[name, kind, cls, count, total_ns, self_ns, flops], ...],
      "rows_dropped": n}
 
@@ -33,7 +33,8 @@ KERNEL_CLASSES = ("compute", "comm", "memcpy", "memset", "other")
 #: Row kinds: a device kernel, or a framework operator (``aten::mm``) with
 #: its self device time and FLOPs.
 KINDS = ("kernel", "op")
-SOURCES = ("snapshot", "continuous", "nsys")
+#: ``evidence``: a window the daemon asked for to explain a finding (gpuprof.evidence).
+SOURCES = ("snapshot", "continuous", "nsys", "evidence")
 #: Rows per window message: the top ones by device time; the rest are summed
 #: into one ``(other)`` row per kind. ~100 bytes a row keeps a window < 32 KiB.
 MAX_ROWS = 256

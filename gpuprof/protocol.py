@@ -27,6 +27,8 @@ from typing import Any
 import orjson
 
 from gpuprof.comm import wire_rows as _comm_rows
+from gpuprof.evidence import report_problem as _evidence_report_problem
+from gpuprof.evidence import tag_problem as _evidence_tag_problem
 from gpuprof.flops import arch_problem
 from gpuprof.kernels import KERNEL_CLASSES, KINDS, MAX_NAME_CHARS, MAX_ROWS, SOURCES
 from gpuprof.labels import MAX_PROJECT_CHARS, tags_ok
@@ -461,6 +463,9 @@ SCHEMAS: dict[str, dict[str, tuple[bool, Check]]] = {
         "steps": (True, _window_steps),
         "rows": (True, _kernel_rows),
         "rows_dropped": (False, _int(0, 1 << 40)),
+        # source "evidence" only (and there required): the request it answers,
+        # {"id", "rule", "time"?} (gpuprof.evidence)
+        "evidence": (False, lambda x: _evidence_tag_problem(x) is None),
     },
     # sampled Python stacks since the run's previous stacks event of the same
     # source (gpuprof_shim.stacks): counts per frame and step, added up by
@@ -495,7 +500,12 @@ SCHEMAS: dict[str, dict[str, tuple[bool, Check]]] = {
         "lost": (False, _int(0, MAX_SEQ)),
     },
     # the highest seq of the run the daemon has stored (reply: ``acked``)
-    "ack": {"run_key": (True, _RUN_KEY)},
+    "ack": {
+        "run_key": (True, _RUN_KEY),
+        # what the shim did with the daemon's last evidence request
+        # (gpuprof.evidence.report_problem); the reply may carry a request
+        "evidence": (False, lambda x: _evidence_report_problem(x) is None),
+    },
     "ping": {},
     # gpuprofctl stop: exit once the open runs end (now: at once)
     "stop": {"now": (False, lambda x: type(x) is bool)},
@@ -552,6 +562,8 @@ def _check(msg: dict[str, Any]) -> None:
             raise ProtocolError(f"bad_field:{field}", repr(msg[field])[:60])
     if kind in ("step", "kernels") and not 0 <= msg["t1"] - msg["t0"] <= MAX_DURATION_NS:
         raise ProtocolError("bad_field:t1", "t1 before t0 or more than 7 days after it")
+    if kind == "kernels" and (msg["source"] == "evidence") != ("evidence" in msg):
+        raise ProtocolError("bad_field:evidence", "source evidence needs its tag, and only it")
     if kind == "model_info" and not _model_info(msg):
         raise ProtocolError("bad_field:model_info", "neither dtype nor flops_counted")
 

@@ -35,6 +35,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from gpuprof.evidence import profile_line
 from gpuprof.gpus import find_gpu, normalize_dtype, peak_tflops
 from gpuprof.insights.base import RunContext
 from gpuprof.insights.compute import run_mfu
@@ -417,6 +418,9 @@ def insight_lines(insights: Sequence[Mapping[str, Any]], details: bool = False) 
                 lines.append(f"          {ins['detail']}")
             if ins.get("fix"):
                 lines.append(f"          Fix: {ins['fix']}")
+            seen = profile_line((ins.get("evidence") or {}).get("profile"))
+            if seen:
+                lines.append(f"          {seen}")
     return lines
 
 

@@ -54,6 +54,7 @@ from gpuprofd.sampling.backend import open_backend
 from gpuprofd.sampling.gpu_sampler import DEFAULT_SAMPLE_HZ, GpuSampler
 from gpuprofd.sampling.host_sampler import HostSampler
 from gpuprofd.sampling.rollup import SecondRollups
+from gpuprofd.services.evidence import EvidencePlanner
 from gpuprofd.services.insights_runner import InsightsRunner
 from gpuprofd.services.sinks import SampleSinks
 from gpuprofd.storage import schema
@@ -263,6 +264,7 @@ class Daemon:
             notes,
             drops=drops,
             team_url=opts.forward.run_url if opts.forward is not None else None,
+            evidence=EvidencePlanner(),
         )
         runs = RunService(
             store,
@@ -329,6 +331,7 @@ class Daemon:
             ),
             request_stop=self.stop,
             started_wall_ns=self.started_wall_ns,
+            evidence=insights.evidence,
             dashboard_url=dashboard.url,
             dashboard_why_not=dashboard.why_not,
             forward_status=forwarder.describe if forwarder is not None else None,

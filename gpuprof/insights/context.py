@@ -8,7 +8,7 @@ from typing import Any
 
 from gpuprof.comm import COMM_PHASE
 from gpuprof.insights import hostcpu
-from gpuprof.insights.aggregates import GpuStats
+from gpuprof.insights.aggregates import GpuStats, KernelStats
 from gpuprof.insights.base import CommTotals, LoaderConfig, RunContext, WorkerPool, steady
 from gpuprof.insights.frames import from_rows
 from gpuprof.insights.gpu import gpu_stats
@@ -380,7 +380,7 @@ def build_context(
         optimizers=_optimizer_totals(steps),
         **_torch_memory(steps),
         gpu=gpu if gpu is not None else gpu_stats(gpu_samples) if gpu_samples else None,
-        kernels=kernel_stats(kernel_windows) if kernel_windows else None,
+        kernels=_kernels(kernel_windows),
         checkpointing_declared=_checkpointing_declared(options),
         traced_steps=len(steps) - len(timed),
         step_numbers=tuple(timed_numbers),
@@ -397,3 +397,13 @@ def build_context(
     )
     # from the context's own per-step loader time (wait + data phase)
     return dataclasses.replace(ctx, loader_ms_thirds=_thirds(ctx.loader_ms, median))
+
+
+def _kernels(
+    windows: Sequence[tuple[Mapping[str, Any], Sequence[Any]]],
+) -> KernelStats | None:
+    """The kernel rules' statistics, evidence windows left out: one is taken
+    during what a finding describes (a slow burst), not a sample of the run,
+    and on a CPU-only run its times are CPU time (:mod:`gpuprof.evidence`)."""
+    sampled = [(w, rows) for w, rows in windows if w.get("source") != "evidence"]
+    return kernel_stats(sampled) if sampled else None

@@ -76,6 +76,9 @@ class DaemonLink:
         self.started_daemon = False
         #: Times a new daemon took the run over (hello again, resent).
         self.reconnects = 0
+        #: Where the daemon's evidence requests go (they ride the ``ack``
+        #: replies); None: not asked for (set by the session).
+        self.evidence: Any = None
         self._hello: Callable[[], dict[str, Any]] | None = None
         self._run_key: str | None = None
         self._keeper: threading.Thread | None = None
@@ -139,6 +142,12 @@ class DaemonLink:
                 )
                 self._keeper.start()
 
+    @property
+    def keeps(self) -> bool:
+        """The resend thread runs (the daemon acknowledges messages): only then
+        can the daemon's requests reach this process."""
+        return self._keeper is not None
+
     def _request_hello(self) -> dict[str, Any] | None:
         assert self._hello is not None and self.sender is not None
         raw = control.request(
@@ -166,14 +175,21 @@ class DaemonLink:
                 if now < next_ack and not self._settling.is_set():
                     continue
                 next_ack = now + ACK_INTERVAL_S
-                acked = control.parse_ack_reply(
-                    control.request(
-                        sender.context,
-                        self.control or "",
-                        {"v": PROTOCOL_VERSION, "type": "ack", "run_key": self._run_key},
-                        control.ACK_TIMEOUT_MS,
-                    )
+                ask: dict[str, Any] = {
+                    "v": PROTOCOL_VERSION,
+                    "type": "ack",
+                    "run_key": self._run_key,
+                }
+                evidence = self.evidence
+                report = evidence.report() if evidence is not None else None
+                if report is not None:
+                    ask["evidence"] = report
+                raw = control.request(
+                    sender.context, self.control or "", ask, control.ACK_TIMEOUT_MS
                 )
+                acked = control.parse_ack_reply(raw)
+                if evidence is not None and type(acked) is int and raw is not None:
+                    evidence.offer(raw.get("evidence"))
                 if type(acked) is int:  # not a bool: False is "say hello again"
                     sender.ack(acked)
                     misses = 0

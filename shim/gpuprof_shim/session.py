@@ -48,6 +48,7 @@ from gpuprof_shim.sender import Sender
 from gpuprof_shim.sidecars import ClockSync, TraceWindows
 from gpuprof_shim.stacks import FrameKey, StackSampler, wire_rows
 from gpuprof_shim.steps import StepRecord, WaitTracker
+from gpuprof_shim.trace.evidence import EvidenceSlot
 from gpuprof_shim.trace.options import DEFAULT_TRACE_DIR_MAX_MB, TraceOptions
 from gpuprof_shim.trace.windows import Tracer
 from gpuprof_shim.wandb_sink import WandbSink
@@ -138,6 +139,7 @@ class Profiler:
         server: str | None = None,
         project: str | None = None,
         tags: Mapping[str, str] | None = None,
+        auto_evidence: bool = True,
     ) -> None:
         """See :func:`gpuprof.profile` for every option."""
         if step_source not in ("optimizer", "external"):
@@ -170,6 +172,10 @@ class Profiler:
         )
         #: The torch.profiler windows (None unless a trace option is set).
         self._windows: TraceWindows | None = None
+        #: Take the profiler windows gpuprofd asks for to explain a finding.
+        self.auto_evidence = bool(auto_evidence)
+        #: Where gpuprofd's evidence requests arrive (None: no resend thread to bring them).
+        self._evidence: EvidenceSlot | None = None
         self._nsys_notice = False
         self._nsys_depth = 0  # nested nsys_capture() blocks: only the outermost starts/stops
         self.db = str(Path(db).expanduser().resolve() if db else config.db_path())
@@ -439,13 +445,18 @@ class Profiler:
             waits = WaitTracker(self.clock())
             self._waits = waits
             self._recorder = ManualRecorder(batcher.add, waits, self.clock)
-        if self.trace_options.enabled:
+        if self.link.ok and self.link.keeps:  # requests ride the resend thread's acks
+            self._evidence = EvidenceSlot(self.auto_evidence, self.clock(), self.clock)
+            self.link.evidence = self._evidence
+        evidence = self._evidence if self.auto_evidence else None  # off: refused in the slot
+        if self.trace_options.enabled or evidence is not None:
             self._windows = TraceWindows(
                 self.trace_options,
                 run_key=self.run_key,
                 run_name=self.run_name,
                 send=self._send_now,
                 clock=self.clock,
+                evidence=evidence,
             )
             self._windows.attach(self.machine, self._recorder)
         if self.wandb:

@@ -13,6 +13,7 @@ from typing import Any
 from gpuprof_shim import messages
 from gpuprof_shim.auto.machine import StepMachine
 from gpuprof_shim.manual import ManualRecorder
+from gpuprof_shim.trace.evidence import EvidenceSlot
 from gpuprof_shim.trace.options import TraceOptions
 from gpuprof_shim.trace.windows import Tracer
 
@@ -27,6 +28,7 @@ class TraceWindows:
         run_key, run_name: the run's identity, for the ``kernels`` events.
         send: sends one event now; False if dropped.
         clock: monotonic nanoseconds.
+        evidence: the slot evidence requests arrive in; None: none taken.
     """
 
     def __init__(
@@ -37,8 +39,11 @@ class TraceWindows:
         run_name: str,
         send: Callable[[Any], bool],
         clock: Callable[[], int],
+        evidence: EvidenceSlot | None = None,
     ) -> None:
-        self.tracer = Tracer(options, run_key=run_key, run_name=run_name, send=send, clock=clock)
+        self.tracer = Tracer(
+            options, run_key=run_key, run_name=run_name, send=send, clock=clock, evidence=evidence
+        )
 
     def attach(self, machine: StepMachine | None, recorder: ManualRecorder | None) -> None:
         """Open the tracer and hook it to the steps: auto mode's machine
@@ -51,7 +56,7 @@ class TraceWindows:
             tracer.start_window(0)
         elif recorder is not None:
             recorder.before_step = tracer.start_window
-            recorder.after_step = lambda _i: tracer.end_window()
+            recorder.after_step = tracer.after_step
 
     def traced(self, t0: int, t1: int) -> bool:
         """True if a torch.profiler window ran between *t0* and *t1*."""

@@ -17,7 +17,7 @@ import pytest
 import zmq
 
 from gpuprof.config import control_endpoint, ingest_endpoint
-from gpuprof.protocol import ProtocolError, decode, decode_events
+from gpuprof.protocol import ProtocolError, decode, decode_frame
 from gpuprof_shim.auto.machine import StepMachine
 
 
@@ -33,12 +33,14 @@ class FakeDaemon:
     """Answers hello/bye like gpuprofd and records every message it got.
 
     Every frame goes through ``gpuprof.protocol.decode`` with its channel
-    (data frames through ``decode_events``, as gpuprofd: a batch becomes its
+    (data frames through ``decode_frame``, as gpuprofd: a batch becomes its
     events in :attr:`data`, and counts one in :attr:`frames`); anything that
     fails lands in :attr:`errors`. ``bye`` is answered only once
     ``sent`` data messages have arrived (as the real daemon does), or after
     ``bye_wait_s``. *summary_extra* is merged into the summary it answers
-    ``bye`` with (findings, figures a test needs).
+    ``bye`` with (findings, figures a test needs). *ack_reply* answers
+    ``ack`` requests (with ``"acked"`` in the hello reply, the shim's resend
+    thread sends one every 0.25 s); None: they go unanswered.
     """
 
     def __init__(
@@ -49,7 +51,9 @@ class FakeDaemon:
         answer_bye: bool = True,
         bye_wait_s: float = 5.0,
         summary_extra: dict[str, Any] | None = None,
+        ack_reply: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     ) -> None:
+        self.ack_reply = ack_reply
         self.ctx = zmq.Context()
         self.router = self.ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 0)
@@ -65,6 +69,8 @@ class FakeDaemon:
         self.data: list[dict[str, Any]] = []
         #: Data frames (ZeroMQ messages) received.
         self.frames = 0
+        #: The highest ``seq`` of the batches received (what an ``ack`` may acknowledge).
+        self.last_seq = 0
         self.errors: list[str] = []
         self.db = str(socket_dir / "fake.db")
         self._pending_bye: tuple[list[bytes], dict[str, Any], float] | None = None
@@ -105,10 +111,12 @@ class FakeDaemon:
     def _take_data(self, raw: bytes) -> None:
         self.frames += 1
         try:
-            events, bad = decode_events(raw)
+            events, bad, envelope = decode_frame(raw)
         except ProtocolError as exc:
             self.errors.append(f"data: {exc}")
             return
+        if envelope is not None and envelope.get("seq"):
+            self.last_seq = max(self.last_seq, envelope["seq"])
         self.errors += [f"data: {exc}" for exc in bad]
         self.data += events
 
@@ -128,6 +136,8 @@ class FakeDaemon:
             )
             if reply is not None:
                 self._reply(envelope, reply)
+        elif msg["type"] == "ack" and self.ack_reply is not None:
+            self._reply(envelope, self.ack_reply(msg))
         elif msg["type"] == "bye" and self.answer_bye:
             self._pending_bye = (envelope, msg, time.monotonic() + self.bye_wait_s)
 

@@ -23,6 +23,7 @@ from gpuprofd.ingest.control import Handler
 from gpuprofd.ingest.data import Ingest
 from gpuprofd.ingest.dbswitch import DbSwitch
 from gpuprofd.ingest.runservice import RunService
+from gpuprofd.services.evidence import EvidencePlanner
 from gpuprofd.storage import reads
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,7 @@ class ControlHandlers:
         flush_rollups: queues the open per-second GPU rows (before a summary).
         gpu_status: the GPU loops' rates, or why they are off (for ``ping``).
         request_stop: asks the daemon to shut down.
+        evidence: the evidence requests, sent on ``ack`` replies (None: none).
         started_wall_ns: when the daemon started, wall-clock nanoseconds.
         dashboard_url: the dashboard's URL (told at hello and ping); None: none served ...
         dashboard_why_not: ... and why (told at hello).
@@ -72,7 +74,9 @@ class ControlHandlers:
         dashboard_why_not: str | None = None,
         forward_status: Callable[[], Awaitable[dict[str, Any]]] | None = None,
         forward_server: str | None = None,
+        evidence: EvidencePlanner | None = None,
     ) -> None:
+        self.evidence = evidence
         self.db = db
         self.socket_dir = socket_dir
         self.runs = runs
@@ -150,11 +154,18 @@ class ControlHandlers:
     async def ack(self, msg: dict[str, Any]) -> dict[str, Any]:
         """The highest shim sequence number of the run that is committed
         (the shim frees its resend buffer up to it); refused for a run that
-        has not said hello to this daemon (the shim then says hello again)."""
+        has not said hello to this daemon (the shim then says hello again).
+        Carries the run's pending evidence request, if any (``evidence``;
+        the shim's report on the last one comes in the request's ``evidence``)."""
         live = self.runs.registry.get(msg["run_key"])
         if live is None or not live.helloed:
             return {"ok": False, "error": "unknown run: say hello"}
-        return {"ok": True, "acked": await reads.stored_seq(self.runs.store, live.run_id)}
+        reply = {"ok": True, "acked": await reads.stored_seq(self.runs.store, live.run_id)}
+        if self.evidence is not None:
+            request = self.evidence.reply(live.run_id, msg.get("evidence"))
+            if request is not None:
+                reply["evidence"] = request
+        return reply
 
     async def bye(self, msg: dict[str, Any]) -> dict[str, Any]:
         """End a run; the reply carries its summary."""

@@ -26,9 +26,11 @@ from typing import Any
 
 import orjson
 
+from gpuprof import evidence
 from gpuprof.insights import Insight, RunContext, run_rules
 from gpuprof.summary import make_summary
 from gpuprofd.core.counters import DropCounter
+from gpuprofd.services.evidence import EvidencePlanner
 from gpuprofd.storage import reads
 from gpuprofd.storage.writes import Store, costs, outbox, runsdb
 from gpuprofd.views.runs import LIVE_NOTE
@@ -54,8 +56,11 @@ class InsightsRunner:
         clock: Callable[[], int] = time.monotonic_ns,
         drops: DropCounter | None = None,
         team_url: Callable[[str], str] | None = None,
+        evidence: EvidencePlanner | None = None,
     ) -> None:
         self.store = store
+        self.evidence = evidence
+        """Asks running runs for evidence windows after live passes (None: never)."""
         self.team_url = team_url
         """A forwarding node: the URL of a run's page on the team server, by run UUID."""
         self.db_path = db_path
@@ -76,11 +81,14 @@ class InsightsRunner:
         dashboard's ``/runs/{id}``: a day-long run's context takes seconds to build)."""
 
     async def _compute(self, run: dict[str, Any]) -> tuple[list[Insight], RunContext]:
-        """The run's context (a running run's host samples up to now) and its findings."""
+        """The run's context (a running run's host samples up to now) and its
+        findings, each with its evidence window's top rows (:func:`gpuprof.evidence.attach`)."""
         ctx = await reads.run_context(
             self.store, run, gpu_rate_usd_per_hour=self.gpu_rate, now_mono_ns=self._clock()
         )
-        return await asyncio.to_thread(run_rules, ctx), ctx
+        found = await asyncio.to_thread(run_rules, ctx)
+        windows = await reads.evidence_windows(self.store, run["id"])
+        return evidence.attach(found, windows), ctx
 
     async def _group(self, group: str) -> tuple[dict[str, Any] | None, str | None]:
         """The group's findings so far for a rank's summary (``group``,
@@ -138,6 +146,8 @@ class InsightsRunner:
         if run is None:
             return []
         insights, ctx = await self._compute(run)
+        if self.evidence is not None:
+            self.evidence.after_pass(run, insights, ctx)
         self.latest[run_id] = tuple(insights)
         await runsdb.replace_insights(self.store, run_id, insights)
         self.live_summaries[run_id] = make_summary(
@@ -175,6 +185,8 @@ class InsightsRunner:
             raise KeyError(run_id)
         self.latest.pop(run_id, None)
         self.live_summaries.pop(run_id, None)
+        if self.evidence is not None:
+            self.evidence.forget(run_id)
         if keep_sent and run.get("summary"):
             sent = run["summary"]
             sent = orjson.loads(sent) if isinstance(sent, str | bytes) else sent
@@ -189,6 +201,9 @@ class InsightsRunner:
             self.db_path,
             [*notes, *self.base_notes],
             error=run.get("error"),
+        )
+        summary["notes"].extend(
+            evidence.summary_lines(await reads.evidence_windows(self.store, run_id))
         )
         if self.team_url is not None and run.get("run_uuid"):
             summary["team_url"] = self.team_url(run["run_uuid"])

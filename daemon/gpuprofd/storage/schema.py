@@ -37,7 +37,7 @@ from gpuprof.insights.gpu import (
 )
 from gpuprofd.core.errors import DatabaseError
 
-SCHEMA_VERSION = 19
+SCHEMA_VERSION = 20
 #: Columns added since schema 1: (table, column, declaration).
 _ADDED_IN_2 = (
     ("steps", "skipped", "INTEGER DEFAULT 0"),
@@ -459,6 +459,17 @@ CREATE TABLE IF NOT EXISTS viewer_sessions (  -- schema 13: a viewer's login, sh
     client TEXT                      -- the address it logged in from
 );
 CREATE INDEX IF NOT EXISTS viewer_sessions_expires ON viewer_sessions (expires_wall_ns);
+CREATE TABLE IF NOT EXISTS evidence_windows (  -- schema 20: a profiler window gpuprofd asked
+    -- the shim for to explain a finding (gpuprof.evidence); its rows are kernel_stats'
+    run_id INTEGER NOT NULL,
+    window_id INTEGER,               -- kernel_windows.id (source 'evidence'); NULL: not stored
+    request_id TEXT NOT NULL,        -- the request's id (one window per request)
+    rule TEXT NOT NULL,              -- the rule whose finding it explains
+    time_kind TEXT,                  -- device | cpu: what its rows' times are
+    t0_ns INTEGER, t1_ns INTEGER,    -- the window, the run's monotonic ns
+    first_step INTEGER, last_step INTEGER,  -- the steps it covered
+    PRIMARY KEY (run_id, request_id)
+);
 """
 
 #: The ``step_rollups`` table for a read-only connection to a database older
@@ -501,6 +512,14 @@ _STACK_SAMPLES_TEMP = (
     "CREATE TEMP TABLE stack_samples (run_id INTEGER, source TEXT, step INTEGER, path TEXT, "
     "line INTEGER, func TEXT, callee TEXT, samples INTEGER)"
 )
+#: ... and the ``evidence_windows`` table for one older than schema 20 (empty).
+_EVIDENCE_WINDOWS_TEMP = (
+    "CREATE TEMP TABLE evidence_windows (run_id INTEGER, window_id INTEGER, "
+    "request_id TEXT, rule TEXT, time_kind TEXT, t0_ns INTEGER, t1_ns INTEGER, "
+    "first_step INTEGER, last_step INTEGER)"
+)
+
+
 #: ... and the ``run_costs`` / ``run_cost_findings`` tables for one older than
 #: schema 16 (empty: its rollups are then empty).
 _RUN_COSTS_TEMP = (
@@ -571,6 +590,8 @@ def shadow_old_tables(conn: sqlite3.Connection, version: int) -> None:
     queries: TEMP views (searched before ``main``) add the missing columns
     with their defaults. Nothing is written to the file."""
     runs6 = ", ".join(f"NULL AS {c}" for c in _RUNS_6) + _RUNS_8
+    if version < 20:
+        conn.execute(_EVIDENCE_WINDOWS_TEMP)
     if version < 19:
         conn.execute(_STACK_SAMPLES_TEMP)
     if version < 16:

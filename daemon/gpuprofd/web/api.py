@@ -337,7 +337,21 @@ async def run_kernels(request: web.Request) -> web.Response:
     run_id = _run_id(request)
     top = int_param(request, "top", DEFAULT_TOP, 1, MAX_TOP)
     run = await reads.get_run(db, run_id)
-    table = kerneltable.build_table(await reads.kernel_windows(db, run_id))
+    windows = await reads.kernel_windows(db, run_id)
+    shown = None
+    if "evidence" in request.query:  # a finding's evidence window, by its request id
+        rid = request.query["evidence"]
+        found = [e for e in await reads.evidence_windows(db, run_id) if e["request_id"] == rid]
+        wid = found[0]["window_id"] if found else None
+        windows = [(w, rows) for w, rows in windows if w["id"] == wid]
+        if not windows:
+            raise ApiError(404, f"run {run_id} has no evidence window {rid[:64]!r}")
+        w, rows = windows[0]
+        kind = "kernel" if any(r.kind == "kernel" and r.total_ns > 0 for r in rows) else "op"
+        table = kerneltable.build_table(windows, w["source"], kind)
+        shown = {"id": w["id"], "source": w["source"], "steps": w["steps"], "kind": kind}
+    else:
+        table = kerneltable.build_table(windows)
     data = table.to_dict(top)
     kernels = [
         {
@@ -358,6 +372,9 @@ async def run_kernels(request: web.Request) -> web.Response:
             "windows": table.windows if table.lines else 0,
             "mfu": run.get("mfu"),
             "achieved_tflops": run.get("achieved_tflops"),
+            # with ?evidence=REQUEST_ID: that evidence window ({id, source, steps,
+            # kind}: op rows when it holds no kernel time, a CPU-only run's)
+            "window": shown,
         }
     )
 

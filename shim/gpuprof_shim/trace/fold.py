@@ -33,7 +33,9 @@ _SKIPPED_NAMES = frozenset(
 )
 
 
-def fold_kineto(events: Iterable[Any], cpu: Any) -> tuple[list[KernelAgg], int]:
+def fold_kineto(
+    events: Iterable[Any], cpu: Any, cpu_time: bool = False
+) -> tuple[list[KernelAgg], int]:
     """Fold torch's raw Kineto events (``prof.profiler.kineto_results.events()``)
     into :class:`KernelAgg` rows, as :func:`gpuprof.kernels.aggregate_events`
     does from ``key_averages()`` but without building ``FunctionEvent`` objects.
@@ -45,6 +47,10 @@ def fold_kineto(events: Iterable[Any], cpu: Any) -> tuple[list[KernelAgg], int]:
     (what torch's ``key_averages`` does) and total time of that operator and
     every operator enclosing it on its thread; ``flops`` from ``with_flops``.
     Operators with neither device time nor FLOPs are left out.
+
+    *cpu_time* (evidence windows): when the window holds no device activity
+    (a CPU-only run), operators carry their CPU time instead: ``total_ns``
+    from start to end, ``self_ns`` less their child operators' time.
 
     Returns:
         ``(rows, rows_dropped)`` from :func:`gpuprof.kernels.fold_counted`.
@@ -102,6 +108,13 @@ def fold_kineto(events: Iterable[Any], cpu: Any) -> tuple[list[KernelAgg], int]:
         while op is not None:
             ops[op][6] += ns
             op = ops[op][4]
+    if cpu_time and not kernels:
+        for op in ops:
+            op[6] = max(0, op[2] - op[1])
+        for op in ops:
+            op[5] += op[6]
+            if op[4] is not None:
+                ops[op[4]][5] -= op[6]
     rows = [
         KernelAgg(_row_name(name), "kernel", kernel_class(name, act), n, ns, ns)
         for (name, act), (n, ns) in kernels.items()
@@ -113,10 +126,11 @@ def fold_kineto(events: Iterable[Any], cpu: Any) -> tuple[list[KernelAgg], int]:
             per_name[name] = acc2 = [0, 0, 0, 0]
         acc2[0] += 1
         acc2[1] += total_ns
-        acc2[2] += self_ns
+        acc2[2] += max(0, self_ns)
         acc2[3] += flops
     for name, (count, total_ns, self_ns, flops) in per_name.items():
         if total_ns > 0 or flops > 0:
+            self_ns = min(self_ns, total_ns)
             rows.append(
                 KernelAgg(
                     _row_name(name),

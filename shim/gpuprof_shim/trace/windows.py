@@ -68,6 +68,15 @@ Kineto's messages
     start/stop lines, ``3`` errors as well). A profiler that started before gpuprof's first
     window fixed the threshold already.
 
+Evidence windows
+    With an :class:`~gpuprof_shim.trace.evidence.EvidenceSlot` (the default
+    ``profile(auto_evidence=True)``), a window the daemon asked for opens at
+    the boundary its request names and stays open for its steps (one window,
+    ``source: "evidence"``, tagged ``{"id", "rule", "time"}``; on a CPU-only
+    run its operators carry CPU time). torch.profiler is imported and the
+    guard installed only when the first one opens. A window of the trace
+    modes has the boundary first; an evidence window waits for the next free one.
+
 Failures
     Any error from the profiler disables tracing for the rest of the run,
     with a note in the summary; nothing is raised into training.
@@ -80,12 +89,15 @@ import contextlib
 import logging
 import os
 import re
+import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from gpuprof.evidence import EvidenceRequest
 from gpuprof.protocol import MAX_WINDOW_STEPS
 from gpuprof.text import clean_text
+from gpuprof_shim.trace.evidence import EvidenceSlot
 from gpuprof_shim.trace.fold import fold_kineto
 from gpuprof_shim.trace.guard import TorchGuard, range_ender
 from gpuprof_shim.trace.options import TraceOptions
@@ -121,6 +133,7 @@ class Tracer:
         run_name: used in trace file names.
         send: the session's non-blocking send (returns False on a drop).
         clock: monotonic ns.
+        evidence: the evidence requests' slot; None: no evidence windows.
     """
 
     def __init__(
@@ -131,13 +144,16 @@ class Tracer:
         run_name: str,
         send: Callable[[Mapping[str, Any]], bool],
         clock: Callable[[], int],
+        evidence: EvidenceSlot | None = None,
     ) -> None:
         self.options = options
+        self.evidence = evidence
         self.run_key = run_key
         self.run_name = run_name
         self.send = send
         self.clock = clock
-        self.enabled = options.enabled
+        self.enabled = options.enabled or evidence is not None
+        self._opened = False
         #: Lines for the run summary (skips, failures, files written).
         self.notes: list[str] = []
         #: Windows whose ``kernels`` event was handed to the sender.
@@ -157,12 +173,40 @@ class Tracer:
         self._last_sample = -CONTINUOUS_MIN_STEPS_APART
         self._told_user = False
         self._dir_full = False
+        self._request: EvidenceRequest | None = None  # the open window's, if evidence
+        self._covered = 0  # steps the open evidence window has covered
+        self._window_steps: list[int] = []  # their numbers
+        self._last_boundary = 0
+        self._step_ns = 0  # the latest boundary-to-boundary time (evidence cost estimate)
 
     # --- lifecycle ------------------------------------------------------------
 
     def open(self) -> None:
-        """Import torch and install the user-profiler guard; on failure tracing is off."""
+        """Import torch and install the user-profiler guard; on failure tracing
+        is off. With evidence windows only, the guard goes in now if torch is
+        imported already (it must see the user's profiler prepare before a
+        window starts: two Kineto sessions at once crash torch), else when
+        the first window opens; a failure there turns them off without a note."""
         if not self.enabled:
+            return
+        if self.options.enabled or "torch" in sys.modules:
+            self._open_now()
+
+    def _open_now(self) -> None:
+        if self._opened:
+            return
+        self._opened = True
+        if not self.options.enabled:  # evidence windows only: off quietly on failure
+            try:
+                import torch
+                import torch.autograd.profiler as legacy
+
+                self._torch = torch
+                self._guard = TorchGuard(self._user_prepares)
+                self._guard.install(legacy, range_ender(torch))
+            except Exception:
+                log.debug("gpuprof: no evidence windows (torch.profiler)", exc_info=True)
+                self.enabled = False
             return
         try:
             import torch
@@ -179,6 +223,8 @@ class Tracer:
         """Profile exit: stop a running window (dropped: no complete step in
         it) and remove the guard. Idempotent; never raises."""
         self._drop_window("at exit")
+        if self.evidence is not None:
+            self.notes.extend(self.evidence.notes())
         guard, self._guard = self._guard, None
         if guard is not None:
             guard.remove()
@@ -196,23 +242,68 @@ class Tracer:
 
     def boundary(self, next_step: int) -> None:
         """Between steps (auto mode): the window of the step that just ended
-        closes, and one opens for *next_step* if a mode asks for it."""
+        closes (an evidence window once it covered its steps), and one opens
+        for *next_step* if a mode or an evidence request asks for it."""
+        now = self.clock()
+        if self._last_boundary:
+            self._step_ns = now - self._last_boundary
+        self._last_boundary = now
+        if self._keep_evidence_open(next_step):
+            return
         self.end_window()
         self.start_window(next_step)
 
+    def after_step(self, i: int) -> None:
+        """After manual step *i*: the window closes (an evidence window once
+        it covered its steps)."""
+        now = self.clock()
+        if self._last_boundary:
+            self._step_ns = now - self._last_boundary
+        self._last_boundary = now
+        if self._keep_evidence_open(None):
+            return
+        self.end_window()
+
+    def _keep_evidence_open(self, next_step: int | None) -> bool:
+        """One more step done in an open evidence window: True while it has
+        steps to go (*next_step*, when known, is one of them)."""
+        req = self._request
+        if req is None or self._prof is None:
+            return False
+        self._covered += 1
+        keep = self._covered < req.steps
+        if keep and next_step is not None:
+            self._window_steps.append(next_step)
+        return keep
+
     def start_window(self, step: int) -> None:
         """Open a window for *step* if a mode asks for it (before the step)."""
+        if self._prof is not None and self._request is not None:
+            if self._window_steps and self._window_steps[-1] != step:  # manual mode
+                self._window_steps.append(step)
+            return
         if not self.enabled or self._prof is not None or not self._on_training_thread():
             return
         source = self._plan(step)
+        req: EvidenceRequest | None = None
+        if source is None and self.evidence is not None:
+            req = self.evidence.due(step, self._step_ns)
+            source = "evidence" if req is not None else None
         if source is None:
             return
+        if req is not None:
+            self._open_now()
+            if not self.enabled or self._torch is None:  # torch.profiler could not be set up
+                self.evidence.failed(req, "torch.profiler unavailable")  # type: ignore[union-attr]
+                return
         torch = self._torch
         try:
             if torch._C._autograd._profiler_enabled() or (
                 self._guard is not None and self._guard.user_prepared
             ):
                 self._skip_for_user()
+                if req is not None and self.evidence is not None:
+                    self.evidence.failed(req, "your own torch.profiler was active")
                 return
             from torch.profiler import ProfilerActivity, profile
 
@@ -231,11 +322,14 @@ class Tracer:
             if self._guard is not None:
                 self._guard.window_on = True
             self._prof, self._step, self._source, self._t0 = prof, step, source, self.clock()
+            self._request, self._covered, self._window_steps = req, 0, [step]
             if source == "continuous" or self.options.hz is not None:
                 self._last_sample = step
                 if self.options.hz is not None:
                     self._next_due = self._t0 + int(1e9 / self.options.hz)
         except Exception as exc:
+            if req is not None and self.evidence is not None:
+                self.evidence.failed(req, "torch.profiler could not start")
             self._fail("torch.profiler could not start", exc)
 
     def end_window(self) -> None:
@@ -245,13 +339,16 @@ class Tracer:
         if prof is None or not self._on_training_thread():
             return
         self._prof = None
+        req, self._request = self._request, None
         try:
             self._stop(prof)
             t1 = self.clock()
             self._intervals.append((self._t0, t1))
             results = prof.profiler.kineto_results if prof.profiler is not None else None
             events = results.events() if results is not None else []
-            rows, dropped = fold_kineto(events, self._torch.autograd.DeviceType.CPU)
+            rows, dropped = fold_kineto(
+                events, self._torch.autograd.DeviceType.CPU, cpu_time=req is not None
+            )
             msg = {
                 "v": 1,
                 "type": "kernels",
@@ -259,16 +356,30 @@ class Tracer:
                 "t0": self._t0,
                 "t1": t1,
                 "source": self._source,
-                "steps": [self._step][:MAX_WINDOW_STEPS],
+                "steps": (self._window_steps if req is not None else [self._step])[
+                    :MAX_WINDOW_STEPS
+                ],
                 "rows": [r.to_wire() for r in rows],
             }
             if dropped:
                 msg["rows_dropped"] = dropped
+            if req is not None:
+                device = any(r.kind == "kernel" for r in rows)
+                msg["evidence"] = {
+                    "id": req.id,
+                    "rule": req.rule,
+                    "time": "device" if device else "cpu",
+                }
             self.send(msg)
             self.windows += 1
+            if req is not None and self.evidence is not None:
+                self.evidence.done(req, self.clock() - self._t0)
+                req = None
             if self.options.trace_dir is not None and not self._dir_full:
                 self._write(prof)
         except Exception as exc:
+            if req is not None and self.evidence is not None:
+                self.evidence.failed(req, "the profiler window failed", self.clock() - self._t0)
             self._fail("a torch.profiler window failed", exc)
 
     def traced(self, t0: int, t1: int) -> bool:
@@ -321,6 +432,9 @@ class Tracer:
             return
         self._prof = None
         self._intervals.append((self._t0, self.clock()))
+        req, self._request = self._request, None
+        if req is not None and self.evidence is not None:
+            self.evidence.failed(req, "your own torch.profiler started", self.clock() - self._t0)
         try:
             self._stop(prof)
         except Exception:
@@ -397,6 +511,9 @@ class Tracer:
         """Stop a running window without sending it (its steps stay traced:
         the profiler ran in them); never raises."""
         prof, self._prof = self._prof, None
+        req, self._request = self._request, None
+        if req is not None and self.evidence is not None:
+            self.evidence.failed(req, f"the window was dropped {when}", self.clock() - self._t0)
         if prof is not None:
             self._intervals.append((self._t0, self.clock()))
             try:

@@ -275,3 +275,40 @@ def test_a_bad_stacks_event_names_its_field(event: dict[str, Any], field: str) -
     with pytest.raises(BatchError) as err:
         validate(batch("n1", [run_event(1, run), ev]))
     assert err.value.field == field
+
+
+async def test_an_evidence_window_forwarded_keeps_its_link(storage_url: str) -> None:
+    """A node's evidence window (its outbox event, as the node writes it) on
+    the team server: stored with its link to the server's own window id, so
+    a finding's evidence (by request id) finds it there too."""
+    from gpuprofd.storage.writes import outbox
+
+    run = new_uuid()
+    msg = {
+        "t0": 5_000,
+        "t1": 95_000,
+        "source": "evidence",
+        "steps": [40],
+        "rows": [["aten::mm", "op", "compute", 2, 80_000, 78_000, 2e9]],
+        "evidence": {"id": "req-9", "rule": "high_step_variance", "time": "cpu"},
+    }
+    _, body, _ = outbox.kernels(1, msg).encode(None, None)  # type: ignore[arg-type]
+    kernels_event = {"seq": 2, "kind": "kernels", "run": run, **body}
+    async with open_store(storage_url) as store:
+        # another run's windows first: the server's ids are not the node's
+        other = new_uuid()
+        snapshot = {**body, "window": {**body["window"], "source": "snapshot", "evidence": None}}
+        await apply_batch(store, validate(batch("n2", [run_event(1, other)])))
+        await apply_batch(
+            store, validate(batch("n2", [{"seq": 2, "kind": "kernels", "run": other, **snapshot}]))
+        )
+        got = await apply_batch(store, validate(batch("n1", [run_event(1, run), kernels_event])))
+        (w,) = await reads.evidence_windows(store, got.run_ids[0])
+        ids = {win["id"] for win, _ in await reads.kernel_windows(store, got.run_ids[0])}
+    assert (w["request_id"], w["rule"], w["time"], w["steps"]) == (
+        "req-9",
+        "high_step_variance",
+        "cpu",
+        [40],
+    )
+    assert w["window_id"] in ids and w["rows"][0].name == "aten::mm"

@@ -25,6 +25,7 @@ from gpuprofd.storage.reads import queries, series, steptotals
 from gpuprofd.storage.reads.context import (
     comm_totals,
     count_steps,
+    evidence_windows,
     gpu_stats,
     history_iterations,
     history_runs,
@@ -109,6 +110,7 @@ __all__ = [
     "insights_computed_ns",
     "job_cpu",
     "kernel_windows",
+    "evidence_windows",
     "last_step_end",
     "latest_rank_runs",
     "max_step",

@@ -21,6 +21,7 @@ from gpuprof.insights.aggregates import GpuStats
 from gpuprof.insights.base import WARMUP_STEPS
 from gpuprof.insights.context import steady_iterations
 from gpuprof.insights.history import HISTORY_STEPS
+from gpuprof.kernels import KernelAgg
 from gpuprofd.sampling import rollup
 from gpuprofd.storage.reader import Reader
 from gpuprofd.storage.reads import queries
@@ -140,6 +141,59 @@ async def kernel_windows(db: Reader, run_id: int) -> list[queries.KernelWindow]:
     windows = await db.fetchall(queries.KERNEL_WINDOWS_SQL, (run_id,))
     stats = await db.fetchall(queries.KERNEL_STATS_SQL, (run_id,))
     return queries.kernel_windows_from_rows(windows, stats)
+
+
+#: A run's evidence windows (gpuprof.evidence), by start.
+EVIDENCE_WINDOWS_SQL = (
+    "SELECT request_id, rule, time_kind, window_id, t0_ns, t1_ns, first_step, last_step "
+    "FROM evidence_windows WHERE run_id = ? ORDER BY t0_ns"
+)
+#: ... and their rows.
+EVIDENCE_STATS_SQL = (
+    "SELECT window_id, name, kind, cls, count, total_ns, self_ns, flops FROM kernel_stats "
+    "WHERE run_id = ? AND window_id IN (SELECT window_id FROM evidence_windows WHERE run_id = ?)"
+)
+
+
+async def evidence_windows(db: Reader, run_id: int) -> list[dict[str, Any]]:
+    """The run's evidence windows, oldest first: each ``{request_id, rule,
+    time, window_id, t0_ns, t1_ns, steps, rows}`` (``time``: ``device`` or
+    ``cpu``, what the rows' ns are; ``steps``: the step indices covered;
+    ``rows``: its :class:`gpuprof.kernels.KernelAgg` rows), as
+    :func:`gpuprof.evidence.attach` reads them."""
+    links = await db.fetchall(EVIDENCE_WINDOWS_SQL, (run_id,))
+    if not links:
+        return []
+    stats = await db.fetchall(EVIDENCE_STATS_SQL, (run_id, run_id))
+    by_id: dict[int, list[KernelAgg]] = {}
+    for wid, name, kind, cls, count, total_ns, self_ns, flops in stats:
+        by_id.setdefault(wid, []).append(
+            KernelAgg(
+                name,
+                kind,
+                cls,
+                int(count or 0),
+                int(total_ns or 0),
+                int(self_ns or 0),
+                None if flops is None else float(flops),
+            )
+        )
+    out = []
+    for request_id, rule, time_kind, wid, t0, t1, first, last in links:
+        steps = list(range(first, last + 1)) if first is not None and last is not None else []
+        out.append(
+            {
+                "request_id": request_id,
+                "rule": rule,
+                "time": time_kind or "device",
+                "window_id": wid,
+                "t0_ns": t0,
+                "t1_ns": t1,
+                "steps": steps,
+                "rows": by_id.get(wid, []) if wid is not None else [],
+            }
+        )
+    return out
 
 
 async def stored_insights(db: Reader, run_id: int) -> list[dict[str, Any]]:

@@ -85,7 +85,10 @@ async def read_live_runs(old: aiosqlite.Connection, run_ids: Sequence[int]) -> S
     snap.runs = cols, runs = await _rows(old, f"SELECT * FROM runs WHERE id IN ({marks})", run_ids)
     if not runs:
         return snap
-    for table in (*RUN_TABLES, "kernel_windows", "kernel_stats"):
+    have = {r[0] for r in (await _rows(old, "SELECT name FROM sqlite_master"))[1]}
+    for table in (*RUN_TABLES, "kernel_windows", "kernel_stats", "evidence_windows"):
+        if table not in have:  # evidence_windows: schema 20
+            continue
         snap.tables[table] = await _rows(
             old, f"SELECT * FROM {table} WHERE run_id IN ({marks})", run_ids
         )
@@ -229,6 +232,15 @@ async def _write_kernels(new: aiosqlite.Connection, snap: Snapshot, ids: dict[in
         vals = [ids[v] if i == w_run else v for i, v in enumerate(w) if i != w_id]
         cur = await new.execute(_insert_sql("kernel_windows", keep), vals)
         window_ids[w[w_id]] = int(cur.lastrowid or 0)
+    ecols, links = snap.tables.get("evidence_windows", ([], []))
+    if links:  # an evidence window's link follows its window's new id
+        e_win, e_run = ecols.index("window_id"), ecols.index("run_id")
+        moved = []
+        for e in links:
+            row = list(e)
+            row[e_win], row[e_run] = window_ids.get(e[e_win]), ids[e[e_run]]
+            moved.append(row)
+        await new.executemany(_insert_sql("evidence_windows", ecols), moved)
     if not stats:
         return
     s_win, s_run = scols.index("window_id"), scols.index("run_id")
@@ -243,6 +255,6 @@ async def _write_kernels(new: aiosqlite.Connection, snap: Snapshot, ids: dict[in
 
 
 async def _delete_run(conn: aiosqlite.Connection, run_id: int) -> None:
-    for table in (*RUN_TABLES, "kernel_stats", "kernel_windows"):
+    for table in (*RUN_TABLES, "kernel_stats", "kernel_windows", "evidence_windows"):
         await conn.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
     await conn.execute("DELETE FROM runs WHERE id = ?", (run_id,))

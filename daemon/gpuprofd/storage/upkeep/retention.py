@@ -21,6 +21,7 @@ RUN_TABLES = (
     "comm_buckets",
     "kernel_stats",
     "kernel_windows",
+    "evidence_windows",
     "insights",
     "run_cpu_samples",
     "worker_cpu",

@@ -22,6 +22,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from gpuprof.evidence import tag_problem as _evidence_tag_problem
 from gpuprof.kernels import SOURCES
 from gpuprof.labels import MAX_PROJECT_CHARS
 from gpuprof.protocol import (
@@ -247,6 +248,8 @@ KERNEL_WINDOW_FIELDS: Schema = {
     # gpuprofd.storage.upkeep.kcompact) {"n": count, "first": i, "last": j}
     "steps": (False, lambda x: _window_steps(x) or _object(x)),
     "rows_dropped": (False, _int(0, 1 << 40)),
+    # source "evidence": the request it answers, {"id", "rule", "time"?} (gpuprof.evidence)
+    "evidence": (False, lambda x: _evidence_tag_problem(x) is None),
 }
 _WINDOW_KEY_FIELDS: Schema = {k: KERNEL_WINDOW_FIELDS[k] for k in ("t0_ns", "t1_ns", "source")}
 INSIGHT_FIELDS: Schema = {

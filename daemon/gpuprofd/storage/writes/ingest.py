@@ -99,6 +99,11 @@ _ORPHAN_STATS_SQL = (
     "DELETE FROM kernel_stats WHERE run_id = ? AND window_id NOT IN "
     "(SELECT id FROM kernel_windows WHERE run_id = ?)"
 )
+_EVIDENCE_SQL = (
+    "INSERT INTO evidence_windows (run_id, window_id, request_id, rule, time_kind, t0_ns, "
+    "t1_ns, first_step, last_step) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
+    "ON CONFLICT (run_id, request_id) DO UPDATE SET window_id = excluded.window_id"
+)
 _INSIGHT_SQL = (
     "INSERT INTO insights (run_id, rule, severity, title, detail, fix, evidence, "
     "created_wall_ns) VALUES (?,?,?,?,?,?,?,?)"
@@ -424,3 +429,20 @@ async def _kernels(txn: Txn, run_id: int, ev: Mapping[str, Any]) -> None:
     )
     window_id = int(got[0][0])
     await txn.executemany(_KERNEL_STATS_SQL, [(window_id, run_id, *r) for r in ev["rows"]])
+    tag = w.get("evidence")
+    if tag is not None and w["source"] == "evidence":  # its link, by this database's window id
+        listed = w["steps"] if isinstance(w["steps"], list) else []
+        await txn.execute(
+            _EVIDENCE_SQL,
+            (
+                run_id,
+                window_id,
+                tag["id"],
+                tag["rule"],
+                tag.get("time", "device"),
+                w["t0_ns"],
+                w["t1_ns"],
+                min(listed) if listed else None,
+                max(listed) if listed else None,
+            ),
+        )

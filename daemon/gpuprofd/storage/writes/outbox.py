@@ -156,6 +156,8 @@ def kernels(run_id: int, msg: Mapping[str, Any]) -> Forward:
         "steps": msg.get("steps"),
         "rows_dropped": msg.get("rows_dropped", 0),
     }
+    if msg.get("evidence") is not None:  # the finding's request it answers (gpuprof.evidence)
+        window["evidence"] = dict(msg["evidence"])
     body = {"window": window, "rows": [list(r) for r in msg["rows"]], "replaces": []}
     return Forward("kernels", PRIORITY_ROLLUP, lambda op, v: (run_id, body, len(body["rows"])))
 

@@ -46,6 +46,13 @@ _KERNEL_STAT_SQL = (
     "flops) VALUES ((SELECT id FROM kernel_windows WHERE run_id = ?1 AND t0_ns = ?2 "
     "AND t1_ns = ?3 AND source = ?4 ORDER BY id DESC LIMIT 1), ?1, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"
 )
+#: An evidence window's link (gpuprof.evidence), its window found as a stats row finds it.
+_EVIDENCE_WINDOW_SQL = (
+    "INSERT INTO evidence_windows (run_id, window_id, request_id, rule, time_kind, t0_ns, "
+    "t1_ns, first_step, last_step) VALUES (?1, (SELECT id FROM kernel_windows WHERE "
+    "run_id = ?1 AND t0_ns = ?2 AND t1_ns = ?3 AND source = 'evidence' ORDER BY id DESC "
+    "LIMIT 1), ?4, ?5, ?6, ?2, ?3, ?7, ?8) ON CONFLICT (run_id, request_id) DO NOTHING"
+)
 _HOST_SQL = (
     "INSERT INTO host_samples (mono_ns, cpu_pct, cpu_count, disk_read_bps, disk_read_iops, "
     "page_cache_bytes, mem_total_bytes, swap_in_bps, boot_id) VALUES (?,?,?,?,?,?,?,?,?)"
@@ -182,7 +189,29 @@ def kernels_ops(run_id: int, msg: Mapping[str, Any]) -> list[Op]:
         (run_id, t0, t1, source, orjson.dumps(msg["steps"]).decode(), msg.get("rows_dropped", 0)),
         forward=(outbox.kernels(run_id, msg),),
     )
-    return [window] + [Op(_KERNEL_STAT_SQL, (run_id, t0, t1, source, *row)) for row in msg["rows"]]
+    ops = [window] + [Op(_KERNEL_STAT_SQL, (run_id, t0, t1, source, *row)) for row in msg["rows"]]
+    if source == "evidence" and isinstance(msg.get("evidence"), Mapping):
+        ops.append(evidence_window_op(run_id, msg))
+    return ops
+
+
+def evidence_window_op(run_id: int, msg: Mapping[str, Any]) -> Op:
+    """The ``evidence_windows`` row of a validated ``kernels`` event of
+    source ``evidence``: its request and rule, its times' kind, its span
+    (monotonic ns) and steps; after its window's insert. A request stored
+    once (a resent message) is not stored again."""
+    tag, steps = msg["evidence"], msg.get("steps") or []
+    params = (
+        run_id,
+        msg["t0"],
+        msg["t1"],
+        tag["id"],
+        tag["rule"],
+        tag.get("time", "device"),
+        min(steps) if steps else None,
+        max(steps) if steps else None,
+    )
+    return Op(_EVIDENCE_WINDOW_SQL, params, run_id=run_id)
 
 
 def kernel_window_ops(run_id: int, window: Mapping[str, Any], rows: Sequence[Any]) -> list[Op]:

@@ -58,7 +58,7 @@ export const api = {
    * `parts`: "steps", "gpus", "host", comma-separated (omit: all). */
   series: (id, { from, to, width, parts } = {}) =>
     get(`/runs/${enc(id)}/series`, { from, to, width, parts }),
-  kernels: (id, top = 20) => get(`/runs/${enc(id)}/kernels`, { top }),
+  kernels: (id, top = 20, evidence = null) => get(`/runs/${enc(id)}/kernels`, { top, evidence }),
   compare: (ids) => get("/compare", { ids: ids.join(",") }),
   /** Run `b` against run `a` (each an id or a name): speed-up, phases, findings, verdict. */
   comparePair: (a, b) => get("/compare", { a, b }),

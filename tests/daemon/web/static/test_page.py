@@ -225,6 +225,82 @@ def test_insights_panel_ranks_findings_by_what_fixing_each_is_worth(dash: Dash, 
     assert w.errors == []
 
 
+def test_a_findings_evidence_window_is_shown_and_linked(dash: Dash, runs: dict, pages):
+    """A finding with an evidence window (stored as gpuprofd stores one): its
+    top operators under the finding, and its link shows that window's
+    operators in the Top kernels panel; "all windows" goes back."""
+    rid = runs["rank0"]["id"]
+    rows = [("aten::mm", 2, 19_600_000, 19_500_000), ("aten::mul", 5, 90_000, 60_000)]
+    with closing(sqlite3.connect(dash.db)) as db, db:
+        cur = db.execute(
+            "INSERT INTO kernel_windows (run_id, t0_ns, t1_ns, source, steps, rows_dropped) "
+            "VALUES (?, 1, 2, 'evidence', '[1267]', 0)",
+            (rid,),
+        )
+        wid = cur.lastrowid
+        for name, count, total, own in rows:
+            db.execute(
+                "INSERT INTO kernel_stats (window_id, run_id, name, kind, cls, count, total_ns, "
+                "self_ns, flops) VALUES (?, ?, ?, 'op', 'compute', ?, ?, ?, NULL)",
+                (wid, rid, name, count, total, own),
+            )
+        db.execute(
+            "INSERT INTO evidence_windows (run_id, window_id, request_id, rule, time_kind, "
+            "t0_ns, t1_ns, first_step, last_step) VALUES (?, ?, 'r1', 'high_step_variance', "
+            "'cpu', 1, 2, 1267, 1267)",
+            (rid, wid),
+        )
+        profile = {
+            "request_id": "r1",
+            "window_id": wid,
+            "t0_ns": 1,
+            "steps": [1267],
+            "time": "cpu",
+            "top": [
+                {
+                    "name": "aten::mm",
+                    "kind": "op",
+                    "count": 2,
+                    "total_ms": 19.6,
+                    "self_ms": 19.5,
+                    "share": 0.9,
+                },
+                {
+                    "name": "<b>aten::mul</b>",
+                    "kind": "op",
+                    "count": 5,
+                    "total_ms": 0.09,
+                    "self_ms": 0.06,
+                    "share": 0.01,
+                },
+            ],
+        }
+        db.execute(
+            "INSERT INTO insights (run_id, rule, severity, title, detail, fix, evidence, "
+            "created_wall_ns) VALUES (?, 'high_step_variance', 'MED', 'slow every 8 steps', "
+            "'', '', ?, 1)",
+            (rid, json.dumps({"profile": profile})),
+        )
+    api = dash.get(f"/api/v1/runs/{rid}/kernels?evidence=r1")
+    assert api["window"]["kind"] == "op" and api["kernels"][0]["name"] == "aten::mm"
+    w = pages()
+    page = w.open(f"{dash.url}/#/run/{rid}")
+    item = page.locator('#insights li.insight[data-rule="high_step_variance"]')
+    item.wait_for()
+    assert item.locator(".insight-evidence").text_content() == (
+        "Evidence: a profiler window of step 1267 (CPU time): aten::mm 19.5 ms self (90%), "
+        "<b>aten::mul</b> 0.06 ms self (1%) · the window's operators"
+    )
+    item.locator("a.evidence-window").click()
+    page.locator("#kernels .evidence-shown").wait_for()
+    assert page.locator("#kernels h2").text_content() == "Evidence window"
+    assert page.locator("#kernels td.kname").first.text_content() == "aten::mm"
+    assert page.url.endswith(f"#/run/{rid}")  # the view stays; no route change
+    page.locator("#kernels a.all-kernels").click()
+    wait_until(page, "document.querySelector('#kernels h2').textContent === 'Top kernels'")
+    assert w.errors == []
+
+
 #: True once every chart's cursor is on and at the first chart's time (within
 #: 2 px), and, given a time, before it: the charts follow one crosshair.
 _CURSORS_FOLLOW = """(before) => {

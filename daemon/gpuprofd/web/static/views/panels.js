@@ -43,8 +43,29 @@ export function worthText(ins) {
   return text;
 }
 
-/** One insight as the summary block says it: [SEV] title, its worth, detail, Fix: fix. */
+/** A finding's evidence window (evidence.profile, attached by gpuprofd) in
+ * one line, as gpuprofctl insights says it; null when it has none. */
+export function evidenceText(profile) {
+  if (!profile || typeof profile !== "object") return null;
+  const steps = (profile.steps || []).map(Number);
+  const lo = Math.min(...steps), hi = Math.max(...steps);
+  const span = !steps.length ? "its steps" : lo === hi ? `step ${lo}` : `steps ${lo}-${hi}`;
+  const kind = profile.time === "cpu" ? "CPU time" : "device time";
+  const top = (profile.top || []).slice(0, 3).map((r) => {
+    const op = r.kind === "op";
+    const share = typeof r.share === "number" ? ` (${(r.share * 100).toFixed(0)}%)` : "";
+    return `${r.name} ${op ? r.self_ms : r.total_ms} ms${op ? " self" : ""}${share}`;
+  });
+  return `Evidence: a profiler window of ${span} (${kind})` + (top.length ? `: ${top.join(", ")}` : "");
+}
+
+/** One insight as the summary block says it: [SEV] title, its worth, detail,
+ * Fix: fix, and its evidence window with a link that shows the window's
+ * rows in the run page's Top kernels panel (`a.evidence-window`, data-evidence:
+ * its request id, which names it on a node and on a team server alike). */
 export function insightItem(ins) {
+  const profile = ins.evidence?.profile;
+  const evidence = evidenceText(profile);
   const sev = String(ins.severity ?? "");
   const worth = worthText(ins);
   const estimated = ins.gain_ms_per_iteration !== null && ins.gain_ms_per_iteration !== undefined;
@@ -61,6 +82,12 @@ export function insightItem(ins) {
       : null,
     ins.detail ? h("div", { class: "insight-detail" }, userText(ins.detail)) : null,
     ins.fix ? h("div", { class: "insight-fix" }, h("strong", {}, "Fix: "), userText(ins.fix)) : null,
+    evidence
+      ? h("div", { class: "insight-evidence" }, userText(evidence),
+        profile.request_id
+          ? [" · ", h("a", { href: "#kernels", class: "evidence-window", "data-evidence": String(profile.request_id) }, "the window's operators")]
+          : null)
+      : null,
   );
 }
 

@@ -320,23 +320,46 @@ export function render(root, { id }) {
     }
   }
 
-  async function loadKernels() {
+  // a finding's evidence link: that window's rows in the Top kernels panel
+  insights.addEventListener("click", (e) => {
+    const a = e.target.closest?.("a.evidence-window");
+    if (!a) return;
+    e.preventDefault();
+    loadKernels(a.dataset.evidence);
+    kernels.scrollIntoView();
+  });
+  kernels.addEventListener("click", (e) => {
+    if (!e.target.closest?.("a.all-kernels")) return;
+    e.preventDefault();
+    loadKernels();
+  });
+
+  async function loadKernels(evidence = null) {
     let k;
+    const title = evidence === null ? "Top kernels" : "Evidence window";
     try {
-      k = await api.kernels(id, 20);
+      k = await api.kernels(id, 20, evidence);
     } catch (err) {
-      if (!state.gone) replace(kernels, h("h2", {}, "Top kernels"), errorBox(err));
+      if (!state.gone) replace(kernels, h("h2", {}, title), errorBox(err));
       return;
     }
     if (state.gone) return;
-    const mfu = [
+    const win = k.window;
+    const shown = win
+      ? h("p", { class: "evidence-shown" },
+        `${win.kind === "op" ? "Operators" : "Kernels"} of the profiler window of steps ${win.steps.join(", ")} ` +
+        `(${win.source}), most time first · `,
+        h("a", { href: "#kernels", class: "all-kernels" }, "all windows"))
+      : null;
+    const mfu = win ? null : [
       k.mfu !== null && k.mfu !== undefined ? `MFU ${ratioPct(k.mfu)}` : null,
       k.achieved_tflops ? `${num(k.achieved_tflops, 1)} TFLOP/s achieved` : null,
       k.windows ? `from ${int(k.windows)} trace window${k.windows === 1 ? "" : "s"}` : null,
     ].filter(Boolean).join(" · ");
     replace(
       kernels,
-      h("h2", {}, "Top kernels"),
+      h("h2", {}, title),
+      shown,
       mfu ? h("p", { class: "mfu" }, mfu) : null,
       k.kernels?.length
         ? h("div", { class: "table-wrap" }, h("table", { class: "kernels" },
