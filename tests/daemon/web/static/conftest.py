@@ -148,7 +148,8 @@ class Dash:
     ) -> subprocess.Popen:
         """Start the training loop; returns its process (see :meth:`finish`)."""
         script = self.workdir / "train.py"
-        script.write_text(TRAIN)
+        if not script.exists():  # once: a rank still starting may be reading it
+            script.write_text(TRAIN)
         proc = subprocess.Popen(
             [sys.executable, str(script), str(steps), str(sleep_s), name, group],
             env={**self.env, **(env or {})},
