@@ -34,6 +34,11 @@ INTERVAL_S = 0.01
 #: Distinct (file, line, function, call, step) keys kept per run: at ~100
 #: bytes a key, ≤ 0.5 MB; samples beyond it are counted in ``dropped``.
 MAX_KEYS = 4096
+#: The step a sample counts in once the run's keys are spent: its frame's
+#: samples with the steps merged (a long run's steady gap still shows), up
+#: to :data:`MAX_OVERFLOW_KEYS` more frames.
+OVERFLOW_STEP = 1 << 40
+MAX_OVERFLOW_KEYS = 1024
 #: Counts go to gpuprofd this often (s) and at the end: one small event a few
 #: seconds keeps live findings current at no cost worth measuring.
 SEND_EVERY_S = 5.0
@@ -236,9 +241,15 @@ class StackSampler:
             counts[key] += 1
         elif len(counts) < self._max:
             counts[key] = 1
-        else:
-            self.dropped += 1
-            return
+        else:  # the per-step keys are spent: the frame's merged key
+            key = FrameKey(*site, OVERFLOW_STEP)
+            if key in counts:
+                counts[key] += 1
+            elif len(counts) < self._max + self._max // 4:
+                counts[key] = 1
+            else:
+                self.dropped += 1
+                return
         unsent = self._unsent
         unsent[key] = unsent.get(key, 0) + 1
 
