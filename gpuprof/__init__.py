@@ -162,7 +162,8 @@ def profile(
             steps, between micro-batches, evaluation), so the findings on
             the time between steps name your code behind it (default True).
             Only file paths, line numbers and function names are kept (no
-            locals, no arguments), at most 4096 distinct frames per run.
+            locals, no arguments), at most 4096 (frame, step) counts per
+            process, then each frame's steps merged (1024 frames more).
             About 3 µs per sample, taken on a background thread; nothing is
             sampled while the phases run. False: no sampling.
         dashboard: print the URL of this run on gpuprofd's live dashboard

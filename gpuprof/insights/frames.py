@@ -98,14 +98,18 @@ def top_frames(
     source: str = "main",
     steps: Collection[int] | None = None,
     n: int = TOP_FRAMES,
+    exclude: Collection[int] = (),
 ) -> list[FrameShare]:
     """The *n* user frames of *source* with the most samples (in the gaps
-    before *steps* only, when given), each with its share of those samples,
+    before *steps* only, when given; never those before *exclude*), each
+    with its share of those samples,
     largest first; only frames of at least :data:`MIN_SHARE`, and none when
     fewer than :data:`MIN_SAMPLES` samples were taken."""
     merged: dict[tuple[str, int, str, str], int] = {}
     for f in frames:
         if f.source != source or (steps is not None and f.step not in steps):
+            continue
+        if f.step in exclude:
             continue
         key = (f.path, f.line, f.function, f.call)
         merged[key] = merged.get(key, 0) + f.samples

@@ -95,7 +95,7 @@ def dataloader_stall(ctx: RunContext) -> Insight | None:
             rule="dataloader_stall",
             severity=severity,
             title=f"{frac:.0%} of step time spent between steps, every {every} steps "
-            f"(periodic inter-step gap{what})",
+            f"(periodic inter-step gap{': ' + top[0].short() if top else ''})",
             detail=f"Every {every} steps, ~{slow_ms:.0f} ms between steps{what}; "
             f"{mean_wait:.1f} ms per step on average.{named} Periodic host work outside "
             "the steps (a checkpoint save, evaluation, a log flush), not the input pipeline.",
@@ -105,7 +105,9 @@ def dataloader_stall(ctx: RunContext) -> Insight | None:
             evidence=evidence,
         )
     if not ctx.explicit_wait:  # no timed DataLoader: whatever ran between the steps
-        top = frames.top_frames(ctx.stack_frames, steps=_steady_numbers(ctx))
+        # every gap but the first step's (start-up), those past the shim's
+        # per-step bound (merged) included
+        top = frames.top_frames(ctx.stack_frames, exclude=ctx.numbers[:1])
         evidence["frames"] = [f.evidence() for f in top]
         if top:
             named = " " + frames.gap_sentence(top)
@@ -179,12 +181,6 @@ def dataloader_stall(ctx: RunContext) -> Insight | None:
 #: A gap below this (ms) is never a slow one, whatever the median gap: loops
 #: with next to nothing between steps have a median gap near 0 ms.
 GAP_SLOW_MIN_MS = 1.0
-
-
-def _steady_numbers(ctx: RunContext) -> set[int]:
-    """The step numbers of the gaps :func:`stall_fraction` counts (all but
-    the first step's: its wait covers start-up)."""
-    return set(ctx.numbers[1:])
 
 
 def _periodic_gap(ctx: RunContext) -> tuple[int, float, list[int]] | None:

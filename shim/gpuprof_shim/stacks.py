@@ -3,12 +3,14 @@
 A background thread reads the training thread's Python stack
 (``sys._current_frames()``) about every 10 ms, only while a gate says the
 thread is outside forward, backward and the optimizer, and counts each
-sample under the nearest user frame: frames of gpuprof, torch and the
-standard library fold into the user code that called them, so a sample
-inside ``torch.save`` counts as ``train.py:212 save_checkpoint`` with
-``torch.save`` as the call it was in. Only file paths, line numbers and
-function names are kept (no locals, no arguments); distinct keys are
-bounded per run and the excess counted as dropped.
+sample under the nearest user frame: frames of gpuprof, torch, the
+standard library and installed packages fold into the user code that
+called them, so a sample inside ``torch.save`` counts as ``train.py:212
+save_checkpoint`` with ``torch.save`` as the call it was in (a C function,
+which has no frame, is named from the calling line's bytecode:
+``time.sleep``). Only file paths, line numbers and function names are kept
+(no locals, no arguments); keys are bounded per run (then a frame's steps
+are merged) and the excess counted as dropped.
 """
 
 from __future__ import annotations
@@ -34,6 +36,10 @@ INTERVAL_S = 0.01
 #: Distinct (file, line, function, call, step) keys kept per run: at ~100
 #: bytes a key, ≤ 0.5 MB; samples beyond it are counted in ``dropped``.
 MAX_KEYS = 4096
+#: The step a sample counts in once the run's keys are spent: its frame's
+#: samples with the steps merged (a long run's steady gap still shows), for
+#: up to a quarter of the key bound more frames (1024 by default).
+OVERFLOW_STEP = 1 << 40
 #: Counts go to gpuprofd this often (s) and at the end: one small event a few
 #: seconds keeps live findings current at no cost worth measuring.
 SEND_EVERY_S = 5.0
@@ -236,9 +242,15 @@ class StackSampler:
             counts[key] += 1
         elif len(counts) < self._max:
             counts[key] = 1
-        else:
-            self.dropped += 1
-            return
+        else:  # the per-step keys are spent: the frame's merged key
+            key = FrameKey(*site, OVERFLOW_STEP)
+            if key in counts:
+                counts[key] += 1
+            elif len(counts) < self._max + self._max // 4:
+                counts[key] = 1
+            else:
+                self.dropped += 1
+                return
         unsent = self._unsent
         unsent[key] = unsent.get(key, 0) + 1
 

@@ -86,13 +86,16 @@ class FakeDaemon:
         return [m for m in self.control if m["type"] == kind]
 
     def stacks_sent(self, run_key: str | None = None) -> int:
-        """``stacks`` events received (of *run_key*'s run): how many depends
-        on when the sampler caught the loop between steps, so exact counts of
-        the events sent add them."""
+        """``stacks`` events the training process sent (of *run_key*'s run;
+        not its DataLoader workers', which are not in its ``sent``): how many
+        depends on when the sampler caught the loop between steps, so exact
+        counts of the events sent add them."""
         return sum(
             1
             for m in self.data
-            if m["type"] == "stacks" and (run_key is None or m["run_key"] == run_key)
+            if m["type"] == "stacks"
+            and m["source"] == "main"
+            and (run_key is None or m["run_key"] == run_key)
         )
 
     def _serve(self) -> None:

@@ -358,6 +358,9 @@ class _FakeTracer:
     def end_window(self) -> None:
         self.calls.append(("end", None))
 
+    def after_step(self, i: int) -> None:  # as the tracer's when no evidence window is open
+        self.end_window()
+
     def traced(self, t0: int, t1: int) -> bool:
         return t0 <= 5 <= t1
 

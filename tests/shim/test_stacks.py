@@ -116,3 +116,16 @@ def test_a_real_checkpoint_loop_names_torch_save_and_its_line(tmp_path):
         "torch.save",
     )
     assert {k.step % 5 for k in sampler.counts} == {4}  # only the saving steps
+
+
+def test_past_the_bound_a_frame_counts_with_its_steps_merged_then_drops():
+    from gpuprof_shim.stacks import OVERFLOW_STEP
+
+    step = iter(range(100))
+    sampler = StackSampler(threading.get_ident(), lambda: True, lambda: next(step), max_keys=4)
+    sampler._own = ()  # count its own frame: this thread samples itself
+    for _ in range(6):
+        sampler.sample_once()  # one site, a new step each time
+    assert sorted(k.step for k in sampler.counts) == [0, 1, 2, 3, OVERFLOW_STEP]
+    assert sampler.counts[next(k for k in sampler.counts if k.step == OVERFLOW_STEP)] == 2
+    assert sampler.dropped == 0

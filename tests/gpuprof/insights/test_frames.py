@@ -169,3 +169,10 @@ def test_sleeping_workers_are_not_cpu_bound_and_the_stall_names_the_blocking_cal
     )
     assert ins.fix.startswith("Make time.sleep from dataset.py:12 wait less")
     assert ins.evidence["loader_frames"][0]["call"] == "time.sleep"
+
+
+def test_steady_gap_counts_merged_steps_but_not_the_start_up_gap():
+    # step 0's gap (building the model) and the steps merged past the shim's bound
+    rows = [frame(LOG, 0, 500), frame(SAVE, 1 << 40, 30), frame(SAVE, 5, 10)]
+    ins = dataloader_stall(make_ctx([5.0] * 200, [3.0] * 200, stack_frames=tuple(rows)))
+    assert [(f["line"], f["samples"]) for f in ins.evidence["frames"]] == [(212, 40)]
