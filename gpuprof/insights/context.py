@@ -140,7 +140,7 @@ def _cpu_figures(
 ) -> dict[str, Any]:
     """The :class:`RunContext` CPU fields: host CPU % and the run's own cores
     while it was in its steps (time-weighted over the host samples that
-    overlap them), and the per-step figures (:func:`hostcpu.step_cpu`).
+    overlap them), and the per-step figures (:func:`hostcpu.step_figures`).
     Without timed steps or sample times: plain means over the rows."""
     spans = hostcpu.intervals(host, run_cpu)
     own_rows = [c["cores"] for c in run_cpu if c.get("cores") is not None]
@@ -149,14 +149,16 @@ def _cpu_figures(
     windows = [(s["t0"] - s["wait"], s["t1"]) for s in timed]
     if not spans or not windows:
         return {"host_cpu_pct": host_pct, "run_cpu_cores": own}
-    busy, mine = hostcpu.span_means(spans, windows[0][0], windows[-1][1])
+    # each iteration and, last, the whole span of the steps: one pass
+    hosts, owns = hostcpu.weighted(spans, [*windows, (windows[0][0], windows[-1][1])])
+    busy, mine = hosts.pop(), owns.pop()
     count = cpu_count or int(host[-1].get("cpu_count") or 0) or None
     if busy is not None and count:
         host_pct = min(100.0, 100.0 * busy / count)
     if mine is not None:
         own = mine
     siblings = max(0.0, job_cores - own) if job_ranks > 1 and job_cores and own else 0.0
-    per_step = hostcpu.step_cpu(windows, spans, count, siblings)
+    per_step = hostcpu.step_figures(hosts, owns, count, siblings)
     return {
         "host_cpu_pct": host_pct,
         "run_cpu_cores": own,

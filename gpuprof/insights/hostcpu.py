@@ -162,6 +162,37 @@ def _nan_none(values: list[float]) -> list[float | None]:
     return [None if v != v else v for v in values]
 
 
+def weighted(
+    spans: Sequence[CpuInterval], windows: Sequence[tuple[int, int]]
+) -> tuple[list[float | None], list[float | None]]:
+    """Per window ``(start_ns, end_ns)``: the host's busy cores and the run's
+    own cores, time-weighted over the part of the window *spans*
+    (:func:`intervals`) cover; None where none does (own: where none with the
+    run's figure does). Empty lists without spans."""
+    if not spans or not windows:
+        return [], []
+    return _weighted_all(spans, windows)
+
+
+def step_figures(
+    host: Sequence[float | None],
+    own: Sequence[float | None],
+    cpu_count: int | None,
+    sibling_cores: float = 0.0,
+) -> StepCpu:
+    """:class:`StepCpu` from each iteration's (host cores, own cores)
+    (:func:`weighted`); see :func:`step_cpu`."""
+    count_here = cpu_count or None
+    host_pct = tuple(
+        None if h is None or not count_here else min(100.0, 100.0 * h / count_here) for h in host
+    )
+    others = tuple(
+        None if h is None or m is None else max(0.0, h - m - sibling_cores)
+        for h, m in zip(host, own, strict=True)
+    )
+    return StepCpu(host_pct, tuple(own), others)
+
+
 def step_cpu(
     windows: Sequence[tuple[int, int]],
     spans: Sequence[CpuInterval],
@@ -173,22 +204,7 @@ def step_cpu(
     time order. *sibling_cores*: the mean cores of the job's other ranks on
     this host (a torchrun job's ranks are not "other processes" to each
     other), taken out of the others' figure. Empty tuples without spans."""
-    if not spans or not windows:
-        return StepCpu((), (), ())
-    count = cpu_count or 0
-    host_pct: list[float | None] = []
-    own: list[float | None] = []
-    others: list[float | None] = []
-    for host, mine in zip(*_weighted_all(spans, windows), strict=True):
-        count_here = count or None
-        host_pct.append(
-            None if host is None or not count_here else min(100.0, 100.0 * host / count_here)
-        )
-        own.append(mine)
-        others.append(
-            None if host is None or mine is None else max(0.0, host - mine - sibling_cores)
-        )
-    return StepCpu(tuple(host_pct), tuple(own), tuple(others))
+    return step_figures(*weighted(spans, windows), cpu_count, sibling_cores)
 
 
 def span_means(spans: Sequence[CpuInterval], t0: int, t1: int) -> tuple[float | None, float | None]:
