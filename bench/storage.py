@@ -601,8 +601,9 @@ def size_line(tmp: str, hours: float, args: argparse.Namespace) -> None:
     ``gpuprofctl insights`` on rank 0 (cold process, no stored summary: what
     gpuprofd computes at a run's end and a reader of a run without one
     waits for), the same in-process (open + context + rules, one pass),
-    ``gpuprofctl insights --group`` on the ranks (each rank's summary stored,
-    as gpuprofd leaves them), and MB per GPU-hour."""
+    ``gpuprofctl insights`` again once each rank's summary is stored (as
+    gpuprofd leaves an ended run: what a reader of yesterday's run waits),
+    ``gpuprofctl insights --group`` on the ranks, and MB per GPU-hour."""
     db = Path(tmp) / f"size-{hours:g}h.db"
     t = time.perf_counter()
     counts = build(db, hours, args.gpus, args.step_ms)
@@ -615,11 +616,13 @@ def size_line(tmp: str, hours: float, args: argparse.Namespace) -> None:
     run_rules(read_db(db, _context))
     inproc = time.perf_counter() - t
     store_summaries(db, args.gpus)
+    stored, sproc = ctl("insights", str(db), "1", "--format", "json")
+    ok += "" if sproc.returncode == 0 else f" (stored exit {sproc.returncode})"
     group, gproc = ctl("insights", str(db), "--group", GROUP, "--format", "json")
     ok += "" if gproc.returncode == 0 else f" (group exit {gproc.returncode})"
     steps = counts["steps"] // args.gpus
     print(
-        f"{hours:>6g} h {steps:>10,} {cold:>9.2f} {inproc:>12.2f} {group:>9.2f} "
+        f"{hours:>6g} h {steps:>10,} {cold:>9.2f} {inproc:>12.2f} {stored:>9.2f} {group:>9.2f} "
         f"{mb_gpu_hour:>11.2f} {built:>8.0f}{ok}",
         flush=True,
     )
@@ -634,7 +637,8 @@ def sizes_case(tmp: str, args: argparse.Namespace) -> None:
         f"{args.comm_buckets} buckets (pruned); seconds, one run each"
     )
     print(
-        f"{'run':>8} {'steps/rank':>10} {'ctl cold':>9} {'in-process':>12} {'--group':>9} "
+        f"{'run':>8} {'steps/rank':>10} {'ctl cold':>9} {'in-process':>12} {'stored':>9} "
+        f"{'--group':>9} "
         f"{'MB/GPU-h':>11} {'built s':>8}"
     )
     for hours in args.sizes:
