@@ -47,6 +47,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
+import os
+import resource
 import sqlite3
 import subprocess
 import sys
@@ -587,13 +589,18 @@ def store_summaries(db: Path, gpus: int) -> None:
     conn.close()
 
 
-def ctl(*args: str) -> tuple[float, subprocess.CompletedProcess[str]]:
-    """Run ``gpuprofctl ARGS`` in a new process: (wall seconds, the process)."""
+def ctl(*args: str) -> tuple[float, float, subprocess.CompletedProcess[str]]:
+    """Run ``gpuprofctl ARGS`` in a new process: (wall seconds, its CPU seconds
+    (user + system: what a shared box's load does not inflate), the process)."""
     exe = ROOT / ".venv" / "bin" / "gpuprofctl"
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "gpuprofd.ctl"]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
     proc = subprocess.run([*cmd, *args], capture_output=True, text=True, check=False)
-    return time.perf_counter() - t, proc
+    wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    return wall, cpu, proc
 
 
 def size_line(tmp: str, hours: float, args: argparse.Namespace) -> None:
@@ -610,20 +617,21 @@ def size_line(tmp: str, hours: float, args: argparse.Namespace) -> None:
     build_comm(db, hours, args.gpus, args.step_ms, args.comm_buckets)
     built = time.perf_counter() - t
     mb_gpu_hour = db.stat().st_size / 1e6 / (hours * args.gpus)
-    cold, proc = ctl("insights", str(db), "1", "--format", "json")
+    cold, cold_cpu, proc = ctl("insights", str(db), "1", "--format", "json")
     ok = "" if proc.returncode == 0 else f" (exit {proc.returncode}: {proc.stderr[-200:]})"
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     run_rules(read_db(db, _context))
-    inproc = time.perf_counter() - t
+    inproc, inproc_cpu = time.perf_counter() - t, time.process_time() - c
     store_summaries(db, args.gpus)
-    stored, sproc = ctl("insights", str(db), "1", "--format", "json")
+    stored, stored_cpu, sproc = ctl("insights", str(db), "1", "--format", "json")
     ok += "" if sproc.returncode == 0 else f" (stored exit {sproc.returncode})"
-    group, gproc = ctl("insights", str(db), "--group", GROUP, "--format", "json")
+    group, group_cpu, gproc = ctl("insights", str(db), "--group", GROUP, "--format", "json")
     ok += "" if gproc.returncode == 0 else f" (group exit {gproc.returncode})"
     steps = counts["steps"] // args.gpus
     print(
-        f"{hours:>6g} h {steps:>10,} {cold:>9.2f} {inproc:>12.2f} {stored:>9.2f} {group:>9.2f} "
-        f"{mb_gpu_hour:>11.2f} {built:>8.0f}{ok}",
+        f"{hours:>6g} h {steps:>10,} {cold:>6.2f} ({cold_cpu:.2f}) {inproc:>6.2f} "
+        f"({inproc_cpu:.2f}) {stored:>6.2f} ({stored_cpu:.2f}) {group:>6.2f} ({group_cpu:.2f}) "
+        f"{mb_gpu_hour:>9.2f} {built:>8.0f}{ok}",
         flush=True,
     )
     for path in db.parent.glob(db.name + "*"):
@@ -634,15 +642,16 @@ def sizes_case(tmp: str, args: argparse.Namespace) -> None:
     """The growth table: :func:`size_line` for each of ``--sizes``."""
     print(
         f"{args.gpus} ranks on {args.gpus} GPUs, one {args.step_ms:g} ms step each, "
-        f"{args.comm_buckets} buckets (pruned); seconds, one run each"
+        f"{args.comm_buckets} buckets (pruned); wall seconds (CPU seconds), one run each; "
+        f"load average {os.getloadavg()[0]:.2f} at the start"
     )
     print(
-        f"{'run':>8} {'steps/rank':>10} {'ctl cold':>9} {'in-process':>12} {'stored':>9} "
-        f"{'--group':>9} "
-        f"{'MB/GPU-h':>11} {'built s':>8}"
+        f"{'run':>8} {'steps/rank':>10} {'ctl cold':>13} {'in-process':>13} {'stored':>13} "
+        f"{'--group':>13} {'MB/GPU-h':>9} {'built s':>8}"
     )
     for hours in args.sizes:
         size_line(tmp, hours, args)
+    print(f"load average {os.getloadavg()[0]:.2f} at the end")
 
 
 def group_case(db: Path, args: argparse.Namespace) -> None:
