@@ -33,6 +33,11 @@ after, and the time to load the day's kernel windows and compute insights.
 
     python bench/storage.py [--hours 24] [--gpus 8] [--step-ms 500] [--kernel-hours 24]
                             [--comm-buckets 280] [--comm-prune-hours 1]
+    python bench/storage.py --sizes 1,6,24,72    # the growth table only
+
+``--sizes`` prints one line per run length (the same day's database built for
+that many hours): ``gpuprofctl insights`` on one rank cold and in-process,
+``--group`` on the ranks, MB per GPU-hour; how each grows with the run.
 
 Prints the figures; not a test (these machines are noisy).
 """
@@ -42,6 +47,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
+import os
+import resource
 import sqlite3
 import subprocess
 import sys
@@ -582,6 +589,71 @@ def store_summaries(db: Path, gpus: int) -> None:
     conn.close()
 
 
+def ctl(*args: str) -> tuple[float, float, subprocess.CompletedProcess[str]]:
+    """Run ``gpuprofctl ARGS`` in a new process: (wall seconds, its CPU seconds
+    (user + system: what a shared box's load does not inflate), the process)."""
+    exe = ROOT / ".venv" / "bin" / "gpuprofctl"
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "gpuprofd.ctl"]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t = time.perf_counter()
+    proc = subprocess.run([*cmd, *args], capture_output=True, text=True, check=False)
+    wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    return wall, cpu, proc
+
+
+def size_line(tmp: str, hours: float, args: argparse.Namespace) -> None:
+    """One line of the growth table: the day's database built for *hours*, then
+    ``gpuprofctl insights`` on rank 0 (cold process, no stored summary: what
+    gpuprofd computes at a run's end and a reader of a run without one
+    waits for), the same in-process (open + context + rules, one pass),
+    ``gpuprofctl insights`` again once each rank's summary is stored (as
+    gpuprofd leaves an ended run: what a reader of yesterday's run waits),
+    ``gpuprofctl insights --group`` on the ranks, and MB per GPU-hour."""
+    db = Path(tmp) / f"size-{hours:g}h.db"
+    t = time.perf_counter()
+    counts = build(db, hours, args.gpus, args.step_ms)
+    build_comm(db, hours, args.gpus, args.step_ms, args.comm_buckets)
+    built = time.perf_counter() - t
+    mb_gpu_hour = db.stat().st_size / 1e6 / (hours * args.gpus)
+    cold, cold_cpu, proc = ctl("insights", str(db), "1", "--format", "json")
+    ok = "" if proc.returncode == 0 else f" (exit {proc.returncode}: {proc.stderr[-200:]})"
+    t, c = time.perf_counter(), time.process_time()
+    run_rules(read_db(db, _context))
+    inproc, inproc_cpu = time.perf_counter() - t, time.process_time() - c
+    store_summaries(db, args.gpus)
+    stored, stored_cpu, sproc = ctl("insights", str(db), "1", "--format", "json")
+    ok += "" if sproc.returncode == 0 else f" (stored exit {sproc.returncode})"
+    group, group_cpu, gproc = ctl("insights", str(db), "--group", GROUP, "--format", "json")
+    ok += "" if gproc.returncode == 0 else f" (group exit {gproc.returncode})"
+    steps = counts["steps"] // args.gpus
+    print(
+        f"{hours:>6g} h {steps:>10,} {cold:>6.2f} ({cold_cpu:.2f}) {inproc:>6.2f} "
+        f"({inproc_cpu:.2f}) {stored:>6.2f} ({stored_cpu:.2f}) {group:>6.2f} ({group_cpu:.2f}) "
+        f"{mb_gpu_hour:>9.2f} {built:>8.0f}{ok}",
+        flush=True,
+    )
+    for path in db.parent.glob(db.name + "*"):
+        path.unlink()
+
+
+def sizes_case(tmp: str, args: argparse.Namespace) -> None:
+    """The growth table: :func:`size_line` for each of ``--sizes``."""
+    print(
+        f"{args.gpus} ranks on {args.gpus} GPUs, one {args.step_ms:g} ms step each, "
+        f"{args.comm_buckets} buckets (pruned); wall seconds (CPU seconds), one run each; "
+        f"load average {os.getloadavg()[0]:.2f} at the start"
+    )
+    print(
+        f"{'run':>8} {'steps/rank':>10} {'ctl cold':>13} {'in-process':>13} {'stored':>13} "
+        f"{'--group':>13} {'MB/GPU-h':>9} {'built s':>8}"
+    )
+    for hours in args.sizes:
+        size_line(tmp, hours, args)
+    print(f"load average {os.getloadavg()[0]:.2f} at the end")
+
+
 def group_case(db: Path, args: argparse.Namespace) -> None:
     """Time ``gpuprofctl insights --group`` on the day (pruned comm rows, each
     rank's stored summary; no stored group findings: they are computed, as
@@ -648,6 +720,13 @@ def main() -> None:
         help="hours of one rank's every bucket row for the pruning case (0: skip)",
     )
     ap.add_argument("--only-comm", action="store_true", help="run only the pruning case")
+    ap.add_argument(
+        "--sizes",
+        type=lambda text: [float(h) for h in text.split(",")],
+        default=None,
+        metavar="H,H,...",
+        help="only the growth table: one line per run length in hours (e.g. 1,6,24,72)",
+    )
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="gpuprof-bench-") as tmp:
         if args.only_kernels:
@@ -655,6 +734,9 @@ def main() -> None:
             return
         if args.only_comm:
             comm_prune_case(tmp, args.comm_prune_hours, args.step_ms, args.comm_buckets)
+            return
+        if args.sizes:
+            sizes_case(tmp, args)
             return
         db = Path(tmp) / "day.db"
         t = time.perf_counter()

@@ -8,6 +8,7 @@ code, here and only here (0 ok, 1 unexpected, 2 bad input / database,
 
 from __future__ import annotations
 
+import importlib
 import logging
 import platform
 import sys
@@ -17,21 +18,41 @@ import click
 from gpuprof.protocol import PROTOCOL_VERSION
 from gpuprofd import __version__
 from gpuprofd.commands.common import echo_json, format_option
-from gpuprofd.commands.compare import compare_cmd
-from gpuprofd.commands.drain import drain_cmd
-from gpuprofd.commands.insights import insights_cmd
-from gpuprofd.commands.kernels import kernels_cmd
-from gpuprofd.commands.nsys import nsys_import_cmd
-from gpuprofd.commands.rollup import rollup_cmd
-from gpuprofd.commands.runs import runs_cmd
-from gpuprofd.commands.status import status_cmd
-from gpuprofd.commands.stop import stop_cmd
-from gpuprofd.commands.top import top_cmd
-from gpuprofd.commands.watch import watch_cmd
 from gpuprofd.core.errors import EXIT_FAILURE, EXIT_OK, GpuprofdError
 
+#: Each command's module and function, imported when the command runs (or
+#: ``--help`` lists them): ``gpuprofctl insights`` does not load the team
+#: server's HTTP client that ``drain`` needs (a third of a cold start-up).
+COMMANDS = {
+    "compare": "gpuprofd.commands.compare:compare_cmd",
+    "drain": "gpuprofd.commands.drain:drain_cmd",
+    "insights": "gpuprofd.commands.insights:insights_cmd",
+    "kernels": "gpuprofd.commands.kernels:kernels_cmd",
+    "nsys-import": "gpuprofd.commands.nsys:nsys_import_cmd",
+    "rollup": "gpuprofd.commands.rollup:rollup_cmd",
+    "runs": "gpuprofd.commands.runs:runs_cmd",
+    "status": "gpuprofd.commands.status:status_cmd",
+    "stop": "gpuprofd.commands.stop:stop_cmd",
+    "top": "gpuprofd.commands.top:top_cmd",
+    "watch": "gpuprofd.commands.watch:watch_cmd",
+}
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+
+class LazyGroup(click.Group):
+    """A click group whose :data:`COMMANDS` are imported on first use
+    (click's documented pattern for lazily loaded subcommands)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *COMMANDS})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in COMMANDS and cmd_name not in self.commands:
+            module, name = COMMANDS[cmd_name].split(":")
+            self.add_command(getattr(importlib.import_module(module), name), cmd_name)
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="gpuprofctl", message="gpuprof %(version)s")
 def cli() -> None:
     """gpuprof's command line: read the runs in a gpuprof database and talk
@@ -64,19 +85,6 @@ def version_cmd(fmt: str) -> None:
         )
     else:
         click.echo(f"gpuprof {__version__}")
-
-
-cli.add_command(compare_cmd)
-cli.add_command(drain_cmd)
-cli.add_command(insights_cmd)
-cli.add_command(kernels_cmd)
-cli.add_command(nsys_import_cmd)
-cli.add_command(rollup_cmd)
-cli.add_command(runs_cmd)
-cli.add_command(status_cmd)
-cli.add_command(stop_cmd)
-cli.add_command(top_cmd)
-cli.add_command(watch_cmd)
 
 
 def main(args: list[str] | None = None) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from typing import Any, NamedTuple, TypeVar
 
 from gpuprof.insights.aggregates import GpuStats, KernelStats
@@ -121,6 +122,8 @@ class RunContext:
     """What the rules know about one run (one rank's process).
 
     Per-step tuples are in step order and of equal length. Times in ms.
+    The per-step figures derived from them (:attr:`iteration_ms`, ...) are
+    computed once per context: a day's rules read them many times.
     """
 
     run_name: str
@@ -282,30 +285,30 @@ class RunContext:
         """Steps in the timing figures (traced steps excluded)."""
         return len(self.step_ms)
 
-    @property
+    @cached_property
     def numbers(self) -> tuple[int, ...]:
         """:attr:`step_numbers`, or the positions 0, 1, 2... when unknown."""
         return self.step_numbers or tuple(range(self.steps))
 
-    @property
+    @cached_property
     def loader_ms(self) -> tuple[float, ...]:
         """Per-step loader time: the wait before the step plus its ``data`` phase."""
         if not self.data_ms:
             return self.wait_ms
         return tuple(w + d for w, d in zip(self.wait_ms, self.data_ms, strict=True))
 
-    @property
+    @cached_property
     def iteration_ms(self) -> tuple[float, ...]:
         """Per-step loader wait + step: the wall time one iteration costs."""
         return tuple(s + w for s, w in zip(self.step_ms, self.wait_ms, strict=True))
 
-    @property
+    @cached_property
     def steady_iteration_ms(self) -> tuple[float, ...]:
         """``iteration_ms`` without the warm-up steps (:func:`steady`): what
         runs are compared by (:mod:`gpuprof.compare`)."""
         return tuple(steady(self.iteration_ms))
 
-    @property
+    @cached_property
     def median_step_ms(self) -> float | None:
         """Median steady-state iteration time (ms): the runs table's
         MEDIAN_STEP_MS, and what the regression rule compares by once an

@@ -304,24 +304,29 @@ def _bucket_candidates(ranks: list[RankStats], attr: str) -> list[_Late]:
     if steps == 0:
         return []
     n_buckets = min(len(t[i]) for t in series for i in range(steps))
+    import numpy as np  # lazily: the training process imports gpuprof too
+
+    # (rank, step, bucket) timestamps; the medians and maxima of the other
+    # ranks per step and bucket in one pass (ns < 2**53: exact in float64, so
+    # the same figures as a median per row)
+    stamps = np.array(
+        [[t[i][:n_buckets] for i in range(steps)] for t in series], dtype=np.int64
+    ).reshape(len(series), steps, n_buckets)
+    per_rank = []
+    for j in range(len(ranks)):
+        others = np.delete(stamps, j, axis=0)
+        own = stamps[j]
+        last = (own > others.max(axis=0)).sum(axis=0).tolist()
+        deltas = ((own - np.median(others, axis=0)) / 1e6).T.tolist()  # per bucket
+        per_rank.append((last, deltas))
     out = []
     for bucket in range(n_buckets):
-        # per step, every rank's timestamp of this bucket (rank order)
-        rows = [[t[i][bucket] for t in series] for i in range(steps)]
-        for j, r in enumerate(ranks):
-            last = 0
-            deltas: list[float] = []
-            for row in rows:
-                own = row[j]
-                others = row[:j] + row[j + 1 :]
-                if own > max(others):
-                    last += 1
-                deltas.append((own - median(others)) / 1e6)
+        for r, (last_of, deltas_of) in zip(ranks, per_rank, strict=True):
+            last, deltas = int(last_of[bucket]), deltas_of[bucket]
             chance = binomial_tail(last, steps, 1.0 / len(ranks))
-            cand = _Late(
-                r.rank, bucket, last, steps, percentile(deltas, 95), median(deltas), chance
+            out.append(
+                _Late(r.rank, bucket, last, steps, percentile(deltas, 95), median(deltas), chance)
             )
-            out.append(cand)
     return out
 
 

@@ -8,7 +8,8 @@ the time-weighted mean of the samples its interval overlaps: the run's own
 cores and the cores other processes used meanwhile. An iteration shorter
 than the sample interval gets the figures of the interval around it.
 
-Pure: no I/O. The rules read the result from :class:`RunContext`.
+Pure: no I/O (numpy, imported on first use, does the per-step sums). The
+rules read the result from :class:`RunContext`.
 """
 
 from __future__ import annotations
@@ -65,31 +66,131 @@ def intervals(
     return out
 
 
-def _weighted(
-    spans: Sequence[CpuInterval], t0: int, t1: int, start: int
-) -> tuple[float | None, float | None, int]:
-    """(host cores, own cores) time-weighted over the part of ``[t0, t1]``
-    the intervals from index *start* cover; and the first index that may
-    still overlap a later window (windows come in time order)."""
-    i = start
-    while i < len(spans) and spans[i].t1_ns <= t0:
-        i += 1
-    j, host_w, own_w, w_all, w_own = i, 0.0, 0.0, 0, 0
-    if t1 <= t0:  # an instant: the interval around it
-        t1 = t0 + 1
-    while j < len(spans) and spans[j].t0_ns < t1:
-        s = spans[j]
-        w = min(s.t1_ns, t1) - max(s.t0_ns, t0)
-        if w > 0:
-            host_w += s.host_cores * w
-            w_all += w
-            if s.own_cores is not None:
-                own_w += s.own_cores * w
-                w_own += w
-        j += 1
-    host = host_w / w_all if w_all else None
-    own = own_w / w_own if w_own else None
-    return host, own, i
+class _Integrals(NamedTuple):
+    """Running integrals of the spans, for any instant in O(log n)."""
+
+    t0: Any  # numpy int64 arrays, one entry per span: its start and end (ns)
+    t1: Any
+    host: Any  # numpy float64: host cores per span; own: 0 where not sampled
+    own: Any
+    own_on: Any  # 1 where the run's own cores were sampled
+    before_w: Any  # per span: covered ns, host core-ns, own ns and own core-ns
+    before_h: Any  # in the spans before it (prefix sums)
+    before_ow: Any
+    before_o: Any
+
+
+def _integrals(spans: Sequence[CpuInterval]) -> _Integrals:
+    import numpy as np  # lazily: the training process imports gpuprof too
+
+    n = len(spans)
+    t0 = np.fromiter((s.t0_ns for s in spans), np.int64, n)
+    t1 = np.fromiter((s.t1_ns for s in spans), np.int64, n)
+    host = np.fromiter((s.host_cores for s in spans), np.float64, n)
+    own_on = np.fromiter((s.own_cores is not None for s in spans), np.int64, n)
+    own = np.fromiter((s.own_cores or 0.0 for s in spans), np.float64, n)
+    length = np.maximum(t1 - t0, 0)
+
+    def before(x: Any) -> Any:
+        out = np.zeros(n, dtype=x.dtype)
+        np.cumsum(x[:-1], out=out[1:])
+        return out
+
+    return _Integrals(
+        t0,
+        t1,
+        host,
+        own,
+        own_on,
+        before(length),
+        before(host * length),
+        before(length * own_on),
+        before(own * length),
+    )
+
+
+def _weighted_all(
+    spans: Sequence[CpuInterval], windows: Sequence[tuple[int, int]]
+) -> tuple[list[float | None], list[float | None]]:
+    """Per window ``(t0, t1)``: (host cores, own cores) time-weighted over the
+    part of it the spans cover (None where none does; an instant, ``t1 <=
+    t0``, takes the interval around it). Vectorised: a day's 172,800 steps
+    cost two binary searches each, not a walk. Each window's sum is its first
+    span's part, the whole spans between (a difference of prefix sums) and its
+    last span's part, so a short window inside one span reads that span's
+    figure exactly."""
+    import numpy as np
+
+    ig = _integrals(spans)
+    n = len(ig.t0)
+    a = np.fromiter((w[0] for w in windows), np.int64, len(windows))
+    b = np.fromiter((w[1] for w in windows), np.int64, len(windows))
+    b = np.maximum(b, a + 1)
+    # the first span that ends after each end: the one holding it, or the next
+    ka = np.searchsorted(ig.t1, a, side="right")
+    kb = np.searchsorted(ig.t1, b, side="right")
+    ia, ib = np.minimum(ka, n - 1), np.minimum(kb, n - 1)
+    # ns of span ka in the window (to its end, or to b when kb == ka)
+    end_a = np.where(kb == ka, np.minimum(b, ig.t1[ia]), ig.t1[ia])
+    part_a = np.where(ka < n, np.clip(end_a - np.maximum(a, ig.t0[ia]), 0, None), 0)
+    # ns of span kb in the window (kb > ka only)
+    part_b = np.where((kb > ka) & (kb < n), np.clip(b - ig.t0[ib], 0, None), 0)
+    # whole spans ka + 1 .. kb - 1
+    lo = np.minimum(ka + 1, n)
+    hi = np.maximum(kb, lo)
+
+    def between(prefix: Any, last: Any) -> Any:
+        total = np.append(prefix, prefix[-1] + last)  # prefix sums, n + 1 entries
+        return total[hi] - total[lo]
+
+    length = max(int(ig.t1[-1] - ig.t0[-1]), 0)
+    w_all = part_a + part_b + between(ig.before_w, length)
+    h_sum = ig.host[ia] * part_a + ig.host[ib] * part_b + between(ig.before_h, ig.host[-1] * length)
+    w_own = (
+        part_a * ig.own_on[ia]
+        + part_b * ig.own_on[ib]
+        + between(ig.before_ow, length * int(ig.own_on[-1]))
+    )
+    o_sum = ig.own[ia] * part_a + ig.own[ib] * part_b + between(ig.before_o, ig.own[-1] * length)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        host = np.where(w_all > 0, h_sum / np.maximum(w_all, 1), np.nan)
+        own = np.where(w_own > 0, o_sum / np.maximum(w_own, 1), np.nan)
+    return _nan_none(host.tolist()), _nan_none(own.tolist())
+
+
+def _nan_none(values: list[float]) -> list[float | None]:
+    return [None if v != v else v for v in values]
+
+
+def weighted(
+    spans: Sequence[CpuInterval], windows: Sequence[tuple[int, int]]
+) -> tuple[list[float | None], list[float | None]]:
+    """Per window ``(start_ns, end_ns)``: the host's busy cores and the run's
+    own cores, time-weighted over the part of the window *spans*
+    (:func:`intervals`) cover; None where none does (own: where none with the
+    run's figure does). Empty lists without spans."""
+    if not spans or not windows:
+        return [], []
+    return _weighted_all(spans, windows)
+
+
+def step_figures(
+    host: Sequence[float | None],
+    own: Sequence[float | None],
+    cpu_count: int | None,
+    sibling_cores: float = 0.0,
+) -> StepCpu:
+    """:class:`StepCpu` from each iteration's (host cores, own cores)
+    (:func:`weighted`); see :func:`step_cpu`."""
+    count_here = cpu_count or None
+    host_pct = tuple(
+        None if h is None or not count_here else min(100.0, 100.0 * h / count_here) for h in host
+    )
+    others = tuple(
+        None if h is None or m is None else max(0.0, h - m - sibling_cores)
+        for h, m in zip(host, own, strict=True)
+    )
+    return StepCpu(host_pct, tuple(own), others)
 
 
 def step_cpu(
@@ -103,27 +204,12 @@ def step_cpu(
     time order. *sibling_cores*: the mean cores of the job's other ranks on
     this host (a torchrun job's ranks are not "other processes" to each
     other), taken out of the others' figure. Empty tuples without spans."""
-    if not spans or not windows:
-        return StepCpu((), (), ())
-    count = cpu_count or 0
-    host_pct: list[float | None] = []
-    own: list[float | None] = []
-    others: list[float | None] = []
-    start = 0
-    for t0, t1 in windows:
-        host, mine, start = _weighted(spans, t0, t1, start)
-        count_here = count or None
-        host_pct.append(
-            None if host is None or not count_here else min(100.0, 100.0 * host / count_here)
-        )
-        own.append(mine)
-        others.append(
-            None if host is None or mine is None else max(0.0, host - mine - sibling_cores)
-        )
-    return StepCpu(tuple(host_pct), tuple(own), tuple(others))
+    return step_figures(*weighted(spans, windows), cpu_count, sibling_cores)
 
 
 def span_means(spans: Sequence[CpuInterval], t0: int, t1: int) -> tuple[float | None, float | None]:
     """(host cores, own cores) time-weighted over ``[t0, t1]`` (the run's steps)."""
-    host, own, _ = _weighted(spans, t0, t1, 0)
+    if not spans:
+        return None, None
+    (host,), (own,) = _weighted_all(spans, [(t0, t1)])
     return host, own

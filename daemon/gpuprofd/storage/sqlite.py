@@ -15,6 +15,7 @@ The Postgres backend is :mod:`gpuprofd.storage.postgres`.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import sqlite3
@@ -65,33 +66,75 @@ def connect_ro(path: Path) -> sqlite3.Connection:
     Raises:
         sqlite3.Error: it cannot be opened (missing, a directory, no permission).
     """
-    return sqlite3.connect(f"file:{quote(str(path.absolute()))}?mode=ro", uri=True)
+    # a connection is used by one thread at a time, not always the one that
+    # opened it (SqliteFileReader runs each query in a worker thread)
+    return sqlite3.connect(
+        f"file:{quote(str(path.absolute()))}?mode=ro", uri=True, check_same_thread=False
+    )
 
 
 class SqliteFileReader:
-    """A :class:`Reader` over a read-only ``sqlite3`` connection
-    (:func:`gpuprofd.storage.reads.open_ro`). Its queries run inline: it
-    serves a command-line read, not an event loop with other work."""
+    """A :class:`Reader` over read-only ``sqlite3`` connections to a file
+    (:func:`open_ro`). Each query runs in a worker thread on a connection
+    of its own, so reads awaited together (``asyncio.gather``) run at once:
+    SQLite works without Python's lock, and a day-long run's aggregates
+    (its job's CPU, its GPU rollups) are summed while its steps are turned
+    into Python objects. At most :data:`MAX_CONNECTIONS` are open."""
 
     dialect: Dialect = SQLITE
+    #: Connections open at most: the queries one context build overlaps.
+    MAX_CONNECTIONS = 4
 
     def __init__(self, conn: sqlite3.Connection, path: Path) -> None:
         self.conn = conn
         self.path = path
         self.where = str(path.absolute())
+        self._free: list[sqlite3.Connection] = [conn]
+        self._opened = 1
+        self._ready = asyncio.Condition()
+
+    async def _take(self) -> sqlite3.Connection:
+        async with self._ready:
+            while not self._free and self._opened >= self.MAX_CONNECTIONS:
+                await self._ready.wait()
+            if self._free:
+                return self._free.pop()
+            self._opened += 1
+        try:
+            return await asyncio.to_thread(open_ro, self.path)
+        except BaseException:
+            async with self._ready:
+                self._opened -= 1
+                self._ready.notify()
+            raise
+
+    async def _give(self, conn: sqlite3.Connection) -> None:
+        async with self._ready:
+            self._free.append(conn)
+            self._ready.notify()
 
     async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        conn = await self._take()
         try:
-            return self.conn.execute(sql, tuple(params)).fetchall()
-        except sqlite3.DatabaseError as exc:
-            raise DatabaseError(f"the database is damaged or incomplete ({exc})") from None
+            return await asyncio.to_thread(_fetchall, conn, sql, tuple(params))
+        finally:
+            await self._give(conn)
 
     async def fetchone(self, sql: str, params: Sequence[Any] = ()) -> Any | None:
         rows = await self.fetchall(sql, params)
         return rows[0] if rows else None
 
     async def close(self) -> None:
-        self.conn.close()
+        for conn in self._free:
+            conn.close()
+        self._free = []
+
+
+def _fetchall(conn: sqlite3.Connection, sql: str, params: tuple[Any, ...]) -> list[Any]:
+    try:
+        return conn.execute(sql, params).fetchall()
+    except sqlite3.DatabaseError as exc:
+        raise DatabaseError(f"the database is damaged or incomplete ({exc})") from None
 
 
 class SqliteWriter:

@@ -255,6 +255,8 @@ def test_steady_figures_and_shape_for_the_compare():
     assert steady_iterations(steps) == ctx.steady_iteration_ms
     assert steady_iterations(steps[4:], whole=False) == (11.0,) * 5  # a run's last steps
     assert ctx.steady_phase_ms == {"forward": 24.0, "gpuprof": 6.0}
+    # every step's phases: the warm-up's (3 x 30 ms forward) and the steady ones
+    assert ctx.phase_ms == {"forward": 114.0, "gpuprof": 6.0}
     assert (ctx.world_size, ctx.tokens_per_step, ctx.samples_per_step) == (4, 8192, 16)
     assert ctx.history_iteration_ms == ((12.0, 13.0), ())
 

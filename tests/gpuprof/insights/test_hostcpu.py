@@ -75,3 +75,64 @@ def test_build_context_takes_the_host_cpu_during_the_steps_only():
     # rows without times (an older reader): plain means, no per-step figures
     flat = build_context(RUN, _steps(20), [{"cpu_pct": 40.0}], run_cpu=[{"cores": 1.0}])
     assert (flat.host_cpu_pct, flat.run_cpu_cores, flat.step_other_cores) == (40.0, 1.0, ())
+
+
+def _reference(windows, spans):
+    """Each window's time-weighted (host, own) cores, by the definition: a walk
+    over every span."""
+    out = []
+    for t0, t1 in windows:
+        t1 = max(t1, t0 + 1)
+        w_all = w_own = 0
+        host = own = 0.0
+        for s in spans:
+            w = min(s.t1_ns, t1) - max(s.t0_ns, t0)
+            if w > 0:
+                w_all += w
+                host += s.host_cores * w
+                if s.own_cores is not None:
+                    w_own += w
+                    own += s.own_cores * w
+        out.append((host / w_all if w_all else None, own / w_own if w_own else None))
+    return out
+
+
+def test_every_window_reads_what_the_walk_over_the_spans_reads():
+    import random
+
+    rng = random.Random(7)
+    for _ in range(200):
+        t, host, own = 0, [], []
+        for _ in range(rng.randint(1, 25)):
+            t += rng.choice([0, 1, 5, 500, 1000]) * MS
+            host.append({"mono_ns": t, "cpu_pct": rng.uniform(0, 100), "cpu_count": 4})
+            if rng.random() < 0.7:
+                own.append({"mono_ns": t, "cores": rng.uniform(0, 3)})
+        spans = intervals(host, own)
+        start = -1000 * MS
+        windows = []
+        for _ in range(rng.randint(1, 15)):
+            start += rng.randint(0, 800) * MS
+            windows.append((start, start + rng.choice([-3, 0, 1, 7 * MS, 300 * MS, 2000 * MS])))
+        cpu = step_cpu(windows, spans, 4)
+        for (host_c, own_c), pct, mine in zip(
+            _reference(windows, spans), cpu.host_pct, cpu.own_cores, strict=True
+        ):
+            assert (pct is None) == (host_c is None) and (mine is None) == (own_c is None)
+            if host_c is not None:
+                assert pct == pytest.approx(min(100.0, 25.0 * host_c), rel=1e-12)
+            if own_c is not None:
+                assert mine == pytest.approx(own_c, rel=1e-12)
+
+
+def test_an_instant_late_in_a_day_reads_its_sample_exactly():
+    # 172,800 samples at 2 Hz: a 1 ns window at the end is not lost to rounding
+    day = [
+        {"mono_ns": (i + 1) * 500 * MS, "cpu_pct": 10.0 + i % 7, "cpu_count": 2}
+        for i in range(172_800)
+    ]
+    spans = intervals(day, [{"mono_ns": day[-1]["mono_ns"], "cores": 0.25}])
+    at = day[-1]["mono_ns"] - 100 * MS
+    cpu = step_cpu([(at, at)], spans, 2)
+    assert cpu.host_pct == pytest.approx((day[-1]["cpu_pct"],), rel=1e-12)
+    assert cpu.own_cores == (0.25,)

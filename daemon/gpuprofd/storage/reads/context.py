@@ -94,12 +94,26 @@ async def run_cpu(db: Reader, run_id: int) -> list[dict[str, Any]]:
 
 async def job_cpu(db: Reader, run: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The CPU of *run*'s job on its node (its group's runs there summed) as
-    one ``cores``/``ranks`` row (see :data:`queries.JOB_CPU_SQL`); none
-    outside a group or without samples."""
+    one ``cores``/``ranks`` row: ``cores`` the mean over the run's own sample
+    times of the cores its group's runs there used at each
+    (:data:`queries.JOB_CPU_SQL`), ``ranks`` the most of those runs sampled
+    together (:func:`queries.most_at_once`); none outside a group or without
+    samples."""
     params = queries.job_cpu_params(run)
     if params is None:
         return []
-    return [dict(r) for r in await db.fetchall(queries.JOB_CPU_SQL, params)]
+    own = await db.fetchone(queries.OWN_CPU_TIMES_SQL, (run["id"],))
+    if own is None or not own["n"]:
+        return []
+    row = await db.fetchone(queries.JOB_CPU_SQL, params)
+    if row is None or row["total"] is None:
+        return []
+    spans = []
+    for (rid,) in await db.fetchall(queries.JOB_RUNS_SQL, params[:3]):
+        got = await db.fetchone(queries.CPU_SPAN_SQL, (rid, own["t0"], own["t1"]) * 2)
+        if got is not None and got["t0"] is not None:
+            spans.append((int(got["t0"]), int(got["t1"])))
+    return [{"cores": float(row["total"]) / int(own["n"]), "ranks": queries.most_at_once(spans)}]
 
 
 async def worker_cpu(db: Reader, run_id: int) -> list[dict[str, Any]]:
@@ -217,21 +231,30 @@ async def run_context(
     last step's end. :func:`build_context` runs in a worker thread (a day of
     steps takes a while)."""
     run_id = run["id"]
-    got = await run_steps(db, run_id)
-    host: list[dict[str, Any]] = []
-    start = run.get("start_mono_ns")
-    end = run.get("end_mono_ns") or now_mono_ns or (got[-1]["t1"] if got else None)
-    if start is not None and end is not None:
-        host = await host_samples(db, start, end, run.get("boot_id"))
-    history = await history_runs(db, run_id, run["run_name"])
-    history_steps = [await history_iterations(db, hid) for hid, _ in history]
-    cpu = await run_cpu(db, run_id)
-    job = await job_cpu(db, run)
-    workers = await worker_cpu(db, run_id)
-    gpu = await gpu_stats(db, run, got)
-    windows = await kernel_windows(db, run_id)
-    comm = await comm_totals(db, run_id)
-    stacks = await stack_samples(db, run_id)
+    # the aggregates summed by the database (its job's CPU over every rank's
+    # samples, its bucket totals) run meanwhile, where the reader can
+    aside = asyncio.gather(
+        job_cpu(db, run),
+        worker_cpu(db, run_id),
+        kernel_windows(db, run_id),
+        comm_totals(db, run_id),
+        stack_samples(db, run_id),
+    )
+    try:
+        got = await run_steps(db, run_id)
+        gpu_rows = asyncio.ensure_future(gpu_stats(db, run, got))
+        host: list[dict[str, Any]] = []
+        start = run.get("start_mono_ns")
+        end = run.get("end_mono_ns") or now_mono_ns or (got[-1]["t1"] if got else None)
+        if start is not None and end is not None:
+            host = await host_samples(db, start, end, run.get("boot_id"))
+        history = await history_runs(db, run_id, run["run_name"])
+        history_steps = [await history_iterations(db, hid) for hid, _ in history]
+        cpu = await run_cpu(db, run_id)
+        gpu = await gpu_rows
+        job, workers, windows, comm, stacks = await aside
+    finally:
+        aside.cancel()  # only where a read above failed: nothing is left running
     return await asyncio.to_thread(
         build_context,
         run,

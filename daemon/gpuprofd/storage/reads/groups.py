@@ -122,7 +122,7 @@ async def group_context(db: Reader, group: str) -> GroupContext:
                 RankRows(
                     rank=r.rank,
                     steps=[s for s in r.steps if lo <= s["step"] <= hi],
-                    buckets=[tuple(b) for b in rows],
+                    buckets=rows,  # (step, bucket, start, end, bytes) rows, unpacked there
                     host=r.host,
                     clock_offset_ns=r.clock_offset_ns,
                     clock_reference_rank=r.clock_reference_rank,

@@ -1,0 +1,56 @@
+"""gpuprofctl's SQLite reader: queries awaited together each get a connection
+of their own (a bounded number), and each answers its own question."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from gpuprofd.core.errors import DatabaseError
+from gpuprofd.storage import schema
+from gpuprofd.storage.reader import open_reader
+from gpuprofd.storage.sqlite import SqliteFileReader
+
+
+def _db(tmp_path: Path) -> Path:
+    db = tmp_path / "r.db"
+    schema.prepare(db)
+    conn = sqlite3.connect(db)
+    conn.executemany(
+        "INSERT INTO run_cpu_samples (run_id, mono_ns, cores) VALUES (?, ?, ?)",
+        [(run, t, float(run)) for run in range(1, 9) for t in range(1000)],
+    )
+    conn.commit()
+    conn.close()
+    return db
+
+
+async def test_queries_awaited_together_each_read_their_own_rows(tmp_path: Path) -> None:
+    sql = "SELECT SUM(cores) AS s, COUNT(*) AS n FROM run_cpu_samples WHERE run_id = ?"
+    async with open_reader(_db(tmp_path)) as reader:
+        assert isinstance(reader, SqliteFileReader)
+        rows = await asyncio.gather(*(reader.fetchone(sql, (run,)) for run in range(1, 9)))
+        assert [(r["s"], r["n"]) for r in rows] == [(1000.0 * run, 1000) for run in range(1, 9)]
+        # eight at once, but no more connections than the cap
+        assert reader._opened == SqliteFileReader.MAX_CONNECTIONS
+        assert len(reader._free) == SqliteFileReader.MAX_CONNECTIONS
+
+
+async def test_one_query_at_a_time_uses_one_connection(tmp_path: Path) -> None:
+    async with open_reader(_db(tmp_path)) as reader:
+        assert isinstance(reader, SqliteFileReader)
+        for run in (1, 2, 3):
+            row = await reader.fetchone("SELECT COUNT(*) AS n FROM runs WHERE id = ?", (run,))
+            assert row["n"] == 0
+        assert reader._opened == 1
+
+
+async def test_a_bad_query_is_a_clear_error_and_frees_its_connection(tmp_path: Path) -> None:
+    async with open_reader(_db(tmp_path)) as reader:
+        assert isinstance(reader, SqliteFileReader)
+        with pytest.raises(DatabaseError, match="damaged or incomplete"):
+            await reader.fetchall("SELECT nothing FROM no_such_table")
+        assert (reader._opened, len(reader._free)) == (1, 1)
