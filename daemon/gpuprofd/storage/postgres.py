@@ -404,6 +404,7 @@ def _rowcount(status: str) -> int:
 
 _INT_TYPES = frozenset({"int2", "int4", "int8"})
 _FLOAT_TYPES = frozenset({"float4", "float8", "numeric"})
+_WANTS: dict[str, type] = {"i": int, "f": float, "t": str}
 
 
 class _Shape:
@@ -418,9 +419,15 @@ class _Shape:
             "t" if t.name == "text" else ""
             for t in types
         )  # fmt: skip
+        self.wants = tuple(_WANTS.get(k) for k in self.kinds)
 
     def coerce(self, params: Sequence[Any]) -> tuple[Any, ...]:
         out = tuple(params)
+        for value, want in zip(out, self.wants, strict=False):
+            if value is not None and want is not None and type(value) is not want:
+                break
+        else:  # every value already of its column's type (a batch's rows, as a rule)
+            return out
         for j, (value, kind) in enumerate(zip(out, self.kinds, strict=False)):
             if value is None or not kind:
                 continue
