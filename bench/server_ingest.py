@@ -11,16 +11,23 @@ Prints: batches and rows sent and stored (counted in the database at the
 end), rows stored per second, p50/p99 batch latency (request to answer,
 this host's monotonic clock), the server's CPU seconds per 10k rows
 (psutil, user + system), and whether every batch kept up (a node whose
-batch took longer than its second falls behind: it sends the next at once).
-Then ``--runs-list`` runs are stored and the time to open the runs list
-(``GET /api/v1/runs``, logged in) is taken, the median of 5.
+batch took longer than its second falls behind: it sends the next at once),
+then the CPU the senders and Postgres used meanwhile and the load average,
+with the verdict: the nodes kept up (p99 batch latency within the
+second, nothing dropped) or not. Then ``--runs-list`` runs are stored and
+the time to open the runs list (``GET /api/v1/runs``, logged in) is taken,
+the median of 5.
 
     python bench/server_ingest.py [--nodes 100] [--seconds 20] [--runs-list 10000]
                                   [--storage postgres|sqlite]
                                   [--postgres postgres://root@127.0.0.1:5432/test]
+                                  [--profile FILE]
 
-The senders share the server's CPUs (this box has 2 cores): the figures
-are a floor for what the server alone would do. Not a test.
+``--profile FILE`` runs the server under cProfile (pstats in FILE; it
+slows the server down several times: for where the time goes, not for
+figures). The senders and Postgres share the server's CPUs (this box has
+2 cores): the figures are a floor for what the server alone would do.
+Not a test.
 """
 
 from __future__ import annotations
@@ -308,11 +315,18 @@ def main() -> None:
                 f"  batch latency p50 {p(0.5) * 1000:.0f} ms, p99 {p(0.99) * 1000:.0f} ms, "
                 f"max {lat[-1] * 1000:.0f} ms; over 1 s: {len(out['late'])}"
             )
-            print(f"  server CPU {cpu:.1f} s: {cpu / max(1, stored) * 10_000:.2f} s per 10k rows")
+            print(
+                f"  server CPU {cpu:.1f} s: {cpu / max(1, stored) * 10_000:.2f} s per 10k rows, "
+                f"{cpu / max(1, len(lat)) * 1000:.2f} ms per batch"
+            )
             print(
                 f"  the same {wall:.1f} s: senders' CPU {senders:.1f} s, Postgres's {pg:.1f} s "
                 f"(every postgres process of the box); load average {os.getloadavg()[0]:.1f}"
             )
+            dropped = sent - stored
+            # the target: p99 within the second the next batch is due, nothing lost
+            kept_up = p(0.99) <= 1.0 and dropped == 0
+            print(f"  dropped {dropped}; " + ("kept up" if kept_up else "did NOT keep up"))
             if args.runs_list:
                 took = asyncio.run(_runs_list_time(url, args.runs_list))
                 total = _count(storage, "SELECT COUNT(*) FROM runs")

@@ -1,10 +1,13 @@
 """Applying an ingest batch (:mod:`gpuprofd.storage.writes.batch`) on a team server.
 
-One batch is one transaction (:meth:`Store.transaction`): all of it or none.
-It is idempotent, keyed by (node id, sequence number): the node's row in
+A batch is applied in one transaction (:meth:`Store.transaction`): all of
+it or none. Batches that arrive together may share one
+(:func:`apply_batches`, a team server's group commit): each is still all
+or none, since a group that fails is applied again batch by batch. It is
+idempotent, keyed by (node id, sequence number): the node's row in
 ``ingest_nodes`` holds the highest sequence applied, and is locked first
-(an upsert), so two replicas given the same node's batches apply them one
-after the other. Then:
+(one upsert for the group's nodes, in node id order), so two replicas
+given the same node's batches apply them one after the other. Then:
 
 - events at or below that sequence were applied before (a resent batch, an
   acknowledgement the node never got): skipped, counted in ``skipped``;
@@ -24,7 +27,12 @@ Runs are keyed by their UUID (``runs.run_uuid``); a run belongs to the node
 that first sent it: an event of another node's run is refused
 (:class:`IngestConflict`) and nothing of the batch is stored.
 
-On Postgres the batch's transaction also ``NOTIFY``s :data:`NOTIFY_CHANNEL`
+Rows that are only appended (steps, buckets, samples, rollups) are
+inserted after the last event, one bulk insert per table for the whole
+group: COPY on Postgres (:meth:`gpuprofd.storage.postgres.PostgresWriter.executemany`,
+which takes the columns from the writer's own ``INSERT`` statements).
+
+On Postgres the transaction also ``NOTIFY``s :data:`NOTIFY_CHANNEL`
 with the ids of the runs it touched (delivered only if it commits).
 """
 
@@ -37,6 +45,7 @@ from typing import Any
 
 import orjson
 
+from gpuprofd.core.errors import DatabaseError
 from gpuprofd.sampling.rollup import INSERT_SQL as _ROLLUP_SQL
 from gpuprofd.sampling.rollup import ROLLUP_COLUMNS
 from gpuprofd.storage.writes import costs
@@ -156,7 +165,8 @@ async def apply_batches(
 
     Each batch is still all or nothing: if the shared transaction fails,
     each batch is applied again in one of its own, so a bad batch is
-    refused alone (with its own error) and the others are stored. The
+    refused alone (with its own error) and the others are stored (a lost
+    database is every batch's answer at once: none is tried again). The
     fixed costs of a transaction (its round trips, one bulk insert per
     table, one ``NOTIFY``) are paid once for all of them.
 
@@ -171,8 +181,11 @@ async def apply_batches(
             return list(
                 await store.transaction(lambda txn: _apply(txn, batches, now), "ingest batches")
             )
-        except Exception:  # noqa: BLE001 - found and said per batch below
-            pass
+        except DatabaseError as exc:  # no database: each would wait for it again
+            return [exc] * len(batches)
+        except Exception as exc:  # noqa: BLE001 - found and said per batch below
+            if isinstance(exc, store.errors) and store.is_lost(exc):
+                return [exc] * len(batches)
     out: list[Applied | Exception] = []
     for batch in batches:
         try:
