@@ -15,14 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import logging
 from collections.abc import Mapping
 from typing import Any
 
 from gpuprofd.storage.writes import Applied, Store
 from gpuprofd.storage.writes.ingest import apply_batches
-
-log = logging.getLogger(__name__)
 
 #: Transactions in flight at once on Postgres: the replica's pool
 #: (``gpuprofd.server.serve.POOL_SIZE``, 8) less the connections its reads,

@@ -9,9 +9,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from gpuprofd.server.grouping import IngestGroups, batch_rows
+from gpuprofd.server.ingest_api import DECODE_IN_THREAD_BYTES
 from gpuprofd.storage.writes import Applied, BatchError, validate
 from tests.daemon.batches import batch, new_uuid, run_event, steps_event
 from tests.daemon.server.conftest import TeamServer, db_rows
@@ -97,3 +99,22 @@ def test_nodes_posting_at_once_are_answered_each_and_stored_once(
     assert [r.status_code for r in again[6:]] == [400, 409]
     assert steps == 6 * 40
     assert [tuple(r) for r in nodes] == [(n, 3) for n in runs]  # n6, n7: nothing
+
+
+def test_a_big_batch_is_checked_off_the_loop_and_refused_whole(
+    tmp_path: Path, storage_url: str, team_servers: list[TeamServer]
+) -> None:
+    """A catching-up node's batch (over DECODE_IN_THREAD_BYTES once inflated)."""
+    server = TeamServer(tmp_path, storage_url).start()
+    team_servers.append(server)
+    run = new_uuid()
+    big = batch("n1", [run_event(1, run), steps_event(2, run, 0, n=8000)])
+    assert len(orjson.dumps(big)) > DECODE_IN_THREAD_BYTES
+    bad = batch("n1", [run_event(1, run), steps_event(2, run, 0, n=8000)])
+    bad["events"][1]["rows"][7999]["micro"] = -1
+    refused = server.ingest(bad)
+    stored = server.ingest(big)
+    steps = db_rows(server.storage_url, "SELECT COUNT(*) FROM steps")[0][0]
+    assert refused.status_code == 400 and refused.json()["field"] == "events[1].rows[7999].micro"
+    assert stored.status_code == 200 and stored.json()["acked_seq"] == 2
+    assert steps == 8000
