@@ -11,16 +11,23 @@ Prints: batches and rows sent and stored (counted in the database at the
 end), rows stored per second, p50/p99 batch latency (request to answer,
 this host's monotonic clock), the server's CPU seconds per 10k rows
 (psutil, user + system), and whether every batch kept up (a node whose
-batch took longer than its second falls behind: it sends the next at once).
-Then ``--runs-list`` runs are stored and the time to open the runs list
-(``GET /api/v1/runs``, logged in) is taken, the median of 5.
+batch took longer than its second falls behind: it sends the next at once),
+then the CPU the senders and Postgres used meanwhile and the load average,
+with the verdict: the nodes kept up (p99 batch latency within the
+second, nothing dropped) or not. Then ``--runs-list`` runs are stored and
+the time to open the runs list (``GET /api/v1/runs``, logged in) is taken,
+the median of 5.
 
     python bench/server_ingest.py [--nodes 100] [--seconds 20] [--runs-list 10000]
                                   [--storage postgres|sqlite]
                                   [--postgres postgres://root@127.0.0.1:5432/test]
+                                  [--profile FILE]
 
-The senders share the server's CPUs (this box has 2 cores): the figures
-are a floor for what the server alone would do. Not a test.
+``--profile FILE`` runs the server under cProfile (pstats in FILE; it
+slows the server down several times: for where the time goes, not for
+figures). The senders and Postgres share the server's CPUs (this box has
+2 cores): the figures are a floor for what the server alone would do.
+Not a test.
 """
 
 from __future__ import annotations
@@ -146,13 +153,16 @@ async def _node(url: str, n: int, seconds: float, out: dict[str, list[Any]]) -> 
             await asyncio.sleep(max(0.0, tick - time.monotonic()))
 
 
-def start_server(storage: str, tmp: Path) -> tuple[subprocess.Popen[bytes], str, Path]:
+def start_server(
+    storage: str, tmp: Path, profile: str | None = None
+) -> tuple[subprocess.Popen[bytes], str, Path]:
     (tmp / "keys").write_text(KEY + "\n")
     (tmp / "viewer").write_text(PASSWORD + "\n")
     log = tmp / "serve.log"
     env = {**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'shim'}:{ROOT / 'daemon'}"}
     cmd = [
         sys.executable,
+        *(["-m", "cProfile", "-o", profile] if profile else []),
         "-m",
         "gpuprofd",
         "serve",
@@ -213,6 +223,24 @@ async def _runs_list_time(url: str, n_runs: int) -> float:
     return statistics.median(times)
 
 
+def _cpu(proc: psutil.Process) -> float:
+    """User + system CPU seconds of *proc* (its threads included)."""
+    return float(sum(proc.cpu_times()[:2]))
+
+
+def _postgres_cpu() -> float:
+    """CPU seconds of every ``postgres`` process of the box now (backends
+    end with their connection: read before and after, while the server runs)."""
+    total = 0.0
+    for proc in psutil.process_iter(["name"]):
+        if proc.info["name"] in ("postgres", "postmaster"):
+            try:
+                total += _cpu(proc)
+            except psutil.Error:
+                continue
+    return total
+
+
 def _count(storage: str, sql: str) -> int:
     if storage.startswith("sqlite"):
         import sqlite3
@@ -244,6 +272,7 @@ def main() -> None:
     ap.add_argument("--runs-list", type=int, default=10_000)
     ap.add_argument("--storage", choices=("postgres", "sqlite"), default="postgres")
     ap.add_argument("--postgres", default="postgres://root@127.0.0.1:5432/test")
+    ap.add_argument("--profile", metavar="FILE", help="cProfile the server into FILE (pstats)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
@@ -253,11 +282,12 @@ def main() -> None:
             if args.storage == "postgres"
             else f"sqlite:///{tmp / 'team.db'}"
         )
-        proc, url, _log = start_server(storage, tmp)
+        proc, url, _log = start_server(storage, tmp, args.profile)
         try:
             ps = psutil.Process(proc.pid)
             out: dict[str, list[Any]] = {"latency": [], "rows": [], "late": []}
             cpu0 = sum(ps.cpu_times()[:2])
+            me0, pg0 = _cpu(psutil.Process()), _postgres_cpu()
             t0 = time.monotonic()
 
             async def all_nodes() -> None:
@@ -266,6 +296,7 @@ def main() -> None:
             asyncio.run(all_nodes())
             wall = time.monotonic() - t0
             cpu = sum(ps.cpu_times()[:2]) - cpu0
+            senders, pg = _cpu(psutil.Process()) - me0, _postgres_cpu() - pg0
             sent = sum(out["rows"])
             stored = (
                 _count(storage, "SELECT COUNT(*) FROM steps")
@@ -284,7 +315,18 @@ def main() -> None:
                 f"  batch latency p50 {p(0.5) * 1000:.0f} ms, p99 {p(0.99) * 1000:.0f} ms, "
                 f"max {lat[-1] * 1000:.0f} ms; over 1 s: {len(out['late'])}"
             )
-            print(f"  server CPU {cpu:.1f} s: {cpu / max(1, stored) * 10_000:.2f} s per 10k rows")
+            print(
+                f"  server CPU {cpu:.1f} s: {cpu / max(1, stored) * 10_000:.2f} s per 10k rows, "
+                f"{cpu / max(1, len(lat)) * 1000:.2f} ms per batch"
+            )
+            print(
+                f"  the same {wall:.1f} s: senders' CPU {senders:.1f} s, Postgres's {pg:.1f} s "
+                f"(every postgres process of the box); load average {os.getloadavg()[0]:.1f}"
+            )
+            dropped = sent - stored
+            # the target: p99 within the second the next batch is due, nothing lost
+            kept_up = p(0.99) <= 1.0 and dropped == 0
+            print(f"  dropped {dropped}; " + ("kept up" if kept_up else "did NOT keep up"))
             if args.runs_list:
                 took = asyncio.run(_runs_list_time(url, args.runs_list))
                 total = _count(storage, "SELECT COUNT(*) FROM runs")

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from gpuprofd.server import ingest_api
+from gpuprofd.server.grouping import IngestGroups
 from gpuprofd.server.ingest_api import AfterBatch, IngestLimits
 from gpuprofd.server.notify import RunChanges
 from gpuprofd.storage.writes import Store
@@ -22,6 +23,7 @@ from gpuprofd.web.state import WebState
 class ServerState:
     store: Store
     limits: IngestLimits
+    groups: IngestGroups
     after: AfterBatch | None = None
 
 
@@ -48,7 +50,7 @@ async def _run_by_uuid(request: web.Request) -> web.Response:
 
 async def _ingest(request: web.Request) -> web.Response:
     state = request.app[SERVER]
-    return await ingest_api.handle(request, state.store, state.limits, state.after)
+    return await ingest_api.handle(request, state.groups, state.limits, state.after)
 
 
 def build_server_app(
@@ -70,7 +72,7 @@ def build_server_app(
         live_poll_s=SAFETY_POLL_S if changes is not None else 1.0,
     )
     app = build_app(state)
-    app[SERVER] = ServerState(store, limits or IngestLimits(), after)
+    app[SERVER] = ServerState(store, limits or IngestLimits(), IngestGroups(store), after)
     app.router.add_post(INGEST_PATH, _ingest)
     app.router.add_get("/runs/{uuid}", _run_by_uuid)
     teammetrics.add_routes(app)

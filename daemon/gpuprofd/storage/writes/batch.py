@@ -262,22 +262,47 @@ INSIGHT_FIELDS: Schema = {
 }
 
 
+#: Per schema (by id: they are module constants), its required fields.
+_REQUIRED: dict[int, tuple[str, ...]] = {}
+
+
 def _fields(obj: Any, schema: Schema, where: str) -> dict[str, Any]:
-    """*obj* checked against *schema*: the known fields (None where absent)."""
+    """*obj* checked against *schema*: the known fields (None where absent).
+
+    Only the fields *obj* has are looked at (a row sends a few of its
+    kind's fields); on a bad one, :func:`_first_bad` names the first in
+    *schema*'s order.
+    """
     if type(obj) is not dict:
         raise BatchError(where, "not a JSON object")
-    out: dict[str, Any] = {}
+    out = dict.fromkeys(schema)
+    for name, value in obj.items():
+        spec = schema.get(name)
+        if spec is None or value is None:
+            continue
+        if not spec[1](value):
+            _first_bad(obj, schema, where)
+        out[name] = value
+    required = _REQUIRED.get(id(schema))
+    if required is None:
+        required = _REQUIRED[id(schema)] = tuple(n for n, (req, _) in schema.items() if req)
+    for name in required:
+        if out[name] is None:
+            _first_bad(obj, schema, where)
+    return out
+
+
+def _first_bad(obj: dict[str, Any], schema: Schema, where: str) -> None:
+    """Raise :class:`BatchError` for *obj*'s first bad field in *schema*'s order."""
     for name, (required, check) in schema.items():
         value = obj.get(name)
         if value is None:
             if required:
                 raise BatchError(f"{where}.{name}", "missing")
-            out[name] = None
             continue
         if not check(value):
             raise BatchError(f"{where}.{name}", f"bad value {_show(value)}")
-        out[name] = value
-    return out
+    raise AssertionError("no bad field")  # pragma: no cover - called on a bad one only
 
 
 def _show(value: Any) -> str:

@@ -1,10 +1,13 @@
 """Applying an ingest batch (:mod:`gpuprofd.storage.writes.batch`) on a team server.
 
-One batch is one transaction (:meth:`Store.transaction`): all of it or none.
-It is idempotent, keyed by (node id, sequence number): the node's row in
+A batch is applied in one transaction (:meth:`Store.transaction`): all of
+it or none. Batches that arrive together may share one
+(:func:`apply_batches`, a team server's group commit): each is still all
+or none, since a group that fails is applied again batch by batch. It is
+idempotent, keyed by (node id, sequence number): the node's row in
 ``ingest_nodes`` holds the highest sequence applied, and is locked first
-(an upsert), so two replicas given the same node's batches apply them one
-after the other. Then:
+(one upsert for the group's nodes, in node id order), so two replicas
+given the same node's batches apply them one after the other. Then:
 
 - events at or below that sequence were applied before (a resent batch, an
   acknowledgement the node never got): skipped, counted in ``skipped``;
@@ -24,7 +27,12 @@ Runs are keyed by their UUID (``runs.run_uuid``); a run belongs to the node
 that first sent it: an event of another node's run is refused
 (:class:`IngestConflict`) and nothing of the batch is stored.
 
-On Postgres the batch's transaction also ``NOTIFY``s :data:`NOTIFY_CHANNEL`
+Rows that are only appended (steps, buckets, samples, rollups) are
+inserted after the last event, one bulk insert per table for the whole
+group: COPY on Postgres (:meth:`gpuprofd.storage.postgres.PostgresWriter.executemany`,
+which takes the columns from the writer's own ``INSERT`` statements).
+
+On Postgres the transaction also ``NOTIFY``s :data:`NOTIFY_CHANNEL`
 with the ids of the runs it touched (delivered only if it commits).
 """
 
@@ -37,6 +45,7 @@ from typing import Any
 
 import orjson
 
+from gpuprofd.core.errors import DatabaseError
 from gpuprofd.sampling.rollup import INSERT_SQL as _ROLLUP_SQL
 from gpuprofd.sampling.rollup import ROLLUP_COLUMNS
 from gpuprofd.storage.writes import costs
@@ -71,14 +80,20 @@ NOTIFY_MAX_BYTES = 7900
 #: as its own (``gpuprofd.ingest.runservice``), even on a shared database.
 OWNER_PREFIX = "ingest:"
 
-_LOCK_NODE_SQL = (
+#: Lock (or make) the batch's nodes' rows and read their sequence numbers, in
+#: one statement; ``{rows}`` is ``(?, 0, ?, ?, ?, ?, 0)`` once per node, in
+#: node id order (every replica locks in that order: no deadlock).
+_LOCK_NODES_SQL = (
     "INSERT INTO ingest_nodes (node_id, last_seq, host, first_wall_ns, last_wall_ns, batches, "
-    "events) VALUES (?, 0, ?, ?, ?, 1, 0) ON CONFLICT (node_id) DO UPDATE SET "
-    "batches = ingest_nodes.batches + 1, last_wall_ns = excluded.last_wall_ns, "
-    "host = COALESCE(excluded.host, ingest_nodes.host)"
+    "events) VALUES {rows} ON CONFLICT (node_id) DO UPDATE SET "
+    "batches = ingest_nodes.batches + excluded.batches, last_wall_ns = excluded.last_wall_ns, "
+    "host = COALESCE(excluded.host, ingest_nodes.host) RETURNING node_id, last_seq"
 )
-_NODE_SEQ_SQL = "SELECT last_seq FROM ingest_nodes WHERE node_id = ?"
+_LOCK_NODE_ROW = "(?, 0, ?, ?, ?, ?, 0)"
 _SET_SEQ_SQL = "UPDATE ingest_nodes SET last_seq = ?, events = events + ? WHERE node_id = ?"
+#: Nodes, runs or row ranges named in one statement at most (5 parameters
+#: each: well under SQLite's 32,766 and Postgres's 65,535 bound parameters).
+_CHUNK = 200
 _RUN_SET = tuple(f for f in RUN_FIELDS)
 _INSERT_RUN_SQL = (
     f"INSERT INTO runs (run_uuid, run_key, node_id, daemon, {', '.join(_RUN_SET)}) "
@@ -143,36 +158,99 @@ async def apply_batch(store: Store, batch: Mapping[str, Any]) -> Applied:
         Exception: the database refused a statement (the store's errors); nothing was stored.
     """
     now = time.time_ns()
-    return await store.transaction(lambda txn: _apply(txn, batch, now), "ingest batch")
+    done = await store.transaction(lambda txn: _apply(txn, [batch], now), "ingest batch")
+    return done[0]
 
 
-async def _apply(txn: Txn, batch: Mapping[str, Any], now: int) -> Applied:
-    node = batch["node"]
-    await txn.execute(_LOCK_NODE_SQL, (node, batch.get("host"), now, now))
-    rows = await txn.fetch(_NODE_SEQ_SQL, (node,))
-    last = int(rows[0][0])
-    events = [ev for ev in batch["events"] if ev["seq"] > last]
-    out = Applied(node, last, 0, len(batch["events"]) - len(events))
-    runs = await _known_runs(txn, {ev["run"] for ev in events if "run" in ev})
-    rows: dict[str, list[tuple[Any, ...]]] = {}
-    seen: Seen = {}
-    for i, ev in enumerate(batch["events"]):
-        if ev["seq"] <= last:
-            continue
-        await _event(txn, node, ev, f"events[{i}]", runs, out, rows, seen)
-    for sql, values in rows.items():  # one bulk insert per table (COPY on Postgres)
-        await txn.executemany(sql, values)
-    if events:
-        out.acked_seq = events[-1]["seq"]
-        out.applied = len(events)
-        await txn.execute(_SET_SEQ_SQL, (out.acked_seq, out.applied, node))
-    out.run_ids = sorted(out_ids(runs, events))
-    # a late end or a new summary changes what the rollups count of the run
-    await costs.refresh(txn, out.run_ids)
-    if out.run_ids and txn.dialect.name == "postgres":  # delivered when the batch commits
-        for payload in notify_payloads(out.run_ids):
-            await txn.fetch("SELECT pg_notify(?, ?)", (NOTIFY_CHANNEL, payload))
+async def apply_batches(
+    store: Store, batches: Sequence[Mapping[str, Any]]
+) -> list[Applied | Exception]:
+    """Apply validated batches (several nodes', or one node's in the order
+    sent) in one transaction; per batch, what :func:`apply_batch` gives it:
+    its :class:`Applied`, or the exception that refused it.
+
+    Each batch is still all or nothing: if the shared transaction fails,
+    each batch is applied again in one of its own, so a bad batch is
+    refused alone (with its own error) and the others are stored (a lost
+    database is every batch's answer at once: none is tried again). The
+    fixed costs of a transaction (its round trips, one bulk insert per
+    table, one ``NOTIFY``) are paid once for all of them.
+
+    Raises:
+        Exception: only what is not a batch's fault (a cancelled caller).
+    """
+    if not batches:
+        return []
+    now = time.time_ns()
+    if len(batches) > 1:
+        try:
+            return list(
+                await store.transaction(lambda txn: _apply(txn, batches, now), "ingest batches")
+            )
+        except DatabaseError as exc:  # no database: each would wait for it again
+            return [exc] * len(batches)
+        except Exception as exc:  # noqa: BLE001 - found and said per batch below
+            if isinstance(exc, store.errors) and store.is_lost(exc):
+                return [exc] * len(batches)
+    out: list[Applied | Exception] = []
+    for batch in batches:
+        try:
+            out.append(await apply_batch(store, batch))
+        except Exception as exc:  # noqa: BLE001 - this batch's answer
+            out.append(exc)
     return out
+
+
+async def _lock_nodes(txn: Txn, batches: Sequence[Mapping[str, Any]], now: int) -> dict[str, int]:
+    """Lock (or make) the rows of the batches' nodes, in node id order; each
+    node's highest sequence applied before these batches."""
+    per_node: dict[str, tuple[str | None, int]] = {}
+    for b in batches:
+        host, count = per_node.get(b["node"], (None, 0))
+        per_node[b["node"]] = (b.get("host") or host, count + 1)
+    nodes = sorted(per_node)
+    last: dict[str, int] = {}
+    for first in range(0, len(nodes), _CHUNK):
+        part = nodes[first : first + _CHUNK]
+        sql = _LOCK_NODES_SQL.format(rows=", ".join([_LOCK_NODE_ROW] * len(part)))
+        params: list[Any] = []
+        for node in part:
+            host, count = per_node[node]
+            params += (node, host, now, now, count)
+        for node, seq in await txn.fetch(sql, params):
+            last[str(node)] = int(seq)
+    return last
+
+
+async def _apply(txn: Txn, batches: Sequence[Mapping[str, Any]], now: int) -> list[Applied]:
+    last = await _lock_nodes(txn, batches, now)
+    runs = await _known_runs(txn, {ev["run"] for b in batches for ev in b["events"] if "run" in ev})
+    later = _Later()
+    outs: list[Applied] = []
+    for batch in batches:
+        node = batch["node"]
+        seq = last[node]
+        events = [ev for ev in batch["events"] if ev["seq"] > seq]
+        out = Applied(node, seq, 0, len(batch["events"]) - len(events))
+        for i, ev in enumerate(batch["events"]):
+            if ev["seq"] > seq:
+                await _event(txn, node, ev, f"events[{i}]", runs, out, later)
+        if events:
+            out.acked_seq = last[node] = events[-1]["seq"]
+            out.applied = len(events)
+        out.run_ids = sorted(out_ids(runs, events))
+        outs.append(out)
+    await later.insert(txn)
+    await txn.executemany(
+        _SET_SEQ_SQL, [(o.acked_seq, o.applied, o.node) for o in outs if o.applied]
+    )
+    # only a run or end event changes what the rollups count of a run (its row)
+    await costs.refresh(txn, sorted(later.run_rows_changed))
+    touched = sorted({r for o in outs for r in o.run_ids})
+    if touched and txn.dialect.name == "postgres":  # delivered when the batch commits
+        for payload in notify_payloads(touched):
+            await txn.fetch("SELECT pg_notify(?, ?)", (NOTIFY_CHANNEL, payload))
+    return outs
 
 
 def notify_payloads(run_ids: Sequence[int]) -> list[str]:
@@ -198,11 +276,11 @@ Runs = dict[str, tuple[int, str | None]]
 
 
 async def _known_runs(txn: Txn, uuids: set[str]) -> Runs:
-    """The batch's runs already stored, found in one query per 500."""
+    """The batch's runs already stored, found in one query per :data:`_CHUNK`."""
     out: Runs = {}
     listed = sorted(uuids)
-    for first in range(0, len(listed), 500):
-        part = listed[first : first + 500]
+    for first in range(0, len(listed), _CHUNK):
+        part = listed[first : first + _CHUNK]
         marks = ", ".join("?" * len(part))
         sql = f"SELECT run_uuid, id, node_id FROM runs WHERE run_uuid IN ({marks})"
         for uuid, run_id, owner in await txn.fetch(sql, part):
@@ -284,50 +362,115 @@ def _step_row(run_id: int, r: Mapping[str, Any]) -> tuple[Any, ...]:
     )
 
 
-#: Rows of this batch already taken, by (table, run id): their keys (see the module doc).
-Seen = dict[tuple[str, int], set[tuple[Any, ...]]]
+def _comm_row(run_id: int, r: Mapping[str, Any]) -> tuple[Any, ...]:
+    return (run_id, r["step"], r["bucket"], r["start_ns"], r["end_ns"], r["bytes"])
+
+
 #: Of a steps row and of a comm bucket: the columns that identify it, and the
 #: one its query's range is also bounded by (so a resend is found in its
 #: own stretch of the run, however often a manual loop reused the indices).
 _STEP_KEY = ("step", "t0_ns")
 _COMM_KEY = ("step", "bucket", "start_ns")
+#: Per table: the keys stored in some runs' ranges (``{ranges}``: one
+#: :data:`_STORED_RANGE` per run, OR-ed), and each range's condition.
 _STORED_SQL = {
-    "steps": "SELECT step, t0_ns FROM steps WHERE run_id = ? AND step BETWEEN ? AND ? "
-    "AND t0_ns BETWEEN ? AND ?",
-    "comm_buckets": "SELECT step, bucket, start_ns FROM comm_buckets WHERE run_id = ? "
-    "AND step BETWEEN ? AND ? AND COALESCE(start_ns, 0) BETWEEN ? AND ?",
+    "steps": "SELECT run_id, step, t0_ns FROM steps WHERE {ranges}",
+    "comm_buckets": "SELECT run_id, step, bucket, start_ns FROM comm_buckets WHERE {ranges}",
+}
+_STORED_RANGE = {
+    "steps": "(run_id = ? AND step BETWEEN ? AND ? AND t0_ns BETWEEN ? AND ?)",
+    "comm_buckets": "(run_id = ? AND step BETWEEN ? AND ? "
+    "AND COALESCE(start_ns, 0) BETWEEN ? AND ?)",
+}
+#: On Postgres, the same as one join with the ranges as arrays (``{key}``:
+#: the key's columns): planned once for any number of runs, where the OR-ed
+#: ranges cost ~17 ms of planning and scans for 160 runs on the test box.
+_STORED_PG_SQL = (
+    "SELECT t.run_id, {key} FROM {table} t JOIN unnest(?::bigint[], ?::bigint[], ?::bigint[], "
+    "?::bigint[], ?::bigint[]) AS r(run_id, lo, hi, t_lo, t_hi) ON t.run_id = r.run_id "
+    "AND t.step BETWEEN r.lo AND r.hi AND COALESCE(t.{last}, 0) BETWEEN r.t_lo AND r.t_hi"
+)
+#: Per table: its insert, the row's key, and the row in the insert's order.
+_KEYED = {
+    "steps": (_STEP_SQL, _STEP_KEY, _step_row),
+    "comm_buckets": (_COMM_SQL, _COMM_KEY, _comm_row),
 }
 
 
-async def _not_sent_before(
+class _Later:
+    """What the batches append, inserted together after their last event:
+    rows by statement (one bulk insert each: COPY on Postgres), and the
+    steps and buckets whose resends are left out first (the module doc)."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, list[tuple[Any, ...]]] = {}
+        #: per keyed table: (run id, rows) in the order sent
+        self.keyed: dict[str, list[tuple[int, Sequence[Mapping[str, Any]]]]] = {}
+        #: runs whose row a run or end event changed
+        self.run_rows_changed: set[int] = set()
+
+    def add(self, sql: str, rows: Sequence[tuple[Any, ...]]) -> None:
+        if rows:
+            self.rows.setdefault(sql, []).extend(rows)
+
+    def add_keyed(self, table: str, run_id: int, rows: Sequence[Mapping[str, Any]]) -> None:
+        if rows:
+            self.keyed.setdefault(table, []).append((run_id, rows))
+
+    async def insert(self, txn: Txn) -> None:
+        for table, parts in self.keyed.items():
+            sql, key, to_row = _KEYED[table]
+            have = await _stored(txn, table, parts, key)
+            fresh: list[tuple[Any, ...]] = []
+            for run_id, rows in parts:
+                for r in rows:
+                    k = (run_id, *(r[c] for c in key))
+                    if None not in k:
+                        if k in have:
+                            continue
+                        have.add(k)  # the first of repeats is kept
+                    fresh.append(to_row(run_id, r))
+            self.add(sql, fresh)
+        for sql, values in self.rows.items():
+            await txn.executemany(sql, values)
+
+
+async def _stored(
     txn: Txn,
     table: str,
-    run_id: int,
-    rows: Sequence[Mapping[str, Any]],
+    parts: Sequence[tuple[int, Sequence[Mapping[str, Any]]]],
     key: Sequence[str],
-    seen: Seen,
-) -> list[Mapping[str, Any]]:
-    """*rows* (of *table*, of run *run_id*) less those stored before or
-    taken earlier in this batch, by *key*; the first of repeats within *rows*.
-    A row whose key is incomplete (a bucket without its index or start)
-    cannot be told from another: it is kept."""
-    if not rows:
-        return []
-    taken = seen.setdefault((table, run_id), set())
-    steps = [r["step"] for r in rows]
-    times = [r[key[-1]] or 0 for r in rows]
-    stored = await txn.fetch(
-        _STORED_SQL[table], (run_id, min(steps), max(steps), min(times), max(times))
-    )
-    have = {tuple(r) for r in stored}
-    out = []
-    for r in rows:
-        k = tuple(r[c] for c in key)
-        if None not in k and (k in have or k in taken):
-            continue
-        taken.add(k)
-        out.append(r)
-    return out
+) -> set[tuple[Any, ...]]:
+    """The keys (run id first) of *table*'s rows already stored within the
+    stretch of each run that *parts* cover: one query per :data:`_CHUNK` runs."""
+    spans: dict[int, list[int]] = {}
+    for run_id, rows in parts:
+        lo_step = min(r["step"] for r in rows)
+        hi_step = max(r["step"] for r in rows)
+        times = [r[key[-1]] or 0 for r in rows]
+        span = spans.get(run_id)
+        if span is None:
+            spans[run_id] = [lo_step, hi_step, min(times), max(times)]
+        else:
+            span[:] = [
+                min(span[0], lo_step),
+                max(span[1], hi_step),
+                min(span[2], min(times)),
+                max(span[3], max(times)),
+            ]
+    have: set[tuple[Any, ...]] = set()
+    if txn.dialect.name == "postgres":
+        cols = ", ".join(f"t.{c}" for c in key)
+        sql = _STORED_PG_SQL.format(table=table, key=cols, last=key[-1])
+        arrays = [list(spans)] + [[span[j] for span in spans.values()] for j in range(4)]
+        return {tuple(r) for r in await txn.fetch(sql, arrays)}
+    listed = list(spans.items())
+    for first in range(0, len(listed), _CHUNK):
+        part = listed[first : first + _CHUNK]
+        sql = _STORED_SQL[table].format(ranges=" OR ".join([_STORED_RANGE[table]] * len(part)))
+        params = [v for run_id, span in part for v in (run_id, *span)]
+        have.update(tuple(r) for r in await txn.fetch(sql, params))
+    return have
 
 
 def _in_order(run_id: int | None, rows: Sequence[Mapping[str, Any]], names: Sequence[str]) -> list:
@@ -342,18 +485,17 @@ async def _event(
     where: str,
     runs: Runs,
     out: Applied,
-    rows: dict[str, list[tuple[Any, ...]]],
-    seen: Seen,
+    later: _Later,
 ) -> None:
-    """Apply one event; rows that are only appended go into *rows* (by
-    statement), inserted together after the batch's last event (steps and
-    buckets sent before left out: *seen*)."""
+    """Apply one event; rows that are only appended go into *later*,
+    inserted together after the batches' last event."""
     kind = ev["kind"]
     if kind == "run":
-        await _upsert_run(txn, node, ev, where, runs)
+        later.run_rows_changed.add(await _upsert_run(txn, node, ev, where, runs))
         return
     if kind == "end":
         run_id = await _end_run(txn, node, ev, where, runs)
+        later.run_rows_changed.add(run_id)
         if run_id not in out.ended_run_ids:
             out.ended_run_ids.append(run_id)
         return
@@ -361,25 +503,22 @@ async def _event(
         names = ("mono_ns", "cpu_pct", "cpu_count", "disk_read_bps", "disk_read_iops")
         names += ("page_cache_bytes", "mem_total_bytes", "swap_in_bps", "boot_id")
         assert set(names) == set(HOST_FIELDS)
-        rows.setdefault(_HOST_SQL, []).extend(_in_order(None, ev["rows"], names))
+        later.add(_HOST_SQL, _in_order(None, ev["rows"], names))
         return
     if kind == "gpu_rollups":
-        rows.setdefault(_ROLLUP_SQL, []).extend(_in_order(None, ev["rows"], ROLLUP_COLUMNS))
+        later.add(_ROLLUP_SQL, _in_order(None, ev["rows"], ROLLUP_COLUMNS))
         return
     run_id = await _run_id(txn, node, ev, where, runs)
     if kind == "steps":
         assert len(STEP_FIELDS) == 14
-        fresh = await _not_sent_before(txn, "steps", run_id, ev["rows"], _STEP_KEY, seen)
-        rows.setdefault(_STEP_SQL, []).extend(_step_row(run_id, r) for r in fresh)
+        later.add_keyed("steps", run_id, ev["rows"])
     elif kind == "comm":
-        names = ("step", "bucket", "start_ns", "end_ns", "bytes")
-        assert set(names) == set(COMM_FIELDS)
-        fresh = await _not_sent_before(txn, "comm_buckets", run_id, ev["rows"], _COMM_KEY, seen)
-        rows.setdefault(_COMM_SQL, []).extend(_in_order(run_id, fresh, names))
+        assert set(_COMM_KEY) <= set(COMM_FIELDS) and len(COMM_FIELDS) == 5
+        later.add_keyed("comm_buckets", run_id, ev["rows"])
     elif kind == "run_cpu":
         names = ("mono_ns", "cores")
         assert set(names) == set(RUN_CPU_FIELDS)
-        rows.setdefault(_RUN_CPU_SQL, []).extend(_in_order(run_id, ev["rows"], names))
+        later.add(_RUN_CPU_SQL, _in_order(run_id, ev["rows"], names))
     elif kind == "worker_cpu":
         names = ("loader_seq", "worker_id", "pid", "first_mono_ns", "last_mono_ns", "cpu_s")
         names += ("ctx_voluntary", "ctx_involuntary")
