@@ -80,6 +80,21 @@ class KernelAgg:
             None if flops is None else float(flops),
         )
 
+    @classmethod
+    def from_stored(cls, row: Sequence[Any]) -> KernelAgg:
+        """A ``kernel_stats`` row's ``(name, kind, cls, count, total_ns,
+        self_ns, flops)`` (a NULL count or time reads 0)."""
+        name, kind, klass, count, total_ns, self_ns, flops = row
+        return cls(
+            name,
+            kind,
+            klass,
+            int(count or 0),
+            int(total_ns or 0),
+            int(self_ns or 0),
+            None if flops is None else float(flops),
+        )
+
 
 # --------------------------------------------------------------------------
 # Classification, names, folding

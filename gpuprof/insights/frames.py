@@ -122,28 +122,26 @@ def top_frames(
     ]
 
 
+def _shares(lead: str, top: Sequence[FrameShare]) -> str:
+    """*lead* (its ``{}`` the first frame's share) and the first frame, then
+    ``; 12% in ...`` for each other; ``""`` for no frames."""
+    if not top:
+        return ""
+    head, *rest = top
+    text = f"{lead.format(f'{head.share:.0%}')} {head.phrase()}"
+    return text + "".join(f"; {f.share:.0%} in {f.phrase()}" for f in rest) + "."
+
+
 def loader_sentence(top: Sequence[FrameShare], verb: str = "spend") -> str:
     """``The workers spend 71% of their time in augment, called from
     dataset.py:41 (__getitem__); 20% in ...`` (*verb*: ``spend`` or ``wait``:
     what the shares are of is the workers' sampled time either way);
     ``""`` for no frames."""
-    if not top:
-        return ""
-    head, *rest = top
-    text = f"The workers {verb} {head.share:.0%} of their time in {head.phrase()}"
-    for f in rest:
-        text += f"; {f.share:.0%} in {f.phrase()}"
-    return text + "."
+    return _shares(f"The workers {verb} {{}} of their time in", top)
 
 
 def gap_sentence(top: Sequence[FrameShare], of: str = "the time between steps") -> str:
     """``74% of the time between steps is in torch.save, called from
     train.py:212 (save_checkpoint); 12% in ...`` (*of* names what the
     shares are of); ``""`` for no frames."""
-    if not top:
-        return ""
-    head, *rest = top
-    text = f"{head.share:.0%} of {of} is in {head.phrase()}"
-    for f in rest:
-        text += f"; {f.share:.0%} in {f.phrase()}"
-    return text + "."
+    return _shares(f"{{}} of {of} is in", top)

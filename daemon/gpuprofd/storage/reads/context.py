@@ -180,18 +180,8 @@ async def evidence_windows(db: Reader, run_id: int) -> list[dict[str, Any]]:
         return []
     stats = await db.fetchall(EVIDENCE_STATS_SQL, (run_id, run_id))
     by_id: dict[int, list[KernelAgg]] = {}
-    for wid, name, kind, cls, count, total_ns, self_ns, flops in stats:
-        by_id.setdefault(wid, []).append(
-            KernelAgg(
-                name,
-                kind,
-                cls,
-                int(count or 0),
-                int(total_ns or 0),
-                int(self_ns or 0),
-                None if flops is None else float(flops),
-            )
-        )
+    for wid, *row in stats:
+        by_id.setdefault(wid, []).append(KernelAgg.from_stored(row))
     out = []
     for request_id, rule, time_kind, wid, t0, t1, first, last in links:
         steps = list(range(first, last + 1)) if first is not None and last is not None else []

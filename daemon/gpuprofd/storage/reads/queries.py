@@ -211,20 +211,10 @@ def kernel_windows_from_rows(
             "rows_dropped": dropped or 0,
         }
         out.append((window, rows))
-    for wid, name, kind, cls, count, total_ns, self_ns, flops in stats:
+    for wid, *row in stats:
         rows_of = by_id.get(wid)
         if rows_of is not None:
-            rows_of.append(
-                KernelAgg(
-                    name,
-                    kind,
-                    cls,
-                    int(count or 0),
-                    int(total_ns or 0),
-                    int(self_ns or 0),
-                    None if flops is None else float(flops),
-                )
-            )
+            rows_of.append(KernelAgg.from_stored(row))
     for _, rows in out:
         rows.sort(key=_by_device_time)
     return out

@@ -232,18 +232,8 @@ async def compact_once(store: Store, now_ns: int, raw_window_s: float) -> int:
             _STATS_SQL.format(ids=", ".join("?" * len(ids))), (group[0].run_id, *ids)
         )
         by_id: dict[int, list[KernelAgg]] = {}
-        for wid, name, kind, cls, count, total_ns, self_ns, flops in stats:
-            by_id.setdefault(wid, []).append(
-                KernelAgg(
-                    name,
-                    kind,
-                    cls,
-                    int(count or 0),
-                    int(total_ns or 0),
-                    int(self_ns or 0),
-                    None if flops is None else float(flops),
-                )
-            )
+        for wid, *row in stats:
+            by_id.setdefault(wid, []).append(KernelAgg.from_stored(row))
         parts = merge_parts(group, by_id, len(stats))
         if not parts[-1].rows:  # no rows: nothing to insert (executemany of none)
             parts = parts[:-1]
