@@ -71,7 +71,10 @@ def test_an_api_key_reads_the_api_and_the_feed_and_nothing_else(server: TeamServ
 def test_top_in_a_terminal_shows_a_hostile_name_as_text(server: TeamServer) -> None:
     term = Terminal("top", "--server", server.url, "--api-key-file", str(server.keys))
     try:
-        screen = term.wait_for(lambda s: SHOWN[:10] in s, 60, "the run's row")
+        # the run's row and its GPU's (a frame may hold the row before the GPUs)
+        screen = term.wait_for(
+            lambda s: SHOWN[:10] in s and "  - NVIDIA H200" in s, 60, "the run's row and GPU"
+        )
         row = next(ln for ln in screen.splitlines() if "sft-" in ln)
         assert row.startswith("  1 sft-\\x1b[2J\\… alice   0/1      150    9.1  110.0  110.0")
         assert screen.splitlines()[0].startswith(f"gpuprof top · {server.url} · 1 live run")
