@@ -53,6 +53,7 @@ async def test_shutdown_stops_tasks_by_name_in_the_documented_order(
         "prune-comm",
         "compact-kernels",
         "prune-raw",
+        "backfill-costs",
         "lifecycle",
         "host",
     ]
