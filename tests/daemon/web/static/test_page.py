@@ -325,7 +325,9 @@ def test_one_crosshair_moves_on_every_chart(dash: Dash, runs: dict, pages):
     assert any("utilization" in t for t in titles), titles  # GPU rows are there (replay)
     assert any("CPU cores" in t for t in titles), titles
     assert len(before) >= 8
-    over = page.locator("#steps .chart .u-over").first.bounding_box()
+    steps_chart = page.locator("#steps .chart .u-over").first
+    steps_chart.scroll_into_view_if_needed()  # below the findings: the mouse must reach it
+    over = steps_chart.bounding_box()
     page.mouse.move(over["x"] + over["width"] * 0.6, over["y"] + over["height"] / 2)
     wait_until(page, _CURSORS_FOLLOW, timeout=15_000)  # however busy the box
     after = chart_cursors(page)
