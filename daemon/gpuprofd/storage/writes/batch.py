@@ -317,6 +317,21 @@ def _rows(ev: Mapping[str, Any], where: str, schema: Schema) -> list[dict[str, A
     return [_fields(r, schema, f"{where}.rows[{j}]") for j, r in enumerate(rows)]
 
 
+def _checked_rows(ev: Mapping[str, Any], where: str, ok: Check, shape: str) -> list[Any]:
+    """*ev*'s ``rows``: a list of at most :data:`MAX_EVENT_ROWS`, each *ok*.
+
+    Raises:
+        BatchError: naming the rows, or the first row that is not *shape*.
+    """
+    rows = ev.get("rows")
+    if type(rows) is not list or len(rows) > MAX_EVENT_ROWS:
+        raise BatchError(f"{where}.rows", f"not a list of at most {MAX_EVENT_ROWS} rows")
+    for j, r in enumerate(rows):
+        if not ok(r):
+            raise BatchError(f"{where}.rows[{j}]", f"not {shape}: {_show(r)}")
+    return rows
+
+
 def _check_span(row: Mapping[str, Any], t0: str, t1: str, where: str) -> None:
     if not 0 <= row[t1] - row[t0] <= MAX_DURATION_NS:
         raise BatchError(f"{where}.{t1}", f"before {t0} or more than 7 days after it")
@@ -360,29 +375,17 @@ def _event(ev: Any, where: str) -> dict[str, Any]:
         source = ev.get("source")
         if source not in STACK_SOURCES:
             raise BatchError(f"{where}.source", f"not main or loader: {_show(source)}")
-        rows = ev.get("rows")
-        if type(rows) is not list or len(rows) > MAX_EVENT_ROWS:
-            raise BatchError(f"{where}.rows", f"not a list of at most {MAX_EVENT_ROWS} rows")
-        for j, r in enumerate(rows):
-            if not _stack_row(r):
-                raise BatchError(
-                    f"{where}.rows[{j}]",
-                    f"not [path, line, function, call, step, count]: {_show(r)}",
-                )
+        rows = _checked_rows(ev, where, _stack_row, "[path, line, function, call, step, count]")
         out["source"], out["rows"] = source, rows
     elif kind == "kernels":
         out["window"] = _fields(ev.get("window"), KERNEL_WINDOW_FIELDS, f"{where}.window")
         _check_span(out["window"], "t0_ns", "t1_ns", f"{where}.window")
-        rows = ev.get("rows")
-        if type(rows) is not list or len(rows) > MAX_EVENT_ROWS:
-            raise BatchError(f"{where}.rows", f"not a list of at most {MAX_EVENT_ROWS} rows")
-        for j, r in enumerate(rows):
-            if not _kernel_row(r):
-                raise BatchError(
-                    f"{where}.rows[{j}]",
-                    "not [name, kind, cls, count, total_ns, self_ns, flops] "
-                    f"(see gpuprof.kernels): {_show(r)}",
-                )
+        rows = _checked_rows(
+            ev,
+            where,
+            _kernel_row,
+            "[name, kind, cls, count, total_ns, self_ns, flops] (see gpuprof.kernels)",
+        )
         out["rows"] = rows
         replaces = ev.get("replaces") or []
         if type(replaces) is not list or len(replaces) > MAX_EVENT_ROWS:
