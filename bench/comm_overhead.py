@@ -93,8 +93,8 @@ def _buckets_per_step(db: Path, batch: int) -> float:
     conn = open_ro(db)
     try:
         row = conn.execute(
-            "SELECT COUNT(*) AS n, COUNT(DISTINCT b.run_id || '-' || b.step) AS steps "
-            "FROM comm_buckets b JOIN runs r ON r.id = b.run_id WHERE r.run_name = ?",
+            "SELECT SUM(b.buckets) AS n, COUNT(DISTINCT b.run_id || '-' || b.step) AS steps "
+            "FROM comm_steps b JOIN runs r ON r.id = b.run_id WHERE r.run_name = ?",
             (f"bench-comm-on-b{batch}",),
         ).fetchone()
     finally:

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import sqlite3
 import sys
 import tempfile
 import time
@@ -47,6 +46,8 @@ from gpuprofd.forward.config import ApiKey, ForwardConfig  # noqa: E402
 from gpuprofd.forward.forwarder import Forwarder  # noqa: E402
 from gpuprofd.sampling.rollup import ROLLUP_COLUMNS  # noqa: E402
 from gpuprofd.storage import schema  # noqa: E402
+from gpuprofd.storage.reader import open_reader  # noqa: E402
+from gpuprofd.storage.reads import steprows  # noqa: E402
 from gpuprofd.storage.writes import Op, Store, outbox, runsdb  # noqa: E402
 
 RANKS, STEPS_PER_S, GPUS, HOST_HZ = 8, 10, 8, 2
@@ -155,23 +156,15 @@ async def _catch_up(db: Path, url: str) -> dict[str, Any]:
 
 def _server_steps(storage: str) -> tuple[int, int]:
     """(steps stored, distinct (run, step)) on the server."""
-    sql = "SELECT COUNT(*), COUNT(DISTINCT run_id * 100000000 + step) FROM steps"
-    if storage.startswith("sqlite:///"):
-        with sqlite3.connect(storage.removeprefix("sqlite://")) as conn:
-            n, distinct = conn.execute(sql).fetchone()
-            return int(n), int(distinct)
-    import asyncpg
-
-    dsn, schema_name = storage.split("?search_path=")
 
     async def read() -> tuple[int, int]:
-        conn = await asyncpg.connect(dsn)
-        try:
-            await conn.execute(f'SET search_path TO "{schema_name}"')
-            row = await conn.fetchrow(sql)
-            return int(row[0]), int(row[1])
-        finally:
-            await conn.close()
+        n = distinct = 0
+        async with open_reader(storage) as reader:  # the server packs older steps
+            for (run_id,) in await reader.fetchall("SELECT id FROM runs"):
+                rows = await steprows.rows(reader, run_id)
+                n += len(rows)
+                distinct += len({r[0] for r in rows})
+        return n, distinct
 
     return asyncio.run(read())
 

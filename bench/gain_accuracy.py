@@ -15,6 +15,9 @@ The pairs:
 * ``cpu_workers``: two workers pegging the host with a CPU-heavy
   augmentation → the augmentation made cheap (the finding: "the workers are
   CPU-bound": cheaper loading);
+* ``threads_workers``: the same, with torch's default intra-op threads (one
+  per core) as a user's loop has them: the workers take the cores the step's
+  threads compute on;
 * ``more_workers``: one CPU-bound worker while cores sit idle → two workers
   (the finding: "the loading is CPU-bound with N% of the host idle");
 * ``in_process``: ``num_workers=0`` with the same augmentation → two
@@ -59,7 +62,8 @@ import gpuprof
 NAME, STEPS, KIND = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 ARGS = json.loads(sys.argv[4])
 torch.manual_seed(0)
-torch.set_num_threads(1)  # one intra-op thread, as on a node whose cores serve the loader
+# one intra-op thread, as on a node whose cores serve the loader (unless "threads")
+torch.set_num_threads(ARGS.get("threads", 1))
 
 
 def burn(img, passes, seed):
@@ -295,6 +299,12 @@ PAIRS: dict[str, tuple[str, tuple[str, ...], tuple[str, Any], tuple[str, Any]]] 
         STALL,
         ("loader", {"workers": 2, "passes": 6}),
         ("loader", {"workers": 2, "passes": 0}),
+    ),
+    "threads_workers": (
+        "2 CPU-bound workers beside torch's default intra-op threads -> cheap augmentation",
+        STALL,
+        ("loader", {"workers": 2, "passes": 6, "threads": os.cpu_count() or 1}),
+        ("loader", {"workers": 2, "passes": 0, "threads": os.cpu_count() or 1}),
     ),
     "more_workers": (
         "1 CPU-bound worker, cores idle -> 2 workers",

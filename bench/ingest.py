@@ -47,6 +47,9 @@ from typing import Any
 
 import orjson
 
+from gpuprofd.storage import stepcodec
+from gpuprofd.storage.reads import steprows
+
 ROOT = Path(__file__).resolve().parents[1]
 
 #: A sender: manual-API steps at a rate (0: as fast as it goes); prints JSON.
@@ -178,10 +181,7 @@ class CommitPoller:
     def _loop(self) -> None:
         while not self._stop.wait(0.01):
             now = time.monotonic_ns()
-            rows = self.query(
-                "SELECT r.run_name, COUNT(s.step) FROM runs r LEFT JOIN steps s "
-                "ON s.run_id = r.id GROUP BY r.run_name"
-            )
+            rows = self.query(steprows.BY_NAME_SQL)
             for name, count in rows:
                 seen = self.seen.setdefault(name, [])
                 seen.extend([now] * (count - len(seen)))
@@ -189,11 +189,14 @@ class CommitPoller:
 
 def _steps_t1(query: Any, name: str) -> list[int]:
     rows = query(
-        "SELECT s.t1_ns FROM steps s JOIN runs r ON r.id = s.run_id WHERE r.run_name = ? "
-        "ORDER BY s.step",
+        "SELECT s.step, s.t1_ns FROM steps s JOIN runs r ON r.id = s.run_id WHERE r.run_name = ?",
         name,
     )
-    return [r[0] for r in rows]
+    packs = query(
+        "SELECT p.data FROM step_packs p JOIN runs r ON r.id = p.run_id WHERE r.run_name = ?", name
+    )  # the daemon packs older steps (gpuprofd.storage.upkeep.steppack)
+    rows += [r[:3:2] for (data,) in packs for r in stepcodec.decode(data)]
+    return [t1 for _, t1 in sorted(rows, key=lambda r: r[0])]
 
 
 def _drops(query: Any, names: list[str]) -> tuple[int, int, dict[str, int]]:
@@ -201,11 +204,7 @@ def _drops(query: Any, names: list[str]) -> tuple[int, int, dict[str, int]]:
     shim = query(
         f"SELECT COALESCE(SUM(dropped_events), 0) FROM runs WHERE run_name IN ({marks})", *names
     )
-    stored = query(
-        "SELECT COUNT(*) FROM steps s JOIN runs r ON r.id = s.run_id "
-        f"WHERE r.run_name IN ({marks})",
-        *names,
-    )
+    stored = [(sum(int(n) for name, n in query(steprows.BY_NAME_SQL) if name in names),)]
     daemon = {str(r): int(c) for r, c in query("SELECT reason, count FROM drops")}
     return int(shim[0][0]) if shim else 0, int(stored[0][0]) if stored else 0, daemon
 

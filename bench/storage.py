@@ -5,18 +5,20 @@ Builds, in a temporary directory, the database gpuprofd would hold after a
 24-hour run of 8 ranks on 8 GPUs: per-second GPU rollups made by the
 daemon's own code from the recorded H200 trace (tiled over the day), the
 raw window (10 Hz rows, 15 min), host and per-run CPU samples at the
-daemon's 2 Hz, every step of every rank, DataLoader worker rows. Then it
+daemon's 2 Hz and their 10 s host rollups (made by the daemon's own pass),
+every step of every rank, DataLoader worker rows. Then it
 times what a user does with it:
 
 - ``gpuprofctl insights`` on one rank (a real subprocess: Python start-up,
   reading the run, its steps and its GPU rollups, the rules);
-- the same in-process (open, context, rules), best of 3;
+- the same in-process (open, context, rules), best of 3, and its CPU
+  seconds by part (each read, the context built from them, the rules);
 - loading one GPU's whole-day per-second series, and the node's 8 GPUs
   downsampled to 1-minute points (what a dashboard chart draws).
 
 Under DDP (``--comm-buckets``, 280 by default; 0 skips it) the ranks form
 one torchrun group and every step also has its per-bucket comm timings. The
-day's database holds the ``comm_buckets`` rows the daemon keeps once it has
+day's database holds the bucket rows (``comm_steps``) the daemon keeps once it has
 pruned (:mod:`gpuprofd.storage.upkeep.commprune`: each run's last ``COMM_STEPS_KEPT`` steps
 and every ``COMM_KEEP_EVERY``-th) and each rank's stored end-of-run summary,
 as gpuprofd leaves them; ``gpuprofctl insights --group`` is timed on it. A
@@ -48,6 +50,7 @@ import argparse
 import asyncio
 import math
 import os
+import random
 import resource
 import sqlite3
 import subprocess
@@ -68,10 +71,18 @@ from gpuprofd.sampling import rollup
 from gpuprofd.sampling.nvml import RealNvml, normalize_uuid
 from gpuprofd.sampling.nvml_replay import ReplayPynvml
 from gpuprofd.services.sinks import STORED_GPU_HZ
-from gpuprofd.storage import reads, schema
+from gpuprofd.storage import commpack, reads, schema, stepcodec
 from gpuprofd.storage.reader import Reader, open_reader
-from gpuprofd.storage.upkeep import DEFAULT_RAW_WINDOW_S, commprune, kcompact
-from gpuprofd.storage.writes import Store
+from gpuprofd.storage.reads import steprows
+from gpuprofd.storage.upkeep import (
+    DEFAULT_RAW_WINDOW_S,
+    commprune,
+    hostrollup,
+    kcompact,
+    steppack,
+    steprollup,
+)
+from gpuprofd.storage.writes import Store, runsdb
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT / "tests" / "fixtures" / "h200" / "nvml_trace.jsonl"
@@ -124,8 +135,11 @@ def build(db: Path, hours: float, gpus: int, step_ms: float) -> dict[str, int]:
         for sec in range(seconds):
             t = template[sec % len(template)]
             for key in keys:
-                yield (start + sec * S, key, *t[2:])
+                yield rollup.insert_params((start + sec * S, key, *t[2:]))
 
+    conn.executemany(
+        rollup.GPU_SQL, rollup.gpu_rows((start, key, *template[0][2:]) for key in keys)
+    )
     conn.executemany(rollup.INSERT_SQL, rollup_rows())
     counts["gpu_rollups"] = seconds * gpus
 
@@ -308,6 +322,13 @@ def bucket_rows(run_id: int, rank: int, steps, step_ns: int, n_buckets: int):
             )
 
 
+def comm_steps(run_id: int, rank: int, steps, step_ns: int, n_buckets: int):
+    """:func:`bucket_rows` packed one ``comm_steps`` row a step, as gpuprofd stores them."""
+    for i in steps:
+        rows = [r[2:] for r in bucket_rows(run_id, rank, (i,), step_ns, n_buckets)]
+        yield commpack.step_row(run_id, i, rows)
+
+
 def build_comm(db: Path, hours: float, gpus: int, step_ms: float, n_buckets: int) -> int:
     """The day's comm rows once pruned (each rank's last COMM_STEPS_KEPT steps
     and every COMM_KEEP_EVERY-th). Returns the rows."""
@@ -317,11 +338,7 @@ def build_comm(db: Path, hours: float, gpus: int, step_ms: float, n_buckets: int
     kept = [i for i in range(n_steps) if i >= cut or i % commprune.COMM_KEEP_EVERY == 0]
     conn = sqlite3.connect(db)
     for rank in range(gpus):
-        conn.executemany(
-            "INSERT INTO comm_buckets (run_id, step, bucket, start_ns, end_ns, bytes) "
-            "VALUES (?,?,?,?,?,?)",
-            bucket_rows(rank + 1, rank, kept, step_ns, n_buckets),
-        )
+        conn.executemany(commpack.INSERT_SQL, comm_steps(rank + 1, rank, kept, step_ns, n_buckets))
     conn.commit()
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     conn.close()
@@ -346,11 +363,7 @@ def comm_prune_case(tmp: str, hours: float, step_ms: float, n_buckets: int) -> N
         "VALUES (1, ?, ?, ?, 0, 0, 1, '{}')",
         ((i, 1000 * S + i * step_ns, 1000 * S + (i + 1) * step_ns) for i in range(n_steps)),
     )
-    conn.executemany(
-        "INSERT INTO comm_buckets (run_id, step, bucket, start_ns, end_ns, bytes) "
-        "VALUES (?,?,?,?,?,?)",
-        bucket_rows(1, 0, range(n_steps), step_ns, n_buckets),
-    )
+    conn.executemany(commpack.INSERT_SQL, comm_steps(1, 0, range(n_steps), step_ns, n_buckets))
     conn.commit()
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     conn.close()
@@ -359,9 +372,9 @@ def comm_prune_case(tmp: str, hours: float, step_ms: float, n_buckets: int) -> N
         f"\ncomm buckets, one rank, {hours:g} h of {step_ms:g} ms steps with {n_buckets} "
         f"buckets: {rows:,} rows built in {time.perf_counter() - t:.0f} s"
     )
-    before = table_bytes(db).get("comm_buckets", 0)
+    before = table_bytes(db).get("comm_steps", 0)
     print(
-        f"  as received: {before / rows:.0f} bytes a row (index included), "
+        f"  as received: {before / rows:.0f} bytes a bucket (packed a step), "
         f"{before / 1e6 / hours:.1f} MB per GPU-hour; a 24-hour rank: "
         f"{before / hours * 24 / 1e9:.2f} GB, {rows / hours * 24 / 1e6:.1f} M rows"
     )
@@ -386,11 +399,11 @@ def comm_prune_case(tmp: str, hours: float, step_ms: float, n_buckets: int) -> N
     t = time.perf_counter()
     passes, worst = asyncio.run(prune())
     took = time.perf_counter() - t
-    (left,) = read(db, "SELECT COUNT(*) FROM comm_buckets")[0]
+    (left,) = read(db, "SELECT COALESCE(SUM(buckets), 0) FROM comm_steps")[0]
     conn = sqlite3.connect(db)
     conn.execute("VACUUM")
     conn.close()
-    after = table_bytes(db).get("comm_buckets", 0)
+    after = table_bytes(db).get("comm_steps", 0)
     print(
         f"  pruned by gpuprofd.storage.upkeep.commprune in {passes} passes of <= "
         f"{commprune.MAX_ROWS_PER_PASS:,} rows: {took:.1f} s "
@@ -479,6 +492,91 @@ async def compact(db: Path, now_ns: int) -> int:
     return merged
 
 
+async def roll_hosts(db: Path) -> int:
+    """Run the daemon's host rollup passes (as its maintenance loop does every
+    10 s while the runs ran) until nothing is left to roll: the blocks rolled."""
+    store = Store(db, DropCounter())
+    await store.open()
+    store.start()
+    rolled = 0
+    try:
+        while n := await hostrollup.roll_pass(store):
+            rolled += n
+    finally:
+        await store.close()
+    return rolled
+
+
+async def pack_steps(db: Path) -> int:
+    """Roll and pack the steps as the daemon's passes do (each run's step
+    rollups and totals, then every packable block); the blocks packed."""
+    store = Store(db, DropCounter())
+    await store.open()
+    store.start()
+    packed = 0
+    try:
+        while await steprollup.roll_pass(store):
+            pass
+        while n := await steppack.pack_round(store):
+            packed += n
+    finally:
+        await store.close()
+    return packed
+
+
+def in_use_bytes(db: Path) -> int:
+    """The database file's bytes less its free pages (what later rows fill
+    before the file grows)."""
+    (free,) = read(db, "SELECT freelist_count * page_size FROM pragma_freelist_count, "
+                       "pragma_page_size")[0]  # fmt: skip
+    return db.stat().st_size - free
+
+
+def cpu_s(fn: Any) -> tuple[float, Any]:
+    """(CPU seconds, user + system, of *fn()*, its result)."""
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
+    got = fn()
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    return r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime, got
+
+
+def steps_case(db: Path, gpu_hours: float) -> None:
+    """Steps MB per GPU-hour and one rank's step read (CPU s) as stored, then
+    after the daemon's packing (:mod:`gpuprofd.storage.upkeep.steppack`)."""
+
+    def figures(label: str) -> None:
+        sizes = table_bytes(db)
+        mb = (sizes.get("steps", 0) + sizes.get("step_packs", 0)) / 1e6
+        cpu, steps = cpu_s(lambda: read_db(db, lambda r: reads.run_steps(r, 1)))
+        col_cpu, cols = cpu_s(lambda: read_db(db, lambda r: steprows.columns(r, 1)))
+        print(
+            f"steps {label}: {mb:.1f} MB = {mb / gpu_hours:.3f} MB per GPU-hour "
+            f"(rows {sizes.get('steps', 0) / 1e6:.1f} MB, packed "
+            f"{sizes.get('step_packs', 0) / 1e6:.1f} MB); one rank's {len(steps):,} steps "
+            f"read: as dicts {cpu:.2f} s CPU, as columns {col_cpu:.2f} s CPU ({len(cols):,})"
+        )
+
+    figures("as received")
+    t = time.perf_counter()
+    blocks = asyncio.run(pack_steps(db))
+    print(f"packed {blocks:,} blocks of steps in {time.perf_counter() - t:.0f} s")
+    figures("packed")
+    # the bench's steps repeat (i % 89): a block of noisy ones (ns jitter) packs as
+    rnd = random.Random(1)
+    rows = []
+    for i in range(steppack.STEP_PACK):
+        t0 = 10**12 + i * 500_000_000 + rnd.randrange(10**6)
+        phases = {p: rnd.randrange(10**8) for p in ("forward", "backward", "optimizer", "comm")}
+        rows.append((i, t0, t0 + 490_000_000 + rnd.randrange(10**7), rnd.randrange(10**7), 1,
+                     1, orjson.dumps(phases).decode(), 0, 0, None,
+                     61 * 2**30 + rnd.randrange(2**24), 68 * 2**30, 66 * 2**30, 0))  # fmt: skip
+    per_step = len(stepcodec.encode(rows)) / len(rows)
+    print(
+        f"a block of noisy steps (random ns in every column): {per_step:.0f} bytes a step = "
+        f"{per_step * 7200 / 1e6:.3f} MB per GPU-hour of 500 ms steps"
+    )
+
+
 def read_db(db: Path, fn: Any) -> Any:
     """``await fn(reader)`` on a read-only :class:`Reader` of *db* (as gpuprofctl reads)."""
 
@@ -491,6 +589,51 @@ def read_db(db: Path, fn: Any) -> Any:
 
 async def _context(reader: Reader, run_id: int = 1) -> Any:
     return await reads.run_context(reader, await reads.get_run(reader, run_id))
+
+
+def _cpu_s() -> float:
+    """This process's CPU seconds, user + system, every thread (the reads run in threads)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def report_parts(db: Path, run_id: int = 1) -> dict[str, float]:
+    """CPU seconds of each part of the in-process report on *run_id*, one
+    after another (:func:`reads.run_context` runs some of them at once):
+    each read in the form the context takes it, the context built from
+    them, the rules."""
+    from gpuprof.insights import build_context
+    from gpuprofd.storage.reads import context as rc
+
+    async def parts(reader: Reader) -> dict[str, float]:
+        out: dict[str, float] = {}
+
+        async def timed(name: str, coro: Any) -> Any:
+            c = _cpu_s()
+            got = await coro
+            out[name] = _cpu_s() - c
+            return got
+
+        run = await reads.get_run(reader, run_id)
+        steps = await timed("steps read (columns)", rc.run_step_columns(reader, run_id))
+        span = (run["start_mono_ns"], run["end_mono_ns"], run.get("boot_id"))
+        host = await timed("host samples", rc.host_columns(reader, *span))
+        own = await timed("the run's CPU samples", rc.run_cpu_columns(reader, run_id))
+        job = await timed("the job's CPU", rc.job_cpu(reader, run, own, host.mono_ns))
+        gpu = await timed("GPU rollups", rc.gpu_stats(reader, run, steps))
+        comm = await timed("bucket totals", rc.comm_totals(reader, run_id))
+        workers = await timed("worker rows", rc.worker_cpu(reader, run_id))
+        c = _cpu_s()
+        ctx = build_context(
+            run, steps, host, run_cpu=own, gpu=gpu, workers=workers, comm=comm, job_cpu=job
+        )
+        out["context built"] = _cpu_s() - c
+        c = _cpu_s()
+        run_rules(ctx)
+        out["rules"] = _cpu_s() - c
+        return out
+
+    return read_db(db, parts)
 
 
 def kernel_load(db: Path) -> tuple[int, int, object]:
@@ -554,6 +697,9 @@ def table_bytes(db: Path) -> dict[str, int]:
         out: dict[str, int] = {}
         for name, size in conn.execute("SELECT name, SUM(pgsize) FROM dbstat GROUP BY name"):
             out[owner.get(name, name)] = out.get(owner.get(name, name), 0) + size
+        # the tables behind what the day's rows are counted as
+        out["gpu_rollups"] = out.get("gpu_seconds", 0) + out.get("gpus", 0)
+        out["comm_buckets"] = out.get("comm_steps", 0)
         return out
     finally:
         conn.close()
@@ -589,14 +735,44 @@ def store_summaries(db: Path, gpus: int) -> None:
     conn.close()
 
 
+def store_group_findings(db: Path) -> tuple[str, ...]:
+    """The group's findings, stored as gpuprofd stores them once every rank
+    has ended (the group rules over the store, then
+    :func:`gpuprofd.storage.writes.runsdb.replace_group_insights`, which also
+    marks the group checked when they find nothing): the rules that fired."""
+
+    async def run() -> tuple[str, ...]:
+        schema.prepare(db)  # as gpuprofd starts
+        store = Store(db, DropCounter())
+        await store.open()
+        store.start()
+        try:
+            found = await reads.group_findings(store, GROUP)
+            await runsdb.replace_group_insights(store, GROUP, found["ranks"], found["insights"])
+            return tuple(i["rule"] for i in found["insights"])
+        finally:
+            await store.close()
+
+    return asyncio.run(run())
+
+
+#: Whether :func:`ctl` has compiled the packages' bytecode yet (once a run).
+_COMPILED: list[bool] = []
+
+
 def ctl(*args: str) -> tuple[float, float, subprocess.CompletedProcess[str]]:
     """Run ``gpuprofctl ARGS`` in a new process: (wall seconds, its CPU seconds
     (user + system: what a shared box's load does not inflate), the process)."""
     exe = ROOT / ".venv" / "bin" / "gpuprofctl"
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "gpuprofd.ctl"]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    if not _COMPILED:  # as pip compiles an installed package: a user's start-up
+        packages = [str(ROOT / d) for d in ("gpuprof", "daemon/gpuprofd", "shim/gpuprof_shim")]
+        subprocess.run([sys.executable, "-m", "compileall", "-q", *packages], check=False)
+        _COMPILED.append(True)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
-    proc = subprocess.run([*cmd, *args], capture_output=True, text=True, check=False)
+    proc = subprocess.run([*cmd, *args], capture_output=True, text=True, check=False, env=env)
     wall = time.perf_counter() - t
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
@@ -610,13 +786,16 @@ def size_line(tmp: str, hours: float, args: argparse.Namespace) -> None:
     waits for), the same in-process (open + context + rules, one pass),
     ``gpuprofctl insights`` again once each rank's summary is stored (as
     gpuprofd leaves an ended run: what a reader of yesterday's run waits),
-    ``gpuprofctl insights --group`` on the ranks, and MB per GPU-hour."""
+    ``gpuprofctl insights --group`` on the ranks once the group's findings
+    are stored (as gpuprofd leaves an ended group), and MB per GPU-hour."""
     db = Path(tmp) / f"size-{hours:g}h.db"
     t = time.perf_counter()
     counts = build(db, hours, args.gpus, args.step_ms)
+    asyncio.run(roll_hosts(db))
     build_comm(db, hours, args.gpus, args.step_ms, args.comm_buckets)
+    asyncio.run(pack_steps(db))
     built = time.perf_counter() - t
-    mb_gpu_hour = db.stat().st_size / 1e6 / (hours * args.gpus)
+    mb_gpu_hour = in_use_bytes(db) / 1e6 / (hours * args.gpus)
     cold, cold_cpu, proc = ctl("insights", str(db), "1", "--format", "json")
     ok = "" if proc.returncode == 0 else f" (exit {proc.returncode}: {proc.stderr[-200:]})"
     t, c = time.perf_counter(), time.process_time()
@@ -625,6 +804,7 @@ def size_line(tmp: str, hours: float, args: argparse.Namespace) -> None:
     store_summaries(db, args.gpus)
     stored, stored_cpu, sproc = ctl("insights", str(db), "1", "--format", "json")
     ok += "" if sproc.returncode == 0 else f" (stored exit {sproc.returncode})"
+    store_group_findings(db)
     group, group_cpu, gproc = ctl("insights", str(db), "--group", GROUP, "--format", "json")
     ok += "" if gproc.returncode == 0 else f" (group exit {gproc.returncode})"
     steps = counts["steps"] // args.gpus
@@ -656,33 +836,21 @@ def sizes_case(tmp: str, args: argparse.Namespace) -> None:
 
 def group_case(db: Path, args: argparse.Namespace) -> None:
     """Time ``gpuprofctl insights --group`` on the day (pruned comm rows, each
-    rank's stored summary; no stored group findings: they are computed, as
-    for a group whose rules found nothing)."""
+    rank's stored summary), its findings computed (as while a rank runs) and
+    then stored (as gpuprofd leaves an ended group)."""
     store_summaries(db, args.gpus)
-    cmd = [
-        sys.executable,
-        "-m",
-        "gpuprofd.ctl",
-        "insights",
-        str(db),
-        "--group",
-        GROUP,
-        "--format",
-        "json",
-    ]
-    ctl = ROOT / ".venv" / "bin" / "gpuprofctl"
-    if ctl.exists():
-        cmd = [str(ctl), *cmd[3:]]
-    t = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    ctl_s = time.perf_counter() - t
+    computed, computed_cpu, _ = ctl("insights", str(db), "--group", GROUP, "--format", "json")
+    fired = store_group_findings(db)
+    stored, stored_cpu, proc = ctl("insights", str(db), "--group", GROUP, "--format", "json")
     found = orjson.loads(proc.stdout)["insights"] if proc.returncode == 0 else proc.stderr[-300:]
     said = (
         [(i["rule"], i["evidence"].get("rank")) for i in found] if proc.returncode == 0 else found
     )
     print(
         f"gpuprofctl insights --group on the {args.gpus}-rank day (pruned bucket rows, stored "
-        f"summaries): {ctl_s:.2f} s wall, exit {proc.returncode}; group findings: {said}"
+        f"summaries), wall s (CPU s): its findings computed {computed:.2f} ({computed_cpu:.2f}), "
+        f"stored {stored:.2f} ({stored_cpu:.2f}); exit {proc.returncode}; group findings: "
+        f"{said} (the rules fired: {list(fired)})"
     )
 
     def findings():
@@ -741,6 +909,7 @@ def main() -> None:
         db = Path(tmp) / "day.db"
         t = time.perf_counter()
         counts = build(db, args.hours, args.gpus, args.step_ms)
+        counts["host_rollups"] = asyncio.run(roll_hosts(db))
         if args.comm_buckets > 0:
             counts["comm_buckets"] = build_comm(
                 db, args.hours, args.gpus, args.step_ms, args.comm_buckets
@@ -771,6 +940,14 @@ def main() -> None:
             f"{raw_row * STORED_GPU_HZ * 3600 / 1e6:.1f} MB"
         )
 
+        steps_case(db, gpu_hours)
+        used = in_use_bytes(db)
+        print(
+            f"database after packing: {used / 1e6 / gpu_hours:.2f} MB per GPU-hour "
+            f"in use ({(db.stat().st_size - used) / 1e6:.0f} MB of the file's pages free, "
+            "for later rows)"
+        )
+
         cmd = [sys.executable, "-m", "gpuprofd.ctl", "insights", str(db), "1", "--format", "json"]
         ctl = ROOT / ".venv" / "bin" / "gpuprofctl"
         if ctl.exists():
@@ -796,9 +973,15 @@ def main() -> None:
             f"{s:.2f} s (best of 3)"
         )
 
+        c = _cpu_s()
+        read_db(db, _context)
+        print(f"the same, CPU seconds (one pass): {_cpu_s() - c:.2f}; by part, one after another:")
+        for name, sec in report_parts(db).items():
+            print(f"  {name:<24}{sec:>6.2f}")
+
         series_sql = (
             "SELECT sec_ns, util_mean, mem_used_max, power_mean_mw FROM gpu_rollups "
-            "WHERE uuid = ? ORDER BY sec_ns"
+            "WHERE uuid = ? AND boot_key = '' ORDER BY sec_ns"
         )
         s, rows = best_of(3, lambda: read(db, series_sql, (normalize_uuid(GPU_UUIDS[0]),)))
         print(f"one GPU's per-second series ({len(rows):,} points): {s:.2f} s")

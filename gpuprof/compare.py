@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from gpuprof.insights.base import RunContext, steady
+from gpuprof.insights.base import RunContext, common_unit, steady
 from gpuprof.insights.contention import measured_under_contention
 from gpuprof.protocol import DATA_PHASE
 from gpuprof.stats import (
@@ -41,6 +41,11 @@ from gpuprof.summary import held_text, mfu_figures
 PHASE_SHIFT_PP = 5.0
 #: Findings named in the verdict, per kind (then "and N more").
 NAMED_FINDINGS = 3
+
+#: Rules that judge a run against earlier runs of its own name: between runs
+#: of different names each has its own baseline, so their findings are
+#: neither resolved nor new (``history`` in :func:`finding_changes`).
+OWN_HISTORY_RULES = frozenset({"regression"})
 
 #: Short names of the findings, for the verdict (the titles are sentences).
 RULE_LABELS = {
@@ -122,14 +127,13 @@ def compare_basis(a: RunContext, b: RunContext) -> Basis:
     ``samples_per_step`` (each times the world size: the job's work); else
     per micro-batch on all ranks, assuming micro-batches of one size. The
     note says why, and when only one run declares its work."""
-    for unit in ("token", "sample"):
-        da, db = _declared(a, unit), _declared(b, unit)
-        if da and db:
-            ua, ub = da * a.world_size, db * b.world_size
-            if ua == ub:
-                return Basis("iteration", 1.0, 1.0, None)
-            why = f"A does {ua:,} {unit}s per iteration (all ranks), B {ub:,}"
-            return Basis(unit, float(ua), float(ub), f"compared per {unit}: {why}")
+    shared = common_unit(a, b)
+    if shared is not None:
+        unit, ua, ub = shared
+        if ua == ub:
+            return Basis("iteration", 1.0, 1.0, None)
+        why = f"A does {ua:,} {unit}s per iteration (all ranks), B {ub:,}"
+        return Basis(unit, float(ua), float(ub), f"compared per {unit}: {why}")
     # one side alone declaring its work cannot normalise the other: said
     alone = [
         f"only {side} declares {unit}s_per_step"
@@ -212,23 +216,29 @@ def phase_deltas(a: RunContext, b: RunContext, basis: Basis) -> list[dict[str, A
     """The phase split of each side by side: ms per iteration (``a_ms``,
     ``b_ms``), % of the iteration (``a_pct``, ``b_pct``), B minus A
     (``delta_pct`` in points; ``delta_ms`` only on the per-iteration basis:
-    ms of runs of different shapes do not subtract) and ``time_ratio``: B's
+    ms of runs of different shapes do not subtract), ``time_ratio``: B's
     time in the phase per unit of work over A's (0.1: a tenth; None when
-    A spent none)."""
+    A spent none) and ``change_pct``: B's time in the phase per unit of work
+    less A's, in % of A's iteration per unit (-30: the phase saves B 30 % of
+    A's iteration; what the verdict judges a phase by)."""
     sa, sb = phase_split(a), phase_split(b)
     same = basis.unit == "iteration"
+    a_iteration = mean(a.steady_iteration_ms) / basis.units_a if a.steady_iteration_ms else 0.0
     out = []
     for key, label in PHASES:
         pa, pb = sa[key], sb[key]
         row: dict[str, Any] = {"phase": key, "label": label}
         row["a_ms"], row["a_pct"] = (_r(pa[0]), _r(pa[1], 1)) if pa else (None, None)
         row["b_ms"], row["b_pct"] = (_r(pb[0]), _r(pb[1], 1)) if pb else (None, None)
-        row.update(delta_ms=None, delta_pct=None, time_ratio=None)
+        row.update(delta_ms=None, delta_pct=None, time_ratio=None, change_pct=None)
         if pa is not None and pb is not None:
             row["delta_ms"] = _r(pb[0] - pa[0]) if same else None
             row["delta_pct"] = _r(pb[1] - pa[1], 1)
+            per_a, per_b = pa[0] / basis.units_a, pb[0] / basis.units_b
             if pa[0] > 0:
-                row["time_ratio"] = _r((pb[0] / basis.units_b) / (pa[0] / basis.units_a), 4)
+                row["time_ratio"] = _r(per_b / per_a, 4)
+            if a_iteration > 0:
+                row["change_pct"] = _r(100.0 * (per_b - per_a) / a_iteration, 1)
         out.append(row)
     return out
 
@@ -244,11 +254,15 @@ def _gains(found: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def finding_changes(
-    findings_a: Sequence[Mapping[str, Any]], findings_b: Sequence[Mapping[str, Any]]
+    findings_a: Sequence[Mapping[str, Any]],
+    findings_b: Sequence[Mapping[str, Any]],
+    same_name: bool = True,
 ) -> dict[str, list[dict[str, Any]]]:
     """The findings matched by rule: ``resolved`` (A's only), ``new`` (B's
     only), ``changed`` (both, another severity) and ``unchanged`` (both,
-    the same severity; their titles' figures may differ). Each entry has
+    the same severity; their titles' figures may differ). Runs of different
+    names (not *same_name*) put the findings of :data:`OWN_HISTORY_RULES`
+    in ``history`` instead: each run's against its own earlier runs. Each entry has
     ``rule``, ``label`` and each side's ``severity_a``/``title_a`` and
     ``severity_b``/``title_b`` it has, and any ``gain_*`` fields of A's
     finding (what fixing it was predicted to be worth) and B's."""
@@ -259,6 +273,7 @@ def finding_changes(
         "new": [],
         "changed": [],
         "unchanged": [],
+        "history": [],
     }
     for rule in [*by_a, *(r for r in by_b if r not in by_a)]:
         fa, fb = by_a.get(rule), by_b.get(rule)
@@ -267,7 +282,9 @@ def finding_changes(
             entry.update(severity_a=fa.get("severity"), title_a=fa.get("title"), gain_a=_gains(fa))
         if fb is not None:
             entry.update(severity_b=fb.get("severity"), title_b=fb.get("title"), gain_b=_gains(fb))
-        if fb is None:
+        if not same_name and rule in OWN_HISTORY_RULES:
+            kind = "history"
+        elif fb is None:
             kind = "resolved"
         elif fa is None:
             kind = "new"
@@ -333,28 +350,28 @@ def _problems(entries: Sequence[Mapping[str, Any]], side: str) -> list[Mapping[s
 
 
 def _moved(p: Mapping[str, Any]) -> bool:
-    """The phase's share moved by :data:`PHASE_SHIFT_PP` points or more, the
-    way its own time per unit of work moved (a share that rose while the
-    phase's time fell only says that other phases shrank more)."""
-    shift, ratio = p["delta_pct"], p["time_ratio"]
-    if shift is None or abs(shift) < PHASE_SHIFT_PP:
+    """The phase's own time per unit of work moved by :data:`PHASE_SHIFT_PP`
+    % of A's iteration or more (``change_pct``), and its share the same way
+    by as many points: a share that rose while the phase's time barely moved
+    (or fell) only says that other phases shrank."""
+    shift, change = p["delta_pct"], p.get("change_pct")
+    if shift is None or change is None or abs(change) < PHASE_SHIFT_PP:
         return False
-    if ratio is None:  # A spent nothing in it: B's share is all new time
-        return shift > 0
-    return (shift > 0) == (ratio > 1)
+    return abs(shift) >= PHASE_SHIFT_PP and (shift > 0) == (change > 0)
 
 
 def verdict(
     r: SpeedRatio, unit: str, phases: Sequence[Mapping[str, Any]], changes: Mapping[str, Any]
 ) -> str:
     """The comparison in one sentence: the speed (:func:`speed_clause`), the
-    phases that moved (:func:`_moved`; largest shift first, at most two),
+    phases that moved (:func:`_moved`; the largest change in time first, at
+    most two),
     the findings resolved and new (the cost line left out).
 
     ``B is 2.9× faster (95 % CI 2.7–3.1): loader wait fell from 57 % to 4 %;
     "CPU-bound loader" is resolved.``"""
     parts = []
-    for p in sorted(filter(_moved, phases), key=lambda p: -abs(p["delta_pct"]))[:2]:
+    for p in sorted(filter(_moved, phases), key=lambda p: -abs(p["change_pct"]))[:2]:
         way = "fell" if p["delta_pct"] < 0 else "rose"
         parts.append(f"{p['label']} {way} from {p['a_pct']:.0f} % to {p['b_pct']:.0f} %")
     resolved, new = _problems(changes["resolved"], "a"), _problems(changes["new"], "b")
@@ -420,7 +437,7 @@ def compare_runs(
     basis = compare_basis(a, b)
     ratio = speed_ratio(a.steady_iteration_ms, b.steady_iteration_ms, basis.units_a, basis.units_b)
     phases = phase_deltas(a, b, basis)
-    changes = finding_changes(findings_a, findings_b)
+    changes = finding_changes(findings_a, findings_b, a.run_name == b.run_name)
     busy = {"a": measured_under_contention(a), "b": measured_under_contention(b)}
     said = verdict(ratio, basis.unit, phases, changes)
     host = busy_host_clause(ratio, busy["a"], busy["b"])

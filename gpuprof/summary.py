@@ -455,17 +455,18 @@ MEDIAN_SHOWN_BEYOND = 0.10
 
 
 def headline(summary: Mapping[str, Any]) -> str:
-    """``30 steps, 130.2 ms/iteration, 7.7 steps/s (median 98.8 ms)``: the
-    steady mean iteration time and throughput, the median beside them when
-    it differs by > :data:`MEDIAN_SHOWN_BEYOND`; a summary stored before the
-    mean shows its median (or the all-steps mean)."""
+    """``30 steps, 130.2 ms/iteration (median 98.8), 7.7 steps/s``: the
+    steady mean iteration time, its median beside it when it differs by >
+    :data:`MEDIAN_SHOWN_BEYOND`, and the throughput; a summary stored before
+    the mean shows its median (or the all-steps mean)."""
     steps = summary.get("steps", 0)
     mean_ms, median_ms = summary.get("mean_iteration_ms"), summary.get("median_step_ms")
     text = f"{steps} steps"
     if mean_ms:
-        text += f", {mean_ms:.1f} ms/iteration, {1e3 / mean_ms:.1f} steps/s"
+        text += f", {mean_ms:.1f} ms/iteration"
         if median_ms is not None and abs(median_ms - mean_ms) > MEDIAN_SHOWN_BEYOND * mean_ms:
-            text += f" (median {median_ms:.1f} ms)"
+            text += f" (median {median_ms:.1f})"
+        text += f", {1e3 / mean_ms:.1f} steps/s"
     elif median_ms is not None:
         text += f", median {median_ms:.1f} ms"
     elif summary.get("avg_step_ms") is not None:

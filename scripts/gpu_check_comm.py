@@ -480,6 +480,8 @@ def gpu_count() -> int:
 
 def read_db(db: Path) -> dict[str, Any]:
     """The runs, steps and bucket rows of this job (read-only)."""
+    from gpuprofd.storage import commpack
+
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     conn.row_factory = sqlite3.Row
     try:
@@ -496,13 +498,17 @@ def read_db(db: Path) -> dict[str, Any]:
                 "SELECT run_id, step, t0_ns, t1_ns, phases FROM steps ORDER BY run_id, step"
             )
         ]
-        buckets = [
-            dict(r)
-            for r in conn.execute(
-                "SELECT run_id, step, bucket, start_ns, end_ns, bytes FROM comm_buckets "
-                "ORDER BY run_id, start_ns"
-            )
-        ]
+        names = ("run_id", "step", *commpack.COLUMNS)
+        buckets = sorted(
+            (
+                dict(zip(names, (run_id, *b), strict=True))
+                for run_id, step, packed in conn.execute(
+                    "SELECT run_id, step, packed FROM comm_steps ORDER BY run_id, step"
+                )
+                for b in commpack.bucket_rows([(step, packed)])
+            ),
+            key=lambda b: (b["run_id"], b["start_ns"] or 0),
+        )
     finally:
         conn.close()
     return {"runs": runs, "steps": steps, "buckets": buckets}

@@ -308,6 +308,7 @@ class Daemon:
             ("compact-kernels", retention.interval_s, retention.compact_kernels),
             ("prune-comm", retention.interval_s, retention.prune_comm),
             ("roll-steps", steprollup.ROLL_INTERVAL_S, retention.roll_steps),
+            ("pack-steps", retention.interval_s, retention.pack_steps),
             ("roll-host", hostrollup.ROLL_INTERVAL_S, retention.roll_hosts),
             ("watch-db", DB_CHECK_S, db_switch.check_periodic),
         ):

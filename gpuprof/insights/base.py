@@ -7,6 +7,7 @@ aggregates, never raw rows, and says nothing when its inputs are missing
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
@@ -96,6 +97,34 @@ class WorkerPool(NamedTuple):
         return sum(c for _, c in self.cpu_s) / len(self.cpu_s) / self.span_s
 
 
+def positive_count(x: Any) -> int | None:
+    """*x* when a positive int (a declared count), else None."""
+    return x if type(x) is int and x > 0 else None
+
+
+class DeclaredWork(NamedTuple):
+    """What a run declared one iteration does (``gpuprof.profile``'s
+    ``tokens_per_step`` / ``samples_per_step``, per rank; None: not declared)
+    and its world size. :class:`RunContext` has the same three fields."""
+
+    tokens_per_step: int | None
+    samples_per_step: int | None
+    world_size: int
+
+
+def common_unit(
+    a: DeclaredWork | RunContext, b: DeclaredWork | RunContext
+) -> tuple[str, int, int] | None:
+    """(``token`` or ``sample``, A's, B's work of an iteration in it: the
+    declared count times the world size) for the first unit both runs
+    declare; None when they declare none in common."""
+    for unit in ("token", "sample"):
+        da, db = (x.tokens_per_step if unit == "token" else x.samples_per_step for x in (a, b))
+        if da and db:
+            return unit, da * max(a.world_size, 1), db * max(b.world_size, 1)
+    return None
+
+
 class LoaderConfig(NamedTuple):
     """One DataLoader's settings as the shim read them from its iterator."""
 
@@ -107,7 +136,7 @@ class LoaderConfig(NamedTuple):
 
 
 class CommTotals(NamedTuple):
-    """A run's timed DDP gradient buckets (``comm_buckets`` rows), summed."""
+    """A run's timed DDP gradient buckets (``comm_steps``), summed."""
 
     steps: int
     """Steps with at least one bucket timed."""
@@ -279,6 +308,10 @@ class RunContext:
     """Per earlier run of this name (those of :attr:`history_median_step_ms`,
     in that order): its steady iteration times (ms), at most its last
     ``HISTORY_STEPS``; an empty tuple for a run whose steps are gone."""
+    history_unit: str = "iteration"
+    """``token`` or ``sample`` when an earlier run did other work an iteration
+    (:func:`gpuprof.insights.history.work_scale`): the history's times are
+    then scaled to this run's work; ``iteration`` when they are as measured."""
 
     @property
     def steps(self) -> int:
@@ -295,12 +328,12 @@ class RunContext:
         """Per-step loader time: the wait before the step plus its ``data`` phase."""
         if not self.data_ms:
             return self.wait_ms
-        return tuple(w + d for w, d in zip(self.wait_ms, self.data_ms, strict=True))
+        return _pairwise_sums(self.wait_ms, self.data_ms)
 
     @cached_property
     def iteration_ms(self) -> tuple[float, ...]:
         """Per-step loader wait + step: the wall time one iteration costs."""
-        return tuple(s + w for s, w in zip(self.step_ms, self.wait_ms, strict=True))
+        return _pairwise_sums(self.step_ms, self.wait_ms)
 
     @cached_property
     def steady_iteration_ms(self) -> tuple[float, ...]:
@@ -315,6 +348,18 @@ class RunContext:
         earlier run's steps are gone."""
         it = self.steady_iteration_ms
         return median(it) if it else None
+
+
+def _pairwise_sums(a: Sequence[float], b: Sequence[float]) -> tuple[float, ...]:
+    """``a[i] + b[i]`` for each step, Python's own addition (the same values
+    and types as a loop, in C: ``map``).
+
+    Raises:
+        ValueError: *a* and *b* differ in length (as ``zip(strict=True)``).
+    """
+    if len(a) != len(b):
+        raise ValueError(f"per-step figures of different lengths ({len(a)} and {len(b)})")
+    return tuple(map(operator.add, a, b))
 
 
 Rule = Callable[[RunContext], "Insight | None"]

@@ -7,21 +7,31 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpuprof.comm import COMM_PHASE
-from gpuprof.insights import hostcpu
+from gpuprof.insights import arraystats, hostcpu
 from gpuprof.insights.aggregates import GpuStats, KernelStats
-from gpuprof.insights.base import CommTotals, LoaderConfig, RunContext, WorkerPool, steady
+from gpuprof.insights.base import (
+    CommTotals,
+    LoaderConfig,
+    RunContext,
+    WorkerPool,
+    positive_count,
+    steady,
+)
 from gpuprof.insights.frames import from_rows
 from gpuprof.insights.gpu import gpu_stats
 from gpuprof.insights.kernels import kernel_stats
+from gpuprof.insights.stepcols import StepColumns, step_columns
 from gpuprof.protocol import DATA_PHASE, OWN_TIME_PHASE
 from gpuprof.stats import mean, median
 
 _NS_PER_MS = 1e6
 
 
-def _column(rows: Sequence[Mapping[str, Any]], key: str) -> list[float]:
-    """The non-None values of *key* in *rows* (missing or None: not available)."""
-    return [r[key] for r in rows if r.get(key) is not None]
+def _present(values: Any) -> list[float]:
+    """The non-NaN entries of a float64 column (NaN: not available)."""
+    import numpy as np
+
+    return values[~np.isnan(values)].tolist()  # type: ignore[no-any-return]
 
 
 def _mean_or_none(values: Sequence[float]) -> float | None:
@@ -35,15 +45,17 @@ def _thirds(values: Sequence[float], agg: Any) -> tuple[float, float] | None:
     return (agg(values[:n]), agg(values[-n:])) if n else None
 
 
-def _step_numbers(steps: Sequence[Mapping[str, Any]]) -> list[int]:
-    """Each step's number in the run: the index it was recorded with
-    (``step``) when every step has one and they rise in time order; else its
-    position among all the steps, traced ones included (a manual loop that
-    numbers each epoch's steps from 0 again has no run-wide number)."""
-    got = [s.get("step") for s in steps]
-    if all(type(n) is int for n in got) and all(a < b for a, b in zip(got, got[1:], strict=False)):
-        return got  # type: ignore[return-value]
-    return list(range(len(steps)))
+def _step_numbers(steps: StepColumns) -> Any:
+    """Each step's number in the run (int64 array): the index it was
+    recorded with (``step``) when every step has one and they rise in time
+    order; else its position among all the steps, traced ones included (a
+    manual loop that numbers each epoch's steps from 0 again has no run-wide
+    number)."""
+    import numpy as np
+
+    if steps.numbered and bool(np.all(steps.step[1:] > steps.step[:-1])):
+        return steps.step
+    return np.arange(len(steps), dtype=np.int64)
 
 
 def _step_ms(s: Mapping[str, Any]) -> float:
@@ -63,78 +75,52 @@ def steady_iterations(steps: Sequence[Mapping[str, Any]], whole: bool = True) ->
     return tuple(steady(ms) if whole else ms)
 
 
-def _phase_ns(steps: Sequence[Mapping[str, Any]]) -> dict[str, int]:
-    """Total ns per phase over *steps*. Steps with the same phases (a run's
-    steps mostly have) are summed column-wise: a day's 172,800 steps in one
-    pass, not a dictionary update per phase per step."""
-    by_names: dict[tuple[str, ...], list[tuple[int, ...]]] = {}
-    for s in steps:
-        phases = s.get("phases")
-        if phases:
-            by_names.setdefault(tuple(phases), []).append(tuple(phases.values()))
-    totals: dict[str, int] = {}
-    for names, rows in by_names.items():
-        for name, column in zip(names, zip(*rows, strict=True), strict=True):
-            totals[name] = totals.get(name, 0) + sum(column)
-    return totals
+def _phase_ms(steps: StepColumns) -> dict[str, float]:
+    """Total ms per phase over *steps*, names in the order first listed
+    (int64 sums: exact, as the ns are integers)."""
+    return {name: int(steps.phases[name].sum()) / _NS_PER_MS for name in steps.phase_order()}
 
 
-def _phase_totals(steps: Sequence[Mapping[str, Any]]) -> dict[str, float]:
-    """Total ms per phase over *steps*."""
-    return {name: ns / _NS_PER_MS for name, ns in _phase_ns(steps).items()}
-
-
-def _phase_totals_and_steady(
-    steps: Sequence[Mapping[str, Any]],
-) -> tuple[dict[str, float], dict[str, float]]:
-    """(:func:`_phase_totals` of *steps*, of ``steady(steps)``) in one pass:
-    the warm-up steps summed apart and added (ns are integers: the same sums)."""
-    rest = steady(steps)
-    if len(rest) == len(steps):
-        totals = _phase_totals(steps)
+def _phase_totals_and_steady(steps: StepColumns) -> tuple[dict[str, float], dict[str, float]]:
+    """(:func:`_phase_ms` of *steps*, of ``steady(steps)``)."""
+    warm = len(steps) - len(steady(range(len(steps))))
+    totals = _phase_ms(steps)
+    if not warm:
         return totals, dict(totals)
-    warm, later = _phase_ns(steps[: len(steps) - len(rest)]), _phase_ns(rest)
-    names = list(warm) + [n for n in later if n not in warm]
-    every = {n: (warm.get(n, 0) + later.get(n, 0)) / _NS_PER_MS for n in names}
-    return every, {n: ns / _NS_PER_MS for n, ns in later.items()}
+    import numpy as np
+
+    later = np.arange(len(steps)) >= warm
+    return totals, _phase_ms(steps.take(later))
 
 
-def _during_steps(
-    host: Sequence[Mapping[str, Any]], steps: Sequence[Mapping[str, Any]]
-) -> Sequence[Mapping[str, Any]]:
-    """The host rows taken between the first step's start and the last step's
-    end (rows without ``mono_ns`` are kept): what the run read before its first
-    step (the model, a checkpoint) is start-up, not a cold cache."""
-    if not steps:
-        return host
-    t0, t1 = steps[0]["t0"], steps[-1]["t1"]
-    return [h for h in host if h.get("mono_ns") is None or t0 <= h["mono_ns"] <= t1]
-
-
-def _host_aggregates(
-    host: Sequence[Mapping[str, Any]], steps: Sequence[Mapping[str, Any]]
-) -> dict[str, Any]:
+def _host_aggregates(host: hostcpu.HostColumns, steps: StepColumns) -> dict[str, Any]:
     """The :class:`RunContext` fields read from host samples (time order)."""
-    disk = _column(host, "disk_read_bps")
-    cache = [
-        h["page_cache_bytes"] / h["mem_total_bytes"]
-        for h in host
-        if h.get("page_cache_bytes") is not None and h.get("mem_total_bytes")
-    ]
+    import numpy as np
+
+    present = host.disk_read_bps[~np.isnan(host.disk_read_bps)]
+    disk = present.tolist()
+    # the rows taken between the first step's start and the last step's end
+    # (rows without a time kept): what the run read before its first step
+    # (the model, a checkpoint) is start-up, not a cold cache
+    during = host.disk_read_bps
+    if len(steps):
+        t0, t1 = int(steps.t0[0]), int(steps.t1[-1])
+        inside = ~host.timed | ((host.mono_ns >= t0) & (host.mono_ns <= t1))
+        during = during[inside]
     return {
         "host_disk_read_bps": _mean_or_none(disk),
-        "host_disk_read_bps_median": median(disk) if disk else None,
-        "host_disk_read_iops": _mean_or_none(_column(host, "disk_read_iops")),
-        "page_cache_fraction": _mean_or_none(cache),
-        "host_swap_in_bps": _mean_or_none(_column(host, "swap_in_bps")),
-        "disk_read_bps_thirds": _thirds(_column(_during_steps(host, steps), "disk_read_bps"), mean),
+        "host_disk_read_bps_median": arraystats.median(present) if disk else None,
+        "host_disk_read_iops": host.means.get("disk_read_iops"),
+        "page_cache_fraction": host.means.get("page_cache_fraction"),
+        "host_swap_in_bps": host.means.get("swap_in_bps"),
+        "disk_read_bps_thirds": _thirds(_present(during), mean),
     }
 
 
 def _cpu_figures(
-    host: Sequence[Mapping[str, Any]],
-    run_cpu: Sequence[Mapping[str, Any]],
-    timed: Sequence[Mapping[str, Any]],
+    host: hostcpu.HostColumns,
+    run_cpu: hostcpu.CpuColumns,
+    timed: StepColumns,
     cpu_count: int | None,
     job_cores: float | None,
     job_ranks: int,
@@ -143,23 +129,31 @@ def _cpu_figures(
     while it was in its steps (time-weighted over the host samples that
     overlap them), and the per-step figures (:func:`hostcpu.step_figures`).
     Without timed steps or sample times: plain means over the rows."""
-    spans = hostcpu.intervals(host, run_cpu)
-    own_rows = [c["cores"] for c in run_cpu if c.get("cores") is not None]
-    host_pct = _mean_or_none(_column(host, "cpu_pct"))
+    import numpy as np
+
+    spans = hostcpu.spans(host, run_cpu)
+    own_rows = _present(run_cpu.cores)
+    host_pct = _mean_or_none(_present(host.cpu_pct))
     own = mean(own_rows) if own_rows else None
-    windows = [(s["t0"] - s["wait"], s["t1"]) for s in timed]
-    if not spans or not windows:
+    n = len(timed)
+    if spans is None or not n:
         return {"host_cpu_pct": host_pct, "run_cpu_cores": own}
-    # each iteration and, last, the whole span of the steps: one pass
-    hosts, owns = hostcpu.weighted(spans, [*windows, (windows[0][0], windows[-1][1])])
-    busy, mine = hosts.pop(), owns.pop()
-    count = cpu_count or int(host[-1].get("cpu_count") or 0) or None
-    if busy is not None and count:
+    # each iteration (its loader wait's start to its step's end) and, last,
+    # the whole span of the steps: one pass
+    windows = np.empty((n + 1, 2), dtype=np.int64)
+    windows[:n, 0] = timed.t0 - timed.wait
+    windows[:n, 1] = timed.t1
+    windows[n] = (windows[0, 0], windows[n - 1, 1])
+    hosts, owns = hostcpu.weighted_columns(spans, windows)
+    busy, mine = float(hosts[n]), float(owns[n])
+    last_count = host.cpu_count[-1]
+    count = cpu_count or (0 if last_count != last_count else int(last_count)) or None
+    if busy == busy and count:
         host_pct = min(100.0, 100.0 * busy / count)
-    if mine is not None:
+    if mine == mine:
         own = mine
     siblings = max(0.0, job_cores - own) if job_ranks > 1 and job_cores and own else 0.0
-    per_step = hostcpu.step_figures(hosts, owns, count, siblings)
+    per_step = hostcpu.step_figures(hosts[:n], owns[:n], count, siblings)
     return {
         "host_cpu_pct": host_pct,
         "run_cpu_cores": own,
@@ -192,13 +186,13 @@ def _loaders(options: Mapping[str, Any]) -> tuple[LoaderConfig, ...]:
     return tuple(out[:MAX_LOADERS])
 
 
-def _torch_memory(steps: Sequence[Mapping[str, Any]]) -> dict[str, int | None]:
+def _torch_memory(steps: StepColumns) -> dict[str, int | None]:
     """The :class:`RunContext` torch-memory peaks (bytes) from the steps that
     carry ``mem`` (``[allocated, reserved, peak]``); None where none does."""
-    mems = [s["mem"] for s in steps if s.get("mem")]
+    mem = steps.has_mem
     return {
-        "torch_peak_allocated_bytes": max(m[2] for m in mems) if mems else None,
-        "torch_peak_reserved_bytes": max(m[1] for m in mems) if mems else None,
+        "torch_peak_allocated_bytes": int(steps.mem_peak[mem].max()) if mem.any() else None,
+        "torch_peak_reserved_bytes": int(steps.mem_reserved[mem].max()) if mem.any() else None,
     }
 
 
@@ -238,12 +232,17 @@ def _worker_pools(rows: Sequence[Mapping[str, Any]]) -> tuple[WorkerPool, ...]:
 
 
 def _optimizer_totals(
-    steps: Sequence[Mapping[str, Any]],
+    steps: Sequence[Mapping[str, Any]] | StepColumns,
 ) -> tuple[tuple[str, int, int, float, int], ...]:
     """(name, updates, skipped, ms, steps) per optimizer, in order of first use."""
+    lists = (
+        steps.optimizers
+        if isinstance(steps, StepColumns)
+        else [s.get("optimizers") or () for s in steps]
+    )
     totals: dict[str, list[float]] = {}
-    for s in steps:
-        for o in s.get("optimizers") or ():
+    for opts in lists:
+        for o in opts:
             t = totals.setdefault(o["name"], [0, 0, 0.0, 0])
             t[0] += o["updates"]
             t[1] += o["skipped"]
@@ -262,11 +261,6 @@ def _checkpointing_declared(options: Mapping[str, Any]) -> bool | None:
     return flag if isinstance(flag, bool) else None
 
 
-def _positive_int(x: Any) -> int | None:
-    """*x* when a positive int (a declared count), else None."""
-    return x if type(x) is int and x > 0 else None
-
-
 def _comm_totals(comm: Mapping[str, Any] | None) -> CommTotals | None:
     if not comm or not comm.get("steps"):
         return None
@@ -276,11 +270,11 @@ def _comm_totals(comm: Mapping[str, Any] | None) -> CommTotals | None:
 
 def build_context(
     run: Mapping[str, Any],
-    steps: Sequence[Mapping[str, Any]],
-    host: Sequence[Mapping[str, Any]] = (),
+    steps: Sequence[Mapping[str, Any]] | StepColumns,
+    host: Sequence[Mapping[str, Any]] | hostcpu.HostColumns = (),
     history_median_step_ms: Sequence[float] = (),
     gpu_rate_usd_per_hour: float | None = None,
-    run_cpu: Sequence[Mapping[str, Any]] = (),
+    run_cpu: Sequence[Mapping[str, Any]] | hostcpu.CpuColumns = (),
     gpu_samples: Sequence[Mapping[str, Any]] = (),
     workers: Sequence[Mapping[str, Any]] = (),
     gpu: GpuStats | None = None,
@@ -289,6 +283,7 @@ def build_context(
     job_cpu: Sequence[Mapping[str, Any]] = (),
     history_iteration_ms: Sequence[Sequence[float]] = (),
     stacks: Sequence[Mapping[str, Any]] = (),
+    history_unit: str = "iteration",
 ) -> RunContext:
     """Aggregate one run's rows into the context the rules read.
 
@@ -339,58 +334,78 @@ def build_context(
             Aggregated by :func:`gpuprof.insights.kernels.kernel_stats` into
             ``RunContext.kernels``. ``run["options"]["arch"]["checkpointing"]``
             (bool) sets ``checkpointing_declared``.
-        comm: the run's ``comm_buckets`` rows summed: ``steps`` (steps with
+        comm: the run's bucket rows summed: ``steps`` (steps with
             a bucket), ``buckets`` (rows), ``bytes``; becomes
             ``RunContext.comm`` when ``steps`` > 0.
         job_cpu: the CPU of the run's job on this node (its group's runs here
-            summed at each of its sample times; ``JOB_CPU_SQL``), each with
+            summed at each of its sample times; ``reads.job_cpu``), each with
             ``cores`` and ``ranks``; becomes ``job_cpu_cores``/``job_ranks``.
         history_iteration_ms: per run of *history_median_step_ms*, its
             steady iteration times (ms; :func:`steady_iterations`).
         stacks: the run's ``stack_samples`` rows (``source``, ``step``,
             ``path``, ``line``, ``func``, ``callee``, ``samples``); become
             ``RunContext.stack_frames``.
+        history_unit: ``iteration``, or the unit the history's times were
+            scaled to this run's work by (``RunContext.history_unit``).
 
     ``run["world_size"]`` and ``options["tokens_per_step"]`` /
     ``options["samples_per_step"]`` give the run's shape (what
     :mod:`gpuprof.compare` normalises by).
+
+    *steps*, *host* and *run_cpu* may also be given as columns
+    (:class:`gpuprof.insights.stepcols.StepColumns`,
+    :class:`gpuprof.insights.hostcpu.HostColumns`,
+    :class:`gpuprof.insights.hostcpu.CpuColumns`): the same figures, without
+    the pass over the rows.
     """
+
     # steps a profiler snapshot ran in (``traced``) are not representative:
     # left out of every timing figure (step, wait, phase medians and thirds,
     # hence MFU and the regression baseline), unless every step was traced
-    numbers = _step_numbers(steps)
-    untraced = [n for n, s in zip(numbers, steps, strict=True) if not s.get("traced")]
-    timed = [s for s in steps if not s.get("traced")] or list(steps)
-    timed_numbers = untraced if untraced else numbers
+    cols = step_columns(steps)
+    host_cols = hostcpu.host_columns(host)
+    cpu_cols = hostcpu.cpu_columns(run_cpu)
+    numbers = _step_numbers(cols)
+    untraced = ~cols.traced
+    timed = cols.take(untraced) if untraced.any() else cols
+    timed_numbers = numbers[untraced] if untraced.any() else numbers
     phase_totals, steady_phase_totals = _phase_totals_and_steady(timed)
     start = run.get("start_mono_ns")
-    end = run.get("end_mono_ns") or (steps[-1]["t1"] if steps else None)
+    end = run.get("end_mono_ns") or (int(cols.t1[-1]) if len(cols) else None)
     duration_s = (end - start) / 1e9 if start is not None and end is not None else 0.0
     job = [c for c in job_cpu if c.get("cores") is not None]
     job_cores = mean([c["cores"] for c in job]) if job else None
     job_ranks = max((int(c.get("ranks") or 1) for c in job), default=1)
     options = run.get("options") or {}
-    wait_ms = tuple(s["wait"] / _NS_PER_MS for s in timed)
-    step_ms = tuple(_step_ms(s) for s in timed)
-    iteration_ms = [s + w for s, w in zip(step_ms, wait_ms, strict=True)]
+    own_ns = timed.phases.get(OWN_TIME_PHASE)
+    step_ns = timed.t1 - timed.t0 - (own_ns if own_ns is not None else 0)
+    wait_col = timed.wait / _NS_PER_MS
+    step_col = step_ns / _NS_PER_MS
+    wait_ms = tuple(wait_col.tolist())
+    step_ms = tuple(step_col.tolist())
+    iteration_ms = (step_col + wait_col).tolist()  # float64 sums: Python's own values
+
+    def phase_ms(name: str) -> tuple[float, ...]:
+        """Each timed step's *name* phase, ms; empty when no step lists it."""
+        listed = timed.has_phase.get(name)
+        if listed is None or not listed.any():
+            return ()
+        return tuple((timed.phases[name] / _NS_PER_MS).tolist())
+
     ctx = RunContext(
         run_name=run["run_name"],
         status=run["status"],
         step_ms=step_ms,
         wait_ms=wait_ms,
-        explicit_wait=any(s.get("explicit") for s in steps),
-        data_ms=tuple((s.get("phases") or {}).get(DATA_PHASE, 0) / _NS_PER_MS for s in timed)
-        if any(DATA_PHASE in (s.get("phases") or {}) for s in timed)
-        else (),
-        micro_batches=tuple(int(s.get("micro", 1)) for s in timed),
-        comm_ms=tuple((s.get("phases") or {}).get(COMM_PHASE, 0) / _NS_PER_MS for s in timed)
-        if any(COMM_PHASE in (s.get("phases") or {}) for s in timed)
-        else (),
+        explicit_wait=bool(cols.explicit.any()),
+        data_ms=phase_ms(DATA_PHASE),
+        micro_batches=tuple(timed.micro.tolist()),
+        comm_ms=phase_ms(COMM_PHASE),
         phase_ms=phase_totals,
         duration_s=max(duration_s, 0.0),
-        **_host_aggregates(host, steps),
+        **_host_aggregates(host_cols, cols),
         iteration_ms_thirds=_thirds(iteration_ms, median),
-        **_cpu_figures(host, run_cpu, timed, run.get("cpu_count"), job_cores, job_ranks),
+        **_cpu_figures(host_cols, cpu_cols, timed, run.get("cpu_count"), job_cores, job_ranks),
         job_cpu_cores=job_cores,
         job_ranks=job_ranks,
         loaders=_loaders(options),
@@ -405,23 +420,24 @@ def build_context(
         dtype=options.get("dtype"),
         history_median_step_ms=tuple(history_median_step_ms),
         gpu_rate_usd_per_hour=gpu_rate_usd_per_hour,
-        skipped_updates=sum(1 for s in steps if s.get("skipped")),
-        optimizers=_optimizer_totals(steps),
-        **_torch_memory(steps),
+        skipped_updates=int(cols.skipped.sum()),
+        optimizers=_optimizer_totals(cols),
+        **_torch_memory(cols),
         gpu=gpu if gpu is not None else gpu_stats(gpu_samples) if gpu_samples else None,
         kernels=_kernels(kernel_windows),
         checkpointing_declared=_checkpointing_declared(options),
-        traced_steps=len(steps) - len(timed),
-        step_numbers=tuple(timed_numbers),
-        traced_step_numbers=tuple(sorted(set(numbers) - set(timed_numbers))),
+        traced_steps=len(cols) - len(timed),
+        step_numbers=tuple(timed_numbers.tolist()),
+        # the numbers are unique and rise: the traced steps' own, unless all are
+        traced_step_numbers=tuple(numbers[cols.traced].tolist()) if untraced.any() else (),
         comm=_comm_totals(comm),
-        eval_ms=(sum(s.get("eval") or 0 for s in steps) + (run.get("trailing_eval_ns") or 0))
-        / _NS_PER_MS,
+        eval_ms=(int(cols.eval.sum()) + (run.get("trailing_eval_ns") or 0)) / _NS_PER_MS,
         steady_phase_ms=steady_phase_totals,
         world_size=int(run.get("world_size") or 1),
-        tokens_per_step=_positive_int(options.get("tokens_per_step")),
-        samples_per_step=_positive_int(options.get("samples_per_step")),
+        tokens_per_step=positive_count(options.get("tokens_per_step")),
+        samples_per_step=positive_count(options.get("samples_per_step")),
         history_iteration_ms=tuple(tuple(h) for h in history_iteration_ms),
+        history_unit=history_unit,
         stack_frames=from_rows(stacks),
     )
     # from the context's own per-step loader time (wait + data phase)

@@ -122,6 +122,62 @@ def top_frames(
     ]
 
 
+#: Calls (the last part of a frame's ``call``) that wait for the GPU to finish
+#: the work already queued: a host-device sync. Time in them between steps is
+#: the GPU's busy time, not host work (seen on an H200, 2026-12-04: a GPT loop
+#: ending each step in ``loss.item()`` spent 90 % of its gap samples there).
+DEVICE_SYNC_CALLS = frozenset({"item", "synchronize", "cpu", "_local_scalar_dense"})
+#: Calls that block without computing: a sleep, a lock, a socket, a file or
+#: pipe read, an event or queue wait. A worker sampled in them waits on
+#: something; its CPU use, however the host's load makes it look, is not the
+#: cause (seen here on a 2-core box, 2026-12-04: two workers 100 % in
+#: ``time.sleep`` judged CPU-bound from their preemptions beside a busy core).
+BLOCKING_CALLS = frozenset(
+    {
+        "sleep",
+        "wait",
+        "acquire",
+        "select",
+        "poll",
+        "recv",
+        "recv_into",
+        "recvfrom",
+        "accept",
+        "connect",
+        "read",
+        "readinto",
+        "urlopen",
+    }
+)
+
+
+def call_share(
+    frames: Sequence[StackFrame],
+    calls: Collection[str],
+    source: str = "main",
+    exclude: Collection[int] = (),
+) -> float | None:
+    """Share (0-1) of *source*'s samples (never those before *exclude*) in a
+    call whose last name part is one of *calls*; None below
+    :data:`MIN_SAMPLES` samples."""
+    total = hit = 0
+    for f in frames:
+        if f.source != source or f.step in exclude:
+            continue
+        total += f.samples
+        if f.call.rpartition(".")[2] in calls:
+            hit += f.samples
+    return hit / total if total >= MIN_SAMPLES else None
+
+
+def sync_share(
+    frames: Sequence[StackFrame], source: str = "main", exclude: Collection[int] = ()
+) -> float | None:
+    """Share (0-1) of *source*'s samples in a :data:`DEVICE_SYNC_CALLS` call
+    (:func:`call_share`)."""
+    return call_share(frames, DEVICE_SYNC_CALLS, source, exclude)
+
+
 def _shares(lead: str, top: Sequence[FrameShare]) -> str:
     """*lead* (its ``{}`` the first frame's share) and the first frame, then
     ``; 12% in ...`` for each other; ``""`` for no frames."""

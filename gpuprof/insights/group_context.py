@@ -48,7 +48,7 @@ class RankRows:
     """In time order, each with ``step`` (index), ``t0``/``t1`` (monotonic
     ns), ``phases`` (name -> ns) and optional ``traced`` (bool)."""
     buckets: Sequence[Sequence[int]] = ()
-    """``comm_buckets`` rows ``(step, bucket, start_ns, end_ns, bytes)``."""
+    """Bucket rows ``(step, bucket, start_ns, end_ns, bytes)``."""
     host: str | None = None
     clock_offset_ns: int | None = None
     """This rank's clock minus the reference rank's (``runs.clock_offset_ns``)."""

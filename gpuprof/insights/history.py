@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
-from gpuprof.insights.base import Insight, RunContext, rule
+from collections.abc import Mapping
+from typing import Any
+
+from gpuprof.insights.base import (
+    DeclaredWork,
+    Insight,
+    RunContext,
+    common_unit,
+    positive_count,
+    rule,
+)
 from gpuprof.insights.contention import measured_under_contention
 from gpuprof.stats import median, speed_ratio
 
@@ -37,6 +47,34 @@ def _fix(ctx: RunContext) -> str:
     )
 
 
+def work_scale(
+    now_options: Mapping[str, Any] | None,
+    now_world: int,
+    then_options: Mapping[str, Any] | None,
+    then_world: int,
+) -> tuple[float, str]:
+    """(factor, unit): an earlier run's iteration times (ms) times *factor*
+    are its time for this run's work of an iteration, when both runs declared
+    ``tokens_per_step`` (else ``samples_per_step``) and an iteration's work
+    (that times the world size, as ``gpuprofctl compare`` counts it,
+    :func:`~gpuprof.insights.base.common_unit`) differs; *unit* is ``token``
+    or ``sample`` then, else (1.0, ``iteration``): runs that declare nothing
+    compare by iteration, as compare does."""
+
+    def work(options: Mapping[str, Any] | None, world: int) -> DeclaredWork:
+        got = options or {}
+        count = positive_count
+        return DeclaredWork(
+            count(got.get("tokens_per_step")), count(got.get("samples_per_step")), world
+        )
+
+    shared = common_unit(work(now_options, now_world), work(then_options, then_world))
+    if shared is None or shared[1] == shared[2]:
+        return 1.0, "iteration"
+    unit, now_units, then_units = shared
+    return now_units / then_units, unit
+
+
 def _previous(n: int) -> str:
     return "the previous run" if n == 1 else f"last {n} runs"
 
@@ -64,6 +102,30 @@ def regression(ctx: RunContext) -> Insight | None:
     return _by_medians(ctx, history)
 
 
+def _units(ctx: RunContext) -> int:
+    """This run's work of an iteration in :attr:`RunContext.history_unit`s (all ranks)."""
+    declared = ctx.tokens_per_step if ctx.history_unit == "token" else ctx.samples_per_step
+    return (declared or 1) * ctx.world_size
+
+
+def _figures(ctx: RunContext, now_ms: float, base_ms: float) -> str:
+    """``iteration 234.1 ms vs 196.5 ms``; per unit when the earlier runs did
+    other work an iteration: ``0.914 ms vs 3.07 ms a sample``."""
+    if ctx.history_unit == "iteration":
+        return f"iteration {now_ms:.1f} ms vs {base_ms:.1f} ms"
+    n = _units(ctx)
+    return f"{now_ms / n:.3g} ms vs {base_ms / n:.3g} ms a {ctx.history_unit}"
+
+
+def _per_unit_note(ctx: RunContext) -> str:
+    if ctx.history_unit == "iteration":
+        return ""
+    return (
+        f" The earlier runs did other work an iteration (their declared "
+        f"{ctx.history_unit}s_per_step): compared per {ctx.history_unit}."
+    )
+
+
 def _by_steps(ctx: RunContext, baseline: list[float], runs: int) -> Insight | None:
     """The regression by :func:`speed_ratio` of the pooled *baseline*
     iterations (ms) against this run's."""
@@ -82,10 +144,11 @@ def _by_steps(ctx: RunContext, baseline: list[float], runs: int) -> Insight | No
     return Insight(
         rule="regression",
         severity="HIGH" if slower > REGRESSION_FRACTION_HIGH else "MED",
-        title=f"Regression vs {_previous(runs)} of '{ctx.run_name}': iteration "
-        f"{mean_now:.1f} ms vs {base_mean:.1f} ms ({_pct(slower)} slower, {interval})",
+        title=f"Regression vs {_previous(runs)} of '{ctx.run_name}': "
+        f"{_figures(ctx, mean_now, base_mean)} ({_pct(slower)} slower, {interval})",
         detail="Compared by steady-state mean iteration time (warm-up excluded), as "
-        "gpuprofctl compare does; the interval is a bootstrap over both runs' steps.",
+        "gpuprofctl compare does; the interval is a bootstrap over both runs' steps."
+        + _per_unit_note(ctx),
         fix=_fix(ctx),
         evidence={
             "mean_iteration_ms": round(mean_now, 3),
@@ -110,9 +173,9 @@ def _by_medians(ctx: RunContext, history: tuple[float, ...]) -> Insight | None:
         rule="regression",
         severity="HIGH" if slower > REGRESSION_FRACTION_HIGH else "MED",
         title=f"Regression vs {_previous(len(history))} of '{ctx.run_name}' (median): "
-        f"step time {current:.1f} ms vs {baseline:.1f} ms ({slower:.0%} slower)",
+        f"{_figures(ctx, current, baseline)} ({slower:.0%} slower)",
         detail="Compared by steady-state median iteration time (warm-up excluded); the "
-        "earlier runs' steps are no longer stored, so without a noise test.",
+        "earlier runs' steps are no longer stored, so without a noise test." + _per_unit_note(ctx),
         fix=_fix(ctx),
         evidence={
             "median_step_ms": round(current, 3),

@@ -12,10 +12,9 @@ silent.
 from __future__ import annotations
 
 from gpuprof.insights.base import Insight, RunContext, WorkerPool, rule
-from gpuprof.insights.loading import loader_cpu
+from gpuprof.insights.loading import loader_cpu, source_saturated
 from gpuprof.insights.steps import (
     CPU_BOUND_PCT,
-    DISK_BUSY_BPS,
     RUN_SHARE_OF_BUSY_CPU,
     STALL_FRACTION,
     STALL_FRACTION_HIGH,
@@ -25,10 +24,6 @@ from gpuprof.insights.steps import (
 
 _MB = 1e6
 
-#: Seed rule table: above 5k read IOPS the disk is busy with small random
-#: reads (many small files, a shuffled map-style dataset) even when the byte
-#: rate stays far under :data:`DISK_BUSY_BPS` (5k reads of 4 KiB are 20 MB/s).
-DISK_BUSY_IOPS = 5_000.0
 #: Seed rule table: the first third of the run reading ≥ 3× what the last
 #: third reads means the page cache warmed up (epoch 1 from disk, later from RAM).
 COLD_CACHE_READ_RATIO = 3.0
@@ -62,18 +57,15 @@ WORKER_MIN_POOL_CPU_S = 1.0
 @rule("io_bound_dataloader", supersedes=("dataloader_stall",))
 def io_bound_dataloader(ctx: RunContext) -> Insight | None:
     """Fires on a loader stall (> :data:`STALL_FRACTION` of iteration time)
-    while the disk is busy (mean read > :data:`DISK_BUSY_BPS` or >
-    :data:`DISK_BUSY_IOPS`) and the CPU has headroom (host CPU measured and
-    ≤ :data:`CPU_BOUND_PCT`)."""
+    while the disk is busy (:func:`gpuprof.insights.loading.source_saturated`)
+    and the CPU has headroom (host CPU measured and ≤ :data:`CPU_BOUND_PCT`)."""
     frac = stall_fraction(ctx)
     cpu = ctx.host_cpu_pct
     if frac is None or frac <= STALL_FRACTION or cpu is None or cpu > CPU_BOUND_PCT:
         return None
-    bps, iops = ctx.host_disk_read_bps, ctx.host_disk_read_iops
-    busy_bytes = bps is not None and bps > DISK_BUSY_BPS
-    busy_ops = iops is not None and iops > DISK_BUSY_IOPS
-    if not (busy_bytes or busy_ops):
+    if not source_saturated(ctx):
         return None
+    bps, iops = ctx.host_disk_read_bps, ctx.host_disk_read_iops
     reads = f"{(bps or 0) / _MB:.0f} MB/s" + (f", {iops:.0f} IOPS" if iops is not None else "")
     return Insight(
         rule="io_bound_dataloader",

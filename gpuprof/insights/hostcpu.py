@@ -14,10 +14,12 @@ rules read the result from :class:`RunContext`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
+from operator import itemgetter
 from typing import Any, NamedTuple
 
-from gpuprof.stats import median
+from gpuprof.insights import arraystats
 
 
 class CpuInterval(NamedTuple):
@@ -42,6 +44,165 @@ class StepCpu(NamedTuple):
     """Cores other processes used while it ran: host busy − own − *siblings*."""
 
 
+#: The host sample fields the context reads per sample, in :class:`HostColumns` order.
+HOST_FIELDS = ("mono_ns", "cpu_pct", "cpu_count", "disk_read_bps")
+#: The readings it needs only the mean of over the run (``page_cache_fraction``:
+#: ``page_cache_bytes`` / ``mem_total_bytes`` per sample that has both).
+HOST_MEANS = ("disk_read_iops", "page_cache_fraction", "swap_in_bps")
+
+
+class HostColumns(NamedTuple):
+    """Host samples as numpy columns, one entry per sample in time order:
+    ``mono_ns`` (int64 ns; 0 where ``timed`` is False: the row had none),
+    then each reading of :data:`HOST_FIELDS` as float64, NaN where the
+    sample did not have it (``cpu_count`` too: a count, NaN or 0 unknown);
+    ``means``: each of :data:`HOST_MEANS` over the samples that had it (None:
+    none had)."""
+
+    mono_ns: Any
+    timed: Any
+    cpu_pct: Any
+    cpu_count: Any
+    disk_read_bps: Any
+    means: Mapping[str, float | None]
+
+    def __len__(self) -> int:  # type: ignore[override]
+        return len(self.mono_ns)
+
+
+class CpuColumns(NamedTuple):
+    """The run's process-tree CPU samples as numpy columns: ``mono_ns``
+    (int64; 0 where ``timed`` is False), ``cores`` (float64, NaN: None)."""
+
+    mono_ns: Any
+    timed: Any
+    cores: Any
+
+    def __len__(self) -> int:  # type: ignore[override]
+        return len(self.mono_ns)
+
+
+def _times(values: Sequence[Any], column: int | None = None) -> tuple[Any, Any]:
+    """(int64 ns, bool: had a time) of *values* (ints; None: no time), or
+    of each row's *column* where *values* are rows."""
+    import numpy as np
+
+    if column is not None:
+        try:  # a database read: every row has its time (no list made on the way)
+            ns = np.fromiter(map(itemgetter(column), values), np.int64, len(values))
+            return ns, np.ones(len(values), bool)
+        except TypeError:  # a row without a time
+            values = [r[column] for r in values]
+    try:  # a database read: every row has its time
+        return np.array(values, dtype=np.int64).reshape(len(values)), np.ones(len(values), bool)
+    except TypeError:
+        timed = np.fromiter((v is not None for v in values), bool, len(values))
+        ns = np.fromiter((0 if v is None else v for v in values), np.int64, len(values))
+        return ns, timed
+
+
+def host_columns(host: Sequence[Mapping[str, Any]] | HostColumns) -> HostColumns:
+    """*host* (sample rows with :data:`HOST_FIELDS` and ``disk_read_iops``,
+    ``page_cache_bytes``, ``mem_total_bytes``, ``swap_in_bps``; a missing key
+    reads None) as :class:`HostColumns`; columns are returned as given."""
+    if isinstance(host, HostColumns):
+        return host
+
+    def mean_of(values: list[Any]) -> float | None:
+        return math.fsum(values) / len(values) if values else None
+
+    means = {
+        "disk_read_iops": mean_of([v for h in host if (v := h.get("disk_read_iops")) is not None]),
+        "page_cache_fraction": mean_of(
+            [
+                h["page_cache_bytes"] / h["mem_total_bytes"]
+                for h in host
+                if h.get("page_cache_bytes") is not None and h.get("mem_total_bytes")
+            ]
+        ),
+        "swap_in_bps": mean_of([v for h in host if (v := h.get("swap_in_bps")) is not None]),
+    }
+    return host_columns_from_tuples([tuple(h.get(f) for f in HOST_FIELDS) for h in host], means)
+
+
+def host_columns_from_tuples(
+    rows: Sequence[Sequence[Any]], means: Mapping[str, float | None]
+) -> HostColumns:
+    """Rows of :data:`HOST_FIELDS` values (in that order; None: unknown), as
+    a database read returns them, and the :data:`HOST_MEANS` over the same
+    samples, as :class:`HostColumns`."""
+    import numpy as np
+
+    flat = [tuple(r) for r in rows]
+    ns, timed = _times(flat, 0)
+    # mono_ns is taken from its own int64 column (float64 rounds past 2**53)
+    values = np.array(flat, dtype=np.float64).reshape(len(flat), len(HOST_FIELDS))
+    got = {name: means.get(name) for name in HOST_MEANS}
+    return HostColumns(ns, timed, *values[:, 1:].T.copy(), means=got)
+
+
+def cpu_columns(run_cpu: Sequence[Mapping[str, Any]] | CpuColumns) -> CpuColumns:
+    """*run_cpu* rows (``mono_ns``, ``cores``) as :class:`CpuColumns`."""
+    if isinstance(run_cpu, CpuColumns):
+        return run_cpu
+    return cpu_columns_from_tuples([(r.get("mono_ns"), r.get("cores")) for r in run_cpu])
+
+
+def cpu_columns_from_tuples(rows: Sequence[Sequence[Any]]) -> CpuColumns:
+    """``(mono_ns, cores)`` rows as :class:`CpuColumns`."""
+    import numpy as np
+
+    ns, timed = _times(rows, 0)
+    try:  # every row has its cores as a number (a database read, NULLs left out)
+        cores = np.fromiter(map(itemgetter(1), rows), np.float64, len(rows))
+    except TypeError:  # None among them: NaN, as numpy's array() makes it
+        cores = np.array([r[1] for r in rows], dtype=np.float64).reshape(len(rows))
+    return CpuColumns(ns, timed, cores)
+
+
+class Spans(NamedTuple):
+    """Host samples as intervals ``(t0_ns, t1_ns]``, numpy columns (see
+    :class:`CpuInterval`; ``own`` NaN where the run was not sampled)."""
+
+    t0: Any
+    t1: Any
+    host: Any
+    own: Any
+
+    def __len__(self) -> int:  # type: ignore[override]
+        return len(self.t0)
+
+
+def spans(
+    host: Sequence[Mapping[str, Any]] | HostColumns,
+    run_cpu: Sequence[Mapping[str, Any]] | CpuColumns,
+) -> Spans | None:
+    """:func:`intervals` as columns; None without a usable host sample."""
+    import numpy as np
+
+    h, c = host_columns(host), cpu_columns(run_cpu)
+    keep = h.timed & (np.nan_to_num(h.cpu_count) != 0)
+    t1 = h.mono_ns[keep]
+    if not len(t1):
+        return None
+    gaps = np.diff(t1)
+    first_len = int(arraystats.median(gaps)) if len(gaps) else 500_000_000
+    t0 = np.empty_like(t1)
+    t0[0] = t1[0] - first_len
+    t0[1:] = t1[:-1]
+    busy = h.cpu_pct[keep] / 100.0 * np.trunc(h.cpu_count[keep])
+    # the run's cores sampled at the same mono_ns (the last row of a time seen twice)
+    times = c.mono_ns[c.timed]
+    order = np.argsort(times, kind="stable")
+    times, cores = times[order], c.cores[c.timed][order]
+    own = np.full(len(t1), np.nan)
+    if len(times):
+        at = np.searchsorted(times, t1, side="right") - 1
+        hit = (at >= 0) & (times[np.maximum(at, 0)] == t1)
+        own[hit] = cores[at[hit]]
+    return Spans(t0, t1, busy, own)
+
+
 def intervals(
     host: Sequence[Mapping[str, Any]], run_cpu: Sequence[Mapping[str, Any]]
 ) -> list[CpuInterval]:
@@ -50,20 +211,29 @@ def intervals(
     same ``mono_ns`` (*run_cpu* rows with ``mono_ns`` and ``cores``). The
     first sample's interval is as long as the median interval (0.5 s
     default). Rows without ``mono_ns`` or ``cpu_count`` are skipped."""
-    own = {r["mono_ns"]: r["cores"] for r in run_cpu if r.get("mono_ns") is not None}
-    rows = [h for h in host if h.get("mono_ns") is not None and h.get("cpu_count")]
-    if not rows:
+    got = spans(host, run_cpu)
+    if got is None:
         return []
-    gaps = [b["mono_ns"] - a["mono_ns"] for a, b in zip(rows, rows[1:], strict=False)]
-    first_len = int(median(gaps)) if gaps else 500_000_000
-    out = []
-    prev = rows[0]["mono_ns"] - first_len
-    for h in rows:
-        t1 = h["mono_ns"]
-        busy = float(h["cpu_pct"]) / 100.0 * int(h["cpu_count"])
-        out.append(CpuInterval(prev, t1, busy, own.get(t1)))
-        prev = t1
-    return out
+    return [
+        CpuInterval(a, b, h, None if o != o else o)
+        for a, b, h, o in zip(
+            got.t0.tolist(), got.t1.tolist(), got.host.tolist(), got.own.tolist(), strict=True
+        )
+    ]
+
+
+def _as_spans(spans_: Sequence[CpuInterval] | Spans) -> Spans:
+    import numpy as np
+
+    if isinstance(spans_, Spans):
+        return spans_
+    n = len(spans_)
+    return Spans(
+        np.fromiter((s.t0_ns for s in spans_), np.int64, n),
+        np.fromiter((s.t1_ns for s in spans_), np.int64, n),
+        np.fromiter((s.host_cores for s in spans_), np.float64, n),
+        np.fromiter((np.nan if o is None else o for *_, o in spans_), np.float64, n),
+    )
 
 
 class _Integrals(NamedTuple):
@@ -80,15 +250,13 @@ class _Integrals(NamedTuple):
     before_o: Any
 
 
-def _integrals(spans: Sequence[CpuInterval]) -> _Integrals:
+def _integrals(sp: Spans) -> _Integrals:
     import numpy as np  # lazily: the training process imports gpuprof too
 
-    n = len(spans)
-    t0 = np.fromiter((s.t0_ns for s in spans), np.int64, n)
-    t1 = np.fromiter((s.t1_ns for s in spans), np.int64, n)
-    host = np.fromiter((s.host_cores for s in spans), np.float64, n)
-    own_on = np.fromiter((s.own_cores is not None for s in spans), np.int64, n)
-    own = np.fromiter((s.own_cores or 0.0 for s in spans), np.float64, n)
+    n = len(sp)
+    t0, t1, host = sp.t0, sp.t1, sp.host
+    own_on = (~np.isnan(sp.own)).astype(np.int64)
+    own = np.nan_to_num(sp.own)
     length = np.maximum(t1 - t0, 0)
 
     def before(x: Any) -> Any:
@@ -109,11 +277,10 @@ def _integrals(spans: Sequence[CpuInterval]) -> _Integrals:
     )
 
 
-def _weighted_all(
-    spans: Sequence[CpuInterval], windows: Sequence[tuple[int, int]]
-) -> tuple[list[float | None], list[float | None]]:
-    """Per window ``(t0, t1)``: (host cores, own cores) time-weighted over the
-    part of it the spans cover (None where none does; an instant, ``t1 <=
+def weighted_columns(spans_: Sequence[CpuInterval] | Spans, windows: Any) -> tuple[Any, Any]:
+    """Per window ``(t0, t1)`` (a sequence of pairs, or an ``(n, 2)`` int64
+    array): (host cores, own cores) as float64 arrays, time-weighted over the
+    part of it the spans cover (NaN where none does; an instant, ``t1 <=
     t0``, takes the interval around it). Vectorised: a day's 172,800 steps
     cost two binary searches each, not a walk. Each window's sum is its first
     span's part, the whole spans between (a difference of prefix sums) and its
@@ -121,11 +288,11 @@ def _weighted_all(
     figure exactly."""
     import numpy as np
 
-    ig = _integrals(spans)
+    ig = _integrals(_as_spans(spans_))
     n = len(ig.t0)
-    a = np.fromiter((w[0] for w in windows), np.int64, len(windows))
-    b = np.fromiter((w[1] for w in windows), np.int64, len(windows))
-    b = np.maximum(b, a + 1)
+    pairs = np.asarray(windows, dtype=np.int64).reshape(-1, 2)
+    a = pairs[:, 0]
+    b = np.maximum(pairs[:, 1], a + 1)
     # the first span that ends after each end: the one holding it, or the next
     ka = np.searchsorted(ig.t1, a, side="right")
     kb = np.searchsorted(ig.t1, b, side="right")
@@ -155,47 +322,58 @@ def _weighted_all(
     with np.errstate(divide="ignore", invalid="ignore"):
         host = np.where(w_all > 0, h_sum / np.maximum(w_all, 1), np.nan)
         own = np.where(w_own > 0, o_sum / np.maximum(w_own, 1), np.nan)
-    return _nan_none(host.tolist()), _nan_none(own.tolist())
+    return host, own
 
 
-def _nan_none(values: list[float]) -> list[float | None]:
-    return [None if v != v else v for v in values]
+def _nan_none(values: Any) -> tuple[float | None, ...]:
+    """A float64 array as a tuple, NaN as None."""
+    import numpy as np
+
+    nan = np.isnan(values)
+    if not nan.any():
+        return tuple(values.tolist())
+    out = values.astype(object)
+    out[nan] = None
+    return tuple(out.tolist())
 
 
 def weighted(
-    spans: Sequence[CpuInterval], windows: Sequence[tuple[int, int]]
+    spans: Sequence[CpuInterval] | Spans, windows: Sequence[tuple[int, int]]
 ) -> tuple[list[float | None], list[float | None]]:
     """Per window ``(start_ns, end_ns)``: the host's busy cores and the run's
     own cores, time-weighted over the part of the window *spans*
-    (:func:`intervals`) cover; None where none does (own: where none with the
-    run's figure does). Empty lists without spans."""
-    if not spans or not windows:
+    (:func:`intervals` or :func:`spans`) cover; None where none does (own:
+    where none with the run's figure does). Empty lists without spans."""
+    if not len(spans) or not len(windows):
         return [], []
-    return _weighted_all(spans, windows)
+    host, own = weighted_columns(spans, windows)
+    return list(_nan_none(host)), list(_nan_none(own))
 
 
 def step_figures(
-    host: Sequence[float | None],
-    own: Sequence[float | None],
+    host: Sequence[float | None] | Any,
+    own: Sequence[float | None] | Any,
     cpu_count: int | None,
     sibling_cores: float = 0.0,
 ) -> StepCpu:
     """:class:`StepCpu` from each iteration's (host cores, own cores)
-    (:func:`weighted`); see :func:`step_cpu`."""
-    count_here = cpu_count or None
-    host_pct = tuple(
-        None if h is None or not count_here else min(100.0, 100.0 * h / count_here) for h in host
-    )
-    others = tuple(
-        None if h is None or m is None else max(0.0, h - m - sibling_cores)
-        for h, m in zip(host, own, strict=True)
-    )
-    return StepCpu(host_pct, tuple(own), others)
+    (:func:`weighted`'s lists, or float64 arrays with NaN for None); see
+    :func:`step_cpu`."""
+    import numpy as np
+
+    h = np.array(host, dtype=np.float64).reshape(-1)
+    m = np.array(own, dtype=np.float64).reshape(-1)
+    if cpu_count:
+        host_pct = _nan_none(np.minimum(100.0, 100.0 * h / cpu_count))
+    else:
+        host_pct = (None,) * len(h)
+    others = _nan_none(np.maximum(0.0, h - m - sibling_cores))
+    return StepCpu(host_pct, _nan_none(m), others)
 
 
 def step_cpu(
     windows: Sequence[tuple[int, int]],
-    spans: Sequence[CpuInterval],
+    spans: Sequence[CpuInterval] | Spans,
     cpu_count: int | None,
     sibling_cores: float = 0.0,
 ) -> StepCpu:
@@ -204,12 +382,16 @@ def step_cpu(
     time order. *sibling_cores*: the mean cores of the job's other ranks on
     this host (a torchrun job's ranks are not "other processes" to each
     other), taken out of the others' figure. Empty tuples without spans."""
-    return step_figures(*weighted(spans, windows), cpu_count, sibling_cores)
+    if not len(spans) or not len(windows):
+        return StepCpu((), (), ())
+    return step_figures(*weighted_columns(spans, windows), cpu_count, sibling_cores)
 
 
-def span_means(spans: Sequence[CpuInterval], t0: int, t1: int) -> tuple[float | None, float | None]:
+def span_means(
+    spans: Sequence[CpuInterval] | Spans, t0: int, t1: int
+) -> tuple[float | None, float | None]:
     """(host cores, own cores) time-weighted over ``[t0, t1]`` (the run's steps)."""
-    if not spans:
+    if not len(spans):
         return None, None
-    (host,), (own,) = _weighted_all(spans, [(t0, t1)])
-    return host, own
+    host, own = weighted_columns(spans, [(t0, t1)])
+    return _nan_none(host)[0], _nan_none(own)[0]

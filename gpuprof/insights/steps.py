@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import bisect
+import dataclasses
 
 from gpuprof.insights import contention, frames, loading, pattern
 from gpuprof.insights.base import WARMUP_STEPS, Insight, RunContext, rule
+from gpuprof.insights.loading import DISK_BUSY_BPS
 from gpuprof.stats import median, percentile
 
 #: Seed rule table: a loader wait above 15 % of the iteration is a stall worth fixing.
@@ -17,8 +19,6 @@ CPU_BOUND_PCT = 80.0
 #: Share of the host's busy cores that the run's own process tree must use for
 #: its workers to be the CPU hogs; below it another tenant pegs the host.
 RUN_SHARE_OF_BUSY_CPU = 0.5
-#: The io_bound rule's threshold (seed): above it the disk, not the CPU, is busy.
-DISK_BUSY_BPS = 500e6
 #: Seed: first step > 3× the steady-state median is compilation / autotune warm-up.
 WARMUP_RATIO = 3.0
 #: Seed: step 0 > 10× the median of the rest is an outlier to filter, not a warm-up curve.
@@ -50,15 +50,41 @@ def own_cpu_cores(ctx: RunContext) -> tuple[float | None, int]:
     return ctx.run_cpu_cores, 1
 
 
-def stall_fraction(ctx: RunContext) -> float | None:
-    """Share (0-1) of iteration time spent waiting on the loader — before each
-    step and between its micro-batches — step 0 excluded (its wait covers model
-    and worker start-up). None if < 2 steps."""
+def host_wait_fraction(ctx: RunContext) -> float | None:
+    """Share (0-1) of iteration time the host spent waiting on the loader —
+    before each step and between its micro-batches — step 0 excluded (its wait
+    covers model and worker start-up). None if < 2 steps."""
     if ctx.steps < 2:
         return None
     loader = sum(ctx.loader_ms[1:])
     total = sum(ctx.iteration_ms[1:])
     return loader / total if total > 0 else None
+
+
+def gap_sync_share(ctx: RunContext) -> float | None:
+    """Share (0-1) of the inter-step gap's stack samples spent in a device
+    sync (:func:`gpuprof.insights.frames.sync_share`; step 0's start-up left
+    out); None with timed ``next()`` calls (their wait is the loader's) or
+    too few samples."""
+    if ctx.explicit_wait:
+        return None
+    return frames.sync_share(ctx.stack_frames, exclude=ctx.numbers[:1])
+
+
+def stall_fraction(ctx: RunContext) -> float | None:
+    """Share (0-1) of iteration time the loop stalled on the loader: the host's
+    wait (:func:`host_wait_fraction`) less what its sampled stacks spent in a
+    device sync (:func:`gap_sync_share`: e.g. ``loss.item()`` waiting for the
+    queued work), and no more than the GPU can have idled
+    (:func:`gpuprof.insights.loading.gpu_starved_share`, when sampled). None
+    if < 2 steps."""
+    host = host_wait_fraction(ctx)
+    if host is None:
+        return None
+    synced = gap_sync_share(ctx)
+    frac = host * (1.0 - synced) if synced else host
+    cap = loading.gpu_starved_share(ctx)
+    return frac if cap is None else min(frac, cap)
 
 
 def _wait_kind(ctx: RunContext) -> str:
@@ -67,20 +93,81 @@ def _wait_kind(ctx: RunContext) -> str:
 
 @rule("dataloader_stall")
 def dataloader_stall(ctx: RunContext) -> Insight | None:
-    """Fires when the loader wait is > :data:`STALL_FRACTION` of iteration time.
+    """Fires when the loader stall (:func:`stall_fraction`: the host's wait,
+    no more than the GPU idled) is > :data:`STALL_FRACTION` of iteration time.
     The fix fits what was seen: the DataLoader's settings (never what it
     already does) and whether its workers burned CPU or sat idle
     (:func:`gpuprof.insights.loading.loader_cpu`)."""
     frac = stall_fraction(ctx)
     if frac is None or frac <= STALL_FRACTION:
         return None
-    mean_wait = sum(ctx.loader_ms[1:]) / (ctx.steps - 1)
-    severity = "HIGH" if frac > STALL_FRACTION_HIGH else "MED"
+    found = _dataloader_stall(ctx, frac)
+    host = host_wait_fraction(ctx)
+    if host is None or frac >= host:
+        return found
+    synced = gap_sync_share(ctx)
+    util = ctx.gpu.util_mean_pct if ctx.gpu is not None else None
+    why = []
+    if synced:
+        why.append(f"{synced:.0%} of its sampled time was in a device sync (e.g. loss.item())")
+    if util is not None:
+        why.append(f"NVML read the GPU {util:.0f}% busy")
+    return dataclasses.replace(
+        found,
+        detail=f"{found.detail} (The host waited {host:.0%} of the step time, but "
+        f"{' and '.join(why)}: only {frac:.0%} kept the GPU waiting; the rest waited "
+        "on work already queued.)",
+        evidence={**found.evidence, "gap_sync_share": None if synced is None else round(synced, 4)},
+    )
+
+
+def wait_per_batch_ms(ctx: RunContext) -> float:
+    """The host's mean loader wait per batch (ms): the loader time of every
+    step but step 0 (start-up) over its batches (micro-batches when reported,
+    else one per step)."""
+    mbs = ctx.micro_batches[1:] if len(ctx.micro_batches) == ctx.steps else ()
+    batches = sum(max(1, m) for m in mbs) if mbs else ctx.steps - 1
+    return sum(ctx.loader_ms[1:]) / max(1, batches)
+
+
+#: A wait per batch below this multiple of
+#: :data:`gpuprof.insights.loading.WORKER_BATCH_COST_MS`, with workers that
+#: sat idle, is the workers' hand-off itself (the new user's 2-worker
+#: TensorDataset loop, 2026-12-04: 1.0 ms per batch, 0.07 ms of it indexing).
+HANDOFF_WAIT_FACTOR = 2.0
+
+
+def _severity(frac: float, per_batch: float) -> str:
+    """HIGH above :data:`STALL_FRACTION_HIGH`, unless the wait per batch is
+    below what a batch through a worker costs (a stall of microseconds: a
+    share of a tiny iteration, not hours to win); else MED."""
+    high = frac > STALL_FRACTION_HIGH and per_batch >= loading.WORKER_BATCH_COST_MS
+    return "HIGH" if high else "MED"
+
+
+def _reads(ctx: RunContext) -> str:
+    """``the disk read 12 MB/s, 40 IOPS`` or ``the disk was not measured``."""
+    bps, iops = ctx.host_disk_read_bps, ctx.host_disk_read_iops
+    if bps is None:
+        return "the disk was not measured"
+    ops = f", {iops:.0f} IOPS" if iops is not None else ""
+    return f"the disk read {bps / 1e6:.0f} MB/s{ops}"
+
+
+def _dataloader_stall(ctx: RunContext, frac: float) -> Insight:
+    host = host_wait_fraction(ctx) or frac
+    # the wait the GPU felt: the host's, scaled down where NVML saw the GPU busy
+    mean_wait = sum(ctx.loader_ms[1:]) / (ctx.steps - 1) * frac / host
+    per_batch = wait_per_batch_ms(ctx)
+    severity = _severity(frac, per_batch)
     cpu = loading.loader_cpu(ctx, frac)
     evidence: dict[str, object] = {
         "stall_fraction": round(frac, 4),
         "mean_wait_ms": round(mean_wait, 3),
+        "wait_per_batch_ms": round(per_batch, 4),
     }
+    if frac < host:
+        evidence["host_wait_fraction"] = round(host, 4)
     periodic = _periodic_gap(ctx) if not ctx.explicit_wait else None
     if periodic is not None:  # one pause every N steps: periodic host work, not loading
         every, slow_ms, slow_steps = periodic
@@ -140,34 +227,99 @@ def dataloader_stall(ctx: RunContext) -> Insight | None:
         f"The training loop waited {mean_wait:.1f} ms per step on average for "
         "the next batch; the model sat idle meanwhile."
     )
-    settings = loading.setting_fixes(ctx, cpu)
+    settings = loading.setting_fixes(ctx, cpu, per_batch)
     workers_top = frames.top_frames(ctx.stack_frames, source="loader")
     evidence["loader_frames"] = [f.evidence() for f in workers_top]
-    if cpu.busy is False and cpu.workers:
-        detail += (
-            f" Its {cpu.workers} worker(s) sat idle meanwhile ({cpu.cores:.2f} core each): "
-            "the loading waits (storage or network latency, a lock, a sleep) rather than "
-            "computes, so more workers of the same kind will not make the source faster."
+    cfg = loading.main_loader(ctx)
+    cost = loading.WORKER_BATCH_COST_MS
+    after = ""  # a sentence after the settings
+    handoff = (
+        cfg is not None
+        and cfg.num_workers > 0
+        and cpu.busy is not True
+        and not workers_top
+        and per_batch < HANDOFF_WAIT_FACTOR * cost
+    )
+    if handoff:  # idle or unmeasured workers, a wait about one hand-off long
+        idle = (
+            f" Its {cpu.workers} worker(s) sat idle meanwhile ({cpu.cores:.2f} core each), and the"
+            if cpu.busy is False and cpu.workers and cpu.cores is not None
+            else " The"
         )
-        if workers_top:
-            detail += " " + frames.loader_sentence(workers_top, verb="wait")
-            fix = (
-                f"Make {workers_top[0].short()} wait less: cache the data locally or read "
-                "it asynchronously"
+        detail += (
+            f"{idle} wait per batch ({per_batch:.2f} ms) is about what a batch "
+            f"through a worker process costs (~{cost:.1f} ms): the loop waits on the "
+            "hand-off from the workers, not on the loading."
+        )
+        fix = (
+            "Load in the training process (num_workers=0): batches this cheap cost more "
+            "to hand over from a worker than to make"
+        )
+        settings = []
+    elif cpu.busy is False and cpu.workers:
+        idle = f" Its {cpu.workers} worker(s) sat idle meanwhile ({cpu.cores:.2f} core each)"
+        saturated = loading.source_saturated(ctx)
+        evidence["source_saturated"] = saturated
+        if saturated:
+            detail += (
+                f"{idle} while {_reads(ctx)}: the source is saturated (the disk reads at "
+                "the rate it reaches), so more workers of the same kind will not make it "
+                "faster."
             )
+            if workers_top:
+                detail += " " + frames.loader_sentence(workers_top, verb="wait")
+            fix = (
+                "Read less or from a faster source: copy the data to local NVMe or RAM "
+                "(/dev/shm), pack small files into shards, or cache decoded samples"
+            )
+            settings = [x for x in settings if not x.startswith("raise num_workers")]
         else:
-            fix = (
-                "Find what __getitem__ or collate_fn waits on (py-spy dump --pid of a worker), "
-                "then cache the data locally or read it asynchronously"
+            detail += (
+                f"{idle}: the loading waits (a sleep, network or storage latency, a lock) "
+                f"rather than computes, and the source is not saturated ({_reads(ctx)}), "
+                "so more workers, each waiting on its own batch, keep more of those waits "
+                "in flight."
             )
+            if workers_top:
+                detail += " " + frames.loader_sentence(workers_top, verb="wait")
+            fix = "Keep more batches in flight"
+            after = (
+                f" Or make {workers_top[0].short()} wait less (cache the data locally or "
+                "read it asynchronously)."
+                if workers_top
+                else " Or find what __getitem__ or collate_fn waits on (py-spy dump --pid of "
+                "a worker) and cache the data locally or read it asynchronously."
+            )
+    elif cfg is not None and cfg.num_workers == 0 and per_batch < cost:
+        detail += (
+            f" At {per_batch:.2f} ms per batch the loading is already cheaper than a batch "
+            f"through a worker process costs (~{cost:.1f} ms), so worker processes would "
+            "make it slower."
+        )
+        fix = (
+            "Keep num_workers=0 and make each batch cheaper to fetch: index the data a batch "
+            "at a time (for a TensorDataset: DataLoader(ds, batch_size=None, "
+            "sampler=BatchSampler(RandomSampler(ds), batch_size, drop_last=False))), or use "
+            "larger batches"
+        )
+        settings = [x for x in settings if x.startswith("set pin_memory")]
     elif cpu.busy is False:
+        main_top = frames.top_frames(ctx.stack_frames, exclude=ctx.numbers[:1])
+        evidence["frames"] = [f.evidence() for f in main_top]
         detail += " The loading burned no CPU meanwhile: it waits (I/O, a lock, a sleep)."
-        fix = "Find what the loading waits on (storage or network latency, a sleep)"
+        if main_top:
+            detail += " " + frames.gap_sentence(main_top)
+        fix = (
+            f"Overlap the waits in {main_top[0].short()}"
+            if main_top
+            else "Find what the loading waits on (storage or network latency, a sleep)"
+        )
     else:
         fix = "Make loading keep up with the step"
         if not settings:
             settings = ["move augmentations to the GPU or precompute them"]
     fix = (fix + ": " + "; ".join(settings) + ".") if settings else fix + "."
+    fix += after
     return Insight(
         rule="dataloader_stall",
         severity=severity,
@@ -251,18 +403,22 @@ def cpu_bound_dataloader(ctx: RunContext) -> Insight | None:
     host = ctx.host_cpu_pct
     if not cpu.busy:  # idle, or unmeasured: a pegged host alone does not say whose CPU
         return None
+    cfg = loading.main_loader(ctx)
+    in_process = cfg is not None and cfg.num_workers == 0
+    per_batch = wait_per_batch_ms(ctx)
+    if in_process and per_batch < loading.WORKER_BATCH_COST_MS:
+        return None  # cheaper than a worker's hand-off: the stall finding says what helps
+    who = "the loading (num_workers=0) is" if in_process else "the workers are"
     own, ranks = own_cpu_cores(ctx)
     n = ctx.cpu_count
     of = f" of {n}" if n else ""
     starved = _loader_starved(ctx)
-    settings = loading.setting_fixes(ctx, cpu)
+    settings = loading.setting_fixes(ctx, cpu, per_batch)
     on_gpu = bool(ctx.gpu_model or ctx.gpu_count)  # a CPU run has no GPU to move work to
     head = f"{frac:.0%} of step time waiting on the loader"
     if starved is not None:
         others, share = starved
-        title = (
-            f"{head}; the workers are starved of CPU: other processes hold {others:.1f}{of} cores"
-        )
+        title = f"{head}; {who} starved of CPU: other processes hold {others:.1f}{of} cores"
         during = f" during {share:.0%} of the steps" if share is not None else ""
         detail = (
             f"The loading burns CPU, and other processes kept the host busy{during} "
@@ -277,7 +433,7 @@ def cpu_bound_dataloader(ctx: RunContext) -> Insight | None:
         )
     elif host is not None and host > CPU_BOUND_PCT:
         across = f" across {n} cores" if n else ""
-        title = f"{head}; the workers are CPU-bound (host CPU {host:.0f}%{across})"
+        title = f"{head}; {who} CPU-bound (host CPU {host:.0f}%{across})"
         detail = (
             "The loop waits on batches while every core is busy with the run's own "
             "loading: its Python work (decoding, augmentation) is the bottleneck."
@@ -305,6 +461,12 @@ def cpu_bound_dataloader(ctx: RunContext) -> Insight | None:
                 else "; or precompute the augmentations."
             )
         )
+    held = loading.competing_workers(ctx) if starved is None else None
+    if held is not None:  # a CPU run: the workers' cores are the step's too
+        detail += (
+            f" The workers also slow the step: they held {held:.1f} of the {n} cores its "
+            "compute runs on, so cheaper loading speeds the compute too."
+        )
     # which of the loading's code burns it (the workers' sampled stacks)
     hot = frames.top_frames(ctx.stack_frames, source="loader")
     if hot:
@@ -328,6 +490,8 @@ def cpu_bound_dataloader(ctx: RunContext) -> Insight | None:
             # the run's own CPU unmeasured: the host is pegged, by whom is not known
             "cause": "contention" if starved else "own" if own is not None else None,
             "other_cores": None if starved is None else round(starved[0], 2),
+            # the cores busy workers took from a CPU run's step (None: not that case)
+            "worker_cores_competing": None if held is None else round(held, 2),
             **loading.config_evidence(ctx),
         },
     )
@@ -632,6 +796,27 @@ def high_step_variance(ctx: RunContext) -> Insight | None:
             "Measure on an idle node or reserve cores (Slurm --exclusive, cgroup cpusets, "
             "taskset) first; if the bursts remain, profile one (torch.profiler with a "
             "schedule around those steps)."
+        )
+    elif (held := loading.competing_workers(ctx)) is not None:
+        # no one else's CPU: the run's own loader workers took the step's cores
+        n = ctx.cpu_count
+        title = (
+            f"{head}; slow in bursts at steps {at}, while the DataLoader workers held "
+            f"{held:.1f} of {n} cores"
+        )
+        detail = (
+            f"{ran}, in irregular bursts, while the run's own DataLoader workers used "
+            f"{held:.1f} of the host's {n} cores (host CPU {ctx.host_cpu_pct:.0f}%): the "
+            "training step computes on the same cores and gets what the workers leave, "
+            "so its compute is slower and uneven."
+        )
+        hot = frames.top_frames(ctx.stack_frames, source="loader")
+        if hot:
+            detail += " " + frames.loader_sentence(hot)
+        what = f"the workers' {hot[0].short()}" if hot else "the workers' work"
+        fix = (
+            f"Make {what} cheaper or precompute it, or leave the step its cores: fewer "
+            "workers, or torch.set_num_threads() to the cores the workers leave."
         )
     else:
         title = f"{head}; slow in bursts at steps {at}"

@@ -200,6 +200,7 @@ class Profiler:
         self.counter = StepCounter()
         self._entered = False
         self._pid = os.getpid()
+        self._ended_ns = (0, 0)  # (monotonic, wall) ns when the block exited
         self._open = False
         #: The link to gpuprofd (data socket, hello, bye).
         self.link = DaemonLink(self.socket_dir, self.db, self.autostart, self.server)
@@ -282,6 +283,9 @@ class Profiler:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool:
+        # the run ends when its block does, not after gpuprof's own wrap-up
+        # (waiting up to 10 s for gpuprofd's acknowledgements, trace folds)
+        self._ended_ns = (time.monotonic_ns(), time.time_ns())
         try:
             self._unpatch()
         finally:
@@ -660,8 +664,8 @@ class Profiler:
                 error=exc,
                 sent=self.sender.sent,
                 dropped=self.sender.dropped,
-                mono_ns=time.monotonic_ns(),
-                wall_ns=time.time_ns(),
+                mono_ns=self._ended_ns[0],
+                wall_ns=self._ended_ns[1],
                 cuda_uuid=identity.cuda_uuid(),
                 eval_ns=self.machine.trailing_eval_ns if self.machine is not None else 0,
             )

@@ -20,6 +20,8 @@ import pytest
 import zmq
 
 from gpuprof import config
+from gpuprofd.sampling import rollup
+from gpuprofd.storage import commpack
 
 STEP_NS = 10_000_000
 WAIT_NS = 8_000_000
@@ -248,6 +250,31 @@ def query(db: Path, sql: str, params: tuple[Any, ...] = ()) -> list[sqlite3.Row]
         return conn.execute(sql, params).fetchall()
     finally:
         conn.close()
+
+
+def buckets(db: Path, run_id: int | None = None) -> list[tuple[Any, ...]]:
+    """The database's bucket rows (of run *run_id*; None: every run), by run and step."""
+    where = "" if run_id is None else f" WHERE run_id = {int(run_id)}"
+    rows = query(db, f"SELECT run_id, step, packed FROM comm_steps{where} ORDER BY run_id, step")
+    return [(r[0], *b) for r in rows for b in commpack.bucket_rows([(r[1], r[2])])]
+
+
+def insert_buckets(conn: sqlite3.Connection, rows: Any) -> None:
+    """Bucket rows ``(run_id, step, bucket, start_ns, end_ns, bytes)`` stored as
+    gpuprofd stores them (one packed ``comm_steps`` row a run's step)."""
+    by_run: dict[int, list[tuple[Any, ...]]] = {}
+    for r in rows:
+        by_run.setdefault(r[0], []).append(tuple(r[1:]))
+    for run_id, mine in by_run.items():
+        conn.executemany(commpack.INSERT_SQL, commpack.step_rows(run_id, mine))
+
+
+def insert_rollups(conn: sqlite3.Connection, rows: Any) -> None:
+    """GPU rollup rows (``rollup.ROLLUP_COLUMNS`` order) stored as gpuprofd
+    stores them (their ``gpus`` rows, then ``gpu_seconds``)."""
+    rows = list(rows)
+    conn.executemany(rollup.GPU_SQL, rollup.gpu_rows(rows))
+    conn.executemany(rollup.INSERT_SQL, [rollup.insert_params(r) for r in rows])
 
 
 def poll_db(db: Path, sql: str, params: tuple[Any, ...], want: Any, timeout_s: float = 15) -> None:

@@ -21,6 +21,7 @@ from gpuprofd.storage import reads, schema
 from gpuprofd.storage.reader import open_reader
 from gpuprofd.storage.reads import queries
 from tests.daemon import h200_replay
+from tests.daemon import helpers as h
 
 UUID = "GPU-69cfecb8-dd0f-d46a-a967-785474cc5ca4"
 
@@ -60,7 +61,7 @@ def _db_with_phase(tmp_path: Path, phase: str, run_uuid: str) -> Path:
             "VALUES (1, ?, ?, ?, 0, 0, 1, ?)",
             (i, a, b, orjson.dumps({"forward": (b - a) // 2}).decode()),
         )
-    conn.executemany(rollup.INSERT_SQL, _rollup_rows())
+    h.insert_rollups(conn, _rollup_rows())
     conn.commit()
     conn.close()
     return db
@@ -106,7 +107,7 @@ def rollup_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     db = tmp_path_factory.mktemp("rollups") / "r.db"
     schema.prepare(db)
     conn = sqlite3.connect(db)
-    conn.executemany(rollup.INSERT_SQL, _rollup_rows())
+    h.insert_rollups(conn, _rollup_rows())
     conn.commit()
     conn.close()
     return db
@@ -190,14 +191,17 @@ async def test_an_old_database_reads_its_raw_samples_as_rollups_both_ways(tmp_pa
     assert db.read_bytes() == before
     assert read_only == {"memory_pressure"}
     assert ctx.gpu is not None and ctx.gpu.mem_used_fraction == pytest.approx(0.92, abs=0.01)
-    schema.prepare(db)  # the daemon: raw rows copied into gpu_rollups, once
+    schema.prepare(db)  # the daemon: raw rows merged into one rollup a second, once
     schema.prepare(db)
     conn = sqlite3.connect(db)
     try:
-        (rollups,) = conn.execute("SELECT COUNT(*) FROM gpu_rollups").fetchone()
+        rollups, samples = conn.execute("SELECT COUNT(*), SUM(n) FROM gpu_rollups").fetchone()
+        (seconds,) = conn.execute(
+            "SELECT COUNT(DISTINCT mono_ns - mono_ns % 1000000000) FROM gpu_samples"
+        ).fetchone()
     finally:
         conn.close()
-    assert rollups == n_raw
+    assert (rollups, samples) == (seconds, n_raw) and seconds < n_raw
     upgraded, ctx2 = await _gpu_findings(db)
     assert upgraded == read_only
     assert ctx2.gpu == ctx.gpu
@@ -227,7 +231,7 @@ async def test_a_run_after_a_reboot_reads_only_its_own_boots_samples(tmp_path: P
     names = list(rollup.ROLLUP_COLUMNS)
     conn = sqlite3.connect(db)
     conn.execute("UPDATE runs SET boot_id = 'boot-1'")
-    conn.execute("UPDATE gpu_rollups SET boot_id = 'boot-1'")
+    conn.execute("UPDATE gpus SET boot_id = 'boot-1'")
     later = []  # boot 2, same uptime: the GPU one fifth full
     for row in _rollup_rows():
         r = dict(zip(names, row, strict=True))
@@ -235,7 +239,7 @@ async def test_a_run_after_a_reboot_reads_only_its_own_boots_samples(tmp_path: P
         for k in ("mem_used_min", "mem_used_mean", "mem_used_max"):
             r[k] = None if r[k] is None else r["mem_total_bytes"] // 5
         later.append(tuple(r[c] for c in names))
-    conn.executemany(rollup.INSERT_SQL, later)
+    h.insert_rollups(conn, later)
     conn.execute(
         "INSERT INTO runs (id, run_key, run_name, status, start_mono_ns, end_mono_ns, options, "
         "cuda_uuid, boot_id) VALUES (2, 'k2', 'after-reboot', 'finished', ?, ?, '{}', ?, "
@@ -299,3 +303,23 @@ async def test_the_pcie_chart_shows_the_peak_its_finding_reads(tmp_path: Path):
     assert len(rx) == slow_n  # each reading in a bucket of its own
     assert max(rx) == pytest.approx(ctx.gpu.pcie_rx_max_bytes_per_s, rel=1e-6)
     assert all(r["util_mean"] is not None for r in rows)  # only fast buckets: no gaps added
+
+
+def test_the_columns_the_merge_leaves_out_are_not_read_by_the_stats(rollup_db: Path):
+    """MERGED_SQL leaves rollup.STATS_UNREAD NULL: GpuStats from each second
+    is the same with those columns as stored, NULL, or changed."""
+    conn = sqlite3.connect(rollup_db)
+    conn.row_factory = sqlite3.Row
+    try:
+        rows = [dict(r) for r in conn.execute("SELECT * FROM gpu_rollups ORDER BY sec_ns")]
+    finally:
+        conn.close()
+    assert rows and rollup.STATS_UNREAD < set(rows[0])
+    changed = 0
+    for row in rows:
+        want = rollup.accumulator_from_row(row).stats()
+        for other in (None, 12345.0):
+            got = rollup.accumulator_from_row({**row, **dict.fromkeys(rollup.STATS_UNREAD, other)})
+            assert got.stats() == want
+        changed += want is not None
+    assert changed > 10

@@ -49,6 +49,7 @@ async def test_shutdown_stops_tasks_by_name_in_the_documented_order(
         "stop-when-drained",
         "watch-db",
         "roll-host",
+        "pack-steps",
         "roll-steps",
         "prune-comm",
         "compact-kernels",

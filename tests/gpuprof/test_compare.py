@@ -226,6 +226,36 @@ def test_findings_resolved_new_changed_unchanged():
     )
 
 
+def test_a_regression_between_runs_of_different_names_is_each_runs_own():
+    a = [finding("regression", "MED", "30% slower than its last 3 runs"), finding("low_mfu", "MED")]
+    b = [finding("low_mfu", "MED")]
+    same = finding_changes(a, b)
+    assert [e["rule"] for e in same["resolved"]] == ["regression"]  # one name: it went away
+    apart = finding_changes(a, b, same_name=False)
+    assert apart["resolved"] == [] and apart["new"] == []
+    assert [(e["rule"], e["severity_a"]) for e in apart["history"]] == [("regression", "MED")]
+    assert [e["rule"] for e in apart["unchanged"]] == ["low_mfu"]
+    # both sides' own regressions are kept apart too, never "changed"
+    both = finding_changes(a, [finding("regression", "HIGH")], same_name=False)
+    assert both["changed"] == [] and both["history"][0]["severity_b"] == "HIGH"
+
+
+def test_the_verdict_says_no_regression_resolved_between_names():
+    n = 200
+    a = ctx(noisy(20.0, 1, n, 1), noisy(5.0, 1, n, 2), {}, run_name="baseline")
+    b = ctx(noisy(20.0, 1, n, 3), noisy(5.0, 1, n, 4), {}, run_name="new-model")
+    out = compare_runs(a, b, [finding("regression", "MED")], [])
+    assert "regression" not in out["verdict"]
+    assert [e["rule"] for e in out["findings"]["history"]] == ["regression"]
+    same = compare_runs(
+        a,
+        ctx(noisy(20.0, 1, n, 3), noisy(5.0, 1, n, 4), {}, run_name="baseline"),
+        [finding("regression", "MED")],
+        [],
+    )
+    assert '"regression" is resolved' in same["verdict"]
+
+
 def test_the_issues_sentence():
     # A: 32.4 ms loader wait + 24.4 ms step (57 % waiting); B: 0.8 + 18.8 ms
     n = 200
@@ -253,6 +283,21 @@ def test_the_issues_sentence():
     assert back["delta_pct"] > 5 and back["time_ratio"] < 1
     assert (out["a"]["run_id"], out["b"]["run_id"]) == (1, 2)
     assert out["a"]["steady_steps"] == n - WARMUP_STEPS
+
+
+def test_a_phase_whose_share_rose_only_because_the_loader_shrank_is_not_named():
+    # backward 3.8 -> 4.1 ms (6 % -> 22 % of the iteration) while the wait fell 53 -> 8 ms
+    n = 200
+    a = ctx(noisy(10.0, 0.5, n, 1), noisy(53.0, 2, n, 2), {"forward": 5.0, "backward": 3.8})
+    b = ctx(noisy(10.3, 0.5, n, 3), noisy(8.0, 1, n, 4), {"forward": 5.0, "backward": 4.1})
+    out = compare_runs(a, b, [], [])
+    back = next(p for p in out["phases"] if p["phase"] == "backward")
+    assert back["delta_pct"] > 10 and back["time_ratio"] > 1  # the share and the time rose
+    assert back["change_pct"] == pytest.approx(100 * 0.3 / 63.0, abs=0.2)  # by 0.5 % of A's
+    wait = next(p for p in out["phases"] if p["phase"] == "loader_wait")
+    assert wait["change_pct"] == pytest.approx(-100 * 45 / 63.0, abs=2)
+    assert re.search(r": loader wait fell from 8\d % to 4\d %\.$", out["verdict"]), out["verdict"]
+    assert "backward" not in out["verdict"]
 
 
 def test_a_slower_run_says_its_slow_down_interval():

@@ -20,8 +20,8 @@ def test_bimodal_runs_share_one_headline_figure_with_the_median_beside_it():
     a = make_summary(1, _bimodal(45.0, 215.0, 1), [], "/d")
     b = make_summary(2, _bimodal(45.0, 215.0, 0), [], "/d")
     assert (a["median_step_ms"], b["median_step_ms"]) == (215.0, 45.0)
-    assert headline(a) == "40 steps, 132.3 ms/iteration, 7.6 steps/s (median 215.0 ms)"
-    assert headline(b) == "40 steps, 127.7 ms/iteration, 7.8 steps/s (median 45.0 ms)"
+    assert headline(a) == "40 steps, 132.3 ms/iteration (median 215.0), 7.6 steps/s"
+    assert headline(b) == "40 steps, 127.7 ms/iteration (median 45.0), 7.8 steps/s"
     assert b["steps_per_s"] == round(1e3 / b["mean_iteration_ms"], 3)
 
 
@@ -30,7 +30,7 @@ def test_median_shown_only_where_it_differs_from_the_mean():
     assert headline(steady) == "20 steps, 100.0 ms/iteration, 10.0 steps/s"
     skewed = make_summary(1, make_ctx([100.0] * 15 + [400.0] * 5), [], "/d")
     # steady steps 3..19: 12 at 100 ms, 5 at 400 ms: mean 188.2, median 100
-    assert headline(skewed) == "20 steps, 188.2 ms/iteration, 5.3 steps/s (median 100.0 ms)"
+    assert headline(skewed) == "20 steps, 188.2 ms/iteration (median 100.0), 5.3 steps/s"
 
 
 def test_a_summary_stored_before_the_mean_keeps_its_median_headline():

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+from gpuprofd.storage import commpack
 from tests.integration.conftest import Node
 
 #: 4 micro-batches per step, the first 3 under no_sync(); each rank writes,
@@ -86,12 +87,7 @@ def test_only_the_synchronizing_micro_step_communicates(node: Node):
         )
         assert [r["micro"] for r in steps] == [4] * 10
         for r in steps:
-            buckets = node.query(
-                "SELECT bucket, start_ns, end_ns, bytes FROM comm_buckets "
-                "WHERE run_id = ? AND step = ? ORDER BY start_ns",
-                run["id"],
-                r["step"],
-            )
+            buckets = _buckets(node, run["id"], r["step"])
             # each bucket once, all launched in the 4th micro-step's backward
             assert sorted(b["bucket"] for b in buckets) == list(range(len(buckets)))
             assert len(buckets) >= (1 if r["step"] == 0 else 2)  # DDP re-buckets after step 0
@@ -99,11 +95,19 @@ def test_only_the_synchronizing_micro_step_communicates(node: Node):
             assert all(b["end_ns"] >= b["start_ns"] and b["bytes"] > 0 for b in buckets)
             phases = json.loads(r["phases"])
             assert phases["comm"] > 0 and "backward" in phases, phases
-        total_bytes = node.query(
-            "SELECT SUM(bytes) AS b FROM comm_buckets WHERE run_id = ? AND step = 5", run["id"]
-        )[0]["b"]
+        total_bytes = sum(b["bytes"] for b in _buckets(node, run["id"], 5))
         params = (32 * 64 + 64) + (64 * 64 + 64) + (64 * 4 + 4)
         assert total_bytes == 4 * params  # every fp32 gradient, once
+
+
+def _buckets(node: Node, run_id: int, step: int) -> list[dict]:
+    """The step's stored bucket rows (unpacked), by launch."""
+    packed = node.query(
+        "SELECT step, packed FROM comm_steps WHERE run_id = ? AND step = ?", run_id, step
+    )
+    rows = commpack.bucket_rows([(p["step"], p["packed"]) for p in packed])
+    names = ("step", *commpack.COLUMNS)
+    return sorted((dict(zip(names, r, strict=True)) for r in rows), key=lambda b: b["start_ns"])
 
 
 def test_a_user_comm_hook_registered_before_keeps_training_unchanged(node: Node):
@@ -114,7 +118,7 @@ def test_a_user_comm_hook_registered_before_keeps_training_unchanged(node: Node)
         assert profiled[r]["hook_calls"] == plain[r]["hook_calls"] > 0
     # no bucket timing for that model, and each rank says so once
     assert len(node.query("SELECT id FROM runs")) == 2
-    assert node.query("SELECT COUNT(*) AS n FROM comm_buckets")[0]["n"] == 0
+    assert node.query("SELECT COUNT(*) AS n FROM comm_steps")[0]["n"] == 0
     notice = "'counting_hook' was registered before the profile; gradient bucket timing skipped"
     assert profiled["stderr"].count(notice) == 2, profiled["stderr"][-2000:]
 

@@ -15,7 +15,9 @@ import pytest
 from tests.integration.conftest import Node, wait_for
 
 #: The loop: an elementwise model (no matrix product of its own), ~5 ms
-#: steps, a 640x640 matmul in every 8th forward; it runs until STOP exists.
+#: steps, a 640x640 matmul and a 20 ms pause in every 8th forward (the matmul
+#: alone took 2-3x a step on an idle box, and not always 2x under load: the
+#: slow steps' period went unseen); it runs until STOP exists.
 BURSTS = r"""
 import os, sys, time
 import torch
@@ -36,7 +38,8 @@ class Model(torch.nn.Module):
 
     def forward(self, x):
         if self.calls % 8 == 3:
-            (self.a @ self.b).sum()  # the slow burst
+            (self.a @ self.b).sum()  # the slow burst's op
+            time.sleep(0.02)  # and its time: well beyond 2x the median on any box, at any load
         self.calls += 1
         time.sleep(0.004)
         return (x * self.w).sum(1)

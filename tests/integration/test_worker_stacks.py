@@ -9,7 +9,8 @@ import json
 
 from .conftest import Node
 
-# argv: run name, "cpu" (each sample computes) or "sleep" (each sample waits)
+# argv: run name, "cpu" (each sample computes) or "sleep" (each sample waits),
+# then num_workers (2 unless given)
 LOADER = r"""
 import sys, time
 import torch
@@ -18,6 +19,7 @@ from torch.utils.data import DataLoader, Dataset
 import gpuprof
 
 NAME, CPU = sys.argv[1], sys.argv[2] == "cpu"
+WORKERS = int(sys.argv[3]) if len(sys.argv) > 3 else 2
 
 def augment(i):
     t = time.process_time()
@@ -38,7 +40,8 @@ class Images(Dataset):
 torch.set_num_threads(1)
 model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 3))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
-loader = DataLoader(Images(), batch_size=4, num_workers=2, multiprocessing_context="fork")
+ctx = "fork" if WORKERS else None
+loader = DataLoader(Images(), batch_size=4, num_workers=WORKERS, multiprocessing_context=ctx)
 with gpuprof.profile(NAME):
     for x, y in loader:
         nn.functional.cross_entropy(model(x), y).backward()
@@ -85,4 +88,20 @@ def test_a_sleeping_loader_is_not_cpu_bound_and_names_the_blocking_call(node: No
         "time.sleep",
     ), ins
     assert "of their time in time.sleep, called from train_" in ins["detail"], ins
-    assert ins["fix"].startswith("Make time.sleep from train_"), ins
+    # waiting workers, the disk quiet: more of them keep more waits in flight
+    assert "more workers, each waiting on its own batch" in ins["detail"], ins
+    assert ins["fix"].startswith("Keep more batches in flight: raise num_workers from 2"), ins
+    assert "Or make time.sleep from train_" in ins["fix"], ins
+
+
+def test_a_sleeping_in_process_loader_waits_and_is_not_cpu_bound(node: Node):
+    # num_workers=0: the training thread sleeps in __getitem__ (80 ms per batch)
+    out = node.run_script(LOADER, "sleep0", "sleep", "0")
+    assert out.returncode == 0, out.stderr
+    found = _findings(node)
+    assert "cpu_bound_dataloader" not in found, found
+    ins = found["dataloader_stall"]
+    assert ins["evidence"]["loader_busy"] is False, ins
+    assert "burned no CPU" in ins["detail"], ins
+    assert "time.sleep, called from train_" in ins["detail"], ins
+    assert "load in worker processes (num_workers=" in ins["fix"], ins

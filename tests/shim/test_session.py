@@ -320,3 +320,26 @@ def test_a_name_or_group_with_a_lone_surrogate_is_escaped_not_raised(socket_dir,
     (hello,) = fake_daemon.of_type("hello")
     assert hello["run_name"] == "run-\\ud800" and hello["group"] == "job-\\ud800"
     assert len(fake_daemon.steps) == 2
+
+
+def test_the_run_ends_when_its_block_does_not_after_the_wrap_up(
+    socket_dir, fake_daemon, monkeypatch
+):
+    # gpuprofd slow to acknowledge: exit waits for it, but the run's end (the
+    # bye's clocks: its duration, GPU-hours, cost) is the block's end
+    from gpuprof_shim.link import DaemonLink
+
+    real_settle = DaemonLink.settle
+    settle_began: list[int] = []
+
+    def slow_settle(self, wait_s=None):
+        settle_began.append(time.monotonic_ns())
+        time.sleep(0.3)
+        return real_settle(self, wait_s)
+
+    monkeypatch.setattr(DaemonLink, "settle", slow_settle)
+    with profile(socket_dir, "ends"):
+        train(steps=2)
+    (bye,) = fake_daemon.of_type("bye")
+    steps_end = max(s["t1"] for s in fake_daemon.steps)
+    assert settle_began and steps_end <= bye["mono_ns"] < settle_began[0]

@@ -348,6 +348,62 @@ def test_a_kineto_log_level_the_user_set_wins(socket_dir, fake_daemon):
     assert "LEVEL 5" in proc.stdout
 
 
+def test_windows_fold_off_the_training_thread_and_are_all_sent_at_exit(
+    socket_dir, fake_daemon, monkeypatch
+):
+    # the fold of every window waits until the loop is over: the steps go on
+    # meanwhile, and exit sends each window's event, in order
+    import threading
+
+    released = threading.Event()
+    threads: list[str] = []
+    real_fold = trace_mod._fold
+
+    def held_fold(*args):
+        threads.append(threading.current_thread().name)
+        released.wait(30)
+        return real_fold(*args)
+
+    monkeypatch.setattr(trace_mod, "_fold", held_fold)
+    monkeypatch.setattr(trace_mod, "MAX_FOLDS_PENDING", 100)
+    with profile(socket_dir, trace_every_n_steps=4) as prof:
+        train(steps=13)
+        assert kernels(fake_daemon) == []  # nothing folded yet, and 13 steps done
+        assert prof._tracer.windows == 6
+        released.set()
+    want = [0, 1, 4, 5, 8, 12]
+    assert [w["steps"] for w in kernels(fake_daemon)] == [[i] for i in want]
+    assert threads == [trace_mod.FOLD_THREAD + "_0"] * 6
+    assert not [t for t in threading.enumerate() if t.name.startswith(trace_mod.FOLD_THREAD)]
+    assert_nothing_left()
+
+
+def test_a_fold_that_cannot_keep_up_is_waited_for_not_piled_up(
+    socket_dir, fake_daemon, monkeypatch
+):
+    # each fold takes 0.1 s, the steps a few ms: uncapped, the folds would pile up
+    pending: list[int] = []
+    real_send = trace_mod.Tracer._send_folded
+    real_fold = trace_mod._fold
+
+    def slow_fold(*args):
+        time.sleep(0.1)
+        return real_fold(*args)
+
+    monkeypatch.setattr(trace_mod, "_fold", slow_fold)
+
+    def counting(self, wait=False):
+        pending.append(len(self._folding))
+        real_send(self, wait)
+
+    monkeypatch.setattr(trace_mod.Tracer, "_send_folded", counting)
+    monkeypatch.setattr(trace_mod, "MAX_FOLDS_PENDING", 2)
+    with profile(socket_dir, trace_every_n_steps=1):
+        train(steps=12)
+    assert max(pending) <= 3  # one over the cap at most, then waited for
+    assert [w["steps"] for w in kernels(fake_daemon)] == [[i] for i in range(12)]
+
+
 def test_loop_that_raises_inside_a_window_leaves_nothing_behind(socket_dir, fake_daemon):
     def boom(i):
         if i == 4:
@@ -573,6 +629,31 @@ def test_fold_charges_kernels_to_their_op_and_its_parents():
     assert ("user", "op") not in got and ("aten::view", "op") not in got
     assert ("cudaLaunchKernel", "op") not in got
     assert [r.name for r in rows][:2] == ["aten::addmm", "aten::linear"] or rows[0].total_ns == 25
+
+
+def test_fold_reads_events_of_a_torch_without_every_method():
+    # torch 2.11's _KinetoEvent has no is_python_function and no activity_type
+    # (seen on an H200): the fold must still fold, skip user annotations by the
+    # predicate it has, and class device activity by its name
+    missing = ("is_python_function", "activity_type")
+    older = type("OlderEvent", (), {k: v for k, v in vars(FakeEvent).items() if k not in missing})
+    assert not any(hasattr(older, m) for m in missing)
+
+    def events(cls):
+        return [
+            cls("user", start=0, end=100, corr=1, user=True, act="user_annotation"),
+            cls("aten::addmm", start=2, end=40, corr=3, flops=1000),
+            cls("sm90_gemm", dev="cuda", start=10, end=30, linked=3, act="kernel"),
+            cls("aten::copy_", start=60, end=70, corr=5),
+            cls("Memcpy HtoD (Pageable -> Device)", dev="cuda", start=62, end=66, linked=5),
+        ]
+
+    rows, dropped = fold_kineto(events(older), "cpu")
+    assert (rows, dropped) == fold_kineto(events(FakeEvent), "cpu")
+    got = {(r.name, r.kind): r for r in rows}
+    assert got["aten::addmm", "op"].total_ns == 20 and ("user", "op") not in got
+    assert got["Memcpy HtoD (Pageable -> Device)", "kernel"].cls == "memcpy"
+    assert got["sm90_gemm", "kernel"].cls == "compute"
 
 
 def test_fold_caps_rows_and_counts_the_cut():

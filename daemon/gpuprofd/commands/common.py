@@ -122,8 +122,11 @@ timeout_option = click.option(
 )
 
 
-def resolve_socket_dir(socket_dir: Path | None) -> Path:
-    """*socket_dir*, or ``GPUPROF_SOCKET`` / the database's per-user daemon's, absolute."""
+def resolve_socket_dir(socket_dir: Path | None, db: Path | None = None) -> Path:
+    """*socket_dir*, or ``GPUPROF_SOCKET`` / the per-user daemon's of *db*
+    (default ``GPUPROF_DB`` / ``./gpuprof.db``), absolute."""
+    if socket_dir is None and db is not None:
+        socket_dir = config.socket_dir(db=db.expanduser())
     return (socket_dir or config.socket_dir()).expanduser().absolute()
 
 

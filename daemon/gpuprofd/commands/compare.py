@@ -125,7 +125,17 @@ def _findings(data: Mapping[str, Any]) -> list[str]:
         lines.append(f"             B: {title(e, 'b')}")
     for e in changes["unchanged"]:
         lines.append(f"  unchanged  [{e['severity_b']}] {clean_text(e['label'], 60)}")
+        if title(e, "a") != title(e, "b"):  # the same severity, other figures: both said
+            lines.append(f"             A: {title(e, 'a')}")
         lines.append(f"             B: {title(e, 'b')}")
+    # runs of different names: each judged against its own name's earlier runs
+    for e in changes.get("history", ()):
+        for side in ("a", "b"):
+            if f"severity_{side}" in e:
+                who, label = side.upper(), clean_text(e["label"], 60)
+                sev, own = e[f"severity_{side}"], f"against {who}'s own earlier runs"
+                lines.append(f"  {who} only     [{sev}] {label} ({own})")
+                lines.append(f"             {title(e, side)}")
     return lines or ["  none in either run"]
 
 

@@ -140,13 +140,14 @@ def resolve_feed(
         return FeedTarget(url, Credentials(api_key=key, password=password))
     if api_key_file is not None:
         raise click.UsageError("--api-key-file goes with --server URL (a team server)")
+    mine = db if socket_dir is None else None
     if socket_dir is None and db is not None:
         socket_dir = config.socket_dir(db=db.expanduser())
     where = resolve_socket_dir(socket_dir)
     try:
         reply = ping(where, timeout_s)
     except NoDaemonError:
-        raise NoDaemonError(no_daemon_message(where, timeout_s)) from None
+        raise NoDaemonError(no_daemon_message(where, timeout_s, mine)) from None
     url = reply.get("dashboard_url")
     if not url:
         raise BadInputError(

@@ -150,6 +150,22 @@ class RunState:
         elif kind == "error":
             self.error = str(msg.get("error"))
 
+    def step_count(self) -> int | None:
+        """The run's steps: the ``run`` state's count (the headline's before
+        one came) and the steps that arrived after it with higher indices
+        (the state is sent every few seconds, steps every second); None when
+        neither said a count."""
+        count = self.state.get("steps", self.headline.get("steps"))
+        if not isinstance(count, int) or "last_step" not in self.state:
+            return count if isinstance(count, int) else None
+        last = self.state["last_step"]
+        beyond = 0
+        for p in reversed(self.steps):  # held in index order: the newest first
+            if isinstance(last, int) and p.step <= last:
+                break
+            beyond += 1
+        return count + beyond
+
     def window(self, n: int) -> list[dict[str, Any]]:
         """The last *n* steps as :func:`gpuprof.window.window_figures` rows."""
         last = list(self.steps)[-n:] if n < len(self.steps) else list(self.steps)

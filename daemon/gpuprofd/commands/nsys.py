@@ -20,9 +20,8 @@ from gpuprofd.commands.common import (
 from gpuprofd.core.errors import DatabaseError
 from gpuprofd.storage import reads, schema
 from gpuprofd.storage.reader import Reader
+from gpuprofd.storage.reads import steprows
 from gpuprofd.storage.writes import Op, runsdb
-
-_STEPS_SQL = "SELECT step, t0_ns, t1_ns FROM steps WHERE run_id = ? ORDER BY t0_ns, step"
 
 
 def _write(db: Path, run_id: int, windows: list[tuple[dict[str, Any], list[Any]]]) -> int:
@@ -58,9 +57,9 @@ async def _run_steps(db: Reader, run_id: int | None) -> tuple[dict[str, Any], li
     """The run (latest if None) and its timed steps, by t0."""
     run = await reads.get_run(db, run_id)
     steps = [
-        nsys.Step(int(r["step"]), int(r["t0_ns"]), int(r["t1_ns"]))
-        for r in await db.fetchall(_STEPS_SQL, (run["id"],))
-        if r["t0_ns"] is not None and r["t1_ns"] is not None
+        nsys.Step(int(r[0]), int(r[1]), int(r[2]))
+        for r in await steprows.rows(db, run["id"])
+        if r[1] is not None and r[2] is not None
     ]
     return run, steps
 

@@ -175,12 +175,14 @@ def describe_other_daemons(socket_dir: Path, timeout_s: float) -> list[str]:
     ]
 
 
-def no_daemon_message(socket_dir: Path, timeout_s: float) -> str:
-    """Why no daemon answered on *socket_dir*, and what to do about it."""
+def no_daemon_message(socket_dir: Path, timeout_s: float, db: Path | None = None) -> str:
+    """Why no daemon answered on *socket_dir* (that of the database *db*, when
+    given), and what to do about it."""
     others = describe_other_daemons(socket_dir, timeout_s)
     if others:
+        which = f"for {db}" if db is not None else "for this database (GPUPROF_DB or ./gpuprof.db)"
         return (
-            f"no gpuprofd for this database (GPUPROF_DB or ./gpuprof.db) on {socket_dir}; "
+            f"no gpuprofd {which} on {socket_dir}; "
             f"daemons of other databases: {'; '.join(others)} "
             "(see one with its --socket-dir DIR)"
         )
@@ -201,24 +203,26 @@ def no_daemon_message(socket_dir: Path, timeout_s: float) -> str:
     "The daemon's socket directory [default: GPUPROF_SOCKET, or the per-user "
     "daemon of GPUPROF_DB / ./gpuprof.db]."
 )
+@click.argument("db", type=click.Path(path_type=Path), required=False)
 @timeout_option
 @format_option
-def status_cmd(socket_dir: Path | None, timeout_s: float, fmt: str) -> int:
+def status_cmd(db: Path | None, socket_dir: Path | None, timeout_s: float, fmt: str) -> int:
     """Ping the gpuprofd of this database (exit 3 if none answers): its pid,
     socket directory, database, live runs, GPU sampling and drops.
 
     \b
     Example:
       gpuprofctl status
+      gpuprofctl status gpuprof-demo.db
 
-    The daemon asked is the one of GPUPROF_DB or ./gpuprof.db (each database
+    The daemon asked is the one of DB, else GPUPROF_DB or ./gpuprof.db (each database
     gets its own auto-started daemon), or the one on --socket-dir DIR or
     GPUPROF_SOCKET (a node-wide daemon under systemd: /run/gpuprof).
 
     With --format json and no daemon, prints {"running": false, "socket_dir":
     ..., "error": ...} and still exits 3.
     """
-    where = resolve_socket_dir(socket_dir)
+    where = resolve_socket_dir(socket_dir, db)
     try:
         reply = ping(where, timeout_s)
     except BadInputError as exc:
@@ -227,7 +231,7 @@ def status_cmd(socket_dir: Path | None, timeout_s: float, fmt: str) -> int:
         echo_json({"running": False, "socket_dir": str(where), "error": str(exc)})
         return EXIT_BAD_INPUT
     except NoDaemonError:
-        message = no_daemon_message(where, timeout_s)
+        message = no_daemon_message(where, timeout_s, db if socket_dir is None else None)
         if fmt != "json":
             raise NoDaemonError(message) from None
         echo_json({"running": False, "socket_dir": str(where), "error": message})

@@ -34,24 +34,32 @@ EXIT_WAIT_S = 10.0
     help="Exit at once; open runs stay 'running' and the next daemon re-adopts "
     "them while their processes live (their events meanwhile are lost).",
 )
+@click.argument("db", type=click.Path(path_type=Path), required=False)
 @timeout_option
 @format_option
-def stop_cmd(socket_dir: Path | None, now: bool, timeout_s: float, fmt: str) -> int:
+def stop_cmd(
+    db: Path | None, socket_dir: Path | None, now: bool, timeout_s: float, fmt: str
+) -> int:
     """Stop the gpuprofd of this database (exit 3 if none answers).
 
     \b
     Example:
       gpuprofctl stop --now
+      gpuprofctl stop gpuprof-demo.db
+
+    The daemon stopped is the one of DB, else GPUPROF_DB or ./gpuprof.db, or
+    the one on --socket-dir DIR or GPUPROF_SOCKET.
 
     With no open run it exits at once. Otherwise it takes no new runs (their
     gpuprof.profile() runs unprofiled and says why) and exits when its open
     runs have ended; --now exits at once. A later run starts a fresh daemon.
     """
-    where = resolve_socket_dir(socket_dir)
+    where = resolve_socket_dir(socket_dir, db)
     try:
         reply = request(where, {"type": "stop", "now": now}, timeout_s)
     except NoDaemonError:
-        raise NoDaemonError(no_daemon_message(where, timeout_s)) from None
+        mine = db if socket_dir is None else None
+        raise NoDaemonError(no_daemon_message(where, timeout_s, mine)) from None
     if not reply.get("ok"):
         raise GpuprofdError(f"gpuprofd did not stop: {reply.get('error', 'refused')}")
     pid, open_runs = reply.get("pid"), int(reply.get("open_runs") or 0)

@@ -156,7 +156,7 @@ def progress_line(state: RunState) -> str:
         for p in PHASES
         if figs["pct"][p] is not None
     )
-    count = state.state.get("steps")
+    count = state.step_count() if state.state else None
     return (
         f"{time.strftime('%H:%M:%S')} step {state.steps[-1].step}"
         + (f" · {count} steps" if count is not None else "")

@@ -246,7 +246,7 @@ def watch_frame(
     if notice:
         lines.append(Text(fit(safe(notice), width), style="yellow"))
     figs = window_figures(state.window(WINDOW_STEPS), unit_s=1e-3)
-    steps = live.get("steps", head.get("steps"))
+    steps = state.step_count()
     stats = (
         f"{count_text(steps)} steps · {rate_text(figs['steps_per_s'])} steps/s · "
         f"{ms_text(figs['mean'])} ms/it mean, {ms_text(figs['median'])} median "
@@ -285,7 +285,9 @@ def watch_frame(
     lines.append(_cpu_line(state.host, width))
     when = f", as of {clock(state.insights_s)}" if state.insights_s else ""
     if found:
-        lines.append(Text(fit(f"Findings ({len(found)}{when}):", width), style="bold"))
+        # the figures above are the last steps'; a finding and its gain, the whole run's
+        head = f"Findings ({len(found)}, whole run{when}):"
+        lines.append(Text(fit(head, width), style="bold"))
     elif state.insights_s:
         lines.append(Text(fit(f"Findings: none{when}", width), style="bold"))
     else:

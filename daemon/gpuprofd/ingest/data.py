@@ -114,12 +114,26 @@ class Ingest:
             return None
         return live
 
+    def _late_loader_stacks(self, key: str, msg: dict[str, Any]) -> bool:
+        """Store a DataLoader worker's last stack counts that came after its
+        run ended (a worker sends them as it exits, which can be after the
+        loop's end: :data:`~gpuprofd.ingest.registry.LATE_LOADER_STACKS_S`);
+        True when stored. The run's findings are not made again for them."""
+        if msg["type"] != "stacks" or msg.get("source") != "loader":
+            return False
+        run_id = self.runs.registry.ended_run_id(key)
+        if run_id is None:
+            return False
+        self.store.submit_all_nowait(runsdb.stacks_ops(run_id, msg))  # counts a full queue
+        return True
+
     async def handle_event(self, msg: dict[str, Any]) -> None:
         """Route one valid event to its run and the store."""
         key = msg["run_key"]
         live = self.runs.registry.get(key) or await self.runs.resolve(key)
         if live is None:
-            self.drops.add(self.runs.registry.unknown_reason(key) or "unknown_run", key)
+            if not self._late_loader_stacks(key, msg):
+                self.drops.add(self.runs.registry.unknown_reason(key) or "unknown_run", key)
             return
         live.note_event(msg)
         self.received += 1

@@ -79,14 +79,23 @@ class LiveRun:
         }
 
 
+#: How long after a run's end its DataLoader workers' last stack counts are
+#: still stored (s): a worker sends its last second's counts as it exits, and
+#: the loader of a loop's last epoch shuts its workers down after the loop
+#: (seen on the demo: ~0.1-1 s after the end, its workers busy augmenting).
+LATE_LOADER_STACKS_S = 30.0
+
+
 class RunRegistry:
-    """Live runs by key, plus a bounded memory of keys known to be unknown."""
+    """Live runs by key, plus a bounded memory of keys known to be unknown
+    and of the runs that ended lately (:meth:`ended_run_id`)."""
 
     NEGATIVE_CACHE_SIZE = 1024
 
     def __init__(self) -> None:
         self.live: dict[str, LiveRun] = {}
         self._unknown: dict[str, str] = {}
+        self._ended: dict[str, tuple[int, float]] = {}
 
     def get(self, run_key: str) -> LiveRun | None:
         return self.live.get(run_key)
@@ -106,6 +115,23 @@ class RunRegistry:
         """Why events for *run_key* are dropped (``unknown_run`` or
         ``run_ended``), if a lookup already decided; None if not known yet."""
         return self._unknown.get(run_key)
+
+    def end(self, run: LiveRun) -> None:
+        """*run* ended: no longer live; its late events dropped as
+        ``run_ended``, but for :meth:`ended_run_id`'s while."""
+        self.remove(run.run_key)
+        self.mark_unknown(run.run_key, "run_ended")
+        self._ended[run.run_key] = (run.run_id, time.monotonic())
+        while len(self._ended) > self.NEGATIVE_CACHE_SIZE:
+            self._ended.pop(next(iter(self._ended)))
+
+    def ended_run_id(self, run_key: str) -> int | None:
+        """The id of the run of *run_key* if it ended in this daemon within
+        :data:`LATE_LOADER_STACKS_S`; else None."""
+        got = self._ended.get(run_key)
+        if got is None or time.monotonic() - got[1] > LATE_LOADER_STACKS_S:
+            return None
+        return got[0]
 
     def mark_unknown(self, run_key: str, reason: str = "unknown_run") -> None:
         self._unknown[run_key] = reason

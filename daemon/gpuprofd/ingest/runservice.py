@@ -258,8 +258,7 @@ class RunService:
         return summary
 
     def _close(self, live: LiveRun) -> None:
-        self.registry.remove(live.run_key)
-        self.registry.mark_unknown(live.run_key, "run_ended")
+        self.registry.end(live)
 
     def _collect_lost(self, live: LiveRun) -> None:
         """Add the events of *live* the store could not commit to its count."""
@@ -339,8 +338,7 @@ class RunService:
         try:
             await self.store.flush()
         finally:
-            self.registry.remove(live.run_key)
-            self.registry.mark_unknown(live.run_key, "run_ended")
+            self.registry.end(live)
         self._collect_lost(live)
         await runsdb.update_run(
             self.store,

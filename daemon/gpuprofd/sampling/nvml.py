@@ -21,8 +21,9 @@ What each loop may ask is fixed by the cost of one call on an H200
 queries (:data:`FAST_CALLS`); energy (~3,900 µs), field values (~450 µs),
 GPM samples (~620 µs) and violation counters (~700–840 µs) only in the slow
 loop (:data:`SLOW_CALLS`). ``nvmlDeviceGetPcieThroughput`` (~21,000 µs: it
-blocks for a 20 ms window) is never called; PCIe bytes come from the
-``NVML_FI_DEV_PCIE_COUNT_{RX,TX}_BYTES`` counters instead.
+blocks for a 20 ms window) is never called; PCIe bytes/s come from GPM's
+PCIe metrics (the mean over the slow loop's interval), else from the
+``NVML_FI_DEV_PCIE_COUNT_{RX,TX}_BYTES`` counters where they are 64-bit.
 """
 
 from __future__ import annotations
@@ -71,12 +72,29 @@ GPM sample ~620 µs, violation status ~700–840 µs per call on an H200 (probe.
 FI_PCIE_RX_BYTES = 198
 FI_PCIE_TX_BYTES = 197
 
-#: GPM metric ids (``NVML_GPM_METRIC_*`` in pynvml), each a percentage 0-100.
+#: GPM metric ids (``NVML_GPM_METRIC_*`` in pynvml): percentages 0-100 ...
 GPM_SM_UTIL = 2
 GPM_SM_OCCUPANCY = 3
 GPM_ANY_TENSOR_UTIL = 5
 GPM_DRAM_BW_UTIL = 10
-GPM_METRICS = (GPM_SM_UTIL, GPM_SM_OCCUPANCY, GPM_ANY_TENSOR_UTIL, GPM_DRAM_BW_UTIL)
+#: ... and PCIe traffic, MiB/s, from / to the GPU.
+GPM_PCIE_TX_PER_SEC = 20
+GPM_PCIE_RX_PER_SEC = 21
+GPM_METRICS = (
+    GPM_SM_UTIL,
+    GPM_SM_OCCUPANCY,
+    GPM_ANY_TENSOR_UTIL,
+    GPM_DRAM_BW_UTIL,
+    GPM_PCIE_TX_PER_SEC,
+    GPM_PCIE_RX_PER_SEC,
+)
+MIB = 1 << 20
+#: ``NVML_VALUE_TYPE_*`` of a counter that does not wrap between two slow
+#: ticks: unsigned long, unsigned long long, signed long long. The H200's PCIe
+#: byte counters answer ``NVML_VALUE_TYPE_UNSIGNED_INT`` (probe.json): 32 bits
+#: wrap every 4 GiB, 0.08 s of a 55 GB/s copy (seen on an H200, 2026-12-04:
+#: 4.0 GB/s read at 1 Hz during 55.5 GB/s of copies), so they give no rate.
+WIDE_VALUE_TYPES = frozenset({2, 3, 4})
 
 #: ``NVML_PERF_POLICY_POWER`` / ``_THERMAL`` for ``nvmlDeviceGetViolationStatus``.
 PERF_POLICY_POWER = 0
@@ -143,7 +161,8 @@ class GpuSlowSample:
     energy_power_mw: float | None
     """Mean board power over the interval from the energy counter, mW."""
     pcie_rx_bytes_per_s: float | None
-    """Host→device PCIe traffic, bytes/s (from the byte counters)."""
+    """Host→device PCIe traffic, bytes/s (GPM's mean over the interval, else
+    the 64-bit byte counters)."""
     pcie_tx_bytes_per_s: float | None
     """Device→host PCIe traffic, bytes/s."""
     gpm_sm_util_pct: float | None
@@ -216,6 +235,8 @@ class _SlowState:
     energy_mj: int | None = None
     pcie: tuple[int | None, int | None, int | None] = (None, None, None)
     """(rx bytes, tx bytes, NVML timestamp µs) of the last field-value read."""
+    pcie_counters: bool = True
+    """False once the byte counters answered 32-bit (no rate): never asked again."""
     violation: tuple[Any, Any] = (None, None)
     gpm_supported: bool | None = None
     gpm_prev: Any = None
@@ -357,8 +378,12 @@ class RealNvml:
         energy_mw = None
         if energy is not None and st.energy_mj is not None and dt and energy >= st.energy_mj:
             energy_mw = (energy - st.energy_mj) / dt  # mJ/s = mW
-        rx_bps, tx_bps = self._pcie_rates(h, st, dt)
         gpm = self._gpm(h, st)
+        rx_mib, tx_mib = gpm.get(GPM_PCIE_RX_PER_SEC), gpm.get(GPM_PCIE_TX_PER_SEC)
+        if rx_mib is not None and tx_mib is not None:
+            rx_bps, tx_bps = rx_mib * MIB, tx_mib * MIB
+        else:
+            rx_bps, tx_bps = self._pcie_rates(h, st, dt)
         power_v, thermal_v = (
             self._query("power_violation", nv.nvmlDeviceGetViolationStatus, h, PERF_POLICY_POWER),
             self._query(
@@ -387,7 +412,10 @@ class RealNvml:
     def _pcie_rates(
         self, h: Any, st: _SlowState, dt: float | None
     ) -> tuple[float | None, float | None]:
-        """Bytes/s each way from the PCIe byte counters (one field-values call)."""
+        """Bytes/s each way from the PCIe byte counters (one field-values call);
+        (None, None) when they are 32-bit (:data:`WIDE_VALUE_TYPES`)."""
+        if not st.pcie_counters:
+            return None, None
         values = self._query(
             "pcie_counters",
             self._nv.nvmlDeviceGetFieldValues,
@@ -396,6 +424,10 @@ class RealNvml:
         )
         if values is None:
             st.pcie = (None, None, None)
+            return None, None
+        if any(v.nvmlReturn == 0 and v.valueType not in WIDE_VALUE_TYPES for v in values):
+            st.pcie_counters = False
+            log.debug("the GPU's PCIe byte counters are 32-bit: PCIe rates from GPM only")
             return None, None
         rx, tx = (_field_value(v) for v in values)
         stamp = int(values[0].timestamp) or None

@@ -14,8 +14,10 @@ one JSON object per sample with ``t`` (seconds) and the values::
 Every query answers with the row current at the replay clock (the last row
 with ``t`` ≤ now). The PCIe byte counters that ``nvmlDeviceGetFieldValues``
 serves are synthesized by integrating the recorded KB/s (1 KB = 1000 bytes,
-as the fixture's README reads 58,779,434 KB/s as 58.8 GB/s). GPM metrics are
-the mean of the GPM rows between the two GPM samples. What the trace lacks
+as the fixture's README reads 58,779,434 KB/s as 58.8 GB/s), 32-bit as the
+H200's are (``probe.json``: ``NVML_VALUE_TYPE_UNSIGNED_INT``) unless
+``wide_pcie_counters``. GPM metrics are the mean of the GPM rows between the
+two GPM samples; GPM's PCIe metrics (MiB/s) the mean of the KB/s rows. What the trace lacks
 (violation counters, MIG, other clocks) raises pynvml's
 ``NVMLError_NotSupported``, as a real GPU does for what it lacks.
 
@@ -55,6 +57,13 @@ _GPM_COLUMNS = {
     nvml.GPM_DRAM_BW_UTIL: "gpm_dram_bw_util",
 }
 _PCIE_COLUMNS = {nvml.FI_PCIE_RX_BYTES: "pcie_rx_KBps", nvml.FI_PCIE_TX_BYTES: "pcie_tx_KBps"}
+#: GPM's PCIe metrics (MiB/s) and the KB/s column each is read from.
+_GPM_PCIE_COLUMNS = {
+    nvml.GPM_PCIE_RX_PER_SEC: "pcie_rx_KBps",
+    nvml.GPM_PCIE_TX_PER_SEC: "pcie_tx_KBps",
+}
+_KBPS_PER_MIBPS = nvml.MIB / 1000.0
+_VALUE_TYPE_UINT = 1  # NVML_VALUE_TYPE_UNSIGNED_INT: the H200's PCIe counters
 _VALUE_TYPE_ULL = 3  # NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
 
 
@@ -171,8 +180,11 @@ class ReplayPynvml:
         cost: Callable[[str], None] | None = None,
         max_sm_mhz: int | None = None,
         power_limit_mw: int | None = None,
+        wide_pcie_counters: bool = False,
     ) -> None:
         self.trace = trace
+        self.wide_pcie_counters = wide_pcie_counters
+        """Serve 64-bit PCIe byte counters (a GPU whose counters do not wrap)."""
         self.max_sm_mhz = max_sm_mhz
         """Max SM clock, MHz (probe.json's ``max_clock_sm_MHz``); None: not supported."""
         self.power_limit_mw = power_limit_mw
@@ -331,15 +343,18 @@ class ReplayPynvml:
             counter = self._counters.get(fid)
             ret = pynvml.NVML_SUCCESS if counter else pynvml.NVML_ERROR_NOT_SUPPORTED
             value = self._cumulative(counter) if counter else 0
+            wide = self.wide_pcie_counters
             out.append(
                 SimpleNamespace(
                     fieldId=fid,
                     scopeId=0,
                     timestamp=int(t * 1e6),
                     latencyUsec=0,
-                    valueType=_VALUE_TYPE_ULL,
+                    valueType=_VALUE_TYPE_ULL if wide else _VALUE_TYPE_UINT,
                     nvmlReturn=ret,
-                    value=SimpleNamespace(ullVal=value),
+                    value=SimpleNamespace(ullVal=value)
+                    if wide
+                    else SimpleNamespace(uiVal=value % (1 << 32)),
                 )
             )
         return out
@@ -360,7 +375,8 @@ class ReplayPynvml:
 
     @_recorded
     def nvmlGpmQueryDeviceSupport(self, handle: _Handle) -> SimpleNamespace:
-        supported = any(col in self._columns for col in _GPM_COLUMNS.values())
+        cols = (*_GPM_COLUMNS.values(), *_GPM_PCIE_COLUMNS.values())
+        supported = any(col in self._columns for col in cols)
         return SimpleNamespace(version=1, isSupportedDevice=int(supported))
 
     @_recorded
@@ -384,10 +400,12 @@ class ReplayPynvml:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         t1, t2 = get.sample1.t or 0.0, get.sample2.t
         for m in get.metrics[: get.numMetrics]:
-            col = _GPM_COLUMNS.get(m.metricId)
+            col = _GPM_COLUMNS.get(m.metricId) or _GPM_PCIE_COLUMNS.get(m.metricId)
             vals = _window(self.trace.rows, col, t1, t2) if col else []
             m.nvmlReturn = pynvml.NVML_SUCCESS if vals else pynvml.NVML_ERROR_NOT_SUPPORTED
             m.value = sum(vals) / len(vals) if vals else 0.0
+            if m.metricId in _GPM_PCIE_COLUMNS:
+                m.value /= _KBPS_PER_MIBPS
         return get
 
     def _energy_at(self, t: float) -> float:

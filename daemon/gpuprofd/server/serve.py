@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 
@@ -26,7 +28,7 @@ from gpuprofd.server.notify import Listener, RunChanges
 from gpuprofd.services.digest import Digest
 from gpuprofd.services.insights_runner import InsightsRunner
 from gpuprofd.storage import logins, schema
-from gpuprofd.storage.upkeep import hostrollup, retention, steprollup
+from gpuprofd.storage.upkeep import hostrollup, retention, steppack, steprollup
 from gpuprofd.storage.url import StorageUrl
 from gpuprofd.storage.writes import Applied, Store, costs
 from gpuprofd.web.auth import Auth, AuthConfig
@@ -47,6 +49,24 @@ DIGEST_LOOK_MAX_S = 60.0
 #: Postgres connections of one replica (besides its listener): the ingest
 #: transactions of several nodes run at once, each on its own.
 POOL_SIZE = 8
+
+
+#: The cyclic collector's thresholds while serving (Python's are 700, 10, 10).
+#: Ingest makes ~1,000 short-lived objects a batch (decoded JSON, rows),
+#: almost none in cycles: at 700 the youngest generation is scanned about
+#: every batch, and the older ones, holding every batch waiting for its
+#: group, every ten. With these: ~0.2 ms less CPU a batch
+#: (bench/server_ingest.py, docs/benchmarks.md).
+GC_THRESHOLDS = (10_000, 20, 100)
+
+
+def tune_gc() -> None:
+    """Set :data:`GC_THRESHOLDS` and leave what is made by now (the
+    modules) out of every later collection (``gc.freeze``): it lives as
+    long as the process."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 @dataclass(frozen=True)
@@ -114,12 +134,14 @@ class Server:
         """The step and host rollup tiers of ingested runs, as a node keeps
         its own (:mod:`gpuprofd.storage.upkeep.steprollup`,
         :mod:`~gpuprofd.storage.upkeep.hostrollup`):
-        whole-run charts of long runs read blocks, not every step or sample.
+        whole-run charts of long runs read blocks, not every step or sample;
+        and its older steps packed (:mod:`~gpuprofd.storage.upkeep.steppack`).
         Replicas may both roll: a block is written once (its key)."""
         while not self._stop.is_set():
             try:
                 await steprollup.roll_pass(self.store)
                 await hostrollup.roll_pass(self.store)
+                await steppack.pack_round(self.store)
             except Exception:  # noqa: BLE001 - retry at the next round
                 log.exception("step rollups failed; trying again in %.0f s", ROLL_EVERY_S)
             with contextlib.suppress(TimeoutError):
@@ -227,10 +249,24 @@ def run_server(opts: ServeOptions, ready: Callable[[str], None] | None = None) -
     """Run the team server in this process until SIGTERM or SIGINT."""
 
     async def main() -> None:
+        tune_gc()  # this process's: not for a Server run inside another program
         server = Server(opts)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, server.stop)
         await server.run(ready)
 
-    asyncio.run(main())
+    run_loop(main())
+
+
+def run_loop(main: Coroutine[Any, Any, None]) -> None:
+    """Run *main* on uvloop's event loop where it is installed (the
+    ``postgres`` extra brings it: its sockets, callbacks and timers are C,
+    and a replica's CPU goes to each request's reading and answering), else
+    on asyncio's."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - by what is installed
+        asyncio.run(main)
+        return
+    uvloop.run(main)

@@ -17,11 +17,12 @@ import asyncio
 import contextlib
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from gpuprof.extras import install_hint
 from gpuprofd.core.errors import DatabaseError
-from gpuprofd.storage import schema
+from gpuprofd.sampling import rollup
+from gpuprofd.storage import commpack, schema
 from gpuprofd.storage.dialect import POSTGRES, Dialect
 from gpuprofd.storage.url import StorageUrl
 
@@ -87,8 +88,19 @@ async def _init(conn: Any) -> None:
     )
 
 
+async def _as_it_is(conn: Any) -> None:
+    """A connection handed back to the pool is kept as it is: gpuprof leaves
+    nothing on a session (no ``SET`` but ``SET LOCAL``, no ``LISTEN`` on a
+    pooled connection, advisory locks only for a transaction), so asyncpg's
+    reset (``RESET ALL``, ``UNLISTEN *``, ... after every use) would be one
+    more round trip each time, and on a team server, before a group's
+    batches are answered. An open transaction is still rolled back first
+    (asyncpg does that itself)."""
+
+
 async def create_pool(url: StorageUrl, *, min_size: int = 1, max_size: int = 4) -> Any:
-    """A connection pool to *url*.
+    """A connection pool to *url* (a connection handed back is not reset:
+    :func:`_as_it_is`).
 
     Raises:
         DatabaseError: asyncpg missing, the server unreachable, or the login
@@ -103,6 +115,7 @@ async def create_pool(url: StorageUrl, *, min_size: int = 1, max_size: int = 4) 
             min_size=min_size,
             max_size=max_size,
             init=_init,
+            reset=_as_it_is,
             timeout=CONNECT_TIMEOUT_S,
             command_timeout=COMMAND_TIMEOUT_S,
         )
@@ -139,7 +152,12 @@ async def prepare(pool: Any, url: StorageUrl) -> int:
                             f"ALTER TABLE IF EXISTS {table} ADD COLUMN IF NOT EXISTS {column} "
                             f"{POSTGRES.column_decl(decl)}"
                         )
+                if 0 < version < 23 and await _is_table(conn, "gpu_rollups"):
+                    # its name is now the view's (schema 23)
+                    await conn.execute("ALTER TABLE gpu_rollups RENAME TO gpu_rollups_21")
                 await conn.execute(POSTGRES.ddl(schema.SCHEMA_SQL), timeout=SCHEMA_TIMEOUT_S)
+                if 0 < version < 23:
+                    await _narrow(conn)
                 if version < schema.SCHEMA_VERSION:
                     await conn.executemany(
                         "INSERT INTO meta (key, value) VALUES ($1, $2) "
@@ -151,6 +169,52 @@ async def prepare(pool: Any, url: StorageUrl) -> int:
                 f"cannot create gpuprof's tables in {url.display} ({_reason(exc)})"
             ) from None
     return version
+
+
+#: Packed steps inserted per statement while upgrading to schema 23.
+_NARROW_CHUNK = 1000
+
+
+async def _is_table(conn: Any, name: str) -> bool:
+    """Whether *name* (on the search path) is a table (not a view, not missing)."""
+    kind = await conn.fetchval(
+        "SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1)", name
+    )
+    return kind in ("r", "p")
+
+
+async def _narrow(conn: Any) -> None:
+    """Schema 23 (in :func:`prepare`'s transaction): the ``gpu_rollups`` table
+    (renamed ``gpu_rollups_21``) into ``gpus`` and ``gpu_seconds``, the
+    ``comm_buckets`` rows packed into ``comm_steps`` (one row a step, its rows
+    in the order stored); the old tables dropped."""
+    if await _is_table(conn, "gpu_rollups_21"):
+        for sql in rollup.copy_sql("SELECT * FROM gpu_rollups_21"):
+            await conn.execute(sql, timeout=SCHEMA_TIMEOUT_S)
+        await conn.execute("DROP TABLE gpu_rollups_21")
+    if not await _is_table(conn, "comm_buckets"):
+        return
+    insert = POSTGRES.sql(commpack.INSERT_SQL)
+    packed: list[tuple[Any, ...]] = []
+    key: tuple[int, int] | None = None
+    rows: list[tuple[Any, ...]] = []
+    sql = (
+        "SELECT run_id, step, bucket, start_ns, end_ns, bytes FROM comm_buckets "
+        "ORDER BY run_id, step, rowid"
+    )
+    async for r in conn.cursor(sql):
+        if (r[0], r[1]) != key:
+            if key is not None:
+                packed.append(commpack.step_row(*key, rows))
+            key, rows = (r[0], r[1]), []
+        rows.append(tuple(r[2:]))
+        if len(packed) >= _NARROW_CHUNK:
+            await conn.executemany(insert, packed)
+            packed = []
+    if key is not None:
+        packed.append(commpack.step_row(*key, rows))
+    await conn.executemany(insert, packed)
+    await conn.execute("DROP TABLE comm_buckets")
 
 
 async def _make_first_schema(conn: Any, url: StorageUrl) -> None:
@@ -257,6 +321,10 @@ class PostgresReader:
         rows = await self.fetchall(sql, params)
         return rows[0] if rows else None
 
+    async def fetchtuples(self, sql: str, params: Sequence[Any] = ()) -> list[Sequence[Any]]:
+        """:meth:`fetchall`: asyncpg's records index by position already."""
+        return await self.fetchall(sql, params)
+
     async def close(self) -> None:
         await close_pool(self.pool)
 
@@ -356,12 +424,15 @@ class PostgresWriter:
         return await self._conn.fetch(POSTGRES.sql(sql), *shape.coerce(params))
 
     async def executemany(
-        self, sql: str, rows: Sequence[Sequence[Any]], *, count: bool = False
+        self, sql: str, rows: Sequence[Sequence[Any]], *, count: bool = False, typed: bool = False
     ) -> int | None:
         """Run *sql* with each of *rows* (pipelined); with *count*, one by one
-        to return the rows changed in all (asyncpg's executemany does not say)."""
+        to return the rows changed in all (asyncpg's executemany does not say).
+        *typed*: each of *rows* is a tuple whose values have their columns'
+        types already (:meth:`_Shape.coerce_many` is skipped: a team server's
+        ingest rows, checked when the batch was read)."""
         shape = await self._shape(sql)
-        values = shape.coerce_many(rows)
+        values = cast("list[tuple[Any, ...]]", rows) if typed else shape.coerce_many(rows)
         if count:
             total = 0
             for v in values:
@@ -384,6 +455,10 @@ class PostgresWriter:
     async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         return await self.pool.fetch(POSTGRES.sql(sql), *params)
 
+    async def fetchtuples(self, sql: str, params: Sequence[Any] = ()) -> list[Sequence[Any]]:
+        """:meth:`fetchall`: asyncpg's records index by position already."""
+        return await self.fetchall(sql, params)
+
     async def close(self) -> None:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self._release(), CLOSE_TIMEOUT_S)
@@ -402,6 +477,7 @@ def _rowcount(status: str) -> int:
     return int(tail) if tail.isdigit() else 0
 
 
+_TUPLE = {tuple}
 _INT_TYPES = frozenset({"int2", "int4", "int8"})
 _FLOAT_TYPES = frozenset({"float4", "float8", "numeric"})
 _WANTS: dict[str, type] = {"i": int, "f": float, "t": str}
@@ -425,7 +501,11 @@ class _Shape:
         """:meth:`coerce` of each of *rows*, looking at a column at a time
         first: rows whose every value has its column's type already (a
         team server's ingest batches, as a rule) are taken as they are."""
-        out = [r if type(r) is tuple else tuple(r) for r in rows]
+        out = (
+            cast("list[tuple[Any, ...]]", rows)
+            if type(rows) is list and set(map(type, rows)) == _TUPLE
+            else [tuple(r) for r in rows]
+        )
         for want, column in zip(self.wants, zip(*out, strict=False), strict=False):
             if want is None:
                 continue

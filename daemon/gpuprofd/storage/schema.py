@@ -8,14 +8,19 @@ nanoseconds, as named), byte counts ``*_bytes``, rates ``*_bps`` (bytes/s),
 power ``*_mw`` (milliwatts).
 
 Tiering (what a long run leaves behind, see ``bench/storage.py``): raw GPU
-samples for the daemon's raw window only, per-second ``gpu_rollups`` for the
-whole run; every host sample, and per run ``host_rollups`` of them (10 s
-blocks, ``gpuprofd.storage.upkeep.hostrollup``) for the whole-run charts;
-continuous kernel windows merged as they age (``gpuprofd.storage.upkeep.kcompact``);
-every step row kept, and per block of 100 steps the figures ``gpuprofctl runs``
-shows (``step_totals``, ``gpuprofd.storage.reads.steptotals``) and the step chart's
-(``step_rollups``). ``comm_buckets`` (one row per DDP bucket per step: a day
-of 500 ms steps with 280 buckets is ~48 M rows per rank) keeps, per run, the
+samples for the daemon's raw window only, per-second GPU rollups for the
+whole run (``gpu_seconds``, keyed by a small ``gpus`` id, read through the
+``gpu_rollups`` view that joins each GPU's UUID and boot back in); every host
+sample, and per run ``host_rollups`` of them (10 s blocks,
+``gpuprofd.storage.upkeep.hostrollup``) for the whole-run charts; continuous
+kernel windows merged as they age (``gpuprofd.storage.upkeep.kcompact``);
+every step kept: a run's last ``STEPS_RAW_KEPT`` steps (by index) as ``steps``
+rows, older ones packed per block of 1,000 into ``step_packs`` rows (columnar,
+compressed, lossless: ``gpuprofd.storage.upkeep.steppack``; every read of steps
+goes through ``gpuprofd.storage.reads.steprows``), and per block of 100 steps the
+figures ``gpuprofctl runs`` shows (``step_totals``, ``gpuprofd.storage.reads.steptotals``)
+and the step chart's (``step_rollups``). ``comm_steps`` (one row per DDP step, its
+buckets packed by ``gpuprofd.storage.commpack``: ~1 KB for 280 buckets) keeps, per run, the
 steps whose index is within ``COMM_STEPS_KEPT`` of the run's latest step
 (the window the group rules read, ``gpuprofd.storage.reads.GROUP_STEPS_MAX``) and
 every ``COMM_KEEP_EVERY``-th step for history; the daemon deletes the rest in
@@ -36,8 +41,10 @@ from gpuprof.insights.gpu import (
     THERMAL_REASONS,
 )
 from gpuprofd.core.errors import DatabaseError
+from gpuprofd.sampling import rollup
+from gpuprofd.storage import commpack
 
-SCHEMA_VERSION = 20
+SCHEMA_VERSION = 23
 #: Columns added since schema 1: (table, column, declaration).
 _ADDED_IN_2 = (
     ("steps", "skipped", "INTEGER DEFAULT 0"),
@@ -180,7 +187,8 @@ _RAW_AS_ROLLUPS_SQL = (
 )
 
 
-SCHEMA_SQL = """
+SCHEMA_SQL = (
+    """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
 CREATE TABLE IF NOT EXISTS runs (
     id INTEGER PRIMARY KEY,
@@ -239,6 +247,17 @@ CREATE TABLE IF NOT EXISTS steps (
 CREATE INDEX IF NOT EXISTS steps_run_t0 ON steps (run_id, t0_ns);
 CREATE INDEX IF NOT EXISTS steps_run_step ON steps (run_id, step);  -- schema 7: a group's
                                  -- last steps and a run's latest step found by index
+CREATE TABLE IF NOT EXISTS step_packs (  -- schema 22: a block of a run's older steps, packed
+    -- (gpuprofd.storage.upkeep.steppack; read by gpuprofd.storage.reads.steprows)
+    run_id INTEGER NOT NULL,
+    block INTEGER NOT NULL,          -- step / STEP_PACK: the indices it covers
+    n INTEGER NOT NULL,              -- steps rows in it
+    first_step INTEGER, last_step INTEGER,  -- the lowest and highest index in it
+    t0_min_ns INTEGER, t0_max_ns INTEGER,   -- its steps' earliest and latest t0
+    t1_max_ns INTEGER,               -- its steps' latest t1
+    data BLOB NOT NULL,              -- the rows, columnar, zlib (gpuprofd.storage.stepcodec)
+    PRIMARY KEY (run_id, block)
+);
 CREATE TABLE IF NOT EXISTS insights (
     run_id INTEGER NOT NULL, rule TEXT, severity TEXT, title TEXT, detail TEXT,
     fix TEXT, evidence TEXT, created_wall_ns INTEGER
@@ -252,6 +271,12 @@ CREATE TABLE IF NOT EXISTS group_insights (  -- schema 7: a group's findings onc
     created_wall_ns INTEGER
 );
 CREATE INDEX IF NOT EXISTS group_insights_group ON group_insights (group_id);
+CREATE TABLE IF NOT EXISTS group_checks (  -- schema 21: an ended group whose rules ran
+    group_id TEXT PRIMARY KEY,       -- runs.group_id; its findings (maybe none) are in
+    ranks INTEGER,                   -- group_insights, read instead of computed again
+    found INTEGER,                   -- how many findings the rules stored
+    checked_wall_ns INTEGER
+);
 CREATE TABLE IF NOT EXISTS host_samples (
     mono_ns INTEGER, cpu_pct REAL, cpu_count INTEGER, disk_read_bps REAL,
     disk_read_iops REAL,             -- read operations/s
@@ -275,24 +300,41 @@ CREATE TABLE IF NOT EXISTS gpu_slow_samples (  -- the <= 1 Hz loop; NULL: not av
     gpm_sm_util_pct REAL, gpm_sm_occupancy_pct REAL, gpm_tensor_util_pct REAL,
     gpm_dram_bw_util_pct REAL, power_capped_pct REAL, thermal_capped_pct REAL
 );
-CREATE TABLE IF NOT EXISTS gpu_rollups (  -- one row per GPU per second, the whole run
-    sec_ns INTEGER, uuid TEXT, n INTEGER,     -- n: fast samples with a utilization reading
-    util_min REAL, util_mean REAL, util_max REAL, idle_n INTEGER,
-    mem_used_min INTEGER, mem_used_mean REAL, mem_used_max INTEGER, mem_total_bytes INTEGER,
-    power_min_mw REAL, power_mean_mw REAL, power_max_mw REAL,
-    temp_min_c REAL, temp_mean_c REAL, temp_max_c REAL,
-    sm_min_mhz REAL, sm_mean_mhz REAL, sm_max_mhz REAL, sm_active_max_mhz REAL,
-    sm_limit_mhz REAL,                        -- the GPU's max SM clock (NVML), MHz
-    mem_util_mean REAL,
+CREATE TABLE IF NOT EXISTS gpus (  -- schema 23: each GPU of each boot with rollups
+    id INTEGER PRIMARY KEY,
+    uuid TEXT NOT NULL,              -- normalized (sampling.nvml.normalize_uuid)
+    boot_id TEXT NOT NULL,           -- the boot (gpuprofd.core.boot); '': unknown
+    sm_limit_mhz REAL,               -- the GPU's max SM clock (NVML), MHz
+    UNIQUE (uuid, boot_id)
+);
+CREATE TABLE IF NOT EXISTS gpu_seconds (  -- schema 23: one row per GPU per second, the
+    -- whole run; read through the gpu_rollups view (its GPU's uuid and boot_id joined in)
+    gpu INTEGER NOT NULL,            -- gpus.id
+    sec_ns INTEGER NOT NULL,         -- the second's start, monotonic ns of the GPU's boot
+    n INTEGER,                       -- n: fast samples with a utilization reading
+    -- *_total: a reading summed over the n samples (the view's *_mean = total / n;
+    -- n 0: the mean itself): NVML's readings are integers, and so their totals;
+    -- NULL where the reading's min and max are equal (the mean is the min)
+    util_min REAL, util_total REAL, util_max REAL, idle_n INTEGER,
+    mem_used_min INTEGER, mem_used_total REAL, mem_used_max INTEGER, mem_total_bytes INTEGER,
+    power_min_mw REAL, power_total_mw REAL, power_max_mw REAL,
+    temp_min_c REAL, temp_total_c REAL, temp_max_c REAL,
+    sm_min_mhz REAL, sm_total_mhz REAL, sm_max_mhz REAL, sm_active_max_mhz REAL,
+    mem_util_total REAL,
     reasons_n INTEGER, reasons_any INTEGER,
     capped_n INTEGER, capped_sm_mean_mhz REAL, thermal_n INTEGER, thermal_sm_mean_mhz REAL,
-    slow_n INTEGER,                           -- slow-loop samples folded in (<= 1 Hz)
+    slow_n INTEGER,                  -- slow-loop samples folded in (<= 1 Hz)
     pcie_rx_max_bps REAL, pcie_tx_max_bps REAL,
     gpm_sm_util_mean REAL, gpm_sm_occupancy_mean REAL, gpm_tensor_util_mean REAL,
     gpm_dram_bw_util_mean REAL,
-    boot_id TEXT
-);  -- uuid: normalized (sampling.nvml.normalize_uuid): a run's UUID finds its rows by index
-CREATE INDEX IF NOT EXISTS gpu_rollups_uuid_t ON gpu_rollups (uuid, sec_ns);
+    PRIMARY KEY (gpu, sec_ns)        -- the rows themselves, in key order: no second index
+) WITHOUT ROWID;
+-- gpu_rollups: gpu_seconds with each GPU's uuid and boot_id (boot_key: the boot, '' for
+-- none: what readers match it by), the means divided back (rollup.VIEW_COLUMNS_SQL)
+CREATE VIEW IF NOT EXISTS gpu_rollups AS SELECT """
+    + rollup.VIEW_COLUMNS_SQL
+    + """
+    FROM gpu_seconds s JOIN gpus g ON g.id = s.gpu;
 CREATE TABLE IF NOT EXISTS worker_cpu (  -- DataLoader workers' CPU, one row per worker process
     run_id INTEGER NOT NULL, loader_seq INTEGER, worker_id INTEGER, pid INTEGER,
     first_mono_ns INTEGER, last_mono_ns INTEGER,
@@ -327,14 +369,18 @@ CREATE TABLE IF NOT EXISTS stack_samples (  -- schema 19: sampled Python stacks 
     samples INTEGER NOT NULL,        -- ~10 ms each
     PRIMARY KEY (run_id, source, step, path, line, func, callee)
 );
-CREATE TABLE IF NOT EXISTS comm_buckets (  -- one DDP gradient bucket's all-reduce in one step;
-    -- pruned to each run's last COMM_STEPS_KEPT steps + every COMM_KEEP_EVERY-th (module doc)
+CREATE TABLE IF NOT EXISTS comm_steps (  -- schema 23: one step's DDP gradient buckets
+    -- (each bucket's all-reduce), packed; pruned to each run's last COMM_STEPS_KEPT steps +
+    -- every COMM_KEEP_EVERY-th (module doc); read through gpuprofd.storage.commpack
     run_id INTEGER NOT NULL, step INTEGER NOT NULL,  -- step: the steps row's step index
-    bucket INTEGER,                  -- DDP's bucket index (GradBucket.index())
-    start_ns INTEGER, end_ns INTEGER,  -- launched / completed, the rank's monotonic ns
-    bytes INTEGER                    -- the bucket's flattened gradients
-);
-CREATE INDEX IF NOT EXISTS comm_buckets_run_step ON comm_buckets (run_id, step);
+    start_ns INTEGER NOT NULL,       -- its first bucket's launch, the rank's monotonic ns
+                                     -- (0: none timed); tells apart reused step indices
+    buckets INTEGER NOT NULL,        -- the bucket rows it holds
+    bytes INTEGER NOT NULL,          -- their flattened gradients, summed
+    packed BLOB NOT NULL,            -- (bucket, start_ns, end_ns, bytes) per bucket: DDP's
+                                     -- GradBucket.index(), launched / completed (ns), bytes
+    PRIMARY KEY (run_id, step, start_ns)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS drops (reason TEXT PRIMARY KEY, count INTEGER);
 CREATE TABLE IF NOT EXISTS step_rollups (  -- schema 9: one row per block of a run's steps
     -- (by index: block = step / STEP_BLOCK, gpuprofd.storage.upkeep.steprollup), the whole run
@@ -471,6 +517,7 @@ CREATE TABLE IF NOT EXISTS evidence_windows (  -- schema 20: a profiler window g
     PRIMARY KEY (run_id, request_id)
 );
 """
+)
 
 #: The ``step_rollups`` table for a read-only connection to a database older
 #: than schema 9 (empty: readers then use the steps themselves).
@@ -511,6 +558,19 @@ _STEP_TOTALS_TEMP = (
 _STACK_SAMPLES_TEMP = (
     "CREATE TEMP TABLE stack_samples (run_id INTEGER, source TEXT, step INTEGER, path TEXT, "
     "line INTEGER, func TEXT, callee TEXT, samples INTEGER)"
+)
+#: ... and the ``group_checks`` table for one older than schema 21 (empty: a
+#: group's findings are then computed when read).
+_GROUP_CHECKS_TEMP = (
+    "CREATE TEMP TABLE group_checks (group_id TEXT, ranks INTEGER, found INTEGER, "
+    "checked_wall_ns INTEGER)"
+)
+#: ... and the ``step_packs`` table for one older than schema 22 (empty: every
+#: step is then a ``steps`` row).
+_STEP_PACKS_TEMP = (
+    "CREATE TEMP TABLE step_packs (run_id INTEGER, block INTEGER, n INTEGER, "
+    "first_step INTEGER, last_step INTEGER, t0_min_ns INTEGER, t0_max_ns INTEGER, "
+    "t1_max_ns INTEGER, data BLOB)"
 )
 #: ... and the ``evidence_windows`` table for one older than schema 20 (empty).
 _EVIDENCE_WINDOWS_TEMP = (
@@ -590,6 +650,10 @@ def shadow_old_tables(conn: sqlite3.Connection, version: int) -> None:
     queries: TEMP views (searched before ``main``) add the missing columns
     with their defaults. Nothing is written to the file."""
     runs6 = ", ".join(f"NULL AS {c}" for c in _RUNS_6) + _RUNS_8
+    if version < 22:
+        conn.execute(_STEP_PACKS_TEMP)
+    if version < 21:
+        conn.execute(_GROUP_CHECKS_TEMP)
     if version < 20:
         conn.execute(_EVIDENCE_WINDOWS_TEMP)
     if version < 19:
@@ -607,11 +671,6 @@ def shadow_old_tables(conn: sqlite3.Connection, version: int) -> None:
             "CREATE TEMP TABLE group_insights (group_id TEXT, ranks INTEGER, rule TEXT, "
             "severity TEXT, title TEXT, detail TEXT, fix TEXT, evidence TEXT, "
             "created_wall_ns INTEGER)"
-        )
-    if version < 6:
-        conn.execute(
-            "CREATE TEMP TABLE comm_buckets (run_id INTEGER, step INTEGER, bucket INTEGER, "
-            "start_ns INTEGER, end_ns INTEGER, bytes INTEGER)"
         )
     if version == 16:
         conn.execute(f"CREATE TEMP VIEW runs AS SELECT *{_RUNS_17} FROM main.runs")
@@ -649,7 +708,8 @@ def shadow_old_tables(conn: sqlite3.Connection, version: int) -> None:
         )
         if version == 4:
             conn.execute(
-                "CREATE TEMP VIEW gpu_rollups AS SELECT *, NULL AS boot_id FROM main.gpu_rollups"
+                "CREATE TEMP VIEW gpu_rollups AS SELECT *, NULL AS boot_id, '' AS boot_key, "
+                f"{rollup.TOTALS_OF_MEANS} FROM main.gpu_rollups"
             )
         conn.execute(
             "CREATE TEMP TABLE kernel_windows (id INTEGER PRIMARY KEY, run_id INTEGER, "
@@ -669,7 +729,10 @@ def shadow_old_tables(conn: sqlite3.Connection, version: int) -> None:
             "worker_id INTEGER, pid INTEGER, first_mono_ns INTEGER, last_mono_ns INTEGER, "
             "cpu_s REAL, ctx_voluntary INTEGER, ctx_involuntary INTEGER)"
         )
-        conn.execute(f"CREATE TEMP VIEW gpu_rollups AS {_RAW_AS_ROLLUPS_SQL}")
+        conn.execute(
+            "CREATE TEMP VIEW gpu_rollups AS SELECT *, COALESCE(boot_id, '') AS boot_key, "
+            f"{rollup.TOTALS_OF_MEANS} FROM ({_RAW_AS_ROLLUPS_SQL})"
+        )
     if version < 3:
         conn.execute(
             "CREATE TEMP VIEW gpu_samples AS SELECT *, NULL AS mem_util_pct, "
@@ -681,6 +744,80 @@ def shadow_old_tables(conn: sqlite3.Connection, version: int) -> None:
             " gpm_sm_occupancy_pct REAL, gpm_tensor_util_pct REAL, gpm_dram_bw_util_pct REAL,"
             " power_capped_pct REAL, thermal_capped_pct REAL)"
         )
+    if version < 23:
+        _shadow_narrow(conn, version)
+
+
+#: The GPU key of a ``gpu_rollups`` row of a database older than schema 23.
+_OLD_GPU_KEY = "COALESCE(uuid, '') || char(31) || COALESCE(boot_id, '')"
+#: A step's ``comm_buckets`` rows as its ``comm_steps`` row (older than schema 23).
+_PACKED_COMM_SQL = (
+    "SELECT run_id, step, COALESCE(MIN(start_ns), 0) AS start_ns, COUNT(*) AS buckets, "
+    "COALESCE(SUM(bytes), 0) AS bytes, gpuprof_pack_buckets(bucket, start_ns, end_ns, bytes) "
+    "AS packed FROM comm_buckets GROUP BY run_id, step"
+)
+
+
+class _PackBuckets:
+    """SQLite aggregate: a step's bucket rows as :func:`commpack.pack` packs them."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[int | None, ...]] = []
+
+    def step(self, *row: int | None) -> None:
+        self.rows.append(row)
+
+    def finalize(self) -> bytes:
+        return commpack.pack(self.rows)
+
+
+def _shadow_narrow(conn: sqlite3.Connection, version: int) -> None:
+    """Schema 23's ``gpus``, ``gpu_seconds`` and ``comm_steps`` as TEMP views
+    of an older database's ``gpu_rollups`` and ``comm_buckets`` (read-only)."""
+    conn.create_aggregate("gpuprof_pack_buckets", 4, _PackBuckets)  # type: ignore[arg-type]
+    if version >= 5:  # older: a TEMP view with its boot_key already
+        conn.execute(
+            "CREATE TEMP VIEW gpu_rollups AS SELECT *, COALESCE(boot_id, '') AS boot_key, "
+            f"{rollup.TOTALS_OF_MEANS} FROM main.gpu_rollups"
+        )
+    conn.execute(
+        f"CREATE TEMP VIEW gpus AS SELECT DISTINCT {_OLD_GPU_KEY} AS id, COALESCE(uuid, '') "
+        "AS uuid, COALESCE(boot_id, '') AS boot_id FROM gpu_rollups"
+    )
+    conn.execute(
+        f"CREATE TEMP VIEW gpu_seconds AS SELECT {_OLD_GPU_KEY} AS gpu, * FROM gpu_rollups"
+    )
+    if version >= 6:  # older: comm_buckets is an empty TEMP table (below)
+        conn.execute(f"CREATE TEMP VIEW comm_steps AS {_PACKED_COMM_SQL}")
+    else:
+        conn.execute(
+            "CREATE TEMP TABLE comm_steps (run_id INTEGER, step INTEGER, start_ns INTEGER, "
+            "buckets INTEGER, bytes INTEGER, packed BLOB)"
+        )
+
+
+def _set_aside(conn: sqlite3.Connection) -> None:
+    """Before schema 23's tables are made: an older ``gpu_rollups`` table
+    renamed (its name is now the view's), for :func:`_narrow` to copy."""
+    kind = conn.execute("SELECT type FROM sqlite_master WHERE name = 'gpu_rollups'").fetchone()
+    if kind is not None and kind[0] == "table":
+        conn.execute("ALTER TABLE gpu_rollups RENAME TO gpu_rollups_21")
+
+
+def _narrow(conn: sqlite3.Connection) -> None:
+    """Schema 23: an older database's GPU rollups into ``gpus`` and
+    ``gpu_seconds`` (a GPU's rows of one second merged), its bucket rows
+    packed into ``comm_steps``; the old tables dropped. In the caller's
+    transaction: a crash leaves the old tables, copied again at the next start."""
+    tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    if "gpu_rollups_21" in tables:
+        for sql in rollup.copy_sql("SELECT * FROM gpu_rollups_21"):
+            conn.execute(sql)
+        conn.execute("DROP TABLE gpu_rollups_21")
+    if "comm_buckets" in tables:
+        conn.create_aggregate("gpuprof_pack_buckets", 4, _PackBuckets)  # type: ignore[arg-type]
+        conn.execute(f"INSERT INTO comm_steps {_PACKED_COMM_SQL}")
+        conn.execute("DROP TABLE comm_buckets")
 
 
 def _upgrade(conn: sqlite3.Connection, version: int) -> None:
@@ -716,9 +853,14 @@ def prepare(path: Path) -> None:
             conn.execute("PRAGMA journal_mode=WAL")
             if version:
                 _upgrade(conn, version)
+            if 0 < version < 23:
+                _set_aside(conn)
             conn.executescript(SCHEMA_SQL)
             if 0 < version < 4:
-                conn.execute(f"INSERT INTO gpu_rollups {_RAW_AS_ROLLUPS_SQL}")
+                for sql in rollup.copy_sql(_RAW_AS_ROLLUPS_SQL):
+                    conn.execute(sql)
+            if 0 < version < 23:
+                _narrow(conn)
             if version < SCHEMA_VERSION:
                 conn.executemany(
                     "INSERT INTO meta (key, value) VALUES (?, ?) "

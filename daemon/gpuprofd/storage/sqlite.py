@@ -124,15 +124,28 @@ class SqliteFileReader:
         rows = await self.fetchall(sql, params)
         return rows[0] if rows else None
 
+    async def fetchtuples(self, sql: str, params: Sequence[Any] = ()) -> list[Sequence[Any]]:
+        conn = await self._take()
+        try:
+            return await asyncio.to_thread(_fetchall, conn, sql, tuple(params), True)
+        finally:
+            await self._give(conn)
+
     async def close(self) -> None:
         for conn in self._free:
             conn.close()
         self._free = []
 
 
-def _fetchall(conn: sqlite3.Connection, sql: str, params: tuple[Any, ...]) -> list[Any]:
+def _fetchall(
+    conn: sqlite3.Connection, sql: str, params: tuple[Any, ...], tuples: bool = False
+) -> list[Any]:
+    """Rows of *sql*: ``sqlite3.Row`` objects, or plain tuples with *tuples*."""
     try:
-        return conn.execute(sql, params).fetchall()
+        cur = conn.cursor()
+        if tuples:
+            cur.row_factory = None
+        return cur.execute(sql, params).fetchall()
     except sqlite3.DatabaseError as exc:
         raise DatabaseError(f"the database is damaged or incomplete ({exc})") from None
 
@@ -203,9 +216,10 @@ class SqliteWriter:
         return cur.rowcount, cur.lastrowid
 
     async def executemany(
-        self, sql: str, rows: Sequence[Sequence[Any]], *, count: bool = False
+        self, sql: str, rows: Sequence[Sequence[Any]], *, count: bool = False, typed: bool = False
     ) -> int | None:
-        """Run *sql* with each of *rows*; returns the rows changed in all."""
+        """Run *sql* with each of *rows*; returns the rows changed in all
+        (*typed*, Postgres's hint, changes nothing here: SQLite stores what it is given)."""
         cur = await self.write.executemany(sql, rows)
         return cur.rowcount
 
@@ -216,6 +230,13 @@ class SqliteWriter:
 
     async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         async with self.read.execute(sql, params) as cur:
+            return list(await cur.fetchall())
+
+    async def fetchtuples(self, sql: str, params: Sequence[Any] = ()) -> list[Sequence[Any]]:
+        """Rows of *sql* as plain tuples (no ``Row`` made per row)."""
+        async with self.read.cursor() as cur:
+            cur.row_factory = None
+            await cur.execute(sql, params)
             return list(await cur.fetchall())
 
     async def close(self) -> None:

@@ -376,10 +376,11 @@ async def load_group(
         raise UnknownGroupError(await reads.unknown_group_message(db, group))
     runs = reads.latest_rank_runs(every)  # what the group rules compare
     status = reads.group_status([r["status"] for r in runs])
-    found = await reads.stored_group_insights(db, group) if status["ended"] else []
-    source = "stored" if found else "computed"
-    gains = findings_gains_block(found)
-    if not found:
+    stored = await reads.stored_group_insights(db, group) if status["ended"] else None
+    source = "stored" if stored is not None else "computed"
+    if stored is not None:
+        found, gains = stored, findings_gains_block(stored)
+    else:
         ctx, found = await reads.group_insights_now(db, group)
         gains = group_gains_block(ctx, found)
     found = [dict(i) for i in ranked(found)]

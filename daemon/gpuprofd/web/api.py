@@ -352,6 +352,9 @@ async def run_kernels(request: web.Request) -> web.Response:
         shown = {"id": w["id"], "source": w["source"], "steps": w["steps"], "kind": kind}
     else:
         table = kerneltable.build_table(windows)
+        if not table.lines:  # a CPU-only run's windows: its operators, by self CPU time
+            ops = kerneltable.build_table(windows, kind="op")
+            table = ops if ops.lines else table
     data = table.to_dict(top)
     kernels = [
         {

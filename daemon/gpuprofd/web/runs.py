@@ -143,12 +143,15 @@ async def live_view(state: WebState, run_id: int) -> dict[str, Any]:
     """The part of :func:`run_view` that changes while a run goes on, cheap to
     read every few seconds (no step aggregates)."""
     run = await reads.get_run(state.reader, run_id)
+    # the count first: steps stored after it have indices past last_step
+    steps = await reads.count_steps(state.reader, run_id)
     return {
         "id": run["id"],
         "name": run["run_name"],
         "status": run["status"],
         "live": run["id"] in state.live_run_ids(),
-        "steps": await reads.count_steps(state.reader, run_id),
+        "steps": steps,
+        "last_step": await reads.max_step(state.reader, run_id),
         "end_s": _s(run.get("end_wall_ns")),
         "dropped_events": run.get("dropped_events") or 0,
         "error": run.get("error"),

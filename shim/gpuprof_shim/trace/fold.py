@@ -33,6 +33,19 @@ _SKIPPED_NAMES = frozenset(
 )
 
 
+#: The event kinds that are not ops, by their ``_KinetoEvent`` predicate. Some
+#: torch builds lack some of them (2.11's has neither ``is_python_function`` nor
+#: ``activity_type``, seen on an H200 on 2026-12-04); an event kind a build
+#: cannot name is one it does not record without ``with_stack``, which the
+#: windows never ask for.
+_SKIP_FLAGS = ("is_user_annotation", "is_python_function", "is_async")
+
+
+def _skip_flags(event_type: type) -> tuple[Any, ...]:
+    """The :data:`_SKIP_FLAGS` predicates *event_type* has, unbound."""
+    return tuple(f for n in _SKIP_FLAGS if (f := getattr(event_type, n, None)) is not None)
+
+
 def fold_kineto(
     events: Iterable[Any], cpu: Any, cpu_time: bool = False
 ) -> tuple[list[KernelAgg], int]:
@@ -59,13 +72,19 @@ def fold_kineto(
     ops: list[list[Any]] = []
     by_thread: dict[int, list[int]] = {}
     by_corr: dict[int, int] = {}
-    kernels: dict[tuple[str, str], list[int]] = {}
+    kernels: dict[tuple[str, str | None], list[int]] = {}
     device: list[tuple[int, int]] = []
+    skip_flags: tuple[Any, ...] | None = None
+    activity: Any = None
     for e in events:
+        if skip_flags is None:
+            skip_flags = _skip_flags(type(e))
+            activity = getattr(type(e), "activity_type", None)
         name = e.name()
         if e.device_type() != cpu:
             ns = max(0, int(e.duration_ns()))
-            key = (name, e.activity_type())
+            # without the Kineto category, the kernel's class comes from its name
+            key = (name, activity(e) if activity is not None else None)
             acc = kernels.get(key)
             if acc is None:
                 kernels[key] = acc = [0, 0]
@@ -77,9 +96,7 @@ def fold_kineto(
             continue
         if (
             e.linked_correlation_id() != 0
-            or e.is_user_annotation()
-            or e.is_python_function()
-            or e.is_async()
+            or any(flag(e) for flag in skip_flags)
             or name in _SKIPPED_NAMES
             or name.startswith("ProfilerStep")
         ):

@@ -22,6 +22,11 @@ Modes (any combination; all off by default, see
     (2 vCPUs, 2026-11-30) the whole loop took 1.04x at 1 Hz and 1.13x at
     10 Hz (a window every 10 steps); every 100 steps 1.03x, a 20-step range
     1.09x; one window costs ~25-45 ms there (Kineto start/stop and the fold).
+    On an H200 (a 4-layer GPT's 12 ms step, 2026-12-04) a window cost ~60-90 ms,
+    a third of it reading and folding the events (~4,400 events a step: ~11 ms
+    to read, ~22 ms to fold on a CPU here): that part runs on a gpuprof thread
+    (:data:`FOLD_THREAD`), where a GPU-bound loop's ``loss.item()`` leaves the
+    interpreter free, and the window's event is sent at a later step boundary.
 
 Where
     The profiler starts and stops only on the training thread, between
@@ -29,8 +34,10 @@ Where
     :class:`~gpuprof_shim.auto.machine.StepMachine`'s boundary; the profile's start
     is the boundary before step 0), so a window covers step k's loading gap
     and the step up to its optimizer update; in manual mode at ``prof.step(i)``
-    entry and exit. Starting, stopping and folding are gpuprof's own time,
-    kept out of the neighbouring steps' loader wait.
+    entry and exit. Starting and stopping are gpuprof's own time, kept out of
+    the neighbouring steps' loader wait; folding is done on :data:`FOLD_THREAD`
+    and the ``kernels`` event sent from the training thread once it is done
+    (at a later boundary, or at exit, which waits for every fold).
 
 What is sent
     Per window one ``kernels`` event (:mod:`gpuprof.kernels`): ``kernel`` rows
@@ -85,12 +92,14 @@ Failures
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import contextlib
 import logging
 import os
 import re
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -118,6 +127,11 @@ CONTINUOUS_MIN_STEPS_APART = 10
 #: none: one above Kineto's highest severity (USDT = 5, the start/stop lines),
 #: so Kineto prints nothing.
 KINETO_QUIET_LEVEL = "6"
+#: The one thread that reads and folds closed windows' events.
+FOLD_THREAD = "gpuprof-fold"
+#: Windows folding at once, at most: past it the training thread waits for
+#: the oldest (a fold that cannot keep up is not left to pile up memory).
+MAX_FOLDS_PENDING = 4
 _FILE_SAFE_RE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
@@ -178,6 +192,8 @@ class Tracer:
         self._window_steps: list[int] = []  # their numbers
         self._last_boundary = 0
         self._step_ns = 0  # the latest boundary-to-boundary time (evidence cost estimate)
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._folding: collections.deque[_Folding] = collections.deque()
 
     # --- lifecycle ------------------------------------------------------------
 
@@ -221,8 +237,13 @@ class Tracer:
 
     def close(self) -> None:
         """Profile exit: stop a running window (dropped: no complete step in
-        it) and remove the guard. Idempotent; never raises."""
+        it), send the windows still folding (waiting for them) and remove
+        the guard. Idempotent; never raises."""
         self._drop_window("at exit")
+        self._send_folded(wait=True)
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
         if self.evidence is not None:
             self.notes.extend(self.evidence.notes())
         guard, self._guard = self._guard, None
@@ -248,6 +269,7 @@ class Tracer:
         if self._last_boundary:
             self._step_ns = now - self._last_boundary
         self._last_boundary = now
+        self._send_folded()
         if self._keep_evidence_open(next_step):
             return
         self.end_window()
@@ -260,6 +282,7 @@ class Tracer:
         if self._last_boundary:
             self._step_ns = now - self._last_boundary
         self._last_boundary = now
+        self._send_folded()
         if self._keep_evidence_open(None):
             return
         self.end_window()
@@ -333,8 +356,9 @@ class Tracer:
             self._fail("torch.profiler could not start", exc)
 
     def end_window(self) -> None:
-        """Close the running window (after its step): fold it, send its
-        ``kernels`` event, write its chrome trace if asked."""
+        """Close the running window (after its step): stop the profiler, write
+        its chrome trace if asked, and hand its events to :data:`FOLD_THREAD`
+        (:meth:`_send_folded` sends the ``kernels`` event once folded)."""
         prof = self._prof
         if prof is None or not self._on_training_thread():
             return
@@ -345,42 +369,57 @@ class Tracer:
             t1 = self.clock()
             self._intervals.append((self._t0, t1))
             results = prof.profiler.kineto_results if prof.profiler is not None else None
-            events = results.events() if results is not None else []
-            rows, dropped = fold_kineto(
-                events, self._torch.autograd.DeviceType.CPU, cpu_time=req is not None
-            )
-            msg = {
-                "v": 1,
-                "type": "kernels",
-                "run_key": self.run_key,
-                "t0": self._t0,
-                "t1": t1,
-                "source": self._source,
-                "steps": (self._window_steps if req is not None else [self._step])[
-                    :MAX_WINDOW_STEPS
-                ],
-                "rows": [r.to_wire() for r in rows],
-            }
-            if dropped:
-                msg["rows_dropped"] = dropped
-            if req is not None:
-                device = any(r.kind == "kernel" for r in rows)
-                msg["evidence"] = {
-                    "id": req.id,
-                    "rule": req.rule,
-                    "time": "device" if device else "cpu",
-                }
-            self.send(msg)
+            steps = (self._window_steps if req is not None else [self._step])[:MAX_WINDOW_STEPS]
+            job = _Folding(self._t0, t1, self._source, steps, req)
+            if self._pool is None:
+                self._pool = concurrent.futures.ThreadPoolExecutor(1, FOLD_THREAD)
+            cpu = self._torch.autograd.DeviceType.CPU
+            job.future = self._pool.submit(_fold, results, cpu, req is not None)
+            self._folding.append(job)
             self.windows += 1
-            if req is not None and self.evidence is not None:
-                self.evidence.done(req, self.clock() - self._t0)
-                req = None
             if self.options.trace_dir is not None and not self._dir_full:
                 self._write(prof)
+            if len(self._folding) > MAX_FOLDS_PENDING:
+                self._send_folded(wait=True)
         except Exception as exc:
             if req is not None and self.evidence is not None:
                 self.evidence.failed(req, "the profiler window failed", self.clock() - self._t0)
             self._fail("a torch.profiler window failed", exc)
+
+    def _send_folded(self, wait: bool = False) -> None:
+        """Send the ``kernels`` event of each window whose fold is done, in
+        the order they closed (all of them, waiting, when *wait*); never raises."""
+        while self._folding and (wait or self._folding[0].future.done()):
+            job = self._folding.popleft()
+            req = job.req
+            try:
+                rows, dropped, fold_ns = job.future.result()
+                msg: dict[str, Any] = {
+                    "v": 1,
+                    "type": "kernels",
+                    "run_key": self.run_key,
+                    "t0": job.t0,
+                    "t1": job.t1,
+                    "source": job.source,
+                    "steps": job.steps,
+                    "rows": [r.to_wire() for r in rows],
+                }
+                if dropped:
+                    msg["rows_dropped"] = dropped
+                if req is not None:
+                    device = any(r.kind == "kernel" for r in rows)
+                    msg["evidence"] = {
+                        "id": req.id,
+                        "rule": req.rule,
+                        "time": "device" if device else "cpu",
+                    }
+                self.send(msg)
+                if req is not None and self.evidence is not None:
+                    self.evidence.done(req, job.t1 - job.t0 + fold_ns)
+            except Exception as exc:
+                if req is not None and self.evidence is not None:
+                    self.evidence.failed(req, "the profiler window failed", job.t1 - job.t0)
+                self._fail("a torch.profiler window failed", exc)
 
     def traced(self, t0: int, t1: int) -> bool:
         """True if a step spanning *t0*..*t1* (ns) overlapped a window (steps
@@ -523,6 +562,26 @@ class Tracer:
 
 
 _kineto_level_chosen = False
+
+
+class _Folding:
+    """A closed window whose events :data:`FOLD_THREAD` reads and folds."""
+
+    __slots__ = ("t0", "t1", "source", "steps", "req", "future")
+
+    def __init__(
+        self, t0: int, t1: int, source: str, steps: list[int], req: EvidenceRequest | None
+    ) -> None:
+        self.t0, self.t1, self.source, self.steps, self.req = t0, t1, source, steps, req
+        self.future: concurrent.futures.Future[tuple[list[Any], int, int]]
+
+
+def _fold(results: Any, cpu: Any, cpu_time: bool) -> tuple[list[Any], int, int]:
+    """(rows, rows dropped, ns it took) of one window's Kineto *results*."""
+    t = time.monotonic_ns()
+    events = results.events() if results is not None else []
+    rows, dropped = fold_kineto(events, cpu, cpu_time=cpu_time)
+    return rows, dropped, time.monotonic_ns() - t
 
 
 @contextlib.contextmanager

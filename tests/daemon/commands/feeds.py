@@ -219,6 +219,7 @@ def run_messages(steps: int = 60) -> list[dict[str, Any]]:
         "status": "running",
         "live": True,
         "steps": steps,
+        "last_step": steps - 1 if steps else None,
         "end_s": None,
         "dropped_events": 0,
         "error": None,

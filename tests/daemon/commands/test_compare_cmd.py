@@ -50,7 +50,8 @@ def _steps(key: str, base: int, waits: tuple[int, int], steps: tuple[int, int]) 
 def db(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """1 ``stalled``: 36 ms loader wait (34/38) + 24 ms step, 60 ms a
     iteration; 2 ``fixed``: 1 ms wait + 19 ms step (18/20), 20 ms; 3
-    ``fixed`` again, 30 ms (28/30 ms steps); 4 ``empty``: no steps."""
+    ``fixed`` again, 30 ms (28/30 ms steps); 4 ``empty``: no steps; 5 and 6
+    ``bs``: 64 then 256 samples a step (declared), 20 then 30 ms."""
     tmp = tmp_path_factory.mktemp("compare")
     sock = Path(tempfile.mkdtemp(prefix="gp", dir="/tmp"))
     daemons = h.Daemons(tmp)
@@ -72,6 +73,15 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
             base += 10_000 * MS
         client.request(h.hello("d", os.getpid(), run_name="empty"))
         assert client.request(h.bye("d", sent=0))["ok"]
+        base += 10_000 * MS
+        # 5 and 6 "bs": 64 samples a step at 20 ms, then 256 at 30 ms (2.7x faster a sample)
+        for key, samples, steps in (("e", 64, (19, 21)), ("f", 256, (29, 31))):
+            options = {"samples_per_step": samples}
+            client.request(h.hello(key, os.getpid(), run_name="bs", options=options))
+            for s in _steps(key, base, (0, 0), steps):
+                client.push(s)
+            assert client.request(h.bye(key, sent=STEPS))["ok"]
+            base += 10_000 * MS
         assert daemons.stop(proc) == 0
         yield path
     finally:
@@ -177,10 +187,10 @@ def test_default_db_storage_url_and_a_url_as_db_read_alike(
 @pytest.mark.parametrize(
     "args, says",
     [
-        (["1", "99"], "no run 99 in {db} (runs 1-4; see gpuprofctl runs {db})"),
+        (["1", "99"], "no run 99 in {db} (runs 1-6; see gpuprofctl runs {db})"),
         (
             ["nope", "1"],
-            "no run named 'nope' in {db} (names here, newest first: empty, fixed, stalled; "
+            "no run named 'nope' in {db} (names here, newest first: bs, empty, fixed, stalled; "
             "see gpuprofctl runs {db})",
         ),
         (["2", "2"], "both name run 2: give two different runs"),
@@ -239,6 +249,35 @@ def test_a_resolved_findings_predicted_gain_is_shown_beside_it(
     assert "predicted" not in format_compare(got)
 
 
+def test_a_regression_of_another_names_run_is_shown_as_that_runs_own(
+    db: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gpuprofd.commands.compare import format_compare
+
+    got = _json(capsys, "compare", str(db), "1", "2")  # "stalled" against "fixed"
+    assert got["findings"]["history"] == []
+    got["findings"]["history"] = [
+        {"rule": "regression", "label": "regression", "severity_b": "MED", "title_b": "31% slower"}
+    ]
+    lines = format_compare(got).splitlines()
+    at = lines.index("  B only     [MED] regression (against B's own earlier runs)")
+    assert lines[at + 1] == "             31% slower"
+    assert not any(x.startswith("  resolved") and "regression" in x for x in lines)
+
+
+def test_a_run_doing_more_work_an_iteration_is_no_regression_per_sample(
+    db: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # run 6 takes 1.5x the iteration of run 5 for 4x its samples
+    rules = {f["rule"] for f in _json(capsys, "insights", str(db), "6")["insights"]}
+    assert "regression" not in rules
+    got = _json(capsys, "compare", str(db), "5", "6")
+    assert got["basis"]["unit"] == "sample" and got["speedup"] == pytest.approx(4 / 1.5, rel=0.05)
+    assert got["findings"]["new"] == [] or "regression" not in {
+        e["rule"] for e in got["findings"]["new"]
+    }
+
+
 def test_insights_takes_a_run_name_as_compare_does(
     db: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -253,3 +292,20 @@ def test_insights_takes_a_run_name_as_compare_does(
     # a lone *.db path that does not exist is a database, not a run name
     rc, _, err = _run(capsys, "insights", "missing.db")
     assert rc == 2 and "no database at missing.db" in err
+
+
+def test_an_unchanged_finding_whose_figures_moved_shows_both_titles(
+    db: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gpuprofd.commands.compare import format_compare
+
+    got = _json(capsys, "compare", str(db), "1", "2")
+    stall = {"rule": "dataloader_stall", "label": "loader stall", "severity_a": "HIGH"}
+    got["findings"]["unchanged"] = [
+        {**stall, "title_a": "84% waiting", "severity_b": "HIGH", "title_b": "39% waiting"},
+        {**stall, "rule": "x", "title_a": "same", "severity_b": "HIGH", "title_b": "same"},
+    ]
+    lines = format_compare(got).splitlines()
+    at = lines.index("  unchanged  [HIGH] loader stall")
+    assert lines[at + 1 : at + 3] == ["             A: 84% waiting", "             B: 39% waiting"]
+    assert lines[at + 4] == "             B: same"  # the same title: said once

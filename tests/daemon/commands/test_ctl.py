@@ -599,6 +599,9 @@ def test_status_names_each_other_daemon_by_its_database(
     assert f"daemons of other databases: {theirs.resolve()} (--socket-dir {their_dir})" in err
     assert main(["stop"]) == 3  # stop points to them the same way
     assert f"{theirs.resolve()} (--socket-dir {their_dir})" in capsys.readouterr().err
+    mine = tmp_path / "mine.db"  # a database named: the message names it
+    assert main(["status", str(mine), "--timeout", "2"]) == 3
+    assert f"no gpuprofd for {mine} on " in capsys.readouterr().err
 
 
 def test_other_daemons_storage_urls_are_said_without_their_password(
@@ -659,3 +662,28 @@ def test_drain_takes_gpuprof_server_before_the_server_the_file_remembers(
         main(["drain", str(db), "--format", "json"])
     assert exited.value.code == 0
     assert json.loads(capsys.readouterr().out)["server"] == expected
+
+
+def test_status_and_stop_find_the_daemon_of_the_database_named(
+    daemons, sock_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch
+) -> None:
+    # as runs, insights and top do: `gpuprofctl status other.db` asks other.db's
+    # per-user daemon, not the one of GPUPROF_DB / ./gpuprof.db
+    from gpuprof import config
+
+    monkeypatch.delenv("GPUPROF_SOCKET", raising=False)
+    monkeypatch.delenv("GPUPROF_DB", raising=False)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(sock_dir))
+    monkeypatch.chdir(tmp_path)
+    db = tmp_path / "other.db"
+    where = config.socket_dir(db=db)
+    assert where != config.socket_dir()  # ./gpuprof.db has another daemon
+    where.mkdir(parents=True)
+    proc, _ = daemons.start_ready(where, db)
+    assert main(["status", "--format", "json"]) == 3  # none for ./gpuprof.db
+    capsys.readouterr()
+    assert main(["status", str(db), "--format", "json"]) == 0
+    assert orjson.loads(capsys.readouterr().out)["pid"] == proc.pid
+    assert main(["stop", "other.db", "--format", "json"]) == 0
+    assert orjson.loads(capsys.readouterr().out)["pid"] == proc.pid
+    assert proc.wait(20) == 0

@@ -170,7 +170,7 @@ def test_watch_follows_the_run_and_ends_with_its_summary(training: Training) -> 
         )
         count = int(re.search(r"^(\d+) steps · ", screen, re.M).group(1))
         assert 0 < count <= training.steps()
-        assert re.search(r"^Findings \(\d+, as of \d\d:\d\d:\d\d\):$", screen, re.M)
+        assert re.search(r"^Findings \(\d+, whole run, as of \d\d:\d\d:\d\d\):$", screen, re.M)
         assert any(ln.startswith("GPU 0 NVIDIA H200") for ln in screen.splitlines())
         training.stop.touch()  # the loop ends: watch prints the summary and exits 0
         assert term.wait_exit(120) == 0

@@ -58,7 +58,7 @@ step 0                   T traced · e eval · s skipped                   step 
 W wait 9%  F fwd 30%  B bwd 46%  O opt 15%  . other 0%
 GPU 0 NVIDIA H200  util 41%  mem 1.4/140.4 GiB  212/700 W  1980 MHz  38C
 CPU  this run 1.2 cores, others 0.3 of 16
-Findings (2, as of 12:03:04):
+Findings (2, whole run, as of 12:03:04):
   [HIGH] 62% of step time waiting on the loader…  (saves 51.2 ms/it, up to 2.6×)
   [MED]  MFU 18%: the GPU does a small share of the math it could
 q quit
@@ -67,6 +67,22 @@ q quit
 
 def test_the_frame_of_a_watched_run() -> None:
     assert frame(watched()) == EXPECTED
+
+
+def test_steps_past_the_run_states_count_are_counted() -> None:
+    from gpuprofd.commands.watch import progress_line
+
+    state = watched()  # the state: 60 steps, the last index 59
+    state.apply({"type": "steps", "rows": [step_row(i, 20.0, 480.0) for i in range(60, 85)]})
+    assert state.step_count() == 85
+    assert frame(state).splitlines()[1].startswith("85 steps · ")
+    assert " step 84 · 85 steps · " in progress_line(state)
+    # the next state counts 80 of them (up to index 79): 5 are beyond it
+    state.apply({"type": "run", "run": {**state.state, "steps": 80, "last_step": 79}})
+    assert state.step_count() == 85
+    # a state without last_step (an older gpuprofd): its count as said
+    state.apply({"type": "run", "run": {"status": "running", "steps": 80}})
+    assert state.step_count() == 80
 
 
 def test_in_a_terminal_the_phases_are_coloured_blocks() -> None:

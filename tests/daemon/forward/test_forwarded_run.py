@@ -91,7 +91,7 @@ def test_a_run_forwarded_while_it_trains_is_the_same_on_the_server(
     wait_until(lambda: ended_on_server(storage_url, run_uuid), 60, "the run's end on the server")
 
     # everything the node stored up to now has been acknowledged
-    node_rollups = node.rows(f"SELECT {_ROLLUP_COLS} FROM gpu_rollups")
+    (last_sec,) = node.rows("SELECT MAX(sec_ns) FROM gpu_rollups")[0]
     node_hosts = node.rows(f"SELECT {_HOST_COLS} FROM host_samples")
     (cutoff,) = node.rows("SELECT seq FROM sqlite_sequence WHERE name = 'outbox'")[0]
     wait_until(
@@ -100,6 +100,15 @@ def test_a_run_forwarded_while_it_trains_is_the_same_on_the_server(
         "the node's outbox acknowledged",
     )
     assert node.count("SELECT COUNT(*) FROM outbox_dead") == 0
+    # read after the acknowledgement: the run's end flushes the second it is in,
+    # whose later samples merge into that row (the server merges the same)
+    node_rollups = node.rows(f"SELECT {_ROLLUP_COLS} FROM gpu_rollups WHERE sec_ns <= ?", last_sec)
+    (cutoff,) = node.rows("SELECT seq FROM sqlite_sequence WHERE name = 'outbox'")[0]
+    wait_until(
+        lambda: node.count("SELECT COUNT(*) FROM outbox WHERE seq <= ?", cutoff) == 0,
+        60,
+        "the node's merged rollups acknowledged",
+    )
 
     def both(sql: str, json_at: tuple[int, ...] = ()) -> tuple[list, list]:
         mine = [_norm(r, json_at) for r in _run_rows("node", None, node, run_uuid, sql)]

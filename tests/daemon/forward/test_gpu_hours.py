@@ -76,7 +76,10 @@ def test_forwarded_runs_gpu_hours_are_their_own(
         want_hours[project] = hours
         want_lost[project] = lost
         rules |= {i["rule"] for i in summary["insights"] if i.get("gain_run_s")}
-    assert "dataloader_stall" in rules  # the collate sleeps: the loader stalls
+    # the collate sleeps: the loader stalls. Which loader finding claims it
+    # depends on the mock GPU's utilization (a 31 s wave, 40-90 %), which
+    # bounds the stall: dataloader_stall above 15 %, prefetch_queue_starved below
+    assert rules & {"dataloader_stall", "prefetch_queue_starved"}
     assert all(v > 0 for v in want_lost.values())
 
     key = {"Authorization": f"Bearer {KEY_ONE}"}

@@ -140,3 +140,34 @@ def test_events_that_never_come_are_said_lost_once_the_tail_gives_up(
     (run,) = query(db, "SELECT received_events, summary FROM runs")
     assert run[0] == 5
     assert "5 events sent but not received" in orjson.loads(run[1])["notes"]
+
+
+def _stacks(source: str, func: str) -> dict:
+    row = ["/work/train.py", 21, func, "sleep", 0, 7]
+    return {"v": 1, "type": "stacks", "run_key": "k", "source": source, "rows": [row]}
+
+
+async def _worker_stacks_after_the_end(db: Path, monkeypatch: pytest.MonkeyPatch) -> dict:
+    from gpuprofd.ingest import registry
+
+    async with _node(db) as (store, runs, ingest):
+        await runs.hello(h.hello("k", os.getpid(), run_name="w"))
+        await runs.bye(h.bye("k", sent=0))
+        # a DataLoader worker exiting after the loop: its last counts come late
+        await ingest.handle(orjson.dumps(_stacks("loader", "__getitem__")))
+        await ingest.handle(orjson.dumps(_stacks("main", "train")))  # the loop's: dropped
+        await ingest.handle(orjson.dumps(h.step("k", 0, 1_000_000_000)))  # dropped
+        monkeypatch.setattr(registry, "LATE_LOADER_STACKS_S", 0.0)
+        await ingest.handle(orjson.dumps(_stacks("loader", "too_late")))  # past the while
+        await store.flush()
+    return store.drops.snapshot()
+
+
+def test_a_workers_last_stack_counts_after_the_runs_end_are_stored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db = tmp_path / "w.db"
+    drops = asyncio.run(_worker_stacks_after_the_end(db, monkeypatch))
+    stored = query(db, "SELECT source, func, samples FROM stack_samples")
+    assert [tuple(r) for r in stored] == [("loader", "__getitem__", 7)]
+    assert drops == {"run_ended": 3}

@@ -243,6 +243,8 @@ def test_replay_constants_are_pynvmls() -> None:
         pynvml.NVML_GPM_METRIC_SM_OCCUPANCY,
         pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL,
         pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL,
+        pynvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC,
+        pynvml.NVML_GPM_METRIC_PCIE_RX_PER_SEC,
     )
     assert (nvml.PERF_POLICY_POWER, nvml.PERF_POLICY_THERMAL) == (
         pynvml.NVML_PERF_POLICY_POWER,
@@ -257,6 +259,7 @@ def test_fast_tick_makes_only_cheap_calls_and_slow_tick_only_expensive_ones() ->
     clock = ReplayClock()
     fake, backend = replay(clock)
     sampler = GpuSampler(backend, hz=100, sink=lambda *_: None, slow_sink=lambda *_: None)
+    slows = []
     for k in range(3):
         clock.s = 10.0 + k
         fake.calls.clear()
@@ -264,16 +267,53 @@ def test_fast_tick_makes_only_cheap_calls_and_slow_tick_only_expensive_ones() ->
         fast = {name for name, _ in fake.calls}
         fake.calls.clear()
         sampler.slow_tick()
-        slow = {name for name, _ in fake.calls}
+        slows.append(slow := {name for name, _ in fake.calls})
         assert fast and fast <= FAST_CALLS, fast
         assert slow and slow <= SLOW_CALLS, slow
     assert {
         "nvmlDeviceGetTotalEnergyConsumption",
-        "nvmlDeviceGetFieldValues",
         "nvmlGpmSampleGet",
         "nvmlGpmMetricsGet",
         "nvmlDeviceGetViolationStatus",
     } <= slow
+    # the H200's 32-bit PCIe counters are read once, found narrow, never again
+    assert ["nvmlDeviceGetFieldValues" in s for s in slows] == [True, False, False]
+
+
+def test_pcie_rates_come_from_gpm_not_from_32_bit_counters() -> None:
+    # the live H200 (2026-12-04): 55.5 GB/s of copies read 4.0 GB/s from its
+    # 32-bit counters at 1 Hz; the replay's counters are 32-bit as its are
+    clock = ReplayClock()
+    fake, backend = replay(clock)
+    (dev,) = backend.devices()
+    t0 = fake.trace.phase("h2d_copy")[0] - fake.trace.t_start
+    rates = []
+    for k in range(1, 5):
+        clock.s = t0 + k
+        rates.append(backend.slow_sample(dev).pcie_rx_bytes_per_s)
+    assert rates[0] is None  # GPM's first sample: no interval yet, no counter rate
+    assert rates[1:] == [pytest.approx(58.8e9, rel=0.05)] * 3
+    values = fake.nvmlDeviceGetFieldValues(None, [nvml.FI_PCIE_RX_BYTES])
+    assert values[0].valueType == 1 and values[0].value.uiVal < 2**32
+
+
+def test_wide_pcie_counters_give_the_rate_without_gpm(tmp_path: Path) -> None:
+    # a GPU without GPM (pre-Hopper) whose counters are 64-bit: rates from them
+    rows = [
+        {"t": float(t), "util_gpu": 90, "pcie_rx_KBps": 30e6, "pcie_tx_KBps": 1e6} for t in range(6)
+    ]
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("\n".join(map(json.dumps, rows)))
+    clock = ReplayClock()
+    for wide, want in ((True, pytest.approx(30e9)), (False, None)):
+        fake = ReplayPynvml.from_file(trace, clock=clock, wide_pcie_counters=wide)
+        fake.nvmlGpmQueryDeviceSupport = lambda h: SimpleNamespace(isSupportedDevice=0)
+        backend = RealNvml(fake, clock=clock)
+        (dev,) = backend.devices()
+        clock.s = 1.5
+        backend.slow_sample(dev)
+        clock.s = 3.5
+        assert backend.slow_sample(dev).pcie_rx_bytes_per_s == want
 
 
 def test_sampler_threads_split_the_calls_and_never_ask_pcie_throughput() -> None:

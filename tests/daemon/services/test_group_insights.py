@@ -131,7 +131,9 @@ def test_each_rank_summary_names_the_straggler_and_the_ended_group_stores_it(
     assert "Group job (4 ranks):" not in report
 
 
-def test_a_balanced_group_and_a_lone_run_get_no_group_block(daemon) -> None:
+def test_a_balanced_group_and_a_lone_run_get_no_group_block(
+    daemon, capsys: pytest.CaptureFixture[str]
+) -> None:
     daemons, sock_dir, db = daemon
     _, client = daemons.start_ready(sock_dir, db)
     steps = group_steps(2, n_steps=30)
@@ -152,6 +154,11 @@ def test_a_balanced_group_and_a_lone_run_get_no_group_block(daemon) -> None:
         assert "  Group even" not in text  # no block; the group report is named
         assert f"  Group report: gpuprofctl insights {db} --group even" in text.splitlines()
     assert _stored(db, "even") == []
+    # ... but the rules ran on the ended group: --group reads that, not again
+    checked = h.query(db, "SELECT ranks, found FROM group_checks WHERE group_id = 'even'")
+    assert [tuple(r) for r in checked] == [(2, 0)]
+    data = _ctl_json(capsys, "insights", str(db), "--group", "even")
+    assert (data["insights_source"], data["insights"]) == ("stored", [])
 
     assert client.request(h.hello("lone", os.getpid(), run_name="lone"))["ok"]
     for i in range(5):

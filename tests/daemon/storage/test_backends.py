@@ -15,7 +15,7 @@ import pytest
 
 from gpuprofd.core.counters import DropCounter
 from gpuprofd.core.errors import DatabaseError
-from gpuprofd.storage import schema
+from gpuprofd.storage import reads, schema
 from gpuprofd.storage.dialect import POSTGRES
 from gpuprofd.storage.url import parse, redact
 from gpuprofd.storage.writes import Op, Part, runsdb
@@ -102,11 +102,8 @@ async def test_writes_read_back_the_same_on_each_backend(storage_url: str) -> No
             "SELECT step, t1_ns - t0_ns AS ns FROM steps WHERE run_id = ? ORDER BY step", (first,)
         )
         assert len(steps) == 1001 and steps[0]["ns"] == 9_000_000 and steps[-1]["step"] == 1000
-        buckets = await store.fetchall(
-            "SELECT bucket, bytes FROM comm_buckets WHERE run_id = ? AND step = ? ORDER BY bucket",
-            (first, 1000),
-        )
-        assert [(r["bucket"], r["bytes"]) for r in buckets] == [(0, 4096), (1, 8192)]
+        buckets = await reads.comm_buckets(store, first, 1000, 1000)
+        assert [(r[1], r[4]) for r in buckets] == [(0, 4096), (1, 8192)]
         stats = await store.fetchall(
             "SELECT s.name, s.total_ns, w.source FROM kernel_stats s "
             "JOIN kernel_windows w ON w.id = s.window_id WHERE s.run_id = ? ORDER BY s.name",
@@ -205,7 +202,7 @@ async def test_postgres_tables_come_from_the_one_schema(pg_url: str) -> None:
     # the same table set as SQLite's schema
     import re
 
-    sqlite_tables = set(re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", schema.SCHEMA_SQL))
+    sqlite_tables = set(re.findall(r"CREATE (?:TABLE|VIEW) IF NOT EXISTS (\w+)", schema.SCHEMA_SQL))
     assert {t for t, _ in cols} == sqlite_tables
 
 
@@ -362,7 +359,7 @@ async def test_retention_runs_the_same_on_each_backend(storage_url: str) -> None
 
         pruner = commprune.CommPruner(steps_kept=10, keep_every=5, max_rows=40)
         assert await pruner.prune_round(store) >= 2  # several bounded passes
-        kept = await store.fetchall("SELECT DISTINCT step FROM comm_buckets ORDER BY step")
+        kept = await store.fetchall("SELECT DISTINCT step FROM comm_steps ORDER BY step")
         assert [r["step"] for r in kept] == sorted(set(range(0, 90, 5)) | set(range(90, 100)))
 
         merged = await kcompact.compact_once(store, 3600 * s, raw_window_s=60.0)
@@ -551,3 +548,21 @@ async def test_loader_settings_are_stored_the_same_on_each_backend(storage_url: 
         opts = orjson.loads(row["options"])
         assert opts["loaders"] == both
         assert opts["flops_per_step"] == 5e12  # the rest of the options kept
+
+
+async def test_rows_as_tuples_read_the_same_on_each_backend(storage_url: str) -> None:
+    async with open_store(storage_url) as store:
+        for k in range(5):
+            store.submit_nowait(runsdb.run_cpu_op(1, 1000 + k, None if k == 2 else k / 4))
+        await store.flush()
+        sql = "SELECT mono_ns, cores FROM run_cpu_samples WHERE run_id = ? ORDER BY mono_ns"
+        tuples = await store.fetchtuples(sql, (1,))
+        rows = await store.fetchall(sql, (1,))
+    assert [tuple(r) for r in tuples] == [tuple(r) for r in rows]
+    assert [tuple(r) for r in tuples] == [
+        (1000, 0.0),
+        (1001, 0.25),
+        (1002, None),
+        (1003, 0.75),
+        (1004, 1.0),
+    ]

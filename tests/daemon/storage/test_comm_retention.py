@@ -48,10 +48,10 @@ def _add_steps(conn: sqlite3.Connection, run_id: int, steps: range, n_buckets: i
         "VALUES (?, ?, ?, ?, 0, 0, 1, ?)",
         [(run_id, i, i * 10 * MS, i * 10 * MS + 9 * MS, '{"comm": 1000}') for i in steps],
     )
-    conn.executemany(
-        "INSERT INTO comm_buckets VALUES (?, ?, ?, ?, ?, 100)",
+    h.insert_buckets(
+        conn,
         [
-            (run_id, i, b, i * 10 * MS + b, i * 10 * MS + b + 5)
+            (run_id, i, b, i * 10 * MS + b, i * 10 * MS + b + 5, 100)
             for i in steps
             for b in range(n_buckets)
         ],
@@ -61,7 +61,7 @@ def _add_steps(conn: sqlite3.Connection, run_id: int, steps: range, n_buckets: i
 def _kept(db: Path, run_id: int) -> dict[int, int]:
     """step -> its bucket rows left."""
     rows = h.query(
-        db, "SELECT step, COUNT(*) FROM comm_buckets WHERE run_id = ? GROUP BY step", (run_id,)
+        db, "SELECT step, SUM(buckets) FROM comm_steps WHERE run_id = ? GROUP BY step", (run_id,)
     )
     return {r[0]: r[1] for r in rows}
 
@@ -118,23 +118,23 @@ async def test_a_running_run_loses_only_what_leaves_its_window(tmp_path: Path) -
 
 
 async def test_a_huge_run_is_pruned_in_bounded_passes(tmp_path: Path) -> None:
-    n_steps, n_buckets, max_rows = 3000, 20, 5000
+    n_steps, n_buckets, max_rows = 3000, 20, 250  # max_rows: step rows
     db = _db(tmp_path, {1: ("finished", n_steps, n_buckets)})
     store = await _store(db)
     try:
         pruner = commprune.CommPruner(steps_kept=200, keep_every=100, max_rows=max_rows)
-        total = n_steps * n_buckets
-        prunable = total - sum(_expected(n_steps, 200, 100, n_buckets).values())
+        total = n_steps
+        prunable = total - len(_expected(n_steps, 200, 100, n_buckets))
         deleted = []
         while await pruner.prune_pass(store):
-            now = h.query(db, "SELECT COUNT(*) FROM comm_buckets")[0][0]
+            now = h.query(db, "SELECT COUNT(*) FROM comm_steps")[0][0]
             deleted.append(total - now)
             total = now
             # the window is never touched mid-way
             assert all(_kept(db, 1).get(s) == n_buckets for s in range(2800, 3000))
         assert sum(deleted) == prunable
         assert max(deleted) <= max_rows
-        assert len(deleted) - 1 <= prunable // (max_rows - 2 * n_buckets) + 1
+        assert len(deleted) - 1 <= prunable // (max_rows - 2) + 1
         assert len(deleted) >= prunable // max_rows
         assert _kept(db, 1) == _expected(n_steps, 200, 100, n_buckets)
     finally:
@@ -145,8 +145,8 @@ async def test_a_huge_run_is_pruned_in_bounded_passes(tmp_path: Path) -> None:
     try:
         pruner = commprune.CommPruner(steps_kept=200, keep_every=100, max_rows=max_rows)
         assert await pruner.prune_round(store, max_passes=3) == 3
-        left = h.query(db2, "SELECT COUNT(*) FROM comm_buckets")[0][0]
-        assert left >= n_steps * n_buckets - 3 * max_rows
+        left = h.query(db2, "SELECT COUNT(*) FROM comm_steps")[0][0]
+        assert left >= n_steps - 3 * max_rows
         assert await pruner.prune_round(store) > 0
         assert _kept(db2, 1) == _expected(n_steps, 200, 100, n_buckets)
     finally:
@@ -181,13 +181,13 @@ def test_the_daemon_prunes_a_running_run_and_keeps_its_window(tmp_path: Path) ->
                 client.push({"v": 1, "type": "step", "run_key": "r", **s})
             (run_id,) = h.query(db, "SELECT id FROM runs WHERE run_key = 'r'")[0]
             want = _expected(100, 20, 7, N_BUCKETS)
-            h.poll_db(db, "SELECT COUNT(*) FROM comm_buckets", (), sum(want.values()))
+            h.poll_db(db, "SELECT SUM(buckets) FROM comm_steps", (), sum(want.values()))
             assert _kept(db, run_id) == want
             assert h.query(db, "SELECT status FROM runs")[0][0] == "running"
             for s in steps[100:]:
                 client.push({"v": 1, "type": "step", "run_key": "r", **s})
             want = _expected(130, 20, 7, N_BUCKETS)
-            h.poll_db(db, "SELECT COUNT(*) FROM comm_buckets", (), sum(want.values()))
+            h.poll_db(db, "SELECT SUM(buckets) FROM comm_steps", (), sum(want.values()))
             assert _kept(db, run_id) == want
             reply = client.request(h.bye("r", sent=130))
             assert reply is not None and reply["ok"]

@@ -17,7 +17,7 @@ from gpuprof.summary import format_summary
 from gpuprofd.core.counters import DropCounter
 from gpuprofd.ctl import main
 from gpuprofd.storage import schema
-from gpuprofd.storage.writes import Store, runsdb
+from gpuprofd.storage.writes import Part, Store, runsdb
 from tests.daemon import helpers as h
 from tests.gpuprof.insights.group_fixtures import BUCKET_BYTES, MS, N_BUCKETS, group_steps
 
@@ -113,14 +113,9 @@ def _group_json(capsys: pytest.CaptureFixture[str], db: Path, group: str) -> dic
 def test_buckets_and_clock_offsets_are_stored_with_their_run(comm_db) -> None:
     db, _ = comm_db
     (run,) = h.query(db, "SELECT id FROM runs WHERE run_key = 'offset-1'")
-    rows = h.query(
-        db,
-        "SELECT step, bucket, start_ns, end_ns, bytes FROM comm_buckets "
-        "WHERE run_id = ? ORDER BY step, bucket",
-        (run["id"],),
-    )
+    rows = [r[1:] for r in h.buckets(db, run["id"])]
     sent = group_steps(2, n_steps=STEPS, clock_shift={1: 5 * SECOND})[1]
-    assert [tuple(r) for r in rows] == [(s["i"], *row) for s in sent for row in s["comm"]]
+    assert rows == [(s["i"], *row) for s in sent for row in s["comm"]]
     (clock,) = h.query(
         db,
         "SELECT clock_offset_ns, clock_uncertainty_ns, clock_rtt_ns, "
@@ -132,7 +127,7 @@ def test_buckets_and_clock_offsets_are_stored_with_their_run(comm_db) -> None:
     assert other[0] is None
     n = h.query(
         db,
-        "SELECT COUNT(*) FROM comm_buckets JOIN runs ON runs.id = run_id WHERE group_id = 'skew'",
+        "SELECT SUM(buckets) FROM comm_steps JOIN runs ON runs.id = run_id WHERE group_id = 'skew'",
     )[0][0]
     assert n == 4 * STEPS * N_BUCKETS
 
@@ -142,7 +137,7 @@ def test_a_malformed_bucket_row_drops_its_step_and_nothing_of_it_is_stored(comm_
     assert out["dropped"] == {"bad_field:comm": 1}
     (run,) = h.query(db, "SELECT id FROM runs WHERE run_key = 'bad'")
     assert [r[0] for r in h.query(db, "SELECT step FROM steps WHERE run_id = ?", (run[0],))] == [0]
-    buckets = h.query(db, "SELECT DISTINCT step FROM comm_buckets WHERE run_id = ?", (run[0],))
+    buckets = h.query(db, "SELECT DISTINCT step FROM comm_steps WHERE run_id = ?", (run[0],))
     assert [r[0] for r in buckets] == [0]
 
 
@@ -258,14 +253,14 @@ async def test_steps_with_buckets_queued_back_to_back_all_land(tmp_path: Path) -
     events = group_steps(1, n_steps=20)[0]
     for s in events:
         assert store.submit_nowait(runsdb.step_op(7, {**s, "run_key": "k"}))
-    # a step whose last bucket row cannot be stored (step NULL): its step row goes too
+    # a step whose bucket row cannot be stored (step NULL): its step row goes too
     op = runsdb.step_op(8, {**events[0], "run_key": "k"})
-    op.parts[1].rows[-1] = (8, None, 3, 1, 2, 3)  # type: ignore[index]
+    op.parts = (op.parts[0], Part(op.parts[1].sql, ((8, None, 0, 1, 0, b"\x01"),)))
     assert store.submit_nowait(op)
     store.start()
     await store.flush()
     steps = h.query(db, "SELECT run_id, COUNT(*) FROM steps GROUP BY run_id")
-    buckets = h.query(db, "SELECT run_id, COUNT(*) FROM comm_buckets GROUP BY run_id")
+    buckets = h.query(db, "SELECT run_id, SUM(buckets) FROM comm_steps GROUP BY run_id")
     assert [tuple(r) for r in steps] == [(7, 20)]
     assert [tuple(r) for r in buckets] == [(7, 20 * N_BUCKETS)]
     assert list(drops.snapshot()) == ["store_error"]

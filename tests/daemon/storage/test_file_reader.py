@@ -54,3 +54,15 @@ async def test_a_bad_query_is_a_clear_error_and_frees_its_connection(tmp_path: P
         with pytest.raises(DatabaseError, match="damaged or incomplete"):
             await reader.fetchall("SELECT nothing FROM no_such_table")
         assert (reader._opened, len(reader._free)) == (1, 1)
+
+
+async def test_rows_as_tuples_are_the_rows_values(tmp_path: Path) -> None:
+    sql = "SELECT run_id, mono_ns, cores FROM run_cpu_samples WHERE run_id = ? ORDER BY mono_ns"
+    async with open_reader(_db(tmp_path)) as reader:
+        rows = await reader.fetchall(sql, (3,))
+        tuples = await reader.fetchtuples(sql, (3,))
+        again = await reader.fetchall(sql, (3,))  # the connection still gives Rows
+    assert [type(r) for r in tuples[:1]] == [tuple]
+    assert tuples == [tuple(r) for r in rows] and len(tuples) == 1000
+    assert tuples[7] == (3, 7, 3.0)
+    assert isinstance(again[0], sqlite3.Row) and again[0]["cores"] == 3.0

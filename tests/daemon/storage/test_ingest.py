@@ -129,19 +129,33 @@ def _comm_event(seq: int, run: str, step: int, buckets: int) -> dict[str, Any]:
 
 
 async def test_comm_buckets_sent_again_are_stored_once(storage_url: str) -> None:
+    """A step's buckets are one packed row, known by (step, first launch): sent
+    again (stored before, or earlier in the batch) they are dropped; the index
+    used again at another time (a manual loop) is a step of its own."""
     run = new_uuid()
     async with open_store(storage_url) as store:
-        events = [run_event(1, run), _comm_event(2, run, 0, 3), _comm_event(3, run, 0, 4)]
+        events = [run_event(1, run), _comm_event(2, run, 0, 3), _comm_event(3, run, 0, 3)]
         await apply_batch(store, validate(batch("n1", events)))
-        await apply_batch(store, validate(batch("n1", [_comm_event(4, run, 0, 4)])))
-        # buckets without their index or start cannot be told apart: kept, each
-        loose = _comm_event(5, run, 1, 2)
+        await apply_batch(store, validate(batch("n1", [_comm_event(4, run, 0, 3)])))
+        again = _comm_event(5, run, 0, 2)
+        for r in again["rows"]:
+            r["start_ns"] += 10**9
+        loose = _comm_event(6, run, 1, 2)  # no index or times: kept as sent
         for r in loose["rows"]:
-            r["bucket"] = None
-        await apply_batch(store, validate(batch("n1", [loose])))
-        rows = await store.fetchall("SELECT step, bucket FROM comm_buckets ORDER BY step, bucket")
-    assert [tuple(r) for r in rows[:4]] == [(0, 0), (0, 1), (0, 2), (0, 3)]
-    assert len(rows) == 6 and [r[1] for r in rows[4:]] == [None, None]
+            r["bucket"] = r["start_ns"] = r["end_ns"] = None
+        await apply_batch(store, validate(batch("n1", [again, loose])))
+        await apply_batch(store, validate(batch("n1", [{**loose, "seq": 7}])))
+        (run_id,) = await store.fetchone("SELECT id FROM runs")
+        rows = await reads.comm_buckets(store, run_id)
+    assert [r[:3] for r in rows] == [
+        (0, 0, 1_000),
+        (0, 1, 1_001),
+        (0, 2, 1_002),
+        (0, 0, 10**9 + 1_000),
+        (0, 1, 10**9 + 1_001),
+        (1, None, None),
+        (1, None, None),
+    ]
 
 
 async def test_steps_of_an_unknown_run_store_nothing(storage_url: str) -> None:
@@ -312,3 +326,27 @@ async def test_an_evidence_window_forwarded_keeps_its_link(storage_url: str) -> 
         [40],
     )
     assert w["window_id"] in ids and w["rows"][0].name == "aten::mm"
+
+
+async def test_steps_of_several_runs_in_one_batch_keep_their_runs(storage_url: str) -> None:
+    """A batch's steps events are built into rows together: each row keeps
+    its own event's run, and a repeat within the batch is still dropped."""
+    a, b = new_uuid(), new_uuid()
+    events = [
+        run_event(1, a),
+        run_event(2, b, name="other"),
+        steps_event(3, a, 0, n=3),
+        steps_event(4, b, 100, n=2),
+        steps_event(5, a, 3, n=2),
+        steps_event(6, b, 101, n=3),  # 101 again (sent twice): stored once
+    ]
+    async with open_store(storage_url) as store:
+        got = await apply_batch(store, validate(batch("n1", events)))
+        rows = await store.fetchall(
+            "SELECT r.run_name, s.step FROM steps s JOIN runs r ON r.id = s.run_id "
+            "ORDER BY r.run_name, s.step"
+        )
+    assert got.applied == 6
+    assert [tuple(r) for r in rows] == [("exp", i) for i in range(5)] + [
+        ("other", i) for i in (100, 101, 102, 103)
+    ]

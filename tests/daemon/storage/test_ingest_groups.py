@@ -69,18 +69,21 @@ async def test_a_group_stored_by_copy_applies_once_under_resend(
             store, "SELECT COUNT(*) FROM (SELECT DISTINCT run_id, step, t0_ns FROM steps) AS d"
         )
         rollups = await _count(store, "SELECT COUNT(*) FROM gpu_rollups")
+        samples = await _count(store, "SELECT SUM(n) FROM gpu_rollups")
         seqs = await store.fetchall("SELECT node_id, last_seq FROM ingest_nodes ORDER BY node_id")
     assert [(a.applied, a.skipped, a.acked_seq) for a in first] == [(2, 0, 3)] * 3  # type: ignore[union-attr]
     assert [(a.applied, a.skipped, a.acked_seq) for a in again] == [(0, 2, 3)] * 3  # type: ignore[union-attr]
     assert [a.acked_seq for a in renumbered] == [5, 5, 5]  # type: ignore[union-attr]
     assert steps == distinct == 30  # 10 steps of each of 3 runs, each once
-    # rollups are the node's samples, not keyed: the renumbered second is a second copy
-    assert rollups == 3 * 8 * 2
+    # rollups are the node's samples: a GPU's second is one row, the renumbered
+    # second merged into it (its samples counted again: nothing told it was a copy)
+    assert (rollups, samples) == (8, 3 * 8 * 2 * 10)
     assert [tuple(r) for r in seqs] == [("n1", 5), ("n2", 5), ("n3", 5)]
     if storage_url.startswith("postgres"):
         # one COPY per table for a whole group, not one per batch (the resends
-        # held no new step, and the renumbered group's steps were all stored)
-        assert sorted(copies) == ["gpu_rollups", "gpu_rollups", "steps"]
+        # held no new step, and the renumbered group's steps were all stored);
+        # GPU seconds are upserts (a second stored again merges)
+        assert sorted(copies) == ["steps"]
 
 
 async def test_a_bad_batch_in_a_group_is_refused_alone(storage_url: str) -> None:
@@ -126,3 +129,131 @@ async def test_one_nodes_batches_in_one_group_apply_in_order(storage_url: str) -
     assert [(a.applied, a.skipped, a.acked_seq) for a in got] == [(2, 0, 2), (1, 2, 3)]  # type: ignore[union-attr]
     assert steps == list(range(15))
     assert tuple(node) == (3, 2, 3)
+
+
+def _rollup_event(seq: int, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"seq": seq, "kind": "gpu_rollups", "rows": rows}
+
+
+async def test_a_gpu_second_twice_in_a_group_merges_and_a_gpu_keeps_its_first_clock(
+    storage_url: str,
+) -> None:
+    """On Postgres a group's GPU rows go in one statement per table
+    (``storage.writes.pgbulk``): a second sent again within the group (a
+    node's daemon restarted within it) merges into the first as row by row,
+    and a GPU's max SM clock is the first given, on both backends."""
+    g0 = {"uuid": "gpu-a", "boot_id": "b"}
+    async with open_store(storage_url) as store:
+        group = [
+            validate(
+                batch(
+                    "n1",
+                    [
+                        _rollup_event(
+                            1,
+                            [
+                                {**g0, "sec_ns": 0, "n": 10, "util_mean": 90.0, "util_max": 95},
+                                {**g0, "sec_ns": 10**9, "n": 10.0, "util_mean": 50.0},
+                            ],
+                        )
+                    ],
+                )
+            ),
+            validate(
+                batch(
+                    "n1",
+                    [
+                        _rollup_event(
+                            2,
+                            [
+                                {**g0, "sec_ns": 0, "n": 30, "util_mean": 70.0, "util_max": 99},
+                                {
+                                    **g0,
+                                    "sec_ns": 0,
+                                    "n": 0,
+                                    "util_mean": 10.0,
+                                    "sm_limit_mhz": 1980,
+                                },
+                            ],
+                        )
+                    ],
+                )
+            ),
+            validate(batch("n2", [_rollup_event(1, [{"uuid": "gpu-b", "sec_ns": 0, "n": 5}])])),
+        ]
+        got = await apply_batches(store, group)
+        assert all(isinstance(a, Applied) for a in got), got
+        later = validate(
+            batch("n1", [_rollup_event(3, [{**g0, "sec_ns": 2 * 10**9, "sm_limit_mhz": 1410}])])
+        )
+        assert isinstance((await apply_batches(store, [later]))[0], Applied)
+        rows = await store.fetchall(
+            "SELECT uuid, sec_ns, n, util_mean, util_max, sm_limit_mhz FROM gpu_rollups "
+            "ORDER BY uuid, sec_ns"
+        )
+        gpus = await _count(store, "SELECT COUNT(*) FROM gpus")
+    # second 0 of gpu-a: 10 samples at 90 and 30 at 70 (a row of n 0 weighs nothing)
+    assert [tuple(r) for r in rows] == [
+        ("gpu-a", 0, 40, 75.0, 99.0, 1980.0),
+        ("gpu-a", 10**9, 10, 50.0, None, 1980.0),
+        ("gpu-a", 2 * 10**9, None, None, None, 1980.0),
+        ("gpu-b", 0, 5, None, None, None),
+    ]
+    assert gpus == 2
+
+
+async def test_a_groups_host_and_run_cpu_samples_are_stored_with_their_values(
+    storage_url: str,
+) -> None:
+    """On Postgres a group's host and run CPU samples go in its last
+    statement, from arrays: each value stored as sent (an integer
+    percentage as a number, a field not sent as NULL), on both backends."""
+    run = new_uuid()
+    host = {"mono_ns": 5, "boot_id": "b", "cpu_pct": 20, "cpu_count": 64}
+    cpu = [{"mono_ns": 5, "cores": 1.5}, {"mono_ns": 6, "cores": 2}]
+    async with open_store(storage_url) as store:
+        await apply_batches(store, [validate(batch("n1", [run_event(1, run)]))])
+        group = [
+            validate(
+                batch(
+                    "n1",
+                    [
+                        {"seq": 2, "kind": "host_samples", "rows": [host]},
+                        {"seq": 3, "kind": "run_cpu", "run": run, "rows": cpu},
+                    ],
+                )
+            ),
+            validate(batch("n2", [{"seq": 1, "kind": "host_samples", "rows": [{"mono_ns": 7}]}])),
+        ]
+        got = await apply_batches(store, group)
+        hosts = await store.fetchall(
+            "SELECT mono_ns, cpu_pct, cpu_count, swap_in_bps, boot_id FROM host_samples "
+            "ORDER BY mono_ns"
+        )
+        cpus = await store.fetchall(
+            "SELECT r.run_uuid, c.mono_ns, c.cores FROM run_cpu_samples c "
+            "JOIN runs r ON r.id = c.run_id ORDER BY c.mono_ns"
+        )
+    assert [a.acked_seq for a in got] == [3, 1]  # type: ignore[union-attr]
+    assert [tuple(r) for r in hosts] == [(5, 20.0, 64, None, "b"), (7, None, None, None, None)]
+    assert [tuple(r) for r in cpus] == [(run, 5, 1.5), (run, 6, 2.0)]
+
+
+@pytest.mark.parametrize("storage_url", ["postgres"], indirect=True)
+async def test_a_connection_goes_back_to_the_pool_without_a_reset(storage_url: str) -> None:
+    """A group's batches are answered once its connection is back in the
+    pool: no reset (``RESET ALL``, ``UNLISTEN *``, ...) is sent before,
+    one round trip less (gpuprof leaves nothing on a session)."""
+    import asyncpg
+
+    from tests.backends import PG_URL
+
+    async with open_store(storage_url) as store:
+        got = await store.transaction(lambda txn: txn.fetch("SELECT pg_backend_pid()"))
+        pid = int(got[0][0])
+        conn = await asyncpg.connect(PG_URL)
+        try:
+            last = await conn.fetchval("SELECT query FROM pg_stat_activity WHERE pid = $1", pid)
+        finally:
+            await conn.close()
+    assert last.strip().rstrip(";").upper() == "COMMIT"

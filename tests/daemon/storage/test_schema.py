@@ -14,6 +14,46 @@ from gpuprofd.storage.reader import open_reader
 from gpuprofd.storage.reads import queries
 
 #: Schema 1 exactly as gpuprof 0.1 (the spine, commit 8c3194b) wrote it, plus rows.
+#: The tables schema 22 replaced, as schema 21 (and before) wrote them: one
+#: wide GPU rollup row per second with its UUID and boot, one row per bucket.
+SCHEMA_21_TABLES = """
+CREATE TABLE IF NOT EXISTS gpu_rollups (  -- one row per GPU per second, the whole run
+    sec_ns INTEGER, uuid TEXT, n INTEGER,     -- n: fast samples with a utilization reading
+    util_min REAL, util_mean REAL, util_max REAL, idle_n INTEGER,
+    mem_used_min INTEGER, mem_used_mean REAL, mem_used_max INTEGER, mem_total_bytes INTEGER,
+    power_min_mw REAL, power_mean_mw REAL, power_max_mw REAL,
+    temp_min_c REAL, temp_mean_c REAL, temp_max_c REAL,
+    sm_min_mhz REAL, sm_mean_mhz REAL, sm_max_mhz REAL, sm_active_max_mhz REAL,
+    sm_limit_mhz REAL,                        -- the GPU's max SM clock (NVML), MHz
+    mem_util_mean REAL,
+    reasons_n INTEGER, reasons_any INTEGER,
+    capped_n INTEGER, capped_sm_mean_mhz REAL, thermal_n INTEGER, thermal_sm_mean_mhz REAL,
+    slow_n INTEGER,                           -- slow-loop samples folded in (<= 1 Hz)
+    pcie_rx_max_bps REAL, pcie_tx_max_bps REAL,
+    gpm_sm_util_mean REAL, gpm_sm_occupancy_mean REAL, gpm_tensor_util_mean REAL,
+    gpm_dram_bw_util_mean REAL,
+    boot_id TEXT
+);  -- uuid: normalized (sampling.nvml.normalize_uuid): a run's UUID finds its rows by index
+CREATE INDEX IF NOT EXISTS gpu_rollups_uuid_t ON gpu_rollups (uuid, sec_ns);
+CREATE TABLE IF NOT EXISTS comm_buckets (  -- one DDP gradient bucket's all-reduce in one step;
+    -- pruned to each run's last COMM_STEPS_KEPT steps + every COMM_KEEP_EVERY-th (module doc)
+    run_id INTEGER NOT NULL, step INTEGER NOT NULL,  -- step: the steps row's step index
+    bucket INTEGER,                  -- DDP's bucket index (GradBucket.index())
+    start_ns INTEGER, end_ns INTEGER,  -- launched / completed, the rank's monotonic ns
+    bytes INTEGER                    -- the bucket's flattened gradients
+);
+CREATE INDEX IF NOT EXISTS comm_buckets_run_step ON comm_buckets (run_id, step);
+"""
+
+
+def as_schema_21(conn: sqlite3.Connection) -> None:
+    """Today's tables in *conn* as schema 21 had them (empty); the version is the caller's."""
+    conn.executescript(
+        "DROP VIEW gpu_rollups; DROP TABLE gpu_seconds; DROP TABLE gpus; DROP TABLE comm_steps;"
+        + SCHEMA_21_TABLES
+    )
+
+
 SCHEMA_1 = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
 CREATE TABLE IF NOT EXISTS runs (
@@ -166,6 +206,7 @@ def _schema_5_db(tmp_path: Path) -> Path:
     path = tmp_path / "v5.db"
     schema.prepare(path)
     conn = sqlite3.connect(path)
+    as_schema_21(conn)
     conn.execute("DROP TABLE comm_buckets")
     for column in schema._RUNS_6:
         conn.execute(f"ALTER TABLE runs DROP COLUMN {column}")
@@ -196,7 +237,7 @@ async def test_a_schema_5_database_reads_with_no_comm_data(tmp_path: Path) -> No
         ctx = await reads.group_context(reader, "job")
         runs = await reads.runs_overview(reader, "job")
         run_ctx = await reads.run_context(reader, await reads.get_run(reader, 1))
-        assert (await reader.fetchone("SELECT COUNT(*) FROM comm_buckets"))[0] == 0
+        assert (await reader.fetchone("SELECT COUNT(*) FROM comm_steps"))[0] == 0
     assert [r.rank for r in ctx.ranks] == [0, 1]
     assert all(
         len(r.step_ms) == 10 and r.comm_ms == () and r.bucket_start_ns == () for r in ctx.ranks
@@ -215,13 +256,11 @@ def test_the_daemon_upgrades_schema_5_to_comm_timing(tmp_path: Path) -> None:
     try:
         version = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
         clock = conn.execute(f"SELECT {', '.join(schema._RUNS_6)} FROM runs").fetchall()
-        index = conn.execute(
-            "SELECT sql FROM sqlite_master WHERE name = 'comm_buckets_run_step'"
-        ).fetchone()
+        table = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'comm_steps'").fetchone()
     finally:
         conn.close()
     assert version == (str(schema.SCHEMA_VERSION),) and clock == [(None,) * 5] * 2
-    assert "(run_id, step)" in index[0]
+    assert "PRIMARY KEY (run_id, step, start_ns)" in table[0]
 
 
 def _schema_6_db(tmp_path: Path) -> Path:
@@ -230,6 +269,7 @@ def _schema_6_db(tmp_path: Path) -> Path:
     path = _schema_5_db(tmp_path)
     schema.prepare(path)  # to today's, then back to 6
     conn = sqlite3.connect(path)
+    as_schema_21(conn)
     conn.execute("DROP TABLE group_insights")
     conn.execute("DROP INDEX steps_run_step")
     conn.execute("UPDATE meta SET value = '6' WHERE key = 'schema_version'")
@@ -250,7 +290,7 @@ async def test_a_schema_6_database_reads_with_no_stored_group_findings(tmp_path:
     path = _schema_6_db(tmp_path)
     before = path.read_bytes()
     async with open_reader(path) as reader:
-        assert await reads.stored_group_insights(reader, "job") == []
+        assert await reads.stored_group_insights(reader, "job") is None
         found = await reads.group_findings(reader, "job")
         ctx = await reads.group_context(reader, "job")
     assert (found["ranks"], found["ended"]) == (2, True)
@@ -266,10 +306,10 @@ async def test_the_daemon_upgrades_schema_6_to_stored_group_findings(tmp_path: P
     try:
         version = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
         names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
-        n = conn.execute("SELECT COUNT(*) FROM comm_buckets").fetchone()[0]
+        n = conn.execute("SELECT SUM(buckets) FROM comm_steps").fetchone()[0]
     finally:
         conn.close()
     assert version == (str(schema.SCHEMA_VERSION),) and n == 20
     assert {"group_insights", "group_insights_group", "steps_run_step"} <= names
     async with open_reader(path) as reader:
-        assert await reads.stored_group_insights(reader, "job") == []
+        assert await reads.stored_group_insights(reader, "job") is None

@@ -117,7 +117,7 @@ async def _write_run(store: Store) -> int:
     for i in range(STEPS):
         await store.submit(runsdb.step_op(run_id, _step(i)))
     for sec in range(SECONDS):
-        await store.submit(Op(rollup.INSERT_SQL, _rollup(sec)))
+        await store.submit(runsdb.rollup_op(_rollup(sec)))
     for k in range(2 * SECONDS):
         mono = START_MONO + k * 500_000_000
         disk = HOST_SPIKE_BPS if k == HOST_SPIKE_SAMPLE else 1e6
@@ -405,6 +405,9 @@ async def test_a_live_socket_looks_when_its_run_changes_not_only_when_it_polls(
                     "insights"
                 ):
                     pass
+                # the round goes on after its insights (steps, GPU and host reads, each
+                # saying nothing here): a step written meanwhile would be its news
+                await asyncio.sleep(1.0)
                 await store.submit(runsdb.step_op(run_id, _step(STEPS)))
                 await store.flush()
                 changes.tell({run_id + 1})  # another run: nothing to look for
@@ -487,7 +490,7 @@ async def test_a_run_without_a_device_shows_the_gpus_sampled_while_it_ran(
         ):
             row = dict(zip(rollup.ROLLUP_COLUMNS, _rollup(0), strict=True))
             row.update(sec_ns=START_MONO + sec * rollup.NS_PER_S, uuid=uuid, boot_id=boot)
-            await store.submit(Op(rollup.INSERT_SQL, tuple(row.values())))
+            await store.submit(runsdb.rollup_op(tuple(row.values())))
         await store.flush()
         state = WebState(reader=store, now_mono_ns=None)
         async with test_utils.TestClient(test_utils.TestServer(build_app(state))) as client:

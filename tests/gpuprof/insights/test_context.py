@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pytest
 
+from gpuprof import stats
 from gpuprof.insights import RunContext, build_context
 from gpuprof.insights.context import _optimizer_totals
 
@@ -265,3 +266,32 @@ def test_a_shape_declared_badly_is_not_taken():
     run = {"run_name": "r", "status": "finished", "options": {"samples_per_step": "16"}}
     ctx = build_context(run, [_step(0, 10.0, 0.0)])
     assert (ctx.world_size, ctx.tokens_per_step, ctx.samples_per_step) == (1, None, None)
+
+
+def test_iteration_and_loader_sums_are_the_loops() -> None:
+    """RunContext's per-step sums (``map``) are a loop's values and types,
+    and figures of different lengths are an error, as ``zip(strict=True)``."""
+    import dataclasses
+
+    from gpuprof.insights.base import _pairwise_sums
+
+    step = (1.5, 2, 0.1, 1e300)
+    wait = (0.25, 3, 0.2, 1e300)
+    got = _pairwise_sums(step, wait)
+    assert got == tuple(s + w for s, w in zip(step, wait, strict=True))
+    assert [type(v) for v in got] == [float, int, float, float]
+    assert got[2] == 0.30000000000000004
+    with pytest.raises(ValueError, match="different lengths"):
+        _pairwise_sums(step, wait[:2])
+    run = {"run_name": "r", "status": "finished", "start_mono_ns": 0, "end_mono_ns": 10**11}
+    steps = [
+        {"t0": i * 10**9 + 7 * i, "t1": (i + 1) * 10**9, "wait": 3 * i + 1, "phases": {}}
+        for i in range(30)
+    ]
+    ctx = build_context(run, steps)
+    assert ctx.iteration_ms == tuple(s + w for s, w in zip(ctx.step_ms, ctx.wait_ms, strict=True))
+    # the context's thirds come from the same sums, made by numpy
+    third = [s + w for s, w in zip(ctx.step_ms, ctx.wait_ms, strict=True)]
+    assert ctx.iteration_ms_thirds == (stats.median(third[:10]), stats.median(third[-10:]))
+    with_data = dataclasses.replace(ctx, data_ms=tuple(float(i) for i in range(30)))
+    assert with_data.loader_ms == tuple(w + i for i, w in enumerate(ctx.wait_ms))

@@ -167,7 +167,8 @@ def test_sleeping_workers_are_not_cpu_bound_and_the_stall_names_the_blocking_cal
         "The workers wait 100% of their time in time.sleep, called from dataset.py:12 "
         "(__getitem__)."
     )
-    assert ins.fix.startswith("Make time.sleep from dataset.py:12 wait less")
+    assert ins.fix.startswith("Keep more batches in flight: raise DataLoader num_workers")
+    assert "Or make time.sleep from dataset.py:12 wait less" in ins.fix
     assert ins.evidence["loader_frames"][0]["call"] == "time.sleep"
 
 

@@ -15,6 +15,7 @@ from gpuprof.insights.gains import (
     attach,
     attach_group,
     attainable_mfu,
+    fast_compute,
     fix_all,
     from_stored,
     gains_block,
@@ -89,6 +90,26 @@ def test_inter_step_gap_is_worth_the_gap():
     assert ins["gain_label"] == "the inter-step gap" and "inter-step gap" in ins["gain_method"]
 
 
+def test_a_stall_is_worth_only_what_the_gpu_idled():
+    # the host waits 60 ms of 100, NVML read the GPU 55 % busy: 45 ms starved it
+    ctx = make_ctx([40] * 20, [60] * 20, gpu=gpu_stats([{"util_gpu": 55.0}] * 50))
+    ins = finding(ctx, "dataloader_stall")
+    assert ins["gain_ms_per_iteration"] == 45.0
+    assert ins["gain_parts_ms"] == {"loader_wait": 45.0}
+
+
+def test_a_gap_half_in_a_device_sync_is_worth_the_other_half():
+    from gpuprof.insights.frames import StackFrame
+
+    frames = tuple(
+        StackFrame("main", i, "/w/train.py", line, "train", call, 10)
+        for i in range(20)
+        for line, call in ((88, "loss.item"), (80, ""))
+    )
+    ins = finding(make_ctx([40] * 20, [60] * 20, stack_frames=frames), "dataloader_stall")
+    assert ins["gain_ms_per_iteration"] == 30.0
+
+
 def test_no_stall_no_gain():
     # 10 % waiting: no finding, so no stall gain, though the wait is a part of the iteration
     found = rules(make_ctx([90] * 10, [10] * 10, explicit_wait=True))
@@ -96,9 +117,9 @@ def test_no_stall_no_gain():
     assert all(i["gain_ms_per_iteration"] is None for i in found.values())
 
 
-def _pegged(**kw):
-    """The README demo's shape: a 36 ms step waits 64 ms on two workers
-    that, with the training process, peg a 2-core host."""
+def _pegged(steps=(36.0,) * 10, **kw):
+    """The README demo's shape: a 36 ms step (*steps*) waits 64 ms on two
+    workers that, with the training process, peg a 2-core host."""
     base = dict(
         explicit_wait=True,
         host_cpu_pct=95.0,
@@ -108,7 +129,7 @@ def _pegged(**kw):
         loaders=(LoaderConfig(2, True, False, 2),),
     )
     base.update(kw)
-    return make_ctx([36] * 10, [64] * 10, **base)
+    return make_ctx(list(steps), [64.0] * len(steps), **base)
 
 
 def test_cpu_bound_workers_also_free_the_compute_they_slowed():
@@ -120,6 +141,24 @@ def test_cpu_bound_workers_also_free_the_compute_they_slowed():
     assert ins["gain_speedup_max"] == pytest.approx(3.33)
     assert ins["gain_method"].startswith("cheaper loading: the loader wait (64.0 ms)")
     assert "30.0 ms of CPU per iteration against a 36.0 ms step" in ins["gain_method"]
+
+
+def test_a_cpu_bound_stall_beside_slow_steps_leaves_the_compute_at_full_cpu():
+    # a new user's run: slow steps hold much of the iteration; the stall's gain
+    # (the iteration down to its floor) must not claim the step's compute at
+    # full CPU, nor make "fixing all" remove the whole iteration
+    steps = [36.0] * 16 + [400.0] * 4  # 4 slow steps: their excess is slow_steps'
+    # 1.7 cores of workers: the training process had 0.05
+    ctx = _pegged(steps, run_cpu_cores=1.75, worker_pools=(pool(0.85),))
+    found = rules(ctx)
+    ins = found["cpu_bound_dataloader"]
+    it = iteration(ctx)
+    keep = 0.05 * it.iteration_ms  # the training process's CPU per iteration
+    assert 0 < keep < it.compute_ms and it.slow_ms > 0
+    assert ins["gain_parts_ms"]["cpu_contention"] == pytest.approx(it.compute_ms - keep, rel=1e-3)
+    summary = gains_block(ctx, list(found.values()))
+    assert summary is not None and summary["fix_all_speedup_max"] is not None
+    assert summary["fix_all_ms_per_iteration"] <= it.iteration_ms - keep + 1e-6
 
 
 def test_cpu_bound_workers_on_a_gpu_run_leave_the_compute_alone():
@@ -313,6 +352,22 @@ def test_regression_is_worth_the_way_back_outside_the_budget():
         "fix_all_parts_ms": {},
         "findings": 1,
     }
+
+
+def test_a_regression_tested_on_the_steps_is_worth_its_mean_back():
+    # the earlier runs' steps are stored: the finding compares means, and its
+    # worth is the mean iteration back to theirs (it once read 0.0 "against 0 µs")
+    ctx = make_ctx(
+        [40.0, 41.0] * 15, history_median_step_ms=(21.0,), history_iteration_ms=([21.0, 22.0] * 15,)
+    )
+    ins = finding(ctx, "regression")
+    ev = ins["evidence"]
+    assert ev["statistic"] == "mean" and ev["baseline_ms"] == 21.5
+    assert 40.5 <= ev["mean_iteration_ms"] <= 41.0
+    assert ins["gain_ms_per_iteration"] == pytest.approx(ev["mean_iteration_ms"] - 21.5, abs=1e-3)
+    assert (
+        f"mean iteration (21.5 ms against {ev['mean_iteration_ms']:.1f} ms)" in ins["gain_method"]
+    )
 
 
 # --- GPU findings --------------------------------------------------------------
@@ -600,3 +655,42 @@ def test_group_fix_all_takes_the_comm_once():
     block = group_gains_block(_group(), found)
     assert block["iteration_ms"] == 100.0 and block["parts_ms"]["comm"] == 15.0
     assert block["fix_all_ms_per_iteration"] == 30.0 and block["findings"] == 2
+
+
+def _threads(steps, **kw):
+    """The new user's collate_fn loop: 2 busy workers on 2 cores beside a step
+    with 2 intra-op threads, whose spinning makes the training process's CPU
+    time (1.6 cores) say nothing of what the step needs on free cores."""
+    return _pegged(steps, run_cpu_cores=3.1, **kw)
+
+
+def test_workers_competing_with_a_threaded_step_free_it_down_to_its_fast_steps():
+    # 40 steps: 8 fast (10 ms: the workers between batches), 28 at 36 ms, 4 at 200 ms
+    steps = [36.0] * 40
+    for i in (5, 9, 14, 18, 22, 27, 31, 35):
+        steps[i] = 10.0
+    for i in (11, 24, 33, 38):
+        steps[i] = 200.0
+    ctx = _threads(steps)
+    it = iteration(ctx)
+    ins = finding(ctx, "cpu_bound_dataloader")
+    fast = 10.0  # the 10th percentile of the steady steps: 8 of 37 are 10 ms
+    assert "its fastest tenth of steps took 10.0 ms" in ins["gain_method"]
+    # the wait, the compute above the fast steps and the slow bursts: the workers' all
+    assert ins["gain_parts_ms"]["loader_wait"] == pytest.approx(64.0)
+    assert ins["gain_parts_ms"]["cpu_contention"] == pytest.approx(it.compute_ms - fast, rel=1e-3)
+    assert ins["gain_parts_ms"]["slow_steps"] == pytest.approx(it.slow_ms, rel=1e-3)
+    assert ins["gain_speedup_max"] == pytest.approx(it.iteration_ms / fast, rel=1e-2)
+
+
+def test_a_threaded_step_beside_idle_workers_or_on_a_gpu_keeps_its_compute():
+    steps = [36.0] * 40
+    for i in (5, 9, 14, 18, 22, 27, 31, 35):
+        steps[i] = 10.0
+    gpu = finding(
+        _threads(steps, gpu_model="NVIDIA H100 80GB HBM3", gpu_count=1), "cpu_bound_dataloader"
+    )
+    assert set(gpu["gain_parts_ms"]) == {"loader_wait"}
+    # two preempted workers at 0.2 core each hold 0.4 of 4 cores: under a quarter
+    ctx = _threads(steps, cpu_count=4, worker_pools=(pool(0.2, invol=0.9),))
+    assert fast_compute(ctx) is None

@@ -88,7 +88,7 @@ def test_regression_falls_back_to_medians_when_a_history_runs_steps_are_gone():
     )
     ins = regression(ctx)
     assert ins.evidence["statistic"] == "median"
-    assert "(median): step time 130.0 ms vs 100.0 ms (30% slower)" in ins.title
+    assert "(median): iteration 130.0 ms vs 100.0 ms (30% slower)" in ins.title
 
 
 def test_regression_uses_iteration_time_so_loader_slowdowns_count():
@@ -124,3 +124,35 @@ def test_cost_override_and_unknown_price():
         [1.0] * 3, duration_s=1800, gpu_model="NVIDIA H200", gpu_count=1, gpu_rate_usd_per_hour=3.0
     )
     assert estimated_cost(rated).evidence["usd"] == pytest.approx(1.5)
+
+
+def test_work_scale_follows_the_declared_work_of_an_iteration():
+    from gpuprof.insights.history import work_scale
+
+    sps = {"samples_per_step": 64}
+    assert work_scale({"samples_per_step": 256}, 1, sps, 1) == (4.0, "sample")
+    assert work_scale(sps, 2, sps, 1) == (2.0, "sample")  # twice the ranks, twice the work
+    assert work_scale(sps, 1, sps, 1) == (1.0, "iteration")
+    tokens = {"tokens_per_step": 4096, "samples_per_step": 8}
+    assert work_scale(tokens, 1, {"tokens_per_step": 2048, "samples_per_step": 8}, 1) == (
+        2.0,
+        "token",
+    )
+    # only one side declares, or a bad value: by iteration, as compare does
+    assert work_scale(sps, 1, {}, 1) == (1.0, "iteration")
+    assert work_scale({"samples_per_step": True}, 1, sps, 1) == (1.0, "iteration")
+    assert work_scale({"samples_per_step": -3}, 1, sps, 1) == (1.0, "iteration")
+
+
+def test_a_regression_per_sample_says_its_figures_per_sample():
+    # this run: 256 samples at 130 ms; the history scaled to 256 samples: 100 ms
+    ctx = make_ctx(
+        [130.0] * 10, history_median_step_ms=(100.0,), samples_per_step=256, history_unit="sample"
+    )
+    ins = regression(ctx)
+    assert ins is not None
+    assert "(median): 0.508 ms vs 0.391 ms a sample (30% slower)" in ins.title
+    assert "compared per sample" in ins.detail
+    # the same figures by iteration when nothing was scaled
+    plain = regression(make_ctx([130.0] * 10, history_median_step_ms=(100.0,)))
+    assert "iteration 130.0 ms vs 100.0 ms" in plain.title and "per sample" not in plain.detail

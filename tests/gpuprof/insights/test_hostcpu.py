@@ -136,3 +136,25 @@ def test_an_instant_late_in_a_day_reads_its_sample_exactly():
     cpu = step_cpu([(at, at)], spans, 2)
     assert cpu.host_pct == pytest.approx((day[-1]["cpu_pct"],), rel=1e-12)
     assert cpu.own_cores == (0.25,)
+
+
+def test_columns_from_tuples_keep_missing_times_and_cores() -> None:
+    """Rows read as columns without a list per column: every time and
+    reading kept, a missing time is untimed (0), a missing reading NaN."""
+    import numpy as np
+
+    from gpuprof.insights.hostcpu import cpu_columns_from_tuples, host_columns_from_tuples
+
+    full = cpu_columns_from_tuples([(5, 1.5), (2**62, 2), (9, True)])
+    assert full.mono_ns.tolist() == [5, 2**62, 9] and full.timed.all()
+    assert full.cores.tolist() == [1.5, 2.0, 1.0]
+    gaps = cpu_columns_from_tuples([(5, 1.5), (None, 3.0), (9, None)])
+    assert gaps.mono_ns.tolist() == [5, 0, 9]
+    assert gaps.timed.tolist() == [True, False, True]
+    assert gaps.cores[:2].tolist() == [1.5, 3.0] and np.isnan(gaps.cores[2])
+    host = host_columns_from_tuples([(10**18 + 1, 50.0, 8, None), (None, 1.0, None, 3.5)], {})
+    assert host.mono_ns.tolist() == [10**18 + 1, 0]  # not rounded through a float
+    assert host.timed.tolist() == [True, False]
+    assert host.cpu_pct.tolist() == [50.0, 1.0]
+    assert np.isnan(host.cpu_count[1]) and np.isnan(host.disk_read_bps[0])
+    assert len(cpu_columns_from_tuples([])) == 0

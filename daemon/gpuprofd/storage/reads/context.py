@@ -14,56 +14,96 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import orjson
-
-from gpuprof.insights import RunContext, build_context
+from gpuprof.insights import RunContext, build_context, hostcpu
 from gpuprof.insights.aggregates import GpuStats
 from gpuprof.insights.base import WARMUP_STEPS
 from gpuprof.insights.context import steady_iterations
-from gpuprof.insights.history import HISTORY_STEPS
+from gpuprof.insights.history import HISTORY_STEPS, work_scale
+from gpuprof.insights.stepcols import StepColumns
 from gpuprof.kernels import KernelAgg
 from gpuprofd.sampling import rollup
+from gpuprofd.storage import commpack
 from gpuprofd.storage.reader import Reader
-from gpuprofd.storage.reads import queries
+from gpuprofd.storage.reads import queries, steprows
 
 
 async def count_steps(db: Reader, run_id: int) -> int:
-    """How many steps the run stored."""
-    row = await db.fetchone("SELECT COUNT(*) AS n FROM steps WHERE run_id = ?", (run_id,))
-    return int(row["n"]) if row else 0
+    """How many steps the run stored (packed or not)."""
+    return await steprows.count(db, run_id)
 
 
 async def last_step_end(db: Reader, run_id: int) -> int | None:
     """The latest ``t1`` (monotonic ns) of the run's steps; None without steps."""
-    row = await db.fetchone("SELECT MAX(t1_ns) AS t1 FROM steps WHERE run_id = ?", (run_id,))
-    return None if row is None or row["t1"] is None else int(row["t1"])
+    return await steprows.latest_t1(db, run_id)
 
 
 async def max_step(db: Reader, run_id: int) -> int | None:
-    """The run's highest step index (:data:`queries.MAX_STEP_SQL`); None without steps."""
-    row = await db.fetchone(queries.MAX_STEP_SQL, (run_id,))
-    return None if row is None or row[0] is None else int(row[0])
+    """The run's highest step index; None without steps."""
+    return await steprows.max_step(db, run_id)
 
 
 async def run_steps(db: Reader, run_id: int) -> list[dict[str, Any]]:
     """The run's steps ordered by ``t0`` in :func:`build_context`'s shape."""
-    rows = await db.fetchall(queries.STEPS_SQL, (run_id,))
-    return [queries.step_from_row(r) for r in rows]
+    if await steprows.packed_end(db, run_id) is None:  # rows only: made dicts as they are
+        got = await steprows.rows(db, run_id, parsed=False)
+        return [queries.step_from_row(r) for r in got]
+    return queries.steps_from_columns(await steprows.columns(db, run_id))
 
 
-async def host_samples(
+async def run_step_columns(db: Reader, run_id: int) -> StepColumns:
+    """The run's steps ordered by ``t0`` as the columns :func:`build_context`
+    takes (:class:`gpuprof.insights.stepcols.StepColumns`), read without a
+    dict per step (packed blocks stay columns: a day is ~0.1 s CPU)."""
+    return StepColumns(**queries.step_fields(await steprows.columns(db, run_id)))
+
+
+async def host_columns(
     db: Reader, start_mono_ns: int, end_mono_ns: int, boot_id: str | None = None
-) -> list[dict[str, Any]]:
-    """Host samples of boot *boot_id* with ``start <= mono_ns <= end``."""
-    rows = await db.fetchall(queries.HOST_SQL, (start_mono_ns, end_mono_ns, boot_id))
-    return [dict(r) for r in rows]
+) -> hostcpu.HostColumns:
+    """The host samples of boot *boot_id* with ``start <= mono_ns <= end``
+    as numpy columns (:class:`gpuprof.insights.hostcpu.HostColumns`):
+    what :func:`run_context` reads, without a dict per sample (a day is
+    172,800): the readings aligned to steps per sample, the others' means
+    (:data:`queries.HOST_MEANS_SQL`) from the database."""
+    params = (start_mono_ns, end_mono_ns, boot_id)
+    rows, means = await asyncio.gather(  # the means summed meanwhile, where the reader can
+        db.fetchtuples(queries.HOST_COLUMNS_SQL, params),
+        db.fetchone(queries.HOST_MEANS_SQL, params),
+    )
+    return hostcpu.host_columns_from_tuples(rows, dict(means) if means is not None else {})
 
 
-async def history_runs(db: Reader, run_id: int, run_name: str) -> list[tuple[int, float]]:
-    """(id, median step ms) of up to :data:`queries.HISTORY_RUNS` earlier
-    finished runs of *run_name*, newest first."""
+async def history_runs(
+    db: Reader, run_id: int, run_name: str
+) -> list[tuple[int, float, int, dict[str, Any]]]:
+    """(id, median step ms, world size, options) of up to
+    :data:`queries.HISTORY_RUNS` earlier finished runs of *run_name*, newest first."""
     rows = await db.fetchall(queries.HISTORY_SQL, (run_name, run_id, queries.HISTORY_RUNS))
-    return [(int(r["id"]), float(r["median_step_ms"])) for r in rows]
+    out = []
+    for r in rows:
+        options = queries.run_from_row(r)["options"]
+        out.append((int(r["id"]), float(r["median_step_ms"]), int(r["world_size"] or 1), options))
+    return out
+
+
+async def scaled_history(
+    db: Reader, run: Mapping[str, Any]
+) -> tuple[list[float], list[tuple[float, ...]], str]:
+    """The regression's history of *run* (``id``, ``run_name``, ``world_size``,
+    ``options``): the earlier runs' median iteration ms and steady iteration
+    times, each scaled to this run's work of an iteration where they
+    declared other work (:func:`gpuprof.insights.history.work_scale`), and
+    the unit that was compared by (``iteration`` when none was scaled)."""
+    now = run.get("options") if isinstance(run.get("options"), dict) else {}
+    world = int(run.get("world_size") or 1)
+    medians, steps, unit = [], [], "iteration"
+    for rid, median_ms, then_world, then in await history_runs(db, run["id"], run["run_name"]):
+        factor, by = work_scale(now, world, then, then_world)
+        if by != "iteration":
+            unit = by
+        medians.append(median_ms * factor)
+        steps.append(tuple(ms * factor for ms in await history_iterations(db, rid)))
+    return medians, steps, unit
 
 
 async def history_iterations(db: Reader, run_id: int) -> tuple[float, ...]:
@@ -71,49 +111,111 @@ async def history_iterations(db: Reader, run_id: int) -> tuple[float, ...]:
     :data:`gpuprof.insights.history.HISTORY_STEPS` (by ``t0``): what the
     regression rule compares with. Empty when its steps are gone."""
     limit = HISTORY_STEPS + WARMUP_STEPS + 1  # more than that: the warm-up is not among them
-    rows = await db.fetchall(queries.LAST_STEPS_SQL, (run_id, limit))
+    rows = await steprows.last_rows(db, run_id, limit)
     steps = [
-        {
-            "t0": r[0],
-            "t1": r[1],
-            "wait": r[2],
-            "phases": orjson.loads(r[3]) if r[3] else {},
-            "traced": bool(r[4]),
-        }
-        for r in reversed(rows)
+        {"t0": r[1], "t1": r[2], "wait": r[3], "phases": r[6] or {}, "traced": bool(r[13])}
+        for r in rows
     ]
     got = steady_iterations(steps, whole=len(rows) < limit)
     return got[-HISTORY_STEPS:]
 
 
-async def run_cpu(db: Reader, run_id: int) -> list[dict[str, Any]]:
-    """The run's process-tree CPU samples, ``mono_ns`` and ``cores`` each, in
-    time order (:data:`queries.RUN_CPU_SQL`); none without samples."""
-    return [dict(r) for r in await db.fetchall(queries.RUN_CPU_SQL, (run_id,))]
+async def run_cpu_columns(db: Reader, run_id: int) -> hostcpu.CpuColumns:
+    """The run's process-tree CPU samples (``mono_ns``, ``cores``; none
+    without cores) in time order (:data:`queries.RUN_CPU_SQL`), as numpy
+    columns (:class:`gpuprof.insights.hostcpu.CpuColumns`)."""
+    return hostcpu.cpu_columns_from_tuples(await db.fetchtuples(queries.RUN_CPU_SQL, (run_id,)))
 
 
-async def job_cpu(db: Reader, run: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _sorted_unique(values: Any) -> Any:
+    """*values* (int64 ns) sorted, each once: ``np.unique`` by sorting (the
+    samples come in time order, so the sort is a pass), not by hashing
+    (numpy 2.3+'s default: ~0.1 s for a day's 172,800 samples)."""
+    import numpy as np
+
+    out = np.sort(values, kind="stable")
+    if len(out) < 2:
+        return out
+    keep = np.empty(len(out), bool)
+    keep[0] = True
+    np.not_equal(out[1:], out[:-1], out=keep[1:])
+    return out[keep]
+
+
+#: IN lists of sample times are sent in chunks of this many (SQLite's
+#: default limit on parameters is 32,766; Postgres's 65,535).
+_TIMES_PER_QUERY = 500
+
+
+async def job_cpu(
+    db: Reader,
+    run: Mapping[str, Any],
+    own: hostcpu.CpuColumns | None = None,
+    host_ns: Any | None = None,
+) -> list[dict[str, Any]]:
     """The CPU of *run*'s job on its node (its group's runs there summed) as
     one ``cores``/``ranks`` row: ``cores`` the mean over the run's own sample
-    times of the cores its group's runs there used at each
-    (:data:`queries.JOB_CPU_SQL`), ``ranks`` the most of those runs sampled
-    together (:func:`queries.most_at_once`); none outside a group or without
-    samples."""
+    times of the cores its group's runs there used at each, ``ranks`` the
+    most of those runs sampled together (:func:`queries.most_at_once`); none
+    outside a group or without samples.
+
+    *own*: the run's samples (:func:`run_cpu_columns`) and *host_ns*: the
+    ``mono_ns`` (int64 array) of its boot's host samples over its run, when
+    the caller has read them already. The group's samples are summed over the
+    span of the run's own sample times: from each run's host rollups where
+    they hold whole blocks of it (:func:`queries.job_rolled_sql`: the cores
+    at each host sample time), from the samples elsewhere (by index). The
+    host sampler samples every live run at each host sample's time, so the
+    only samples in that span not at one of the run's own times are at host
+    sample times the run lacks (its tree unreadable then): those are found
+    and taken out, so the figure is the mean over the run's own times."""
+    import numpy as np
+
     params = queries.job_cpu_params(run)
     if params is None:
         return []
-    own = await db.fetchone(queries.OWN_CPU_TIMES_SQL, (run["id"],))
-    if own is None or not own["n"]:
+    if own is None:
+        own = await run_cpu_columns(db, run["id"])
+    times = _sorted_unique(own.mono_ns[own.timed & ~np.isnan(own.cores)])
+    if not len(times):
         return []
-    row = await db.fetchone(queries.JOB_CPU_SQL, params)
-    if row is None or row["total"] is None:
+    t0, t1 = int(times[0]), int(times[-1])
+    ids = [int(r[0]) for r in await db.fetchall(queries.JOB_RUNS_SQL, params[:3])]
+    if not ids:
         return []
     spans = []
-    for (rid,) in await db.fetchall(queries.JOB_RUNS_SQL, params[:3]):
-        got = await db.fetchone(queries.CPU_SPAN_SQL, (rid, own["t0"], own["t1"]) * 2)
+    for rid in ids:
+        got = await db.fetchone(queries.CPU_SPAN_SQL, (rid, t0, t1) * 2)
         if got is not None and got["t0"] is not None:
             spans.append((int(got["t0"]), int(got["t1"])))
-    return [{"cores": float(row["total"]) / int(own["n"]), "ranks": queries.most_at_once(spans)}]
+    # whole blocks from the host rollups, the rest from the samples
+    rolled = await db.fetchall(queries.job_rolled_sql(len(ids)), (*ids, t0, t1))
+    total = sum(float(r["total"]) for r in rolled if r["total"] is not None)
+    by_run = {int(r["run_id"]): (int(r["lo"]), int(r["hi"])) for r in rolled}
+    ranges: list[int] = []
+    for rid in ids:
+        if rid in by_run:
+            lo, hi = by_run[rid]
+            ranges += (rid, t0, lo - 1, rid, hi + 1, t1)
+        else:
+            ranges += (rid, t0, t1)
+    raw = await db.fetchone(queries.job_raw_sql(len(ranges) // 3), ranges)
+    if raw is not None and raw["total"] is not None:
+        total += float(raw["total"])
+    elif not rolled:
+        return []
+    if host_ns is None or not len(host_ns) or host_ns[0] > t0 or host_ns[-1] < t1:
+        rows = await db.fetchtuples(queries.HOST_TIMES_SQL, (t0, t1, run.get("boot_id")))
+        host_ns = np.fromiter((r[0] for r in rows), np.int64, len(rows))
+    ticks = _sorted_unique(host_ns[(host_ns >= t0) & (host_ns <= t1)])
+    at = np.minimum(np.searchsorted(times, ticks), len(times) - 1)
+    lacked = ticks[times[at] != ticks].tolist()
+    for i in range(0, len(lacked), _TIMES_PER_QUERY):
+        chunk = lacked[i : i + _TIMES_PER_QUERY]
+        row = await db.fetchone(queries.job_at_sql(len(ids), len(chunk)), (*ids, *chunk))
+        if row is not None and row["total"] is not None:
+            total -= float(row["total"])
+    return [{"cores": total / len(times), "ranks": queries.most_at_once(spans)}]
 
 
 async def worker_cpu(db: Reader, run_id: int) -> list[dict[str, Any]]:
@@ -139,8 +241,22 @@ async def comm_totals(
     return dict(row) if row is not None else {"steps": 0, "buckets": 0, "bytes": 0}
 
 
+async def comm_buckets(
+    db: Reader, run_id: int, first: int = 0, last: int = 2**62
+) -> list[tuple[int | None, ...]]:
+    """The run's DDP bucket rows ``(step, bucket, start_ns, end_ns, bytes)``
+    (ns: the rank's monotonic clock; None: not given) of steps *first* to
+    *last*, by step: every reader of ``comm_steps`` reads them here.
+
+    Raises:
+        gpuprofd.storage.commpack.PackError: a stored row this code cannot read.
+    """
+    stored = await db.fetchall(queries.COMM_STEPS_SQL, (run_id, first, last))
+    return commpack.bucket_rows(stored)
+
+
 async def gpu_stats(
-    db: Reader, run: Mapping[str, Any], steps: Sequence[Mapping[str, Any]]
+    db: Reader, run: Mapping[str, Any], steps: Sequence[Mapping[str, Any]] | StepColumns
 ) -> GpuStats | None:
     """The run's GPU stats while it was in steps, from its per-second rollups."""
     window = queries.gpu_window(run.get("cuda_uuid"), steps, run.get("boot_id"))
@@ -221,36 +337,56 @@ async def run_context(
     last step's end. :func:`build_context` runs in a worker thread (a day of
     steps takes a while)."""
     run_id = run["id"]
-    # the aggregates summed by the database (its job's CPU over every rank's
-    # samples, its bucket totals) run meanwhile, where the reader can
+    start = run.get("start_mono_ns")
+
+    async def cpu_reads(
+        end: int | None,
+    ) -> tuple[
+        hostcpu.HostColumns | list[dict[str, Any]], hostcpu.CpuColumns, list[dict[str, Any]]
+    ]:
+        """Host samples from the run's start to *end*, its CPU, its job's CPU."""
+        host: hostcpu.HostColumns | list[dict[str, Any]] = []
+        own = asyncio.ensure_future(run_cpu_columns(db, run_id))  # read meanwhile
+        try:
+            if start is not None and end is not None:
+                host = await host_columns(db, start, end, run.get("boot_id"))
+            cpu = await own
+        finally:
+            own.cancel()  # only where the host read failed
+        host_ns = host.mono_ns[host.timed] if isinstance(host, hostcpu.HostColumns) else None
+        return host, cpu, await job_cpu(db, run, cpu, host_ns)
+
+    # the aggregates summed by the database (its bucket totals, ...) and, when
+    # the run's end is known without its steps, its CPU reads run meanwhile,
+    # where the reader can
     aside = asyncio.gather(
-        job_cpu(db, run),
         worker_cpu(db, run_id),
         kernel_windows(db, run_id),
         comm_totals(db, run_id),
         stack_samples(db, run_id),
     )
+    known_end = run.get("end_mono_ns") or now_mono_ns
+    early = asyncio.ensure_future(cpu_reads(known_end)) if known_end else None
     try:
-        got = await run_steps(db, run_id)
+        got = await run_step_columns(db, run_id)
         gpu_rows = asyncio.ensure_future(gpu_stats(db, run, got))
-        host: list[dict[str, Any]] = []
-        start = run.get("start_mono_ns")
-        end = run.get("end_mono_ns") or now_mono_ns or (got[-1]["t1"] if got else None)
-        if start is not None and end is not None:
-            host = await host_samples(db, start, end, run.get("boot_id"))
-        history = await history_runs(db, run_id, run["run_name"])
-        history_steps = [await history_iterations(db, hid) for hid, _ in history]
-        cpu = await run_cpu(db, run_id)
+        history, history_steps, history_unit = await scaled_history(db, run)
+        if early is not None:
+            host, cpu, job = await early
+        else:
+            host, cpu, job = await cpu_reads(int(got.t1[-1]) if len(got) else None)
         gpu = await gpu_rows
-        job, workers, windows, comm, stacks = await aside
+        workers, windows, comm, stacks = await aside
     finally:
         aside.cancel()  # only where a read above failed: nothing is left running
+        if early is not None:
+            early.cancel()
     return await asyncio.to_thread(
         build_context,
         run,
         got,
         host,
-        [ms for _, ms in history],
+        history,
         gpu_rate_usd_per_hour,
         cpu,
         gpu=gpu,
@@ -260,4 +396,5 @@ async def run_context(
         job_cpu=job,
         history_iteration_ms=history_steps,
         stacks=stacks,
+        history_unit=history_unit,
     )

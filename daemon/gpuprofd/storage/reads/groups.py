@@ -20,8 +20,8 @@ from gpuprof.insights.distributed import GroupContext, group_rules
 from gpuprof.insights.gains import attach_group, group_gains_block, rank_insights
 from gpuprof.insights.group_context import RankRows, build_group_context, common_steps
 from gpuprofd.storage.reader import Reader
-from gpuprofd.storage.reads import queries
-from gpuprofd.storage.reads.context import max_step
+from gpuprofd.storage.reads import queries, steprows
+from gpuprofd.storage.reads.context import comm_buckets, max_step
 from gpuprofd.storage.reads.runs import group_runs
 
 #: A group's rank statuses, in the order a group's own status picks them.
@@ -72,8 +72,8 @@ def latest_rank_runs(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 async def group_tail(db: Reader, run_id: int, top: int) -> list[dict[str, Any]]:
     """A group rank's last :data:`GROUP_STEPS_READ` steps up to index *top*
-    (:data:`queries.GROUP_TAIL_SQL`), by ``t0`` (None last)."""
-    rows = await db.fetchall(queries.GROUP_TAIL_SQL, (run_id, top, GROUP_STEPS_READ))
+    (by index, :func:`steprows.last_rows`), by ``t0`` (None last)."""
+    rows = await steprows.last_rows(db, run_id, GROUP_STEPS_READ, last_step=top, by_step=True)
     return sorted(
         (queries.group_step_from_row(r) for r in rows),
         key=lambda s: (s["t0"] is None, s["t0"] or 0),
@@ -117,12 +117,12 @@ async def group_context(db: Reader, group: str) -> GroupContext:
         b_lo = common[-GROUP_BUCKET_STEPS:][0]
         bucketed = []
         for r, run in zip(ranks, runs, strict=True):
-            rows = await db.fetchall(queries.GROUP_BUCKETS_SQL, (run["id"], b_lo, hi))
+            rows = await comm_buckets(db, run["id"], b_lo, hi)
             bucketed.append(
                 RankRows(
                     rank=r.rank,
                     steps=[s for s in r.steps if lo <= s["step"] <= hi],
-                    buckets=rows,  # (step, bucket, start, end, bytes) rows, unpacked there
+                    buckets=rows,  # (step, bucket, start, end, bytes) rows
                     host=r.host,
                     clock_offset_ns=r.clock_offset_ns,
                     clock_reference_rank=r.clock_reference_rank,
@@ -233,11 +233,16 @@ async def group_findings(db: Reader, group: str) -> dict[str, Any]:
     }
 
 
-async def stored_group_insights(db: Reader, group: str) -> list[dict[str, Any]]:
-    """The findings gpuprofd stored when *group* ended (empty: none stored,
-    or none found), as ``Insight.to_dict()`` gives them."""
+async def stored_group_insights(db: Reader, group: str) -> list[dict[str, Any]] | None:
+    """The findings gpuprofd stored when *group* ended, as
+    ``Insight.to_dict()`` gives them: empty when its rules found nothing;
+    None when they never ran on it ended (not ended yet, or stored by a
+    gpuprof older than schema 21 that found nothing: compute them)."""
     rows = await db.fetchall(queries.GROUP_INSIGHTS_SQL, (group,))
-    return [queries.insight_from_row(r) for r in rows]
+    if rows:
+        return [queries.insight_from_row(r) for r in rows]
+    checked = await db.fetchone(queries.GROUP_CHECKED_SQL, (group,))
+    return [] if checked is not None else None
 
 
 #: Why a rank has no run, said neutrally: most often it simply does not run

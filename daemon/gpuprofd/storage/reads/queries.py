@@ -12,27 +12,39 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import orjson
 
 from gpuprof.insights.aggregates import GpuStats
 from gpuprof.insights.gains import from_stored
 from gpuprof.insights.gpu import GpuAccumulator
+from gpuprof.insights.stepcols import StepColumns
 from gpuprof.kernels import KernelAgg
 from gpuprofd.sampling import rollup
 from gpuprofd.sampling.nvml import normalize_uuid
+from gpuprofd.storage.stepcodec import Columns
 
 #: How many earlier finished runs of the same name the regression rule sees.
 HISTORY_RUNS = 3
-
-STEPS_SQL = (
-    "SELECT t0_ns, t1_ns, wait_ns, explicit, micro, phases, skipped, eval_ns, optimizers, "
-    "mem_allocated_bytes, mem_reserved_bytes, mem_peak_bytes, traced, step FROM steps "
-    "WHERE run_id = ? ORDER BY t0_ns"
-)
 HOST_SQL = (
     "SELECT mono_ns, cpu_pct, cpu_count, disk_read_bps, disk_read_iops, page_cache_bytes, "
     "mem_total_bytes, swap_in_bps FROM host_samples "
     "WHERE mono_ns BETWEEN ? AND ? AND boot_id IS NOT DISTINCT FROM ? ORDER BY mono_ns"
+)
+#: The host samples' readings :func:`build_context` aligns to each step
+#: (:data:`gpuprof.insights.hostcpu.HOST_FIELDS`), same window as :data:`HOST_SQL`.
+HOST_COLUMNS_SQL = (
+    "SELECT mono_ns, cpu_pct, cpu_count, disk_read_bps FROM host_samples "
+    "WHERE mono_ns BETWEEN ? AND ? AND boot_id IS NOT DISTINCT FROM ? ORDER BY mono_ns"
+)
+#: ... and the readings it needs only the mean of
+#: (:data:`gpuprof.insights.hostcpu.HOST_MEANS`), averaged by the database.
+HOST_MEANS_SQL = (
+    "SELECT CAST(AVG(disk_read_iops) AS DOUBLE PRECISION) AS disk_read_iops, "
+    "CAST(AVG(CASE WHEN mem_total_bytes <> 0 THEN CAST(page_cache_bytes AS DOUBLE PRECISION) "
+    "/ mem_total_bytes END) AS DOUBLE PRECISION) AS page_cache_fraction, "
+    "CAST(AVG(swap_in_bps) AS DOUBLE PRECISION) AS swap_in_bps FROM host_samples "
+    "WHERE mono_ns BETWEEN ? AND ? AND boot_id IS NOT DISTINCT FROM ?"
 )
 #: A run's process-tree CPU samples (``mono_ns``, ``cores``), in time order:
 #: :func:`build_context` aligns them with the host samples taken at the same
@@ -42,37 +54,58 @@ RUN_CPU_SQL = (
     "SELECT mono_ns, cores FROM run_cpu_samples "
     "WHERE run_id = ? AND cores IS NOT NULL ORDER BY mono_ns"
 )
-#: The CPU of a run's job on this node, summed: the cores of its group's
-#: runs here (the job's ranks: the host sampler samples every live run at the
-#: same ``mono_ns``) at each of the run's own sample times, added up over those
-#: times (``total``; NULL without any). Divided by :data:`OWN_CPU_TIMES_SQL` it
-#: is their mean per sample time. One pass through the index, no grouping by
-#: time: a day's 8 ranks are 1.4 M rows. Params: :func:`job_cpu_params`.
-JOB_CPU_SQL = (
-    "SELECT CAST(SUM(s.cores) AS DOUBLE PRECISION) AS total "
-    "FROM run_cpu_samples s JOIN runs r ON r.id = s.run_id "
-    "WHERE r.group_id = ? AND r.host IS NOT DISTINCT FROM ? "
-    "AND r.boot_id IS NOT DISTINCT FROM ? AND s.cores IS NOT NULL "
-    "AND s.mono_ns IN (SELECT mono_ns FROM run_cpu_samples WHERE run_id = ? "
-    "AND cores IS NOT NULL)"
-)
-#: A run's sample times with a ``cores`` figure, how many, first and last.
-OWN_CPU_TIMES_SQL = (
-    "SELECT COUNT(DISTINCT mono_ns) AS n, MIN(mono_ns) AS t0, MAX(mono_ns) AS t1 "
-    "FROM run_cpu_samples WHERE run_id = ? AND cores IS NOT NULL"
-)
 #: The runs of a run's job on this node (its group's runs here): ``(group,
 #: host, boot)``.
 JOB_RUNS_SQL = (
     "SELECT id FROM runs WHERE group_id = ? AND host IS NOT DISTINCT FROM ? "
     "AND boot_id IS NOT DISTINCT FROM ?"
 )
+
+
+def job_rolled_sql(runs: int) -> str:
+    """Per run of *runs* ids (then ``t0``, ``t1``) with ``host_rollups`` blocks
+    lying whole in ``[t0, t1]``: its cores summed over them (``total``) and
+    the first and last sample time they hold (``lo``, ``hi``). A run's blocks
+    are rolled in time order, every one up to its last row (a block without
+    samples writes none), so its samples in ``[lo, hi]`` are all in them."""
+    return (
+        "SELECT run_id, CAST(SUM(run_cores_sum) AS DOUBLE PRECISION) AS total, "
+        "MIN(t0_ns) AS lo, MAX(t1_ns) AS hi FROM host_rollups "
+        f"WHERE run_id IN ({', '.join('?' * runs)}) AND t0_ns >= ? AND t1_ns <= ? "
+        "GROUP BY run_id"
+    )
+
+
+def job_raw_sql(ranges: int) -> str:
+    """The cores summed over *ranges* ``(run_id, first, last)`` of samples, by
+    index (``total``; NULL without any)."""
+    where = " OR ".join(["(run_id = ? AND mono_ns BETWEEN ? AND ?)"] * ranges)
+    return (
+        f"SELECT CAST(SUM(cores) AS DOUBLE PRECISION) AS total FROM run_cpu_samples WHERE {where}"
+    )
+
+
 #: A run's first and last CPU sample within ``[t0, t1]`` (by index: two
 #: lookups): ``(run_id, t0, t1, run_id, t0, t1)``.
 CPU_SPAN_SQL = (
     "SELECT (SELECT MIN(mono_ns) FROM run_cpu_samples WHERE run_id = ? "
     "AND mono_ns BETWEEN ? AND ?) AS t0, (SELECT MAX(mono_ns) FROM run_cpu_samples "
     "WHERE run_id = ? AND mono_ns BETWEEN ? AND ?) AS t1"
+)
+
+
+def job_at_sql(runs: int, times: int) -> str:
+    """The cores of *runs* ids summed at *times* sample times (``total``)."""
+    return (
+        "SELECT CAST(SUM(cores) AS DOUBLE PRECISION) AS total FROM run_cpu_samples "
+        f"WHERE run_id IN ({', '.join('?' * runs)}) AND mono_ns IN ({', '.join('?' * times)})"
+    )
+
+
+#: The times of a boot's host samples in ``[t0, t1]``: ``(t0, t1, boot_id)``.
+HOST_TIMES_SQL = (
+    "SELECT mono_ns FROM host_samples WHERE mono_ns BETWEEN ? AND ? "
+    "AND boot_id IS NOT DISTINCT FROM ? ORDER BY mono_ns"
 )
 
 
@@ -90,7 +123,8 @@ def most_at_once(spans: Sequence[tuple[int, int]]) -> int:
 
 
 def job_cpu_params(run: Mapping[str, Any]) -> tuple[Any, ...] | None:
-    """:data:`JOB_CPU_SQL`'s parameters for *run*; None outside a group."""
+    """``(group, host, boot, run id)`` of *run*'s job (:data:`JOB_RUNS_SQL` takes the first
+    three); None outside a group."""
     if not run.get("group_id"):
         return None
     return (run["group_id"], run.get("host"), run.get("boot_id"), run["id"])
@@ -109,13 +143,9 @@ STACK_SAMPLES_SQL = (
     "WHERE run_id = ? ORDER BY source, step, samples DESC"
 )
 HISTORY_SQL = (
-    "SELECT id, median_step_ms FROM runs WHERE run_name = ? AND id < ? AND status = 'finished' "
+    "SELECT id, median_step_ms, world_size, options FROM runs "
+    "WHERE run_name = ? AND id < ? AND status = 'finished' "
     "AND median_step_ms IS NOT NULL ORDER BY id DESC LIMIT ?"
-)
-#: A run's last steps, newest first (``LIMIT ?``): a history run's iterations.
-LAST_STEPS_SQL = (
-    "SELECT t0_ns, t1_ns, wait_ns, phases, traced FROM steps WHERE run_id = ? "
-    "ORDER BY t0_ns DESC LIMIT ?"
 )
 INSIGHTS_SQL = (
     "SELECT rule, severity, title, detail, fix, evidence FROM insights WHERE run_id = ? "
@@ -126,42 +156,28 @@ GROUP_INSIGHTS_SQL = (
     "SELECT ranks, rule, severity, title, detail, fix, evidence, created_wall_ns "
     "FROM group_insights WHERE group_id = ? ORDER BY rowid"
 )
+#: Whether a group's rules ran once it ended (a row: its findings, none
+#: included, are the stored ones).
+GROUP_CHECKED_SQL = "SELECT found FROM group_checks WHERE group_id = ?"
 
 
 #: A run's timed gradient buckets summed (:class:`gpuprof.insights.base.CommTotals`):
 #: one row, ``steps`` 0 when it has none.
 COMM_TOTALS_SQL = (
-    "SELECT COUNT(DISTINCT step) AS steps, COUNT(*) AS buckets, "
-    "CAST(COALESCE(SUM(bytes), 0) AS DOUBLE PRECISION) AS bytes FROM comm_buckets "
+    "SELECT COUNT(DISTINCT step) AS steps, CAST(COALESCE(SUM(buckets), 0) AS BIGINT) AS buckets, "
+    "CAST(COALESCE(SUM(bytes), 0) AS DOUBLE PRECISION) AS bytes FROM comm_steps "
     "WHERE run_id = ?"
 )
-#: A group rank's last steps up to an index, newest index first, as
-#: :class:`gpuprof.insights.group_context.RankRows` reads them: ``(run_id, max
-#: step, limit)`` (by the ``steps_run_step`` index: a group's window costs the
-#: same on a day-long run).
-GROUP_TAIL_SQL = (
-    "SELECT step, t0_ns, t1_ns, phases, traced FROM steps WHERE run_id = ? AND step <= ? "
-    "ORDER BY step DESC LIMIT ?"
-)
-#: A run's highest step index (NULL: no steps).
-MAX_STEP_SQL = "SELECT MAX(step) FROM steps WHERE run_id = ?"
-#: ... and its bucket rows for steps ``BETWEEN ? AND ?``.
-GROUP_BUCKETS_SQL = (
-    "SELECT step, bucket, start_ns, end_ns, bytes FROM comm_buckets "
-    "WHERE run_id = ? AND step BETWEEN ? AND ?"
+#: A run's packed bucket rows (``gpuprofd.storage.commpack``) for steps ``BETWEEN ? AND ?``.
+COMM_STEPS_SQL = (
+    "SELECT step, packed FROM comm_steps WHERE run_id = ? AND step BETWEEN ? AND ? "
+    "ORDER BY step, start_ns"
 )
 
 
 def group_step_from_row(r: Sequence[Any]) -> dict[str, Any]:
-    """A :data:`GROUP_TAIL_SQL` row as ``RankRows.steps`` wants it."""
-    step, t0, t1, phases, traced = r
-    return {
-        "step": step,
-        "t0": t0,
-        "t1": t1,
-        "phases": _loads(phases) if phases else {},
-        "traced": bool(traced),
-    }
+    """A :mod:`~gpuprofd.storage.reads.steprows` row as ``RankRows.steps`` wants it."""
+    return {"step": r[0], "t0": r[1], "t1": r[2], "phases": r[6] or {}, "traced": bool(r[13])}
 
 
 #: A run's kernel windows (``kernels`` events, ``nsys-import``), by start.
@@ -224,14 +240,117 @@ def _by_device_time(r: KernelAgg) -> tuple[int, str, str]:
     return -r.total_ns, r.kind, r.name
 
 
+def _ints(cols: Columns, name: str, null: int) -> np.ndarray:
+    """Integer column *name* of *cols*, *null* where NULL (int64)."""
+    if name in cols.objects:  # not all integers as stored: as build_context's rows give them
+        return np.array([null if v is None else int(v) for v in cols.objects[name]], np.int64)
+    got = cols.ints[name]
+    nulls = cols.nulls.get(name)
+    return got if nulls is None or not null else np.where(nulls, null, got)
+
+
+def step_fields(cols: Columns) -> dict[str, Any]:
+    """A run's steps as columns (:func:`gpuprofd.storage.reads.steprows.columns`)
+    in the fields of ``gpuprof.insights.stepcols.StepColumns``, the columnar
+    steps :func:`gpuprof.insights.build_context` takes: the figures
+    :func:`step_from_row` gives each step, one int64 or bool array (one entry
+    per step) each: ``t0``, ``t1``, ``wait`` (ns; 0 where NULL), ``explicit``,
+    ``micro`` (1 where NULL), ``step``, ``numbered``, ``traced``,
+    ``skipped``, ``eval`` (ns), ``mem_reserved``, ``mem_peak`` (bytes; 0
+    where the step has no allocator figures), ``has_mem``, ``phases`` /
+    ``has_phase`` (phase name -> ns / listed), ``optimizers`` (the non-empty
+    lists, in step order)."""
+    n = cols.n
+    if cols.phase_dicts is not None:  # not flat integer objects: only the numbers count
+        flat = [
+            {k: int(v) for k, v in (d or {}).items() if type(v) in (int, float)}
+            for d in cols.phase_dicts
+        ]
+        phases: dict[str, np.ndarray] = {}
+        has_phase: dict[str, np.ndarray] = {}
+        for i, d in enumerate(flat):
+            for k, v in d.items():
+                if k not in phases:
+                    phases[k], has_phase[k] = np.zeros(n, np.int64), np.zeros(n, bool)
+                phases[k][i], has_phase[k][i] = v, True
+    else:
+        phases, has_phase = cols.phases, cols.has_phase
+    opts = [_loads(o) for o in filter(None, cols.column("optimizers"))]
+    mem = "mem_allocated_bytes"
+    if mem in cols.ints:  # integers: the NULL mask says which steps have figures
+        nulls = cols.nulls.get(mem)
+        has_mem = np.ones(n, bool) if nulls is None else ~nulls
+    else:
+        has_mem = np.array([v is not None for v in cols.column(mem)], bool)
+    return {
+        "t0": _ints(cols, "t0_ns", 0),
+        "t1": _ints(cols, "t1_ns", 0),
+        "wait": _ints(cols, "wait_ns", 0),
+        "explicit": _ints(cols, "explicit", 0) != 0,
+        "micro": _ints(cols, "micro", 1),
+        "step": _ints(cols, "step", 0),
+        "numbered": "step" in cols.ints and "step" not in cols.nulls,
+        "traced": _ints(cols, "traced", 0) != 0,
+        "skipped": _ints(cols, "skipped", 0) != 0,
+        "eval": _ints(cols, "eval_ns", 0),
+        "mem_reserved": np.where(has_mem, _ints(cols, "mem_reserved_bytes", 0), 0),
+        "mem_peak": np.where(has_mem, _ints(cols, "mem_peak_bytes", 0), 0),
+        "has_mem": has_mem,
+        "phases": phases,
+        "has_phase": has_phase,
+        "optimizers": tuple(o for o in opts if o),
+    }
+
+
+def steps_from_columns(cols: Columns) -> list[dict[str, Any]]:
+    """Steps as columns (:func:`gpuprofd.storage.reads.steprows.columns`) as
+    :func:`step_from_row` gives each, in their order: a dict per step built
+    from the columns (no row tuples on the way)."""
+    names = ("step", "t0_ns", "t1_ns", "wait_ns", "explicit", "micro", "skipped", "eval_ns")
+    step, t0, t1, wait, explicit, micro, skipped, eval_ns = (cols.column(c) for c in names)
+    phases = cols.phase_list()
+    out = [
+        {
+            "step": i,
+            "t0": a,
+            "t1": b,
+            "wait": w,
+            "explicit": bool(e),
+            "micro": m,
+            "phases": p or {},
+            "skipped": bool(s),
+            "eval": v or 0,
+            "optimizers": [],
+        }
+        for i, a, b, w, e, m, p, s, v in zip(
+            step, t0, t1, wait, explicit, micro, phases, skipped, eval_ns, strict=True
+        )
+    ]
+    for j, o in enumerate(cols.column("optimizers")):
+        if o:
+            out[j]["optimizers"] = _loads(o)
+    alloc = cols.column("mem_allocated_bytes")
+    resv, peak = cols.column("mem_reserved_bytes"), cols.column("mem_peak_bytes")
+    for j, a in enumerate(alloc):
+        if a is not None:
+            out[j]["mem"] = [a, resv[j], peak[j]]
+    for j, t in enumerate(cols.column("traced")):
+        if t:
+            out[j]["traced"] = True
+    return out
+
+
 def step_from_row(r: Sequence[Any]) -> dict[str, Any]:
-    """A ``steps`` row of :data:`STEPS_SQL` as :func:`gpuprof.insights.build_context`
-    reads it (``mem`` only where the step carried torch's allocator figures;
-    ``traced`` only where a profiler snapshot ran in it).
+    """A :mod:`~gpuprofd.storage.reads.steprows` row (``phases`` a dict or its
+    JSON text) as :func:`gpuprof.insights.build_context` reads it (``mem`` only where the
+    step carried torch's allocator figures; ``traced`` only where a profiler
+    snapshot ran in it).
 
     Unpacked by position: a day of 500 ms steps is 172,800 rows, and lookups
     by column name cost more than the rest of the conversion."""
-    t0, t1, wait, explicit, micro, phases, skipped, eval_ns, opts, alloc, resv, peak, traced, i = r
+    i, t0, t1, wait, explicit, micro, phases, skipped, eval_ns, opts, alloc, resv, peak, traced = r
+    if type(phases) is str:
+        phases = _loads(phases)
     step = {
         "step": i,
         "t0": t0,
@@ -239,7 +358,7 @@ def step_from_row(r: Sequence[Any]) -> dict[str, Any]:
         "wait": wait,
         "explicit": bool(explicit),
         "micro": micro,
-        "phases": _loads(phases) if phases else {},
+        "phases": phases or {},
         "skipped": bool(skipped),
         "eval": eval_ns or 0,
         "optimizers": _loads(opts) if opts else [],
@@ -251,16 +370,20 @@ def step_from_row(r: Sequence[Any]) -> dict[str, Any]:
     return step
 
 
-def steps_span(steps: Sequence[Mapping[str, Any]]) -> tuple[int, int] | None:
+def steps_span(steps: Sequence[Mapping[str, Any]] | StepColumns) -> tuple[int, int] | None:
     """(first step's t0, last step's t1) in ns, or None with no steps: the
-    window whose GPU samples the GPU rules read."""
-    if not steps:
+    window whose GPU samples the GPU rules read. *steps*: dicts or columns."""
+    if not len(steps):
         return None
+    if isinstance(steps, StepColumns):
+        return int(steps.t0.min()), int(steps.t1.max())
     return min(s["t0"] for s in steps), max(s["t1"] for s in steps)
 
 
 def gpu_window(
-    cuda_uuid: str | None, steps: Sequence[Mapping[str, Any]], boot_id: str | None = None
+    cuda_uuid: str | None,
+    steps: Sequence[Mapping[str, Any]] | StepColumns,
+    boot_id: str | None = None,
 ) -> tuple[str, str | None, int, int] | None:
     """The parameters of :data:`gpuprofd.sampling.rollup.SELECT_SQL` for a run: its
     GPU's normalized UUID, its boot (:mod:`gpuprofd.core.boot`) and the span of its

@@ -19,7 +19,7 @@ from typing import Any
 from gpuprofd.core.errors import UnknownRunError
 from gpuprofd.storage.dialect import Dialect
 from gpuprofd.storage.reader import Reader
-from gpuprofd.storage.reads import queries, steptotals
+from gpuprofd.storage.reads import queries, steprows, steptotals
 from gpuprofd.storage.sqlite import MISSING_HINT
 
 # --- runs ---------------------------------------------------------------------
@@ -244,10 +244,9 @@ async def insights_computed_ns(db: Reader, run_id: int) -> int | None:
 async def worst_iteration_ns(db: Reader, run_id: int, skip: int) -> int | None:
     """The run's slowest iteration (loader wait + step, ns) among its
     untraced steps after its first *skip* (by ``t0``); None without any."""
-    row = await db.fetchone(
-        "SELECT MAX(it) AS m FROM (SELECT COALESCE(wait_ns, 0) + t1_ns - t0_ns AS it "
-        "FROM steps WHERE run_id = ? AND COALESCE(traced, 0) = 0 AND t1_ns IS NOT NULL "
-        "ORDER BY t0_ns LIMIT ? OFFSET ?) AS s",
-        (run_id, 2**62, skip),
-    )
-    return None if row is None or row["m"] is None else int(row["m"])
+    got = [
+        (r[3] or 0) + r[2] - r[1]
+        for r in await steprows.rows(db, run_id)
+        if not r[13] and r[2] is not None
+    ]
+    return max(got[skip:], default=None)

@@ -16,8 +16,7 @@ from __future__ import annotations
 
 import bisect
 import functools
-import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from gpuprof.comm import COMM_PHASE
@@ -26,6 +25,7 @@ from gpuprofd.sampling import rollup
 from gpuprofd.storage import schema
 from gpuprofd.storage.dialect import Dialect
 from gpuprofd.storage.reader import Reader
+from gpuprofd.storage.reads import steprows
 
 #: The phases a step's time splits into on the charts, with ``loader_wait``
 #: (the wait before the step plus the ``data`` phase) first and ``other``
@@ -93,8 +93,71 @@ async def step_buckets(
     (:func:`steps_bucket_sql`), by bucket; *from_ns*: read only those
     starting from then (the same buckets, fewer rows scanned)."""
     start = lo_ns if from_ns is None else max(lo_ns, from_ns)
+    if await steprows.packed_in(db, run_id, start, hi_ns):
+        got = await steprows.rows(
+            db, run_id, first_step=after_step + 1, t0_from=start, t0_before=hi_ns
+        )
+        return _buckets(got, lambda r: (r[1] - lo_ns) // width_ns)
     params = (lo_ns, width_ns, run_id, start, hi_ns, after_step)
     return [dict(r) for r in await db.fetchall(steps_bucket_sql(db.dialect), params)]
+
+
+def live_row(r: Sequence[Any]) -> dict[str, Any]:
+    """A :mod:`~gpuprofd.storage.reads.steprows` row as :func:`steps_after`'s
+    rows (:func:`step_exprs` worked out in Python)."""
+    ph = r[6] or {}
+    wait = r[3] or 0
+    step = r[2] - r[1]
+    named = sum(float(ph.get(p) or 0) for p in (*PHASES, DATA_PHASE))
+    return {
+        "step": r[0],
+        "t0_ns": r[1],
+        "iter": wait + step,
+        "loader_wait": wait + float(ph.get(DATA_PHASE) or 0),
+        **{p: float(ph.get(p) or 0) for p in PHASES},
+        "other": step - named if step > named else 0,
+        "eval_ns": r[8],
+        "skipped": r[7],
+        "mem_allocated_bytes": r[10],
+        "mem_reserved_bytes": r[11],
+        "traced": r[13],
+    }
+
+
+def _buckets(
+    got: Sequence[Sequence[Any]], key: Callable[[Sequence[Any]], int]
+) -> list[dict[str, Any]]:
+    """Ended steps (:mod:`~gpuprofd.storage.reads.steprows` rows) bucketed by
+    *key* as :func:`steps_bucket_sql` buckets them (and
+    :func:`step_index_bucket_sql`'s columns), by bucket."""
+    held: dict[int, list[Sequence[Any]]] = {}
+    for r in got:
+        if r[2] is not None:
+            held.setdefault(key(r), []).append(r)
+    out = []
+    for b in sorted(held):
+        rows = held[b]
+        live = [live_row(r) for r in rows]
+        its = [x["iter"] for x in live]
+        allocs = [r[10] for r in rows if r[10] is not None]
+        resvs = [r[11] for r in rows if r[11] is not None]
+        out.append(
+            {
+                "b": b,
+                "t0": min(r[1] for r in rows),
+                "first_step": min(r[0] for r in rows),
+                "n": len(rows),
+                "iter_min": min(its),
+                "iter_mean": _fmean(its),
+                "iter_max": max(its),
+                **{p: _fmean(x[p] for x in live) for p in ("loader_wait", *PHASES, "other")},
+                "eval_n": sum(1 for r in rows if (r[8] or 0) > 0),
+                "skipped_n": sum(1 for r in rows if (r[7] or 0) != 0),
+                "mem_alloc": max(allocs, default=None),
+                "mem_reserved": max(resvs, default=None),
+            }
+        )
+    return out
 
 
 #: ``gpu_rollups`` columns a chart reads, each merged over a bucket's rows as
@@ -125,7 +188,7 @@ GPU_CHART_COLUMNS = (
 GPU_ROLLUP_BUCKET_SQL = (
     "SELECT (sec_ns - ?) / ? AS b, MIN(sec_ns) AS t, "
     + ", ".join(f"{rollup.merge_expr(c)} AS {c}" for c in GPU_CHART_COLUMNS)
-    + " FROM gpu_rollups WHERE uuid = ? AND boot_id IS NOT DISTINCT FROM ? "
+    + " FROM gpu_rollups WHERE uuid = ? AND boot_key = COALESCE(?, '') "
     "AND sec_ns >= ? AND sec_ns < ? GROUP BY b ORDER BY b"
 )
 _NORM_UUID = schema._norm_uuid_sql("uuid")
@@ -195,14 +258,23 @@ async def gpu_raw_buckets(
     return join_slow_buckets(fast, slow)
 
 
+def _fmean(values: Any) -> float:
+    """``statistics.fmean(values)``, imported on first use: ``gpuprofctl
+    insights`` imports this module but draws no chart (statistics brings
+    decimal and fractions, ~6 ms of a cold start)."""
+    import statistics
+
+    return statistics.fmean(values)
+
+
 #: The slow loop's columns of a chart row, and how two readings landing in
 #: one fast bucket merge: a PCIe peak stays a peak, a GPM ratio averages.
 SLOW_MERGE = {
     "pcie_rx_max_bps": max,
     "pcie_tx_max_bps": max,
-    "gpm_sm_occupancy_mean": statistics.fmean,
-    "gpm_tensor_util_mean": statistics.fmean,
-    "gpm_dram_bw_util_mean": statistics.fmean,
+    "gpm_sm_occupancy_mean": _fmean,
+    "gpm_tensor_util_mean": _fmean,
+    "gpm_dram_bw_util_mean": _fmean,
 }
 
 
@@ -289,22 +361,20 @@ async def host_buckets(
 # --- a run's GPUs ---------------------------------------------------------------
 
 #: The GPUs (normalized UUIDs) with rollups of a boot in [lo, hi]: each GPU
-#: of the table found by the ``(uuid, sec_ns)`` index (a walk from one UUID to
-#: the next), then whether it has a row in the window (a range of the same
-#: index), so the work grows with the GPUs, not with a day of their rows.
+#: of the boot (``gpus``), then whether it has a row in the window (a range
+#: of ``gpu_seconds``' key), so the work grows with the GPUs, not with a day
+#: of their rows.
 RUN_GPUS_SQL = (
-    "WITH RECURSIVE g(uuid) AS (SELECT MIN(uuid) FROM gpu_rollups UNION ALL "
-    "SELECT (SELECT MIN(r.uuid) FROM gpu_rollups r WHERE r.uuid > g.uuid) FROM g "
-    "WHERE g.uuid IS NOT NULL) "
-    "SELECT uuid FROM g WHERE uuid IS NOT NULL AND EXISTS (SELECT 1 FROM gpu_rollups r "
-    "WHERE r.uuid = g.uuid AND r.sec_ns >= ? AND r.sec_ns <= ? "
-    "AND r.boot_id IS NOT DISTINCT FROM ?) ORDER BY uuid"
+    "SELECT g.uuid FROM gpus g WHERE EXISTS (SELECT 1 FROM gpu_seconds r "
+    "WHERE r.gpu = g.id AND r.sec_ns >= ? AND r.sec_ns <= ?) "
+    "AND g.boot_id = COALESCE(?, '') ORDER BY g.uuid"
 )
-#: A GPU's memory size as its latest rollup says it (the index finds it: a
-#: maximum over a day's rollups reads 86,400 rows).
+#: A GPU's memory size as its latest rollup (of its latest boot with one) says
+#: it (the key finds it: a maximum over a day's rollups reads 86,400 rows).
 GPU_TOTAL_SQL = (
-    "SELECT mem_total_bytes AS m FROM gpu_rollups WHERE uuid = ? "
-    "AND mem_total_bytes IS NOT NULL ORDER BY sec_ns DESC LIMIT 1"
+    "SELECT m FROM (SELECT g.id, (SELECT s.mem_total_bytes FROM gpu_seconds s WHERE "
+    "s.gpu = g.id AND s.mem_total_bytes IS NOT NULL ORDER BY s.sec_ns DESC LIMIT 1) AS m "
+    "FROM gpus g WHERE g.uuid = ?) x WHERE m IS NOT NULL ORDER BY id DESC LIMIT 1"
 )
 
 
@@ -342,6 +412,13 @@ def step_index_bucket_sql(d: Dialect) -> str:
 
 async def step_index_buckets(db: Reader, run_id: int, per_bucket: int) -> list[dict[str, Any]]:
     """The run's iteration times in buckets of *per_bucket* step indices."""
+    if await steprows.packed_in(db, run_id):
+        got = await steprows.rows(db, run_id, first_step=0)
+        cols = ("b", "iter_mean", "iter_min", "iter_max")
+        return [
+            {"step": b["first_step"], **{c: b[c] for c in cols}}
+            for b in _buckets(got, lambda r: r[0] // per_bucket)
+        ]
     sql = step_index_bucket_sql(db.dialect)
     return [dict(r) for r in await db.fetchall(sql, (per_bucket, run_id))]
 
@@ -370,6 +447,21 @@ def steps_after_sql(d: Dialect) -> str:
 
 async def steps_after(db: Reader, run_id: int, step: int, limit: int) -> list[dict[str, Any]]:
     """The run's steps with index > *step*, by index, at most *limit*."""
+    end = await steprows.packed_end(db, run_id)
+    if end is not None and step + 1 < end:  # from packed blocks on: a stretch of indices
+        top = await steprows.max_step(db, run_id) or step
+        span = max(limit, 1)
+        while True:  # at a time, wider while gaps in the indices leave it short
+            got = [
+                r
+                for r in await steprows.rows(db, run_id, first_step=step + 1, last_step=step + span)
+                if r[2] is not None
+            ]
+            if len(got) >= limit or step + span >= top:
+                break
+            span *= 4
+        got.sort(key=lambda r: r[0])
+        return [live_row(r) for r in got[:limit]]
     sql = steps_after_sql(db.dialect)
     return [dict(r) for r in await db.fetchall(sql, (run_id, step, limit))]
 
@@ -385,6 +477,9 @@ def steps_last_sql(d: Dialect) -> str:
 async def steps_last(db: Reader, run_id: int, limit: int) -> list[dict[str, Any]]:
     """The run's last *limit* ended steps (as :func:`steps_after`'s rows), by
     index: the ``(run_id, step)`` index read backwards."""
+    if await steprows.packed_end(db, run_id) is not None:
+        got = await steprows.last_rows(db, run_id, limit * 2, by_step=True)
+        return [live_row(r) for r in got if r[2] is not None][-limit:]
     rows = await db.fetchall(steps_last_sql(db.dialect), (run_id, limit))
     return [dict(r) for r in reversed(rows)]
 
@@ -399,6 +494,8 @@ STEPS_SINCE_SQL = (
 
 async def steps_since(db: Reader, run_id: int, step: int) -> tuple[int, int | None]:
     """(steps of the run with index > *step*, the highest index; None: none)."""
+    if await steprows.packed_end(db, run_id) is not None:
+        return await steprows.count_after(db, run_id, step)
     row = await db.fetchone(STEPS_SINCE_SQL, (run_id, step))
     if row is None or not row["n"]:
         return 0, None
@@ -477,7 +574,7 @@ async def run_cores_at(db: Reader, run_ids: Sequence[int], mono_ns: int) -> dict
 LATEST_GPU_SQL = (
     "SELECT sec_ns, util_mean, mem_used_max, mem_total_bytes, power_mean_mw, temp_max_c, "
     "sm_mean_mhz, sm_limit_mhz FROM gpu_rollups WHERE uuid = ? "
-    "AND boot_id IS NOT DISTINCT FROM ? AND sec_ns >= ? ORDER BY sec_ns DESC LIMIT 1"
+    "AND boot_key = COALESCE(?, '') AND sec_ns >= ? ORDER BY sec_ns DESC LIMIT 1"
 )
 
 

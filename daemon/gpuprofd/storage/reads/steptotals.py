@@ -117,8 +117,13 @@ def _known_first_sql(where: str) -> str:
     )
 
 
-#: A run's first step (by ``t0``, then insertion order): its ``rowid``.
-FIRST_SQL = "SELECT rowid AS r FROM steps WHERE run_id = ? ORDER BY t0_ns, rowid LIMIT 1"
+#: A run's first step (by ``t0``, then insertion order): its ``rowid``; -1
+#: where the run has packed steps (:mod:`gpuprofd.storage.reads.steprows`: its
+#: oldest block, packed first, holds it, and its block's totals are written).
+FIRST_SQL = (
+    "SELECT COALESCE((SELECT -1 FROM step_packs WHERE run_id = ?1 LIMIT 1), "
+    "(SELECT rowid FROM steps WHERE run_id = ?1 ORDER BY t0_ns, rowid LIMIT 1)) AS r"
+)
 
 
 @functools.cache

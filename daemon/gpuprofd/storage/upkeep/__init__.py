@@ -10,7 +10,8 @@ This package's names are its face; callers import them from here:
   :mod:`gpuprofd.storage.writes.runsdb`), per-bucket comm rows outside each
   run's kept steps (:mod:`~gpuprofd.storage.upkeep.commprune`);
 - compaction: continuous kernel windows merged as they age
-  (:mod:`~gpuprofd.storage.upkeep.kcompact`);
+  (:mod:`~gpuprofd.storage.upkeep.kcompact`), a run's older steps packed per
+  block (:mod:`~gpuprofd.storage.upkeep.steppack`);
 - rollups: the step and host tiers the whole-run charts read
   (:mod:`~gpuprofd.storage.upkeep.steprollup`,
   :mod:`~gpuprofd.storage.upkeep.hostrollup`; each also says how its rows
@@ -23,7 +24,15 @@ This package's names are its face; callers import them from here:
 
 from __future__ import annotations
 
-from gpuprofd.storage.upkeep import commprune, dbrotate, hostrollup, kcompact, retention, steprollup
+from gpuprofd.storage.upkeep import (
+    commprune,
+    dbrotate,
+    hostrollup,
+    kcompact,
+    retention,
+    steppack,
+    steprollup,
+)
 from gpuprofd.storage.upkeep.commprune import COMM_KEEP_EVERY, COMM_STEPS_KEPT, CommPruner
 from gpuprofd.storage.upkeep.maintenance import (
     DEFAULT_RAW_WINDOW_S,
@@ -47,5 +56,6 @@ __all__ = [
     "hostrollup",
     "kcompact",
     "retention",
+    "steppack",
     "steprollup",
 ]

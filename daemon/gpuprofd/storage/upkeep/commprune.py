@@ -1,8 +1,9 @@
 """Retention of per-bucket comm rows: each run's recent steps, and every Nth.
 
-Under DDP every synchronizing step stores one ``comm_buckets`` row per
-gradient bucket: a day of 500 ms steps with 280 buckets is ~48 M rows
-(~2.4 GB) per rank. What reads them: the group rules, over a group's last
+Under DDP every synchronizing step stores one ``comm_steps`` row holding its
+gradient buckets packed (:mod:`gpuprofd.storage.commpack`): a day of 500 ms
+steps is 172,800 rows per rank (with 280 buckets ~48 M bucket rows). What
+reads them: the group rules, over a group's last
 :data:`gpuprofd.storage.reads.GROUP_STEPS_MAX` common steps, and the run's bucket
 counts and bytes per step (means over the steps that have rows). So per run
 the daemon keeps
@@ -14,15 +15,14 @@ the daemon keeps
 * **every** :data:`COMM_KEEP_EVERY`-th **step** (``step % N == 0``) forever,
   for history;
 
-and deletes the other rows as they leave the window. The exposed comm of
+and deletes the other steps' rows as they leave the window. The exposed comm of
 every step stays in its ``steps.phases`` (``comm``): ``gpuprofctl runs``'
 COMM%, the summary's Comm line and the per-run rules do not need the buckets.
 
 Deletes run in the daemon's periodic pruning (with the raw GPU samples),
 through the store's writer, in passes of at most :data:`MAX_ROWS_PER_PASS`
-rows (whole steps; one step's rows are capped by the protocol): each pass is
-one statement on the ``comm_buckets_run_step`` index, committed on its own, so
-a crash leaves every row either kept or deleted, and the writer is held for
+step rows: each pass is one statement on the table's key, committed on its
+own, so a crash leaves every row either kept or deleted, and the writer is held for
 a bounded time. Where a run's pruning has got to is kept in memory only; a
 restarted daemon finds it again from the rows.
 """
@@ -38,38 +38,35 @@ from gpuprofd.storage.writes import Store
 log = logging.getLogger(__name__)
 
 #: Steps at the end of each run whose bucket rows are kept: the group rules'
-#: window (gpuprofd.storage.reads.GROUP_STEPS_MAX, the last 2,000 common steps); 2,000
-#: steps of 280 buckets are ~560 k rows, ~28 MB, per rank.
+#: window (gpuprofd.storage.reads.GROUP_STEPS_MAX, the last 2,000 common steps).
 COMM_STEPS_KEPT = GROUP_STEPS_MAX
 #: ... and every this-many-th step's rows, forever: a 500 ms-step day keeps
 #: 1,728 such steps (1 %), enough to see how the buckets behaved hours ago.
 COMM_KEEP_EVERY = 100
-#: Most rows one pass deletes (~0.2 s of the writer on a 2-core box).
-MAX_ROWS_PER_PASS = 50_000
-#: Most passes per pruning round (the next round takes the rest): 5 M rows,
-#: ten times what 8 ranks of 280 buckets at 2 steps/s add in a minute.
+#: Most step rows one pass deletes (~2 MB of packed rows).
+MAX_ROWS_PER_PASS = 2_000
+#: Most passes per pruning round (the next round takes the rest): 200 k steps,
+#: two hundred times what 8 ranks at 2 steps/s add in a minute.
 MAX_PASSES_PER_ROUND = 100
 
 _RUNS_SQL = (
-    "SELECT id, status FROM runs WHERE EXISTS (SELECT 1 FROM comm_buckets c "
+    "SELECT id, status FROM runs WHERE EXISTS (SELECT 1 FROM comm_steps c "
     "WHERE c.run_id = runs.id) ORDER BY id"
 )
 _LATEST_SQL = "SELECT step FROM steps WHERE run_id = ? ORDER BY t0_ns DESC LIMIT 1"
-_FIRST_SQL = "SELECT MIN(step) FROM comm_buckets WHERE run_id = ?"
+_FIRST_SQL = "SELECT MIN(step) FROM comm_steps WHERE run_id = ?"
 #: Where a pass ends: the step of the row after the first *max_rows* prunable
 #: rows from the run's watermark (none: fewer are left before the window).
 _PASS_END_SQL = (
-    "SELECT step FROM comm_buckets WHERE run_id = ? AND step >= ? AND step < ? "
+    "SELECT step FROM comm_steps WHERE run_id = ? AND step >= ? AND step < ? "
     "AND step % ? != 0 ORDER BY step LIMIT 1 OFFSET ?"
 )
-_DELETE_SQL = (
-    "DELETE FROM comm_buckets WHERE run_id = ? AND step >= ? AND step < ? AND step % ? != 0"
-)
+_DELETE_SQL = "DELETE FROM comm_steps WHERE run_id = ? AND step >= ? AND step < ? AND step % ? != 0"
 
 
 @dataclass
 class CommPruner:
-    """Prunes ``comm_buckets`` (see the module doc); holds each run's progress."""
+    """Prunes ``comm_steps`` (see the module doc); holds each run's progress."""
 
     steps_kept: int = COMM_STEPS_KEPT
     keep_every: int = COMM_KEEP_EVERY

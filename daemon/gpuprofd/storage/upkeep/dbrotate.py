@@ -25,14 +25,20 @@ from typing import Any
 
 import aiosqlite
 
+from gpuprofd.sampling import rollup
+
 #: Tables of per-run rows, by ``run_id`` (kernel_windows/kernel_stats apart:
-#: their window ids are renumbered).
+#: their window ids are renumbered). A run's packed steps go with their
+#: blocks' rollups and totals (a block is packed once both are written).
 RUN_TABLES = (
     "steps",
+    "step_packs",
+    "step_rollups",
+    "step_totals",
     "insights",
     "run_cpu_samples",
     "worker_cpu",
-    "comm_buckets",
+    "comm_steps",
     "stack_samples",
 )
 #: Node-level tables and their time column: the live runs' stretch is copied.
@@ -210,7 +216,12 @@ async def write_live_runs(new: aiosqlite.Connection, snap: Snapshot) -> dict[int
         await _write_spool(new, snap, ids)
         for table, _ in NODE_TABLES:
             tcols, trows = snap.tables.get(table, ([], []))
-            if trows:
+            if trows and table == "gpu_rollups":  # a view: its GPUs' rows, then the seconds
+                at = [tcols.index(c) for c in rollup.ROLLUP_COLUMNS]
+                rows = [tuple(t[i] for i in at) for t in trows]
+                await new.executemany(rollup.GPU_SQL, rollup.gpu_rows(rows))
+                await new.executemany(rollup.INSERT_SQL, [rollup.insert_params(r) for r in rows])
+            elif trows:
                 await new.executemany(_insert_sql(table, tcols), trows)
         await new.execute("COMMIT")
     except BaseException:

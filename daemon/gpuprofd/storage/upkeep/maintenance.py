@@ -7,7 +7,9 @@ per-second rollups keep the whole run); continuous kernel windows are merged
 as they age (:mod:`gpuprofd.storage.upkeep.kcompact`); per-bucket comm rows outside
 each run's last ``--comm-steps-kept`` steps that are not every
 ``--comm-keep-every``-th step are deleted (:mod:`gpuprofd.storage.upkeep.commprune`;
-bounded delete passes, each step's exposed comm stays in ``steps``).
+bounded delete passes, each step's exposed comm stays in ``steps``); each
+run's steps older than its last ``STEPS_RAW_KEPT`` are packed per block
+(:mod:`gpuprofd.storage.upkeep.steppack`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import NoReturn
 
-from gpuprofd.storage.upkeep import commprune, hostrollup, kcompact, steprollup
+from gpuprofd.storage.upkeep import commprune, hostrollup, kcompact, steppack, steprollup
 from gpuprofd.storage.writes import Store, runsdb
 
 log = logging.getLogger(__name__)
@@ -92,6 +94,10 @@ class Retention:
     async def roll_steps(self) -> None:
         """Write the step rollups each run has pending (:mod:`.steprollup`)."""
         await steprollup.roll_pass(self.store)
+
+    async def pack_steps(self) -> None:
+        """Pack each run's older steps per block (:mod:`.steppack`)."""
+        await steppack.pack_round(self.store)
 
     async def roll_hosts(self) -> None:
         """Write the host rollups each run has pending (:mod:`.hostrollup`)."""

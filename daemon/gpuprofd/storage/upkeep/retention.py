@@ -15,10 +15,11 @@ ROWS_PER_PASS = 20_000
 #: Tables holding a run's rows (``run_id``), deleted with it.
 RUN_TABLES = (
     "steps",
+    "step_packs",
     "step_rollups",
     "step_totals",
     "host_rollups",
-    "comm_buckets",
+    "comm_steps",
     "kernel_stats",
     "kernel_windows",
     "evidence_windows",
@@ -36,6 +37,14 @@ _ORPHAN_SQL = (
     "DELETE FROM {table} WHERE rowid IN (SELECT rowid FROM {table} WHERE boot_id = ? AND "
     "{time} < COALESCE((SELECT MIN(start_mono_ns) FROM runs WHERE boot_id = ?), "
     "9000000000000000000) LIMIT ?)"
+)
+
+
+#: ... and GPU rollups of a boot from before them (``gpu_seconds`` has no rowid: by its key).
+_ORPHAN_GPU_SQL = (
+    "DELETE FROM gpu_seconds WHERE (gpu, sec_ns) IN (SELECT s.gpu, s.sec_ns FROM gpu_seconds s "
+    "JOIN gpus g ON g.id = s.gpu WHERE g.boot_id = ? AND s.sec_ns < COALESCE((SELECT "
+    "MIN(start_mono_ns) FROM runs WHERE boot_id = ?), 9000000000000000000) LIMIT ?)"
 )
 
 
@@ -61,11 +70,9 @@ async def delete_boot_rows_pass(store: Store, boot_id: str, limit: int = ROWS_PE
     before its first remaining run; returns how many rows went."""
 
     async def one_pass(txn: Txn) -> int:
-        n = 0
-        for table, col in (("host_samples", "mono_ns"), ("gpu_rollups", "sec_ns")):
-            sql = _ORPHAN_SQL.format(table=table, time=col)
-            n += await txn.execute(sql, (boot_id, boot_id, limit))
-        return n
+        sql = _ORPHAN_SQL.format(table="host_samples", time="mono_ns")
+        n = await txn.execute(sql, (boot_id, boot_id, limit))
+        return n + await txn.execute(_ORPHAN_GPU_SQL, (boot_id, boot_id, limit))
 
     return await store.transaction(one_pass, "retention")
 

@@ -20,8 +20,9 @@ A step is its run, its index and its start (``step``, ``t0_ns``): a step
 sent again under a new sequence number (stored before, or earlier in the
 same batch) is dropped, the first kept; a step with a stored index but
 another start (a manual loop numbering its steps again) is a step of its
-own, stored as the node stored it. DDP buckets likewise, by (``step``,
-``bucket``, ``start_ns``).
+own, stored as the node stored it. A comm event's DDP buckets are packed
+one ``comm_steps`` row a step (``gpuprofd.storage.commpack``), kept likewise
+by (``step``, its first bucket's ``start_ns``).
 
 Runs are keyed by their UUID (``runs.run_uuid``); a run belongs to the node
 that first sent it: an event of another node's run is refused
@@ -30,14 +31,22 @@ that first sent it: an event of another node's run is refused
 Rows that are only appended (steps, buckets, samples, rollups) are
 inserted after the last event, one bulk insert per table for the whole
 group: COPY on Postgres (:meth:`gpuprofd.storage.postgres.PostgresWriter.executemany`,
-which takes the columns from the writer's own ``INSERT`` statements).
+which takes the columns from the writer's own ``INSERT`` statements). GPU
+rollups go after their GPUs' ``gpus`` rows, a second already stored merged.
 
 On Postgres the transaction also ``NOTIFY``s :data:`NOTIFY_CHANNEL`
-with the ids of the runs it touched (delivered only if it commits).
+with the ids of the runs it touched (delivered only if it commits). Each
+round trip of a group's transaction waits its turn on a busy replica's
+event loop (behind the requests being read: ~10 ms each at a thousand
+nodes), so on Postgres the statements are few: the group's last one sets
+the nodes' sequences, inserts the host and run CPU samples (a few rows a
+batch, from arrays) and notifies, and the stored steps and their packs
+are read by one.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -46,9 +55,10 @@ from typing import Any
 import orjson
 
 from gpuprofd.core.errors import DatabaseError
-from gpuprofd.sampling.rollup import INSERT_SQL as _ROLLUP_SQL
+from gpuprofd.sampling import rollup
 from gpuprofd.sampling.rollup import ROLLUP_COLUMNS
-from gpuprofd.storage.writes import costs
+from gpuprofd.storage import commpack, stepcodec
+from gpuprofd.storage.writes import costs, pgbulk
 from gpuprofd.storage.writes.batch import (
     COMM_FIELDS,
     END_FIELDS,
@@ -58,10 +68,10 @@ from gpuprofd.storage.writes.batch import (
     STEP_FIELDS,
     WORKER_CPU_FIELDS,
     BatchError,
+    Columns,
 )
 from gpuprofd.storage.writes.ops import Txn
 from gpuprofd.storage.writes.runsdb import (
-    _COMM_SQL,
     _HOST_SQL,
     _RUN_CPU_SQL,
     _STACKS_SQL,
@@ -90,7 +100,24 @@ _LOCK_NODES_SQL = (
     "host = COALESCE(excluded.host, ingest_nodes.host) RETURNING node_id, last_seq"
 )
 _LOCK_NODE_ROW = "(?, 0, ?, ?, ?, ?, 0)"
+#: The same on Postgres for any number of nodes, as arrays in node id order
+#: (``unnest`` keeps it): one statement text, prepared once, where a
+#: ``VALUES`` list of each group's size is parsed and planned again.
+_LOCK_NODES_PG_SQL = (
+    "INSERT INTO ingest_nodes (node_id, last_seq, host, first_wall_ns, last_wall_ns, batches, "
+    "events) SELECT u.node_id, 0, u.host, u.wall_ns, u.wall_ns, u.batches, 0 "
+    "FROM unnest(?::text[], ?::text[], ?::bigint[], ?::bigint[]) "
+    "AS u(node_id, host, wall_ns, batches) ON CONFLICT (node_id) DO UPDATE SET "
+    "batches = ingest_nodes.batches + excluded.batches, last_wall_ns = excluded.last_wall_ns, "
+    "host = COALESCE(excluded.host, ingest_nodes.host) RETURNING node_id, last_seq"
+)
 _SET_SEQ_SQL = "UPDATE ingest_nodes SET last_seq = ?, events = events + ? WHERE node_id = ?"
+#: The same for many nodes at once (Postgres): one statement, not one per node.
+_SET_SEQS_PG_SQL = (
+    "UPDATE ingest_nodes AS n SET last_seq = u.seq, events = n.events + u.added "
+    "FROM unnest(?::text[], ?::bigint[], ?::bigint[]) AS u(node_id, seq, added) "
+    "WHERE n.node_id = u.node_id"
+)
 #: Nodes, runs or row ranges named in one statement at most (5 parameters
 #: each: well under SQLite's 32,766 and Postgres's 65,535 bound parameters).
 _CHUNK = 200
@@ -210,6 +237,11 @@ async def _lock_nodes(txn: Txn, batches: Sequence[Mapping[str, Any]], now: int) 
         per_node[b["node"]] = (b.get("host") or host, count + 1)
     nodes = sorted(per_node)
     last: dict[str, int] = {}
+    if txn.dialect.name == "postgres":
+        hosts = [per_node[n][0] for n in nodes]
+        counts = [per_node[n][1] for n in nodes]
+        got = await txn.fetch(_LOCK_NODES_PG_SQL, (nodes, hosts, [now] * len(nodes), counts))
+        return {str(node): int(seq) for node, seq in got}
     for first in range(0, len(nodes), _CHUNK):
         part = nodes[first : first + _CHUNK]
         sql = _LOCK_NODES_SQL.format(rows=", ".join([_LOCK_NODE_ROW] * len(part)))
@@ -241,16 +273,73 @@ async def _apply(txn: Txn, batches: Sequence[Mapping[str, Any]], now: int) -> li
         out.run_ids = sorted(out_ids(runs, events))
         outs.append(out)
     await later.insert(txn)
-    await txn.executemany(
-        _SET_SEQ_SQL, [(o.acked_seq, o.applied, o.node) for o in outs if o.applied]
-    )
     # only a run or end event changes what the rollups count of a run (its row)
     await costs.refresh(txn, sorted(later.run_rows_changed))
     touched = sorted({r for o in outs for r in o.run_ids})
-    if touched and txn.dialect.name == "postgres":  # delivered when the batch commits
-        for payload in notify_payloads(touched):
-            await txn.fetch("SELECT pg_notify(?, ?)", (NOTIFY_CHANNEL, payload))
+    if txn.dialect.name == "postgres":  # the notification is delivered when the batch commits
+        await _set_seqs_and_notify(txn, outs, notify_payloads(touched), later.tail)
+    else:
+        await _set_seqs(txn, outs)
     return outs
+
+
+async def _set_seqs(txn: Txn, outs: Sequence[Applied]) -> None:
+    """Each node's highest sequence applied now, and the events it added;
+    on Postgres in one statement for the group's nodes."""
+    per_node: dict[str, tuple[int, int]] = {}
+    for o in outs:
+        if o.applied:  # a node's later batch in the group has the higher sequence
+            per_node[o.node] = (o.acked_seq, per_node.get(o.node, (0, 0))[1] + o.applied)
+    if not per_node:
+        return
+    if txn.dialect.name == "postgres":
+        nodes = sorted(per_node)
+        seqs = [per_node[n][0] for n in nodes]
+        added = [per_node[n][1] for n in nodes]
+        await txn.execute(_SET_SEQS_PG_SQL, (nodes, seqs, added))
+        return
+    await txn.executemany(_SET_SEQ_SQL, [(seq, n, node) for node, (seq, n) in per_node.items()])
+
+
+#: On Postgres, a group's last statement: the nodes' sequences
+#: (:data:`_SET_SEQS_PG_SQL`), the rows of :data:`_TAIL_INSERTS` and the
+#: ``NOTIFY`` of the runs touched (payloads as an array), all in one (``{tail}``:
+#: a ``WITH`` part per insert that has rows): each round trip of a group's
+#: transaction waits its turn on a busy replica's event loop, behind the
+#: requests being read.
+_LAST_PG_SQL = (
+    f"WITH seqs AS ({_SET_SEQS_PG_SQL}){{tail}} "
+    f"SELECT pg_notify('{NOTIFY_CHANNEL}', p) FROM unnest(?::text[]) AS p"
+)
+#: Plain inserts of a few rows a batch (a host sample, the runs' CPU
+#: samples), made on Postgres in the group's last statement from arrays,
+#: where a ``COPY`` costs two round trips more.
+_TAIL_INSERTS = {sql: pgbulk.appended(sql) for sql in (_HOST_SQL, _RUN_CPU_SQL)}
+
+
+async def _set_seqs_and_notify(
+    txn: Txn,
+    outs: Sequence[Applied],
+    payloads: list[str],
+    tail: Mapping[str, Sequence[tuple[Any, ...]]],
+) -> None:
+    """:func:`_set_seqs`, the *tail* rows (per statement of
+    :data:`_TAIL_INSERTS`) and the ``NOTIFY`` of *payloads*, in one
+    statement (Postgres)."""
+    per_node: dict[str, tuple[int, int]] = {}
+    for o in outs:
+        if o.applied:  # a node's later batch in the group has the higher sequence
+            per_node[o.node] = (o.acked_seq, per_node.get(o.node, (0, 0))[1] + o.applied)
+    if not per_node and not payloads and not tail:
+        return
+    nodes = sorted(per_node)
+    params: list[Any] = [nodes, [per_node[n][0] for n in nodes], [per_node[n][1] for n in nodes]]
+    parts = ""
+    for i, (sql, rows) in enumerate(tail.items()):
+        insert, kinds = _TAIL_INSERTS[sql]
+        parts += f", tail{i} AS ({insert})"
+        params += pgbulk.arrays(rows, kinds)
+    await txn.fetch(_LAST_PG_SQL.format(tail=parts), [*params, payloads])
 
 
 def notify_payloads(run_ids: Sequence[int]) -> list[str]:
@@ -275,10 +364,21 @@ def notify_payloads(run_ids: Sequence[int]) -> list[str]:
 Runs = dict[str, tuple[int, str | None]]
 
 
+#: On Postgres, the runs of any number of UUIDs in one statement: the ``IN``
+#: lists of :data:`_CHUNK` parameters cost ~1 ms of planning per batch at a
+#: thousand nodes (a group of 250 batches names 2,000 runs).
+_KNOWN_RUNS_PG_SQL = "SELECT run_uuid, id, node_id FROM runs WHERE run_uuid = ANY(?::text[])"
+
+
 async def _known_runs(txn: Txn, uuids: set[str]) -> Runs:
-    """The batch's runs already stored, found in one query per :data:`_CHUNK`."""
+    """The batch's runs already stored: one query on Postgres, one per
+    :data:`_CHUNK` on SQLite."""
     out: Runs = {}
     listed = sorted(uuids)
+    if txn.dialect.name == "postgres":  # one statement, planned once, for any number
+        for uuid, run_id, owner in await txn.fetch(_KNOWN_RUNS_PG_SQL, (listed,)):
+            out[uuid] = (int(run_id), owner)
+        return out
     for first in range(0, len(listed), _CHUNK):
         part = listed[first : first + _CHUNK]
         marks = ", ".join("?" * len(part))
@@ -341,46 +441,91 @@ async def _end_run(txn: Txn, node: str, ev: Mapping[str, Any], where: str, runs:
     return run_id
 
 
-def _step_row(run_id: int, r: Mapping[str, Any]) -> tuple[Any, ...]:
-    """A steps row in :data:`gpuprofd.storage.writes.runsdb._STEP_SQL`'s order."""
-    return (
-        run_id,
-        r["step"],
-        r["t0_ns"],
-        r["t1_ns"],
-        r["wait_ns"] or 0,
-        _flag(r["explicit"]),
-        r["micro"] if r["micro"] is not None else 1,
-        _json(r["phases"] or {}),
-        _flag(r["skipped"]),
-        r["eval_ns"] or 0,
-        _json(r["optimizers"]) if r["optimizers"] else None,
-        r["mem_allocated_bytes"],
-        r["mem_reserved_bytes"],
-        r["mem_peak_bytes"],
-        _flag(r["traced"]),
+def _step_rows(run_ids: Sequence[int], rows: Columns) -> list[tuple[Any, ...]]:
+    """Steps rows in :data:`gpuprofd.storage.writes.runsdb._STEP_SQL`'s order
+    (*run_ids*: each row's run; built a column at a time: C loops, no
+    Python step per row)."""
+    return rows.tuples(
+        (),
+        (
+            run_ids,
+            rows.column("step"),
+            rows.column("t0_ns"),
+            rows.column("t1_ns"),
+            rows.column("wait_ns", 0),
+            _flags(rows, "explicit"),
+            rows.column("micro", 1),
+            _json_column(rows, "phases", "{}"),
+            _flags(rows, "skipped"),
+            rows.column("eval_ns", 0),
+            _json_column(rows, "optimizers", None, keep_empty=False),
+            rows.column("mem_allocated_bytes"),
+            rows.column("mem_reserved_bytes"),
+            rows.column("mem_peak_bytes"),
+            _flags(rows, "traced"),
+        ),
     )
 
 
-def _comm_row(run_id: int, r: Mapping[str, Any]) -> tuple[Any, ...]:
-    return (run_id, r["step"], r["bucket"], r["start_ns"], r["end_ns"], r["bytes"])
+def _comm_steps(run_id: int, rows: Columns) -> Columns:
+    """A comm event's bucket rows as ``comm_steps`` rows (one per step,
+    :func:`gpuprofd.storage.commpack.step_rows`), keyed by ``step`` and
+    ``start_ns`` (its first launch), each whole row under ``row``."""
+    names = ("step", *commpack.COLUMNS)
+    packed = commpack.step_rows(run_id, rows.tuples((), [rows.column(n) for n in names]))
+    return Columns(
+        len(packed),
+        {"step": [p[1] for p in packed], "start_ns": [p[2] for p in packed], "row": packed},
+    )
+
+
+def _comm_rows(_run_ids: Sequence[int], rows: Columns) -> list[tuple[Any, ...]]:
+    return [tuple(r) for r in rows.column("row")]
+
+
+def _flags(rows: Columns, name: str) -> Sequence[int]:
+    """A flag column as the 0/1 ints stored (0 where absent)."""
+    col = rows.get(name)
+    if col is None:
+        return [0] * rows.n
+    if set(map(type, col)) == _INT_ONLY:
+        return col
+    return [0 if v is None else int(v) for v in col]
+
+
+_INT_ONLY = {int}
+
+
+def _json_column(
+    rows: Columns, name: str, empty: str | None, *, keep_empty: bool = True
+) -> Sequence[str | None]:
+    """An object column as JSON text; *empty* where absent (and, without
+    *keep_empty*, for an empty list or object)."""
+    col = rows.get(name)
+    if col is None:
+        return [empty] * rows.n
+    if None in col or not keep_empty:
+        return [_json(v) if v or (keep_empty and v is not None) else empty for v in col]
+    return list(map(bytes.decode, map(_DUMPS, col)))
+
+
+_DUMPS = functools.partial(orjson.dumps, option=orjson.OPT_NON_STR_KEYS)
 
 
 #: Of a steps row and of a comm bucket: the columns that identify it, and the
 #: one its query's range is also bounded by (so a resend is found in its
 #: own stretch of the run, however often a manual loop reused the indices).
 _STEP_KEY = ("step", "t0_ns")
-_COMM_KEY = ("step", "bucket", "start_ns")
+_COMM_KEY = ("step", "start_ns")
 #: Per table: the keys stored in some runs' ranges (``{ranges}``: one
 #: :data:`_STORED_RANGE` per run, OR-ed), and each range's condition.
 _STORED_SQL = {
     "steps": "SELECT run_id, step, t0_ns FROM steps WHERE {ranges}",
-    "comm_buckets": "SELECT run_id, step, bucket, start_ns FROM comm_buckets WHERE {ranges}",
+    "comm_steps": "SELECT run_id, step, start_ns FROM comm_steps WHERE {ranges}",
 }
 _STORED_RANGE = {
     "steps": "(run_id = ? AND step BETWEEN ? AND ? AND t0_ns BETWEEN ? AND ?)",
-    "comm_buckets": "(run_id = ? AND step BETWEEN ? AND ? "
-    "AND COALESCE(start_ns, 0) BETWEEN ? AND ?)",
+    "comm_steps": "(run_id = ? AND step BETWEEN ? AND ? AND start_ns BETWEEN ? AND ?)",
 }
 #: On Postgres, the same as one join with the ranges as arrays (``{key}``:
 #: the key's columns): planned once for any number of runs, where the OR-ed
@@ -390,10 +535,10 @@ _STORED_PG_SQL = (
     "?::bigint[], ?::bigint[]) AS r(run_id, lo, hi, t_lo, t_hi) ON t.run_id = r.run_id "
     "AND t.step BETWEEN r.lo AND r.hi AND COALESCE(t.{last}, 0) BETWEEN r.t_lo AND r.t_hi"
 )
-#: Per table: its insert, the row's key, and the row in the insert's order.
+#: Per table: its insert, the row's key, and its rows in the insert's order.
 _KEYED = {
-    "steps": (_STEP_SQL, _STEP_KEY, _step_row),
-    "comm_buckets": (_COMM_SQL, _COMM_KEY, _comm_row),
+    "steps": (_STEP_SQL, _STEP_KEY, _step_rows),
+    "comm_steps": (commpack.INSERT_SQL, _COMM_KEY, _comm_rows),
 }
 
 
@@ -405,65 +550,116 @@ class _Later:
     def __init__(self) -> None:
         self.rows: dict[str, list[tuple[Any, ...]]] = {}
         #: per keyed table: (run id, rows) in the order sent
-        self.keyed: dict[str, list[tuple[int, Sequence[Mapping[str, Any]]]]] = {}
+        self.keyed: dict[str, list[tuple[int, Columns]]] = {}
         #: runs whose row a run or end event changed
         self.run_rows_changed: set[int] = set()
+        #: Postgres: rows of :data:`_TAIL_INSERTS`, made in the group's last statement
+        self.tail: dict[str, list[tuple[Any, ...]]] = {}
+        #: statements whose rows have their columns' types already (built
+        #: from a batch's checked columns): not looked at again before COPY
+        self.typed: set[str] = set()
 
     def add(self, sql: str, rows: Sequence[tuple[Any, ...]]) -> None:
         if rows:
             self.rows.setdefault(sql, []).extend(rows)
 
-    def add_keyed(self, table: str, run_id: int, rows: Sequence[Mapping[str, Any]]) -> None:
-        if rows:
+    def add_keyed(self, table: str, run_id: int, rows: Columns) -> None:
+        if rows.n:
             self.keyed.setdefault(table, []).append((run_id, rows))
 
     async def insert(self, txn: Txn) -> None:
         for table, parts in self.keyed.items():
-            sql, key, to_row = _KEYED[table]
+            sql, key, to_rows = _KEYED[table]
             have = await _stored(txn, table, parts, key)
             fresh: list[tuple[Any, ...]] = []
-            for run_id, rows in parts:
-                for r in rows:
-                    k = (run_id, *(r[c] for c in key))
-                    if None not in k:
+            for run_ids, rows in _together(parts):
+                keys = rows.tuples((), [run_ids, *(rows.column(c) for c in key)])
+                new = set(keys)
+                built = to_rows(run_ids, rows)
+                if len(new) == rows.n and have.isdisjoint(new):  # as a rule: all new
+                    have |= new
+                    fresh += built
+                    continue
+                for k, row in zip(keys, built, strict=True):
+                    if None not in k:  # without its whole key a row cannot be told apart: kept
                         if k in have:
                             continue
                         have.add(k)  # the first of repeats is kept
-                    fresh.append(to_row(run_id, r))
+                    fresh.append(row)
             self.add(sql, fresh)
+            if table == "steps":  # _step_rows: ints (checked as such) and JSON text
+                self.typed.add(sql)
+        bulk = pgbulk.BULK if txn.dialect.name == "postgres" else {}
+        if bulk:
+            for sql in _TAIL_INSERTS:
+                if sql in self.rows:
+                    self.tail[sql] = self.rows.pop(sql)
         for sql, values in self.rows.items():
-            await txn.executemany(sql, values)
+            if sql in bulk:  # an upsert: one statement for the group's rows
+                await bulk[sql](txn, values)
+            else:
+                await txn.executemany(sql, values, typed=sql in self.typed)
+
+
+def _together(parts: Sequence[tuple[int, Columns]]) -> list[tuple[list[int], Columns]]:
+    """*parts* as (each row's run id, rows), the parts that follow each other
+    in one batch's columns (its events of a kind, as sent) taken as one."""
+    runs: list[tuple[list[int], Columns, Columns, int]] = []  # ids, first, last, rows
+    for run_id, rows in parts:
+        if runs and rows.follows(runs[-1][2]):
+            ids, first, _, n = runs[-1]
+            ids += [run_id] * rows.n
+            runs[-1] = (ids, first, rows, n + rows.n)
+        else:
+            runs.append(([run_id] * rows.n, rows, rows, rows.n))
+    out = []
+    for ids, first, _, n in runs:
+        if n != first.n:  # several: one slice of their batch's columns
+            assert first.parent is not None
+            first = first.parent.slice(first.start, first.start + n)
+        out.append((ids, first))
+    return out
 
 
 async def _stored(
     txn: Txn,
     table: str,
-    parts: Sequence[tuple[int, Sequence[Mapping[str, Any]]]],
+    parts: Sequence[tuple[int, Columns]],
     key: Sequence[str],
 ) -> set[tuple[Any, ...]]:
     """The keys (run id first) of *table*'s rows already stored within the
     stretch of each run that *parts* cover: one query per :data:`_CHUNK` runs."""
     spans: dict[int, list[int]] = {}
     for run_id, rows in parts:
-        lo_step = min(r["step"] for r in rows)
-        hi_step = max(r["step"] for r in rows)
-        times = [r[key[-1]] or 0 for r in rows]
+        steps = rows.column("step")
+        times = rows.column(key[-1], 0)
+        lo_step, hi_step, lo_t, hi_t = min(steps), max(steps), min(times), max(times)
         span = spans.get(run_id)
         if span is None:
-            spans[run_id] = [lo_step, hi_step, min(times), max(times)]
+            spans[run_id] = [lo_step, hi_step, lo_t, hi_t]
         else:
             span[:] = [
                 min(span[0], lo_step),
                 max(span[1], hi_step),
-                min(span[2], min(times)),
-                max(span[3], max(times)),
+                min(span[2], lo_t),
+                max(span[3], hi_t),
             ]
     have: set[tuple[Any, ...]] = set()
     if txn.dialect.name == "postgres":
+        arrays = [list(spans)] + [[span[j] for span in spans.values()] for j in range(4)]
+        if table == "steps":  # the stored steps and the packs, in one round trip
+            packs: list[tuple[Any, Any]] = []
+            for packed, run_id, step, t0, data in await txn.fetch(_STORED_STEPS_PG_SQL, arrays):
+                if packed:
+                    packs.append((run_id, data))
+                else:
+                    have.add((run_id, step, t0))
+            return have | _unpacked_keys(spans, packs)
         cols = ", ".join(f"t.{c}" for c in key)
         sql = _STORED_PG_SQL.format(table=table, key=cols, last=key[-1])
-        arrays = [list(spans)] + [[span[j] for span in spans.values()] for j in range(4)]
         return {tuple(r) for r in await txn.fetch(sql, arrays)}
+    if table == "steps":  # a resend of steps packed since (steppack) is found in its pack
+        have = await _packed_keys(txn, spans)
     listed = list(spans.items())
     for first in range(0, len(listed), _CHUNK):
         part = listed[first : first + _CHUNK]
@@ -473,9 +669,57 @@ async def _stored(
     return have
 
 
-def _in_order(run_id: int | None, rows: Sequence[Mapping[str, Any]], names: Sequence[str]) -> list:
-    head = () if run_id is None else (run_id,)
-    return [(*head, *(r[n] for n in names)) for r in rows]
+#: On Postgres, the keys of the steps stored within some runs' ranges (as
+#: :data:`_STORED_PG_SQL`) and the packed blocks (``step_packs``) that hold
+#: indices of those ranges, in one statement (one round trip): each row is
+#: ``(packed, run_id, step, t0_ns, data)``, a step's or a pack's.
+_STORED_STEPS_PG_SQL = (
+    "WITH r AS (SELECT * FROM unnest(?::bigint[], ?::bigint[], ?::bigint[], ?::bigint[], "
+    "?::bigint[]) AS r(run_id, lo, hi, t_lo, t_hi)) "
+    "SELECT false, t.run_id, t.step, t.t0_ns, NULL::bytea FROM steps t JOIN r "
+    "ON t.run_id = r.run_id AND t.step BETWEEN r.lo AND r.hi "
+    "AND COALESCE(t.t0_ns, 0) BETWEEN r.t_lo AND r.t_hi "
+    "UNION ALL SELECT true, p.run_id, NULL, NULL, p.data FROM step_packs p JOIN r "
+    "ON p.run_id = r.run_id AND p.last_step >= r.lo AND p.first_step <= r.hi"
+)
+#: On SQLite, the packed blocks of steps that hold indices of some runs' ranges (OR-ed).
+_PACKED_RANGE = "(run_id = ? AND last_step >= ? AND first_step <= ?)"
+
+
+async def _packed_keys(txn: Txn, spans: Mapping[int, Sequence[int]]) -> set[tuple[Any, ...]]:
+    """The ``(run_id, step, t0_ns)`` of packed steps within *spans* (run id ->
+    ``[first step, last step, first t0, last t0]``), on SQLite (Postgres
+    reads the packs with the stored steps: :data:`_STORED_STEPS_PG_SQL`)."""
+    packs = []
+    listed = list(spans.items())
+    for first in range(0, len(listed), _CHUNK):
+        part = listed[first : first + _CHUNK]
+        sql = "SELECT run_id, data FROM step_packs WHERE " + " OR ".join(
+            [_PACKED_RANGE] * len(part)
+        )
+        packs += await txn.fetch(sql, [v for rid, s in part for v in (rid, s[0], s[1])])
+    return _unpacked_keys(spans, packs)
+
+
+def _unpacked_keys(
+    spans: Mapping[int, Sequence[int]], packs: Sequence[Sequence[Any]]
+) -> set[tuple[Any, ...]]:
+    """The ``(run_id, step, t0_ns)`` within *spans* of the steps in *packs*
+    (``(run_id, data)`` rows of ``step_packs``)."""
+    have: set[tuple[Any, ...]] = set()
+    for run_id, data in packs:
+        lo, hi, t_lo, t_hi = spans[run_id]
+        have.update(
+            (run_id, r[0], r[1])
+            for r in stepcodec.decode(data)
+            if lo <= r[0] <= hi and t_lo <= (r[1] or 0) <= t_hi
+        )
+    return have
+
+
+def _in_order(run_id: int | None, rows: Columns, names: Sequence[str]) -> list[tuple[Any, ...]]:
+    """*rows* as tuples: *run_id* (unless None), then *names*' values."""
+    return rows.tuples(() if run_id is None else (run_id,), [rows.column(n) for n in names])
 
 
 async def _event(
@@ -506,15 +750,17 @@ async def _event(
         later.add(_HOST_SQL, _in_order(None, ev["rows"], names))
         return
     if kind == "gpu_rollups":
-        later.add(_ROLLUP_SQL, _in_order(None, ev["rows"], ROLLUP_COLUMNS))
+        rows = _in_order(None, ev["rows"], ROLLUP_COLUMNS)
+        later.add(rollup.GPU_SQL, rollup.gpu_rows(rows))
+        later.add(rollup.INSERT_SQL, [rollup.insert_params(r) for r in rows])
         return
     run_id = await _run_id(txn, node, ev, where, runs)
     if kind == "steps":
         assert len(STEP_FIELDS) == 14
         later.add_keyed("steps", run_id, ev["rows"])
     elif kind == "comm":
-        assert set(_COMM_KEY) <= set(COMM_FIELDS) and len(COMM_FIELDS) == 5
-        later.add_keyed("comm_buckets", run_id, ev["rows"])
+        assert set(COMM_FIELDS) == {"step", *commpack.COLUMNS}
+        later.add_keyed("comm_steps", run_id, _comm_steps(run_id, ev["rows"]))
     elif kind == "run_cpu":
         names = ("mono_ns", "cores")
         assert set(names) == set(RUN_CPU_FIELDS)

@@ -92,7 +92,14 @@ class Txn:
         changed, _ = await self._db.execute(sql, params)
         return changed
 
-    async def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
-        """Run *sql* with each of *rows* (a bulk insert: COPY on Postgres)."""
+    async def executemany(
+        self, sql: str, rows: Sequence[Sequence[Any]], *, typed: bool = False
+    ) -> None:
+        """Run *sql* with each of *rows* (a bulk insert: COPY on Postgres).
+        *typed*: every value has its column's type already (rows built from
+        a checked ingest batch): Postgres takes them without looking again."""
         if rows:
-            await self._db.executemany(sql, rows)
+            if typed:
+                await self._db.executemany(sql, rows, typed=True)
+            else:
+                await self._db.executemany(sql, rows)

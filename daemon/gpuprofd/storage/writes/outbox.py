@@ -27,7 +27,9 @@ from typing import Any
 
 import orjson
 
-from gpuprofd.sampling.rollup import ROLLUP_COLUMNS
+from gpuprofd.sampling.rollup import row_from_params
+from gpuprofd.storage import commpack
+from gpuprofd.storage.stepcodec import COLUMNS as _STEP_COLUMNS  # a steps row, in order
 from gpuprofd.storage.writes.batch import (
     BATCH_VERSION,
     END_FIELDS,
@@ -54,22 +56,6 @@ PRIORITY_RUN = 4
 #: batches of this size (a 1-hour backlog of an 8-GPU node, ~150 MB, in ~40 posts).
 MAX_BATCH_BYTES = 4 * 1024 * 1024
 
-_STEP_COLUMNS = (
-    "step",
-    "t0_ns",
-    "t1_ns",
-    "wait_ns",
-    "explicit",
-    "micro",
-    "phases",
-    "skipped",
-    "eval_ns",
-    "optimizers",
-    "mem_allocated_bytes",
-    "mem_reserved_bytes",
-    "mem_peak_bytes",
-    "traced",
-)
 _JSON_STEP_COLUMNS = ("phases", "optimizers")
 _HOST_COLUMNS = (
     "mono_ns",
@@ -92,7 +78,7 @@ _WORKER_COLUMNS = (
     "ctx_voluntary",
     "ctx_involuntary",
 )
-_COMM_COLUMNS = ("step", "bucket", "start_ns", "end_ns", "bytes")
+_COMM_COLUMNS = ("step", *commpack.COLUMNS)
 
 
 def _params(op: Op, part: int = 0) -> Sequence[Any]:
@@ -110,9 +96,10 @@ def _step(op: Op, _value: Any) -> tuple[int | None, Any, int]:
 
 
 def _comm(op: Op, _value: Any) -> tuple[int | None, Any, int]:
-    rows = op.parts[1].rows
-    out = [dict(zip(_COMM_COLUMNS, r[1:], strict=True)) for r in rows]
-    return rows[0][0], {"rows": out}, len(out)
+    run_id, step, *_, packed = op.parts[1].rows[0]
+    rows = commpack.bucket_rows([(step, packed)])
+    out = [dict(zip(_COMM_COLUMNS, r, strict=True)) for r in rows]
+    return run_id, {"rows": out}, len(out)
 
 
 def _host(op: Op, _value: Any) -> tuple[int | None, Any, int]:
@@ -129,7 +116,7 @@ def _worker_cpu(op: Op, _value: Any) -> tuple[int | None, Any, int]:
 
 
 def _rollup(op: Op, _value: Any) -> tuple[int | None, Any, int]:
-    return None, {"rows": [dict(zip(ROLLUP_COLUMNS, op.params, strict=True))]}, 1
+    return None, {"rows": [row_from_params(op.parts[0].rows[0], op.parts[1].rows[0])]}, 1
 
 
 def _run(op: Op, value: Any) -> tuple[int | None, Any, int]:

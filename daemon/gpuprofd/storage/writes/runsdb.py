@@ -15,6 +15,7 @@ import orjson
 from gpuprof.insights import Insight
 from gpuprof.insights.gains import to_stored_evidence
 from gpuprofd.sampling import rollup
+from gpuprofd.storage import commpack
 from gpuprofd.storage.dialect import Dialect
 from gpuprofd.storage.writes import outbox
 from gpuprofd.storage.writes.ops import Op, Part
@@ -24,10 +25,6 @@ _STEP_SQL = (
     "INSERT INTO steps (run_id, step, t0_ns, t1_ns, wait_ns, explicit, micro, phases, "
     "skipped, eval_ns, optimizers, mem_allocated_bytes, mem_reserved_bytes, mem_peak_bytes, "
     "traced) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-)
-_COMM_SQL = (
-    "INSERT INTO comm_buckets (run_id, step, bucket, start_ns, end_ns, bytes) "
-    "VALUES (?, ?, ?, ?, ?, ?)"
 )
 _CLOCK_SQL = (
     "UPDATE runs SET clock_offset_ns = ?, clock_uncertainty_ns = ?, clock_rtt_ns = ?, "
@@ -129,7 +126,7 @@ def step_op(run_id: int, msg: Mapping[str, Any]) -> Op:
 
     A step with ``comm`` rows (:mod:`gpuprof.comm`, at most
     ``MAX_BUCKETS_PER_STEP``, checked by ``decode``) is one atomic op: the
-    step row and its ``comm_buckets`` rows commit together or not at all
+    step row and its ``comm_steps`` row (its buckets packed) commit together or not at all
     (one queue item: dropped and counted as one under back-pressure)."""
     mem = msg.get("mem") or (None, None, None)
     params = (
@@ -152,11 +149,10 @@ def step_op(run_id: int, msg: Mapping[str, Any]) -> Op:
         return Op(
             _STEP_SQL, params, drop_reason="store_error", run_id=run_id, forward=(outbox.STEPS,)
         )
-    step = msg["i"]
-    buckets = [(run_id, step, *row) for row in comm]
+    packed = commpack.step_row(run_id, msg["i"], comm)
     return Op(
         "-- step with comm buckets",
-        parts=(Part(_STEP_SQL, (params,)), Part(_COMM_SQL, buckets)),
+        parts=(Part(_STEP_SQL, (params,)), Part(commpack.INSERT_SQL, (packed,))),
         drop_reason="store_error",
         run_id=run_id,
         forward=(outbox.STEPS, outbox.COMM),
@@ -406,7 +402,14 @@ async def update_run(store: Store, run_id: int, *, ended: bool = False, **fields
 def rollup_op(row: Sequence[Any]) -> Op:
     """The insert of one per-second GPU rollup row (in
     :data:`gpuprofd.sampling.rollup.ROLLUP_COLUMNS` order)."""
-    return Op(rollup.INSERT_SQL, row, forward=(outbox.ROLLUP,))
+    return Op(
+        "-- gpu rollup",
+        parts=(
+            Part(rollup.GPU_SQL, rollup.gpu_rows((row,))),
+            Part(rollup.INSERT_SQL, (rollup.insert_params(row),)),
+        ),
+        forward=(outbox.ROLLUP,),
+    )
 
 
 def prune_raw_gpu_ops(cutoff_mono_ns: int) -> list[Op]:
@@ -460,12 +463,20 @@ _GROUP_INSIGHT_SQL = (
     "created_wall_ns) VALUES (?,?,?,?,?,?,?,?,?)"
 )
 
+_GROUP_CHECK_SQL = (
+    "INSERT INTO group_checks (group_id, ranks, found, checked_wall_ns) VALUES (?,?,?,?) "
+    "ON CONFLICT (group_id) DO UPDATE SET ranks = excluded.ranks, found = excluded.found, "
+    "checked_wall_ns = excluded.checked_wall_ns"
+)
+
 
 async def replace_group_insights(
     store: Store, group: str, ranks: int, insights: Sequence[Mapping[str, Any]]
 ) -> None:
     """Replace the stored findings of *group* (ended) with *insights*
-    (``Insight.to_dict()`` shapes), all or none in one transaction; wait for the commit."""
+    (``Insight.to_dict()`` shapes) and mark it checked (``group_checks``: its
+    findings, none included, are read from here instead of computed again),
+    all or none in one transaction; wait for the commit."""
     now = time.time_ns()
     rows = [
         (
@@ -486,6 +497,7 @@ async def replace_group_insights(
     parts = [Part("DELETE FROM group_insights WHERE group_id = ?", ((group,),))]
     if rows:
         parts.append(Part(_GROUP_INSIGHT_SQL, rows))
+    parts.append(Part(_GROUP_CHECK_SQL, ((group, ranks, len(rows), now),)))
     await store.write_atomic(parts, "group insights")
 
 

@@ -548,18 +548,31 @@ class Store:
         Raises:
             DatabaseError: no database is open, or the server is unreachable.
         """
-        if self._db is None:  # a failed reopen left no database
-            raise DatabaseError(f"no database open at {self.where}")
-        try:
-            return await self._db.fetchall(sql, params)
-        except self._errors as exc:
-            if not self._is_lost(exc):
-                raise
-            raise DatabaseError(f"reading {self.where} failed ({exc})") from None
+        return await self._fetch("fetchall", sql, params)
 
     async def fetchone(self, sql: str, params: Sequence[Any] = ()) -> Any | None:
         rows = await self.fetchall(sql, params)
         return rows[0] if rows else None
+
+    async def fetchtuples(self, sql: str, params: Sequence[Any] = ()) -> list[Sequence[Any]]:
+        """Rows of a read query indexed by position only (see
+        :meth:`gpuprofd.storage.reader.Reader.fetchtuples`).
+
+        Raises:
+            DatabaseError: as :meth:`fetchall`.
+        """
+        return await self._fetch("fetchtuples", sql, params)
+
+    async def _fetch(self, method: str, sql: str, params: Sequence[Any]) -> Any:
+        """The open database's read *method*; a lost connection is a DatabaseError."""
+        if self._db is None:  # a failed reopen left no database
+            raise DatabaseError(f"no database open at {self.where}")
+        try:
+            return await getattr(self._db, method)(sql, params)
+        except self._errors as exc:
+            if not self._is_lost(exc):
+                raise
+            raise DatabaseError(f"reading {self.where} failed ({exc})") from None
 
 
 class Backoff:

@@ -6,7 +6,7 @@
 /* global uPlot */
 
 import { h } from "./dom.js";
-import { clock, DASH } from "./format.js";
+import { clock, DASH, tickDigits } from "./format.js";
 
 let keys = 0;
 
@@ -49,11 +49,6 @@ export function alpha(color, a) {
   return `rgba(${(n >> 16) & 255},${(n >> 8) & 255},${n & 255},${a})`;
 }
 
-/** Decimals that tell a y axis' ticks apart (40 and 40.5 °C, not 40 and 40). */
-function tickDigits(splits) {
-  const step = splits.length > 1 ? Math.abs(splits[1] - splits[0]) : 0;
-  return step > 0 ? Math.max(0, Math.min(3, -Math.floor(Math.log10(step)))) : 0;
-}
 
 const live = new Set();
 
@@ -78,7 +73,7 @@ export function destroyCharts() {
  * A chart in a new element appended to `parent`.
  *
  * spec: {title, series: [{label, color, width, fill, dash, points, paths,
- * value(v, i) -> legend text, raw}], data: [xs, ys...], fmt(v, digits?) -> y text
+ * value(v, i) -> legend text, raw}], data: [xs, ys...], fmt(v, digits?, splits?) -> y text (an axis tick gets its axis' splits)
  * (digits: what the axis' ticks need),
  * syncKey, onSelect(from, to) (x units), xRange: [from, to] or (dataMin,
  * dataMax) -> [from, to],
@@ -141,7 +136,7 @@ export function chart(parent, spec) {
     axes: [
       // time labels (":38.100") are ~60 px wide: ticks at least 100 px apart never touch
       { ...axis, size: Math.round(50 * scale), space: Math.round(100 * scale), ...(spec.xAxis || {}) },
-      { ...axis, size: Math.round((spec.axisSize || 64) * scale), values: (u, splits) => splits.map((v) => fmt(v, tickDigits(splits))) },
+      { ...axis, size: Math.round((spec.axisSize || 64) * scale), values: (u, splits) => splits.map((v) => fmt(v, tickDigits(splits), splits)) },
     ],
     cursor: {
       sync: spec.syncKey ? { key: spec.syncKey, setSeries: false } : undefined,

@@ -32,8 +32,33 @@ export function bytes(v, digits = 1) {
   return `${v < 0 ? "-" : ""}${x.toFixed(i === 0 ? 0 : digits)} ${UNITS[i]}`;
 }
 
-export function bps(v) {
-  return v === null || v === undefined ? DASH : `${bytes(v)}/s`;
+export function bps(v, _digits, splits) {
+  if (v === null || v === undefined) return DASH;
+  return `${splits ? bytesOnAxis(v, splits) : bytes(v)}/s`;
+}
+
+/** A y axis tick in bytes: every tick in the unit of the largest, or a
+ * smaller one where the tick step is under 0.01 of it (4392.5 MB, not 4.393 GB
+ * twice), with the decimals that tell neighbours apart (5.21 GB and 5.22 GB). */
+export function bytesOnAxis(v, splits) {
+  const top = Math.max(...splits.map((x) => Math.abs(x)), 0);
+  const step = splits.length > 1 ? Math.abs(splits[1] - splits[0]) : 0;
+  let i = 0;
+  while (top >= 1000 ** (i + 1) && i < UNITS.length - 1) i++;
+  while (i > 0 && step > 0 && step / 1000 ** i < 0.01) i--;
+  const unit = 1000 ** i;
+  const digits = i === 0 ? 0 : tickDigits(splits.map((x) => x / unit));
+  return `${(v / unit).toFixed(digits)} ${UNITS[i]}`;
+}
+
+/** Decimals (at most 6) that show an axis' tick step exactly, so its ticks
+ * read apart: 40 and 40.5 °C, 2.5 and 5 MB/s, 0.0005 and 0.001. */
+export function tickDigits(splits) {
+  const step = splits.length > 1 ? Math.abs(splits[1] - splits[0]) : 0;
+  if (!(step > 0)) return 0;
+  let digits = Math.max(0, -Math.floor(Math.log10(step) + 1e-9));
+  while (digits < 6 && Math.abs(step * 10 ** digits - Math.round(step * 10 ** digits)) > 1e-6 * step * 10 ** digits) digits++;
+  return Math.min(6, digits);
 }
 
 export function ms(v) {

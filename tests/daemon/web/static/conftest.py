@@ -36,7 +36,8 @@ CHROMIUM_ARGS = [
 ]
 
 #: One CPU training loop under the shim: argv steps, loader sleep (s), name,
-#: group ("" for none); RANK/WORLD_SIZE from the environment for a group.
+#: group ("" for none), then a time (s) still inside the run after its last
+#: step (0 for none); RANK/WORLD_SIZE from the environment for a group.
 TRAIN = r"""
 import sys, time
 import torch
@@ -45,6 +46,7 @@ import gpuprof
 
 STEPS = int(sys.argv[1]); SLEEP = float(sys.argv[2]); NAME = sys.argv[3]
 GROUP = sys.argv[4] or None
+TAIL = float(sys.argv[5])
 torch.manual_seed(0)
 torch.set_num_threads(1)
 model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
@@ -64,6 +66,7 @@ with gpuprof.profile(NAME, group=GROUP):
         loss.backward()
         opt.step()
         opt.zero_grad()
+    time.sleep(TAIL)  # an end of training with no steps (a final save, say)
 print("TRAINED", STEPS)
 """
 
@@ -144,14 +147,22 @@ class Dash:
         return (self.workdir / "gpuprofd.log").read_text(errors="replace")
 
     def train(
-        self, steps: int, sleep_s: float, name: str, group: str = "", env: dict | None = None
+        self,
+        steps: int,
+        sleep_s: float,
+        name: str,
+        group: str = "",
+        env: dict | None = None,
+        tail_s: float = 0.0,
     ) -> subprocess.Popen:
-        """Start the training loop; returns its process (see :meth:`finish`)."""
+        """Start the training loop (*sleep_s*: its loader's wait before each
+        step, s; *tail_s*: how long the run goes on after its last step, s);
+        returns its process (see :meth:`finish`)."""
         script = self.workdir / "train.py"
         if not script.exists():  # once: a rank still starting may be reading it
             script.write_text(TRAIN)
         proc = subprocess.Popen(
-            [sys.executable, str(script), str(steps), str(sleep_s), name, group],
+            [sys.executable, str(script), str(steps), str(sleep_s), name, group, str(tail_s)],
             env={**self.env, **(env or {})},
             cwd=self.workdir,
             stdout=subprocess.PIPE,

@@ -291,6 +291,9 @@ def test_a_findings_evidence_window_is_shown_and_linked(dash: Dash, runs: dict, 
         "Evidence: a profiler window of step 1267 (CPU time): aten::mm 19.5 ms self (90%), "
         "<b>aten::mul</b> 0.06 ms self (1%) · the window's operators"
     )
+    # under the title, as the worth, detail and fix lines are (not at the bar)
+    title_x = item.locator(".insight-title").bounding_box()["x"]
+    assert abs(item.locator(".insight-evidence").bounding_box()["x"] - title_x) < 1
     item.locator("a.evidence-window").click()
     page.locator("#kernels .evidence-shown").wait_for()
     assert page.locator("#kernels h2").text_content() == "Evidence window"
@@ -351,9 +354,51 @@ def _window_of(url: str) -> tuple[float, float]:
     return float(q["from"][0]), float(q["to"][0])
 
 
-def test_window_selector_refetches_the_window(dash: Dash, runs: dict, pages):
-    run = dash.get(f"/api/v1/runs/{runs['plain']['id']}")["run"]
+#: The run of the window selector's test: steps at least ``LATE_SLEEP_S``
+#: apart (its loader waits that long before each), then ``LATE_TAIL_S`` more
+#: of the run without a step, so its steps lie in the first part of its span
+#: only (as a short run's do when its end waits on a busy gpuprofd).
+LATE_STEPS, LATE_SLEEP_S, LATE_TAIL_S = 20, 0.03, 4.0
+
+
+@pytest.fixture(scope="module")
+def late(dash: Dash) -> dict[str, Any]:
+    """An ended run whose steps all lie in the first part of its span."""
+    proc = dash.train(LATE_STEPS, LATE_SLEEP_S, "web-late", tail_s=LATE_TAIL_S)
+    return dash.finish(proc, "web-late")
+
+
+def test_an_older_windows_answer_arriving_last_is_dropped(dash: Dash, late: dict, pages):
+    # the 5m window's steps answer is held back until the whole run's (asked
+    # after it) is drawn: it must not redraw the page when it comes
     w = pages()
+    held: list[Any] = []
+
+    def hold_5m(route: Any) -> None:
+        if "from=" in route.request.url and "parts=steps" in route.request.url and not held:
+            held.append(route)
+        else:
+            route.continue_()
+
+    page = w.open(f"{dash.url}/#/run/{late['id']}")
+    wait_until(page, "Number(document.body.dataset.seriesLoaded) === 1")
+    page.route("**/series?*", hold_5m)
+    page.click("button[data-window='5m']")
+    wait_until(page, "document.querySelector(\"button[data-window='5m']\").ariaPressed === 'true'")
+    page.click("button[data-window='whole']")
+    wait_until(page, "Number(document.body.dataset.seriesLoaded) === 2")
+    assert len(held) == 1 and "from=" in held[0].request.url
+    held[0].continue_()
+    wait_until(page, "Number(document.body.dataset.seriesStale) === 1")
+    assert page.evaluate("Number(document.body.dataset.seriesLoaded)") == 2
+    assert page.get_attribute("button[data-window='whole']", "aria-pressed") == "true"
+    assert w.errors == []
+
+
+def test_window_selector_refetches_the_window(dash: Dash, late: dict, pages):
+    run = dash.get(f"/api/v1/runs/{late['id']}")["run"]
+    assert run["steps"] == LATE_STEPS
+    w = pages(height=600)  # the steps chart below the fold, as taller insights put it
     page = w.open(f"{dash.url}/#/run/{run['id']}")
     with page.expect_request(lambda r: "/series?" in r.url and "from=" in r.url) as req:
         page.click("button[data-window='5m']")
@@ -362,15 +407,32 @@ def test_window_selector_refetches_the_window(dash: Dash, runs: dict, pages):
     assert frm == pytest.approx(max(run["start_s"], run["end_s"] - 300), abs=1e-3)
     page.wait_for_selector("button[data-window='5m'][aria-pressed='true']")
     wait_until(page, "Number(document.body.dataset.seriesLoaded) === 2")
-    # a dragged range: the time under each end of the drag, asked for again
-    over = page.locator("#steps .chart .u-over").first.bounding_box()
-    x0, x1 = over["x"] + over["width"] * 0.25, over["x"] + over["width"] * 0.75
-    y = over["y"] + over["height"] / 2
+    # in the viewport whatever the insights above it hold (a mouse outside it drags nothing)
+    over = page.locator("#steps .chart .u-over").first
+    over.scroll_into_view_if_needed()
+    # the steps as drawn (one per bucket: they are LATE_SLEEP_S apart), each
+    # with its x on the page, and one x unit per pixel
+    drawn = page.evaluate(
+        """() => { const u = document.querySelector('#steps .chart').uplot;
+             const o = u.over.getBoundingClientRect();
+             const px = u.data[0].map((x) => o.left + u.valToPos(x, 'x'));
+             const span = u.scales.x.max - u.scales.x.min;
+             return {xs: u.data[0], px, unit: span / u.bbox.width * devicePixelRatio}; }"""
+    )
+    xs, px = drawn["xs"], drawn["px"]
+    assert len(xs) == LATE_STEPS
+    # a dragged range from between steps a-1 and a to between steps b and b+1:
+    # it holds steps a..b whatever part of the run's span the steps lie in
+    a, b = LATE_STEPS // 4, 3 * LATE_STEPS // 4
+    x0, x1 = (px[a - 1] + px[a]) / 2, (px[b] + px[b + 1]) / 2
+    gap_px = min(px[a] - px[a - 1], px[b + 1] - px[b])
+    assert gap_px >= 4, f"steps {gap_px:.1f} px apart: the drag cannot fall between two"
+    box = over.bounding_box()
+    y = box["y"] + box["height"] / 2
     want = page.evaluate(
         """([a, b]) => { const u = document.querySelector('#steps .chart').uplot;
              const o = u.over.getBoundingClientRect();
-             return [u.posToVal(a - o.left, 'x'), u.posToVal(b - o.left, 'x'),
-                     (u.scales.x.max - u.scales.x.min) / u.bbox.width * devicePixelRatio]; }""",
+             return [u.posToVal(a - o.left, 'x'), u.posToVal(b - o.left, 'x')]; }""",
         [x0, x1],
     )
     with page.expect_request(lambda r: "/series?" in r.url and "from=" in r.url) as req:
@@ -379,12 +441,14 @@ def test_window_selector_refetches_the_window(dash: Dash, runs: dict, pages):
         page.mouse.move(x1, y, steps=8)
         page.mouse.up()
     frm, to = _window_of(req.value.url)
-    assert frm == pytest.approx(want[0], abs=2 * want[2])
-    assert to == pytest.approx(want[1], abs=2 * want[2])
+    # the time under each end of the drag
+    assert frm == pytest.approx(want[0], abs=2 * drawn["unit"])
+    assert to == pytest.approx(want[1], abs=2 * drawn["unit"])
+    assert xs[a - 1] < frm < xs[a] and xs[b] < to < xs[b + 1]
     page.wait_for_selector(".window-bar .range")
     wait_until(page, "Number(document.body.dataset.seriesLoaded) === 3")
-    xs = page.evaluate("document.querySelector('#steps .chart').uplot.data[0]")
-    assert xs and all(frm - 1e-6 <= x <= to + 1e-6 for x in xs)  # only the window came back
+    got = page.evaluate("document.querySelector('#steps .chart').uplot.data[0]")
+    assert got == xs[a : b + 1]  # the window's steps, and only those
     with page.expect_request(lambda r: "/series?" in r.url and "from=" not in r.url):
         page.click("button[data-window='whole']")
     assert w.errors == []
@@ -422,8 +486,9 @@ def test_compare_view_says_the_verdict_and_deltas_of_each_run_against_the_first(
     shown = pair.locator("li[data-kind]").evaluate_all(
         "els => els.map(e => [e.dataset.kind, e.dataset.rule])"
     )
-    kinds = ("resolved", "new", "changed")
+    kinds = ("resolved", "new", "changed", "unchanged")
     assert shown == [[k, e["rule"]] for k in kinds for e in want["findings"][k]]
+    assert want["findings"]["unchanged"]  # the cost line at least: shown too
     wait = next(p for p in want["phases"] if p["phase"] == "loader_wait")
     cells = pair.locator("tr[data-phase='loader_wait'] td").all_text_contents()
     assert cells == [
@@ -435,6 +500,33 @@ def test_compare_view_says_the_verdict_and_deltas_of_each_run_against_the_first(
     # the hostile-named run's pair: its name is text, nothing of it runs
     other = page.locator(f".pair[data-b='{hostile}'] h3 bdi").all_text_contents()
     assert HOSTILE in other
+    assert page.evaluate("window.__pwned") is None
+    assert w.errors == []
+
+
+def test_a_regression_between_runs_of_two_names_is_shown_as_each_runs_own(
+    dash: Dash, runs: dict, pages
+):
+    stall, plain = runs["stall"]["id"], runs["plain"]["id"]
+    w = pages()
+
+    def with_history(route: Any) -> None:
+        # the pair's answer, plus what a regression of B's own name would add
+        got = route.fetch().json()
+        if "findings" not in got:  # the runs' figures (ids=), not a pair
+            route.fulfill(json=got)
+            return
+        got["findings"]["history"] = [
+            {"rule": "regression", "label": "regression", "severity_b": "MED", "title_b": HOSTILE}
+        ]
+        route.fulfill(json=got)
+
+    w.page.route("**/api/v1/compare?*", with_history)
+    page = w.open(f"{dash.url}/#/compare/{stall},{plain}")
+    pair = page.locator(f".pair[data-a='{stall}'][data-b='{plain}']")
+    item = pair.locator("li[data-rule='regression']")
+    assert item.count() == 1 and item.get_attribute("data-kind") == "B only"
+    assert item.locator("div.muted").text_content() == HOSTILE
     assert page.evaluate("window.__pwned") is None
     assert w.errors == []
 
@@ -683,3 +775,69 @@ def test_the_pcie_chart_draws_the_slow_loops_readings(dash: Dash, runs: dict, pa
                             joined: u.series[1].spanGaps && u.series[2].spanGaps}; })()"""
     )
     assert chart == {"rx": len(rx), "joined": True}
+
+
+def test_no_y_axis_repeats_a_label(dash: Dash, runs: dict, pages):
+    """Each chart's y ticks read differently (a page cache between 5.21 and
+    5.24 GB once read "5.2 GB" on every tick, one between 4.3925 and
+    4.3935 GB "4.393 GB" twice)."""
+    w = pages()
+    page = w.open(f"{dash.url}/#/run/{runs['stall']['id']}")
+    page.wait_for_selector(".chart[data-title='page cache']")
+    axes = page.evaluate(
+        """[...document.querySelectorAll('.chart')].map(c =>
+             [c.dataset.title, (c.uplot.axes[1]._values || []).slice()])"""
+    )
+    drawn = {title: values for title, values in axes if values}
+    assert "page cache" in drawn and len(drawn) >= 5
+    assert {t: v for t, v in drawn.items() if len(set(v)) != len(v)} == {}
+    got = page.evaluate(
+        """import('/static/format.js').then(f => [
+             [5.21e9, 5.22e9, 5.23e9].map(v => f.bytesOnAxis(v, [5.21e9, 5.22e9, 5.23e9])),
+             [0, 5e8, 1e9].map(v => f.bytesOnAxis(v, [0, 5e8, 1e9])),
+             [0, 200, 400].map(v => f.bytesOnAxis(v, [0, 200, 400])),
+             [4.3925e9, 4.393e9, 4.3935e9].map((v, _, s) => f.bytesOnAxis(v, s)),
+             [f.tickDigits([0.0005, 0.001, 0.0015])],
+             f.bps(2.5e6, 0, [0, 2.5e6, 5e6])])"""
+    )
+    assert got == [
+        ["5.21 GB", "5.22 GB", "5.23 GB"],
+        ["0.0 GB", "0.5 GB", "1.0 GB"],
+        ["0 B", "200 B", "400 B"],
+        ["4392.5 MB", "4393.0 MB", "4393.5 MB"],
+        [4],
+        "2.5 MB/s",
+    ]
+    assert w.errors == []
+
+
+def test_a_cpu_only_runs_trace_windows_show_their_operators(dash: Dash, runs: dict, pages):
+    """Trace windows holding operators only (a CPU-only run's): the panel
+    lists them by self CPU time, not "no kernel traces"."""
+    rid = runs["hostile"]["id"]
+    assert dash.get(f"/api/v1/runs/{rid}/kernels")["windows"] == 0
+    rows = [("aten::addmm", 40, 9_000_000, 8_000_000), (HOSTILE, 40, 2_000_000, 2_000_000)]
+    with closing(sqlite3.connect(dash.db)) as db, db:
+        for t0 in (1, 3):
+            wid = db.execute(
+                "INSERT INTO kernel_windows (run_id, t0_ns, t1_ns, source, steps, rows_dropped) "
+                "VALUES (?, ?, ?, 'snapshot', '[10]', 0)",
+                (rid, t0, t0 + 1),
+            ).lastrowid
+            for name, count, total, own in rows:
+                db.execute(
+                    "INSERT INTO kernel_stats (window_id, run_id, name, kind, cls, count, "
+                    "total_ns, self_ns, flops) VALUES (?, ?, ?, 'op', 'compute', ?, ?, ?, NULL)",
+                    (wid, rid, name, count, total, own),
+                )
+    api = dash.get(f"/api/v1/runs/{rid}/kernels")
+    assert api["windows"] == 2 and [k["kind"] for k in api["kernels"]] == ["op", "op"]
+    assert [k["name"] for k in api["kernels"]] == ["aten::addmm", HOSTILE]
+    assert api["kernels"][0]["share"] == pytest.approx(0.8)  # 16 of 20 ms self CPU time
+    w = pages()
+    page = w.open(f"{dash.url}/#/run/{rid}")
+    page.locator("#kernels td.kname").first.wait_for()
+    assert page.locator("#kernels h2").text_content() == "Top operators"
+    assert page.locator("#kernels td.kname").all_text_contents() == ["aten::addmm", HOSTILE]
+    assert page.evaluate("window.__pwned") is None
+    assert w.errors == []

@@ -33,7 +33,7 @@ const times = (x) => `${Number(x).toPrecision(3)}×`;
 /** One finding of the comparison: its short name, severities and titles (text). */
 function changeItem(kind, e) {
   const sev = kind === "changed" ? `${e.severity_a} → ${e.severity_b}` : (e.severity_a ?? e.severity_b);
-  const title = kind === "new" || kind === "changed" ? e.title_b : e.title_a;
+  const title = kind === "new" || kind === "changed" || kind === "unchanged" ? e.title_b : (e.title_a ?? e.title_b);
   // what fixing it was predicted to be worth, where A's finding said so
   const predicted = e.gain_a?.gain_speedup_max;
   return h("li", { "data-rule": e.rule, "data-kind": kind },
@@ -56,8 +56,13 @@ export function pairPanel(cmp) {
       h("tr", { "data-phase": p.phase }, h("th", { scope: "row" }, p.label),
         h("td", { class: "num" }, pct(p.a_pct)), h("td", { class: "num" }, pct(p.b_pct)),
         h("td", { class: "num" }, p.delta_pct === null ? DASH : `${signed(p.delta_pct)} pp`)))));
-  const kinds = ["resolved", "new", "changed"];
+  const kinds = ["resolved", "new", "changed", "unchanged"];
   const changes = kinds.flatMap((k) => (cmp.findings?.[k] || []).map((e) => changeItem(k, e)));
+  // runs of different names: a regression is each run's against its own earlier runs
+  for (const e of cmp.findings?.history || []) {
+    if (e.severity_a) changes.push(changeItem("A only", { ...e, severity_b: undefined, title_b: undefined }));
+    if (e.severity_b) changes.push(changeItem("B only", { ...e, severity_a: undefined, title_a: undefined }));
+  }
   return h("div", { class: "panel pair", "data-a": a.run_id, "data-b": b.run_id },
     h("h3", {}, "B ", h("a", { href: `#/run/${b.run_id}`, class: "run-link" }, `#${b.run_id} `, userText(b.run_name)),
       " against A ", h("a", { href: `#/run/${a.run_id}`, class: "run-link" }, `#${a.run_id} `, userText(a.run_name))),
@@ -66,7 +71,7 @@ export function pairPanel(cmp) {
       `speed-up (A's time over B's) ${times(cmp.speedup)} per ${cmp.basis.unit} (${ci})`),
     cmp.basis.note ? h("p", { class: "note" }, "Note: ", userText(cmp.basis.note)) : null,
     h("div", { class: "table-wrap" }, phases),
-    changes.length ? h("ul", { class: "changes" }, changes) : h("p", { class: "muted" }, "No finding resolved, new or changed."));
+    changes.length ? h("ul", { class: "changes" }, changes) : h("p", { class: "muted" }, "No findings in either run."));
 }
 
 /** The most runs one compare holds (the API's limit). */
@@ -168,7 +173,7 @@ export function render(root, { ids: asked }) {
       ));
     const maxPhase = Math.max(1e-9, ...runs.flatMap((r) => PHASES.map(([k]) => r.phases_ms?.[k] ?? 0)));
     const phases = h("table", { class: "compare", id: "compare-phases" },
-      h("thead", {}, h("tr", {}, h("th", {}, "median ms per step"), runs.map((r) => headCell(r, false)))),
+      h("thead", {}, h("tr", {}, h("th", {}, "mean ms per step"), runs.map((r) => headCell(r, false)))),
       h("tbody", {}, PHASES.map(([k, label]) => h("tr", {},
         h("th", { scope: "row" }, h("span", { class: "swatch", style: { background: pal.phase[k] } }), label),
         runs.map((r) => {

@@ -56,6 +56,7 @@ export function render(root, { id }) {
     appended: 0,
     fetching: false,
     gone: false,
+    loads: 0, // series fetches begun: a response to an older one is dropped
   };
   const head = h("header", { class: "run-head", id: "run-head" }, h("p", { class: "muted" }, "Loading run…"));
   const insights = h("section", { class: "panel", id: "insights" }, h("h2", {}, "Insights"));
@@ -164,16 +165,24 @@ export function render(root, { id }) {
   async function loadSeries(fromReset = false, onSteps = () => {}) {
     state.fetching = true;
     const params = windowParams();
+    const load = ++state.loads;
     let model;
     try {
       model = await api.series(id, { ...params, parts: "steps" });
     } catch (err) {
-      if (!state.gone) replace(chartsBox, errorBox(err));
-      state.fetching = false;
+      if (!state.gone && load === state.loads) {
+        replace(chartsBox, errorBox(err));
+        state.fetching = false;
+      }
       onSteps();
       return null;
     }
     if (state.gone) return null;
+    if (load !== state.loads) { // a newer window was asked for meanwhile: its answer draws
+      document.body.dataset.seriesStale = String(Number(document.body.dataset.seriesStale || 0) + 1);
+      onSteps();
+      return null;
+    }
     state.model = model;
     state.appended = 0;
     state.latest = Math.max(0, last(model.steps.t) ?? 0);
@@ -356,10 +365,13 @@ export function render(root, { id }) {
       k.achieved_tflops ? `${num(k.achieved_tflops, 1)} TFLOP/s achieved` : null,
       k.windows ? `from ${int(k.windows)} trace window${k.windows === 1 ? "" : "s"}` : null,
     ].filter(Boolean).join(" · ");
+    // a CPU-only run's windows hold operators (their self CPU time), not kernels
+    const ops = !win && k.kernels?.length && k.kernels[0].kind === "op";
     replace(
       kernels,
-      h("h2", {}, title),
+      h("h2", {}, ops ? "Top operators" : title),
       shown,
+      ops ? h("p", { class: "muted ops-note" }, "No GPU kernels in this run's trace windows: its operators, by self CPU time.") : null,
       mfu ? h("p", { class: "mfu" }, mfu) : null,
       k.kernels?.length
         ? h("div", { class: "table-wrap" }, h("table", { class: "kernels" },
@@ -374,7 +386,7 @@ export function render(root, { id }) {
             h("td", { class: "num" }, int(x.count)),
             h("td", { class: "num" }, num(x.mean_us, 1))))),
         ))
-        : h("p", { class: "muted" }, "No kernel traces for this run (the profiler's trace windows record them)."),
+        : h("p", { class: "muted" }, "No trace windows in this run: gpuprof.profile(..., trace_every_n_steps=N) records them."),
     );
   }
 

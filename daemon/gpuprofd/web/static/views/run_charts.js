@@ -3,7 +3,7 @@
 
 import { alpha, chart, markerSeries, palette, stack } from "../charts.js";
 import { h, userText } from "../dom.js";
-import { bps, bytes, DASH, int, num } from "../format.js";
+import { bps, bytes, bytesOnAxis, DASH, int, num } from "../format.js";
 
 export const PHASES = [
   ["loader_wait", "loader wait"],
@@ -19,7 +19,7 @@ const fmtPct = (v, d) => (v === null || v === undefined ? DASH : `${num(v, d ?? 
 const fmtW = (v, d) => (v === null || v === undefined ? DASH : `${num(v, d ?? 0)} W`);
 const fmtC = (v, d) => (v === null || v === undefined ? DASH : `${num(v, d ?? 0)} °C`);
 const fmtMHz = (v, d) => (v === null || v === undefined ? DASH : d ? `${num(v, d)} MHz` : `${int(v)} MHz`);
-const fmtBytes = (v) => bytes(v, v >= 1e9 ? 1 : 0);
+const fmtBytes = (v, _d, splits) => (splits && v !== null && v !== undefined ? bytesOnAxis(v, splits) : bytes(v, v >= 1e9 ? 1 : 0));
 const fmtCores = (v, d) => (v === null || v === undefined ? DASH : num(v, d ?? 1));
 
 /** A GPU known by its UUID only (a team server has no device index): its
