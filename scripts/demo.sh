@@ -3,7 +3,7 @@
 # with the CPU-heavy augmentation (the loader-stall findings fire) and without it,
 # then compare the two.
 set -euo pipefail
-source "$(dirname "$0")/setup.sh"
+GPUPROF_REQUIREMENTS=requirements-demo.txt source "$(dirname "$0")/setup.sh"
 export GPUPROF_DB=${GPUPROF_DB:-$PWD/gpuprof.db}
 echo "== with CPU-heavy augmentation ==================================="
 .venv/bin/python examples/digits_mlp.py
