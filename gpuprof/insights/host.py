@@ -273,7 +273,9 @@ def host_cpu_contention(ctx: RunContext) -> Insight | None:
     others = max(0.0, busy - run)
     if run >= RUN_SHARE_OF_BUSY_CPU * busy or others < CONTENTION_MIN_OTHER_CORES:
         return None
-    waiting = f"; {stall:.0%} of step time waiting on the loader" if stall else ""
+    # without timed next() calls the wait is the inter-step gap: no loader may exist
+    where = "waiting on the loader" if ctx.explicit_wait else "spent between steps"
+    waiting = f"; {stall:.0%} of step time {where}" if stall else ""
     who = f"this job's {ranks} ranks here" if ranks > 1 else "this run"
     return Insight(
         rule="host_cpu_contention",

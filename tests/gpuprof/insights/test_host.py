@@ -356,6 +356,17 @@ def test_host_cpu_contention_silent_when_the_run_is_the_hog_or_the_host_is_free(
     assert medium is not None and medium.severity == "MED"  # others 7.6 of 16: HIGH needs 8
 
 
+def test_host_cpu_contention_names_an_untimed_wait_the_gap_not_a_loader():
+    # a loop without a DataLoader: its wait is the inter-step gap, and
+    # "waiting on the loader" would send the user looking for one
+    timed = host_cpu_contention(_contended(99.9, run_cores=0.7, cpu_count=2))
+    assert timed is not None and "44% of step time waiting on the loader" in timed.detail
+    gap = make_ctx([10.0] * 30, [8.0] * 30, host_cpu_pct=99.9, run_cpu_cores=0.7, cpu_count=2)
+    ins = host_cpu_contention(gap)
+    assert ins is not None and "44% of step time spent between steps" in ins.detail
+    assert "loader" not in ins.detail.split("contention, not the training code")[1]
+
+
 # --- a torchrun job's ranks on one host are the job's own CPU ----------------------
 
 
