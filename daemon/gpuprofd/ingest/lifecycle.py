@@ -53,6 +53,7 @@ class Lifecycle:
 
     async def tick(self) -> None:
         await self.runs.check_lost()
+        await self.runs.retry_ends()
         await self.persist()
         now = self._clock()
         if now >= self._next_live:

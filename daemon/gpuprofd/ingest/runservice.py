@@ -88,6 +88,10 @@ class RunService:
         self._lock = asyncio.Lock()
         self._tails: set[asyncio.Task[None]] = set()
         """Ended runs whose late events are still being stored (:meth:`_tail`)."""
+        self._unstored_ends: dict[int, tuple[LiveRun, dict[str, Any]]] = {}
+        """Runs whose bye failed to store their end (a full disk), by run id,
+        with the bye: :meth:`retry_ends` stores it once the store takes writes
+        (else the row would say ``running`` until the daemon restarts)."""
         self.pid_ns = pid_namespace()
 
     @property
@@ -240,13 +244,14 @@ class RunService:
         try:
             tail = not await live.wait_received(msg["sent"], BYE_WAIT_S)
             await self.store.flush()
+            if not tail:
+                self._close(live)
+            self._collect_lost(live)
+            await runsdb.update_run(self.store, live.run_id, **self._end_fields(live, msg))
         except BaseException:  # whatever failed, the run is no longer live
             self._close(live)
+            self._unstored_ends[live.run_id] = (live, msg)
             raise
-        if not tail:
-            self._close(live)
-        self._collect_lost(live)
-        await runsdb.update_run(self.store, live.run_id, **self._end_fields(live, msg))
         log.info("run %d %r %s", live.run_id, live.run_name, msg["status"])
         if not tail:
             return await self.insights.finalize(live.run_id, self._end_notes(live, msg))
@@ -256,6 +261,20 @@ class RunService:
         self._tails.add(task)
         task.add_done_callback(self._tails.discard)
         return summary
+
+    async def retry_ends(self) -> list[int]:
+        """Store the ends of runs whose bye could not (:attr:`_unstored_ends`)
+        and judge them; return their ids. Raises while the store still fails
+        (the run kept for the next try)."""
+        done = []
+        for run_id, (live, msg) in list(self._unstored_ends.items()):
+            self._collect_lost(live)
+            await runsdb.update_run(self.store, run_id, **self._end_fields(live, msg))
+            del self._unstored_ends[run_id]
+            log.info("run %d %r %s (its end stored late)", run_id, live.run_name, msg["status"])
+            await self.insights.finalize(run_id, self._end_notes(live, msg))
+            done.append(run_id)
+        return done
 
     def _close(self, live: LiveRun) -> None:
         self.registry.end(live)

@@ -4,6 +4,7 @@ replayed hellos, failing disks."""
 from __future__ import annotations
 
 import contextlib
+import sqlite3
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -84,6 +85,38 @@ async def test_bye_that_fails_still_ends_the_live_run(tmp_path, monkeypatch):
             await runs.bye(h.bye("k", sent=0))
         assert runs.registry.live == {}  # not stuck "live" forever
         monkeypatch.undo()
+
+
+async def test_a_run_whose_end_could_not_be_stored_ends_once_the_disk_takes_writes(
+    tmp_path, monkeypatch
+):
+    db = tmp_path / "e.db"
+
+    def row(run_id: int) -> tuple:
+        return tuple(
+            query(db, "SELECT status, summary IS NOT NULL FROM runs WHERE id = ?", (run_id,))[0]
+        )
+
+    async with service(tmp_path, alive={7: True}) as runs:
+        live = await runs.hello(h.hello("k", 7))
+        real_write = runs.store.write
+
+        async def full_disk(sql, *args, **kw):
+            if sql.startswith("UPDATE runs SET status"):
+                raise sqlite3.OperationalError("database or disk is full")
+            return await real_write(sql, *args, **kw)
+
+        monkeypatch.setattr(runs.store, "write", full_disk)
+        with pytest.raises(sqlite3.OperationalError):
+            await runs.bye(h.bye("k", sent=0, status="failed"))
+        assert runs.registry.live == {}  # not live: the daemon may still exit when idle
+        with pytest.raises(sqlite3.OperationalError):
+            await runs.retry_ends()  # the disk still full: kept for the next try
+        assert row(live.run_id) == ("running", 0)
+        monkeypatch.undo()
+        assert await runs.retry_ends() == [live.run_id]
+        assert row(live.run_id) == ("failed", 1)  # the bye's status, judged
+        assert await runs.retry_ends() == []
 
 
 async def test_store_close_releases_connections_when_the_final_flush_fails(tmp_path):
