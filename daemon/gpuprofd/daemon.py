@@ -333,6 +333,7 @@ class Daemon:
             request_stop=self.stop,
             started_wall_ns=self.started_wall_ns,
             evidence=insights.evidence,
+            exits_idle=opts.idle_exit_s > 0,
             dashboard_url=dashboard.url,
             dashboard_why_not=dashboard.why_not,
             forward_status=forwarder.describe if forwarder is not None else None,

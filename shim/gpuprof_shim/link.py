@@ -72,8 +72,13 @@ class DaemonLink:
         self.run_id: int | None = None
         #: The hello reply's dashboard fields (None: no reply).
         self.hello_reply: dict[str, Any] | None = None
-        #: This process started the daemon (so it starts the next one too).
+        #: This process started the daemon.
         self.started_daemon = False
+        #: This process starts the next daemon if this one is killed: it
+        #: started it, or may auto-start one and the daemon is the auto-started
+        #: kind (it exits when idle; a later run joined it): not a node-wide
+        #: (systemd's) daemon, whose restart is its manager's.
+        self.replaces_daemon = False
         #: Times a new daemon took the run over (hello again, resent).
         self.reconnects = 0
         #: Where the daemon's evidence requests go (they ride the ``ack``
@@ -129,6 +134,9 @@ class DaemonLink:
             self.hello_reply = reply
             self.run_id = reply["run_id"]
             self.db = reply["db"]
+            self.replaces_daemon = self.started_daemon or (
+                self.autostart and reply.get("exits_idle") is True
+            )
             if not self.sender.wait_connected(DATA_CONNECT_TIMEOUT_MS):
                 log.warning("gpuprof: the data socket is not connected yet; early steps may drop")
             for note in reply["notes"]:
@@ -205,13 +213,13 @@ class DaemonLink:
 
     def _rehello(self) -> bool:
         """Hello again for the same run; start a daemon if this process
-        started the first. True once a daemon took the run over."""
+        replaces it (:attr:`replaces_daemon`). True once a daemon took the run over."""
         assert self.sender is not None
         reply = self._request_hello()
         # a daemon that was stopped (not killed) removed its socket files:
         # that was meant, so none is started in its place (systemd's may come)
         stopped = not (self.socket_dir / config.CONTROL_SOCKET_NAME).exists()
-        if reply is None and self.started_daemon and not stopped and not self._stop.is_set():
+        if reply is None and self.replaces_daemon and not stopped and not self._stop.is_set():
             argv = autostart.daemon_argv(self.socket_dir, Path(self.db), self.server)
             log.warning("gpuprof: gpuprofd is gone; starting a new one")
             reply = autostart.start_and_hello(self._request_hello, self.socket_dir, argv)
@@ -232,13 +240,13 @@ class DaemonLink:
         """At exit, before ``bye``: wait until gpuprofd acknowledged every
         message (the resend thread restarts a daemon if need be), at most
         *wait_s* seconds (default :data:`SETTLE_WAIT_S`, or
-        :data:`SETTLE_WAIT_EXTERNAL_S` for a daemon this process did not
-        start). True if nothing is left unacknowledged."""
+        :data:`SETTLE_WAIT_EXTERNAL_S` for a daemon this process does not
+        replace). True if nothing is left unacknowledged."""
         sender = self.sender
         if sender is None or sender.buffer is None or self._keeper is None:
             return True
         if wait_s is None:
-            wait_s = SETTLE_WAIT_S if self.started_daemon else SETTLE_WAIT_EXTERNAL_S
+            wait_s = SETTLE_WAIT_S if self.replaces_daemon else SETTLE_WAIT_EXTERNAL_S
         now = time.monotonic()
         deadline, absent_until = now + wait_s, now + SETTLE_ABSENT_S
         control_path = self.socket_dir / config.CONTROL_SOCKET_NAME

@@ -136,7 +136,7 @@ class Node:
         assert len(rows) == 1 and rows[0][0], [tuple(r) for r in rows]
         return rows[0][0]
 
-    def start_daemon(self) -> subprocess.Popen:
+    def start_daemon(self, idle_exit_s: float = 0) -> subprocess.Popen:
         with (self.workdir / "gpuprofd.stderr").open("ab") as log:
             proc = subprocess.Popen(
                 [
@@ -148,7 +148,7 @@ class Node:
                     "--db",
                     str(self.db),
                     "--idle-exit",
-                    "0",
+                    str(idle_exit_s),
                 ],
                 env=self.env,
                 stdout=subprocess.DEVNULL,

@@ -79,6 +79,19 @@ def test_daemon_killed_near_the_end_and_process_exits_while_it_is_down(node: Nod
     assert "did not answer at exit" not in stdout, stdout
 
 
+def test_an_auto_started_daemon_an_earlier_run_started_is_replaced_too(node: Node):
+    # a second run within the idle minutes joins the daemon the first run
+    # auto-started (it exits when idle): killed, this run starts the next
+    node.start_daemon(idle_exit_s=300)  # as autostart starts it
+    rc, stdout, stderr, killed = _kill_daemon_at_pause(node, pause_at=300)
+    assert rc == 0, stderr
+    assert "a new gpuprofd took the run over" in stderr, stderr
+    info = ping(node.socket_dir)
+    assert info is not None and info["pid"] != killed
+    _assert_every_step_once(node)
+    assert "did not answer at exit" not in stdout, stdout
+
+
 def test_a_daemon_it_did_not_start_is_awaited_at_exit_and_the_run_ends_finished(node: Node):
     # a node-wide daemon (systemd's): the shim does not start one, it waits
     # at exit for the restart, which comes once the loop is done

@@ -75,8 +75,13 @@ class ControlHandlers:
         forward_status: Callable[[], Awaitable[dict[str, Any]]] | None = None,
         forward_server: str | None = None,
         evidence: EvidencePlanner | None = None,
+        exits_idle: bool = False,
     ) -> None:
         self.evidence = evidence
+        self.exits_idle = exits_idle
+        """This daemon exits when idle (``--idle-exit`` > 0), as the one a
+        run auto-starts: told in ``hello`` so that every run it serves, not
+        only the one that started it, starts the next if it is killed."""
         self.db = db
         self.socket_dir = socket_dir
         self.runs = runs
@@ -130,6 +135,7 @@ class ControlHandlers:
             "dashboard_url": self.dashboard_url,
             "dashboard_why_not": self.dashboard_why_not,
             "forward_server": self.forward_server,
+            "exits_idle": self.exits_idle,
         }
 
     def _forward_note(self, wanted: Any) -> str | None:
