@@ -24,7 +24,10 @@ class LiveRun:
     steps: int = 0
     """Step events received."""
     store_dropped: int = 0
-    """Events the daemon received but could not queue for storage."""
+    """Events the daemon received but could not store: not queued (busy) or
+    refused by the database (:attr:`store_refused`)."""
+    store_refused: int = 0
+    """Of :attr:`store_dropped`, those the database refused (a full disk)."""
     persisted_received: int = 0
     last_t1_ns: int | None = None
     last_step: dict[str, Any] | None = None

@@ -281,7 +281,9 @@ class RunService:
 
     def _collect_lost(self, live: LiveRun) -> None:
         """Add the events of *live* the store could not commit to its count."""
-        live.store_dropped += self.store.take_lost(live.run_id)
+        refused = self.store.take_lost(live.run_id)
+        live.store_dropped += refused
+        live.store_refused += refused
 
     def _end_fields(self, live: LiveRun, msg: dict[str, Any]) -> dict[str, Any]:
         cuda_uuid = msg.get("cuda_uuid") or live.cuda_uuid
@@ -303,8 +305,7 @@ class RunService:
             store_dropped_events=live.store_dropped,
         )
 
-    @staticmethod
-    def _end_notes(live: LiveRun, msg: dict[str, Any], tail: bool = False) -> list[str]:
+    def _end_notes(self, live: LiveRun, msg: dict[str, Any], tail: bool = False) -> list[str]:
         notes = list(live.notes)
         if msg["dropped"]:
             notes.append(f"{msg['dropped']} events dropped in the training process")
@@ -316,8 +317,16 @@ class RunService:
             )
         elif msg["sent"] > live.received:
             notes.append(f"{msg['sent'] - live.received} events sent but not received")
-        if live.store_dropped:
-            notes.append(f"{live.store_dropped} events received but not stored (daemon busy)")
+        busy = live.store_dropped - live.store_refused
+        if busy:
+            notes.append(f"{busy} events received but not stored (daemon busy)")
+        if live.store_refused:
+            refusal = self.store.last_refusal
+            why = f" ({refusal})" if refusal else ""
+            notes.append(
+                f"{live.store_refused} events received but not stored: "
+                f"the database refused them{why}"
+            )
         return notes
 
     async def _tail(self, live: LiveRun, msg: dict[str, Any]) -> None:

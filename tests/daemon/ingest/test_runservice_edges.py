@@ -17,7 +17,7 @@ from gpuprofd.ingest.registry import RunRegistry
 from gpuprofd.ingest.runservice import RunService, UnknownRun
 from gpuprofd.services.insights_runner import InsightsRunner
 from gpuprofd.storage import schema
-from gpuprofd.storage.writes import Store
+from gpuprofd.storage.writes import Op, Store
 from tests.daemon import helpers as h
 from tests.daemon.helpers import query
 
@@ -117,6 +117,23 @@ async def test_a_run_whose_end_could_not_be_stored_ends_once_the_disk_takes_writ
         assert await runs.retry_ends() == [live.run_id]
         assert row(live.run_id) == ("failed", 1)  # the bye's status, judged
         assert await runs.retry_ends() == []
+
+
+async def test_events_the_database_refused_are_not_called_a_busy_daemon(tmp_path):
+    async with service(tmp_path, alive={7: True}) as runs:
+        live = await runs.hello(h.hello("k", 7))
+        live.store_dropped += 2  # not queued: the daemon was busy
+        refused = [Op("-- step", run_id=live.run_id) for _ in range(3)]
+        runs.store._fail(
+            refused, sqlite3.OperationalError("database or disk is full"), reason="store_error"
+        )
+        summary = await runs.bye(h.bye("k", sent=0))
+    assert "2 events received but not stored (daemon busy)" in summary["notes"]
+    assert (
+        "3 events received but not stored: the database refused them (database or disk is full)"
+        in summary["notes"]
+    )
+    assert query(tmp_path / "e.db", "SELECT store_dropped_events FROM runs")[0][0] == 5
 
 
 async def test_store_close_releases_connections_when_the_final_flush_fails(tmp_path):

@@ -110,6 +110,9 @@ class Store:
         self._retry = Backoff()
         self.lost_by_run: collections.Counter[int] = collections.Counter()
         """Ops of each run that could not be stored (:meth:`take_lost`)."""
+        self.last_refusal: str | None = None
+        """Why the database last refused a commit (``database or disk is
+        full``), for the summary of a run that lost events to it; None: never."""
         self._room = asyncio.Event()
         self.forwarding = False
         """Write each op's :attr:`Op.forward` events to the outbox (a node with a team server)."""
@@ -453,6 +456,7 @@ class Store:
                 exc,
             )
         self.drops.add(reason, str(exc)[:200], n=len(batch))
+        self.last_refusal = str(exc)[:200]
         for op in batch:
             self._lost(op)
             if op.future is not None and not op.future.done():
