@@ -342,6 +342,14 @@ def money_text(usd: float) -> str:
     return f"${usd:.2f}" if usd < 100 else f"${usd:,.0f}"
 
 
+def ms_figure(ms: float) -> str:
+    """Milliseconds with two significant digits or more: ``52.1``, ``0.35``,
+    ``0.028`` (a sub-millisecond step's gain is not ``0.0``)."""
+    if ms >= 0.95 or ms == 0:
+        return f"{ms:.1f}"
+    return f"{ms:.2f}" if ms >= 0.095 else f"{ms:.3f}"
+
+
 def gain_line(ins: Mapping[str, Any], details: bool = False) -> list[str]:
     """A finding's worth, from its ``gain_*`` fields: ``Worth: up to 2.3×
     faster: 32.4 of 56.8 ms per iteration (57%), ~25 min of this run``;
@@ -357,10 +365,10 @@ def gain_line(ins: Mapping[str, Any], details: bool = False) -> list[str]:
     speedup = ins.get("gain_speedup_max")
     head = f"up to {speedup_text(speedup)} faster" if speedup else "the whole iteration"
     base = ins.get("gain_iteration_ms")
-    of = f" of {base:.1f}" if base is not None else ""
+    of = f" of {ms_figure(base)}" if base is not None else ""
     pct = ins.get("gain_pct")
     share = f" ({pct:.0f}%)" if pct is not None else ""
-    text = f"{pad}Worth: {head}: {ms:.1f}{of} ms per iteration{share}"
+    text = f"{pad}Worth: {head}: {ms_figure(ms)}{of} ms per iteration{share}"
     if ins.get("gain_run_s"):
         text += f", ~{duration_text(ins['gain_run_s'])}"
         if ins.get("gain_usd") is not None:

@@ -84,6 +84,18 @@ def test_details_add_the_method_and_a_finding_not_estimated_says_why():
     assert gain_line({"gain_ms_per_iteration": None, "gain_method": None}) == []
 
 
+def test_a_sub_millisecond_gain_keeps_its_digits():
+    # a CPU loop of 0.17-ms iterations whose slow steps cost 0.048 ms each:
+    # "0.0 of 0.2 ms per iteration (28%)" read as a gain of nothing
+    ins = {"gain_ms_per_iteration": 0.048, "gain_pct": 28.0, "gain_speedup_max": 1.4}
+    assert gain_line({**ins, "gain_iteration_ms": 0.17}) == [
+        "          Worth: up to 1.4× faster: 0.048 of 0.17 ms per iteration (28%)"
+    ]
+    assert gain_line({**ins, "gain_ms_per_iteration": 0.03, "gain_iteration_ms": 3.2}) == [
+        "          Worth: up to 1.4× faster: 0.030 of 3.2 ms per iteration (28%)"
+    ]
+
+
 def test_the_headline_with_money_and_without_any_gain():
     summary = {
         "duration_s": 2640.0,
