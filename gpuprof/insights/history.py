@@ -34,16 +34,27 @@ _FIX = (
 )
 
 
+#: Said when the runs were compared per iteration: a larger batch is slower
+#: an iteration and no regression, but only declared work tells gpuprof so.
+_DECLARE = (
+    " If this run does more work an iteration (a larger batch, longer sequences), "
+    "declare it (gpuprof.profile(..., samples_per_step=...) or tokens_per_step=..., "
+    "the same in every run of the name): runs are then compared per sample or token."
+)
+
+
 def _fix(ctx: RunContext) -> str:
     """The fix; on a run measured under contention, the host first: the
-    slowdown may be the other processes', not the code's."""
+    slowdown may be the other processes', not the code's; compared per
+    iteration, how to say that the run does more work an iteration."""
+    fix = _FIX + (_DECLARE if ctx.history_unit == "iteration" else "")
     busy = measured_under_contention(ctx)
     if busy is None:
-        return _FIX
+        return fix
     return (
         f"This run was measured on a busy host (other processes during "
         f"{busy['share_of_steps']:.0%} of its steps): run it again on an idle host "
-        "before looking in the code. " + _FIX
+        "before looking in the code. " + fix
     )
 
 
