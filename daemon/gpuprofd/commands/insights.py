@@ -158,7 +158,7 @@ DB_SUFFIXES = (".db", ".sqlite", ".sqlite3")
 async def summary_of(reader: Reader, run: int | str | None) -> dict[str, Any]:
     """:func:`load_summary` of the run *run* names: an id, the latest run of a
     name, or None (the latest run)."""
-    run_id = (await resolve_run(reader, run))["id"] if isinstance(run, str) else run
+    run_id = None if run is None else (await resolve_run(reader, run))["id"]
     return await load_summary(reader, run_id)
 
 

@@ -9,7 +9,7 @@ import asyncio
 from typing import Any
 
 from gpuprof.compare import compare_runs
-from gpuprofd.core.errors import BadInputError
+from gpuprofd.core.errors import BadInputError, UnknownRunError
 from gpuprofd.storage import reads
 from gpuprofd.storage.reader import Reader
 
@@ -36,14 +36,23 @@ def run_ref(text: str) -> int | str:
 
 
 async def resolve_run(db: Reader, ref: int | str) -> dict[str, Any]:
-    """The run *ref* names (:func:`run_ref`): by id, or the latest of that name.
+    """The run *ref* names (:func:`run_ref`): by id, or the latest of that
+    name. A number is also a name (``gpuprof.profile("42")``): the run of
+    that id, else the latest run of that name (a run named like another's
+    id is reached by its own id).
 
     Raises:
         UnknownRunError: no such run, naming the database and what it holds.
     """
-    if isinstance(ref, int):
+    if isinstance(ref, str):
+        return await reads.latest_run_named(db, ref)
+    try:
         return await reads.get_run(db, ref)
-    return await reads.latest_run_named(db, ref)
+    except UnknownRunError:
+        by_name = await reads.find_run_named(db, str(ref))
+        if by_name is None:
+            raise  # it names the ids the database holds
+        return by_name
 
 
 async def load_compare(db: Reader, ref_a: int | str, ref_b: int | str) -> dict[str, Any]:

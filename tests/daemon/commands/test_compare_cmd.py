@@ -309,3 +309,34 @@ def test_an_unchanged_finding_whose_figures_moved_shows_both_titles(
     at = lines.index("  unchanged  [HIGH] loader stall")
     assert lines[at + 1 : at + 3] == ["             A: 84% waiting", "             B: 39% waiting"]
     assert lines[at + 4] == "             B: same"  # the same title: said once
+
+
+def test_a_run_named_by_a_number_no_run_has_as_id_is_found_by_its_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # gpuprof.profile("7"): "7" read as run id 7, which does not exist, left
+    # the run unreachable by its name
+    sock = Path(tempfile.mkdtemp(prefix="gp", dir="/tmp"))
+    daemons = h.Daemons(tmp_path)
+    path = tmp_path / "n.db"
+    try:
+        proc, client = daemons.start_ready(sock, path)
+        base = time.monotonic_ns()
+        for key, name in (("a", "7"), ("b", "b")):
+            client.request(h.hello(key, os.getpid(), run_name=name))
+            for s in _steps(key, base, (1, 1), (18, 20)):
+                client.push(s)
+            assert client.request(h.bye(key, sent=STEPS))["ok"]
+            base += 10_000 * MS
+        assert daemons.stop(proc) == 0
+    finally:
+        daemons.kill_all()
+        for p in sock.iterdir():
+            p.unlink()
+        sock.rmdir()
+    assert _json(capsys, "insights", str(path), "7")["run_id"] == 1  # no run 7: the name
+    assert _json(capsys, "insights", str(path), "2")["run_id"] == 2  # an id first
+    got = _json(capsys, "compare", str(path), "7", "b")
+    assert (got["a"]["run_id"], got["a"]["run_name"], got["b"]["run_id"]) == (1, "7", 2)
+    rc, _, err = _run(capsys, "compare", str(path), "9", "b")
+    assert rc == 2 and f"no run 9 in {path} (runs 1-2" in err

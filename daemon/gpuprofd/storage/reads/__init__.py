@@ -65,6 +65,7 @@ from gpuprofd.storage.reads.groups import (
 from gpuprofd.storage.reads.runs import (
     add_step_aggregates,
     find_run,
+    find_run_named,
     get_run,
     group_runs,
     insights_computed_ns,
@@ -98,6 +99,7 @@ __all__ = [
     "find_run",
     "stored_seq",
     "get_run",
+    "find_run_named",
     "latest_run_named",
     "gpu_stats",
     "group_context",

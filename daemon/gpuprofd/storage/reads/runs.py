@@ -78,6 +78,14 @@ async def get_run(db: Reader, run_id: int | None) -> dict[str, Any]:
 NAMES_LISTED = 10
 
 
+async def find_run_named(db: Reader, name: str) -> dict[str, Any] | None:
+    """The latest run (highest id) named exactly *name*; None if none is."""
+    row = await db.fetchone(
+        "SELECT * FROM runs WHERE run_name = ? ORDER BY id DESC LIMIT 1", (name,)
+    )
+    return None if row is None else queries.run_from_row(row)
+
+
 async def latest_run_named(db: Reader, name: str) -> dict[str, Any]:
     """The latest run (highest id) named exactly *name*.
 
@@ -85,11 +93,9 @@ async def latest_run_named(db: Reader, name: str) -> dict[str, Any]:
         UnknownRunError: no run has that name, naming the database and the
             latest :data:`NAMES_LISTED` names it does hold.
     """
-    row = await db.fetchone(
-        "SELECT * FROM runs WHERE run_name = ? ORDER BY id DESC LIMIT 1", (name,)
-    )
-    if row is not None:
-        return queries.run_from_row(row)
+    run = await find_run_named(db, name)
+    if run is not None:
+        return run
     rows = await db.fetchall(
         "SELECT run_name FROM runs GROUP BY run_name ORDER BY MAX(id) DESC LIMIT ?",
         (NAMES_LISTED + 1,),
