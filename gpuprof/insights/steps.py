@@ -431,6 +431,14 @@ def cpu_bound_dataloader(ctx: RunContext) -> Insight | None:
             "cpusets, taskset); find the other processes with top. More DataLoader "
             "workers compete for the same cores and won't help."
         )
+        pools = len(ctx.worker_pools)
+        if cfg is not None and cfg.num_workers > 0 and not cfg.persistent_workers and pools > 1:
+            # each epoch's new workers start (spawn, imports, dataset copy) on the
+            # same scarce cores, and the loop waits for their first batches
+            fix += (
+                f" Meanwhile set persistent_workers=True: the workers started anew "
+                f"{pools} times in this run (each epoch), every start a wait on those cores."
+            )
     elif host is not None and host > CPU_BOUND_PCT:
         across = f" across {n} cores" if n else ""
         title = f"{head}; {who} CPU-bound (host CPU {host:.0f}%{across})"

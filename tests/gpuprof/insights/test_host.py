@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpuprof.insights import build_context, run_rules
-from gpuprof.insights.base import WorkerPool
+from gpuprof.insights.base import LoaderConfig, WorkerPool
 from gpuprof.insights.host import (
     WORKER_IMBALANCE_RATIO,
     WORKER_MIN_POOL_CPU_S,
@@ -338,6 +338,28 @@ def test_host_cpu_contention_fires_when_others_peg_the_host():
     )
     assert stall.evidence["cause"] == "contention" and "won't help" in stall.fix
     assert "host_cpu_contention" not in fired and "dataloader_stall" not in fired
+
+
+def test_a_starved_loader_whose_workers_restart_each_epoch_is_told_to_keep_them():
+    # 4 epochs of non-persistent workers on a pegged 2-core host: each
+    # epoch's start waited on the cores too; keeping the workers needs no core
+    def ctx(persistent: bool):
+        return make_ctx(
+            [10.0] * 30,
+            [8.0] * 30,
+            host_cpu_pct=99.0,
+            run_cpu_cores=0.5,
+            cpu_count=2,
+            explicit_wait=True,
+            loaders=(LoaderConfig(2, persistent, False, 2),),
+            worker_pools=tuple(WorkerPool(i, ((0, 1.0), (1, 1.0)), 5.0) for i in range(4)),
+        )
+
+    stall = {i.rule: i for i in run_rules(ctx(False))}["cpu_bound_dataloader"]
+    assert "starved of CPU" in stall.title
+    assert "persistent_workers=True: the workers started anew 4 times" in stall.fix
+    kept = {i.rule: i for i in run_rules(ctx(True))}["cpu_bound_dataloader"]
+    assert "persistent_workers" not in kept.fix
 
 
 def test_host_cpu_contention_silent_when_the_run_is_the_hog_or_the_host_is_free():
