@@ -40,6 +40,10 @@ log = logging.getLogger(__name__)
 RETENTION_EVERY_S = 600.0
 #: How often ingested runs' steps are rolled into blocks, seconds (a node's pace).
 ROLL_EVERY_S = steprollup.ROLL_INTERVAL_S
+#: Most wall seconds a round spends packing steps (s): half the period, so a
+#: replica whose nodes send more than a round packs (1,000 8-GPU nodes send
+#: ~16,000 steps a second) catches up and still rolls and ingests.
+PACK_BUDGET_S = ROLL_EVERY_S / 2
 #: Login counts older than this are forgotten (well past the rate window), seconds.
 LOGINS_KEPT_S = 3600.0
 SHUTDOWN_TIMEOUT_S = 2.0
@@ -141,7 +145,7 @@ class Server:
             try:
                 await steprollup.roll_pass(self.store)
                 await hostrollup.roll_pass(self.store)
-                await steppack.pack_round(self.store)
+                await steppack.pack_backlog(self.store, PACK_BUDGET_S)
             except Exception:  # noqa: BLE001 - retry at the next round
                 log.exception("step rollups failed; trying again in %.0f s", ROLL_EVERY_S)
             with contextlib.suppress(TimeoutError):

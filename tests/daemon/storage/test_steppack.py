@@ -143,6 +143,23 @@ async def test_packing_loses_nothing_and_changes_no_read(
         assert await reads.count_steps(store, run_id) == STEPS + 1
 
 
+async def test_a_backlog_is_packed_in_rounds_until_none_is_left_or_the_budget_is_spent(
+    storage_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three packable blocks, rounds of one: no budget packs only the first
+    round's; a budget packs the other two in one call, and stops after a round
+    that packed less than its most."""
+    monkeypatch.setattr(steppack, "STEPS_RAW_KEPT", 500)
+    async with open_store(storage_url) as store:
+        await _fill(store)
+        await steprollup.roll_pass(store)
+        assert await steppack.pack_backlog(store, 0.0, max_blocks=1) == 1
+        assert await steppack.pack_backlog(store, 60.0, max_blocks=1) == 2
+        assert await steppack.pack_backlog(store, 60.0, max_blocks=1) == 0
+        packed = await store.fetchall("SELECT block FROM step_packs ORDER BY block")
+        assert [p["block"] for p in packed] == [0, 1, 2]
+
+
 async def test_the_first_step_stays_uncounted_in_later_totals(
     storage_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
