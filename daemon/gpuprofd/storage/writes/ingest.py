@@ -174,8 +174,11 @@ class Applied:
     ended_run_ids: list[int] = field(default_factory=list)
 
 
-async def apply_batch(store: Store, batch: Mapping[str, Any]) -> Applied:
-    """Apply a validated batch (:func:`gpuprofd.storage.writes.batch.validate`) in one transaction.
+async def apply_batch(
+    store: Store, batch: Mapping[str, Any], gpus: pgbulk.StoredGpus | None = None
+) -> Applied:
+    """Apply a validated batch (:func:`gpuprofd.storage.writes.batch.validate`) in one
+    transaction; on Postgres, *gpus*: the GPUs known stored (a replica's, kept up).
 
     Raises:
         BatchError: an event that cannot be applied as sent (steps of a run
@@ -183,13 +186,30 @@ async def apply_batch(store: Store, batch: Mapping[str, Any]) -> Applied:
         IngestConflict: an event about another node's run; nothing was stored.
         Exception: the database refused a statement (the store's errors); nothing was stored.
     """
-    now = time.time_ns()
-    done = await store.transaction(lambda txn: _apply(txn, [batch], now), "ingest batch")
+    done = await _transaction(store, [batch], gpus, "ingest batch")
     return done[0]
 
 
+async def _transaction(
+    store: Store, batches: Sequence[Mapping[str, Any]], gpus: pgbulk.StoredGpus | None, label: str
+) -> list[Applied]:
+    """:func:`_apply` in a transaction of its own; *gpus* learns the GPUs it
+    stored once it commits, and forgets all if it fails."""
+    now = time.time_ns()
+    later = _Later(gpus)
+    try:
+        done = await store.transaction(lambda txn: _apply(txn, batches, now, later), label)
+    except BaseException:
+        if gpus is not None:
+            gpus.forget()
+        raise
+    if gpus is not None:
+        gpus.learn(later.gpus_upserted)
+    return list(done)
+
+
 async def apply_batches(
-    store: Store, batches: Sequence[Mapping[str, Any]]
+    store: Store, batches: Sequence[Mapping[str, Any]], gpus: pgbulk.StoredGpus | None = None
 ) -> list[Applied | Exception]:
     """Apply validated batches (several nodes', or one node's in the order
     sent) in one transaction; per batch, what :func:`apply_batch` gives it:
@@ -207,12 +227,9 @@ async def apply_batches(
     """
     if not batches:
         return []
-    now = time.time_ns()
     if len(batches) > 1:
         try:
-            return list(
-                await store.transaction(lambda txn: _apply(txn, batches, now), "ingest batches")
-            )
+            return list(await _transaction(store, batches, gpus, "ingest batches"))
         except DatabaseError as exc:  # no database: each would wait for it again
             return [exc] * len(batches)
         except Exception as exc:  # noqa: BLE001 - found and said per batch below
@@ -221,7 +238,7 @@ async def apply_batches(
     out: list[Applied | Exception] = []
     for batch in batches:
         try:
-            out.append(await apply_batch(store, batch))
+            out.append(await apply_batch(store, batch, gpus))
         except Exception as exc:  # noqa: BLE001 - this batch's answer
             out.append(exc)
     return out
@@ -253,10 +270,11 @@ async def _lock_nodes(txn: Txn, batches: Sequence[Mapping[str, Any]], now: int) 
     return last
 
 
-async def _apply(txn: Txn, batches: Sequence[Mapping[str, Any]], now: int) -> list[Applied]:
+async def _apply(
+    txn: Txn, batches: Sequence[Mapping[str, Any]], now: int, later: _Later
+) -> list[Applied]:
     last = await _lock_nodes(txn, batches, now)
     runs = await _known_runs(txn, {ev["run"] for b in batches for ev in b["events"] if "run" in ev})
-    later = _Later()
     outs: list[Applied] = []
     for batch in batches:
         node = batch["node"]
@@ -597,8 +615,11 @@ class _Later:
     rows by statement (one bulk insert each: COPY on Postgres), and the
     steps and buckets whose resends are left out first (the module doc)."""
 
-    def __init__(self) -> None:
+    def __init__(self, gpus: pgbulk.StoredGpus | None = None) -> None:
         self.rows: dict[str, list[tuple[Any, ...]]] = {}
+        #: Postgres: the GPUs known stored (left out of the upsert), and those upserted
+        self.stored_gpus = gpus
+        self.gpus_upserted: list[tuple[Any, ...]] = []
         #: per keyed table: (run id, rows) in the order sent
         self.keyed: dict[str, list[tuple[int, Columns]]] = {}
         #: runs whose row a run or end event changed
@@ -647,7 +668,9 @@ class _Later:
                 if sql in self.rows:
                     self.tail[sql] = self.rows.pop(sql)
         for sql, values in self.rows.items():
-            if sql in bulk:  # an upsert: one statement for the group's rows
+            if sql == rollup.GPU_SQL and bulk:  # less the GPUs known stored
+                self.gpus_upserted = await pgbulk.upsert_gpus(txn, values, self.stored_gpus)
+            elif sql in bulk:  # an upsert: one statement for the group's rows
                 await bulk[sql](txn, values)
             else:
                 await txn.executemany(sql, values, typed=sql in self.typed)

@@ -129,11 +129,49 @@ def _as(want: type, v: Any) -> Any:
     return want(v)
 
 
-async def upsert_gpus(txn: Txn, rows: Sequence[Sequence[Any]]) -> None:
-    """Upsert ``gpus`` rows (:func:`gpuprofd.sampling.rollup.gpu_rows`) in one statement."""
-    once = gpus_once(rows)
+class StoredGpus:
+    """The GPUs a team server replica has seen stored (committed), so a
+    group's ``gpus`` upsert (:data:`GPUS_SQL`) leaves out those it would not
+    change: a ``gpus`` row is never deleted and never loses its max SM clock,
+    so a GPU stored with its clock stays so, and one stored without stays
+    stored. A node sends its 8 GPUs every second, stored since its first:
+    ~35 us of the replica's and Postgres's CPU a batch less
+    (``docs/benchmarks.md``)."""
+
+    def __init__(self) -> None:
+        self._clock: dict[tuple[Any, Any], bool] = {}  # (uuid, boot key) -> a clock stored
+
+    def unknown(self, rows: Sequence[Sequence[Any]]) -> list[tuple[Any, ...]]:
+        """:func:`gpus_once` of *rows*, less each GPU stored with its clock,
+        or stored and given none."""
+        out = []
+        for row in gpus_once(rows):
+            clock = self._clock.get(row[:2])
+            if clock is None or not (clock or row[2] is None):
+                out.append(row)
+        return out
+
+    def learn(self, rows: Sequence[Sequence[Any]]) -> None:
+        """*rows* (:data:`GPUS_SQL`'s) were upserted, and their transaction committed."""
+        for uuid, boot, limit in rows:
+            self._clock[uuid, boot] = self._clock.get((uuid, boot), False) or limit is not None
+
+    def forget(self) -> None:
+        """Forget every GPU (a transaction failed: its database may be another
+        now; the next upserts ask it again)."""
+        self._clock.clear()
+
+
+async def upsert_gpus(
+    txn: Txn, rows: Sequence[Sequence[Any]], stored: StoredGpus | None = None
+) -> list[tuple[Any, ...]]:
+    """Upsert ``gpus`` rows (:func:`gpuprofd.sampling.rollup.gpu_rows`) in one
+    statement, less those *stored* says are (:meth:`StoredGpus.unknown`);
+    returns the rows upserted (for :meth:`StoredGpus.learn` once committed)."""
+    once = gpus_once(rows) if stored is None else stored.unknown(rows)
     if once:
         await txn.execute(GPUS_SQL, arrays(once, ("text", "text", "float8")))
+    return once
 
 
 async def upsert_seconds(txn: Txn, rows: Sequence[Sequence[Any]]) -> None:
