@@ -265,7 +265,7 @@ def test_stored_gpus_leave_out_only_what_the_upsert_would_not_change() -> None:
     a commit, nor after a failed transaction."""
     stored = pgbulk.StoredGpus()
     a, a_clock, b = ("gpu-a", "b", None), ("gpu-a", "b", 1980.0), ("gpu-b", "b", 1410.0)
-    assert stored.unknown([a, b, a_clock]) == [a_clock, b]  # each GPU once, its first clock
+    assert stored.unknown(pgbulk.gpus_once([a, b, a_clock])) == [a_clock, b]
     stored.learn([a])
     assert stored.unknown([a, b]) == [b]
     assert stored.unknown([("gpu-a", "b", 1980.0)]) == [a_clock]  # its clock still to store
@@ -304,3 +304,23 @@ async def test_a_replicas_known_gpus_store_what_every_upsert_stores(storage_url:
     if storage_url.startswith("postgres"):  # SQLite upserts its GPUs row by row, knowing none
         assert known == []
     assert stored.unknown([("gpu-a", "b", 1410.0)]) == [("gpu-a", "b", 1410.0)]
+
+
+async def test_a_gpu_known_stored_but_gone_is_stored_again(storage_url: str) -> None:
+    """A GPU a replica knows stored whose row is gone (another database
+    behind the same URL): the batch's transaction is made again with every
+    GPU named, and stored."""
+    stored = pgbulk.StoredGpus()
+    g0 = {"uuid": "gpu-a", "boot_id": "b", "n": 1, "sm_limit_mhz": 1980}
+
+    def second(seq: int, s: int) -> dict[str, Any]:
+        return validate(batch("n1", [_rollup_event(seq, [{**g0, "sec_ns": s}])]))
+
+    async with open_store(storage_url) as store:
+        assert isinstance((await apply_batches(store, [second(1, 0)], stored))[0], Applied)
+        await store.write("DELETE FROM gpu_seconds")
+        await store.write("DELETE FROM gpus")
+        got = await apply_batches(store, [second(2, 10**9)], stored)
+        rows = await store.fetchall("SELECT uuid, sec_ns, sm_limit_mhz FROM gpu_rollups")
+    assert isinstance(got[0], Applied), got
+    assert [tuple(r) for r in rows] == [("gpu-a", 10**9, 1980.0)]

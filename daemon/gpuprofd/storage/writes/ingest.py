@@ -194,14 +194,19 @@ async def _transaction(
     store: Store, batches: Sequence[Mapping[str, Any]], gpus: pgbulk.StoredGpus | None, label: str
 ) -> list[Applied]:
     """:func:`_apply` in a transaction of its own; *gpus* learns the GPUs it
-    stored once it commits, and forgets all if it fails."""
+    stored once it commits, and forgets all if it fails (the transaction is
+    then made once more if the database refused a statement and GPUs were
+    left out: one may be gone, in another database behind the same URL)."""
     now = time.time_ns()
     later = _Later(gpus)
     try:
         done = await store.transaction(lambda txn: _apply(txn, batches, now, later), label)
-    except BaseException:
-        if gpus is not None:
-            gpus.forget()
+    except BaseException as exc:
+        if gpus is None:
+            raise
+        gpus.forget()
+        if later.gpus_left_out and isinstance(exc, store.errors) and not store.is_lost(exc):
+            return await _transaction(store, batches, gpus, label)  # none left out now
         raise
     if gpus is not None:
         gpus.learn(later.gpus_upserted)
@@ -617,9 +622,11 @@ class _Later:
 
     def __init__(self, gpus: pgbulk.StoredGpus | None = None) -> None:
         self.rows: dict[str, list[tuple[Any, ...]]] = {}
-        #: Postgres: the GPUs known stored (left out of the upsert), and those upserted
+        #: Postgres: the GPUs known stored (left out of the upsert), those
+        #: upserted, and whether any was left out
         self.stored_gpus = gpus
         self.gpus_upserted: list[tuple[Any, ...]] = []
+        self.gpus_left_out = False
         #: per keyed table: (run id, rows) in the order sent
         self.keyed: dict[str, list[tuple[int, Columns]]] = {}
         #: runs whose row a run or end event changed
@@ -668,9 +675,11 @@ class _Later:
                 if sql in self.rows:
                     self.tail[sql] = self.rows.pop(sql)
         for sql, values in self.rows.items():
-            if sql == rollup.GPU_SQL and bulk:  # less the GPUs known stored
-                self.gpus_upserted = await pgbulk.upsert_gpus(txn, values, self.stored_gpus)
-            elif sql in bulk:  # an upsert: one statement for the group's rows
+            if sql == rollup.GPU_SQL and bulk and self.stored_gpus is not None:
+                once = pgbulk.gpus_once(values)  # less the GPUs known stored
+                values = self.gpus_upserted = self.stored_gpus.unknown(once)
+                self.gpus_left_out = len(values) < len(once)
+            if sql in bulk:  # an upsert: one statement for the group's rows
                 await bulk[sql](txn, values)
             else:
                 await txn.executemany(sql, values, typed=sql in self.typed)

@@ -142,10 +142,10 @@ class StoredGpus:
         self._clock: dict[tuple[Any, Any], bool] = {}  # (uuid, boot key) -> a clock stored
 
     def unknown(self, rows: Sequence[Sequence[Any]]) -> list[tuple[Any, ...]]:
-        """:func:`gpus_once` of *rows*, less each GPU stored with its clock,
+        """*rows* (:func:`gpus_once`'s), less each GPU stored with its clock,
         or stored and given none."""
         out = []
-        for row in gpus_once(rows):
+        for row in rows:
             clock = self._clock.get(row[:2])
             if clock is None or not (clock or row[2] is None):
                 out.append(row)
@@ -157,21 +157,16 @@ class StoredGpus:
             self._clock[uuid, boot] = self._clock.get((uuid, boot), False) or limit is not None
 
     def forget(self) -> None:
-        """Forget every GPU (a transaction failed: its database may be another
-        now; the next upserts ask it again)."""
+        """Forget every GPU (a transaction failed: the database may be another
+        now, a GPU left out gone; the next upserts name every GPU again)."""
         self._clock.clear()
 
 
-async def upsert_gpus(
-    txn: Txn, rows: Sequence[Sequence[Any]], stored: StoredGpus | None = None
-) -> list[tuple[Any, ...]]:
-    """Upsert ``gpus`` rows (:func:`gpuprofd.sampling.rollup.gpu_rows`) in one
-    statement, less those *stored* says are (:meth:`StoredGpus.unknown`);
-    returns the rows upserted (for :meth:`StoredGpus.learn` once committed)."""
-    once = gpus_once(rows) if stored is None else stored.unknown(rows)
+async def upsert_gpus(txn: Txn, rows: Sequence[Sequence[Any]]) -> None:
+    """Upsert ``gpus`` rows (:func:`gpuprofd.sampling.rollup.gpu_rows`) in one statement."""
+    once = gpus_once(rows)
     if once:
         await txn.execute(GPUS_SQL, arrays(once, ("text", "text", "float8")))
-    return once
 
 
 async def upsert_seconds(txn: Txn, rows: Sequence[Sequence[Any]]) -> None:
