@@ -18,7 +18,7 @@ import collections
 from collections.abc import Mapping
 from typing import Any
 
-from gpuprofd.storage.writes import Applied, Store
+from gpuprofd.storage.writes import Applied, Store, pgbulk
 from gpuprofd.storage.writes.ingest import apply_batches
 
 #: Transactions in flight at once on Postgres: the replica's pool
@@ -54,6 +54,8 @@ class IngestGroups:
         self._waiting: collections.deque[_Item] = collections.deque()
         self._inflight = 0
         self._tasks: set[asyncio.Task[None]] = set()
+        #: the GPUs this replica stored (Postgres: their upsert is left out after)
+        self.gpus = pgbulk.StoredGpus() if store.dialect.name == "postgres" else None
         self.groups = 0
         """Transactions started (tests and benchmarks read it)."""
         self.batches = 0
@@ -87,7 +89,7 @@ class IngestGroups:
 
     async def _run(self, group: list[_Item]) -> None:
         try:
-            results = await apply_batches(self.store, [b for b, _, _ in group])
+            results = await apply_batches(self.store, [b for b, _, _ in group], self.gpus)
             for (_, _, fut), result in zip(group, results, strict=True):
                 if fut.done():  # its request went away: stored all the same
                     continue

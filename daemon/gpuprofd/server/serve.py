@@ -56,12 +56,14 @@ POOL_SIZE = 8
 
 
 #: The cyclic collector's thresholds while serving (Python's are 700, 10, 10).
-#: Ingest makes ~1,000 short-lived objects a batch (decoded JSON, rows),
-#: almost none in cycles: at 700 the youngest generation is scanned about
-#: every batch, and the older ones, holding every batch waiting for its
-#: group, every ten. With these: ~0.2 ms less CPU a batch
-#: (bench/server_ingest.py, docs/benchmarks.md).
-GC_THRESHOLDS = (10_000, 20, 100)
+#: Ingest makes ~340 tracked objects a batch (decoded JSON, rows), almost
+#: none in cycles, and short-lived but for the batches waiting for their
+#: group: each scan of the youngest generation costs ~1.5-2 ms at 1,000
+#: nodes, whether it holds 10,000 objects or 100,000 (those still alive are
+#: what it walks). At 10,000 that is a scan every ~30 batches (~0.05-0.09 ms
+#: of CPU a batch); at 100,000 one every ~300. At 700 (Python's) ~0.2 ms a
+#: batch more (bench/server_ingest.py, docs/benchmarks.md).
+GC_THRESHOLDS = (100_000, 20, 100)
 
 
 def tune_gc() -> None:

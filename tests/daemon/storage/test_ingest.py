@@ -12,6 +12,7 @@ import pytest
 
 from gpuprofd.storage import reads
 from gpuprofd.storage.writes import BatchError, IngestConflict, apply_batch, validate
+from gpuprofd.storage.writes.ingest import _step_columns, apply_batches
 from tests.daemon.batches import batch, new_uuid, run_event, steps_event
 from tests.daemon.storage.test_backends import open_store
 
@@ -350,3 +351,51 @@ async def test_steps_of_several_runs_in_one_batch_keep_their_runs(storage_url: s
     assert [tuple(r) for r in rows] == [("exp", i) for i in range(5)] + [
         ("other", i) for i in (100, 101, 102, 103)
     ]
+
+
+async def test_steps_without_optional_values_store_the_defaults(storage_url: str) -> None:
+    """A group's steps insert leaves out the columns no row of it gives a
+    value of but the default: every step reads back as it was sent, each
+    column left out as its default (0 or NULL), a 0 memory reading as 0."""
+    bare = {"t1_ns": 2, "wait_ns": 1, "micro": 1, "phases": {"forward": 1}}
+    empty = {"skipped": False, "eval_ns": 0, "optimizers": [], "mem_peak_bytes": None}
+    full = {"skipped": True, "eval_ns": 7, "traced": 1, "mem_allocated_bytes": 0}
+    full["optimizers"] = [{"name": "adam", "updates": 1, "skipped": 0, "ns": 3}]
+    a, b, c = new_uuid(), new_uuid(), new_uuid()
+
+    def steps(seq: int, run: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        sent = [{"step": i, "t0_ns": 1, **bare, **r} for i, r in enumerate(rows)]
+        return {"seq": seq, "kind": "steps", "run": run, "rows": sent}
+
+    hello = [batch(f"n{i}", [run_event(1, run)]) for i, run in enumerate((a, b, c))]
+    plain = [batch("n0", [steps(2, a, [{}, empty])])]  # nothing but defaults
+    mixed = [batch("n1", [steps(2, b, [empty, {}])]), batch("n2", [steps(2, c, [{}, full])])]
+    cols = "skipped, eval_ns, optimizers, mem_allocated_bytes, mem_peak_bytes, traced"
+
+    def columns(group: list[dict[str, Any]]) -> set[str]:
+        events = [ev for x in group for ev in validate(x)["events"]]
+        return set(_step_columns([ev["rows"] for ev in events]))
+
+    named = {"run_id", "step", "t0_ns", "t1_ns", "wait_ns", "explicit", "micro", "phases"}
+    assert columns(plain) == named
+    assert columns(mixed) == named | set(cols.split(", ")) - {"mem_peak_bytes"}
+    async with open_store(storage_url) as store:
+        await apply_batches(store, [validate(h) for h in hello])
+        for group in (plain, mixed):
+            done = await apply_batches(store, [validate(x) for x in group])
+            assert [getattr(d, "applied", d) for d in done] == [1] * len(group)
+        got = await store.fetchall(
+            f"SELECT r.run_uuid, s.step, s.wait_ns, s.micro, s.phases, {cols} "
+            "FROM steps s JOIN runs r ON r.id = s.run_id"
+        )
+    rows = {(r[0], r[1]): tuple(r[2:]) for r in got}
+    default = (1, 1, '{"forward":1}', 0, 0, None, None, None, 0)
+    optimizers = '[{"name":"adam","updates":1,"skipped":0,"ns":3}]'
+    assert rows == {
+        (a, 0): default,
+        (a, 1): default,
+        (b, 0): default,
+        (b, 1): default,
+        (c, 0): default,
+        (c, 1): (1, 1, '{"forward":1}', 1, 7, optimizers, 0, None, 1),
+    }

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gpuprofd.storage.writes import Applied, BatchError, IngestConflict, validate
+from gpuprofd.storage.writes import Applied, BatchError, IngestConflict, pgbulk, validate
 from gpuprofd.storage.writes.ingest import apply_batches
 from tests.daemon.batches import batch, new_uuid, run_event, steps_event
 from tests.daemon.storage.test_backends import open_store
@@ -257,3 +257,70 @@ async def test_a_connection_goes_back_to_the_pool_without_a_reset(storage_url: s
         finally:
             await conn.close()
     assert last.strip().rstrip(";").upper() == "COMMIT"
+
+
+def test_stored_gpus_leave_out_only_what_the_upsert_would_not_change() -> None:
+    """A GPU known stored with its clock is left out; one known stored
+    without is left out unless now given a clock; nothing is known before
+    a commit, nor after a failed transaction."""
+    stored = pgbulk.StoredGpus()
+    a, a_clock, b = ("gpu-a", "b", None), ("gpu-a", "b", 1980.0), ("gpu-b", "b", 1410.0)
+    assert stored.unknown(pgbulk.gpus_once([a, b, a_clock])) == [a_clock, b]
+    stored.learn([a])
+    assert stored.unknown([a, b]) == [b]
+    assert stored.unknown([("gpu-a", "b", 1980.0)]) == [a_clock]  # its clock still to store
+    stored.learn([a_clock, b])
+    assert stored.unknown([a, ("gpu-a", "b", 1410.0), ("gpu-b", "b", None)]) == []
+    assert stored.unknown([("gpu-a", "other boot", None)]) == [("gpu-a", "other boot", None)]
+    stored.forget()
+    assert stored.unknown([a, b]) == [a, b]
+
+
+async def test_a_replicas_known_gpus_store_what_every_upsert_stores(storage_url: str) -> None:
+    """With the GPUs a replica knows stored (:class:`pgbulk.StoredGpus`) the
+    rollups read back as without: a clock given later is stored, the first
+    clock kept; what a group stored is known once it commits (Postgres),
+    and nothing once a group fails."""
+    stored = pgbulk.StoredGpus()
+    g0 = {"uuid": "gpu-a", "boot_id": "b"}
+
+    def second(node: str, seq: int, s: int, **extra: Any) -> dict[str, Any]:
+        return validate(batch(node, [_rollup_event(seq, [{**g0, "sec_ns": s, "n": 1, **extra}])]))
+
+    async with open_store(storage_url) as store:
+        for group in (
+            [second("n1", 1, 0)],  # no clock yet
+            [second("n1", 2, 10**9), second("n1", 3, 2 * 10**9, sm_limit_mhz=1980)],
+            [second("n1", 4, 3 * 10**9, sm_limit_mhz=1410)],  # the first clock is kept
+        ):
+            assert all(isinstance(a, Applied) for a in await apply_batches(store, group, stored))
+        known = stored.unknown([("gpu-a", "b", 1410.0)])
+        bad = validate(batch("n2", [steps_event(1, new_uuid())]))  # a run never announced
+        got = await apply_batches(store, [second("n1", 5, 4 * 10**9), bad], stored)
+        rows = await store.fetchall("SELECT sec_ns, sm_limit_mhz FROM gpu_rollups ORDER BY sec_ns")
+        gpus = await _count(store, "SELECT COUNT(*) FROM gpus")
+    assert [tuple(r) for r in rows] == [(s * 10**9, 1980.0) for s in range(5)]
+    assert gpus == 1 and isinstance(got[0], Applied) and isinstance(got[1], BatchError)
+    if storage_url.startswith("postgres"):  # SQLite upserts its GPUs row by row, knowing none
+        assert known == []
+    assert stored.unknown([("gpu-a", "b", 1410.0)]) == [("gpu-a", "b", 1410.0)]
+
+
+async def test_a_gpu_known_stored_but_gone_is_stored_again(storage_url: str) -> None:
+    """A GPU a replica knows stored whose row is gone (another database
+    behind the same URL): the batch's transaction is made again with every
+    GPU named, and stored."""
+    stored = pgbulk.StoredGpus()
+    g0 = {"uuid": "gpu-a", "boot_id": "b", "n": 1, "sm_limit_mhz": 1980}
+
+    def second(seq: int, s: int) -> dict[str, Any]:
+        return validate(batch("n1", [_rollup_event(seq, [{**g0, "sec_ns": s}])]))
+
+    async with open_store(storage_url) as store:
+        assert isinstance((await apply_batches(store, [second(1, 0)], stored))[0], Applied)
+        await store.write("DELETE FROM gpu_seconds")
+        await store.write("DELETE FROM gpus")
+        got = await apply_batches(store, [second(2, 10**9)], stored)
+        rows = await store.fetchall("SELECT uuid, sec_ns, sm_limit_mhz FROM gpu_rollups")
+    assert isinstance(got[0], Applied), got
+    assert [tuple(r) for r in rows] == [("gpu-a", 10**9, 1980.0)]

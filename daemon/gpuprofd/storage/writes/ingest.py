@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,7 +75,6 @@ from gpuprofd.storage.writes.runsdb import (
     _HOST_SQL,
     _RUN_CPU_SQL,
     _STACKS_SQL,
-    _STEP_SQL,
     _WORKER_CPU_SQL,
 )
 from gpuprofd.storage.writes.store import Store
@@ -175,8 +174,11 @@ class Applied:
     ended_run_ids: list[int] = field(default_factory=list)
 
 
-async def apply_batch(store: Store, batch: Mapping[str, Any]) -> Applied:
-    """Apply a validated batch (:func:`gpuprofd.storage.writes.batch.validate`) in one transaction.
+async def apply_batch(
+    store: Store, batch: Mapping[str, Any], gpus: pgbulk.StoredGpus | None = None
+) -> Applied:
+    """Apply a validated batch (:func:`gpuprofd.storage.writes.batch.validate`) in one
+    transaction; on Postgres, *gpus*: the GPUs known stored (a replica's, kept up).
 
     Raises:
         BatchError: an event that cannot be applied as sent (steps of a run
@@ -184,13 +186,35 @@ async def apply_batch(store: Store, batch: Mapping[str, Any]) -> Applied:
         IngestConflict: an event about another node's run; nothing was stored.
         Exception: the database refused a statement (the store's errors); nothing was stored.
     """
-    now = time.time_ns()
-    done = await store.transaction(lambda txn: _apply(txn, [batch], now), "ingest batch")
+    done = await _transaction(store, [batch], gpus, "ingest batch")
     return done[0]
 
 
+async def _transaction(
+    store: Store, batches: Sequence[Mapping[str, Any]], gpus: pgbulk.StoredGpus | None, label: str
+) -> list[Applied]:
+    """:func:`_apply` in a transaction of its own; *gpus* learns the GPUs it
+    stored once it commits, and forgets all if it fails (the transaction is
+    then made once more if the database refused a statement and GPUs were
+    left out: one may be gone, in another database behind the same URL)."""
+    now = time.time_ns()
+    later = _Later(gpus)
+    try:
+        done = await store.transaction(lambda txn: _apply(txn, batches, now, later), label)
+    except BaseException as exc:
+        if gpus is None:
+            raise
+        gpus.forget()
+        if later.gpus_left_out and isinstance(exc, store.errors) and not store.is_lost(exc):
+            return await _transaction(store, batches, gpus, label)  # none left out now
+        raise
+    if gpus is not None:
+        gpus.learn(later.gpus_upserted)
+    return list(done)
+
+
 async def apply_batches(
-    store: Store, batches: Sequence[Mapping[str, Any]]
+    store: Store, batches: Sequence[Mapping[str, Any]], gpus: pgbulk.StoredGpus | None = None
 ) -> list[Applied | Exception]:
     """Apply validated batches (several nodes', or one node's in the order
     sent) in one transaction; per batch, what :func:`apply_batch` gives it:
@@ -208,12 +232,9 @@ async def apply_batches(
     """
     if not batches:
         return []
-    now = time.time_ns()
     if len(batches) > 1:
         try:
-            return list(
-                await store.transaction(lambda txn: _apply(txn, batches, now), "ingest batches")
-            )
+            return list(await _transaction(store, batches, gpus, "ingest batches"))
         except DatabaseError as exc:  # no database: each would wait for it again
             return [exc] * len(batches)
         except Exception as exc:  # noqa: BLE001 - found and said per batch below
@@ -222,7 +243,7 @@ async def apply_batches(
     out: list[Applied | Exception] = []
     for batch in batches:
         try:
-            out.append(await apply_batch(store, batch))
+            out.append(await apply_batch(store, batch, gpus))
         except Exception as exc:  # noqa: BLE001 - this batch's answer
             out.append(exc)
     return out
@@ -254,10 +275,11 @@ async def _lock_nodes(txn: Txn, batches: Sequence[Mapping[str, Any]], now: int) 
     return last
 
 
-async def _apply(txn: Txn, batches: Sequence[Mapping[str, Any]], now: int) -> list[Applied]:
+async def _apply(
+    txn: Txn, batches: Sequence[Mapping[str, Any]], now: int, later: _Later
+) -> list[Applied]:
     last = await _lock_nodes(txn, batches, now)
     runs = await _known_runs(txn, {ev["run"] for b in batches for ev in b["events"] if "run" in ev})
-    later = _Later()
     outs: list[Applied] = []
     for batch in batches:
         node = batch["node"]
@@ -441,30 +463,70 @@ async def _end_run(txn: Txn, node: str, ev: Mapping[str, Any], where: str, runs:
     return run_id
 
 
-def _step_rows(run_ids: Sequence[int], rows: Columns) -> list[tuple[Any, ...]]:
-    """Steps rows in :data:`gpuprofd.storage.writes.runsdb._STEP_SQL`'s order
-    (*run_ids*: each row's run; built a column at a time: C loops, no
-    Python step per row)."""
-    return rows.tuples(
-        (),
-        (
-            run_ids,
-            rows.column("step"),
-            rows.column("t0_ns"),
-            rows.column("t1_ns"),
-            rows.column("wait_ns", 0),
-            _flags(rows, "explicit"),
-            rows.column("micro", 1),
-            _json_column(rows, "phases", "{}"),
-            _flags(rows, "skipped"),
-            rows.column("eval_ns", 0),
-            _json_column(rows, "optimizers", None, keep_empty=False),
-            rows.column("mem_allocated_bytes"),
-            rows.column("mem_reserved_bytes"),
-            rows.column("mem_peak_bytes"),
-            _flags(rows, "traced"),
-        ),
-    )
+#: Per column of a steps row (``run_id`` first, given apart), its values as
+#: stored, built a column at a time (C loops, no Python step per row).
+_STEP_VALUES: dict[str, Callable[[Columns], Sequence[Any]]] = {
+    "step": lambda rows: rows.column("step"),
+    "t0_ns": lambda rows: rows.column("t0_ns"),
+    "t1_ns": lambda rows: rows.column("t1_ns"),
+    "wait_ns": lambda rows: rows.column("wait_ns", 0),
+    "explicit": lambda rows: _flags(rows, "explicit"),
+    "micro": lambda rows: rows.column("micro", 1),
+    "phases": lambda rows: _json_column(rows, "phases", "{}"),
+    "skipped": lambda rows: _flags(rows, "skipped"),
+    "eval_ns": lambda rows: rows.column("eval_ns", 0),
+    "optimizers": lambda rows: _json_column(rows, "optimizers", None, keep_empty=False),
+    "mem_allocated_bytes": lambda rows: rows.column("mem_allocated_bytes"),
+    "mem_reserved_bytes": lambda rows: rows.column("mem_reserved_bytes"),
+    "mem_peak_bytes": lambda rows: rows.column("mem_peak_bytes"),
+    "traced": lambda rows: _flags(rows, "traced"),
+}
+_STEP_COLUMNS = ("run_id", *_STEP_VALUES)
+#: Steps columns whose value as stored, when a row gives none (or 0, an empty
+#: optimizer list), is the schema's own default: 0 (``skipped``, ``eval_ns``,
+#: ``traced``) or NULL (the rest). A group's insert leaves out each of them
+#: that no row of the group holds another value of, and the database fills
+#: it in: a node's steps carry most of them empty as a rule (no skipped or
+#: traced step, no evaluation, no optimizer list; no memory readings without
+#: CUDA). Each column left out of ``COPY`` saves ~0.03 us of the replica's CPU
+#: and ~0.01 us of Postgres's a row: the seven, ~15 us of the replica's a
+#: second of an 8-GPU node (80 steps; ``docs/benchmarks.md``).
+_STEP_FALSY_DEFAULT = ("skipped", "eval_ns", "optimizers", "traced")
+_STEP_NULL_DEFAULT = ("mem_allocated_bytes", "mem_reserved_bytes", "mem_peak_bytes")
+
+
+def _step_columns(parts: Sequence[Columns]) -> tuple[str, ...]:
+    """The steps columns (:data:`_STEP_COLUMNS` order) an insert of *parts*'
+    rows names: all but those of :data:`_STEP_FALSY_DEFAULT` no row gives a
+    true value of and those of :data:`_STEP_NULL_DEFAULT` every row leaves None."""
+    left_out = set(_STEP_FALSY_DEFAULT + _STEP_NULL_DEFAULT)
+    for rows in parts:
+        for name in list(left_out):
+            col = rows.get(name)
+            if col is None:
+                continue
+            if any(col) if name in _STEP_FALSY_DEFAULT else col.count(None) != len(col):
+                left_out.discard(name)
+        if not left_out:
+            break
+    return tuple(c for c in _STEP_COLUMNS if c not in left_out)
+
+
+@functools.cache
+def _step_sql(columns: tuple[str, ...]) -> str:
+    """The steps insert naming *columns* (one statement text per set: the
+    writer prepares each once)."""
+    marks = ", ".join("?" * len(columns))
+    return f"INSERT INTO steps ({', '.join(columns)}) VALUES ({marks})"
+
+
+def _step_rows(
+    run_ids: Sequence[int], rows: Columns, columns: Sequence[str] = _STEP_COLUMNS
+) -> list[tuple[Any, ...]]:
+    """Steps rows of *columns* (:data:`_STEP_COLUMNS` order; *run_ids*: each
+    row's run), built a column at a time."""
+    assert columns[0] == "run_id"
+    return rows.tuples((), [run_ids, *(_STEP_VALUES[c](rows) for c in columns[1:])])
 
 
 def _comm_steps(run_id: int, rows: Columns) -> Columns:
@@ -535,11 +597,22 @@ _STORED_PG_SQL = (
     "?::bigint[], ?::bigint[]) AS r(run_id, lo, hi, t_lo, t_hi) ON t.run_id = r.run_id "
     "AND t.step BETWEEN r.lo AND r.hi AND COALESCE(t.{last}, 0) BETWEEN r.t_lo AND r.t_hi"
 )
-#: Per table: its insert, the row's key, and its rows in the insert's order.
-_KEYED = {
-    "steps": (_STEP_SQL, _STEP_KEY, _step_rows),
-    "comm_steps": (commpack.INSERT_SQL, _COMM_KEY, _comm_rows),
-}
+#: A keyed table's rows in its insert's order, from each row's run id and the rows.
+_RowsOf = Callable[[Sequence[int], Columns], list[tuple[Any, ...]]]
+
+
+def _steps_insert(parts: Sequence[Columns]) -> tuple[str, _RowsOf]:
+    """The steps insert of *parts*' rows (:func:`_step_columns`) and its rows."""
+    columns = _step_columns(parts)
+    return _step_sql(columns), functools.partial(_step_rows, columns=columns)
+
+
+def _comm_insert(_parts: Sequence[Columns]) -> tuple[str, _RowsOf]:
+    return commpack.INSERT_SQL, _comm_rows
+
+
+#: Per table: the row's key, and its insert and rows for some rows.
+_KEYED = {"steps": (_STEP_KEY, _steps_insert), "comm_steps": (_COMM_KEY, _comm_insert)}
 
 
 class _Later:
@@ -547,8 +620,13 @@ class _Later:
     rows by statement (one bulk insert each: COPY on Postgres), and the
     steps and buckets whose resends are left out first (the module doc)."""
 
-    def __init__(self) -> None:
+    def __init__(self, gpus: pgbulk.StoredGpus | None = None) -> None:
         self.rows: dict[str, list[tuple[Any, ...]]] = {}
+        #: Postgres: the GPUs known stored (left out of the upsert), those
+        #: upserted, and whether any was left out
+        self.stored_gpus = gpus
+        self.gpus_upserted: list[tuple[Any, ...]] = []
+        self.gpus_left_out = False
         #: per keyed table: (run id, rows) in the order sent
         self.keyed: dict[str, list[tuple[int, Columns]]] = {}
         #: runs whose row a run or end event changed
@@ -569,10 +647,12 @@ class _Later:
 
     async def insert(self, txn: Txn) -> None:
         for table, parts in self.keyed.items():
-            sql, key, to_rows = _KEYED[table]
+            key, plan = _KEYED[table]
+            together = _together(parts)
+            sql, to_rows = plan([rows for _, rows in together])
             have = await _stored(txn, table, parts, key)
             fresh: list[tuple[Any, ...]] = []
-            for run_ids, rows in _together(parts):
+            for run_ids, rows in together:
                 keys = rows.tuples((), [run_ids, *(rows.column(c) for c in key)])
                 new = set(keys)
                 built = to_rows(run_ids, rows)
@@ -595,6 +675,10 @@ class _Later:
                 if sql in self.rows:
                     self.tail[sql] = self.rows.pop(sql)
         for sql, values in self.rows.items():
+            if sql == rollup.GPU_SQL and bulk and self.stored_gpus is not None:
+                once = pgbulk.gpus_once(values)  # less the GPUs known stored
+                values = self.gpus_upserted = self.stored_gpus.unknown(once)
+                self.gpus_left_out = len(values) < len(once)
             if sql in bulk:  # an upsert: one statement for the group's rows
                 await bulk[sql](txn, values)
             else:

@@ -129,6 +129,39 @@ def _as(want: type, v: Any) -> Any:
     return want(v)
 
 
+class StoredGpus:
+    """The GPUs a team server replica has seen stored (committed), so a
+    group's ``gpus`` upsert (:data:`GPUS_SQL`) leaves out those it would not
+    change: a ``gpus`` row is never deleted and never loses its max SM clock,
+    so a GPU stored with its clock stays so, and one stored without stays
+    stored. A node sends its 8 GPUs every second, stored since its first:
+    ~35 us of the replica's and Postgres's CPU a batch less
+    (``docs/benchmarks.md``)."""
+
+    def __init__(self) -> None:
+        self._clock: dict[tuple[Any, Any], bool] = {}  # (uuid, boot key) -> a clock stored
+
+    def unknown(self, rows: Sequence[Sequence[Any]]) -> list[tuple[Any, ...]]:
+        """*rows* (:func:`gpus_once`'s), less each GPU stored with its clock,
+        or stored and given none."""
+        out = []
+        for row in rows:
+            clock = self._clock.get(row[:2])
+            if clock is None or not (clock or row[2] is None):
+                out.append(row)
+        return out
+
+    def learn(self, rows: Sequence[Sequence[Any]]) -> None:
+        """*rows* (:data:`GPUS_SQL`'s) were upserted, and their transaction committed."""
+        for uuid, boot, limit in rows:
+            self._clock[uuid, boot] = self._clock.get((uuid, boot), False) or limit is not None
+
+    def forget(self) -> None:
+        """Forget every GPU (a transaction failed: the database may be another
+        now, a GPU left out gone; the next upserts name every GPU again)."""
+        self._clock.clear()
+
+
 async def upsert_gpus(txn: Txn, rows: Sequence[Sequence[Any]]) -> None:
     """Upsert ``gpus`` rows (:func:`gpuprofd.sampling.rollup.gpu_rows`) in one statement."""
     once = gpus_once(rows)
