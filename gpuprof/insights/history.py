@@ -14,7 +14,7 @@ from gpuprof.insights.base import (
     rule,
 )
 from gpuprof.insights.contention import measured_under_contention
-from gpuprof.stats import median, speed_ratio
+from gpuprof.stats import MIN_STEPS, median, speed_ratio
 
 #: Slower than the baseline by more than this is a regression: repeated runs
 #: of one job on one node differ by a few percent from launch to launch (the
@@ -91,14 +91,17 @@ def regression(ctx: RunContext) -> Insight | None:
     (:func:`gpuprof.stats.speed_ratio` of the steady iterations, the previous
     runs' pooled; ``gpuprofctl compare``'s figures). When those runs' steps
     are gone (retention keeps their medians longer), by the median of their
-    stored medians, without a noise test."""
+    stored medians, without a noise test. Silent on a run of fewer than
+    :data:`~gpuprof.stats.MIN_STEPS` steady steps (a smoke run's few steps
+    are its warm-up: no noise test can tell them from a regression)."""
     history = ctx.history_median_step_ms[:HISTORY_RUNS]
     current = ctx.steady_iteration_ms
-    if not history or not current:
+    if not history or len(current) < MIN_STEPS:
         return None
     samples = ctx.history_iteration_ms[:HISTORY_RUNS]
-    if len(samples) == len(history) and all(samples):
-        return _by_steps(ctx, [ms for run in samples for ms in run], len(history))
+    pooled = [ms for run in samples for ms in run]
+    if len(samples) == len(history) and all(samples) and len(pooled) >= MIN_STEPS:
+        return _by_steps(ctx, pooled, len(history))
     return _by_medians(ctx, history)
 
 
