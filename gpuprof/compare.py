@@ -27,6 +27,7 @@ from gpuprof.protocol import DATA_PHASE
 from gpuprof.stats import (
     CONFIDENCE,
     MAX_BLOCKS,
+    MIN_STEPS,
     RESAMPLES,
     SEED,
     SpeedRatio,
@@ -257,12 +258,15 @@ def finding_changes(
     findings_a: Sequence[Mapping[str, Any]],
     findings_b: Sequence[Mapping[str, Any]],
     same_name: bool = True,
+    judged: bool = True,
 ) -> dict[str, list[dict[str, Any]]]:
     """The findings matched by rule: ``resolved`` (A's only), ``new`` (B's
     only), ``changed`` (both, another severity) and ``unchanged`` (both,
     the same severity; their titles' figures may differ). Runs of different
     names (not *same_name*) put the findings of :data:`OWN_HISTORY_RULES`
-    in ``history`` instead: each run's against its own earlier runs. Each entry has
+    in ``history`` instead: each run's against its own earlier runs. When a
+    run is too short for its rules to speak (not *judged*), a finding of one
+    run alone is in ``unjudged``: its absence from the other says nothing. Each entry has
     ``rule``, ``label`` and each side's ``severity_a``/``title_a`` and
     ``severity_b``/``title_b`` it has, and any ``gain_*`` fields of A's
     finding (what fixing it was predicted to be worth) and B's."""
@@ -274,6 +278,7 @@ def finding_changes(
         "changed": [],
         "unchanged": [],
         "history": [],
+        "unjudged": [],
     }
     for rule in [*by_a, *(r for r in by_b if r not in by_a)]:
         fa, fb = by_a.get(rule), by_b.get(rule)
@@ -284,6 +289,8 @@ def finding_changes(
             entry.update(severity_b=fb.get("severity"), title_b=fb.get("title"), gain_b=_gains(fb))
         if not same_name and rule in OWN_HISTORY_RULES:
             kind = "history"
+        elif not judged and (fa is None or fb is None):
+            kind = "unjudged"
         elif fb is None:
             kind = "resolved"
         elif fa is None:
@@ -437,7 +444,10 @@ def compare_runs(
     basis = compare_basis(a, b)
     ratio = speed_ratio(a.steady_iteration_ms, b.steady_iteration_ms, basis.units_a, basis.units_b)
     phases = phase_deltas(a, b, basis)
-    changes = finding_changes(findings_a, findings_b, a.run_name == b.run_name)
+    # most rules need more steps than a smoke run has: a finding missing
+    # from a run of a few steps was not looked for, not resolved
+    judged = min(len(a.steady_iteration_ms), len(b.steady_iteration_ms)) >= MIN_STEPS
+    changes = finding_changes(findings_a, findings_b, a.run_name == b.run_name, judged)
     busy = {"a": measured_under_contention(a), "b": measured_under_contention(b)}
     said = verdict(ratio, basis.unit, phases, changes)
     host = busy_host_clause(ratio, busy["a"], busy["b"])

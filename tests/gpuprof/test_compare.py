@@ -343,6 +343,23 @@ def test_too_few_steps_are_said_instead_of_an_interval():
     assert (out["ci_low"], out["ci_high"], out["within_noise"]) == (None, None, None)
 
 
+def test_a_run_too_short_for_the_rules_resolves_and_adds_no_finding():
+    # B, 2 steps, had no contention finding because no rule could look, not
+    # because the host went quiet: its absence is not "resolved"
+    a_found = [finding("host_cpu_contention", "HIGH"), finding("estimated_cost", "LOW")]
+    b_found = [finding("estimated_cost", "LOW"), finding("compilation_warmup", "MED")]
+    out = compare_runs(ctx([10.0] * 40), ctx([5.0] * 2), a_found, b_found)
+    got = out["findings"]
+    assert got["resolved"] == [] and got["new"] == []
+    assert [e["rule"] for e in got["unjudged"]] == ["host_cpu_contention", "compilation_warmup"]
+    assert [e["rule"] for e in got["unchanged"]] == ["estimated_cost"]
+    assert out["verdict"] == "B is 2.0× faster (too few steady steps for an interval: 37 and 2)."
+    # 10 steady steps on both sides: judged
+    enough = compare_runs(ctx([10.0] * 40), ctx([5.0] * 13), a_found, b_found)["findings"]
+    assert [e["rule"] for e in enough["resolved"]] == ["host_cpu_contention"]
+    assert enough["unjudged"] == []
+
+
 def busy(step_ms: list[float], others: float) -> RunContext:
     """A run whose every step had the 2-core host pegged, *others* cores of
     it held by other processes (what the host sampler recorded)."""

@@ -128,14 +128,21 @@ def _findings(data: Mapping[str, Any]) -> list[str]:
         if title(e, "a") != title(e, "b"):  # the same severity, other figures: both said
             lines.append(f"             A: {title(e, 'a')}")
         lines.append(f"             B: {title(e, 'b')}")
-    # runs of different names: each judged against its own name's earlier runs
-    for e in changes.get("history", ()):
-        for side in ("a", "b"):
-            if f"severity_{side}" in e:
-                who, label = side.upper(), clean_text(e["label"], 60)
-                sev, own = e[f"severity_{side}"], f"against {who}'s own earlier runs"
-                lines.append(f"  {who} only     [{sev}] {label} ({own})")
-                lines.append(f"             {title(e, side)}")
+    # runs of different names: each judged against its own name's earlier
+    # runs; a run too short for the rules: the other's findings not looked for
+    steps = {s: data[s]["steady_steps"] for s in ("a", "b")}
+    for kind in ("history", "unjudged"):
+        for e in changes.get(kind, ()):
+            for side in ("a", "b"):
+                if f"severity_{side}" in e:
+                    who, label = side.upper(), clean_text(e["label"], 60)
+                    why = (
+                        f"against {who}'s own earlier runs"
+                        if kind == "history"
+                        else f"too few steady steps to judge: {steps['a']} and {steps['b']}"
+                    )
+                    lines.append(f"  {who} only     [{e[f'severity_{side}']}] {label} ({why})")
+                    lines.append(f"             {title(e, side)}")
     return lines or ["  none in either run"]
 
 
