@@ -25,6 +25,9 @@ class LiveRun:
     """Step events received."""
     store_dropped: int = 0
     """Events the daemon received but could not queue for storage."""
+    store_error: str | None = None
+    """Why some of them failed to commit (the database's error), None when
+    none did: those dropped only for a full queue were the daemon's load."""
     persisted_received: int = 0
     last_t1_ns: int | None = None
     last_step: dict[str, Any] | None = None

@@ -263,6 +263,7 @@ class RunService:
     def _collect_lost(self, live: LiveRun) -> None:
         """Add the events of *live* the store could not commit to its count."""
         live.store_dropped += self.store.take_lost(live.run_id)
+        live.store_error = self.store.take_lost_error(live.run_id) or live.store_error
 
     def _end_fields(self, live: LiveRun, msg: dict[str, Any]) -> dict[str, Any]:
         cuda_uuid = msg.get("cuda_uuid") or live.cuda_uuid
@@ -298,7 +299,8 @@ class RunService:
         elif msg["sent"] > live.received:
             notes.append(f"{msg['sent'] - live.received} events sent but not received")
         if live.store_dropped:
-            notes.append(f"{live.store_dropped} events received but not stored (daemon busy)")
+            why = live.store_error or "daemon busy"  # a commit's error, else a full queue
+            notes.append(f"{live.store_dropped} events received but not stored ({why})")
         return notes
 
     async def _tail(self, live: LiveRun, msg: dict[str, Any]) -> None:
