@@ -16,6 +16,7 @@ import shlex
 from collections.abc import Sequence
 from typing import Any
 
+from gpuprof.protocol import clean_run_name
 from gpuprofd.core.errors import UnknownRunError
 from gpuprofd.storage.dialect import Dialect
 from gpuprofd.storage.reader import Reader
@@ -76,15 +77,22 @@ async def get_run(db: Reader, run_id: int | None) -> dict[str, Any]:
 
 #: Run names an unknown name's message lists (the newest).
 NAMES_LISTED = 10
+#: Characters of the unknown name itself that message repeats (one line, not
+#: a 200-character name back).
+NAME_SHOWN_CHARS = 60
 
 
 async def latest_run_named(db: Reader, name: str) -> dict[str, Any]:
-    """The latest run (highest id) named exactly *name*.
+    """The latest run (highest id) of the name *name*, as the run stored it:
+    cleaned as ``gpuprof.profile`` names are (:func:`clean_run_name`:
+    control characters as spaces, cut to 200 characters), so the name the
+    training script gave finds its run.
 
     Raises:
         UnknownRunError: no run has that name, naming the database and the
             latest :data:`NAMES_LISTED` names it does hold.
     """
+    name = clean_run_name(name)
     row = await db.fetchone(
         "SELECT * FROM runs WHERE run_name = ? ORDER BY id DESC LIMIT 1", (name,)
     )
@@ -95,11 +103,12 @@ async def latest_run_named(db: Reader, name: str) -> dict[str, Any]:
         (NAMES_LISTED + 1,),
     )
     names = [shlex.quote(r["run_name"][:60]) for r in rows]
+    asked = repr(name if len(name) <= NAME_SHOWN_CHARS else name[: NAME_SHOWN_CHARS - 1] + "…")
     if not names:
-        raise UnknownRunError(f"no run named {name!r} in {db.where}: it has no runs yet")
+        raise UnknownRunError(f"no run named {asked} in {db.where}: it has no runs yet")
     more = ", ..." if len(names) > NAMES_LISTED else ""
     raise UnknownRunError(
-        f"no run named {name!r} in {db.where} (names here, newest first: "
+        f"no run named {asked} in {db.where} (names here, newest first: "
         f"{', '.join(names[:NAMES_LISTED])}{more}; see {_runs_command(db.where)})"
     )
 
