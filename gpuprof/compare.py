@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from gpuprof.insights.base import RunContext, common_unit, steady
+from gpuprof.insights.base import RunContext, common_unit, mean_micro, same_shape, steady
 from gpuprof.insights.contention import measured_under_contention
 from gpuprof.protocol import DATA_PHASE
 from gpuprof.stats import (
@@ -100,8 +100,7 @@ _NAMED_PHASES = ("forward", "backward", "comm", "optimizer", DATA_PHASE)
 
 def micro_per_step(ctx: RunContext) -> float:
     """Mean micro-batches per steady step (1 when none were counted)."""
-    micro = steady(ctx.micro_batches)
-    return mean(micro) if micro else 1.0
+    return mean_micro(ctx.micro_batches)
 
 
 @dataclass(frozen=True)
@@ -143,7 +142,7 @@ def compare_basis(a: RunContext, b: RunContext) -> Basis:
         if _declared(mine, unit) and not _declared(other, unit)
     ]
     ma, mb = micro_per_step(a), micro_per_step(b)
-    if a.world_size == b.world_size and math.isclose(ma, mb, rel_tol=0.01):
+    if same_shape(a.world_size, ma, b.world_size, mb):
         note = f"compared per iteration: {'; '.join(alone)}" if alone else None
         return Basis("iteration", 1.0, 1.0, note)
     ua, ub = ma * a.world_size, mb * b.world_size

@@ -166,6 +166,12 @@ def test_work_scale_follows_the_declared_work_of_an_iteration():
     assert work_scale(sps, 1, {}, 1) == (1.0, "iteration")
     assert work_scale({"samples_per_step": True}, 1, sps, 1) == (1.0, "iteration")
     assert work_scale({"samples_per_step": -3}, 1, sps, 1) == (1.0, "iteration")
+    # nothing declared in common: other micro-batches or ranks, per micro-batch
+    assert work_scale({}, 1, {}, 1, 4.0, 1.0) == (4.0, "micro-batch")
+    assert work_scale(sps, 2, {}, 1, 1.0, 2.0) == (1.0, "micro-batch")  # 2 x 1 vs 1 x 2
+    assert work_scale({}, 1, {}, 1, 4.0, 4.02) == (1.0, "iteration")  # within 1 %: one shape
+    # declared work wins over micro-batches, as in compare
+    assert work_scale(sps, 1, sps, 1, 4.0, 1.0) == (1.0, "iteration")
 
 
 def test_a_regression_per_sample_says_its_figures_per_sample():
