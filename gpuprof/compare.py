@@ -21,7 +21,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from gpuprof.insights.base import RunContext, common_unit, mean_micro, same_shape, steady
+from gpuprof.insights.base import (
+    RunContext,
+    common_unit,
+    mean_micro,
+    refines,
+    same_shape,
+    steady,
+)
 from gpuprof.insights.contention import measured_under_contention
 from gpuprof.protocol import DATA_PHASE
 from gpuprof.stats import (
@@ -297,7 +304,28 @@ def finding_changes(
         else:
             kind = "changed" if fa.get("severity") != fb.get("severity") else "unchanged"
         out[kind].append(entry)
+    _pair_refined(out)
     return out
+
+
+def _pair_refined(out: dict[str, list[dict[str, Any]]]) -> None:
+    """Move a resolved finding and a new one where one refines the other (A's
+    loader stall, B's CPU-bound loader: the stall is still there, its cause
+    found) to ``changed``, as one entry: ``rule`` B's, ``rule_a`` A's, the
+    label ``loader stall → CPU-bound loader``. A finding may pair with more
+    than one (a CPU-bound loader refines the loader stall and the host CPU
+    contention both)."""
+    paired_a: set[str] = set()
+    paired_b: set[str] = set()
+    for a in out["resolved"]:
+        for b in out["new"]:
+            if refines(b["rule"], a["rule"]) or refines(a["rule"], b["rule"]):
+                entry = {**a, **b, "rule_a": a["rule"], "label": f"{a['label']} → {b['label']}"}
+                out["changed"].append(entry)
+                paired_a.add(a["rule"])
+                paired_b.add(b["rule"])
+    out["resolved"] = [e for e in out["resolved"] if e["rule"] not in paired_a]
+    out["new"] = [e for e in out["new"] if e["rule"] not in paired_b]
 
 
 # --- the sentence ---------------------------------------------------------------------

@@ -409,6 +409,12 @@ def registered_rules() -> dict[str, Rule]:
     return dict(_REGISTRY)
 
 
+def refines(specific: str, general: str) -> bool:
+    """Whether rule *specific* refines rule *general* (supersedes it: a
+    CPU-bound loader stall is a loader stall, told more exactly)."""
+    return general in _SUPERSEDES.get(specific, ())
+
+
 def drop_superseded(found: list[Insight]) -> list[Insight]:
     """Remove findings that a more specific finding in *found* supersedes."""
     hidden = {old for i in found for old in _SUPERSEDES.get(i.rule, ())}
