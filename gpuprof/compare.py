@@ -472,8 +472,12 @@ def compare_runs(
     ratio = speed_ratio(a.steady_iteration_ms, b.steady_iteration_ms, basis.units_a, basis.units_b)
     phases = phase_deltas(a, b, basis)
     # most rules need more steps than a smoke run has: a finding missing
-    # from a run of a few steps was not looked for, not resolved
-    judged = min(len(a.steady_iteration_ms), len(b.steady_iteration_ms)) >= MIN_STEPS
+    # from a run of a few steps was not looked for, not resolved; nor from a
+    # running run before gpuprofd's first live pass (every pass finds at
+    # least the cost line)
+    judged = min(len(a.steady_iteration_ms), len(b.steady_iteration_ms)) >= MIN_STEPS and all(
+        found or ctx.status != "running" for ctx, found in ((a, findings_a), (b, findings_b))
+    )
     changes = finding_changes(findings_a, findings_b, a.run_name == b.run_name, judged)
     busy = {"a": measured_under_contention(a), "b": measured_under_contention(b)}
     said = verdict(ratio, basis.unit, phases, changes)

@@ -386,6 +386,13 @@ def test_a_run_too_short_for_the_rules_resolves_and_adds_no_finding():
     enough = compare_runs(ctx([10.0] * 40), ctx([5.0] * 13), a_found, b_found)["findings"]
     assert [e["rule"] for e in enough["resolved"]] == ["host_cpu_contention"]
     assert enough["unjudged"] == []
+    # a running run gpuprofd has not judged yet (no finding stored, not even
+    # the cost line): its findings are not looked for either
+    fresh = ctx([5.0] * 40, status="running")
+    early = compare_runs(ctx([10.0] * 40), fresh, a_found, [])["findings"]
+    assert early["resolved"] == [] and len(early["unjudged"]) == 2
+    judged = compare_runs(ctx([10.0] * 40), fresh, a_found, b_found)["findings"]
+    assert [e["rule"] for e in judged["resolved"]] == ["host_cpu_contention"]
 
 
 def busy(step_ms: list[float], others: float) -> RunContext:

@@ -278,6 +278,10 @@ def test_a_finding_of_one_run_beside_a_too_short_run_is_said_unjudged(
     lines = format_compare(got).splitlines()
     at = lines.index("  A only     [HIGH] loader stall (too few steady steps to judge: 40 and 2)")
     assert lines[at + 1] == "             t"
+    got["b"].update(steady_steps=40, status="running")  # not judged yet
+    assert "  A only     [HIGH] loader stall (B running, not judged yet)" in (
+        format_compare(got).splitlines()
+    )
 
 
 def test_a_run_doing_more_work_an_iteration_is_no_regression_per_sample(
