@@ -308,6 +308,20 @@ def finding_changes(
     return out
 
 
+def _history_unless_moved(out: dict[str, list[dict[str, Any]]], r: SpeedRatio) -> None:
+    """A regression (:data:`OWN_HISTORY_RULES`) is resolved only when B is
+    faster than A beyond noise, new only when slower: else it went or came
+    with its baseline (the earlier runs it is judged against, which roll
+    on: a slow run repeated stops being a regression once it is the
+    baseline), and it moves to ``history``, each run's own."""
+    faster = r.low is not None and r.low > 1.0
+    slower = r.high is not None and r.high < 1.0
+    for kind, moved in (("resolved", faster), ("new", slower)):
+        own = [e for e in out[kind] if e["rule"] in OWN_HISTORY_RULES and not moved]
+        out[kind] = [e for e in out[kind] if e not in own]
+        out["history"].extend(own)
+
+
 def _pair_refined(out: dict[str, list[dict[str, Any]]]) -> None:
     """Move a resolved finding and a new one where one refines the other (A's
     loader stall, B's CPU-bound loader: the stall is still there, its cause
@@ -479,6 +493,7 @@ def compare_runs(
         found or ctx.status != "running" for ctx, found in ((a, findings_a), (b, findings_b))
     )
     changes = finding_changes(findings_a, findings_b, a.run_name == b.run_name, judged)
+    _history_unless_moved(changes, ratio)
     busy = {"a": measured_under_contention(a), "b": measured_under_contention(b)}
     said = verdict(ratio, basis.unit, phases, changes)
     host = busy_host_clause(ratio, busy["a"], busy["b"])

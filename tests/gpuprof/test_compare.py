@@ -275,13 +275,32 @@ def test_the_verdict_says_no_regression_resolved_between_names():
     out = compare_runs(a, b, [finding("regression", "MED")], [])
     assert "regression" not in out["verdict"]
     assert [e["rule"] for e in out["findings"]["history"]] == ["regression"]
-    same = compare_runs(
+    faster = compare_runs(
         a,
-        ctx(noisy(20.0, 1, n, 3), noisy(5.0, 1, n, 4), {}, run_name="baseline"),
+        ctx(noisy(15.0, 1, n, 3), noisy(5.0, 1, n, 4), {}, run_name="baseline"),
         [finding("regression", "MED")],
         [],
     )
-    assert '"regression" is resolved' in same["verdict"]
+    assert '"regression" is resolved' in faster["verdict"]
+
+
+def test_a_regression_that_went_with_its_rolling_baseline_is_not_resolved():
+    # one name, B as slow as A: A's regression is gone from B only because
+    # B's earlier runs (A among them) are now as slow; nothing was fixed
+    n = 200
+    a = ctx(noisy(20.0, 1, n, 1), noisy(5.0, 1, n, 2), {}, run_name="job")
+    b = ctx(noisy(20.0, 1, n, 3), noisy(5.0, 1, n, 4), {}, run_name="job")
+    same = compare_runs(a, b, [finding("regression", "MED")], [])
+    assert same["within_noise"] is True
+    assert same["findings"]["resolved"] == []
+    assert [e["rule"] for e in same["findings"]["history"]] == ["regression"]
+    assert "regression" not in same["verdict"]
+    # nor new in a B no slower than A
+    again = compare_runs(a, b, [], [finding("regression", "MED")])
+    assert again["findings"]["new"] == [] and len(again["findings"]["history"]) == 1
+    # B slower beyond noise: new
+    slow = ctx(noisy(26.0, 1, n, 3), noisy(5.0, 1, n, 4), {}, run_name="job")
+    assert '"regression" is new' in compare_runs(a, slow, [], [finding("regression")])["verdict"]
 
 
 def test_the_issues_sentence():
