@@ -326,9 +326,7 @@ def _pair_refined(out: dict[str, list[dict[str, Any]]]) -> None:
     """Move a resolved finding and a new one where one refines the other (A's
     loader stall, B's CPU-bound loader: the stall is still there, its cause
     found) to ``changed``, as one entry: ``rule`` B's, ``rule_a`` A's, the
-    label ``loader stall → CPU-bound loader``. A finding may pair with more
-    than one (a CPU-bound loader refines the loader stall and the host CPU
-    contention both)."""
+    label ``loader stall → CPU-bound loader`` (:func:`refines`)."""
     paired_a: set[str] = set()
     paired_b: set[str] = set()
     for a in out["resolved"]:

@@ -410,9 +410,10 @@ def registered_rules() -> dict[str, Rule]:
 
 
 def refines(specific: str, general: str) -> bool:
-    """Whether rule *specific* refines rule *general* (supersedes it: a
-    CPU-bound loader stall is a loader stall, told more exactly)."""
-    return general in _SUPERSEDES.get(specific, ())
+    """Whether rule *specific* tells rule *general*'s finding more exactly:
+    the first rule it supersedes (a CPU-bound loader stall is a loader
+    stall; the host contention it also covers is another finding)."""
+    return _SUPERSEDES.get(specific, ())[:1] == (general,)
 
 
 def drop_superseded(found: list[Insight]) -> list[Insight]:
