@@ -21,12 +21,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from gpuprof.insights.base import RunContext, common_unit, steady
+from gpuprof.insights.base import (
+    RunContext,
+    common_unit,
+    mean_micro,
+    refines,
+    same_shape,
+    steady,
+)
 from gpuprof.insights.contention import measured_under_contention
 from gpuprof.protocol import DATA_PHASE
 from gpuprof.stats import (
     CONFIDENCE,
     MAX_BLOCKS,
+    MIN_STEPS,
     RESAMPLES,
     SEED,
     SpeedRatio,
@@ -99,8 +107,7 @@ _NAMED_PHASES = ("forward", "backward", "comm", "optimizer", DATA_PHASE)
 
 def micro_per_step(ctx: RunContext) -> float:
     """Mean micro-batches per steady step (1 when none were counted)."""
-    micro = steady(ctx.micro_batches)
-    return mean(micro) if micro else 1.0
+    return mean_micro(ctx.micro_batches)
 
 
 @dataclass(frozen=True)
@@ -142,7 +149,7 @@ def compare_basis(a: RunContext, b: RunContext) -> Basis:
         if _declared(mine, unit) and not _declared(other, unit)
     ]
     ma, mb = micro_per_step(a), micro_per_step(b)
-    if a.world_size == b.world_size and math.isclose(ma, mb, rel_tol=0.01):
+    if same_shape(a.world_size, ma, b.world_size, mb):
         note = f"compared per iteration: {'; '.join(alone)}" if alone else None
         return Basis("iteration", 1.0, 1.0, note)
     ua, ub = ma * a.world_size, mb * b.world_size
@@ -257,12 +264,15 @@ def finding_changes(
     findings_a: Sequence[Mapping[str, Any]],
     findings_b: Sequence[Mapping[str, Any]],
     same_name: bool = True,
+    judged: bool = True,
 ) -> dict[str, list[dict[str, Any]]]:
     """The findings matched by rule: ``resolved`` (A's only), ``new`` (B's
     only), ``changed`` (both, another severity) and ``unchanged`` (both,
     the same severity; their titles' figures may differ). Runs of different
     names (not *same_name*) put the findings of :data:`OWN_HISTORY_RULES`
-    in ``history`` instead: each run's against its own earlier runs. Each entry has
+    in ``history`` instead: each run's against its own earlier runs. When a
+    run is too short for its rules to speak (not *judged*), a finding of one
+    run alone is in ``unjudged``: its absence from the other says nothing. Each entry has
     ``rule``, ``label`` and each side's ``severity_a``/``title_a`` and
     ``severity_b``/``title_b`` it has, and any ``gain_*`` fields of A's
     finding (what fixing it was predicted to be worth) and B's."""
@@ -274,6 +284,7 @@ def finding_changes(
         "changed": [],
         "unchanged": [],
         "history": [],
+        "unjudged": [],
     }
     for rule in [*by_a, *(r for r in by_b if r not in by_a)]:
         fa, fb = by_a.get(rule), by_b.get(rule)
@@ -284,6 +295,8 @@ def finding_changes(
             entry.update(severity_b=fb.get("severity"), title_b=fb.get("title"), gain_b=_gains(fb))
         if not same_name and rule in OWN_HISTORY_RULES:
             kind = "history"
+        elif not judged and (fa is None or fb is None):
+            kind = "unjudged"
         elif fb is None:
             kind = "resolved"
         elif fa is None:
@@ -291,7 +304,40 @@ def finding_changes(
         else:
             kind = "changed" if fa.get("severity") != fb.get("severity") else "unchanged"
         out[kind].append(entry)
+    _pair_refined(out)
     return out
+
+
+def _history_unless_moved(out: dict[str, list[dict[str, Any]]], r: SpeedRatio) -> None:
+    """A regression (:data:`OWN_HISTORY_RULES`) is resolved only when B is
+    faster than A beyond noise, new only when slower: else it went or came
+    with its baseline (the earlier runs it is judged against, which roll
+    on: a slow run repeated stops being a regression once it is the
+    baseline), and it moves to ``history``, each run's own."""
+    faster = r.low is not None and r.low > 1.0
+    slower = r.high is not None and r.high < 1.0
+    for kind, moved in (("resolved", faster), ("new", slower)):
+        own = [e for e in out[kind] if e["rule"] in OWN_HISTORY_RULES and not moved]
+        out[kind] = [e for e in out[kind] if e not in own]
+        out["history"].extend(own)
+
+
+def _pair_refined(out: dict[str, list[dict[str, Any]]]) -> None:
+    """Move a resolved finding and a new one where one refines the other (A's
+    loader stall, B's CPU-bound loader: the stall is still there, its cause
+    found) to ``changed``, as one entry: ``rule`` B's, ``rule_a`` A's, the
+    label ``loader stall → CPU-bound loader`` (:func:`refines`)."""
+    paired_a: set[str] = set()
+    paired_b: set[str] = set()
+    for a in out["resolved"]:
+        for b in out["new"]:
+            if refines(b["rule"], a["rule"]) or refines(a["rule"], b["rule"]):
+                entry = {**a, **b, "rule_a": a["rule"], "label": f"{a['label']} → {b['label']}"}
+                out["changed"].append(entry)
+                paired_a.add(a["rule"])
+                paired_b.add(b["rule"])
+    out["resolved"] = [e for e in out["resolved"] if e["rule"] not in paired_a]
+    out["new"] = [e for e in out["new"] if e["rule"] not in paired_b]
 
 
 # --- the sentence ---------------------------------------------------------------------
@@ -437,7 +483,15 @@ def compare_runs(
     basis = compare_basis(a, b)
     ratio = speed_ratio(a.steady_iteration_ms, b.steady_iteration_ms, basis.units_a, basis.units_b)
     phases = phase_deltas(a, b, basis)
-    changes = finding_changes(findings_a, findings_b, a.run_name == b.run_name)
+    # most rules need more steps than a smoke run has: a finding missing
+    # from a run of a few steps was not looked for, not resolved; nor from a
+    # running run before gpuprofd's first live pass (every pass finds at
+    # least the cost line)
+    judged = min(len(a.steady_iteration_ms), len(b.steady_iteration_ms)) >= MIN_STEPS and all(
+        found or ctx.status != "running" for ctx, found in ((a, findings_a), (b, findings_b))
+    )
+    changes = finding_changes(findings_a, findings_b, a.run_name == b.run_name, judged)
+    _history_unless_moved(changes, ratio)
     busy = {"a": measured_under_contention(a), "b": measured_under_contention(b)}
     said = verdict(ratio, basis.unit, phases, changes)
     host = busy_host_clause(ratio, busy["a"], busy["b"])

@@ -7,6 +7,7 @@ aggregates, never raw rows, and says nothing when its inputs are missing
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -48,6 +49,24 @@ def steady(values: Sequence[T]) -> Sequence[T]:
     them (:data:`WARMUP_STEPS` × 2 steps or fewer): the steps runs are
     compared by."""
     return values[WARMUP_STEPS:] if len(values) > 2 * WARMUP_STEPS else values
+
+
+#: Mean micro-batches per step this close (relative) are one shape: a
+#: last, shorter accumulation window moves the mean by a step's worth.
+MICRO_REL_TOL = 0.01
+
+
+def same_shape(world_a: int, micro_a: float, world_b: int, micro_b: float) -> bool:
+    """Whether two runs do one shape of iteration: the same world size and
+    mean micro-batches per step (within :data:`MICRO_REL_TOL`)."""
+    return world_a == world_b and math.isclose(micro_a, micro_b, rel_tol=MICRO_REL_TOL)
+
+
+def mean_micro(micro: Sequence[int]) -> float:
+    """Mean micro-batches per step of *micro* (one per step, in step order)
+    over its :func:`steady` steps; 1 when none were counted."""
+    got = steady(micro)
+    return sum(got) / len(got) if got else 1.0
 
 
 @dataclass(frozen=True)
@@ -388,6 +407,13 @@ def rule(name: str, supersedes: tuple[str, ...] = ()) -> Callable[[Rule], Rule]:
 def registered_rules() -> dict[str, Rule]:
     """All rules by name (importing :mod:`gpuprof.insights` registers them)."""
     return dict(_REGISTRY)
+
+
+def refines(specific: str, general: str) -> bool:
+    """Whether rule *specific* tells rule *general*'s finding more exactly:
+    the first rule it supersedes (a CPU-bound loader stall is a loader
+    stall; the host contention it also covers is another finding)."""
+    return _SUPERSEDES.get(specific, ())[:1] == (general,)
 
 
 def drop_superseded(found: list[Insight]) -> list[Insight]:

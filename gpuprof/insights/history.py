@@ -10,11 +10,13 @@ from gpuprof.insights.base import (
     Insight,
     RunContext,
     common_unit,
+    mean_micro,
     positive_count,
     rule,
+    same_shape,
 )
 from gpuprof.insights.contention import measured_under_contention
-from gpuprof.stats import median, speed_ratio
+from gpuprof.stats import MIN_STEPS, median, speed_ratio
 
 #: Slower than the baseline by more than this is a regression: repeated runs
 #: of one job on one node differ by a few percent from launch to launch (the
@@ -63,14 +65,19 @@ def work_scale(
     now_world: int,
     then_options: Mapping[str, Any] | None,
     then_world: int,
+    now_micro: float = 1.0,
+    then_micro: float = 1.0,
 ) -> tuple[float, str]:
     """(factor, unit): an earlier run's iteration times (ms) times *factor*
-    are its time for this run's work of an iteration, when both runs declared
-    ``tokens_per_step`` (else ``samples_per_step``) and an iteration's work
-    (that times the world size, as ``gpuprofctl compare`` counts it,
-    :func:`~gpuprof.insights.base.common_unit`) differs; *unit* is ``token``
-    or ``sample`` then, else (1.0, ``iteration``): runs that declare nothing
-    compare by iteration, as compare does."""
+    are its time for this run's work of an iteration, as ``gpuprofctl
+    compare`` counts it (:func:`gpuprof.compare.compare_basis`): when both
+    runs declared ``tokens_per_step`` (else ``samples_per_step``) and an
+    iteration's work (that times the world size,
+    :func:`~gpuprof.insights.base.common_unit`) differs, *unit* is ``token``
+    or ``sample``; else, when the world size or the mean micro-batches per
+    step (*now_micro*, *then_micro*) differ, ``micro-batch`` (on all ranks:
+    a run accumulating 4 micro-batches an update does 4 times the work of an
+    iteration); else (1.0, ``iteration``)."""
 
     def work(options: Mapping[str, Any] | None, world: int) -> DeclaredWork:
         got = options or {}
@@ -80,10 +87,12 @@ def work_scale(
         )
 
     shared = common_unit(work(now_options, now_world), work(then_options, then_world))
-    if shared is None or shared[1] == shared[2]:
+    if shared is not None:
+        unit, now_units, then_units = shared
+        return (1.0, "iteration") if now_units == then_units else (now_units / then_units, unit)
+    if same_shape(now_world, now_micro, then_world, then_micro):
         return 1.0, "iteration"
-    unit, now_units, then_units = shared
-    return now_units / then_units, unit
+    return (now_micro * now_world) / (then_micro * then_world), "micro-batch"
 
 
 def _previous(n: int) -> str:
@@ -102,19 +111,24 @@ def regression(ctx: RunContext) -> Insight | None:
     (:func:`gpuprof.stats.speed_ratio` of the steady iterations, the previous
     runs' pooled; ``gpuprofctl compare``'s figures). When those runs' steps
     are gone (retention keeps their medians longer), by the median of their
-    stored medians, without a noise test."""
+    stored medians, without a noise test. Silent on a run of fewer than
+    :data:`~gpuprof.stats.MIN_STEPS` steady steps (a smoke run's few steps
+    are its warm-up: no noise test can tell them from a regression)."""
     history = ctx.history_median_step_ms[:HISTORY_RUNS]
     current = ctx.steady_iteration_ms
-    if not history or not current:
+    if not history or len(current) < MIN_STEPS:
         return None
     samples = ctx.history_iteration_ms[:HISTORY_RUNS]
-    if len(samples) == len(history) and all(samples):
-        return _by_steps(ctx, [ms for run in samples for ms in run], len(history))
+    pooled = [ms for run in samples for ms in run]
+    if len(samples) == len(history) and all(samples) and len(pooled) >= MIN_STEPS:
+        return _by_steps(ctx, pooled, len(history))
     return _by_medians(ctx, history)
 
 
-def _units(ctx: RunContext) -> int:
+def _units(ctx: RunContext) -> float:
     """This run's work of an iteration in :attr:`RunContext.history_unit`s (all ranks)."""
+    if ctx.history_unit == "micro-batch":
+        return mean_micro(ctx.micro_batches) * ctx.world_size
     declared = ctx.tokens_per_step if ctx.history_unit == "token" else ctx.samples_per_step
     return (declared or 1) * ctx.world_size
 
@@ -131,6 +145,12 @@ def _figures(ctx: RunContext, now_ms: float, base_ms: float) -> str:
 def _per_unit_note(ctx: RunContext) -> str:
     if ctx.history_unit == "iteration":
         return ""
+    if ctx.history_unit == "micro-batch":
+        return (
+            " The earlier runs ran other micro-batches per step or ranks: compared per "
+            "micro-batch, assuming micro-batches of one size (declare samples_per_step= "
+            "or tokens_per_step= to compare per sample or token)."
+        )
     return (
         f" The earlier runs did other work an iteration (their declared "
         f"{ctx.history_unit}s_per_step): compared per {ctx.history_unit}."

@@ -226,6 +226,34 @@ def test_findings_resolved_new_changed_unchanged():
     )
 
 
+def test_a_stall_found_cpu_bound_is_changed_not_resolved_and_new():
+    # A: a plain stall; B: the same stall, its cause found: it did not go away
+    a = [finding("dataloader_stall", "HIGH", "57% waiting")]
+    b = [finding("cpu_bound_dataloader", "HIGH", "40% waiting; CPU-bound")]
+    got = finding_changes(a, b)
+    assert got["resolved"] == [] and got["new"] == []
+    assert [(e["rule_a"], e["rule"], e["label"]) for e in got["changed"]] == [
+        ("dataloader_stall", "cpu_bound_dataloader", "loader stall → CPU-bound loader"),
+    ]
+    assert (got["changed"][0]["title_a"], got["changed"][0]["title_b"]) == (
+        "57% waiting",
+        "40% waiting; CPU-bound",
+    )
+    # the other way (a slow first step told as a plain warm-up): changed too
+    back = finding_changes([finding("first_step_outlier", "MED")], [finding("compilation_warmup")])
+    assert [e["label"] for e in back["changed"]] == ["slow first step → slow warm-up"]
+    # unrelated findings still resolve and appear: the demo's fix (A's
+    # CPU-bound stall gone, B on a busy host) resolved the stall
+    other = finding_changes([finding("cpu_bound_dataloader")], [finding("host_cpu_contention")])
+    assert [e["rule"] for e in other["resolved"]] == ["cpu_bound_dataloader"]
+    assert [e["rule"] for e in other["new"]] == ["host_cpu_contention"]
+    assert other["changed"] == []
+    # and the verdict calls nothing resolved
+    n = 40
+    out = compare_runs(ctx([30.0] * n, [20.0] * n), ctx([30.0] * n, [10.0] * n), a, b)
+    assert "resolved" not in out["verdict"] and "new" not in out["verdict"]
+
+
 def test_a_regression_between_runs_of_different_names_is_each_runs_own():
     a = [finding("regression", "MED", "30% slower than its last 3 runs"), finding("low_mfu", "MED")]
     b = [finding("low_mfu", "MED")]
@@ -247,13 +275,32 @@ def test_the_verdict_says_no_regression_resolved_between_names():
     out = compare_runs(a, b, [finding("regression", "MED")], [])
     assert "regression" not in out["verdict"]
     assert [e["rule"] for e in out["findings"]["history"]] == ["regression"]
-    same = compare_runs(
+    faster = compare_runs(
         a,
-        ctx(noisy(20.0, 1, n, 3), noisy(5.0, 1, n, 4), {}, run_name="baseline"),
+        ctx(noisy(15.0, 1, n, 3), noisy(5.0, 1, n, 4), {}, run_name="baseline"),
         [finding("regression", "MED")],
         [],
     )
-    assert '"regression" is resolved' in same["verdict"]
+    assert '"regression" is resolved' in faster["verdict"]
+
+
+def test_a_regression_that_went_with_its_rolling_baseline_is_not_resolved():
+    # one name, B as slow as A: A's regression is gone from B only because
+    # B's earlier runs (A among them) are now as slow; nothing was fixed
+    n = 200
+    a = ctx(noisy(20.0, 1, n, 1), noisy(5.0, 1, n, 2), {}, run_name="job")
+    b = ctx(noisy(20.0, 1, n, 3), noisy(5.0, 1, n, 4), {}, run_name="job")
+    same = compare_runs(a, b, [finding("regression", "MED")], [])
+    assert same["within_noise"] is True
+    assert same["findings"]["resolved"] == []
+    assert [e["rule"] for e in same["findings"]["history"]] == ["regression"]
+    assert "regression" not in same["verdict"]
+    # nor new in a B no slower than A
+    again = compare_runs(a, b, [], [finding("regression", "MED")])
+    assert again["findings"]["new"] == [] and len(again["findings"]["history"]) == 1
+    # B slower beyond noise: new
+    slow = ctx(noisy(26.0, 1, n, 3), noisy(5.0, 1, n, 4), {}, run_name="job")
+    assert '"regression" is new' in compare_runs(a, slow, [], [finding("regression")])["verdict"]
 
 
 def test_the_issues_sentence():
@@ -341,6 +388,30 @@ def test_too_few_steps_are_said_instead_of_an_interval():
     out = compare_runs(ctx([10.0] * 8), ctx([5.0] * 8), [], [])
     assert out["verdict"] == "B is 2.0× faster (too few steady steps for an interval: 5 and 5)."
     assert (out["ci_low"], out["ci_high"], out["within_noise"]) == (None, None, None)
+
+
+def test_a_run_too_short_for_the_rules_resolves_and_adds_no_finding():
+    # B, 2 steps, had no contention finding because no rule could look, not
+    # because the host went quiet: its absence is not "resolved"
+    a_found = [finding("host_cpu_contention", "HIGH"), finding("estimated_cost", "LOW")]
+    b_found = [finding("estimated_cost", "LOW"), finding("compilation_warmup", "MED")]
+    out = compare_runs(ctx([10.0] * 40), ctx([5.0] * 2), a_found, b_found)
+    got = out["findings"]
+    assert got["resolved"] == [] and got["new"] == []
+    assert [e["rule"] for e in got["unjudged"]] == ["host_cpu_contention", "compilation_warmup"]
+    assert [e["rule"] for e in got["unchanged"]] == ["estimated_cost"]
+    assert out["verdict"] == "B is 2.0× faster (too few steady steps for an interval: 37 and 2)."
+    # 10 steady steps on both sides: judged
+    enough = compare_runs(ctx([10.0] * 40), ctx([5.0] * 13), a_found, b_found)["findings"]
+    assert [e["rule"] for e in enough["resolved"]] == ["host_cpu_contention"]
+    assert enough["unjudged"] == []
+    # a running run gpuprofd has not judged yet (no finding stored, not even
+    # the cost line): its findings are not looked for either
+    fresh = ctx([5.0] * 40, status="running")
+    early = compare_runs(ctx([10.0] * 40), fresh, a_found, [])["findings"]
+    assert early["resolved"] == [] and len(early["unjudged"]) == 2
+    judged = compare_runs(ctx([10.0] * 40), fresh, a_found, b_found)["findings"]
+    assert [e["rule"] for e in judged["resolved"]] == ["host_cpu_contention"]
 
 
 def busy(step_ms: list[float], others: float) -> RunContext:

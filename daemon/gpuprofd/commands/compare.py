@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from gpuprof.compare import times
+from gpuprof.stats import MIN_STEPS
 from gpuprof.text import clean_text
 from gpuprofd.commands.common import (
     DbOrUrl,
@@ -128,15 +129,28 @@ def _findings(data: Mapping[str, Any]) -> list[str]:
         if title(e, "a") != title(e, "b"):  # the same severity, other figures: both said
             lines.append(f"             A: {title(e, 'a')}")
         lines.append(f"             B: {title(e, 'b')}")
-    # runs of different names: each judged against its own name's earlier runs
-    for e in changes.get("history", ()):
-        for side in ("a", "b"):
-            if f"severity_{side}" in e:
-                who, label = side.upper(), clean_text(e["label"], 60)
-                sev, own = e[f"severity_{side}"], f"against {who}'s own earlier runs"
-                lines.append(f"  {who} only     [{sev}] {label} ({own})")
-                lines.append(f"             {title(e, side)}")
+    # runs of different names: each judged against its own name's earlier
+    # runs; a run too short for the rules: the other's findings not looked for
+    unjudged = _unjudged_why(data)
+    for kind in ("history", "unjudged"):
+        for e in changes.get(kind, ()):
+            for side in ("a", "b"):
+                if f"severity_{side}" in e:
+                    who, label = side.upper(), clean_text(e["label"], 60)
+                    why = f"against {who}'s own earlier runs" if kind == "history" else unjudged
+                    lines.append(f"  {who} only     [{e[f'severity_{side}']}] {label} ({why})")
+                    lines.append(f"             {title(e, side)}")
     return lines or ["  none in either run"]
+
+
+def _unjudged_why(data: Mapping[str, Any]) -> str:
+    """Why a finding of one run only is not called resolved or new: a run too
+    short for the rules, else a running run gpuprofd has not judged yet."""
+    steps = [data[s]["steady_steps"] for s in ("a", "b")]
+    if min(steps) < MIN_STEPS:
+        return f"too few steady steps to judge: {steps[0]} and {steps[1]}"
+    running = [s.upper() for s in ("a", "b") if data[s]["status"] == "running"]
+    return f"{' and '.join(running) or 'a run'} running, not judged yet"
 
 
 def format_compare(data: Mapping[str, Any]) -> str:

@@ -28,6 +28,9 @@ class LiveRun:
     refused by the database (:attr:`store_refused`)."""
     store_refused: int = 0
     """Of :attr:`store_dropped`, those the database refused (a full disk)."""
+    store_error: str | None = None
+    """Why the database last refused one of them (its error), None when it
+    refused none."""
     persisted_received: int = 0
     last_t1_ns: int | None = None
     last_step: dict[str, Any] | None = None

@@ -284,6 +284,7 @@ class RunService:
         refused = self.store.take_lost(live.run_id)
         live.store_dropped += refused
         live.store_refused += refused
+        live.store_error = self.store.take_lost_error(live.run_id) or live.store_error
 
     def _end_fields(self, live: LiveRun, msg: dict[str, Any]) -> dict[str, Any]:
         cuda_uuid = msg.get("cuda_uuid") or live.cuda_uuid
@@ -321,8 +322,7 @@ class RunService:
         if busy:
             notes.append(f"{busy} events received but not stored (daemon busy)")
         if live.store_refused:
-            refusal = self.store.last_refusal
-            why = f" ({refusal})" if refusal else ""
+            why = f" ({live.store_error})" if live.store_error else ""
             notes.append(
                 f"{live.store_refused} events received but not stored: "
                 f"the database refused them{why}"

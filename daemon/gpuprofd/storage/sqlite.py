@@ -63,14 +63,40 @@ def open_ro(path: Path) -> sqlite3.Connection:
 def connect_ro(path: Path) -> sqlite3.Connection:
     """Connect to *path* read-only (the path is quoted: ``?`` and ``#`` are URI syntax).
 
+    A WAL database (gpuprofd's) in a directory it cannot write (a read-only
+    mount, an archive) is opened ``immutable``: even a read-only reader of
+    WAL needs to create ``-shm`` beside it, so SQLite would refuse it
+    ("unable to open database file"); with no ``-wal`` left beside it the
+    file holds every commit, and nothing writes it there.
+
     Raises:
         sqlite3.Error: it cannot be opened (missing, a directory, no permission).
     """
+    uri = f"file:{quote(str(path.absolute()))}?mode=ro"
     # a connection is used by one thread at a time, not always the one that
     # opened it (SqliteFileReader runs each query in a worker thread)
-    return sqlite3.connect(
-        f"file:{quote(str(path.absolute()))}?mode=ro", uri=True, check_same_thread=False
-    )
+    conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
+    if not _sealed(path):
+        return conn
+    try:
+        conn.execute("SELECT 1 FROM sqlite_master LIMIT 1")
+    except sqlite3.OperationalError:
+        conn.close()
+        return sqlite3.connect(f"{uri}&immutable=1", uri=True, check_same_thread=False)
+    return conn
+
+
+def _sealed(path: Path) -> bool:
+    """*path* lies in a directory this process cannot write, with no
+    write-ahead log beside it (``-wal`` missing or empty): what it reads
+    there is all there is."""
+    if os.access(path.absolute().parent, os.W_OK):
+        return False
+    wal = path.with_name(path.name + "-wal")
+    try:
+        return wal.stat().st_size == 0
+    except FileNotFoundError:
+        return True
 
 
 class SqliteFileReader:

@@ -265,6 +265,25 @@ def test_a_regression_of_another_names_run_is_shown_as_that_runs_own(
     assert not any(x.startswith("  resolved") and "regression" in x for x in lines)
 
 
+def test_a_finding_of_one_run_beside_a_too_short_run_is_said_unjudged(
+    db: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gpuprofd.commands.compare import format_compare
+
+    got = _json(capsys, "compare", str(db), "1", "2")
+    got["b"]["steady_steps"] = 2
+    got["findings"]["unjudged"] = [
+        {"rule": "dataloader_stall", "label": "loader stall", "severity_a": "HIGH", "title_a": "t"}
+    ]
+    lines = format_compare(got).splitlines()
+    at = lines.index("  A only     [HIGH] loader stall (too few steady steps to judge: 40 and 2)")
+    assert lines[at + 1] == "             t"
+    got["b"].update(steady_steps=40, status="running")  # not judged yet
+    assert "  A only     [HIGH] loader stall (B running, not judged yet)" in (
+        format_compare(got).splitlines()
+    )
+
+
 def test_a_run_doing_more_work_an_iteration_is_no_regression_per_sample(
     db: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -61,7 +62,7 @@ async def _node(db: Path, **store_kw: int) -> AsyncIterator[tuple[Store, RunServ
         await store.close()
 
 
-async def _busy_run(db: Path) -> None:
+async def _busy_run(db: Path) -> dict:
     """A run through real ingest into a store whose writer stalls with 20
     places in its queue: 12 steps queue, then a 30-row kernels window finds
     no room for its 31 inserts; 3 events were lost in the training process."""
@@ -77,14 +78,15 @@ async def _busy_run(db: Path) -> None:
         await ingest.handle(orjson.dumps(_kernels(5, 30)))
         assert live.store_dropped == 1 and drops.snapshot()["store_backpressure"] == 1
         store.start()
-        await runs.bye(h.bye("k", sent=13, dropped=3))
+        return await runs.bye(h.bye("k", sent=13, dropped=3))
 
 
 def test_a_full_store_queue_counts_against_the_run(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     db = tmp_path / "d.db"
-    asyncio.run(_busy_run(db))
+    summary = asyncio.run(_busy_run(db))
+    assert "1 events received but not stored (daemon busy)" in summary["notes"]
     (row,) = query(db, "SELECT dropped_events, store_dropped_events FROM runs")
     assert tuple(row) == (3, 1)
     assert query(db, "SELECT COUNT(*) FROM steps")[0][0] == 12
@@ -95,6 +97,33 @@ def test_a_full_store_queue_counts_against_the_run(
     assert main(["runs", str(db)]) == 0
     header, line = capsys.readouterr().out.splitlines()[:2]
     assert header.split()[-1] == "DROPPED" and line.split()[-1] == "4"
+
+
+async def _unwritable_steps(db: Path) -> dict:
+    """A run whose 4 steps the database refuses (a trigger raising what a
+    damaged file raises): its summary at the bye."""
+    async with _node(db) as (store, runs, ingest):
+        await runs.hello(h.hello("k", os.getpid(), run_name="damaged"))
+        await store.flush()
+        with contextlib.closing(sqlite3.connect(db)) as conn:
+            conn.execute(
+                "CREATE TRIGGER broken BEFORE INSERT ON steps "
+                "BEGIN SELECT RAISE(ABORT, 'database disk image is malformed'); END"
+            )
+            conn.commit()
+        for i in range(4):
+            await ingest.handle(orjson.dumps(h.step("k", i, 1_000_000_000)))
+        return await runs.bye(h.bye("k", sent=4))
+
+
+def test_events_the_database_refused_say_its_error_not_a_busy_daemon(tmp_path: Path) -> None:
+    db = tmp_path / "damaged.db"
+    summary = asyncio.run(_unwritable_steps(db))
+    assert (
+        f"4 events received but not stored: the database refused them (writing {db} "
+        "failed: database disk image is malformed)" in summary["notes"]
+    ), summary["notes"]
+    assert query(db, "SELECT store_dropped_events FROM runs")[0][0] == 4
 
 
 async def _late_events(db: Path, monkeypatch: pytest.MonkeyPatch, rest: bool) -> dict:

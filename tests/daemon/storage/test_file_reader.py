@@ -4,7 +4,11 @@ of their own (a bounded number), and each answers its own question."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import sqlite3
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -66,3 +70,46 @@ async def test_rows_as_tuples_are_the_rows_values(tmp_path: Path) -> None:
     assert tuples == [tuple(r) for r in rows] and len(tuples) == 1000
     assert tuples[7] == (3, 7, 3.0)
     assert isinstance(again[0], sqlite3.Row) and again[0]["cores"] == 3.0
+
+
+@pytest.fixture
+def read_only_dir(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
+    """(a writable directory, the same directory seen read-only): a read-only
+    bind mount where this process may mount (root), else the directory with
+    its write bits off (root ignores those)."""
+    src, seen = tmp_path / "src", tmp_path / "ro"
+    src.mkdir()
+    if os.geteuid() != 0:
+        yield src, src
+        src.chmod(0o755)
+        return
+    seen.mkdir()
+    mounted = subprocess.run(["mount", "--bind", str(src), str(seen)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot bind-mount as root here: {mounted.stderr.decode().strip()}")
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(seen)], check=True)
+        yield src, seen
+    finally:
+        subprocess.run(["umount", str(seen)], check=False)
+
+
+async def test_a_database_in_a_read_only_directory_is_read(
+    tmp_path: Path, read_only_dir: tuple[Path, Path]
+) -> None:
+    src, seen = read_only_dir
+    db = _db(tmp_path)
+    # a copy of a daemon's file as an archive holds it: WAL mode, no -wal beside it
+    with (
+        contextlib.closing(sqlite3.connect(db)) as conn,
+        contextlib.closing(sqlite3.connect(src / "archive.db")) as copy,
+    ):
+        conn.backup(copy)
+        assert copy.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    if os.geteuid() != 0:
+        src.chmod(0o555)
+    assert not os.access(seen, os.W_OK)
+    sql = "SELECT COUNT(*) AS n FROM run_cpu_samples"
+    async with open_reader(seen / "archive.db") as reader:
+        assert (await reader.fetchone(sql))["n"] == 8000
+    assert sorted(p.name for p in seen.iterdir()) == ["archive.db"]  # nothing written beside it

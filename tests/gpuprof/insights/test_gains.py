@@ -339,7 +339,7 @@ def test_compilation_warm_up_is_worth_its_one_off_time_spread_over_the_run():
 
 
 def test_regression_is_worth_the_way_back_outside_the_budget():
-    ctx = make_ctx([30.0] * 10, history_median_step_ms=(20.0, 20.0))
+    ctx = make_ctx([30.0] * 13, history_median_step_ms=(20.0, 20.0))
     ins = finding(ctx, "regression")
     assert ins["gain_ms_per_iteration"] == 10.0 and ins["gain_parts_ms"] == {}
     # its time is the other findings': the fix-all figure leaves it out

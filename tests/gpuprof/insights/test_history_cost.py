@@ -13,7 +13,7 @@ from .conftest import make_ctx
 
 
 def test_regression_fires_41_percent_slower():
-    ctx = make_ctx([152.0] * 10, history_median_step_ms=(100.0, 108.0, 120.0, 10.0))
+    ctx = make_ctx([152.0] * 13, history_median_step_ms=(100.0, 108.0, 120.0, 10.0))
     ins = regression(ctx)
     assert ins is not None and ins.severity == "MED"
     assert ins.evidence["baseline_ms"] == pytest.approx(108.0)  # 4th run ignored
@@ -21,10 +21,10 @@ def test_regression_fires_41_percent_slower():
 
 
 def test_a_regression_measured_on_a_busy_host_sends_the_user_to_the_host_first():
-    idle = regression(make_ctx([130.0] * 10, history_median_step_ms=(100.0,)))
+    idle = regression(make_ctx([130.0] * 13, history_median_step_ms=(100.0,)))
     assert idle.fix.startswith("Diff this run's code")
-    pegged = {"step_host_pct": (100.0,) * 10, "step_other_cores": (0.9,) * 10, "cpu_count": 2}
-    busy = regression(make_ctx([130.0] * 10, history_median_step_ms=(100.0,), **pegged))
+    pegged = {"step_host_pct": (100.0,) * 13, "step_other_cores": (0.9,) * 13, "cpu_count": 2}
+    busy = regression(make_ctx([130.0] * 13, history_median_step_ms=(100.0,), **pegged))
     assert busy is not None  # still slower: the finding stays
     assert busy.fix.startswith(
         "This run was measured on a busy host (other processes during 100% of its steps)"
@@ -48,14 +48,38 @@ def test_a_regression_by_iteration_says_how_to_declare_more_work():
 
 
 def test_regression_against_one_previous_run_wording():
-    ins = regression(make_ctx([130.0] * 10, history_median_step_ms=(100.0,)))
+    ins = regression(make_ctx([130.0] * 13, history_median_step_ms=(100.0,)))
     assert ins.title.startswith("Regression vs the previous run of 't' (median)")
 
 
 def test_regression_silent_within_noise_or_faster_or_no_history():
-    assert regression(make_ctx([105.0] * 10, history_median_step_ms=(100.0,))) is None
-    assert regression(make_ctx([50.0] * 10, history_median_step_ms=(100.0,))) is None
-    assert regression(make_ctx([500.0] * 10)) is None
+    assert regression(make_ctx([105.0] * 13, history_median_step_ms=(100.0,))) is None
+    assert regression(make_ctx([50.0] * 13, history_median_step_ms=(100.0,))) is None
+    assert regression(make_ctx([500.0] * 13)) is None
+
+
+def test_a_smoke_run_of_a_few_steps_is_no_regression():
+    # 1 or 3 steps are all warm-up (steady = every step under 7): a smoke run
+    # twice as slow as its name's long runs is not a regression (no noise test
+    # can speak), by the steps or by the medians; 10 steady steps (13, the
+    # first 3 left out) are judged
+    long_runs = (_uniform(100, 5, 200, 1),)
+    for steps in ((200.0,), (200.0, 190.0, 180.0)):
+        assert regression(make_ctx(steps, history_median_step_ms=(100.0,))) is None
+        by_steps = make_ctx(steps, history_median_step_ms=(100.0,), history_iteration_ms=long_runs)
+        assert regression(by_steps) is None
+    ten = make_ctx([200.0] * 13, history_median_step_ms=(100.0,), history_iteration_ms=long_runs)
+    assert regression(ten).severity == "HIGH"
+
+
+def test_a_history_of_smoke_runs_is_judged_by_its_medians():
+    # the earlier runs' 2 steps each (4 pooled) are too few for the noise
+    # test: their medians say it, without an interval
+    smoke = ((100.0,) * 2,) * 2
+    ctx = make_ctx([130.0] * 20, history_median_step_ms=(100.0, 100.0), history_iteration_ms=smoke)
+    ins = regression(ctx)
+    assert ins.evidence["statistic"] == "median"
+    assert "(median): iteration 130.0 ms vs 100.0 ms (30% slower)" in ins.title
 
 
 def _uniform(mean_ms: float, spread_ms: float, n: int, seed: int) -> tuple[float, ...]:
@@ -108,7 +132,7 @@ def test_regression_falls_back_to_medians_when_a_history_runs_steps_are_gone():
 
 
 def test_regression_uses_iteration_time_so_loader_slowdowns_count():
-    ctx = make_ctx([100.0] * 10, [100.0] * 10, history_median_step_ms=(100.0,))
+    ctx = make_ctx([100.0] * 13, [100.0] * 13, history_median_step_ms=(100.0,))
     assert regression(ctx).severity == "HIGH"  # 200 vs 100 ms
 
 
@@ -158,17 +182,23 @@ def test_work_scale_follows_the_declared_work_of_an_iteration():
     assert work_scale(sps, 1, {}, 1) == (1.0, "iteration")
     assert work_scale({"samples_per_step": True}, 1, sps, 1) == (1.0, "iteration")
     assert work_scale({"samples_per_step": -3}, 1, sps, 1) == (1.0, "iteration")
+    # nothing declared in common: other micro-batches or ranks, per micro-batch
+    assert work_scale({}, 1, {}, 1, 4.0, 1.0) == (4.0, "micro-batch")
+    assert work_scale(sps, 2, {}, 1, 1.0, 2.0) == (1.0, "micro-batch")  # 2 x 1 vs 1 x 2
+    assert work_scale({}, 1, {}, 1, 4.0, 4.02) == (1.0, "iteration")  # within 1 %: one shape
+    # declared work wins over micro-batches, as in compare
+    assert work_scale(sps, 1, sps, 1, 4.0, 1.0) == (1.0, "iteration")
 
 
 def test_a_regression_per_sample_says_its_figures_per_sample():
     # this run: 256 samples at 130 ms; the history scaled to 256 samples: 100 ms
     ctx = make_ctx(
-        [130.0] * 10, history_median_step_ms=(100.0,), samples_per_step=256, history_unit="sample"
+        [130.0] * 13, history_median_step_ms=(100.0,), samples_per_step=256, history_unit="sample"
     )
     ins = regression(ctx)
     assert ins is not None
     assert "(median): 0.508 ms vs 0.391 ms a sample (30% slower)" in ins.title
     assert "compared per sample" in ins.detail
     # the same figures by iteration when nothing was scaled
-    plain = regression(make_ctx([130.0] * 10, history_median_step_ms=(100.0,)))
+    plain = regression(make_ctx([130.0] * 13, history_median_step_ms=(100.0,)))
     assert "iteration 130.0 ms vs 100.0 ms" in plain.title and "per sample" not in plain.detail

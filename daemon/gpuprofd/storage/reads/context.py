@@ -16,7 +16,7 @@ from typing import Any
 
 from gpuprof.insights import RunContext, build_context, hostcpu
 from gpuprof.insights.aggregates import GpuStats
-from gpuprof.insights.base import WARMUP_STEPS
+from gpuprof.insights.base import WARMUP_STEPS, mean_micro
 from gpuprof.insights.context import steady_iterations
 from gpuprof.insights.history import HISTORY_STEPS, work_scale
 from gpuprof.insights.stepcols import StepColumns
@@ -87,22 +87,24 @@ async def history_runs(
 
 
 async def scaled_history(
-    db: Reader, run: Mapping[str, Any]
+    db: Reader, run: Mapping[str, Any], now_micro: float = 1.0
 ) -> tuple[list[float], list[tuple[float, ...]], str]:
     """The regression's history of *run* (``id``, ``run_name``, ``world_size``,
-    ``options``): the earlier runs' median iteration ms and steady iteration
-    times, each scaled to this run's work of an iteration where they
-    declared other work (:func:`gpuprof.insights.history.work_scale`), and
-    the unit that was compared by (``iteration`` when none was scaled)."""
+    ``options``; *now_micro* its mean micro-batches per step): the earlier
+    runs' median iteration ms and steady iteration times, each scaled to
+    this run's work of an iteration where they did other work (declared, or
+    other micro-batches or ranks: :func:`gpuprof.insights.history.work_scale`),
+    and the unit that was compared by (``iteration`` when none was scaled)."""
     now = run.get("options") if isinstance(run.get("options"), dict) else {}
     world = int(run.get("world_size") or 1)
     medians, steps, unit = [], [], "iteration"
     for rid, median_ms, then_world, then in await history_runs(db, run["id"], run["run_name"]):
-        factor, by = work_scale(now, world, then, then_world)
+        iterations, then_micro = await history_work(db, rid)
+        factor, by = work_scale(now, world, then, then_world, now_micro, then_micro)
         if by != "iteration":
             unit = by
         medians.append(median_ms * factor)
-        steps.append(tuple(ms * factor for ms in await history_iterations(db, rid)))
+        steps.append(tuple(ms * factor for ms in iterations))
     return medians, steps, unit
 
 
@@ -110,6 +112,12 @@ async def history_iterations(db: Reader, run_id: int) -> tuple[float, ...]:
     """The steady iteration times (ms) of an earlier run, at most its last
     :data:`gpuprof.insights.history.HISTORY_STEPS` (by ``t0``): what the
     regression rule compares with. Empty when its steps are gone."""
+    return (await history_work(db, run_id))[0]
+
+
+async def history_work(db: Reader, run_id: int) -> tuple[tuple[float, ...], float]:
+    """(:func:`history_iterations`, the mean micro-batches per step over the
+    same steps; 1.0 when its steps are gone)."""
     limit = HISTORY_STEPS + WARMUP_STEPS + 1  # more than that: the warm-up is not among them
     rows = await steprows.last_rows(db, run_id, limit)
     steps = [
@@ -117,7 +125,7 @@ async def history_iterations(db: Reader, run_id: int) -> tuple[float, ...]:
         for r in rows
     ]
     got = steady_iterations(steps, whole=len(rows) < limit)
-    return got[-HISTORY_STEPS:]
+    return got[-HISTORY_STEPS:], mean_micro([int(r[5] or 1) for r in rows])
 
 
 async def run_cpu_columns(db: Reader, run_id: int) -> hostcpu.CpuColumns:
@@ -370,7 +378,9 @@ async def run_context(
     try:
         got = await run_step_columns(db, run_id)
         gpu_rows = asyncio.ensure_future(gpu_stats(db, run, got))
-        history, history_steps, history_unit = await scaled_history(db, run)
+        history, history_steps, history_unit = await scaled_history(
+            db, run, mean_micro(got.micro.tolist())
+        )
         if early is not None:
             host, cpu, job = await early
         else:

@@ -16,6 +16,7 @@ import shlex
 from collections.abc import Sequence
 from typing import Any
 
+from gpuprof.protocol import clean_run_name
 from gpuprofd.core.errors import UnknownRunError
 from gpuprofd.storage.dialect import Dialect
 from gpuprofd.storage.reader import Reader
@@ -76,18 +77,25 @@ async def get_run(db: Reader, run_id: int | None) -> dict[str, Any]:
 
 #: Run names an unknown name's message lists (the newest).
 NAMES_LISTED = 10
+#: Characters of the unknown name itself that message repeats (one line, not
+#: a 200-character name back).
+NAME_SHOWN_CHARS = 60
 
 
 async def find_run_named(db: Reader, name: str) -> dict[str, Any] | None:
-    """The latest run (highest id) named exactly *name*; None if none is."""
+    """The latest run (highest id) of the name *name* as stored (cleaned:
+    :func:`clean_run_name`); None if none is."""
     row = await db.fetchone(
-        "SELECT * FROM runs WHERE run_name = ? ORDER BY id DESC LIMIT 1", (name,)
+        "SELECT * FROM runs WHERE run_name = ? ORDER BY id DESC LIMIT 1", (clean_run_name(name),)
     )
     return None if row is None else queries.run_from_row(row)
 
 
 async def latest_run_named(db: Reader, name: str) -> dict[str, Any]:
-    """The latest run (highest id) named exactly *name*.
+    """The latest run (highest id) of the name *name*, as the run stored it:
+    cleaned as ``gpuprof.profile`` names are (:func:`clean_run_name`:
+    control characters as spaces, cut to 200 characters), so the name the
+    training script gave finds its run.
 
     Raises:
         UnknownRunError: no run has that name, naming the database and the
@@ -101,11 +109,12 @@ async def latest_run_named(db: Reader, name: str) -> dict[str, Any]:
         (NAMES_LISTED + 1,),
     )
     names = [shlex.quote(r["run_name"][:60]) for r in rows]
+    asked = repr(name if len(name) <= NAME_SHOWN_CHARS else name[: NAME_SHOWN_CHARS - 1] + "…")
     if not names:
-        raise UnknownRunError(f"no run named {name!r} in {db.where}: it has no runs yet")
+        raise UnknownRunError(f"no run named {asked} in {db.where}: it has no runs yet")
     more = ", ..." if len(names) > NAMES_LISTED else ""
     raise UnknownRunError(
-        f"no run named {name!r} in {db.where} (names here, newest first: "
+        f"no run named {asked} in {db.where} (names here, newest first: "
         f"{', '.join(names[:NAMES_LISTED])}{more}; see {_runs_command(db.where)})"
     )
 

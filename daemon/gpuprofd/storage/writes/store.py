@@ -54,6 +54,8 @@ log = logging.getLogger(__name__)
 #: trips on SQLite and network round trips on Postgres, so under a burst the
 #: writer takes big batches (2,000 step rows: ~10 ms of SQLite work on this box).
 BATCH_MAX_OPS = 2000
+#: Characters of a failed commit's error kept for its runs' summaries (one note line).
+ERROR_CHARS = 300
 BATCH_MAX_S = 0.1
 DEFAULT_QUEUE_SIZE = 20_000
 #: A lost Postgres: first retry after this, doubling up to RETRY_MAX_S (seconds).
@@ -110,9 +112,8 @@ class Store:
         self._retry = Backoff()
         self.lost_by_run: collections.Counter[int] = collections.Counter()
         """Ops of each run that could not be stored (:meth:`take_lost`)."""
-        self.last_refusal: str | None = None
-        """Why the database last refused a commit (``database or disk is
-        full``), for the summary of a run that lost events to it; None: never."""
+        self.lost_error_by_run: dict[int, str] = {}
+        """Why the newest of those failed, per run (:meth:`take_lost_error`)."""
         self._room = asyncio.Event()
         self.forwarding = False
         """Write each op's :attr:`Op.forward` events to the outbox (a node with a team server)."""
@@ -254,9 +255,16 @@ class Store:
         """How many of *run_id*'s events could not be stored since the last call."""
         return self.lost_by_run.pop(run_id, 0)
 
-    def _lost(self, op: Op) -> None:
+    def take_lost_error(self, run_id: int) -> str | None:
+        """Why *run_id*'s events last failed to commit (``writing /x/gpuprof.db
+        failed: database disk image is malformed``), once; None when none did."""
+        return self.lost_error_by_run.pop(run_id, None)
+
+    def _lost(self, op: Op, exc: BaseException) -> None:
+        """Count *op* lost to its run, with *exc*, the database's error, as why."""
         if op.run_id is not None:
             self.lost_by_run[op.run_id] += 1
+            self.lost_error_by_run[op.run_id] = f"writing {self.where} failed: {exc}"[:ERROR_CHARS]
 
     async def wait_for_room(self, n: int, backlog: int | None = None) -> None:
         """Return once the queue has room for *n* more ops and, with
@@ -456,9 +464,8 @@ class Store:
                 exc,
             )
         self.drops.add(reason, str(exc)[:200], n=len(batch))
-        self.last_refusal = str(exc)[:200]
         for op in batch:
-            self._lost(op)
+            self._lost(op, exc)
             if op.future is not None and not op.future.done():
                 op.future.set_exception(exc)
 
@@ -498,7 +505,7 @@ class Store:
                     await db.rollback_to("one")
                     await db.release("one")
                 self.drops.add(op.drop_reason, str(exc)[:200])
-                self._lost(op)
+                self._lost(op, exc)
                 out.append((op, None, exc))
         return out
 
@@ -526,7 +533,7 @@ class Store:
             await db.release("atomic")
             if op.future is None:  # queued without waiting (a step with its buckets): count it
                 self.drops.add(op.drop_reason, str(exc)[:200])
-                self._lost(op)
+                self._lost(op, exc)
             return op, None, exc  # a caller who awaits it decides what it means
 
     async def _run_txn(self, db: Any, op: Op) -> tuple[Op, Any, BaseException | None]:

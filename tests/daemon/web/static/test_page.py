@@ -519,6 +519,10 @@ def test_a_regression_between_runs_of_two_names_is_shown_as_each_runs_own(
         got["findings"]["history"] = [
             {"rule": "regression", "label": "regression", "severity_b": "MED", "title_b": HOSTILE}
         ]
+        # and what a run too short for the rules leaves unjudged
+        got["findings"]["unjudged"] = [
+            {"rule": "kernel_drift", "label": "kernel drift", "severity_a": "HIGH", "title_a": "d"}
+        ]
         route.fulfill(json=got)
 
     w.page.route("**/api/v1/compare?*", with_history)
@@ -527,6 +531,8 @@ def test_a_regression_between_runs_of_two_names_is_shown_as_each_runs_own(
     item = pair.locator("li[data-rule='regression']")
     assert item.count() == 1 and item.get_attribute("data-kind") == "B only"
     assert item.locator("div.muted").text_content() == HOSTILE
+    short = pair.locator("li[data-rule='kernel_drift']")
+    assert short.count() == 1 and short.get_attribute("data-kind") == "A only"
     assert page.evaluate("window.__pwned") is None
     assert w.errors == []
 

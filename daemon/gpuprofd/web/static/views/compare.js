@@ -58,8 +58,9 @@ export function pairPanel(cmp) {
         h("td", { class: "num" }, p.delta_pct === null ? DASH : `${signed(p.delta_pct)} pp`)))));
   const kinds = ["resolved", "new", "changed", "unchanged"];
   const changes = kinds.flatMap((k) => (cmp.findings?.[k] || []).map((e) => changeItem(k, e)));
-  // runs of different names: a regression is each run's against its own earlier runs
-  for (const e of cmp.findings?.history || []) {
+  // runs of different names: a regression is each run's against its own earlier
+  // runs; a run too short for the rules: a finding of one run only is not judged
+  for (const e of [...(cmp.findings?.history || []), ...(cmp.findings?.unjudged || [])]) {
     if (e.severity_a) changes.push(changeItem("A only", { ...e, severity_b: undefined, title_b: undefined }));
     if (e.severity_b) changes.push(changeItem("B only", { ...e, severity_a: undefined, title_a: undefined }));
   }
