@@ -44,7 +44,7 @@ from gpuprofd.core.errors import DatabaseError
 from gpuprofd.sampling import rollup
 from gpuprofd.storage import commpack
 
-SCHEMA_VERSION = 23
+SCHEMA_VERSION = 24
 #: Columns added since schema 1: (table, column, declaration).
 _ADDED_IN_2 = (
     ("steps", "skipped", "INTEGER DEFAULT 0"),
@@ -287,6 +287,23 @@ CREATE TABLE IF NOT EXISTS host_samples (
 CREATE INDEX IF NOT EXISTS host_samples_t ON host_samples (mono_ns);
 CREATE TABLE IF NOT EXISTS run_cpu_samples (run_id INTEGER, mono_ns INTEGER, cores REAL);
 CREATE INDEX IF NOT EXISTS run_cpu_samples_run ON run_cpu_samples (run_id, mono_ns);
+CREATE TABLE IF NOT EXISTS host_packs (  -- schema 24: a block of a boot's older host samples,
+    -- packed (gpuprofd.storage.upkeep.samplepack; read by gpuprofd.storage.reads.samplerows)
+    boot_id TEXT NOT NULL,           -- host_samples.boot_id (samples without one stay rows)
+    block INTEGER NOT NULL,          -- mono_ns / SAMPLE_PACK_NS: the span it covers
+    n INTEGER NOT NULL,              -- host_samples rows in it
+    t_min_ns INTEGER, t_max_ns INTEGER,  -- its earliest and latest mono_ns
+    data BLOB NOT NULL,              -- the rows, columnar, zlib (gpuprofd.storage.samplecodec)
+    PRIMARY KEY (boot_id, block)
+);
+CREATE TABLE IF NOT EXISTS run_cpu_packs (  -- schema 24: ... and of a run's CPU samples
+    run_id INTEGER NOT NULL,
+    block INTEGER NOT NULL,
+    n INTEGER NOT NULL,
+    t_min_ns INTEGER, t_max_ns INTEGER,
+    data BLOB NOT NULL,
+    PRIMARY KEY (run_id, block)
+);
 CREATE TABLE IF NOT EXISTS gpu_samples (
     mono_ns INTEGER, gpu_index INTEGER, uuid TEXT, util_pct REAL,
     mem_used_bytes INTEGER, mem_total_bytes INTEGER, power_mw INTEGER,
@@ -572,6 +589,14 @@ _STEP_PACKS_TEMP = (
     "first_step INTEGER, last_step INTEGER, t0_min_ns INTEGER, t0_max_ns INTEGER, "
     "t1_max_ns INTEGER, data BLOB)"
 )
+#: ... and the ``host_packs`` and ``run_cpu_packs`` tables for one older than
+#: schema 24 (empty: every sample is then a row).
+_SAMPLE_PACKS_TEMP = (
+    "CREATE TEMP TABLE host_packs (boot_id TEXT, block INTEGER, n INTEGER, t_min_ns INTEGER, "
+    "t_max_ns INTEGER, data BLOB)",
+    "CREATE TEMP TABLE run_cpu_packs (run_id INTEGER, block INTEGER, n INTEGER, "
+    "t_min_ns INTEGER, t_max_ns INTEGER, data BLOB)",
+)
 #: ... and the ``evidence_windows`` table for one older than schema 20 (empty).
 _EVIDENCE_WINDOWS_TEMP = (
     "CREATE TEMP TABLE evidence_windows (run_id INTEGER, window_id INTEGER, "
@@ -650,6 +675,9 @@ def shadow_old_tables(conn: sqlite3.Connection, version: int) -> None:
     queries: TEMP views (searched before ``main``) add the missing columns
     with their defaults. Nothing is written to the file."""
     runs6 = ", ".join(f"NULL AS {c}" for c in _RUNS_6) + _RUNS_8
+    if version < 24:
+        for sql in _SAMPLE_PACKS_TEMP:
+            conn.execute(sql)
     if version < 22:
         conn.execute(_STEP_PACKS_TEMP)
     if version < 21:
