@@ -258,6 +258,23 @@ CREATE TABLE IF NOT EXISTS step_packs (  -- schema 22: a block of a run's older 
     data BLOB NOT NULL,              -- the rows, columnar, zlib (gpuprofd.storage.stepcodec)
     PRIMARY KEY (run_id, block)
 );
+CREATE TABLE IF NOT EXISTS host_packs (  -- schema 24: a block of a boot's older host samples,
+    -- packed (gpuprofd.storage.upkeep.samplepack; read by gpuprofd.storage.reads.samplerows)
+    boot_id TEXT NOT NULL,           -- host_samples.boot_id (samples without one stay rows)
+    block INTEGER NOT NULL,          -- mono_ns / SAMPLE_PACK_NS: the span it covers
+    n INTEGER NOT NULL,              -- host_samples rows in it
+    t_min_ns INTEGER, t_max_ns INTEGER,  -- its earliest and latest mono_ns
+    data BLOB NOT NULL,              -- the rows, columnar, zlib (gpuprofd.storage.samplecodec)
+    PRIMARY KEY (boot_id, block)
+);
+CREATE TABLE IF NOT EXISTS run_cpu_packs (  -- schema 24: ... and of a run's CPU samples
+    run_id INTEGER NOT NULL,
+    block INTEGER NOT NULL,
+    n INTEGER NOT NULL,
+    t_min_ns INTEGER, t_max_ns INTEGER,
+    data BLOB NOT NULL,
+    PRIMARY KEY (run_id, block)
+);
 CREATE TABLE IF NOT EXISTS insights (
     run_id INTEGER NOT NULL, rule TEXT, severity TEXT, title TEXT, detail TEXT,
     fix TEXT, evidence TEXT, created_wall_ns INTEGER
@@ -287,23 +304,6 @@ CREATE TABLE IF NOT EXISTS host_samples (
 CREATE INDEX IF NOT EXISTS host_samples_t ON host_samples (mono_ns);
 CREATE TABLE IF NOT EXISTS run_cpu_samples (run_id INTEGER, mono_ns INTEGER, cores REAL);
 CREATE INDEX IF NOT EXISTS run_cpu_samples_run ON run_cpu_samples (run_id, mono_ns);
-CREATE TABLE IF NOT EXISTS host_packs (  -- schema 24: a block of a boot's older host samples,
-    -- packed (gpuprofd.storage.upkeep.samplepack; read by gpuprofd.storage.reads.samplerows)
-    boot_id TEXT NOT NULL,           -- host_samples.boot_id (samples without one stay rows)
-    block INTEGER NOT NULL,          -- mono_ns / SAMPLE_PACK_NS: the span it covers
-    n INTEGER NOT NULL,              -- host_samples rows in it
-    t_min_ns INTEGER, t_max_ns INTEGER,  -- its earliest and latest mono_ns
-    data BLOB NOT NULL,              -- the rows, columnar, zlib (gpuprofd.storage.samplecodec)
-    PRIMARY KEY (boot_id, block)
-);
-CREATE TABLE IF NOT EXISTS run_cpu_packs (  -- schema 24: ... and of a run's CPU samples
-    run_id INTEGER NOT NULL,
-    block INTEGER NOT NULL,
-    n INTEGER NOT NULL,
-    t_min_ns INTEGER, t_max_ns INTEGER,
-    data BLOB NOT NULL,
-    PRIMARY KEY (run_id, block)
-);
 CREATE TABLE IF NOT EXISTS gpu_samples (
     mono_ns INTEGER, gpu_index INTEGER, uuid TEXT, util_pct REAL,
     mem_used_bytes INTEGER, mem_total_bytes INTEGER, power_mw INTEGER,

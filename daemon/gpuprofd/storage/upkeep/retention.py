@@ -1,7 +1,7 @@
 """Retention on a team server (``gpuprofd serve --keep-days N``): runs that
 ended before a cutoff are deleted with everything of theirs, a few at a time
 (each pass one short transaction, so ingest never waits long), then the
-node-wide rows (host samples, GPU rollups) of those runs' boots that no
+node-wide rows (host samples, packed or not, GPU rollups) of those runs' boots that no
 remaining run of the boot reaches (a boot's rows before its first remaining run).
 """
 
@@ -25,6 +25,7 @@ RUN_TABLES = (
     "evidence_windows",
     "insights",
     "run_cpu_samples",
+    "run_cpu_packs",
     "worker_cpu",
     "stack_samples",
 )
@@ -70,8 +71,10 @@ async def delete_boot_rows_pass(store: Store, boot_id: str, limit: int = ROWS_PE
     before its first remaining run; returns how many rows went."""
 
     async def one_pass(txn: Txn) -> int:
-        sql = _ORPHAN_SQL.format(table="host_samples", time="mono_ns")
-        n = await txn.execute(sql, (boot_id, boot_id, limit))
+        n = 0
+        for table, time in (("host_samples", "mono_ns"), ("host_packs", "t_max_ns")):
+            sql = _ORPHAN_SQL.format(table=table, time=time)  # a pack: all of it before
+            n += await txn.execute(sql, (boot_id, boot_id, limit))
         return n + await txn.execute(_ORPHAN_GPU_SQL, (boot_id, boot_id, limit))
 
     return await store.transaction(one_pass, "retention")

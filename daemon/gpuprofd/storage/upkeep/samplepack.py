@@ -55,7 +55,9 @@ _RUNS_SQL = (
 _HOST_PACKED_SQL = "SELECT MAX(block) AS b FROM host_packs WHERE boot_id = ?"
 
 
-def roll_from(status: str, start_ns: int | None, end_ns: int | None, rolled: int | None) -> int | None:
+def roll_from(
+    status: str, start_ns: int | None, end_ns: int | None, rolled: int | None
+) -> int | None:
     """The first monotonic ns of a run's samples the host rollup pass has
     yet to roll (its next block's start); None: it rolls no more (ended, its
     last whole block rolled) or none (no start)."""
