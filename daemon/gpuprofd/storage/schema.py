@@ -260,12 +260,12 @@ CREATE TABLE IF NOT EXISTS step_packs (  -- schema 22: a block of a run's older 
 );
 CREATE TABLE IF NOT EXISTS host_packs (  -- schema 24: a block of a boot's older host samples,
     -- packed (gpuprofd.storage.upkeep.samplepack; read by gpuprofd.storage.reads.samplerows)
-    boot_id TEXT NOT NULL,           -- host_samples.boot_id (samples without one stay rows)
+    boot_key TEXT NOT NULL,          -- COALESCE(host_samples.boot_id, ''), as gpus.boot_id
     block INTEGER NOT NULL,          -- mono_ns / SAMPLE_PACK_NS: the span it covers
     n INTEGER NOT NULL,              -- host_samples rows in it
     t_min_ns INTEGER, t_max_ns INTEGER,  -- its earliest and latest mono_ns
     data BLOB NOT NULL,              -- the rows, columnar, zlib (gpuprofd.storage.samplecodec)
-    PRIMARY KEY (boot_id, block)
+    PRIMARY KEY (boot_key, block)
 );
 CREATE TABLE IF NOT EXISTS run_cpu_packs (  -- schema 24: ... and of a run's CPU samples
     run_id INTEGER NOT NULL,
@@ -592,7 +592,7 @@ _STEP_PACKS_TEMP = (
 #: ... and the ``host_packs`` and ``run_cpu_packs`` tables for one older than
 #: schema 24 (empty: every sample is then a row).
 _SAMPLE_PACKS_TEMP = (
-    "CREATE TEMP TABLE host_packs (boot_id TEXT, block INTEGER, n INTEGER, t_min_ns INTEGER, "
+    "CREATE TEMP TABLE host_packs (boot_key TEXT, block INTEGER, n INTEGER, t_min_ns INTEGER, "
     "t_max_ns INTEGER, data BLOB)",
     "CREATE TEMP TABLE run_cpu_packs (run_id INTEGER, block INTEGER, n INTEGER, "
     "t_min_ns INTEGER, t_max_ns INTEGER, data BLOB)",

@@ -1,7 +1,8 @@
 """The one read path of the 2 Hz samples, wherever they are stored: a boot's
 host samples (``host_samples``) and a run's CPU samples (``run_cpu_samples``),
 recent ones as rows, older ones packed per block of :data:`SAMPLE_PACK_NS`
-into ``host_packs`` / ``run_cpu_packs``
+into ``host_packs`` (keyed by ``boot_key``: the boot id, ``''`` for none) /
+``run_cpu_packs``
 (:mod:`gpuprofd.storage.upkeep.samplepack`, :mod:`gpuprofd.storage.samplecodec`).
 Every reader of those samples (the rules' context, the job's CPU, the charts,
 the live feeds, ``gpuprofctl top``) reads through :func:`read` or
@@ -47,10 +48,18 @@ class Table:
     columns: tuple[str, ...]
     match: str
     """How rows match the key (``=`` where it is never NULL: the index is used)."""
+    pack_key: str
+    """The packs' key column: the key, or ``COALESCE(key, '')`` (``boot_key``)."""
+
+    def packed(self, key: Any) -> Any:
+        """The packs' key of the rows' *key*."""
+        return "" if key is None and self.pack_key != self.key else key
 
 
-HOST = Table("host_samples", "host_packs", "boot_id", HOST_COLUMNS, "IS NOT DISTINCT FROM")
-RUN_CPU = Table("run_cpu_samples", "run_cpu_packs", "run_id", RUN_CPU_COLUMNS, "=")
+HOST = Table(
+    "host_samples", "host_packs", "boot_id", HOST_COLUMNS, "IS NOT DISTINCT FROM", "boot_key"
+)
+RUN_CPU = Table("run_cpu_samples", "run_cpu_packs", "run_id", RUN_CPU_COLUMNS, "=", "run_id")
 
 
 def _rows_sql(t: Table) -> str:
@@ -66,7 +75,7 @@ def _both_sql(t: Table) -> str:
     packed or as rows, never both or neither."""
     nulls = ", ".join(f"NULL AS {c}" for c in t.columns)
     return (
-        f"SELECT 0 AS k, block AS b, data, {nulls} FROM {t.packs} WHERE {t.key} = ? "
+        f"SELECT 0 AS k, block AS b, data, {nulls} FROM {t.packs} WHERE {t.pack_key} = ? "
         "AND t_max_ns >= ? AND t_min_ns <= ? UNION ALL "
         f"SELECT 1, 0, NULL, {', '.join(t.columns)} FROM {t.rows} "
         f"WHERE {t.key} {t.match} ? AND mono_ns >= ? AND mono_ns <= ? "
@@ -76,12 +85,10 @@ def _both_sql(t: Table) -> str:
 
 async def packed_in(db: Reader, t: Table, key: Any, lo: int = -_NONE, hi: int = _NONE) -> bool:
     """Whether *key* has a packed block with a sample in [*lo*, *hi*] (ns)."""
-    if key is None:
-        return False  # samples without a boot are never packed
     row = await db.fetchone(
-        f"SELECT 1 AS x FROM {t.packs} WHERE {t.key} = ? AND t_max_ns >= ? AND t_min_ns <= ? "
-        "LIMIT 1",
-        (key, lo, hi),
+        f"SELECT 1 AS x FROM {t.packs} WHERE {t.pack_key} = ? AND t_max_ns >= ? "
+        "AND t_min_ns <= ? LIMIT 1",
+        (t.packed(key), lo, hi),
     )
     return row is not None
 
@@ -99,7 +106,7 @@ async def read(db: Reader, t: Table, key: Any, lo: int = -_NONE, hi: int = _NONE
         got = await db.fetchtuples(_rows_sql(t), (key, lo, hi))
         if not await packed_in(db, t, key):  # packs are only added: none meanwhile
             return Samples.from_rows(t.columns, got)
-    got = await db.fetchtuples(_both_sql(t), (key, lo, hi, key, lo, hi))
+    got = await db.fetchtuples(_both_sql(t), (t.packed(key), lo, hi, key, lo, hi))
     n = len(t.columns)
     parts = [unpack(r[2]) for r in got if r[0] == 0]
     raw = [tuple(r[3 : 3 + n]) for r in got if r[0] == 1]
@@ -133,19 +140,18 @@ async def span(
         (key, lo, hi),
     )
     got = [] if row is None or row["a"] is None else [int(row["a"]), int(row["z"])]
-    if key is not None:
-        packs = await db.fetchall(
-            f"SELECT t_min_ns, t_max_ns, data FROM {t.packs} WHERE {t.key} = ? "
-            "AND t_max_ns >= ? AND t_min_ns <= ?",
-            (key, lo, hi),
-        )
-        for a, z, data in packs:
-            if a >= lo and z <= hi:
-                got += [int(a), int(z)]
-                continue
-            ns = _within(unpack(data), lo, hi).ints.get("mono_ns")
-            if ns is not None and len(ns):
-                got += [int(ns.min()), int(ns.max())]
+    packs = await db.fetchall(
+        f"SELECT t_min_ns, t_max_ns, data FROM {t.packs} WHERE {t.pack_key} = ? "
+        "AND t_max_ns >= ? AND t_min_ns <= ?",
+        (t.packed(key), lo, hi),
+    )
+    for a, z, data in packs:
+        if a >= lo and z <= hi:
+            got += [int(a), int(z)]
+            continue
+        ns = _within(unpack(data), lo, hi).ints.get("mono_ns")
+        if ns is not None and len(ns):
+            got += [int(ns.min()), int(ns.max())]
     return (min(got), max(got)) if got else None
 
 

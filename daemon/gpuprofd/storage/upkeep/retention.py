@@ -35,7 +35,7 @@ _OLD_RUNS_SQL = (
 )
 #: Rows of a boot from before every remaining run of that boot (none left: all of them).
 _ORPHAN_SQL = (
-    "DELETE FROM {table} WHERE rowid IN (SELECT rowid FROM {table} WHERE boot_id = ? AND "
+    "DELETE FROM {table} WHERE rowid IN (SELECT rowid FROM {table} WHERE {key} = ? AND "
     "{time} < COALESCE((SELECT MIN(start_mono_ns) FROM runs WHERE boot_id = ?), "
     "9000000000000000000) LIMIT ?)"
 )
@@ -71,10 +71,10 @@ async def delete_boot_rows_pass(store: Store, boot_id: str, limit: int = ROWS_PE
     before its first remaining run; returns how many rows went."""
 
     async def one_pass(txn: Txn) -> int:
-        n = 0
-        for table, time in (("host_samples", "mono_ns"), ("host_packs", "t_max_ns")):
-            sql = _ORPHAN_SQL.format(table=table, time=time)  # a pack: all of it before
-            n += await txn.execute(sql, (boot_id, boot_id, limit))
+        sql = _ORPHAN_SQL.format(table="host_samples", time="mono_ns", key="boot_id")
+        n = await txn.execute(sql, (boot_id, boot_id, limit))
+        sql = _ORPHAN_SQL.format(table="host_packs", time="t_max_ns", key="boot_key")
+        n += await txn.execute(sql, (boot_id, boot_id, limit))  # a pack: all of it before
         return n + await txn.execute(_ORPHAN_GPU_SQL, (boot_id, boot_id, limit))
 
     return await store.transaction(one_pass, "retention")

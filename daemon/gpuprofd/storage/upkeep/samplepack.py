@@ -19,8 +19,7 @@ a few bytes. Per boot (of the runs the database holds) the pass keeps as rows:
 and packs the other blocks oldest first, one block per transaction (read,
 insert packed, delete: a crash leaves the block whole either way; a replica
 that packed it first wins by the key, the other deletes nothing), at most
-:data:`MAX_BLOCKS_PER_ROUND` a round. Samples without a boot id (databases
-from before schema 5) stay rows; a sample stored for a block after it was
+:data:`MAX_BLOCKS_PER_ROUND` a round. A sample stored for a block after it was
 packed stays a row (read beside it).
 """
 
@@ -44,15 +43,15 @@ SAMPLES_RAW_KEPT_NS = 2 * SAMPLE_PACK_NS
 #: box): an 8-rank day's backlog (9 x 144 blocks) in ~13 rounds.
 MAX_BLOCKS_PER_ROUND = 100
 
-#: Each run with a boot: its window, its last host-rolled block, its last CPU pack.
+#: Each run: its boot, its window, its last host-rolled block, its last CPU pack.
 _RUNS_SQL = (
     "SELECT r.id AS id, r.status AS status, r.boot_id AS boot_id, "
     "r.start_mono_ns AS start_ns, r.end_mono_ns AS end_ns, "
     "(SELECT MAX(block) FROM host_rollups WHERE run_id = r.id) AS rolled, "
     "(SELECT MAX(block) FROM run_cpu_packs WHERE run_id = r.id) AS packed "
-    "FROM runs r WHERE r.boot_id IS NOT NULL ORDER BY r.id"
+    "FROM runs r ORDER BY r.id"
 )
-_HOST_PACKED_SQL = "SELECT MAX(block) AS b FROM host_packs WHERE boot_id = ?"
+_HOST_PACKED_SQL = "SELECT MAX(block) AS b FROM host_packs WHERE boot_key = ?"
 
 
 def roll_from(
@@ -81,13 +80,13 @@ def packable_end(newest_ns: int | None, pending: list[int | None]) -> int:
 
 def _block_sql(t: Table) -> str:
     return (
-        f"SELECT {', '.join(t.columns)} FROM {t.rows} WHERE {t.key} = ? "
+        f"SELECT {', '.join(t.columns)} FROM {t.rows} WHERE {t.key} {t.match} ? "
         "AND mono_ns >= ? AND mono_ns < ? ORDER BY mono_ns, rowid"
     )
 
 
 def _next_sql(t: Table) -> str:
-    return f"SELECT MIN(mono_ns) AS t FROM {t.rows} WHERE {t.key} = ? AND mono_ns >= ?"
+    return f"SELECT MIN(mono_ns) AS t FROM {t.rows} WHERE {t.key} {t.match} ? AND mono_ns >= ?"
 
 
 async def _pack(txn: Txn, t: Table, key: Any, block: int) -> int:
@@ -96,15 +95,17 @@ async def _pack(txn: Txn, t: Table, key: Any, block: int) -> int:
     rows = [tuple(r) for r in await txn.fetch(_block_sql(t), (key, lo, hi))]
     if not rows:
         return 0
-    pack = (key, block, len(rows), rows[0][0], rows[-1][0], encode(t.columns, rows))
+    pack = (t.packed(key), block, len(rows), rows[0][0], rows[-1][0], encode(t.columns, rows))
     insert = (
-        f"INSERT INTO {t.packs} ({t.key}, block, n, t_min_ns, t_max_ns, data) "
-        f"VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT ({t.key}, block) DO NOTHING"
+        f"INSERT INTO {t.packs} ({t.pack_key}, block, n, t_min_ns, t_max_ns, data) "
+        f"VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT ({t.pack_key}, block) DO NOTHING"
     )
     if not await txn.execute(insert, pack):
         return 0  # packed by another replica meanwhile: its rows are gone already
-    await txn.execute(f"DELETE FROM {t.rows} WHERE {t.key} = ? AND mono_ns >= ? AND mono_ns < ?",
-                      (key, lo, hi))  # fmt: skip
+    await txn.execute(
+        f"DELETE FROM {t.rows} WHERE {t.key} {t.match} ? AND mono_ns >= ? AND mono_ns < ?",
+        (key, lo, hi),
+    )
     return len(rows)
 
 
@@ -136,7 +137,7 @@ async def pack_round(store: Store, max_blocks: int = MAX_BLOCKS_PER_ROUND) -> in
     """Pack what each boot and run has packable (see the module doc), at
     most *max_blocks* blocks; returns the blocks packed."""
     runs = await store.fetchall(_RUNS_SQL)
-    by_boot: dict[str, list[Any]] = {}
+    by_boot: dict[str | None, list[Any]] = {}
     for r in runs:
         by_boot.setdefault(r["boot_id"], []).append(r)
     done = 0
@@ -147,7 +148,7 @@ async def pack_round(store: Store, max_blocks: int = MAX_BLOCKS_PER_ROUND) -> in
             r["id"]: roll_from(r["status"], r["start_ns"], r["end_ns"], r["rolled"]) for r in its
         }
         end = packable_end(newest, list(pending.values()))
-        got = await store.fetchone(_HOST_PACKED_SQL, (boot,))
+        got = await store.fetchone(_HOST_PACKED_SQL, (HOST.packed(boot),))
         start = 0 if got is None or got["b"] is None else int(got["b"]) + 1
         done += await _pack_key(store, HOST, boot, start, end, max_blocks - done)
         for r in its:
