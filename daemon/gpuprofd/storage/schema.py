@@ -11,8 +11,12 @@ Tiering (what a long run leaves behind, see ``bench/storage.py``): raw GPU
 samples for the daemon's raw window only, per-second GPU rollups for the
 whole run (``gpu_seconds``, keyed by a small ``gpus`` id, read through the
 ``gpu_rollups`` view that joins each GPU's UUID and boot back in); every host
-sample, and per run ``host_rollups`` of them (10 s blocks,
-``gpuprofd.storage.upkeep.hostrollup``) for the whole-run charts; continuous
+sample and run CPU sample, the newest as rows, older ones packed per block of
+10 min into ``host_packs`` / ``run_cpu_packs`` rows once their host rollups
+are written (columnar, lossless: ``gpuprofd.storage.upkeep.samplepack``; every
+read of them goes through ``gpuprofd.storage.reads.samplerows``), and per run
+``host_rollups`` of them (10 s blocks, ``gpuprofd.storage.upkeep.hostrollup``)
+for the whole-run charts; continuous
 kernel windows merged as they age (``gpuprofd.storage.upkeep.kcompact``);
 every step kept: a run's last ``STEPS_RAW_KEPT`` steps (by index) as ``steps``
 rows, older ones packed per block of 1,000 into ``step_packs`` rows (columnar,
