@@ -140,15 +140,19 @@ async def span(
         (key, lo, hi),
     )
     got = [] if row is None or row["a"] is None else [int(row["a"]), int(row["z"])]
-    packs = await db.fetchall(
-        f"SELECT t_min_ns, t_max_ns, data FROM {t.packs} WHERE {t.pack_key} = ? "
-        "AND t_max_ns >= ? AND t_min_ns <= ?",
-        (t.packed(key), lo, hi),
+    where = f"FROM {t.packs} WHERE {t.pack_key} = ? AND t_max_ns >= ? AND t_min_ns <= ?"
+    params = (t.packed(key), lo, hi)
+    row = await db.fetchone(
+        f"SELECT MIN(t_min_ns) AS a, MAX(t_max_ns) AS z {where} AND t_min_ns >= ? "
+        "AND t_max_ns <= ?",
+        (*params, lo, hi),
     )
-    for a, z, data in packs:
-        if a >= lo and z <= hi:
-            got += [int(a), int(z)]
-            continue
+    if row is not None and row["a"] is not None:
+        got += [int(row["a"]), int(row["z"])]
+    cut = await db.fetchall(
+        f"SELECT data {where} AND (t_min_ns < ? OR t_max_ns > ?)", (*params, lo, hi)
+    )
+    for (data,) in cut:
         ns = _within(unpack(data), lo, hi).ints.get("mono_ns")
         if ns is not None and len(ns):
             got += [int(ns.min()), int(ns.max())]
