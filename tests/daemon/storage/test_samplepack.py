@@ -8,9 +8,12 @@ a packed block later is read beside it."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import math
+import sqlite3
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -18,7 +21,8 @@ import pytest
 from aiohttp import test_utils
 
 from gpuprofd.core.errors import DatabaseError
-from gpuprofd.storage import samplecodec
+from gpuprofd.storage import samplecodec, schema
+from gpuprofd.storage.reader import open_reader
 from gpuprofd.storage.reads import context, samplerows, series
 from gpuprofd.storage.samplecodec import HOST_COLUMNS, RUN_CPU_COLUMNS, Samples
 from gpuprofd.storage.upkeep import hostrollup, samplepack, steprollup
@@ -248,3 +252,91 @@ async def test_a_block_stored_packed_reads_back_on_each_backend(
         data = await store.fetchone("SELECT data FROM host_packs ORDER BY block LIMIT 1")
         block = samplecodec.unpack(data[0])
         assert block.rows() == host[: block.n]
+
+
+async def test_a_live_run_carried_to_a_new_file_keeps_its_packed_samples(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The database file replaced under a live run (gpuprofd.storage.upkeep.dbrotate):
+    its CPU packs and the boot's host packs of its span go with its rows and
+    host rollups, and every sample of its span reads the same there."""
+    import aiosqlite
+
+    from gpuprofd.storage.upkeep import dbrotate
+
+    old, new = tmp_path / "old.db", tmp_path / "new.db"
+    async with _packing(monkeypatch, f"sqlite:///{old}") as store:
+        ids = await _write(store)
+        while await hostrollup.roll_pass(store):
+            pass
+        assert await samplepack.pack_round(store) > 20
+        span = (START, START + SECONDS * S)
+        want = [(await samplerows.read(store, samplerows.RUN_CPU, i)).rows() for i in ids]
+        host = (await samplerows.read(store, samplerows.HOST, BOOT, *span)).rows()
+    schema.prepare(new)
+    async with aiosqlite.connect(old) as o, aiosqlite.connect(new) as n:
+        moved = await dbrotate.write_live_runs(n, await dbrotate.read_live_runs(o, ids))
+    async with open_reader(new) as reader:
+        got = [(await samplerows.read(reader, samplerows.RUN_CPU, moved[i])).rows() for i in ids]
+        assert got == want and len(want[1]) > 1_000
+        assert (await samplerows.read(reader, samplerows.HOST, BOOT, *span)).rows() == host
+        packs = await reader.fetchone("SELECT COUNT(*) AS n FROM run_cpu_packs")
+        assert packs["n"] > 15
+
+
+def test_an_older_database_reads_its_samples_and_gets_the_pack_tables(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    schema.prepare(path)
+    conn = sqlite3.connect(path)
+    conn.execute("DROP TABLE host_packs")
+    conn.execute("DROP TABLE run_cpu_packs")
+    conn.execute("UPDATE meta SET value = '23' WHERE key = 'schema_version'")
+    rows = [_host_row(k) for k in range(30)]
+    conn.executemany(
+        "INSERT INTO host_samples (mono_ns, cpu_pct, cpu_count, disk_read_bps, disk_read_iops, "
+        "page_cache_bytes, mem_total_bytes, swap_in_bps, boot_id) VALUES (?,?,?,?,?,?,?,?, NULL)",
+        rows,
+    )
+    conn.executemany(
+        "INSERT INTO run_cpu_samples (run_id, mono_ns, cores) VALUES (1, ?, ?)",
+        [(r[0], r[1] / 10) for r in rows],
+    )
+    conn.commit()
+    conn.close()
+
+    async def read() -> tuple[list[Any], list[Any]]:
+        async with open_reader(path) as reader:  # read-only: TEMP tables stand in
+            host = await samplerows.read(reader, samplerows.HOST, None)
+            cpu = await samplerows.read(reader, samplerows.RUN_CPU, 1, rows[3][0], rows[5][0])
+            return host.rows(), cpu.rows()
+
+    host, cpu = asyncio.run(read())
+    assert host == rows and cpu == [(r[0], r[1] / 10) for r in rows[3:6]]
+    schema.prepare(path)
+    conn = sqlite3.connect(path)
+    version = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    kept = conn.execute("SELECT COUNT(*) FROM host_samples").fetchone()
+    conn.close()
+    assert version == (str(schema.SCHEMA_VERSION),) and kept == (30,)
+    assert {"host_packs", "run_cpu_packs"} <= tables
+
+
+async def test_retention_deletes_the_packs_with_the_rows(
+    storage_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A team server's retention: the ended runs' CPU packs go with them, and
+    the boot's host packs no remaining run reaches with its host samples."""
+    from gpuprofd.storage.upkeep import retention
+
+    async with _packing(monkeypatch, storage_url) as store:
+        await _write(store)
+        while await hostrollup.roll_pass(store):
+            pass
+        assert await samplepack.pack_round(store) > 20
+        runs, _ = await retention.apply_retention(store, START_WALL + 10 * SECONDS * S)
+        left = [
+            await _count(store, f"SELECT COUNT(*) FROM {t}")
+            for t in ("run_cpu_packs", "run_cpu_samples", "host_packs", "host_samples")
+        ]
+    assert runs == 2 and left == [0, 0, 0, 0]
