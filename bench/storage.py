@@ -529,6 +529,7 @@ async def pack_steps(db: Path) -> int:
 async def pack_samples(db: Path) -> int:
     """Pack the host and run CPU samples as the daemon's pass does (after the
     host rollups: :func:`roll_hosts`), until nothing is left; the blocks packed."""
+    schema.prepare(db)  # as gpuprofd starts: a day built by older code gets the tables
     store = Store(db, DropCounter())
     await store.open()
     store.start()

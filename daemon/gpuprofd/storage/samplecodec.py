@@ -45,15 +45,17 @@ _VERSION = 1
 _HEAD = struct.Struct("<BI")  # format version, header length
 
 
-def _floats(values: Sequence[Any]) -> tuple[np.ndarray, np.ndarray | None] | None:
-    """*values* as float64 and a NULL mask (None: no NULLs); None: not all floats."""
-    mask = None
-    if None in values:
-        mask = np.fromiter((v is None for v in values), bool, len(values))
-        values = [0.0 if v is None else v for v in values]
-    if not all(type(v) is float for v in values):
-        return None
-    return np.array(values, dtype=np.float64), mask
+def _floats(values: Sequence[Any], has_null: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    """*values* (floats, None where *has_null*) as float64 and a NULL mask (None: no NULLs)."""
+    if not has_null:
+        return np.array(values, dtype=np.float64).reshape(len(values)), None
+    mask = np.fromiter((v is None for v in values), bool, len(values))
+    return np.array([0.0 if v is None else v for v in values], dtype=np.float64), mask
+
+
+#: The value types of a column :func:`int64_column` may take, and of a float column.
+_INT_KINDS = frozenset((int, bool, type(None)))
+_FLOAT_KINDS = frozenset((float, type(None)))
 
 
 @dataclass(repr=False)
@@ -77,9 +79,11 @@ class Samples:
         out = cls(tuple(names), len(rows))
         cols = list(zip(*rows, strict=True)) if rows else [()] * len(names)
         for name, values in zip(names, cols, strict=True):
-            if (got := int64_column(values)) is not None:
+            kinds = set(map(type, values))  # one pass in C: a 2 Hz day is 172,800 values
+            if kinds <= _INT_KINDS and (got := int64_column(values)) is not None:
                 out.ints[name] = got[0]
-            elif (got := _floats(values)) is not None:
+            elif kinds and kinds <= _FLOAT_KINDS:
+                got = _floats(values, type(None) in kinds)
                 out.floats[name] = got[0]
             else:
                 out.objects[name] = list(values)

@@ -134,10 +134,10 @@ async def span(
     """The first and last ``mono_ns`` of *key*'s samples in [*lo*, *hi*]
     (ns), packed or not; None: none. Packs wholly inside are taken by their
     bounds, the (at most two) cut by the window read."""
-    row = await db.fetchone(
-        f"SELECT MIN(mono_ns) AS a, MAX(mono_ns) AS z FROM {t.rows} "
-        f"WHERE {t.key} {t.match} ? AND mono_ns >= ? AND mono_ns <= ?",
-        (key, lo, hi),
+    rows = f"FROM {t.rows} WHERE {t.key} {t.match} ? AND mono_ns >= ? AND mono_ns <= ?"
+    row = await db.fetchone(  # MIN and MAX apart: two index lookups, not a scan of the span
+        f"SELECT (SELECT MIN(mono_ns) {rows}) AS a, (SELECT MAX(mono_ns) {rows}) AS z",
+        (key, lo, hi) * 2,
     )
     got = [] if row is None or row["a"] is None else [int(row["a"]), int(row["z"])]
     where = f"FROM {t.packs} WHERE {t.pack_key} = ? AND t_max_ns >= ? AND t_min_ns <= ?"
@@ -159,17 +159,23 @@ async def span(
     return (min(got), max(got)) if got else None
 
 
+def _in_order(kept: np.ndarray) -> float:
+    """The sum of *kept* added one after another, as SQL's ``SUM`` adds rows
+    (a cumulative sum is sequential; ``np.sum`` adds pairwise: other last bits)."""
+    return float(np.cumsum(kept)[-1])
+
+
 def mean(values: np.ndarray) -> float | None:
     """The mean of *values* (float64) leaving NaN (NULL) out, summed in
     order as SQL's ``AVG`` sums; None: no value."""
     kept = values[~np.isnan(values)]
-    return sum(kept.tolist()) / len(kept) if len(kept) else None
+    return _in_order(kept) / len(kept) if len(kept) else None
 
 
 def total(values: np.ndarray) -> float | None:
     """The sum of *values* leaving NaN (NULL) out, in order; None: no value."""
     kept = values[~np.isnan(values)]
-    return float(sum(kept.tolist())) if len(kept) else None
+    return _in_order(kept) if len(kept) else None
 
 
 def cores_at(cpu: Samples, times: Sequence[int] | np.ndarray) -> np.ndarray:
