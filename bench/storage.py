@@ -611,7 +611,7 @@ def samples_case(db: Path, gpu_hours: float) -> None:
         own_cpu, own = cpu_s(lambda: read_db(db, lambda r: rc.run_cpu_columns(r, 1)))
         print(
             f"2 Hz samples {label}: "
-            + ", ".join(f"{t} {mb:.1f} MB" for t, mb in parts.items())
+            + ", ".join(f"{t} {mb:.2f} MB" for t, mb in parts.items())
             + f" = {sum(parts.values()) / gpu_hours:.3f} MB per GPU-hour; one rank's read: "
             f"host {len(host):,} in {host_cpu:.3f} s CPU, its CPU {len(own):,} in "
             f"{own_cpu:.3f} s CPU"
