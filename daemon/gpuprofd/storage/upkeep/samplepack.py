@@ -114,7 +114,7 @@ async def _pack_key(store: Store, t: Table, key: Any, start: int, end: int, budg
     *budget*; the blocks packed."""
     done = 0
     at = start * SAMPLE_PACK_NS
-    while done < budget:
+    while done < budget and start < end:  # (a run packed to its end: no query)
         got = await store.fetchone(_next_sql(t), (key, at))
         if got is None or got["t"] is None or int(got["t"]) // SAMPLE_PACK_NS >= end:
             break
