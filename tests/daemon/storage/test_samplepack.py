@@ -340,3 +340,25 @@ async def test_retention_deletes_the_packs_with_the_rows(
             for t in ("run_cpu_packs", "run_cpu_samples", "host_packs", "host_samples")
         ]
     assert runs == 2 and left == [0, 0, 0, 0]
+
+
+async def test_a_run_rolled_after_its_samples_were_packed_gets_the_same_rollups(
+    storage_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run whose span is packed before its host rollups are written (a run
+    a team server receives late) is rolled from the packs: the rows the SQL
+    over the samples wrote, value for value."""
+    async with _packing(monkeypatch, storage_url) as store:
+        ids = await _write(store)
+        while await hostrollup.roll_pass(store):
+            pass
+        cols = hostrollup._COLUMNS  # not Postgres's rowid: a new row gets a new one
+        sql = f"SELECT {cols} FROM host_rollups WHERE run_id = ? ORDER BY block"
+        want = [tuple(r) for r in await store.fetchall(sql, (ids[0],))]
+        assert await samplepack.pack_round(store) > 20
+        await store.write("DELETE FROM host_rollups WHERE run_id = ?", (ids[0],))
+        assert await series.host_packed(store, ids[0], BOOT, START, START + SECONDS * S)
+        while await hostrollup.roll_pass(store):
+            pass
+        got = [tuple(r) for r in await store.fetchall(sql, (ids[0],))]
+    assert len(want) == SECONDS // 10 and got == want

@@ -356,14 +356,14 @@ async def host_buckets(
     its min, max, sum and count (:data:`HOST_BUCKET_SQL`; where a packed
     block of samples lies in the window, the samples read through
     :mod:`~gpuprofd.storage.reads.samplerows` and bucketed the same way)."""
-    if await _host_packed(db, run_id, boot_id, start_ns, end_ns - 1):
+    if await host_packed(db, run_id, boot_id, start_ns, end_ns - 1):
         rows = await host_rows(db, run_id, boot_id, start_ns, end_ns - 1)
-        return _host_bucketed(rows, lo_ns, width_ns)
+        return host_bucketed(rows, lo_ns, width_ns)
     params = (lo_ns, width_ns, run_id, boot_id, start_ns, end_ns)
     return [dict(r) for r in await db.fetchall(HOST_BUCKET_SQL, params)]
 
 
-async def _host_packed(db: Reader, run_id: int, boot_id: str | None, lo: int, hi: int) -> bool:
+async def host_packed(db: Reader, run_id: int, boot_id: str | None, lo: int, hi: int) -> bool:
     """Whether the host or run CPU samples in [*lo*, *hi*] are packed in part."""
     return await samplerows.packed_in(
         db, samplerows.HOST, boot_id, lo, hi
@@ -400,7 +400,7 @@ async def host_rows(
     return out
 
 
-def _host_bucketed(
+def host_bucketed(
     rows: Sequence[dict[str, Any]], lo_ns: int, width_ns: int
 ) -> list[dict[str, Any]]:
     """:func:`host_rows` rows in :data:`HOST_BUCKET_SQL`'s buckets and columns."""
@@ -603,7 +603,7 @@ async def host_samples_after(
     """Host samples of boot *boot_id* newer than *mono_ns* (not after
     *until_ns*) with run *run_id*'s CPU (:data:`HOST_ROW_SQL`), by time, at most *limit*."""
     hi = until_ns or 2**62
-    if await _host_packed(db, run_id, boot_id, mono_ns + 1, hi):
+    if await host_packed(db, run_id, boot_id, mono_ns + 1, hi):
         return (await host_rows(db, run_id, boot_id, mono_ns + 1, hi))[:limit]
     sql = f"{HOST_ROW_SQL} ORDER BY h.mono_ns LIMIT ?"
     params = (run_id, boot_id, mono_ns + 1, hi + 1, limit)
