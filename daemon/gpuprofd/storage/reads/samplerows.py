@@ -11,9 +11,11 @@ block is packed in one transaction (inserted packed and deleted as rows
 together), and a sample arriving for a packed block later stays a row, read
 beside the pack.
 
-SQL over the sample rows is left only where no sample can be packed: the
-host rollup pass (:mod:`gpuprofd.storage.upkeep.hostrollup`) rolls blocks
-before any of their samples is packed, and a boot's newest samples are rows.
+SQL over the sample rows is left only where no sample is packed: the host
+rollup pass (:mod:`gpuprofd.storage.upkeep.hostrollup`), the host chart's
+buckets and live feed use it where :func:`packed_in` says the window holds
+no pack (the packing waits for the rollups, and a boot's newest samples
+are rows), and read through here where it does.
 Figures a reader sums or averages are computed here in Python, in time
 order, whether the samples were rows or packed, so a packed database gives
 the same numbers as the same database unpacked.

@@ -14,7 +14,9 @@ a few bytes. Per boot (of the runs the database holds) the pass keeps as rows:
   live charts' and ``gpuprofctl top``'s, and the newest the host rollup pass
   looks for);
 * the samples of blocks the host rollup pass has yet to roll for a run of the
-  boot (its SQL reads rows: :mod:`gpuprofd.storage.upkeep.hostrollup`);
+  boot (its SQL over rows is the cheaper way:
+  :mod:`gpuprofd.storage.upkeep.hostrollup`; a run that starts in a span
+  packed already is rolled from the packs);
 
 and packs the other blocks oldest first, one block per transaction (read,
 insert packed, delete: a crash leaves the block whole either way; a replica
