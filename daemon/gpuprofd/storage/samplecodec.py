@@ -123,6 +123,12 @@ class Samples:
             out[self.nulls[name]] = np.nan
         return out
 
+    def times(self) -> np.ndarray:
+        """``mono_ns`` as int64 (a read never holds a sample without one)."""
+        if "mono_ns" in self.ints:
+            return self.ints["mono_ns"]
+        return np.array(self.column("mono_ns"), np.int64).reshape(self.n)
+
     def rows(self) -> list[tuple[Any, ...]]:
         """The rows, tuples in :attr:`names`' order."""
         return list(zip(*(self.column(c) for c in self.names), strict=True))

@@ -62,9 +62,9 @@ async def host_columns(
 ) -> hostcpu.HostColumns:
     """The host samples of boot *boot_id* with ``start <= mono_ns <= end``,
     packed or not (:mod:`gpuprofd.storage.reads.samplerows`), as numpy
-    columns (:class:`gpuprofd.storage.reads.samplerows.Samples` read without a
-    dict per sample: a day is 172,800): the readings aligned to steps per
-    sample (:data:`gpuprof.insights.hostcpu.HOST_FIELDS`), the others' means
+    columns without a Python value per sample (a day is 172,800): the
+    readings aligned to steps per sample
+    (:data:`gpuprof.insights.hostcpu.HOST_FIELDS`), the others' means
     (:data:`gpuprof.insights.hostcpu.HOST_MEANS`)."""
     got = await samplerows.read(db, samplerows.HOST, boot_id, start_mono_ns, end_mono_ns)
     return host_columns_of(got)
@@ -82,7 +82,7 @@ def host_columns_of(got: samplerows.Samples) -> hostcpu.HostColumns:
         "page_cache_fraction": samplerows.mean(fraction),
         "swap_in_bps": samplerows.mean(got.numbers("swap_in_bps")),
     }
-    ns = got.ints["mono_ns"] if "mono_ns" in got.ints else got.numbers("mono_ns").astype(np.int64)
+    ns = got.times()
     fields = (got.numbers(c) for c in ("cpu_pct", "cpu_count", "disk_read_bps"))
     return hostcpu.HostColumns(ns, np.ones(len(ns), bool), *fields, means=means)
 
@@ -149,8 +149,7 @@ def cpu_columns_of(got: samplerows.Samples) -> hostcpu.CpuColumns:
 
     cores = got.numbers("cores")
     keep = ~np.isnan(cores)
-    ns = got.ints["mono_ns"] if "mono_ns" in got.ints else got.numbers("mono_ns").astype(np.int64)
-    return hostcpu.CpuColumns(ns[keep], np.ones(int(keep.sum()), bool), cores[keep])
+    return hostcpu.CpuColumns(got.times()[keep], np.ones(int(keep.sum()), bool), cores[keep])
 
 
 def _sorted_unique(values: Any) -> Any:
@@ -227,8 +226,7 @@ async def job_cpu(
     if not summed and not rolled:
         return []
     if host_ns is None or not len(host_ns) or host_ns[0] > t0 or host_ns[-1] < t1:
-        got_host = await samplerows.read(db, samplerows.HOST, run.get("boot_id"), t0, t1)
-        host_ns = got_host.ints.get("mono_ns", np.zeros(0, np.int64))
+        host_ns = (await samplerows.read(db, samplerows.HOST, run.get("boot_id"), t0, t1)).times()
     ticks = _sorted_unique(host_ns[(host_ns >= t0) & (host_ns <= t1)])
     at = np.minimum(np.searchsorted(times, ticks), len(times) - 1)
     lacked = ticks[times[at] != ticks]

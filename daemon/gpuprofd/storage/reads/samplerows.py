@@ -116,16 +116,16 @@ async def read(db: Reader, t: Table, key: Any, lo: int = -_NONE, hi: int = _NONE
         parts = [_within(p, lo, hi) for p in parts]
     parts.append(Samples.from_rows(t.columns, raw))
     out = Samples.concat(t.columns, parts)
-    if len(parts) > 1 and raw and "mono_ns" in out.ints:
-        ns = out.ints["mono_ns"]
+    if len(parts) > 1 and raw:
+        ns = out.times()
         if not bool((ns[1:] >= ns[:-1]).all()):
             out = out.take(np.argsort(ns, kind="stable"))
     return out
 
 
 def _within(s: Samples, lo: int, hi: int) -> Samples:
-    ns = s.ints.get("mono_ns")
-    if ns is None or not len(ns) or (ns[0] >= lo and ns[-1] <= hi):
+    ns = s.times()
+    if not len(ns) or (ns[0] >= lo and ns[-1] <= hi):
         return s
     return s.take((ns >= lo) & (ns <= hi))
 
@@ -155,8 +155,8 @@ async def span(
         f"SELECT data {where} AND (t_min_ns < ? OR t_max_ns > ?)", (*params, lo, hi)
     )
     for (data,) in cut:
-        ns = _within(unpack(data), lo, hi).ints.get("mono_ns")
-        if ns is not None and len(ns):
+        ns = _within(unpack(data), lo, hi).times()
+        if len(ns):
             got += [int(ns.min()), int(ns.max())]
     return (min(got), max(got)) if got else None
 
@@ -183,5 +183,4 @@ def total(values: np.ndarray) -> float | None:
 def cores_at(cpu: Samples, times: Sequence[int] | np.ndarray) -> np.ndarray:
     """The ``cores`` (float64, NaN: NULL) of the CPU samples *cpu* taken at
     one of *times* (ns), in *cpu*'s order."""
-    ns = cpu.ints.get("mono_ns", np.zeros(0, np.int64))
-    return cpu.numbers("cores")[np.isin(ns, np.asarray(times, np.int64))]
+    return cpu.numbers("cores")[np.isin(cpu.times(), np.asarray(times, np.int64))]
