@@ -362,3 +362,17 @@ async def test_a_run_rolled_after_its_samples_were_packed_gets_the_same_rollups(
             pass
         got = [tuple(r) for r in await store.fetchall(sql, (ids[0],))]
     assert len(want) == SECONDS // 10 and got == want
+
+
+def test_bucket_sums_add_one_after_another_as_sql_sum_does() -> None:
+    """The chart's buckets of packed samples sum as SQL's ``SUM`` adds rows
+    (sequentially; Python 3.12's ``sum()`` compensates: 4.0 here)."""
+    vals = [1e16, 1.0, -1e16, 3.0]  # the 1.0 is lost when added to 1e16 first
+    empty = {"other_cores": None, "disk_read_bps": None, "page_cache_bytes": None}
+    rows = [
+        {"mono_ns": 10 + i, "cpu_count": 8, "run_cores": v, **empty} for i, v in enumerate(vals)
+    ]
+    (bucket,) = series.host_bucketed(rows, 0, 100)
+    assert samplerows.sum_in_order(vals) == 3.0
+    assert bucket["run_cores_sum"] == 3.0 and bucket["run_cores_n"] == 4
+    assert bucket["other_cores_sum"] is None and bucket["other_cores_n"] == 0

@@ -32,7 +32,17 @@ import numpy as np
 from gpuprofd.storage.reader import Reader
 from gpuprofd.storage.samplecodec import HOST_COLUMNS, RUN_CPU_COLUMNS, Samples, unpack
 
-__all__ = ["HOST", "RUN_CPU", "SAMPLE_PACK_NS", "Samples", "Table", "packed_in", "read", "span"]
+__all__ = [
+    "HOST",
+    "RUN_CPU",
+    "SAMPLE_PACK_NS",
+    "Samples",
+    "Table",
+    "packed_in",
+    "read",
+    "span",
+    "sum_in_order",
+]
 
 #: The span of one packed block, ns: 1,200 host samples at the daemon's 2 Hz,
 #: 60 host rollup blocks; a day is 144 blocks per boot and per run.
@@ -161,23 +171,24 @@ async def span(
     return (min(got), max(got)) if got else None
 
 
-def _in_order(kept: np.ndarray) -> float:
-    """The sum of *kept* added one after another, as SQL's ``SUM`` adds rows
-    (a cumulative sum is sequential; ``np.sum`` adds pairwise: other last bits)."""
-    return float(np.cumsum(kept)[-1])
+def sum_in_order(values: Sequence[float] | np.ndarray) -> float:
+    """The sum of *values* (not empty) as float64, added one after another
+    as SQL's ``SUM`` adds rows (a cumulative sum is sequential; ``np.sum``
+    adds pairwise and Python 3.12's ``sum()`` compensates: other last bits)."""
+    return float(np.cumsum(np.asarray(values, dtype=np.float64))[-1])
 
 
 def mean(values: np.ndarray) -> float | None:
     """The mean of *values* (float64) leaving NaN (NULL) out, summed in
     order as SQL's ``AVG`` sums; None: no value."""
     kept = values[~np.isnan(values)]
-    return _in_order(kept) / len(kept) if len(kept) else None
+    return sum_in_order(kept) / len(kept) if len(kept) else None
 
 
 def total(values: np.ndarray) -> float | None:
     """The sum of *values* leaving NaN (NULL) out, in order; None: no value."""
     kept = values[~np.isnan(values)]
-    return _in_order(kept) if len(kept) else None
+    return sum_in_order(kept) if len(kept) else None
 
 
 def cores_at(cpu: Samples, times: Sequence[int] | np.ndarray) -> np.ndarray:

@@ -422,7 +422,7 @@ def host_bucketed(
             vals = [r[m] for r in its if r[m] is not None]
             row[f"{m}_min"] = min(vals) if vals else None
             row[f"{m}_max"] = max(vals) if vals else None
-            row[f"{m}_sum"] = float(sum(float(v) for v in vals)) if vals else None
+            row[f"{m}_sum"] = samplerows.sum_in_order(vals) if vals else None
             row[f"{m}_n"] = len(vals)
         out.append(row)
     return out
