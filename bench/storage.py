@@ -6,7 +6,8 @@ Builds, in a temporary directory, the database gpuprofd would hold after a
 daemon's own code from the recorded H200 trace (tiled over the day), the
 raw window (10 Hz rows, 15 min), host and per-run CPU samples at the
 daemon's 2 Hz and their 10 s host rollups (made by the daemon's own pass),
-every step of every rank, DataLoader worker rows. Then it
+every step of every rank, DataLoader worker rows; the steps and the 2 Hz
+samples then packed by the daemon's own passes, as it leaves them. Then it
 times what a user does with it:
 
 - ``gpuprofctl insights`` on one rank (a real subprocess: Python start-up,
@@ -79,6 +80,7 @@ from gpuprofd.storage.upkeep import (
     commprune,
     hostrollup,
     kcompact,
+    samplepack,
     steppack,
     steprollup,
 )
@@ -524,6 +526,22 @@ async def pack_steps(db: Path) -> int:
     return packed
 
 
+async def pack_samples(db: Path) -> int:
+    """Pack the host and run CPU samples as the daemon's pass does (after the
+    host rollups: :func:`roll_hosts`), until nothing is left; the blocks packed."""
+    schema.prepare(db)  # as gpuprofd starts: a day built by older code gets the tables
+    store = Store(db, DropCounter())
+    await store.open()
+    store.start()
+    packed = 0
+    try:
+        while n := await samplepack.pack_round(store):
+            packed += n
+    finally:
+        await store.close()
+    return packed
+
+
 def in_use_bytes(db: Path) -> int:
     """The database file's bytes less its free pages (what later rows fill
     before the file grows)."""
@@ -575,6 +593,35 @@ def steps_case(db: Path, gpu_hours: float) -> None:
         f"a block of noisy steps (random ns in every column): {per_step:.0f} bytes a step = "
         f"{per_step * 7200 / 1e6:.3f} MB per GPU-hour of 500 ms steps"
     )
+
+
+def samples_case(db: Path, gpu_hours: float) -> None:
+    """The 2 Hz host and run CPU samples' MB per GPU-hour and one rank's
+    read of them (CPU s, as the report reads them) as stored, then after the
+    daemon's packing (:mod:`gpuprofd.storage.upkeep.samplepack`)."""
+    from gpuprofd.storage.reads import context as rc
+
+    def figures(label: str) -> None:
+        sizes = table_bytes(db)
+        parts = {t: sizes.get(t, 0) / 1e6 for t in
+                 ("host_samples", "host_packs", "run_cpu_samples", "run_cpu_packs")}  # fmt: skip
+        run = read_db(db, lambda r: reads.get_run(r, 1))
+        span = (run["start_mono_ns"], run["end_mono_ns"], run.get("boot_id"))
+        host_cpu, host = cpu_s(lambda: read_db(db, lambda r: rc.host_columns(r, *span)))
+        own_cpu, own = cpu_s(lambda: read_db(db, lambda r: rc.run_cpu_columns(r, 1)))
+        print(
+            f"2 Hz samples {label}: "
+            + ", ".join(f"{t} {mb:.2f} MB" for t, mb in parts.items())
+            + f" = {sum(parts.values()) / gpu_hours:.3f} MB per GPU-hour; one rank's read: "
+            f"host {len(host):,} in {host_cpu:.3f} s CPU, its CPU {len(own):,} in "
+            f"{own_cpu:.3f} s CPU"
+        )
+
+    figures("as received")
+    t = time.perf_counter()
+    blocks = asyncio.run(pack_samples(db))
+    print(f"packed {blocks:,} blocks of samples in {time.perf_counter() - t:.0f} s")
+    figures("packed")
 
 
 def read_db(db: Path, fn: Any) -> Any:
@@ -794,6 +841,7 @@ def size_line(tmp: str, hours: float, args: argparse.Namespace) -> None:
     asyncio.run(roll_hosts(db))
     build_comm(db, hours, args.gpus, args.step_ms, args.comm_buckets)
     asyncio.run(pack_steps(db))
+    asyncio.run(pack_samples(db))
     built = time.perf_counter() - t
     mb_gpu_hour = in_use_bytes(db) / 1e6 / (hours * args.gpus)
     cold, cold_cpu, proc = ctl("insights", str(db), "1", "--format", "json")
@@ -941,6 +989,7 @@ def main() -> None:
         )
 
         steps_case(db, gpu_hours)
+        samples_case(db, gpu_hours)
         used = in_use_bytes(db)
         print(
             f"database after packing: {used / 1e6 / gpu_hours:.2f} MB per GPU-hour "

@@ -310,6 +310,7 @@ class Daemon:
             ("roll-steps", steprollup.ROLL_INTERVAL_S, retention.roll_steps),
             ("pack-steps", retention.interval_s, retention.pack_steps),
             ("roll-host", hostrollup.ROLL_INTERVAL_S, retention.roll_hosts),
+            ("pack-samples", retention.interval_s, retention.pack_samples),
             ("watch-db", DB_CHECK_S, db_switch.check_periodic),
         ):
             await stack.enter_async_context(task(name, every(interval_s, job, name)))

@@ -48,6 +48,7 @@ async def test_shutdown_stops_tasks_by_name_in_the_documented_order(
         "control",
         "stop-when-drained",
         "watch-db",
+        "pack-samples",
         "roll-host",
         "pack-steps",
         "roll-steps",

@@ -28,7 +28,14 @@ from gpuprofd.server.notify import Listener, RunChanges
 from gpuprofd.services.digest import Digest
 from gpuprofd.services.insights_runner import InsightsRunner
 from gpuprofd.storage import logins, schema
-from gpuprofd.storage.upkeep import hostrollup, retention, steppack, steprollup
+from gpuprofd.storage.upkeep import (
+    backlog,
+    hostrollup,
+    retention,
+    samplepack,
+    steppack,
+    steprollup,
+)
 from gpuprofd.storage.url import StorageUrl
 from gpuprofd.storage.writes import Applied, Store, costs
 from gpuprofd.web.auth import Auth, AuthConfig
@@ -141,13 +148,20 @@ class Server:
         its own (:mod:`gpuprofd.storage.upkeep.steprollup`,
         :mod:`~gpuprofd.storage.upkeep.hostrollup`):
         whole-run charts of long runs read blocks, not every step or sample;
-        and its older steps packed (:mod:`~gpuprofd.storage.upkeep.steppack`).
+        and its older steps and samples packed (:mod:`~gpuprofd.storage.upkeep.steppack`,
+        :mod:`~gpuprofd.storage.upkeep.samplepack`).
         Replicas may both roll: a block is written once (its key)."""
         while not self._stop.is_set():
             try:
                 await steprollup.roll_pass(self.store)
                 await hostrollup.roll_pass(self.store)
-                await steppack.pack_backlog(self.store, PACK_BUDGET_S)
+                for module in (steppack, samplepack):  # half the budget each
+                    await backlog.pack_backlog(
+                        module.pack_round,
+                        self.store,
+                        PACK_BUDGET_S / 2,
+                        module.MAX_BLOCKS_PER_ROUND,
+                    )
             except Exception:  # noqa: BLE001 - retry at the next round
                 log.exception("step rollups failed; trying again in %.0f s", ROLL_EVERY_S)
             with contextlib.suppress(TimeoutError):

@@ -11,8 +11,12 @@ Tiering (what a long run leaves behind, see ``bench/storage.py``): raw GPU
 samples for the daemon's raw window only, per-second GPU rollups for the
 whole run (``gpu_seconds``, keyed by a small ``gpus`` id, read through the
 ``gpu_rollups`` view that joins each GPU's UUID and boot back in); every host
-sample, and per run ``host_rollups`` of them (10 s blocks,
-``gpuprofd.storage.upkeep.hostrollup``) for the whole-run charts; continuous
+sample and run CPU sample, the newest as rows, older ones packed per block of
+10 min into ``host_packs`` / ``run_cpu_packs`` rows once their host rollups
+are written (columnar, lossless: ``gpuprofd.storage.upkeep.samplepack``; every
+read of them goes through ``gpuprofd.storage.reads.samplerows``), and per run
+``host_rollups`` of them (10 s blocks, ``gpuprofd.storage.upkeep.hostrollup``)
+for the whole-run charts; continuous
 kernel windows merged as they age (``gpuprofd.storage.upkeep.kcompact``);
 every step kept: a run's last ``STEPS_RAW_KEPT`` steps (by index) as ``steps``
 rows, older ones packed per block of 1,000 into ``step_packs`` rows (columnar,
@@ -45,7 +49,7 @@ from gpuprofd.core.errors import DatabaseError
 from gpuprofd.sampling import rollup
 from gpuprofd.storage import commpack
 
-SCHEMA_VERSION = 23
+SCHEMA_VERSION = 24
 #: Columns added since schema 1: (table, column, declaration).
 _ADDED_IN_2 = (
     ("steps", "skipped", "INTEGER DEFAULT 0"),
@@ -257,6 +261,23 @@ CREATE TABLE IF NOT EXISTS step_packs (  -- schema 22: a block of a run's older 
     t0_min_ns INTEGER, t0_max_ns INTEGER,   -- its steps' earliest and latest t0
     t1_max_ns INTEGER,               -- its steps' latest t1
     data BLOB NOT NULL,              -- the rows, columnar, zlib (gpuprofd.storage.stepcodec)
+    PRIMARY KEY (run_id, block)
+);
+CREATE TABLE IF NOT EXISTS host_packs (  -- schema 24: a block of a boot's older host samples,
+    -- packed (gpuprofd.storage.upkeep.samplepack; read by gpuprofd.storage.reads.samplerows)
+    boot_key TEXT NOT NULL,          -- COALESCE(host_samples.boot_id, ''), as gpus.boot_id
+    block INTEGER NOT NULL,          -- mono_ns / SAMPLE_PACK_NS: the span it covers
+    n INTEGER NOT NULL,              -- host_samples rows in it
+    t_min_ns INTEGER, t_max_ns INTEGER,  -- its earliest and latest mono_ns
+    data BLOB NOT NULL,              -- the rows, columnar, zlib (gpuprofd.storage.samplecodec)
+    PRIMARY KEY (boot_key, block)
+);
+CREATE TABLE IF NOT EXISTS run_cpu_packs (  -- schema 24: ... and of a run's CPU samples
+    run_id INTEGER NOT NULL,
+    block INTEGER NOT NULL,
+    n INTEGER NOT NULL,
+    t_min_ns INTEGER, t_max_ns INTEGER,
+    data BLOB NOT NULL,
     PRIMARY KEY (run_id, block)
 );
 CREATE TABLE IF NOT EXISTS insights (
@@ -593,6 +614,14 @@ _STEP_PACKS_TEMP = (
     "first_step INTEGER, last_step INTEGER, t0_min_ns INTEGER, t0_max_ns INTEGER, "
     "t1_max_ns INTEGER, data BLOB)"
 )
+#: ... and the ``host_packs`` and ``run_cpu_packs`` tables for one older than
+#: schema 24 (empty: every sample is then a row).
+_SAMPLE_PACKS_TEMP = (
+    "CREATE TEMP TABLE host_packs (boot_key TEXT, block INTEGER, n INTEGER, t_min_ns INTEGER, "
+    "t_max_ns INTEGER, data BLOB)",
+    "CREATE TEMP TABLE run_cpu_packs (run_id INTEGER, block INTEGER, n INTEGER, "
+    "t_min_ns INTEGER, t_max_ns INTEGER, data BLOB)",
+)
 #: ... and the ``evidence_windows`` table for one older than schema 20 (empty).
 _EVIDENCE_WINDOWS_TEMP = (
     "CREATE TEMP TABLE evidence_windows (run_id INTEGER, window_id INTEGER, "
@@ -671,6 +700,9 @@ def shadow_old_tables(conn: sqlite3.Connection, version: int) -> None:
     queries: TEMP views (searched before ``main``) add the missing columns
     with their defaults. Nothing is written to the file."""
     runs6 = ", ".join(f"NULL AS {c}" for c in _RUNS_6) + _RUNS_8
+    if version < 24:
+        for sql in _SAMPLE_PACKS_TEMP:
+            conn.execute(sql)
     if version < 22:
         conn.execute(_STEP_PACKS_TEMP)
     if version < 21:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import struct
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any
@@ -63,7 +63,7 @@ _HEAD = struct.Struct("<BI")  # format version, header length
 _I64 = (-(2**63), 2**63 - 1)
 
 
-def _ints(values: Sequence[Any]) -> tuple[np.ndarray, np.ndarray | None] | None:
+def int64_column(values: Sequence[Any]) -> tuple[np.ndarray, np.ndarray | None] | None:
     """*values* as int64 and a NULL mask (None: no NULLs); None: not all integers."""
     try:  # numpy's own look at the types first: int64 only where every value is an int
         arr = np.array(values)
@@ -118,7 +118,7 @@ class Columns:
             if name == "phases":
                 out._set_phases([None if t is None else orjson.loads(t) for t in values])
                 continue
-            got = None if name == "optimizers" else _ints(values)
+            got = None if name == "optimizers" else int64_column(values)
             if got is None:
                 out.objects[name] = list(values)
             else:
@@ -259,24 +259,53 @@ def encode(rows: Sequence[Sequence[Any]]) -> bytes:
     return pack(Columns.from_rows(rows))
 
 
+def add_int_column(
+    meta: list[list[Any]],
+    arrays: list[np.ndarray],
+    name: str,
+    arr: np.ndarray,
+    mask: np.ndarray | None,
+    delta: bool,
+) -> None:
+    """Append int64 column *name* (*mask*: True where NULL) to a pack being
+    made: its ``[name, kind, has_mask, extra]`` to *meta*, its arrays to
+    *arrays*. Evenly spaced (or constant) without NULLs: kind ``c``, no array;
+    else kind ``i``, *delta*: stored as differences from the value before."""
+    if len(arr) > 1 and mask is None:
+        gaps = np.diff(arr)  # an array: wraps in int64 without a warning
+        step = gaps[0]
+        if (gaps == step).all():  # constant or evenly spaced: no array at all
+            meta.append([name, "c", False, [int(arr[0]), int(step)]])
+            return
+    if delta and len(arr):
+        arr = np.diff(arr, prepend=np.int64(0))  # wraps in int64: cumsum undoes it
+    meta.append([name, "i", mask is not None, delta])
+    arrays.append(arr)
+    if mask is not None:
+        arrays.append(mask.astype(np.int64))
+
+
+def read_int_column(
+    kind: str, has_mask: bool, extra: Any, n: int, take: Callable[[], np.ndarray]
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """An int64 column :func:`add_int_column` stored (kind ``i`` or ``c``)
+    and its NULL mask (None: none), its arrays read with *take*."""
+    if kind == "c":  # first value, spacing
+        first, step = (int(v) for v in extra)
+        return first + step * np.arange(n, dtype=np.int64), None
+    arr = take()
+    if extra:
+        arr = np.cumsum(arr, dtype=np.int64)
+    return arr, (take().astype(bool) if has_mask else None)
+
+
 def pack(cols: Columns) -> bytes:
     """*cols* as one compressed value (see the module doc)."""
     meta: list[list[Any]] = []  # [name, kind, has_mask, extra]
     arrays: list[np.ndarray] = []
 
     def add(name: str, arr: np.ndarray, mask: np.ndarray | None, delta: bool) -> None:
-        if len(arr) > 1 and mask is None:
-            gaps = np.diff(arr)  # an array: wraps in int64 without a warning
-            step = gaps[0]
-            if (gaps == step).all():  # constant or evenly spaced: no array at all
-                meta.append([name, "c", False, [int(arr[0]), int(step)]])
-                return
-        if delta and len(arr):
-            arr = np.diff(arr, prepend=np.int64(0))  # wraps in int64: cumsum undoes it
-        meta.append([name, "i", mask is not None, delta])
-        arrays.append(arr)
-        if mask is not None:
-            arrays.append(mask.astype(np.int64))
+        add_int_column(meta, arrays, name, arr, mask, delta)
 
     for name in COLUMNS:
         if name == "phases":
@@ -341,11 +370,8 @@ def _unpack(data: bytes) -> Columns:
 
     out = Columns(n)
     for name, kind, has_mask, extra in head["cols"]:
-        if kind == "i":
-            arr = take()
-            if extra:
-                arr = np.cumsum(arr, dtype=np.int64)
-            mask: np.ndarray | None = take().astype(bool) if has_mask else None
+        if kind in ("i", "c"):
+            arr, mask = read_int_column(kind, has_mask, extra, n, take)
             if name.startswith("phases."):
                 key = name[len("phases.") :]
                 out.phases[key] = arr
@@ -362,14 +388,6 @@ def _unpack(data: bytes) -> Columns:
                 out.phase_dicts = values
             else:
                 out.objects[name] = values
-        elif kind == "c":  # first value, spacing
-            first, step = (int(v) for v in extra)
-            arr = first + step * np.arange(n, dtype=np.int64)
-            if name.startswith("phases."):
-                out.phases[name[len("phases.") :]] = arr
-                out.has_phase[name[len("phases.") :]] = np.ones(n, bool)
-            else:
-                out.ints[name] = arr
         elif kind == "p":
             out.phases_null = take().astype(bool) if has_mask else None
         else:

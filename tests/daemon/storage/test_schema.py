@@ -11,7 +11,7 @@ import pytest
 from gpuprofd.core.errors import DatabaseError
 from gpuprofd.storage import reads, schema
 from gpuprofd.storage.reader import open_reader
-from gpuprofd.storage.reads import queries
+from gpuprofd.storage.reads import samplerows
 
 #: Schema 1 exactly as gpuprof 0.1 (the spine, commit 8c3194b) wrote it, plus rows.
 #: The tables schema 22 replaced, as schema 21 (and before) wrote them: one
@@ -158,7 +158,8 @@ async def test_old_host_samples_read_as_not_available_both_ways(tmp_path: Path) 
     async with open_reader(path) as reader:  # read-only: a TEMP view adds the columns
         run = await reads.get_run(reader, 1)
         ctx = await reads.run_context(reader, run)
-        ro = dict(await reader.fetchone(queries.HOST_SQL, (0, 10**9, None)))
+        got = await samplerows.read(reader, samplerows.HOST, None, 0, 10**9)
+        ro = dict(zip(got.names, got.rows()[0], strict=True))
     assert ctx.host_disk_read_bps == 2_000_000.0
     assert (ro["disk_read_bps"], *(ro[c] for c in HOST_3)) == (2_000_000.0, None, None, None, None)
     schema.prepare(path)  # the daemon's upgrade: the columns are added, NULL

@@ -17,7 +17,7 @@ from gpuprofd.core.errors import DatabaseError
 from gpuprofd.storage import reads, schema
 from gpuprofd.storage.reader import open_reader
 from gpuprofd.storage.reads import groups, queries, series, steprows
-from gpuprofd.storage.upkeep import steppack, steprollup
+from gpuprofd.storage.upkeep import backlog, steppack, steprollup
 from gpuprofd.storage.writes import Store, runsdb
 from tests.daemon.storage.test_backends import open_store, run_row
 from tests.daemon.storage.test_steptotals import _step
@@ -153,9 +153,9 @@ async def test_a_backlog_is_packed_in_rounds_until_none_is_left_or_the_budget_is
     async with open_store(storage_url) as store:
         await _fill(store)
         await steprollup.roll_pass(store)
-        assert await steppack.pack_backlog(store, 0.0, max_blocks=1) == 1
-        assert await steppack.pack_backlog(store, 60.0, max_blocks=1) == 2
-        assert await steppack.pack_backlog(store, 60.0, max_blocks=1) == 0
+        assert await backlog.pack_backlog(steppack.pack_round, store, 0.0, 1) == 1
+        assert await backlog.pack_backlog(steppack.pack_round, store, 60.0, 1) == 2
+        assert await backlog.pack_backlog(steppack.pack_round, store, 60.0, 1) == 0
         packed = await store.fetchall("SELECT block FROM step_packs ORDER BY block")
         assert [p["block"] for p in packed] == [0, 1, 2]
 

@@ -24,7 +24,7 @@ from gpuprof.kernels import KernelAgg
 from gpuprofd.sampling import rollup
 from gpuprofd.storage import commpack
 from gpuprofd.storage.reader import Reader
-from gpuprofd.storage.reads import queries, steprows
+from gpuprofd.storage.reads import queries, samplerows, steprows
 
 
 async def count_steps(db: Reader, run_id: int) -> int:
@@ -60,17 +60,31 @@ async def run_step_columns(db: Reader, run_id: int) -> StepColumns:
 async def host_columns(
     db: Reader, start_mono_ns: int, end_mono_ns: int, boot_id: str | None = None
 ) -> hostcpu.HostColumns:
-    """The host samples of boot *boot_id* with ``start <= mono_ns <= end``
-    as numpy columns (:class:`gpuprof.insights.hostcpu.HostColumns`):
-    what :func:`run_context` reads, without a dict per sample (a day is
-    172,800): the readings aligned to steps per sample, the others' means
-    (:data:`queries.HOST_MEANS_SQL`) from the database."""
-    params = (start_mono_ns, end_mono_ns, boot_id)
-    rows, means = await asyncio.gather(  # the means summed meanwhile, where the reader can
-        db.fetchtuples(queries.HOST_COLUMNS_SQL, params),
-        db.fetchone(queries.HOST_MEANS_SQL, params),
-    )
-    return hostcpu.host_columns_from_tuples(rows, dict(means) if means is not None else {})
+    """The host samples of boot *boot_id* with ``start <= mono_ns <= end``,
+    packed or not (:mod:`gpuprofd.storage.reads.samplerows`), as numpy
+    columns without a Python value per sample (a day is 172,800): the
+    readings aligned to steps per sample
+    (:data:`gpuprof.insights.hostcpu.HOST_FIELDS`), the others' means
+    (:data:`gpuprof.insights.hostcpu.HOST_MEANS`)."""
+    got = await samplerows.read(db, samplerows.HOST, boot_id, start_mono_ns, end_mono_ns)
+    return host_columns_of(got)
+
+
+def host_columns_of(got: samplerows.Samples) -> hostcpu.HostColumns:
+    """Host samples read by :func:`samplerows.read` as :class:`hostcpu.HostColumns`."""
+    import numpy as np
+
+    cache, total = got.numbers("page_cache_bytes"), got.numbers("mem_total_bytes")
+    with np.errstate(divide="ignore", invalid="ignore"):  # no total: NULL, as SQL's CASE
+        fraction = np.where(total != 0, cache / total, np.nan)
+    means = {
+        "disk_read_iops": samplerows.mean(got.numbers("disk_read_iops")),
+        "page_cache_fraction": samplerows.mean(fraction),
+        "swap_in_bps": samplerows.mean(got.numbers("swap_in_bps")),
+    }
+    ns = got.times()
+    fields = (got.numbers(c) for c in ("cpu_pct", "cpu_count", "disk_read_bps"))
+    return hostcpu.HostColumns(ns, np.ones(len(ns), bool), *fields, means=means)
 
 
 async def history_runs(
@@ -130,9 +144,20 @@ async def history_work(db: Reader, run_id: int) -> tuple[tuple[float, ...], floa
 
 async def run_cpu_columns(db: Reader, run_id: int) -> hostcpu.CpuColumns:
     """The run's process-tree CPU samples (``mono_ns``, ``cores``; none
-    without cores) in time order (:data:`queries.RUN_CPU_SQL`), as numpy
-    columns (:class:`gpuprof.insights.hostcpu.CpuColumns`)."""
-    return hostcpu.cpu_columns_from_tuples(await db.fetchtuples(queries.RUN_CPU_SQL, (run_id,)))
+    without cores) in time order, packed or not
+    (:mod:`gpuprofd.storage.reads.samplerows`), as numpy columns
+    (:class:`gpuprof.insights.hostcpu.CpuColumns`)."""
+    return cpu_columns_of(await samplerows.read(db, samplerows.RUN_CPU, run_id))
+
+
+def cpu_columns_of(got: samplerows.Samples) -> hostcpu.CpuColumns:
+    """CPU samples read by :func:`samplerows.read` as :class:`hostcpu.CpuColumns`,
+    those without cores left out."""
+    import numpy as np
+
+    cores = got.numbers("cores")
+    keep = ~np.isnan(cores)
+    return hostcpu.CpuColumns(got.times()[keep], np.ones(int(keep.sum()), bool), cores[keep])
 
 
 def _sorted_unique(values: Any) -> Any:
@@ -148,11 +173,6 @@ def _sorted_unique(values: Any) -> Any:
     keep[0] = True
     np.not_equal(out[1:], out[:-1], out=keep[1:])
     return out[keep]
-
-
-#: IN lists of sample times are sent in chunks of this many (SQLite's
-#: default limit on parameters is 32,766; Postgres's 65,535).
-_TIMES_PER_QUERY = 500
 
 
 async def job_cpu(
@@ -193,36 +213,39 @@ async def job_cpu(
         return []
     spans = []
     for rid in ids:
-        got = await db.fetchone(queries.CPU_SPAN_SQL, (rid, t0, t1) * 2)
-        if got is not None and got["t0"] is not None:
-            spans.append((int(got["t0"]), int(got["t1"])))
+        got = await samplerows.span(db, samplerows.RUN_CPU, rid, t0, t1)
+        if got is not None:
+            spans.append(got)
     # whole blocks from the host rollups, the rest from the samples
     rolled = await db.fetchall(queries.job_rolled_sql(len(ids)), (*ids, t0, t1))
     total = sum(float(r["total"]) for r in rolled if r["total"] is not None)
     by_run = {int(r["run_id"]): (int(r["lo"]), int(r["hi"])) for r in rolled}
-    ranges: list[int] = []
+    summed = False
     for rid in ids:
-        if rid in by_run:
-            lo, hi = by_run[rid]
-            ranges += (rid, t0, lo - 1, rid, hi + 1, t1)
-        else:
-            ranges += (rid, t0, t1)
-    raw = await db.fetchone(queries.job_raw_sql(len(ranges) // 3), ranges)
-    if raw is not None and raw["total"] is not None:
-        total += float(raw["total"])
-    elif not rolled:
+        lo, hi = by_run.get(rid, (t1 + 1, t1))  # without rollups: its whole span
+        for a, z in ((t0, lo - 1), (hi + 1, t1)):
+            if a > z:
+                continue
+            got = samplerows.total(
+                (await samplerows.read(db, samplerows.RUN_CPU, rid, a, z)).numbers("cores")
+            )
+            if got is not None:
+                total, summed = total + got, True
+    if not summed and not rolled:
         return []
     if host_ns is None or not len(host_ns) or host_ns[0] > t0 or host_ns[-1] < t1:
-        rows = await db.fetchtuples(queries.HOST_TIMES_SQL, (t0, t1, run.get("boot_id")))
-        host_ns = np.fromiter((r[0] for r in rows), np.int64, len(rows))
+        host_ns = (await samplerows.read(db, samplerows.HOST, run.get("boot_id"), t0, t1)).times()
     ticks = _sorted_unique(host_ns[(host_ns >= t0) & (host_ns <= t1)])
     at = np.minimum(np.searchsorted(times, ticks), len(times) - 1)
-    lacked = ticks[times[at] != ticks].tolist()
-    for i in range(0, len(lacked), _TIMES_PER_QUERY):
-        chunk = lacked[i : i + _TIMES_PER_QUERY]
-        row = await db.fetchone(queries.job_at_sql(len(ids), len(chunk)), (*ids, *chunk))
-        if row is not None and row["total"] is not None:
-            total -= float(row["total"])
+    lacked = ticks[times[at] != ticks]
+    if len(lacked):
+        for rid in ids:
+            cpu = await samplerows.read(
+                db, samplerows.RUN_CPU, rid, int(lacked[0]), int(lacked[-1])
+            )
+            got = samplerows.total(samplerows.cores_at(cpu, lacked))
+            if got is not None:
+                total -= got
     return [{"cores": total / len(times), "ranks": queries.most_at_once(spans)}]
 
 

@@ -26,34 +26,6 @@ from gpuprofd.storage.stepcodec import Columns
 
 #: How many earlier finished runs of the same name the regression rule sees.
 HISTORY_RUNS = 3
-HOST_SQL = (
-    "SELECT mono_ns, cpu_pct, cpu_count, disk_read_bps, disk_read_iops, page_cache_bytes, "
-    "mem_total_bytes, swap_in_bps FROM host_samples "
-    "WHERE mono_ns BETWEEN ? AND ? AND boot_id IS NOT DISTINCT FROM ? ORDER BY mono_ns"
-)
-#: The host samples' readings :func:`build_context` aligns to each step
-#: (:data:`gpuprof.insights.hostcpu.HOST_FIELDS`), same window as :data:`HOST_SQL`.
-HOST_COLUMNS_SQL = (
-    "SELECT mono_ns, cpu_pct, cpu_count, disk_read_bps FROM host_samples "
-    "WHERE mono_ns BETWEEN ? AND ? AND boot_id IS NOT DISTINCT FROM ? ORDER BY mono_ns"
-)
-#: ... and the readings it needs only the mean of
-#: (:data:`gpuprof.insights.hostcpu.HOST_MEANS`), averaged by the database.
-HOST_MEANS_SQL = (
-    "SELECT CAST(AVG(disk_read_iops) AS DOUBLE PRECISION) AS disk_read_iops, "
-    "CAST(AVG(CASE WHEN mem_total_bytes <> 0 THEN CAST(page_cache_bytes AS DOUBLE PRECISION) "
-    "/ mem_total_bytes END) AS DOUBLE PRECISION) AS page_cache_fraction, "
-    "CAST(AVG(swap_in_bps) AS DOUBLE PRECISION) AS swap_in_bps FROM host_samples "
-    "WHERE mono_ns BETWEEN ? AND ? AND boot_id IS NOT DISTINCT FROM ?"
-)
-#: A run's process-tree CPU samples (``mono_ns``, ``cores``), in time order:
-#: :func:`build_context` aligns them with the host samples taken at the same
-#: ``mono_ns`` to each step (a day is 172,800 rows at 2 Hz, as many as the
-#: host samples it reads anyway).
-RUN_CPU_SQL = (
-    "SELECT mono_ns, cores FROM run_cpu_samples "
-    "WHERE run_id = ? AND cores IS NOT NULL ORDER BY mono_ns"
-)
 #: The runs of a run's job on this node (its group's runs here): ``(group,
 #: host, boot)``.
 JOB_RUNS_SQL = (
@@ -74,39 +46,6 @@ def job_rolled_sql(runs: int) -> str:
         f"WHERE run_id IN ({', '.join('?' * runs)}) AND t0_ns >= ? AND t1_ns <= ? "
         "GROUP BY run_id"
     )
-
-
-def job_raw_sql(ranges: int) -> str:
-    """The cores summed over *ranges* ``(run_id, first, last)`` of samples, by
-    index (``total``; NULL without any)."""
-    where = " OR ".join(["(run_id = ? AND mono_ns BETWEEN ? AND ?)"] * ranges)
-    return (
-        f"SELECT CAST(SUM(cores) AS DOUBLE PRECISION) AS total FROM run_cpu_samples WHERE {where}"
-    )
-
-
-#: A run's first and last CPU sample within ``[t0, t1]`` (by index: two
-#: lookups): ``(run_id, t0, t1, run_id, t0, t1)``.
-CPU_SPAN_SQL = (
-    "SELECT (SELECT MIN(mono_ns) FROM run_cpu_samples WHERE run_id = ? "
-    "AND mono_ns BETWEEN ? AND ?) AS t0, (SELECT MAX(mono_ns) FROM run_cpu_samples "
-    "WHERE run_id = ? AND mono_ns BETWEEN ? AND ?) AS t1"
-)
-
-
-def job_at_sql(runs: int, times: int) -> str:
-    """The cores of *runs* ids summed at *times* sample times (``total``)."""
-    return (
-        "SELECT CAST(SUM(cores) AS DOUBLE PRECISION) AS total FROM run_cpu_samples "
-        f"WHERE run_id IN ({', '.join('?' * runs)}) AND mono_ns IN ({', '.join('?' * times)})"
-    )
-
-
-#: The times of a boot's host samples in ``[t0, t1]``: ``(t0, t1, boot_id)``.
-HOST_TIMES_SQL = (
-    "SELECT mono_ns FROM host_samples WHERE mono_ns BETWEEN ? AND ? "
-    "AND boot_id IS NOT DISTINCT FROM ? ORDER BY mono_ns"
-)
 
 
 def most_at_once(spans: Sequence[tuple[int, int]]) -> int:

@@ -25,7 +25,7 @@ from gpuprofd.sampling import rollup
 from gpuprofd.storage import schema
 from gpuprofd.storage.dialect import Dialect
 from gpuprofd.storage.reader import Reader
-from gpuprofd.storage.reads import steprows
+from gpuprofd.storage.reads import samplerows, steprows
 
 #: The phases a step's time splits into on the charts, with ``loader_wait``
 #: (the wait before the step plus the ``data`` phase) first and ``other``
@@ -352,10 +352,80 @@ async def host_buckets(
     end_ns: int,
 ) -> list[dict[str, Any]]:
     """The host's samples of boot *boot_id* in [*start_ns*, *end_ns*), with
-    run *run_id*'s CPU, in buckets of *width_ns* from *lo_ns*
-    (:data:`HOST_BUCKET_SQL`: per reading its min, max, sum and count)."""
+    run *run_id*'s CPU, in buckets of *width_ns* from *lo_ns*: per reading
+    its min, max, sum and count (:data:`HOST_BUCKET_SQL`; where a packed
+    block of samples lies in the window, the samples read through
+    :mod:`~gpuprofd.storage.reads.samplerows` and bucketed the same way)."""
+    if await host_packed(db, run_id, boot_id, start_ns, end_ns - 1):
+        rows = await host_rows(db, run_id, boot_id, start_ns, end_ns - 1)
+        return host_bucketed(rows, lo_ns, width_ns)
     params = (lo_ns, width_ns, run_id, boot_id, start_ns, end_ns)
     return [dict(r) for r in await db.fetchall(HOST_BUCKET_SQL, params)]
+
+
+async def host_packed(db: Reader, run_id: int, boot_id: str | None, lo: int, hi: int) -> bool:
+    """Whether the host or run CPU samples in [*lo*, *hi*] are packed in part."""
+    return await samplerows.packed_in(
+        db, samplerows.HOST, boot_id, lo, hi
+    ) or await samplerows.packed_in(db, samplerows.RUN_CPU, run_id, lo, hi)
+
+
+async def host_rows(
+    db: Reader, run_id: int, boot_id: str | None, lo: int, hi: int
+) -> list[dict[str, Any]]:
+    """:data:`HOST_ROW_SQL`'s rows of [*lo*, *hi*] (ns, both included), by
+    time, from the samples packed or not: the run's cores at each host
+    sample's time (0: not sampled then; a number as SQLite's ``COALESCE``
+    gives it) and the other cores busy."""
+    host = await samplerows.read(db, samplerows.HOST, boot_id, lo, hi)
+    cpu = await samplerows.read(db, samplerows.RUN_CPU, run_id, lo, hi)
+    zero: float = 0 if db.dialect.name == "sqlite" else 0.0
+    cores = dict(zip(cpu.column("mono_ns"), cpu.column("cores"), strict=True))
+    out = []
+    cols = (host.column(c) for c in ("mono_ns", "cpu_count", "cpu_pct", "disk_read_bps"))
+    for t, count, pct, disk, cache in zip(*cols, host.column("page_cache_bytes"), strict=True):
+        own = cores.get(t)
+        own = zero if own is None else own
+        other = None if pct is None or count is None else float(pct) * count / 100.0 - own
+        out.append(
+            {
+                "mono_ns": t,
+                "cpu_count": count,
+                "run_cores": own,
+                "other_cores": other,
+                "disk_read_bps": disk,
+                "page_cache_bytes": cache,
+            }
+        )
+    return out
+
+
+def host_bucketed(
+    rows: Sequence[dict[str, Any]], lo_ns: int, width_ns: int
+) -> list[dict[str, Any]]:
+    """:func:`host_rows` rows in :data:`HOST_BUCKET_SQL`'s buckets and columns."""
+    held: dict[int, list[dict[str, Any]]] = {}
+    for r in rows:
+        d = r["mono_ns"] - lo_ns  # SQL divides integers toward zero
+        held.setdefault(d // width_ns if d >= 0 else -(-d // width_ns), []).append(r)
+    out = []
+    for b in sorted(held):
+        its = held[b]
+        counts = [r["cpu_count"] for r in its if r["cpu_count"] is not None]
+        row: dict[str, Any] = {
+            "b": b,
+            "t": min(r["mono_ns"] for r in its),
+            "cpu_count": max(counts) if counts else None,
+            "n": len(its),
+        }
+        for m in HOST_METRICS:
+            vals = [r[m] for r in its if r[m] is not None]
+            row[f"{m}_min"] = min(vals) if vals else None
+            row[f"{m}_max"] = max(vals) if vals else None
+            row[f"{m}_sum"] = samplerows.sum_in_order(vals) if vals else None
+            row[f"{m}_n"] = len(vals)
+        out.append(row)
+    return out
 
 
 # --- a run's GPUs ---------------------------------------------------------------
@@ -532,8 +602,11 @@ async def host_samples_after(
 ) -> list[dict[str, Any]]:
     """Host samples of boot *boot_id* newer than *mono_ns* (not after
     *until_ns*) with run *run_id*'s CPU (:data:`HOST_ROW_SQL`), by time, at most *limit*."""
+    hi = until_ns or 2**62
+    if await host_packed(db, run_id, boot_id, mono_ns + 1, hi):
+        return (await host_rows(db, run_id, boot_id, mono_ns + 1, hi))[:limit]
     sql = f"{HOST_ROW_SQL} ORDER BY h.mono_ns LIMIT ?"
-    params = (run_id, boot_id, mono_ns + 1, (until_ns or 2**62) + 1, limit)
+    params = (run_id, boot_id, mono_ns + 1, hi + 1, limit)
     return [dict(r) for r in await db.fetchall(sql, params)]
 
 
@@ -551,22 +624,30 @@ async def latest_host(
     db: Reader, boot_id: str | None, lo_ns: int, hi_ns: int
 ) -> dict[str, Any] | None:
     """Boot *boot_id*'s latest host sample in [*lo_ns*, *hi_ns*] (monotonic
-    ns): ``mono_ns``, ``cpu_pct`` (0-100 of every core), ``cpu_count``; None: none."""
+    ns): ``mono_ns``, ``cpu_pct`` (0-100 of every core), ``cpu_count``; None:
+    none. A boot's newest samples are rows: packed ones are read only where
+    the window ends before them."""
     row = await db.fetchone(LATEST_HOST_SQL, (boot_id, lo_ns, hi_ns))
-    return None if row is None else dict(row)
+    if row is not None and not await samplerows.packed_in(
+        db, samplerows.HOST, boot_id, int(row["mono_ns"]) + 1, hi_ns
+    ):
+        return dict(row)
+    got = await samplerows.read(db, samplerows.HOST, boot_id, lo_ns, hi_ns)
+    if not got.n:
+        return None
+    return {c: got.column(c)[-1] for c in ("mono_ns", "cpu_pct", "cpu_count")}
 
 
 async def run_cores_at(db: Reader, run_ids: Sequence[int], mono_ns: int) -> dict[int, float]:
     """Each of *run_ids*' CPU (cores busy: its process tree's) at the host
-    sample of *mono_ns*; a run not sampled then is left out."""
-    if not run_ids:
-        return {}
-    sql = (
-        f"SELECT run_id, cores FROM run_cpu_samples WHERE run_id IN ({_in(len(run_ids))}) "
-        "AND mono_ns = ?"
-    )
-    rows = await db.fetchall(sql, (*run_ids, mono_ns))
-    return {int(r["run_id"]): float(r["cores"]) for r in rows if r["cores"] is not None}
+    sample of *mono_ns*, packed or not; a run not sampled then is left out."""
+    out = {}
+    for rid in run_ids:
+        got = await samplerows.read(db, samplerows.RUN_CPU, rid, mono_ns, mono_ns)
+        cores = [c for c in got.column("cores") if c is not None]
+        if cores:
+            out[rid] = float(cores[-1])
+    return out
 
 
 #: A GPU's latest per-second rollup of a boot from a time on (the ``(uuid,

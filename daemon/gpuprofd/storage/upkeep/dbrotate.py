@@ -37,6 +37,8 @@ RUN_TABLES = (
     "step_totals",
     "insights",
     "run_cpu_samples",
+    "run_cpu_packs",
+    "host_rollups",  # its packed samples' blocks are rolled from rows no more
     "worker_cpu",
     "comm_steps",
     "stack_samples",
@@ -44,6 +46,7 @@ RUN_TABLES = (
 #: Node-level tables and their time column: the live runs' stretch is copied.
 NODE_TABLES = (
     ("host_samples", "mono_ns"),
+    ("host_packs", "t_max_ns"),  # a pack reaching into the stretch: all of it
     ("gpu_samples", "mono_ns"),
     ("gpu_slow_samples", "mono_ns"),
     ("gpu_rollups", "sec_ns"),

@@ -14,7 +14,10 @@ that is when a later host sample of the boot is stored (samples are stored
 in the order taken) and, for an ended run, when it ends before the run's
 end. The part of a window outside the rolled blocks (the run's first and
 last seconds, a live run's newest) is read from the samples themselves
-(:func:`gpuprofd.storage.reads.series.host_buckets`). Written by a maintenance
+(:func:`gpuprofd.storage.reads.series.host_buckets`). A block whose samples
+are packed already (:mod:`gpuprofd.storage.upkeep.samplepack` waits for the
+rollups, but a run a team server receives late may start in a packed span)
+is rolled from the samples read packed. Written by a maintenance
 pass (:func:`roll_pass`, every :data:`ROLL_INTERVAL_S`), at most
 :data:`MAX_BLOCKS_PER_PASS` blocks per run at a time, so a database from
 before the tier gets its runs rolled the same way. Samples stored for a
@@ -29,6 +32,7 @@ from typing import Any
 from gpuprofd.storage.reader import Reader
 from gpuprofd.storage.reads import series
 from gpuprofd.storage.writes import Store
+from gpuprofd.storage.writes.ops import Txn
 
 #: The span of one block, ns: 20 samples at the daemon's 2 Hz; a day is 8,640
 #: blocks, so a 1,400 px chart (2,800 buckets of 31 s) reads each once.
@@ -51,6 +55,14 @@ ROLL_SQL = (
     "CAST(COUNT(*) AS BIGINT), MAX(cpu_count), "
     + ", ".join(series.host_stats_sql(m) for m in series.HOST_METRICS)
     + f" FROM ({series.HOST_ROW_SQL}) AS hs GROUP BY mono_ns / {HOST_BLOCK_NS} "
+    "ON CONFLICT (run_id, block) DO NOTHING"
+)
+
+
+#: ... and one block's row, where the samples are read through
+#: :mod:`gpuprofd.storage.reads.samplerows` (:func:`_roll_read`).
+INSERT_SQL = (
+    f"INSERT INTO host_rollups ({_COLUMNS}) VALUES ({', '.join('?' * (6 + len(_STATS)))}) "
     "ON CONFLICT (run_id, block) DO NOTHING"
 )
 
@@ -101,10 +113,31 @@ async def roll_pass(store: Store) -> int:
         if span is None:
             continue
         first, end = span
-        params = (r["id"], r["id"], boot, first * HOST_BLOCK_NS, end * HOST_BLOCK_NS)
-        await store.write(ROLL_SQL, params)
+        lo, hi = first * HOST_BLOCK_NS, end * HOST_BLOCK_NS
+        if await series.host_packed(store, r["id"], boot, lo, hi - 1):
+            await _roll_read(store, r["id"], boot, lo, hi)
+        else:
+            await store.write(ROLL_SQL, (r["id"], r["id"], boot, lo, hi))
         done += end - first
     return done
+
+
+async def _roll_read(store: Store, run_id: int, boot: str | None, lo: int, hi: int) -> None:
+    """:data:`ROLL_SQL`'s rows for the samples in [*lo*, *hi*) read packed or
+    not (a run whose span was packed before it was rolled: a run a team
+    server receives late), the same figures worked out in Python."""
+    rows = await series.host_rows(store, run_id, boot, lo, hi - 1)
+    last = {r["mono_ns"] // HOST_BLOCK_NS: r["mono_ns"] for r in rows}  # rows by time
+    values = [
+        (run_id, b["b"], b["t"], last[b["b"]], b["n"], b["cpu_count"], *(b[c] for c in _STATS))
+        for b in series.host_bucketed(rows, 0, HOST_BLOCK_NS)
+    ]
+
+    async def write(txn: Txn) -> None:
+        for v in values:
+            await txn.execute(INSERT_SQL, v)
+
+    await store.transaction(write, "roll-host")
 
 
 #: A run's rollup rows of blocks ``[first, end)`` merged in buckets of

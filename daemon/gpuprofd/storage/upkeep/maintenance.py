@@ -20,7 +20,14 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import NoReturn
 
-from gpuprofd.storage.upkeep import commprune, hostrollup, kcompact, steppack, steprollup
+from gpuprofd.storage.upkeep import (
+    commprune,
+    hostrollup,
+    kcompact,
+    samplepack,
+    steppack,
+    steprollup,
+)
 from gpuprofd.storage.writes import Store, runsdb
 
 log = logging.getLogger(__name__)
@@ -98,6 +105,10 @@ class Retention:
     async def pack_steps(self) -> None:
         """Pack each run's older steps per block (:mod:`.steppack`)."""
         await steppack.pack_round(self.store)
+
+    async def pack_samples(self) -> None:
+        """Pack the older host and run CPU samples per block (:mod:`.samplepack`)."""
+        await samplepack.pack_round(self.store)
 
     async def roll_hosts(self) -> None:
         """Write the host rollups each run has pending (:mod:`.hostrollup`)."""

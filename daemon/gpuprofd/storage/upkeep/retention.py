@@ -1,7 +1,7 @@
 """Retention on a team server (``gpuprofd serve --keep-days N``): runs that
 ended before a cutoff are deleted with everything of theirs, a few at a time
 (each pass one short transaction, so ingest never waits long), then the
-node-wide rows (host samples, GPU rollups) of those runs' boots that no
+node-wide rows (host samples, packed or not, GPU rollups) of those runs' boots that no
 remaining run of the boot reaches (a boot's rows before its first remaining run).
 """
 
@@ -25,6 +25,7 @@ RUN_TABLES = (
     "evidence_windows",
     "insights",
     "run_cpu_samples",
+    "run_cpu_packs",
     "worker_cpu",
     "stack_samples",
 )
@@ -34,7 +35,7 @@ _OLD_RUNS_SQL = (
 )
 #: Rows of a boot from before every remaining run of that boot (none left: all of them).
 _ORPHAN_SQL = (
-    "DELETE FROM {table} WHERE rowid IN (SELECT rowid FROM {table} WHERE boot_id = ? AND "
+    "DELETE FROM {table} WHERE rowid IN (SELECT rowid FROM {table} WHERE {key} = ? AND "
     "{time} < COALESCE((SELECT MIN(start_mono_ns) FROM runs WHERE boot_id = ?), "
     "9000000000000000000) LIMIT ?)"
 )
@@ -70,8 +71,10 @@ async def delete_boot_rows_pass(store: Store, boot_id: str, limit: int = ROWS_PE
     before its first remaining run; returns how many rows went."""
 
     async def one_pass(txn: Txn) -> int:
-        sql = _ORPHAN_SQL.format(table="host_samples", time="mono_ns")
+        sql = _ORPHAN_SQL.format(table="host_samples", time="mono_ns", key="boot_id")
         n = await txn.execute(sql, (boot_id, boot_id, limit))
+        sql = _ORPHAN_SQL.format(table="host_packs", time="t_max_ns", key="boot_key")
+        n += await txn.execute(sql, (boot_id, boot_id, limit))  # a pack: all of it before
         return n + await txn.execute(_ORPHAN_GPU_SQL, (boot_id, boot_id, limit))
 
     return await store.transaction(one_pass, "retention")

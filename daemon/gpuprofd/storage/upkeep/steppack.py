@@ -26,7 +26,6 @@ a block holding a row whose ``phases`` is not JSON stays rows (logged).
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 from gpuprof.insights.base import WARMUP_STEPS
@@ -131,20 +130,3 @@ async def pack_round(store: Store, max_blocks: int = MAX_BLOCKS_PER_ROUND) -> in
     if done:
         log.debug("%d block(s) of steps packed", done)
     return done
-
-
-async def pack_backlog(
-    store: Store, budget_s: float, max_blocks: int = MAX_BLOCKS_PER_ROUND
-) -> int:
-    """:func:`pack_round` again while a round packs its *max_blocks* (more is
-    waiting) and *budget_s* (s, wall) has not passed since the first, which
-    always runs: a team server whose nodes send steps faster than one round
-    a period packs catches up instead of keeping ever more rows. Returns the
-    blocks packed."""
-    start = time.monotonic()
-    done = 0
-    while True:
-        got = await pack_round(store, max_blocks)
-        done += got
-        if got < max_blocks or time.monotonic() - start >= budget_s:
-            return done
