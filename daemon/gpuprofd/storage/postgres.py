@@ -2,9 +2,7 @@
 writer's connection.
 
 One pool per process. The schema is :data:`gpuprofd.storage.schema.SCHEMA_SQL`
-in Postgres's types (:meth:`gpuprofd.storage.dialect.PostgresDialect.ddl`), less
-the indexes a Postgres database goes without
-(:data:`gpuprofd.storage.schema.POSTGRES_WITHOUT_INDEXES`),
+in Postgres's types (:meth:`gpuprofd.storage.dialect.PostgresDialect.ddl`),
 created and upgraded under a transaction-scoped advisory lock, so node
 daemons and team-server replicas starting together create it once.
 
@@ -157,9 +155,7 @@ async def prepare(pool: Any, url: StorageUrl) -> int:
                 if 0 < version < 23 and await _is_table(conn, "gpu_rollups"):
                     # its name is now the view's (schema 23)
                     await conn.execute("ALTER TABLE gpu_rollups RENAME TO gpu_rollups_21")
-                await conn.execute(POSTGRES.ddl(schema.postgres_script()), timeout=SCHEMA_TIMEOUT_S)
-                for index in schema.POSTGRES_WITHOUT_INDEXES:  # made by an older gpuprof
-                    await conn.execute(f"DROP INDEX IF EXISTS {index}")
+                await conn.execute(POSTGRES.ddl(schema.SCHEMA_SQL), timeout=SCHEMA_TIMEOUT_S)
                 if 0 < version < 23:
                     await _narrow(conn)
                 if version < schema.SCHEMA_VERSION:

@@ -30,7 +30,6 @@ its ``steps.phases`` (``comm``) whatever is pruned.
 
 from __future__ import annotations
 
-import re
 import sqlite3
 from pathlib import Path
 
@@ -245,7 +244,7 @@ CREATE TABLE IF NOT EXISTS steps (
     mem_peak_bytes INTEGER,          -- torch.cuda.max_memory_allocated so far
     traced INTEGER DEFAULT 0         -- 1: a profiler snapshot ran in this step (not timed)
 );
-CREATE INDEX IF NOT EXISTS steps_run_t0 ON steps (run_id, t0_ns);  -- SQLite's only
+CREATE INDEX IF NOT EXISTS steps_run_t0 ON steps (run_id, t0_ns);
 CREATE INDEX IF NOT EXISTS steps_run_step ON steps (run_id, step);  -- schema 7: a group's
                                  -- last steps and a run's latest step found by index
 CREATE TABLE IF NOT EXISTS step_packs (  -- schema 22: a block of a run's older steps, packed
@@ -519,26 +518,6 @@ CREATE TABLE IF NOT EXISTS evidence_windows (  -- schema 20: a profiler window g
 );
 """
 )
-
-#: Indexes of :data:`SCHEMA_SQL` a Postgres database goes without
-#: (:func:`postgres_script`; an existing one is dropped when it is opened). Each
-#: index of ``steps`` costs Postgres ~0.85 us of CPU per row inserted (of ~2.7
-#: us with two; ``docs/benchmarks.md``), and a team server inserts every node's
-#: steps; without ``steps_run_t0``, a read of a run's steps by time scans the
-#: run's ``steps`` rows through ``steps_run_step`` instead (at most
-#: ``STEPS_RAW_KEPT`` and a block, the older ones packed: ~0.7 ms more a
-#: query at 5,000 rows). A node daemon's SQLite database keeps it.
-POSTGRES_WITHOUT_INDEXES = ("steps_run_t0",)
-
-
-def postgres_script() -> str:
-    """:data:`SCHEMA_SQL` as Postgres makes it: less the indexes of
-    :data:`POSTGRES_WITHOUT_INDEXES` (still in SQLite's types: see
-    ``gpuprofd.storage.dialect``)."""
-    names = "|".join(map(re.escape, POSTGRES_WITHOUT_INDEXES))
-    index = rf"^CREATE INDEX IF NOT EXISTS (?:{names}) ON [^;]*;.*\n"
-    return re.sub(index, "", SCHEMA_SQL, flags=re.M)
-
 
 #: The ``step_rollups`` table for a read-only connection to a database older
 #: than schema 9 (empty: readers then use the steps themselves).

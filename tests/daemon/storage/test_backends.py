@@ -206,27 +206,6 @@ async def test_postgres_tables_come_from_the_one_schema(pg_url: str) -> None:
     assert {t for t, _ in cols} == sqlite_tables
 
 
-async def test_postgres_goes_without_the_steps_time_index_and_an_older_one_loses_it(
-    pg_url: str,
-) -> None:
-    """Postgres has every index of the schema but ``steps_run_t0`` (made by
-    an older gpuprof: dropped when the database is opened); SQLite keeps it."""
-    sql = "SELECT indexname FROM pg_indexes WHERE schemaname = ANY (current_schemas(false))"
-    async with open_store(pg_url) as store:
-        fresh = {r["indexname"] for r in await store.fetchall(sql)}
-        await store.write("CREATE INDEX steps_run_t0 ON steps (run_id, t0_ns)")
-        made = {r["indexname"] for r in await store.fetchall(sql)}
-    async with open_store(pg_url) as store:
-        reopened = {r["indexname"] for r in await store.fetchall(sql)}
-    import re
-
-    listed = set(re.findall(r"CREATE (?:UNIQUE )?INDEX IF NOT EXISTS (\w+)", schema.SCHEMA_SQL))
-    assert schema.POSTGRES_WITHOUT_INDEXES == ("steps_run_t0",)
-    assert listed - fresh == {"steps_run_t0"} and "steps_run_step" in fresh
-    assert "steps_run_t0" in made and reopened == fresh
-    assert "steps_run_t0" in schema.SCHEMA_SQL  # a node's SQLite database keeps it
-
-
 async def test_two_stores_opening_a_new_postgres_schema_at_once_both_work(pg_url: str) -> None:
     async def one() -> int:
         async with open_store(pg_url) as store:
