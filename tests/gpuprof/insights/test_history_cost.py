@@ -34,11 +34,11 @@ def test_a_regression_measured_on_a_busy_host_sends_the_user_to_the_host_first()
 def test_a_regression_by_iteration_says_how_to_declare_more_work():
     # a batch of 256 after runs of 32, nothing declared: slower an iteration,
     # and only declared work lets the rule compare per sample
-    by_iteration = regression(make_ctx([130.0] * 10, history_median_step_ms=(100.0,)))
+    by_iteration = regression(make_ctx([130.0] * 30, history_median_step_ms=(100.0,)))
     assert "declare it (gpuprof.profile(..., samples_per_step=...)" in by_iteration.fix
     per_sample = regression(
         make_ctx(
-            [130.0] * 10,
+            [130.0] * 30,
             history_median_step_ms=(100.0,),
             history_unit="sample",
             samples_per_step=32,
