@@ -469,7 +469,7 @@ def headline(summary: Mapping[str, Any]) -> str:
     the mean shows its median (or the all-steps mean)."""
     steps = summary.get("steps", 0)
     mean_ms, median_ms = summary.get("mean_iteration_ms"), summary.get("median_step_ms")
-    text = f"{steps} steps"
+    text = f"{steps} step{'' if steps == 1 else 's'}"
     if mean_ms:
         text += f", {mean_ms:.1f} ms/iteration"
         if median_ms is not None and abs(median_ms - mean_ms) > MEDIAN_SHOWN_BEYOND * mean_ms:

@@ -37,6 +37,7 @@ def test_a_summary_stored_before_the_mean_keeps_its_median_headline():
     old = {"run_name": "r", "steps": 3, "median_step_ms": 12.0, "avg_step_ms": 13.0}
     assert headline(old) == "3 steps, median 12.0 ms"
     assert headline({"run_name": "r", "steps": 0, "avg_step_ms": None}) == "0 steps"
+    assert headline({"run_name": "r", "steps": 1, "median_step_ms": 9.0}) == "1 step, median 9.0 ms"
 
 
 def _contended_ctx(share_contended: float, n: int = 40):

@@ -118,7 +118,7 @@ def test_socket_path_too_long_degrades_instead_of_failing(tmp_path, capsys):
             pass
     out = capsys.readouterr().out
     assert "gpuprofd unreachable (socket path" in out
-    assert "(1 steps" in out
+    assert "(1 step" in out and "(1 steps" not in out
 
 
 def test_print_summary_false_prints_nothing(socket_dir, fake_daemon, capsys):

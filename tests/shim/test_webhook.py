@@ -209,7 +209,7 @@ def test_slack_body_keeps_within_slack_limits():
     body = webhooks.slack_body({"run_name": "r", "steps": 1, "insights": many})
     assert len(body["blocks"]) <= webhooks.SLACK_MAX_BLOCKS
     assert body["blocks"][-1]["elements"][0]["text"] == "… and 34 more findings"
-    assert body["text"] == "gpuprof · r  (1 steps): 80 findings"
+    assert body["text"] == "gpuprof · r  (1 step): 80 findings"
 
 
 def hook_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
