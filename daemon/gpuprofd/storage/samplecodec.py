@@ -25,8 +25,13 @@ import numpy as np
 import orjson
 
 from gpuprofd.core.errors import DatabaseError
-from gpuprofd.storage.planes import from_planes, to_planes
-from gpuprofd.storage.stepcodec import add_int_column, int64_column, read_int_column
+from gpuprofd.storage.stepcodec import (
+    add_int_column,
+    int64_column,
+    read_frame,
+    read_int_column,
+    write_frame,
+)
 
 #: ``host_samples`` columns a pack holds (``boot_id`` is the pack's key), in row order.
 HOST_COLUMNS = (
@@ -41,8 +46,6 @@ HOST_COLUMNS = (
 )
 #: ``run_cpu_samples`` columns a pack holds (``run_id`` is the pack's key).
 RUN_CPU_COLUMNS = ("mono_ns", "cores")
-_VERSION = 1
-_HEAD = struct.Struct("<BI")  # format version, header length
 
 
 def _floats(values: Sequence[Any], has_null: bool) -> tuple[np.ndarray, np.ndarray | None]:
@@ -198,9 +201,7 @@ def pack(cols: Samples) -> bytes:
                 meta.append([name, "j", False, orjson.dumps(cols.objects[name]).decode()])
             except TypeError as exc:
                 raise ValueError(f"column {name} holds a value that is not JSON ({exc})") from None
-    body = np.concatenate(arrays) if arrays else np.zeros(0, np.int64)
-    head = orjson.dumps({"n": cols.n, "cols": meta})
-    return zlib.compress(_HEAD.pack(_VERSION, len(head)) + head + to_planes(body), 9)
+    return write_frame(cols.n, meta, arrays)
 
 
 def unpack(data: bytes) -> Samples:
@@ -216,23 +217,8 @@ def unpack(data: bytes) -> Samples:
 
 
 def _unpack(data: bytes) -> Samples:
-    raw = zlib.decompress(bytes(data))
-    version, head_len = _HEAD.unpack_from(raw)
-    if version != _VERSION:
-        raise ValueError(f"unknown sample pack format {version}")
-    head = orjson.loads(raw[_HEAD.size : _HEAD.size + head_len])
+    head, take = read_frame(data, "sample")
     n = int(head["n"])
-    body = from_planes(raw[_HEAD.size + head_len :])  # ValueError: truncated
-    pos = 0
-
-    def take() -> np.ndarray:
-        nonlocal pos
-        if pos + n > body.size:
-            raise ValueError("truncated columns")
-        pos += n
-        got: np.ndarray = body[pos - n : pos]
-        return got
-
     out = Samples(tuple(c[0] for c in head["cols"]), n)
     for name, kind, has_mask, extra in head["cols"]:
         if kind == "j":

@@ -323,10 +323,7 @@ def pack(cols: Columns) -> bytes:
             meta.append([name, "j", False, orjson.dumps(cols.objects[name]).decode()])
         else:
             add(name, cols.ints[name], cols.nulls.get(name), name in _DELTA)
-    body = np.concatenate(arrays) if arrays else np.zeros(0, np.int64)
-    planes = to_planes(body)  # high bytes repeat
-    head = orjson.dumps({"n": cols.n, "cols": meta})
-    return zlib.compress(_HEAD.pack(_VERSION, len(head)) + head + planes, 9)
+    return write_frame(cols.n, meta, arrays)
 
 
 def unpack(data: bytes) -> Columns:
@@ -350,11 +347,27 @@ def decode(data: bytes) -> list[tuple[Any, ...]]:
     return unpack(data).rows()
 
 
-def _unpack(data: bytes) -> Columns:
+def write_frame(n: int, meta: list[Any], arrays: Sequence[np.ndarray]) -> bytes:
+    """A pack's bytes: its format version, a JSON head (*n* rows, the
+    columns' *meta*) and the int64 *arrays* as byte planes, compressed (the
+    frame of step and sample packs alike)."""
+    body = np.concatenate(arrays) if arrays else np.zeros(0, np.int64)
+    head = orjson.dumps({"n": n, "cols": meta})
+    return zlib.compress(_HEAD.pack(_VERSION, len(head)) + head + to_planes(body), 9)
+
+
+def read_frame(data: bytes, what: str) -> tuple[dict[str, Any], Callable[[], np.ndarray]]:
+    """A :func:`write_frame` value's head and a function giving its next
+    column of ``head["n"]`` int64s.
+
+    Raises:
+        ValueError: an unknown format (*what*: ``step``, ``sample``) or truncated
+            columns; zlib.error, struct.error: damaged.
+    """
     raw = zlib.decompress(bytes(data))
     version, head_len = _HEAD.unpack_from(raw)
     if version != _VERSION:
-        raise ValueError(f"unknown step pack format {version}")
+        raise ValueError(f"unknown {what} pack format {version}")
     head = orjson.loads(raw[_HEAD.size : _HEAD.size + head_len])
     n = int(head["n"])
     body = from_planes(raw[_HEAD.size + head_len :])  # ValueError: truncated
@@ -368,6 +381,12 @@ def _unpack(data: bytes) -> Columns:
         got: np.ndarray = body[pos - n : pos]
         return got
 
+    return head, take
+
+
+def _unpack(data: bytes) -> Columns:
+    head, take = read_frame(data, "step")
+    n = int(head["n"])
     out = Columns(n)
     for name, kind, has_mask, extra in head["cols"]:
         if kind in ("i", "c"):
