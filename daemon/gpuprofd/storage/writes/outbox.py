@@ -29,6 +29,7 @@ import orjson
 
 from gpuprofd.sampling.rollup import row_from_params
 from gpuprofd.storage import commpack
+from gpuprofd.storage.samplecodec import HOST_COLUMNS  # a host_samples row, less its boot
 from gpuprofd.storage.stepcodec import COLUMNS as _STEP_COLUMNS  # a steps row, in order
 from gpuprofd.storage.writes.batch import (
     BATCH_VERSION,
@@ -57,17 +58,7 @@ PRIORITY_RUN = 4
 MAX_BATCH_BYTES = 4 * 1024 * 1024
 
 _JSON_STEP_COLUMNS = ("phases", "optimizers")
-_HOST_COLUMNS = (
-    "mono_ns",
-    "cpu_pct",
-    "cpu_count",
-    "disk_read_bps",
-    "disk_read_iops",
-    "page_cache_bytes",
-    "mem_total_bytes",
-    "swap_in_bps",
-    "boot_id",
-)
+_HOST_COLUMNS = (*HOST_COLUMNS, "boot_id")
 _WORKER_COLUMNS = (
     "loader_seq",
     "worker_id",
