@@ -24,7 +24,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from types import TracebackType
+from types import CodeType, TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
 from gpuprof import config
@@ -46,7 +46,7 @@ from gpuprof_shim.probes import ModelProbes
 from gpuprof_shim.report import StepCounter, local_summary, print_summary
 from gpuprof_shim.sender import Sender
 from gpuprof_shim.sidecars import ClockSync, TraceWindows
-from gpuprof_shim.stacks import FrameKey, StackSampler, wire_rows
+from gpuprof_shim.stacks import FrameKey, StackSampler, torch_phase_entries, wire_rows
 from gpuprof_shim.steps import StepRecord, WaitTracker
 from gpuprof_shim.trace.evidence import EvidenceSlot
 from gpuprof_shim.trace.options import DEFAULT_TRACE_DIR_MAX_MB, TraceOptions
@@ -476,15 +476,19 @@ class Profiler:
         if not self.stacks or self.sender is None:
             return
         machine, recorder = self.machine, self._recorder
+        phases: frozenset[CodeType] = frozenset()
         if machine is not None:
             gate, step = machine.between_phases, machine.gap_step
+            phases = torch_phase_entries()
         elif recorder is not None:
             gate = recorder.between_steps
             step = lambda: recorder.next_index  # noqa: E731
         else:
             return
         try:
-            sampler = StackSampler(threading.get_ident(), gate, step, flush=self._send_stacks)
+            sampler = StackSampler(
+                threading.get_ident(), gate, step, flush=self._send_stacks, stop=phases
+            )
             sampler.start()
             self._stacks = sampler
         except Exception:

@@ -21,7 +21,7 @@ import os
 import sys
 import sysconfig
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from types import CodeType, FrameType
 from typing import NamedTuple
 
@@ -157,7 +157,7 @@ def fold(
     roots: tuple[str, ...],
     own: tuple[str, ...] = (),
     calls: _CallNames | None = None,
-    stop: CodeType | None = None,
+    stop: Collection[CodeType] = (),
 ) -> tuple[str, int, str, str] | None:
     """(file, line, function, call) of the innermost frame not under *roots*,
     with *call* the public name of the outermost library function it had
@@ -165,13 +165,14 @@ def fold(
     (``time.sleep``: C functions have no frame); ``""``: the sample was in the
     user frame's own code. None when every frame is a library's, or when the
     innermost frame is under *own* (gpuprof's own code: not the user's time),
-    or when no user frame comes before a frame running *stop* (a DataLoader
-    worker's loop: what its process ran before the fork is not its work)."""
+    or when no user frame comes before a frame running code in *stop* (a
+    DataLoader worker's loop: what its process ran before the fork is not its
+    work; torch's wrapper around a phase's hooks: the phase's time)."""
     if frame is not None and own and frame.f_code.co_filename.startswith(own):
         return None
     callee: FrameType | None = None
     while frame is not None:
-        if frame.f_code is stop:
+        if frame.f_code in stop:
             return None
         path = frame.f_code.co_filename
         if not path.startswith(roots) and not path.startswith("<frozen"):
@@ -184,6 +185,29 @@ def fold(
             callee = frame
         frame = frame.f_back
     return None
+
+
+def torch_phase_entries() -> frozenset[CodeType]:
+    """The code of torch's calls that run around gpuprof's phase hooks:
+    ``Optimizer.step``'s hook wrapper (``record_function`` enter and exit,
+    the pre and post hooks) and ``Tensor.backward`` (which calls the patched
+    ``torch.autograd.backward``). A sample inside them before the phase's
+    first hook or after its last is the phase's time, not the gap's. Read
+    from torch itself; empty where a torch version has neither."""
+    out: set[CodeType] = set()
+    try:
+        import torch
+
+        step_hooks = torch.optim.Optimizer.profile_hook_step
+        out.update(
+            c
+            for c in step_hooks.__code__.co_consts
+            if isinstance(c, CodeType) and c.co_name == "wrapper"
+        )
+        out.add(torch.Tensor.backward.__code__)
+    except (ImportError, AttributeError):
+        pass
+    return frozenset(out)
 
 
 class StackSampler:
@@ -201,7 +225,7 @@ class StackSampler:
         max_keys: int = MAX_KEYS,
         flush: Callable[[dict[FrameKey, int]], object] | None = None,
         flush_every_s: float = SEND_EVERY_S,
-        stop: CodeType | None = None,
+        stop: Collection[CodeType] = (),
     ) -> None:
         self._tid = thread_id
         self._gate = gate
@@ -211,7 +235,7 @@ class StackSampler:
         self._roots = _library_roots()
         self._own = _own_roots()
         self._calls = _CallNames(max_keys)
-        self._stop_code = stop
+        self._stop_codes = frozenset(stop)
         self.counts: dict[FrameKey, int] = {}
         """Samples per key since the start (at most *max_keys* keys)."""
         self._unsent: dict[FrameKey, int] = {}
@@ -231,8 +255,12 @@ class StackSampler:
         frame = sys._current_frames().get(self._tid)
         if frame is None:
             return
+        # a phase that began while the frames were read: its time, not the gap's
+        if not self._gate():
+            del frame
+            return
         self.samples += 1
-        site = fold(frame, self._roots, self._own, self._calls, self._stop_code)
+        site = fold(frame, self._roots, self._own, self._calls, self._stop_codes)
         del frame
         if site is None:
             return

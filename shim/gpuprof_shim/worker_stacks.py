@@ -88,13 +88,13 @@ class _WorkerSampling:
             self._ctx.term()
 
 
-def _worker_loop_code() -> CodeType | None:
+def _worker_loop_code() -> tuple[CodeType, ...]:
     """The code of torch's DataLoader worker loop (frames outside it are the
     training process's, inherited through the fork), if torch has one."""
     worker = sys.modules.get("torch.utils.data._utils.worker")
     loop = getattr(worker, "_worker_loop", None)
     code = getattr(loop, "__code__", None)
-    return code if isinstance(code, CodeType) else None
+    return (code,) if isinstance(code, CodeType) else ()
 
 
 class WorkerInit:

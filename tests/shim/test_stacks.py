@@ -6,7 +6,13 @@ import threading
 
 import torch
 
-from gpuprof_shim.stacks import FrameKey, StackSampler, top_sites, wire_rows
+from gpuprof_shim.stacks import (
+    FrameKey,
+    StackSampler,
+    top_sites,
+    torch_phase_entries,
+    wire_rows,
+)
 
 
 def test_a_sample_folds_library_frames_into_the_calling_user_line():
@@ -59,6 +65,57 @@ def test_closed_gate_samples_nothing():
     for _ in range(5):
         sampler.sample_once()
     assert sampler.samples == 0 and sampler.counts == {}
+
+
+def test_a_gate_closed_while_the_frames_were_read_counts_nothing():
+    gates = iter([True, False])  # a phase began between the gate's read and the frames'
+    sampler = StackSampler(threading.get_ident(), lambda: next(gates), lambda: 0)
+    sampler._own = ()  # this thread samples itself: its frame would count
+    sampler.sample_once()
+    assert sampler.samples == 0 and sampler.counts == {}
+
+
+def _sample_inside_optimizer_step(stop) -> StackSampler:
+    """One sample of this thread taken while it is inside ``opt.step()``'s
+    hook wrapper, in a pre hook that is library code (no user frame)."""
+    sampler = StackSampler(threading.get_ident(), lambda: True, lambda: 0, stop=stop)
+    entered, sampled = threading.Event(), threading.Event()
+    ns = {"entered": entered, "sampled": sampled}
+    exec(
+        compile(
+            "def hook(opt, args, kwargs):\n    entered.set()\n    sampled.wait(10)\n",
+            "<frozen a library's hook>",
+            "exec",
+        ),
+        ns,
+    )
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    handle = opt.register_step_pre_hook(ns["hook"])
+
+    def sample() -> None:
+        entered.wait(10)
+        sampler.sample_once()
+        sampled.set()
+
+    helper = threading.Thread(target=sample)
+    helper.start()
+    try:
+        opt.step()
+    finally:
+        handle.remove()
+        helper.join()
+    return sampler
+
+
+def test_a_sample_inside_torchs_optimizer_wrapper_is_the_phases_time():
+    sampler = _sample_inside_optimizer_step(torch_phase_entries())
+    assert sampler.samples == 1 and sampler.counts == {}
+    # without the phase entries the same sample counts at this file's opt.step() line
+    ((key, count),) = _sample_inside_optimizer_step(()).counts.items()
+    assert key.file == __file__ and key.function == "_sample_inside_optimizer_step"
+    assert key.call.startswith("torch.optim.optimizer.Optimizer") and count == 1
+    assert torch.Tensor.backward.__code__ in torch_phase_entries()
 
 
 def test_keys_past_the_bound_are_counted_as_dropped():
