@@ -47,6 +47,12 @@ from gpuprof.summary import held_text, mfu_figures
 #: A phase whose share of the iteration moved by at least this many
 #: percentage points is named in the verdict.
 PHASE_SHIFT_PP = 5.0
+#: A phase whose time per unit of work moved with the run's own change (grew
+#: in a slower B, shrank in a faster one) by at least this many % of A's
+#: iteration is named by its time even when its share moved the other way
+#: (another phase moved more): twice :data:`PHASE_SHIFT_PP`, so a phase that
+#: only followed a large change elsewhere stays out of the sentence.
+PHASE_TIME_PCT = 2 * PHASE_SHIFT_PP
 #: Findings named in the verdict, per kind (then "and N more").
 NAMED_FINDINGS = 3
 
@@ -406,20 +412,44 @@ def _moved(p: Mapping[str, Any]) -> bool:
     return abs(shift) >= PHASE_SHIFT_PP and (shift > 0) == (change > 0)
 
 
+def _moved_in_time(p: Mapping[str, Any], slower: bool) -> bool:
+    """The phase's time per unit of work moved with the run's change (grew
+    when B is slower, shrank when B is faster) by :data:`PHASE_TIME_PCT` % of
+    A's iteration or more while its share moved the other way by a point or
+    more: a forward that took 3× as long in a B whose loader wait grew even
+    more (the forward's share fell) still explains the slow-down."""
+    shift, change, ratio = p["delta_pct"], p.get("change_pct"), p.get("time_ratio")
+    if shift is None or change is None or not ratio or abs(change) < PHASE_TIME_PCT:
+        return False
+    # its share moved the other way: another phase moved more (a share that
+    # held says no more than the headline does)
+    return (change > 0) == slower and abs(shift) >= 1.0 and (shift > 0) != (change > 0)
+
+
+def _phase_clause(p: Mapping[str, Any], unit: str) -> str:
+    """``loader wait fell from 57 % to 4 %`` (by share, :func:`_moved`), or
+    ``forward time per iteration rose 3.0×`` (by time, :func:`_moved_in_time`)."""
+    if _moved(p):
+        way = "fell" if p["delta_pct"] < 0 else "rose"
+        return f"{p['label']} {way} from {p['a_pct']:.0f} % to {p['b_pct']:.0f} %"
+    ratio = p["time_ratio"]
+    way, factor = ("rose", ratio) if ratio >= 1 else ("fell", 1 / ratio)
+    return f"{p['label']} time per {unit} {way} {times(factor)}"
+
+
 def verdict(
     r: SpeedRatio, unit: str, phases: Sequence[Mapping[str, Any]], changes: Mapping[str, Any]
 ) -> str:
     """The comparison in one sentence: the speed (:func:`speed_clause`), the
-    phases that moved (:func:`_moved`; the largest change in time first, at
-    most two),
-    the findings resolved and new (the cost line left out).
+    phases that moved (:func:`_moved` by share, :func:`_moved_in_time` by
+    time; the largest change in time first, at most two), the findings
+    resolved and new (the cost line left out).
 
     ``B is 2.9× faster (95 % CI 2.7–3.1): loader wait fell from 57 % to 4 %;
     "CPU-bound loader" is resolved.``"""
-    parts = []
-    for p in sorted(filter(_moved, phases), key=lambda p: -abs(p["change_pct"]))[:2]:
-        way = "fell" if p["delta_pct"] < 0 else "rose"
-        parts.append(f"{p['label']} {way} from {p['a_pct']:.0f} % to {p['b_pct']:.0f} %")
+    slower = r.speedup < 1.0
+    named = [p for p in phases if _moved(p) or _moved_in_time(p, slower)]
+    parts = [_phase_clause(p, unit) for p in sorted(named, key=lambda p: -abs(p["change_pct"]))[:2]]
     resolved, new = _problems(changes["resolved"], "a"), _problems(changes["new"], "b")
     if resolved:
         parts.append(f"{_names(resolved)} {'is' if len(resolved) == 1 else 'are'} resolved")

@@ -347,6 +347,33 @@ def test_a_phase_whose_share_rose_only_because_the_loader_shrank_is_not_named():
     assert "backward" not in out["verdict"]
 
 
+def test_a_phase_that_grew_while_its_share_fell_is_named_by_its_time():
+    # A: 10 ms wait + 10 ms step (forward 5 ms: 25 %); B: 100 ms wait + 20 ms
+    # step (forward 15 ms: 12.5 %). The forward's share fell, yet it tripled:
+    # 10 ms more an iteration, 50 % of A's, part of why B is 6× slower.
+    n = 200
+    a = ctx(noisy(10.0, 0.5, n, 1), noisy(10.0, 0.5, n, 2), {"forward": 5.0, "backward": 4.0})
+    b = ctx(noisy(20.0, 0.5, n, 3), noisy(100.0, 2, n, 4), {"forward": 15.0, "backward": 4.0})
+    out = compare_runs(a, b, [], [])
+    fwd = next(p for p in out["phases"] if p["phase"] == "forward")
+    assert fwd["delta_pct"] < -5 and fwd["change_pct"] == pytest.approx(50, abs=3)
+    assert re.fullmatch(
+        r"B is 6\.\d× slower \(95 % CI [\d.–]+\): loader wait rose from 50 % to 83 %; "
+        r"forward time per iteration rose 3\.\d×\.",
+        out["verdict"],
+    ), out["verdict"]
+    # every part tripled (the forward's share held at 25 %): the headline says it all
+    same = ctx(noisy(30.0, 0.5, n, 3), noisy(30.0, 1, n, 4), {"forward": 15.0, "backward": 12.0})
+    out = compare_runs(a, same, [], [])
+    assert re.fullmatch(r"B is 3\.0× slower \(95 % CI [\d.–]+\)\.", out["verdict"]), out["verdict"]
+    # grown by less than PHASE_TIME_PCT of A's iteration: left out
+    small = ctx(noisy(21.0, 0.5, n, 3), noisy(100.0, 2, n, 4), {"forward": 6.0})
+    out = compare_runs(
+        ctx(noisy(10.0, 0.5, n, 1), noisy(10.0, 0.5, n, 2), {"forward": 5.0}), small, [], []
+    )
+    assert "forward" not in out["verdict"], out["verdict"]
+
+
 def test_a_slower_run_says_its_slow_down_interval():
     out = compare_runs(ctx(noisy(10, 1, 100, 1)), ctx(noisy(14, 1.4, 100, 2)), [], [])
     m = re.fullmatch(r"B is 1\.4\d× slower \(95 % CI (1\.\d+)–(1\.\d+)\)\.", out["verdict"])
