@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from google.protobuf.message import DecodeError
 from wandb.proto import wandb_internal_pb2 as pb
 
 BLOCK = 32768
@@ -21,7 +22,8 @@ FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
 
 
 def frames(path: Path) -> Iterator[bytes]:
-    """Each record's bytes, reassembled from its chunks."""
+    """Each record's bytes, reassembled from its chunks; a chunk the writer
+    has not finished yet (its bytes past the file's end) ends the list."""
     data = path.read_bytes()
     ident, _magic, _version = struct.unpack("<4sHB", data[:HEADER])
     assert ident == b":W&B", f"{path} is not a W&B record log"
@@ -32,6 +34,8 @@ def frames(path: Path) -> Iterator[bytes]:
             pos += left
             continue
         _crc, length, kind = struct.unpack("<IHB", data[pos : pos + HEADER])
+        if pos + HEADER + length > len(data):
+            return
         chunk = data[pos + HEADER : pos + HEADER + length]
         pos += HEADER + length
         if kind == FULL:
@@ -77,7 +81,12 @@ def read_run(wandb_dir: Path, timeout_s: float = 60.0) -> OfflineRun:
     deadline = time.monotonic() + timeout_s
     while True:
         (log,) = wandb_dir.glob("wandb/offline-run-*/run-*.wandb")
-        run, ended = _parse(log)
+        try:
+            run, ended = _parse(log)
+        except DecodeError:  # a record caught half written: read again
+            if time.monotonic() >= deadline:
+                raise
+            ended = False
         if ended:
             return run
         assert time.monotonic() < deadline, f"{log} has no exit record after {timeout_s} s"
