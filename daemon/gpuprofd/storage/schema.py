@@ -46,7 +46,7 @@ from gpuprof.insights.gpu import (
 )
 from gpuprofd.core.errors import DatabaseError
 from gpuprofd.sampling import rollup
-from gpuprofd.storage import commpack
+from gpuprofd.storage import commpack, textcells
 
 SCHEMA_VERSION = 24
 #: Columns added since schema 1: (table, column, declaration).
@@ -876,7 +876,7 @@ def prepare(path: Path) -> None:
         raise DatabaseError(f"{path} is a directory, not a database file")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(path)
+        conn = textcells.connect(path)
     except (OSError, sqlite3.Error) as exc:
         raise DatabaseError(f"cannot open database {path} ({exc})") from None
     try:

@@ -23,6 +23,7 @@ from gpuprof.kernels import KernelAgg
 from gpuprofd.sampling import rollup
 from gpuprofd.sampling.nvml import normalize_uuid
 from gpuprofd.storage.stepcodec import Columns
+from gpuprofd.storage.textcells import as_text
 
 #: How many earlier finished runs of the same name the regression rule sees.
 HISTORY_RUNS = 3
@@ -349,8 +350,12 @@ def gpu_stats_from_rollups(rows: Iterable[Mapping[str, Any]]) -> GpuStats | None
 
 
 def run_from_row(r: Mapping[str, Any]) -> dict[str, Any]:
-    """A ``runs`` row as a dict with ``options`` and ``tags`` parsed."""
+    """A ``runs`` row as a dict with ``options`` and ``tags`` parsed; a
+    BLOB written into one of its text columns outside gpuprof as text
+    (:func:`gpuprofd.storage.textcells.as_text`)."""
     run = dict(r)
+    if bytes in map(type, run.values()):  # runs has no BLOB column
+        run = {k: as_text(v) for k, v in run.items()}
     run["options"] = orjson.loads(run["options"]) if run.get("options") else {}
     run["tags"] = run_tags(run.get("tags"))
     return run
