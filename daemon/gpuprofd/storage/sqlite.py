@@ -27,7 +27,7 @@ from urllib.parse import quote
 import aiosqlite
 
 from gpuprofd.core.errors import DatabaseError
-from gpuprofd.storage import schema, textcells
+from gpuprofd.storage import filecheck, schema, textcells
 from gpuprofd.storage.dialect import SQLITE, Dialect
 from gpuprofd.storage.textcells import UndecodedCells
 
@@ -183,7 +183,7 @@ def _fetchall(
     """Rows of *sql*: ``sqlite3.Row`` objects, or plain tuples with *tuples*.
 
     Raises:
-        DatabaseError: the file is damaged, or lacks what *sql* reads.
+        DatabaseError: the file at *where* is damaged, or lacks what *sql* reads.
     """
     try:
         cur = conn.cursor()
@@ -191,7 +191,9 @@ def _fetchall(
             cur.row_factory = None
         return cur.execute(sql, params).fetchall()
     except sqlite3.DatabaseError as exc:
-        raise DatabaseError(f"the database is damaged or incomplete ({exc})") from None
+        if filecheck.is_damage(exc):
+            raise filecheck.damaged(Path(where), str(exc)) from None
+        raise DatabaseError(f"{where} is damaged or incomplete ({exc})") from None
 
 
 class SqliteWriter:

@@ -1,6 +1,7 @@
 """gpuprofctl on a database a real daemon wrote and something else then
 damaged: text cells whose bytes are not UTF-8 (raw SQL, a bad disk) are
-shown with U+FFFD and counted on stderr, every run still listed."""
+shown with U+FFFD and counted on stderr, every run still listed; pages
+overwritten with garbage are one clear line and exit 2, never a traceback."""
 
 from __future__ import annotations
 
@@ -150,3 +151,30 @@ def test_a_kernel_name_not_utf8_is_shown_and_counted(
     assert [k["name"] for k in orjson.loads(out)["kernels"]] == ["gemm", "relu\ufffd"]
     # the kernel rows are read without their run id: counted by column
     assert err.splitlines() == [_note(db, "1 text cell", "rows without a run id: name (1)")]
+
+
+@pytest.fixture
+def damaged_pages(written: Path, tmp_path: Path) -> Path:
+    """A copy with bytes 8192-16383 (pages 3 and 4: the runs table's root)
+    overwritten with garbage: the header still valid, the file still opens."""
+    db = _copy(written, tmp_path)
+    with db.open("r+b") as f:
+        f.seek(8192)
+        f.write(os.urandom(8192))
+    return db
+
+
+def test_reading_damaged_pages_is_one_line_naming_the_file_and_what_to_do(
+    damaged_pages: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = damaged_pages.read_bytes()
+    for args in (["runs"], ["insights"], ["compare", "1", "2"]):
+        assert main([args[0], str(damaged_pages), *args[1:]]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err, err
+        assert err.startswith(
+            f"gpuprofctl: error: {damaged_pages.absolute()} is damaged (database disk image "
+            "is malformed). gpuprofd will not write to it: move it aside with its -wal and -shm "
+            f"files (mkdir {damaged_pages}.damaged && mv {damaged_pages} "
+        ), err
+    assert damaged_pages.read_bytes() == before  # reading never writes
