@@ -153,6 +153,21 @@ def test_a_kernel_name_not_utf8_is_shown_and_counted(
     assert err.splitlines() == [_note(db, "1 text cell", "rows without a run id: name (1)")]
 
 
+def test_options_that_are_not_json_do_not_hide_the_runs(
+    written: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = _copy(written, tmp_path)
+    conn = sqlite3.connect(db)
+    conn.execute("UPDATE runs SET options = '{' WHERE id = 2")
+    conn.execute("UPDATE runs SET options = '[1]' WHERE id = 3")  # JSON, not an object
+    conn.commit()
+    conn.close()
+    assert main(["runs", str(db), "--format", "json"]) == 0
+    assert [r["id"] for r in orjson.loads(capsys.readouterr().out)] == [3, 2, 1]
+    assert main(["insights", str(db), "2", "--format", "json"]) == 0
+    assert orjson.loads(capsys.readouterr().out)["run_id"] == 2
+
+
 @pytest.fixture
 def damaged_pages(written: Path, tmp_path: Path) -> Path:
     """A copy with bytes 8192-16383 (pages 3 and 4: the runs table's root)
