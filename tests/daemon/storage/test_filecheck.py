@@ -109,3 +109,23 @@ def test_only_damage_is_damage() -> None:
     assert not filecheck.is_damage(bad_query.value)
     assert filecheck.is_damage(sqlite3.DatabaseError("database disk image is malformed"))
     assert not filecheck.is_damage(OSError("disk full"))
+
+
+async def test_the_daemons_reads_of_a_damaged_file_are_the_same_clear_error(
+    tmp_path: Path,
+) -> None:
+    from gpuprofd.core.counters import DropCounter
+    from gpuprofd.storage.writes import Store
+
+    db = _crashed_copy(tmp_path)
+    schema.prepare(db)
+    with db.open("r+b") as f:  # damaged while it is served: the start's check is past
+        f.seek(8192)
+        f.write(bytes(range(256)) * 32)
+    store = Store(db, DropCounter())
+    await store.open()
+    try:
+        with pytest.raises(DatabaseError, match=r"is damaged \(database disk image is malformed\)"):
+            await store.fetchall("SELECT * FROM runs")
+    finally:
+        await store.close()
