@@ -14,8 +14,10 @@ no per-column hook that keeps ``''`` apart from NULL): the ``runs`` table,
 which has no BLOB column, turns them into text where its rows are read
 (:func:`as_text` in :func:`gpuprofd.storage.reads.queries.run_from_row`).
 
-Postgres needs none of this: a UTF8 database refuses such bytes when they are
-written (``invalid byte sequence for encoding "UTF8"``).
+Postgres needs none of this: a UTF8 database (the usual encoding) refuses
+such bytes when they are written (``invalid byte sequence for encoding
+"UTF8"``). A SQL_ASCII one stores them, and reading them back then fails
+with that error (a :class:`~gpuprofd.core.errors.DatabaseError`).
 """
 
 from __future__ import annotations
