@@ -15,7 +15,9 @@ times what a user does with it:
 - the same in-process (open, context, rules), best of 3, and its CPU
   seconds by part (each read, the context built from them, the rules);
 - loading one GPU's whole-day per-second series, and the node's 8 GPUs
-  downsampled to 1-minute points (what a dashboard chart draws).
+  downsampled to 1-minute points (what a dashboard chart draws);
+- SQLite's ``PRAGMA quick_check`` of the whole file (gpuprofd's check of
+  a file it did not leave cleanly: :mod:`gpuprofd.storage.filecheck`).
 
 Under DDP (``--comm-buckets``, 280 by default; 0 skips it) the ranks form
 one torchrun group and every step also has its per-bucket comm timings. The
@@ -1040,6 +1042,12 @@ def main() -> None:
         )
         s, rows = best_of(3, lambda: read(db, node_sql))
         print(f"the node's {args.gpus} GPUs at 1-minute points ({len(rows):,} points): {s:.2f} s")
+        s, rows = best_of(3, lambda: read(db, "PRAGMA quick_check"))
+        print(
+            f"PRAGMA quick_check of the day's file ({db.stat().st_size / 1e6:.0f} MB, "
+            f"{in_use_bytes(db) / 1e6:.0f} MB in use; what gpuprofd runs at a start after a "
+            f"crash or a change of the file): {s:.2f} s, {rows[0][0]}"
+        )
         if args.comm_buckets > 0:
             group_case(db, args)
         if args.comm_buckets > 0 and args.comm_prune_hours > 0:

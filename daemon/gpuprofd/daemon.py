@@ -57,7 +57,7 @@ from gpuprofd.sampling.rollup import SecondRollups
 from gpuprofd.services.evidence import EvidencePlanner
 from gpuprofd.services.insights_runner import InsightsRunner
 from gpuprofd.services.sinks import SampleSinks
-from gpuprofd.storage import schema
+from gpuprofd.storage import filecheck, schema
 from gpuprofd.storage.upkeep import (
     DEFAULT_RAW_WINDOW_S,
     Retention,
@@ -143,7 +143,7 @@ def run_daemon(opts: DaemonOptions) -> int:
             lock.release()
     db_lock = InstanceLock(opts.db, write_pid=False)
     try:  # shutdown's last step: release the lock (after everything below is undone)
-        schema.prepare(opts.db)
+        _prepare(opts)
         if not db_lock.acquire():
             raise DatabaseError(
                 f"{opts.db} is already served by another gpuprofd; point GPUPROF_SOCKET at "
@@ -153,6 +153,25 @@ def run_daemon(opts: DaemonOptions) -> int:
     finally:
         db_lock.release()
         lock.release()
+
+
+def _prepare(opts: DaemonOptions) -> None:
+    """The database file made or upgraded, checked whole first unless it is as
+    the last clean stop left it (:mod:`gpuprofd.storage.filecheck`).
+
+    Raises:
+        DatabaseError: not SQLite, damaged, not gpuprof's, or too new.
+    """
+    if filecheck.left_clean(opts.socket_dir / filecheck.CLEAN_STAMP, opts.db):
+        log.info("%s is as gpuprofd left it at its last clean stop: not checked again", opts.db)
+        schema.prepare(opts.db, verify=False)
+        return
+    held = opts.db.is_file() and opts.db.stat().st_size > 0
+    t0 = time.perf_counter()
+    schema.prepare(opts.db)
+    if held:
+        took = time.perf_counter() - t0
+        log.info("checked %s whole (SQLite's quick_check): %.2f s", opts.db, took)
 
 
 def make_socket_dir(path: Path) -> None:
@@ -179,8 +198,13 @@ async def open_store(opts: DaemonOptions, drops: DropCounter) -> AsyncIterator[S
     try:
         store.start()
         yield store
-    finally:
+    except BaseException:
         await store.close()
+        raise
+    file_id = store.file_id  # the file it had open to the end (a switch may have failed)
+    await store.close()
+    if file_id is not None and store.path is not None:  # a clean stop: no check at the next start
+        filecheck.note_clean(opts.socket_dir / filecheck.CLEAN_STAMP, store.path, file_id)
 
 
 @contextlib.asynccontextmanager

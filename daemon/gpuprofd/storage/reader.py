@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from gpuprofd.storage.dialect import Dialect
+from gpuprofd.storage.textcells import UndecodedCells
 from gpuprofd.storage.url import parse as parse_url
 
 Row = Mapping[str, Any]
@@ -51,9 +52,13 @@ class Reader(Protocol):
 
 
 @contextlib.asynccontextmanager
-async def open_reader(target: str | Path) -> AsyncIterator[Reader]:
+async def open_reader(
+    target: str | Path, undecoded: UndecodedCells | None = None
+) -> AsyncIterator[Reader]:
     """A :class:`Reader` of *target* (a storage URL or a file path,
-    :func:`gpuprofd.storage.url.parse`), closed on exit.
+    :func:`gpuprofd.storage.url.parse`), closed on exit. A file's text cells
+    that are not UTF-8 read with U+FFFD and are noted in *undecoded*
+    (:mod:`gpuprofd.storage.textcells`; a Postgres database holds none).
 
     Raises:
         DatabaseError: missing, not a gpuprof database, too new, or unreachable.
@@ -63,7 +68,7 @@ async def open_reader(target: str | Path) -> AsyncIterator[Reader]:
     if url.path is not None:
         from gpuprofd.storage.sqlite import SqliteFileReader, open_ro
 
-        reader = SqliteFileReader(open_ro(url.path), url.path)
+        reader = SqliteFileReader(open_ro(url.path), url.path, undecoded)
     else:
         from gpuprofd.storage.postgres import PostgresReader
 

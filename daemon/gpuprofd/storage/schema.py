@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
+from urllib.parse import quote
 
 from gpuprof.insights.gpu import (
     BUSY_UTIL_PCT,
@@ -46,7 +47,7 @@ from gpuprof.insights.gpu import (
 )
 from gpuprofd.core.errors import DatabaseError
 from gpuprofd.sampling import rollup
-from gpuprofd.storage import commpack
+from gpuprofd.storage import commpack, filecheck, textcells
 
 SCHEMA_VERSION = 24
 #: Columns added since schema 1: (table, column, declaration).
@@ -864,19 +865,25 @@ def _upgrade(conn: sqlite3.Connection, version: int) -> None:
             conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
 
 
-def prepare(path: Path) -> None:
+def prepare(path: Path, *, verify: bool = True) -> None:
     """Check the database at *path* and create the schema if it is new.
+
+    With *verify*, a file that holds pages is first checked whole
+    (:mod:`gpuprofd.storage.filecheck`) on a read-only connection, so nothing
+    is written to a damaged one.
 
     Runs synchronously at startup (before the event loop serves anyone).
 
     Raises:
-        DatabaseError: the file is not SQLite, is corrupt, or is not ours.
+        DatabaseError: the file is not SQLite, is damaged, or is not ours.
     """
     if path.is_dir():
         raise DatabaseError(f"{path} is a directory, not a database file")
+    if verify and path.is_file() and path.stat().st_size:
+        _verify(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(path)
+        conn = textcells.connect(path)
     except (OSError, sqlite3.Error) as exc:
         raise DatabaseError(f"cannot open database {path} ({exc})") from None
     try:
@@ -902,5 +909,23 @@ def prepare(path: Path) -> None:
             conn.commit()
         except sqlite3.DatabaseError as exc:
             raise DatabaseError(f"cannot initialise database {path} ({exc})") from None
+    finally:
+        conn.close()
+
+
+def _verify(path: Path) -> None:
+    """Check that the file at *path* is ours and whole, reading only (a
+    read-only connection never checkpoints a ``-wal`` into the file).
+
+    Raises:
+        DatabaseError: not SQLite, not ours, too new, or damaged.
+    """
+    try:
+        conn = textcells.connect(f"file:{quote(str(path.absolute()))}?mode=ro", uri=True)
+    except sqlite3.Error as exc:
+        raise DatabaseError(f"cannot open database {path} ({exc})") from None
+    try:
+        if check_connection(conn, path):
+            filecheck.quick_check(conn, path)
     finally:
         conn.close()

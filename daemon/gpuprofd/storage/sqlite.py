@@ -27,8 +27,9 @@ from urllib.parse import quote
 import aiosqlite
 
 from gpuprofd.core.errors import DatabaseError
-from gpuprofd.storage import schema
+from gpuprofd.storage import filecheck, schema, textcells
 from gpuprofd.storage.dialect import SQLITE, Dialect
+from gpuprofd.storage.textcells import UndecodedCells
 
 MISSING_HINT = "run a script under gpuprof.profile() first, or pass the path"
 
@@ -73,17 +74,21 @@ def connect_ro(path: Path) -> sqlite3.Connection:
         sqlite3.Error: it cannot be opened (missing, a directory, no permission).
     """
     uri = f"file:{quote(str(path.absolute()))}?mode=ro"
-    # a connection is used by one thread at a time, not always the one that
-    # opened it (SqliteFileReader runs each query in a worker thread)
-    conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
+    conn = _connect(uri)
     if not _sealed(path):
         return conn
     try:
         conn.execute("SELECT 1 FROM sqlite_master LIMIT 1")
     except sqlite3.OperationalError:
         conn.close()
-        return sqlite3.connect(f"{uri}&immutable=1", uri=True, check_same_thread=False)
+        return _connect(f"{uri}&immutable=1")
     return conn
+
+
+def _connect(uri: str) -> sqlite3.Connection:
+    # a connection is used by one thread at a time, not always the one that
+    # opened it (SqliteFileReader runs each query in a worker thread)
+    return textcells.connect(uri, uri=True, check_same_thread=False)
 
 
 def _sealed(path: Path) -> bool:
@@ -105,16 +110,22 @@ class SqliteFileReader:
     of its own, so reads awaited together (``asyncio.gather``) run at once:
     SQLite works without Python's lock, and a day-long run's aggregates
     (its job's CPU, its GPU rollups) are summed while its steps are turned
-    into Python objects. At most :data:`MAX_CONNECTIONS` are open."""
+    into Python objects. At most :data:`MAX_CONNECTIONS` are open.
+
+    Text that is not UTF-8 reads with U+FFFD (:mod:`gpuprofd.storage.textcells`);
+    with *undecoded*, the cells are noted there."""
 
     dialect: Dialect = SQLITE
     #: Connections open at most: the queries one context build overlaps.
     MAX_CONNECTIONS = 4
 
-    def __init__(self, conn: sqlite3.Connection, path: Path) -> None:
+    def __init__(
+        self, conn: sqlite3.Connection, path: Path, undecoded: UndecodedCells | None = None
+    ) -> None:
         self.conn = conn
         self.path = path
         self.where = str(path.absolute())
+        self.undecoded = undecoded
         self._free: list[sqlite3.Connection] = [conn]
         self._opened = 1
         self._ready = asyncio.Condition()
@@ -140,22 +151,25 @@ class SqliteFileReader:
             self._ready.notify()
 
     async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
-        conn = await self._take()
-        try:
-            return await asyncio.to_thread(_fetchall, conn, sql, tuple(params))
-        finally:
-            await self._give(conn)
+        return await self._fetch(sql, params, False)
 
     async def fetchone(self, sql: str, params: Sequence[Any] = ()) -> Any | None:
         rows = await self.fetchall(sql, params)
         return rows[0] if rows else None
 
     async def fetchtuples(self, sql: str, params: Sequence[Any] = ()) -> list[Sequence[Any]]:
+        return await self._fetch(sql, params, True)
+
+    async def _fetch(self, sql: str, params: Sequence[Any], tuples: bool) -> list[Any]:
         conn = await self._take()
+        seen = textcells.seen()
         try:
-            return await asyncio.to_thread(_fetchall, conn, sql, tuple(params), True)
+            rows = await asyncio.to_thread(_fetchall, conn, self.where, sql, tuple(params), tuples)
         finally:
             await self._give(conn)
+        if self.undecoded is not None and textcells.may_hold(rows, seen):
+            self.undecoded.add(rows)
+        return rows
 
     async def close(self) -> None:
         for conn in self._free:
@@ -164,16 +178,22 @@ class SqliteFileReader:
 
 
 def _fetchall(
-    conn: sqlite3.Connection, sql: str, params: tuple[Any, ...], tuples: bool = False
+    conn: sqlite3.Connection, where: str, sql: str, params: tuple[Any, ...], tuples: bool
 ) -> list[Any]:
-    """Rows of *sql*: ``sqlite3.Row`` objects, or plain tuples with *tuples*."""
+    """Rows of *sql*: ``sqlite3.Row`` objects, or plain tuples with *tuples*.
+
+    Raises:
+        DatabaseError: the file at *where* is damaged, or lacks what *sql* reads.
+    """
     try:
         cur = conn.cursor()
         if tuples:
             cur.row_factory = None
         return cur.execute(sql, params).fetchall()
     except sqlite3.DatabaseError as exc:
-        raise DatabaseError(f"the database is damaged or incomplete ({exc})") from None
+        if filecheck.is_damage(exc):
+            raise filecheck.damaged(Path(where), str(exc)) from None
+        raise DatabaseError(f"{where} is damaged or incomplete ({exc})") from None
 
 
 class SqliteWriter:
@@ -196,6 +216,7 @@ class SqliteWriter:
     async def connect(cls, path: Path) -> SqliteWriter:
         write = await aiosqlite.connect(path, isolation_level=None)
         try:
+            textcells.tolerant(write)
             await write.execute("PRAGMA journal_mode=WAL")
             await write.execute("PRAGMA synchronous=NORMAL")
             await write.execute("PRAGMA busy_timeout=5000")
@@ -204,6 +225,7 @@ class SqliteWriter:
             await write.close()
             raise
         try:
+            textcells.tolerant(read)
             read.row_factory = aiosqlite.Row
             await read.execute("PRAGMA busy_timeout=5000")
             await read.execute("PRAGMA query_only=ON")

@@ -1,5 +1,6 @@
 """Daemon process lifecycle: lost runs, restart re-adoption, the single-instance
-lock, idle exit, clean shutdown, and refusing a database that is not ours."""
+lock, idle exit, clean shutdown, and refusing a database that is not ours or
+is damaged."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import orjson
 
 from gpuprof import config
 from gpuprofd.ingest.runservice import LOST_NOTE
+from gpuprofd.storage import filecheck
 from tests.daemon import helpers as h
 
 
@@ -182,3 +184,51 @@ def test_someone_elses_sqlite_database_exits_2(sock_dir: Path, tmp_path: Path) -
     assert result.returncode == 2
     expected = f"gpuprofd: error: {db} is an SQLite database but not a gpuprof one"
     assert result.stderr.strip() == expected
+
+
+def _write_one_run(daemons: h.Daemons, sock_dir: Path, db: Path, pid: int) -> None:
+    """A daemon on *db* stores one finished 5-step run and stops cleanly."""
+    proc, client = daemons.start_ready(sock_dir, db)
+    client.request(h.hello("r", pid, run_name="whole"))
+    base = time.monotonic_ns()
+    for i in range(5):
+        client.push(h.step("r", i, base))
+    assert client.request(h.bye("r", sent=5))["ok"]
+    assert daemons.stop(proc) == 0
+
+
+def test_a_database_damaged_after_a_clean_stop_is_refused_at_start(
+    daemons, sock_dir: Path, tmp_path: Path, my_pid: int
+) -> None:
+    db = tmp_path / "g.db"
+    _write_one_run(daemons, sock_dir, db, my_pid)
+    assert (sock_dir / filecheck.CLEAN_STAMP).exists()
+    with db.open("r+b") as f:  # as `dd` over bytes 8192-16383: two pages, the header whole
+        f.seek(8192)
+        f.write(bytes(range(256)) * 32)
+    before = db.read_bytes()
+    result = _run_daemon_once(sock_dir, db)
+    assert result.returncode == 2  # the systemd unit does not restart on 2
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"gpuprofd: error: {db} is damaged (SQLite's quick_check: "), line
+    assert ". gpuprofd will not write to it: move it aside with its -wal and -shm files " in line
+    assert f"(mkdir {db}.damaged && mv {db} {db}-wal" in line  # its last writes go with it
+    assert db.read_bytes() == before
+    assert not (sock_dir / config.CONTROL_SOCKET_NAME).exists()
+
+
+def test_a_clean_restart_skips_the_check_and_a_crash_does_not(
+    daemons, sock_dir: Path, tmp_path: Path, my_pid: int
+) -> None:
+    db = tmp_path / "g.db"
+    _write_one_run(daemons, sock_dir, db, my_pid)
+    first = daemons.procs[-1]
+    assert "quick_check" not in daemons.log(first)  # a new file: nothing to check
+    second, _ = daemons.start_ready(sock_dir, db)
+    assert daemons.log(second).count("as gpuprofd left it at its last clean stop") == 1
+    assert "quick_check" not in daemons.log(second)
+    second.kill()  # no clean stop: the next start checks
+    second.wait(timeout=10)
+    third, _ = daemons.start_ready(sock_dir, db)
+    assert f"checked {db} whole (SQLite's quick_check)" in daemons.log(third)
+    assert "last clean stop" not in daemons.log(third)

@@ -23,6 +23,7 @@ from gpuprof.kernels import KernelAgg
 from gpuprofd.sampling import rollup
 from gpuprofd.sampling.nvml import normalize_uuid
 from gpuprofd.storage.stepcodec import Columns
+from gpuprofd.storage.textcells import as_text
 
 #: How many earlier finished runs of the same name the regression rule sees.
 HISTORY_RUNS = 3
@@ -349,11 +350,27 @@ def gpu_stats_from_rollups(rows: Iterable[Mapping[str, Any]]) -> GpuStats | None
 
 
 def run_from_row(r: Mapping[str, Any]) -> dict[str, Any]:
-    """A ``runs`` row as a dict with ``options`` and ``tags`` parsed."""
+    """A ``runs`` row as a dict with ``options`` and ``tags`` parsed ({} when
+    unreadable); a BLOB written into one of its text columns outside gpuprof
+    as text (:func:`gpuprofd.storage.textcells.as_text`)."""
     run = dict(r)
-    run["options"] = orjson.loads(run["options"]) if run.get("options") else {}
+    if bytes in map(type, run.values()):  # runs has no BLOB column
+        run = {k: as_text(v) for k, v in run.items()}
+    run["options"] = _json_object(run.get("options"))
     run["tags"] = run_tags(run.get("tags"))
     return run
+
+
+def _json_object(text: str | None) -> dict[str, Any]:
+    """A JSON object column, {} when absent or unreadable (changed outside
+    gpuprof: one cell must not hide the run, nor every other run listed)."""
+    if not text:
+        return {}
+    try:
+        got = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return {}
+    return got if isinstance(got, dict) else {}
 
 
 def insight_from_row(r: Mapping[str, Any]) -> dict[str, Any]:
@@ -366,12 +383,4 @@ def insight_from_row(r: Mapping[str, Any]) -> dict[str, Any]:
 def run_tags(text: str | None) -> dict[str, str]:
     """``runs.tags`` (JSON text, or NULL) as a dict; {} when absent or not an
     object of strings (a forwarded value is stored as sent)."""
-    if not text:
-        return {}
-    try:
-        tags = orjson.loads(text)
-    except orjson.JSONDecodeError:
-        return {}
-    if not isinstance(tags, dict):
-        return {}
-    return {str(k): str(v) for k, v in tags.items()}
+    return {str(k): str(v) for k, v in _json_object(text).items()}

@@ -40,6 +40,7 @@ import orjson
 
 from gpuprofd.core.counters import DropCounter
 from gpuprofd.core.errors import DatabaseError
+from gpuprofd.storage import filecheck
 from gpuprofd.storage.dialect import SQLITE, Dialect
 from gpuprofd.storage.sqlite import SqliteWriter
 from gpuprofd.storage.url import StorageUrl
@@ -161,6 +162,11 @@ class Store:
         self._db = postgres.PostgresWriter(pool)
         self._errors = postgres.ERRORS + (AtomicCheckError,)
         self._is_lost = postgres.is_connection_error
+
+    @property
+    def file_id(self) -> tuple[int, int] | None:
+        """(st_dev, st_ino) of the database file open now; None on Postgres or with none open."""
+        return self._db.file_id if isinstance(self._db, SqliteWriter) else None
 
     def file_state(self) -> str | None:
         """None while the path still names the open database file (and always
@@ -581,6 +587,8 @@ class Store:
         try:
             return await getattr(self._db, method)(sql, params)
         except self._errors as exc:
+            if self.path is not None and filecheck.is_damage(exc):
+                raise filecheck.damaged(self.path, str(exc)) from None
             if not self._is_lost(exc):
                 raise
             raise DatabaseError(f"reading {self.where} failed ({exc})") from None

@@ -1,0 +1,147 @@
+"""Text cells of a SQLite file whose bytes are not UTF-8.
+
+gpuprof writes only UTF-8, but a file can hold other bytes in a text column:
+raw SQL (``UPDATE runs SET run_name = CAST(x'fffe41' AS TEXT)``), another
+program, a damaged disk. Python's ``sqlite3`` refuses such a cell (``Could
+not decode to UTF-8 column ...``) and with it the whole query, so one cell
+would hide every run. Each gpuprof connection decodes text with :func:`decode`
+instead (:func:`tolerant`): bytes that are not UTF-8 become U+FFFD, and the
+value is an :class:`Undecodable`, so a reader can count the cells and name
+their runs (:class:`UndecodedCells`).
+
+A BLOB written into a text column comes back as ``bytes`` (``sqlite3`` has
+no per-column hook that keeps ``''`` apart from NULL): the ``runs`` table,
+which has no BLOB column, turns them into text where its rows are read
+(:func:`as_text` in :func:`gpuprofd.storage.reads.queries.run_from_row`).
+
+Postgres needs none of this: a UTF8 database (the usual encoding) refuses
+such bytes when they are written (``invalid byte sequence for encoding
+"UTF8"``). A SQL_ASCII one stores them, and reading them back then fails
+with that error (a :class:`~gpuprofd.core.errors.DatabaseError`).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class Undecodable(str):
+    """A text cell whose bytes were not UTF-8, with U+FFFD in place of each
+    bad sequence (a ``str`` like any other, marked so it can be counted)."""
+
+
+_lock = threading.Lock()
+_seen = 0
+"""Undecodable cells decoded in this process (by every connection's thread)."""
+
+
+def decode(data: bytes) -> str:
+    """A text cell's bytes as text: UTF-8, else :class:`Undecodable`."""
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        global _seen
+        with _lock:  # connections read in several threads
+            _seen += 1
+        return Undecodable(data.decode(errors="replace"))
+
+
+def as_text(value: Any) -> Any:
+    """*value*, or the text of a BLOB (:func:`decode`): a text column's cell."""
+    return decode(value) if isinstance(value, bytes) else value
+
+
+def seen() -> int:
+    """How many undecodable cells this process has read so far (compare two
+    readings to know whether the rows read between hold any)."""
+    return _seen
+
+
+def tolerant(conn: Any) -> None:
+    """Make *conn* (``sqlite3`` or ``aiosqlite``) decode text that is not
+    UTF-8 (:func:`decode`)."""
+    conn.text_factory = decode
+
+
+def connect(database: str | Path, **kwargs: Any) -> sqlite3.Connection:
+    """``sqlite3.connect(database, **kwargs)``, decoding as :func:`tolerant` says."""
+    conn = sqlite3.connect(database, **kwargs)
+    tolerant(conn)
+    return conn
+
+
+def _is_runs(keys: list[str]) -> bool:
+    """Are these the columns of ``runs`` rows (``run_key``, which every one has)?"""
+    return "run_key" in keys and "id" in keys
+
+
+def may_hold(rows: list[Any], seen_before: int) -> bool:
+    """Can *rows*, read since :func:`seen` was *seen_before*, hold cells to
+    count: an :class:`Undecodable` was made since, or they are ``runs`` rows
+    (a BLOB there is a text cell)."""
+    if seen() != seen_before:
+        return True
+    return bool(rows) and isinstance(rows[0], sqlite3.Row) and _is_runs(rows[0].keys())
+
+
+def _bad(value: Any, runs: bool) -> bool:
+    """Is *value* a text cell that is not UTF-8 (as text, or a BLOB in a ``runs`` row)?"""
+    return isinstance(value, Undecodable) or (
+        runs and isinstance(value, bytes) and isinstance(as_text(value), Undecodable)
+    )
+
+
+@dataclass
+class UndecodedCells:
+    """The undecodable cells a reader met: each once where its row names its
+    run (``run_id``, or a ``runs`` row's ``id``), else counted by column each
+    time it is read."""
+
+    named: set[tuple[int, str]] = field(default_factory=set)
+    """(run id, column) of each."""
+    unnamed: Counter[str] = field(default_factory=Counter)
+    """Column -> cells in rows that name no run (``?``: a row of plain tuples)."""
+
+    def add(self, rows: list[Any]) -> None:
+        """Note the :class:`Undecodable` cells of *rows* (the ``sqlite3.Row``
+        objects or tuples of one query), and a ``runs`` row's BLOBs that are
+        not UTF-8 (``runs`` has no BLOB column)."""
+        if not rows:
+            return
+        if not isinstance(rows[0], sqlite3.Row):
+            n = sum(isinstance(v, Undecodable) for row in rows for v in row)
+            if n:
+                self.unnamed["?"] += n
+            return
+        keys = rows[0].keys()
+        runs = _is_runs(keys)
+        run_col = "run_id" if "run_id" in keys else "id" if runs else None
+        look = frozenset((Undecodable, bytes) if runs else (Undecodable,))
+        for row in rows:
+            if look.isdisjoint(map(type, row)):  # one pass in C: most rows hold none
+                continue
+            bad = [k for k, v in zip(keys, row, strict=True) if _bad(v, runs)]
+            run = row[run_col] if run_col is not None else None
+            if isinstance(run, int):
+                self.named.update((run, k) for k in bad)
+            else:
+                self.unnamed.update(bad)
+
+    def __len__(self) -> int:
+        return len(self.named) + sum(self.unnamed.values())
+
+    def describe(self) -> str:
+        """``run 2: run_name; run 3: host, project; rows without a run id: name (4)``."""
+        by_run: dict[int, list[str]] = {}
+        for run, column in sorted(self.named):
+            by_run.setdefault(run, []).append(column)
+        parts = [f"run {run}: {', '.join(cols)}" for run, cols in by_run.items()]
+        if self.unnamed:
+            cols = ", ".join(f"{c} ({n})" for c, n in sorted(self.unnamed.items()))
+            parts.append(f"rows without a run id: {cols}")
+        return "; ".join(parts)
