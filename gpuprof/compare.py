@@ -64,6 +64,7 @@ OWN_HISTORY_RULES = frozenset({"regression"})
 #: Short names of the findings, for the verdict (the titles are sentences).
 RULE_LABELS = {
     "dataloader_stall": "loader stall",
+    "host_work_between_steps": "work between steps",
     "cpu_bound_dataloader": "CPU-bound loader",
     "io_bound_dataloader": "I/O-bound loader",
     "prefetch_queue_starved": "prefetch queue starved",
@@ -99,6 +100,7 @@ RULE_LABELS = {
 #: The phase split's rows: key, label (as ``gpuprofctl runs`` orders them).
 PHASES = (
     ("loader_wait", "loader wait"),
+    ("between_steps", "between steps"),
     ("forward", "forward"),
     ("backward", "backward"),
     ("comm", "exposed comm"),
@@ -204,8 +206,11 @@ def headline(ctx: RunContext, run_id: int | None, basis: Basis, units: float) ->
 def phase_split(ctx: RunContext) -> dict[str, tuple[float, float] | None]:
     """Per phase of :data:`PHASES`: (mean ms per steady iteration, % of the
     steady iteration time). ``loader_wait`` is the wait before the step plus
-    the ``data`` phase; ``other`` the rest of the step (unlabelled time, the
-    user's own phases); ``comm`` None when the run timed no collectives.
+    the ``data`` phase; ``between_steps`` the host work between the steps
+    outside a timed loader's wait (None when the run had none: without a
+    timed loader it is the loader wait); ``other`` the rest of the step
+    (unlabelled time, the user's own phases); ``comm`` None when the run
+    timed no collectives.
     All None without steady steps."""
     iterations = ctx.steady_iteration_ms
     total = math.fsum(iterations)
@@ -216,6 +221,7 @@ def phase_split(ctx: RunContext) -> dict[str, tuple[float, float] | None]:
     named = math.fsum(phases.get(p, 0.0) for p in _NAMED_PHASES)
     sums = {
         "loader_wait": math.fsum(steady(ctx.wait_ms)) + phases.get(DATA_PHASE, 0.0),
+        "between_steps": math.fsum(steady(ctx.gap_ms)) if ctx.gap_ms else None,
         "forward": phases.get("forward", 0.0),
         "backward": phases.get("backward", 0.0),
         "comm": phases.get("comm", 0.0) if ctx.comm_ms else None,

@@ -35,6 +35,7 @@ from gpuprof.insights.gains import attach, rank_insights
 TIMING_RULES = frozenset(
     {
         "dataloader_stall",
+        "host_work_between_steps",
         "cpu_bound_dataloader",
         "io_bound_dataloader",
         "prefetch_queue_starved",

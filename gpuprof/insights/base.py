@@ -182,6 +182,11 @@ class RunContext:
     """Loader wait before each step: timed DataLoader (or wrapped loader) ``next()``
     calls, or the inter-step gap for a loop over something else."""
     explicit_wait: bool = False
+    gap_ms: tuple[float, ...] = ()
+    """Per step of a run whose wait was timed (:attr:`explicit_wait`): the
+    host time between the previous step and this one outside the loader wait
+    and evaluation (a checkpoint, logging), ms; part of the iteration. Empty
+    when the wait was not timed (``wait_ms`` is then that whole gap)."""
     data_ms: tuple[float, ...] = ()
     """Loader time inside each step (between micro-batches; the ``data``
     phase); empty when no step had any."""
@@ -351,8 +356,10 @@ class RunContext:
 
     @cached_property
     def iteration_ms(self) -> tuple[float, ...]:
-        """Per-step loader wait + step: the wall time one iteration costs."""
-        return _pairwise_sums(self.step_ms, self.wait_ms)
+        """Per-step loader wait + host time between steps (:attr:`gap_ms`) +
+        step: the wall time one iteration costs."""
+        it = _pairwise_sums(self.step_ms, self.wait_ms)
+        return _pairwise_sums(it, self.gap_ms) if self.gap_ms else it
 
     @cached_property
     def steady_iteration_ms(self) -> tuple[float, ...]:

@@ -363,6 +363,7 @@ def build_context(
     # left out of every timing figure (step, wait, phase medians and thirds,
     # hence MFU and the regression baseline), unless every step was traced
     cols = step_columns(steps)
+    between_ns = cols.between_steps_ns()  # needs the steps consecutive: before take()
     host_cols = hostcpu.host_columns(host)
     cpu_cols = hostcpu.cpu_columns(run_cpu)
     numbers = _step_numbers(cols)
@@ -383,7 +384,12 @@ def build_context(
     step_col = step_ns / _NS_PER_MS
     wait_ms = tuple(wait_col.tolist())
     step_ms = tuple(step_col.tolist())
-    iteration_ms = (step_col + wait_col).tolist()  # float64 sums: Python's own values
+    gap_col = (between_ns[untraced] if untraced.any() else between_ns) / _NS_PER_MS
+    gap_ms = tuple(gap_col.tolist()) if gap_col.any() else ()
+    # float64 sums in RunContext.iteration_ms's order: Python's own values
+    iteration_ms = (
+        (step_col + wait_col + gap_col).tolist() if gap_ms else (step_col + wait_col).tolist()
+    )
 
     def phase_ms(name: str) -> tuple[float, ...]:
         """Each timed step's *name* phase, ms; empty when no step lists it."""
@@ -398,6 +404,7 @@ def build_context(
         step_ms=step_ms,
         wait_ms=wait_ms,
         explicit_wait=bool(cols.explicit.any()),
+        gap_ms=gap_ms,
         data_ms=phase_ms(DATA_PHASE),
         micro_batches=tuple(timed.micro.tolist()),
         comm_ms=phase_ms(COMM_PHASE),

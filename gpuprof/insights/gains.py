@@ -6,6 +6,8 @@ do not overlap (:class:`Iteration`):
 
 * ``loader_wait``: the loader time the loop blocked on (the wait before the
   step and its ``data`` phase): what did not overlap compute;
+* ``host_gap``: host work between the steps outside a timed loader's wait
+  (a checkpoint, logging; :attr:`~gpuprof.insights.base.RunContext.gap_ms`);
 * ``comm``: exposed collective time (the ``comm`` phase);
 * ``slow_steps``: the slow steps' time above the steady median step;
 * ``compute``: the rest of the step, within which a finding may claim
@@ -52,6 +54,7 @@ from gpuprof.stats import mean, median, percentile
 
 # The iteration's parts (the budget findings claim from).
 LOADER = "loader_wait"
+GAP = "host_gap"
 COMM = "comm"
 SLOW = "slow_steps"
 CPU = "cpu_contention"
@@ -69,6 +72,7 @@ COMPUTE_PARTS = (CPU, IDLE, CLOCK, DRIFT, RECOMPUTE, EFFICIENCY)
 #: What the headline calls each rule's fix: "Fixing the loader stall: ...".
 LABELS: Mapping[str, str] = {
     "dataloader_stall": "the loader stall",
+    "host_work_between_steps": "the work between steps",
     "cpu_bound_dataloader": "the loader stall",
     "io_bound_dataloader": "the loader stall",
     "prefetch_queue_starved": "the prefetch queue",
@@ -106,16 +110,19 @@ class Iteration:
     """The slow steps' (over :data:`~gpuprof.insights.steps.VARIANCE_RATIO` × the
     median) time above the steady median step, over all steady steps."""
     compute_ms: float
-    """The rest of the step: ``iteration − loader − comm − slow`` (≥ 0)."""
+    """The rest of the step: ``iteration − loader − gap − comm − slow`` (≥ 0)."""
     median_step_ms: float
     """Median steady step (loader wait excluded)."""
     iterations: int
     """The run's steps (traced ones included): what a per-iteration gain is multiplied by."""
+    gap_ms: float = 0.0
+    """Host work between the steps outside a timed loader's wait (:data:`GAP`)."""
 
     def parts(self) -> dict[str, float]:
         """The parts, ms per iteration, rounded to µs."""
         return {
             LOADER: round(self.loader_ms, 3),
+            GAP: round(self.gap_ms, 3),
             COMM: round(self.comm_ms, 3),
             SLOW: round(self.slow_ms, 3),
             "compute": round(self.compute_ms, 3),
@@ -141,12 +148,15 @@ def iteration(ctx: RunContext) -> Iteration | None:
     starved = gpu_starved_share(ctx)
     if starved is not None:  # a wait the GPU did not feel (a sync) is its compute
         loader = min(loader, starved * total)
+    gap = mean(_steady(ctx.gap_ms)) if ctx.gap_ms else 0.0
     comm = mean(_steady(ctx.comm_ms)) if ctx.comm_ms else 0.0
     steps = _steady(ctx.step_ms)
     p50 = median(steps)
     slow = sum(s - p50 for s in steps if s > VARIANCE_RATIO * p50) / len(steps)
-    compute = max(0.0, total - loader - comm - slow)
-    return Iteration(total, loader, comm, slow, compute, p50, ctx.steps + ctx.traced_steps)
+    compute = max(0.0, total - loader - gap - comm - slow)
+    return Iteration(
+        total, loader, comm, slow, compute, p50, ctx.steps + ctx.traced_steps, gap_ms=gap
+    )
 
 
 @dataclass(frozen=True)
@@ -322,6 +332,16 @@ def _stall(ctx: RunContext, it: Iteration, ins: Insight) -> Estimate:
         )
     gain = max(0.0, it.iteration_ms - min(floor, it.iteration_ms))
     return Estimate(_split(gain, it, keep_ms=c, slow=competing), how)
+
+
+def _between_steps(ctx: RunContext, it: Iteration, ins: Insight) -> Estimate:
+    """Host work between the steps outside the loader: all of it, removed
+    (moved off the training thread, or run less often)."""
+    return Estimate(
+        {GAP: it.gap_ms},
+        f"the host work between the steps ({_ms(it.gap_ms)} an iteration outside the loader "
+        "wait), removed: moved off the training thread or run less often",
+    )
 
 
 def _contention(ctx: RunContext, it: Iteration, ins: Insight) -> Estimate:
@@ -569,6 +589,7 @@ Estimator = Callable[[RunContext, Iteration, Insight], "Estimate | None"]
 #: memory headroom, a FLOPs mismatch): their findings carry no gain.
 ESTIMATORS: Mapping[str, Estimator] = {
     "dataloader_stall": _stall,
+    "host_work_between_steps": _between_steps,
     "cpu_bound_dataloader": _stall,
     "io_bound_dataloader": _stall,
     "prefetch_queue_starved": _prefetch,

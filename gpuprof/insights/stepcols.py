@@ -84,6 +84,21 @@ class StepColumns:
             optimizers=self.optimizers,
         )
 
+    def between_steps_ns(self) -> Any:
+        """int64 per step: the host time between the previous step's end and
+        this step's start that neither its timed loader wait nor evaluation
+        holds (a checkpoint, logging, a ``time.sleep``), ns; 0 for the first
+        step, for a step whose wait was not timed (its ``wait`` is already
+        the whole gap) and where the clocks overlap. Steps must be
+        consecutive (call before :meth:`take`)."""
+        import numpy as np
+
+        out = np.zeros(len(self.t0), dtype=np.int64)
+        if len(out) > 1:
+            gap = self.t0[1:] - self.t1[:-1] - self.wait[1:] - self.eval[1:]
+            out[1:] = np.where(self.explicit[1:], np.maximum(gap, 0), 0)
+        return out
+
     def phase_order(self) -> list[str]:
         """The phase names these steps list, in the order they first appear."""
         import numpy as np

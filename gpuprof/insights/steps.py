@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+from collections.abc import Sequence
 
 from gpuprof.insights import contention, frames, loading, pattern
 from gpuprof.insights.base import WARMUP_STEPS, Insight, RunContext, rule
@@ -118,6 +119,72 @@ def dataloader_stall(ctx: RunContext) -> Insight | None:
         f"{' and '.join(why)}: only {frac:.0%} kept the GPU waiting; the rest waited "
         "on work already queued.)",
         evidence={**found.evidence, "gap_sync_share": None if synced is None else round(synced, 4)},
+    )
+
+
+#: Calls of the DataLoader's own machinery: a sample between the steps
+#: inside one is the loader wait (timed apart), not the host work around it.
+LOADER_CALLS = "torch.utils.data."
+
+
+@rule("host_work_between_steps")
+def host_work_between_steps(ctx: RunContext) -> Insight | None:
+    """Fires when the host time between the steps outside a timed loader's
+    wait and evaluation (:attr:`~gpuprof.insights.base.RunContext.gap_ms`:
+    a checkpoint, logging, a sleep) is > :data:`STALL_FRACTION` of the
+    steady iteration time (HIGH above :data:`STALL_FRACTION_HIGH`). Names
+    the user's frames the stack sampler caught in those gaps (the loader's
+    own calls left out), and the period when the work comes every N steps.
+    A loop without a timed loader has this time as its inter-step gap
+    (:func:`dataloader_stall`)."""
+    if not ctx.gap_ms:
+        return None
+    lo = WARMUP_STEPS if ctx.steps > 2 * WARMUP_STEPS else 0
+    gaps, total = ctx.gap_ms[lo:], sum(ctx.steady_iteration_ms)
+    if not gaps or total <= 0:
+        return None
+    frac = sum(gaps) / total
+    if frac <= STALL_FRACTION:
+        return None
+    mean_gap = sum(gaps) / len(gaps)
+    evidence: dict[str, object] = {
+        "gap_fraction": round(frac, 4),
+        "mean_gap_ms": round(mean_gap, 3),
+    }
+    host_frames = [f for f in ctx.stack_frames if not f.call.startswith(LOADER_CALLS)]
+    periodic = _periodic_gap(ctx, ctx.gap_ms)
+    when = ""
+    if periodic is not None:
+        every, slow_ms, slow_steps = periodic
+        evidence.update(every_steps=every, periodic_gap_ms=round(slow_ms, 3))
+        top = frames.top_frames(host_frames, steps=set(slow_steps))
+        when = f" Every {every} steps it took ~{slow_ms:.0f} ms."
+        of = "those pauses"
+    else:
+        top = frames.top_frames(host_frames, exclude=ctx.numbers[:1])
+        of = "the time between steps"
+    evidence["frames"] = [f.evidence() for f in top]
+    named = (" " + frames.gap_sentence(top, of=of)) if top else ""
+    where = f": {top[0].short()}" if top else ""
+    every_n = f", every {periodic[0]} steps" if periodic is not None else ""
+    if top:
+        fix = f"Make {top[0].short()} cheaper, run it less often or off the training thread"
+    else:
+        fix = (
+            "Find the work your loop does after optimizer.step() and before the next batch "
+            "(logging, metrics, checkpoints) and make it cheaper, run it less often or off "
+            "the training thread"
+        )
+    return Insight(
+        rule="host_work_between_steps",
+        severity="HIGH" if frac > STALL_FRACTION_HIGH else "MED",
+        title=f"{frac:.0%} of step time spent between steps outside the DataLoader{every_n}{where}",
+        detail=f"{mean_gap:.1f} ms per step on average passed between one optimizer step "
+        "and the next, in the training loop's own code rather than waiting on the "
+        f"DataLoader (its wait is timed apart).{when}{named} The model sits idle meanwhile.",
+        fix=fix + " (e.g. save checkpoints from a background thread or with "
+        "torch.distributed.checkpoint.async_save; log every N steps, not every step).",
+        evidence=evidence,
     )
 
 
@@ -335,20 +402,24 @@ def _dataloader_stall(ctx: RunContext, frac: float) -> Insight:
 GAP_SLOW_MIN_MS = 1.0
 
 
-def _periodic_gap(ctx: RunContext) -> tuple[int, float, list[int]] | None:
+def _periodic_gap(
+    ctx: RunContext, per_step: Sequence[float] | None = None
+) -> tuple[int, float, list[int]] | None:
     """(N, median slow gap ms, the slow gaps' step numbers) when the
-    inter-step gap is long every N steps
+    inter-step gap (*per_step*, ms: the loader time by default) is long
+    every N steps
     through the whole steady run, with :func:`high_step_variance`'s guards
     (≥ :data:`VARIANCE_MIN_STEPS` steady steps, ≥ :data:`VARIANCE_MIN_SLOW_STEPS`
     gaps over :data:`VARIANCE_RATIO` × the median gap losing ≥
     :data:`VARIANCE_MIN_EXCESS_MS`, more repeats on a contended host); else None."""
-    gaps = ctx.loader_ms[WARMUP_STEPS:]
+    all_gaps = ctx.loader_ms if per_step is None else per_step
+    gaps = all_gaps[WARMUP_STEPS:]
     if len(gaps) < VARIANCE_MIN_STEPS:
         return None
     p50 = percentile(gaps, 50)
     floor = max(VARIANCE_RATIO * p50, GAP_SLOW_MIN_MS)
     slow_idx = [WARMUP_STEPS + i for i, g in enumerate(gaps) if g > floor]
-    excess = [ctx.loader_ms[i] - p50 for i in slow_idx]
+    excess = [all_gaps[i] - p50 for i in slow_idx]
     if len(slow_idx) < VARIANCE_MIN_SLOW_STEPS or sum(excess) < VARIANCE_MIN_EXCESS_MS:
         return None
     during, _ = _others_slow_rest(ctx, slow_idx, excess)
@@ -359,7 +430,7 @@ def _periodic_gap(ctx: RunContext) -> tuple[int, float, list[int]] | None:
     found = pattern.period(slow_at, numbers[WARMUP_STEPS:], excess, repeats)
     if found is None:
         return None
-    return found.every, median([ctx.loader_ms[i] for i in slow_idx]), slow_at
+    return found.every, median([all_gaps[i] for i in slow_idx]), slow_at
 
 
 def _loader_starved(ctx: RunContext) -> tuple[float, float | None] | None:

@@ -295,3 +295,58 @@ def test_iteration_and_loader_sums_are_the_loops() -> None:
     assert ctx.iteration_ms_thirds == (stats.median(third[:10]), stats.median(third[-10:]))
     with_data = dataclasses.replace(ctx, data_ms=tuple(float(i) for i in range(30)))
     assert with_data.loader_ms == tuple(w + i for i, w in enumerate(ctx.wait_ms))
+
+
+def _steps_with_host_work(explicit: bool) -> list[dict]:
+    """5 steps of 10 ms; before each but the first 2 ms of timed loader wait,
+    3 ms of evaluation (step 3) and 25 ms of host work (a checkpoint)."""
+    steps, t = [], 0
+    for i in range(5):
+        ev = 3_000_000 if i == 3 else 0
+        wait = 0 if i == 0 else 2_000_000
+        t0 = t + (0 if i == 0 else wait + ev + 25_000_000)
+        if not explicit and i:
+            wait = t0 - t - ev  # gap mode: the wait is the whole gap
+        steps.append(
+            {
+                "t0": t0,
+                "t1": t0 + 10_000_000,
+                "wait": wait,
+                "explicit": explicit,
+                "eval": ev,
+                "phases": {},
+                "traced": i == 2,
+            }
+        )
+        t = t0 + 10_000_000
+    return steps
+
+
+def test_host_work_between_timed_steps_is_part_of_the_iteration():
+    run = {"run_name": "r", "status": "finished", "start_mono_ns": 0, "end_mono_ns": None}
+    ctx = build_context(run, _steps_with_host_work(explicit=True))
+    # the traced step (2) left out; the first step has no gap before it
+    assert ctx.gap_ms == (0.0, 25.0, 25.0, 25.0)
+    assert ctx.wait_ms == (0.0, 2.0, 2.0, 2.0)
+    assert ctx.iteration_ms == (10.0, 37.0, 37.0, 37.0)
+    # a loop without a timed loader: the wait already is the gap (eval apart)
+    gap_mode = build_context(run, _steps_with_host_work(explicit=False))
+    assert gap_mode.gap_ms == ()
+    assert gap_mode.iteration_ms == (10.0, 37.0, 37.0, 37.0)
+
+
+def test_steps_whose_clocks_overlap_have_no_host_gap():
+    from gpuprof.insights.stepcols import step_columns
+
+    steps = [
+        {"t0": 0, "t1": 10, "wait": 0, "explicit": True, "phases": {}},
+        {
+            "t0": 8,
+            "t1": 20,
+            "wait": 5,
+            "explicit": True,
+            "phases": {},
+        },  # a wait longer than the gap
+        {"t0": 30, "t1": 40, "wait": 4, "explicit": True, "phases": {}},
+    ]
+    assert step_columns(steps).between_steps_ns().tolist() == [0, 0, 6]

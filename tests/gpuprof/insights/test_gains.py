@@ -555,6 +555,7 @@ def test_gains_block_of_the_summary():
     assert block["iteration_ms"] == 100.0 and block["iterations"] == 10
     assert block["parts_ms"] == {
         "loader_wait": 64.0,
+        "host_gap": 0.0,
         "comm": 0.0,
         "slow_steps": 0.0,
         "compute": 36.0,

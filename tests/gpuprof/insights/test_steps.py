@@ -13,6 +13,7 @@ from gpuprof.insights.steps import (
     dataloader_stall,
     first_step_outlier,
     high_step_variance,
+    host_work_between_steps,
     stall_fraction,
 )
 
@@ -748,3 +749,55 @@ def test_a_cpu_bound_loader_says_its_workers_slow_the_step_too():
     assert ins.evidence["worker_cores_competing"] == 1.4
     on_gpu = cpu_bound_dataloader(dataclasses.replace(ctx, gpu_model="NVIDIA H200"))
     assert "held 1.4" not in on_gpu.detail and on_gpu.evidence["worker_cores_competing"] is None
+
+
+# --- host work between the steps of a timed loader ------------------------------
+
+
+def _between_ctx(gap_ms, stack_frames=()):
+    """200 steps of 10 ms behind a timed DataLoader (1 ms wait each) with
+    *gap_ms* of host work before each step."""
+    n = len(gap_ms)
+    rows = tuple(StackFrame("main", *f) for f in stack_frames)
+    return make_ctx(
+        [10.0] * n, [1.0] * n, explicit_wait=True, gap_ms=tuple(gap_ms), stack_frames=rows
+    )
+
+
+def test_host_work_between_steps_every_n_steps_is_named_with_its_frame():
+    gaps = [0.0] + [250.0 if i % 10 == 0 else 0.2 for i in range(1, 200)]
+    sleep = ("/u/train.py", 37, "checkpoint", "time.sleep")
+    fetch = ("/u/train.py", 52, "main", "torch.utils.data.dataloader._BaseDataLoaderIter.__next__")
+    frames = [(i, *sleep, 20) for i in range(10, 200, 10)] + [
+        (i, *fetch, 30) for i in range(10, 200, 10)
+    ]
+    ins = host_work_between_steps(_between_ctx(gaps, frames))
+    # 19 pauses of 250 ms over 197 steady iterations of 11 ms + their gaps
+    total = 197 * 11.0 + sum(gaps[3:])
+    assert ins.evidence["gap_fraction"] == pytest.approx(sum(gaps[3:]) / total, abs=1e-4)
+    assert ins.severity == "HIGH" and ins.evidence["every_steps"] == 10
+    assert ins.title.endswith(", every 10 steps: time.sleep from train.py:37")
+    # the loader's own next() is its wait, not the host work: not named
+    assert [f["line"] for f in ins.evidence["frames"]] == [37]
+    assert ins.fix.startswith("Make time.sleep from train.py:37 cheaper")
+
+
+def test_host_work_between_steps_is_silent_when_small_or_when_the_wait_is_the_gap():
+    # 1.5 ms between 11 ms iterations: 12 %, under STALL_FRACTION
+    assert host_work_between_steps(_between_ctx([1.5] * 200)) is None
+    # no timed loader: the gap is the wait (dataloader_stall's inter-step gap)
+    assert host_work_between_steps(make_ctx([10.0] * 200, [20.0] * 200)) is None
+    # steady work each step, no frames: MED, the fix points at the loop's own code
+    ins = host_work_between_steps(_between_ctx([3.0] * 200))
+    assert ins.severity == "MED" and "every" not in ins.title
+    assert ins.fix.startswith("Find the work your loop does after optimizer.step()")
+
+
+def test_host_work_between_steps_gain_is_the_gap_and_compute_keeps_the_rest():
+    ctx = _between_ctx([0.0] + [20.0] * 199)
+    (ins,) = [i for i in run_rules(ctx) if i.rule == "host_work_between_steps"]
+    d = ins.to_dict()
+    # the steady iteration: 1 ms wait + 20 ms host work + 10 ms step
+    assert d["gain_iteration_ms"] == pytest.approx(31.0)
+    assert d["gain_parts_ms"] == {"host_gap": pytest.approx(20.0)}
+    assert d["gain_speedup_max"] == pytest.approx(31.0 / 11.0, abs=0.01)
