@@ -22,6 +22,11 @@ The pairs:
   (the finding: "the loading is CPU-bound with N% of the host idle");
 * ``in_process``: ``num_workers=0`` with the same augmentation → two
   workers (the finding: "load in worker processes");
+* ``contended_workers``: the ``cpu_workers`` loop while other processes
+  (a Python busy loop per core) take the CPU for the whole run →
+  what its finding prescribes, applied as a user reads it: the hog stopped
+  when it names other processes, the augmentation made cheap when it says
+  to make the loading cheaper, ``num_workers`` as it says;
 * ``host_work``: host work between the steps (no DataLoader) → removed (the
   inter-step gap);
 * ``slow_steps``: every 10th step does 150 ms of extra work → removed (the
@@ -39,6 +44,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -209,10 +215,18 @@ class Bench:
         if out.returncode != 0 or "trained" not in out.stdout.lower():
             sys.exit(f"{' '.join(argv[:4])} failed:\n{out.stdout[-2000:]}{out.stderr[-3000:]}")
 
-    def loop(self, name: str, kind: str, **args: Any) -> dict[str, Any]:
-        """Train one loop (:data:`LOOP`); its stored summary."""
+    def loop(self, name: str, kind: str, hogs: int = 0, **args: Any) -> dict[str, Any]:
+        """Train one loop (:data:`LOOP`) while *hogs* other processes each
+        spin on a core for the whole run; its stored summary."""
         script = str(self.tmp / "loop.py")
-        self._run([sys.executable, script, name, str(self.steps), kind, json.dumps(args)])
+        spin = [sys.executable, "-c", "while True: pass"]
+        others = [subprocess.Popen(spin) for _ in range(hogs)]
+        try:
+            self._run([sys.executable, script, name, str(self.steps), kind, json.dumps(args)])
+        finally:
+            for p in others:
+                p.kill()
+                p.wait()
         return self.summary(name)
 
     def example(self, name: str, *flags: str) -> dict[str, Any]:
@@ -318,6 +332,12 @@ PAIRS: dict[str, tuple[str, tuple[str, ...], tuple[str, Any], tuple[str, Any]]] 
         ("loader", {"workers": 0, "passes": 2}),
         ("loader", {"workers": 2, "passes": 2}),
     ),
+    "contended_workers": (
+        "2 CPU-bound workers, a process spinning on each core -> what the finding says",
+        STALL,
+        ("loader", {"workers": 2, "passes": 6, "hogs": os.cpu_count() or 1}),
+        ("prescribed", None),
+    ),
     "host_work": (
         "25 ms of host work between steps -> removed",
         STALL,
@@ -337,6 +357,25 @@ PAIRS: dict[str, tuple[str, tuple[str, ...], tuple[str, Any], tuple[str, Any]]] 
         ("ddp", -1),
     ),
 }
+
+
+def prescribed(finding: dict[str, Any] | None, args: dict[str, Any]) -> dict[str, Any]:
+    """The loop's *args* with what *finding* tells the user to do, done: the
+    other processes stopped when it names them, the augmentation made cheap
+    when it says to make the loading cheaper or precompute it, the
+    ``num_workers`` it names. Unchanged when it says none of these."""
+    if finding is None:
+        return dict(args)
+    text = f"{finding['title']} {finding.get('fix') or ''}"
+    out = dict(args)
+    if re.search("other processes", text, re.IGNORECASE):
+        out["hogs"] = 0
+    if re.search(r"cheaper|[Pp]recompute", finding.get("fix") or ""):
+        out["passes"] = 0
+    workers = re.search(r"num_workers=(\d+)", finding.get("fix") or "")
+    if workers:
+        out["workers"] = int(workers.group(1))
+    return out
 
 
 def _mean_iteration(summary: dict[str, Any]) -> float:
@@ -363,6 +402,8 @@ def run_pair(bench: Bench, pair: str) -> dict[str, Any]:
             after = bench.example(f"gain-{pair}-fix", *fix_args)
         else:
             before = bench.loop(f"gain-{pair}-path", kind, **args)
+            if fix_kind == "prescribed":  # the fix is what the finding says
+                fix_kind, fix_args = kind, prescribed(_finding(before["insights"], rules), args)
             after = bench.loop(f"gain-{pair}-fix", fix_kind, **fix_args)
         found = before["insights"]
         t_path, t_fix = _mean_iteration(before), _mean_iteration(after)
@@ -376,6 +417,8 @@ def run_pair(bench: Bench, pair: str) -> dict[str, Any]:
         ]
     else:
         busy = [before.get("measured_under_contention"), after.get("measured_under_contention")]
+    # the cores other processes held during each run's contended steps (None: quiet)
+    others = None if kind == "ddp" else [(b or {}).get("other_cores") for b in busy]
     predicted = finding.get("gain_speedup_max") if finding else None
     return {
         "pair": pair,
@@ -383,6 +426,13 @@ def run_pair(bench: Bench, pair: str) -> dict[str, Any]:
         "rule": finding["rule"] if finding else None,
         "title": finding["title"] if finding else None,
         "method": finding.get("gain_method") if finding else None,
+        "fix": finding.get("fix") if finding else None,
+        # what the fix run changed (a prescribed fix: what the finding said to do)
+        "applied": (
+            {k: v for k, v in fix_args.items() if args.get(k) != v}
+            if isinstance(args, dict) and isinstance(fix_args, dict)
+            else None
+        ),
         "iteration_ms": [round(t_path, 1), round(t_fix, 1)],
         "predicted": predicted,
         "measured": None if measured is None else round(measured, 2),
@@ -391,8 +441,17 @@ def run_pair(bench: Bench, pair: str) -> dict[str, Any]:
         "seconds": round(time.monotonic() - t),
         # other processes held the host during a run: its figures are a busy host's
         "contended": any(busy),
+        "other_cores": others,
         "load": round(os.getloadavg()[0], 1),
     }
+
+
+def _held(cores: list[float | None] | None) -> str:
+    """What other processes held during each run's contended steps, as
+    ``, others held 0.9 / - cores`` ("-": that run was not contended)."""
+    if not cores or not any(c is not None for c in cores):
+        return ""
+    return ", others held " + " / ".join("-" if c is None else f"{c:.1f}" for c in cores) + " cores"
 
 
 def main() -> None:
@@ -415,9 +474,11 @@ def main() -> None:
                 f"{r['predicted']}×, measured {r['measured']}× "
                 f"({r['iteration_ms'][0]} -> {r['iteration_ms'][1]} ms/iteration), error "
                 f"{err} [{'ok' if ok else 'MISS'}] ({r['seconds']} s, load {r['load']}"
-                f"{', measured under contention' if r['contended'] else ''}); "
+                f"{', measured under contention' if r['contended'] else ''}"
+                f"{_held(r['other_cores'])}); "
                 f"others {r['others']}"
-                f"\n  method: {r['method']}",
+                f"\n  method: {r['method']}"
+                + (f"\n  fix: {r['fix']}\n  applied: {r['applied']}" if r["applied"] else ""),
                 flush=True,
             )
     finally:

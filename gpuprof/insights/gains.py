@@ -194,6 +194,12 @@ def cpu_work(ctx: RunContext) -> CpuWork | None:
     return CpuWork(ctx.cpu_count, ctx.run_cpu_cores, workers, others, ctx.host_cpu_pct)
 
 
+def pool_workers(ctx: RunContext) -> int:
+    """The run's DataLoader worker processes: its largest measured pool's
+    (the pools of one loader come one after the other); 0 when none."""
+    return max((len(p.cpu_s) for p in ctx.worker_pools if p.span_s), default=0)
+
+
 def clean_compute(ctx: RunContext, it: Iteration, cpu: CpuWork | None) -> tuple[float, bool]:
     """(the step's compute at full CPU, ms; whether it was corrected).
 
@@ -279,7 +285,15 @@ def _split(
 
 def _stall(ctx: RunContext, it: Iteration, ins: Insight) -> Estimate:
     """Loader stalls: the wait the loop blocked on; for a CPU-bound loader
-    also the compute its CPU slowed, or bounded by the cores its work needs."""
+    also the compute its CPU slowed, or bounded by the cores its work needs
+    (on an idle host, no fewer than its workers' CPU per batch over as many
+    cores as it has workers). Cheaper loading beside other processes on a
+    CPU run (the finding's ``other_cores_to_free``) gets the step its full
+    CPU only with their cores freed too: the claim says it counts them, as
+    the finding's fix asks (the run cannot tell how much of the workers'
+    cores the others would take: beside one spinning process on 2 cores
+    cheaper loading gave 2.8-3.8×, beside two 1.6-2.2×, from the same
+    figures; bench/gain_accuracy.py ``contended_workers``, 2026-12-04)."""
     wait = _ms(it.loader_ms)
     if not ctx.explicit_wait:  # no timed loader: whatever ran between the steps
         return Estimate(
@@ -320,9 +334,26 @@ def _stall(ctx: RunContext, it: Iteration, ins: Insight) -> Estimate:
             f"on an idle host: the loader wait ({wait}){slowed}, down to the run's "
             f"{_ms(work)} of CPU per iteration spread over {free:.1f} cores"
         )
+        lanes = min(float(pool_workers(ctx)), free)
+        batch = cpu.worker_cores * it.iteration_ms  # the workers' CPU per batch
+        if lanes > 0 and batch / lanes > floor:  # fewer workers than cores: not all usable
+            floor = batch / lanes
+            n = pool_workers(ctx)
+            whose = f"{n} workers'" if n > 1 else "1 worker's"
+            on = "1 core" if lanes == 1 else f"{lanes:.3g} cores"
+            how += (
+                f", and no less than its {whose} {_ms(batch)} of CPU per batch on {on} "
+                "(a worker process computes on one)"
+            )
     elif not in_process and cpu.host_pct is not None and cpu.host_pct > CPU_BOUND_PCT:
         floor = c
         how = f"cheaper loading: the loader wait ({wait}){slowed}"
+        others = ins.evidence.get("other_cores_to_free")
+        if others and c < it.compute_ms:  # the step at full CPU needs their cores back too
+            how = (
+                f"cheaper loading, with the {others:.1f} cores other processes held freed "
+                f"too: the loader wait ({wait}){slowed}"
+            )
     else:
         free = max(1.0, cpu.cores - cpu.other_cores)
         floor = max(c, work / free)

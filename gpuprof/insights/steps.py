@@ -462,7 +462,12 @@ def cpu_bound_dataloader(ctx: RunContext) -> Insight | None:
     other processes hold the CPU while the run's own use is the smaller part
     (:func:`_loader_starved`): the workers are starved; else the
     host is pegged (> :data:`CPU_BOUND_PCT`) by the run itself: the loading's
-    work is too much for the cores; else cores sat idle: more workers help."""
+    work is too much for the cores; else cores sat idle: more workers help.
+    A CPU run's own CPU-bound loading measured under contention
+    (:func:`gpuprof.insights.contention.measured_under_contention`) is also
+    told to free the cores the other processes held (evidence
+    ``other_cores_to_free``): its step's full CPU, which the gain counts,
+    needs them too."""
     frac = stall_fraction(ctx)
     if frac is None or frac <= STALL_FRACTION:
         return None
@@ -487,6 +492,7 @@ def cpu_bound_dataloader(ctx: RunContext) -> Insight | None:
     settings = loading.setting_fixes(ctx, cpu, per_batch)
     on_gpu = bool(ctx.gpu_model or ctx.gpu_count)  # a CPU run has no GPU to move work to
     head = f"{frac:.0%} of step time waiting on the loader"
+    to_free: float | None = None  # the cores others held, freed in the gain (own stall, CPU run)
     if starved is not None:
         others, share = starved
         title = f"{head}; {who} starved of CPU: other processes hold {others:.1f}{of} cores"
@@ -524,6 +530,17 @@ def cpu_bound_dataloader(ctx: RunContext) -> Insight | None:
             else "Precompute the augmentations or make them cheaper (fewer passes, smaller "
             "inputs, vectorised ops); more workers won't help on cores already busy."
         )
+        # a CPU run's step also lost the cores others held: cheaper loading alone
+        # gives them back to whoever wants them, so the fix names both
+        busy = None if on_gpu else contention.measured_under_contention(ctx)
+        if busy is not None and busy["other_cores"] is not None:
+            to_free = busy["other_cores"]
+            fix += (
+                f" Other processes also held {to_free:.1f}{of} cores during "
+                f"{busy['share_of_steps']:.0%} of the steps, slowing the step as the workers "
+                "do: stop them or reserve cores for the job (Slurm --exclusive, cgroup "
+                "cpusets, taskset); find them with top."
+            )
     else:
         idle = f" with {100 - host:.0f}% of the host idle" if host is not None else ""
         title = f"{head}; the loading is CPU-bound{idle}"
@@ -569,6 +586,9 @@ def cpu_bound_dataloader(ctx: RunContext) -> Insight | None:
             # the run's own CPU unmeasured: the host is pegged, by whom is not known
             "cause": "contention" if starved else "own" if own is not None else None,
             "other_cores": None if starved is None else round(starved[0], 2),
+            # the run's own CPU-bound loading beside other processes on a CPU run:
+            # the cores they held during the contended steps, freed too in the gain
+            "other_cores_to_free": None if to_free is None else round(to_free, 2),
             # the cores busy workers took from a CPU run's step (None: not that case)
             "worker_cores_competing": None if held is None else round(held, 2),
             **loading.config_evidence(ctx),
