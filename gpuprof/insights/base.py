@@ -107,6 +107,9 @@ class WorkerPool(NamedTuple):
     involuntary_share: float | None = None
     """Share (0-1) of the workers' context switches that were preemptions
     (they wanted the CPU) rather than sleeps or waits; None when unknown."""
+    voluntary: int | None = None
+    """The workers' voluntary context switches (each a sleep, a wait or a
+    blocking read), all workers together; None when unknown."""
 
     @property
     def cores_per_worker(self) -> float | None:

@@ -300,14 +300,32 @@ def _dataloader_stall(ctx: RunContext, frac: float) -> Insight:
     cfg = loading.main_loader(ctx)
     cost = loading.WORKER_BATCH_COST_MS
     after = ""  # a sentence after the settings
+    near_handoff = (
+        cfg is not None and cfg.num_workers > 0 and per_batch < HANDOFF_WAIT_FACTOR * cost
+    )
+    making = loading.batch_making(ctx)
+    if making.cpu_ms is not None:
+        evidence["making_cpu_ms_per_batch"] = round(making.cpu_ms, 3)
+    if making.switches is not None:
+        evidence["making_switches_per_batch"] = round(making.switches, 1)
+    # num_workers=0 only for batches measured cheaper to make than to hand over:
+    # workers that wait on latency keep that latency off the loop
     handoff = (
         cfg is not None
         and cfg.num_workers > 0
-        and cpu.busy is not True
-        and not workers_top
-        and per_batch < HANDOFF_WAIT_FACTOR * cost
+        and making.cheap is True
+        and (near_handoff or (making.cpu_ms or 0.0) < per_batch)
     )
-    if handoff:  # idle or unmeasured workers, a wait about one hand-off long
+    if near_handoff and making.cheap is None and cpu.busy is None:
+        detail += (
+            f" The wait per batch ({per_batch:.2f} ms) is about what a batch through a "
+            f"worker process costs (~{cost:.1f} ms), but the workers were not measured, "
+            "so what a batch costs to make is not known: if it is cheaper than that, "
+            "num_workers=0 is faster; if it waits (storage, network), more workers are."
+        )
+        fix = "Time one run with num_workers=0 against this one"
+        settings = []
+    elif handoff:  # batches cheap to make, a wait about one hand-off long
         idle = (
             f" Its {cpu.workers} worker(s) sat idle meanwhile ({cpu.cores:.2f} core each), and the"
             if cpu.busy is False and cpu.workers and cpu.cores is not None
@@ -479,6 +497,18 @@ def cpu_bound_dataloader(ctx: RunContext) -> Insight | None:
     per_batch = wait_per_batch_ms(ctx)
     if in_process and per_batch < loading.WORKER_BATCH_COST_MS:
         return None  # cheaper than a worker's hand-off: the stall finding says what helps
+    making = loading.batch_making(ctx)
+    if (
+        not in_process
+        and making.cheap
+        and (
+            per_batch < HANDOFF_WAIT_FACTOR * loading.WORKER_BATCH_COST_MS
+            or (making.cpu_ms or 0.0) < per_batch
+        )
+    ):
+        # batches cheaper to make than to hand over, busy host or not: the
+        # stall finding's hand-off advice is what helps
+        return None
     who = "the loading (num_workers=0) is" if in_process else "the workers are"
     own, ranks = own_cpu_cores(ctx)
     n = ctx.cpu_count
@@ -550,8 +580,7 @@ def cpu_bound_dataloader(ctx: RunContext) -> Insight | None:
     hot = frames.top_frames(ctx.stack_frames, source="loader")
     if hot:
         detail += " " + frames.loader_sentence(hot)
-        if starved is None:
-            fix = f"Make {hot[0].short()} cheaper. {fix}"
+        fix = f"Make {hot[0].short()} cheaper. {fix}"
     return Insight(
         rule="cpu_bound_dataloader",
         severity="HIGH",
