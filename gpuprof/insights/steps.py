@@ -470,7 +470,11 @@ def _loader_starved(ctx: RunContext) -> tuple[float, float | None] | None:
 
 # A CPU-bound stall is also a stall; when others starve the workers, it is the
 # stall with contention as its cause, so it also carries host_cpu_contention.
-@rule("cpu_bound_dataloader", supersedes=("dataloader_stall", "host_cpu_contention"))
+@rule(
+    "cpu_bound_dataloader",
+    supersedes=("dataloader_stall", "host_cpu_contention"),
+    folds={"host_cpu_contention": ("cause", "contention")},
+)
 def cpu_bound_dataloader(ctx: RunContext) -> Insight | None:
     """Fires on a stall (> :data:`STALL_FRACTION`) of a timed DataLoader (an
     untimed inter-step gap is :func:`dataloader_stall`'s) whose loading burns CPU
