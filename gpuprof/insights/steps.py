@@ -331,10 +331,15 @@ def _dataloader_stall(ctx: RunContext, frac: float) -> Insight:
             if cpu.busy is False and cpu.workers and cpu.cores is not None
             else " The"
         )
+        than = (
+            f"is about what a batch through a worker process costs (~{cost:.1f} ms)"
+            if near_handoff
+            else "is more than the workers' CPU to make one"
+        )
         detail += (
-            f"{idle} wait per batch ({per_batch:.2f} ms) is about what a batch "
-            f"through a worker process costs (~{cost:.1f} ms): the loop waits on the "
-            "hand-off from the workers, not on the loading."
+            f"{idle} wait per batch ({per_batch:.2f} ms) {than}: the loop waits on the "
+            "hand-off from the workers, not on the loading. They made each batch with "
+            f"{making.cpu_ms or 0.0:.2f} ms of CPU and no waits, less than its hand-off costs."
         )
         fix = (
             "Load in the training process (num_workers=0): batches this cheap cost more "

@@ -202,6 +202,8 @@ def test_tiny_batches_on_a_busy_host_get_the_hand_off_not_the_idle_node():
     found = {i.rule: i for i in run_rules(ctx)}
     assert "cpu_bound_dataloader" not in found
     assert found["dataloader_stall"].fix.startswith("Load in the training process")
+    assert "(1.70 ms) is more than the workers' CPU to make one" in found["dataloader_stall"].detail
+    assert "with 0.89 ms of CPU and no waits" in found["dataloader_stall"].detail
     # a CPU-bound collate on the same busy host: still starved, and the frame named
     hot = (StackFrame("loader", 3, "/w/train.py", 21, "cpu_collate", "math.sin", 200),)
     ctx = tiny(
