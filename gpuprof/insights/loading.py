@@ -162,21 +162,28 @@ class Making(NamedTuple):
     """The workers' voluntary context switches per batch, None when unknown."""
 
 
+def batches_after_first(ctx: RunContext) -> int:
+    """The batches the loop took after step 0 (start-up): micro-batches when
+    reported, else one per step; at least 1."""
+    mbs = ctx.micro_batches[1:] if len(ctx.micro_batches) == ctx.steps else ()
+    return max(1, sum(max(1, m) for m in mbs) if mbs else ctx.steps - 1)
+
+
 def batch_making(ctx: RunContext) -> Making:
     """Judge from the workers' figures what making one batch costs, at the
-    loop's pace (the mean steady iteration, step 0 left out: the workers
-    deliver one batch per iteration while the loop waits on them): their CPU
-    per batch (cores × workers × iteration) and their voluntary switches per
-    batch. Not cheap when ≥ :data:`WORKER_BLOCKED_SHARE` of their stack
-    samples were in a blocking call, at ≥ :data:`MAKING_WAITS_SWITCHES`
-    switches a batch (the making waits: in the training process the loop
-    would wait that long), or at ≥ :data:`MAKING_CPU_MAX_MS` of CPU a batch;
-    cheap otherwise; unknown (None) without worker figures."""
+    loop's pace (the loop's time per batch, step 0 left out: the workers
+    deliver the batches as the loop takes them): their CPU per batch (cores ×
+    workers × time per batch) and their voluntary switches per batch. Not
+    cheap when ≥ :data:`WORKER_BLOCKED_SHARE` of their stack samples were
+    in a blocking call, at ≥ :data:`MAKING_WAITS_SWITCHES` switches a batch
+    (the making waits: in the training process the loop would wait that
+    long), or at ≥ :data:`MAKING_CPU_MAX_MS` of CPU a batch; cheap
+    otherwise; unknown (None) without worker figures."""
     n = ctx.steps - 1
     pools = [p for p in ctx.worker_pools if p.cores_per_worker is not None]
     if not pools or n <= 0:
         return Making(None, None, None)
-    iteration_s = sum(ctx.iteration_ms[1:]) / n / 1000.0
+    iteration_s = sum(ctx.iteration_ms[1:]) / batches_after_first(ctx) / 1000.0
     cpu = loader_cpu(ctx, 0.0)  # measured workers: their figures, not the stall's
     cpu_ms = (cpu.cores or 0.0) * cpu.workers * iteration_s * 1000.0
     timed = [p for p in pools if p.voluntary is not None and p.span_s]

@@ -192,9 +192,7 @@ def wait_per_batch_ms(ctx: RunContext) -> float:
     """The host's mean loader wait per batch (ms): the loader time of every
     step but step 0 (start-up) over its batches (micro-batches when reported,
     else one per step)."""
-    mbs = ctx.micro_batches[1:] if len(ctx.micro_batches) == ctx.steps else ()
-    batches = sum(max(1, m) for m in mbs) if mbs else ctx.steps - 1
-    return sum(ctx.loader_ms[1:]) / max(1, batches)
+    return sum(ctx.loader_ms[1:]) / loading.batches_after_first(ctx)
 
 
 #: A wait per batch below this multiple of
@@ -316,7 +314,7 @@ def _dataloader_stall(ctx: RunContext, frac: float) -> Insight:
         and making.cheap is True
         and (near_handoff or (making.cpu_ms or 0.0) < per_batch)
     )
-    if near_handoff and making.cheap is None and cpu.busy is None:
+    if near_handoff and making.cheap is None:
         detail += (
             f" The wait per batch ({per_batch:.2f} ms) is about what a batch through a "
             f"worker process costs (~{cost:.1f} ms), but the workers were not measured, "

@@ -5,7 +5,7 @@ from __future__ import annotations
 from gpuprof.insights import run_rules
 from gpuprof.insights.base import LoaderConfig, WorkerPool
 from gpuprof.insights.frames import StackFrame
-from gpuprof.insights.loading import loader_cpu
+from gpuprof.insights.loading import batch_making, loader_cpu
 from gpuprof.insights.steps import dataloader_stall
 
 from .conftest import make_ctx
@@ -234,3 +234,12 @@ def test_build_context_sums_the_workers_voluntary_switches_per_pool():
     rows = [{k: v for k, v in r.items() if k != "ctx_voluntary"} for r in rows]
     ctx = build_context({"run_name": "r", "status": "finished"}, [], workers=rows)
     assert ctx.worker_pools[0].voluntary is None
+
+
+def test_the_making_cost_is_per_batch_with_micro_batches():
+    # 4 micro-batches a step: the workers make 4 batches per 5.55-ms iteration,
+    # 0.3 core x 5 of them: 2.1 ms of CPU a batch, not 8.3
+    pools = (switching(5, 0.3, 1.0, 5.55 / 4),)
+    ctx = tiny(1.35, 4.2, workers=5, worker_pools=pools, micro_batches=(4,) * 64)
+    making = batch_making(ctx)
+    assert round(making.cpu_ms or 0.0, 2) == 2.08 and round(making.switches or 0.0, 1) == 1.0
