@@ -24,8 +24,8 @@ from typing import Any
 from gpuprof.insights.base import (
     RunContext,
     common_unit,
+    folded,
     mean_micro,
-    refines,
     same_shape,
     steady,
 )
@@ -316,7 +316,7 @@ def finding_changes(
         else:
             kind = "changed" if fa.get("severity") != fb.get("severity") else "unchanged"
         out[kind].append(entry)
-    _pair_refined(out)
+    _pair_refined(out, by_a, by_b)
     return out
 
 
@@ -334,16 +334,24 @@ def _history_unless_moved(out: dict[str, list[dict[str, Any]]], r: SpeedRatio) -
         out["history"].extend(own)
 
 
-def _pair_refined(out: dict[str, list[dict[str, Any]]]) -> None:
-    """Move a resolved finding and a new one where one refines the other (A's
-    loader stall, B's CPU-bound loader: the stall is still there, its cause
-    found) to ``changed``, as one entry: ``rule`` B's, ``rule_a`` A's, the
-    label ``loader stall → CPU-bound loader`` (:func:`refines`)."""
+def _pair_refined(
+    out: dict[str, list[dict[str, Any]]],
+    by_a: Mapping[str, Mapping[str, Any]],
+    by_b: Mapping[str, Mapping[str, Any]],
+) -> None:
+    """Move a resolved finding and a new one where one described the other
+    (A's loader stall, B's CPU-bound loader: the stall is still there, its
+    cause found; A's loader starved of CPU, B's host contention: the
+    contention was there, folded into the stall) to ``changed``, as one
+    entry: ``rule`` B's, ``rule_a`` A's, the label ``loader stall →
+    CPU-bound loader`` (:func:`folded`, on the findings *by_a* and *by_b*
+    by rule)."""
     paired_a: set[str] = set()
     paired_b: set[str] = set()
     for a in out["resolved"]:
         for b in out["new"]:
-            if refines(b["rule"], a["rule"]) or refines(a["rule"], b["rule"]):
+            ra, rb = a["rule"], b["rule"]
+            if folded(rb, by_b[rb].get("evidence"), ra) or folded(ra, by_a[ra].get("evidence"), rb):
                 entry = {**a, **b, "rule_a": a["rule"], "label": f"{a['label']} → {b['label']}"}
                 out["changed"].append(entry)
                 paired_a.add(a["rule"])

@@ -107,6 +107,9 @@ class WorkerPool(NamedTuple):
     involuntary_share: float | None = None
     """Share (0-1) of the workers' context switches that were preemptions
     (they wanted the CPU) rather than sleeps or waits; None when unknown."""
+    voluntary: int | None = None
+    """The workers' voluntary context switches (each a sleep, a wait or a
+    blocking read), all workers together; None when unknown."""
 
     @property
     def cores_per_worker(self) -> float | None:
@@ -392,13 +395,22 @@ Rule = Callable[[RunContext], "Insight | None"]
 
 _REGISTRY: dict[str, Rule] = {}
 _SUPERSEDES: dict[str, tuple[str, ...]] = {}
+_FOLDS: dict[str, dict[str, tuple[str, object]]] = {}
 
 
-def rule(name: str, supersedes: tuple[str, ...] = ()) -> Callable[[Rule], Rule]:
+def rule(
+    name: str,
+    supersedes: tuple[str, ...] = (),
+    folds: Mapping[str, tuple[str, object]] | None = None,
+) -> Callable[[Rule], Rule]:
     """Register a rule under *name* (its ``Insight.rule``).
 
     ``supersedes`` names more general rules that this one refines: when this
     one fires they are not reported (a CPU-bound stall is also a stall).
+    ``folds`` maps a superseded rule it does not refine to the evidence
+    (key, value) by which its finding says it described that rule's cause
+    too (a loader starved of CPU: ``{"host_cpu_contention": ("cause",
+    "contention")}``).
     """
 
     def deco(fn: Rule) -> Rule:
@@ -406,6 +418,7 @@ def rule(name: str, supersedes: tuple[str, ...] = ()) -> Callable[[Rule], Rule]:
             raise ValueError(f"rule {name!r} registered twice")
         _REGISTRY[name] = fn
         _SUPERSEDES[name] = supersedes
+        _FOLDS[name] = dict(folds or {})
         return fn
 
     return deco
@@ -421,6 +434,16 @@ def refines(specific: str, general: str) -> bool:
     the first rule it supersedes (a CPU-bound loader stall is a loader
     stall; the host contention it also covers is another finding)."""
     return _SUPERSEDES.get(specific, ())[:1] == (general,)
+
+
+def folded(specific: str, evidence: Mapping[str, Any] | None, general: str) -> bool:
+    """Whether a finding of rule *specific* with *evidence* described rule
+    *general*'s finding too: it refines it (:func:`refines`), or its
+    evidence says it carried that cause (``folds`` of :func:`rule`)."""
+    if refines(specific, general):
+        return True
+    fold = _FOLDS.get(specific, {}).get(general)
+    return fold is not None and evidence is not None and evidence.get(fold[0]) == fold[1]
 
 
 def drop_superseded(found: list[Insight]) -> list[Insight]:

@@ -226,6 +226,7 @@ def _worker_pools(rows: Sequence[Mapping[str, Any]]) -> tuple[WorkerPool, ...]:
             tuple(sorted(pools[seq].items())),
             (spans[seq][1] - spans[seq][0]) / 1e9 if seq in spans else None,
             share(seq),
+            switches[seq][0] if seq in switches else None,
         )
         for seq in sorted(pools)
     )

@@ -134,6 +134,70 @@ def loader_cpu(ctx: RunContext, stall: float) -> LoaderCpu:
     return LoaderCpu(extra >= floor, extra, 0)
 
 
+#: A worker's CPU per batch (ms) at or above which making a batch is no
+#: cheaper than its hand-off (:data:`WORKER_BATCH_COST_MS`): twice that cost,
+#: as the worker's CPU holds its own half of the hand-off (pickling, the
+#: queue). Seen here on the 2-core box, 2026-12-04: a TensorDataset indexed a
+#: batch at a time 0.55-0.96 ms, batches of 2 on a busy host 0.9 ms, a
+#: ``__getitem__`` making 32 random 3 x 32 x 32 images 1.3-2.0 ms.
+MAKING_CPU_MAX_MS = 2.0 * WORKER_BATCH_COST_MS
+#: The workers' voluntary context switches per batch at or above which making
+#: a batch waits (a sleep, storage or network reads): a worker that only
+#: computes switches about once a batch, waiting for its next indices. Seen
+#: here on the 2-core box, 2026-12-04: a TensorDataset indexed a batch at a
+#: time 1.1, batches of 2 on a busy host 1.0, a CPU-bound collate_fn beside a
+#: busy core 6, a ``__getitem__`` sleeping 0.5 ms per sample (32 a batch) 30.
+MAKING_WAITS_SWITCHES = 10.0
+
+
+class Making(NamedTuple):
+    """What the run measured of a batch's making in its workers."""
+
+    cheap: bool | None
+    """True: a batch costs less to make than to hand over from a worker;
+    False: it costs more (or waits); None: the workers were not measured."""
+    cpu_ms: float | None
+    """The workers' CPU per batch (ms), None when unmeasured."""
+    switches: float | None
+    """The workers' voluntary context switches per batch, None when unknown."""
+
+
+def batches_after_first(ctx: RunContext) -> int:
+    """The batches the loop took after step 0 (start-up): micro-batches when
+    reported, else one per step; at least 1."""
+    mbs = ctx.micro_batches[1:] if len(ctx.micro_batches) == ctx.steps else ()
+    return max(1, sum(max(1, m) for m in mbs) if mbs else ctx.steps - 1)
+
+
+def batch_making(ctx: RunContext) -> Making:
+    """Judge from the workers' figures what making one batch costs, at the
+    loop's pace (the loop's time per batch, step 0 left out: the workers
+    deliver the batches as the loop takes them): their CPU per batch (cores ×
+    workers × time per batch) and their voluntary switches per batch. Not
+    cheap when ≥ :data:`WORKER_BLOCKED_SHARE` of their stack samples were
+    in a blocking call, at ≥ :data:`MAKING_WAITS_SWITCHES` switches a batch
+    (the making waits: in the training process the loop would wait that
+    long), or at ≥ :data:`MAKING_CPU_MAX_MS` of CPU a batch; cheap
+    otherwise; unknown (None) without worker figures."""
+    n = ctx.steps - 1
+    pools = [p for p in ctx.worker_pools if p.cores_per_worker is not None]
+    if not pools or n <= 0:
+        return Making(None, None, None)
+    iteration_s = sum(ctx.iteration_ms[1:]) / batches_after_first(ctx) / 1000.0
+    cpu = loader_cpu(ctx, 0.0)  # measured workers: their figures, not the stall's
+    cpu_ms = (cpu.cores or 0.0) * cpu.workers * iteration_s * 1000.0
+    timed = [p for p in pools if p.voluntary is not None and p.span_s]
+    span = sum(p.span_s or 0.0 for p in timed)
+    switches = (
+        sum(p.voluntary or 0 for p in timed) / span * iteration_s if timed and span > 0 else None
+    )
+    blocked = frames.call_share(ctx.stack_frames, frames.BLOCKING_CALLS, source="loader")
+    waits = (blocked is not None and blocked >= WORKER_BLOCKED_SHARE) or (
+        switches is not None and switches >= MAKING_WAITS_SWITCHES
+    )
+    return Making(not waits and cpu_ms < MAKING_CPU_MAX_MS, cpu_ms, switches)
+
+
 def source_saturated(ctx: RunContext) -> bool:
     """True when the host's disk read at a saturated rate (mean > :data:`DISK_BUSY_BPS`
     or > :data:`DISK_BUSY_IOPS`): more requests in flight will not read faster.

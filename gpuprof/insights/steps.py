@@ -192,9 +192,7 @@ def wait_per_batch_ms(ctx: RunContext) -> float:
     """The host's mean loader wait per batch (ms): the loader time of every
     step but step 0 (start-up) over its batches (micro-batches when reported,
     else one per step)."""
-    mbs = ctx.micro_batches[1:] if len(ctx.micro_batches) == ctx.steps else ()
-    batches = sum(max(1, m) for m in mbs) if mbs else ctx.steps - 1
-    return sum(ctx.loader_ms[1:]) / max(1, batches)
+    return sum(ctx.loader_ms[1:]) / loading.batches_after_first(ctx)
 
 
 #: A wait per batch below this multiple of
@@ -300,23 +298,46 @@ def _dataloader_stall(ctx: RunContext, frac: float) -> Insight:
     cfg = loading.main_loader(ctx)
     cost = loading.WORKER_BATCH_COST_MS
     after = ""  # a sentence after the settings
+    near_handoff = (
+        cfg is not None and cfg.num_workers > 0 and per_batch < HANDOFF_WAIT_FACTOR * cost
+    )
+    making = loading.batch_making(ctx)
+    if making.cpu_ms is not None:
+        evidence["making_cpu_ms_per_batch"] = round(making.cpu_ms, 3)
+    if making.switches is not None:
+        evidence["making_switches_per_batch"] = round(making.switches, 1)
+    # num_workers=0 only for batches measured cheaper to make than to hand over:
+    # workers that wait on latency keep that latency off the loop
     handoff = (
         cfg is not None
         and cfg.num_workers > 0
-        and cpu.busy is not True
-        and not workers_top
-        and per_batch < HANDOFF_WAIT_FACTOR * cost
+        and making.cheap is True
+        and (near_handoff or (making.cpu_ms or 0.0) < per_batch)
     )
-    if handoff:  # idle or unmeasured workers, a wait about one hand-off long
+    if near_handoff and making.cheap is None:
+        detail += (
+            f" The wait per batch ({per_batch:.2f} ms) is about what a batch through a "
+            f"worker process costs (~{cost:.1f} ms), but the workers were not measured, "
+            "so what a batch costs to make is not known: if it is cheaper than that, "
+            "num_workers=0 is faster; if it waits (storage, network), more workers are."
+        )
+        fix = "Time one run with num_workers=0 against this one"
+        settings = []
+    elif handoff:  # batches cheap to make, a wait about one hand-off long
         idle = (
             f" Its {cpu.workers} worker(s) sat idle meanwhile ({cpu.cores:.2f} core each), and the"
             if cpu.busy is False and cpu.workers and cpu.cores is not None
             else " The"
         )
+        than = (
+            f"is about what a batch through a worker process costs (~{cost:.1f} ms)"
+            if near_handoff
+            else "is more than the workers' CPU to make one"
+        )
         detail += (
-            f"{idle} wait per batch ({per_batch:.2f} ms) is about what a batch "
-            f"through a worker process costs (~{cost:.1f} ms): the loop waits on the "
-            "hand-off from the workers, not on the loading."
+            f"{idle} wait per batch ({per_batch:.2f} ms) {than}: the loop waits on the "
+            "hand-off from the workers, not on the loading. They made each batch with "
+            f"{making.cpu_ms or 0.0:.2f} ms of CPU and no waits, less than its hand-off costs."
         )
         fix = (
             "Load in the training process (num_workers=0): batches this cheap cost more "
@@ -452,7 +473,11 @@ def _loader_starved(ctx: RunContext) -> tuple[float, float | None] | None:
 
 # A CPU-bound stall is also a stall; when others starve the workers, it is the
 # stall with contention as its cause, so it also carries host_cpu_contention.
-@rule("cpu_bound_dataloader", supersedes=("dataloader_stall", "host_cpu_contention"))
+@rule(
+    "cpu_bound_dataloader",
+    supersedes=("dataloader_stall", "host_cpu_contention"),
+    folds={"host_cpu_contention": ("cause", "contention")},
+)
 def cpu_bound_dataloader(ctx: RunContext) -> Insight | None:
     """Fires on a stall (> :data:`STALL_FRACTION`) of a timed DataLoader (an
     untimed inter-step gap is :func:`dataloader_stall`'s) whose loading burns CPU
@@ -484,6 +509,18 @@ def cpu_bound_dataloader(ctx: RunContext) -> Insight | None:
     per_batch = wait_per_batch_ms(ctx)
     if in_process and per_batch < loading.WORKER_BATCH_COST_MS:
         return None  # cheaper than a worker's hand-off: the stall finding says what helps
+    making = loading.batch_making(ctx)
+    if (
+        not in_process
+        and making.cheap
+        and (
+            per_batch < HANDOFF_WAIT_FACTOR * loading.WORKER_BATCH_COST_MS
+            or (making.cpu_ms or 0.0) < per_batch
+        )
+    ):
+        # batches cheaper to make than to hand over, busy host or not: the
+        # stall finding's hand-off advice is what helps
+        return None
     who = "the loading (num_workers=0) is" if in_process else "the workers are"
     own, ranks = own_cpu_cores(ctx)
     n = ctx.cpu_count
@@ -567,8 +604,7 @@ def cpu_bound_dataloader(ctx: RunContext) -> Insight | None:
     hot = frames.top_frames(ctx.stack_frames, source="loader")
     if hot:
         detail += " " + frames.loader_sentence(hot)
-        if starved is None:
-            fix = f"Make {hot[0].short()} cheaper. {fix}"
+        fix = f"Make {hot[0].short()} cheaper. {fix}"
     return Insight(
         rule="cpu_bound_dataloader",
         severity="HIGH",

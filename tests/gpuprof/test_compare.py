@@ -254,6 +254,26 @@ def test_a_stall_found_cpu_bound_is_changed_not_resolved_and_new():
     assert "resolved" not in out["verdict"] and "new" not in out["verdict"]
 
 
+def test_contention_folded_into_a_starved_loader_is_not_new_nor_resolved():
+    # A: the workers starved of CPU (the contention folded in); B: the stall
+    # fixed, the same busy host left: its contention finding was there in A
+    starved = finding("cpu_bound_dataloader", evidence={"cause": "contention"})
+    got = finding_changes([starved], [finding("host_cpu_contention")])
+    assert got["new"] == [] and got["resolved"] == []
+    assert [(e["rule_a"], e["rule"], e["label"]) for e in got["changed"]] == [
+        ("cpu_bound_dataloader", "host_cpu_contention", "CPU-bound loader → host CPU contention"),
+    ]
+    # the mirror: A's contention, B's stall starved by it
+    back = finding_changes([finding("host_cpu_contention")], [starved])
+    assert back["new"] == [] and back["resolved"] == []
+    assert [e["label"] for e in back["changed"]] == ["host CPU contention → CPU-bound loader"]
+    # a CPU-bound loader of the run's own making told nothing of others' CPU
+    own = finding("cpu_bound_dataloader", evidence={"cause": "own"})
+    other = finding_changes([own], [finding("host_cpu_contention")])
+    assert [e["rule"] for e in other["new"]] == ["host_cpu_contention"]
+    assert [e["rule"] for e in other["resolved"]] == ["cpu_bound_dataloader"]
+
+
 def test_a_regression_between_runs_of_different_names_is_each_runs_own():
     a = [finding("regression", "MED", "30% slower than its last 3 runs"), finding("low_mfu", "MED")]
     b = [finding("low_mfu", "MED")]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from gpuprof.insights import run_rules
 from gpuprof.insights.base import LoaderConfig, WorkerPool
 from gpuprof.insights.frames import StackFrame
-from gpuprof.insights.loading import loader_cpu
+from gpuprof.insights.loading import batch_making, loader_cpu
 from gpuprof.insights.steps import dataloader_stall
 
 from .conftest import make_ctx
@@ -103,10 +103,6 @@ def test_idle_workers_waiting_about_a_hand_off_are_sent_back_in_process():
     assert "sat idle meanwhile (0.05 core each), and the wait per batch (1.00 ms)" in ins.detail
     assert "hand-off from the workers" in ins.detail
     assert ins.fix.startswith("Load in the training process (num_workers=0)")
-    # the workers unmeasured (a 0.2-s run): the wait alone says it
-    ins = dataloader_stall(tiny(1.0, 0.4, workers=2))
-    assert "meanwhile. The wait per batch (1.00 ms) is about what" in ins.detail
-    assert ins.fix.startswith("Load in the training process (num_workers=0)")
     # 20 ms per batch from the same idle workers is a wait worth more workers
     ctx = tiny(20.0, 8.0, workers=2, worker_pools=(pool(0, cores_each=0.05, invol=0.1),))
     ins = dataloader_stall(ctx)  # each batch takes them ~2 x 28 ms: 7 hide it under 8 ms
@@ -148,3 +144,102 @@ def test_in_process_loading_that_computes_stays_cpu_bound():
     assert loader_cpu(ctx, 0.89).busy is True
     assert loader_cpu(sleepy0(0.98), 0.89).busy is True
     assert "cpu_bound_dataloader" in {i.rule for i in run_rules(ctx)}
+
+
+# --- the hand-off advice needs a batch measured cheap to make ---------------------------
+
+
+def switching(workers: int, cores_each: float, per_batch: float, iteration_ms: float):
+    """A pool of *workers* over 10 s at *cores_each*, switching voluntarily
+    *per_batch* times per batch at one batch per *iteration_ms*."""
+    vol = round(per_batch / (iteration_ms / 1000.0) * 10.0)
+    cpu = tuple((w, cores_each * 10.0) for w in range(workers))
+    return WorkerPool(0, cpu, 10.0, 0.05, vol)
+
+
+def test_workers_waiting_on_latency_are_not_sent_back_in_process():
+    # the new user's 5 workers, each __getitem__ sleeping 0.5 ms (32 a batch):
+    # 1.35 ms wait beside a 4.2 ms step, ~30 voluntary switches a batch
+    ctx = tiny(1.35, 4.2, workers=5, worker_pools=(switching(5, 0.07, 30.0, 5.55),))
+    ins = dataloader_stall(ctx)
+    assert "hand-off" not in ins.detail and "num_workers=0" not in ins.fix
+    assert "raise num_workers from 5 to about" in ins.fix
+    assert ins.evidence["making_switches_per_batch"] == 30.0
+
+
+def test_workers_whose_batch_costs_more_cpu_than_a_hand_off_are_not_sent_back():
+    # 0.3 core each x 5 x 5.55 ms: 8.3 ms of CPU a batch, no waits
+    ctx = tiny(1.35, 4.2, workers=5, worker_pools=(switching(5, 0.3, 1.0, 5.55),))
+    assert "num_workers=0" not in dataloader_stall(ctx).fix
+
+
+def test_workers_measured_cheap_are_sent_back_in_process():
+    # a TensorDataset a batch at a time: 1 switch, 0.07 core x 2 x 1.4 ms a batch
+    ctx = tiny(1.0, 0.4, workers=2, worker_pools=(switching(2, 0.07, 1.0, 1.4),))
+    ins = dataloader_stall(ctx)
+    assert ins.fix.startswith("Load in the training process (num_workers=0)")
+    assert ins.evidence["making_cpu_ms_per_batch"] == 0.196
+
+
+def test_unmeasured_workers_are_not_sent_back_in_process():
+    # a 0.2-s run: the wait alone does not say what a batch costs to make
+    ins = dataloader_stall(tiny(1.0, 0.4, workers=2))
+    assert ins.fix == "Time one run with num_workers=0 against this one."
+    assert "the workers were not measured" in ins.detail
+
+
+def test_tiny_batches_on_a_busy_host_get_the_hand_off_not_the_idle_node():
+    # batches of 2 through 2 workers, others holding 1.0 of 2 cores: 1.7 ms
+    # a batch, the workers preempted (busy) yet ~1 switch and 0.9 ms CPU a batch
+    ctx = tiny(
+        1.7,
+        1.4,
+        workers=2,
+        host_cpu_pct=99.7,
+        run_cpu_cores=0.95,
+        worker_pools=(WorkerPool(0, ((0, 1.43), (1, 1.43)), 10.0, 0.7, 3226),),
+    )
+    found = {i.rule: i for i in run_rules(ctx)}
+    assert "cpu_bound_dataloader" not in found
+    assert found["dataloader_stall"].fix.startswith("Load in the training process")
+    assert "(1.70 ms) is more than the workers' CPU to make one" in found["dataloader_stall"].detail
+    assert "with 0.89 ms of CPU and no waits" in found["dataloader_stall"].detail
+    # a CPU-bound collate on the same busy host: still starved, and the frame named
+    hot = (StackFrame("loader", 3, "/w/train.py", 21, "cpu_collate", "math.sin", 200),)
+    ctx = tiny(
+        60.0,
+        20.0,
+        workers=2,
+        host_cpu_pct=99.7,
+        run_cpu_cores=0.9,
+        stack_frames=hot,
+        worker_pools=(WorkerPool(0, ((0, 3.0), (1, 3.0)), 10.0, 0.8, 500),),
+    )
+    found = {i.rule: i for i in run_rules(ctx)}
+    stall = found["cpu_bound_dataloader"]
+    assert "starved of CPU" in stall.title
+    assert stall.fix.startswith("Make math.sin from train.py:21 cheaper. Run on an idle node")
+
+
+def test_build_context_sums_the_workers_voluntary_switches_per_pool():
+    from gpuprof.insights.context import build_context
+
+    rows = [
+        {"loader_seq": 0, "worker_id": w, "pid": 10 + w, "cpu_s": 0.03, "ctx_voluntary": v}
+        | {"ctx_involuntary": 5, "first_mono_ns": 0, "last_mono_ns": 435_000_000}
+        for w, v in enumerate((492, 476))
+    ]
+    ctx = build_context({"run_name": "r", "status": "finished"}, [], workers=rows)
+    assert ctx.worker_pools[0].voluntary == 968
+    rows = [{k: v for k, v in r.items() if k != "ctx_voluntary"} for r in rows]
+    ctx = build_context({"run_name": "r", "status": "finished"}, [], workers=rows)
+    assert ctx.worker_pools[0].voluntary is None
+
+
+def test_the_making_cost_is_per_batch_with_micro_batches():
+    # 4 micro-batches a step: the workers make 4 batches per 5.55-ms iteration,
+    # 0.3 core x 5 of them: 2.1 ms of CPU a batch, not 8.3
+    pools = (switching(5, 0.3, 1.0, 5.55 / 4),)
+    ctx = tiny(1.35, 4.2, workers=5, worker_pools=pools, micro_batches=(4,) * 64)
+    making = batch_making(ctx)
+    assert round(making.cpu_ms or 0.0, 2) == 2.08 and round(making.switches or 0.0, 1) == 1.0
