@@ -31,6 +31,7 @@ _INERT_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn"})
 PHASES = ("loader_wait", "forward", "backward", "comm", "optimizer", "other")
 PHASE_LETTER = {
     "loader_wait": "W",
+    "between_steps": "H",
     "forward": "F",
     "backward": "B",
     "comm": "C",
@@ -39,6 +40,7 @@ PHASE_LETTER = {
 }
 PHASE_LABEL = {
     "loader_wait": "wait",
+    "between_steps": "between",
     "forward": "fwd",
     "backward": "bwd",
     "comm": "comm",
@@ -47,6 +49,7 @@ PHASE_LABEL = {
 }
 PHASE_STYLE = {
     "loader_wait": "red",
+    "between_steps": "yellow",
     "forward": "blue",
     "backward": "cyan",
     "comm": "magenta",
