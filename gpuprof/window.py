@@ -49,7 +49,8 @@ def window_figures(rows: Sequence[Mapping[str, Any]], unit_s: float) -> dict[str
     Returns ``steps`` (timed steps), ``mean`` and ``median`` of the
     iteration (in the rows' unit), ``steps_per_s`` (1 / mean), ``pct`` each
     phase's share of the iteration time (%, ``comm`` None when no step timed
-    a collective), and the counts of rows ``eval``, ``skipped``, ``traced``.
+    a collective, ``between_steps`` None when no step had time between
+    steps outside a timed loader's wait), and the counts of rows ``eval``, ``skipped``, ``traced``.
     Timings and shares are None without a timed step.
     """
     timed = [r for r in rows if not r.get("traced")]
@@ -73,6 +74,7 @@ def window_figures(rows: Sequence[Mapping[str, Any]], unit_s: float) -> dict[str
     out["steps_per_s"] = 1.0 / (avg * unit_s)
     for p in PHASES:
         out["pct"][p] = 100.0 * sum(float(r.get(p) or 0) for r in timed) / total
-    if not any(r.get("comm") for r in timed):
-        out["pct"]["comm"] = None
+    for p in ("comm", "between_steps"):  # a part the loop never had: not "0 %"
+        if not any(r.get(p) for r in timed):
+            out["pct"][p] = None
     return out
