@@ -52,23 +52,47 @@ def _phase(d: Dialect, key: str) -> str:
     return f"COALESCE({d.json_num('phases', key)}, 0)"
 
 
-#: :func:`gpuprof.window.between_steps_ns` of a ``steps`` row in SQL: the
-#: previous step is the run's one with the latest earlier ``t0_ns`` (as
-#: the steps are ordered everywhere), found on the ``(run_id, t0_ns)`` index.
-_GAP = "steps.t0_ns - p.t1_ns - COALESCE(steps.wait_ns, 0) - COALESCE(steps.eval_ns, 0)"
+#: The end of the step before a ``steps`` row: the run's stored step with the
+#: next lower index (a run's steps are recorded in order), found on the
+#: ``(run_id, step)`` index; NULL: none.
+_PREV_T1 = (
+    "(SELECT p.t1_ns FROM steps p WHERE p.run_id = steps.run_id AND p.step < steps.step "
+    "ORDER BY p.step DESC LIMIT 1)"
+)
+#: The same over a scan of a run's steps: the row before's (LAG, by index),
+#: the first row's looked up (one index probe, not one per row).
+_PREV_T1_SCAN = f"COALESCE(LAG(t1_ns) OVER (ORDER BY step), {_PREV_T1})"
+#: :func:`gpuprof.window.between_steps_ns` of a row holding ``prev_t1``.
+_GAP = "s.t0_ns - s.prev_t1 - COALESCE(s.wait_ns, 0) - COALESCE(s.eval_ns, 0)"
 BETWEEN_SQL = (
-    "CASE WHEN COALESCE(steps.explicit, 0) = 0 THEN 0 ELSE COALESCE("
-    f"(SELECT CASE WHEN {_GAP} > 0 THEN {_GAP} ELSE 0 END FROM steps p "
-    "WHERE p.run_id = steps.run_id AND p.t0_ns < steps.t0_ns ORDER BY p.t0_ns DESC LIMIT 1)"
-    ", 0) END"
+    "CASE WHEN COALESCE(s.explicit, 0) = 0 OR s.prev_t1 IS NULL THEN 0 "
+    f"WHEN {_GAP} > 0 THEN {_GAP} ELSE 0 END"
 )
 
 
-def with_between(where: str) -> str:
-    """``steps`` rows matching *where* with their host time between steps as
-    ``between_ns`` (:data:`BETWEEN_SQL`), as a table named ``steps`` for a
-    FROM clause (the previous step is looked up whether *where* holds it or not)."""
-    return f"(SELECT steps.*, {BETWEEN_SQL} AS between_ns FROM steps WHERE {where}) AS steps"
+#: The ``steps`` columns the step series read.
+SERIES_COLUMNS = (
+    "run_id, step, t0_ns, t1_ns, wait_ns, explicit, eval_ns, phases, skipped, "
+    "mem_allocated_bytes, mem_reserved_bytes, traced"
+)
+#: ... and those an iteration alone needs.
+ITER_COLUMNS = "run_id, step, t0_ns, t1_ns, wait_ns, explicit, eval_ns"
+
+
+def with_between(where: str, *, scan: bool = False, columns: str = SERIES_COLUMNS) -> str:
+    """The ended ``steps`` rows matching *where* with their host time
+    between steps as ``between_ns`` (:data:`BETWEEN_SQL`), as a table named
+    ``steps`` for a FROM clause; the step before each is found whether
+    *where* holds it or not. *scan*: the rows are read whole (an aggregate
+    over a window of steps): the step before from the row before; else it
+    is looked up per row returned (a live read of a few rows under a LIMIT).
+    *columns*: those of ``steps`` it holds."""
+    prev = _PREV_T1_SCAN if scan else _PREV_T1
+    return (
+        f"(SELECT s.*, {BETWEEN_SQL} AS between_ns FROM "
+        f"(SELECT {columns}, {prev} AS prev_t1 FROM steps WHERE {where}) s "
+        "WHERE s.t1_ns IS NOT NULL) AS steps"
+    )
 
 
 def step_exprs(d: Dialect) -> dict[str, str]:
@@ -93,7 +117,7 @@ def steps_bucket_sql(d: Dialect) -> str:
     allocated / reserved bytes."""
     e = step_exprs(d)
     phases = ", ".join(f"{_avg(e[p])} AS {p}" for p in CHART_PARTS)
-    where = "run_id = ? AND t0_ns >= ? AND t0_ns < ? AND t1_ns IS NOT NULL AND step > ?"
+    where = "run_id = ? AND t0_ns >= ? AND t0_ns < ? AND step > ?"
     return (
         "SELECT (t0_ns - ?) / ? AS b, MIN(t0_ns) AS t0, MIN(step) AS first_step, "
         f"CAST(COUNT(*) AS BIGINT) AS n, MIN({e['iter']}) AS iter_min, "
@@ -101,7 +125,7 @@ def steps_bucket_sql(d: Dialect) -> str:
         f"{_isum('CASE WHEN COALESCE(eval_ns, 0) > 0 THEN 1 ELSE 0 END')} AS eval_n, "
         f"{_isum('CASE WHEN COALESCE(skipped, 0) != 0 THEN 1 ELSE 0 END')} AS skipped_n, "
         "MAX(mem_allocated_bytes) AS mem_alloc, MAX(mem_reserved_bytes) AS mem_reserved "
-        f"FROM {with_between(where)} GROUP BY b ORDER BY b"
+        f"FROM {with_between(where, scan=True)} GROUP BY b ORDER BY b"
     )
 
 
@@ -174,13 +198,12 @@ def live_rows(
 
 async def prev_t1(db: Reader, run_id: int, got: Sequence[Sequence[Any]]) -> int | None:
     """The end (ns) of the step before the first of *got* (steprows rows, by
-    ``t0``), packed or not: the one with the index before and an earlier
-    ``t0`` (as :data:`BETWEEN_SQL` finds it in a run's steps recorded in
-    order); None: none, or *got* is empty."""
+    ``t0``), packed or not: the one with the index before (as
+    :data:`_PREV_T1` finds it); None: none, or *got* is empty."""
     if not got or got[0][1] is None:
         return None
-    i, t0 = got[0][0], got[0][1]
-    before = await steprows.rows(db, run_id, first_step=i - 1, last_step=i - 1, t0_before=t0)
+    i = got[0][0]
+    before = await steprows.rows(db, run_id, first_step=i - 1, last_step=i - 1)
     return before[-1][2] if before else None
 
 
@@ -535,10 +558,11 @@ def step_index_bucket_sql(d: Dialect) -> str:
     """Steps of ``(k, run_id)`` bucketed by ``step / k``: first step, the
     iteration's mean, min and max (ns)."""
     it = step_exprs(d)["iter"]
-    where = "run_id = ? AND t1_ns IS NOT NULL AND step >= 0"
+    where = "run_id = ? AND step >= 0"
     return (
         f"SELECT step / ? AS b, MIN(step) AS step, {_avg(it)} AS iter_mean, "
-        f"MIN({it}) AS iter_min, MAX({it}) AS iter_max FROM {with_between(where)} "
+        f"MIN({it}) AS iter_min, MAX({it}) AS iter_max "
+        f"FROM {with_between(where, scan=True, columns=ITER_COLUMNS)} "
         "GROUP BY b ORDER BY b"
     )
 
@@ -574,7 +598,7 @@ def _live_step_cols(d: Dialect) -> str:
 def steps_after_sql(d: Dialect) -> str:
     return (
         f"SELECT {_live_step_cols(d)} FROM "
-        f"{with_between('run_id = ? AND step > ? AND t1_ns IS NOT NULL')} ORDER BY step LIMIT ?"
+        f"{with_between('run_id = ? AND step > ?')} ORDER BY step LIMIT ?"
     )
 
 
@@ -600,8 +624,7 @@ async def steps_after(db: Reader, run_id: int, step: int, limit: int) -> list[di
 @functools.cache
 def steps_last_sql(d: Dialect) -> str:
     return (
-        f"SELECT {_live_step_cols(d)} FROM "
-        f"{with_between('run_id = ? AND t1_ns IS NOT NULL')} ORDER BY step DESC LIMIT ?"
+        f"SELECT {_live_step_cols(d)} FROM {with_between('run_id = ?')} ORDER BY step DESC LIMIT ?"
     )
 
 
