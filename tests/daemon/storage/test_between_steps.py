@@ -15,6 +15,7 @@ from gpuprofd.storage.reads import series
 from gpuprofd.storage.reads.steptotals import STEP_BLOCK
 from gpuprofd.storage.upkeep import steppack, steprollup
 from gpuprofd.storage.writes import Store, runsdb
+from gpuprofd.web.series import CHART_PHASES, Buckets, merge_step_rollups
 from tests.daemon.storage.test_backends import open_store, run_row
 
 MS = 1_000_000
@@ -119,7 +120,16 @@ async def test_the_step_rollups_count_it_in_the_iteration(storage_url: str) -> N
     async with open_store(storage_url) as store:
         run_id = await _fill(store)
         await steprollup.roll_pass(store)
-        first = (await steprollup.rollup_rows(store, run_id, T0, _t0(STEPS)))[0]
+        rolled = await steprollup.rollup_rows(store, run_id, T0, _t0(STEPS))
+        first = rolled[0]
         want = [12 * MS + _want_between(i) for i in range(first["n"])]
         assert first["n"] == STEP_BLOCK and first["iter_sum_ns"] == pytest.approx(sum(want))
         assert first["iter_max_ns"] == max(want) and first["iter_min_ns"] == 12 * MS
+        # the chart's whole-run view of the blocks: the part between steps, stacking
+        span = rolled[1]["t0_ns"] - T0  # one block a bucket
+        merged = merge_step_rollups(rolled[:2], Buckets(T0, T0 + 2 * span, 2, span))
+        assert merged[0]["between_steps"] == pytest.approx(sum(want) / STEP_BLOCK - 12 * MS)
+        # steps 5, 10 ... 95 slept
+        assert merged[0]["between_steps"] == pytest.approx(19 * 40 * MS / STEP_BLOCK)
+        for m in merged:
+            assert sum(m[p] for p in CHART_PHASES) == pytest.approx(m["iter_mean"])
