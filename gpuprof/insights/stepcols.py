@@ -89,7 +89,8 @@ class StepColumns:
         this step's start that neither its timed loader wait nor evaluation
         holds (a checkpoint, logging, a ``time.sleep``), ns; 0 for the first
         step, for a step whose wait was not timed (its ``wait`` is already
-        the whole gap) and where the clocks overlap. Steps must be
+        the whole gap) and where the clocks overlap
+        (:func:`gpuprof.window.between_steps_ns` over columns). Steps must be
         consecutive (call before :meth:`take`)."""
         import numpy as np
 

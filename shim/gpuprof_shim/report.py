@@ -10,20 +10,25 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
 from gpuprof.summary import format_summary
+from gpuprof.window import between_steps_ns
 from gpuprof_shim.steps import StepRecord
 
 log = logging.getLogger("gpuprof.shim")
 
-_T0, _T1, _WAIT, _CLEAN = (operator.attrgetter(f) for f in ("t0", "t1", "wait", "clean"))
+_T0, _T1, _WAIT, _CLEAN, _EXPLICIT = (
+    operator.attrgetter(f) for f in ("t0", "t1", "wait", "clean", "explicit")
+)
 
 
 class StepCounter:
-    """Counts emitted steps and their iteration time (loader wait + step,
-    as ``gpuprof.summary`` averages it) for the local summary."""
+    """Counts emitted steps and their iteration time (loader wait + the host
+    time between steps outside a timed loader's wait + step, as
+    ``gpuprof.summary`` averages it) for the local summary."""
 
     def __init__(self) -> None:
         self.steps = 0
         self.total_iteration_ns = 0
+        self._prev_t1: int | None = None  # the last counted step's end, ns
 
     def add(self, iteration_ns: int) -> None:
         self.steps += 1
@@ -32,11 +37,19 @@ class StepCounter:
 
     def add_steps(self, steps: Sequence[StepRecord]) -> None:
         """Count a burst of finished steps."""
+        if not steps:
+            return
         self.steps += len(steps)
         if all(map(_CLEAN, steps)):  # t1 >= t0 and wait >= 0: three sums in C
             total = sum(map(_T1, steps)) - sum(map(_T0, steps)) + sum(map(_WAIT, steps))
         else:
             total = sum(max(0, r.t1 - r.t0 + r.wait) for r in steps)
+        if any(map(_EXPLICIT, steps)):  # a timed loader: the time between steps apart
+            prev = self._prev_t1
+            for r in steps:
+                total += between_steps_ns(prev, r.t0, r.wait, r.eval_ns, r.explicit)
+                prev = r.t1
+        self._prev_t1 = steps[-1].t1
         self.total_iteration_ns += total
 
     @property

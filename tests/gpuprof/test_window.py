@@ -37,3 +37,14 @@ def test_no_timed_step_gives_no_figures() -> None:
         figs = window_figures(rows, unit_s=1e-3)
         assert figs["mean"] is None and figs["steps_per_s"] is None
         assert set(figs["pct"].values()) == {None}
+
+
+def test_the_time_between_steps_has_a_share_only_when_a_step_had_some() -> None:
+    plain = window_figures([row(10, wait=5), row(20, wait=5)], unit_s=1e-3)
+    assert plain["pct"]["between_steps"] is None  # none: not "0 %" beside every run
+    slept = window_figures(
+        [row(10, wait=5), {**row(50, wait=5), "between_steps": 40.0, "forward": 5.0}],
+        unit_s=1e-3,
+    )
+    assert slept["pct"]["between_steps"] == pytest.approx(100 * 40 / 60)
+    assert sum(slept["pct"][p] or 0 for p in PHASES) == pytest.approx(100.0)  # parts add up

@@ -161,3 +161,37 @@ with gpuprof.profile("gan-amp"):
                 disc(gen(torch.randn(256, 8)))
 print("TRAINED")
 """
+
+#: A DataLoader-fed loop that sleeps SLEEP_S every EVERY steps after its
+#: update (the line marked ``# BETWEEN``): host work between the steps.
+BETWEEN_STEPS = r"""
+import sys, time
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+import gpuprof
+
+STEPS, EVERY, SLEEP_S = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+
+class Data(Dataset):
+    def __len__(self): return 10**6
+    def __getitem__(self, i):
+        return torch.full((32,), float(i % 7)), i % 4
+
+torch.manual_seed(0)
+torch.set_num_threads(1)
+model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
+loss_fn = nn.CrossEntropyLoss()
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+loader = DataLoader(Data(), batch_size=16, num_workers=0)
+with gpuprof.profile("between-steps"):
+    for step, (x, y) in enumerate(loader):
+        if step == STEPS:
+            break
+        loss_fn(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+        if step % EVERY == EVERY - 1:
+            time.sleep(SLEEP_S)  # BETWEEN
+print("TRAINED", STEPS)
+"""

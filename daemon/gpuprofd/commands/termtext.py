@@ -21,16 +21,17 @@ from rich.cells import cell_len, set_cell_size
 from rich.text import Text
 
 from gpuprof.summary import speedup_text
+from gpuprof.window import PHASES
 
 #: Unicode categories a terminal may act on (controls, bidi and other format
 #: characters, line and paragraph separators, lone surrogates): shown escaped.
 _INERT_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn"})
 
-#: The phases of an iteration in stacking order, as the live feed keys them,
-#: with the letter and colour each is drawn in.
-PHASES = ("loader_wait", "forward", "backward", "comm", "optimizer", "other")
+#: The letter and colour each phase of an iteration (:data:`gpuprof.window.PHASES`,
+#: in stacking order) is drawn in.
 PHASE_LETTER = {
     "loader_wait": "W",
+    "between_steps": "H",
     "forward": "F",
     "backward": "B",
     "comm": "C",
@@ -39,6 +40,7 @@ PHASE_LETTER = {
 }
 PHASE_LABEL = {
     "loader_wait": "wait",
+    "between_steps": "between",
     "forward": "fwd",
     "backward": "bwd",
     "comm": "comm",
@@ -47,6 +49,7 @@ PHASE_LABEL = {
 }
 PHASE_STYLE = {
     "loader_wait": "red",
+    "between_steps": "yellow",
     "forward": "blue",
     "backward": "cyan",
     "comm": "magenta",
@@ -208,11 +211,12 @@ def phase_bar(pct: Mapping[str, float | None], width: int) -> Text:
 
 def phase_legend(pct: Mapping[str, float | None] | None = None) -> Text:
     """``W wait 42%  F fwd 15% ...``: each phase's letter and name, with its
-    share when *pct* gives one (``comm`` left out when the run timed none)."""
+    share when *pct* gives one (``comm`` and ``between_steps`` left out when
+    the run had none)."""
     out = Text()
     for p in PHASES:
         share = None if pct is None else pct.get(p)
-        if pct is not None and p == "comm" and share is None:
+        if pct is not None and p in ("comm", "between_steps") and share is None:
             continue
         if out:
             out.append("  ")

@@ -343,7 +343,7 @@ def top_frame(
     for h in hosts:
         lines.append(host_line(h, runs, width, many_hosts))
     over = node.get("window_steps") or "few"
-    legend = Text(f"ms/it over the last {over} steps · ", style="dim")
+    legend = Text(f"ms/it, last {over} steps · ", style="dim")
     legend.append_text(phase_legend())
     legend.truncate(width)
     lines.append(legend)

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpuprofd.storage.reads.series import HOST_METRICS, PHASES
+from gpuprofd.storage.reads.series import BETWEEN, CHART_PARTS, HOST_METRICS
 
 #: Buckets per pixel of the requested width: two, so a one-pixel feature is
 #: never split into one half-empty column (the min/max envelope stays closed).
@@ -27,8 +27,9 @@ NS_PER_MS = 1_000_000
 #: cursor time ``t`` covers every sample whose ``t`` rounded to it.
 T_DECIMALS = 4
 T_HALF_ULP_NS = NS_PER_S // 10**T_DECIMALS // 2
-#: The chart phases in stacking order (loader wait first, the rest last).
-CHART_PHASES = ("loader_wait", *PHASES, "other")
+#: The chart phases in stacking order (loader wait and the time between
+#: steps first, the rest last).
+CHART_PHASES = CHART_PARTS
 
 
 @dataclass(frozen=True)
@@ -220,7 +221,7 @@ def merge_step_rollups(rows: Iterable[Mapping[str, Any]], buckets: Buckets) -> l
         cur["iter_max"] = _pick(max, cur["iter_max"], r["iter_max_ns"])
         cur["_iter"] += r["iter_sum_ns"] or 0
         for p in CHART_PHASES:
-            cur[f"_{p}"] += r[f"{p}_sum_ns"] or 0
+            cur[f"_{p}"] += _part_sum(r, p)
         cur["eval_n"] += int(r["eval_n"] or 0)
         cur["skipped_n"] += int(r["skipped_n"] or 0)
         cur["mem_alloc"] = _pick(max, cur["mem_alloc"], r["mem_alloc_max"])
@@ -234,6 +235,17 @@ def merge_step_rollups(rows: Iterable[Mapping[str, Any]], buckets: Buckets) -> l
             cur[p] = cur.pop(f"_{p}") / n
         merged.append(cur)
     return merged
+
+
+def _part_sum(r: Mapping[str, Any], part: str) -> float:
+    """A rollup row's sum of *part* (ns). ``step_rollups`` holds no column for
+    the time between steps: it is what its iteration sum holds beyond the
+    other parts (which stack to wait + step), 0 in a block rolled before the
+    iteration counted it."""
+    if part != BETWEEN or f"{part}_sum_ns" in r:
+        return float(r.get(f"{part}_sum_ns") or 0)
+    rest = sum(float(r.get(f"{p}_sum_ns") or 0) for p in CHART_PHASES if p != BETWEEN)
+    return max(float(r.get("iter_sum_ns") or 0) - rest, 0.0)
 
 
 def bucket_as_rollup(r: Mapping[str, Any]) -> dict[str, Any]:

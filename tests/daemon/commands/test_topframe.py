@@ -37,7 +37,7 @@ GPU NAME                    UTIL   MEMORY GiB   POWER W SM MHz TEMP RUN
   0 NVIDIA H200              41%    1.4/140.4   212/700   1980  38C #7 r0
   1 NVIDIA H200              97%    1.4/140.4   212/700   1980  38C #8 r1
 CPU 2.5 of 16 cores busy: runs 2.1 (#8 0.9, #7 1.2), others 0.4
-ms/it over the last 100 steps · W wait  F fwd  B bwd  C comm  O opt  . other
+ms/it, last 100 steps · W wait  H between  F fwd  B bwd  C comm  O opt  . other
 s sort  r reverse  ↑↓ pick  enter watch  q quit
 """
 

@@ -120,7 +120,7 @@ def test_a_reset_asks_for_new_cursors_and_start_at_skips_the_past() -> None:
 
 def test_fast_loops_group_steps_so_the_chart_moves_at_a_readable_pace() -> None:
     assert [steps_per_column(r) for r in (None, 0.5, 2.0, 3.0, 11.6, 400.0)] == [1, 1, 1, 2, 8, 256]
-    points = [StepPoint(i, T0, 10.0 + i, (10.0 + i, 0, 0, 0, 0, 0)) for i in range(3, 20)]
+    points = [StepPoint(i, T0, 10.0 + i, (10.0 + i, 0, 0, 0, 0, 0, 0)) for i in range(3, 20)]
     cols = chart_columns(points, 80, 4)
     # grouped by step index: 3 | 4-7 | 8-11 | 12-15 | 16-19, so a column keeps its steps
     assert [(c.first, c.n) for c in cols] == [(3, 1), (4, 4), (8, 4), (12, 4), (16, 4)]
@@ -129,8 +129,8 @@ def test_fast_loops_group_steps_so_the_chart_moves_at_a_readable_pace() -> None:
 
 
 def test_one_slow_step_is_clipped_so_the_others_stay_readable() -> None:
-    steady = [StepPoint(i, T0, 100.0, (0, 100.0, 0, 0, 0, 0)) for i in range(1, 10)]
-    slow = StepPoint(0, T0, 3000.0, (0, 0, 0, 0, 0, 3000.0))
+    steady = [StepPoint(i, T0, 100.0, (0, 0, 100.0, 0, 0, 0, 0)) for i in range(1, 10)]
+    slow = StepPoint(0, T0, 3000.0, (0, 0, 0, 0, 0, 0, 3000.0))
     cols = chart_columns([slow, *steady], 80, 1)
     top = chart_top(cols)
     assert top == pytest.approx(250.0)  # 2.5 x the median column, not the 3 s step

@@ -21,6 +21,7 @@ from typing import Any
 
 from gpuprof.comm import COMM_PHASE
 from gpuprof.protocol import DATA_PHASE
+from gpuprof.window import between_steps_ns
 from gpuprofd.sampling import rollup
 from gpuprofd.storage import schema
 from gpuprofd.storage.dialect import Dialect
@@ -28,9 +29,13 @@ from gpuprofd.storage.reader import Reader
 from gpuprofd.storage.reads import samplerows, steprows
 
 #: The phases a step's time splits into on the charts, with ``loader_wait``
-#: (the wait before the step plus the ``data`` phase) first and ``other``
-#: (the step's unlabelled rest) last: they stack to the iteration time.
+#: (the wait before the step plus the ``data`` phase) and ``between_steps``
+#: (:data:`BETWEEN`) first and ``other`` (the step's unlabelled rest) last:
+#: they stack to the iteration time.
 PHASES = ("forward", "backward", COMM_PHASE, "optimizer")
+#: The host time between the previous step's end and a step's start outside
+#: its timed loader wait and evaluation (:func:`gpuprof.window.between_steps_ns`).
+BETWEEN = "between_steps"
 
 _F = "CAST({} AS DOUBLE PRECISION)"
 
@@ -47,13 +52,58 @@ def _phase(d: Dialect, key: str) -> str:
     return f"COALESCE({d.json_num('phases', key)}, 0)"
 
 
+#: The end of the step before a ``steps`` row: the run's stored step with the
+#: next lower index (a run's steps are recorded in order), found on the
+#: ``(run_id, step)`` index; NULL: none.
+_PREV_T1 = (
+    "(SELECT p.t1_ns FROM steps p WHERE p.run_id = steps.run_id AND p.step < steps.step "
+    "ORDER BY p.step DESC LIMIT 1)"
+)
+#: The same over a scan of a run's steps: the row before's (LAG, by index),
+#: the first row's looked up (one index probe, not one per row).
+_PREV_T1_SCAN = f"COALESCE(LAG(t1_ns) OVER (ORDER BY step), {_PREV_T1})"
+#: :func:`gpuprof.window.between_steps_ns` of a row holding ``prev_t1``.
+_GAP = "s.t0_ns - s.prev_t1 - COALESCE(s.wait_ns, 0) - COALESCE(s.eval_ns, 0)"
+BETWEEN_SQL = (
+    "CASE WHEN COALESCE(s.explicit, 0) = 0 OR s.prev_t1 IS NULL THEN 0 "
+    f"WHEN {_GAP} > 0 THEN {_GAP} ELSE 0 END"
+)
+
+
+#: The ``steps`` columns the step series read.
+SERIES_COLUMNS = (
+    "run_id, step, t0_ns, t1_ns, wait_ns, explicit, eval_ns, phases, skipped, "
+    "mem_allocated_bytes, mem_reserved_bytes, traced"
+)
+#: ... and those an iteration alone needs.
+ITER_COLUMNS = "run_id, step, t0_ns, t1_ns, wait_ns, explicit, eval_ns"
+
+
+def with_between(where: str, *, scan: bool = False, columns: str = SERIES_COLUMNS) -> str:
+    """The ended ``steps`` rows matching *where* with their host time
+    between steps as ``between_ns`` (:data:`BETWEEN_SQL`), as a table named
+    ``steps`` for a FROM clause; the step before each is found whether
+    *where* holds it or not. *scan*: the rows are read whole (an aggregate
+    over a window of steps): the step before from the row before; else it
+    is looked up per row returned (a live read of a few rows under a LIMIT).
+    *columns*: those of ``steps`` it holds."""
+    prev = _PREV_T1_SCAN if scan else _PREV_T1
+    return (
+        f"(SELECT s.*, {BETWEEN_SQL} AS between_ns FROM "
+        f"(SELECT {columns}, {prev} AS prev_t1 FROM steps WHERE {where}) s "
+        "WHERE s.t1_ns IS NOT NULL) AS steps"
+    )
+
+
 def step_exprs(d: Dialect) -> dict[str, str]:
-    """Per-step SQL expressions (ns): the iteration, each chart phase, ``other``."""
+    """Per-step SQL expressions (ns): the iteration, each chart phase, ``other``,
+    over rows of :func:`with_between` (``between_ns``)."""
     step = "(t1_ns - t0_ns)"
     named = " + ".join(_phase(d, p) for p in (*PHASES, DATA_PHASE))
     return {
-        "iter": f"(COALESCE(wait_ns, 0) + {step})",
+        "iter": f"(COALESCE(wait_ns, 0) + between_ns + {step})",
         "loader_wait": f"(COALESCE(wait_ns, 0) + {_phase(d, DATA_PHASE)})",
+        BETWEEN: "between_ns",
         **{p: _phase(d, p) for p in PHASES},
         "other": f"CASE WHEN {step} > {named} THEN {step} - ({named}) ELSE 0 END",
     }
@@ -66,7 +116,8 @@ def steps_bucket_sql(d: Dialect) -> str:
     each phase (ns), ``eval_n``, ``skipped_n``, the maximum of torch's
     allocated / reserved bytes."""
     e = step_exprs(d)
-    phases = ", ".join(f"{_avg(e[p])} AS {p}" for p in ("loader_wait", *PHASES, "other"))
+    phases = ", ".join(f"{_avg(e[p])} AS {p}" for p in CHART_PARTS)
+    where = "run_id = ? AND t0_ns >= ? AND t0_ns < ? AND step > ?"
     return (
         "SELECT (t0_ns - ?) / ? AS b, MIN(t0_ns) AS t0, MIN(step) AS first_step, "
         f"CAST(COUNT(*) AS BIGINT) AS n, MIN({e['iter']}) AS iter_min, "
@@ -74,8 +125,7 @@ def steps_bucket_sql(d: Dialect) -> str:
         f"{_isum('CASE WHEN COALESCE(eval_ns, 0) > 0 THEN 1 ELSE 0 END')} AS eval_n, "
         f"{_isum('CASE WHEN COALESCE(skipped, 0) != 0 THEN 1 ELSE 0 END')} AS skipped_n, "
         "MAX(mem_allocated_bytes) AS mem_alloc, MAX(mem_reserved_bytes) AS mem_reserved "
-        "FROM steps WHERE run_id = ? AND t0_ns >= ? AND t0_ns < ? AND t1_ns IS NOT NULL "
-        "AND step > ? GROUP BY b ORDER BY b"
+        f"FROM {with_between(where, scan=True)} GROUP BY b ORDER BY b"
     )
 
 
@@ -97,23 +147,31 @@ async def step_buckets(
         got = await steprows.rows(
             db, run_id, first_step=after_step + 1, t0_from=start, t0_before=hi_ns
         )
-        return _buckets(got, lambda r: (r[1] - lo_ns) // width_ns)
+        prev = await prev_t1(db, run_id, got)
+        return _buckets(got, lambda r: (r[1] - lo_ns) // width_ns, prev)
     params = (lo_ns, width_ns, run_id, start, hi_ns, after_step)
     return [dict(r) for r in await db.fetchall(steps_bucket_sql(db.dialect), params)]
 
 
-def live_row(r: Sequence[Any]) -> dict[str, Any]:
+#: The parts an iteration stacks from, as the rows name them.
+CHART_PARTS = ("loader_wait", BETWEEN, *PHASES, "other")
+
+
+def live_row(r: Sequence[Any], prev_t1: int | None = None) -> dict[str, Any]:
     """A :mod:`~gpuprofd.storage.reads.steprows` row as :func:`steps_after`'s
-    rows (:func:`step_exprs` worked out in Python)."""
+    rows (:func:`step_exprs` worked out in Python); *prev_t1*: the previous
+    step's end (ns; None: none), for its time between steps."""
     ph = r[6] or {}
     wait = r[3] or 0
     step = r[2] - r[1]
+    between = between_steps_ns(prev_t1, r[1], wait, r[8], bool(r[4]))
     named = sum(float(ph.get(p) or 0) for p in (*PHASES, DATA_PHASE))
     return {
         "step": r[0],
         "t0_ns": r[1],
-        "iter": wait + step,
+        "iter": wait + between + step,
         "loader_wait": wait + float(ph.get(DATA_PHASE) or 0),
+        BETWEEN: between,
         **{p: float(ph.get(p) or 0) for p in PHASES},
         "other": step - named if step > named else 0,
         "eval_ns": r[8],
@@ -124,20 +182,47 @@ def live_row(r: Sequence[Any]) -> dict[str, Any]:
     }
 
 
-def _buckets(
-    got: Sequence[Sequence[Any]], key: Callable[[Sequence[Any]], int]
-) -> list[dict[str, Any]]:
-    """Ended steps (:mod:`~gpuprofd.storage.reads.steprows` rows) bucketed by
-    *key* as :func:`steps_bucket_sql` buckets them (and
-    :func:`step_index_bucket_sql`'s columns), by bucket."""
-    held: dict[int, list[Sequence[Any]]] = {}
+def live_rows(
+    got: Sequence[Sequence[Any]], prev_t1: int | None = None
+) -> list[tuple[Sequence[Any], dict[str, Any]]]:
+    """Each ended step of *got* (steprows rows, by ``t0``) with its
+    :func:`live_row`, the time between steps from the step before it in
+    *got* (the first: from *prev_t1*, ns)."""
+    out = []
     for r in got:
         if r[2] is not None:
-            held.setdefault(key(r), []).append(r)
+            out.append((r, live_row(r, prev_t1)))
+        prev_t1 = r[2]
+    return out
+
+
+async def prev_t1(db: Reader, run_id: int, got: Sequence[Sequence[Any]]) -> int | None:
+    """The end (ns) of the step before the first of *got* (steprows rows, by
+    ``t0``), packed or not: the one with the index before (as
+    :data:`_PREV_T1` finds it); None: none, or *got* is empty."""
+    if not got or got[0][1] is None:
+        return None
+    i = got[0][0]
+    before = await steprows.rows(db, run_id, first_step=i - 1, last_step=i - 1)
+    return before[-1][2] if before else None
+
+
+def _buckets(
+    got: Sequence[Sequence[Any]],
+    key: Callable[[Sequence[Any]], int],
+    prev: int | None = None,
+) -> list[dict[str, Any]]:
+    """Ended steps (:mod:`~gpuprofd.storage.reads.steprows` rows, by ``t0``)
+    bucketed by *key* as :func:`steps_bucket_sql` buckets them (and
+    :func:`step_index_bucket_sql`'s columns), by bucket; *prev*: the end of
+    the step before the first (ns)."""
+    held: dict[int, list[tuple[Sequence[Any], dict[str, Any]]]] = {}
+    for r, x in live_rows(got, prev):
+        held.setdefault(key(r), []).append((r, x))
     out = []
     for b in sorted(held):
-        rows = held[b]
-        live = [live_row(r) for r in rows]
+        rows = [r for r, _ in held[b]]
+        live = [x for _, x in held[b]]
         its = [x["iter"] for x in live]
         allocs = [r[10] for r in rows if r[10] is not None]
         resvs = [r[11] for r in rows if r[11] is not None]
@@ -150,7 +235,7 @@ def _buckets(
                 "iter_min": min(its),
                 "iter_mean": _fmean(its),
                 "iter_max": max(its),
-                **{p: _fmean(x[p] for x in live) for p in ("loader_wait", *PHASES, "other")},
+                **{p: _fmean(x[p] for x in live) for p in CHART_PARTS},
                 "eval_n": sum(1 for r in rows if (r[8] or 0) > 0),
                 "skipped_n": sum(1 for r in rows if (r[7] or 0) != 0),
                 "mem_alloc": max(allocs, default=None),
@@ -473,10 +558,12 @@ def step_index_bucket_sql(d: Dialect) -> str:
     """Steps of ``(k, run_id)`` bucketed by ``step / k``: first step, the
     iteration's mean, min and max (ns)."""
     it = step_exprs(d)["iter"]
+    where = "run_id = ? AND step >= 0"
     return (
         f"SELECT step / ? AS b, MIN(step) AS step, {_avg(it)} AS iter_mean, "
-        f"MIN({it}) AS iter_min, MAX({it}) AS iter_max FROM steps "
-        "WHERE run_id = ? AND t1_ns IS NOT NULL AND step >= 0 GROUP BY b ORDER BY b"
+        f"MIN({it}) AS iter_min, MAX({it}) AS iter_max "
+        f"FROM {with_between(where, scan=True, columns=ITER_COLUMNS)} "
+        "GROUP BY b ORDER BY b"
     )
 
 
@@ -500,7 +587,7 @@ def _live_step_cols(d: Dialect) -> str:
     """A live step row's columns: index, start, iteration and each chart phase
     (ns), evaluation before it, skipped update, torch's memory, traced."""
     e = step_exprs(d)
-    cols = ", ".join(f"{e[p]} AS {p}" for p in ("loader_wait", *PHASES, "other"))
+    cols = ", ".join(f"{e[p]} AS {p}" for p in CHART_PARTS)
     return (
         f"step, t0_ns, {e['iter']} AS iter, {cols}, eval_ns, skipped, "
         "mem_allocated_bytes, mem_reserved_bytes, traced"
@@ -510,8 +597,8 @@ def _live_step_cols(d: Dialect) -> str:
 @functools.cache
 def steps_after_sql(d: Dialect) -> str:
     return (
-        f"SELECT {_live_step_cols(d)} FROM steps "
-        "WHERE run_id = ? AND step > ? AND t1_ns IS NOT NULL ORDER BY step LIMIT ?"
+        f"SELECT {_live_step_cols(d)} FROM "
+        f"{with_between('run_id = ? AND step > ?')} ORDER BY step LIMIT ?"
     )
 
 
@@ -522,16 +609,14 @@ async def steps_after(db: Reader, run_id: int, step: int, limit: int) -> list[di
         top = await steprows.max_step(db, run_id) or step
         span = max(limit, 1)
         while True:  # at a time, wider while gaps in the indices leave it short
-            got = [
-                r
-                for r in await steprows.rows(db, run_id, first_step=step + 1, last_step=step + span)
-                if r[2] is not None
-            ]
+            # from the cursor's own step: the first new step's time between steps
+            raw = await steprows.rows(db, run_id, first_step=step, last_step=step + span)
+            got = [(r, x) for r, x in live_rows(raw) if r[0] > step]
             if len(got) >= limit or step + span >= top:
                 break
             span *= 4
-        got.sort(key=lambda r: r[0])
-        return [live_row(r) for r in got[:limit]]
+        got.sort(key=lambda rx: rx[0][0])
+        return [x for _, x in got[:limit]]
     sql = steps_after_sql(db.dialect)
     return [dict(r) for r in await db.fetchall(sql, (run_id, step, limit))]
 
@@ -539,8 +624,7 @@ async def steps_after(db: Reader, run_id: int, step: int, limit: int) -> list[di
 @functools.cache
 def steps_last_sql(d: Dialect) -> str:
     return (
-        f"SELECT {_live_step_cols(d)} FROM steps "
-        "WHERE run_id = ? AND t1_ns IS NOT NULL ORDER BY step DESC LIMIT ?"
+        f"SELECT {_live_step_cols(d)} FROM {with_between('run_id = ?')} ORDER BY step DESC LIMIT ?"
     )
 
 
@@ -548,8 +632,8 @@ async def steps_last(db: Reader, run_id: int, limit: int) -> list[dict[str, Any]
     """The run's last *limit* ended steps (as :func:`steps_after`'s rows), by
     index: the ``(run_id, step)`` index read backwards."""
     if await steprows.packed_end(db, run_id) is not None:
-        got = await steprows.last_rows(db, run_id, limit * 2, by_step=True)
-        return [live_row(r) for r in got if r[2] is not None][-limit:]
+        got = await steprows.last_rows(db, run_id, limit * 2 + 1, by_step=True)
+        return [x for _, x in live_rows(got)][-limit:]
     rows = await db.fetchall(steps_last_sql(db.dialect), (run_id, limit))
     return [dict(r) for r in reversed(rows)]
 

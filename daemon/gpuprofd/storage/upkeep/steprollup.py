@@ -55,8 +55,8 @@ def roll_sql(d: Dialect) -> str:
         f"COUNT(*), MIN({e['iter']}), MAX({e['iter']}), {sums}, "
         "SUM(CASE WHEN COALESCE(eval_ns, 0) > 0 THEN 1 ELSE 0 END), "
         "SUM(CASE WHEN COALESCE(skipped, 0) != 0 THEN 1 ELSE 0 END), "
-        "MAX(mem_allocated_bytes), MAX(mem_reserved_bytes) FROM steps "
-        "WHERE run_id = ? AND step >= ? AND step < ? AND t1_ns IS NOT NULL "
+        "MAX(mem_allocated_bytes), MAX(mem_reserved_bytes) FROM "
+        f"{series.with_between('run_id = ? AND step >= ? AND step < ?', scan=True)} "
         f"GROUP BY run_id, step / {STEP_BLOCK} "
         "ON CONFLICT (run_id, block) DO NOTHING"
     )

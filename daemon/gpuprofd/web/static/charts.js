@@ -30,6 +30,7 @@ export function palette() {
     series: [1, 2, 3, 4, 5, 6, 7, 8].map((i) => cssVar(`--c${i}`, "#1f77b4")),
     phase: {
       loader_wait: cssVar("--ph-wait", "#d62728"),
+      between_steps: cssVar("--ph-between", "#bcbd22"),
       forward: cssVar("--ph-fwd", "#1f77b4"),
       backward: cssVar("--ph-bwd", "#2ca02c"),
       comm: cssVar("--ph-comm", "#9467bd"),

@@ -172,10 +172,12 @@ export function render(root, { ids: asked }) {
         line("MFU", (r) => (r.run.mfu === null || r.run.mfu === undefined ? DASH : ratioPct(r.run.mfu))),
         line("GPUs", (r) => String(r.run.gpus?.length ?? 0)),
       ));
-    const maxPhase = Math.max(1e-9, ...runs.flatMap((r) => PHASES.map(([k]) => r.phases_ms?.[k] ?? 0)));
+    // a part no run's figures hold (the time between steps) is left out
+    const parts = PHASES.filter(([k]) => k !== "between_steps" || runs.some((r) => r.phases_ms?.[k] != null));
+    const maxPhase = Math.max(1e-9, ...runs.flatMap((r) => parts.map(([k]) => r.phases_ms?.[k] ?? 0)));
     const phases = h("table", { class: "compare", id: "compare-phases" },
       h("thead", {}, h("tr", {}, h("th", {}, "mean ms per step"), runs.map((r) => headCell(r, false)))),
-      h("tbody", {}, PHASES.map(([k, label]) => h("tr", {},
+      h("tbody", {}, parts.map(([k, label]) => h("tr", {},
         h("th", { scope: "row" }, h("span", { class: "swatch", style: { background: pal.phase[k] } }), label),
         runs.map((r) => {
           const v = r.phases_ms?.[k];

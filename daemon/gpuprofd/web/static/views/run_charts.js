@@ -7,6 +7,7 @@ import { bps, bytes, bytesOnAxis, DASH, int, num } from "../format.js";
 
 export const PHASES = [
   ["loader_wait", "loader wait"],
+  ["between_steps", "between steps"],
   ["forward", "forward"],
   ["backward", "backward"],
   ["comm", "comm"],
