@@ -111,7 +111,7 @@ Columns (each in full, and every --format json field: {DOCS_PAGE}):
   GROUP RANK      a run's group (first {GROUP_CHARS} characters) and global rank
   STEPS           steps recorded
   MICRO           micro-batches per step (gradient accumulation)
-  MEDIAN_STEP_MS  median of loader wait + step, warm-up steps excluded
+  MEDIAN_STEP_MS  median of wait + time between steps + step, warm-up excluded
   WAIT%           loader wait: the shares of iteration time add up to 100
   FWD% BWD% OPT%  forward, backward, optimizer
   COMM%           collectives not hidden under backward

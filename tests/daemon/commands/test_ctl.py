@@ -257,7 +257,7 @@ def test_the_commands_page_explains_the_runs_columns() -> None:
 
     columns = _table_rows(_page_section("### Columns"))
     assert columns["MEDIAN_STEP_MS"].startswith(
-        "steady-state median iteration time: median of loader wait + step, "
+        "steady-state median iteration time: median of loader wait + time between steps + step, "
         f"warm-up steps excluded (the first {WARMUP_STEPS} when the run has more than "
         f"{2 * WARMUP_STEPS})"
     )
