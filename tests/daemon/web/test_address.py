@@ -94,11 +94,18 @@ def test_the_default_port_taken_falls_back_to_a_free_one(
 ) -> None:
     held = socket.socket()
     try:
-        try:
-            held.bind(("127.0.0.1", address.DEFAULT_PORT))
-            held.listen()
-        except OSError:
-            pass  # another program holds it already: taken all the same
+        # hold the port; while another program holds it, try again: a holder
+        # that lets go before the daemon starts would hand the daemon the port
+        deadline = time.monotonic() + 5
+        while True:
+            try:
+                held.bind(("127.0.0.1", address.DEFAULT_PORT))
+                held.listen()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    break  # held all along by another program: taken all the same
+                time.sleep(0.05)
         proc, client = daemons.start_ready(sock_dir, tmp_path / "g.db")
         url = client.ping(2.0)["dashboard_url"]
     finally:
