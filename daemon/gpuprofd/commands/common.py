@@ -12,8 +12,8 @@ import orjson
 
 from gpuprof import config
 from gpuprofd.core.errors import BadInputError
+from gpuprofd.storage import unreadable
 from gpuprofd.storage.reader import Reader, open_reader
-from gpuprofd.storage.textcells import UndecodedCells
 from gpuprofd.views.compare import run_ref
 
 T = TypeVar("T")
@@ -153,24 +153,19 @@ def resolve_target(db: Path | str | None, storage_url: str | None) -> Path | str
 
 def read_with(target: Path | str, reads: Callable[[Reader], Awaitable[T]]) -> T:
     """*reads* run on a :class:`Reader` of *target* (a path or storage URL,
-    :func:`gpuprofd.storage.reader.open_reader`), closed after; text cells
-    that are not UTF-8 (shown with U+FFFD) are counted on stderr."""
-    undecoded = UndecodedCells()
+    :func:`gpuprofd.storage.reader.open_reader`), closed after; the values
+    it could not decode (:mod:`gpuprofd.storage.unreadable`: shown with
+    U+FFFD, empty or left out) are said on stderr, a line per kind."""
 
-    async def main() -> tuple[T, str]:
-        async with open_reader(target, undecoded) as reader:
-            return await reads(reader), reader.where
+    async def main() -> T:
+        async with open_reader(target) as reader:
+            lost.where = reader.where
+            return await reads(reader)
 
-    got, where = asyncio.run(main())
-    if undecoded:
-        n = len(undecoded)
-        click.echo(
-            f"gpuprofctl: warning: {n} text cell{'' if n == 1 else 's'} in {where} "
-            f"{'is' if n == 1 else 'are'} not UTF-8 ({undecoded.describe()}): shown with \ufffd "
-            "in place of the bytes that are not; they were written outside gpuprof, or the "
-            "file is damaged",
-            err=True,
-        )
+    with unreadable.collecting() as lost:
+        got = asyncio.run(main())
+    for note in lost.notes():
+        click.echo(f"gpuprofctl: warning: {note}", err=True)
     return got
 
 

@@ -73,12 +73,15 @@ def pack(rows: Sequence[Sequence[int | None]]) -> bytes:
     return bytes([FORMAT]) + zlib.compress(to_planes(deltas), 6)
 
 
-def unpack(packed: bytes) -> np.ndarray:
+def unpack(packed: Any) -> np.ndarray:
     """The rows :func:`pack` was given, as an int64 array (buckets, 4): NULL is -1.
 
     Raises:
-        PackError: not a packed value of this format.
+        PackError: not a packed value of this format (nor bytes at all).
     """
+    if not isinstance(packed, bytes | bytearray | memoryview):
+        raise PackError(f"not a packed bucket value (a {type(packed).__name__})")
+    packed = bytes(packed)
     if not packed or packed[0] != FORMAT:
         raise PackError(f"not a packed bucket value (format {packed[:1]!r})")
     try:
@@ -124,9 +127,18 @@ def bucket_rows(stored: Iterable[Sequence[Any]]) -> list[tuple[int | None, ...]]
     """
     out: list[tuple[int | None, ...]] = []
     for step, packed in stored:
-        a = unpack(bytes(packed))
-        cols: list[list[Any]] = a.T.tolist()
-        if (a == _NULL).any():
-            cols = [[None if v == _NULL else v for v in c] for c in cols]
-        out.extend(zip(repeat(step, len(a)), *cols, strict=True))
+        out.extend(step_buckets(step, packed))
     return out
+
+
+def step_buckets(step: int, packed: Any) -> list[tuple[int | None, ...]]:
+    """:func:`bucket_rows` of one ``comm_steps`` row.
+
+    Raises:
+        PackError: a ``packed`` value this code cannot read.
+    """
+    a = unpack(packed)
+    cols: list[list[Any]] = a.T.tolist()
+    if (a == _NULL).any():
+        cols = [[None if v == _NULL else v for v in c] for c in cols]
+    return list(zip(repeat(step, len(a)), *cols, strict=True))

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from gpuprofd.storage.dialect import Dialect
-from gpuprofd.storage.textcells import UndecodedCells
 from gpuprofd.storage.url import parse as parse_url
 
 Row = Mapping[str, Any]
@@ -52,13 +51,11 @@ class Reader(Protocol):
 
 
 @contextlib.asynccontextmanager
-async def open_reader(
-    target: str | Path, undecoded: UndecodedCells | None = None
-) -> AsyncIterator[Reader]:
+async def open_reader(target: str | Path) -> AsyncIterator[Reader]:
     """A :class:`Reader` of *target* (a storage URL or a file path,
-    :func:`gpuprofd.storage.url.parse`), closed on exit. A file's text cells
-    that are not UTF-8 read with U+FFFD and are noted in *undecoded*
-    (:mod:`gpuprofd.storage.textcells`; a Postgres database holds none).
+    :func:`gpuprofd.storage.url.parse`), closed on exit. What it cannot
+    decode is counted in the read in progress
+    (:func:`gpuprofd.storage.unreadable.collecting`).
 
     Raises:
         DatabaseError: missing, not a gpuprof database, too new, or unreachable.
@@ -68,7 +65,7 @@ async def open_reader(
     if url.path is not None:
         from gpuprofd.storage.sqlite import SqliteFileReader, open_ro
 
-        reader = SqliteFileReader(open_ro(url.path), url.path, undecoded)
+        reader = SqliteFileReader(open_ro(url.path), url.path)
     else:
         from gpuprofd.storage.postgres import PostgresReader
 

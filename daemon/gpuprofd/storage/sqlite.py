@@ -27,9 +27,8 @@ from urllib.parse import quote
 import aiosqlite
 
 from gpuprofd.core.errors import DatabaseError
-from gpuprofd.storage import filecheck, schema, textcells
+from gpuprofd.storage import filecheck, schema, textcells, unreadable
 from gpuprofd.storage.dialect import SQLITE, Dialect
-from gpuprofd.storage.textcells import UndecodedCells
 
 MISSING_HINT = "run a script under gpuprof.profile() first, or pass the path"
 
@@ -48,7 +47,7 @@ def open_ro(path: Path) -> sqlite3.Connection:
         conn = connect_ro(path)
     except sqlite3.Error as exc:
         raise DatabaseError(f"cannot open {path} ({exc})") from None
-    conn.row_factory = sqlite3.Row
+    conn.row_factory = textcells.row
     try:
         version = schema.check_connection(conn, path)
         if not version:
@@ -112,20 +111,17 @@ class SqliteFileReader:
     (its job's CPU, its GPU rollups) are summed while its steps are turned
     into Python objects. At most :data:`MAX_CONNECTIONS` are open.
 
-    Text that is not UTF-8 reads with U+FFFD (:mod:`gpuprofd.storage.textcells`);
-    with *undecoded*, the cells are noted there."""
+    Text that is not UTF-8 reads with U+FFFD (:mod:`gpuprofd.storage.textcells`),
+    noted in the read in progress (:func:`gpuprofd.storage.unreadable.note_rows`)."""
 
     dialect: Dialect = SQLITE
     #: Connections open at most: the queries one context build overlaps.
     MAX_CONNECTIONS = 4
 
-    def __init__(
-        self, conn: sqlite3.Connection, path: Path, undecoded: UndecodedCells | None = None
-    ) -> None:
+    def __init__(self, conn: sqlite3.Connection, path: Path) -> None:
         self.conn = conn
         self.path = path
         self.where = str(path.absolute())
-        self.undecoded = undecoded
         self._free: list[sqlite3.Connection] = [conn]
         self._opened = 1
         self._ready = asyncio.Condition()
@@ -164,11 +160,12 @@ class SqliteFileReader:
         conn = await self._take()
         seen = textcells.seen()
         try:
-            rows = await asyncio.to_thread(_fetchall, conn, self.where, sql, tuple(params), tuples)
+            rows, names = await asyncio.to_thread(
+                _fetchall, conn, self.where, sql, tuple(params), tuples
+            )
         finally:
             await self._give(conn)
-        if self.undecoded is not None and textcells.may_hold(rows, seen):
-            self.undecoded.add(rows)
+        unreadable.note_rows(rows, seen, lambda: names)
         return rows
 
     async def close(self) -> None:
@@ -177,10 +174,16 @@ class SqliteFileReader:
         self._free = []
 
 
+def _names(description: Any) -> list[str]:
+    """The column names of a cursor's ``description``."""
+    return [d[0] for d in description or ()]
+
+
 def _fetchall(
     conn: sqlite3.Connection, where: str, sql: str, params: tuple[Any, ...], tuples: bool
-) -> list[Any]:
-    """Rows of *sql*: ``sqlite3.Row`` objects, or plain tuples with *tuples*.
+) -> tuple[list[Any], list[str]]:
+    """Rows of *sql* (``sqlite3.Row`` objects, or plain tuples with
+    *tuples*) and its column names.
 
     Raises:
         DatabaseError: the file at *where* is damaged, or lacks what *sql* reads.
@@ -189,7 +192,8 @@ def _fetchall(
         cur = conn.cursor()
         if tuples:
             cur.row_factory = None
-        return cur.execute(sql, params).fetchall()
+        rows = cur.execute(sql, params).fetchall()
+        return rows, _names(cur.description)
     except sqlite3.DatabaseError as exc:
         if filecheck.is_damage(exc):
             raise filecheck.damaged(Path(where), str(exc)) from None
@@ -226,7 +230,7 @@ class SqliteWriter:
             raise
         try:
             textcells.tolerant(read)
-            read.row_factory = aiosqlite.Row
+            read.row_factory = textcells.row
             await read.execute("PRAGMA busy_timeout=5000")
             await read.execute("PRAGMA query_only=ON")
             st = os.stat(path)
@@ -277,15 +281,24 @@ class SqliteWriter:
             return list(await cur.fetchall())
 
     async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        """Rows of *sql*; text that is not UTF-8 noted in the read in
+        progress (:func:`gpuprofd.storage.unreadable.note_rows`)."""
+        seen = textcells.seen()
         async with self.read.execute(sql, params) as cur:
-            return list(await cur.fetchall())
+            rows = list(await cur.fetchall())
+        unreadable.note_rows(rows, seen)
+        return rows
 
     async def fetchtuples(self, sql: str, params: Sequence[Any] = ()) -> list[Sequence[Any]]:
-        """Rows of *sql* as plain tuples (no ``Row`` made per row)."""
+        """Rows of *sql* as plain tuples (no ``Row`` made per row), noted as
+        :meth:`fetchall`'s."""
+        seen = textcells.seen()
         async with self.read.cursor() as cur:
             cur.row_factory = None
             await cur.execute(sql, params)
-            return list(await cur.fetchall())
+            rows = list(await cur.fetchall())
+            unreadable.note_rows(rows, seen, lambda: _names(cur.description))
+        return rows
 
     async def close(self) -> None:
         for conn in (self.read, self.write):

@@ -105,18 +105,27 @@ class Columns:
     integer objects (then :attr:`phases` is empty)."""
 
     @classmethod
-    def from_rows(cls, rows: Sequence[Sequence[Any]]) -> Columns:
-        """Rows in :data:`COLUMNS`' order, ``phases`` as its JSON text.
+    def from_rows(
+        cls,
+        rows: Sequence[Sequence[Any]],
+        phases: Callable[[Sequence[Any]], list[Any]] | None = None,
+    ) -> Columns:
+        """Rows in :data:`COLUMNS`' order, ``phases`` as its JSON text, each
+        parsed by ``orjson.loads`` or, given, by *phases* (the column's
+        texts -> their values, None where NULL).
 
         Raises:
-            ValueError: a ``phases`` text is not JSON.
+            ValueError: a ``phases`` text is not JSON (without *phases*).
         """
         n = len(rows)
         cols = list(zip(*rows, strict=True)) if rows else [()] * len(COLUMNS)
         out = cls(n)
         for name, values in zip(COLUMNS, cols, strict=True):
             if name == "phases":
-                out._set_phases([None if t is None else orjson.loads(t) for t in values])
+                if phases is not None:
+                    out._set_phases(phases(values))
+                else:
+                    out._set_phases([None if t is None else orjson.loads(t) for t in values])
                 continue
             got = None if name == "optimizers" else int64_column(values)
             if got is None:
@@ -126,6 +135,11 @@ class Columns:
                 if got[1] is not None:
                     out.nulls[name] = got[1]
         return out
+
+    def set_phases(self, dicts: list[Any]) -> None:
+        """Replace the ``phases`` with *dicts* (one per row, None: NULL)."""
+        self.phases, self.has_phase, self.phase_dicts = {}, {}, None
+        self._set_phases(dicts)
 
     def _set_phases(self, dicts: list[Any]) -> None:
         n = self.n

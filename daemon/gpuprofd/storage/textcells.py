@@ -9,10 +9,14 @@ instead (:func:`tolerant`): bytes that are not UTF-8 become U+FFFD, and the
 value is an :class:`Undecodable`, so a reader can count the cells and name
 their runs (:class:`UndecodedCells`).
 
-A BLOB written into a text column comes back as ``bytes`` (``sqlite3`` has
-no per-column hook that keeps ``''`` apart from NULL): the ``runs`` table,
-which has no BLOB column, turns them into text where its rows are read
-(:func:`as_text` in :func:`gpuprofd.storage.reads.queries.run_from_row`).
+A BLOB written into a text column comes back as ``bytes`` (``sqlite3``'s
+converters, its only hook for BLOBs, read ``''`` as None): the rows of
+gpuprof's readers (:func:`row`, their row factory) read it as text the same
+way, in every column but those gpuprof stores BLOBs in
+(:data:`BLOB_COLUMNS`). Rows read as plain tuples (``fetchtuples``: the bulk
+reads of steps and samples, no object made per row) keep a BLOB as ``bytes``:
+their text columns are JSON cells, which
+:func:`gpuprofd.storage.unreadable.json_cell` reads from bytes as from text.
 
 Postgres needs none of this: a UTF8 database (the usual encoding) refuses
 such bytes when they are written (``invalid byte sequence for encoding
@@ -51,9 +55,23 @@ def decode(data: bytes) -> str:
         return Undecodable(data.decode(errors="replace"))
 
 
-def as_text(value: Any) -> Any:
-    """*value*, or the text of a BLOB (:func:`decode`): a text column's cell."""
-    return decode(value) if isinstance(value, bytes) else value
+#: The columns gpuprof stores BLOBs in, by name (packed steps, samples and
+#: gradient buckets: ``storage/schema.py``); a BLOB in any other is text.
+BLOB_COLUMNS = frozenset({"data", "packed"})
+_BYTES = frozenset({bytes})
+
+
+def row(cursor: sqlite3.Cursor, values: tuple[Any, ...]) -> sqlite3.Row:
+    """A ``sqlite3.Row`` of *values* (a connection's ``row_factory``), a
+    BLOB in a column not in :data:`BLOB_COLUMNS` as text (:func:`decode`)."""
+    if _BYTES.isdisjoint(map(type, values)):  # one pass in C: most rows hold none
+        return sqlite3.Row(cursor, values)
+    names = [d[0] for d in cursor.description]
+    values = tuple(
+        decode(v) if type(v) is bytes and n not in BLOB_COLUMNS else v
+        for n, v in zip(names, values, strict=True)
+    )
+    return sqlite3.Row(cursor, values)
 
 
 def seen() -> int:
@@ -82,18 +100,8 @@ def _is_runs(keys: list[str]) -> bool:
 
 def may_hold(rows: list[Any], seen_before: int) -> bool:
     """Can *rows*, read since :func:`seen` was *seen_before*, hold cells to
-    count: an :class:`Undecodable` was made since, or they are ``runs`` rows
-    (a BLOB there is a text cell)."""
-    if seen() != seen_before:
-        return True
-    return bool(rows) and isinstance(rows[0], sqlite3.Row) and _is_runs(rows[0].keys())
-
-
-def _bad(value: Any, runs: bool) -> bool:
-    """Is *value* a text cell that is not UTF-8 (as text, or a BLOB in a ``runs`` row)?"""
-    return isinstance(value, Undecodable) or (
-        runs and isinstance(value, bytes) and isinstance(as_text(value), Undecodable)
-    )
+    count (an :class:`Undecodable` was made since)?"""
+    return seen() != seen_before
 
 
 @dataclass
@@ -107,26 +115,29 @@ class UndecodedCells:
     unnamed: Counter[str] = field(default_factory=Counter)
     """Column -> cells in rows that name no run (``?``: a row of plain tuples)."""
 
-    def add(self, rows: list[Any]) -> None:
+    def add(self, rows: list[Any], names: list[str] | None = None) -> None:
         """Note the :class:`Undecodable` cells of *rows* (the ``sqlite3.Row``
-        objects or tuples of one query), and a ``runs`` row's BLOBs that are
-        not UTF-8 (``runs`` has no BLOB column)."""
+        objects of one query, or its tuples and their column *names*)."""
         if not rows:
             return
-        if not isinstance(rows[0], sqlite3.Row):
+        if isinstance(rows[0], sqlite3.Row):
+            keys = rows[0].keys()
+        elif names is not None and len(names) == len(rows[0]):
+            keys = names
+        else:
             n = sum(isinstance(v, Undecodable) for row in rows for v in row)
             if n:
                 self.unnamed["?"] += n
             return
-        keys = rows[0].keys()
-        runs = _is_runs(keys)
-        run_col = "run_id" if "run_id" in keys else "id" if runs else None
-        look = frozenset((Undecodable, bytes) if runs else (Undecodable,))
-        for row in rows:
-            if look.isdisjoint(map(type, row)):  # one pass in C: most rows hold none
+        keys = list(keys)
+        run_col = "run_id" if "run_id" in keys else "id" if _is_runs(keys) else None
+        run_at = None if run_col is None else keys.index(run_col)
+        look = frozenset((Undecodable,))
+        for r in rows:
+            if look.isdisjoint(map(type, r)):  # one pass in C: most rows hold none
                 continue
-            bad = [k for k, v in zip(keys, row, strict=True) if _bad(v, runs)]
-            run = row[run_col] if run_col is not None else None
+            bad = [k for k, v in zip(keys, r, strict=True) if isinstance(v, Undecodable)]
+            run = r[run_at] if run_at is not None else None
             if isinstance(run, int):
                 self.named.update((run, k) for k in bad)
             else:

@@ -10,13 +10,11 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import orjson
-
 from gpuprof.comm import COMM_PHASE
 from gpuprof.insights.gains import findings_gains_block, group_gains_block, ranked
 from gpuprof.summary import comm_medians, make_summary, mfu_figures
 from gpuprofd.core.errors import UnknownGroupError
-from gpuprofd.storage import reads
+from gpuprofd.storage import reads, unreadable
 from gpuprofd.storage.reader import Reader
 from gpuprofd.views import kerneltable
 
@@ -261,11 +259,10 @@ async def load_summary(
     lacks them (:func:`add_kernels_and_mfu`)."""
     run = await reads.get_run(db, run_id)
     summary: dict[str, Any] | None = None
-    if run.get("summary"):
-        try:
-            summary = orjson.loads(run["summary"])
-        except orjson.JSONDecodeError:
-            pass  # damaged: rebuild below
+    if run.get("summary"):  # not a JSON object (counted): built again below
+        summary = unreadable.json_cell(
+            run["summary"], "runs.summary", run["id"], empty=unreadable.null
+        )
     elif live is not None and run["status"] == "running":
         summary = live
     if not isinstance(summary, dict):

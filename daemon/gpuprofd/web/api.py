@@ -8,12 +8,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import orjson
 from aiohttp import web
 
 from gpuprof.insights.base import WARMUP_STEPS
 from gpuprof.insights.gains import findings_gains_block, ranked
-from gpuprofd.storage import reads
+from gpuprofd.storage import reads, unreadable
 from gpuprofd.storage.reads import series
 from gpuprofd.storage.upkeep import hostrollup, steprollup
 from gpuprofd.views import kerneltable
@@ -177,12 +176,10 @@ async def insights_payload(
     notes: list[str] = [LIVE_NOTE] if run["status"] == "running" else []
     gains = (live or {}).get("gains") if run["status"] == "running" else None
     if run.get("summary"):
-        try:
-            stored = orjson.loads(run["summary"])
+        stored = unreadable.json_cell(run["summary"], "runs.summary", run_id)
+        if stored:  # else not a JSON object (counted)
             notes = [n for n in stored.get("notes") or [] if isinstance(n, str)]
             gains = stored.get("gains")
-        except (orjson.JSONDecodeError, AttributeError):
-            pass
     return {
         "insights": found,
         "gains": gains if isinstance(gains, dict) else findings_gains_block(found),

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import WSCloseCode, web
 
 from gpuprofd.core.errors import BadInputError, DatabaseError, UnknownGroupError, UnknownRunError
+from gpuprofd.storage import unreadable
 from gpuprofd.web.address import HttpAddress
 from gpuprofd.web.responses import ApiError, error_response
 from gpuprofd.web.state import SOCKETS, STATE, WebState
@@ -64,6 +65,14 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
     except Exception:  # a bug: said as JSON, logged with its traceback, the daemon goes on
         log.exception("dashboard request %s failed", request.path_qs)
         return error_response(500, "gpuprofd failed to answer this request; see its log")
+
+
+@web.middleware
+async def _unreadable(request: web.Request, handler: Any) -> web.StreamResponse:
+    """What a request's reads cannot decode is counted for it (its JSON
+    answer says it: :func:`gpuprofd.web.responses.json_response`)."""
+    with unreadable.collecting(request.app[STATE].reader.where):
+        return await handler(request)
 
 
 async def _index(request: web.Request) -> web.StreamResponse:
@@ -127,7 +136,7 @@ def build_app(
     from gpuprofd.web import api, live, metrics, node, origin
 
     guards = [origin.loopback_only] if loopback_only else []
-    app = web.Application(middlewares=[*guards, _errors])
+    app = web.Application(middlewares=[*guards, _errors, _unreadable])
     app[STATE] = state
     app[node.NODE_FEED] = node.NodeFeed(state)
     app.cleanup_ctx.append(_sockets)

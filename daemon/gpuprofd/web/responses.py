@@ -8,6 +8,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from gpuprofd.storage import unreadable
+
 
 class ApiError(Exception):
     """A request the API answers with *status* and ``{"error": message}``."""
@@ -18,7 +20,13 @@ class ApiError(Exception):
 
 
 def json_response(data: Any, status: int = 200) -> web.Response:
-    """*data* as orjson JSON (non-string keys allowed: group evidence keys ranks)."""
+    """*data* as orjson JSON (non-string keys allowed: group evidence keys ranks);
+    an object with ``unreadable`` added where the request's reads met stored
+    values they could not decode: a sentence per kind
+    (:meth:`gpuprofd.storage.unreadable.Unreadable.notes`)."""
+    lost = unreadable.current()
+    if lost and isinstance(data, dict):
+        data = {**data, "unreadable": lost.notes()}
     body = orjson.dumps(data, option=orjson.OPT_NON_STR_KEYS, default=str)
     return web.Response(body=body, status=status, content_type="application/json")
 

@@ -149,8 +149,7 @@ def test_a_kernel_name_not_utf8_is_shown_and_counted(
     assert main(["kernels", str(db), "1", "--format", "json"]) == 0
     out, err = capsys.readouterr()
     assert [k["name"] for k in orjson.loads(out)["kernels"]] == ["gemm", "relu\ufffd"]
-    # the kernel rows are read without their run id: counted by column
-    assert err.splitlines() == [_note(db, "1 text cell", "rows without a run id: name (1)")]
+    assert err.splitlines() == [_note(db, "1 text cell", "run 1: name")]
 
 
 def test_options_that_are_not_json_do_not_hide_the_runs(

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuprofd.storage import textcells
+from gpuprofd.storage import schema, textcells, unreadable
 from gpuprofd.storage.reader import open_reader
 from gpuprofd.storage.reads.queries import run_from_row
 from gpuprofd.storage.textcells import Undecodable, UndecodedCells
@@ -28,20 +28,39 @@ def test_text_that_is_utf8_is_plain_text_and_other_bytes_are_replaced() -> None:
     conn.execute("INSERT INTO t VALUES ('é', CAST(x'41ff' AS TEXT), 7)")
     conn.execute("INSERT INTO t VALUES ('', x'42fe', NULL)")
     rows = conn.execute("SELECT a, b, n FROM t").fetchall()
-    assert rows == [("é", "A\ufffd", 7), ("", b"B\xfe", None)]  # a BLOB stays bytes here
+    assert rows == [("é", "A\ufffd", 7), ("", b"B\xfe", None)]  # a BLOB: bytes (see row)
     assert [type(v) for v in rows[0]] == [str, Undecodable, int]  # only the bad one marked
     assert conn.execute("SELECT b || '' FROM t LIMIT 1").fetchone() == ("A\ufffd",)
 
 
-def test_a_runs_row_reads_its_blobs_as_text() -> None:
-    (row,) = _rows(
-        "SELECT 4 AS id, 'k' AS run_key, x'fffe41' AS run_name, x'7b7d' AS tags, '' AS host"
-    )
-    run = run_from_row(row)
-    assert (run["run_name"], run["tags"], run["host"]) == ("\ufffd\ufffdA", {}, "")
+def test_a_row_reads_its_blobs_as_text_but_in_the_blob_columns() -> None:
+    conn = textcells.connect(":memory:")
+    conn.row_factory = textcells.row
+    (row,) = conn.execute(
+        "SELECT 4 AS id, 'k' AS run_key, x'fffe41' AS run_name, x'7b7d' AS tags, '' AS host, "
+        "x'00ff' AS data, x'01ff' AS packed"
+    ).fetchall()
+    assert tuple(row) == (4, "k", "\ufffd\ufffdA", "{}", "", b"\x00\xff", b"\x01\xff")
+    assert run_from_row(row)["tags"] == {}
     cells = UndecodedCells()
     cells.add([row])  # the BLOB that is not UTF-8 counts; the one that is does not
     assert cells.describe() == "run 4: run_name"
+    conn.row_factory = None  # plain tuples (the bulk reads of numbers) are left as read
+    assert conn.execute("SELECT x'ff'").fetchall() == [(b"\xff",)]
+
+
+def test_the_blob_columns_are_those_of_the_schema(tmp_path: Path) -> None:
+    db = tmp_path / "g.db"
+    schema.prepare(db)
+    conn = sqlite3.connect(db)
+    tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+    blobs = {
+        col[1]
+        for t in tables
+        for col in conn.execute(f"PRAGMA table_info({t})")
+        if col[2].upper() == "BLOB"
+    }
+    assert blobs == textcells.BLOB_COLUMNS
 
 
 def test_cells_are_named_by_their_run_once_each() -> None:
@@ -62,6 +81,9 @@ def test_a_row_that_names_no_run_is_counted_by_column() -> None:
     cells.add(conn.execute("SELECT CAST(x'ff' AS TEXT), 'ok'").fetchall())  # plain tuples
     assert len(cells) == 3
     assert cells.describe() == "rows without a run id: ? (1), uuid (2)"
+    # plain tuples with their columns' names: named as rows are
+    cells.add(conn.execute("SELECT 7, CAST(x'ff' AS TEXT)").fetchall(), ["run_id", "phases"])
+    assert cells.describe() == "run 7: phases; rows without a run id: ? (1), uuid (2)"
 
 
 def test_no_cells_when_every_cell_decodes() -> None:
@@ -81,12 +103,15 @@ async def test_a_file_reader_notes_the_cells_of_what_it_read(tmp_path: Path) -> 
     conn.execute("UPDATE runs SET run_name = CAST(x'ff' AS TEXT) WHERE id = 2")
     conn.commit()
     conn.close()
-    cells = UndecodedCells()
-    async with open_reader(db, cells) as reader:
-        assert (await reader.fetchone("SELECT * FROM runs WHERE id = 1"))["run_name"] == "a"
-        assert not cells
+    with unreadable.collecting() as lost:
+        async with open_reader(db) as reader:
+            assert (await reader.fetchone("SELECT * FROM runs WHERE id = 1"))["run_name"] == "a"
+            assert not lost
+            got = await reader.fetchone("SELECT * FROM runs WHERE id = 2")
+            assert got["run_name"] == "\ufffd"
+    assert lost.text.describe() == "run 2: run_name"
+    async with open_reader(db) as reader:  # outside a read that counts: read all the same
         assert (await reader.fetchone("SELECT * FROM runs WHERE id = 2"))["run_name"] == "\ufffd"
-    assert cells.describe() == "run 2: run_name"
 
 
 async def test_postgres_refuses_text_that_is_not_utf8(pg_url: str) -> None:

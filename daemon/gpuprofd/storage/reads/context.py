@@ -11,6 +11,7 @@ Each read is ``async def f(db: Reader, ...)`` over a
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -22,7 +23,7 @@ from gpuprof.insights.history import HISTORY_STEPS, work_scale
 from gpuprof.insights.stepcols import StepColumns
 from gpuprof.kernels import KernelAgg
 from gpuprofd.sampling import rollup
-from gpuprofd.storage import commpack
+from gpuprofd.storage import commpack, unreadable
 from gpuprofd.storage.reader import Reader
 from gpuprofd.storage.reads import queries, samplerows, steprows
 
@@ -46,15 +47,15 @@ async def run_steps(db: Reader, run_id: int) -> list[dict[str, Any]]:
     """The run's steps ordered by ``t0`` in :func:`build_context`'s shape."""
     if await steprows.packed_end(db, run_id) is None:  # rows only: made dicts as they are
         got = await steprows.rows(db, run_id, parsed=False)
-        return [queries.step_from_row(r) for r in got]
-    return queries.steps_from_columns(await steprows.columns(db, run_id))
+        return [queries.step_from_row(r, run_id) for r in got]
+    return queries.steps_from_columns(await steprows.columns(db, run_id), run_id)
 
 
 async def run_step_columns(db: Reader, run_id: int) -> StepColumns:
     """The run's steps ordered by ``t0`` as the columns :func:`build_context`
     takes (:class:`gpuprof.insights.stepcols.StepColumns`), read without a
     dict per step (packed blocks stay columns: a day is ~0.1 s CPU)."""
-    return StepColumns(**queries.step_fields(await steprows.columns(db, run_id)))
+    return StepColumns(**queries.step_fields(await steprows.columns(db, run_id), run_id))
 
 
 async def host_columns(
@@ -277,13 +278,17 @@ async def comm_buckets(
 ) -> list[tuple[int | None, ...]]:
     """The run's DDP bucket rows ``(step, bucket, start_ns, end_ns, bytes)``
     (ns: the rank's monotonic clock; None: not given) of steps *first* to
-    *last*, by step: every reader of ``comm_steps`` reads them here.
-
-    Raises:
-        gpuprofd.storage.commpack.PackError: a stored row this code cannot read.
-    """
+    *last*, by step: every reader of ``comm_steps`` reads them here. A step
+    whose packed row is damaged is left out (counted:
+    :func:`gpuprofd.storage.unreadable.block`)."""
     stored = await db.fetchall(queries.COMM_STEPS_SQL, (run_id, first, last))
-    return commpack.bucket_rows(stored)
+    out: list[tuple[int | None, ...]] = []
+    for step, packed in stored:
+        got = unreadable.block(
+            packed, functools.partial(commpack.step_buckets, step), "comm_steps", run_id, step
+        )
+        out.extend(got or ())
+    return out
 
 
 async def gpu_stats(
@@ -301,7 +306,7 @@ async def kernel_windows(db: Reader, run_id: int) -> list[queries.KernelWindow]:
     :func:`queries.kernel_windows_from_rows`)."""
     windows = await db.fetchall(queries.KERNEL_WINDOWS_SQL, (run_id,))
     stats = await db.fetchall(queries.KERNEL_STATS_SQL, (run_id,))
-    return queries.kernel_windows_from_rows(windows, stats)
+    return queries.kernel_windows_from_rows(windows, stats, run_id)
 
 
 #: A run's evidence windows (gpuprof.evidence), by start.
@@ -350,7 +355,7 @@ async def evidence_windows(db: Reader, run_id: int) -> list[dict[str, Any]]:
 async def stored_insights(db: Reader, run_id: int) -> list[dict[str, Any]]:
     """The run's stored findings, in the order found, as ``Insight.to_dict()``."""
     rows = await db.fetchall(queries.INSIGHTS_SQL, (run_id,))
-    return [queries.insight_from_row(r) for r in rows]
+    return [queries.insight_from_row(r, run_id, i) for i, r in enumerate(rows)]
 
 
 async def run_context(

@@ -240,7 +240,10 @@ async def stored_group_insights(db: Reader, group: str) -> list[dict[str, Any]] 
     gpuprof older than schema 21 that found nothing: compute them)."""
     rows = await db.fetchall(queries.GROUP_INSIGHTS_SQL, (group,))
     if rows:
-        return [queries.insight_from_row(r) for r in rows]
+        return [
+            queries.insight_from_row(r, which=(group, i), table="group_insights")
+            for i, r in enumerate(rows)
+        ]
     checked = await db.fetchone(queries.GROUP_CHECKED_SQL, (group,))
     return [] if checked is not None else None
 

@@ -13,7 +13,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-import orjson
 
 from gpuprof.insights.aggregates import GpuStats
 from gpuprof.insights.gains import from_stored
@@ -22,8 +21,8 @@ from gpuprof.insights.stepcols import StepColumns
 from gpuprof.kernels import KernelAgg
 from gpuprofd.sampling import rollup
 from gpuprofd.sampling.nvml import normalize_uuid
+from gpuprofd.storage import unreadable
 from gpuprofd.storage.stepcodec import Columns
-from gpuprofd.storage.textcells import as_text
 
 #: How many earlier finished runs of the same name the regression rule sees.
 HISTORY_RUNS = 3
@@ -79,7 +78,7 @@ WORKER_CPU_SQL = (
 )
 #: A run's sampled stacks (gpuprof.insights.frames): samples per frame and step.
 STACK_SAMPLES_SQL = (
-    "SELECT source, step, path, line, func, callee, samples FROM stack_samples "
+    "SELECT run_id, source, step, path, line, func, callee, samples FROM stack_samples "
     "WHERE run_id = ? ORDER BY source, step, samples DESC"
 )
 HISTORY_SQL = (
@@ -88,7 +87,7 @@ HISTORY_SQL = (
     "AND median_step_ms IS NOT NULL ORDER BY id DESC LIMIT ?"
 )
 INSIGHTS_SQL = (
-    "SELECT rule, severity, title, detail, fix, evidence FROM insights WHERE run_id = ? "
+    "SELECT run_id, rule, severity, title, detail, fix, evidence FROM insights WHERE run_id = ? "
     "ORDER BY rowid"
 )
 #: A group's stored findings (set when the group ended), in the order found.
@@ -126,20 +125,19 @@ KERNEL_WINDOWS_SQL = (
     "WHERE run_id = ? ORDER BY t0_ns, id"
 )
 #: ... and their rows (one query for the run, matched to windows by id; in
-#: index order, no sort: :func:`kernel_windows_from_rows` orders each window).
+#: index order, no sort: :func:`kernel_windows_from_rows` orders each window;
+#: ``run_id`` last, naming the run of a cell that is not UTF-8).
 KERNEL_STATS_SQL = (
-    "SELECT window_id, name, kind, cls, count, total_ns, self_ns, flops FROM kernel_stats "
-    "WHERE run_id = ?"
+    "SELECT window_id, name, kind, cls, count, total_ns, self_ns, flops, run_id "
+    "FROM kernel_stats WHERE run_id = ?"
 )
 
 #: One window as :func:`kernel_windows_from_rows` gives it: (window, rows).
 KernelWindow = tuple[dict[str, Any], list[KernelAgg]]
 
-_loads = orjson.loads
-
 
 def kernel_windows_from_rows(
-    windows: Iterable[Sequence[Any]], stats: Iterable[Sequence[Any]]
+    windows: Iterable[Sequence[Any]], stats: Iterable[Sequence[Any]], run_id: int | None = None
 ) -> list[KernelWindow]:
     """Rows of :data:`KERNEL_WINDOWS_SQL` and :data:`KERNEL_STATS_SQL` as
     ``(window, rows)`` pairs in window order: *window* a dict with ``id``,
@@ -148,15 +146,19 @@ def kernel_windows_from_rows(
     :mod:`gpuprofd.storage.upkeep.kcompact` past its list limit stores only the count, and
     ``steps`` is then empty) and ``rows_dropped``; *rows* its
     :class:`KernelAgg` rows, most device time first. Stats rows of no listed
-    window are ignored."""
+    window are ignored. A ``steps`` that is not JSON reads as none (counted
+    as *run_id*'s: :mod:`gpuprofd.storage.unreadable`)."""
     out: list[KernelWindow] = []
     by_id: dict[int, list[KernelAgg]] = {}
     for wid, t0, t1, source, steps, dropped in windows:
         rows: list[KernelAgg] = []
         by_id[wid] = rows
-        got = _loads(steps) if steps else []
+        got = unreadable.json_cell(
+            steps, "kernel_windows.steps", run_id, wid, shape=(list, dict), empty=list
+        )
         listed = got if isinstance(got, list) else []
-        n_steps = len(listed) if isinstance(got, list) else int(got.get("n") or 0)
+        n = len(listed) if isinstance(got, list) else got.get("n")
+        n_steps = n if type(n) is int else 0
         window = {
             "id": wid,
             "t0": t0,
@@ -170,7 +172,7 @@ def kernel_windows_from_rows(
     for wid, *row in stats:
         rows_of = by_id.get(wid)
         if rows_of is not None:
-            rows_of.append(KernelAgg.from_stored(row))
+            rows_of.append(KernelAgg.from_stored(row[:7]))
     for _, rows in out:
         rows.sort(key=_by_device_time)
     return out
@@ -189,7 +191,20 @@ def _ints(cols: Columns, name: str, null: int) -> np.ndarray:
     return got if nulls is None or not null else np.where(nulls, null, got)
 
 
-def step_fields(cols: Columns) -> dict[str, Any]:
+def _optimizers(cols: Columns, run_id: int | None) -> list[Any]:
+    """Each step's ``optimizers`` (a list; None where NULL, [] where not a
+    JSON list: counted as *run_id*'s)."""
+    return unreadable.json_cells(
+        cols.column("optimizers"),
+        "steps.optimizers",
+        run_id,
+        lambda i: cols.column("step")[i],
+        shape=list,
+        empty=list,
+    )
+
+
+def step_fields(cols: Columns, run_id: int | None = None) -> dict[str, Any]:
     """A run's steps as columns (:func:`gpuprofd.storage.reads.steprows.columns`)
     in the fields of ``gpuprof.insights.stepcols.StepColumns``, the columnar
     steps :func:`gpuprof.insights.build_context` takes: the figures
@@ -199,7 +214,7 @@ def step_fields(cols: Columns) -> dict[str, Any]:
     ``skipped``, ``eval`` (ns), ``mem_reserved``, ``mem_peak`` (bytes; 0
     where the step has no allocator figures), ``has_mem``, ``phases`` /
     ``has_phase`` (phase name -> ns / listed), ``optimizers`` (the non-empty
-    lists, in step order)."""
+    lists, in step order; *run_id* names the run of one that is not JSON)."""
     n = cols.n
     if cols.phase_dicts is not None:  # not flat integer objects: only the numbers count
         flat = [
@@ -215,7 +230,7 @@ def step_fields(cols: Columns) -> dict[str, Any]:
                 phases[k][i], has_phase[k][i] = v, True
     else:
         phases, has_phase = cols.phases, cols.has_phase
-    opts = [_loads(o) for o in filter(None, cols.column("optimizers"))]
+    opts = _optimizers(cols, run_id)
     mem = "mem_allocated_bytes"
     if mem in cols.ints:  # integers: the NULL mask says which steps have figures
         nulls = cols.nulls.get(mem)
@@ -242,10 +257,11 @@ def step_fields(cols: Columns) -> dict[str, Any]:
     }
 
 
-def steps_from_columns(cols: Columns) -> list[dict[str, Any]]:
+def steps_from_columns(cols: Columns, run_id: int | None = None) -> list[dict[str, Any]]:
     """Steps as columns (:func:`gpuprofd.storage.reads.steprows.columns`) as
     :func:`step_from_row` gives each, in their order: a dict per step built
-    from the columns (no row tuples on the way)."""
+    from the columns (no row tuples on the way); *run_id* names the run of
+    an ``optimizers`` that is not JSON."""
     names = ("step", "t0_ns", "t1_ns", "wait_ns", "explicit", "micro", "skipped", "eval_ns")
     step, t0, t1, wait, explicit, micro, skipped, eval_ns = (cols.column(c) for c in names)
     phases = cols.phase_list()
@@ -266,9 +282,9 @@ def steps_from_columns(cols: Columns) -> list[dict[str, Any]]:
             step, t0, t1, wait, explicit, micro, phases, skipped, eval_ns, strict=True
         )
     ]
-    for j, o in enumerate(cols.column("optimizers")):
+    for j, o in enumerate(_optimizers(cols, run_id)):
         if o:
-            out[j]["optimizers"] = _loads(o)
+            out[j]["optimizers"] = o
     alloc = cols.column("mem_allocated_bytes")
     resv, peak = cols.column("mem_reserved_bytes"), cols.column("mem_peak_bytes")
     for j, a in enumerate(alloc):
@@ -280,17 +296,18 @@ def steps_from_columns(cols: Columns) -> list[dict[str, Any]]:
     return out
 
 
-def step_from_row(r: Sequence[Any]) -> dict[str, Any]:
+def step_from_row(r: Sequence[Any], run_id: int | None = None) -> dict[str, Any]:
     """A :mod:`~gpuprofd.storage.reads.steprows` row (``phases`` a dict or its
     JSON text) as :func:`gpuprof.insights.build_context` reads it (``mem`` only where the
     step carried torch's allocator figures; ``traced`` only where a profiler
-    snapshot ran in it).
+    snapshot ran in it; a ``phases`` or ``optimizers`` that is not JSON
+    empty, counted as *run_id*'s).
 
     Unpacked by position: a day of 500 ms steps is 172,800 rows, and lookups
     by column name cost more than the rest of the conversion."""
     i, t0, t1, wait, explicit, micro, phases, skipped, eval_ns, opts, alloc, resv, peak, traced = r
-    if type(phases) is str:
-        phases = _loads(phases)
+    if phases is not None and type(phases) is not dict:
+        phases = unreadable.json_cell(phases, "steps.phases", run_id, i, empty=unreadable.null)
     step = {
         "step": i,
         "t0": t0,
@@ -301,7 +318,9 @@ def step_from_row(r: Sequence[Any]) -> dict[str, Any]:
         "phases": phases or {},
         "skipped": bool(skipped),
         "eval": eval_ns or 0,
-        "optimizers": _loads(opts) if opts else [],
+        "optimizers": unreadable.json_cell(
+            opts, "steps.optimizers", run_id, i, shape=list, empty=list
+        ),
     }
     if alloc is not None:
         step["mem"] = [alloc, resv, peak]
@@ -351,36 +370,28 @@ def gpu_stats_from_rollups(rows: Iterable[Mapping[str, Any]]) -> GpuStats | None
 
 def run_from_row(r: Mapping[str, Any]) -> dict[str, Any]:
     """A ``runs`` row as a dict with ``options`` and ``tags`` parsed ({} when
-    unreadable); a BLOB written into one of its text columns outside gpuprof
-    as text (:func:`gpuprofd.storage.textcells.as_text`)."""
+    not a JSON object: counted, :mod:`gpuprofd.storage.unreadable`)."""
     run = dict(r)
-    if bytes in map(type, run.values()):  # runs has no BLOB column
-        run = {k: as_text(v) for k, v in run.items()}
-    run["options"] = _json_object(run.get("options"))
-    run["tags"] = run_tags(run.get("tags"))
+    run_id = run.get("id")
+    run["options"] = unreadable.json_cell(run.get("options"), "runs.options", run_id)
+    run["tags"] = run_tags(run.get("tags"), run_id)
     return run
 
 
-def _json_object(text: str | None) -> dict[str, Any]:
-    """A JSON object column, {} when absent or unreadable (changed outside
-    gpuprof: one cell must not hide the run, nor every other run listed)."""
-    if not text:
-        return {}
-    try:
-        got = orjson.loads(text)
-    except orjson.JSONDecodeError:
-        return {}
-    return got if isinstance(got, dict) else {}
-
-
-def insight_from_row(r: Mapping[str, Any]) -> dict[str, Any]:
-    """An ``insights`` row as ``Insight.to_dict()`` returns it."""
+def insight_from_row(
+    r: Mapping[str, Any], run_id: int | None = None, which: Any = None, table: str = "insights"
+) -> dict[str, Any]:
+    """An ``insights`` (or ``group_insights``: *table*) row as
+    ``Insight.to_dict()`` returns it; an ``evidence`` that is not a JSON
+    object {} (counted as *run_id*'s, the *which*-th)."""
     d = {k: r[k] for k in ("rule", "severity", "title", "detail", "fix")}
-    d["evidence"] = orjson.loads(r["evidence"]) if r["evidence"] else {}
+    d["evidence"] = unreadable.json_cell(r["evidence"], f"{table}.evidence", run_id, which)
     return from_stored(d)  # its gain, stored in the evidence, back at the top level
 
 
-def run_tags(text: str | None) -> dict[str, str]:
+def run_tags(text: str | None, run_id: int | None = None) -> dict[str, str]:
     """``runs.tags`` (JSON text, or NULL) as a dict; {} when absent or not an
-    object of strings (a forwarded value is stored as sent)."""
-    return {str(k): str(v) for k, v in _json_object(text).items()}
+    object (counted as *run_id*'s); its keys and values as strings (a
+    forwarded value is stored as sent)."""
+    got = unreadable.json_cell(text, "runs.tags", run_id)
+    return {str(k): str(v) for k, v in got.items()}

@@ -22,7 +22,6 @@ from gpuprofd.storage.dialect import Dialect
 from gpuprofd.storage.reader import Reader
 from gpuprofd.storage.reads import queries, steprows, steptotals
 from gpuprofd.storage.sqlite import MISSING_HINT
-from gpuprofd.storage.textcells import as_text
 
 # --- runs ---------------------------------------------------------------------
 
@@ -109,7 +108,7 @@ async def latest_run_named(db: Reader, name: str) -> dict[str, Any]:
         "SELECT run_name FROM runs GROUP BY run_name ORDER BY MAX(id) DESC LIMIT ?",
         (NAMES_LISTED + 1,),
     )
-    names = [shlex.quote(str(as_text(r["run_name"]))[:60]) for r in rows]
+    names = [shlex.quote(r["run_name"][:60]) for r in rows]
     asked = repr(name if len(name) <= NAME_SHOWN_CHARS else name[: NAME_SHOWN_CHARS - 1] + "…")
     if not names:
         raise UnknownRunError(f"no run named {asked} in {db.where}: it has no runs yet")

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from gpuprofd.storage import unreadable
 from gpuprofd.storage.reader import Reader
 from gpuprofd.storage.samplecodec import HOST_COLUMNS, RUN_CPU_COLUMNS, Samples, unpack
 
@@ -66,6 +67,13 @@ class Table:
     def packed(self, key: Any) -> Any:
         """The packs' key of the rows' *key*."""
         return "" if key is None and self.pack_key != self.key else key
+
+    def unpack(self, key: Any, block: Any, data: Any) -> Samples | None:
+        """*key*'s packed *block* (*data*); None where its bytes are damaged:
+        left out, counted (:func:`gpuprofd.storage.unreadable.block`)."""
+        if self.key == "run_id":
+            return unreadable.block(data, unpack, self.packs, key, block)
+        return unreadable.block(data, unpack, self.packs, None, (self.packed(key), block))
 
 
 HOST = Table(
@@ -109,10 +117,11 @@ async def read(db: Reader, t: Table, key: Any, lo: int = -_NONE, hi: int = _NONE
     """*key*'s samples with ``lo <= mono_ns <= hi`` (ns), packed or not, as
     columns in :attr:`Table.columns`' order, by ``mono_ns`` (a row stored
     for a packed block after it was packed comes after the pack's samples of
-    its time). A row without a ``mono_ns`` is never read.
+    its time). A row without a ``mono_ns`` is never read; a packed block
+    whose bytes are damaged is left out (counted).
 
     Raises:
-        DatabaseError: unreadable, or a packed block damaged.
+        DatabaseError: unreadable.
     """
     if not await packed_in(db, t, key):
         got = await db.fetchtuples(_rows_sql(t), (key, lo, hi))
@@ -120,10 +129,9 @@ async def read(db: Reader, t: Table, key: Any, lo: int = -_NONE, hi: int = _NONE
             return Samples.from_rows(t.columns, got)
     got = await db.fetchtuples(_both_sql(t), (t.packed(key), lo, hi, key, lo, hi))
     n = len(t.columns)
-    parts = [unpack(r[2]) for r in got if r[0] == 0]
+    packed = (t.unpack(key, r[1], r[2]) for r in got if r[0] == 0)
+    parts = [_within(p, lo, hi) for p in packed if p is not None]
     raw = [tuple(r[3 : 3 + n]) for r in got if r[0] == 1]
-    if parts:
-        parts = [_within(p, lo, hi) for p in parts]
     parts.append(Samples.from_rows(t.columns, raw))
     out = Samples.concat(t.columns, parts)
     if len(parts) > 1 and raw:
@@ -162,10 +170,13 @@ async def span(
     if row is not None and row["a"] is not None:
         got += [int(row["a"]), int(row["z"])]
     cut = await db.fetchall(
-        f"SELECT data {where} AND (t_min_ns < ? OR t_max_ns > ?)", (*params, lo, hi)
+        f"SELECT block, data {where} AND (t_min_ns < ? OR t_max_ns > ?)", (*params, lo, hi)
     )
-    for (data,) in cut:
-        ns = _within(unpack(data), lo, hi).times()
+    for b, data in cut:
+        got_block = t.unpack(key, b, data)
+        if got_block is None:
+            continue
+        ns = _within(got_block, lo, hi).times()
         if len(ns):
             got += [int(ns.min()), int(ns.max())]
     return (min(got), max(got)) if got else None

@@ -9,7 +9,9 @@ later stays a row, read beside the pack.
 
 Rows are tuples in :data:`COLUMNS`' order (``phases`` a dict, None where
 NULL; ``optimizers`` its JSON text), ordered by ``t0_ns`` (NULL first) then
-insertion, as ``ORDER BY t0_ns, rowid`` orders rows.
+insertion, as ``ORDER BY t0_ns, rowid`` orders rows. A ``phases`` that is
+not a JSON object reads as None, and a packed block whose bytes are damaged
+is left out, each counted (:mod:`gpuprofd.storage.unreadable`).
 
 SQL over ``steps`` rows is left only where no step can be packed: the
 per-block tiers (``step_rollups``, ``step_totals``) roll blocks not yet
@@ -26,15 +28,14 @@ Python object per packed step.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-import orjson
 
-from gpuprofd.core.errors import DatabaseError
+from gpuprofd.storage import unreadable
 from gpuprofd.storage.reader import Reader
-from gpuprofd.storage.stepcodec import COLUMNS, PHASES, Columns, decode, unpack
+from gpuprofd.storage.stepcodec import COLUMNS, PHASES, Columns, unpack
 
 __all__ = [
     "BY_NAME_SQL",
@@ -107,15 +108,42 @@ def _t0(row: Sequence[Any]) -> int:
     return -_NONE if t0 is None else t0
 
 
-def _parsed(row: Sequence[Any]) -> tuple[Any, ...]:
+def _parsed(row: Sequence[Any], run_id: int) -> tuple[Any, ...]:
     row = tuple(row)  # a database row's slices cost more than a tuple's
     phases = row[PHASES]
     if phases is None:
         return row
-    try:
-        return row[:PHASES] + (orjson.loads(phases),) + row[PHASES + 1 :]
-    except orjson.JSONDecodeError as exc:
-        raise DatabaseError(f"step {row[0]} has unreadable phases ({exc})") from None
+    got = unreadable.json_cell(phases, "steps.phases", run_id, row[0], empty=unreadable.null)
+    return row[:PHASES] + (got,) + row[PHASES + 1 :]
+
+
+def _phases(texts: Sequence[Any], run_id: int, step: Callable[[int], Any]) -> list[Any]:
+    """The ``phases`` texts of rows as dicts, None where NULL or unreadable
+    (counted, the *i*-th named by ``step(i)``)."""
+    return unreadable.json_cells(texts, "steps.phases", run_id, step, empty=unreadable.null)
+
+
+def _blocks(packs: Sequence[tuple[int, Any]], run_id: int) -> list[Columns]:
+    """The ``(block, data)`` *packs* as columns: a damaged one left out, a
+    ``phases`` that is not an object read as None (each counted)."""
+    out = []
+    for b, data in packs:
+        cols = unreadable.block(data, unpack, "step_packs", run_id, b)
+        if cols is None:
+            continue
+        dicts = cols.phase_dicts  # kept as stored where not all flat objects
+        if dicts is not None and not all(d is None or type(d) is dict for d in dicts):
+            steps = cols.column("step")
+            cols.set_phases(
+                [
+                    unreadable.shaped(d, "steps.phases", run_id, steps[i], empty=unreadable.null)
+                    if d is not None
+                    else None
+                    for i, d in enumerate(dicts)
+                ]
+            )
+        out.append(cols)
+    return out
 
 
 async def rows(
@@ -136,13 +164,13 @@ async def rows(
     converter that parses them itself (:func:`queries.step_from_row`).
 
     Raises:
-        DatabaseError: unreadable, or a packed block damaged.
+        DatabaseError: unreadable.
     """
     timed = t0_from is not None or t0_before is not None
     lo = -_NONE if t0_from is None else t0_from
     hi = _NONE if t0_before is None else t0_before
     packs, raw = await _read(db, run_id, first_step, last_step, (lo, hi) if timed else None)
-    packed = [r for data in packs for r in decode(data)]
+    packed = [r for cols in _blocks(packs, run_id) for r in cols.rows()]
     if packed:
         packed = [
             r
@@ -150,7 +178,7 @@ async def rows(
             if first_step <= r[0] <= last_step
             and (not timed or (r[1] is not None and lo <= r[1] < hi))
         ]
-    rows_: list[Sequence[Any]] = [_parsed(r) for r in raw] if parsed else raw
+    rows_: list[Sequence[Any]] = [_parsed(r, run_id) for r in raw] if parsed else raw
     if not packed:
         return rows_
     out = packed + rows_
@@ -160,8 +188,8 @@ async def rows(
 
 async def _read(
     db: Reader, run_id: int, first: int, last: int, times: tuple[int, int] | None
-) -> tuple[list[bytes], list[tuple[Any, ...]]]:
-    """(the packed blocks' data, the rows) of :data:`_READ_SQL`; of the rows
+) -> tuple[list[tuple[int, Any]], list[tuple[Any, ...]]]:
+    """(the packed blocks' ``(block, data)``, the rows) of :data:`_READ_SQL`; of the rows
     alone, by the index, where the run had no pack before or after reading
     them (packs are only ever added: none was added meanwhile)."""
     if await packed_end(db, run_id) is None:
@@ -171,16 +199,16 @@ async def _read(
             f"SELECT {_COLS} FROM steps WHERE run_id = ? AND step >= ? AND step <= ? "
             f"{timed}ORDER BY t0_ns{nulls}, rowid"
         )
-        got = await db.fetchall(sql, (run_id, first, last, *(times or ())))
+        got = await db.fetchtuples(sql, (run_id, first, last, *(times or ())))
         if await packed_end(db, run_id) is None:
             return [], got
     if times is None:
-        got = await db.fetchall(_WHOLE_SQL, (run_id, first, last, run_id, first, last))
+        got = await db.fetchtuples(_WHOLE_SQL, (run_id, first, last, run_id, first, last))
     else:
-        got = await db.fetchall(
+        got = await db.fetchtuples(
             _TIMED_SQL, (run_id, first, last, *times, run_id, first, last, *times)
         )
-    packs = [r[2] for r in got if r[0] == 0]
+    packs = [(r[1], r[2]) for r in got if r[0] == 0]
     raw = [tuple(r[3 : 3 + _NCOLS]) for r in got if r[0] == 1]
     return packs, raw
 
@@ -191,14 +219,11 @@ async def columns(db: Reader, run_id: int) -> Columns:
     packed blocks are not made rows on the way (a day of steps is 172,800).
 
     Raises:
-        DatabaseError: unreadable, or a packed block damaged.
+        DatabaseError: unreadable.
     """
     packs, raw = await _read(db, run_id, -_NONE, _NONE, None)
-    parts = [unpack(data) for data in packs]
-    try:
-        parts.append(Columns.from_rows(raw))
-    except ValueError as exc:
-        raise DatabaseError(f"a step of run {run_id} has unreadable phases ({exc})") from None
+    parts = _blocks(packs, run_id)
+    parts.append(Columns.from_rows(raw, lambda t: _phases(t, run_id, lambda i: raw[i][0])))
     cols = Columns.concat(parts)
     if not parts[:-1] or "t0_ns" in cols.objects:
         return cols  # rows only (by t0 already), or t0s that are not integers: as stored
@@ -217,11 +242,11 @@ async def last_rows(
     last: by ``t0`` (then insertion), or by index with *by_step*. Reads the
     ``steps`` rows first and packed blocks only where those are too few."""
     order = "step DESC, rowid DESC" if by_step else "t0_ns DESC, rowid DESC"
-    got = await db.fetchall(
+    got = await db.fetchtuples(
         f"SELECT {_COLS} FROM steps WHERE run_id = ? AND step <= ? ORDER BY {order} LIMIT ?",
         (run_id, last_step, limit),
     )
-    newest = [_parsed(r) for r in reversed(got)]
+    newest = [_parsed(r, run_id) for r in reversed(got)]
     if len(newest) >= limit or await packed_end(db, run_id) is None:
         return newest
     every = await rows(db, run_id, last_step=last_step)
@@ -257,10 +282,11 @@ async def count_after(db: Reader, run_id: int, step: int) -> tuple[int, int | No
     )
     n = 0 if row is None else int(row["raw"] or 0) + int(row["packed"] or 0)
     cut = await db.fetchall(
-        "SELECT data FROM step_packs WHERE run_id = ? AND first_step <= ? AND last_step > ?",
+        "SELECT block, data FROM step_packs WHERE run_id = ? AND first_step <= ? AND last_step > ?",
         (run_id, step, step),
     )
-    n += sum(1 for (data,) in cut for r in decode(data) if r[0] > step)
+    blocks = _blocks([(b, data) for b, data in cut], run_id)
+    n += sum(1 for cols in blocks for i in cols.column("step") if i > step)
     return n, (await max_step(db, run_id) if n else None)
 
 

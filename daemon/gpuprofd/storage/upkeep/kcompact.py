@@ -36,6 +36,7 @@ from typing import Any
 import orjson
 
 from gpuprof.kernels import MAX_ROWS, KernelAgg, fold_counted
+from gpuprofd.storage import unreadable
 from gpuprofd.storage.writes import Part, Store
 
 log = logging.getLogger(__name__)
@@ -78,6 +79,14 @@ class StoredWindow:
     t1: int
     steps: Any
     rows_dropped: int = 0
+
+
+def _steps(text: Any, run_id: int, window_id: int) -> Any:
+    """A window's stored ``steps``: a list or a range form; none where it is
+    not one (damaged: logged, :func:`gpuprofd.storage.unreadable.json_cell`)."""
+    return unreadable.json_cell(
+        text, "kernel_windows.steps", run_id, window_id, shape=(list, dict), empty=list
+    )
 
 
 def step_count(steps: Any) -> int:
@@ -222,8 +231,7 @@ async def compact_once(store: Store, now_ns: int, raw_window_s: float) -> int:
     error) is logged and left as it was. Returns the part windows merged."""
     rows = await store.fetchall(_WINDOWS_SQL, (now_ns - int(raw_window_s * NS_PER_S),))
     windows = [
-        StoredWindow(r[0], r[1], r[2], r[3], orjson.loads(r[4]) if r[4] else [], r[5] or 0)
-        for r in rows
+        StoredWindow(r[0], r[1], r[2], r[3], _steps(r[4], r[1], r[0]), r[5] or 0) for r in rows
     ]
     merged = 0
     for group in plan(windows, now_ns, raw_window_s)[:MAX_MERGES_PER_PASS]:

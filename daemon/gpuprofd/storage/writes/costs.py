@@ -12,9 +12,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-import orjson
-
 from gpuprof.gpuhours import run_cost
+from gpuprofd.storage import unreadable
 from gpuprofd.storage.writes.ops import Txn
 from gpuprofd.storage.writes.store import Store
 
@@ -55,12 +54,9 @@ async def refresh(txn: Txn, run_ids: Sequence[int]) -> int:
             chunk,
         )
         for rid, name, user, project, node_id, host, start, end, gpus, text in rows:
-            try:
-                summary = orjson.loads(text)
-            except orjson.JSONDecodeError:
-                summary = {}
+            summary = unreadable.json_cell(text, "runs.summary", rid)
             run = {"start_wall_ns": start, "end_wall_ns": end, "gpu_count": gpus}
-            cost = run_cost(run, summary if isinstance(summary, dict) else {})
+            cost = run_cost(run, summary)
             if cost is None:
                 continue
             at = end if end is not None else start

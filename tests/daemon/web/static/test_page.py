@@ -225,6 +225,40 @@ def test_insights_panel_ranks_findings_by_what_fixing_each_is_worth(dash: Dash, 
     assert w.errors == []
 
 
+def test_a_stored_value_the_daemon_cannot_read_is_a_note_on_the_run_page(
+    dash: Dash, runs: dict, pages
+):
+    """A finding whose evidence something outside gpuprof left unreadable:
+    the page shows the finding and, with the insights' notes, what could
+    not be read (the API's ``unreadable``)."""
+    rid = runs["plain"]["id"]
+    with closing(sqlite3.connect(dash.db)) as db, db:
+        db.execute(
+            "INSERT INTO insights (run_id, rule, severity, title, detail, fix, evidence, "
+            "created_wall_ns) VALUES (?, 'damaged', 'LOW', 'a finding', '', '', '{', 1)",
+            (rid,),
+        )
+    try:
+        api = dash.get(f"/api/v1/runs/{rid}/insights")
+        assert api["unreadable"] == [
+            f"1 stored value in {dash.db.absolute()} could not be read (run {rid}: "
+            "insights.evidence): shown empty; they were changed outside gpuprof, or the file "
+            "is damaged (a copy of it from before holds them)"
+        ]
+        w = pages()
+        page = w.open(f"{dash.url}/#/run/{rid}")
+        note = page.locator("#insights p.note")
+        note.first.wait_for()
+        assert [note.nth(i).text_content() for i in range(note.count())] == [
+            f"Note: {api['unreadable'][0]}"
+        ]
+        assert page.locator("#insights li.insight[data-rule=damaged]").count() == 1
+        assert w.errors == []
+    finally:
+        with closing(sqlite3.connect(dash.db)) as db, db:
+            db.execute("DELETE FROM insights WHERE run_id = ? AND rule = 'damaged'", (rid,))
+
+
 def test_a_findings_evidence_window_is_shown_and_linked(dash: Dash, runs: dict, pages):
     """A finding with an evidence window (stored as gpuprofd stores one): its
     top operators under the finding, and its link shows that window's

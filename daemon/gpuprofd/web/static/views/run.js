@@ -101,9 +101,20 @@ export function render(root, { id }) {
     el.querySelector(".fig-value").textContent = int(n);
   }
 
-  // -- insights
+  // -- insights, with the notes of what the daemon could not read of the run
+  // (any answer's `unreadable`: damaged values, said once each)
+  const unreadable = new Set();
+  let lastInsights = null;
   function drawInsights(list, notes, gains = null) {
-    replace(insights, h("h2", {}, "Insights"), insightList(list, notes, undefined, gains));
+    lastInsights = [list, notes, gains];
+    const all = [...(notes || []), ...unreadable];
+    replace(insights, h("h2", {}, "Insights"), insightList(list, all, undefined, gains));
+  }
+  function said(answer) {
+    const before = unreadable.size;
+    for (const n of answer?.unreadable || []) unreadable.add(n);
+    if (unreadable.size > before && lastInsights && !state.gone) drawInsights(...lastInsights);
+    return answer;
   }
 
   // -- window selector
@@ -168,7 +179,7 @@ export function render(root, { id }) {
     const load = ++state.loads;
     let model;
     try {
-      model = await api.series(id, { ...params, parts: "steps" });
+      model = said(await api.series(id, { ...params, parts: "steps" }));
     } catch (err) {
       if (!state.gone && load === state.loads) {
         replace(chartsBox, errorBox(err));
@@ -200,7 +211,7 @@ export function render(root, { id }) {
     // the same window's GPUs and host (its end fixed: a running run's moves on)
     let rest;
     try {
-      rest = await api.series(id, { from: model.window.from, to: model.window.to, width: params.width, parts: "gpus,host" });
+      rest = said(await api.series(id, { from: model.window.from, to: model.window.to, width: params.width, parts: "gpus,host" }));
     } catch (err) {
       if (state.model === model && !state.gone) {
         for (const part of ["gpus", "host"]) charts.failed(part, errorBox(err));
@@ -310,6 +321,7 @@ export function render(root, { id }) {
         live.stop();
         api.run(id).then((r) => {
           if (state.gone) return;
+          said(r);
           state.run = r.run;
           drawHead();
         }, () => {});
@@ -322,7 +334,7 @@ export function render(root, { id }) {
 
   async function loadInsights() {
     try {
-      const r = await api.insights(id);
+      const r = said(await api.insights(id));
       if (!state.gone) drawInsights(r.insights, r.notes, r.gains);
     } catch (err) {
       if (!state.gone) replace(insights, h("h2", {}, "Insights"), errorBox(err));
@@ -347,7 +359,7 @@ export function render(root, { id }) {
     let k;
     const title = evidence === null ? "Top kernels" : "Evidence window";
     try {
-      k = await api.kernels(id, 20, evidence);
+      k = said(await api.kernels(id, 20, evidence));
     } catch (err) {
       if (!state.gone) replace(kernels, h("h2", {}, title), errorBox(err));
       return;
@@ -402,7 +414,7 @@ export function render(root, { id }) {
     const rest = Promise.all([loadInsights(), series, loadKernels()]);
     let r;
     try {
-      r = await asked;
+      r = said(await asked);
     } catch (err) {
       if (state.gone) return;
       replace(head, h("div", { class: "crumbs" }, h("a", { href: "#/runs" }, "Runs")), errorBox(err));
